@@ -1,0 +1,1 @@
+"""chunkd benchmarks: each scenario measured side by side with its baseline."""

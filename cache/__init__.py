@@ -1,0 +1,55 @@
+"""Content-addressed tiered cache: chunk ids, RAM and disk tiers, the lmdb index.
+
+A pure library: no networking, no HTTP, no imports from the gateway or client.
+"""
+
+from __future__ import annotations
+
+from chunkd.cache.chunkid import ChunkId, chunk_count, split_chunks
+from chunkd.cache.disk import DiskTier, FsyncPolicy
+from chunkd.cache.index import (
+    ChunkRecord,
+    ChunkRef,
+    Codec,
+    Index,
+    Locator,
+    ObjectInfo,
+    ObjectVersion,
+    TierSet,
+)
+from chunkd.cache.policy import EvictionPolicy, LruPolicy, S3FifoPolicy
+from chunkd.cache.ram import RamLease, RamTier
+from chunkd.cache.store import CacheConfig, CacheStats, ChunkCache
+from chunkd.cache.tier import BytesLease, Chunk, ChunkLease, Tier, TierStats
+from chunkd.cache.tiered import TieredCache, WritePolicy
+
+__all__ = [
+    "BytesLease",
+    "CacheConfig",
+    "CacheStats",
+    "Chunk",
+    "ChunkCache",
+    "ChunkId",
+    "ChunkLease",
+    "ChunkRecord",
+    "ChunkRef",
+    "Codec",
+    "DiskTier",
+    "EvictionPolicy",
+    "FsyncPolicy",
+    "Index",
+    "Locator",
+    "LruPolicy",
+    "ObjectInfo",
+    "ObjectVersion",
+    "RamLease",
+    "RamTier",
+    "S3FifoPolicy",
+    "Tier",
+    "TierSet",
+    "TierStats",
+    "TieredCache",
+    "WritePolicy",
+    "chunk_count",
+    "split_chunks",
+]

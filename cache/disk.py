@@ -1,0 +1,612 @@
+"""The disk tier: one file per chunk, recorded in the lmdb index.
+
+Layout under the tier's root::
+
+    chunks/ab/cd/<id>    the chunk's bytes, raw or one zstd frame
+    tmp/<token>.<n>      files being written (renamed into chunks/ when complete)
+
+Writing: bytes go to a temporary file, are fsynced when the policy says so, and
+are renamed to their real name; only then is the index record queued. A crash at
+any point leaves either no file, a temporary file, or a complete file under its
+id. The index never claims a file that is not there: the file comes first, the
+record second; on eviction the record is deleted (and committed) before the file.
+
+Reading: the record gives size and codec; the file is read, decompressed, and
+verified by blake3 (``verify=True`` by default). A damaged, truncated or missing
+file is counted, its record and file are dropped, and the read is a miss: the
+caller goes on to the source. ENOSPC and EIO are counted and degrade the tier
+(no new writes for ``retry_after`` seconds); they never fail a caller's read.
+
+Startup does no scan: budget totals live in the index. :meth:`DiskTier.reconcile`
+runs in the background to remove stale temporary files, drop records whose file is
+gone, and adopt (after verifying) or delete files the index does not know.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import itertools
+import logging
+import os
+import secrets
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from enum import StrEnum
+from pathlib import Path
+from typing import Final, TypeVar
+
+import blake3
+import zstandard
+
+from chunkd.cache.chunkid import HEX_CHARS, ChunkId, hash_threads
+from chunkd.cache.index import ChunkRecord, Codec, Index, TierSet
+from chunkd.cache.tier import BytesLease, Chunk, Tier, TierStats
+from chunkd.errors import CacheClosedError, ChunkTooLargeError, InvalidChunkIdError
+
+__all__ = ["DiskTier", "FsyncPolicy"]
+
+log = logging.getLogger("chunkd.cache.disk")
+
+T = TypeVar("T")
+
+_ZSTD_MAGIC: Final = b"\x28\xb5\x2f\xfd"
+_SAMPLE_BYTES: Final = 16 * 1024
+_SAMPLES: Final = 4
+_MIN_COMPRESS_BYTES: Final = 4096
+_EVICT_BATCH: Final = 256
+
+
+class FsyncPolicy(StrEnum):
+    """When the disk tier fsyncs what it writes."""
+
+    #: fsync each chunk file and its directory before the index records it
+    ALWAYS = "always"
+    #: leave it to the kernel; a power loss may lose recent chunks (verification
+    #: catches any damage on read)
+    NEVER = "never"
+
+
+class DiskTier(Tier):
+    """Chunks as files under ``root``, recorded in ``index``.
+
+    Args:
+        root: the tier's directory (``chunks/`` and ``tmp/`` are created in it).
+        index: the index that records this tier's chunks.
+        budget_bytes: most stored (possibly compressed) bytes held.
+        min_free_bytes: free space to leave on the filesystem; chunks are evicted,
+            or new ones declined, to keep it.
+        fsync: when to fsync (``"always"`` by default).
+        compress: store a chunk zstd-compressed when that saves at least
+            ``1 - compress_ratio`` of its size.
+        compress_level: zstd level.
+        compress_ratio: the largest compressed/raw ratio worth keeping (7/8).
+        verify: check each chunk read against its id (on by default).
+        max_chunk_bytes: largest chunk accepted.
+        workers: threads for file I/O.
+        retry_after: seconds a degraded tier waits before writing again.
+    """
+
+    name = "disk"
+
+    def __init__(
+        self,
+        root: str | Path,
+        index: Index,
+        *,
+        budget_bytes: int,
+        min_free_bytes: int = 0,
+        fsync: FsyncPolicy | str = FsyncPolicy.ALWAYS,
+        compress: bool = True,
+        compress_level: int = 1,
+        compress_ratio: float = 7 / 8,
+        verify: bool = True,
+        max_chunk_bytes: int = 64 << 20,
+        workers: int = 4,
+        retry_after: float = 30.0,
+    ) -> None:
+        self.root = Path(root)
+        self.index = index
+        self._chunks_dir = self.root / "chunks"
+        self._tmp_dir = self.root / "tmp"
+        self._chunks_dir.mkdir(parents=True, exist_ok=True)
+        self._tmp_dir.mkdir(parents=True, exist_ok=True)
+        self._budget = budget_bytes
+        self._min_free = min_free_bytes
+        self._fsync = FsyncPolicy(fsync)
+        self._compress = compress
+        self._compress_level = compress_level
+        self._compress_ratio = compress_ratio
+        self._verify = verify
+        self._max_chunk = max_chunk_bytes
+        self._retry_after = retry_after
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="chunkd-disk")
+        self._codecs = threading.local()
+        self._token = secrets.token_hex(6)  # names this process's temporary files
+        self._serial = itertools.count()
+        self._known_dirs: set[str] = set()
+        # Held while a record and its file are unlinked as a pair (eviction, drops),
+        # and while a file gets its real name: a rename can then never land between
+        # an eviction's record delete and its unlink, which would leave the index
+        # claiming a file that is gone.
+        self._names_lock = threading.Lock()
+        self._stats_lock = threading.Lock()
+        self._stats = TierStats(name=self.name, budget_bytes=budget_bytes)
+        self._degraded_until = 0.0
+        self._writing: dict[ChunkId, asyncio.Future[bool]] = {}
+        self._closed = False
+
+    # -- properties -----------------------------------------------------------------
+
+    @property
+    def budget_bytes(self) -> int:
+        # docstring inherited
+        return self._budget
+
+    @property
+    def used_bytes(self) -> int:
+        # docstring inherited
+        return self.index.disk_bytes
+
+    @property
+    def persistent(self) -> bool:
+        # docstring inherited
+        return True
+
+    def path_of(self, cid: ChunkId) -> Path:
+        """Where chunk ``cid`` lives: ``chunks/ab/cd/<id>``."""
+        hexid = cid.hex()
+        return self._chunks_dir / hexid[:2] / hexid[2:4] / hexid
+
+    # -- Tier -----------------------------------------------------------------------
+
+    async def get(self, cid: ChunkId) -> BytesLease | None:
+        # docstring inherited
+        self._check_open()
+        data = await self._run(self.read_sync, cid)
+        return None if data is None else BytesLease(cid, data)
+
+    async def put(self, chunk: Chunk) -> bool:
+        # docstring inherited
+        self._check_open()
+        if chunk.size > self._max_chunk:
+            raise ChunkTooLargeError(
+                f"chunk {chunk.id} is {chunk.size} bytes; the disk tier accepts at most "
+                f"{self._max_chunk} (raise cache.chunk_bytes or split the data)"
+            )
+        running = self._writing.get(chunk.id)
+        if running is not None:
+            return await asyncio.shield(running)
+        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._writing[chunk.id] = future
+        try:
+            stored = await self._run(self.write_sync, chunk)
+            future.set_result(stored)
+        except BaseException as exc:
+            future.set_exception(exc)
+            raise
+        finally:
+            del self._writing[chunk.id]
+            if future.done() and not future.cancelled():
+                future.exception()  # mark retrieved: waiters re-raise it themselves
+        return stored
+
+    async def contains(self, cid: ChunkId) -> bool:
+        # docstring inherited
+        self._check_open()
+        return self.index.lookup(cid) is not None
+
+    async def discard(self, cid: ChunkId) -> bool:
+        # docstring inherited
+        self._check_open()
+        return await self._run(self._drop, cid) is not None
+
+    def stats(self) -> TierStats:
+        # docstring inherited
+        with self._stats_lock:
+            snap = TierStats(**vars(self._stats))
+            snap.errors = dict(self._stats.errors)
+        snap.bytes = self.index.disk_bytes
+        snap.chunks = self.index.disk_chunks
+        snap.degraded = self.degraded
+        return snap
+
+    async def close(self) -> None:
+        # docstring inherited
+        if self._closed:
+            return
+        self._closed = True
+        pending = list(self._writing.values())
+        if pending:
+            await asyncio.gather(*pending, return_exceptions=True)
+        await asyncio.get_running_loop().run_in_executor(
+            None, lambda: self._pool.shutdown(wait=True)
+        )
+
+    # -- health ---------------------------------------------------------------------
+
+    @property
+    def degraded(self) -> str | None:
+        """Why the tier declines writes now, or ``None`` when it is healthy."""
+        with self._stats_lock:
+            if self._stats.degraded and time.monotonic() >= self._degraded_until:
+                self._stats.degraded = None
+            return self._stats.degraded
+
+    def _degrade(self, reason: str) -> None:
+        with self._stats_lock:
+            if self._stats.degraded is None:
+                log.warning(
+                    "disk tier degraded: %s; writes pause for %ss", reason, self._retry_after
+                )
+            self._stats.degraded = reason
+            self._degraded_until = time.monotonic() + self._retry_after
+
+    def _count_error(self, exc: OSError) -> None:
+        kind = {errno.ENOSPC: "enospc", errno.EIO: "eio", errno.EDQUOT: "enospc"}.get(
+            exc.errno or 0, "other"
+        )
+        with self._stats_lock:
+            self._stats.errors[kind] = self._stats.errors.get(kind, 0) + 1
+        if kind == "enospc":
+            self._degrade("disk full (ENOSPC)")
+        elif kind == "eio":
+            self._degrade("I/O error (EIO)")
+
+    def _bump(self, field: str, n: int = 1) -> None:
+        with self._stats_lock:
+            setattr(self._stats, field, getattr(self._stats, field) + n)
+
+    # -- blocking work (run in the tier's threads) ----------------------------------
+
+    def read_sync(self, cid: ChunkId) -> bytearray | None:
+        """Read and verify chunk ``cid``; ``None`` (after dropping it) if absent or damaged."""
+        record = self.index.lookup(cid)
+        if record is None:
+            self._bump("misses")
+            return None
+        path = self.path_of(cid)
+        try:
+            raw = _read_exact(path, record.stored_size)
+        except FileNotFoundError:
+            if self._drop(cid) is not None:
+                self._bump("missing")
+                log.warning("chunk %s was indexed but its file is gone; dropped", cid)
+            self._bump("misses")
+            return None
+        except OSError as exc:
+            self._count_error(exc)
+            log.warning("reading chunk %s failed (%s); dropped", cid, exc)
+            self._drop(cid)
+            self._bump("misses")
+            return None
+        if len(raw) != record.stored_size:
+            log.warning(
+                "chunk %s: file holds %d bytes, the index says %d; dropped",
+                cid,
+                len(raw),
+                record.stored_size,
+            )
+            data = None
+        else:
+            data = self._decode(cid, record, raw)
+        if data is None:
+            self._bump("integrity_failures")
+            self._drop(cid)
+            self._bump("misses")
+            return None
+        self.index.touch(cid)
+        self._bump("hits")
+        return data
+
+    def write_sync(self, chunk: Chunk) -> bool:
+        """Store ``chunk`` as a file and queue its record; ``False`` if declined."""
+        if self.index.lookup(chunk.id) is not None:
+            self.index.touch(chunk.id)
+            return True
+        if self.degraded:
+            self._bump("rejected")
+            return False
+        payload, codec = self._encode(chunk.data)
+        if not self._make_room(len(payload)):
+            self._bump("rejected")
+            return False
+        final = self.path_of(chunk.id)
+        tmp = self._tmp_dir / f"{self._token}.{next(self._serial)}"
+        try:
+            self._write_file(tmp, payload)
+            self._ensure_dir(final.parent)
+            with self._names_lock:
+                os.rename(tmp, final)
+            if self._fsync is FsyncPolicy.ALWAYS:
+                _fsync_dir(final.parent)
+        except OSError as exc:
+            _unlink_quietly(tmp)
+            self._count_error(exc)
+            self._bump("rejected")
+            return False
+        self.index.put_chunk(chunk.id, ChunkRecord(chunk.size, len(payload), codec, TierSet.DISK))
+        self._bump("inserts")
+        return True
+
+    def _write_file(self, path: Path, payload: memoryview | bytes) -> None:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o640)
+        try:
+            view = memoryview(payload)
+            done = 0
+            while done < view.nbytes:
+                done += os.write(fd, view[done:])
+            if self._fsync is FsyncPolicy.ALWAYS:
+                os.fdatasync(fd)
+        finally:
+            os.close(fd)
+
+    def _ensure_dir(self, path: Path) -> None:
+        key = str(path)
+        if key not in self._known_dirs:
+            path.mkdir(parents=True, exist_ok=True)
+            self._known_dirs.add(key)
+
+    def _encode(self, data: memoryview) -> tuple[memoryview | bytes, Codec]:
+        size = data.nbytes
+        if not self._compress or size < _MIN_COMPRESS_BYTES:
+            return data, Codec.RAW
+        compressor = self._compressor()
+        if size > 4 * _SAMPLE_BYTES:
+            # Probe samples spread over the chunk first: incompressible data (most
+            # tensors) then costs a few small compressions, not a full one.
+            step = (size - _SAMPLE_BYTES) // (_SAMPLES - 1)
+            probed = sum(
+                len(compressor.compress(data[i * step : i * step + _SAMPLE_BYTES]))
+                for i in range(_SAMPLES)
+            )
+            if probed > self._compress_ratio * _SAMPLES * _SAMPLE_BYTES:
+                return data, Codec.RAW
+        packed = compressor.compress(data)
+        if len(packed) <= self._compress_ratio * size:
+            return packed, Codec.ZSTD
+        return data, Codec.RAW
+
+    def _decode(
+        self,
+        cid: ChunkId,
+        record: ChunkRecord,
+        raw: bytearray,
+        *,
+        quiet: bool = False,
+        verify: bool | None = None,
+    ) -> bytearray | None:
+        """The chunk's bytes from a file's contents, or ``None`` if they are damaged."""
+        problem = None
+        data = raw
+        if record.codec is Codec.ZSTD:
+            try:
+                data = bytearray(self._decompressor().decompress(raw, max_output_size=record.size))
+            except zstandard.ZstdError as exc:
+                problem = f"zstd frame is damaged ({exc})"
+        if problem is None and len(data) != record.size:
+            problem = f"{len(data)} bytes, the index says {record.size}"
+        if problem is None and (self._verify if verify is None else verify):
+            actual = blake3.blake3(data, max_threads=hash_threads(len(data))).digest()
+            if actual != cid:
+                problem = f"file hashes to {actual.hex()}"
+        if problem is None:
+            return data
+        if not quiet:
+            log.warning("chunk %s: %s; dropped", cid, problem)
+        return None
+
+    def _compressor(self) -> zstandard.ZstdCompressor:
+        comp: zstandard.ZstdCompressor | None = getattr(self._codecs, "comp", None)
+        if comp is None:
+            comp = zstandard.ZstdCompressor(level=self._compress_level)
+            self._codecs.comp = comp
+        return comp
+
+    def _decompressor(self) -> zstandard.ZstdDecompressor:
+        dec: zstandard.ZstdDecompressor | None = getattr(self._codecs, "dec", None)
+        if dec is None:
+            dec = zstandard.ZstdDecompressor()
+            self._codecs.dec = dec
+        return dec
+
+    def _drop(self, cid: ChunkId) -> ChunkRecord | None:
+        """Delete the record (committed), then the file. Returns the old record."""
+        with self._names_lock:
+            gone = self.index.delete_chunks([cid])
+            _unlink_quietly(self.path_of(cid))
+        return gone[0] if gone else None
+
+    def _free_bytes(self) -> int:
+        st = os.statvfs(self.root)
+        return st.f_bavail * st.f_frsize
+
+    def _make_room(self, need: int) -> bool:
+        """Evict least recently used chunks until ``need`` more bytes fit."""
+        if need > self._budget:
+            return False
+        with self._names_lock:
+            over_budget = self.index.disk_bytes + need - self._budget
+            short_of_floor = self._min_free + need - self._free_bytes() if self._min_free else 0
+            if over_budget <= 0 and short_of_floor <= 0:
+                return True
+            # Evict down to a low-water mark so the next writes do not each evict.
+            slack = self._budget // 10
+            to_free = max(over_budget, short_of_floor) + slack
+            while to_free > 0:
+                victims = self.index.oldest(_EVICT_BATCH)
+                if not victims:
+                    break
+                take = []
+                for cid, record in victims:
+                    take.append(cid)
+                    to_free -= record.stored_size
+                    if to_free <= 0:
+                        break
+                self.index.delete_chunks(take)
+                for cid in take:
+                    _unlink_quietly(self.path_of(cid))
+                self._bump("evictions", len(take))
+            fits_budget = self.index.disk_bytes + need <= self._budget
+            fits_floor = not self._min_free or self._free_bytes() - need >= self._min_free
+            if not fits_floor:
+                self._degrade("free space below cache.disk_min_free")
+            return fits_budget and fits_floor
+
+    # -- background reconciliation --------------------------------------------------
+
+    def reconcile(
+        self, *, batch: int = 1024, stop: threading.Event | None = None
+    ) -> dict[str, int]:
+        """Bring files and index into agreement; safe to run while the tier serves.
+
+        Removes other processes' temporary files, drops records whose file is gone
+        or has the wrong size, and adopts files the index does not know when they
+        verify (deletes them when they do not). Returns what it did.
+        """
+        done = {"tmp_removed": 0, "stale_dropped": 0, "orphans_adopted": 0, "orphans_removed": 0}
+        halted = stop.is_set if stop is not None else (lambda: False)
+        for entry in os.scandir(self._tmp_dir):
+            if not entry.name.startswith(self._token + "."):
+                _unlink_quietly(Path(entry.path))
+                done["tmp_removed"] += 1
+        after: bytes | None = None
+        while not halted() and not self._closed:
+            records = self.index.scan_chunks(after, batch)
+            if not records:
+                break
+            for cid, record in records:
+                after = cid
+                try:
+                    size = os.stat(self.path_of(cid)).st_size
+                except FileNotFoundError:
+                    size = -1
+                # Re-check the record: a concurrent write may have just replaced it.
+                stale = size != record.stored_size and cid not in self._writing
+                if stale and self.index.lookup(cid) == record:
+                    self._drop(cid)
+                    done["stale_dropped"] += 1
+        for top in _subdirs(self._chunks_dir):
+            for mid in _subdirs(top):
+                if halted() or self._closed:
+                    return done
+                for entry in os.scandir(mid):
+                    self._reconcile_file(Path(entry.path), entry.name, done)
+        self.index.flush()
+        return done
+
+    def _reconcile_file(self, path: Path, name: str, done: dict[str, int]) -> None:
+        try:
+            cid = ChunkId.parse(name) if len(name) == HEX_CHARS else None
+        except InvalidChunkIdError:
+            cid = None
+        if cid is None or path.parent != self.path_of(cid).parent:
+            _unlink_quietly(path)
+            done["orphans_removed"] += 1
+            return
+        if self.index.lookup(cid) is not None:
+            return
+        try:
+            before = path.stat()
+            raw = bytearray(path.read_bytes())
+        except OSError:
+            return
+        for record in _candidate_records(raw):
+            # An orphan is always verified: nothing vouches for it.
+            if self._decode(cid, record, raw, quiet=True, verify=True) is None:
+                continue
+            with self._names_lock:
+                # Adopt only the very file that was verified, and only if nothing
+                # indexed or evicted it meanwhile (an unlink happens under this lock).
+                try:
+                    same = _same_file(before, path.stat())
+                except FileNotFoundError:
+                    same = False
+                adopt = same and self.index.lookup(cid) is None
+                if adopt:
+                    self.index.put_chunk(cid, record)
+            if adopt:
+                done["orphans_adopted"] += 1
+                self._make_room(0)  # adopting may have taken the tier over its budget
+            return
+        with self._names_lock:
+            if self.index.lookup(cid) is None:
+                _unlink_quietly(path)
+                done["orphans_removed"] += 1
+
+    # -- plumbing -------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise CacheClosedError(f"the disk tier at {self.root} is closed; open a new cache")
+
+    async def _run(self, fn: Callable[..., T], *args: object) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+
+
+def _candidate_records(raw: bytearray) -> list[ChunkRecord]:
+    """How an unindexed file may have been stored: zstd (if it looks like it), raw."""
+    out = []
+    if raw.startswith(_ZSTD_MAGIC):
+        try:
+            size = zstandard.frame_content_size(bytes(raw[:18]))
+        except zstandard.ZstdError:
+            size = -1
+        if size >= 0:
+            out.append(ChunkRecord(size, len(raw), Codec.ZSTD, TierSet.DISK))
+    out.append(ChunkRecord(len(raw), len(raw), Codec.RAW, TierSet.DISK))
+    return out
+
+
+def _same_file(a: os.stat_result, b: os.stat_result) -> bool:
+    return (a.st_ino, a.st_dev, a.st_size, a.st_mtime_ns) == (
+        b.st_ino,
+        b.st_dev,
+        b.st_size,
+        b.st_mtime_ns,
+    )
+
+
+def _read_exact(path: Path, size: int) -> bytearray:
+    """Read a file expected to hold ``size`` bytes; one byte more is read to spot growth."""
+    buf = bytearray(size + 1)
+    view = memoryview(buf)
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        got = 0
+        while got < len(buf):
+            n = os.readv(fd, [view[got:]])
+            if n == 0:
+                break
+            got += n
+    finally:
+        os.close(fd)
+    del view
+    del buf[got:]
+    return buf
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _unlink_quietly(path: Path) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        log.warning("could not remove %s: %s", path, exc)
+
+
+def _subdirs(path: Path) -> list[Path]:
+    try:
+        return sorted(Path(e.path) for e in os.scandir(path) if e.is_dir(follow_symlinks=False))
+    except FileNotFoundError:
+        return []

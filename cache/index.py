@@ -1,0 +1,618 @@
+"""The cache index, in lmdb.
+
+Four named databases live in one lmdb environment (``<dir>/index``):
+
+``meta``
+    ``schema`` (u32) and the persistent tier totals (``disk_bytes``,
+    ``disk_chunks``), updated in the same transaction as the records they sum,
+    so opening needs no scan.
+``chunks``
+    chunk id (32 raw bytes) -> :class:`ChunkRecord` (size, stored size, codec,
+    persistent tiers, last use).
+``lru``
+    big-endian last use (u64 milliseconds) + chunk id -> empty: the disk tier's
+    eviction order, oldest first, without a scan.
+``maps`` and ``objects``
+    an object version's chunk map: ``objkey + be32(chunk index)`` -> chunk id +
+    le32(length), where ``objkey`` is a 16-byte blake3 of (chunk size, backend,
+    key, version token); and ``objkey`` -> the object's size and names.
+
+Writes are batched off the hot path: :meth:`Index.put_chunk`, :meth:`Index.touch`
+and :meth:`Index.record` land in an in-memory overlay that readers consult first
+(read-your-writes), and a background thread commits the overlay every
+``flush_interval`` seconds or ``flush_ops`` operations. Deletes commit at once,
+because a deleted record must be durable before its file is unlinked (the index
+never claims a chunk that is not on disk: file first, then index).
+
+Every method is thread-safe and blocking; an asyncio caller runs them in a thread
+(single lookups are cheap enough to call on the loop).
+
+Schema changes go through :data:`MIGRATIONS`: ``MIGRATIONS[n]`` upgrades schema
+``n`` to ``n + 1`` inside one write transaction.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import struct
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, replace
+from enum import IntEnum, IntFlag
+from pathlib import Path
+from typing import Any, Final, NamedTuple
+
+import blake3
+import lmdb
+
+from chunkd.cache.chunkid import DIGEST_BYTES, ChunkId
+from chunkd.errors import CacheClosedError, IndexSchemaError
+
+__all__ = [
+    "MIGRATIONS",
+    "SCHEMA_VERSION",
+    "ChunkRecord",
+    "ChunkRef",
+    "Codec",
+    "Index",
+    "Locator",
+    "ObjectInfo",
+    "ObjectVersion",
+    "TierSet",
+]
+
+log = logging.getLogger("chunkd.cache.index")
+
+#: the schema this version of chunkd writes
+SCHEMA_VERSION: Final = 1
+
+Migration = Callable[[Any], None]  # gets an open lmdb write transaction
+#: ``MIGRATIONS[n]`` upgrades schema ``n`` to ``n + 1``
+MIGRATIONS: Final[Mapping[int, Migration]] = {}
+
+_RECORD: Final = struct.Struct("<QQBBxxxxxxQ")
+_BE64: Final = struct.Struct(">Q")
+_BE32: Final = struct.Struct(">I")
+_LE32: Final = struct.Struct("<I")
+_U64: Final = struct.Struct("<Q")
+_OBJKEY_BYTES: Final = 16
+
+
+class Codec(IntEnum):
+    """How a chunk's bytes are stored on disk."""
+
+    RAW = 0
+    ZSTD = 1
+
+
+class TierSet(IntFlag):
+    """The persistent tiers that hold a chunk (the RAM tier is never recorded)."""
+
+    NONE = 0
+    DISK = 1
+    REMOTE = 2
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkRecord:
+    """What the index knows about one chunk (``last_use`` in unix milliseconds)."""
+
+    size: int
+    stored_size: int
+    codec: Codec = Codec.RAW
+    tiers: TierSet = TierSet.DISK
+    last_use: int = 0
+
+    def pack(self) -> bytes:
+        """The record's 32-byte on-disk form."""
+        return _RECORD.pack(self.size, self.stored_size, self.codec, self.tiers, self.last_use)
+
+    @classmethod
+    def unpack(cls, raw: bytes) -> ChunkRecord:
+        """Parse the on-disk form."""
+        size, stored, codec, tiers, last_use = _RECORD.unpack(raw)
+        return cls(size, stored, Codec(codec), TierSet(tiers), last_use)
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectVersion:
+    """One version of an object: the unit a chunk map describes."""
+
+    backend: str
+    key: str
+    version: str
+
+    def locator(self, index: int) -> Locator:
+        """The locator of this version's chunk ``index``."""
+        return Locator(self.backend, self.key, self.version, index)
+
+
+@dataclass(frozen=True, slots=True)
+class Locator:
+    """Where a chunk comes from before its id is known."""
+
+    backend: str
+    key: str
+    version: str
+    index: int
+
+    @property
+    def object(self) -> ObjectVersion:
+        """The object version this locator points into."""
+        return ObjectVersion(self.backend, self.key, self.version)
+
+
+class ChunkRef(NamedTuple):
+    """A chunk map entry: the chunk's id and its length."""
+
+    id: ChunkId
+    length: int
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectInfo:
+    """An object version's size, as recorded with its chunk map."""
+
+    backend: str
+    key: str
+    version: str
+    size: int
+    chunk_bytes: int
+
+    @property
+    def chunks(self) -> int:
+        """How many chunks the version splits into."""
+        return -(-self.size // self.chunk_bytes)
+
+
+_MISSING: Final = object()
+
+
+class Index:
+    """The lmdb index of one cache directory. See the module docstring.
+
+    Args:
+        path: the lmdb directory (created if missing).
+        chunk_bytes: the chunk size chunk maps are built with; part of each map's key,
+            so maps built with another size are simply not found.
+        map_size: the lmdb map size (virtual address space, not disk).
+        sync: fsync each commit.
+        flush_interval: most seconds a batched write waits before it is committed.
+        flush_ops: batched operations that trigger an early commit.
+        touch_interval: a chunk's last use is rewritten at most this often (seconds).
+        schema_version, migrations: for tests of the migration hook.
+        clock: the time source for last use (seconds).
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        chunk_bytes: int = 4 << 20,
+        map_size: int = 1 << 40,
+        sync: bool = True,
+        flush_interval: float = 0.05,
+        flush_ops: int = 4096,
+        touch_interval: float = 60,
+        schema_version: int = SCHEMA_VERSION,
+        migrations: Mapping[int, Migration] = MIGRATIONS,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.path = Path(path)
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.chunk_bytes = chunk_bytes
+        self._flush_interval = flush_interval
+        self._flush_ops = flush_ops
+        self._touch_interval_ms = int(touch_interval * 1000)
+        self._clock = clock
+        self._env = lmdb.open(
+            str(self.path),
+            map_size=map_size,
+            max_dbs=8,
+            sync=sync,
+            readahead=False,
+            max_readers=512,
+        )
+        self._meta = self._env.open_db(b"meta")
+        self._chunks = self._env.open_db(b"chunks")
+        self._lru = self._env.open_db(b"lru")
+        self._maps = self._env.open_db(b"maps")
+        self._objects = self._env.open_db(b"objects")
+        self.schema_version = self._check_schema(schema_version, migrations)
+        with self._env.begin(db=self._meta) as txn:
+            self._disk_bytes = _read_u64(txn.get(b"disk_bytes"))
+            self._disk_chunks = _read_u64(txn.get(b"disk_chunks"))
+
+        # Overlay of batched writes. A value of None in _pend_chunks is a delete.
+        self._lock = threading.Lock()
+        self._pend_chunks: dict[bytes, ChunkRecord | None] = {}
+        self._pend_lru_add: set[bytes] = set()
+        self._pend_lru_del: set[bytes] = set()
+        self._pend_maps: dict[bytes, bytes] = {}
+        self._pend_objects: dict[bytes, bytes] = {}
+        self._flushing: list[list[Any]] = []  # chunk/map/object overlays in flight
+        self._pending_ops = 0
+        self._write_lock = threading.Lock()  # one lmdb write transaction at a time
+        self._closed = False
+        self.commits = 0
+        self.commit_errors = 0
+        self._wake = threading.Condition(self._lock)
+        self._flusher = threading.Thread(target=self._flush_loop, name="chunkd-index", daemon=True)
+        self._flusher.start()
+
+    # -- schema ---------------------------------------------------------------------
+
+    def _check_schema(self, current: int, migrations: Mapping[int, Migration]) -> int:
+        with self._env.begin(write=True) as txn:
+            raw = txn.get(b"schema", db=self._meta)
+            if raw is None:
+                txn.put(b"schema", _LE32.pack(current), db=self._meta)
+                return current
+            found: int = _LE32.unpack(raw)[0]
+            if found > current:
+                raise IndexSchemaError(
+                    f"the index at {self.path} has schema {found}, newer than this chunkd "
+                    f"understands ({current}); upgrade chunkd or point cache.dir elsewhere"
+                )
+            while found < current:
+                step = migrations.get(found)
+                if step is None:
+                    raise IndexSchemaError(
+                        f"the index at {self.path} has schema {found} and no migration to "
+                        f"{found + 1} exists; delete the cache directory to start cold"
+                    )
+                step(txn)
+                found += 1
+                txn.put(b"schema", _LE32.pack(found), db=self._meta)
+            return found
+
+    # -- chunks ---------------------------------------------------------------------
+
+    def lookup(self, cid: bytes) -> ChunkRecord | None:
+        """The record of chunk ``cid``, or ``None``."""
+        raw = self._overlay_get(cid, 0)
+        if raw is _MISSING:
+            self._check_open()
+            with self._env.begin(db=self._chunks, buffers=False) as txn:
+                got = txn.get(cid)
+            return None if got is None else ChunkRecord.unpack(got)
+        return raw  # type: ignore[no-any-return]
+
+    def lookup_many(self, cids: Iterable[bytes]) -> list[ChunkRecord | None]:
+        """Records for several ids, in one read transaction."""
+        self._check_open()
+        out: list[ChunkRecord | None] = []
+        with self._env.begin(db=self._chunks, buffers=False) as txn:
+            for cid in cids:
+                hit = self._overlay_get(cid, 0)
+                if hit is _MISSING:
+                    got = txn.get(cid)
+                    out.append(None if got is None else ChunkRecord.unpack(got))
+                else:
+                    out.append(hit)
+        return out
+
+    def put_chunk(self, cid: ChunkId, record: ChunkRecord) -> None:
+        """Record (or replace) chunk ``cid``. Batched."""
+        if record.last_use == 0:
+            record = replace(record, last_use=self._now_ms())
+        with self._lock:
+            self._check_open()
+            old = self._lookup_locked(cid)
+            if old is not None:
+                self._pend_lru_del.add(_lru_key(old.last_use, cid))
+                self._count(old, -1)
+            self._pend_lru_add.add(_lru_key(record.last_use, cid))
+            self._pend_chunks[cid] = record
+            self._count(record, +1)
+            self._enqueued()
+
+    def touch(self, cid: ChunkId) -> None:
+        """Note a use of ``cid`` (coarse: rewritten at most every ``touch_interval``)."""
+        now = self._now_ms()
+        with self._lock:
+            self._check_open()
+            old = self._lookup_locked(cid)
+            if old is None or now - old.last_use < self._touch_interval_ms:
+                return
+            self._pend_lru_del.add(_lru_key(old.last_use, cid))
+            self._pend_lru_add.add(_lru_key(now, cid))
+            self._pend_chunks[cid] = replace(old, last_use=now)
+            self._enqueued()
+
+    def delete_chunks(self, cids: Iterable[bytes]) -> list[ChunkRecord]:
+        """Delete the records of ``cids`` and commit at once; return those that existed."""
+        with self._write_lock:
+            with self._lock:
+                self._check_open()
+                gone: list[ChunkRecord] = []
+                for cid in cids:
+                    old = self._lookup_locked(cid)
+                    if old is None:
+                        continue
+                    gone.append(old)
+                    self._pend_lru_del.add(_lru_key(old.last_use, cid))
+                    self._pend_lru_add.discard(_lru_key(old.last_use, cid))
+                    self._pend_chunks[cid] = None
+                    self._count(old, -1)
+                batch = self._take_batch()
+            self._commit(batch)
+        return gone
+
+    def oldest(self, limit: int) -> list[tuple[ChunkId, ChunkRecord]]:
+        """Up to ``limit`` chunks in least-recently-used order (commits pending writes)."""
+        self.flush()
+        out: list[tuple[ChunkId, ChunkRecord]] = []
+        with self._env.begin(buffers=False) as txn:
+            cursor = txn.cursor(db=self._lru)
+            for key, _ in cursor:
+                cid = ChunkId(key[8:])
+                raw = txn.get(cid, db=self._chunks)
+                if raw is None:
+                    continue
+                record = ChunkRecord.unpack(raw)
+                if _lru_key(record.last_use, cid) != key:
+                    continue  # a stale position; the record sits at its newer one
+                out.append((cid, record))
+                if len(out) >= limit:
+                    break
+        return out
+
+    def scan_chunks(self, after: bytes | None, limit: int) -> list[tuple[ChunkId, ChunkRecord]]:
+        """Committed records in id order, starting after ``after``; for background sweeps."""
+        self._check_open()
+        out: list[tuple[ChunkId, ChunkRecord]] = []
+        with self._env.begin(db=self._chunks, buffers=False) as txn:
+            cursor = txn.cursor()
+            found = cursor.set_range(after) if after is not None else cursor.first()
+            while found and len(out) < limit:
+                key, value = cursor.item()
+                if key != after:
+                    out.append((ChunkId(key), ChunkRecord.unpack(value)))
+                found = cursor.next()
+        return out
+
+    @property
+    def disk_bytes(self) -> int:
+        """Total stored bytes of chunks recorded on the disk tier."""
+        return self._disk_bytes
+
+    @property
+    def disk_chunks(self) -> int:
+        """Number of chunks recorded on the disk tier."""
+        return self._disk_chunks
+
+    # -- chunk maps -----------------------------------------------------------------
+
+    def objkey(self, version: ObjectVersion) -> bytes:
+        """The 16-byte key of ``version``'s chunk map (includes the chunk size)."""
+        text = f"{self.chunk_bytes}\0{version.backend}\0{version.key}\0{version.version}"
+        return blake3.blake3(text.encode("utf-8", "surrogatepass")).digest(_OBJKEY_BYTES)
+
+    def record(self, locator: Locator, cid: ChunkId, length: int) -> None:
+        """Record that ``locator`` holds chunk ``cid`` of ``length`` bytes. Batched."""
+        key = self.objkey(locator.object) + _BE32.pack(locator.index)
+        with self._lock:
+            self._check_open()
+            self._pend_maps[key] = bytes(cid) + _LE32.pack(length)
+            self._enqueued()
+
+    def resolve(self, locator: Locator) -> ChunkRef | None:
+        """The chunk at ``locator``, if it was recorded."""
+        return self.resolve_many(locator.object, [locator.index])[0]
+
+    def resolve_many(self, version: ObjectVersion, indexes: Iterable[int]) -> list[ChunkRef | None]:
+        """Chunk map entries of ``version`` at ``indexes``, in one read transaction."""
+        self._check_open()
+        objkey = self.objkey(version)
+        out: list[ChunkRef | None] = []
+        with self._env.begin(db=self._maps, buffers=False) as txn:
+            for index in indexes:
+                key = objkey + _BE32.pack(index)
+                raw = self._overlay_get(key, 1)
+                if raw is _MISSING:
+                    raw = txn.get(key)
+                out.append(None if raw is None else _ref(raw))
+        return out
+
+    def put_object(self, info: ObjectInfo) -> None:
+        """Record an object version's size next to its chunk map. Batched."""
+        version = ObjectVersion(info.backend, info.key, info.version)
+        body = json.dumps(
+            {"backend": info.backend, "key": info.key, "version": info.version, "size": info.size}
+        ).encode()
+        with self._lock:
+            self._check_open()
+            self._pend_objects[self.objkey(version)] = body
+            self._enqueued()
+
+    def get_object(self, version: ObjectVersion) -> ObjectInfo | None:
+        """The recorded size of ``version``, if any."""
+        self._check_open()
+        key = self.objkey(version)
+        raw = self._overlay_get(key, 2)
+        if raw is _MISSING:
+            with self._env.begin(db=self._objects, buffers=False) as txn:
+                raw = txn.get(key)
+        if raw is None:
+            return None
+        doc = json.loads(raw)
+        return ObjectInfo(doc["backend"], doc["key"], doc["version"], doc["size"], self.chunk_bytes)
+
+    # -- lifecycle ------------------------------------------------------------------
+
+    def flush(self) -> None:
+        """Commit every batched write now."""
+        with self._write_lock:
+            with self._lock:
+                if self._closed:
+                    return
+                batch = self._take_batch()
+            self._commit(batch)
+
+    def close(self) -> None:
+        """Commit pending writes and close lmdb. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._wake.notify_all()
+        try:
+            self.flush()
+        except lmdb.Error:
+            # Shutdown goes on: the chunk files are on disk, and the next
+            # reconciliation adopts those whose records were lost here.
+            log.exception("index %s: the last commit failed; batched writes were lost", self.path)
+        with self._lock:
+            self._closed = True
+            self._wake.notify_all()
+        self._flusher.join(timeout=5)
+        with self._write_lock:
+            self._env.close()
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._closed
+
+    def stat(self) -> dict[str, int]:
+        """lmdb's own counters (entries per database, map use)."""
+        self._check_open()
+        info = self._env.info()
+        out = {"map_size": int(info["map_size"]), "last_pgno": int(info["last_pgno"])}
+        with self._env.begin() as txn:
+            for name, db in (("chunks", self._chunks), ("maps", self._maps)):
+                out[f"{name}_entries"] = int(txn.stat(db)["entries"])
+        return out
+
+    # -- internals ------------------------------------------------------------------
+
+    def _now_ms(self) -> int:
+        return int(self._clock() * 1000)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise CacheClosedError(f"the index at {self.path} is closed; open the cache again")
+
+    def _overlay_get(self, key: bytes, which: int) -> Any:
+        """Look ``key`` up in the pending and in-flight overlays (0 chunks, 1 maps, 2 objects)."""
+        with self._lock:
+            pending = (self._pend_chunks, self._pend_maps, self._pend_objects)[which]
+            if key in pending:
+                return pending[key]
+            for batch in reversed(self._flushing):
+                layer = batch[which]
+                if key in layer:
+                    return layer[key]
+        return _MISSING
+
+    def _lookup_locked(self, cid: bytes) -> ChunkRecord | None:
+        if cid in self._pend_chunks:
+            return self._pend_chunks[cid]
+        for batch in reversed(self._flushing):
+            if cid in batch[0]:
+                return batch[0][cid]  # type: ignore[no-any-return]
+        with self._env.begin(db=self._chunks, buffers=False) as txn:
+            got = txn.get(cid)
+        return None if got is None else ChunkRecord.unpack(got)
+
+    def _count(self, record: ChunkRecord, sign: int) -> None:
+        if record.tiers & TierSet.DISK:
+            self._disk_bytes += sign * record.stored_size
+            self._disk_chunks += sign
+
+    def _enqueued(self) -> None:
+        self._pending_ops += 1
+        if self._pending_ops >= self._flush_ops:
+            self._wake.notify()
+
+    def _take_batch(self) -> list[Any]:
+        # called with _lock held
+        batch: list[Any] = [
+            self._pend_chunks,
+            self._pend_maps,
+            self._pend_objects,
+            self._pend_lru_add,
+            self._pend_lru_del,
+            (self._disk_bytes, self._disk_chunks),
+        ]
+        self._pend_chunks, self._pend_maps, self._pend_objects = {}, {}, {}
+        self._pend_lru_add, self._pend_lru_del = set(), set()
+        self._pending_ops = 0
+        self._flushing.append(batch)
+        return batch
+
+    def _commit(self, batch: list[Any]) -> None:
+        # called with _write_lock held
+        chunks, maps, objects, lru_add, lru_del, totals = batch
+        committed = False
+        try:
+            if chunks or maps or objects or lru_add or lru_del:
+                with self._env.begin(write=True) as txn:
+                    for key in lru_del - lru_add:
+                        txn.delete(key, db=self._lru)
+                    for key in lru_add:
+                        txn.put(key, b"", db=self._lru)
+                    for cid, record in chunks.items():
+                        if record is None:
+                            txn.delete(cid, db=self._chunks)
+                        else:
+                            txn.put(cid, record.pack(), db=self._chunks)
+                    for key, value in maps.items():
+                        txn.put(key, value, db=self._maps)
+                    for key, value in objects.items():
+                        txn.put(key, value, db=self._objects)
+                    txn.put(b"disk_bytes", _U64.pack(totals[0]), db=self._meta)
+                    txn.put(b"disk_chunks", _U64.pack(totals[1]), db=self._meta)
+                self.commits += 1
+            committed = True
+        finally:
+            with self._lock:
+                self._flushing.remove(batch)
+                if not committed:
+                    self._requeue(batch)
+
+    def _requeue(self, batch: list[Any]) -> None:
+        # A commit failed (disk full, I/O error): nothing is lost, the batch goes back
+        # under the writes queued since, which are newer and win.
+        self.commit_errors += 1
+        chunks, maps, objects, lru_add, lru_del, _ = batch
+        for older, newer in (
+            (chunks, self._pend_chunks),
+            (maps, self._pend_maps),
+            (objects, self._pend_objects),
+        ):
+            for key, value in older.items():
+                newer.setdefault(key, value)
+        self._pend_lru_add |= lru_add - self._pend_lru_del
+        self._pend_lru_del |= lru_del - self._pend_lru_add
+        self._pending_ops += len(chunks) + len(maps) + len(objects)
+
+    def _flush_loop(self) -> None:
+        while True:
+            with self._lock:
+                if self._closed:
+                    return
+                if self._pending_ops < self._flush_ops:
+                    self._wake.wait(self._flush_interval)
+                idle = self._pending_ops == 0
+            if self.closed:
+                return
+            if not idle:
+                try:
+                    self.flush()
+                except lmdb.Error:  # pragma: no cover - retried on the next round
+                    time.sleep(self._flush_interval)
+
+
+def _lru_key(last_use: int, cid: bytes) -> bytes:
+    return _BE64.pack(last_use) + bytes(cid)
+
+
+def _ref(raw: bytes) -> ChunkRef:
+    return ChunkRef(ChunkId(raw[:DIGEST_BYTES]), _LE32.unpack_from(raw, DIGEST_BYTES)[0])
+
+
+def _read_u64(raw: bytes | None) -> int:
+    return 0 if raw is None else int(_U64.unpack(raw)[0])

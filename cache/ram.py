@@ -1,0 +1,317 @@
+"""The RAM tier: one sealed memfd per chunk.
+
+Each chunk is written once into its own ``memfd`` and then sealed against write,
+grow and shrink (and against further sealing). A sealed fd can be handed to any
+local process (``SCM_RIGHTS``) and mapped read-only: no copy, and no client can
+change the cache's bytes. Evicting a chunk only closes the tier's fd; a process
+that mapped it keeps a valid mapping until it unmaps, and a lease keeps the fd
+itself open.
+
+Charges against the budget are page-rounded, since that is what the kernel
+really holds for a memfd.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import mmap
+import os
+import threading
+from typing import Final
+
+from chunkd.cache.chunkid import ChunkId
+from chunkd.cache.policy import EvictionPolicy, S3FifoPolicy
+from chunkd.cache.tier import Chunk, ChunkLease, Tier, TierStats
+from chunkd.errors import CacheClosedError, ChunkTooLargeError
+
+__all__ = ["SEALS", "RamLease", "RamTier", "seal_memfd"]
+
+#: the seals every RAM-tier memfd carries
+SEALS: Final = fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE
+_PAGE: Final = mmap.PAGESIZE
+# Below this size the copy is cheaper than a hop to a worker thread.
+_INLINE_COPY_BYTES: Final = 256 * 1024
+
+
+def _page_round(size: int) -> int:
+    return max(_PAGE, -(-size // _PAGE) * _PAGE)
+
+
+def seal_memfd(cid: ChunkId, data: memoryview) -> int:
+    """Copy ``data`` into a new memfd, seal it, and return the fd (close-on-exec).
+
+    Blocking (one copy of the bytes); safe to call from any thread.
+    """
+    fd = os.memfd_create(f"chunkd:{cid.hex()[:16]}", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        size = data.nbytes
+        if size:
+            os.ftruncate(fd, size)
+            done = 0
+            while done < size:
+                done += os.pwrite(fd, data[done:], done)
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, SEALS)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+class _Entry:
+    __slots__ = ("charge", "doomed", "fd", "pins", "size")
+
+    def __init__(self, fd: int, size: int) -> None:
+        self.fd = fd
+        self.size = size
+        self.charge = _page_round(size)
+        self.pins = 0
+        self.doomed = False  # left the tier while pinned: close on last unpin
+
+
+class RamLease(ChunkLease):
+    """A pinned RAM-tier chunk; :meth:`fileno` is its sealed memfd."""
+
+    __slots__ = ("_entry", "_map", "_tier")
+
+    def __init__(self, tier: RamTier, cid: ChunkId, entry: _Entry) -> None:
+        super().__init__(cid, entry.size)
+        self._tier = tier
+        self._entry = entry
+        self._map: mmap.mmap | None = None
+
+    def fileno(self) -> int:
+        # docstring inherited
+        if self.released:
+            raise CacheClosedError(f"lease on chunk {self.id} was released; lease it again")
+        return self._entry.fd
+
+    def view(self) -> memoryview:
+        # docstring inherited
+        if self.size == 0:
+            return memoryview(b"")
+        if self._map is None:
+            self._map = mmap.mmap(
+                self.fileno(), self.size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ
+            )
+        return memoryview(self._map).toreadonly()
+
+    def _on_release(self) -> None:
+        # The mapping (if any) is not closed here: views handed out may still use
+        # it, and they keep it alive on their own.
+        self._map = None
+        self._tier._unpin(self._entry)
+
+
+class RamTier(Tier):
+    """Chunks in sealed memfds, under a byte budget and an eviction policy.
+
+    Args:
+        budget_bytes: most bytes held (page-rounded charges).
+        policy: eviction order; :class:`S3FifoPolicy` by default.
+        max_chunk_bytes: largest chunk accepted.
+    """
+
+    name = "ram"
+
+    def __init__(
+        self,
+        budget_bytes: int,
+        *,
+        policy: EvictionPolicy[ChunkId] | None = None,
+        max_chunk_bytes: int = 64 << 20,
+    ) -> None:
+        if budget_bytes < 0:
+            raise ValueError(f"budget_bytes must not be negative; got {budget_bytes}")
+        self._budget = budget_bytes
+        self._max_chunk = max_chunk_bytes
+        self._policy: EvictionPolicy[ChunkId] = policy or S3FifoPolicy()
+        self._policy.set_capacity(budget_bytes)
+        self._entries: dict[ChunkId, _Entry] = {}
+        self._used = 0
+        self._pinned = 0
+        self._lock = threading.Lock()
+        self._closed = False
+        self._stats = TierStats(name=self.name, budget_bytes=budget_bytes)
+
+    # -- properties -----------------------------------------------------------------
+
+    @property
+    def budget_bytes(self) -> int:
+        # docstring inherited
+        return self._budget
+
+    @property
+    def used_bytes(self) -> int:
+        # docstring inherited
+        return self._used
+
+    @property
+    def supports_fds(self) -> bool:
+        # docstring inherited
+        return True
+
+    # -- Tier -----------------------------------------------------------------------
+
+    async def get(self, cid: ChunkId) -> RamLease | None:
+        # docstring inherited
+        return self.lease(cid)
+
+    def lease(self, cid: ChunkId) -> RamLease | None:
+        """Synchronous :meth:`get`: cheap enough to call on the event loop."""
+        with self._lock:
+            self._check_open()
+            entry = self._entries.get(cid)
+            if entry is None:
+                self._stats.misses += 1
+                return None
+            self._pin(entry)
+            self._policy.access(cid)
+            self._stats.hits += 1
+        return RamLease(self, cid, entry)
+
+    async def put(self, chunk: Chunk) -> bool:
+        # docstring inherited
+        return await self._put(chunk, lease=False) is not None
+
+    async def put_leased(self, chunk: Chunk) -> RamLease | None:
+        # docstring inherited
+        return await self._put(chunk, lease=True)
+
+    async def _put(self, chunk: Chunk, *, lease: bool) -> RamLease | None:
+        # Returns the lease (with lease=False, a released placeholder) when the
+        # tier holds the chunk, None when it declined.
+        self._check_put(chunk)
+        with self._lock:
+            held = self._entries.get(chunk.id)
+            if held is not None:
+                self._policy.access(chunk.id)
+                return self._lease_entry(chunk.id, held, lease)
+            if _page_round(chunk.size) > self._budget:
+                self._stats.rejected += 1
+                return None
+        if chunk.size <= _INLINE_COPY_BYTES:
+            fd = seal_memfd(chunk.id, chunk.data)
+        else:
+            fd = await asyncio.to_thread(seal_memfd, chunk.id, chunk.data)
+        return self.admit(chunk.id, fd, chunk.size, lease=lease)
+
+    def admit(self, cid: ChunkId, fd: int, size: int, *, lease: bool = True) -> RamLease | None:
+        """Take ownership of a sealed memfd ``fd`` holding chunk ``cid``.
+
+        The fd must carry :data:`SEALS` (see :func:`seal_memfd`); it is closed if the
+        tier declines it or already holds the chunk.
+        """
+        with self._lock:
+            if self._closed:
+                os.close(fd)
+                self._check_open()
+            held = self._entries.get(cid)
+            if held is not None:  # another put won the race
+                os.close(fd)
+                self._policy.access(cid)
+                return self._lease_entry(cid, held, lease)
+            entry = _Entry(fd, size)
+            if not self._make_room(entry.charge):
+                os.close(fd)
+                self._stats.rejected += 1
+                return None
+            self._entries[cid] = entry
+            self._used += entry.charge
+            self._policy.insert(cid, entry.charge)
+            self._stats.inserts += 1
+            return self._lease_entry(cid, entry, lease)
+
+    async def contains(self, cid: ChunkId) -> bool:
+        # docstring inherited
+        self._check_open()
+        return cid in self._entries
+
+    async def discard(self, cid: ChunkId) -> bool:
+        # docstring inherited
+        with self._lock:
+            self._check_open()
+            entry = self._entries.pop(cid, None)
+            if entry is None:
+                return False
+            self._policy.remove(cid)
+            self._drop(entry)
+            return True
+
+    def stats(self) -> TierStats:
+        # docstring inherited
+        with self._lock:
+            snap = TierStats(**vars(self._stats))
+            snap.errors = dict(self._stats.errors)
+            snap.bytes = self._used
+            snap.chunks = len(self._entries)
+            snap.pinned = self._pinned
+            return snap
+
+    async def close(self) -> None:
+        # docstring inherited
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            entries, self._entries = self._entries, {}
+            for cid, entry in entries.items():
+                self._policy.remove(cid)
+                self._drop(entry)
+
+    # -- internals ------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise CacheClosedError("the RAM tier is closed; open a new cache")
+
+    def _check_put(self, chunk: Chunk) -> None:
+        self._check_open()
+        if chunk.size > self._max_chunk:
+            raise ChunkTooLargeError(
+                f"chunk {chunk.id} is {chunk.size} bytes; the RAM tier accepts at most "
+                f"{self._max_chunk} (raise cache.chunk_bytes or split the data)"
+            )
+
+    def _lease_entry(self, cid: ChunkId, entry: _Entry, lease: bool) -> RamLease:
+        # called with the lock held
+        if lease:
+            self._pin(entry)
+            return RamLease(self, cid, entry)
+        placeholder = RamLease(self, cid, entry)
+        placeholder._released = True
+        return placeholder
+
+    def _pin(self, entry: _Entry) -> None:
+        if entry.pins == 0:
+            self._pinned += 1
+        entry.pins += 1
+
+    def _unpin(self, entry: _Entry) -> None:
+        with self._lock:
+            entry.pins -= 1
+            if entry.pins == 0:
+                self._pinned -= 1
+                if entry.doomed:
+                    os.close(entry.fd)
+
+    def _is_pinned(self, cid: ChunkId) -> bool:
+        return self._entries[cid].pins > 0
+
+    def _make_room(self, charge: int) -> bool:
+        # called with the lock held
+        while self._used + charge > self._budget:
+            victim = self._policy.evict(self._is_pinned)
+            if victim is None:
+                return False
+            self._drop(self._entries.pop(victim))
+            self._stats.evictions += 1
+        return True
+
+    def _drop(self, entry: _Entry) -> None:
+        # called with the lock held; the entry has left _entries
+        self._used -= entry.charge
+        if entry.pins:
+            entry.doomed = True
+        else:
+            os.close(entry.fd)

@@ -1,0 +1,312 @@
+"""The cache as the daemon uses it: index, RAM tier over disk tier, chunk maps.
+
+:class:`ChunkCache` owns one cache directory (exclusively: a second process gets
+a clear error), opens the lmdb index and both tiers, starts the background
+reconciliation, and exposes the few operations the read and write paths need.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import logging
+import os
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from chunkd.cache.chunkid import ChunkId
+from chunkd.cache.disk import DiskTier, FsyncPolicy
+from chunkd.cache.index import ChunkRef, Index, Locator, ObjectInfo, ObjectVersion
+from chunkd.cache.policy import EvictionPolicy, LruPolicy, S3FifoPolicy
+from chunkd.cache.ram import RamTier
+from chunkd.cache.tier import Chunk, ChunkLease, TierStats
+from chunkd.cache.tiered import TieredCache, WritePolicy
+from chunkd.errors import CacheClosedError, ChunkdError, ChunkNotFoundError, ChunkTooLargeError
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
+
+__all__ = ["CacheConfig", "CacheStats", "ChunkCache"]
+
+log = logging.getLogger("chunkd.cache")
+
+_GiB = 1 << 30
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """Settings of one cache. Every field has the default shown."""
+
+    #: the cache directory: ``index/`` (lmdb), ``chunks/``, ``tmp/``, ``LOCK``
+    dir: Path = Path("chunkd-cache")
+    #: RAM tier budget (page-rounded bytes in sealed memfds)
+    ram_bytes: int = 8 * _GiB
+    #: disk tier budget (stored bytes, after compression)
+    disk_bytes: int = 200 * _GiB
+    #: free space the disk tier leaves on its filesystem
+    disk_min_free_bytes: int = 1 * _GiB
+    #: the largest chunk, and the size objects are split into
+    chunk_bytes: int = 4 << 20
+    #: when the disk tier fsyncs ("always" or "never")
+    fsync: FsyncPolicy = FsyncPolicy.ALWAYS
+    #: store chunks zstd-compressed on disk when that saves at least 1/8
+    compress: bool = True
+    #: verify every chunk read from disk against its id
+    verify_reads: bool = True
+    #: where new chunks go ("write-through", "write-behind", "upper-only")
+    write_policy: WritePolicy = WritePolicy.THROUGH
+    #: RAM eviction policy: "s3fifo" (scan-resistant) or "lru"
+    eviction: str = "s3fifo"
+    #: threads for disk I/O
+    disk_workers: int = 4
+    #: most seconds an index write waits to be committed
+    index_flush_interval: float = 0.05
+    #: seconds the disk tier pauses writes after ENOSPC or EIO
+    disk_retry_after: float = 30.0
+    #: sweep the disk tier against the index in the background after opening
+    reconcile: bool = True
+
+    def policy(self) -> EvictionPolicy[ChunkId]:
+        """A new instance of the configured RAM eviction policy."""
+        if self.eviction == "s3fifo":
+            return S3FifoPolicy()
+        if self.eviction == "lru":
+            return LruPolicy()
+        raise ChunkdError(f"cache.eviction must be 's3fifo' or 'lru'; got {self.eviction!r}")
+
+
+@dataclass
+class CacheStats:
+    """A snapshot of the whole cache."""
+
+    tiers: list[TierStats]
+    #: gets no tier could answer
+    misses: int
+    index_commits: int
+    index_commit_errors: int
+    #: what the last background reconciliation did (empty while it runs)
+    reconciled: dict[str, int] = field(default_factory=dict)
+
+
+class ChunkCache:
+    """One cache directory: RAM over disk, with the index. Use :meth:`open`."""
+
+    def __init__(
+        self, config: CacheConfig, index: Index, ram: RamTier, disk: DiskTier, lock_fd: int
+    ) -> None:
+        self.config = config
+        self.index = index
+        self.ram = ram
+        self.disk = disk
+        self.tiers = TieredCache(ram, disk, write_policy=config.write_policy)
+        self._lock_fd = lock_fd
+        self._closed = False
+        self._stop = threading.Event()
+        self._reconciled: dict[str, int] = {}
+        self._reconcile_task: asyncio.Task[None] | None = None
+
+    @classmethod
+    async def open(cls, config: CacheConfig) -> ChunkCache:
+        """Open (creating if needed) the cache in ``config.dir``.
+
+        Raises:
+            ChunkdError: another process holds the directory.
+            IndexSchemaError: the index was written by an incompatible version.
+        """
+        cache = await asyncio.to_thread(cls._open_sync, config)
+        if config.reconcile:
+            cache._reconcile_task = asyncio.create_task(cache._reconcile())
+        return cache
+
+    @classmethod
+    def _open_sync(cls, config: CacheConfig) -> ChunkCache:
+        root = Path(config.dir)
+        root.mkdir(parents=True, exist_ok=True)
+        lock_fd = _lock_dir(root)
+        try:
+            index = Index(
+                root / "index",
+                chunk_bytes=config.chunk_bytes,
+                flush_interval=config.index_flush_interval,
+            )
+            try:
+                ram = RamTier(
+                    config.ram_bytes, policy=config.policy(), max_chunk_bytes=config.chunk_bytes
+                )
+                disk = DiskTier(
+                    root,
+                    index,
+                    budget_bytes=config.disk_bytes,
+                    min_free_bytes=config.disk_min_free_bytes,
+                    fsync=config.fsync,
+                    compress=config.compress,
+                    verify=config.verify_reads,
+                    max_chunk_bytes=config.chunk_bytes,
+                    workers=config.disk_workers,
+                    retry_after=config.disk_retry_after,
+                )
+            except BaseException:
+                index.close()
+                raise
+        except BaseException:
+            os.close(lock_fd)
+            raise
+        return cls(config, index, ram, disk, lock_fd)
+
+    async def _reconcile(self) -> None:
+        try:
+            done = await asyncio.to_thread(self.disk.reconcile, stop=self._stop)
+        except CacheClosedError:
+            return
+        except Exception:
+            log.exception("background reconciliation of %s failed", self.config.dir)
+            return
+        self._reconciled = done
+        if any(done.values()):
+            log.info("reconciled %s: %s", self.config.dir, done)
+
+    async def wait_reconciled(self) -> dict[str, int]:
+        """Wait for the background reconciliation; return what it did."""
+        if self._reconcile_task is not None:
+            await self._reconcile_task
+        return dict(self._reconciled)
+
+    # -- chunks ---------------------------------------------------------------------
+
+    async def insert(self, data: Buffer, expected: ChunkId | None = None) -> ChunkId:
+        """Hash ``data``, check it against ``expected`` if given, and store it.
+
+        Returns the chunk id. Hashing runs in a thread for large buffers.
+
+        Raises:
+            ChunkTooLargeError: ``data`` is longer than ``chunk_bytes``.
+            IntegrityError: ``data`` does not hash to ``expected``.
+        """
+        self._check_open()
+        view = memoryview(data)
+        if view.nbytes > self.config.chunk_bytes:
+            raise ChunkTooLargeError(
+                f"a chunk holds at most {self.config.chunk_bytes} bytes (cache.chunk_bytes); "
+                f"got {view.nbytes}: split it with split_chunks()"
+            )
+        if expected is None:
+            chunk = await asyncio.to_thread(Chunk.of, view)
+        else:
+            chunk = await asyncio.to_thread(Chunk.verified, expected, view)
+        await self.tiers.put(chunk)
+        return chunk.id
+
+    async def put(self, chunk: Chunk) -> bool:
+        """Store a chunk whose bytes are already known to match its id."""
+        self._check_open()
+        return await self.tiers.put(chunk)
+
+    async def find(self, cid: ChunkId) -> ChunkLease | None:
+        """Lease ``cid`` from the fastest tier that holds it, or ``None``."""
+        self._check_open()
+        return await self.tiers.get(cid)
+
+    async def get(self, cid: ChunkId) -> ChunkLease:
+        """Lease ``cid``.
+
+        Raises:
+            ChunkNotFoundError: no tier holds it.
+        """
+        lease = await self.find(cid)
+        if lease is None:
+            raise ChunkNotFoundError(
+                f"chunk {cid} is not cached on this node; read it through its object "
+                "(BACKEND/KEY) so it is fetched from the source"
+            )
+        return lease
+
+    async def contains(self, cid: ChunkId) -> bool:
+        """Whether any tier holds ``cid``."""
+        self._check_open()
+        return await self.tiers.contains(cid)
+
+    async def discard(self, cid: ChunkId) -> bool:
+        """Remove ``cid`` from every tier."""
+        self._check_open()
+        return await self.tiers.discard(cid)
+
+    # -- chunk maps -----------------------------------------------------------------
+
+    def resolve(self, locator: Locator) -> ChunkRef | None:
+        """The chunk recorded at ``locator``, if any."""
+        self._check_open()
+        return self.index.resolve(locator)
+
+    def resolve_many(self, version: ObjectVersion, indexes: Iterable[int]) -> list[ChunkRef | None]:
+        """Chunk map entries of ``version`` at ``indexes``."""
+        self._check_open()
+        return self.index.resolve_many(version, indexes)
+
+    def record(self, locator: Locator, cid: ChunkId, length: int) -> None:
+        """Record that ``locator`` holds ``cid`` (batched)."""
+        self._check_open()
+        self.index.record(locator, cid, length)
+
+    def record_object(self, info: ObjectInfo) -> None:
+        """Record an object version's size (batched)."""
+        self._check_open()
+        self.index.put_object(info)
+
+    # -- lifecycle ------------------------------------------------------------------
+
+    def stats(self) -> CacheStats:
+        """Per-tier counters and index health."""
+        return CacheStats(
+            tiers=self.tiers.tier_stats(),
+            misses=self.tiers.stats().misses,
+            index_commits=self.index.commits,
+            index_commit_errors=self.index.commit_errors,
+            reconciled=dict(self._reconciled),
+        )
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._closed
+
+    async def close(self) -> None:
+        """Finish pending writes, flush the index, close the tiers. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._stop.set()
+        if self._reconcile_task is not None:
+            await asyncio.gather(self._reconcile_task, return_exceptions=True)
+        await self.tiers.close()
+        await asyncio.to_thread(self.index.close)
+        os.close(self._lock_fd)
+
+    async def __aenter__(self) -> ChunkCache:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise CacheClosedError(f"the cache at {self.config.dir} is closed; open it again")
+
+
+def _lock_dir(root: Path) -> int:
+    """Hold ``root/LOCK`` exclusively for this process's lifetime."""
+    fd = os.open(root / "LOCK", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o640)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise ChunkdError(
+            f"the cache directory {root} is in use by another chunkd (pid {holder}); "
+            "stop it or give this one its own cache.dir"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd

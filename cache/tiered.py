@@ -1,0 +1,172 @@
+"""Two tiers composed into one: an upper (fast) tier over a lower (larger) one.
+
+A :class:`TieredCache` is itself a :class:`~chunkd.cache.tier.Tier`, so it passes
+the same conformance suite, and tiers compose as wrappers rather than flags. The
+usual stack is RAM over disk:
+
+* ``get`` tries the upper tier, then the lower one; a lower hit is promoted into
+  the upper tier and served from there (so a RAM lease, with its fd, comes back
+  whenever RAM could take the chunk).
+* ``put`` follows the :class:`WritePolicy`: by default write-through (the call
+  returns once both tiers hold the chunk, or at least one could).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from enum import StrEnum
+
+from chunkd.cache.chunkid import ChunkId
+from chunkd.cache.tier import Chunk, ChunkLease, Tier, TierStats
+
+__all__ = ["TieredCache", "WritePolicy"]
+
+log = logging.getLogger("chunkd.cache.tiered")
+
+
+class WritePolicy(StrEnum):
+    """Where a new chunk goes."""
+
+    #: both tiers; ``put`` returns when both are done
+    THROUGH = "write-through"
+    #: the upper tier now, the lower one in the background (``drain`` waits for it)
+    BEHIND = "write-behind"
+    #: the upper tier only; the lower tier fills only from explicit puts to it
+    UPPER_ONLY = "upper-only"
+
+
+class TieredCache(Tier):
+    """``upper`` over ``lower``. See the module docstring."""
+
+    def __init__(
+        self,
+        upper: Tier,
+        lower: Tier,
+        *,
+        write_policy: WritePolicy | str = WritePolicy.THROUGH,
+        name: str = "tiered",
+    ) -> None:
+        self.name = name
+        self.upper = upper
+        self.lower = lower
+        self.write_policy = WritePolicy(write_policy)
+        self._background: set[asyncio.Task[bool]] = set()
+        self._misses = 0
+
+    @property
+    def budget_bytes(self) -> int:
+        # docstring inherited
+        return self.upper.budget_bytes + self.lower.budget_bytes
+
+    @property
+    def used_bytes(self) -> int:
+        # docstring inherited
+        return self.upper.used_bytes + self.lower.used_bytes
+
+    @property
+    def persistent(self) -> bool:
+        # docstring inherited
+        return self.lower.persistent
+
+    @property
+    def supports_fds(self) -> bool:
+        # docstring inherited
+        return self.upper.supports_fds
+
+    @property
+    def tiers(self) -> tuple[Tier, Tier]:
+        """The two tiers, upper first."""
+        return (self.upper, self.lower)
+
+    async def get(self, cid: ChunkId) -> ChunkLease | None:
+        # docstring inherited
+        lease = await self.upper.get(cid)
+        if lease is not None:
+            return lease
+        lower = await self.lower.get(cid)
+        if lower is None:
+            self._misses += 1
+            return None
+        promoted = await self._promote(lower)
+        return promoted or lower
+
+    async def _promote(self, lower: ChunkLease) -> ChunkLease | None:
+        # The lower tier verified these bytes on the way up.
+        promoted = await self.upper.put_leased(Chunk.trusted(lower.id, lower.view()))
+        if promoted is not None:
+            lower.release()
+        return promoted
+
+    async def put(self, chunk: Chunk) -> bool:
+        # docstring inherited
+        if self.write_policy is WritePolicy.UPPER_ONLY:
+            return await self.upper.put(chunk)
+        if self.write_policy is WritePolicy.BEHIND:
+            held = await self.upper.put(chunk)
+            if held:
+                task = asyncio.create_task(self._put_lower(chunk))
+                self._background.add(task)
+                task.add_done_callback(self._background.discard)
+                return True
+            return await self.lower.put(chunk)
+        upper, lower = await asyncio.gather(self.upper.put(chunk), self.lower.put(chunk))
+        return upper or lower
+
+    async def _put_lower(self, chunk: Chunk) -> bool:
+        try:
+            return await self.lower.put(chunk)
+        except Exception:
+            log.exception(
+                "write-behind of chunk %s to the %s tier failed", chunk.id, self.lower.name
+            )
+            return False
+
+    async def drain(self) -> None:
+        """Wait for write-behind puts still running."""
+        while self._background:
+            await asyncio.gather(*list(self._background), return_exceptions=True)
+
+    async def contains(self, cid: ChunkId) -> bool:
+        # docstring inherited
+        return await self.upper.contains(cid) or await self.lower.contains(cid)
+
+    async def discard(self, cid: ChunkId) -> bool:
+        # docstring inherited
+        upper, lower = await asyncio.gather(self.upper.discard(cid), self.lower.discard(cid))
+        return upper or lower
+
+    def stats(self) -> TierStats:
+        # docstring inherited
+        up, low = self.upper.stats(), self.lower.stats()
+        return TierStats(
+            name=self.name,
+            hits=up.hits + low.hits,
+            misses=self._misses,
+            inserts=up.inserts + low.inserts,
+            rejected=up.rejected + low.rejected,
+            evictions=up.evictions + low.evictions,
+            integrity_failures=up.integrity_failures + low.integrity_failures,
+            missing=up.missing + low.missing,
+            errors={
+                k: up.errors.get(k, 0) + low.errors.get(k, 0) for k in {*up.errors, *low.errors}
+            },
+            bytes=up.bytes + low.bytes,
+            chunks=max(up.chunks, low.chunks),
+            budget_bytes=up.budget_bytes + low.budget_bytes,
+            pinned=up.pinned + low.pinned,
+            degraded=up.degraded or low.degraded,
+        )
+
+    def tier_stats(self) -> list[TierStats]:
+        """Per-tier snapshots, upper first (and nested tiers flattened)."""
+        out: list[TierStats] = []
+        for tier in self.tiers:
+            out.extend(tier.tier_stats() if isinstance(tier, TieredCache) else [tier.stats()])
+        return out
+
+    async def close(self) -> None:
+        # docstring inherited
+        await self.drain()
+        await self.upper.close()
+        await self.lower.close()

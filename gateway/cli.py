@@ -1,0 +1,56 @@
+"""The ``chunkd`` command line.
+
+Subcommands import what they need when they run, so ``chunkd --help`` and
+``chunkd --version`` work in a bare install.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+import chunkd
+
+__all__ = ["main"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser for ``chunkd``."""
+    parser = argparse.ArgumentParser(
+        prog="chunkd",
+        description=(
+            "chunkd: a per-node storage gateway for GPU training clusters. It fronts "
+            "object storage with a content-addressed cache in RAM and on local NVMe."
+        ),
+    )
+    parser.add_argument("--version", action="version", version=f"chunkd {chunkd.__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    check = sub.add_parser(
+        "selfcheck",
+        help="exercise the cache in a directory and print what it did",
+        description=(
+            "Open (or create) a cache directory, store chunks, read them back from RAM "
+            "and from disk, reopen the cache, and check every byte. Exits non-zero on "
+            "any failure."
+        ),
+    )
+    check.add_argument(
+        "--dir", default="chunkd-cache", help="cache directory (default: %(default)s)"
+    )
+    check.add_argument(
+        "--chunks", type=int, default=16, help="chunks to store (default: %(default)s)"
+    )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``chunkd``; returns the process exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "selfcheck":
+        from chunkd.gateway.selfcheck import run_selfcheck
+
+        return run_selfcheck(args.dir, args.chunks)
+    parser.print_help(sys.stderr)
+    return 2

@@ -1,0 +1,67 @@
+"""The chunkd error family.
+
+Every error chunkd raises on purpose derives from :class:`ChunkdError`, and each
+leaf also derives from the builtin exception a caller would already catch, so that
+``except FileNotFoundError`` or ``except ValueError`` keeps working. Errors are
+mapped to HTTP status codes only at the HTTP edge, never here.
+
+A message says what was asked, what happened, and what to do about it.
+
+This module is light on purpose: the client imports it without the daemon's
+dependencies.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CacheClosedError",
+    "ChunkNotFoundError",
+    "ChunkTooLargeError",
+    "ChunkdError",
+    "ConfigError",
+    "IndexSchemaError",
+    "IntegrityError",
+    "InvalidChunkIdError",
+    "ObjectNotFoundError",
+    "TierUnavailableError",
+]
+
+
+class ChunkdError(Exception):
+    """Root of every error chunkd raises on purpose."""
+
+
+class InvalidChunkIdError(ChunkdError, ValueError):
+    """A chunk id is not 64 lowercase-or-uppercase hex characters (or 32 raw bytes)."""
+
+
+class ChunkTooLargeError(ChunkdError, ValueError):
+    """A chunk is larger than the configured ``chunk_bytes`` limit."""
+
+
+class IntegrityError(ChunkdError, ValueError):
+    """Bytes do not hash to the chunk id they were stored or sent under."""
+
+
+class ChunkNotFoundError(ChunkdError, LookupError):
+    """A chunk id is not held by the cache (or tier) that was asked."""
+
+
+class ObjectNotFoundError(ChunkdError, FileNotFoundError):
+    """An object (``BACKEND/KEY``) does not exist in its backend."""
+
+
+class CacheClosedError(ChunkdError, RuntimeError):
+    """An operation was attempted on a cache, tier or index that is closed."""
+
+
+class TierUnavailableError(ChunkdError, OSError):
+    """A tier cannot serve right now (for example a disk tier degraded by EIO)."""
+
+
+class IndexSchemaError(ChunkdError, RuntimeError):
+    """The on-disk index has a schema this version cannot read or migrate."""
+
+
+class ConfigError(ChunkdError, ValueError):
+    """A configuration value is missing or invalid."""

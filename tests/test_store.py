@@ -1,0 +1,238 @@
+"""ChunkCache: restart, exclusivity, errors, reconciliation, cross-process mappings."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from chunkd.cache import (
+    CacheConfig,
+    ChunkCache,
+    ChunkId,
+    Locator,
+    ObjectInfo,
+    ObjectVersion,
+    RamLease,
+    split_chunks,
+)
+from chunkd.errors import (
+    CacheClosedError,
+    ChunkdError,
+    ChunkNotFoundError,
+    ChunkTooLargeError,
+    IntegrityError,
+)
+
+from .conftest import OpenCache
+
+
+async def test_reopened_cache_serves_what_it_held(open_cache: OpenCache, tmp_path: Path) -> None:
+    cache = await open_cache()
+    blob = os.urandom(3 << 20) + b"tail"
+    version = ObjectVersion("data", "shards/000.bin", "etag-1")
+    ids = []
+    for i, part in enumerate(split_chunks(blob, cache.config.chunk_bytes)):
+        cid = await cache.insert(part)
+        cache.record(version.locator(i), cid, part.nbytes)
+        ids.append(cid)
+    cache.record_object(ObjectInfo("data", "shards/000.bin", "etag-1", len(blob), 1 << 20))
+    await cache.close()
+
+    again = await open_cache()
+    assert again.ram.used_bytes == 0  # RAM starts cold, disk is warm
+    refs = again.resolve_many(version, range(len(ids)))
+    assert [r.id for r in refs if r] == ids
+    got = bytearray()
+    for ref in refs:
+        assert ref is not None
+        with await again.get(ref.id) as lease:
+            assert isinstance(lease, RamLease)  # promoted on the way out
+            got += lease.view()
+    assert got == blob
+    info = again.index.get_object(version)
+    assert info is not None
+    assert info.size == len(blob)
+
+
+async def test_a_second_process_cannot_open_the_same_directory(
+    open_cache: OpenCache, tmp_path: Path
+) -> None:
+    await open_cache()
+    with pytest.raises(ChunkdError, match=rf"in use by another chunkd \(pid {os.getpid()}\)"):
+        await ChunkCache.open(CacheConfig(dir=tmp_path / "cache"))
+
+
+async def test_bad_input_gets_clear_errors(open_cache: OpenCache) -> None:
+    cache = await open_cache()
+    with pytest.raises(ChunkTooLargeError, match="split it"):
+        await cache.insert(bytes((1 << 20) + 1))
+    data = os.urandom(1000)
+    with pytest.raises(IntegrityError, match="failed verification"):
+        await cache.insert(data, expected=ChunkId.of(b"something else"))
+    assert not await cache.contains(ChunkId.of(data))
+    assert await cache.insert(data, expected=ChunkId.of(data)) == ChunkId.of(data)
+    with pytest.raises(ChunkNotFoundError, match="not cached") as info:
+        await cache.get(ChunkId.of(b"absent"))
+    assert isinstance(info.value, LookupError)
+    assert not isinstance(info.value, KeyError)
+    with pytest.raises(ChunkdError, match=r"cache\.eviction"):
+        CacheConfig(eviction="random").policy()
+
+
+async def test_closed_cache_raises_cache_closed(open_cache: OpenCache) -> None:
+    cache = await open_cache()
+    cid = await cache.insert(b"x")
+    await cache.close()
+    await cache.close()
+    for call in (cache.get(cid), cache.insert(b"y"), cache.contains(cid)):
+        with pytest.raises(CacheClosedError, match="closed"):
+            await call
+    with pytest.raises(CacheClosedError):
+        cache.resolve(Locator("b", "k", "v", 0))
+
+
+async def test_reconcile_repairs_what_a_crash_or_an_operator_left(
+    open_cache: OpenCache, tmp_path: Path
+) -> None:
+    cache = await open_cache()
+    kept = await cache.insert(os.urandom(20_000))
+    vanished = await cache.insert(os.urandom(20_000))
+    await cache.close()
+    root = tmp_path / "cache"
+    disk_path = cache.disk.path_of
+    disk_path(vanished).unlink()  # stale record
+    orphan = os.urandom(30_000)  # a complete file the index never heard of
+    orphan_id = ChunkId.of(orphan)
+    disk_path(orphan_id).parent.mkdir(parents=True, exist_ok=True)
+    disk_path(orphan_id).write_bytes(orphan)
+    liar = ChunkId.of(b"liar")  # a file whose bytes do not match its name
+    disk_path(liar).parent.mkdir(parents=True, exist_ok=True)
+    disk_path(liar).write_bytes(b"not the bytes of its name")
+    (root / "chunks" / "00" / "00").mkdir(parents=True, exist_ok=True)
+    (root / "chunks" / "00" / "00" / "junk.txt").write_text("junk")
+    (root / "tmp" / "deadbeef.7").write_bytes(b"half a chunk")  # a dead writer's temporary
+
+    again = await open_cache()
+    done = await again.wait_reconciled()
+    assert done == {
+        "tmp_removed": 1,
+        "stale_dropped": 1,
+        "orphans_adopted": 1,
+        "orphans_removed": 2,
+    }
+    assert again.index.lookup(vanished) is None
+    with await again.get(orphan_id) as lease:
+        assert lease.read() == orphan
+    with await again.get(kept) as lease:
+        assert ChunkId.of(lease.view()) == kept
+    assert not disk_path(liar).exists()
+    assert not any((root / "tmp").iterdir())
+    assert again.disk.stats().chunks == 2
+
+
+async def test_disk_tier_compresses_only_when_it_pays(open_cache: OpenCache) -> None:
+    cache = await open_cache()
+    text = (b"the same words again " * 50_000)[: 1 << 20]
+    noise = os.urandom(1 << 20)
+    half = os.urandom(1 << 19) + bytes(1 << 19)  # saves about half: worth it
+    for data in (text, noise, half):
+        await cache.insert(data)
+    records = [cache.index.lookup(ChunkId.of(d)) for d in (text, noise, half)]
+    assert all(records)
+    text_r, noise_r, half_r = records
+    assert text_r is not None
+    assert noise_r is not None
+    assert half_r is not None
+    assert text_r.stored_size < text_r.size // 8
+    assert noise_r.stored_size == noise_r.size
+    assert half_r.stored_size <= half_r.size * 7 // 8
+    assert cache.disk.used_bytes == text_r.stored_size + noise_r.stored_size + half_r.stored_size
+
+
+async def test_disk_tier_evicts_least_recently_used_first(open_cache: OpenCache) -> None:
+    cache = await open_cache(disk_bytes=10 << 20, ram_bytes=1 << 20, compress=False)
+    first = await cache.insert(os.urandom(1 << 20))
+    rest = [await cache.insert(os.urandom(1 << 20)) for _ in range(12)]
+    assert cache.disk.used_bytes <= 10 << 20
+    assert not await cache.disk.contains(first)
+    assert await cache.disk.contains(rest[-1])
+    assert cache.disk.stats().evictions >= 3
+
+
+async def test_many_concurrent_readers_of_one_chunk(open_cache: OpenCache) -> None:
+    cache = await open_cache()
+    data = os.urandom(1 << 20)
+    cid = await cache.insert(data)
+    await cache.ram.discard(cid)
+    leases = await asyncio.gather(*(cache.get(cid) for _ in range(32)))
+    for lease in leases:
+        with lease:
+            assert lease.read() == data
+    assert cache.ram.stats().pinned == 0
+
+
+def _open_memfds_named(name: str) -> list[str]:
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except FileNotFoundError:
+            continue
+        if target.startswith(f"/memfd:{name}"):
+            found.append(fd)
+    return found
+
+
+EVICTED_READER = textwrap.dedent(
+    """
+    import mmap, os, sys
+    fd, size = int(sys.argv[1]), int(sys.argv[2])
+    view = mmap.mmap(fd, size, prot=mmap.PROT_READ)
+    os.close(fd)
+    print("mapped", flush=True)
+    sys.stdin.readline()  # the parent evicts the chunk meanwhile
+    import blake3
+    print(blake3.blake3(view).hexdigest(), flush=True)
+    """
+)
+
+
+async def test_a_chunk_evicted_after_handout_still_reads_in_another_process(
+    open_cache: OpenCache,
+) -> None:
+    cache = await open_cache(ram_bytes=4 << 20)
+    data = os.urandom(1 << 20)
+    cid = await cache.insert(data)
+    lease = await cache.get(cid)
+    fd = lease.fileno()
+    assert fd is not None
+    child = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        EVICTED_READER,
+        str(fd),
+        str(lease.size),
+        pass_fds=[fd],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
+    assert child.stdin is not None
+    assert child.stdout is not None
+    assert (await child.stdout.readline()).strip() == b"mapped"
+    assert _open_memfds_named(f"chunkd:{str(cid)[:16]}")
+    lease.release()
+    for _ in range(8):  # churn the RAM tier until the chunk is evicted
+        await cache.insert(os.urandom(1 << 20))
+    await cache.ram.discard(cid)
+    assert not await cache.ram.contains(cid)
+    assert not _open_memfds_named(f"chunkd:{str(cid)[:16]}")  # the tier closed its fd
+    child.stdin.write(b"go\n")
+    await child.stdin.drain()
+    assert (await child.stdout.readline()).decode().strip() == str(cid)
+    assert await asyncio.wait_for(child.wait(), 30) == 0

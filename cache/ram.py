@@ -25,7 +25,10 @@ from chunkd.cache.policy import EvictionPolicy, S3FifoPolicy
 from chunkd.cache.tier import Chunk, ChunkLease, Tier, TierStats
 from chunkd.errors import CacheClosedError, ChunkTooLargeError
 
-__all__ = ["SEALS", "RamLease", "RamTier", "seal_memfd"]
+__all__ = ["MEMFD_NAME", "SEALS", "RamLease", "RamTier", "seal_memfd"]
+
+#: the name every RAM-tier memfd carries (``/proc/PID/fd`` shows ``/memfd:chunkd``)
+MEMFD_NAME: Final = "chunkd"
 
 #: the seals every RAM-tier memfd carries
 SEALS: Final = fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE
@@ -38,12 +41,13 @@ def _page_round(size: int) -> int:
     return max(_PAGE, -(-size // _PAGE) * _PAGE)
 
 
-def seal_memfd(cid: ChunkId, data: memoryview) -> int:
+def seal_memfd(data: memoryview) -> int:
     """Copy ``data`` into a new memfd, seal it, and return the fd (close-on-exec).
 
-    Blocking (one copy of the bytes); safe to call from any thread.
+    Blocking (one copy of the bytes); safe to call from any thread, and it needs no
+    chunk id, so it can run while another thread hashes the same bytes.
     """
-    fd = os.memfd_create(f"chunkd:{cid.hex()[:16]}", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    fd = os.memfd_create(MEMFD_NAME, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
     try:
         size = data.nbytes
         if size:
@@ -181,19 +185,28 @@ class RamTier(Tier):
     async def _put(self, chunk: Chunk, *, lease: bool) -> RamLease | None:
         # Returns the lease (with lease=False, a released placeholder) when the
         # tier holds the chunk, None when it declined.
-        self._check_put(chunk)
-        with self._lock:
-            held = self._entries.get(chunk.id)
-            if held is not None:
-                self._policy.access(chunk.id)
-                return self._lease_entry(chunk.id, held, lease)
-            if _page_round(chunk.size) > self._budget:
-                self._stats.rejected += 1
-                return None
-        if chunk.size <= _INLINE_COPY_BYTES:
-            fd = seal_memfd(chunk.id, chunk.data)
+        staged = chunk.take_staged_fd()  # ours from here on: admitted or closed
+        adopt = False
+        try:
+            self._check_put(chunk)
+            with self._lock:
+                held = self._entries.get(chunk.id)
+                if held is not None:
+                    self._policy.access(chunk.id)
+                    return self._lease_entry(chunk.id, held, lease)
+                if _page_round(chunk.size) > self._budget:
+                    self._stats.rejected += 1
+                    return None
+            adopt = True
+        finally:
+            if staged is not None and not adopt:
+                os.close(staged)
+        if staged is not None:
+            fd = staged
+        elif chunk.size <= _INLINE_COPY_BYTES:
+            fd = seal_memfd(chunk.data)
         else:
-            fd = await asyncio.to_thread(seal_memfd, chunk.id, chunk.data)
+            fd = await asyncio.to_thread(seal_memfd, chunk.data)
         return self.admit(chunk.id, fd, chunk.size, lease=lease)
 
     def admit(self, cid: ChunkId, fd: int, size: int, *, lease: bool = True) -> RamLease | None:

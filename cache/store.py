@@ -21,10 +21,16 @@ from chunkd.cache.chunkid import ChunkId
 from chunkd.cache.disk import DiskTier, FsyncPolicy
 from chunkd.cache.index import ChunkRef, Index, Locator, ObjectInfo, ObjectVersion
 from chunkd.cache.policy import EvictionPolicy, LruPolicy, S3FifoPolicy
-from chunkd.cache.ram import RamTier
+from chunkd.cache.ram import RamTier, seal_memfd
 from chunkd.cache.tier import Chunk, ChunkLease, TierStats
 from chunkd.cache.tiered import TieredCache, WritePolicy
-from chunkd.errors import CacheClosedError, ChunkdError, ChunkNotFoundError, ChunkTooLargeError
+from chunkd.errors import (
+    CacheClosedError,
+    ChunkdError,
+    ChunkNotFoundError,
+    ChunkTooLargeError,
+    IntegrityError,
+)
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer
@@ -34,6 +40,8 @@ __all__ = ["CacheConfig", "CacheStats", "ChunkCache"]
 log = logging.getLogger("chunkd.cache")
 
 _GiB = 1 << 30
+# Below this size a chunk is hashed and copied on the calling thread.
+_STAGE_MIN_BYTES = 256 * 1024
 
 
 @dataclass(frozen=True)
@@ -192,12 +200,30 @@ class ChunkCache:
                 f"a chunk holds at most {self.config.chunk_bytes} bytes (cache.chunk_bytes); "
                 f"got {view.nbytes}: split it with split_chunks()"
             )
-        if expected is None:
-            chunk = await asyncio.to_thread(Chunk.of, view)
+        if view.nbytes < _STAGE_MIN_BYTES:
+            cid = ChunkId.of(view)
+            fd = None
         else:
-            chunk = await asyncio.to_thread(Chunk.verified, expected, view)
-        await self.tiers.put(chunk)
-        return chunk.id
+            # Copy into a sealed memfd on one thread while another hashes: the two
+            # passes over the bytes overlap instead of adding up.
+            loop = asyncio.get_running_loop()
+            staging = loop.run_in_executor(None, seal_memfd, view)
+            try:
+                cid = await asyncio.to_thread(ChunkId.of, view)
+            except BaseException:
+                os.close(await staging)
+                raise
+            fd = await staging
+        chunk = Chunk.trusted(cid, view, staged_fd=fd)
+        try:
+            if expected is not None and cid != expected:
+                raise IntegrityError(
+                    f"chunk {expected} failed verification: its {view.nbytes} bytes hash to {cid}"
+                )
+            await self.tiers.put(chunk)
+        finally:
+            chunk.close_staged_fd()
+        return cid
 
     async def put(self, chunk: Chunk) -> bool:
         """Store a chunk whose bytes are already known to match its id."""

@@ -21,6 +21,7 @@ Contract, modelled on zarr's ``Store``:
 from __future__ import annotations
 
 import mmap
+import os
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -45,14 +46,32 @@ class Chunk:
     which must not change while the chunk is being stored.
     """
 
-    __slots__ = ("data", "id")
+    __slots__ = ("_staged_fd", "data", "id")
 
-    def __init__(self, cid: ChunkId, data: Buffer) -> None:
+    def __init__(self, cid: ChunkId, data: Buffer, *, staged_fd: int | None = None) -> None:
         self.id = cid
         view = memoryview(data)
         if view.ndim != 1 or view.itemsize != 1:
             view = view.cast("B")
         self.data = view.toreadonly()
+        self._staged_fd = staged_fd
+
+    def take_staged_fd(self) -> int | None:
+        """Take ownership of a sealed memfd already holding these bytes, if one came along.
+
+        A caller may copy the bytes into a sealed memfd (:func:`~chunkd.cache.ram.seal_memfd`)
+        while it hashes them, and attach it here; the first fd-backed tier that
+        stores the chunk adopts the fd instead of copying again. Whoever takes it
+        owns it; :meth:`close_staged_fd` closes one nobody took.
+        """
+        fd, self._staged_fd = self._staged_fd, None
+        return fd
+
+    def close_staged_fd(self) -> None:
+        """Close the staged memfd if no tier adopted it."""
+        fd = self.take_staged_fd()
+        if fd is not None:
+            os.close(fd)
 
     @classmethod
     def of(cls, data: Buffer) -> Chunk:
@@ -76,9 +95,9 @@ class Chunk:
         return cls(cid, view)
 
     @classmethod
-    def trusted(cls, cid: ChunkId, data: Buffer) -> Chunk:
+    def trusted(cls, cid: ChunkId, data: Buffer, *, staged_fd: int | None = None) -> Chunk:
         """Wrap bytes already verified against ``cid`` (no hash)."""
-        return cls(cid, data)
+        return cls(cid, data, staged_fd=staged_fd)
 
     @property
     def size(self) -> int:

@@ -177,15 +177,14 @@ async def test_many_concurrent_readers_of_one_chunk(open_cache: OpenCache) -> No
     assert cache.ram.stats().pinned == 0
 
 
-def _open_memfds_named(name: str) -> list[str]:
+def _fds_open_on(inode: int) -> list[str]:
     found = []
     for fd in os.listdir("/proc/self/fd"):
         try:
-            target = os.readlink(f"/proc/self/fd/{fd}")
+            if os.stat(f"/proc/self/fd/{fd}").st_ino == inode:
+                found.append(fd)
         except FileNotFoundError:
             continue
-        if target.startswith(f"/memfd:{name}"):
-            found.append(fd)
     return found
 
 
@@ -225,14 +224,41 @@ async def test_a_chunk_evicted_after_handout_still_reads_in_another_process(
     assert child.stdin is not None
     assert child.stdout is not None
     assert (await child.stdout.readline()).strip() == b"mapped"
-    assert _open_memfds_named(f"chunkd:{str(cid)[:16]}")
+    inode = os.fstat(fd).st_ino
+    assert _fds_open_on(inode) == [str(fd)]
+    assert os.readlink(f"/proc/self/fd/{fd}").startswith("/memfd:chunkd")
     lease.release()
     for _ in range(8):  # churn the RAM tier until the chunk is evicted
         await cache.insert(os.urandom(1 << 20))
     await cache.ram.discard(cid)
     assert not await cache.ram.contains(cid)
-    assert not _open_memfds_named(f"chunkd:{str(cid)[:16]}")  # the tier closed its fd
+    assert not _fds_open_on(inode)  # the tier closed its fd
     child.stdin.write(b"go\n")
     await child.stdin.drain()
     assert (await child.stdout.readline()).decode().strip() == str(cid)
     assert await asyncio.wait_for(child.wait(), 30) == 0
+
+
+async def test_inserts_leak_no_fds_whatever_happens(open_cache: OpenCache) -> None:
+    cache = await open_cache(ram_bytes=2 << 20)
+    data = os.urandom(1 << 20)  # large enough to be staged in a memfd while hashing
+    await cache.insert(data)
+    await cache.insert(data)  # already held: the staged copy is closed
+    with pytest.raises(IntegrityError):
+        await cache.insert(os.urandom(1 << 20), expected=ChunkId.of(b"other"))
+    for _ in range(6):  # RAM full of evictable chunks: admitted, older ones closed
+        await cache.insert(os.urandom(1 << 20))
+    held = cache.ram.stats().chunks
+    assert held == 2
+    assert len(_memfds()) == held  # one memfd per chunk the RAM tier holds, no more
+
+
+def _memfds() -> list[str]:
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}").startswith("/memfd:chunkd"):
+                found.append(fd)
+        except FileNotFoundError:
+            continue
+    return found

@@ -381,7 +381,7 @@ class DiskTier(Tier):
         """The chunk's bytes from a file's contents, or ``None`` if they are damaged."""
         problem = None
         data = raw
-        if record.codec is Codec.ZSTD:
+        if record.codec == Codec.ZSTD:
             try:
                 data = bytearray(self._decompressor().decompress(raw, max_output_size=record.size))
             except zstandard.ZstdError as exc:

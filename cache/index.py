@@ -33,13 +33,14 @@ Schema changes go through :data:`MIGRATIONS`: ``MIGRATIONS[n]`` upgrades schema
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import struct
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from enum import IntEnum, IntFlag
 from pathlib import Path
 from typing import Any, Final, NamedTuple
@@ -95,25 +96,35 @@ class TierSet(IntFlag):
     REMOTE = 2
 
 
-@dataclass(frozen=True, slots=True)
-class ChunkRecord:
-    """What the index knows about one chunk (``last_use`` in unix milliseconds)."""
+class ChunkRecord(NamedTuple):
+    """What the index knows about one chunk (``last_use`` in unix milliseconds).
+
+    A named tuple rather than a dataclass: every lookup builds one, and this is the
+    cheapest immutable record Python has. ``codec`` and ``tiers`` hold the integer
+    values of :class:`Codec` and :class:`TierSet` (compare with ``==``, not ``is``).
+    """
 
     size: int
     stored_size: int
-    codec: Codec = Codec.RAW
-    tiers: TierSet = TierSet.DISK
+    codec: int = Codec.RAW
+    tiers: int = TierSet.DISK
     last_use: int = 0
 
     def pack(self) -> bytes:
         """The record's 32-byte on-disk form."""
-        return _RECORD.pack(self.size, self.stored_size, self.codec, self.tiers, self.last_use)
+        return _RECORD.pack(*self)
 
     @classmethod
     def unpack(cls, raw: bytes) -> ChunkRecord:
         """Parse the on-disk form."""
-        size, stored, codec, tiers, last_use = _RECORD.unpack(raw)
-        return cls(size, stored, Codec(codec), TierSet(tiers), last_use)
+        return _make_record(_RECORD.unpack(raw))
+
+
+# tuple.__new__ straight from struct's tuple: ChunkRecord._make without its
+# Python-level length check (the struct always yields exactly five fields).
+_make_record: Final[Callable[[tuple[Any, ...]], ChunkRecord]] = functools.partial(
+    tuple.__new__, ChunkRecord
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,7 +178,7 @@ class ObjectInfo:
         return -(-self.size // self.chunk_bytes)
 
 
-_MISSING: Final = object()
+_MISSING: Final[Any] = object()
 
 
 class Index:
@@ -272,32 +283,42 @@ class Index:
 
     def lookup(self, cid: bytes) -> ChunkRecord | None:
         """The record of chunk ``cid``, or ``None``."""
-        raw = self._overlay_get(cid, 0)
-        if raw is _MISSING:
+        hit = self._pend_chunks.get(cid, _MISSING)
+        if hit is _MISSING and self._flushing:
+            hit = self._in_flight(cid, 0)
+        if hit is not _MISSING:
+            return hit  # type: ignore[no-any-return]
+        if self._closed:
             self._check_open()
-            with self._env.begin(db=self._chunks, buffers=False) as txn:
-                got = txn.get(cid)
-            return None if got is None else ChunkRecord.unpack(got)
-        return raw  # type: ignore[no-any-return]
+        # A read transaction used for one get and dropped at once is aborted by its
+        # deallocation: cheaper than a with-block, and just as short-lived.
+        got = self._env.begin(db=self._chunks).get(cid)
+        return None if got is None else _make_record(_RECORD.unpack(got))
 
     def lookup_many(self, cids: Iterable[bytes]) -> list[ChunkRecord | None]:
         """Records for several ids, in one read transaction."""
         self._check_open()
+        layers = self._overlays(0)  # before the transaction begins: see _overlays
         out: list[ChunkRecord | None] = []
-        with self._env.begin(db=self._chunks, buffers=False) as txn:
+        append = out.append
+        unpack = _RECORD.unpack
+        with self._env.begin(db=self._chunks) as txn:
+            get = txn.get
             for cid in cids:
-                hit = self._overlay_get(cid, 0)
-                if hit is _MISSING:
-                    got = txn.get(cid)
-                    out.append(None if got is None else ChunkRecord.unpack(got))
+                for layer in layers:
+                    hit = layer.get(cid, _MISSING)
+                    if hit is not _MISSING:
+                        append(hit)
+                        break
                 else:
-                    out.append(hit)
+                    got = get(cid)
+                    append(None if got is None else _make_record(unpack(got)))
         return out
 
     def put_chunk(self, cid: ChunkId, record: ChunkRecord) -> None:
         """Record (or replace) chunk ``cid``. Batched."""
         if record.last_use == 0:
-            record = replace(record, last_use=self._now_ms())
+            record = record._replace(last_use=self._now_ms())
         with self._lock:
             self._check_open()
             old = self._lookup_locked(cid)
@@ -319,7 +340,7 @@ class Index:
                 return
             self._pend_lru_del.add(_lru_key(old.last_use, cid))
             self._pend_lru_add.add(_lru_key(now, cid))
-            self._pend_chunks[cid] = replace(old, last_use=now)
+            self._pend_chunks[cid] = old._replace(last_use=now)
             self._enqueued()
 
     def delete_chunks(self, cids: Iterable[bytes]) -> list[ChunkRecord]:
@@ -407,12 +428,16 @@ class Index:
         """Chunk map entries of ``version`` at ``indexes``, in one read transaction."""
         self._check_open()
         objkey = self.objkey(version)
+        layers = self._overlays(1)
         out: list[ChunkRef | None] = []
         with self._env.begin(db=self._maps, buffers=False) as txn:
             for index in indexes:
                 key = objkey + _BE32.pack(index)
-                raw = self._overlay_get(key, 1)
-                if raw is _MISSING:
+                for layer in layers:
+                    raw = layer.get(key, _MISSING)
+                    if raw is not _MISSING:
+                        break
+                else:
                     raw = txn.get(key)
                 out.append(None if raw is None else _ref(raw))
         return out
@@ -496,16 +521,37 @@ class Index:
             raise CacheClosedError(f"the index at {self.path} is closed; open the cache again")
 
     def _overlay_get(self, key: bytes, which: int) -> Any:
-        """Look ``key`` up in the pending and in-flight overlays (0 chunks, 1 maps, 2 objects)."""
-        with self._lock:
-            pending = (self._pend_chunks, self._pend_maps, self._pend_objects)[which]
-            if key in pending:
-                return pending[key]
-            for batch in reversed(self._flushing):
-                layer = batch[which]
-                if key in layer:
-                    return layer[key]
+        """Look ``key`` up in the pending and in-flight overlays (0 chunks, 1 maps, 2 objects).
+
+        Lock-free: a batch is appended to ``_flushing`` before the pending dicts are
+        swapped out, and leaves it only after its commit (or its requeue), so a
+        reader that misses the pending dict finds the batch in flight or in lmdb.
+        """
+        pending = (self._pend_chunks, self._pend_maps, self._pend_objects)[which]
+        hit = pending.get(key, _MISSING)
+        if hit is _MISSING and self._flushing:
+            return self._in_flight(key, which)
+        return hit
+
+    def _in_flight(self, key: bytes, which: int) -> Any:
+        for batch in reversed(tuple(self._flushing)):
+            hit = batch[which].get(key, _MISSING)
+            if hit is not _MISSING:
+                return hit
         return _MISSING
+
+    def _overlays(self, which: int) -> list[dict[bytes, Any]]:
+        """The non-empty overlay layers for a multi-key read, newest first.
+
+        Call it before beginning the read transaction: a batch that commits after
+        this snapshot is still in the snapshot, and one that committed before it is
+        in the transaction's view.
+        """
+        pending = (self._pend_chunks, self._pend_maps, self._pend_objects)[which]
+        layers = [pending] if pending else []
+        if self._flushing:
+            layers += [b[which] for b in reversed(tuple(self._flushing)) if b[which]]
+        return layers
 
     def _lookup_locked(self, cid: bytes) -> ChunkRecord | None:
         if cid in self._pend_chunks:
@@ -537,10 +583,10 @@ class Index:
             self._pend_lru_del,
             (self._disk_bytes, self._disk_chunks),
         ]
+        self._flushing.append(batch)  # first: lock-free readers rely on this order
         self._pend_chunks, self._pend_maps, self._pend_objects = {}, {}, {}
         self._pend_lru_add, self._pend_lru_del = set(), set()
         self._pending_ops = 0
-        self._flushing.append(batch)
         return batch
 
     def _commit(self, batch: list[Any]) -> None:
@@ -569,9 +615,9 @@ class Index:
             committed = True
         finally:
             with self._lock:
-                self._flushing.remove(batch)
                 if not committed:
-                    self._requeue(batch)
+                    self._requeue(batch)  # before leaving _flushing: readers must see it
+                self._flushing.remove(batch)
 
     def _requeue(self, batch: list[Any]) -> None:
         # A commit failed (disk full, I/O error): nothing is lost, the batch goes back

@@ -139,6 +139,10 @@ class ChunkCache:
                 root / "index",
                 chunk_bytes=config.chunk_bytes,
                 flush_interval=config.index_flush_interval,
+                # One durability policy for the directory: with fsync "never" the
+                # index does not fsync either (on ext4 each index fsync would also
+                # force out the chunk files' dirty data, fsyncing them after all).
+                sync=config.fsync is FsyncPolicy.ALWAYS,
             )
             try:
                 ram = RamTier(

@@ -73,7 +73,7 @@ def _check_sound(root: Path) -> int:
                 assert len(raw) == record.stored_size
                 data = (
                     zstandard.ZstdDecompressor().decompress(raw)
-                    if record.codec is Codec.ZSTD
+                    if record.codec == Codec.ZSTD
                     else raw
                 )
                 assert blake3.blake3(data).digest() == cid

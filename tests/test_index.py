@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -10,6 +12,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from chunkd.cache import ChunkId, ChunkRecord, Codec, Index, Locator, ObjectInfo, ObjectVersion
 from chunkd.cache.index import SCHEMA_VERSION
@@ -244,3 +247,65 @@ def test_closed_index_raises_a_clear_error(tmp_path: Path) -> None:
         ix.lookup(cid(1))
     with pytest.raises(CacheClosedError, match="closed"):
         ix.put_chunk(cid(1), ChunkRecord(1, 1))
+
+
+class IndexMachine(RuleBasedStateMachine):
+    """The index against a dict: puts, deletes, touches, flushes and reopens in any order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.root = Path(tempfile.mkdtemp(prefix="chunkd-index-"))
+        self.now = [1_000.0]
+        self.index = self._open()
+        self.model: dict[ChunkId, tuple[int, int]] = {}
+
+    def _open(self) -> Index:
+        return Index(self.root, flush_interval=3600, touch_interval=1, clock=lambda: self.now[0])
+
+    @rule(n=st.integers(0, 40), size=st.integers(0, 1 << 22), stored=st.integers(0, 1 << 22))
+    def put(self, n: int, size: int, stored: int) -> None:
+        self.index.put_chunk(cid(n), ChunkRecord(size, stored))
+        self.model[cid(n)] = (size, stored)
+
+    @rule(ns=st.lists(st.integers(0, 40), max_size=5))
+    def delete(self, ns: list[int]) -> None:
+        gone = self.index.delete_chunks([cid(n) for n in ns])
+        expected = {cid(n) for n in ns if cid(n) in self.model}
+        assert len(gone) == len(expected)
+        for c in expected:
+            del self.model[c]
+
+    @rule(n=st.integers(0, 40), later=st.floats(0, 5))
+    def touch(self, n: int, later: float) -> None:
+        self.now[0] += later
+        self.index.touch(cid(n))
+
+    @rule()
+    def flush(self) -> None:
+        self.index.flush()
+
+    @rule()
+    def reopen(self) -> None:
+        self.index.close()
+        self.index = self._open()
+
+    @invariant()
+    def agrees_with_the_model(self) -> None:
+        for n in range(41):
+            record = self.index.lookup(cid(n))
+            want = self.model.get(cid(n))
+            assert (None if record is None else (record.size, record.stored_size)) == want
+        assert self.index.disk_chunks == len(self.model)
+        assert self.index.disk_bytes == sum(stored for _, stored in self.model.values())
+        oldest = self.index.oldest(100)
+        assert sorted(c for c, _ in oldest) == sorted(self.model)
+        uses = [r.last_use for _, r in oldest]
+        assert uses == sorted(uses)
+
+    def teardown(self) -> None:
+        self.index.close()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+TestIndexMachine = IndexMachine.TestCase
+TestIndexMachine.settings = settings(max_examples=30, stateful_step_count=30, deadline=None)

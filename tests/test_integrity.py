@@ -62,7 +62,7 @@ async def test_damaged_chunk_is_reported_missing_dropped_and_counted(
     cid = await _stored_on_disk_only(cache, data)
     record = cache.index.lookup(cid)
     assert record is not None
-    assert record.codec is (Codec.ZSTD if compressible else Codec.RAW)
+    assert record.codec == (Codec.ZSTD if compressible else Codec.RAW)
     good = await _stored_on_disk_only(cache, os.urandom(1000))
 
     DAMAGE[damage](cache.disk.path_of(cid))

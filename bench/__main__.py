@@ -1,0 +1,50 @@
+"""``python -m bench``: run every benchmark and write the report.
+
+Options: ``--quick`` (small sizes; checks the benchmarks work, figures mean little),
+``--out DIR`` (default ``bench/out``), ``--work DIR`` (scratch space on the disk
+under test; default ``DIR/work``), ``--only SCENARIO`` (repeatable).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import shutil
+from pathlib import Path
+
+from . import cache_bench
+from .report import Report
+
+
+def main() -> int:
+    """Run the benchmarks; 0 when every target was met."""
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="tiny sizes, to check the bench runs")
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "out")
+    parser.add_argument("--work", type=Path, default=None)
+    parser.add_argument(
+        "--only",
+        action="append",
+        choices=cache_bench.SCENARIOS,
+        help="run only this scenario (repeatable)",
+    )
+    args = parser.parse_args()
+    work = args.work or args.out / "work"
+    work.mkdir(parents=True, exist_ok=True)
+    report = Report()
+    print(f"  {'scenario':<52} {'chunkd':>10}    {'baseline':>10} {'unit':<7} {'ratio':>7}")
+    try:
+        only = set(args.only) if args.only else None
+        asyncio.run(cache_bench.run(report, work, quick=args.quick, only=only))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    report.write(args.out)
+    print(f"\nreport: {args.out / 'report.md'}")
+    missed = [r.scenario for r in report.results if r.verdict == "MISSED"]
+    if missed:
+        print("targets missed: " + "; ".join(missed))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import functools
 import itertools
 import logging
 import os
@@ -39,6 +40,7 @@ from pathlib import Path
 from typing import Final, TypeVar
 
 import blake3
+import lmdb
 import zstandard
 
 from chunkd.cache.chunkid import HEX_CHARS, ChunkId, hash_threads
@@ -135,7 +137,7 @@ class DiskTier(Tier):
         self._stats_lock = threading.Lock()
         self._stats = TierStats(name=self.name, budget_bytes=budget_bytes)
         self._degraded_until = 0.0
-        self._writing: dict[ChunkId, asyncio.Future[bool]] = {}
+        self._writing: dict[ChunkId, asyncio.Future[bool]] = {}  # touched on the loop only
         self._closed = False
 
     # -- properties -----------------------------------------------------------------
@@ -176,22 +178,17 @@ class DiskTier(Tier):
                 f"chunk {chunk.id} is {chunk.size} bytes; the disk tier accepts at most "
                 f"{self._max_chunk} (raise cache.chunk_bytes or split the data)"
             )
-        running = self._writing.get(chunk.id)
-        if running is not None:
-            return await asyncio.shield(running)
-        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        self._writing[chunk.id] = future
-        try:
-            stored = await self._run(self.write_sync, chunk)
-            future.set_result(stored)
-        except BaseException as exc:
-            future.set_exception(exc)
-            raise
-        finally:
-            del self._writing[chunk.id]
-            if future.done() and not future.cancelled():
-                future.exception()  # mark retrieved: waiters re-raise it themselves
-        return stored
+        # One write per chunk id, run as a task of its own: a caller that is
+        # cancelled stops waiting, while the write and its other waiters go on.
+        task = self._writing.get(chunk.id)
+        if task is None:
+            task = asyncio.ensure_future(self._run(self.write_sync, chunk))
+            self._writing[chunk.id] = task
+            task.add_done_callback(functools.partial(self._write_done, chunk.id))
+        return await asyncio.shield(task)
+
+    def _write_done(self, cid: ChunkId, _task: asyncio.Future[bool]) -> None:
+        self._writing.pop(cid, None)
 
     async def contains(self, cid: ChunkId) -> bool:
         # docstring inherited
@@ -244,10 +241,13 @@ class DiskTier(Tier):
             self._stats.degraded = reason
             self._degraded_until = time.monotonic() + self._retry_after
 
-    def _count_error(self, exc: OSError) -> None:
-        kind = {errno.ENOSPC: "enospc", errno.EIO: "eio", errno.EDQUOT: "enospc"}.get(
-            exc.errno or 0, "other"
-        )
+    def _count_error(self, exc: OSError | lmdb.Error) -> None:
+        if isinstance(exc, lmdb.Error):
+            kind = "index"
+        else:
+            kind = {errno.ENOSPC: "enospc", errno.EIO: "eio", errno.EDQUOT: "enospc"}.get(
+                exc.errno or 0, "other"
+            )
         with self._stats_lock:
             self._stats.errors[kind] = self._stats.errors.get(kind, 0) + 1
         if kind == "enospc":
@@ -262,7 +262,20 @@ class DiskTier(Tier):
     # -- blocking work (run in the tier's threads) ----------------------------------
 
     def read_sync(self, cid: ChunkId) -> bytearray | None:
-        """Read and verify chunk ``cid``; ``None`` (after dropping it) if absent or damaged."""
+        """Read and verify chunk ``cid``; ``None`` (after dropping it) if absent or damaged.
+
+        Never raises for the tier's own trouble (I/O errors, a failing index): the
+        caller gets a miss and goes on to the source.
+        """
+        try:
+            return self._read(cid)
+        except lmdb.Error as exc:
+            self._count_error(exc)
+            log.warning("reading chunk %s: the index failed (%s); treated as a miss", cid, exc)
+            self._bump("misses")
+            return None
+
+    def _read(self, cid: ChunkId) -> bytearray | None:
         record = self.index.lookup(cid)
         if record is None:
             self._bump("misses")
@@ -271,7 +284,7 @@ class DiskTier(Tier):
         try:
             raw = _read_exact(path, record.stored_size)
         except FileNotFoundError:
-            if self._drop(cid) is not None:
+            if self._drop(cid, record) is not None:
                 self._bump("missing")
                 log.warning("chunk %s was indexed but its file is gone; dropped", cid)
             self._bump("misses")
@@ -279,7 +292,7 @@ class DiskTier(Tier):
         except OSError as exc:
             self._count_error(exc)
             log.warning("reading chunk %s failed (%s); dropped", cid, exc)
-            self._drop(cid)
+            self._drop(cid, record)
             self._bump("misses")
             return None
         if len(raw) != record.stored_size:
@@ -294,7 +307,7 @@ class DiskTier(Tier):
             data = self._decode(cid, record, raw)
         if data is None:
             self._bump("integrity_failures")
-            self._drop(cid)
+            self._drop(cid, record)
             self._bump("misses")
             return None
         self.index.touch(cid)
@@ -302,7 +315,20 @@ class DiskTier(Tier):
         return data
 
     def write_sync(self, chunk: Chunk) -> bool:
-        """Store ``chunk`` as a file and queue its record; ``False`` if declined."""
+        """Store ``chunk`` as a file and queue its record; ``False`` if declined.
+
+        Never raises for the tier's own trouble (a full disk, I/O errors, a failing
+        index): those are counted, degrade the tier, and decline the write.
+        """
+        try:
+            return self._write(chunk)
+        except lmdb.Error as exc:
+            self._count_error(exc)
+            self._degrade(f"index failed ({exc})")
+            self._bump("rejected")
+            return False
+
+    def _write(self, chunk: Chunk) -> bool:
         if self.index.lookup(chunk.id) is not None:
             self.index.touch(chunk.id)
             return True
@@ -319,7 +345,12 @@ class DiskTier(Tier):
             self._write_file(tmp, payload)
             self._ensure_dir(final.parent)
             with self._names_lock:
+                # Name and record together: nothing that unlinks under this lock can
+                # see the file without its record.
                 os.rename(tmp, final)
+                self.index.put_chunk(
+                    chunk.id, ChunkRecord(chunk.size, len(payload), codec, TierSet.DISK)
+                )
             if self._fsync is FsyncPolicy.ALWAYS:
                 _fsync_dir(final.parent)
         except OSError as exc:
@@ -327,7 +358,6 @@ class DiskTier(Tier):
             self._count_error(exc)
             self._bump("rejected")
             return False
-        self.index.put_chunk(chunk.id, ChunkRecord(chunk.size, len(payload), codec, TierSet.DISK))
         self._bump("inserts")
         return True
 
@@ -412,9 +442,15 @@ class DiskTier(Tier):
             self._codecs.dec = dec
         return dec
 
-    def _drop(self, cid: ChunkId) -> ChunkRecord | None:
-        """Delete the record (committed), then the file. Returns the old record."""
+    def _drop(self, cid: ChunkId, seen: ChunkRecord | None = None) -> ChunkRecord | None:
+        """Delete the record (committed), then the file. Returns the old record.
+
+        With ``seen``, only if the record is still the one the caller acted on: a
+        reader that found a damaged copy must not delete a good one written since.
+        """
         with self._names_lock:
+            if seen is not None and self.index.lookup(cid) != seen:
+                return None
             gone = self.index.delete_chunks([cid])
             _unlink_quietly(self.path_of(cid))
         return gone[0] if gone else None
@@ -483,10 +519,7 @@ class DiskTier(Tier):
                     size = os.stat(self.path_of(cid)).st_size
                 except FileNotFoundError:
                     size = -1
-                # Re-check the record: a concurrent write may have just replaced it.
-                stale = size != record.stored_size and cid not in self._writing
-                if stale and self.index.lookup(cid) == record:
-                    self._drop(cid)
+                if size != record.stored_size and self._drop(cid, record) is not None:
                     done["stale_dropped"] += 1
         for top in _subdirs(self._chunks_dir):
             for mid in _subdirs(top):
@@ -502,21 +535,19 @@ class DiskTier(Tier):
             cid = ChunkId.parse(name) if len(name) == HEX_CHARS else None
         except InvalidChunkIdError:
             cid = None
-        if cid is None or path.parent != self.path_of(cid).parent:
-            _unlink_quietly(path)
+        if cid is None or path != self.path_of(cid):
+            with self._names_lock:
+                _unlink_quietly(path)
             done["orphans_removed"] += 1
             return
         if self.index.lookup(cid) is not None:
             return
         try:
-            before = path.stat()
-            raw = bytearray(path.read_bytes())
+            found = self._verify_orphan(cid, path)
         except OSError:
             return
-        for record in _candidate_records(raw):
-            # An orphan is always verified: nothing vouches for it.
-            if self._decode(cid, record, raw, quiet=True, verify=True) is None:
-                continue
+        if found is not None:
+            record, before = found
             with self._names_lock:
                 # Adopt only the very file that was verified, and only if nothing
                 # indexed or evicted it meanwhile (an unlink happens under this lock).
@@ -536,6 +567,18 @@ class DiskTier(Tier):
                 _unlink_quietly(path)
                 done["orphans_removed"] += 1
 
+    def _verify_orphan(self, cid: ChunkId, path: Path) -> tuple[ChunkRecord, os.stat_result] | None:
+        """The record under which an unindexed file verifies, or ``None`` if it does not."""
+        before = path.stat()
+        if before.st_size > self._max_chunk + 1024:  # no chunk, raw or zstd, is this big
+            return None
+        raw = bytearray(path.read_bytes())
+        for record in _candidate_records(raw, self._max_chunk):
+            # An orphan is always verified: nothing vouches for it.
+            if self._decode(cid, record, raw, quiet=True, verify=True) is not None:
+                return record, before
+        return None
+
     # -- plumbing -------------------------------------------------------------------
 
     def _check_open(self) -> None:
@@ -546,7 +589,7 @@ class DiskTier(Tier):
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
 
 
-def _candidate_records(raw: bytearray) -> list[ChunkRecord]:
+def _candidate_records(raw: bytearray, max_chunk: int) -> list[ChunkRecord]:
     """How an unindexed file may have been stored: zstd (if it looks like it), raw."""
     out = []
     if raw.startswith(_ZSTD_MAGIC):
@@ -554,9 +597,10 @@ def _candidate_records(raw: bytearray) -> list[ChunkRecord]:
             size = zstandard.frame_content_size(bytes(raw[:18]))
         except zstandard.ZstdError:
             size = -1
-        if size >= 0:
+        if 0 <= size <= max_chunk:  # a damaged header must not make us allocate more
             out.append(ChunkRecord(size, len(raw), Codec.ZSTD, TierSet.DISK))
-    out.append(ChunkRecord(len(raw), len(raw), Codec.RAW, TierSet.DISK))
+    if len(raw) <= max_chunk:
+        out.append(ChunkRecord(len(raw), len(raw), Codec.RAW, TierSet.DISK))
     return out
 
 

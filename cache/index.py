@@ -323,6 +323,7 @@ class Index:
             self._check_open()
             old = self._lookup_locked(cid)
             if old is not None:
+                self._pend_lru_add.discard(_lru_key(old.last_use, cid))
                 self._pend_lru_del.add(_lru_key(old.last_use, cid))
                 self._count(old, -1)
             self._pend_lru_add.add(_lru_key(record.last_use, cid))
@@ -338,6 +339,7 @@ class Index:
             old = self._lookup_locked(cid)
             if old is None or now - old.last_use < self._touch_interval_ms:
                 return
+            self._pend_lru_add.discard(_lru_key(old.last_use, cid))
             self._pend_lru_del.add(_lru_key(old.last_use, cid))
             self._pend_lru_add.add(_lru_key(now, cid))
             self._pend_chunks[cid] = old._replace(last_use=now)

@@ -146,23 +146,25 @@ class S3FifoPolicy(EvictionPolicy[K]):
 
     def evict(self, skip: Callable[[K], bool]) -> K | None:
         # docstring inherited
-        # Each key can be passed over at most _MAX_FREQ + 2 times (laps for its
-        # reads, one promotion, one skip round), so this bound is never the
-        # reason a victim that exists is missed.
-        budget = (self._MAX_FREQ + 2) * (len(self._small) + len(self._main)) + 1
+        # Skipped (pinned) keys are remembered per queue, so a queue counts as
+        # exhausted only when every key in it was skipped. Each other key can be
+        # passed over at most _MAX_FREQ + 1 times (laps for its reads, one
+        # promotion), so the loop bound never hides a victim that exists.
+        budget = (self._MAX_FREQ + 3) * (len(self._small) + len(self._main)) + 1
         small_target = self.small_ratio * self.capacity_bytes
-        skipped_small = skipped_main = 0
+        skipped_small: set[K] = set()
+        skipped_main: set[K] = set()
         for _ in range(budget):
-            use_small = self._small and (
-                self._small_bytes >= small_target
-                or not self._main
-                or skipped_main >= len(self._main)
-            )
-            if use_small and skipped_small < len(self._small):
+            small_open = len(skipped_small) < len(self._small)
+            main_open = len(skipped_main) < len(self._main)
+            if not small_open and not main_open:
+                return None
+            use_small = small_open and (self._small_bytes >= small_target or not main_open)
+            if use_small:
                 key = next(iter(self._small))
                 if skip(key):
                     self._small.move_to_end(key)
-                    skipped_small += 1
+                    skipped_small.add(key)
                     continue
                 del self._small[key]
                 self._small_bytes -= self._size[key]
@@ -173,21 +175,18 @@ class S3FifoPolicy(EvictionPolicy[K]):
                 self._forget(key)
                 self._remember_ghost(key)
                 return key
-            if self._main and skipped_main < len(self._main):
-                key = next(iter(self._main))
-                if skip(key):
-                    self._main.move_to_end(key)
-                    skipped_main += 1
-                    continue
-                if self._freq[key] > 0:
-                    self._freq[key] -= 1
-                    self._main.move_to_end(key)
-                    continue
-                del self._main[key]
-                self._forget(key)
-                return key
-            if not self._small or skipped_small >= len(self._small):
-                return None
+            key = next(iter(self._main))
+            if skip(key):
+                self._main.move_to_end(key)
+                skipped_main.add(key)
+                continue
+            if self._freq[key] > 0:
+                self._freq[key] -= 1
+                self._main.move_to_end(key)
+                continue
+            del self._main[key]
+            self._forget(key)
+            return key
         return None
 
     def _forget(self, key: K) -> None:

@@ -25,7 +25,15 @@ from chunkd.cache.policy import EvictionPolicy, S3FifoPolicy
 from chunkd.cache.tier import Chunk, ChunkLease, Tier, TierStats
 from chunkd.errors import CacheClosedError, ChunkTooLargeError
 
-__all__ = ["MEMFD_NAME", "SEALS", "RamLease", "RamTier", "seal_memfd"]
+__all__ = [
+    "MEMFD_NAME",
+    "SEALS",
+    "RamLease",
+    "RamTier",
+    "close_fd_result",
+    "seal_memfd",
+    "seal_memfd_off_loop",
+]
 
 #: the name every RAM-tier memfd carries (``/proc/PID/fd`` shows ``/memfd:chunkd``)
 MEMFD_NAME: Final = "chunkd"
@@ -60,6 +68,26 @@ def seal_memfd(data: memoryview) -> int:
         os.close(fd)
         raise
     return fd
+
+
+async def seal_memfd_off_loop(data: memoryview) -> int:
+    """:func:`seal_memfd` in a worker thread.
+
+    Cancelling the caller never leaks the memfd: the copy finishes in its thread
+    and the fd is closed as soon as it exists.
+    """
+    future = asyncio.get_running_loop().run_in_executor(None, seal_memfd, data)
+    try:
+        return await asyncio.shield(future)
+    except asyncio.CancelledError:
+        future.add_done_callback(close_fd_result)
+        raise
+
+
+def close_fd_result(future: asyncio.Future[int]) -> None:
+    """Done-callback: close the fd a finished future produced (nothing if it failed)."""
+    if not future.cancelled() and future.exception() is None:
+        os.close(future.result())
 
 
 class _Entry:
@@ -206,7 +234,7 @@ class RamTier(Tier):
         elif chunk.size <= _INLINE_COPY_BYTES:
             fd = seal_memfd(chunk.data)
         else:
-            fd = await asyncio.to_thread(seal_memfd, chunk.data)
+            fd = await seal_memfd_off_loop(chunk.data)
         return self.admit(chunk.id, fd, chunk.size, lease=lease)
 
     def admit(self, cid: ChunkId, fd: int, size: int, *, lease: bool = True) -> RamLease | None:

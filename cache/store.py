@@ -21,7 +21,7 @@ from chunkd.cache.chunkid import ChunkId
 from chunkd.cache.disk import DiskTier, FsyncPolicy
 from chunkd.cache.index import ChunkRef, Index, Locator, ObjectInfo, ObjectVersion
 from chunkd.cache.policy import EvictionPolicy, LruPolicy, S3FifoPolicy
-from chunkd.cache.ram import RamTier, seal_memfd
+from chunkd.cache.ram import RamTier, close_fd_result, seal_memfd_off_loop
 from chunkd.cache.tier import Chunk, ChunkLease, TierStats
 from chunkd.cache.tiered import TieredCache, WritePolicy
 from chunkd.errors import (
@@ -29,6 +29,7 @@ from chunkd.errors import (
     ChunkdError,
     ChunkNotFoundError,
     ChunkTooLargeError,
+    ConfigError,
     IntegrityError,
 )
 
@@ -83,7 +84,7 @@ class CacheConfig:
             return S3FifoPolicy()
         if self.eviction == "lru":
             return LruPolicy()
-        raise ChunkdError(f"cache.eviction must be 's3fifo' or 'lru'; got {self.eviction!r}")
+        raise ConfigError(f"cache.eviction must be 's3fifo' or 'lru'; got {self.eviction!r}")
 
 
 @dataclass
@@ -191,7 +192,10 @@ class ChunkCache:
     async def insert(self, data: Buffer, expected: ChunkId | None = None) -> ChunkId:
         """Hash ``data``, check it against ``expected`` if given, and store it.
 
-        Returns the chunk id. Hashing runs in a thread for large buffers.
+        Returns the chunk id. Hashing runs in a thread for large buffers, next to
+        the copy into the RAM tier. ``data`` must not change during the call: the
+        hash and the copy read it at about the same time. (Bytes from a memory
+        another process can still write must be sealed first, then hashed.)
 
         Raises:
             ChunkTooLargeError: ``data`` is longer than ``chunk_bytes``.
@@ -210,14 +214,13 @@ class ChunkCache:
         else:
             # Copy into a sealed memfd on one thread while another hashes: the two
             # passes over the bytes overlap instead of adding up.
-            loop = asyncio.get_running_loop()
-            staging = loop.run_in_executor(None, seal_memfd, view)
+            staging = asyncio.ensure_future(seal_memfd_off_loop(view))
             try:
                 cid = await asyncio.to_thread(ChunkId.of, view)
+                fd = await staging
             except BaseException:
-                os.close(await staging)
+                staging.add_done_callback(close_fd_result)  # cancelled or failed: no leak
                 raise
-            fd = await staging
         chunk = Chunk.trusted(cid, view, staged_fd=fd)
         try:
             if expected is not None and cid != expected:

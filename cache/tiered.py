@@ -8,7 +8,8 @@ usual stack is RAM over disk:
   the upper tier and served from there (so a RAM lease, with its fd, comes back
   whenever RAM could take the chunk).
 * ``put`` follows the :class:`WritePolicy`: by default write-through (the call
-  returns once both tiers hold the chunk, or at least one could).
+  returns once both tiers hold the chunk, or at least one could). The lower tier
+  is written from the upper tier's copy whenever there is one.
 """
 
 from __future__ import annotations
@@ -102,16 +103,21 @@ class TieredCache(Tier):
         # docstring inherited
         if self.write_policy is WritePolicy.UPPER_ONLY:
             return await self.upper.put(chunk)
-        if self.write_policy is WritePolicy.BEHIND:
-            held = await self.upper.put(chunk)
-            if held:
-                task = asyncio.create_task(self._put_lower(chunk))
-                self._background.add(task)
-                task.add_done_callback(self._background.discard)
-                return True
+        lease = await self.upper.put_leased(chunk)
+        if lease is None:  # the upper tier declined: the lower one copies the caller's bytes
             return await self.lower.put(chunk)
-        upper, lower = await asyncio.gather(self.upper.put(chunk), self.lower.put(chunk))
-        return upper or lower
+        # The lower tier writes from the upper tier's copy (a sealed memfd for RAM),
+        # not from the caller's buffer: a caller that is cancelled or reuses its
+        # buffer cannot change what lands on disk under this id.
+        source = Chunk.trusted(chunk.id, lease.view())
+        lease.release()  # the view keeps its own reference to the memory
+        if self.write_policy is WritePolicy.BEHIND:
+            task = asyncio.create_task(self._put_lower(source))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+            return True
+        await self.lower.put(source)
+        return True
 
     async def _put_lower(self, chunk: Chunk) -> bool:
         try:

@@ -122,3 +122,20 @@ def test_policy_tracks_exactly_the_live_keys(
                 assert victim not in pinned
                 live.remove(victim)
         assert len(policy) == len(live)
+
+
+def test_s3fifo_finds_a_victim_behind_pinned_hot_keys() -> None:
+    policy: S3FifoPolicy[str] = S3FifoPolicy()
+    policy.set_capacity(100)
+    for n in range(9):
+        policy.insert(f"k{n}", 10)
+        policy.access(f"k{n}")
+    assert policy.evict(lambda _k: False) is not None  # moves the read keys to main
+    hot = [f"k{n}" for n in range(9) if f"k{n}" in policy._main]
+    for key in hot:
+        for _ in range(3):
+            policy.access(key)
+    pinned = set(hot[:2])
+    victim = policy.evict(lambda k: k in pinned)
+    assert victim is not None
+    assert victim not in pinned

@@ -84,10 +84,15 @@ class ChunkId(bytes):
         return cls(binascii.unhexlify(text))
 
     @classmethod
-    def of(cls, data: bytes | bytearray | memoryview) -> ChunkId:
-        """Hash ``data`` (any contiguous buffer) and return its id."""
+    def of(cls, data: bytes | bytearray | memoryview, *, threads: int | None = None) -> ChunkId:
+        """Hash ``data`` (any contiguous buffer) and return its id.
+
+        ``threads`` caps blake3's threads; by default a large buffer is hashed on
+        every core. Pass 1 when another thread works on the same bytes meanwhile.
+        """
         view = memoryview(data)
-        return cls(blake3.blake3(view, max_threads=hash_threads(view.nbytes)).digest())
+        most = hash_threads(view.nbytes) if threads is None else threads
+        return cls(blake3.blake3(view, max_threads=most).digest())
 
     def matches(self, data: bytes | bytearray | memoryview) -> bool:
         """True when ``data`` hashes to this id."""

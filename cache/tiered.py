@@ -6,7 +6,8 @@ usual stack is RAM over disk:
 
 * ``get`` tries the upper tier, then the lower one; a lower hit is promoted into
   the upper tier and served from there (so a RAM lease, with its fd, comes back
-  whenever RAM could take the chunk).
+  whenever RAM could take the chunk). Concurrent gets of one chunk share a single
+  lower-tier read and promotion.
 * ``put`` follows the :class:`WritePolicy`: by default write-through (the call
   returns once both tiers hold the chunk, or at least one could). The lower tier
   is written from the upper tier's copy whenever there is one.
@@ -15,8 +16,10 @@ usual stack is RAM over disk:
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from enum import StrEnum
+from typing import Any
 
 from chunkd.cache.chunkid import ChunkId
 from chunkd.cache.tier import Chunk, ChunkLease, Tier, TierStats
@@ -24,6 +27,13 @@ from chunkd.cache.tier import Chunk, ChunkLease, Tier, TierStats
 __all__ = ["TieredCache", "WritePolicy"]
 
 log = logging.getLogger("chunkd.cache.tiered")
+
+
+def _release_result(future: asyncio.Future[tuple[ChunkLease | None, bool]]) -> None:
+    if not future.cancelled() and future.exception() is None:
+        lease = future.result()[0]
+        if lease is not None:
+            lease.release()
 
 
 class WritePolicy(StrEnum):
@@ -53,7 +63,10 @@ class TieredCache(Tier):
         self.lower = lower
         self.write_policy = WritePolicy(write_policy)
         self._background: set[asyncio.Task[bool]] = set()
+        self._loads: dict[ChunkId, asyncio.Future[tuple[ChunkLease | None, bool]]] = {}
         self._misses = 0
+        #: gets that waited on another reader's load from the lower tier
+        self.coalesced = 0
 
     @property
     def budget_bytes(self) -> int:
@@ -85,19 +98,48 @@ class TieredCache(Tier):
         lease = await self.upper.get(cid)
         if lease is not None:
             return lease
+        # Single flight: concurrent readers of a chunk that is only in the lower tier
+        # cause one read and one promotion; the others then lease the promoted copy.
+        load = self._loads.get(cid)
+        if load is not None:
+            self.coalesced += 1
+            found, promoted = await asyncio.shield(load)
+            if found is None:
+                self._misses += 1
+                return None
+            if promoted and (again := await self.upper.get(cid)) is not None:
+                return again
+            return await self._get_lower(cid)  # the upper tier could not keep it
+        load = asyncio.ensure_future(self._load(cid))
+        self._loads[cid] = load
+        load.add_done_callback(functools.partial(self._load_done, cid))
+        try:
+            return (await asyncio.shield(load))[0]
+        except asyncio.CancelledError:
+            load.add_done_callback(_release_result)  # the lease nobody will take
+            raise
+
+    async def _load(self, cid: ChunkId) -> tuple[ChunkLease | None, bool]:
+        """Read ``cid`` from the lower tier and promote it: (a lease, promoted?)."""
         lower = await self.lower.get(cid)
         if lower is None:
             self._misses += 1
-            return None
-        promoted = await self._promote(lower)
-        return promoted or lower
-
-    async def _promote(self, lower: ChunkLease) -> ChunkLease | None:
+            return None, False
         # The lower tier verified these bytes on the way up.
         promoted = await self.upper.put_leased(Chunk.trusted(lower.id, lower.view()))
-        if promoted is not None:
-            lower.release()
-        return promoted
+        if promoted is None:
+            return lower, False
+        lower.release()
+        return promoted, True
+
+    def _load_done(self, cid: ChunkId, _load: asyncio.Future[Any]) -> None:
+        self._loads.pop(cid, None)
+
+    async def _get_lower(self, cid: ChunkId) -> ChunkLease | None:
+        lease = await self.lower.get(cid)
+        if lease is None:
+            self._misses += 1
+        return lease
 
     async def put(self, chunk: Chunk) -> bool:
         # docstring inherited

@@ -170,10 +170,30 @@ async def test_many_concurrent_readers_of_one_chunk(open_cache: OpenCache) -> No
     data = os.urandom(1 << 20)
     cid = await cache.insert(data)
     await cache.ram.discard(cid)
+    disk_hits = cache.disk.stats().hits
     leases = await asyncio.gather(*(cache.get(cid) for _ in range(32)))
     for lease in leases:
         with lease:
+            assert isinstance(lease, RamLease)
             assert lease.read() == data
+    assert cache.ram.stats().pinned == 0
+    assert cache.disk.stats().hits == disk_hits + 1  # one disk read served all 32
+    assert cache.tiers.coalesced == 31
+
+
+async def test_a_cancelled_reader_leaves_no_pinned_chunk(open_cache: OpenCache) -> None:
+    cache = await open_cache()
+    cid = await cache.insert(os.urandom(1 << 20))
+    await cache.ram.discard(cid)
+    first = asyncio.ensure_future(cache.get(cid))
+    second = asyncio.ensure_future(cache.get(cid))
+    await asyncio.sleep(0)
+    first.cancel()
+    with await second as lease:
+        assert ChunkId.of(lease.view()) == cid
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    await asyncio.sleep(0.05)
     assert cache.ram.stats().pinned == 0
 
 

@@ -192,7 +192,10 @@ class ChunkCache:
     async def insert(self, data: Buffer, expected: ChunkId | None = None) -> ChunkId:
         """Hash ``data``, check it against ``expected`` if given, and store it.
 
-        Returns the chunk id. Hashing runs in a thread for large buffers, next to
+        Returns the chunk id, whether or not a tier could keep the chunk (a full
+        RAM tier of pinned chunks and a degraded disk both decline): the caller
+        has the bytes either way. Use :meth:`put` when the verdict matters.
+        Hashing runs in a thread for large buffers, next to
         the copy into the RAM tier. ``data`` must not change during the call: the
         hash and the copy read it at about the same time. (Bytes from a memory
         another process can still write must be sealed first, then hashed.)

@@ -346,13 +346,14 @@ class DiskTier(Tier):
             os.makedirs(final.parent, exist_ok=True)
             with self._names_lock:
                 # Name and record together: nothing that unlinks under this lock can
-                # see the file without its record.
+                # see the file without its record. The name is durable before the
+                # record can be committed (file first, then index).
                 os.rename(tmp, final)
+                if self._fsync is FsyncPolicy.ALWAYS:
+                    _fsync_dir(final.parent)
                 self.index.put_chunk(
                     chunk.id, ChunkRecord(chunk.size, len(payload), codec, TierSet.DISK)
                 )
-            if self._fsync is FsyncPolicy.ALWAYS:
-                _fsync_dir(final.parent)
         except OSError as exc:
             _unlink_quietly(tmp)
             self._count_error(exc)
@@ -440,7 +441,9 @@ class DiskTier(Tier):
         """Delete the record (committed), then the file. Returns the old record.
 
         With ``seen``, only if the record is still the one the caller acted on: a
-        reader that found a damaged copy must not delete a good one written since.
+        reader that found a damaged copy must not drop a good one written since.
+        (A record that was only touched meanwhile is left too; the next reader
+        that finds the copy bad drops it.)
         """
         with self._names_lock:
             if seen is not None and self.index.lookup(cid) != seen:

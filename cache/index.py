@@ -286,6 +286,8 @@ class Index:
         hit = self._pend_chunks.get(cid, _MISSING)
         if hit is _MISSING and self._flushing:
             hit = self._in_flight(cid, 0)
+            if hit is _MISSING:  # a failed commit may have put its batch back meanwhile
+                hit = self._pend_chunks.get(cid, _MISSING)
         if hit is not _MISSING:
             return hit  # type: ignore[no-any-return]
         if self._closed:
@@ -526,13 +528,17 @@ class Index:
         """Look ``key`` up in the pending and in-flight overlays (0 chunks, 1 maps, 2 objects).
 
         Lock-free: a batch is appended to ``_flushing`` before the pending dicts are
-        swapped out, and leaves it only after its commit (or its requeue), so a
-        reader that misses the pending dict finds the batch in flight or in lmdb.
+        swapped out, and leaves it only after its commit, or after a failed commit
+        has put it back into the pending dict; so a reader that misses the pending
+        dict finds the batch in flight, back in the pending dict, or in lmdb.
         """
         pending = (self._pend_chunks, self._pend_maps, self._pend_objects)[which]
         hit = pending.get(key, _MISSING)
         if hit is _MISSING and self._flushing:
-            return self._in_flight(key, which)
+            hit = self._in_flight(key, which)
+            if hit is _MISSING:  # a failed commit puts its batch back before leaving
+                pending = (self._pend_chunks, self._pend_maps, self._pend_objects)[which]
+                hit = pending.get(key, _MISSING)
         return hit
 
     def _in_flight(self, key: bytes, which: int) -> Any:
@@ -549,8 +555,8 @@ class Index:
         this snapshot is still in the snapshot, and one that committed before it is
         in the transaction's view.
         """
-        pending = (self._pend_chunks, self._pend_maps, self._pend_objects)[which]
-        layers = [pending] if pending else []
+        # The pending dict goes in even when empty: a failed commit may refill it.
+        layers = [(self._pend_chunks, self._pend_maps, self._pend_objects)[which]]
         if self._flushing:
             layers += [b[which] for b in reversed(tuple(self._flushing)) if b[which]]
         return layers

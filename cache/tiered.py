@@ -23,6 +23,7 @@ from typing import Any
 
 from chunkd.cache.chunkid import ChunkId
 from chunkd.cache.tier import Chunk, ChunkLease, Tier, TierStats
+from chunkd.errors import ChunkTooLargeError
 
 __all__ = ["TieredCache", "WritePolicy"]
 
@@ -48,7 +49,15 @@ class WritePolicy(StrEnum):
 
 
 class TieredCache(Tier):
-    """``upper`` over ``lower``. See the module docstring."""
+    """``upper`` over ``lower``. See the module docstring.
+
+    Args:
+        upper: the fast tier (RAM).
+        lower: the larger tier (disk).
+        write_policy: where new chunks go.
+        name: the name in stats.
+        max_behind: most write-behind copies queued; ``put`` waits beyond that.
+    """
 
     def __init__(
         self,
@@ -57,12 +66,14 @@ class TieredCache(Tier):
         *,
         write_policy: WritePolicy | str = WritePolicy.THROUGH,
         name: str = "tiered",
+        max_behind: int = 64,
     ) -> None:
         self.name = name
         self.upper = upper
         self.lower = lower
         self.write_policy = WritePolicy(write_policy)
         self._background: set[asyncio.Task[bool]] = set()
+        self._behind_slots = asyncio.Semaphore(max_behind)
         self._loads: dict[ChunkId, asyncio.Future[tuple[ChunkLease | None, bool]]] = {}
         self._misses = 0
         #: gets that waited on another reader's load from the lower tier
@@ -126,7 +137,10 @@ class TieredCache(Tier):
             self._misses += 1
             return None, False
         # The lower tier verified these bytes on the way up.
-        promoted = await self.upper.put_leased(Chunk.trusted(lower.id, lower.view()))
+        try:
+            promoted = await self.upper.put_leased(Chunk.trusted(lower.id, lower.view()))
+        except ChunkTooLargeError:  # the upper tier takes smaller chunks than the lower
+            promoted = None
         if promoted is None:
             return lower, False
         lower.release()
@@ -151,9 +165,13 @@ class TieredCache(Tier):
         # The lower tier writes from the upper tier's copy (a sealed memfd for RAM),
         # not from the caller's buffer: a caller that is cancelled or reuses its
         # buffer cannot change what lands on disk under this id.
-        source = Chunk.trusted(chunk.id, lease.view())
-        lease.release()  # the view keeps its own reference to the memory
+        try:
+            source = Chunk.trusted(chunk.id, lease.view())
+        finally:
+            lease.release()  # the view keeps its own reference to the memory
         if self.write_policy is WritePolicy.BEHIND:
+            # Bounded: each queued write holds a mapping (and an fd) of its chunk.
+            await self._behind_slots.acquire()
             task = asyncio.create_task(self._put_lower(source))
             self._background.add(task)
             task.add_done_callback(self._background.discard)
@@ -169,6 +187,8 @@ class TieredCache(Tier):
                 "write-behind of chunk %s to the %s tier failed", chunk.id, self.lower.name
             )
             return False
+        finally:
+            self._behind_slots.release()
 
     async def drain(self) -> None:
         """Wait for write-behind puts still running."""

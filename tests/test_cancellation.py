@@ -166,3 +166,47 @@ async def test_reconcile_ignores_misnamed_and_oversized_files(open_cache: OpenCa
 
 def test_disk_module_is_importable_as_an_attribute() -> None:
     assert disk.DiskTier is DiskTier
+
+
+async def test_write_behind_backlog_is_bounded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    index = Index(tmp_path / "index", sync=False)
+    lower = DiskTier(tmp_path, index, budget_bytes=1 << 30, fsync="never")
+    release = asyncio.Event()
+    real_put = lower.put
+
+    async def stalled_put(chunk: Chunk) -> bool:
+        await release.wait()
+        return await real_put(chunk)
+
+    monkeypatch.setattr(lower, "put", stalled_put)
+    tiers = TieredCache(RamTier(1 << 30), lower, write_policy="write-behind", max_behind=2)
+    chunks = [Chunk.of(os.urandom(4096)) for _ in range(3)]
+    assert await tiers.put(chunks[0])
+    assert await tiers.put(chunks[1])
+    third = asyncio.ensure_future(tiers.put(chunks[2]))
+    await asyncio.sleep(0.05)
+    assert not third.done()  # two copies queued: the third put waits for a slot
+    release.set()
+    assert await third
+    await tiers.drain()
+    for chunk in chunks:
+        assert await lower.contains(chunk.id)
+    await tiers.close()
+    index.close()
+
+
+async def test_a_chunk_too_big_for_ram_is_served_from_disk(tmp_path: Path) -> None:
+    index = Index(tmp_path / "index", sync=False)
+    lower = DiskTier(tmp_path, index, budget_bytes=1 << 30, fsync="never")
+    tiers = TieredCache(RamTier(1 << 30, max_chunk_bytes=1 << 20), lower)
+    big = Chunk.of(os.urandom(2 << 20))
+    assert await lower.put(big)
+    lease = await tiers.get(big.id)  # promotion is refused; the disk copy is served
+    assert lease is not None
+    with lease:
+        assert lease.fileno() is None
+        assert ChunkId.of(lease.view()) == big.id
+    await tiers.close()
+    index.close()

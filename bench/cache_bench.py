@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import functools
 import mmap
 import os
 import random
@@ -347,23 +348,23 @@ async def disk_read(report: Report, work: Path, count: int, rounds: int) -> None
             lease.release()
         return total, time.perf_counter() - start
 
-    async def plain_read() -> tuple[float, float]:
+    async def plain_read(verify: bool) -> tuple[float, float]:
         start = time.perf_counter()
         for path in paths:
             with open(path, "rb") as f:
-                f.read()
-        return total, time.perf_counter() - start
-
-    async def plain_read_hash() -> tuple[float, float]:
-        start = time.perf_counter()
-        for path in paths:
-            with open(path, "rb") as f:
-                ChunkId.of(f.read())
+                data = f.read()
+            if verify:
+                ChunkId.of(data)
         return total, time.perf_counter() - start
 
     try:
         rates = await interleave(
-            rounds, {"get": chunkd_get, "read": plain_read, "hash": plain_read_hash}
+            rounds,
+            {
+                "get": chunkd_get,
+                "read": functools.partial(plain_read, False),
+                "hash": functools.partial(plain_read, True),
+            },
         )
     finally:
         await tier.close()

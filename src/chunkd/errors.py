@@ -14,6 +14,9 @@ dependencies.
 from __future__ import annotations
 
 __all__ = [
+    "BackendError",
+    "BackendForbiddenError",
+    "BackendUnavailableError",
     "CacheClosedError",
     "ChunkNotFoundError",
     "ChunkTooLargeError",
@@ -22,8 +25,11 @@ __all__ = [
     "IndexSchemaError",
     "IntegrityError",
     "InvalidChunkIdError",
+    "InvalidKeyError",
     "ObjectNotFoundError",
     "TierUnavailableError",
+    "UnknownBackendError",
+    "VersionChangedError",
 ]
 
 
@@ -65,3 +71,27 @@ class IndexSchemaError(ChunkdError, RuntimeError):
 
 class ConfigError(ChunkdError, ValueError):
     """A configuration value is missing or invalid."""
+
+
+class UnknownBackendError(ChunkdError, LookupError):
+    """A name was asked of a backend that is not configured (the backend list is the allowlist)."""
+
+
+class InvalidKeyError(ChunkdError, ValueError):
+    """An object key that chunkd refuses: empty, too long, ``..``, control characters."""
+
+
+class BackendError(ChunkdError, OSError):
+    """A backend could not answer a request."""
+
+
+class BackendUnavailableError(BackendError, ConnectionError):
+    """The backend is down, timing out, or answering 5xx (or its circuit is open)."""
+
+
+class BackendForbiddenError(BackendError, PermissionError):
+    """The backend refused chunkd's credentials for this object (403/401)."""
+
+
+class VersionChangedError(BackendError):
+    """The object changed between chunkd's HEAD and its ranged GET (If-Match failed)."""

@@ -14,9 +14,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[daemon,client,arrow,dev]'
 	@touch $(STAMP)
 
-## run: the daemon's embedded default (for now: the cache self-check)
+## run: the daemon on its embedded default (./chunkd-data, ./chunkd-cache, 127.0.0.1:8470)
 run: $(STAMP)
-	$(BIN)/chunkd selfcheck
+	$(BIN)/chunkd serve
 
 ## test: ruff, mypy (strict on the package) and the whole pytest suite
 test: lint typecheck pytest

@@ -26,6 +26,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"chunkd {chunkd.__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    serve = sub.add_parser(
+        "serve",
+        help="run the daemon",
+        description=(
+            "Run the chunkd daemon. Without --config it runs on an embedded default: a "
+            "file:// backend named 'local' over ./chunkd-data, the cache in ./chunkd-cache "
+            "and HTTP on 127.0.0.1:8470. CHUNKD_<SECTION>_<KEY> variables override single keys."
+        ),
+    )
+    serve.add_argument(
+        "--config", metavar="PATH", help="TOML config (e.g. /etc/chunkd/chunkd.toml)"
+    )
     check = sub.add_parser(
         "selfcheck",
         help="exercise the cache in a directory and print what it did",
@@ -48,6 +60,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run ``chunkd``; returns the process exit status."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command == "serve":
+        from chunkd.gateway.daemon import serve as run_daemon
+
+        return run_daemon(args.config)
     if args.command == "selfcheck":
         from chunkd.gateway.selfcheck import run_selfcheck
 

@@ -1,0 +1,283 @@
+"""The HTTP API (aiohttp): objects, chunks, metrics, stats, health.
+
+Routes::
+
+    GET|HEAD /v1/objects/{backend}/{key}   an object, honouring one Range
+    GET      /v1/chunks/{id}               a cached chunk by id
+    GET      /metrics                      Prometheus text
+    GET      /v1/stats                     JSON: config (no secrets), tiers, backends
+    GET      /healthz                      the process answers
+    GET      /readyz                       the index is open and the sites are bound
+    GET      /                             a short page pointing at the above
+
+Errors are mapped to HTTP status here and nowhere else, with a JSON body that says
+what went wrong and what to do: ``{"error": KIND, "message": TEXT, "status": N}``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any, Final
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+import chunkd
+from chunkd.cache import ChunkCache, ChunkId
+from chunkd.errors import (
+    BackendForbiddenError,
+    BackendUnavailableError,
+    CacheClosedError,
+    ChunkdError,
+    ChunkNotFoundError,
+    IntegrityError,
+    InvalidChunkIdError,
+    InvalidKeyError,
+    ObjectNotFoundError,
+    UnknownBackendError,
+    VersionChangedError,
+)
+from chunkd.gateway.backends import Backends
+from chunkd.gateway.config import Config
+from chunkd.gateway.metrics import Metrics
+from chunkd.gateway.ranges import (
+    InvalidRangeError,
+    RangeNotSatisfiableError,
+    parse_range,
+    resolve,
+)
+from chunkd.gateway.readpath import ReadPath
+
+__all__ = [
+    "CACHE",
+    "CONFIG",
+    "METRICS",
+    "READ_PATH",
+    "STATE",
+    "DaemonState",
+    "build_app",
+]
+
+log = logging.getLogger("chunkd.gateway.api")
+
+
+@dataclass
+class DaemonState:
+    """What /readyz and /v1/stats report about the process itself."""
+
+    started: float = field(default_factory=time.time)
+    ready: bool = False
+    stopping: bool = False
+
+
+CONFIG: Final = web.AppKey("config", Config)
+METRICS: Final = web.AppKey("metrics", Metrics)
+STATE: Final = web.AppKey("state", DaemonState)
+CACHE: Final = web.AppKey("cache", ChunkCache)
+BACKENDS: Final = web.AppKey("backends", Backends)
+READ_PATH: Final = web.AppKey("read_path", ReadPath)
+
+# (status, kind) per error class, most specific first.
+_STATUS: Final[list[tuple[type[BaseException], int]]] = [
+    (UnknownBackendError, 404),
+    (ObjectNotFoundError, 404),
+    (ChunkNotFoundError, 404),
+    (InvalidKeyError, 400),
+    (InvalidChunkIdError, 400),
+    (InvalidRangeError, 400),
+    (RangeNotSatisfiableError, 416),
+    (BackendForbiddenError, 403),
+    (VersionChangedError, 409),
+    (BackendUnavailableError, 503),
+    (IntegrityError, 502),
+    (CacheClosedError, 503),
+]
+
+
+def build_app(config: Config, *, metrics: Metrics | None = None) -> web.Application:
+    """The daemon's aiohttp application; resources open and close in ``cleanup_ctx``."""
+    app = web.Application(middlewares=[_errors, _count])
+    app[CONFIG] = config
+    app[METRICS] = metrics or Metrics()
+    app[STATE] = DaemonState()
+    app.cleanup_ctx.append(_resources)
+    app.router.add_get("/", _index)
+    app.router.add_get("/healthz", _healthz)
+    app.router.add_get("/readyz", _readyz)
+    app.router.add_get("/metrics", _metrics)
+    app.router.add_get("/v1/stats", _stats)
+    app.router.add_get("/v1/chunks/{id}", _chunk)
+    # [\s\S], not ".": a newline in a key must reach the handler and be refused there.
+    app.router.add_get(r"/v1/objects/{backend}/{key:[\s\S]*}", _object)
+    return app
+
+
+async def _resources(app: web.Application) -> AsyncIterator[None]:
+    config = app[CONFIG]
+    metrics = app[METRICS]
+    cache = await ChunkCache.open(config.cache)
+    backends = Backends.from_config(config.backends, metrics)
+    read_path = ReadPath(cache, backends, metrics)
+    metrics.watch_cache(cache)
+    app[CACHE] = cache
+    app[BACKENDS] = backends
+    app[READ_PATH] = read_path
+    log.info(
+        "cache open",
+        extra={"dir": str(config.cache.dir), "backends": [b.name for b in config.backends]},
+    )
+    try:
+        yield
+    finally:
+        await read_path.close()
+        await backends.close()
+        await cache.close()  # finishes disk writes and flushes the index
+        log.info("cache closed", extra={"dir": str(config.cache.dir)})
+
+
+# -- middlewares -----------------------------------------------------------------------
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@web.middleware
+async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        return _error_response(exc.status, type(exc).__name__, exc.reason)
+    except ChunkdError as exc:
+        status = next((code for cls, code in _STATUS if isinstance(exc, cls)), 500)
+        if status >= 500:
+            log.warning("%s %s failed: %s", request.method, request.path, exc)
+        response = _error_response(status, type(exc).__name__, str(exc))
+        if isinstance(exc, RangeNotSatisfiableError):
+            response.headers["Content-Range"] = f"bytes */{exc.size}"
+        if isinstance(exc, BackendUnavailableError):
+            response.headers["Retry-After"] = "5"
+        return response
+
+
+@web.middleware
+async def _count(request: web.Request, handler: Handler) -> web.StreamResponse:
+    response = await handler(request)
+    route = request.match_info.route.resource
+    name = route.canonical if route is not None else "unmatched"
+    request.app[METRICS].http_requests.labels(name, str(response.status)).inc()
+    return response
+
+
+def _error_response(status: int, kind: str, message: str) -> web.Response:
+    body = {"error": kind, "message": message, "status": status}
+    return web.json_response(body, status=status)
+
+
+# -- handlers --------------------------------------------------------------------------
+
+
+async def _index(request: web.Request) -> web.Response:
+    config = request.app[CONFIG]
+    names = ", ".join(b.name for b in config.backends) or "none"
+    text = (
+        f"chunkd {chunkd.__version__}\n\n"
+        f"backends: {names}\n"
+        "GET /v1/objects/BACKEND/KEY   read an object through the cache (Range honoured)\n"
+        "GET /v1/chunks/ID             a cached chunk by its blake3 id\n"
+        "GET /v1/stats                 JSON stats\n"
+        "GET /metrics                  Prometheus metrics\n"
+        "GET /healthz, /readyz         health\n"
+    )
+    return web.Response(text=text)
+
+
+async def _healthz(request: web.Request) -> web.Response:
+    return web.json_response({"ok": True})
+
+
+async def _readyz(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    if state.ready and not state.stopping:
+        return web.json_response({"ready": True})
+    why = "stopping" if state.stopping else "starting: the index or the sites are not up yet"
+    return web.json_response({"ready": False, "why": why}, status=503)
+
+
+async def _metrics(request: web.Request) -> web.Response:
+    body = generate_latest(request.app[METRICS].registry)
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+async def _stats(request: web.Request) -> web.Response:
+    app = request.app
+    cache_stats = app[CACHE].stats()
+    body: dict[str, Any] = {
+        "version": chunkd.__version__,
+        "uptime_s": round(time.time() - app[STATE].started, 3),
+        "ready": app[STATE].ready,
+        "config": app[CONFIG].redacted(),
+        "cache": asdict(cache_stats),
+        "backends": [
+            {"name": b.name, "scheme": b.config.scheme, "circuit_open": b.circuit_open}
+            for b in app[BACKENDS]
+        ],
+    }
+    return web.json_response(body, dumps=lambda obj: json.dumps(obj, default=str))
+
+
+async def _chunk(request: web.Request) -> web.Response:
+    cid = ChunkId.parse(request.match_info["id"])
+    lease = await request.app[CACHE].get(cid)
+    with lease:
+        body = lease.read()
+    return web.Response(
+        body=body,
+        headers={"ETag": f'"{cid}"', "Content-Type": "application/octet-stream"},
+    )
+
+
+async def _object(request: web.Request) -> web.StreamResponse:
+    app = request.app
+    read_path = app[READ_PATH]
+    started = time.perf_counter()
+    wanted = parse_range(request.headers.get("Range"))
+    stat = await read_path.stat(request.match_info["backend"], request.match_info["key"])
+    start, end = resolve(wanted, stat.size)
+    headers = {
+        "ETag": stat.meta.version
+        if stat.meta.version.startswith('"')
+        else f'"{stat.meta.version}"',
+        "Accept-Ranges": "bytes",
+        "Content-Type": "application/octet-stream",
+        "Content-Length": str(end - start),
+    }
+    status = 200
+    if wanted is not None:
+        status = 206
+        headers["Content-Range"] = f"bytes {start}-{end - 1}/{stat.size}"
+    if request.method == "HEAD":
+        return web.Response(status=status, headers=headers)
+    pieces = read_path.read(stat, start, end)
+    # The first chunk comes before the headers go out, so a backend failure on a
+    # cold read is still a proper error status and not a cut-off body.
+    first = await anext(pieces, None)
+    response = web.StreamResponse(status=status, headers=headers)
+    await response.prepare(request)
+    app[METRICS].read_seconds.observe(time.perf_counter() - started)
+    served = 0
+    try:
+        piece = first
+        while piece is not None:
+            await response.write(piece)
+            served += piece.nbytes
+            piece = await anext(pieces, None)
+    finally:
+        await pieces.aclose()
+        app[METRICS].read_bytes.labels("chunkd").inc(served)
+    await response.write_eof()
+    return response

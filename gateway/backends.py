@@ -1,0 +1,343 @@
+"""Backends: the configured object stores, reached through obstore.
+
+One :class:`Backend` per ``[[backends]]`` entry; the set of configured backends is
+also the allowlist (:class:`Backends` refuses any other name). Each backend keeps
+its own bounded retries (exponential backoff with full jitter) and circuit breaker:
+after ``_BREAK_AFTER`` consecutive failures it fails fast for a cool-down, then lets
+one request through to probe. obstore's own retries are off, so every attempt is
+visible in the metrics.
+
+Errors are mapped once, here: a missing object is :class:`ObjectNotFoundError`, a
+refusal :class:`BackendForbiddenError`, a failed ``If-Match``
+:class:`VersionChangedError`, and everything that may heal (5xx, timeouts, refused
+connections, an open circuit) :class:`BackendUnavailableError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final, TypeVar
+
+import obstore
+from obstore.exceptions import (
+    NotFoundError,
+    PermissionDeniedError,
+    PreconditionError,
+    UnauthenticatedError,
+)
+from obstore.store import AzureStore, GCSStore, LocalStore, MemoryStore, S3Store
+
+from chunkd.errors import (
+    BackendForbiddenError,
+    BackendUnavailableError,
+    ObjectNotFoundError,
+    UnknownBackendError,
+    VersionChangedError,
+)
+
+if TYPE_CHECKING:
+    from obstore import GetOptions
+    from obstore.store import ClientConfig, RetryConfig
+
+    from chunkd.gateway.config import BackendConfig
+    from chunkd.gateway.metrics import Metrics
+
+__all__ = ["Backend", "Backends", "ObjectMeta"]
+
+log = logging.getLogger("chunkd.gateway.backends")
+
+T = TypeVar("T")
+
+_BREAK_AFTER: Final = 5  # consecutive failures that open the circuit
+_COOL_DOWN: Final = 5.0  # seconds an open circuit fails fast
+_BACKOFF_BASE: Final = 0.05
+_BACKOFF_CAP: Final = 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectMeta:
+    """What a HEAD tells about one object version."""
+
+    key: str
+    size: int
+    #: the version token: the ETag, or size and mtime where a store has no ETag
+    version: str
+    #: the ETag to send as If-Match, when the store has one
+    etag: str | None
+
+
+class Backend:
+    """One configured object store.
+
+    Args:
+        config: its ``[[backends]]`` entry.
+        metrics: where requests, bytes, errors and latencies are counted.
+        store: the obstore store (built from ``config`` when not given).
+    """
+
+    def __init__(self, config: BackendConfig, metrics: Metrics, store: Any = None) -> None:
+        self.config = config
+        self.name = config.name
+        self._metrics = metrics
+        self._store = store if store is not None else _make_store(config)
+        self._failures = 0
+        self._open_until = 0.0
+        self._probing = False
+
+    async def head(self, key: str) -> ObjectMeta:
+        """Size and version of ``key``.
+
+        Raises:
+            ObjectNotFoundError, BackendForbiddenError, BackendUnavailableError
+        """
+
+        async def call() -> ObjectMeta:
+            meta = await obstore.head_async(self._store, key)
+            return _meta(key, meta)
+
+        return await self._call("head", key, call)
+
+    async def get_range(self, meta: ObjectMeta, start: int, end: int) -> memoryview:
+        """Bytes ``start`` to ``end`` (exclusive) of the version ``meta`` describes.
+
+        Raises:
+            VersionChangedError: the object is no longer that version.
+            ObjectNotFoundError, BackendForbiddenError, BackendUnavailableError
+        """
+
+        async def call() -> memoryview:
+            options: GetOptions = {"range": (start, end)}
+            if meta.etag is not None:
+                options["if_match"] = meta.etag
+            result = await obstore.get_async(self._store, meta.key, options=options)
+            if meta.etag is None and _version_of(result.meta) != meta.version:
+                raise VersionChangedError(
+                    f"{self.name}/{meta.key} changed while it was read; read it again"
+                )
+            data = memoryview(await result.bytes_async())
+            if data.nbytes != end - start:
+                raise BackendUnavailableError(
+                    f"backend {self.name!r} returned {data.nbytes} bytes of {meta.key} for a "
+                    f"{end - start}-byte range; the read will be retried"
+                )
+            self._metrics.backend_read_bytes.labels(self.name).inc(data.nbytes)
+            return data
+
+        return await self._call("get", meta.key, call)
+
+    @property
+    def circuit_open(self) -> bool:
+        """Whether the backend fails fast right now."""
+        return time.monotonic() < self._open_until
+
+    async def _call(self, op: str, key: str, attempt: Callable[[], Awaitable[T]]) -> T:
+        retries = max(0, self.config.retries)
+        for n in range(retries + 1):
+            self._check_circuit(key)
+            started = time.perf_counter()
+            self._metrics.backend_requests.labels(self.name, op).inc()
+            try:
+                result = await asyncio.wait_for(attempt(), timeout=self.config.timeout)
+            except Exception as exc:
+                error = self._translate(exc, key)
+                kind = type(error).__name__
+                self._metrics.backend_errors.labels(self.name, kind).inc()
+                if not isinstance(error, BackendUnavailableError):
+                    self._succeeded()  # the backend answered: it is up
+                    raise error from exc
+                self._failed()
+                if n == retries or self.circuit_open:
+                    raise error from exc
+                delay = random.uniform(0, min(_BACKOFF_CAP, _BACKOFF_BASE * 2**n))
+                log.info(
+                    "backend %s: %s %s failed (%s); retry %d of %d in %.2fs",
+                    self.name,
+                    op,
+                    key,
+                    error,
+                    n + 1,
+                    retries,
+                    delay,
+                )
+                await asyncio.sleep(delay)
+                continue
+            finally:
+                self._metrics.backend_seconds.labels(self.name, op).observe(
+                    time.perf_counter() - started
+                )
+            self._succeeded()
+            return result
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _check_circuit(self, key: str) -> None:
+        now = time.monotonic()
+        if now < self._open_until:
+            raise BackendUnavailableError(
+                f"backend {self.name!r} is failing; chunkd stopped asking it for "
+                f"{self._open_until - now:.1f}s more (reading {key}); cached data is still served"
+            )
+        if self._failures >= _BREAK_AFTER:
+            if self._probing:  # one probe at a time once the cool-down is over
+                raise BackendUnavailableError(
+                    f"backend {self.name!r} is failing; a probe request is in flight"
+                )
+            self._probing = True
+
+    def _failed(self) -> None:
+        self._failures += 1
+        self._probing = False
+        if self._failures >= _BREAK_AFTER:
+            if not self.circuit_open:
+                log.warning(
+                    "backend %s: %d failures in a row; circuit open for %.0fs",
+                    self.name,
+                    self._failures,
+                    _COOL_DOWN,
+                )
+            self._open_until = time.monotonic() + _COOL_DOWN
+            self._metrics.backend_circuit_open.labels(self.name).set(1)
+
+    def _succeeded(self) -> None:
+        if self._failures >= _BREAK_AFTER:
+            log.info("backend %s: answering again; circuit closed", self.name)
+        self._failures = 0
+        self._probing = False
+        self._open_until = 0.0
+        self._metrics.backend_circuit_open.labels(self.name).set(0)
+
+    def _translate(self, exc: BaseException, key: str) -> Exception:
+        where = f"{self.name}/{key}"
+        if isinstance(exc, NotFoundError | FileNotFoundError):
+            return ObjectNotFoundError(f"{where} does not exist in backend {self.name!r}")
+        if isinstance(exc, PermissionDeniedError | UnauthenticatedError):
+            return BackendForbiddenError(
+                f"backend {self.name!r} refused access to {key}: {_first_line(exc)}; "
+                "check the credentials configured for it"
+            )
+        if isinstance(exc, PreconditionError | VersionChangedError):
+            return VersionChangedError(f"{where} changed while it was read; read it again")
+        if isinstance(exc, TimeoutError):
+            return BackendUnavailableError(
+                f"backend {self.name!r} did not answer within {self.config.timeout:g}s ({key})"
+            )
+        if isinstance(exc, BackendUnavailableError):
+            return exc
+        return BackendUnavailableError(f"backend {self.name!r} failed on {key}: {_first_line(exc)}")
+
+    async def close(self) -> None:
+        """Release the store's connections (obstore closes them when dropped)."""
+        self._store = None
+
+
+class Backends:
+    """The configured backends by name: the only ones chunkd will reach."""
+
+    def __init__(self, backends: Iterable[Backend]) -> None:
+        self._by_name = {b.name: b for b in backends}
+
+    @classmethod
+    def from_config(cls, configs: Iterable[BackendConfig], metrics: Metrics) -> Backends:
+        """Build every backend of the config (local directories are created)."""
+        made = []
+        for config in configs:
+            if config.scheme == "file":
+                Path(config.prefix).mkdir(parents=True, exist_ok=True)
+            made.append(Backend(config, metrics))
+        return cls(made)
+
+    def get(self, name: str) -> Backend:
+        """The backend called ``name``.
+
+        Raises:
+            UnknownBackendError: no backend of that name is configured.
+        """
+        backend = self._by_name.get(name)
+        if backend is None:
+            known = ", ".join(sorted(self._by_name)) or "none"
+            raise UnknownBackendError(
+                f"no backend named {name!r} is configured (configured: {known})"
+            )
+        return backend
+
+    def __iter__(self) -> Any:
+        return iter(self._by_name.values())
+
+    async def close(self) -> None:
+        """Close every backend."""
+        for backend in self._by_name.values():
+            await backend.close()
+
+
+def _make_store(config: BackendConfig) -> Any:
+    client: ClientConfig = {
+        "timeout": timedelta(seconds=config.timeout),
+        "connect_timeout": timedelta(seconds=min(5.0, config.timeout)),
+    }
+    if config.allow_http:
+        client["allow_http"] = True
+    no_retries: RetryConfig = {"max_retries": 0, "retry_timeout": timedelta(seconds=config.timeout)}
+    scheme = config.scheme
+    if scheme == "s3":
+        kwargs: dict[str, Any] = {}
+        if config.endpoint:
+            kwargs["endpoint"] = config.endpoint
+            kwargs["virtual_hosted_style_request"] = False
+        if config.region:
+            kwargs["region"] = config.region
+        if config.access_key_id:
+            kwargs["access_key_id"] = config.access_key_id
+        if config.secret_access_key is not None:
+            kwargs["secret_access_key"] = config.secret_access_key.reveal()
+        if config.session_token is not None:
+            kwargs["session_token"] = config.session_token.reveal()
+        return S3Store(
+            config.bucket,
+            prefix=config.prefix or None,
+            client_options=client,
+            retry_config=no_retries,
+            **kwargs,
+        )
+    if scheme == "gs":
+        return GCSStore(
+            config.bucket,
+            prefix=config.prefix or None,
+            client_options=client,
+            retry_config=no_retries,
+        )
+    if scheme == "az":
+        return AzureStore(
+            config.bucket,
+            prefix=config.prefix or None,
+            client_options=client,
+            retry_config=no_retries,
+        )
+    if scheme == "file":
+        return LocalStore(config.prefix)
+    if scheme == "memory":
+        return MemoryStore()
+    raise UnknownBackendError(f"backend {config.name!r} has an unsupported scheme {scheme!r}")
+
+
+def _meta(key: str, meta: Any) -> ObjectMeta:
+    etag = meta.get("e_tag")
+    return ObjectMeta(key=key, size=int(meta["size"]), version=_version_of(meta), etag=etag)
+
+
+def _version_of(meta: Any) -> str:
+    etag = meta.get("e_tag")
+    if etag:
+        return str(etag)
+    stamp = meta["last_modified"]
+    return f"{meta['size']}-{stamp.timestamp():.9f}"
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__

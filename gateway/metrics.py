@@ -1,0 +1,130 @@
+"""Prometheus metrics of one daemon, in a registry of its own.
+
+Counters that the gateway updates as it works live here as prometheus-client
+objects; the cache's counters are read from :meth:`ChunkCache.stats` at scrape time
+by :class:`CacheCollector`, so the cache library needs no metrics dependency.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from chunkd.cache import ChunkCache
+
+__all__ = ["CacheCollector", "Metrics"]
+
+_LATENCY = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+
+
+class Metrics:
+    """Every metric the daemon exports. One instance per daemon (no global state)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.backend_requests = Counter(
+            "chunkd_backend_requests", "Requests sent to backends", ["backend", "op"], registry=r
+        )
+        self.backend_errors = Counter(
+            "chunkd_backend_errors", "Backend requests that failed", ["backend", "kind"], registry=r
+        )
+        self.backend_read_bytes = Counter(
+            "chunkd_backend_read_bytes", "Bytes read from backends", ["backend"], registry=r
+        )
+        self.backend_write_bytes = Counter(
+            "chunkd_backend_write_bytes", "Bytes written to backends", ["backend"], registry=r
+        )
+        self.backend_seconds = Histogram(
+            "chunkd_backend_request_seconds",
+            "Latency of backend requests",
+            ["backend", "op"],
+            buckets=_LATENCY,
+            registry=r,
+        )
+        self.backend_circuit_open = Gauge(
+            "chunkd_backend_circuit_open",
+            "1 while a backend's circuit breaker is open",
+            ["backend"],
+            registry=r,
+        )
+        self.singleflight_waiters = Counter(
+            "chunkd_singleflight_waiters",
+            "Readers that waited on a fetch already in flight instead of starting one",
+            registry=r,
+        )
+        self.read_seconds = Histogram(
+            "chunkd_read_seconds",
+            "Latency of object reads served over HTTP (to the first byte)",
+            buckets=_LATENCY,
+            registry=r,
+        )
+        self.read_bytes = Counter(
+            "chunkd_read_bytes", "Object bytes served to readers", ["source"], registry=r
+        )
+        self.peer_bytes = Counter(
+            "chunkd_peer_bytes", "Bytes exchanged with peers", ["direction"], registry=r
+        )
+        self.http_requests = Counter(
+            "chunkd_http_requests", "HTTP requests answered", ["route", "status"], registry=r
+        )
+        self.readahead_chunks = Counter(
+            "chunkd_readahead_chunks", "Chunks fetched ahead of sequential readers", registry=r
+        )
+
+    def watch_cache(self, cache: ChunkCache) -> None:
+        """Export ``cache``'s counters and gauges at every scrape."""
+        self.registry.register(CacheCollector(cache))
+
+
+class CacheCollector(Collector):
+    """Reads the cache's own counters when Prometheus scrapes."""
+
+    def __init__(self, cache: ChunkCache) -> None:
+        self.cache = cache
+
+    def collect(self) -> Iterator[Metric]:
+        # docstring inherited
+        if self.cache.closed:
+            return
+        stats = self.cache.stats()
+        hits = CounterMetricFamily(
+            "chunkd_cache_hits", "Chunk gets answered by a tier", labels=["tier"]
+        )
+        evictions = CounterMetricFamily(
+            "chunkd_cache_evictions", "Chunks evicted to make room", labels=["tier"]
+        )
+        integrity = CounterMetricFamily(
+            "chunkd_cache_integrity_failures",
+            "Cached copies found damaged, dropped and never served",
+            labels=["tier"],
+        )
+        errors = CounterMetricFamily(
+            "chunkd_cache_errors", "OS errors met by a tier", labels=["tier", "kind"]
+        )
+        size = GaugeMetricFamily("chunkd_cache_bytes", "Bytes held by a tier", labels=["tier"])
+        chunks = GaugeMetricFamily("chunkd_cache_chunks", "Chunks held by a tier", labels=["tier"])
+        budget = GaugeMetricFamily(
+            "chunkd_cache_budget_bytes", "A tier's byte budget", labels=["tier"]
+        )
+        degraded = GaugeMetricFamily(
+            "chunkd_cache_degraded", "1 while a tier is degraded", labels=["tier"]
+        )
+        for tier in stats.tiers:
+            hits.add_metric([tier.name], tier.hits)
+            evictions.add_metric([tier.name], tier.evictions)
+            integrity.add_metric([tier.name], tier.integrity_failures)
+            for kind, count in sorted(tier.errors.items()):
+                errors.add_metric([tier.name, kind], count)
+            size.add_metric([tier.name], tier.bytes)
+            chunks.add_metric([tier.name], tier.chunks)
+            budget.add_metric([tier.name], tier.budget_bytes)
+            degraded.add_metric([tier.name], 1 if tier.degraded else 0)
+        misses = CounterMetricFamily("chunkd_cache_misses", "Chunk gets no tier could answer")
+        misses.add_metric([], stats.misses)
+        yield from (hits, misses, evictions, integrity, errors, size, chunks, budget, degraded)

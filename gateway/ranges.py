@@ -1,0 +1,121 @@
+"""Byte ranges as values, from the HTTP ``Range`` header to the backend call.
+
+Three small frozen types, as zarr and obstore use them: :class:`ByteRange` (start,
+exclusive end), :class:`OffsetRange` (from an offset to the end) and
+:class:`SuffixRange` (the last N bytes). :func:`parse_range` reads a single-range
+``Range`` header; :func:`resolve` turns any of them into concrete ``(start, end)``
+offsets for an object of known size.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Final
+
+from chunkd.errors import ChunkdError
+
+__all__ = [
+    "ByteRange",
+    "InvalidRangeError",
+    "OffsetRange",
+    "RangeNotSatisfiableError",
+    "RequestRange",
+    "SuffixRange",
+    "parse_range",
+    "resolve",
+]
+
+_SPEC: Final = re.compile(r"bytes=(\d*)-(\d*)")
+_MAX_DIGITS: Final = 19  # beyond any object size; keeps int() cheap on hostile input
+
+
+class InvalidRangeError(ChunkdError, ValueError):
+    """A ``Range`` header that is malformed, or asks for several ranges."""
+
+
+class RangeNotSatisfiableError(ChunkdError, ValueError):
+    """A well-formed range that lies outside the object."""
+
+    def __init__(self, message: str, size: int) -> None:
+        super().__init__(message)
+        self.size = size
+
+
+@dataclass(frozen=True, slots=True)
+class ByteRange:
+    """Bytes ``start`` up to ``end`` (exclusive)."""
+
+    start: int
+    end: int
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetRange:
+    """Bytes from ``start`` to the end of the object."""
+
+    start: int
+
+
+@dataclass(frozen=True, slots=True)
+class SuffixRange:
+    """The last ``length`` bytes of the object."""
+
+    length: int
+
+
+RequestRange = ByteRange | OffsetRange | SuffixRange
+
+
+def parse_range(header: str | None) -> RequestRange | None:
+    """Parse a ``Range`` header holding one byte range; ``None`` for no header.
+
+    Raises:
+        InvalidRangeError: the header is malformed, not in bytes, or has several ranges.
+    """
+    if header is None:
+        return None
+    text = header.strip()
+    if "," in text:
+        raise InvalidRangeError(
+            f"Range {header!r} asks for several ranges; chunkd serves one range per request"
+        )
+    match = _SPEC.fullmatch(text.replace(" ", ""))
+    first, last = match.groups() if match else ("", "")
+    if not match or (not first and not last) or max(len(first), len(last)) > _MAX_DIGITS:
+        raise InvalidRangeError(
+            f"Range {header!r} is not a byte range; write it as 'bytes=START-END', "
+            "'bytes=START-' or 'bytes=-LENGTH'"
+        )
+    if not first:
+        return SuffixRange(int(last))
+    if not last:
+        return OffsetRange(int(first))
+    start, end = int(first), int(last)
+    if end < start:
+        raise InvalidRangeError(f"Range {header!r} ends before it starts")
+    return ByteRange(start, end + 1)
+
+
+def resolve(request: RequestRange | None, size: int) -> tuple[int, int]:
+    """Concrete ``(start, end)`` offsets (end exclusive) of ``request`` in ``size`` bytes.
+
+    ``None`` is the whole object. A range running past the end is cut at the end, as
+    RFC 9110 says.
+
+    Raises:
+        RangeNotSatisfiableError: the range starts at or after the end of the object,
+            or is an empty suffix.
+    """
+    if request is None:
+        return 0, size
+    if isinstance(request, SuffixRange):
+        if request.length == 0:
+            raise RangeNotSatisfiableError("an empty suffix range selects nothing", size)
+        return max(0, size - request.length), size
+    if request.start >= size:
+        raise RangeNotSatisfiableError(
+            f"range starts at byte {request.start}, but the object has {size} bytes", size
+        )
+    end = size if isinstance(request, OffsetRange) else min(request.end, size)
+    return request.start, end

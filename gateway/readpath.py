@@ -1,0 +1,296 @@
+"""The read path: object ranges through the tiered cache, the backend asked once.
+
+For each chunk index of a range (chunks sit at ``index * chunk_bytes``)::
+
+    locator (backend, key, version, index)
+      -> chunk id through the index's chunk map     (lmdb)
+      -> RAM, then disk                              (ChunkCache.find)
+      -> single flight per locator: one ranged GET with If-Match on the version,
+         hashed, verified against the chunk map when the id was known, stored,
+         and recorded in the chunk map
+
+An object's version comes from a HEAD, kept per the backend's revalidation policy:
+``immutable`` keeps it for the daemon's life, a duration re-checks after that long.
+Every chunk of one read is fetched with the version the read started with, so a
+reader never gets a mix of two versions: if the object changes mid-read, the
+ranged GET fails its If-Match and the read fails (a new read sees the new version).
+When the backend is down, the last known version keeps serving what is cached.
+
+Sequential readers (a read that starts where the previous one of the same object
+ended) trigger readahead of the next chunks, bounded by ``readahead_chunks`` per
+read and by a global cap on chunks in flight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Final
+
+from chunkd.cache import BytesLease, ChunkCache, ChunkId, ChunkLease, Locator
+from chunkd.errors import BackendUnavailableError, InvalidKeyError
+from chunkd.gateway.backends import Backend, Backends, ObjectMeta
+from chunkd.gateway.singleflight import SingleFlight
+
+if TYPE_CHECKING:
+    from chunkd.gateway.metrics import Metrics
+
+__all__ = ["MAX_KEY_BYTES", "ReadPath", "Stat", "validate_key"]
+
+log = logging.getLogger("chunkd.gateway.read")
+
+#: the longest object key accepted (S3's own limit)
+MAX_KEY_BYTES: Final = 1024
+_READAHEAD_IN_FLIGHT: Final = 32
+
+
+def validate_key(key: str) -> str:
+    """Return ``key`` if chunkd will look it up, else raise :class:`InvalidKeyError`.
+
+    Refused: empty keys, keys over 1024 UTF-8 bytes, a leading ``/``, empty, ``.``
+    or ``..`` path segments, backslashes, and NUL or other control characters.
+    """
+    if not key:
+        raise InvalidKeyError("the object key is empty; ask for BACKEND/KEY")
+    try:
+        size = len(key.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise InvalidKeyError("the object key is not valid UTF-8") from None
+    if size > MAX_KEY_BYTES:
+        raise InvalidKeyError(
+            f"the object key is {size} bytes long; keys are at most {MAX_KEY_BYTES}"
+        )
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in key):
+        raise InvalidKeyError("the object key holds a control character (NUL, newline, ...)")
+    if key.startswith("/"):
+        raise InvalidKeyError(f"the object key {key!r} starts with '/'; keys are relative")
+    if "\\" in key:
+        raise InvalidKeyError(f"the object key {key!r} holds a backslash")
+    if any(part in ("", ".", "..") for part in key.split("/")):
+        raise InvalidKeyError(
+            f"the object key {key!r} has an empty, '.' or '..' path segment; "
+            "chunkd never resolves paths outside a backend"
+        )
+    return key
+
+
+@dataclass(frozen=True, slots=True)
+class Stat:
+    """An object version as the read path knows it."""
+
+    backend: str
+    meta: ObjectMeta
+    chunk_bytes: int
+
+    @property
+    def size(self) -> int:
+        """Bytes in the object."""
+        return self.meta.size
+
+    @property
+    def chunks(self) -> int:
+        """Chunks the object splits into."""
+        return -(-self.meta.size // self.chunk_bytes)
+
+    def locator(self, index: int) -> Locator:
+        """The locator of chunk ``index`` of this version."""
+        return Locator(self.backend, self.meta.key, self.meta.version, index)
+
+
+@dataclass
+class _Known:
+    meta: ObjectMeta
+    checked: float
+
+
+class ReadPath:
+    """Reads object ranges through the cache. See the module docstring.
+
+    Args:
+        cache: the node's chunk cache.
+        backends: the configured backends (the allowlist).
+        metrics: the daemon's metrics.
+        readahead_chunks: chunks fetched ahead of a sequential reader.
+    """
+
+    def __init__(
+        self,
+        cache: ChunkCache,
+        backends: Backends,
+        metrics: Metrics,
+        *,
+        readahead_chunks: int = 4,
+    ) -> None:
+        self.cache = cache
+        self.backends = backends
+        self.metrics = metrics
+        self.chunk_bytes = cache.config.chunk_bytes
+        self.readahead_chunks = readahead_chunks
+        self._known: dict[tuple[str, str], _Known] = {}
+        self._heads: SingleFlight[tuple[str, str], ObjectMeta] = SingleFlight(self._waited)
+        self._fetches: SingleFlight[Locator, tuple[ChunkId, memoryview]] = SingleFlight(
+            self._waited
+        )
+        self._next_chunk: dict[tuple[str, str, str], int] = {}
+        self._ahead = asyncio.Semaphore(_READAHEAD_IN_FLIGHT)
+        self._background: set[asyncio.Task[None]] = set()
+
+    def _waited(self) -> None:
+        self.metrics.singleflight_waiters.inc()
+
+    # -- versions ---------------------------------------------------------------------
+
+    async def stat(self, backend_name: str, key: str) -> Stat:
+        """The current version of ``backend_name/key``, per the revalidation policy.
+
+        Raises:
+            UnknownBackendError, InvalidKeyError, ObjectNotFoundError,
+            BackendForbiddenError, BackendUnavailableError
+        """
+        backend = self.backends.get(backend_name)
+        validate_key(key)
+        ident = (backend.name, key)
+        known = self._known.get(ident)
+        revalidate = backend.config.revalidate
+        fresh = known is not None and (
+            revalidate is None or time.monotonic() - known.checked < revalidate
+        )
+        if known is not None and fresh:
+            return Stat(backend.name, known.meta, self.chunk_bytes)
+        try:
+            meta = await self._heads.run(ident, lambda: backend.head(key))
+        except BackendUnavailableError:
+            if known is None:
+                raise
+            # The backend is down: keep serving the version we know.
+            log.warning(
+                "backend %s is unavailable; serving %s at its last known version", backend.name, key
+            )
+            return Stat(backend.name, known.meta, self.chunk_bytes)
+        if known is not None and known.meta.version != meta.version:
+            log.info(
+                "%s/%s changed: version %s -> %s",
+                backend.name,
+                key,
+                known.meta.version,
+                meta.version,
+            )
+        self._known[ident] = _Known(meta, time.monotonic())
+        return Stat(backend.name, meta, self.chunk_bytes)
+
+    def forget(self, backend_name: str, key: str) -> None:
+        """Drop what is known of an object's version (the next read HEADs it)."""
+        self._known.pop((backend_name, key), None)
+
+    # -- chunks -----------------------------------------------------------------------
+
+    async def chunk(self, stat: Stat, index: int) -> ChunkLease:
+        """Lease chunk ``index`` of ``stat``'s version, fetching it if no tier has it."""
+        locator = stat.locator(index)
+        ref = self.cache.resolve(locator)
+        if ref is not None:
+            lease = await self.cache.find(ref.id)
+            if lease is not None:
+                return lease
+        backend = self.backends.get(stat.backend)
+        cid, data = await self._fetches.run(
+            locator, lambda: self._fetch(backend, stat, index, ref.id if ref else None)
+        )
+        lease = await self.cache.find(cid)
+        # No tier could keep it (RAM full of pinned chunks, disk degraded): the
+        # fetched bytes, verified on the way in, serve this reader anyway.
+        return lease if lease is not None else BytesLease(cid, bytes(data))
+
+    async def _fetch(
+        self, backend: Backend, stat: Stat, index: int, known: ChunkId | None
+    ) -> tuple[ChunkId, memoryview]:
+        start = index * self.chunk_bytes
+        end = min(stat.size, start + self.chunk_bytes)
+        data = await backend.get_range(stat.meta, start, end)
+        # Known id (the chunk map outlived the chunk): the new bytes must match it.
+        cid = await self.cache.insert(data, expected=known)
+        self.cache.record(stat.locator(index), cid, data.nbytes)
+        return cid, data
+
+    # -- ranges -----------------------------------------------------------------------
+
+    async def read(self, stat: Stat, start: int, end: int) -> AsyncGenerator[memoryview, None]:
+        """Yield the bytes ``start`` to ``end`` (exclusive) of ``stat``, chunk by chunk.
+
+        The chunks after the current one are fetched concurrently (up to
+        ``readahead_chunks`` ahead), so a cold read keeps several ranged GETs in
+        flight. Each yielded view is valid until the next iteration.
+        """
+        if start >= end:
+            return
+        first = start // self.chunk_bytes
+        last = (end - 1) // self.chunk_bytes
+        self._note_sequential(stat, first, last)
+        pending: dict[int, asyncio.Task[ChunkLease]] = {}
+        try:
+            for index in range(first, last + 1):
+                for ahead in range(index, min(last, index + self.readahead_chunks) + 1):
+                    if ahead not in pending:
+                        pending[ahead] = asyncio.ensure_future(self.chunk(stat, ahead))
+                lease = await pending.pop(index)
+                with lease:
+                    base = index * self.chunk_bytes
+                    lo = max(start, base) - base
+                    hi = min(end, base + lease.size) - base
+                    yield lease.view()[lo:hi]
+        finally:
+            for task in pending.values():
+                task.cancel()
+            # Leases of chunks that arrived before the reader stopped go back.
+            for done in await asyncio.gather(*pending.values(), return_exceptions=True):
+                if isinstance(done, ChunkLease):
+                    done.release()
+
+    def _note_sequential(self, stat: Stat, first: int, last: int) -> None:
+        """Prefetch past the end of a read that continues the previous one."""
+        ident = (stat.backend, stat.meta.key, stat.meta.version)
+        sequential = self._next_chunk.get(ident) == first
+        self._next_chunk[ident] = last + 1
+        if len(self._next_chunk) > 4096:  # forget the oldest readers
+            self._next_chunk.pop(next(iter(self._next_chunk)))
+        if not sequential or self.readahead_chunks <= 0:
+            return
+        for index in range(last + 1, min(stat.chunks, last + 1 + self.readahead_chunks)):
+            task = asyncio.ensure_future(self._prefetch(stat, index))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+
+    async def _prefetch(self, stat: Stat, index: int) -> None:
+        if self._ahead.locked():
+            return  # enough is in flight already; readahead is a hint
+        async with self._ahead:
+            try:
+                lease = await self.chunk(stat, index)
+            except Exception as exc:
+                log.debug(
+                    "readahead of %s/%s chunk %d failed: %s",
+                    stat.backend,
+                    stat.meta.key,
+                    index,
+                    exc,
+                )
+                return
+            lease.release()
+            self.metrics.readahead_chunks.inc()
+
+    async def warm(self, backend_name: str, key: str) -> tuple[Stat, int]:
+        """Load every chunk of an object into the cache; returns the stat and bytes loaded."""
+        stat = await self.stat(backend_name, key)
+        loaded = 0
+        async for piece in self.read(stat, 0, stat.size):
+            loaded += piece.nbytes
+        return stat, loaded
+
+    async def close(self) -> None:
+        """Stop readahead."""
+        for task in list(self._background):
+            task.cancel()
+        await asyncio.gather(*self._background, return_exceptions=True)

@@ -1,0 +1,353 @@
+"""The daemon as a real process, reading from a real S3-protocol server (moto)."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import hashlib
+import json
+import os
+import signal
+import socket
+import time
+import urllib.parse
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from .conftest import CountingProxy, Daemon, S3Server
+
+MiB = 1 << 20
+
+
+def s3_config(tmp_path: Path, bucket: str, proxy: CountingProxy, **backend: str) -> str:
+    extra = "".join(f"{key} = {value}\n" for key, value in backend.items())
+    return f"""
+[server]
+shutdown_timeout = "10s"
+log_format = "json"
+
+[cache]
+dir = "{tmp_path / "cache"}"
+ram_bytes = "256MiB"
+disk_bytes = "1GiB"
+disk_min_free_bytes = 0
+chunk_bytes = "4MiB"
+fsync = "never"
+
+[[backends]]
+name = "data"
+url = "s3://{bucket}/pre"
+endpoint = "{proxy.endpoint}"
+region = "us-east-1"
+access_key_id = "testing"
+secret_access_key = "testing-secret"
+allow_http = true
+timeout = "5s"
+retries = 1
+{extra}"""
+
+
+def put(s3: S3Server, bucket: str, key: str, data: bytes) -> None:
+    s3.client().put_object(Bucket=bucket, Key=f"pre/{key}", Body=data)
+
+
+def test_embedded_default_serves_local_files(start_daemon, tmp_path: Path) -> None:
+    daemon: Daemon = start_daemon(cwd=tmp_path / "work")
+    data_dir = tmp_path / "work" / "chunkd-data"
+    assert data_dir.is_dir()  # created for the newcomer
+    payload = os.urandom(5 * MiB + 123)
+    (data_dir / "shards").mkdir()
+    (data_dir / "shards" / "a.bin").write_bytes(payload)
+    status, headers, body = daemon.get("/v1/objects/local/shards/a.bin")
+    assert status == 200
+    assert body == payload
+    assert headers["Content-Length"] == str(len(payload))
+    assert (tmp_path / "work" / "chunkd-cache" / "index").is_dir()
+    status, _, body = daemon.get(
+        "/v1/objects/local/shards/a.bin", {"Range": "bytes=4194300-4194310"}
+    )
+    assert status == 206
+    assert body == payload[4194300:4194311]
+    assert daemon.metric("chunkd_cache_hits_total", tier="ram") >= 2
+    assert daemon.stop() == 0
+
+
+def test_concurrent_cold_readers_cost_one_backend_read(
+    start_daemon, tmp_path: Path, s3_server: S3Server, bucket: str, s3_proxy: CountingProxy
+) -> None:
+    payload = os.urandom(64 * MiB)
+    put(s3_server, bucket, "big.bin", payload)
+    daemon: Daemon = start_daemon(s3_config(tmp_path, bucket, s3_proxy))
+    want = hashlib.sha256(payload).hexdigest()
+    s3_proxy.reset()
+
+    def read() -> str:
+        status, _, body = daemon.get("/v1/objects/data/big.bin")
+        assert status == 200
+        return hashlib.sha256(body).hexdigest()
+
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        digests = list(pool.map(lambda _: read(), range(16)))
+    assert digests == [want] * 16
+    # Measured outside the daemon: the bytes the S3 server sent through the proxy.
+    assert len(payload) <= s3_proxy.bytes_down < 1.05 * len(payload)
+    assert daemon.metric("chunkd_backend_read_bytes_total", backend="data") == len(payload)
+    assert daemon.metric("chunkd_singleflight_waiters_total") > 0
+    assert daemon.stop() == 0
+
+
+def test_kill_9_then_restart_serves_warm(
+    start_daemon, tmp_path: Path, s3_server: S3Server, bucket: str, s3_proxy: CountingProxy
+) -> None:
+    payload = os.urandom(10 * MiB)
+    put(s3_server, bucket, "ckpt.bin", payload)
+    toml = s3_config(tmp_path, bucket, s3_proxy)
+    first: Daemon = start_daemon(toml)
+    assert first.get("/v1/objects/data/ckpt.bin")[2] == payload
+    time.sleep(0.3)  # let the batched index writes commit
+    first.process.kill()
+    first.process.wait()
+    s3_proxy.reset()
+    second: Daemon = start_daemon(toml, port=first.port)
+    status, _, body = second.get("/v1/objects/data/ckpt.bin")
+    assert status == 200
+    assert body == payload
+    assert second.metric("chunkd_backend_read_bytes_total", backend="data") == 0
+    assert s3_proxy.bytes_down < 64 * 1024  # a HEAD, no object bytes
+    assert second.stop() == 0
+
+
+def test_a_changed_object_is_read_whole_at_its_new_version(
+    start_daemon, tmp_path: Path, s3_server: S3Server, bucket: str, s3_proxy: CountingProxy
+) -> None:
+    old = os.urandom(9 * MiB)
+    new = os.urandom(9 * MiB)
+    put(s3_server, bucket, "model.bin", old)
+    daemon: Daemon = start_daemon(s3_config(tmp_path, bucket, s3_proxy, revalidate='"200ms"'))
+    assert daemon.get("/v1/objects/data/model.bin")[2] == old
+    put(s3_server, bucket, "model.bin", new)
+    time.sleep(0.3)
+    status, _, body = daemon.get("/v1/objects/data/model.bin")
+    assert status == 200
+    assert body == new
+    # chunk by chunk too: never a mix of the two versions
+    status, _, tail = daemon.get("/v1/objects/data/model.bin", {"Range": "bytes=5000000-"})
+    assert tail == new[5000000:]
+    assert daemon.stop() == 0
+
+
+def test_backend_down_serves_cached_and_fails_fast_otherwise(
+    start_daemon, tmp_path: Path, s3_server: S3Server, bucket: str, s3_proxy: CountingProxy
+) -> None:
+    cached = os.urandom(5 * MiB)
+    cold = os.urandom(5 * MiB)
+    put(s3_server, bucket, "cached.bin", cached)
+    put(s3_server, bucket, "cold.bin", cold)
+    daemon: Daemon = start_daemon(s3_config(tmp_path, bucket, s3_proxy))
+    assert daemon.get("/v1/objects/data/cached.bin")[2] == cached
+    s3_proxy.down()
+    try:
+        status, _, body = daemon.get("/v1/objects/data/cached.bin")
+        assert status == 200
+        assert body == cached
+        started = time.monotonic()
+        status, headers, body = daemon.get("/v1/objects/data/cold.bin")
+        assert time.monotonic() - started < 15
+        assert status == 503
+        error = json.loads(body)
+        assert error["error"] == "BackendUnavailableError"
+        assert "data" in error["message"]
+        assert headers.get("Retry-After")
+    finally:
+        s3_proxy.up()
+    deadline = time.monotonic() + 20
+    while True:  # recovers without a restart (after the circuit's cool-down)
+        status, _, body = daemon.get("/v1/objects/data/cold.bin")
+        if status == 200 or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert status == 200
+    assert body == cold
+    assert daemon.stop() == 0
+
+
+def test_sd_notify_ready_and_stopping(start_daemon, tmp_path: Path) -> None:
+    notify = tmp_path / "notify.sock"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    listener.bind(str(notify))
+    listener.settimeout(30)
+    try:
+        daemon: Daemon = start_daemon(cwd=tmp_path / "work", env={"NOTIFY_SOCKET": str(notify)})
+        messages = []
+        while not any("READY=1" in m for m in messages):
+            messages.append(listener.recv(4096).decode())
+        daemon.process.send_signal(signal.SIGTERM)
+        while not any("STOPPING=1" in m for m in messages):
+            messages.append(listener.recv(4096).decode())
+        assert daemon.process.wait(timeout=30) == 0
+    finally:
+        listener.close()
+    ready = next(m for m in messages if "READY=1" in m)
+    assert "STATUS=" in ready
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory, request):
+    """One daemon for the bad-input tests (they must not disturb it)."""
+    import subprocess
+    import sys
+
+    from .conftest import free_port, wait_ready
+
+    root = tmp_path_factory.mktemp("shared")
+    (root / "chunkd-data").mkdir()
+    (root / "chunkd-data" / "ok.bin").write_bytes(b"x" * 1000)
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CHUNKD_")}
+    env["CHUNKD_SERVER_LISTEN"] = f"127.0.0.1:{port}"
+    env["CHUNKD_BACKENDS_LOCAL_ACCESS_KEY_ID"] = "ignored-but-set"
+    log = root / "daemon.log"
+    with log.open("ab") as sink:
+        process = subprocess.Popen(
+            [str(Path(sys.executable).parent / "chunkd"), "serve"],
+            cwd=root,
+            env=env,
+            stdout=sink,
+            stderr=sink,
+        )
+    daemon = Daemon(process, port, root / "none.toml", root, env, log)
+    wait_ready(daemon)
+    yield daemon
+    daemon.stop()
+
+
+@pytest.mark.parametrize(
+    ("path", "headers", "status", "kind"),
+    [
+        ("/v1/objects/nope/ok.bin", {}, 404, "UnknownBackendError"),
+        ("/v1/objects/local/missing.bin", {}, 404, "ObjectNotFoundError"),
+        ("/v1/objects/local/../etc/passwd", {}, 400, "InvalidKeyError"),
+        ("/v1/objects/local/a/%2e%2e/ok.bin", {}, 400, "InvalidKeyError"),
+        ("/v1/objects/local//ok.bin", {}, 400, "InvalidKeyError"),
+        ("/v1/objects/local/ok%00.bin", {}, 400, "InvalidKeyError"),
+        ("/v1/objects/local/ok%0a.bin", {}, 400, "InvalidKeyError"),
+        ("/v1/objects/local/" + "k" * 1100, {}, 400, "InvalidKeyError"),
+        ("/v1/objects/local/", {}, 400, "InvalidKeyError"),
+        ("/v1/objects/local/ok.bin", {"Range": "bytes=oops"}, 400, "InvalidRangeError"),
+        ("/v1/objects/local/ok.bin", {"Range": "bytes=0-1,5-6"}, 400, "InvalidRangeError"),
+        ("/v1/objects/local/ok.bin", {"Range": "bytes=5000-"}, 416, "RangeNotSatisfiableError"),
+        ("/v1/chunks/not-a-chunk-id", {}, 400, "InvalidChunkIdError"),
+        ("/v1/chunks/" + "0" * 64, {}, 404, "ChunkNotFoundError"),
+        ("/v1/nothing-here", {}, 404, "HTTPNotFound"),
+    ],
+)
+def test_bad_input_gets_a_clear_4xx(shared: Daemon, path, headers, status, kind) -> None:
+    got, response_headers, body = shared.get(path, headers)
+    assert got == status, body
+    error = json.loads(body)
+    assert error["error"] == kind
+    assert error["status"] == status
+    assert error["message"]
+    if status == 416:
+        assert response_headers["Content-Range"] == "bytes */1000"
+    assert shared.get("/v1/objects/local/ok.bin")[0] == 200  # still serving
+
+
+def test_ranges_and_head(shared: Daemon) -> None:
+    status, headers, body = shared.get("/v1/objects/local/ok.bin", {"Range": "bytes=-10"})
+    assert (status, body) == (206, b"x" * 10)
+    assert headers["Content-Range"] == "bytes 990-999/1000"
+    assert headers["ETag"]
+    import urllib.request
+
+    request = urllib.request.Request(shared.url + "/v1/objects/local/ok.bin", method="HEAD")
+    with urllib.request.urlopen(request, timeout=30) as response:
+        assert response.status == 200
+        assert response.headers["Content-Length"] == "1000"
+        assert response.read() == b""
+
+
+def test_metrics_stats_and_health(shared: Daemon) -> None:
+    shared.get("/v1/objects/local/ok.bin")
+    status, _, body = shared.get("/metrics")
+    text = body.decode()
+    for name in (
+        "chunkd_backend_requests_total",
+        "chunkd_backend_read_bytes_total",
+        "chunkd_cache_hits_total",
+        "chunkd_cache_misses_total",
+        "chunkd_cache_bytes",
+        "chunkd_singleflight_waiters_total",
+        "chunkd_backend_request_seconds_bucket",
+        "chunkd_read_seconds_bucket",
+        "chunkd_cache_evictions_total",
+        "chunkd_cache_integrity_failures_total",
+    ):
+        assert name in text, name
+    status, _, body = shared.get("/v1/stats")
+    assert status == 200
+    stats = json.loads(body)
+    assert stats["ready"] is True
+    assert [b["name"] for b in stats["backends"]] == ["local"]
+    assert stats["cache"]["tiers"][0]["name"] == "ram"
+    assert shared.get("/healthz")[0] == 200
+    assert shared.get("/readyz")[0] == 200
+    assert shared.get("/")[0] == 200
+
+
+def test_a_secret_never_shows_in_stats_or_logs(
+    start_daemon, tmp_path: Path, s3_server: S3Server, bucket: str, s3_proxy: CountingProxy
+) -> None:
+    daemon: Daemon = start_daemon(s3_config(tmp_path, bucket, s3_proxy))
+    _, _, body = daemon.get("/v1/stats")
+    assert b"testing-secret" not in body
+    assert daemon.stop() == 0
+    assert "testing-secret" not in daemon.log.read_text()
+
+
+def test_bad_config_fails_at_start_naming_key_and_file(start_daemon, tmp_path: Path) -> None:
+    daemon: Daemon = start_daemon('[cache]\nram_bytes = "lots"\n', wait=False)
+    assert daemon.process.wait(timeout=30) == 2
+    message = daemon.log.read_text()
+    assert "ram_bytes" in message
+    assert str(daemon.config) in message
+
+
+_SEGMENT = st.text(
+    alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), min_size=0, max_size=12
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    backend=st.sampled_from(["local", "nope", "", "LOCAL", "..", "%00"]),
+    segments=st.lists(_SEGMENT, min_size=0, max_size=4),
+    range_header=st.one_of(
+        st.none(),
+        st.text(max_size=30),
+        st.builds(
+            "bytes={}-{}".format,
+            st.one_of(st.just(""), st.integers(0, 5000).map(str)),
+            st.one_of(st.just(""), st.integers(0, 5000).map(str)),
+        ),
+    ),
+)
+def test_random_paths_and_headers_never_break_the_daemon(
+    shared: Daemon, backend: str, segments: list[str], range_header: str | None
+) -> None:
+    path = "/v1/objects/" + urllib.parse.quote(backend, safe="") + "/"
+    path += "/".join(urllib.parse.quote(s, safe="") for s in segments)
+    headers = {}
+    if range_header is not None:
+        if any(ord(c) < 0x20 or ord(c) > 0x7E for c in range_header):
+            range_header = range_header.encode("unicode_escape").decode("ascii")
+        headers["Range"] = range_header
+    status, _, body = shared.get(path, headers)
+    assert status < 500, (path, headers, body)
+    if status >= 400:
+        error = json.loads(body)
+        assert error["status"] == status
+        assert error["message"]
+    assert shared.get("/healthz")[0] == 200

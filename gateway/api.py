@@ -5,6 +5,7 @@ Routes::
     GET|HEAD /v1/objects/{backend}/{key}   an object, honouring one Range
     GET      /v1/chunks/{id}               a cached chunk by id
     GET      /metrics                      Prometheus text
+    POST     /v1/warm/{backend}/{key}      load an object into the cache; NDJSON progress
     GET      /v1/stats                     JSON: config (no secrets), tiers, backends
     GET      /healthz                      the process answers
     GET      /readyz                       the index is open and the sites are bound
@@ -113,6 +114,7 @@ def build_app(config: Config, *, metrics: Metrics | None = None) -> web.Applicat
     app.router.add_get("/v1/chunks/{id}", _chunk)
     # [\s\S], not ".": a newline in a key must reach the handler and be refused there.
     app.router.add_get(r"/v1/objects/{backend}/{key:[\s\S]*}", _object)
+    app.router.add_post(r"/v1/warm/{backend}/{key:[\s\S]*}", _warm)
     return app
 
 
@@ -279,5 +281,33 @@ async def _object(request: web.Request) -> web.StreamResponse:
     finally:
         await pieces.aclose()
         app[METRICS].read_bytes.labels("chunkd").inc(served)
+    await response.write_eof()
+    return response
+
+
+async def _warm(request: web.Request) -> web.StreamResponse:
+    """Load an object into the cache without sending it; stream progress as NDJSON.
+
+    One line per chunk, ``{"loaded": BYTES, "size": BYTES}``, then a last line with
+    ``"done": true``. Errors before the first line are ordinary JSON errors.
+    """
+    read_path = request.app[READ_PATH]
+    stat = await read_path.stat(request.match_info["backend"], request.match_info["key"])
+    pieces = read_path.read(stat, 0, stat.size)
+    first = await anext(pieces, None)
+    response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
+    await response.prepare(request)
+    loaded = 0
+    try:
+        piece = first
+        while piece is not None:
+            loaded += piece.nbytes
+            await response.write(json.dumps({"loaded": loaded, "size": stat.size}).encode() + b"\n")
+            piece = await anext(pieces, None)
+    finally:
+        await pieces.aclose()
+    name = f"{stat.backend}/{stat.meta.key}"
+    done = {"done": True, "name": name, "loaded": loaded, "size": stat.size, "chunks": stat.chunks}
+    await response.write(json.dumps(done).encode() + b"\n")
     await response.write_eof()
     return response

@@ -38,6 +38,17 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--config", metavar="PATH", help="TOML config (e.g. /etc/chunkd/chunkd.toml)"
     )
+    warm = sub.add_parser(
+        "warm",
+        help="load objects into the daemon's cache ahead of a job",
+        description="Load BACKEND/KEY objects into a running daemon's cache, showing progress.",
+    )
+    warm.add_argument("names", nargs="+", metavar="NAME", help="BACKEND/KEY of an object")
+    warm.add_argument(
+        "--url",
+        default="http://127.0.0.1:8470",
+        help="the daemon's HTTP address (default: %(default)s)",
+    )
     check = sub.add_parser(
         "selfcheck",
         help="exercise the cache in a directory and print what it did",
@@ -64,6 +75,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from chunkd.gateway.daemon import serve as run_daemon
 
         return run_daemon(args.config)
+    if args.command == "warm":
+        from chunkd.gateway.warm import warm as run_warm
+
+        return run_warm(args.names, args.url)
     if args.command == "selfcheck":
         from chunkd.gateway.selfcheck import run_selfcheck
 

@@ -145,6 +145,8 @@ class CountingProxy:
         self.port = free_port()
         self.bytes_down = 0
         self.connections = 0
+        #: seconds to sleep before passing on each 64 KiB the server sends (a slow link)
+        self.delay = 0.0
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._thread.start()
@@ -188,6 +190,8 @@ class CountingProxy:
                 while data := await src.read(1 << 16):
                     if count:
                         self.bytes_down += len(data)
+                        if self.delay:
+                            await asyncio.sleep(self.delay)
                     dst.write(data)
                     await dst.drain()
             except (ConnectionError, OSError):

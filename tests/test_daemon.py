@@ -351,3 +351,67 @@ def test_random_paths_and_headers_never_break_the_daemon(
         assert error["status"] == status
         assert error["message"]
     assert shared.get("/healthz")[0] == 200
+
+
+def test_warm_loads_objects_ahead_and_shows_progress(
+    start_daemon, tmp_path: Path, s3_server: S3Server, bucket: str, s3_proxy: CountingProxy
+) -> None:
+    import subprocess
+    import sys
+
+    first = os.urandom(9 * MiB)
+    second = os.urandom(1 * MiB)
+    put(s3_server, bucket, "w/a.bin", first)
+    put(s3_server, bucket, "w/b.bin", second)
+    daemon: Daemon = start_daemon(s3_config(tmp_path, bucket, s3_proxy))
+    chunkd = str(Path(sys.executable).parent / "chunkd")
+    done = subprocess.run(
+        [chunkd, "warm", "--url", daemon.url, "data/w/a.bin", "data/w/b.bin", "data/w/none", "x"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 1, done.stdout  # two of the four names are bad
+    assert "data/w/a.bin: 9.0 MiB in 3 chunks, cached" in done.stdout
+    assert "data/w/none: failed: 404" in done.stdout
+    assert "x: not a name" in done.stdout
+    assert "warmed 2 of 4 objects" in done.stdout
+    loaded = daemon.metric("chunkd_backend_read_bytes_total", backend="data")
+    assert loaded == len(first) + len(second)
+    assert daemon.get("/v1/objects/data/w/a.bin")[2] == first
+    assert daemon.metric("chunkd_backend_read_bytes_total", backend="data") == loaded
+    unreachable = subprocess.run(
+        [chunkd, "warm", "--url", "http://127.0.0.1:9", "data/w/a.bin"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert unreachable.returncode == 1
+    assert "is the daemon running" in unreachable.stdout
+    assert daemon.stop() == 0
+
+
+def test_sigterm_lets_reads_in_flight_finish_and_flushes_the_index(
+    start_daemon, tmp_path: Path, s3_server: S3Server, bucket: str, s3_proxy: CountingProxy
+) -> None:
+    payload = os.urandom(12 * MiB)
+    put(s3_server, bucket, "slow.bin", payload)
+    toml = s3_config(tmp_path, bucket, s3_proxy)
+    daemon: Daemon = start_daemon(toml)
+    s3_proxy.delay = 0.005  # about 1 s for the object: still in flight at SIGTERM
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        reading = pool.submit(daemon.get, "/v1/objects/data/slow.bin")
+        time.sleep(0.4)
+        daemon.process.send_signal(signal.SIGTERM)
+        status, _, body = reading.result(timeout=60)
+    assert status == 200
+    assert body == payload
+    assert daemon.process.wait(timeout=30) == 0
+    s3_proxy.delay = 0.0
+    s3_proxy.reset()
+    again: Daemon = start_daemon(toml, port=daemon.port)
+    assert again.get("/v1/objects/data/slow.bin")[2] == payload
+    assert again.metric("chunkd_backend_read_bytes_total", backend="data") == 0
+    assert again.stop() == 0

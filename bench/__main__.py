@@ -12,7 +12,7 @@ import asyncio
 import shutil
 from pathlib import Path
 
-from . import cache_bench
+from . import cache_bench, gateway_bench
 from .report import Report
 
 
@@ -25,7 +25,7 @@ def main() -> int:
     parser.add_argument(
         "--only",
         action="append",
-        choices=cache_bench.SCENARIOS,
+        choices=(*cache_bench.SCENARIOS, "gateway"),
         help="run only this scenario (repeatable)",
     )
     args = parser.parse_args()
@@ -36,6 +36,9 @@ def main() -> int:
     try:
         only = set(args.only) if args.only else None
         asyncio.run(cache_bench.run(report, work, quick=args.quick, only=only))
+        if only is None or "gateway" in only:
+            print("gateway: read path", flush=True)
+            asyncio.run(gateway_bench.run(report, work / "gateway", quick=args.quick))
     finally:
         shutil.rmtree(work, ignore_errors=True)
     report.write(args.out)

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -20,6 +17,7 @@ from typing import Any
 import pytest
 
 from chunkd.cache import CacheConfig, ChunkCache
+from chunkd.gateway.testing import CountingProxy, S3Server, free_port
 
 OpenCache = Callable[..., Awaitable[ChunkCache]]
 
@@ -58,63 +56,14 @@ async def open_cache(tmp_path: Path) -> AsyncIterator[OpenCache]:
 BIN = Path(sys.executable).parent
 
 
-def free_port() -> int:
-    """A TCP port free on loopback right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_for_port(port: int, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-        except OSError:
-            time.sleep(0.05)
-        else:
-            return
-    raise TimeoutError(f"nothing listens on 127.0.0.1:{port} after {timeout}s")
-
-
-@dataclass
-class S3Server:
-    """A real S3-protocol server (moto's server mode) in a subprocess."""
-
-    port: int
-    process: subprocess.Popen[bytes]
-
-    @property
-    def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def client(self) -> Any:
-        import boto3
-
-        return boto3.client(
-            "s3",
-            endpoint_url=self.endpoint,
-            aws_access_key_id="testing",
-            aws_secret_access_key="testing-secret",
-            region_name="us-east-1",
-        )
-
-
 @pytest.fixture(scope="session")
 def s3_server() -> Iterator[S3Server]:
     """moto_server on a free loopback port for the whole session."""
-    port = free_port()
-    process = subprocess.Popen(
-        [str(BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    server = S3Server.start()
     try:
-        wait_for_port(port)
-        yield S3Server(port, process)
+        yield server
     finally:
-        process.terminate()
-        process.wait(timeout=10)
+        server.stop()
 
 
 @pytest.fixture
@@ -130,87 +79,6 @@ def bucket(s3_server: S3Server) -> Iterator[str]:
         for item in page.get("Contents", []):
             client.delete_object(Bucket=name, Key=item["Key"])
     client.delete_bucket(Bucket=name)
-
-
-class CountingProxy:
-    """A TCP proxy in front of the S3 server that counts the bytes it answers with.
-
-    The count does not depend on the daemon's own metrics. ``down()`` closes the
-    listener and every connection (the backend is gone: connections are refused);
-    ``up()`` listens again on the same port.
-    """
-
-    def __init__(self, upstream_port: int) -> None:
-        self.upstream_port = upstream_port
-        self.port = free_port()
-        self.bytes_down = 0
-        self.connections = 0
-        #: seconds to sleep before passing on each 64 KiB the server sends (a slow link)
-        self.delay = 0.0
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
-        self._thread.start()
-        self._server: asyncio.base_events.Server | None = None
-        self._writers: set[asyncio.StreamWriter] = set()
-        self.up()
-
-    def _call(self, coro: Any) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout=10)
-
-    def up(self) -> None:
-        async def start() -> None:
-            self._server = await asyncio.start_server(self._serve, "127.0.0.1", self.port)
-
-        self._call(start())
-
-    def down(self) -> None:
-        async def stop() -> None:
-            if self._server is not None:
-                self._server.close()
-                self._server = None
-            for writer in list(self._writers):
-                writer.transport.abort()
-
-        self._call(stop())
-
-    def reset(self) -> None:
-        self.bytes_down = 0
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.connections += 1
-        try:
-            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream_port)
-        except OSError:
-            writer.transport.abort()
-            return
-        self._writers.update((writer, up_writer))
-
-        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter, count: bool) -> None:
-            try:
-                while data := await src.read(1 << 16):
-                    if count:
-                        self.bytes_down += len(data)
-                        if self.delay:
-                            await asyncio.sleep(self.delay)
-                    dst.write(data)
-                    await dst.drain()
-            except (ConnectionError, OSError):
-                pass
-            finally:
-                dst.transport.abort()
-
-        await asyncio.gather(pipe(reader, up_writer, False), pipe(up_reader, writer, True))
-        self._writers.difference_update((writer, up_writer))
-
-    def close(self) -> None:
-        self.down()
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=5)
-        self._loop.close()
-
-    @property
-    def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
 
 
 @pytest.fixture

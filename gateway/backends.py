@@ -19,7 +19,7 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -131,6 +131,54 @@ class Backend:
             return data
 
         return await self._call("get", meta.key, call)
+
+    async def stream_range(
+        self, meta: ObjectMeta, start: int, end: int, *, piece_bytes: int
+    ) -> AsyncIterator[memoryview]:
+        """Stream bytes ``start`` to ``end`` of ``meta``'s version in pieces.
+
+        The request itself is retried like :meth:`get_range`; a failure while the body
+        streams is raised (translated) to the caller, who knows what it still needs.
+        """
+
+        async def call() -> Any:
+            options: GetOptions = {"range": (start, end)}
+            if meta.etag is not None:
+                options["if_match"] = meta.etag
+            result = await obstore.get_async(self._store, meta.key, options=options)
+            if meta.etag is None and _version_of(result.meta) != meta.version:
+                raise VersionChangedError(
+                    f"{self.name}/{meta.key} changed while it was read; read it again"
+                )
+            return result
+
+        result = await self._call("get", meta.key, call)
+        pieces = result.stream(min_chunk_size=piece_bytes)
+        got = 0
+        while True:
+            started = time.perf_counter()
+            try:
+                piece = await asyncio.wait_for(anext(pieces, None), timeout=self.config.timeout)
+            except Exception as exc:
+                error = self._translate(exc, meta.key)
+                self._metrics.backend_errors.labels(self.name, type(error).__name__).inc()
+                self._failed()
+                raise error from exc
+            finally:
+                self._metrics.backend_seconds.labels(self.name, "stream").observe(
+                    time.perf_counter() - started
+                )
+            if piece is None:
+                break
+            view = memoryview(piece)
+            got += view.nbytes
+            self._metrics.backend_read_bytes.labels(self.name).inc(view.nbytes)
+            yield view
+        if got != end - start:
+            raise BackendUnavailableError(
+                f"backend {self.name!r} sent {got} bytes of {meta.key} for a "
+                f"{end - start}-byte range"
+            )
 
     @property
     def circuit_open(self) -> bool:

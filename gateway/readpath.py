@@ -45,6 +45,7 @@ log = logging.getLogger("chunkd.gateway.read")
 #: the longest object key accepted (S3's own limit)
 MAX_KEY_BYTES: Final = 1024
 _READAHEAD_IN_FLIGHT: Final = 32
+_SETTLING: Final = 4  # chunks of one span being hashed and stored at once
 
 
 def validate_key(key: str) -> str:
@@ -114,6 +115,7 @@ class ReadPath:
         backends: the configured backends (the allowlist).
         metrics: the daemon's metrics.
         readahead_chunks: chunks fetched ahead of a sequential reader.
+        span_chunks: most chunks one backend GET fetches for a run of cold chunks.
     """
 
     def __init__(
@@ -123,12 +125,14 @@ class ReadPath:
         metrics: Metrics,
         *,
         readahead_chunks: int = 4,
+        span_chunks: int = 64,
     ) -> None:
         self.cache = cache
         self.backends = backends
         self.metrics = metrics
         self.chunk_bytes = cache.config.chunk_bytes
         self.readahead_chunks = readahead_chunks
+        self.span_chunks = max(1, span_chunks)
         self._known: dict[tuple[str, str], _Known] = {}
         self._heads: SingleFlight[tuple[str, str], ObjectMeta] = SingleFlight(self._waited)
         self._fetches: SingleFlight[Locator, tuple[ChunkId, memoryview]] = SingleFlight(
@@ -136,7 +140,7 @@ class ReadPath:
         )
         self._next_chunk: dict[tuple[str, str, str], int] = {}
         self._ahead = asyncio.Semaphore(_READAHEAD_IN_FLIGHT)
-        self._background: set[asyncio.Task[None]] = set()
+        self._background: set[asyncio.Future[None]] = set()
 
     def _waited(self) -> None:
         self.metrics.singleflight_waiters.inc()
@@ -187,18 +191,26 @@ class ReadPath:
 
     # -- chunks -----------------------------------------------------------------------
 
-    async def chunk(self, stat: Stat, index: int) -> ChunkLease:
-        """Lease chunk ``index`` of ``stat``'s version, fetching it if no tier has it."""
+    async def chunk(self, stat: Stat, index: int, *, own: bool = False) -> ChunkLease:
+        """Lease chunk ``index`` of ``stat``'s version, fetching it if no tier has it.
+
+        ``own`` marks a reader that claimed the chunk's fetch itself (a span): it
+        waits on it without being counted as a single-flight waiter.
+        """
         locator = stat.locator(index)
         ref = self.cache.resolve(locator)
         if ref is not None:
             lease = await self.cache.find(ref.id)
             if lease is not None:
                 return lease
-        backend = self.backends.get(stat.backend)
-        cid, data = await self._fetches.run(
-            locator, lambda: self._fetch(backend, stat, index, ref.id if ref else None)
-        )
+        flight = self._fetches.join(locator) if own else None
+        if flight is not None:
+            cid, data = await asyncio.shield(flight)
+        else:
+            backend = self.backends.get(stat.backend)
+            cid, data = await self._fetches.run(
+                locator, lambda: self._fetch(backend, stat, index, ref.id if ref else None)
+            )
         lease = await self.cache.find(cid)
         # No tier could keep it (RAM full of pinned chunks, disk degraded): the
         # fetched bytes, verified on the way in, serve this reader anyway.
@@ -210,10 +222,127 @@ class ReadPath:
         start = index * self.chunk_bytes
         end = min(stat.size, start + self.chunk_bytes)
         data = await backend.get_range(stat.meta, start, end)
+        return await self._store(stat, index, data, known)
+
+    async def _store(
+        self, stat: Stat, index: int, data: memoryview | bytes, known: ChunkId | None
+    ) -> tuple[ChunkId, memoryview]:
         # Known id (the chunk map outlived the chunk): the new bytes must match it.
         cid = await self.cache.insert(data, expected=known)
-        self.cache.record(stat.locator(index), cid, data.nbytes)
-        return cid, data
+        view = memoryview(data)
+        self.cache.record(stat.locator(index), cid, view.nbytes)
+        return cid, view
+
+    # -- spans: one backend GET for a run of cold chunks ---------------------------------
+
+    async def _claim_span(self, stat: Stat, first: int, last: int) -> None:
+        """Claim the run of cold chunks from ``first`` (at most ``span_chunks``, up to
+        ``last``) and fetch them with one streamed GET. Does nothing if ``first`` is
+        cached or already in flight."""
+        futures: list[asyncio.Future[tuple[ChunkId, memoryview]]] = []
+        known: list[ChunkId | None] = []
+        index = first
+        while index <= last and len(futures) < self.span_chunks:
+            locator = stat.locator(index)
+            if locator in self._fetches:
+                break
+            ref = self.cache.resolve(locator)
+            if ref is not None and await self.cache.contains(ref.id):
+                break
+            future = self._fetches.claim(locator)
+            if future is None:
+                break
+            futures.append(future)
+            known.append(ref.id if ref else None)
+            index += 1
+        if not futures:
+            return
+        backend = self.backends.get(stat.backend)
+        task = asyncio.ensure_future(self._fetch_span(backend, stat, first, futures, known))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _fetch_span(
+        self,
+        backend: Backend,
+        stat: Stat,
+        first: int,
+        futures: list[asyncio.Future[tuple[ChunkId, memoryview]]],
+        known: list[ChunkId | None],
+    ) -> None:
+        size = self.chunk_bytes
+        count = len(futures)
+        index = first
+        settling: set[asyncio.Future[None]] = set()
+        try:
+            buffer = bytearray()
+            try:
+                pieces = backend.stream_range(
+                    stat.meta,
+                    first * size,
+                    min(stat.size, (first + count) * size),
+                    piece_bytes=size,
+                )
+                async for piece in pieces:
+                    buffer += piece
+                    while index < first + count:
+                        need = min(size, stat.size - index * size)
+                        if len(buffer) < need:
+                            break
+                        data = bytes(buffer[:need])
+                        del buffer[:need]
+                        # Hash and store in the background while the stream goes on;
+                        # a few at most, so a fast backend cannot run away with memory.
+                        while len(settling) >= _SETTLING:
+                            await asyncio.wait(settling, return_when=asyncio.FIRST_COMPLETED)
+                        task = asyncio.ensure_future(
+                            self._settle(
+                                stat, index, data, known[index - first], futures[index - first]
+                            )
+                        )
+                        settling.add(task)
+                        task.add_done_callback(settling.discard)
+                        index += 1
+            except Exception as exc:  # what the span missed is fetched below
+                log.info(
+                    "%s/%s: a span GET failed at chunk %d (%s); fetching the rest chunk by chunk",
+                    stat.backend,
+                    stat.meta.key,
+                    index,
+                    exc,
+                )
+            if settling:
+                await asyncio.wait(settling)
+            # Whatever the span did not deliver: one chunk at a time, each with retries.
+            for i in range(index, first + count):
+                future = futures[i - first]
+                try:
+                    result = await self._fetch(backend, stat, i, known[i - first])
+                except Exception as exc:
+                    future.set_exception(exc)
+                else:
+                    future.set_result(result)
+        finally:
+            for pending_settle in settling:
+                pending_settle.cancel()
+            for future in futures:  # only on cancellation (the daemon is closing)
+                if not future.done():
+                    future.cancel()
+
+    async def _settle(
+        self,
+        stat: Stat,
+        index: int,
+        data: bytes,
+        known: ChunkId | None,
+        future: asyncio.Future[tuple[ChunkId, memoryview]],
+    ) -> None:
+        try:
+            result = await self._store(stat, index, data, known)
+        except Exception as exc:
+            future.set_exception(exc)
+        else:
+            future.set_result(result)
 
     # -- ranges -----------------------------------------------------------------------
 
@@ -221,8 +350,9 @@ class ReadPath:
         """Yield the bytes ``start`` to ``end`` (exclusive) of ``stat``, chunk by chunk.
 
         The chunks after the current one are fetched concurrently (up to
-        ``readahead_chunks`` ahead), so a cold read keeps several ranged GETs in
-        flight. Each yielded view is valid until the next iteration.
+        ``readahead_chunks`` ahead); a run of cold chunks is fetched with one streamed
+        GET of up to ``span_chunks`` chunks, each chunk stored and served as soon as
+        its bytes are in. Each yielded view is valid until the next iteration.
         """
         if start >= end:
             return
@@ -230,11 +360,20 @@ class ReadPath:
         last = (end - 1) // self.chunk_bytes
         self._note_sequential(stat, first, last)
         pending: dict[int, asyncio.Task[ChunkLease]] = {}
+        scheduled = first
         try:
             for index in range(first, last + 1):
-                for ahead in range(index, min(last, index + self.readahead_chunks) + 1):
-                    if ahead not in pending:
-                        pending[ahead] = asyncio.ensure_future(self.chunk(stat, ahead))
+                # Keep readahead_chunks chunks ahead in flight; a cold chunk claims the
+                # run of cold chunks it starts (one backend GET for up to span_chunks).
+                while scheduled <= min(last, index + self.readahead_chunks):
+                    await self._claim_span(stat, scheduled, last)
+                    pending[scheduled] = asyncio.ensure_future(
+                        self.chunk(stat, scheduled, own=True)
+                    )
+                    scheduled += 1
+                # The next span's GET starts while this one's bytes are being served.
+                if index + self.span_chunks <= last:
+                    await self._claim_span(stat, index + self.span_chunks, last)
                 lease = await pending.pop(index)
                 with lease:
                     base = index * self.chunk_bytes

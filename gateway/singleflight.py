@@ -39,6 +39,24 @@ class SingleFlight(Generic[K, V]):
             task.add_done_callback(functools.partial(self._done, key))
         return await asyncio.shield(task)
 
+    def claim(self, key: K) -> asyncio.Future[V] | None:
+        """Register a call for ``key`` that the caller will settle itself.
+
+        Returns a future to resolve (``set_result``/``set_exception``) exactly once,
+        or ``None`` when a call for ``key`` is already running. Callers of :meth:`run`
+        for the key wait on it meanwhile.
+        """
+        if key in self._running:
+            return None
+        future: asyncio.Future[V] = asyncio.get_running_loop().create_future()
+        self._running[key] = future
+        future.add_done_callback(functools.partial(self._done, key))
+        return future
+
+    def join(self, key: K) -> asyncio.Future[V] | None:
+        """The call running for ``key``, if any (not counted as a waiter)."""
+        return self._running.get(key)
+
     def _done(self, key: K, task: asyncio.Future[V]) -> None:
         if self._running.get(key) is task:
             del self._running[key]

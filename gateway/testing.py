@@ -100,6 +100,9 @@ class CountingProxy:
         self.connections = 0
         #: seconds to sleep before passing on each 64 KiB the server sends (a slow link)
         self.delay = 0.0
+        #: cut the next response that grows past this many bytes (one shot)
+        self.cut_after: int | None = None
+        self.cuts = 0
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._thread.start()
@@ -140,11 +143,17 @@ class CountingProxy:
 
         async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter, count: bool) -> None:
             try:
+                sent = 0
                 while data := await src.read(1 << 16):
                     if count:
                         self.bytes_down += len(data)
+                        sent += len(data)
                         if self.delay:
                             await asyncio.sleep(self.delay)
+                        if self.cut_after is not None and sent > self.cut_after:
+                            self.cut_after = None
+                            self.cuts += 1
+                            break  # the connection dies mid-body
                     dst.write(data)
                     await dst.drain()
             except (ConnectionError, OSError):

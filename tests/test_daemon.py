@@ -415,3 +415,18 @@ def test_sigterm_lets_reads_in_flight_finish_and_flushes_the_index(
     assert again.get("/v1/objects/data/slow.bin")[2] == payload
     assert again.metric("chunkd_backend_read_bytes_total", backend="data") == 0
     assert again.stop() == 0
+
+
+def test_a_span_cut_mid_body_is_finished_chunk_by_chunk(
+    start_daemon, tmp_path: Path, s3_server: S3Server, bucket: str, s3_proxy: CountingProxy
+) -> None:
+    payload = os.urandom(22 * MiB)
+    put(s3_server, bucket, "cut.bin", payload)
+    daemon: Daemon = start_daemon(s3_config(tmp_path, bucket, s3_proxy))
+    s3_proxy.cut_after = 9 * MiB  # the one GET for all six chunks dies after about two
+    status, _, body = daemon.get("/v1/objects/data/cut.bin")
+    assert s3_proxy.cuts == 1
+    assert status == 200
+    assert body == payload
+    assert daemon.get("/v1/objects/data/cut.bin")[2] == payload
+    assert daemon.stop() == 0

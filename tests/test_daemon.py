@@ -430,3 +430,52 @@ def test_a_span_cut_mid_body_is_finished_chunk_by_chunk(
     assert body == payload
     assert daemon.get("/v1/objects/data/cut.bin")[2] == payload
     assert daemon.stop() == 0
+
+
+def test_refused_credentials_are_a_403_naming_the_backend(start_daemon, tmp_path: Path) -> None:
+    import subprocess
+
+    from chunkd.gateway.testing import BIN, free_port, wait_for_port
+
+    port = free_port()
+    # moto checks credentials once this many requests have gone by unchecked.
+    env = dict(os.environ, INITIAL_NO_AUTH_ACTION_COUNT="2")
+    moto = subprocess.Popen(
+        [str(BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_for_port(port)
+        server = S3Server(port, moto)
+        client = server.client()
+        client.create_bucket(Bucket="locked")
+        client.put_object(Bucket="locked", Key="pre/secret.bin", Body=b"no")
+        daemon: Daemon = start_daemon(
+            f"""
+[cache]
+dir = "{tmp_path / "cache"}"
+fsync = "never"
+disk_min_free_bytes = 0
+[[backends]]
+name = "vault"
+url = "s3://locked/pre"
+endpoint = "{server.endpoint}"
+region = "us-east-1"
+access_key_id = "not-a-key"
+secret_access_key = "not-a-secret"
+allow_http = true
+retries = 0
+"""
+        )
+        status, _, body = daemon.get("/v1/objects/vault/secret.bin")
+        assert status == 403
+        error = json.loads(body)
+        assert error["error"] == "BackendForbiddenError"
+        assert "'vault'" in error["message"]
+        assert "not-a-secret" not in error["message"]
+        assert daemon.stop() == 0
+    finally:
+        moto.terminate()
+        moto.wait(timeout=10)

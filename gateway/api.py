@@ -11,12 +11,20 @@ Routes::
     GET      /readyz                       the index is open and the sites are bound
     GET      /                             a short page pointing at the above
 
+Exposure: the daemon holds backend credentials and must never become a public read
+proxy. A client that is not on loopback gets only ``/healthz``, ``/readyz``,
+``/metrics`` and ``/`` without more ado; every data route wants
+``Authorization: Bearer <server.token>`` from it (403 when no token is configured,
+401 when it sends a wrong one).
+
 Errors are mapped to HTTP status here and nowhere else, with a JSON body that says
 what went wrong and what to do: ``{"error": KIND, "message": TEXT, "status": N}``.
 """
 
 from __future__ import annotations
 
+import hmac
+import ipaddress
 import json
 import logging
 import time
@@ -101,7 +109,7 @@ _STATUS: Final[list[tuple[type[BaseException], int]]] = [
 
 def build_app(config: Config, *, metrics: Metrics | None = None) -> web.Application:
     """The daemon's aiohttp application; resources open and close in ``cleanup_ctx``."""
-    app = web.Application(middlewares=[_errors, _count])
+    app = web.Application(middlewares=[_errors, _count, _guard])
     app[CONFIG] = config
     app[METRICS] = metrics or Metrics()
     app[STATE] = DaemonState()
@@ -173,6 +181,41 @@ async def _count(request: web.Request, handler: Handler) -> web.StreamResponse:
     name = route.canonical if route is not None else "unmatched"
     request.app[METRICS].http_requests.labels(name, str(response.status)).inc()
     return response
+
+
+_OPEN_PATHS: Final = frozenset({"/", "/healthz", "/readyz", "/metrics"})
+
+
+@web.middleware
+async def _guard(request: web.Request, handler: Handler) -> web.StreamResponse:
+    if request.path in _OPEN_PATHS or _is_loopback(request.remote):
+        return await handler(request)
+    token = request.app[CONFIG].server.token
+    if token is None:
+        return _error_response(
+            403,
+            "Forbidden",
+            f"{request.path} answers clients on this host only; set server.token (or "
+            "CHUNKD_SERVER_TOKEN) to serve other hosts that present it",
+        )
+    sent = request.headers.get("Authorization", "")
+    if not hmac.compare_digest(sent.encode(), f"Bearer {token.reveal()}".encode()):
+        return _error_response(
+            401, "Unauthorized", "send 'Authorization: Bearer <server.token>' to use data routes"
+        )
+    return await handler(request)
+
+
+def _is_loopback(address: str | None) -> bool:
+    if not address:
+        return False  # no peer address (not TCP): refuse rather than guess
+    try:
+        ip = ipaddress.ip_address(address.split("%")[0])
+    except ValueError:
+        return False
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped.is_loopback
+    return ip.is_loopback
 
 
 def _error_response(status: int, kind: str, message: str) -> web.Response:

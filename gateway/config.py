@@ -17,6 +17,9 @@ Every key, with its default (a key left out takes the default)::
     shutdown_timeout = "10s"            # how long a stop waits for requests in flight
     log_format = "json"                 # "json" or "text"
     log_level = "info"                  # "debug", "info", "warning", "error", "critical"
+    # token = "..."                     # shared secret: clients that are not on loopback
+                                        # must send "Authorization: Bearer TOKEN" to every
+                                        # data route; unset, they get 403 (never a proxy)
 
     [cache]
     dir = "/var/cache/chunkd"           # index/, chunks/, tmp/ and LOCK live here
@@ -609,6 +612,7 @@ _SERVER_KEYS: Final[dict[str, _Convert]] = {
     "shutdown_timeout": _duration,
     "log_format": _choice("json", "text"),
     "log_level": _choice(*_LOG_LEVELS),
+    "token": _secret,
 }
 _CACHE_KEYS: Final[dict[str, _Convert]] = {
     "dir": _path,
@@ -640,6 +644,7 @@ _BACKEND_KEYS: Final[dict[str, _Convert]] = {
 _UNSETTABLE: Final = frozenset(
     (
         "socket_group",
+        "token",
         "endpoint",
         "region",
         "access_key_id",
@@ -721,6 +726,9 @@ class ServerConfig:
     log_format: str = "json"
     #: "debug", "info", "warning", "error" or "critical"
     log_level: str = "info"
+    #: shared secret non-loopback clients must send on data routes (never shown);
+    #: None: data routes answer loopback clients only
+    token: Secret | None = None
 
     def __post_init__(self) -> None:
         _normalize(self, _SERVER_KEYS, "ServerConfig")

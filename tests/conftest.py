@@ -100,10 +100,11 @@ class Daemon:
     log: Path
     notify_socket: Path | None = None
     lines: list[str] = field(default_factory=list)
+    host: str = "127.0.0.1"
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     def get(
         self, path: str, headers: dict[str, str] | None = None
@@ -161,7 +162,8 @@ def start_daemon(tmp_path: Path) -> Iterator[Callable[..., Daemon]]:
             args += ["--config", str(config)]
         environ = {k: v for k, v in os.environ.items() if not k.startswith("CHUNKD_")}
         environ.update(env or {})
-        environ["CHUNKD_SERVER_LISTEN"] = f"127.0.0.1:{port}"
+        environ.setdefault("CHUNKD_SERVER_LISTEN", f"127.0.0.1:{port}")
+        host = environ["CHUNKD_SERVER_LISTEN"].rpartition(":")[0]
         notify_socket = None
         if notify:
             notify_socket = tmp_path / f"notify-{len(started)}.sock"
@@ -169,7 +171,7 @@ def start_daemon(tmp_path: Path) -> Iterator[Callable[..., Daemon]]:
         log = tmp_path / f"daemon-{len(started)}.log"
         with log.open("ab") as sink:
             process = subprocess.Popen(args, cwd=run_dir, env=environ, stdout=sink, stderr=sink)
-        daemon = Daemon(process, port, config, run_dir, environ, log, notify_socket)
+        daemon = Daemon(process, port, config, run_dir, environ, log, notify_socket, host=host)
         started.append(daemon)
         if wait:
             wait_ready(daemon)

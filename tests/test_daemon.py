@@ -8,15 +8,17 @@ import json
 import os
 import signal
 import socket
+import textwrap
 import time
 import urllib.parse
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from .conftest import CountingProxy, Daemon, S3Server
+from .conftest import CountingProxy, Daemon, S3Server, free_port
 
 MiB = 1 << 20
 
@@ -479,3 +481,102 @@ retries = 0
     finally:
         moto.terminate()
         moto.wait(timeout=10)
+
+
+@pytest.fixture
+def other_host() -> Iterator[tuple[str, str]]:
+    """A network namespace on a veth pair: (the namespace, the host side's address).
+
+    Addresses come from 198.18.0.0/15 only; everything is removed afterwards.
+    """
+    import shutil
+    import subprocess
+
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        pytest.skip("network namespaces need root and iproute2; they show another host")
+    tag = f"{os.getpid() % 100000}"
+    ns, host_if, ns_if = f"chunkd-t{tag}", f"ckh{tag}", f"ckn{tag}"
+    host_ip, ns_ip = "198.18.77.1", "198.18.77.2"
+
+    def ip(*args: str) -> None:
+        subprocess.run(["ip", *args], check=True, capture_output=True)
+
+    try:
+        ip("netns", "add", ns)
+        ip("link", "add", host_if, "type", "veth", "peer", "name", ns_if)
+        ip("link", "set", ns_if, "netns", ns)
+        ip("addr", "add", f"{host_ip}/30", "dev", host_if)
+        ip("link", "set", host_if, "up")
+        ip("netns", "exec", ns, "ip", "addr", "add", f"{ns_ip}/30", "dev", ns_if)
+        ip("netns", "exec", ns, "ip", "link", "set", ns_if, "up")
+        ip("netns", "exec", ns, "ip", "link", "set", "lo", "up")
+    except subprocess.CalledProcessError as exc:
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True, check=False)
+        subprocess.run(["ip", "link", "del", host_if], capture_output=True, check=False)
+        pytest.skip(f"cannot build a network namespace here: {exc.stderr.decode().strip()}")
+    try:
+        yield ns, host_ip
+    finally:
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True, check=False)
+        subprocess.run(["ip", "link", "del", host_if], capture_output=True, check=False)
+
+
+def test_other_hosts_need_the_token_for_data(start_daemon, tmp_path: Path, other_host) -> None:
+    import subprocess
+    import sys
+
+    ns, host_ip = other_host
+    work = tmp_path / "work"
+    (work / "chunkd-data").mkdir(parents=True)
+    (work / "chunkd-data" / "ok.bin").write_bytes(b"data")
+    port = free_port()
+    daemon: Daemon = start_daemon(
+        cwd=work,
+        env={"CHUNKD_SERVER_LISTEN": f"{host_ip}:{port}", "CHUNKD_SERVER_TOKEN": "s3cret-token"},
+        port=port,
+    )
+    probe = textwrap.dedent(
+        """
+        import sys, urllib.request, urllib.error
+        url, auth = sys.argv[1], sys.argv[2]
+        request = urllib.request.Request(url, headers={"Authorization": auth} if auth else {})
+        try:
+            with urllib.request.urlopen(request, timeout=20) as r:
+                print(r.status, r.read().decode())
+        except urllib.error.HTTPError as e:
+            print(e.code, e.read().decode())
+        """
+    )
+
+    def from_other_host(path: str, auth: str = "", target: Daemon | None = None) -> tuple[int, str]:
+        url = (target or daemon).url + path
+        done = subprocess.run(
+            ["ip", "netns", "exec", ns, sys.executable, "-c", probe, url, auth],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        status, _, body = done.stdout.strip().partition(" ")
+        return int(status), body
+
+    assert from_other_host("/healthz")[0] == 200
+    assert from_other_host("/metrics")[0] == 200
+    status, body = from_other_host("/v1/objects/local/ok.bin")
+    assert status == 401
+    assert "Authorization" in body
+    assert from_other_host("/v1/objects/local/ok.bin", "Bearer wrong")[0] == 401
+    assert from_other_host("/v1/objects/local/ok.bin", "Bearer s3cret-token") == (200, "data")
+    assert from_other_host("/v1/chunks/" + "0" * 64)[0] == 401
+    assert daemon.stop() == 0
+
+    # Without a token, other hosts get no data at all.
+    port = free_port()
+    open_daemon: Daemon = start_daemon(
+        cwd=work, env={"CHUNKD_SERVER_LISTEN": f"{host_ip}:{port}"}, port=port
+    )
+    status, body = from_other_host("/v1/objects/local/ok.bin", target=open_daemon)
+    assert status == 403
+    assert "server.token" in body
+    assert open_daemon.stop() == 0

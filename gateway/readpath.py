@@ -135,7 +135,9 @@ class ReadPath:
         self.span_chunks = max(1, span_chunks)
         self._known: dict[tuple[str, str], _Known] = {}
         self._heads: SingleFlight[tuple[str, str], ObjectMeta] = SingleFlight(self._waited)
-        self._fetches: SingleFlight[Locator, tuple[ChunkId, memoryview]] = SingleFlight(
+        # Keyed by locator, or by chunk id once the chunk map knows it: two objects
+        # that share a chunk fetch it once.
+        self._fetches: SingleFlight[Locator | ChunkId, tuple[ChunkId, memoryview]] = SingleFlight(
             self._waited
         )
         self._next_chunk: dict[tuple[str, str, str], int] = {}
@@ -208,8 +210,10 @@ class ReadPath:
             cid, data = await asyncio.shield(flight)
         else:
             backend = self.backends.get(stat.backend)
+            known = ref.id if ref else None
+            key: Locator | ChunkId = locator if known is None or locator in self._fetches else known
             cid, data = await self._fetches.run(
-                locator, lambda: self._fetch(backend, stat, index, ref.id if ref else None)
+                key, lambda: self._fetch(backend, stat, index, known)
             )
         lease = await self.cache.find(cid)
         # No tier could keep it (RAM full of pinned chunks, disk degraded): the
@@ -247,7 +251,7 @@ class ReadPath:
             if locator in self._fetches:
                 break
             ref = self.cache.resolve(locator)
-            if ref is not None and await self.cache.contains(ref.id):
+            if ref is not None and (ref.id in self._fetches or await self.cache.contains(ref.id)):
                 break
             future = self._fetches.claim(locator)
             if future is None:

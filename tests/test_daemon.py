@@ -24,7 +24,8 @@ MiB = 1 << 20
 
 
 def s3_config(tmp_path: Path, bucket: str, proxy: CountingProxy, **backend: str) -> str:
-    extra = "".join(f"{key} = {value}\n" for key, value in backend.items())
+    keys = {"timeout": '"5s"', "retries": "1", **backend}
+    extra = "".join(f"{key} = {value}\n" for key, value in keys.items())
     return f"""
 [server]
 shutdown_timeout = "10s"
@@ -46,8 +47,6 @@ region = "us-east-1"
 access_key_id = "testing"
 secret_access_key = "testing-secret"
 allow_http = true
-timeout = "5s"
-retries = 1
 {extra}"""
 
 
@@ -580,3 +579,43 @@ def test_other_hosts_need_the_token_for_data(start_daemon, tmp_path: Path, other
     assert status == 403
     assert "server.token" in body
     assert open_daemon.stop() == 0
+
+
+def test_sequential_readers_get_readahead(
+    start_daemon, tmp_path: Path, s3_server: S3Server, bucket: str, s3_proxy: CountingProxy
+) -> None:
+    payload = os.urandom(24 * MiB)
+    put(s3_server, bucket, "seq.bin", payload)
+    daemon: Daemon = start_daemon(s3_config(tmp_path, bucket, s3_proxy))
+    chunk = 4 * MiB
+    for index in range(2):  # two reads, each starting where the last one ended
+        rng = f"bytes={index * chunk}-{(index + 1) * chunk - 1}"
+        status, _, body = daemon.get("/v1/objects/data/seq.bin", {"Range": rng})
+        assert status == 206
+        assert body == payload[index * chunk : (index + 1) * chunk]
+    deadline = time.monotonic() + 20
+    while daemon.metric("chunkd_readahead_chunks_total") < 4 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert daemon.metric("chunkd_readahead_chunks_total") == 4  # chunks 2-5, fetched ahead
+    fetched = daemon.metric("chunkd_backend_read_bytes_total", backend="data")
+    rng = f"bytes={2 * chunk}-{6 * chunk - 1}"
+    status, _, body = daemon.get("/v1/objects/data/seq.bin", {"Range": rng})
+    assert body == payload[2 * chunk : 6 * chunk]
+    assert daemon.metric("chunkd_backend_read_bytes_total", backend="data") == fetched
+    assert daemon.stop() == 0
+
+
+def test_a_backend_that_stops_answering_is_a_fast_503(
+    start_daemon, tmp_path: Path, s3_server: S3Server, bucket: str, s3_proxy: CountingProxy
+) -> None:
+    put(s3_server, bucket, "late.bin", os.urandom(MiB))
+    daemon: Daemon = start_daemon(s3_config(tmp_path, bucket, s3_proxy, timeout='"1s"'))
+    s3_proxy.delay = 30.0  # answers, then never sends the body in time
+    started = time.monotonic()
+    status, _, body = daemon.get("/v1/objects/data/late.bin")
+    took = time.monotonic() - started
+    s3_proxy.delay = 0.0
+    assert status == 503
+    assert "did not answer within 1s" in json.loads(body)["message"]
+    assert took < 10  # 1 retry of a 1 s timeout, with backoff
+    assert daemon.stop() == 0

@@ -28,7 +28,7 @@ import ipaddress
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Final
 
@@ -89,6 +89,8 @@ STATE: Final = web.AppKey("state", DaemonState)
 CACHE: Final = web.AppKey("cache", ChunkCache)
 BACKENDS: Final = web.AppKey("backends", Backends)
 READ_PATH: Final = web.AppKey("read_path", ReadPath)
+#: set on a request once its response headers are sent
+STREAMING: Final = "chunkd.streaming"
 
 # (status, kind) per error class, most specific first.
 _STATUS: Final[list[tuple[type[BaseException], int]]] = [
@@ -109,7 +111,8 @@ _STATUS: Final[list[tuple[type[BaseException], int]]] = [
 
 def build_app(config: Config, *, metrics: Metrics | None = None) -> web.Application:
     """The daemon's aiohttp application; resources open and close in ``cleanup_ctx``."""
-    app = web.Application(middlewares=[_errors, _count, _guard])
+    # _count outermost, so that error responses are counted too.
+    app = web.Application(middlewares=[_count, _errors, _guard])
     app[CONFIG] = config
     app[METRICS] = metrics or Metrics()
     app[STATE] = DaemonState()
@@ -161,8 +164,17 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        return _error_response(exc.status, type(exc).__name__, exc.reason)
+        response = _error_response(exc.status, type(exc).__name__, exc.reason)
+        for name in ("Allow",):
+            if name in exc.headers:
+                response.headers[name] = exc.headers[name]
+        return response
     except ChunkdError as exc:
+        if request.get(STREAMING):
+            # The headers are out: a new response cannot be sent. Let aiohttp cut the
+            # connection so that the client sees a short body, not a spliced error.
+            log.warning("%s %s failed mid-body: %s", request.method, request.path, exc)
+            raise
         status = next((code for cls, code in _STATUS if isinstance(exc, cls)), 500)
         if status >= 500:
             log.warning("%s %s failed: %s", request.method, request.path, exc)
@@ -199,7 +211,8 @@ async def _guard(request: web.Request, handler: Handler) -> web.StreamResponse:
             "CHUNKD_SERVER_TOKEN) to serve other hosts that present it",
         )
     sent = request.headers.get("Authorization", "")
-    if not hmac.compare_digest(sent.encode(), f"Bearer {token.reveal()}".encode()):
+    wanted = f"Bearer {token.reveal()}".encode()
+    if not hmac.compare_digest(sent.encode("utf-8", "surrogateescape"), wanted):
         return _error_response(
             401, "Unauthorized", "send 'Authorization: Bearer <server.token>' to use data routes"
         )
@@ -292,11 +305,13 @@ async def _object(request: web.Request) -> web.StreamResponse:
     started = time.perf_counter()
     wanted = parse_range(request.headers.get("Range"))
     stat = await read_path.stat(request.match_info["backend"], request.match_info["key"])
+    etag = stat.meta.version if stat.meta.version.startswith('"') else f'"{stat.meta.version}"'
+    if_range = request.headers.get("If-Range")
+    if wanted is not None and if_range is not None and if_range.strip() != etag:
+        wanted = None  # the client's partial copy is of another version: send it whole
     start, end = resolve(wanted, stat.size)
     headers = {
-        "ETag": stat.meta.version
-        if stat.meta.version.startswith('"')
-        else f'"{stat.meta.version}"',
+        "ETag": etag,
         "Accept-Ranges": "bytes",
         "Content-Type": "application/octet-stream",
         "Content-Length": str(end - start),
@@ -307,24 +322,10 @@ async def _object(request: web.Request) -> web.StreamResponse:
         headers["Content-Range"] = f"bytes {start}-{end - 1}/{stat.size}"
     if request.method == "HEAD":
         return web.Response(status=status, headers=headers)
-    pieces = read_path.read(stat, start, end)
-    # The first chunk comes before the headers go out, so a backend failure on a
-    # cold read is still a proper error status and not a cut-off body.
-    first = await anext(pieces, None)
     response = web.StreamResponse(status=status, headers=headers)
-    await response.prepare(request)
+    served = await _send(request, response, read_path.read(stat, start, end), bytes)
     app[METRICS].read_seconds.observe(time.perf_counter() - started)
-    served = 0
-    try:
-        piece = first
-        while piece is not None:
-            await response.write(piece)
-            served += piece.nbytes
-            piece = await anext(pieces, None)
-    finally:
-        await pieces.aclose()
-        app[METRICS].read_bytes.labels("chunkd").inc(served)
-    await response.write_eof()
+    app[METRICS].read_bytes.labels("chunkd").inc(served)
     return response
 
 
@@ -336,21 +337,48 @@ async def _warm(request: web.Request) -> web.StreamResponse:
     """
     read_path = request.app[READ_PATH]
     stat = await read_path.stat(request.match_info["backend"], request.match_info["key"])
-    pieces = read_path.read(stat, 0, stat.size)
-    first = await anext(pieces, None)
     response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
-    await response.prepare(request)
     loaded = 0
-    try:
-        piece = first
-        while piece is not None:
-            loaded += piece.nbytes
-            await response.write(json.dumps({"loaded": loaded, "size": stat.size}).encode() + b"\n")
-            piece = await anext(pieces, None)
-    finally:
-        await pieces.aclose()
+
+    def progress(piece: memoryview) -> bytes:
+        nonlocal loaded
+        loaded += piece.nbytes
+        return json.dumps({"loaded": loaded, "size": stat.size}).encode() + b"\n"
+
+    await _send(request, response, read_path.read(stat, 0, stat.size), progress, eof=False)
     name = f"{stat.backend}/{stat.meta.key}"
     done = {"done": True, "name": name, "loaded": loaded, "size": stat.size, "chunks": stat.chunks}
     await response.write(json.dumps(done).encode() + b"\n")
     await response.write_eof()
     return response
+
+
+async def _send(
+    request: web.Request,
+    response: web.StreamResponse,
+    pieces: AsyncGenerator[memoryview, None],
+    encode: Callable[[memoryview], bytes | memoryview],
+    *,
+    eof: bool = True,
+) -> int:
+    """Stream ``pieces`` as the body of ``response``; returns the bytes read from them.
+
+    The first piece is fetched before the headers go out, so a backend failure on a
+    cold read is still a proper error status. After that an error can only cut the
+    connection: the client sees a body shorter than Content-Length (or a broken
+    chunked stream), never an error page spliced into a success.
+    """
+    total = 0
+    try:
+        piece = await anext(pieces, None)
+        await response.prepare(request)
+        request[STREAMING] = True
+        while piece is not None:
+            await response.write(encode(piece))
+            total += piece.nbytes
+            piece = await anext(pieces, None)
+        if eof:
+            await response.write_eof()
+    finally:
+        await pieces.aclose()
+    return total

@@ -113,14 +113,7 @@ class Backend:
         """
 
         async def call() -> memoryview:
-            options: GetOptions = {"range": (start, end)}
-            if meta.etag is not None:
-                options["if_match"] = meta.etag
-            result = await obstore.get_async(self._store, meta.key, options=options)
-            if meta.etag is None and _version_of(result.meta) != meta.version:
-                raise VersionChangedError(
-                    f"{self.name}/{meta.key} changed while it was read; read it again"
-                )
+            result = await self._open(meta, start, end)
             data = memoryview(await result.bytes_async())
             if data.nbytes != end - start:
                 raise BackendUnavailableError(
@@ -141,18 +134,7 @@ class Backend:
         streams is raised (translated) to the caller, who knows what it still needs.
         """
 
-        async def call() -> Any:
-            options: GetOptions = {"range": (start, end)}
-            if meta.etag is not None:
-                options["if_match"] = meta.etag
-            result = await obstore.get_async(self._store, meta.key, options=options)
-            if meta.etag is None and _version_of(result.meta) != meta.version:
-                raise VersionChangedError(
-                    f"{self.name}/{meta.key} changed while it was read; read it again"
-                )
-            return result
-
-        result = await self._call("get", meta.key, call)
+        result = await self._call("get", meta.key, lambda: self._open(meta, start, end))
         pieces = result.stream(min_chunk_size=piece_bytes)
         got = 0
         while True:
@@ -180,6 +162,18 @@ class Backend:
                 f"{end - start}-byte range"
             )
 
+    async def _open(self, meta: ObjectMeta, start: int, end: int) -> Any:
+        """A ranged GET pinned to ``meta``'s version (If-Match, or a version check)."""
+        options: GetOptions = {"range": (start, end)}
+        if meta.etag is not None:
+            options["if_match"] = meta.etag
+        result = await obstore.get_async(self._store, meta.key, options=options)
+        if meta.etag is None and _version_of(result.meta) != meta.version:
+            raise VersionChangedError(
+                f"{self.name}/{meta.key} changed while it was read; read it again"
+            )
+        return result
+
     @property
     def circuit_open(self) -> bool:
         """Whether the backend fails fast right now."""
@@ -193,6 +187,9 @@ class Backend:
             self._metrics.backend_requests.labels(self.name, op).inc()
             try:
                 result = await asyncio.wait_for(attempt(), timeout=self.config.timeout)
+            except asyncio.CancelledError:
+                self._probing = False  # a cancelled probe must not hold the circuit shut
+                raise
             except Exception as exc:
                 error = self._translate(exc, key)
                 kind = type(error).__name__
@@ -352,15 +349,9 @@ def _make_store(config: BackendConfig) -> Any:
             retry_config=no_retries,
             **kwargs,
         )
-    if scheme == "gs":
-        return GCSStore(
-            config.bucket,
-            prefix=config.prefix or None,
-            client_options=client,
-            retry_config=no_retries,
-        )
-    if scheme == "az":
-        return AzureStore(
+    if scheme in ("gs", "az"):  # credentials come from the environment, as usual there
+        store = GCSStore if scheme == "gs" else AzureStore
+        return store(
             config.bucket,
             prefix=config.prefix or None,
             client_options=client,

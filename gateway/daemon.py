@@ -63,13 +63,7 @@ async def run(config: Config, *, stop: asyncio.Event | None = None) -> int:
     runner = web.AppRunner(app, shutdown_timeout=config.server.shutdown_timeout, access_log=None)
     notifier.status("opening the cache")
     await runner.setup()
-    site = web.TCPSite(
-        runner,
-        config.server.host,
-        config.server.port,
-        shutdown_timeout=config.server.shutdown_timeout,
-        reuse_address=True,
-    )
+    site = web.TCPSite(runner, config.server.host, config.server.port, reuse_address=True)
     try:
         await site.start()
     except OSError as exc:
@@ -104,8 +98,10 @@ async def run(config: Config, *, stop: asyncio.Event | None = None) -> int:
         loop.remove_signal_handler(sig)
         # A second signal must not cut the index flush short.
         loop.add_signal_handler(sig, lambda: log.info("already stopping"))
-    await runner.cleanup()
-    stopped.set()
-    await watchdog
+    try:
+        await runner.cleanup()
+    finally:
+        stopped.set()
+        await watchdog
     log.info("stopped")
     return 0

@@ -110,8 +110,11 @@ def resolve(request: RequestRange | None, size: int) -> tuple[int, int]:
     if request is None:
         return 0, size
     if isinstance(request, SuffixRange):
-        if request.length == 0:
-            raise RangeNotSatisfiableError("an empty suffix range selects nothing", size)
+        if request.length == 0 or size == 0:
+            raise RangeNotSatisfiableError(
+                f"a suffix of {request.length} bytes of a {size}-byte object selects nothing",
+                size,
+            )
         return max(0, size - request.length), size
     if request.start >= size:
         raise RangeNotSatisfiableError(

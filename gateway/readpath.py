@@ -24,14 +24,21 @@ read and by a global cap on chunks in flight.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from chunkd.cache import BytesLease, ChunkCache, ChunkId, ChunkLease, Locator
-from chunkd.errors import BackendUnavailableError, InvalidKeyError
+from chunkd.errors import (
+    BackendForbiddenError,
+    BackendUnavailableError,
+    InvalidKeyError,
+    ObjectNotFoundError,
+    VersionChangedError,
+)
 from chunkd.gateway.backends import Backend, Backends, ObjectMeta
 from chunkd.gateway.singleflight import SingleFlight
 
@@ -45,7 +52,14 @@ log = logging.getLogger("chunkd.gateway.read")
 #: the longest object key accepted (S3's own limit)
 MAX_KEY_BYTES: Final = 1024
 _READAHEAD_IN_FLIGHT: Final = 32
+_KNOWN_OBJECTS: Final = 1 << 16  # object versions remembered between reads
 _SETTLING: Final = 4  # chunks of one span being hashed and stored at once
+
+
+def _cancel_unsettled(futures: list[asyncio.Future[Any]], _task: asyncio.Future[None]) -> None:
+    for future in futures:
+        if not future.done():
+            future.cancel()
 
 
 def validate_key(key: str) -> str:
@@ -185,6 +199,8 @@ class ReadPath:
                 meta.version,
             )
         self._known[ident] = _Known(meta, time.monotonic())
+        if len(self._known) > _KNOWN_OBJECTS:  # forget the oldest entry
+            self._known.pop(next(iter(self._known)))
         return Stat(backend.name, meta, self.chunk_bytes)
 
     def forget(self, backend_name: str, key: str) -> None:
@@ -206,19 +222,26 @@ class ReadPath:
             if lease is not None:
                 return lease
         flight = self._fetches.join(locator) if own else None
-        if flight is not None:
-            cid, data = await asyncio.shield(flight)
-        else:
-            backend = self.backends.get(stat.backend)
-            known = ref.id if ref else None
-            key: Locator | ChunkId = locator if known is None or locator in self._fetches else known
-            cid, data = await self._fetches.run(
-                key, lambda: self._fetch(backend, stat, index, known)
-            )
+        try:
+            if flight is not None:
+                cid, data = await asyncio.shield(flight)
+            else:
+                cid, data = await self._fetch_once(stat, index, locator, ref.id if ref else None)
+        except VersionChangedError:
+            self.forget(stat.backend, stat.meta.key)  # the next read HEADs the new version
+            raise
         lease = await self.cache.find(cid)
         # No tier could keep it (RAM full of pinned chunks, disk degraded): the
         # fetched bytes, verified on the way in, serve this reader anyway.
         return lease if lease is not None else BytesLease(cid, bytes(data))
+
+    async def _fetch_once(
+        self, stat: Stat, index: int, locator: Locator, known: ChunkId | None
+    ) -> tuple[ChunkId, memoryview]:
+        """Fetch one chunk, once for all its readers (keyed by id when it is known)."""
+        backend = self.backends.get(stat.backend)
+        key: Locator | ChunkId = locator if known is None or locator in self._fetches else known
+        return await self._fetches.run(key, lambda: self._fetch(backend, stat, index, known))
 
     async def _fetch(
         self, backend: Backend, stat: Stat, index: int, known: ChunkId | None
@@ -246,25 +269,38 @@ class ReadPath:
         futures: list[asyncio.Future[tuple[ChunkId, memoryview]]] = []
         known: list[ChunkId | None] = []
         index = first
-        while index <= last and len(futures) < self.span_chunks:
-            locator = stat.locator(index)
-            if locator in self._fetches:
-                break
-            ref = self.cache.resolve(locator)
-            if ref is not None and (ref.id in self._fetches or await self.cache.contains(ref.id)):
-                break
-            future = self._fetches.claim(locator)
-            if future is None:
-                break
-            futures.append(future)
-            known.append(ref.id if ref else None)
-            index += 1
-        if not futures:
-            return
-        backend = self.backends.get(stat.backend)
+        try:
+            while index <= last and len(futures) < self.span_chunks:
+                locator = stat.locator(index)
+                if locator in self._fetches:
+                    break
+                ref = self.cache.resolve(locator)
+                if ref is not None and (
+                    ref.id in self._fetches or await self.cache.contains(ref.id)
+                ):
+                    break
+                future = self._fetches.claim(locator)
+                if future is None:
+                    break
+                futures.append(future)
+                known.append(ref.id if ref else None)
+                index += 1
+            if not futures:
+                return
+            backend = self.backends.get(stat.backend)
+        except BaseException as exc:
+            # Claimed chunks must never stay claimed: their readers would wait forever.
+            for future in futures:
+                if isinstance(exc, Exception):
+                    future.set_exception(exc)
+                else:
+                    future.cancel()
+            raise
         task = asyncio.ensure_future(self._fetch_span(backend, stat, first, futures, known))
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+        # A span cancelled before it ran (the daemon closing) settles nothing itself.
+        task.add_done_callback(functools.partial(_cancel_unsettled, futures))
 
     async def _fetch_span(
         self,
@@ -307,6 +343,11 @@ class ReadPath:
                         settling.add(task)
                         task.add_done_callback(settling.discard)
                         index += 1
+            except (ObjectNotFoundError, BackendForbiddenError, VersionChangedError) as exc:
+                # Will not heal by asking again: every chunk left fails the same way.
+                for future in futures[index - first :]:
+                    future.set_exception(exc)
+                index = first + count
             except Exception as exc:  # what the span missed is fetched below
                 log.info(
                     "%s/%s: a span GET failed at chunk %d (%s); fetching the rest chunk by chunk",

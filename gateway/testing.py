@@ -165,7 +165,16 @@ class CountingProxy:
         self._writers.difference_update((writer, up_writer))
 
     def close(self) -> None:
+        """Stop listening, end every connection's task, and stop the proxy's loop."""
         self.down()
+
+        async def finish() -> None:
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        self._call(finish())
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=5)
         self._loop.close()

@@ -619,3 +619,48 @@ def test_a_backend_that_stops_answering_is_a_fast_503(
     assert "did not answer within 1s" in json.loads(body)["message"]
     assert took < 10  # 1 retry of a 1 s timeout, with backoff
     assert daemon.stop() == 0
+
+
+def test_a_version_change_mid_read_cuts_the_body_and_the_next_read_is_whole(
+    start_daemon, tmp_path: Path, s3_server: S3Server, bucket: str, s3_proxy: CountingProxy
+) -> None:
+    import http.client
+    import urllib.request
+
+    old = os.urandom(12 * MiB)
+    new = os.urandom(12 * MiB)
+    put(s3_server, bucket, "moving.bin", old)
+    daemon: Daemon = start_daemon(s3_config(tmp_path, bucket, s3_proxy))  # immutable
+    assert daemon.get("/v1/objects/data/moving.bin", {"Range": "bytes=0-99"})[2] == old[:100]
+    put(s3_server, bucket, "moving.bin", new)
+    with (
+        urllib.request.urlopen(daemon.url + "/v1/objects/data/moving.bin", timeout=60) as r,
+        pytest.raises(http.client.IncompleteRead) as cut,
+    ):
+        r.read()
+    # What did arrive is the old version only: never a mix.
+    assert old.startswith(cut.value.partial)
+    assert len(cut.value.partial) < len(old)
+    status, _, body = daemon.get("/v1/objects/data/moving.bin")
+    assert status == 200
+    assert body == new
+    assert daemon.stop() == 0
+
+
+def test_if_range_and_empty_objects(shared: Daemon) -> None:
+    (shared.cwd / "chunkd-data" / "empty.bin").write_bytes(b"")
+    status, headers, body = shared.get("/v1/objects/local/empty.bin")
+    assert (status, body, headers["Content-Length"]) == (200, b"", "0")
+    status, _, body = shared.get("/v1/objects/local/empty.bin", {"Range": "bytes=-5"})
+    assert status == 416
+    _, headers, _ = shared.get("/v1/objects/local/ok.bin")
+    etag = headers["ETag"]
+    status, _, body = shared.get(
+        "/v1/objects/local/ok.bin", {"Range": "bytes=0-9", "If-Range": etag}
+    )
+    assert (status, body) == (206, b"x" * 10)
+    status, _, body = shared.get(
+        "/v1/objects/local/ok.bin", {"Range": "bytes=0-9", "If-Range": '"another"'}
+    )
+    assert (status, len(body)) == (200, 1000)  # another version: the whole object
+    assert shared.metric("chunkd_http_requests_total", status="416") >= 1

@@ -68,6 +68,7 @@ class _Daemon:
                 f"""
                 [server]
                 log_format = "json"
+                socket = "{work / "chunkd.sock"}"
                 [cache]
                 dir = "{work / "cache"}"
                 ram_bytes = "2GiB"

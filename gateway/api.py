@@ -38,28 +38,16 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 import chunkd
 from chunkd.cache import ChunkCache, ChunkId
 from chunkd.errors import (
-    BackendForbiddenError,
     BackendUnavailableError,
-    CacheClosedError,
     ChunkdError,
-    ChunkNotFoundError,
-    IntegrityError,
-    InvalidChunkIdError,
-    InvalidKeyError,
-    ObjectNotFoundError,
-    UnknownBackendError,
-    VersionChangedError,
 )
 from chunkd.gateway.backends import Backends
 from chunkd.gateway.config import Config
+from chunkd.gateway.localsock import LocalServer
 from chunkd.gateway.metrics import Metrics
-from chunkd.gateway.ranges import (
-    InvalidRangeError,
-    RangeNotSatisfiableError,
-    parse_range,
-    resolve,
-)
+from chunkd.gateway.ranges import RangeNotSatisfiableError, parse_range, resolve
 from chunkd.gateway.readpath import ReadPath
+from chunkd.gateway.status import http_status
 
 __all__ = [
     "CACHE",
@@ -91,22 +79,6 @@ BACKENDS: Final = web.AppKey("backends", Backends)
 READ_PATH: Final = web.AppKey("read_path", ReadPath)
 #: set on a request once its response headers are sent
 STREAMING: Final = "chunkd.streaming"
-
-# (status, kind) per error class, most specific first.
-_STATUS: Final[list[tuple[type[BaseException], int]]] = [
-    (UnknownBackendError, 404),
-    (ObjectNotFoundError, 404),
-    (ChunkNotFoundError, 404),
-    (InvalidKeyError, 400),
-    (InvalidChunkIdError, 400),
-    (InvalidRangeError, 400),
-    (RangeNotSatisfiableError, 416),
-    (BackendForbiddenError, 403),
-    (VersionChangedError, 409),
-    (BackendUnavailableError, 503),
-    (IntegrityError, 502),
-    (CacheClosedError, 503),
-]
 
 
 def build_app(config: Config, *, metrics: Metrics | None = None) -> web.Application:
@@ -143,9 +115,23 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
         "cache open",
         extra={"dir": str(config.cache.dir), "backends": [b.name for b in config.backends]},
     )
+    local = LocalServer(
+        config.server.socket,
+        read_path,
+        metrics,
+        mode=config.server.socket_mode,
+        group=config.server.socket_group,
+    )
+    try:
+        await local.start()
+    except BaseException:
+        await read_path.close()
+        await cache.close()
+        raise
     try:
         yield
     finally:
+        await local.close()
         await read_path.close()
         await backends.close()
         await cache.close()  # finishes disk writes and flushes the index
@@ -175,7 +161,7 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
             # connection so that the client sees a short body, not a spliced error.
             log.warning("%s %s failed mid-body: %s", request.method, request.path, exc)
             raise
-        status = next((code for cls, code in _STATUS if isinstance(exc, cls)), 500)
+        status = http_status(exc)
         if status >= 500:
             log.warning("%s %s failed: %s", request.method, request.path, exc)
         response = _error_response(status, type(exc).__name__, str(exc))

@@ -73,6 +73,20 @@ class Metrics:
         self.http_requests = Counter(
             "chunkd_http_requests", "HTTP requests answered", ["route", "status"], registry=r
         )
+        self.local_requests = Counter(
+            "chunkd_local_requests",
+            "Requests on the local socket, by client uid and op",
+            ["uid", "op"],
+            registry=r,
+        )
+        self.local_clients = Gauge(
+            "chunkd_local_clients", "Clients connected to the local socket", registry=r
+        )
+        self.local_malformed = Counter(
+            "chunkd_local_malformed_frames",
+            "Local connections closed for a malformed frame",
+            registry=r,
+        )
         self.readahead_chunks = Counter(
             "chunkd_readahead_chunks", "Chunks fetched ahead of sequential readers", registry=r
         )

@@ -394,15 +394,35 @@ class ReadPath:
     async def read(self, stat: Stat, start: int, end: int) -> AsyncGenerator[memoryview, None]:
         """Yield the bytes ``start`` to ``end`` (exclusive) of ``stat``, chunk by chunk.
 
-        The chunks after the current one are fetched concurrently (up to
-        ``readahead_chunks`` ahead); a run of cold chunks is fetched with one streamed
-        GET of up to ``span_chunks`` chunks, each chunk stored and served as soon as
-        its bytes are in. Each yielded view is valid until the next iteration.
+        Each yielded view is valid until the next iteration. See :meth:`leases`.
         """
         if start >= end:
             return
         first = start // self.chunk_bytes
-        last = (end - 1) // self.chunk_bytes
+        leases = self.leases(stat, first, (end - 1) // self.chunk_bytes)
+        index = first
+        try:
+            async for lease in leases:
+                with lease:
+                    base = index * self.chunk_bytes
+                    lo = max(start, base) - base
+                    hi = min(end, base + lease.size) - base
+                    yield lease.view()[lo:hi]
+                index += 1
+        finally:
+            await leases.aclose()
+
+    async def leases(self, stat: Stat, first: int, last: int) -> AsyncGenerator[ChunkLease, None]:
+        """Yield leases on chunks ``first`` to ``last`` of ``stat``, in order.
+
+        The chunks after the current one are fetched concurrently (up to
+        ``readahead_chunks`` ahead); a run of cold chunks is fetched with one streamed
+        GET of up to ``span_chunks`` chunks, each chunk stored and served as soon as
+        its bytes are in. The caller releases each lease it gets; leases fetched
+        ahead are released here if the caller stops early.
+        """
+        if first > last:
+            return
         self._note_sequential(stat, first, last)
         pending: dict[int, asyncio.Task[ChunkLease]] = {}
         scheduled = first
@@ -419,12 +439,7 @@ class ReadPath:
                 # The next span's GET starts while this one's bytes are being served.
                 if index + self.span_chunks <= last:
                     await self._claim_span(stat, index + self.span_chunks, last)
-                lease = await pending.pop(index)
-                with lease:
-                    base = index * self.chunk_bytes
-                    lo = max(start, base) - base
-                    hi = min(end, base + lease.size) - base
-                    yield lease.view()[lo:hi]
+                yield await pending.pop(index)
         finally:
             for task in pending.values():
                 task.cancel()

@@ -163,6 +163,7 @@ def start_daemon(tmp_path: Path) -> Iterator[Callable[..., Daemon]]:
         environ = {k: v for k, v in os.environ.items() if not k.startswith("CHUNKD_")}
         environ.update(env or {})
         environ.setdefault("CHUNKD_SERVER_LISTEN", f"127.0.0.1:{port}")
+        environ.setdefault("CHUNKD_SERVER_SOCKET", str(run_dir / "chunkd.sock"))
         host = environ["CHUNKD_SERVER_LISTEN"].rpartition(":")[0]
         notify_socket = None
         if notify:

@@ -1,0 +1,42 @@
+"""The HTTP status of each chunkd error: one table for the HTTP API and the local socket."""
+
+from __future__ import annotations
+
+from typing import Final
+
+from chunkd.errors import (
+    BackendForbiddenError,
+    BackendUnavailableError,
+    CacheClosedError,
+    ChunkNotFoundError,
+    IntegrityError,
+    InvalidChunkIdError,
+    InvalidKeyError,
+    ObjectNotFoundError,
+    UnknownBackendError,
+    VersionChangedError,
+)
+from chunkd.gateway.ranges import InvalidRangeError, RangeNotSatisfiableError
+
+__all__ = ["http_status"]
+
+# (status, kind) per error class, most specific first.
+STATUS: Final[list[tuple[type[BaseException], int]]] = [
+    (UnknownBackendError, 404),
+    (ObjectNotFoundError, 404),
+    (ChunkNotFoundError, 404),
+    (InvalidKeyError, 400),
+    (InvalidChunkIdError, 400),
+    (InvalidRangeError, 400),
+    (RangeNotSatisfiableError, 416),
+    (BackendForbiddenError, 403),
+    (VersionChangedError, 409),
+    (BackendUnavailableError, 503),
+    (IntegrityError, 502),
+    (CacheClosedError, 503),
+]
+
+
+def http_status(exc: BaseException) -> int:
+    """The status for ``exc`` (500 for anything the table does not name)."""
+    return next((code for cls, code in STATUS if isinstance(exc, cls)), 500)

@@ -1,0 +1,252 @@
+"""The local socket, spoken raw (chunkd.client.protocol) to a real daemon."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import fcntl
+import json
+import mmap
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from chunkd.cache.ram import SEALS
+from chunkd.client.protocol import INLINE_MAX, recv_frame, send_frame
+
+from .conftest import Daemon
+
+MiB = 1 << 20
+
+
+@pytest.fixture
+def node(start_daemon, tmp_path: Path) -> Daemon:
+    work = tmp_path / "work"
+    (work / "chunkd-data").mkdir(parents=True)
+    return start_daemon(cwd=work)
+
+
+def sock_of(daemon: Daemon) -> Path:
+    return daemon.cwd / "chunkd.sock"
+
+
+def connect(daemon: Daemon) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(60)
+    sock.connect(str(sock_of(daemon)))
+    return sock
+
+
+def ask(sock: socket.socket, **request: object) -> tuple[dict, bytes, list[int]]:
+    send_frame(sock, {"id": 7, **request})
+    return recv_frame(sock)
+
+
+def put_file(daemon: Daemon, name: str, data: bytes) -> None:
+    path = daemon.cwd / "chunkd-data" / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+
+
+def assemble(header: dict, fds: list[int]) -> bytes:
+    out = bytearray()
+    try:
+        for span, fd in zip(header["spans"], fds, strict=True):
+            assert fcntl.fcntl(fd, fcntl.F_GET_SEALS) & SEALS == SEALS
+            with mmap.mmap(fd, span["size"], prot=mmap.PROT_READ) as mapped:
+                out += mapped[span["start"] : span["stop"]]
+    finally:
+        for fd in fds:
+            os.close(fd)
+    return bytes(out)
+
+
+def test_reads_come_as_sealed_memfds(node: Daemon) -> None:
+    data = os.urandom(10 * MiB + 123)
+    put_file(node, "big.bin", data)
+    with connect(node) as sock:
+        hello, _, _ = ask(sock, op="hello", version=1)
+        assert hello["ok"]
+        assert hello["id"] == 7
+        assert hello["chunk_bytes"] == 4 * MiB
+        stat, _, _ = ask(sock, op="stat", name="local/big.bin")
+        assert stat["size"] == len(data)
+        header, payload, fds = ask(sock, op="read", name="local/big.bin", offset=5, length=9 * MiB)
+        assert payload == b""
+        assert header["fds"] == len(fds) == 3
+        assert assemble(header, fds) == data[5 : 5 + 9 * MiB]
+        header, payload, fds = ask(sock, op="read", name="local/big.bin", offset=100, length=1000)
+        assert header["inline"] is True
+        assert fds == []
+        assert payload == data[100:1100]
+        header, _, fds = ask(sock, op="read", name="local/big.bin", offset=len(data) - 10)
+        assert header["length"] == 10
+
+
+def test_writing_through_a_handed_out_chunk_fails(node: Daemon) -> None:
+    data = os.urandom(INLINE_MAX * 2)
+    put_file(node, "sealed.bin", data)
+    with connect(node) as sock:
+        header, _, fds = ask(sock, op="read", name="local/sealed.bin")
+        fd = fds[0]
+        with pytest.raises(PermissionError):
+            os.pwrite(fd, b"evil", 0)
+        with pytest.raises(PermissionError):
+            mmap.mmap(fd, header["spans"][0]["size"], flags=mmap.MAP_SHARED, prot=mmap.PROT_WRITE)
+        with pytest.raises(PermissionError):
+            os.ftruncate(fd, 0)
+        os.close(fd)
+        header, _, fds = ask(sock, op="read", name="local/sealed.bin")
+        assert assemble(header, fds) == data  # the cache is intact
+
+
+@pytest.mark.parametrize(
+    ("request_", "kind", "status"),
+    [
+        ({"op": "read", "name": "nope/x"}, "UnknownBackendError", 404),
+        ({"op": "read", "name": "local/missing"}, "ObjectNotFoundError", 404),
+        ({"op": "read", "name": "no-slash"}, "InvalidKeyError", 400),
+        ({"op": "read", "name": "local/../x"}, "InvalidKeyError", 400),
+        ({"op": "read", "name": "local/ok.bin", "offset": -1}, "InvalidRangeError", 400),
+        ({"op": "read", "name": "local/ok.bin", "offset": 99}, "RangeNotSatisfiableError", 416),
+        ({"op": "stat", "name": 5}, "InvalidKeyError", 400),
+    ],
+)
+def test_bad_requests_get_errors_and_the_connection_stays(node: Daemon, request_, kind, status):
+    put_file(node, "ok.bin", b"12345")
+    with connect(node) as sock:
+        header, _, fds = ask(sock, **request_)
+        assert fds == []
+        assert (header["ok"], header["error"], header["status"]) == (False, kind, status)
+        assert header["message"]
+        header, payload, _ = ask(sock, op="read", name="local/ok.bin")
+        assert payload == b"12345"
+
+
+@pytest.mark.parametrize(
+    "garbage",
+    [
+        b"\xff" * 64,  # a header length far over the limit
+        struct.pack(">II", 5, 0) + b"nope!",  # not JSON
+        struct.pack(">II", 2, 0) + b"[]",  # not an object
+        struct.pack(">II", 2, 3) + b"{}abc",  # requests carry no payload
+        struct.pack(">II", 0, 0),  # an empty header
+        struct.pack(">II", 13, 0) + b'{"op":"boom"}',  # unknown op
+        struct.pack(">II", 50, 0) + b'{"op": "read"',  # cut off mid-frame
+    ],
+)
+def test_a_malformed_frame_closes_only_its_connection(node: Daemon, garbage: bytes) -> None:
+    put_file(node, "ok.bin", b"fine")
+    with connect(node) as good, connect(node) as bad:
+        bad.sendall(garbage)
+        if garbage.startswith(struct.pack(">II", 50, 0)):
+            bad.shutdown(socket.SHUT_WR)
+        assert closed_by_peer(bad)
+        assert ask(good, op="read", name="local/ok.bin")[1] == b"fine"
+
+
+def closed_by_peer(sock: socket.socket) -> bool:
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:  # closed with our bytes unread: a reset
+        return True
+
+
+def test_a_stalled_reader_stalls_only_itself(node: Daemon) -> None:
+    put_file(node, "ok.bin", os.urandom(100_000))
+    with connect(node) as stalled, connect(node) as other:
+        stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        for _ in range(50):  # ask and never read: its answers pile up
+            send_frame(stalled, {"id": 1, "op": "read", "name": "local/ok.bin", "length": 60_000})
+        started = time.monotonic()
+        for _ in range(20):
+            _, payload, _ = ask(other, op="read", name="local/ok.bin", length=60_000)
+            assert len(payload) == 60_000
+        assert time.monotonic() - started < 10
+
+
+def fd_count(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def test_64_concurrent_clients(node: Daemon) -> None:
+    data = os.urandom(9 * MiB)
+    put_file(node, "shared.bin", data)
+
+    def one(_: int) -> bytes:
+        with connect(node) as sock:
+            header, _, fds = ask(sock, op="read", name="local/shared.bin")
+            return assemble(header, fds)
+
+    with concurrent.futures.ThreadPoolExecutor(64) as pool:
+        results = list(pool.map(one, range(64)))
+    assert all(r == data for r in results)
+
+
+CLIENT = textwrap.dedent(
+    """
+    import os, socket, sys, json
+    from chunkd.client.protocol import send_frame, recv_frame
+    path, name, mode = sys.argv[1], sys.argv[2], sys.argv[3]
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(path)
+    send_frame(sock, {"id": 1, "op": "read", "name": name})
+    if mode == "hang":
+        print("sent", flush=True)
+        sys.stdin.readline()
+    header, payload, fds = recv_frame(sock)
+    print(json.dumps({"inodes": [os.fstat(fd).st_ino for fd in fds], "ok": header["ok"]}))
+    """
+)
+
+
+def test_processes_share_one_copy_and_dead_clients_leak_nothing(node: Daemon) -> None:
+    data = os.urandom(12 * MiB)
+    put_file(node, "one.bin", data)
+    path = str(sock_of(node))
+    with connect(node) as warm:
+        header, _, fds = ask(warm, op="read", name="local/one.bin")
+        assert assemble(header, fds) == data
+    time.sleep(0.2)
+    before = fd_count(node.process.pid)
+    ram_before = node.metric("chunkd_cache_bytes", tier="ram")
+    inodes = []
+    for _ in range(4):
+        done = subprocess.run(
+            [sys.executable, "-c", CLIENT, path, "local/one.bin", "read"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
+        inodes.append(json.loads(done.stdout)["inodes"])
+    assert all(i == inodes[0] for i in inodes)  # the same memfds: one copy on the node
+    assert node.metric("chunkd_cache_bytes", tier="ram") == ram_before
+    # Clients killed mid-request (before reading their answer) leak nothing.
+    for _ in range(5):
+        victim = subprocess.Popen(
+            [sys.executable, "-c", CLIENT, path, "local/one.bin", "hang"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert victim.stdout is not None
+        assert victim.stdout.readline().strip() == "sent"
+        victim.send_signal(signal.SIGKILL)
+        victim.wait()
+        victim.stdout.close()
+        assert victim.stdin is not None
+        victim.stdin.close()
+    deadline = time.monotonic() + 10
+    while fd_count(node.process.pid) > before and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert fd_count(node.process.pid) <= before
+    assert node.metric("chunkd_local_clients") == 0
+    assert node.get("/healthz")[0] == 200

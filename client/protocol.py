@@ -145,15 +145,14 @@ def recv_frame(sock: socket.socket) -> tuple[dict[str, Any], bytes, list[int]]:
     fds: list[int] = []
     prefix = bytearray()
     space = socket.CMSG_SPACE(MAX_FDS * array.array("i").itemsize)
-    while len(prefix) < PREFIX.size:
-        data, ancillary, _flags, _addr = sock.recvmsg(PREFIX.size - len(prefix), space)
-        fds += _fds_of(ancillary)
-        if not data:
-            _close_all(fds)
-            raise ConnectionError("the chunkd daemon closed the connection")
-        prefix += data
-    header_length, payload_length = PREFIX.unpack(prefix)
     try:
+        while len(prefix) < PREFIX.size:
+            data, ancillary, _flags, _addr = sock.recvmsg(PREFIX.size - len(prefix), space)
+            fds += _fds_of(ancillary)
+            if not data:
+                raise ConnectionError("the chunkd daemon closed the connection")  # noqa: TRY301 - fds close below
+            prefix += data
+        header_length, payload_length = PREFIX.unpack(prefix)
         check_prefix(header_length, payload_length)
         header = decode_header(_recv_exact(sock, header_length))
         payload = _recv_exact(sock, payload_length) if payload_length else b""

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from typing import Final
 
-from chunkd.errors import ChunkdError
+from chunkd.errors import InvalidRangeError, RangeNotSatisfiableError
 
 __all__ = [
     "ByteRange",
@@ -28,18 +28,6 @@ __all__ = [
 
 _SPEC: Final = re.compile(r"bytes=(\d*)-(\d*)")
 _MAX_DIGITS: Final = 19  # beyond any object size; keeps int() cheap on hostile input
-
-
-class InvalidRangeError(ChunkdError, ValueError):
-    """A ``Range`` header that is malformed, or asks for several ranges."""
-
-
-class RangeNotSatisfiableError(ChunkdError, ValueError):
-    """A well-formed range that lies outside the object."""
-
-    def __init__(self, message: str, size: int) -> None:
-        super().__init__(message)
-        self.size = size
 
 
 @dataclass(frozen=True, slots=True)

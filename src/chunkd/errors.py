@@ -26,7 +26,9 @@ __all__ = [
     "IntegrityError",
     "InvalidChunkIdError",
     "InvalidKeyError",
+    "InvalidRangeError",
     "ObjectNotFoundError",
+    "RangeNotSatisfiableError",
     "TierUnavailableError",
     "UnknownBackendError",
     "VersionChangedError",
@@ -95,3 +97,15 @@ class BackendForbiddenError(BackendError, PermissionError):
 
 class VersionChangedError(BackendError):
     """The object changed between chunkd's HEAD and its ranged GET (If-Match failed)."""
+
+
+class InvalidRangeError(ChunkdError, ValueError):
+    """A byte range that is malformed, or asks for several ranges at once."""
+
+
+class RangeNotSatisfiableError(ChunkdError, ValueError):
+    """A well-formed byte range that lies outside the object."""
+
+    def __init__(self, message: str, size: int = 0) -> None:
+        super().__init__(message)
+        self.size = size

@@ -620,6 +620,20 @@ class Client:
             started += self._prefetch(batch)
         return started
 
+    def ls(self, prefix: str, *, recursive: bool = False) -> list[dict[str, Any]]:
+        """Entries under ``BACKEND`` or ``BACKEND/PREFIX``.
+
+        Each is ``{"name": "BACKEND/KEY", "type": "file", "size": N}`` or
+        ``{"name": "BACKEND/DIR", "type": "directory"}``: one level, or every object
+        below when ``recursive``.
+        """
+        reply, _, fds = self._request(
+            {"op": "list", "name": prefix, "recursive": recursive}, f"a list of {prefix}"
+        )
+        _close_fds(fds)
+        entries: list[dict[str, Any]] = reply.get("entries", [])
+        return entries
+
     def cache_info(self) -> CacheInfo:
         """What the client's own cache holds now."""
         with self._state_lock:
@@ -1242,6 +1256,11 @@ class AsyncClient:
         client = await self._sync()
         listed = [names] if isinstance(names, str) else list(names)
         return await asyncio.to_thread(client.prefetch, listed)
+
+    async def ls(self, prefix: str, *, recursive: bool = False) -> list[dict[str, Any]]:
+        """See :meth:`Client.ls`."""
+        client = await self._sync()
+        return await asyncio.to_thread(client.ls, prefix, recursive=recursive)
 
     def cache_info(self) -> CacheInfo:
         """See :meth:`Client.cache_info`."""

@@ -31,6 +31,10 @@ A connection carries one request at a time. Requests:
     ``CHUNK_SIZE`` bytes long), carried by the ``j``-th fd: a sealed memfd holding the
     whole chunk, to be mapped read-only. Small reads answer inline instead:
     ``"fds": 0, "inline": true`` and the bytes as the payload.
+``{"op": "list", "id": 5, "name": "BACKEND[/PREFIX]", "recursive": false}``
+    ``{"ok": true, "entries": [{"name": "BACKEND/KEY", "type": "file", "size": S},
+    {"name": "BACKEND/DIR", "type": "directory"}]}`` (one level; every object below
+    when recursive)
 ``{"op": "prefetch", "id": 4, "names": ["BACKEND/KEY", ...]}``
     ``{"ok": true, "started": N}`` (loading goes on in the daemon)
 

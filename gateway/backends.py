@@ -59,6 +59,7 @@ _BREAK_AFTER: Final = 5  # consecutive failures that open the circuit
 _COOL_DOWN: Final = 5.0  # seconds an open circuit fails fast
 _BACKOFF_BASE: Final = 0.05
 _BACKOFF_CAP: Final = 2.0
+_LIST_LIMIT: Final = 100_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +162,33 @@ class Backend:
                 f"backend {self.name!r} sent {got} bytes of {meta.key} for a "
                 f"{end - start}-byte range"
             )
+
+    async def list(self, prefix: str, *, recursive: bool) -> tuple[list[str], list[ObjectMeta]]:
+        """Directories and objects under ``prefix`` ("" for the whole backend).
+
+        Not recursive: one level, as (common prefixes, objects). Recursive: every
+        object below, and no prefixes. At most ``_LIST_LIMIT`` objects.
+
+        Raises:
+            BackendForbiddenError, BackendUnavailableError
+        """
+
+        async def call() -> tuple[list[str], list[ObjectMeta]]:
+            if not recursive:
+                result = await obstore.list_with_delimiter_async(self._store, prefix or None)
+                dirs = [str(p).rstrip("/") for p in result["common_prefixes"]]
+                return dirs, [_meta(m["path"], m) for m in result["objects"]]
+            found: list[ObjectMeta] = []
+            async for batch in obstore.list(self._store, prefix or None, chunk_size=1000):
+                found += [_meta(m["path"], m) for m in batch]
+                if len(found) > _LIST_LIMIT:
+                    raise BackendUnavailableError(
+                        f"backend {self.name!r} holds more than {_LIST_LIMIT} objects under "
+                        f"{prefix!r}; list a narrower prefix"
+                    )
+            return [], found
+
+        return await self._call("list", prefix, call)
 
     async def _open(self, meta: ObjectMeta, start: int, end: int) -> Any:
         """A ranged GET pinned to ``meta``'s version (If-Match, or a version check)."""

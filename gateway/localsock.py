@@ -47,6 +47,7 @@ from chunkd.client.protocol import (
 )
 from chunkd.errors import ChunkdError, InvalidKeyError
 from chunkd.gateway.ranges import InvalidRangeError, RangeNotSatisfiableError
+from chunkd.gateway.readpath import validate_key
 from chunkd.gateway.status import http_status
 
 if TYPE_CHECKING:
@@ -261,6 +262,8 @@ class LocalServer:
             return self._describe(stat), b""
         if op == "read":
             return await self._read(header, leases, fds, owned)
+        if op == "list":
+            return await self._list(header), b""
         if op == "prefetch":
             names = header.get("names")
             if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
@@ -329,6 +332,23 @@ class LocalServer:
             index += 1
         return response, b""
 
+    async def _list(self, header: dict[str, Any]) -> dict[str, Any]:
+        name = header.get("name")
+        if not isinstance(name, str) or not name.strip("/"):
+            raise InvalidKeyError("a list names 'BACKEND' or 'BACKEND/PREFIX' (a string)")
+        backend_name, _, prefix = name.strip("/").partition("/")
+        backend = self.read_path.backends.get(backend_name)
+        if prefix:
+            validate_key(prefix)
+        dirs, objects = await backend.list(prefix, recursive=bool(header.get("recursive")))
+        entries: list[dict[str, Any]] = [
+            {"name": f"{backend.name}/{d}", "type": "directory"} for d in dirs
+        ]
+        entries += [
+            {"name": f"{backend.name}/{m.key}", "type": "file", "size": m.size} for m in objects
+        ]
+        return {"ok": True, "entries": entries}
+
     async def _prefetch(self, name: str) -> None:
         try:
             await self.read_path.warm(*_split_name(name))
@@ -350,7 +370,7 @@ class LocalServer:
             view = view[sent:]
 
 
-_OPS: Final = frozenset({"hello", "stat", "read", "prefetch"})
+_OPS: Final = frozenset({"hello", "stat", "read", "list", "prefetch"})
 
 
 def _split_name(name: object) -> tuple[str, str]:

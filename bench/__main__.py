@@ -12,7 +12,7 @@ import asyncio
 import shutil
 from pathlib import Path
 
-from . import cache_bench, gateway_bench
+from . import cache_bench, client_bench, gateway_bench
 from .report import Report
 
 
@@ -25,7 +25,7 @@ def main() -> int:
     parser.add_argument(
         "--only",
         action="append",
-        choices=(*cache_bench.SCENARIOS, "gateway"),
+        choices=(*cache_bench.SCENARIOS, "gateway", "client"),
         help="run only this scenario (repeatable)",
     )
     args = parser.parse_args()
@@ -39,6 +39,9 @@ def main() -> int:
         if only is None or "gateway" in only:
             print("gateway: read path", flush=True)
             asyncio.run(gateway_bench.run(report, work / "gateway", quick=args.quick))
+        if only is None or "client" in only:
+            print("client: local socket", flush=True)
+            client_bench.run(report, work / "client", quick=args.quick)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     report.write(args.out)

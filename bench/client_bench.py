@@ -182,7 +182,7 @@ def run(report: Report, work: Path, *, quick: bool) -> None:
     gig = (data_dir / "gig.bin").stat().st_size
     daemon = _Daemon(work)
     try:
-        client = Client(daemon.socket)
+        client = Client(daemon.socket, cache_bytes=2 * (gig + big))
         client.read("local/big.bin")  # warm the daemon (and the client's mappings)
         client.read("local/gig.bin")
         np.fromfile(data_dir / "big.bin", dtype=np.uint8)  # and the page cache

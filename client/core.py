@@ -755,7 +755,15 @@ class Client:
             ask_offset, ask_length = self._plan(name, offset, position, length, end)
             asked = time.monotonic()
             reply, payload, fds = self._request(
-                {"op": "read", "name": name, "offset": ask_offset, "length": ask_length},
+                {
+                    "op": "read",
+                    "name": name,
+                    "offset": ask_offset,
+                    "length": ask_length,
+                    # Small reads come as fds too: a mapped chunk answers the next
+                    # reads inside it with no round trip at all.
+                    "inline": False,
+                },
                 f"a read of {name}",
             )
             try:

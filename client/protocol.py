@@ -24,13 +24,15 @@ A connection carries one request at a time. Requests:
     ``{"ok": true, "version": 1, "chunk_bytes": N, "daemon": "chunkd X"}``
 ``{"op": "stat", "id": 2, "name": "BACKEND/KEY"}``
     ``{"ok": true, "size": S, "version": V, "chunk_bytes": N, "revalidate": SECONDS|null}``
-``{"op": "read", "id": 3, "name": "BACKEND/KEY", "offset": O, "length": L|null}``
+``{"op": "read", "id": 3, "name": "BACKEND/KEY", "offset": O, "length": L|null,
+"inline": true}``
     ``{"ok": true, "size": S, "version": V, "offset": O, "length": L,
     "spans": [{"chunk": ID, "index": I, "size": CHUNK_SIZE, "start": A, "stop": B}],
     "fds": K}`` where span ``j`` is bytes ``A..B`` of chunk ``I`` (whose id is ``ID``,
     ``CHUNK_SIZE`` bytes long), carried by the ``j``-th fd: a sealed memfd holding the
-    whole chunk, to be mapped read-only. Small reads answer inline instead:
-    ``"fds": 0, "inline": true`` and the bytes as the payload.
+    whole chunk, to be mapped read-only. Small reads answer inline instead
+    (``"fds": 0, "inline": true`` and the bytes as the payload), unless the request
+    says ``"inline": false`` (a client that caches mappings wants the chunk).
 ``{"op": "list", "id": 5, "name": "BACKEND[/PREFIX]", "recursive": false}``
     ``{"ok": true, "entries": [{"name": "BACKEND/KEY", "type": "file", "size": S},
     {"name": "BACKEND/DIR", "type": "directory"}]}`` (one level; every object below

@@ -302,7 +302,7 @@ class LocalServer:
             )
         end = stat.size if length is None else min(stat.size, offset + length)
         response = self._describe(stat) | {"offset": offset, "length": end - offset, "spans": []}
-        if end - offset <= INLINE_MAX:
+        if end - offset <= INLINE_MAX and header.get("inline", True) is not False:
             chunks = [bytes(piece) async for piece in self.read_path.read(stat, offset, end)]
             return response | {"inline": True, "fds": 0}, b"".join(chunks)
         size = stat.chunk_bytes

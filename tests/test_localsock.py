@@ -9,6 +9,7 @@ import mmap
 import os
 import signal
 import socket
+import stat as stat_module
 import struct
 import subprocess
 import sys
@@ -71,6 +72,7 @@ def assemble(header: dict, fds: list[int]) -> bytes:
 def test_reads_come_as_sealed_memfds(node: Daemon) -> None:
     data = os.urandom(10 * MiB + 123)
     put_file(node, "big.bin", data)
+    assert stat_module.S_IMODE(sock_of(node).stat().st_mode) == 0o660  # server.socket_mode
     with connect(node) as sock:
         hello, _, _ = ask(sock, op="hello", version=1)
         assert hello["ok"]

@@ -18,7 +18,6 @@ import subprocess
 import sys
 import textwrap
 import time
-import urllib.request
 import warnings
 from pathlib import Path
 from typing import Any
@@ -26,8 +25,8 @@ from typing import Any
 import numpy as np
 
 from chunkd.client import Client
-from chunkd.gateway.testing import free_port
 
+from .daemon import BenchDaemon
 from .report import Report, Result
 
 MiB = 1 << 20
@@ -54,57 +53,6 @@ def _from_file(path: Path) -> Any:
 
 def _total(tensor: Any) -> int:
     return int(tensor.sum())
-
-
-class _Daemon:
-    def __init__(self, work: Path) -> None:
-        self.work = work
-        self.port = free_port()
-        env = {k: v for k, v in os.environ.items() if not k.startswith("CHUNKD_")}
-        env |= {
-            "CHUNKD_SERVER_LISTEN": f"127.0.0.1:{self.port}",
-            "CHUNKD_CACHE_RAM_BYTES": "3GiB",
-            "CHUNKD_CACHE_DISK_BYTES": "4GiB",
-            "CHUNKD_CACHE_FSYNC": "never",
-            "CHUNKD_CACHE_DISK_MIN_FREE_BYTES": "0",
-            "CHUNKD_BACKENDS_LOCAL_REVALIDATE": "immutable",
-        }
-        self.log = (work / "daemon.log").open("ab")
-        self.process = subprocess.Popen(
-            [str(Path(sys.executable).parent / "chunkd"), "serve"],
-            cwd=work,
-            env=env,
-            stdout=self.log,
-            stderr=self.log,
-        )
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(f"{self.url}/readyz", timeout=2):
-                    break
-            except OSError:
-                if time.monotonic() > deadline or self.process.poll() is not None:
-                    raise RuntimeError("chunkd did not start; see daemon.log") from None
-                time.sleep(0.1)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def socket(self) -> str:
-        return str(self.work / "chunkd.sock")
-
-    def http(self, name: str, headers: dict[str, str] | None = None) -> bytes:
-        request = urllib.request.Request(f"{self.url}/v1/objects/{name}", headers=headers or {})
-        with urllib.request.urlopen(request, timeout=600) as response:
-            data: bytes = response.read()
-            return data
-
-    def stop(self) -> None:
-        self.process.terminate()
-        self.process.wait(timeout=60)
-        self.log.close()
 
 
 def _best(fn: Any, repeat: int) -> float:
@@ -180,7 +128,16 @@ def run(report: Report, work: Path, *, quick: bool) -> None:
         for _ in range(gig // (64 * MiB) or 1):
             f.write(os.urandom(min(gig, 64 * MiB)))
     gig = (data_dir / "gig.bin").stat().st_size
-    daemon = _Daemon(work)
+    daemon = BenchDaemon(
+        work,
+        {
+            "CHUNKD_CACHE_RAM_BYTES": "3GiB",
+            "CHUNKD_CACHE_DISK_BYTES": "4GiB",
+            "CHUNKD_CACHE_FSYNC": "never",
+            "CHUNKD_CACHE_DISK_MIN_FREE_BYTES": "0",
+            "CHUNKD_BACKENDS_LOCAL_REVALIDATE": "immutable",
+        },
+    )
     try:
         client = Client(daemon.socket, cache_bytes=2 * (gig + big))
         client.read("local/big.bin")  # warm the daemon (and the client's mappings)

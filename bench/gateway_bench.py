@@ -18,15 +18,15 @@ import subprocess
 import sys
 import textwrap
 import time
-import urllib.request
 import uuid
 from pathlib import Path
 
 import obstore
 from obstore.store import S3Store
 
-from chunkd.gateway.testing import CountingProxy, S3Server, free_port
+from chunkd.gateway.testing import CountingProxy, S3Server
 
+from .daemon import BenchDaemon
 from .report import Report, Result
 
 MiB = 1 << 20
@@ -58,69 +58,31 @@ _S3FS_READER = textwrap.dedent(
 )
 
 
-class _Daemon:
-    def __init__(self, work: Path, bucket: str, endpoint: str) -> None:
-        self.port = free_port()
-        work.mkdir(parents=True, exist_ok=True)
-        config = work / "chunkd.toml"
-        config.write_text(
-            textwrap.dedent(
-                f"""
-                [server]
-                log_format = "json"
-                socket = "{work / "chunkd.sock"}"
-                [cache]
-                dir = "{work / "cache"}"
-                ram_bytes = "2GiB"
-                disk_bytes = "4GiB"
-                disk_min_free_bytes = 0
-                fsync = "never"
-                write_policy = "write-behind"
-                [[backends]]
-                name = "data"
-                url = "s3://{bucket}/pre"
-                endpoint = "{endpoint}"
-                region = "us-east-1"
-                access_key_id = "{_KEY}"
-                secret_access_key = "{_SECRET}"
-                allow_http = true
-                """
-            )
+def _daemon(work: Path, bucket: str, endpoint: str) -> BenchDaemon:
+    work.mkdir(parents=True, exist_ok=True)
+    config = work / "chunkd.toml"
+    config.write_text(
+        textwrap.dedent(
+            f"""
+            [cache]
+            dir = "{work / "cache"}"
+            ram_bytes = "2GiB"
+            disk_bytes = "4GiB"
+            disk_min_free_bytes = 0
+            fsync = "never"
+            write_policy = "write-behind"
+            [[backends]]
+            name = "data"
+            url = "s3://{bucket}/pre"
+            endpoint = "{endpoint}"
+            region = "us-east-1"
+            access_key_id = "{_KEY}"
+            secret_access_key = "{_SECRET}"
+            allow_http = true
+            """
         )
-        env = {k: v for k, v in os.environ.items() if not k.startswith("CHUNKD_")}
-        env["CHUNKD_SERVER_LISTEN"] = f"127.0.0.1:{self.port}"
-        self.log = (work / "daemon.log").open("ab")
-        self.process = subprocess.Popen(
-            [str(Path(sys.executable).parent / "chunkd"), "serve", "--config", str(config)],
-            env=env,
-            stdout=self.log,
-            stderr=self.log,
-        )
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(f"{self.url}/readyz", timeout=2):
-                    break
-            except OSError:
-                if time.monotonic() > deadline or self.process.poll() is not None:
-                    raise RuntimeError("chunkd did not start; see daemon.log") from None
-                time.sleep(0.1)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def read(self, name: str) -> int:
-        got = 0
-        with urllib.request.urlopen(f"{self.url}/v1/objects/data/{name}", timeout=600) as r:
-            while block := r.read(4 * MiB):
-                got += len(block)
-        return got
-
-    def stop(self) -> None:
-        self.process.terminate()
-        self.process.wait(timeout=60)
-        self.log.close()
+    )
+    return BenchDaemon(work, {}, config)
 
 
 def _upload(server: S3Server, bucket: str, name: str, size: int) -> None:
@@ -174,7 +136,7 @@ async def run(report: Report, work: Path, *, quick: bool) -> None:
             f"s-{i}" for i in range(shared_count)
         ]:
             _upload(server, bucket, name, shared_size)
-        daemon = _Daemon(work / "daemon", bucket, proxy.endpoint)
+        daemon = _daemon(work / "daemon", bucket, proxy.endpoint)
         store = S3Store(
             bucket,
             prefix="pre",
@@ -201,11 +163,11 @@ async def run(report: Report, work: Path, *, quick: bool) -> None:
             ranged.append(time.perf_counter() - start)
             assert got == big
             start = time.perf_counter()
-            got = await asyncio.to_thread(daemon.read, name)
+            got = await asyncio.to_thread(daemon.stream, f"data/{name}")
             cold.append(time.perf_counter() - start)
             assert got == big
             start = time.perf_counter()
-            await asyncio.to_thread(daemon.read, name)
+            await asyncio.to_thread(daemon.stream, f"data/{name}")
             warm.append(time.perf_counter() - start)
         gb = big / 1e9
         report.add(

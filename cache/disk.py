@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import functools
 import itertools
 import logging
 import os
@@ -45,6 +44,7 @@ import zstandard
 
 from chunkd.cache.chunkid import HEX_CHARS, ChunkId, hash_threads
 from chunkd.cache.index import ChunkRecord, Codec, Index, TierSet
+from chunkd.cache.singleflight import SingleFlight
 from chunkd.cache.tier import BytesLease, Chunk, Tier, TierStats
 from chunkd.errors import CacheClosedError, ChunkTooLargeError, InvalidChunkIdError
 
@@ -136,7 +136,7 @@ class DiskTier(Tier):
         self._stats_lock = threading.Lock()
         self._stats = TierStats(name=self.name, budget_bytes=budget_bytes)
         self._degraded_until = 0.0
-        self._writing: dict[ChunkId, asyncio.Future[bool]] = {}  # touched on the loop only
+        self._writing: SingleFlight[ChunkId, bool] = SingleFlight()  # used on the loop only
         self._closed = False
 
     # -- properties -----------------------------------------------------------------
@@ -179,15 +179,7 @@ class DiskTier(Tier):
             )
         # One write per chunk id, run as a task of its own: a caller that is
         # cancelled stops waiting, while the write and its other waiters go on.
-        task = self._writing.get(chunk.id)
-        if task is None:
-            task = asyncio.ensure_future(self._run(self.write_sync, chunk))
-            self._writing[chunk.id] = task
-            task.add_done_callback(functools.partial(self._write_done, chunk.id))
-        return await asyncio.shield(task)
-
-    def _write_done(self, cid: ChunkId, _task: asyncio.Future[bool]) -> None:
-        self._writing.pop(cid, None)
+        return await self._writing.run(chunk.id, lambda: self._run(self.write_sync, chunk))
 
     async def contains(self, cid: ChunkId) -> bool:
         # docstring inherited
@@ -214,7 +206,7 @@ class DiskTier(Tier):
         if self._closed:
             return
         self._closed = True
-        pending = list(self._writing.values())
+        pending = self._writing.running()
         if pending:
             await asyncio.gather(*pending, return_exceptions=True)
         await asyncio.get_running_loop().run_in_executor(

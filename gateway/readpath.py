@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 from chunkd.cache import BytesLease, ChunkCache, ChunkId, ChunkLease, Locator
+from chunkd.cache.singleflight import SingleFlight
 from chunkd.errors import (
     BackendForbiddenError,
     BackendUnavailableError,
@@ -40,7 +41,6 @@ from chunkd.errors import (
     VersionChangedError,
 )
 from chunkd.gateway.backends import Backend, Backends, ObjectMeta
-from chunkd.gateway.singleflight import SingleFlight
 
 if TYPE_CHECKING:
     from chunkd.gateway.metrics import Metrics

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
+import stat
 import subprocess
 import sys
 import time
@@ -183,6 +185,21 @@ def start_daemon(tmp_path: Path) -> Iterator[Callable[..., Daemon]]:
         if daemon.process.poll() is None:
             daemon.process.kill()
             daemon.process.wait(timeout=10)
+
+
+def wait_for_socket(path: Path, timeout: float) -> bool:
+    """Whether a daemon answers on the Unix socket ``path`` within ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if stat.S_ISSOCK(path.stat().st_mode):
+                with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+                    probe.connect(str(path))
+                return True
+        except OSError:
+            pass
+        time.sleep(0.05)
+    return False
 
 
 def wait_ready(daemon: Daemon, timeout: float = 60.0) -> None:

@@ -20,7 +20,6 @@ import os
 import random
 import signal
 import socket
-import stat
 import subprocess
 import sys
 import threading
@@ -49,6 +48,8 @@ from chunkd.errors import (
     ObjectNotFoundError,
     UnknownBackendError,
 )
+
+from .conftest import wait_for_socket
 
 PAGE = mmap.PAGESIZE
 MiB = 1 << 20
@@ -500,20 +501,6 @@ class Node:
     socket: Path
     data: Path
     files: dict[str, bytes]
-
-
-def wait_for_socket(path: Path, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if stat.S_ISSOCK(path.stat().st_mode):
-                with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-                    probe.connect(str(path))
-                return True
-        except OSError:
-            pass
-        time.sleep(0.05)
-    return False
 
 
 def serve(

@@ -14,9 +14,6 @@ import itertools
 import json
 import pickle
 import random
-import socket
-import stat
-import time
 import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -25,6 +22,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+
+from .conftest import wait_for_socket
 
 torch = pytest.importorskip("torch")
 
@@ -67,20 +66,6 @@ class Node:
         if kind == "fixed":
             options.setdefault("record_bytes", RECORD)
         return ShardDataset(shards, kind=kind, client_factory=self.factory, **options)  # type: ignore[arg-type]
-
-
-def wait_for_socket(path: Path, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if stat.S_ISSOCK(path.stat().st_mode):
-                with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-                    probe.connect(str(path))
-                return True
-        except OSError:
-            pass
-        time.sleep(0.05)
-    return False
 
 
 @pytest.fixture

@@ -63,6 +63,10 @@ class SingleFlight(Generic[K, V]):
         if not task.cancelled():
             task.exception()  # retrieved: every waiter re-raises it on its own
 
+    def running(self) -> list[asyncio.Future[V]]:
+        """The calls running now."""
+        return list(self._running.values())
+
     def __len__(self) -> int:
         return len(self._running)
 

@@ -32,7 +32,7 @@ import os
 import secrets
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from enum import StrEnum
 from pathlib import Path
@@ -137,6 +137,9 @@ class DiskTier(Tier):
         self._stats = TierStats(name=self.name, budget_bytes=budget_bytes)
         self._degraded_until = 0.0
         self._writing: SingleFlight[ChunkId, bool] = SingleFlight()  # used on the loop only
+        # Chunks eviction must keep (checkpoint chunks not yet in their backend).
+        self._pins: dict[bytes, int] = {}
+        self._pins_lock = threading.Lock()
         self._closed = False
 
     # -- properties -----------------------------------------------------------------
@@ -160,6 +163,31 @@ class DiskTier(Tier):
         """Where chunk ``cid`` lives: ``chunks/ab/cd/<id>``."""
         hexid = cid.hex()
         return self._chunks_dir / hexid[:2] / hexid[2:4] / hexid
+
+    def pin(self, cids: Iterable[bytes]) -> None:
+        """Keep ``cids`` from eviction until as many :meth:`unpin` calls.
+
+        A pinned chunk can still be dropped when it is found damaged: a pin keeps
+        bytes, never wrong bytes.
+        """
+        with self._pins_lock:
+            for cid in cids:
+                self._pins[cid] = self._pins.get(cid, 0) + 1
+
+    def unpin(self, cids: Iterable[bytes]) -> None:
+        """Undo one :meth:`pin` of each of ``cids``."""
+        with self._pins_lock:
+            for cid in cids:
+                left = self._pins.get(cid, 0) - 1
+                if left > 0:
+                    self._pins[cid] = left
+                else:
+                    self._pins.pop(cid, None)
+
+    @property
+    def pinned(self) -> int:
+        """How many distinct chunks are pinned."""
+        return len(self._pins)
 
     # -- Tier -----------------------------------------------------------------------
 
@@ -462,14 +490,17 @@ class DiskTier(Tier):
             to_free = max(over_budget, short_of_floor) + slack
             while to_free > 0:
                 victims = self.index.oldest(_EVICT_BATCH)
-                if not victims:
-                    break
                 take = []
-                for cid, record in victims:
-                    take.append(cid)
-                    to_free -= record.stored_size
-                    if to_free <= 0:
-                        break
+                with self._pins_lock:
+                    for cid, record in victims:
+                        if cid in self._pins:
+                            continue
+                        take.append(cid)
+                        to_free -= record.stored_size
+                        if to_free <= 0:
+                            break
+                if not take:  # nothing, or only pinned chunks, among the oldest
+                    break
                 self.index.delete_chunks(take)
                 for cid in take:
                     _unlink_quietly(self.path_of(cid))

@@ -418,7 +418,10 @@ def _error_from(reply: dict[str, Any], what: str) -> ChunkdError:
     cls = getattr(errors, kind, None) if isinstance(kind, str) and kind in errors.__all__ else None
     if not (isinstance(cls, type) and issubclass(cls, ChunkdError)):
         cls = ChunkdError
-    return cls(str(message))
+    error = cls(str(message))
+    if isinstance(reply.get("chunk"), str):
+        error.chunk_id = reply["chunk"]  # type: ignore[attr-defined]
+    return error
 
 
 def _parse_spans(reply: dict[str, Any], fds: int) -> list[tuple[str, int, int, int, int]]:
@@ -1017,12 +1020,14 @@ class Client:
         self._state_lock = threading.Lock()
         self._disconnect()  # closes only the child's copy of the socket
 
-    def _exchange(self, header: dict[str, Any]) -> tuple[dict[str, Any], bytes, list[int]]:
+    def _exchange(
+        self, header: dict[str, Any], send_fds: list[int] | None = None
+    ) -> tuple[dict[str, Any], bytes, list[int]]:
         """One round trip on the connection (under the io lock)."""
         assert self._sock is not None
         self._next_id += 1
         request = header | {"id": self._next_id}
-        protocol.send_frame(self._sock, request)
+        protocol.send_frame(self._sock, request, fds=send_fds)
         reply, payload, fds = protocol.recv_frame(self._sock)
         if reply.get("id") != request["id"]:
             _close_fds(fds)
@@ -1032,12 +1037,13 @@ class Client:
         return reply, payload, fds
 
     def _request(
-        self, header: dict[str, Any], what: str
+        self, header: dict[str, Any], what: str, send_fds: list[int] | None = None
     ) -> tuple[dict[str, Any], bytes, list[int]]:
         """Send a request and return its successful answer; the caller owns the fds.
 
-        A broken connection is reconnected (with backoff) and the request sent once
-        more. An error answer raises its :mod:`chunkd.errors` class.
+        ``send_fds`` go with the request (the caller keeps and closes them). A broken
+        connection is reconnected (with backoff) and the request sent once more. An
+        error answer raises its :mod:`chunkd.errors` class.
         """
         with self._io_lock:
             self._check_open()
@@ -1045,7 +1051,7 @@ class Client:
                 if self._sock is None:
                     self._reconnect()
                 try:
-                    reply, payload, fds = self._exchange(header)
+                    reply, payload, fds = self._exchange(header, send_fds)
                 except TimeoutError:
                     self._disconnect()
                     raise DaemonUnavailableError(

@@ -42,6 +42,7 @@ from chunkd.errors import (
     ChunkdError,
 )
 from chunkd.gateway.backends import Backends
+from chunkd.gateway.checkpoints import Checkpoints
 from chunkd.gateway.config import Config
 from chunkd.gateway.localsock import LocalServer
 from chunkd.gateway.metrics import Metrics
@@ -51,6 +52,7 @@ from chunkd.gateway.status import http_status
 
 __all__ = [
     "CACHE",
+    "CHECKPOINTS",
     "CONFIG",
     "METRICS",
     "READ_PATH",
@@ -77,6 +79,7 @@ STATE: Final = web.AppKey("state", DaemonState)
 CACHE: Final = web.AppKey("cache", ChunkCache)
 BACKENDS: Final = web.AppKey("backends", Backends)
 READ_PATH: Final = web.AppKey("read_path", ReadPath)
+CHECKPOINTS: Final = web.AppKey("checkpoints", Checkpoints)
 #: set on a request once its response headers are sent
 STREAMING: Final = "chunkd.streaming"
 
@@ -115,16 +118,23 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
         "cache open",
         extra={"dir": str(config.cache.dir), "backends": [b.name for b in config.backends]},
     )
+    checkpoints = Checkpoints(cache, backends, metrics, config.cache.dir / "checkpoints")
+    app[CHECKPOINTS] = checkpoints
     local = LocalServer(
         config.server.socket,
         read_path,
         metrics,
+        checkpoints,
         mode=config.server.socket_mode,
         group=config.server.socket_group,
     )
     try:
+        resumed = await checkpoints.start()
+        if resumed:
+            log.info("resuming %d checkpoint saves from the journal", resumed)
         await local.start()
     except BaseException:
+        await checkpoints.close()
         await read_path.close()
         await cache.close()
         raise
@@ -132,6 +142,7 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
         yield
     finally:
         await local.close()
+        await checkpoints.close()
         await read_path.close()
         await backends.close()
         await cache.close()  # finishes disk writes and flushes the index
@@ -270,6 +281,7 @@ async def _stats(request: web.Request) -> web.Response:
             {"name": b.name, "scheme": b.config.scheme, "circuit_open": b.circuit_open}
             for b in app[BACKENDS]
         ],
+        "checkpoints": app[CHECKPOINTS].stats(),
     }
     return web.json_response(body, dumps=lambda obj: json.dumps(obj, default=str))
 

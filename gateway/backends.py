@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import obstore
 from obstore.exceptions import (
+    AlreadyExistsError,
     NotFoundError,
     PermissionDeniedError,
     PreconditionError,
@@ -38,6 +39,7 @@ from chunkd.errors import (
     BackendForbiddenError,
     BackendUnavailableError,
     ObjectNotFoundError,
+    ReadOnlyBackendError,
     UnknownBackendError,
     VersionChangedError,
 )
@@ -72,6 +74,8 @@ class ObjectMeta:
     version: str
     #: the ETag to send as If-Match, when the store has one
     etag: str | None
+    #: when the object was last written (seconds since the epoch; 0 when unknown)
+    modified: float = 0.0
 
 
 class Backend:
@@ -125,6 +129,70 @@ class Backend:
             return data
 
         return await self._call("get", meta.key, call)
+
+    async def get(self, key: str) -> memoryview:
+        """The whole object ``key`` (small objects: manifests, single chunks).
+
+        Raises:
+            ObjectNotFoundError, BackendForbiddenError, BackendUnavailableError
+        """
+
+        async def call() -> memoryview:
+            result = await obstore.get_async(self._store, key)
+            data = memoryview(await result.bytes_async())
+            self._metrics.backend_read_bytes.labels(self.name).inc(data.nbytes)
+            return data
+
+        return await self._call("get", key, call)
+
+    async def put(self, key: str, data: bytes | memoryview, *, if_absent: bool = False) -> bool:
+        """Write ``data`` to ``key``; with ``if_absent``, only where nothing is there yet.
+
+        Returns whether this call wrote the object (``False``: ``if_absent`` found one).
+
+        Raises:
+            ReadOnlyBackendError: the backend is not configured ``writable = true``.
+            BackendForbiddenError, BackendUnavailableError
+        """
+        self.check_writable()
+
+        async def call() -> bool:
+            try:
+                await obstore.put_async(
+                    self._store, key, data, mode="create" if if_absent else "overwrite"
+                )
+            except (AlreadyExistsError, PreconditionError):
+                if if_absent:
+                    return False
+                raise
+            self._metrics.backend_write_bytes.labels(self.name).inc(memoryview(data).nbytes)
+            return True
+
+        return await self._call("put", key, call)
+
+    async def delete(self, key: str) -> None:
+        """Delete ``key`` (deleting a missing object is not an error).
+
+        Raises:
+            ReadOnlyBackendError, BackendForbiddenError, BackendUnavailableError
+        """
+        self.check_writable()
+
+        async def call() -> None:
+            try:
+                await obstore.delete_async(self._store, key)
+            except (NotFoundError, FileNotFoundError):
+                return
+
+        await self._call("delete", key, call)
+
+    def check_writable(self) -> None:
+        """Raise :class:`ReadOnlyBackendError` unless the backend takes writes."""
+        if not self.config.writable:
+            raise ReadOnlyBackendError(
+                f"backend {self.name!r} is read-only; set writable = true in its "
+                "[[backends]] entry to save checkpoints there"
+            )
 
     async def stream_range(
         self, meta: ObjectMeta, start: int, end: int, *, piece_bytes: int
@@ -394,7 +462,14 @@ def _make_store(config: BackendConfig) -> Any:
 
 def _meta(key: str, meta: Any) -> ObjectMeta:
     etag = meta.get("e_tag")
-    return ObjectMeta(key=key, size=int(meta["size"]), version=_version_of(meta), etag=etag)
+    stamp = meta.get("last_modified")
+    return ObjectMeta(
+        key=key,
+        size=int(meta["size"]),
+        version=_version_of(meta),
+        etag=etag,
+        modified=stamp.timestamp() if stamp is not None else 0.0,
+    )
 
 
 def _version_of(meta: Any) -> str:

@@ -23,8 +23,11 @@ from __future__ import annotations
 import array
 import asyncio
 import contextlib
+import fcntl
 import grp
+import json
 import logging
+import mmap
 import os
 import socket
 import stat as statmod
@@ -33,8 +36,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 import chunkd
-from chunkd.cache import ChunkLease
-from chunkd.cache.ram import seal_memfd_off_loop
+from chunkd.cache import ChunkId, ChunkLease
+from chunkd.cache.ram import seal_memfd, seal_memfd_off_loop
 from chunkd.client.protocol import (
     INLINE_MAX,
     MAX_FDS,
@@ -46,6 +49,7 @@ from chunkd.client.protocol import (
     encode_frame,
 )
 from chunkd.errors import ChunkdError, InvalidKeyError
+from chunkd.gateway.checkpoints import Durability, SaveRequest, checkpoint_name
 from chunkd.gateway.ranges import InvalidRangeError, RangeNotSatisfiableError
 from chunkd.gateway.readpath import validate_key
 from chunkd.gateway.status import http_status
@@ -53,6 +57,7 @@ from chunkd.gateway.status import http_status
 if TYPE_CHECKING:
     from prometheus_client import Counter, Gauge
 
+    from chunkd.gateway.checkpoints import Checkpoints
     from chunkd.gateway.metrics import Metrics
     from chunkd.gateway.readpath import ReadPath
 
@@ -62,6 +67,10 @@ log = logging.getLogger("chunkd.gateway.local")
 
 _CREDS: Final = struct.Struct("3i")  # pid, uid, gid
 _PREFETCH_IN_FLIGHT: Final = 8
+_REQUIRED_SEALS: Final = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE
+#: longest a ckpt_wait request is held before the client asks again
+_WAIT_SLICE: Final = 10.0
+_MAX_LAYOUT: Final = 256 << 20
 
 
 class LocalServer:
@@ -71,6 +80,7 @@ class LocalServer:
         path: the socket's path (its directory must exist).
         read_path: the daemon's read path.
         metrics: the daemon's metrics.
+        checkpoints: the daemon's checkpoint store (the ``ckpt_*`` ops).
         mode: the socket's permissions (0660 by default).
         group: the group that owns the socket, or None.
         send_timeout: seconds a send may make no progress before the client is dropped.
@@ -82,6 +92,7 @@ class LocalServer:
         path: Path,
         read_path: ReadPath,
         metrics: Metrics,
+        checkpoints: Checkpoints | None = None,
         *,
         mode: int = 0o660,
         group: str | None = None,
@@ -90,6 +101,7 @@ class LocalServer:
     ) -> None:
         self.path = Path(path)
         self.read_path = read_path
+        self.checkpoints = checkpoints
         self.mode = mode
         self.group = group
         self.send_timeout = send_timeout
@@ -192,12 +204,13 @@ class LocalServer:
         self._connected.inc()
         try:
             while True:
-                header = await self._receive(conn)
-                if header is None:
+                received = await self._receive(conn)
+                if received is None:
                     return
+                header, request_fds = received
                 op = str(header.get("op"))
                 self._requests.labels(str(uid), op if op in _OPS else "unknown").inc()
-                await self._answer(conn, header)
+                await self._answer(conn, header, request_fds)
         except ProtocolError as exc:
             self._malformed.inc()
             log.warning("local client sent a malformed frame: %s; closing it", exc, extra=peer)
@@ -208,34 +221,37 @@ class LocalServer:
             conn.close()
             self._slots.release()
 
-    async def _receive(self, conn: socket.socket) -> dict[str, Any] | None:
-        """The next request, or None when the client closed the connection cleanly."""
-        prefix = await _recv_exact(conn, PREFIX.size, eof_ok=True)
-        if prefix is None:
-            return None
-        header_length, payload_length = PREFIX.unpack(prefix)
-        check_prefix(header_length, payload_length)
-        if payload_length:
-            raise ProtocolError("requests carry no payload")
-        raw = await _recv_exact(conn, header_length, eof_ok=False)
-        assert raw is not None
-        return decode_header(raw)
+    async def _receive(self, conn: socket.socket) -> tuple[dict[str, Any], list[int]] | None:
+        """The next request and the fds that came with it; None at a clean close."""
+        prefix, fds = await _recv_prefix(conn)
+        try:
+            if prefix is None:
+                _close_all(fds)
+                return None
+            header_length, payload_length = PREFIX.unpack(prefix)
+            check_prefix(header_length, payload_length)
+            _no_payload(payload_length)
+            raw = await _recv_exact(conn, header_length, eof_ok=False)
+            assert raw is not None
+            return decode_header(raw), fds
+        except BaseException:
+            _close_all(fds)
+            raise
 
-    async def _answer(self, conn: socket.socket, header: dict[str, Any]) -> None:
+    async def _answer(
+        self, conn: socket.socket, header: dict[str, Any], request_fds: list[int]
+    ) -> None:
         leases: list[ChunkLease] = []
         fds: list[int] = []
-        owned: list[int] = []  # fds made for this answer, closed after the send
+        owned: list[int] = list(request_fds)  # fds closed after the send
         payload = b""
         try:
             try:
-                response, payload = await self._handle(header, leases, fds, owned)
+                if request_fds and header.get("op") not in _FD_OPS:
+                    raise ProtocolError(f"op {header.get('op')!r} takes no fds")
+                response, payload = await self._handle(header, leases, fds, owned, request_fds)
             except ChunkdError as exc:
-                response = {
-                    "ok": False,
-                    "error": type(exc).__name__,
-                    "status": http_status(exc),
-                    "message": str(exc),
-                }
+                response = _error(exc)
             response["id"] = header.get("id")
             response.setdefault("fds", len(fds))
             await self._send(conn, encode_frame(response, payload), fds)
@@ -246,9 +262,16 @@ class LocalServer:
                 os.close(fd)
 
     async def _handle(
-        self, header: dict[str, Any], leases: list[ChunkLease], fds: list[int], owned: list[int]
+        self,
+        header: dict[str, Any],
+        leases: list[ChunkLease],
+        fds: list[int],
+        owned: list[int],
+        request_fds: list[int],
     ) -> tuple[dict[str, Any], bytes]:
         op = header.get("op")
+        if isinstance(op, str) and op.startswith("ckpt_"):
+            return await self._checkpoint(op, header, leases, fds, owned, request_fds)
         read_path = self.read_path
         if op == "hello":
             return {
@@ -355,6 +378,126 @@ class LocalServer:
         except ChunkdError as exc:
             log.info("prefetch of %s failed: %s", name, exc)
 
+    # -- checkpoints ----------------------------------------------------------------
+
+    async def _checkpoint(
+        self,
+        op: str,
+        header: dict[str, Any],
+        leases: list[ChunkLease],
+        fds: list[int],
+        owned: list[int],
+        request_fds: list[int],
+    ) -> tuple[dict[str, Any], bytes]:
+        store = self.checkpoints
+        if store is None:
+            raise ChunkdError("this daemon serves no checkpoints")
+        if op == "ckpt_save":
+            return await self._save(store, header, request_fds), b""
+        if op == "ckpt_wait":
+            job = await store.wait(
+                str(header.get("job")),
+                Durability.parse(header.get("level", "remote")),
+                min(_number(header.get("timeout"), "timeout"), _WAIT_SLICE),
+            )
+            if job.error is not None:
+                return _error(job.error) | {"job": job.describe()}, b""
+            return {"ok": True} | job.describe(), b""
+        if op == "ckpt_commit":
+            extra: dict[str, Any] = {}
+            if request_fds:
+                extra = _load_json_fd(request_fds[0])
+                if not isinstance(extra, dict):
+                    raise ProtocolError("ckpt_commit's fd must hold a JSON object")
+            manifest_id = await store.commit(
+                str(header.get("name")),
+                str(header.get("save_id")),
+                int(_number(header.get("world_size"), "world_size")),
+                bool(header.get("overwrite", False)),
+                extra,
+            )
+            return {"ok": True, "manifest_id": manifest_id}, b""
+        if op == "ckpt_manifest":
+            manifest = await store.manifest(str(header.get("name")))
+            fd = await asyncio.to_thread(
+                seal_memfd, memoryview(json.dumps(manifest, separators=(",", ":")).encode())
+            )
+            owned.append(fd)
+            fds.append(fd)
+            return {"ok": True, "fds": 1}, b""
+        if op == "ckpt_chunks":
+            return await self._checkpoint_chunks(store, header, leases, fds, owned), b""
+        if op == "ckpt_list":
+            entries = await store.entries(str(header.get("prefix", "")))
+            return {"ok": True}, json.dumps(entries).encode()
+        if op == "ckpt_delete":
+            return {"ok": True, "removed": await store.delete(str(header.get("name")))}, b""
+        if op == "ckpt_gc":
+            keep = header.get("keep_last")
+            report = await store.gc(
+                str(header.get("target", "")),
+                keep_last=None if keep is None else int(_number(keep, "keep_last")),
+                grace=_number(header.get("grace", 3600), "grace"),
+                dry_run=bool(header.get("dry_run", False)),
+            )
+            return {"ok": True}, json.dumps(report).encode()
+        raise ProtocolError(f"unknown op {op!r}")
+
+    async def _save(
+        self, store: Checkpoints, header: dict[str, Any], request_fds: list[int]
+    ) -> dict[str, Any]:
+        if len(request_fds) != 2:
+            raise ProtocolError("ckpt_save carries two fds: the layout and the staged bytes")
+        layout_fd, data_fd = request_fds
+        layout = _load_json_fd(layout_fd)
+        backend, path = checkpoint_name(header.get("name"))
+        if not isinstance(layout, dict):
+            raise ProtocolError("ckpt_save's layout must be a JSON object")
+        request = SaveRequest.from_json(
+            {k: header.get(k) for k in _SAVE_FIELDS if header.get(k) is not None}
+            | {"backend": backend, "path": path}
+            | {"segments": layout.get("segments"), "tree": layout.get("tree")}
+        )
+        size = _sealed_size(data_fd)
+        # An empty state still gets a mapping (mmap cannot map 0 bytes of a file).
+        data = mmap.mmap(data_fd, size, prot=mmap.PROT_READ) if size else mmap.mmap(-1, 1)
+        try:
+            job = await store.save(request, data, size)
+        except BaseException:
+            data.close()
+            raise
+        return {"ok": True} | job.describe()
+
+    async def _checkpoint_chunks(
+        self,
+        store: Checkpoints,
+        header: dict[str, Any],
+        leases: list[ChunkLease],
+        fds: list[int],
+        owned: list[int],
+    ) -> dict[str, Any]:
+        ids = header.get("ids")
+        if not isinstance(ids, list) or len(ids) > MAX_FDS:
+            raise ProtocolError(f"ckpt_chunks wants 'ids': a list of at most {MAX_FDS} chunk ids")
+        backend = str(header.get("backend"))
+        wanted = [ChunkId.parse(str(i)) for i in ids]
+        got = await asyncio.gather(
+            *(store.chunk(backend, c) for c in wanted), return_exceptions=True
+        )
+        leases.extend(g for g in got if isinstance(g, ChunkLease))
+        for outcome in got:
+            if isinstance(outcome, BaseException):
+                raise outcome
+        sizes = []
+        for lease in leases:
+            fd = lease.fileno()
+            if fd is None:
+                fd = await seal_memfd_off_loop(lease.view())
+                owned.append(fd)
+            fds.append(fd)
+            sizes.append(lease.size)
+        return {"ok": True, "sizes": sizes}
+
     async def _send(self, conn: socket.socket, data: bytes, fds: list[int]) -> None:
         """Send ``data`` with ``fds`` on its first byte; drop a client that stalls."""
         loop = asyncio.get_running_loop()
@@ -370,7 +513,131 @@ class LocalServer:
             view = view[sent:]
 
 
-_OPS: Final = frozenset({"hello", "stat", "read", "list", "prefetch"})
+_CKPT_OPS: Final = frozenset(
+    {
+        "ckpt_save",
+        "ckpt_wait",
+        "ckpt_commit",
+        "ckpt_manifest",
+        "ckpt_chunks",
+        "ckpt_list",
+        "ckpt_delete",
+        "ckpt_gc",
+    }
+)
+_OPS: Final = frozenset({"hello", "stat", "read", "list", "prefetch"}) | _CKPT_OPS
+_FD_OPS: Final = frozenset({"ckpt_save", "ckpt_commit"})
+_SAVE_FIELDS: Final = (
+    "save_id",
+    "rank",
+    "world_size",
+    "durability",
+    "overwrite",
+    "commit",
+    "step",
+)
+
+
+def _error(exc: ChunkdError) -> dict[str, Any]:
+    out = {
+        "ok": False,
+        "error": type(exc).__name__,
+        "status": http_status(exc),
+        "message": str(exc),
+    }
+    chunk = getattr(exc, "chunk_id", None)
+    if chunk is not None:
+        out["chunk"] = chunk
+    return out
+
+
+def _number(value: object, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        raise ProtocolError(f"{what} must be a number >= 0; got {value!r}")
+    return float(value)
+
+
+def _sealed_size(fd: int) -> int:
+    """The size of a memfd sealed against writes and resizes; ProtocolError otherwise."""
+    try:
+        seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
+    except OSError:
+        raise ProtocolError("a checkpoint fd must be a memfd") from None
+    if seals & _REQUIRED_SEALS != _REQUIRED_SEALS:
+        raise ProtocolError(
+            "a checkpoint fd must be sealed (F_SEAL_WRITE, F_SEAL_SHRINK, F_SEAL_GROW): "
+            "its bytes could otherwise change after they were hashed"
+        )
+    return os.fstat(fd).st_size
+
+
+def _load_json_fd(fd: int) -> Any:
+    size = _sealed_size(fd)
+    if size > _MAX_LAYOUT:
+        raise ProtocolError(f"a JSON fd of {size} bytes exceeds {_MAX_LAYOUT}")
+    raw = os.pread(fd, size, 0)
+    try:
+        return json.loads(raw)
+    except ValueError as exc:
+        raise ProtocolError(f"a JSON fd does not hold JSON: {exc}") from None
+
+
+def _no_payload(length: int) -> None:
+    if length:
+        raise ProtocolError("requests carry no payload")
+
+
+async def _readable(loop: asyncio.AbstractEventLoop, conn: socket.socket) -> None:
+    ready: asyncio.Future[None] = loop.create_future()
+
+    def wake() -> None:
+        if not ready.done():
+            ready.set_result(None)
+
+    loop.add_reader(conn.fileno(), wake)
+    try:
+        await ready
+    finally:
+        loop.remove_reader(conn.fileno())
+
+
+def _close_all(fds: list[int]) -> None:
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+
+async def _recv_prefix(conn: socket.socket) -> tuple[bytes | None, list[int]]:
+    """A frame's 8-byte prefix and the fds on its first byte (None at a clean EOF)."""
+    loop = asyncio.get_running_loop()
+    space = socket.CMSG_SPACE(MAX_FDS * array.array("i").itemsize)
+    while True:
+        try:
+            data, ancillary, flags, _ = conn.recvmsg(PREFIX.size, space)
+        except BlockingIOError:
+            await _readable(loop, conn)
+            continue
+        break
+    fds: list[int] = []
+    for level, kind, raw in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            got = array.array("i")
+            got.frombytes(raw[: len(raw) - len(raw) % got.itemsize])
+            fds.extend(got)
+    if flags & socket.MSG_CTRUNC:
+        _close_all(fds)
+        raise ProtocolError(f"more than {MAX_FDS} fds came with a request")
+    if not data:
+        return None, fds
+    if len(data) < PREFIX.size:
+        try:
+            rest = await _recv_exact(conn, PREFIX.size - len(data), eof_ok=False)
+        except BaseException:
+            _close_all(fds)
+            raise
+        assert rest is not None
+        data += rest
+    return data, fds
 
 
 def _split_name(name: object) -> tuple[str, str]:

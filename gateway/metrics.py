@@ -87,6 +87,23 @@ class Metrics:
             "Local connections closed for a malformed frame",
             registry=r,
         )
+        self.ckpt_saves = Counter(
+            "chunkd_checkpoint_saves",
+            "Checkpoint save jobs (one per rank), by outcome",
+            ["outcome"],
+            registry=r,
+        )
+        self.ckpt_bytes = Counter(
+            "chunkd_checkpoint_bytes",
+            "Checkpoint bytes saved: logical (as staged) and new (uploaded, not deduplicated)",
+            ["kind"],
+            registry=r,
+        )
+        self.ckpt_integrity_failures = Counter(
+            "chunkd_checkpoint_integrity_failures",
+            "Checkpoint chunks from a backend that did not match their id (never cached)",
+            registry=r,
+        )
         self.readahead_chunks = Counter(
             "chunkd_readahead_chunks", "Chunks fetched ahead of sequential readers", registry=r
         )

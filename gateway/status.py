@@ -8,12 +8,16 @@ from chunkd.errors import (
     BackendForbiddenError,
     BackendUnavailableError,
     CacheClosedError,
+    CheckpointExistsError,
+    CheckpointNotFoundError,
     ChunkNotFoundError,
     IntegrityError,
     InvalidChunkIdError,
     InvalidKeyError,
     ObjectNotFoundError,
+    ReadOnlyBackendError,
     UnknownBackendError,
+    UnsupportedStateError,
     VersionChangedError,
 )
 from chunkd.gateway.ranges import InvalidRangeError, RangeNotSatisfiableError
@@ -23,6 +27,10 @@ __all__ = ["http_status"]
 # (status, kind) per error class, most specific first.
 STATUS: Final[list[tuple[type[BaseException], int]]] = [
     (UnknownBackendError, 404),
+    (CheckpointNotFoundError, 404),
+    (CheckpointExistsError, 409),
+    (ReadOnlyBackendError, 403),
+    (UnsupportedStateError, 400),
     (ObjectNotFoundError, 404),
     (ChunkNotFoundError, 404),
     (InvalidKeyError, 400),

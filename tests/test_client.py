@@ -564,9 +564,9 @@ class Counting:
         self.ops: list[str] = []
         exchange = client._exchange
 
-        def counted(header: dict[str, Any]) -> Any:
+        def counted(header: dict[str, Any], send_fds: list[int] | None = None) -> Any:
             self.ops.append(header["op"])
-            return exchange(header)
+            return exchange(header, send_fds)
 
         client._exchange = counted  # type: ignore[method-assign]
 

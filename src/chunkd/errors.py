@@ -18,6 +18,9 @@ __all__ = [
     "BackendForbiddenError",
     "BackendUnavailableError",
     "CacheClosedError",
+    "CheckpointError",
+    "CheckpointExistsError",
+    "CheckpointNotFoundError",
     "ChunkNotFoundError",
     "ChunkTooLargeError",
     "ChunkdError",
@@ -29,8 +32,10 @@ __all__ = [
     "InvalidRangeError",
     "ObjectNotFoundError",
     "RangeNotSatisfiableError",
+    "ReadOnlyBackendError",
     "TierUnavailableError",
     "UnknownBackendError",
+    "UnsupportedStateError",
     "VersionChangedError",
 ]
 
@@ -109,3 +114,23 @@ class RangeNotSatisfiableError(ChunkdError, ValueError):
     def __init__(self, message: str, size: int = 0) -> None:
         super().__init__(message)
         self.size = size
+
+
+class ReadOnlyBackendError(ChunkdError, PermissionError):
+    """A write was asked of a backend that is not configured ``writable = true``."""
+
+
+class CheckpointError(ChunkdError, RuntimeError):
+    """A checkpoint could not be saved, committed or loaded."""
+
+
+class CheckpointExistsError(CheckpointError, FileExistsError):
+    """A checkpoint of that name exists and the save did not say ``overwrite=True``."""
+
+
+class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
+    """No committed checkpoint has that name (a missing or torn manifest counts as none)."""
+
+
+class UnsupportedStateError(ChunkdError, TypeError):
+    """A state dict holds an object chunkd cannot save; the message names its key path."""

@@ -1,0 +1,952 @@
+"""Checkpoints through chunkd: save, async_save, load and load_into.
+
+::
+
+    from chunkd.client import checkpoint
+
+    handle = checkpoint.async_save(model.state_dict(), "ckpt/run1/step-100")
+    ...                                   # training goes on; tensors may change at once
+    handle.wait()                         # committed in the backend (durability="remote")
+    state = checkpoint.load("ckpt/run1/step-100")
+    checkpoint.load_into(model.state_dict(), "ckpt/run1/step-100")   # in place
+
+The trainer's only blocking cost is a copy of its tensors into one memfd, which is
+then sealed and handed to the daemon with its layout. The daemon chunks, hashes,
+deduplicates, writes to disk, uploads and commits (see
+:mod:`chunkd.gateway.checkpoints` for the commit protocol and ``docs/checkpoints.md``
+for the format). The trainer may exit, or be killed, once :func:`async_save` has
+returned: the daemon holds the bytes.
+
+What a state dict may hold: dicts (``str`` or ``int`` keys), lists, tuples, ``None``,
+``bool``, ``int``, ``float``, ``str``, ``bytes``, ``torch.dtype``, torch tensors of any
+dtype on any device (strided, not quantized; they load on the CPU unless
+``map_location`` says otherwise), numpy arrays and numpy scalars (not of object or
+structured dtypes). Anything else fails before a byte is staged, naming its key path.
+The same tensor reached twice (tied weights: same storage, offset, shape, strides and
+dtype) is stored once and loads as one tensor; other views are saved as their own
+values.
+
+Layout staged for the daemon: tensors of at least :data:`OWN_SEGMENT_BYTES` get a
+segment each (a changed tensor changes only its own chunks, so a step that changes
+a quarter of the weights uploads about a quarter); smaller values are packed
+together, 64-byte aligned, into shared segments of up to ``chunk_bytes``.
+"""
+
+from __future__ import annotations
+
+import base64
+import builtins
+import contextlib
+import fcntl
+import json
+import mmap
+import os
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final
+
+from chunkd.client.core import Client
+from chunkd.client.protocol import MAX_FDS
+from chunkd.errors import (
+    CheckpointError,
+    ChunkdError,
+    IntegrityError,
+    UnsupportedStateError,
+)
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
+
+__all__ = [
+    "OWN_SEGMENT_BYTES",
+    "CheckpointReader",
+    "SaveHandle",
+    "SaveResult",
+    "async_save",
+    "commit",
+    "delete",
+    "list",
+    "load",
+    "load_into",
+    "manifest",
+    "save",
+]
+
+#: values at least this large get a segment (and so chunks) of their own
+OWN_SEGMENT_BYTES: Final = 256 * 1024
+_ALIGN: Final = 64
+_SEALS: Final = fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE
+_COPY_THREADS: Final = 4
+_LEVELS: Final = ("staged", "local", "remote")
+
+_default: Client | None = None
+_default_lock = threading.Lock()
+
+
+def _client(client: Client | None) -> Client:
+    global _default  # one lazily made connection per process
+    if client is not None:
+        return client
+    with _default_lock:
+        if _default is None or _default._closed:
+            _default = Client()
+        return _default
+
+
+# -- encoding a state dict -------------------------------------------------------------
+
+
+@dataclass
+class _Blob:
+    """One array's bytes to stage: where they go, and how to get them."""
+
+    path: str
+    nbytes: int
+    source: Any  # a torch.Tensor or numpy.ndarray
+    node: dict[str, Any]
+
+
+class _Encoder:
+    """Walks a state dict into a JSON tree and the arrays to stage. Checks everything."""
+
+    def __init__(self) -> None:
+        self.blobs: builtins.list[_Blob] = []
+        self._seen: dict[tuple[Any, ...], int] = {}
+        self._torch = sys.modules.get("torch")
+        self._np = sys.modules.get("numpy")
+
+    def encode(self, value: Any, path: str) -> Any:
+        if value is None or isinstance(value, bool | str):
+            return value
+        if isinstance(value, int):
+            return value if type(value) is int else {"t": "int", "v": int(value)}
+        if isinstance(value, float):
+            return {"t": "float", "hex": float(value).hex()}
+        if isinstance(value, bytes | bytearray):
+            return {"t": "bytes", "b64": base64.b64encode(value).decode()}
+        if isinstance(value, dict):
+            keys, values = [], []
+            for key, item in value.items():
+                if isinstance(key, bool) or not isinstance(key, str | int):
+                    raise UnsupportedStateError(
+                        f"{path or '<root>'} has a key {key!r} of type {type(key).__name__}; "
+                        "checkpoint dict keys must be str or int"
+                    )
+                keys.append(key)
+                values.append(self.encode(item, f"{path}.{key}" if path else str(key)))
+            return {"t": "dict", "keys": keys, "values": values}
+        if isinstance(value, builtins.list | tuple):
+            kind = "list" if isinstance(value, builtins.list) else "tuple"
+            if kind == "tuple" and type(value) is not tuple:
+                raise _unsupported(path, value, "named tuples")
+            items = [self.encode(v, f"{path}[{i}]") for i, v in enumerate(value)]
+            return {"t": kind, "items": items}
+        torch = self._torch
+        if torch is not None:
+            if isinstance(value, torch.Tensor):
+                return self._tensor(value, path)
+            if isinstance(value, torch.dtype):
+                return {"t": "dtype", "name": str(value).removeprefix("torch.")}
+        np = self._np
+        if np is not None:
+            if isinstance(value, np.ndarray):
+                return self._ndarray(value, path)
+            if isinstance(value, np.generic):
+                self._check_numpy_dtype(value.dtype, path)
+                raw = np.asarray(value).tobytes()
+                return {"t": "npscalar", "dtype": value.dtype.str, "b64": _b64(raw)}
+        raise _unsupported(path, value, None)
+
+    def _tensor(self, tensor: torch.Tensor, path: str) -> dict[str, Any]:
+        torch = self._torch
+        assert torch is not None
+        if type(tensor) not in (torch.Tensor, torch.nn.Parameter):
+            raise _unsupported(path, tensor, "tensor subclasses (DTensor: use chunkd.client.dcp)")
+        if tensor.layout != torch.strided or tensor.is_quantized:
+            raise _unsupported(path, tensor, f"{tensor.layout} or quantized tensors")
+        if tensor.device.type == "meta":
+            raise _unsupported(path, tensor, "tensors on the meta device (they hold no data)")
+        key = (
+            tensor.untyped_storage().data_ptr(),
+            tensor.device,
+            tensor.storage_offset(),
+            tuple(tensor.shape),
+            tuple(tensor.stride()),
+            tensor.dtype,
+        )
+        if tensor.numel() and key in self._seen:
+            return {"t": "ref", "id": self._seen[key]}
+        node: dict[str, Any] = {
+            "t": "tensor",
+            "dtype": str(tensor.dtype).removeprefix("torch."),
+            "shape": [*tensor.shape],
+        }
+        if tensor.numel():
+            node["id"] = self._seen[key] = len(self._seen)
+        self.blobs.append(_Blob(path, tensor.numel() * tensor.element_size(), tensor, node))
+        return node
+
+    def _ndarray(self, array: np.ndarray[Any, Any], path: str) -> dict[str, Any]:
+        self._check_numpy_dtype(array.dtype, path)
+        node = {"t": "ndarray", "dtype": array.dtype.str, "shape": [*array.shape]}
+        self.blobs.append(_Blob(path, array.nbytes, array, node))
+        return node
+
+    def _check_numpy_dtype(self, dtype: Any, path: str) -> None:
+        if dtype.hasobject or dtype.fields is not None:
+            raise UnsupportedStateError(
+                f"{path or '<root>'} is a numpy value of dtype {dtype}; object and structured "
+                "dtypes cannot be checkpointed"
+            )
+
+
+def _b64(raw: bytes) -> str:
+    return base64.b64encode(raw).decode()
+
+
+def _unsupported(path: str, value: object, what: str | None) -> UnsupportedStateError:
+    kind = type(value).__module__ + "." + type(value).__qualname__
+    detail = f" ({what} are not supported)" if what else ""
+    return UnsupportedStateError(
+        f"{path or '<root>'} is a {kind}{detail}; a checkpoint holds dicts, lists, tuples, "
+        "tensors, numpy arrays, and None/bool/int/float/str/bytes"
+    )
+
+
+def _plan(
+    blobs: builtins.list[_Blob], chunk_bytes: int
+) -> tuple[builtins.list[tuple[int, int]], int]:
+    """Give each blob a place; returns the segments (offset, size) and the total size."""
+    segments: builtins.list[tuple[int, int]] = []
+    offset = 0
+    pack_start: int | None = None
+
+    def close_pack() -> None:
+        nonlocal pack_start
+        if pack_start is not None:
+            segments.append((pack_start, offset - pack_start))
+            pack_start = None
+
+    for blob in blobs:
+        if blob.nbytes >= OWN_SEGMENT_BYTES:
+            close_pack()
+            offset = _round_up(offset, mmap.PAGESIZE)
+            blob.node |= {"seg": len(segments), "off": 0, "len": blob.nbytes}
+            segments.append((offset, blob.nbytes))
+            offset += blob.nbytes
+            continue
+        start = _round_up(offset, _ALIGN)
+        if pack_start is not None and start + blob.nbytes - pack_start > chunk_bytes:
+            close_pack()
+        if pack_start is None:
+            offset = start = _round_up(offset, mmap.PAGESIZE)
+            pack_start = start
+        blob.node |= {"seg": len(segments), "off": start - pack_start, "len": blob.nbytes}
+        offset = start + blob.nbytes
+    close_pack()
+    return segments, offset
+
+
+def _round_up(n: int, to: int) -> int:
+    return -(-n // to) * to
+
+
+def _blob_bytes(source: Any) -> memoryview:
+    """The raw bytes of a tensor or array, C order, on the CPU (a copy only if needed)."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(source, torch.Tensor):
+        tensor = source.detach()
+        if tensor.device.type != "cpu":
+            tensor = tensor.to("cpu")
+        tensor = tensor.resolve_conj().resolve_neg().contiguous()
+        if tensor.numel() == 0:
+            return memoryview(b"")
+        return memoryview(tensor.reshape(-1).view(torch.uint8).numpy())
+    import numpy as np
+
+    array = np.ascontiguousarray(source)
+    return array.reshape(-1).view(np.uint8).data
+
+
+def _stage(
+    blobs: builtins.list[_Blob], segments: builtins.list[tuple[int, int]], total: int
+) -> int:
+    """Copy every blob into a new memfd and seal it; returns the fd."""
+    fd = os.memfd_create("chunkd-checkpoint", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        os.ftruncate(fd, total)
+
+        def put(blob: _Blob) -> None:
+            data = _blob_bytes(blob.source)
+            at = segments[blob.node["seg"]][0] + blob.node["off"]
+            while data:
+                written = os.pwrite(fd, data, at)
+                data, at = data[written:], at + written
+
+        big = [b for b in blobs if b.nbytes >= OWN_SEGMENT_BYTES]
+        small = [b for b in blobs if b.nbytes < OWN_SEGMENT_BYTES]
+        for blob in small:
+            put(blob)
+        if len(big) > 1:
+            with ThreadPoolExecutor(_COPY_THREADS, thread_name_prefix="chunkd-stage") as pool:
+                [*pool.map(put, big)]
+        else:
+            for blob in big:
+                put(blob)
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _SEALS)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _sealed_json(doc: Any) -> int:
+    raw = json.dumps(doc, separators=(",", ":")).encode()
+    fd = os.memfd_create("chunkd-layout", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        view = memoryview(raw)
+        while view:
+            view = view[os.write(fd, view) :]
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _SEALS)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+# -- saving ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SaveResult:
+    """What a finished save reports (for this rank's part)."""
+
+    name: str
+    #: blake3 of the committed manifest (of this rank's part for commit="none" saves)
+    manifest_id: str | None
+    #: the durability reached: "staged", "local" or "remote"
+    durability: str | None
+    #: bytes of tensors and arrays staged by this rank
+    logical_bytes: int
+    #: bytes this rank's save uploaded (chunks the backend did not have yet)
+    new_bytes: int
+    #: bytes that were already in the backend (other ranks, earlier steps)
+    dedup_bytes: int
+
+
+class SaveHandle:
+    """A save in progress in the daemon. :func:`save` returns one that is done."""
+
+    def __init__(self, client: Client, name: str, job: dict[str, Any], durability: str) -> None:
+        self.name = name
+        self.job_id = str(job["job"])
+        self.durability = durability
+        self.save_id = str(job["save_id"])
+        self._client = client
+        self._last = job
+        self._done = False
+
+    def __repr__(self) -> str:
+        return f"<SaveHandle {self.name} {self._last.get('state')}>"
+
+    def wait(self, timeout: float | None = None, *, level: str | None = None) -> bool:
+        """Wait until the save reached its durability (or ``level``); False on timeout.
+
+        Raises:
+            CheckpointError, BackendForbiddenError, ...: the save failed.
+        """
+        wanted = level or self.durability
+        if wanted not in _LEVELS:
+            raise ValueError(f"level must be one of {_LEVELS}; got {wanted!r}")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = 10.0 if deadline is None else max(0.0, deadline - time.monotonic())
+            reply, _, fds = self._client._request(
+                {"op": "ckpt_wait", "job": self.job_id, "level": wanted, "timeout": min(left, 10)},
+                f"waiting for checkpoint {self.name}",
+            )
+            _close(fds)
+            self._last = reply
+            reached = reply.get("durability")
+            if reached is not None and _LEVELS.index(reached) >= _LEVELS.index(wanted):
+                self._done = _LEVELS.index(reached) >= _LEVELS.index(self.durability)
+                return True
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+
+    def done(self) -> bool:
+        """Whether the save reached its durability (asks the daemon without waiting)."""
+        return self._done or self.wait(0)
+
+    def result(self, timeout: float | None = None) -> SaveResult:
+        """Wait for the save and report it.
+
+        Raises:
+            TimeoutError: it did not finish within ``timeout`` seconds.
+        """
+        if not self.wait(timeout):
+            raise TimeoutError(f"checkpoint {self.name} did not reach {self.durability} in time")
+        job = self._last
+        return SaveResult(
+            name=self.name,
+            manifest_id=job.get("manifest_id"),
+            durability=job.get("durability"),
+            logical_bytes=int(job.get("logical_bytes", 0)),
+            new_bytes=int(job.get("new_bytes", 0)),
+            dedup_bytes=int(job.get("dedup_bytes", 0)),
+        )
+
+
+def _distributed() -> tuple[int, int, Any] | None:
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size(), dist
+    return None
+
+
+def async_save(
+    state_dict: Any,
+    name: str,
+    *,
+    durability: str = "remote",
+    overwrite: bool = False,
+    step: int | None = None,
+    rank: int | None = None,
+    world_size: int | None = None,
+    save_id: str | None = None,
+    client: Client | None = None,
+    _commit: str = "auto",
+) -> SaveHandle:
+    """Stage ``state_dict`` into shared memory and hand it to the daemon; return at once.
+
+    The tensors may change as soon as this returns. Under ``torch.distributed`` each
+    rank saves its own part and rank 0 commits once every part is durable (ranks
+    agree on a save id through a broadcast); ``rank``, ``world_size`` and ``save_id``
+    say the same without it. ``name`` is ``BACKEND/PATH`` on a writable backend.
+
+    Raises:
+        UnsupportedStateError: something in ``state_dict`` cannot be saved (nothing
+            was staged).
+        CheckpointExistsError: ``name`` exists and ``overwrite`` is False.
+        ReadOnlyBackendError, BackendForbiddenError, UnknownBackendError
+    """
+    if durability not in _LEVELS:
+        raise ValueError(f"durability must be one of {_LEVELS}; got {durability!r}")
+    encoder = _Encoder()
+    tree = encoder.encode(state_dict, "")
+    dist = _distributed()
+    if dist is not None:
+        rank = dist[0] if rank is None else rank
+        world_size = dist[1] if world_size is None else world_size
+        if save_id is None:
+            box = [uuid.uuid4().hex if dist[0] == 0 else None]
+            dist[2].broadcast_object_list(box, src=0)
+            save_id = str(box[0])
+    rank, world_size = rank or 0, world_size or 1
+    save_id = save_id or uuid.uuid4().hex
+    chunkd = _client(client)
+    chunk_bytes = int(chunkd._hello.get("chunk_bytes", 4 << 20))
+    segments, total = _plan(encoder.blobs, chunk_bytes)
+    data_fd = _stage(encoder.blobs, segments, total)
+    try:
+        layout_fd = _sealed_json({"segments": [[*s] for s in segments], "tree": tree})
+        try:
+            header = {
+                "op": "ckpt_save",
+                "name": name,
+                "save_id": save_id,
+                "rank": rank,
+                "world_size": world_size,
+                "durability": durability,
+                "overwrite": overwrite,
+                "commit": _commit,
+                "step": step,
+            }
+            reply, _, fds = chunkd._request(header, f"saving {name}", [layout_fd, data_fd])
+            _close(fds)
+        finally:
+            os.close(layout_fd)
+    finally:
+        os.close(data_fd)
+    return SaveHandle(chunkd, name, reply, durability)
+
+
+def save(
+    state_dict: Any,
+    name: str,
+    *,
+    durability: str = "remote",
+    overwrite: bool = False,
+    timeout: float | None = None,
+    **kwargs: Any,
+) -> SaveHandle:
+    """:func:`async_save`, then wait until the save is ``durability``-durable.
+
+    Raises:
+        TimeoutError: it was not durable within ``timeout`` seconds (it goes on).
+        Whatever :func:`async_save` raises, and the error a failed save reports.
+    """
+    handle = async_save(state_dict, name, durability=durability, overwrite=overwrite, **kwargs)
+    if not handle.wait(timeout):
+        raise TimeoutError(f"checkpoint {name} was not {durability}-durable in {timeout}s")
+    return handle
+
+
+# -- loading ---------------------------------------------------------------------------
+
+
+def manifest(name: str, *, client: Client | None = None) -> dict[str, Any]:
+    """The committed manifest of ``name`` with its parts (see ``docs/checkpoints.md``).
+
+    Raises:
+        CheckpointNotFoundError: there is no such checkpoint (or its manifest is torn).
+    """
+    _, _, fds = _client(client)._request({"op": "ckpt_manifest", "name": name}, f"loading {name}")
+    try:
+        if len(fds) != 1:
+            raise CheckpointError(f"the daemon answered the manifest of {name} without its fd")
+        size = os.fstat(fds[0]).st_size
+        doc = json.loads(os.pread(fds[0], size, 0))
+    finally:
+        _close(fds)
+    if not isinstance(doc, dict):
+        raise CheckpointError(f"the manifest of {name} is not a JSON object")
+    return doc
+
+
+class _Reader:
+    """The bytes of one part's segments, fetched chunk by chunk through the daemon."""
+
+    def __init__(self, client: Client, name: str, part: dict[str, Any]) -> None:
+        self.client = client
+        self.name = name
+        self.backend = name.split("/", 1)[0]
+        self.segments: builtins.list[builtins.list[tuple[str, int]]] = [
+            [(str(c), int(n)) for c, n in seg["chunks"]] for seg in part["segments"]
+        ]
+        self._maps: dict[str, mmap.mmap] = {}
+        self._owners: dict[str, builtins.list[str]] = {}
+
+    def note_owner(self, node: dict[str, Any], path: str) -> None:
+        for cid, _, _ in self._pieces(node["seg"], node["off"], node["len"]):
+            self._owners.setdefault(cid, []).append(path)
+
+    def fetch(self, nodes: builtins.list[dict[str, Any]] | None = None) -> None:
+        """Map the chunks of ``nodes`` (default: every chunk of the part)."""
+        if nodes is None:
+            every = (c for seg in self.segments for c, _ in seg)
+        else:
+            every = (
+                c
+                for n in nodes
+                if n.get("len")
+                for c, _, _ in self._pieces(n["seg"], n["off"], n["len"])
+            )
+        wanted = [c for c in dict.fromkeys(every) if c not in self._maps]
+        for start in range(0, len(wanted), MAX_FDS):
+            batch = wanted[start : start + MAX_FDS]
+            try:
+                reply, _, fds = self.client._request(
+                    {"op": "ckpt_chunks", "backend": self.backend, "ids": batch},
+                    f"loading {self.name}",
+                )
+            except ChunkdError as exc:
+                raise self._named(exc) from exc
+            try:
+                sizes = reply.get("sizes", [])
+                if len(fds) != len(batch) or len(sizes) != len(batch):
+                    raise CheckpointError(
+                        f"the daemon sent {len(fds)} chunks of {len(batch)} for {self.name}"
+                    )
+                for cid, fd, size in zip(batch, fds, sizes, strict=True):
+                    self._maps[cid] = mmap.mmap(fd, size, prot=mmap.PROT_READ) if size else None  # type: ignore[assignment]
+            finally:
+                _close(fds)
+
+    def _named(self, exc: ChunkdError) -> ChunkdError:
+        cid = getattr(exc, "chunk_id", None)
+        paths = self._owners.get(cid or "", [])
+        if not paths:
+            return exc
+        shown = ", ".join(paths[:5]) + (f" and {len(paths) - 5} more" if len(paths) > 5 else "")
+        cls = type(exc) if isinstance(exc, IntegrityError | CheckpointError) else CheckpointError
+        return cls(f"checkpoint {self.name}: cannot load {shown}: {exc}")
+
+    def _pieces(self, seg: int, off: int, length: int) -> Iterator[tuple[str, int, int]]:
+        """(chunk id, start in chunk, stop in chunk) covering ``length`` bytes at ``off``."""
+        pos = 0
+        for cid, size in self.segments[seg]:
+            lo, hi = max(off, pos), min(off + length, pos + size)
+            if lo < hi:
+                yield cid, lo - pos, hi - pos
+            pos += size
+            if pos >= off + length:
+                return
+
+    def copy_into(self, node: dict[str, Any], target: memoryview) -> None:
+        at = 0
+        for cid, lo, hi in self._pieces(node["seg"], node["off"], node["len"]):
+            target[at : at + hi - lo] = memoryview(self._maps[cid])[lo:hi]
+            at += hi - lo
+        if at != node["len"]:
+            raise CheckpointError(f"checkpoint {self.name}: a value's bytes are incomplete")
+
+    def close(self) -> None:
+        for m in self._maps.values():
+            if m is not None:
+                with contextlib.suppress(BufferError):
+                    m.close()
+        self._maps.clear()
+
+
+def _open_part(name: str, client: Client | None, part: int | None) -> tuple[_Reader, Any]:
+    chunkd = _client(client)
+    doc = manifest(name, client=chunkd)
+    parts = doc["parts"]
+    if part is None:
+        dist = _distributed()
+        part = dist[0] if dist is not None and dist[1] == len(parts) else 0
+    chosen = next((p for p in parts if p["rank"] == part), None)
+    if chosen is None:
+        raise CheckpointError(
+            f"checkpoint {name} has parts for ranks 0..{len(parts) - 1}, not {part}; "
+            "pass part= (or use chunkd.client.dcp to reshard)"
+        )
+    return _Reader(chunkd, name, chosen), chosen["tree"]
+
+
+class CheckpointReader:
+    """One rank's part of a committed checkpoint, read value by value.
+
+    For adapters that need only some values of a part (``chunkd.client.dcp``):
+    :attr:`values` maps each top-level key of the saved dict to its encoded node;
+    :meth:`read` fetches and decodes just those.
+
+    Raises:
+        CheckpointNotFoundError: no committed checkpoint has that name.
+    """
+
+    def __init__(self, name: str, part: int = 0, *, client: Client | None = None) -> None:
+        self.name = name
+        self._reader, self.tree = _open_part(name, client, part)
+        self.values: dict[Any, Any] = {}
+        if isinstance(self.tree, dict) and self.tree.get("t") == "dict":
+            self.values = dict(zip(self.tree["keys"], self.tree["values"], strict=True))
+        for node, path in _walk(self.tree, ""):
+            self._reader.note_owner(node, path)
+
+    def read(self, keys: builtins.list[Any]) -> dict[Any, Any]:
+        """Decode the top-level values ``keys`` (tensors on the CPU)."""
+        nodes = [self.values[k] for k in keys]
+        self._reader.fetch([n for node in nodes for n, _ in _walk(node, "")])
+        decoder = _Decoder(self._reader, "cpu")
+        return {k: decoder.decode(n) for k, n in zip(keys, nodes, strict=True)}
+
+    def close(self) -> None:
+        """Unmap every chunk."""
+        self._reader.close()
+
+    def __enter__(self) -> CheckpointReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def commit(
+    name: str,
+    save_id: str,
+    world_size: int,
+    *,
+    overwrite: bool = False,
+    extra: dict[str, Any] | None = None,
+    client: Client | None = None,
+) -> str:
+    """Commit a save made with ``_commit="none"`` once all its parts are in; its id.
+
+    ``extra`` is merged into the manifest (``chunkd.client.dcp`` keeps DCP's
+    metadata there).
+    """
+    fd = _sealed_json(extra or {})
+    try:
+        reply, _, fds = _client(client)._request(
+            {
+                "op": "ckpt_commit",
+                "name": name,
+                "save_id": save_id,
+                "world_size": world_size,
+                "overwrite": overwrite,
+            },
+            f"committing {name}",
+            [fd],
+        )
+    finally:
+        os.close(fd)
+    _close(fds)
+    return str(reply["manifest_id"])
+
+
+def load(
+    name: str,
+    *,
+    map_location: Any = "cpu",
+    part: int | None = None,
+    client: Client | None = None,
+) -> Any:
+    """Load checkpoint ``name`` into new tensors and arrays.
+
+    ``part`` picks a rank's part (default: this rank under ``torch.distributed`` when
+    the world sizes match, else 0).
+
+    Raises:
+        CheckpointNotFoundError: no committed checkpoint has that name.
+        IntegrityError: a chunk is damaged in the backend; the message names the tensor.
+    """
+    reader, tree = _open_part(name, client, part)
+    try:
+        for node, path in _walk(tree, ""):
+            reader.note_owner(node, path)
+        reader.fetch()
+        return _Decoder(reader, map_location).decode(tree)
+    finally:
+        reader.close()
+
+
+def load_into(
+    state_dict: Any,
+    name: str,
+    *,
+    strict: bool = True,
+    part: int | None = None,
+    client: Client | None = None,
+) -> Any:
+    """Fill the tensors and arrays of ``state_dict`` in place from checkpoint ``name``.
+
+    Tensors keep their storage (pinned, CUDA or plain); their shapes and dtypes must
+    match the checkpoint's. Other values (step counters, scalars, strings) are set
+    in their dicts and lists. With ``strict``, a key missing on either side is an error.
+    Returns ``state_dict``.
+
+    Raises:
+        CheckpointError: the checkpoint and ``state_dict`` do not match (named).
+    """
+    reader, tree = _open_part(name, client, part)
+    try:
+        for node, path in _walk(tree, ""):
+            reader.note_owner(node, path)
+        reader.fetch()
+        decoder = _Decoder(reader, "cpu")
+        jobs: builtins.list[Callable[[], None]] = []
+        _fill(state_dict, tree, "", decoder, strict, jobs)
+        if len(jobs) > 1:
+            with ThreadPoolExecutor(_COPY_THREADS, thread_name_prefix="chunkd-load") as pool:
+                [*pool.map(lambda job: job(), jobs)]
+        else:
+            for job in jobs:
+                job()
+    finally:
+        reader.close()
+    return state_dict
+
+
+def _walk(node: Any, path: str) -> Iterator[tuple[dict[str, Any], str]]:
+    """Every node that has bytes (tensors, arrays), with its key path."""
+    if not isinstance(node, dict):
+        return
+    kind = node.get("t")
+    if kind in ("tensor", "ndarray") and node.get("len"):
+        yield node, path
+    elif kind == "dict":
+        for key, value in zip(node["keys"], node["values"], strict=True):
+            yield from _walk(value, f"{path}.{key}" if path else str(key))
+    elif kind in ("list", "tuple"):
+        for i, value in enumerate(node["items"]):
+            yield from _walk(value, f"{path}[{i}]")
+
+
+class _Decoder:
+    def __init__(self, reader: _Reader, map_location: Any) -> None:
+        self.reader = reader
+        self.map_location = map_location
+        self.tensors: dict[int, Any] = {}
+
+    def decode(self, node: Any) -> Any:
+        if not isinstance(node, dict):
+            return node
+        kind = node["t"]
+        if kind == "dict":
+            return {k: self.decode(v) for k, v in zip(node["keys"], node["values"], strict=True)}
+        if kind == "list":
+            return [self.decode(v) for v in node["items"]]
+        if kind == "tuple":
+            return tuple(self.decode(v) for v in node["items"])
+        if kind == "int":
+            return int(node["v"])
+        if kind == "float":
+            return float.fromhex(node["hex"])
+        if kind == "bytes":
+            return base64.b64decode(node["b64"])
+        if kind == "dtype":
+            import torch
+
+            return getattr(torch, node["name"])
+        if kind == "tensor":
+            tensor = self.new_tensor(node)
+            if self.map_location not in (None, "cpu"):
+                tensor = tensor.to(self.map_location)
+            if "id" in node:
+                self.tensors[node["id"]] = tensor
+            return tensor
+        if kind == "ref":
+            return self.tensors[node["id"]]
+        if kind == "ndarray":
+            import numpy as np
+
+            array = np.empty(node["shape"], dtype=np.dtype(node["dtype"]))
+            if node.get("len"):
+                self.reader.copy_into(node, array.reshape(-1).view(np.uint8).data)
+            return array
+        if kind == "npscalar":
+            import numpy as np
+
+            raw = base64.b64decode(node["b64"])
+            return np.frombuffer(raw, dtype=np.dtype(node["dtype"]))[0].copy()
+        raise CheckpointError(f"unknown value kind {kind!r} in the checkpoint (a newer chunkd?)")
+
+    def new_tensor(self, node: dict[str, Any]) -> Any:
+        import torch
+
+        dtype = getattr(torch, node["dtype"])
+        tensor = torch.empty(node["shape"], dtype=dtype)
+        if node.get("len"):
+            self.reader.copy_into(node, _tensor_bytes(tensor))
+        return tensor
+
+
+def _tensor_bytes(tensor: Any) -> memoryview:
+    import torch
+
+    return memoryview(tensor.reshape(-1).view(torch.uint8).numpy())
+
+
+def _fill(
+    target: Any,
+    node: Any,
+    path: str,
+    decoder: _Decoder,
+    strict: bool,
+    jobs: builtins.list[Callable[[], None]],
+) -> Any:
+    """Fill ``target`` from ``node`` in place where it can; returns the value to keep."""
+    kind = node.get("t") if isinstance(node, dict) else None
+    where = path or "<root>"
+    if kind == "dict":
+        if not isinstance(target, dict):
+            raise CheckpointError(
+                f"{where}: the checkpoint has a dict, the target a {type(target).__name__}"
+            )
+        saved = dict(zip(node["keys"], node["values"], strict=True))
+        if strict:
+            missing = [k for k in saved if k not in target]
+            extra = [k for k in target if k not in saved]
+            if missing or extra:
+                raise CheckpointError(
+                    f"{where}: keys differ from the checkpoint (only in the checkpoint: "
+                    f"{missing[:5]}, only in the target: {extra[:5]}); pass strict=False"
+                )
+        for key, value in saved.items():
+            sub = f"{path}.{key}" if path else str(key)
+            if key in target:
+                target[key] = _fill(target[key], value, sub, decoder, strict, jobs)
+            else:
+                target[key] = decoder.decode(value)
+        return target
+    if kind == "list" and isinstance(target, builtins.list) and len(target) == len(node["items"]):
+        for i, value in enumerate(node["items"]):
+            target[i] = _fill(target[i], value, f"{path}[{i}]", decoder, strict, jobs)
+        return target
+    if kind == "tensor":
+        torch = sys.modules.get("torch")
+        if torch is None or not isinstance(target, torch.Tensor):
+            raise CheckpointError(
+                f"{where}: the checkpoint has a tensor, the target a {type(target).__name__}"
+            )
+        dtype = getattr(torch, node["dtype"])
+        if [*target.shape] != node["shape"] or target.dtype != dtype:
+            raise CheckpointError(
+                f"{where}: the checkpoint has {node['dtype']}{node['shape']}, the target "
+                f"{str(target.dtype).removeprefix('torch.')}{[*target.shape]}"
+            )
+        jobs.append(lambda: _fill_tensor(target, node, decoder))
+        if "id" in node:
+            decoder.tensors[node["id"]] = target
+        return target
+    if kind == "ndarray":
+        np = sys.modules.get("numpy")
+        if (
+            np is not None
+            and isinstance(target, np.ndarray)
+            and target.flags.c_contiguous
+            and target.flags.writeable
+            and [*target.shape] == node["shape"]
+            and target.dtype == np.dtype(node["dtype"])
+        ):
+            if node.get("len"):
+                jobs.append(
+                    lambda: decoder.reader.copy_into(node, target.reshape(-1).view(np.uint8).data)
+                )
+            return target
+    return decoder.decode(node)
+
+
+def _fill_tensor(target: Any, node: dict[str, Any], decoder: _Decoder) -> None:
+    if not node.get("len"):
+        return
+    with_grad = target.requires_grad
+    if (
+        target.device.type == "cpu"
+        and target.is_contiguous()
+        and not target.is_conj()
+        and not target.is_neg()
+    ):
+        decoder.reader.copy_into(node, _tensor_bytes(target.detach()))
+        return
+    staging = decoder.new_tensor(node)
+    import torch
+
+    with torch.no_grad():
+        target.copy_(staging)
+    del with_grad
+
+
+# -- catalog ---------------------------------------------------------------------------
+
+
+def list(prefix: str, *, client: Client | None = None) -> builtins.list[dict[str, Any]]:
+    """Checkpoints under ``BACKEND[/PREFIX]``: name, step, sizes, dedup ratio, durability."""
+    _, payload, fds = _client(client)._request(
+        {"op": "ckpt_list", "prefix": prefix}, f"listing {prefix}"
+    )
+    _close(fds)
+    entries: builtins.list[dict[str, Any]] = json.loads(payload)
+    return entries
+
+
+def delete(name: str, *, client: Client | None = None) -> int:
+    """Delete checkpoint ``name`` (its chunks go at the next ``chunkd gc``)."""
+    reply, _, fds = _client(client)._request(
+        {"op": "ckpt_delete", "name": name}, f"deleting {name}"
+    )
+    _close(fds)
+    return int(reply.get("removed", 0))
+
+
+def _close(fds: Any) -> None:
+    for fd in fds:
+        os.close(fd)

@@ -41,6 +41,7 @@ import fcntl
 import json
 import mmap
 import os
+import struct
 import sys
 import threading
 import time
@@ -122,12 +123,18 @@ class _Encoder:
         self._np = sys.modules.get("numpy")
 
     def encode(self, value: Any, path: str) -> Any:
+        np = self._np
+        if np is not None and isinstance(value, np.generic):  # before float: np.float64 is one
+            self._check_numpy_dtype(value.dtype, path)
+            raw = np.asarray(value).tobytes()
+            return {"t": "npscalar", "dtype": value.dtype.str, "b64": _b64(raw)}
         if value is None or isinstance(value, bool | str):
             return value
         if isinstance(value, int):
             return value if type(value) is int else {"t": "int", "v": int(value)}
         if isinstance(value, float):
-            return {"t": "float", "hex": float(value).hex()}
+            # The IEEE-754 bits: NaN signs and payloads survive, unlike float.hex().
+            return {"t": "float", "bits": struct.unpack("<Q", struct.pack("<d", value))[0]}
         if isinstance(value, bytes | bytearray):
             return {"t": "bytes", "b64": base64.b64encode(value).decode()}
         if isinstance(value, dict):
@@ -153,14 +160,8 @@ class _Encoder:
                 return self._tensor(value, path)
             if isinstance(value, torch.dtype):
                 return {"t": "dtype", "name": str(value).removeprefix("torch.")}
-        np = self._np
-        if np is not None:
-            if isinstance(value, np.ndarray):
-                return self._ndarray(value, path)
-            if isinstance(value, np.generic):
-                self._check_numpy_dtype(value.dtype, path)
-                raw = np.asarray(value).tobytes()
-                return {"t": "npscalar", "dtype": value.dtype.str, "b64": _b64(raw)}
+        if np is not None and isinstance(value, np.ndarray):
+            return self._ndarray(value, path)
         raise _unsupported(path, value, None)
 
     def _tensor(self, tensor: torch.Tensor, path: str) -> dict[str, Any]:
@@ -267,7 +268,11 @@ def _blob_bytes(source: Any) -> memoryview:
         tensor = tensor.resolve_conj().resolve_neg().contiguous()
         if tensor.numel() == 0:
             return memoryview(b"")
-        return memoryview(tensor.reshape(-1).view(torch.uint8).numpy())
+        flat = _flat_bytes(tensor)
+        if flat is None:  # contiguous, yet a size-1 dimension keeps an odd stride
+            flat = _flat_bytes(tensor.clone(memory_format=torch.contiguous_format))
+        assert flat is not None
+        return flat
     import numpy as np
 
     array = np.ascontiguousarray(source)
@@ -789,7 +794,7 @@ class _Decoder:
         if kind == "int":
             return int(node["v"])
         if kind == "float":
-            return float.fromhex(node["hex"])
+            return float(struct.unpack("<d", struct.pack("<Q", node["bits"]))[0])
         if kind == "bytes":
             return base64.b64decode(node["b64"])
         if kind == "dtype":
@@ -829,10 +834,21 @@ class _Decoder:
         return tensor
 
 
-def _tensor_bytes(tensor: Any) -> memoryview:
+def _flat_bytes(tensor: Any) -> memoryview | None:
+    """A writable byte view of a contiguous CPU tensor's elements, or None."""
     import torch
 
-    return memoryview(tensor.reshape(-1).view(torch.uint8).numpy())
+    flat = tensor.reshape(-1)
+    if flat.numel() and (flat.stride(0) != 1 or flat.data_ptr() != tensor.data_ptr()):
+        return None
+    return memoryview(flat.view(torch.uint8).numpy())
+
+
+def _tensor_bytes(tensor: Any) -> memoryview:
+    flat = _flat_bytes(tensor)
+    if flat is None:
+        raise CheckpointError("internal: a fresh tensor is not laid out contiguously")
+    return flat
 
 
 def _fill(
@@ -908,21 +924,21 @@ def _fill(
 def _fill_tensor(target: Any, node: dict[str, Any], decoder: _Decoder) -> None:
     if not node.get("len"):
         return
-    with_grad = target.requires_grad
-    if (
+    direct = (
         target.device.type == "cpu"
         and target.is_contiguous()
         and not target.is_conj()
         and not target.is_neg()
-    ):
-        decoder.reader.copy_into(node, _tensor_bytes(target.detach()))
+    )
+    flat = _flat_bytes(target.detach()) if direct else None
+    if flat is not None:  # straight from the chunks into the tensor's own memory
+        decoder.reader.copy_into(node, flat)
         return
-    staging = decoder.new_tensor(node)
+    staging = decoder.new_tensor(node)  # CUDA, strided views: through a CPU copy
     import torch
 
     with torch.no_grad():
         target.copy_(staging)
-    del with_grad
 
 
 # -- catalog ---------------------------------------------------------------------------

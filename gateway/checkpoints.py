@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import functools
 import json
 import logging
@@ -49,7 +50,7 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import blake3
 
-from chunkd.cache import BytesLease, Chunk, ChunkCache, ChunkId, ChunkLease
+from chunkd.cache import BytesLease, Chunk, ChunkCache, ChunkId, ChunkLease, FsyncPolicy
 from chunkd.cache.singleflight import SingleFlight
 from chunkd.errors import (
     BackendUnavailableError,
@@ -334,6 +335,9 @@ class Checkpoints:
                 self._set_aside(path)
                 continue
             missing = [cid for cid in job.unique if self.cache.index.lookup(cid) is None]
+            if missing:  # files a crash left without their records are adopted first
+                await self.cache.wait_reconciled()
+                missing = [cid for cid in missing if self.cache.index.lookup(cid) is None]
             if missing:
                 log.error(
                     "checkpoint %s (rank %d) cannot resume: %d of its chunks are gone from "
@@ -406,7 +410,7 @@ class Checkpoints:
                     f"checkpoint {request.name} is being saved already; pass overwrite=True "
                     "to replace it"
                 )
-            if await self._exists(backend, request.prefix + MANIFEST):
+            if await self._exists_unless_down(backend, request.prefix + MANIFEST):
                 raise CheckpointExistsError(
                     f"checkpoint {request.name} exists; pass overwrite=True to replace it"
                 )
@@ -418,6 +422,15 @@ class Checkpoints:
         self.metrics.ckpt_saves.labels("started").inc()
         self._spawn(self._run(job, backend))
         return job
+
+    async def _exists_unless_down(self, backend: Backend, key: str) -> bool:
+        """Whether ``key`` exists; False when the backend is down (the commit's
+        put-if-absent still refuses to replace a checkpoint then)."""
+        try:
+            return await self._exists(backend, key)
+        except BackendUnavailableError as exc:
+            log.warning("cannot check whether %s exists (%s); saving anyway", key, exc)
+            return False
 
     async def _exists(self, backend: Backend, key: str) -> bool:
         try:
@@ -474,6 +487,7 @@ class Checkpoints:
         )
         del data, pieces, flat, by_id
         if all(kept):
+            await asyncio.to_thread(self._make_durable)
             await asyncio.to_thread(self._write_journal, job)
             job.reach(Durability.LOCAL, "uploading")
             self._release_data(job)  # the disk copy serves the upload from here on
@@ -485,6 +499,13 @@ class Checkpoints:
                 len(kept) - sum(kept),
             )
             job.state = "uploading"
+
+    def _make_durable(self) -> None:
+        """Commit the index and get every chunk file to the platter, whatever the
+        cache's own fsync policy (cached copies can be fetched again; these cannot)."""
+        self.cache.index.flush()
+        if self.cache.config.fsync is not FsyncPolicy.ALWAYS:
+            _syncfs(self.root)
 
     def _journal(self, job: SaveJob) -> Path:
         return self._jobs_dir / f"{job.id}.json"
@@ -979,6 +1000,9 @@ class Checkpoints:
                     await self.delete(entry["name"])
         live: set[str] = set()
         _, objects = await backend.list(CHECKPOINTS, recursive=True)
+        # A dry run marks as if the retired checkpoints were gone already.
+        retired = tuple(f"{CHECKPOINTS}{n.partition('/')[2]}/" for n in report["retired"])
+        objects = [m for m in objects if not m.key.startswith(retired)] if retired else objects
         now = time.time()
         committed_saves = set()
         for meta in objects:
@@ -1082,6 +1106,18 @@ def _write_durably(path: Path, data: bytes) -> None:
         os.fsync(dfd)
     finally:
         os.close(dfd)
+
+
+def _syncfs(path: Path) -> None:
+    """syncfs(2) on the filesystem holding ``path``: one call flushes all its dirty data."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        if libc.syncfs(fd) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"syncfs of {path} failed: {os.strerror(err)}")
+    finally:
+        os.close(fd)
 
 
 def _unlink_quietly(path: Path) -> None:

@@ -64,7 +64,49 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument(
         "--chunks", type=int, default=16, help="chunks to store (default: %(default)s)"
     )
+    ckpt = sub.add_parser(
+        "ckpt",
+        help="list checkpoints",
+        description="Checkpoints saved through chunkd, as the node's daemon sees them.",
+    )
+    ckpt_sub = ckpt.add_subparsers(dest="ckpt_command", metavar="COMMAND", required=True)
+    ls = ckpt_sub.add_parser(
+        "ls",
+        help="list checkpoints under BACKEND[/PREFIX]",
+        description="Names, steps, sizes, dedup ratio (logical / new bytes) and durability.",
+    )
+    ls.add_argument("prefix", metavar="BACKEND[/PREFIX]")
+    ls.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    _socket_option(ls)
+    gc = sub.add_parser(
+        "gc",
+        help="delete checkpoint chunks no manifest references",
+        description=(
+            "Retention (--keep-last N checkpoints under BACKEND/PREFIX, by step), then "
+            "mark every chunk that a manifest, an uncommitted save or an in-flight "
+            "intent references anywhere in the backend, and sweep the others that are "
+            "older than the grace period."
+        ),
+    )
+    gc.add_argument("target", metavar="BACKEND[/PREFIX]")
+    gc.add_argument("--keep-last", type=int, metavar="N", help="keep the N newest checkpoints")
+    gc.add_argument(
+        "--grace",
+        default="1h",
+        help="sweep only chunks older than this (default: %(default)s)",
+    )
+    gc.add_argument("--dry-run", action="store_true", help="report, delete nothing")
+    _socket_option(gc)
     return parser
+
+
+def _socket_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--socket",
+        metavar="PATH",
+        help="the daemon's local socket (default: $CHUNKD_SOCKET, /run/chunkd/chunkd.sock, "
+        "./chunkd.sock)",
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -83,5 +125,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         from chunkd.gateway.selfcheck import run_selfcheck
 
         return run_selfcheck(args.dir, args.chunks)
+    if args.command == "ckpt":
+        from chunkd.gateway.ckptcmd import ls
+
+        return ls(args.prefix, socket=args.socket, as_json=args.json)
+    if args.command == "gc":
+        from chunkd.errors import ConfigError
+        from chunkd.gateway.ckptcmd import gc
+        from chunkd.gateway.config import parse_duration
+
+        if args.keep_last is not None and args.keep_last < 0:
+            parser.error("--keep-last must be 0 or more")
+        try:
+            grace = parse_duration(args.grace, key="--grace", source="the command line")
+        except ConfigError as exc:
+            parser.error(str(exc))
+        return gc(
+            args.target,
+            keep_last=args.keep_last,
+            grace=grace,
+            dry_run=args.dry_run,
+            socket=args.socket,
+        )
     parser.print_help(sys.stderr)
     return 2

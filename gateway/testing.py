@@ -100,6 +100,9 @@ class CountingProxy:
         self.connections = 0
         #: seconds to sleep before passing on each 64 KiB the server sends (a slow link)
         self.delay = 0.0
+        #: seconds to sleep before passing on each 64 KiB a client sends (a slow uplink)
+        self.delay_up = 0.0
+        self.bytes_up = 0
         #: cut the next response that grows past this many bytes (one shot)
         self.cut_after: int | None = None
         self.cuts = 0
@@ -131,6 +134,7 @@ class CountingProxy:
 
     def reset(self) -> None:
         self.bytes_down = 0
+        self.bytes_up = 0
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
@@ -145,6 +149,10 @@ class CountingProxy:
             try:
                 sent = 0
                 while data := await src.read(1 << 16):
+                    if not count:
+                        self.bytes_up += len(data)
+                        if self.delay_up:
+                            await asyncio.sleep(self.delay_up)
                     if count:
                         self.bytes_down += len(data)
                         sent += len(data)

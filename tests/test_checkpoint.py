@@ -1,0 +1,648 @@
+"""Checkpoints through a real daemon: round trips, dedup, durability, kill -9, safety, GC."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import struct
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from chunkd.client import Client
+from chunkd.client import checkpoint as ckpt
+from chunkd.errors import (
+    BackendForbiddenError,
+    CheckpointError,
+    CheckpointExistsError,
+    CheckpointNotFoundError,
+    IntegrityError,
+    ReadOnlyBackendError,
+    UnsupportedStateError,
+)
+from chunkd.gateway.testing import CountingProxy, S3Server
+from tests.conftest import Daemon, wait_for_socket
+
+MiB = 1 << 20
+
+DTYPES = [
+    torch.float32,
+    torch.float64,
+    torch.float16,
+    torch.bfloat16,
+    torch.complex64,
+    torch.complex128,
+    torch.int8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+    torch.uint8,
+    torch.uint16,
+    torch.uint32,
+    torch.uint64,
+    torch.bool,
+    torch.float8_e4m3fn,
+    torch.float8_e5m2,
+    torch.float8_e4m3fnuz,
+    torch.float8_e5m2fnuz,
+    torch.float8_e8m0fnu,
+]
+
+
+def s3_toml(tmp_path: Path, bucket: str, proxy: CountingProxy, *, name: str = "cache") -> str:
+    return f"""
+[server]
+shutdown_timeout = "10s"
+
+[cache]
+dir = "{tmp_path / name}"
+ram_bytes = "256MiB"
+disk_bytes = "2GiB"
+disk_min_free_bytes = 0
+fsync = "never"
+
+[[backends]]
+name = "ckpt"
+url = "s3://{bucket}/pre"
+endpoint = "{proxy.endpoint}"
+region = "us-east-1"
+access_key_id = "testing"
+secret_access_key = "testing-secret"
+allow_http = true
+writable = true
+timeout = "5s"
+retries = 1
+"""
+
+
+@pytest.fixture
+def node(start_daemon: Callable[..., Daemon], tmp_path: Path) -> Iterator[tuple[Daemon, Client]]:
+    """A daemon on the embedded default (a writable file backend 'local'), and a client."""
+    daemon = start_daemon(cwd=tmp_path / "node")
+    with Client(daemon.cwd / "chunkd.sock") as client:
+        yield daemon, client
+
+
+@pytest.fixture
+def s3_node(
+    start_daemon: Callable[..., Daemon], tmp_path: Path, bucket: str, s3_proxy: CountingProxy
+) -> Iterator[tuple[Daemon, Client]]:
+    daemon = start_daemon(s3_toml(tmp_path, bucket, s3_proxy), cwd=tmp_path / "s3node")
+    with Client(daemon.cwd / "chunkd.sock") as client:
+        yield daemon, client
+
+
+# -- comparing state bit for bit ---------------------------------------------------------
+
+
+def tensor_bytes(t: torch.Tensor) -> bytes:
+    if t.numel() == 0:
+        return b""
+    fresh = torch.empty(t.shape, dtype=t.dtype).copy_(t)  # standard strides
+    return bytes(fresh.reshape(-1).view(torch.uint8).numpy())
+
+
+def assert_same(a: Any, b: Any, path: str = "") -> None:
+    assert type(a) is type(b), f"{path}: {type(a)} != {type(b)}"
+    if isinstance(a, torch.Tensor):
+        assert a.dtype == b.dtype, path
+        assert a.shape == b.shape, path
+        assert tensor_bytes(a) == tensor_bytes(b), path
+    elif isinstance(a, np.ndarray):
+        assert a.dtype == b.dtype, path
+        assert a.shape == b.shape, path
+        assert a.tobytes() == b.tobytes(), path
+    elif isinstance(a, np.generic):
+        assert a.dtype == b.dtype, path
+        assert a.tobytes() == b.tobytes(), path
+    elif isinstance(a, float):
+        assert struct.pack("<d", a) == struct.pack("<d", b), path
+    elif isinstance(a, dict):
+        assert list(a) == list(b), path
+        for key in a:
+            assert_same(a[key], b[key], f"{path}.{key}")
+    elif isinstance(a, list | tuple):
+        assert len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            assert_same(x, y, f"{path}[{i}]")
+    else:
+        assert a == b, path
+
+
+def random_tensor(dtype: torch.dtype, shape: tuple[int, ...], seed: int) -> torch.Tensor:
+    """Any bit pattern the dtype can hold (NaNs included); bools are 0 or 1."""
+    count = math.prod(shape) * torch.empty(0, dtype=dtype).element_size()
+    raw = np.random.default_rng(seed).integers(0, 256, size=count, dtype=np.uint8)
+    if dtype == torch.bool:
+        raw %= 2
+    if count == 0:
+        return torch.empty(shape, dtype=dtype)
+    return torch.from_numpy(raw).view(dtype).reshape(shape)
+
+
+@st.composite
+def tensors(draw: st.DrawFn) -> torch.Tensor:
+    dtype = draw(st.sampled_from(DTYPES))
+    shape = tuple(draw(st.lists(st.integers(0, 7), max_size=3)))
+    base = random_tensor(dtype, shape, draw(st.integers(0, 2**32)))
+    form = draw(st.sampled_from(["plain", "transposed", "strided", "slice"]))
+    if form == "transposed" and base.dim() >= 2:
+        return base.transpose(0, 1)
+    if form == "strided" and base.dim() >= 1:
+        return base[::2]
+    if form == "slice" and base.dim() >= 1 and base.shape[0] > 1:
+        return base[1:]
+    return base
+
+
+leaves = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**80), max_value=2**80),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=8),
+    st.binary(max_size=8),
+    tensors(),
+    tensors().map(lambda t: t.numpy() if t.dtype in (torch.float32, torch.int64) else t),
+    st.sampled_from([np.float32(1.5), np.int16(-3), np.float64("nan"), np.bool_(True)]),
+)
+
+state_dicts = st.recursive(
+    leaves,
+    lambda children: st.one_of(
+        st.lists(children, max_size=4),
+        st.lists(children, max_size=3).map(tuple),
+        st.dictionaries(st.one_of(st.text(max_size=5), st.integers(-5, 5)), children, max_size=4),
+    ),
+    max_leaves=12,
+)
+
+
+@settings(
+    max_examples=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(state=st.dictionaries(st.text(min_size=1, max_size=6), state_dicts, max_size=5))
+def test_round_trip_is_bit_exact_for_every_dtype_and_structure(
+    node: tuple[Daemon, Client], state: dict[str, Any]
+) -> None:
+    _, client = node
+    name = f"local/prop/{time.monotonic_ns()}"
+    ckpt.save(state, name, client=client)
+    assert_same(ckpt.load(name, client=client), state)
+
+
+def test_tied_views_empty_and_zero_dim_tensors(node: tuple[Daemon, Client]) -> None:
+    _, client = node
+    weight = torch.randn(64, 32)
+    state = {
+        "embed": weight,
+        "lm_head": weight,  # tied: the same tensor
+        "row": weight[3],  # a view of the same storage, not the same tensor
+        "cols": weight[:, ::4],
+        "empty": torch.empty(0, 5, dtype=torch.bfloat16),
+        "scalar": torch.tensor(2.5, dtype=torch.float64),
+        "big": torch.randn(600, 600),  # over OWN_SEGMENT_BYTES: a segment of its own
+        "rng": torch.get_rng_state(),
+        "np_rng": np.random.default_rng(0).bit_generator.state,
+    }
+    ckpt.save(state, "local/views/1", client=client)
+    back = ckpt.load("local/views/1", client=client)
+    assert_same(back, state)
+    assert back["lm_head"] is back["embed"]
+    assert back["row"] is not back["embed"]
+
+
+def test_load_into_fills_tensors_in_place(node: tuple[Daemon, Client]) -> None:
+    _, client = node
+    model = torch.nn.Sequential(torch.nn.Linear(300, 300), torch.nn.LayerNorm(300))
+    optim = torch.optim.AdamW(model.parameters())
+    model(torch.randn(4, 300)).sum().backward()
+    optim.step()
+    saved = {"model": model.state_dict(), "optim": optim.state_dict(), "step": 12}
+    ckpt.save(saved, "local/inplace/1", client=client)
+    expected = {"model": {k: v.clone() for k, v in saved["model"].items()}}
+
+    fresh = torch.nn.Sequential(torch.nn.Linear(300, 300), torch.nn.LayerNorm(300))
+    target = {
+        "model": fresh.state_dict(),
+        "optim": torch.optim.AdamW(fresh.parameters()).state_dict(),
+        "step": 0,
+    }
+    before = {k: v.data_ptr() for k, v in target["model"].items()}
+    pinned = (
+        torch.empty(300, 300).pin_memory() if torch.cuda.is_available() else torch.empty(300, 300)
+    )
+    target["model"]["0.weight"] = pinned
+    before["0.weight"] = pinned.data_ptr()
+    ckpt.load_into(target, "local/inplace/1", strict=False, client=client)
+    for key, value in target["model"].items():
+        assert value.data_ptr() == before[key], key  # the same storage, filled in place
+        assert torch.equal(value, expected["model"][key]), key
+    assert target["step"] == 12
+    assert target["optim"]["state"][0]["exp_avg"].shape == (300, 300)
+
+    wrong = {"model": {k: torch.zeros(1) for k in saved["model"]}, "optim": {}, "step": 0}
+    with pytest.raises(CheckpointError, match=r"model\.0\.weight"):
+        ckpt.load_into(wrong, "local/inplace/1", client=client)
+
+
+# -- safety ------------------------------------------------------------------------------
+
+
+def test_unsupported_object_fails_before_staging_and_names_its_path(
+    node: tuple[Daemon, Client],
+) -> None:
+    daemon, client = node
+    state = {"model": {"w": torch.ones(3)}, "sched": {"fn": [1, lambda x: x]}}
+    with pytest.raises(UnsupportedStateError, match=r"sched\.fn\[1\]"):
+        ckpt.save(state, "local/bad/1", client=client)
+    with pytest.raises(UnsupportedStateError, match="key"):
+        ckpt.save({"m": {(1, 2): 3}}, "local/bad/2", client=client)
+    assert daemon.metric("chunkd_checkpoint_saves_total", outcome="started") == 0
+    with pytest.raises(CheckpointNotFoundError):
+        ckpt.load("local/bad/1", client=client)
+
+
+def test_overwrite_is_refused_unless_asked(node: tuple[Daemon, Client]) -> None:
+    _, client = node
+    ckpt.save({"v": torch.zeros(4)}, "local/ow/1", client=client)
+    with pytest.raises(CheckpointExistsError, match="overwrite=True"):
+        ckpt.save({"v": torch.ones(4)}, "local/ow/1", client=client)
+    ckpt.save({"v": torch.ones(4)}, "local/ow/1", overwrite=True, client=client)
+    assert torch.equal(ckpt.load("local/ow/1", client=client)["v"], torch.ones(4))
+
+
+def test_read_only_backend_and_unknown_backend_fail_at_save(
+    start_daemon: Callable[..., Daemon], tmp_path: Path
+) -> None:
+    daemon = start_daemon(cwd=tmp_path / "ro", env={"CHUNKD_BACKENDS_LOCAL_WRITABLE": "false"})
+    with Client(daemon.cwd / "chunkd.sock") as client:
+        with pytest.raises(ReadOnlyBackendError, match="writable = true"):
+            ckpt.save({"v": torch.zeros(2)}, "local/x/1", client=client)
+        with pytest.raises(LookupError, match="no backend named 'nope'"):
+            ckpt.save({"v": torch.zeros(2)}, "nope/x/1", client=client)
+        with pytest.raises(ValueError, match="BACKEND/PATH"):
+            ckpt.save({"v": torch.zeros(2)}, "local", client=client)
+        with pytest.raises(ValueError, match=r"\.\."):
+            ckpt.save({"v": torch.zeros(2)}, "local/a/../b", client=client)
+
+
+def test_refused_credentials_fail_at_save_not_a_hang(
+    start_daemon: Callable[..., Daemon], tmp_path: Path
+) -> None:
+    from chunkd.gateway.testing import BIN, free_port, wait_for_port
+
+    port = free_port()
+    env = dict(os.environ, INITIAL_NO_AUTH_ACTION_COUNT="1")
+    moto = subprocess.Popen(
+        [str(BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_for_port(port)
+        S3Server(port, moto).client().create_bucket(Bucket="locked")
+        daemon = start_daemon(
+            f"""
+[cache]
+dir = "{tmp_path / "cache"}"
+fsync = "never"
+disk_min_free_bytes = 0
+[[backends]]
+name = "vault"
+url = "s3://locked/pre"
+endpoint = "http://127.0.0.1:{port}"
+region = "us-east-1"
+access_key_id = "not-a-key"
+secret_access_key = "not-a-secret"
+allow_http = true
+writable = true
+retries = 0
+""",
+            cwd=tmp_path / "vault",
+        )
+        with Client(daemon.cwd / "chunkd.sock") as client:
+            started = time.monotonic()
+            with pytest.raises(BackendForbiddenError, match="'vault'"):
+                ckpt.save({"v": torch.zeros(2)}, "vault/x/1", client=client)
+            assert time.monotonic() - started < 10
+    finally:
+        moto.kill()
+        moto.wait()
+
+
+def chunk_of(manifest: dict[str, Any], key: str) -> str:
+    """The first chunk id holding top-level value ``key`` of part 0."""
+    part = manifest["parts"][0]
+    node = dict(zip(part["tree"]["keys"], part["tree"]["values"], strict=True))[key]
+    return part["segments"][node["seg"]]["chunks"][0][0]
+
+
+def test_damaged_or_missing_chunk_fails_the_load_naming_the_tensor(
+    start_daemon: Callable[..., Daemon], tmp_path: Path
+) -> None:
+    first = start_daemon(cwd=tmp_path / "a")
+    state = {"layers.0.weight": torch.randn(512, 512), "layers.1.weight": torch.randn(512, 512)}
+    with Client(first.cwd / "chunkd.sock") as client:
+        ckpt.save(state, "local/dmg/1", client=client)
+        manifest = ckpt.manifest("local/dmg/1", client=client)
+    data = first.cwd / "chunkd-data"
+    damaged = data / "chunks" / chunk_of(manifest, "layers.0.weight")
+    raw = bytearray(damaged.read_bytes())
+    raw[100] ^= 0xFF
+    damaged.write_bytes(raw)
+    (data / "chunks" / chunk_of(manifest, "layers.1.weight")).unlink()
+    # A second node over the same backend: its cache has none of the chunks.
+    second = start_daemon(cwd=tmp_path / "b", env={"CHUNKD_BACKENDS_LOCAL_URL": f"file://{data}"})
+    with Client(second.cwd / "chunkd.sock") as client:
+        with pytest.raises(IntegrityError, match=r"layers\.0\.weight"):
+            ckpt.load("local/dmg/1", client=client)
+        assert second.metric("chunkd_checkpoint_integrity_failures_total") >= 1
+        raw[100] ^= 0xFF  # repaired: the damaged copy was never cached
+        damaged.write_bytes(raw)
+        with pytest.raises(CheckpointError, match=r"layers\.1\.weight"):
+            ckpt.load("local/dmg/1", client=client)
+
+
+def test_torn_or_missing_manifest_means_no_checkpoint(node: tuple[Daemon, Client]) -> None:
+    daemon, client = node
+    ckpt.save({"v": torch.zeros(4)}, "local/torn/1", client=client)
+    manifest = daemon.cwd / "chunkd-data" / "checkpoints" / "torn" / "1" / "manifest.json"
+    manifest.write_bytes(manifest.read_bytes()[:20])
+    with pytest.raises(CheckpointNotFoundError, match="torn"):
+        ckpt.load("local/torn/1", client=client)
+    assert ckpt.list("local/torn", client=client) == []
+    with pytest.raises(CheckpointNotFoundError):
+        ckpt.load("local/never/1", client=client)
+
+
+# -- dedup -------------------------------------------------------------------------------
+
+RANK_SCRIPT = """
+import sys, torch
+from chunkd.client import Client, checkpoint
+rank, socket, save_id = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+g = torch.Generator().manual_seed(1234)
+state = {f"layer{i}": torch.randn(256, 1024, generator=g) for i in range(8)}
+state["rank_step"] = rank
+with Client(socket) as client:
+    r = checkpoint.save(state, "ckpt/ddp/step-1", rank=rank, world_size=4, save_id=save_id,
+                        client=client).result()
+print(r.logical_bytes, r.new_bytes)
+"""
+
+
+def bucket_bytes(s3_server: S3Server, bucket: str, prefix: str) -> int:
+    listing = s3_server.client().list_objects_v2(Bucket=bucket, Prefix=prefix)
+    return sum(o["Size"] for o in listing.get("Contents", []))
+
+
+def test_four_ranks_saving_identical_state_upload_it_once(
+    s3_node: tuple[Daemon, Client], s3_server: S3Server, bucket: str
+) -> None:
+    daemon, _ = s3_node
+    socket = str(daemon.cwd / "chunkd.sock")
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", RANK_SCRIPT, str(r), socket, "sameid"],
+            stdout=subprocess.PIPE,
+        )
+        for r in range(4)
+    ]
+    outputs = [p.communicate(timeout=90)[0].split() for p in procs]
+    assert all(p.returncode == 0 for p in procs)
+    state_bytes = 8 * 256 * 1024 * 4
+    assert sum(int(o[0]) for o in outputs) >= 4 * state_bytes
+    new = sum(int(o[1]) for o in outputs)
+    assert state_bytes <= new <= 1.05 * state_bytes
+    written = daemon.metric("chunkd_backend_write_bytes_total", backend="ckpt")
+    assert state_bytes <= written <= 1.05 * state_bytes  # chunks once, plus small JSON
+    stored = bucket_bytes(s3_server, bucket, "pre/chunks/")
+    assert state_bytes <= stored <= 1.01 * state_bytes
+    with Client(socket) as client:
+        for rank in (0, 3):
+            part = ckpt.load("ckpt/ddp/step-1", part=rank, client=client)
+            assert part["rank_step"] == rank
+        entry = ckpt.list("ckpt/ddp", client=client)[0]
+        assert entry["world_size"] == 4
+        assert entry["dedup_ratio"] >= 3.9
+
+
+def test_a_step_that_changed_a_quarter_uploads_about_a_quarter(
+    s3_node: tuple[Daemon, Client],
+) -> None:
+    daemon, client = s3_node
+    g = torch.Generator().manual_seed(7)
+    state = {f"layer{i}": torch.randn(512, 512, generator=g) for i in range(8)}
+    state["step"] = 1
+    full = ckpt.save(state, "ckpt/run/step-1", client=client).result()
+    for i in range(2):  # 2 of 8 equal tensors: 25% of the bytes
+        state[f"layer{i}"] = state[f"layer{i}"] + 1
+    state["step"] = 2
+    before = daemon.metric("chunkd_backend_write_bytes_total", backend="ckpt")
+    step = ckpt.save(state, "ckpt/run/step-2", client=client).result()
+    sent = daemon.metric("chunkd_backend_write_bytes_total", backend="ckpt") - before
+    assert 0.24 * full.logical_bytes <= step.new_bytes <= 0.26 * full.logical_bytes
+    assert sent <= 0.27 * full.logical_bytes
+    assert_same(ckpt.load("ckpt/run/step-2", client=client), state)
+
+
+# -- kill -9 -----------------------------------------------------------------------------
+
+TRAINER_SCRIPT = """
+import os, signal, sys, torch
+from chunkd.client import Client, checkpoint
+g = torch.Generator().manual_seed(99)
+state = {f"w{i}": torch.randn(512, 512, generator=g) for i in range(6)}
+client = Client(sys.argv[1])
+checkpoint.async_save(state, "ckpt/killed/step-5", client=client)
+for t in state.values():
+    t.zero_()  # training goes on and changes its tensors at once
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        result = predicate()
+        if result:
+            return result
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def committed(client: Client, name: str) -> bool:
+    return any(
+        e["name"] == name and e["state"] == "committed" for e in ckpt.list(name, client=client)
+    )
+
+
+def test_trainer_killed_after_async_save_still_commits(
+    s3_node: tuple[Daemon, Client], s3_proxy: CountingProxy
+) -> None:
+    daemon, client = s3_node
+    s3_proxy.delay_up = 0.01  # the upload is still going when the trainer dies
+    trainer = subprocess.run(
+        [sys.executable, "-c", TRAINER_SCRIPT, str(daemon.cwd / "chunkd.sock")], check=False
+    )
+    assert trainer.returncode == -signal.SIGKILL
+    s3_proxy.delay_up = 0
+    wait_for(lambda: committed(client, "ckpt/killed/step-5"), 60, "the commit")
+    g = torch.Generator().manual_seed(99)
+    expected = {f"w{i}": torch.randn(512, 512, generator=g) for i in range(6)}
+    assert_same(ckpt.load("ckpt/killed/step-5", client=client), expected)
+
+
+def test_daemon_killed_after_local_save_resumes_the_upload(
+    start_daemon: Callable[..., Daemon], tmp_path: Path, bucket: str, s3_proxy: CountingProxy
+) -> None:
+    toml = s3_toml(tmp_path, bucket, s3_proxy)
+    daemon = start_daemon(toml, cwd=tmp_path / "n")
+    state = {f"w{i}": torch.randn(512, 512) for i in range(6)}
+    s3_proxy.delay_up = 0.05  # the upload cannot finish before the kill
+    with Client(daemon.cwd / "chunkd.sock") as client:
+        handle = ckpt.save(state, "ckpt/resume/step-9", durability="local", client=client)
+        assert handle.result().durability in ("local", "remote")
+        daemon.process.kill()
+        daemon.process.wait()
+        s3_proxy.delay_up = 0
+        restarted = start_daemon(toml, cwd=tmp_path / "n", port=daemon.port)
+        assert wait_for_socket(restarted.cwd / "chunkd.sock", 30)
+        wait_for(lambda: committed(client, "ckpt/resume/step-9"), 60, "the resumed commit")
+        assert_same(ckpt.load("ckpt/resume/step-9", client=client), state)
+        log = restarted.log.read_text()
+        assert "resuming checkpoint ckpt/resume/step-9" in log
+
+
+@pytest.mark.timeout(240)
+def test_daemon_killed_mid_save_leaves_all_or_nothing(
+    start_daemon: Callable[..., Daemon], tmp_path: Path, bucket: str, s3_proxy: CountingProxy
+) -> None:
+    toml = s3_toml(tmp_path, bucket, s3_proxy)
+    state = {f"w{i}": torch.randn(1024, 512) for i in range(4)}
+    outcomes = []
+    for attempt, delay in enumerate((0.0, 0.15, 0.4, 0.8, 1.5)):
+        daemon = start_daemon(toml, cwd=tmp_path / "m")
+        name = f"ckpt/chaos/step-{attempt}"
+        s3_proxy.delay_up = 0.01
+        with Client(daemon.cwd / "chunkd.sock") as client:
+            handle = ckpt.async_save(state, name, durability="local", client=client)
+            time.sleep(delay)
+            daemon.process.kill()
+            daemon.process.wait()
+            del handle
+        s3_proxy.delay_up = 0
+        restarted = start_daemon(toml, cwd=tmp_path / "m", port=daemon.port)
+        with Client(restarted.cwd / "chunkd.sock") as client:
+
+            def settled(restarted: Daemon = restarted) -> bool:
+                status, _, body = restarted.get("/v1/stats")
+                return status == 200 and not json.loads(body)["checkpoints"]["jobs"]
+
+            wait_for(settled, 60, "resumed saves to finish")
+            try:
+                back = ckpt.load(name, client=client)
+            except CheckpointNotFoundError:
+                outcomes.append("absent")
+            else:
+                assert_same(back, state)
+                outcomes.append("complete")
+        restarted.stop()
+    assert "complete" in outcomes  # a kill after the local level always completes
+
+
+def test_backend_down_delays_the_commit_and_loses_nothing(
+    s3_node: tuple[Daemon, Client], s3_proxy: CountingProxy
+) -> None:
+    _, client = s3_node
+    state = {"w": torch.randn(256, 256)}
+    s3_proxy.down()
+    handle = ckpt.async_save(state, "ckpt/outage/step-1", durability="local", client=client)
+    assert handle.wait(30)  # durable on the node's disk without the backend
+    assert not handle.wait(1, level="remote")
+    s3_proxy.up()
+    assert handle.wait(60, level="remote")
+    assert_same(ckpt.load("ckpt/outage/step-1", client=client), state)
+
+
+# -- GC and listing ----------------------------------------------------------------------
+
+
+def test_gc_sweeps_only_unreferenced_chunks_and_keeps_concurrent_saves(
+    node: tuple[Daemon, Client],
+) -> None:
+    daemon, client = node
+    shared = torch.randn(512, 512)
+    ckpt.save({"shared": shared, "own": torch.randn(512, 512)}, "local/gc/step-1", client=client)
+    ckpt.save({"shared": shared, "own": torch.randn(512, 512)}, "local/gc/step-2", client=client)
+    ckpt.save({"shared": shared, "own": torch.randn(512, 512)}, "local/gc/step-3", client=client)
+    chunks = daemon.cwd / "chunkd-data" / "chunks"
+    assert len(list(chunks.iterdir())) == 4
+    socket = str(daemon.cwd / "chunkd.sock")
+
+    def chunkd(*args: str) -> str:
+        done = subprocess.run(
+            [str(Path(sys.executable).parent / "chunkd"), *args, "--socket", socket],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        return done.stdout
+
+    listing = chunkd("ckpt", "ls", "local/gc")
+    assert "local/gc/step-1" in listing
+    assert "remote" in listing
+    dry = chunkd("gc", "local/gc", "--keep-last", "2", "--grace", "0s", "--dry-run")
+    assert "would remove checkpoint local/gc/step-1" in dry
+    assert len(list(chunks.iterdir())) == 4
+    young = chunkd("gc", "local/gc", "--keep-last", "2")  # the default grace: 1h
+    assert "removed checkpoint local/gc/step-1" in young
+    assert len(list(chunks.iterdir())) == 4  # unreferenced, but younger than the grace
+    # A save in flight (its intent is written, its manifest is not) keeps its chunks.
+    intent = daemon.cwd / "chunkd-data" / "intents" / "inflight.0.json"
+    step1_own = [c.name for c in chunks.iterdir()]
+    intent.write_text(json.dumps({"chunks": step1_own}))
+    chunkd("gc", "local/gc", "--grace", "0s")
+    assert len(list(chunks.iterdir())) == 4
+    intent.unlink()
+    out = chunkd("gc", "local/gc", "--grace", "0s")
+    assert "removed 1" in out
+    assert len(list(chunks.iterdir())) == 3
+    assert [e["name"] for e in ckpt.list("local/gc", client=client)] == [
+        "local/gc/step-2",
+        "local/gc/step-3",
+    ]
+    for name in ("local/gc/step-2", "local/gc/step-3"):
+        assert torch.equal(ckpt.load(name, client=client)["shared"], shared)
+    with pytest.raises(CheckpointNotFoundError):
+        ckpt.load("local/gc/step-1", client=client)
+    assert ckpt.delete("local/gc/step-2", client=client) >= 2
+    with pytest.raises(CheckpointNotFoundError):
+        ckpt.delete("local/gc/step-2", client=client)
+
+
+def test_durability_levels_are_reached_in_order(node: tuple[Daemon, Client]) -> None:
+    _, client = node
+    state = {"w": torch.randn(1024, 1024)}
+    handle = ckpt.async_save(state, "local/levels/step-1", durability="staged", client=client)
+    assert handle.wait(30)
+    assert handle.wait(30, level="local")
+    assert handle.wait(30, level="remote")
+    result = handle.result()
+    assert result.durability == "remote"
+    assert result.logical_bytes == 4 * MiB

@@ -643,14 +643,23 @@ class CheckpointReader:
         self.values: dict[Any, Any] = {}
         if isinstance(self.tree, dict) and self.tree.get("t") == "dict":
             self.values = dict(zip(self.tree["keys"], self.tree["values"], strict=True))
+        self._by_id: dict[int, dict[str, Any]] = {}
         for node, path in _walk(self.tree, ""):
             self._reader.note_owner(node, path)
+            if node.get("t") == "tensor" and "id" in node:
+                self._by_id[node["id"]] = node
 
     def read(self, keys: builtins.list[Any]) -> dict[Any, Any]:
-        """Decode the top-level values ``keys`` (tensors on the CPU)."""
+        """Decode the top-level values ``keys`` (tensors on the CPU).
+
+        A tied tensor read without the key that holds its bytes still loads: the
+        owner's bytes are fetched for it.
+        """
         nodes = [self.values[k] for k in keys]
-        self._reader.fetch([n for node in nodes for n, _ in _walk(node, "")])
-        decoder = _Decoder(self._reader, "cpu")
+        wanted = [n for node in nodes for n, _ in _walk(node, "")]
+        wanted += [self._by_id[i] for node in nodes for i in _refs(node)]
+        self._reader.fetch(wanted)
+        decoder = _Decoder(self._reader, "cpu", self._by_id)
         return {k: decoder.decode(n) for k, n in zip(keys, nodes, strict=True)}
 
     def close(self) -> None:
@@ -775,11 +784,29 @@ def _walk(node: Any, path: str) -> Iterator[tuple[dict[str, Any], str]]:
             yield from _walk(value, f"{path}[{i}]")
 
 
+def _refs(node: Any) -> Iterator[int]:
+    """The ids that ``ref`` nodes under ``node`` point at."""
+    if not isinstance(node, dict):
+        return
+    kind = node.get("t")
+    if kind == "ref":
+        yield node["id"]
+    elif kind == "dict":
+        for value in node["values"]:
+            yield from _refs(value)
+    elif kind in ("list", "tuple"):
+        for value in node["items"]:
+            yield from _refs(value)
+
+
 class _Decoder:
-    def __init__(self, reader: _Reader, map_location: Any) -> None:
+    def __init__(
+        self, reader: _Reader, map_location: Any, by_id: dict[int, dict[str, Any]] | None = None
+    ) -> None:
         self.reader = reader
         self.map_location = map_location
         self.tensors: dict[int, Any] = {}
+        self.by_id = by_id or {}
 
     def decode(self, node: Any) -> Any:
         if not isinstance(node, dict):
@@ -809,6 +836,8 @@ class _Decoder:
                 self.tensors[node["id"]] = tensor
             return tensor
         if kind == "ref":
+            if node["id"] not in self.tensors and node["id"] in self.by_id:
+                self.decode(self.by_id[node["id"]])  # its owner was not asked for
             return self.tensors[node["id"]]
         if kind == "ndarray":
             import numpy as np

@@ -646,3 +646,13 @@ def test_durability_levels_are_reached_in_order(node: tuple[Daemon, Client]) -> 
     result = handle.result()
     assert result.durability == "remote"
     assert result.logical_bytes == 4 * MiB
+
+
+def test_reader_reads_single_values_and_tied_ones_alone(node: tuple[Daemon, Client]) -> None:
+    _, client = node
+    weight = torch.randn(256, 256)
+    ckpt.save({"embed": weight, "head": weight, "bias": torch.ones(3)}, "local/rd/1", client=client)
+    with ckpt.CheckpointReader("local/rd/1", client=client) as reader:
+        assert set(reader.values) == {"embed", "head", "bias"}
+        assert torch.equal(reader.read(["head"])["head"], weight)
+        assert torch.equal(reader.read(["bias"])["bias"], torch.ones(3))

@@ -656,3 +656,45 @@ def test_reader_reads_single_values_and_tied_ones_alone(node: tuple[Daemon, Clie
         assert set(reader.values) == {"embed", "head", "bias"}
         assert torch.equal(reader.read(["head"])["head"], weight)
         assert torch.equal(reader.read(["bias"])["bias"], torch.ones(3))
+
+
+GLOO_SCRIPT = """
+import sys, torch, torch.distributed as dist
+from chunkd.client import Client, checkpoint
+rank, port, socket = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+state = {"shard": torch.full((128, 128), float(rank)), "common": torch.arange(100_000.0)}
+with Client(socket) as client:
+    result = checkpoint.save(state, "local/gloo/step-3", client=client).result()
+    dist.barrier()
+    back = checkpoint.load("local/gloo/step-3", client=client)
+assert torch.equal(back["shard"], state["shard"]), rank
+print(result.durability, result.new_bytes)
+dist.destroy_process_group()
+"""
+
+
+def test_ranks_under_torch_distributed_agree_on_one_save(node: tuple[Daemon, Client]) -> None:
+    from chunkd.gateway.testing import free_port
+
+    daemon, client = node
+    port = str(free_port())
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", GLOO_SCRIPT, str(r), port, str(daemon.cwd / "chunkd.sock")],
+            stdout=subprocess.PIPE,
+        )
+        for r in range(2)
+    ]
+    outputs = [p.communicate(timeout=90)[0].split() for p in procs]
+    assert [p.returncode for p in procs] == [0, 0]
+    assert [o[0] for o in outputs] == [b"remote", b"remote"]
+    manifest = ckpt.manifest("local/gloo/step-3", client=client)
+    assert manifest["world_size"] == 2
+    assert len({p["save_id"] for p in manifest["parts"]}) == 1
+    assert torch.equal(
+        ckpt.load("local/gloo/step-3", part=1, client=client)["shard"], torch.ones(128, 128)
+    )
+    # "common" is the same on both ranks (and large enough for chunks of its own):
+    # it is uploaded once.
+    assert sum(int(o[1]) for o in outputs) == 2 * 128 * 128 * 4 + 400_000

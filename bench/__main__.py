@@ -2,7 +2,8 @@
 
 Options: ``--quick`` (small sizes; checks the benchmarks work, figures mean little),
 ``--out DIR`` (default ``bench/out``), ``--work DIR`` (scratch space on the disk
-under test; default ``DIR/work``), ``--only SCENARIO`` (repeatable).
+under test; default ``DIR/work``), ``--only SCENARIO`` (repeatable; ``ckpt`` runs every
+checkpoint scenario).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import asyncio
 import shutil
 from pathlib import Path
 
-from . import cache_bench, client_bench, gateway_bench
+from . import cache_bench, ckpt_bench, client_bench, gateway_bench
 from .report import Report
 
 
@@ -25,7 +26,7 @@ def main() -> int:
     parser.add_argument(
         "--only",
         action="append",
-        choices=(*cache_bench.SCENARIOS, "gateway", "client"),
+        choices=(*cache_bench.SCENARIOS, "gateway", "client", "ckpt", *ckpt_bench.SCENARIOS),
         help="run only this scenario (repeatable)",
     )
     args = parser.parse_args()
@@ -42,6 +43,9 @@ def main() -> int:
         if only is None or "client" in only:
             print("client: local socket", flush=True)
             client_bench.run(report, work / "client", quick=args.quick)
+        if only is None or "ckpt" in only or only & set(ckpt_bench.SCENARIOS):
+            print("ckpt: checkpoints", flush=True)
+            asyncio.run(ckpt_bench.run(report, work / "ckpt", quick=args.quick, only=only))
     finally:
         shutil.rmtree(work, ignore_errors=True)
     report.write(args.out)

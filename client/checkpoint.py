@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import base64
 import builtins
-import contextlib
 import fcntl
 import json
 import mmap
@@ -526,7 +525,14 @@ def manifest(name: str, *, client: Client | None = None) -> dict[str, Any]:
 
 
 class _Reader:
-    """The bytes of one part's segments, fetched chunk by chunk through the daemon."""
+    """The bytes of one part's segments, copied out of the daemon's chunks.
+
+    Copies are planned first (:meth:`plan`: this node's bytes go to that buffer),
+    then :meth:`run` asks the daemon for the chunks, at most ``MAX_FDS`` at a time,
+    and reads each piece straight from the chunk's sealed memfd into its target
+    with ``preadv``, on a few threads: no mapping of the chunk is set up (that
+    costs more than the copy), and at most one batch of fds is open at once.
+    """
 
     def __init__(self, client: Client, name: str, part: dict[str, Any]) -> None:
         self.client = client
@@ -535,44 +541,65 @@ class _Reader:
         self.segments: builtins.list[builtins.list[tuple[str, int]]] = [
             [(str(c), int(n)) for c, n in seg["chunks"]] for seg in part["segments"]
         ]
-        self._maps: dict[str, mmap.mmap] = {}
         self._owners: dict[str, builtins.list[str]] = {}
+        # chunk id -> (start, stop, target) pieces to read from it
+        self._planned: dict[str, builtins.list[tuple[int, int, memoryview]]] = {}
+        self._after: builtins.list[Callable[[], None]] = []
 
     def note_owner(self, node: dict[str, Any], path: str) -> None:
         for cid, _, _ in self._pieces(node["seg"], node["off"], node["len"]):
             self._owners.setdefault(cid, []).append(path)
 
-    def fetch(self, nodes: builtins.list[dict[str, Any]] | None = None) -> None:
-        """Map the chunks of ``nodes`` (default: every chunk of the part)."""
-        if nodes is None:
-            every = (c for seg in self.segments for c, _ in seg)
-        else:
-            every = (
-                c
-                for n in nodes
-                if n.get("len")
-                for c, _, _ in self._pieces(n["seg"], n["off"], n["len"])
+    def plan(self, node: dict[str, Any], target: memoryview) -> None:
+        """Have :meth:`run` fill ``target`` with the bytes of ``node``."""
+        if target.nbytes != node["len"]:
+            raise CheckpointError(
+                f"checkpoint {self.name}: a value of {node['len']} bytes has a "
+                f"{target.nbytes}-byte target"
             )
-        wanted = [c for c in dict.fromkeys(every) if c not in self._maps]
-        for start in range(0, len(wanted), MAX_FDS):
-            batch = wanted[start : start + MAX_FDS]
-            try:
-                reply, _, fds = self.client._request(
-                    {"op": "ckpt_chunks", "backend": self.backend, "ids": batch},
-                    f"loading {self.name}",
-                )
-            except ChunkdError as exc:
-                raise self._named(exc) from exc
-            try:
-                sizes = reply.get("sizes", [])
-                if len(fds) != len(batch) or len(sizes) != len(batch):
-                    raise CheckpointError(
-                        f"the daemon sent {len(fds)} chunks of {len(batch)} for {self.name}"
-                    )
-                for cid, fd, size in zip(batch, fds, sizes, strict=True):
-                    self._maps[cid] = mmap.mmap(fd, size, prot=mmap.PROT_READ) if size else None  # type: ignore[assignment]
-            finally:
-                _close(fds)
+        at = 0
+        for cid, lo, hi in self._pieces(node["seg"], node["off"], node["len"]):
+            self._planned.setdefault(cid, []).append((lo, hi, target[at : at + hi - lo]))
+            at += hi - lo
+        if at != node["len"]:
+            raise CheckpointError(f"checkpoint {self.name}: a value's bytes are incomplete")
+
+    def after(self, step: Callable[[], None]) -> None:
+        """Run ``step`` once every planned copy is done (e.g. a copy to a GPU)."""
+        self._after.append(step)
+
+    def run(self) -> None:
+        """Do every planned copy, then every step given to :meth:`after`."""
+        planned, self._planned = self._planned, {}
+        wanted = builtins.list(planned)
+        with ThreadPoolExecutor(_COPY_THREADS, thread_name_prefix="chunkd-load") as pool:
+            for start in range(0, len(wanted), MAX_FDS):
+                batch = wanted[start : start + MAX_FDS]
+                fds = self._chunks(batch)
+                try:
+                    jobs = [(fd, planned[cid]) for cid, fd in zip(batch, fds, strict=True)]
+                    for _ in pool.map(_read_pieces, jobs):
+                        pass
+                finally:
+                    _close(fds)
+        steps, self._after = self._after, []
+        for step in steps:
+            step()
+
+    def _chunks(self, batch: builtins.list[str]) -> builtins.list[int]:
+        try:
+            reply, _, fds = self.client._request(
+                {"op": "ckpt_chunks", "backend": self.backend, "ids": batch},
+                f"loading {self.name}",
+            )
+        except ChunkdError as exc:
+            raise self._named(exc) from exc
+        if len(fds) != len(batch) or len(reply.get("sizes", [])) != len(batch):
+            _close(fds)
+            raise CheckpointError(
+                f"the daemon sent {len(fds)} chunks of {len(batch)} for {self.name}"
+            )
+        return fds
 
     def _named(self, exc: ChunkdError) -> ChunkdError:
         cid = getattr(exc, "chunk_id", None)
@@ -594,20 +621,16 @@ class _Reader:
             if pos >= off + length:
                 return
 
-    def copy_into(self, node: dict[str, Any], target: memoryview) -> None:
-        at = 0
-        for cid, lo, hi in self._pieces(node["seg"], node["off"], node["len"]):
-            target[at : at + hi - lo] = memoryview(self._maps[cid])[lo:hi]
-            at += hi - lo
-        if at != node["len"]:
-            raise CheckpointError(f"checkpoint {self.name}: a value's bytes are incomplete")
 
-    def close(self) -> None:
-        for m in self._maps.values():
-            if m is not None:
-                with contextlib.suppress(BufferError):
-                    m.close()
-        self._maps.clear()
+def _read_pieces(job: tuple[int, builtins.list[tuple[int, int, memoryview]]]) -> None:
+    fd, pieces = job
+    for lo, _, target in pieces:
+        at = 0
+        while at < target.nbytes:
+            got = os.preadv(fd, [target[at:]], lo + at)
+            if got <= 0:
+                raise CheckpointError("a chunk from the daemon is shorter than its size")
+            at += got
 
 
 def _open_part(name: str, client: Client | None, part: int | None) -> tuple[_Reader, Any]:
@@ -655,16 +678,13 @@ class CheckpointReader:
         A tied tensor read without the key that holds its bytes still loads: the
         owner's bytes are fetched for it.
         """
-        nodes = [self.values[k] for k in keys]
-        wanted = [n for node in nodes for n, _ in _walk(node, "")]
-        wanted += [self._by_id[i] for node in nodes for i in _refs(node)]
-        self._reader.fetch(wanted)
         decoder = _Decoder(self._reader, "cpu", self._by_id)
-        return {k: decoder.decode(n) for k, n in zip(keys, nodes, strict=True)}
+        values = {k: decoder.decode(self.values[k]) for k in keys}
+        self._reader.run()
+        return values
 
     def close(self) -> None:
-        """Unmap every chunk."""
-        self._reader.close()
+        """Nothing stays open between reads; kept for ``with``."""
 
     def __enter__(self) -> CheckpointReader:
         return self
@@ -723,13 +743,11 @@ def load(
         IntegrityError: a chunk is damaged in the backend; the message names the tensor.
     """
     reader, tree = _open_part(name, client, part)
-    try:
-        for node, path in _walk(tree, ""):
-            reader.note_owner(node, path)
-        reader.fetch()
-        return _Decoder(reader, map_location).decode(tree)
-    finally:
-        reader.close()
+    for node, path in _walk(tree, ""):
+        reader.note_owner(node, path)
+    state = _Decoder(reader, map_location).decode(tree)
+    reader.run()
+    return state
 
 
 def load_into(
@@ -751,21 +769,10 @@ def load_into(
         CheckpointError: the checkpoint and ``state_dict`` do not match (named).
     """
     reader, tree = _open_part(name, client, part)
-    try:
-        for node, path in _walk(tree, ""):
-            reader.note_owner(node, path)
-        reader.fetch()
-        decoder = _Decoder(reader, "cpu")
-        jobs: builtins.list[Callable[[], None]] = []
-        _fill(state_dict, tree, "", decoder, strict, jobs)
-        if len(jobs) > 1:
-            with ThreadPoolExecutor(_COPY_THREADS, thread_name_prefix="chunkd-load") as pool:
-                [*pool.map(lambda job: job(), jobs)]
-        else:
-            for job in jobs:
-                job()
-    finally:
-        reader.close()
+    for node, path in _walk(tree, ""):
+        reader.note_owner(node, path)
+    _fill(state_dict, tree, "", _Decoder(reader, "cpu"), strict)
+    reader.run()
     return state_dict
 
 
@@ -829,9 +836,7 @@ class _Decoder:
 
             return getattr(torch, node["name"])
         if kind == "tensor":
-            tensor = self.new_tensor(node)
-            if self.map_location not in (None, "cpu"):
-                tensor = tensor.to(self.map_location)
+            tensor = self.new_tensor(node, self.map_location)
             if "id" in node:
                 self.tensors[node["id"]] = tensor
             return tensor
@@ -844,7 +849,7 @@ class _Decoder:
 
             array = np.empty(node["shape"], dtype=np.dtype(node["dtype"]))
             if node.get("len"):
-                self.reader.copy_into(node, array.reshape(-1).view(np.uint8).data)
+                self.reader.plan(node, array.reshape(-1).view(np.uint8).data)
             return array
         if kind == "npscalar":
             import numpy as np
@@ -853,14 +858,38 @@ class _Decoder:
             return np.frombuffer(raw, dtype=np.dtype(node["dtype"]))[0].copy()
         raise CheckpointError(f"unknown value kind {kind!r} in the checkpoint (a newer chunkd?)")
 
-    def new_tensor(self, node: dict[str, Any]) -> Any:
+    def new_tensor(self, node: dict[str, Any], device: Any = None) -> Any:
+        """A tensor for ``node``, filled when the reader runs (on ``device``, or the CPU)."""
         import torch
 
         dtype = getattr(torch, node["dtype"])
-        tensor = torch.empty(node["shape"], dtype=dtype)
+        where = torch.device("cpu" if device is None else device)
+        tensor = torch.empty(node["shape"], dtype=dtype, device=where)
         if node.get("len"):
-            self.reader.copy_into(node, _tensor_bytes(tensor))
+            self.fill(tensor, node)
         return tensor
+
+    def fill(self, tensor: Any, node: dict[str, Any]) -> None:
+        """Have the reader fill ``tensor`` (same shape and dtype) with ``node``'s bytes."""
+        direct = (
+            tensor.device.type == "cpu"
+            and tensor.is_contiguous()
+            and not tensor.is_conj()
+            and not tensor.is_neg()
+        )
+        flat = _flat_bytes(tensor.detach()) if direct else None
+        if flat is not None:  # straight from the chunks into the tensor's own memory
+            self.reader.plan(node, flat)
+            return
+        staging = self.new_tensor(node)  # CUDA, strided views: through a CPU copy
+
+        def copy() -> None:
+            import torch
+
+            with torch.no_grad():
+                tensor.copy_(staging)
+
+        self.reader.after(copy)
 
 
 def _flat_bytes(tensor: Any) -> memoryview | None:
@@ -886,7 +915,6 @@ def _fill(
     path: str,
     decoder: _Decoder,
     strict: bool,
-    jobs: builtins.list[Callable[[], None]],
 ) -> Any:
     """Fill ``target`` from ``node`` in place where it can; returns the value to keep."""
     kind = node.get("t") if isinstance(node, dict) else None
@@ -908,13 +936,13 @@ def _fill(
         for key, value in saved.items():
             sub = f"{path}.{key}" if path else str(key)
             if key in target:
-                target[key] = _fill(target[key], value, sub, decoder, strict, jobs)
+                target[key] = _fill(target[key], value, sub, decoder, strict)
             else:
                 target[key] = decoder.decode(value)
         return target
     if kind == "list" and isinstance(target, builtins.list) and len(target) == len(node["items"]):
         for i, value in enumerate(node["items"]):
-            target[i] = _fill(target[i], value, f"{path}[{i}]", decoder, strict, jobs)
+            target[i] = _fill(target[i], value, f"{path}[{i}]", decoder, strict)
         return target
     if kind == "tensor":
         torch = sys.modules.get("torch")
@@ -928,7 +956,8 @@ def _fill(
                 f"{where}: the checkpoint has {node['dtype']}{node['shape']}, the target "
                 f"{str(target.dtype).removeprefix('torch.')}{[*target.shape]}"
             )
-        jobs.append(lambda: _fill_tensor(target, node, decoder))
+        if node.get("len"):
+            decoder.fill(target, node)
         if "id" in node:
             decoder.tensors[node["id"]] = target
         return target
@@ -943,31 +972,9 @@ def _fill(
             and target.dtype == np.dtype(node["dtype"])
         ):
             if node.get("len"):
-                jobs.append(
-                    lambda: decoder.reader.copy_into(node, target.reshape(-1).view(np.uint8).data)
-                )
+                decoder.reader.plan(node, target.reshape(-1).view(np.uint8).data)
             return target
     return decoder.decode(node)
-
-
-def _fill_tensor(target: Any, node: dict[str, Any], decoder: _Decoder) -> None:
-    if not node.get("len"):
-        return
-    direct = (
-        target.device.type == "cpu"
-        and target.is_contiguous()
-        and not target.is_conj()
-        and not target.is_neg()
-    )
-    flat = _flat_bytes(target.detach()) if direct else None
-    if flat is not None:  # straight from the chunks into the tensor's own memory
-        decoder.reader.copy_into(node, flat)
-        return
-    staging = decoder.new_tensor(node)  # CUDA, strided views: through a CPU copy
-    import torch
-
-    with torch.no_grad():
-        target.copy_(staging)
 
 
 # -- catalog ---------------------------------------------------------------------------

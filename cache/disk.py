@@ -197,8 +197,14 @@ class DiskTier(Tier):
         data = await self._run(self.read_sync, cid)
         return None if data is None else BytesLease(cid, data)
 
-    async def put(self, chunk: Chunk) -> bool:
-        # docstring inherited
+    async def put(self, chunk: Chunk, *, sync: bool | None = None) -> bool:
+        """Store ``chunk`` (see :meth:`Tier.put`).
+
+        ``sync=False`` skips this write's fsyncs whatever the tier's policy: for a
+        caller that writes many chunks and then makes them all durable at once
+        (``syncfs``, as checkpoint saves do), which is much cheaper than one fsync
+        per file and directory.
+        """
         self._check_open()
         if chunk.size > self._max_chunk:
             raise ChunkTooLargeError(
@@ -207,7 +213,7 @@ class DiskTier(Tier):
             )
         # One write per chunk id, run as a task of its own: a caller that is
         # cancelled stops waiting, while the write and its other waiters go on.
-        return await self._writing.run(chunk.id, lambda: self._run(self.write_sync, chunk))
+        return await self._writing.run(chunk.id, lambda: self._run(self.write_sync, chunk, sync))
 
     async def contains(self, cid: ChunkId) -> bool:
         # docstring inherited
@@ -333,21 +339,21 @@ class DiskTier(Tier):
         self._bump("hits")
         return data
 
-    def write_sync(self, chunk: Chunk) -> bool:
+    def write_sync(self, chunk: Chunk, sync: bool | None = None) -> bool:
         """Store ``chunk`` as a file and queue its record; ``False`` if declined.
 
         Never raises for the tier's own trouble (a full disk, I/O errors, a failing
         index): those are counted, degrade the tier, and decline the write.
         """
         try:
-            return self._write(chunk)
+            return self._write(chunk, self._fsync is FsyncPolicy.ALWAYS if sync is None else sync)
         except lmdb.Error as exc:
             self._count_error(exc)
             self._degrade(f"index failed ({exc})")
             self._bump("rejected")
             return False
 
-    def _write(self, chunk: Chunk) -> bool:
+    def _write(self, chunk: Chunk, sync: bool) -> bool:
         if self.index.lookup(chunk.id) is not None:
             self.index.touch(chunk.id)
             return True
@@ -361,7 +367,7 @@ class DiskTier(Tier):
         final = self.path_of(chunk.id)
         tmp = self._tmp_dir / f"{self._token}.{next(self._serial)}"
         try:
-            self._write_file(tmp, payload)
+            self._write_file(tmp, payload, sync)
             # Every time, not from a memo: an operator may have removed the directory.
             os.makedirs(final.parent, exist_ok=True)
             with self._names_lock:
@@ -369,7 +375,7 @@ class DiskTier(Tier):
                 # see the file without its record. The name is durable before the
                 # record can be committed (file first, then index).
                 os.rename(tmp, final)
-                if self._fsync is FsyncPolicy.ALWAYS:
+                if sync:
                     _fsync_dir(final.parent)
                 self.index.put_chunk(
                     chunk.id, ChunkRecord(chunk.size, len(payload), codec, TierSet.DISK)
@@ -382,14 +388,14 @@ class DiskTier(Tier):
         self._bump("inserts")
         return True
 
-    def _write_file(self, path: Path, payload: memoryview | bytes) -> None:
+    def _write_file(self, path: Path, payload: memoryview | bytes, sync: bool) -> None:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o640)
         try:
             view = memoryview(payload)
             done = 0
             while done < view.nbytes:
                 done += os.write(fd, view[done:])
-            if self._fsync is FsyncPolicy.ALWAYS:
+            if sync:
                 os.fdatasync(fd)
         finally:
             os.close(fd)

@@ -179,8 +179,10 @@ class BytesLease(ChunkLease):
 
     __slots__ = ("_data",)
 
-    def __init__(self, cid: ChunkId, data: bytes | bytearray | mmap.mmap) -> None:
-        super().__init__(cid, len(data))
+    def __init__(self, cid: ChunkId, data: bytes | bytearray | mmap.mmap | memoryview) -> None:
+        super().__init__(
+            cid, memoryview(data).nbytes if isinstance(data, memoryview) else len(data)
+        )
         self._data = data
 
     def view(self) -> memoryview:

@@ -281,10 +281,12 @@ def _blob_bytes(source: Any) -> memoryview:
 def _stage(
     blobs: builtins.list[_Blob], segments: builtins.list[tuple[int, int]], total: int
 ) -> int:
-    """Copy every blob into a new memfd and seal it; returns the fd."""
-    fd = os.memfd_create("chunkd-checkpoint", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    """Copy every blob into a memfd (the spare, when it is big enough) and seal it."""
+    fd = _SPARE.take(total)
+    if fd is None:
+        fd = os.memfd_create("chunkd-checkpoint", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
     try:
-        os.ftruncate(fd, total)
+        os.ftruncate(fd, total)  # grows a new memfd; trims a larger spare
 
         def put(blob: _Blob) -> None:
             data = _blob_bytes(blob.source)
@@ -308,6 +310,66 @@ def _stage(
         os.close(fd)
         raise
     return fd
+
+
+class _Spare:
+    """One memfd whose memory is allocated ahead of the next save.
+
+    Most of the cost of staging into a new memfd is the kernel handing out fresh
+    pages (about 2 GB/s on the development VM, against 4.7 GB/s into pages that
+    exist). After each save a thread allocates the next memfd's pages
+    (``posix_fallocate``) while training goes on, so the next save only copies.
+    It costs one state's worth of shared memory between saves; set
+    ``CHUNKD_CKPT_SPARE=0`` to go without.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._fd: int | None = None
+        self._size = 0
+        self.enabled = os.environ.get("CHUNKD_CKPT_SPARE", "1") != "0"
+
+    def take(self, size: int) -> int | None:
+        """The spare memfd if it holds at least ``size`` bytes (the caller owns it)."""
+        with self._lock:
+            if self._fd is None or self._size < size:
+                return None
+            fd, self._fd = self._fd, None
+            return fd
+
+    def prepare(self, size: int) -> None:
+        """Allocate a spare of ``size`` bytes in the background (if none as big is ready)."""
+        if not self.enabled or size == 0:
+            return
+        with self._lock:
+            if self._fd is not None and self._size >= size:
+                return
+        threading.Thread(
+            target=self._allocate, args=(size,), name="chunkd-spare", daemon=True
+        ).start()
+
+    def _allocate(self, size: int) -> None:
+        fd = os.memfd_create("chunkd-checkpoint", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        try:
+            os.posix_fallocate(fd, 0, size)
+        except OSError:  # no room in shared memory now: the next save allocates as it goes
+            os.close(fd)
+            return
+        with self._lock:
+            old, self._fd, self._size = self._fd, fd, size
+        if old is not None:
+            os.close(old)
+
+    def forget_in_child(self) -> None:
+        """After fork: the child must not write into the memory its parent will send."""
+        self._lock = threading.Lock()  # another thread may have held it at the fork
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)  # the child's copy only
+
+
+_SPARE: Final = _Spare()
+os.register_at_fork(after_in_child=_SPARE.forget_in_child)
 
 
 def _sealed_json(doc: Any) -> int:
@@ -458,6 +520,7 @@ def async_save(
     chunk_bytes = int(chunkd._hello.get("chunk_bytes", 4 << 20))
     segments, total = _plan(encoder.blobs, chunk_bytes)
     data_fd = _stage(encoder.blobs, segments, total)
+    _SPARE.prepare(total)
     try:
         layout_fd = _sealed_json({"segments": [[*s] for s in segments], "tree": tree})
         try:

@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import blake3
 
-from chunkd.cache import BytesLease, Chunk, ChunkCache, ChunkId, ChunkLease, FsyncPolicy
+from chunkd.cache import BytesLease, Chunk, ChunkCache, ChunkId, ChunkLease
 from chunkd.cache.singleflight import SingleFlight
 from chunkd.errors import (
     BackendUnavailableError,
@@ -87,6 +87,7 @@ CHECKPOINTS: Final = "checkpoints/"
 INTENTS: Final = "intents/"
 MANIFEST: Final = "manifest.json"
 _UPLOADS_IN_FLIGHT: Final = 8
+_STAGE_IN_FLIGHT: Final = 6  # chunks hashed or written at once per save
 _RETRY_CAP: Final = 30.0
 _STEP_RE: Final = re.compile(r"(\d+)\D*$")
 
@@ -238,7 +239,10 @@ class SaveJob:
     started: float = field(default_factory=time.time)
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     data: mmap.mmap | None = None
-    on_disk: bool = False
+    #: where each chunk lies in the staged bytes (offset, size)
+    where: dict[ChunkId, tuple[int, int]] = field(default_factory=dict)
+    #: chunk ids this job pinned in the disk tier (unpinned when it ends)
+    pinned: set[ChunkId] = field(default_factory=set)
 
     @property
     def unique(self) -> dict[ChunkId, int]:
@@ -348,8 +352,8 @@ class Checkpoints:
                 )
                 self._set_aside(path)
                 continue
-            self.cache.disk.pin(job.unique)
-            job.on_disk = True
+            job.pinned = set(job.unique)
+            self.cache.disk.pin(job.pinned)
             job.reach(Durability.LOCAL, "resuming")
             self._jobs[job.id] = job
             self._spawn(self._finish(job))
@@ -456,12 +460,15 @@ class Checkpoints:
         self.metrics.ckpt_saves.labels("failed").inc()
         job.fail(exc)
         self._release_data(job)
-        if job.on_disk:
-            self.cache.disk.unpin(job.unique)
+        self._unpin(job)
         self._set_aside(self._journal(job))
 
     async def _stage_to_disk(self, job: SaveJob) -> None:
-        """Hash every chunk and write it to the disk tier; journal the job (level local)."""
+        """Hash every chunk and write it to the disk tier; journal the job (level local).
+
+        Each chunk is hashed and then written by one task, a few at a time, so that
+        the disk is busy while later chunks are still being hashed.
+        """
         assert job.data is not None
         data = memoryview(job.data)
         chunk_bytes = self.cache.config.chunk_bytes
@@ -472,40 +479,62 @@ class Checkpoints:
             ]
             for offset, length in job.request.segments
         ]
-        flat = [piece for seg in pieces for piece in seg]
-        job.state = "hashing"
-        hashed = await asyncio.gather(*(asyncio.to_thread(ChunkId.of, p, threads=1) for p in flat))
-        ids = iter(hashed)
-        job.chunks = [[(next(ids), p.nbytes) for p in seg] for seg in pieces]
-        unique = job.unique
-        self.cache.disk.pin(unique)
-        job.on_disk = True
         job.state = "writing"
-        by_id = dict(zip(hashed, flat, strict=True))
-        kept = await asyncio.gather(
-            *(self.cache.disk.put(Chunk.trusted(cid, by_id[cid])) for cid in unique)
-        )
-        del data, pieces, flat, by_id
-        if all(kept):
+        slots = asyncio.Semaphore(_STAGE_IN_FLIGHT)
+
+        async def store(piece: memoryview) -> tuple[ChunkId, bool]:
+            async with slots:
+                cid = await asyncio.to_thread(ChunkId.of, piece, threads=1)
+                if cid not in job.pinned:
+                    job.pinned.add(cid)
+                    self.cache.disk.pin([cid])
+                # No fsync per file: _make_durable syncs the filesystem once at the end.
+                return cid, await self.cache.disk.put(Chunk.trusted(cid, piece), sync=False)
+
+        started = time.perf_counter()
+        stored = await asyncio.gather(*(store(p) for seg in pieces for p in seg))
+        written = time.perf_counter()
+        ids = iter(cid for cid, _ in stored)
+        job.chunks = [[(next(ids), p.nbytes) for p in seg] for seg in pieces]
+        for (offset, _), seg in zip(job.request.segments, job.chunks, strict=True):
+            for i, (cid, size) in enumerate(seg):
+                job.where.setdefault(cid, (offset + i * chunk_bytes, size))
+        declined = sum(1 for _, kept in stored if not kept)
+        del data, pieces, stored
+        if not declined:
             await asyncio.to_thread(self._make_durable)
             await asyncio.to_thread(self._write_journal, job)
+            log.info(
+                "checkpoint %s rank %d is local: %d bytes hashed and written in %.2fs, "
+                "synced in %.2fs",
+                job.request.name,
+                job.request.rank,
+                job.logical,
+                written - started,
+                time.perf_counter() - written,
+            )
+            # The staged bytes stay for the upload (no disk read, no second hash);
+            # a job that has to wait for its backend gives them up (see _retrying).
             job.reach(Durability.LOCAL, "uploading")
-            self._release_data(job)  # the disk copy serves the upload from here on
         else:
             log.warning(
                 "checkpoint %s: the disk tier declined %d chunks (full or degraded); "
                 "it is durable once it is in the backend",
                 job.request.name,
-                len(kept) - sum(kept),
+                declined,
             )
             job.state = "uploading"
 
+    def _unpin(self, job: SaveJob) -> None:
+        pinned, job.pinned = job.pinned, set()
+        self.cache.disk.unpin(pinned)
+
     def _make_durable(self) -> None:
-        """Commit the index and get every chunk file to the platter, whatever the
-        cache's own fsync policy (cached copies can be fetched again; these cannot)."""
+        """Commit the index and get every chunk file (written without fsync) and its
+        name to the disk with one syncfs, whatever the cache's own fsync policy
+        (cached copies can be fetched again; these cannot)."""
         self.cache.index.flush()
-        if self.cache.config.fsync is not FsyncPolicy.ALWAYS:
-            _syncfs(self.root)
+        _syncfs(self.root)
 
     def _journal(self, job: SaveJob) -> Path:
         return self._jobs_dir / f"{job.id}.json"
@@ -551,8 +580,7 @@ class Checkpoints:
         else:
             job.manifest_id = blake3.blake3(part).hexdigest()
         await self._retrying(job, lambda: backend.delete(request.intent_key))
-        self.cache.disk.unpin(unique)
-        job.on_disk = False
+        self._unpin(job)
         await asyncio.to_thread(_unlink_quietly, self._journal(job))
         self._release_data(job)
         job.reach(Durability.REMOTE, "done")
@@ -582,15 +610,12 @@ class Checkpoints:
                 return await backend.put(f"{CHUNKS}{cid}", lease.view(), if_absent=True)
 
     async def _source(self, job: SaveJob, cid: ChunkId) -> ChunkLease:
-        if job.data is not None:
-            data = memoryview(job.data)
-            chunk_bytes = self.cache.config.chunk_bytes
-            for (offset, _), seg in zip(job.request.segments, job.chunks, strict=True):
-                for i, (other, size) in enumerate(seg):
-                    if other == cid:
-                        start = offset + i * chunk_bytes
-                        return BytesLease(cid, bytes(data[start : start + size]))
-        lease = await self.cache.find(cid)
+        """The bytes of ``cid``: from the staged memfd while the job holds it, else
+        from the disk tier (verified there, and not promoted into RAM)."""
+        if job.data is not None and cid in job.where:
+            start, size = job.where[cid]
+            return BytesLease(cid, memoryview(job.data)[start : start + size])
+        lease = await self.cache.disk.get(cid)
         if lease is None:
             raise CheckpointError(
                 f"checkpoint {job.request.name}: chunk {cid} is no longer on this node's disk; "
@@ -727,6 +752,8 @@ class Checkpoints:
             except BackendUnavailableError as exc:
                 if job is not None:
                     job.state = f"waiting for the backend: {exc}"
+                    if job.level >= Durability.LOCAL:
+                        self._release_data(job)  # on disk: no memory held while waiting
                 log.info("checkpoint step failed (%s); retrying in %.1fs", exc, delay)
                 await asyncio.sleep(random.uniform(delay / 2, delay))
                 delay = min(delay * 2, _RETRY_CAP)

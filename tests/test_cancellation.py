@@ -19,7 +19,9 @@ def _memfds() -> int:
     count = 0
     for fd in os.listdir("/proc/self/fd"):
         try:
-            count += os.readlink(f"/proc/self/fd/{fd}").startswith("/memfd:chunkd")
+            # the RAM tier's memfds only (not, say, a checkpoint client's staging spare)
+            name = os.readlink(f"/proc/self/fd/{fd}").removesuffix(" (deleted)")
+            count += name == "/memfd:chunkd"
         except FileNotFoundError:
             continue
     return count
@@ -61,9 +63,9 @@ async def test_a_cancelled_disk_put_does_not_cancel_other_waiters(
     tier = DiskTier(tmp_path, index, budget_bytes=1 << 30, fsync="never")
     slow = tier.write_sync
 
-    def slow_write(chunk: Chunk) -> bool:
+    def slow_write(chunk: Chunk, sync: bool | None = None) -> bool:
         time.sleep(0.2)
-        return slow(chunk)
+        return slow(chunk, sync)
 
     monkeypatch.setattr(tier, "write_sync", slow_write)
     chunk = Chunk.of(os.urandom(1 << 16))

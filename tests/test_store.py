@@ -277,7 +277,8 @@ def _memfds() -> list[str]:
     found = []
     for fd in os.listdir("/proc/self/fd"):
         try:
-            if os.readlink(f"/proc/self/fd/{fd}").startswith("/memfd:chunkd"):
+            # the RAM tier's memfds only (not, say, a checkpoint client's staging spare)
+            if os.readlink(f"/proc/self/fd/{fd}").removesuffix(" (deleted)") == "/memfd:chunkd":
                 found.append(fd)
         except FileNotFoundError:
             continue

@@ -489,7 +489,9 @@ class Checkpoints:
                     job.pinned.add(cid)
                     self.cache.disk.pin([cid])
                 # No fsync per file: _make_durable syncs the filesystem once at the end.
-                return cid, await self.cache.disk.put(Chunk.trusted(cid, piece), sync=False)
+                # No zstd: it cost 15-25% of the write time and saved about 10%.
+                chunk = Chunk.trusted(cid, piece)
+                return cid, await self.cache.disk.put(chunk, sync=False, compress=False)
 
         started = time.perf_counter()
         stored = await asyncio.gather(*(store(p) for seg in pieces for p in seg))

@@ -63,9 +63,9 @@ async def test_a_cancelled_disk_put_does_not_cancel_other_waiters(
     tier = DiskTier(tmp_path, index, budget_bytes=1 << 30, fsync="never")
     slow = tier.write_sync
 
-    def slow_write(chunk: Chunk, sync: bool | None = None) -> bool:
+    def slow_write(chunk: Chunk, sync: bool | None = None, compress: bool | None = None) -> bool:
         time.sleep(0.2)
-        return slow(chunk, sync)
+        return slow(chunk, sync, compress)
 
     monkeypatch.setattr(tier, "write_sync", slow_write)
     chunk = Chunk.of(os.urandom(1 << 16))

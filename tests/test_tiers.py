@@ -9,7 +9,9 @@ import pytest
 
 from chunkd.cache import (
     CacheConfig,
+    Chunk,
     ChunkCache,
+    Codec,
     DiskTier,
     Index,
     LruPolicy,
@@ -78,3 +80,25 @@ class TestTieredCache(TierTests):
             chunk_bytes=self.max_chunk_bytes,
             fsync="never",
         )
+
+
+async def test_disk_put_can_skip_zstd_and_fsync_per_call(tmp_path: Path) -> None:
+    index = Index(tmp_path / "index")
+    tier = DiskTier(tmp_path, index, budget_bytes=1 << 30, fsync="always")
+    try:
+        squashy = Chunk.of(b"abcd" * 65536)
+        assert await tier.put(squashy)
+        record = index.lookup(squashy.id)
+        assert record is not None
+        assert record.codec == Codec.ZSTD  # the tier's policy
+        raw = Chunk.of(b"wxyz" * 65536)
+        assert await tier.put(raw, sync=False, compress=False)
+        record = index.lookup(raw.id)
+        assert record is not None
+        assert record.codec == Codec.RAW
+        lease = await tier.get(raw.id)
+        assert lease is not None
+        assert lease.read() == b"wxyz" * 65536
+    finally:
+        await tier.close()
+        index.close()

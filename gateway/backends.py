@@ -231,11 +231,14 @@ class Backend:
                 f"{end - start}-byte range"
             )
 
-    async def list(self, prefix: str, *, recursive: bool) -> tuple[list[str], list[ObjectMeta]]:
+    async def list(
+        self, prefix: str, *, recursive: bool, limit: int | None = _LIST_LIMIT
+    ) -> tuple[list[str], list[ObjectMeta]]:
         """Directories and objects under ``prefix`` ("" for the whole backend).
 
         Not recursive: one level, as (common prefixes, objects). Recursive: every
-        object below, and no prefixes. At most ``_LIST_LIMIT`` objects.
+        object below, and no prefixes; more than ``limit`` objects is an error
+        (``None``: no limit, for garbage collection, which must see everything).
 
         Raises:
             BackendForbiddenError, BackendUnavailableError
@@ -249,9 +252,9 @@ class Backend:
             found: list[ObjectMeta] = []
             async for batch in obstore.list(self._store, prefix or None, chunk_size=1000):
                 found += [_meta(m["path"], m) for m in batch]
-                if len(found) > _LIST_LIMIT:
+                if limit is not None and len(found) > limit:
                     raise BackendUnavailableError(
-                        f"backend {self.name!r} holds more than {_LIST_LIMIT} objects under "
+                        f"backend {self.name!r} holds more than {limit} objects under "
                         f"{prefix!r}; list a narrower prefix"
                     )
             return [], found

@@ -1028,7 +1028,7 @@ class Checkpoints:
                 if not dry_run:
                     await self.delete(entry["name"])
         live: set[str] = set()
-        _, objects = await backend.list(CHECKPOINTS, recursive=True)
+        _, objects = await backend.list(CHECKPOINTS, recursive=True, limit=None)
         # A dry run marks as if the retired checkpoints were gone already.
         retired = tuple(f"{CHECKPOINTS}{n.partition('/')[2]}/" for n in report["retired"])
         objects = [m for m in objects if not m.key.startswith(retired)] if retired else objects
@@ -1050,7 +1050,7 @@ class Checkpoints:
                 part = json.loads(bytes(await backend.get(meta.key)))
                 live.update(c for seg in part["segments"] for c, _ in seg["chunks"])
         live |= await self._intent_chunks(backend)
-        _, chunks = await backend.list(CHUNKS, recursive=True)
+        _, chunks = await backend.list(CHUNKS, recursive=True, limit=None)
         report["chunks"] = len(chunks)
         report["referenced"] = sum(1 for m in chunks if m.key[len(CHUNKS) :] in live)
         doomed = [
@@ -1075,7 +1075,7 @@ class Checkpoints:
         return report
 
     async def _intent_chunks(self, backend: Backend) -> set[str]:
-        _, intents = await backend.list(INTENTS, recursive=True)
+        _, intents = await backend.list(INTENTS, recursive=True, limit=None)
         keep: set[str] = set()
         for meta in intents:
             with contextlib.suppress(ObjectNotFoundError, ValueError, KeyError):

@@ -51,7 +51,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 from chunkd.client.core import Client
-from chunkd.client.protocol import MAX_FDS
 from chunkd.errors import (
     CheckpointError,
     ChunkdError,
@@ -83,6 +82,11 @@ OWN_SEGMENT_BYTES: Final = 256 * 1024
 _ALIGN: Final = 64
 _SEALS: Final = fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE
 _COPY_THREADS: Final = 4
+#: chunks asked for in one request: 256 MiB, which a cold backend must deliver
+#: within the client's timeout
+_CHUNKS_PER_REQUEST: Final = 64
+#: a commit waits in the daemon until every rank's part is in the backend
+_COMMIT_TIMEOUT: Final = 3600.0
 _LEVELS: Final = ("staged", "local", "remote")
 
 _default: Client | None = None
@@ -179,6 +183,8 @@ class _Encoder:
             tuple(tensor.shape),
             tuple(tensor.stride()),
             tensor.dtype,
+            tensor.is_conj(),
+            tensor.is_neg(),
         )
         if tensor.numel() and key in self._seen:
             return {"t": "ref", "id": self._seen[key]}
@@ -491,30 +497,50 @@ def async_save(
 ) -> SaveHandle:
     """Stage ``state_dict`` into shared memory and hand it to the daemon; return at once.
 
-    The tensors may change as soon as this returns. Under ``torch.distributed`` each
-    rank saves its own part and rank 0 commits once every part is durable (ranks
-    agree on a save id through a broadcast); ``rank``, ``world_size`` and ``save_id``
-    say the same without it. ``name`` is ``BACKEND/PATH`` on a writable backend.
+    The tensors may change as soon as this returns. ``name`` is ``BACKEND/PATH`` on a
+    writable backend.
+
+    Under ``torch.distributed`` (and without an explicit ``world_size``) the save is
+    collective, as in DCP: every rank calls it with its own part, the ranks agree on
+    a save id and check that each can encode its state before any of them stages
+    (one ``all_gather_object``), and rank 0 commits once every part is durable. To
+    save from one rank only, pass ``world_size=1``. Without ``torch.distributed``,
+    ``rank``, ``world_size`` and ``save_id`` (the same on every rank) say the same.
 
     Raises:
-        UnsupportedStateError: something in ``state_dict`` cannot be saved (nothing
-            was staged).
+        UnsupportedStateError: something in ``state_dict`` (or, in a collective
+            save, in another rank's) cannot be saved; nothing was staged.
         CheckpointExistsError: ``name`` exists and ``overwrite`` is False.
         ReadOnlyBackendError, BackendForbiddenError, UnknownBackendError
     """
     if durability not in _LEVELS:
         raise ValueError(f"durability must be one of {_LEVELS}; got {durability!r}")
     encoder = _Encoder()
-    tree = encoder.encode(state_dict, "")
+    problem: UnsupportedStateError | None = None
+    try:
+        tree = encoder.encode(state_dict, "")
+    except UnsupportedStateError as exc:
+        problem = exc
     dist = _distributed()
-    if dist is not None:
+    if dist is not None and world_size is None:
         rank = dist[0] if rank is None else rank
-        world_size = dist[1] if world_size is None else world_size
-        if save_id is None:
-            box = [uuid.uuid4().hex if dist[0] == 0 else None]
-            dist[2].broadcast_object_list(box, src=0)
-            save_id = str(box[0])
+        world_size = dist[1]
+        everyone: builtins.list[Any] = [None] * world_size
+        dist[2].all_gather_object(everyone, (str(problem or ""), save_id or uuid.uuid4().hex))
+        others = [f"rank {r}: {e}" for r, (e, _) in enumerate(everyone) if e and r != dist[0]]
+        if others and problem is None:
+            raise UnsupportedStateError(
+                "not saved: another rank cannot save its state (" + "; ".join(others) + ")"
+            )
+        save_id = str(everyone[0][1])
+    if problem is not None:
+        raise problem
     rank, world_size = rank or 0, world_size or 1
+    if world_size > 1 and save_id is None:
+        raise ValueError(
+            "a save with world_size > 1 needs a save_id that every rank passes (or a "
+            "torch.distributed process group, which agrees on one)"
+        )
     save_id = save_id or uuid.uuid4().hex
     chunkd = _client(client)
     chunk_bytes = int(chunkd._hello.get("chunk_bytes", 4 << 20))
@@ -591,7 +617,7 @@ class _Reader:
     """The bytes of one part's segments, copied out of the daemon's chunks.
 
     Copies are planned first (:meth:`plan`: this node's bytes go to that buffer),
-    then :meth:`run` asks the daemon for the chunks, at most ``MAX_FDS`` at a time,
+    then :meth:`run` asks the daemon for the chunks, 64 at a time (256 MiB),
     and reads each piece straight from the chunk's sealed memfd into its target
     with ``preadv``, on a few threads: no mapping of the chunk is set up (that
     costs more than the copy), and at most one batch of fds is open at once.
@@ -636,8 +662,8 @@ class _Reader:
         planned, self._planned = self._planned, {}
         wanted = builtins.list(planned)
         with ThreadPoolExecutor(_COPY_THREADS, thread_name_prefix="chunkd-load") as pool:
-            for start in range(0, len(wanted), MAX_FDS):
-                batch = wanted[start : start + MAX_FDS]
+            for start in range(0, len(wanted), _CHUNKS_PER_REQUEST):
+                batch = wanted[start : start + _CHUNKS_PER_REQUEST]
                 fds = self._chunks(batch)
                 try:
                     jobs = [(fd, planned[cid]) for cid, fd in zip(batch, fds, strict=True)]
@@ -729,11 +755,9 @@ class CheckpointReader:
         self.values: dict[Any, Any] = {}
         if isinstance(self.tree, dict) and self.tree.get("t") == "dict":
             self.values = dict(zip(self.tree["keys"], self.tree["values"], strict=True))
-        self._by_id: dict[int, dict[str, Any]] = {}
+        self._by_id = _ids(self.tree)
         for node, path in _walk(self.tree, ""):
             self._reader.note_owner(node, path)
-            if node.get("t") == "tensor" and "id" in node:
-                self._by_id[node["id"]] = node
 
     def read(self, keys: builtins.list[Any]) -> dict[Any, Any]:
         """Decode the top-level values ``keys`` (tensors on the CPU).
@@ -782,6 +806,7 @@ def commit(
             },
             f"committing {name}",
             [fd],
+            timeout=_COMMIT_TIMEOUT,
         )
     finally:
         os.close(fd)
@@ -834,7 +859,7 @@ def load_into(
     reader, tree = _open_part(name, client, part)
     for node, path in _walk(tree, ""):
         reader.note_owner(node, path)
-    _fill(state_dict, tree, "", _Decoder(reader, "cpu"), strict)
+    _fill(state_dict, tree, "", _Decoder(reader, "cpu", _ids(tree)), strict)
     reader.run()
     return state_dict
 
@@ -1007,18 +1032,14 @@ def _fill(
         for i, value in enumerate(node["items"]):
             target[i] = _fill(target[i], value, f"{path}[{i}]", decoder, strict)
         return target
+    if kind == "ref":  # a tied tensor: fill the target unless it is the owner's own
+        owner = decoder.by_id[node["id"]]
+        _check_tensor_target(target, owner, where)
+        if decoder.tensors.get(node["id"]) is not target and owner.get("len"):
+            decoder.fill(target, owner)
+        return target
     if kind == "tensor":
-        torch = sys.modules.get("torch")
-        if torch is None or not isinstance(target, torch.Tensor):
-            raise CheckpointError(
-                f"{where}: the checkpoint has a tensor, the target a {type(target).__name__}"
-            )
-        dtype = getattr(torch, node["dtype"])
-        if [*target.shape] != node["shape"] or target.dtype != dtype:
-            raise CheckpointError(
-                f"{where}: the checkpoint has {node['dtype']}{node['shape']}, the target "
-                f"{str(target.dtype).removeprefix('torch.')}{[*target.shape]}"
-            )
+        _check_tensor_target(target, node, where)
         if node.get("len"):
             decoder.fill(target, node)
         if "id" in node:
@@ -1038,6 +1059,24 @@ def _fill(
                 decoder.reader.plan(node, target.reshape(-1).view(np.uint8).data)
             return target
     return decoder.decode(node)
+
+
+def _check_tensor_target(target: Any, node: dict[str, Any], where: str) -> None:
+    torch = sys.modules.get("torch")
+    if torch is None or not isinstance(target, torch.Tensor):
+        raise CheckpointError(
+            f"{where}: the checkpoint has a tensor, the target a {type(target).__name__}"
+        )
+    if [*target.shape] != node["shape"] or target.dtype != getattr(torch, node["dtype"]):
+        raise CheckpointError(
+            f"{where}: the checkpoint has {node['dtype']}{node['shape']}, the target "
+            f"{str(target.dtype).removeprefix('torch.')}{[*target.shape]}"
+        )
+
+
+def _ids(tree: Any) -> dict[int, dict[str, Any]]:
+    """Each tensor node that has an ``id``, by id (what ``ref`` nodes point at)."""
+    return {n["id"]: n for n, _ in _walk(tree, "") if n.get("t") == "tensor" and "id" in n}
 
 
 # -- catalog ---------------------------------------------------------------------------

@@ -1021,14 +1021,23 @@ class Client:
         self._disconnect()  # closes only the child's copy of the socket
 
     def _exchange(
-        self, header: dict[str, Any], send_fds: list[int] | None = None
+        self,
+        header: dict[str, Any],
+        send_fds: list[int] | None = None,
+        timeout: float | None = None,
     ) -> tuple[dict[str, Any], bytes, list[int]]:
         """One round trip on the connection (under the io lock)."""
         assert self._sock is not None
         self._next_id += 1
         request = header | {"id": self._next_id}
         protocol.send_frame(self._sock, request, fds=send_fds)
-        reply, payload, fds = protocol.recv_frame(self._sock)
+        if timeout is not None:
+            self._sock.settimeout(timeout)
+        try:
+            reply, payload, fds = protocol.recv_frame(self._sock)
+        finally:
+            if timeout is not None and self._sock is not None:
+                self._sock.settimeout(self.timeout)
         if reply.get("id") != request["id"]:
             _close_fds(fds)
             raise protocol.ProtocolError(
@@ -1037,11 +1046,17 @@ class Client:
         return reply, payload, fds
 
     def _request(
-        self, header: dict[str, Any], what: str, send_fds: list[int] | None = None
+        self,
+        header: dict[str, Any],
+        what: str,
+        send_fds: list[int] | None = None,
+        *,
+        timeout: float | None = None,
     ) -> tuple[dict[str, Any], bytes, list[int]]:
         """Send a request and return its successful answer; the caller owns the fds.
 
-        ``send_fds`` go with the request (the caller keeps and closes them). A broken
+        ``send_fds`` go with the request (the caller keeps and closes them);
+        ``timeout`` replaces the client's for this answer (a long daemon-side wait). A broken
         connection is reconnected (with backoff) and the request sent once more. An
         error answer raises its :mod:`chunkd.errors` class.
         """
@@ -1051,12 +1066,13 @@ class Client:
                 if self._sock is None:
                     self._reconnect()
                 try:
-                    reply, payload, fds = self._exchange(header, send_fds)
+                    reply, payload, fds = self._exchange(header, send_fds, timeout)
                 except TimeoutError:
                     self._disconnect()
                     raise DaemonUnavailableError(
                         f"the chunkd daemon at {self._path} did not answer {what} within "
-                        f"{self.timeout:g}s; it may be overloaded (raise Client(timeout=...))"
+                        f"{timeout or self.timeout:g}s; it may be overloaded (raise "
+                        "Client(timeout=...))"
                     ) from None
                 except protocol.ProtocolError:
                     self._disconnect()

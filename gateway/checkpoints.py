@@ -237,6 +237,7 @@ class SaveJob:
     new: int = 0
     manifest_id: str | None = None
     started: float = field(default_factory=time.time)
+    finished: float | None = None
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     data: mmap.mmap | None = None
     #: where each chunk lies in the staged bytes (offset, size)
@@ -260,6 +261,7 @@ class SaveJob:
     def fail(self, error: ChunkdError) -> None:
         """Record a failure and wake the waiters."""
         self.error = error
+        self.finished = time.time()
         self.state = "failed"
         self.changed.set()
         self.changed = asyncio.Event()
@@ -356,7 +358,7 @@ class Checkpoints:
             self.cache.disk.pin(job.pinned)
             job.reach(Durability.LOCAL, "resuming")
             self._jobs[job.id] = job
-            self._spawn(self._finish(job))
+            self._spawn(self._guarded(job, self._finish(job)))
             resumed += 1
             log.info("resuming checkpoint %s (rank %d)", request.name, request.rank)
         return resumed
@@ -424,7 +426,7 @@ class Checkpoints:
         job.reach(Durability.STAGED, "staged")
         self._jobs[job.id] = job
         self.metrics.ckpt_saves.labels("started").inc()
-        self._spawn(self._run(job, backend))
+        self._spawn(self._guarded(job, self._run(job)))
         return job
 
     async def _exists_unless_down(self, backend: Backend, key: str) -> bool:
@@ -443,10 +445,14 @@ class Checkpoints:
             return False
         return True
 
-    async def _run(self, job: SaveJob, backend: Backend) -> None:
+    async def _run(self, job: SaveJob) -> None:
+        await self._stage_to_disk(job)
+        await self._finish(job)
+
+    async def _guarded(self, job: SaveJob, work: Awaitable[None]) -> None:
+        """Run a job's steps; any failure fails the job (a cancel leaves it journaled)."""
         try:
-            await self._stage_to_disk(job)
-            await self._finish(job)
+            await work
         except asyncio.CancelledError:
             raise
         except ChunkdError as exc:
@@ -505,6 +511,10 @@ class Checkpoints:
         del data, pieces, stored
         if not declined:
             await asyncio.to_thread(self._make_durable)
+            # A put that found its chunk present may have raced an eviction that
+            # chose it before the pin landed: count what the index holds now.
+            declined = sum(1 for cid in job.unique if self.cache.index.lookup(cid) is None)
+        if not declined:
             await asyncio.to_thread(self._write_journal, job)
             log.info(
                 "checkpoint %s rank %d is local: %d bytes hashed and written in %.2fs, "
@@ -573,7 +583,9 @@ class Checkpoints:
         self.metrics.ckpt_bytes.labels("logical").inc(job.logical)
         self.metrics.ckpt_bytes.labels("new").inc(job.new)
         part = _dumps(self._part(job))
-        await self._retrying(job, lambda: backend.put(request.part_key, part))
+        # If absent: a job resumed after its part went in must not change it (the
+        # manifest may already name its hash).
+        await self._retrying(job, lambda: backend.put(request.part_key, part, if_absent=True))
         if request.commit == "auto" and request.rank == 0:
             await self._commit(job, backend, request.world_size, request.overwrite, {})
         elif request.commit == "auto":
@@ -581,10 +593,13 @@ class Checkpoints:
             await self._await_commit(job, backend)
         else:
             job.manifest_id = blake3.blake3(part).hexdigest()
-        await self._retrying(job, lambda: backend.delete(request.intent_key))
+        # The intent stays: a collection that began before this save listed the
+        # manifests without this one, and reads the intents before each sweep batch.
+        # `chunkd gc` deletes intents older than a day.
         self._unpin(job)
         await asyncio.to_thread(_unlink_quietly, self._journal(job))
         self._release_data(job)
+        job.finished = time.time()
         job.reach(Durability.REMOTE, "done")
         self.metrics.ckpt_saves.labels("committed").inc()
         log.info(
@@ -698,6 +713,11 @@ class Checkpoints:
             job.state = "committing"
         wrote = await self._retrying(job, lambda: backend.put(key, body, if_absent=not overwrite))
         if not wrote:
+            ours = await self._committed_id(backend, key, save_id)
+            if ours is not None:  # a retried PUT, or a resumed job: it went in before
+                if job is not None:
+                    job.manifest_id = ours
+                return ours
             raise CheckpointExistsError(
                 f"checkpoint {backend.name}/{path} was committed by another save meanwhile; "
                 "this one was not (pass overwrite=True to replace it)"
@@ -706,6 +726,16 @@ class Checkpoints:
         if job is not None:
             job.manifest_id = manifest_id
         return manifest_id
+
+    async def _committed_id(self, backend: Backend, key: str, save_id: str) -> str | None:
+        """The id of the manifest at ``key`` if it commits ``save_id``, else None."""
+        try:
+            raw = await backend.get(key)
+            if json.loads(bytes(raw)).get("save_id") == save_id:
+                return blake3.blake3(raw).hexdigest()
+        except (ObjectNotFoundError, ValueError, AttributeError):
+            pass
+        return None
 
     async def _parts(
         self, backend: Backend, prefix: str, world_size: int
@@ -801,7 +831,7 @@ class Checkpoints:
         """Forget finished jobs after an hour (their waiters have had their answer)."""
         old = time.time() - 3600
         for job in list(self._jobs.values()):
-            if (job.state == "done" or job.error is not None) and job.started < old:
+            if job.finished is not None and job.finished < old:
                 del self._jobs[job.id]
 
     # -- loading --------------------------------------------------------------------
@@ -954,7 +984,7 @@ class Checkpoints:
             request = job.request
             if (
                 request.backend == backend.name
-                and request.path.startswith(path)
+                and (not path or f"{request.path}/".startswith(f"{path.strip('/')}/"))
                 and job.state != "done"
                 and request.name not in committed
             ):
@@ -975,26 +1005,32 @@ class Checkpoints:
         return out
 
     async def _manifests(self, backend: Backend, path: str) -> list[tuple[str, ObjectMeta]]:
-        prefix = f"{CHECKPOINTS}{path}" if path else CHECKPOINTS
+        # A whole path component: "run1" is not a prefix of "run10".
+        prefix = f"{CHECKPOINTS}{path.strip('/')}/" if path else CHECKPOINTS
         _, objects = await backend.list(prefix, recursive=True)
         return [(m.key, m) for m in objects if m.key.endswith("/" + MANIFEST)]
 
     async def delete(self, name: str) -> int:
-        """Delete checkpoint ``name`` (manifest first, then its parts); returns objects removed.
+        """Delete checkpoint ``name``: its manifest first, then the parts it names.
 
-        Its chunks stay until ``chunkd gc`` finds them unreferenced.
+        Returns the objects removed. Its chunks stay until ``chunkd gc`` finds them
+        unreferenced; parts of other saves under the same name are left alone.
         """
         backend_name, path = checkpoint_name(name)
         backend = self.backends.get(backend_name)
         backend.check_writable()
         key = f"{CHECKPOINTS}{path}/{MANIFEST}"
-        if not await self._exists(backend, key):
-            raise CheckpointNotFoundError(f"no checkpoint named {name}")
+        try:
+            doc = json.loads(bytes(await backend.get(key)))
+            parts = [str(p["key"]) for p in doc["parts"]]
+        except ObjectNotFoundError:
+            raise CheckpointNotFoundError(f"no checkpoint named {name}") from None
+        except (ValueError, KeyError, TypeError):
+            parts = []  # a torn manifest: no checkpoint, but remove it
         await backend.delete(key)  # the checkpoint is gone from here on
-        _, objects = await backend.list(f"{CHECKPOINTS}{path}/parts/", recursive=True)
-        for meta in objects:
-            await backend.delete(meta.key)
-        return 1 + len(objects)
+        for part in parts:
+            await backend.delete(part)
+        return 1 + len(parts)
 
     async def gc(
         self,
@@ -1004,14 +1040,16 @@ class Checkpoints:
         grace: float,
         dry_run: bool,
         pending_ttl: float = 7 * 86400,
+        intent_ttl: float = 86400,
     ) -> dict[str, Any]:
         """Retention under ``BACKEND[/PREFIX]``, then mark and sweep the backend's chunks.
 
-        Mark: every chunk named by a committed manifest anywhere in the backend, by a
-        part of a save not yet committed (younger than ``pending_ttl``), or by an
-        intent. Sweep: unreferenced chunks older than ``grace`` seconds. Intents are
-        read again right before each batch of deletes, so a save that starts meanwhile
-        keeps what it named.
+        Mark: every chunk named by the parts of a committed manifest anywhere in the
+        backend, by a part of a save not yet committed (younger than ``pending_ttl``;
+        older ones are deleted), or by an intent (intents outlive their save's commit
+        and are deleted after ``intent_ttl``). Sweep: unreferenced chunks older than
+        ``grace`` seconds. Intents are read again right before each batch of deletes,
+        so a save that starts during the collection keeps what it named.
         """
         backend_name, _, path = target.strip("/").partition("/")
         backend = self.backends.get(backend_name)
@@ -1028,28 +1066,38 @@ class Checkpoints:
                 if not dry_run:
                     await self.delete(entry["name"])
         live: set[str] = set()
+        now = time.time()
         _, objects = await backend.list(CHECKPOINTS, recursive=True, limit=None)
         # A dry run marks as if the retired checkpoints were gone already.
-        retired = tuple(f"{CHECKPOINTS}{n.partition('/')[2]}/" for n in report["retired"])
-        objects = [m for m in objects if not m.key.startswith(retired)] if retired else objects
-        now = time.time()
-        committed_saves = set()
+        retired = {f"{CHECKPOINTS}{n.partition('/')[2]}/{MANIFEST}" for n in report["retired"]}
+        committed_parts: set[str] = set()
         for meta in objects:
-            if meta.key.endswith("/" + MANIFEST):
-                with contextlib.suppress(ObjectNotFoundError, ValueError, KeyError):
-                    doc = json.loads(bytes(await backend.get(meta.key)))
-                    committed_saves.add((meta.key.rsplit("/", 1)[0], doc["save_id"]))
-        for meta in objects:
-            if "/parts/" not in meta.key:
+            if not meta.key.endswith("/" + MANIFEST):
                 continue
-            base, _, rest = meta.key.partition("/parts/")
-            save_id = rest.split("/", 1)[0]
-            if (base, save_id) not in committed_saves and now - meta.modified > pending_ttl:
-                continue  # an abandoned save: its chunks may go
-            with contextlib.suppress(ObjectNotFoundError, ValueError, KeyError):
-                part = json.loads(bytes(await backend.get(meta.key)))
-                live.update(c for seg in part["segments"] for c, _ in seg["chunks"])
-        live |= await self._intent_chunks(backend)
+            try:
+                doc = json.loads(bytes(await backend.get(meta.key)))
+                keys = [str(p["key"]) for p in doc["parts"]]
+            except ObjectNotFoundError:
+                continue  # deleted meanwhile
+            except (ValueError, KeyError, TypeError):
+                continue  # torn: not a checkpoint
+            committed_parts.update(keys)
+            if meta.key not in retired:
+                for key in keys:
+                    live |= await self._part_chunks(backend, key)
+        stale_parts = []
+        for meta in objects:
+            if meta.key.endswith("/" + MANIFEST) or meta.key in committed_parts:
+                continue
+            if now - meta.modified > pending_ttl:
+                stale_parts.append(meta)  # a save that never committed: its chunks may go
+                continue
+            live |= await self._part_chunks(backend, meta.key)  # a save in flight
+        live |= await self._intent_chunks(backend, expire_after=None if dry_run else intent_ttl)
+        report["stale_parts"] = len(stale_parts)
+        if not dry_run:
+            for meta in stale_parts:
+                await backend.delete(meta.key)
         _, chunks = await backend.list(CHUNKS, recursive=True, limit=None)
         report["chunks"] = len(chunks)
         report["referenced"] = sum(1 for m in chunks if m.key[len(CHUNKS) :] in live)
@@ -1060,7 +1108,7 @@ class Checkpoints:
         for start in range(0, len(doomed), 256):
             batch = doomed[start : start + 256]
             if not dry_run:
-                keep = await self._intent_chunks(backend)
+                keep = await self._intent_chunks(backend, expire_after=None)
                 batch = [m for m in batch if m.key[len(CHUNKS) :] not in keep]
                 for meta in batch:
                     await backend.delete(meta.key)
@@ -1074,11 +1122,24 @@ class Checkpoints:
         log.info("gc %s: %s", target, report)
         return report
 
-    async def _intent_chunks(self, backend: Backend) -> set[str]:
+    async def _part_chunks(self, backend: Backend, key: str) -> set[str]:
+        """The chunk ids a part names (none if it is gone or unreadable)."""
+        try:
+            part = json.loads(bytes(await backend.get(key)))
+            return {str(c) for seg in part["segments"] for c, _ in seg["chunks"]}
+        except (ObjectNotFoundError, ValueError, KeyError, TypeError):
+            return set()
+
+    async def _intent_chunks(self, backend: Backend, *, expire_after: float | None) -> set[str]:
+        """Chunk ids named by intents; intents older than ``expire_after`` are deleted."""
         _, intents = await backend.list(INTENTS, recursive=True, limit=None)
         keep: set[str] = set()
+        now = time.time()
         for meta in intents:
-            with contextlib.suppress(ObjectNotFoundError, ValueError, KeyError):
+            if expire_after is not None and now - meta.modified > expire_after:
+                await backend.delete(meta.key)  # its save committed or died long ago
+                continue
+            with contextlib.suppress(ObjectNotFoundError, ValueError, KeyError, TypeError):
                 keep.update(json.loads(bytes(await backend.get(meta.key)))["chunks"])
         return keep
 

@@ -48,7 +48,7 @@ from chunkd.client.protocol import (
     decode_header,
     encode_frame,
 )
-from chunkd.errors import ChunkdError, InvalidKeyError
+from chunkd.errors import CheckpointError, ChunkdError, InvalidKeyError
 from chunkd.gateway.checkpoints import Durability, SaveRequest, checkpoint_name
 from chunkd.gateway.ranges import InvalidRangeError, RangeNotSatisfiableError
 from chunkd.gateway.readpath import validate_key
@@ -392,6 +392,21 @@ class LocalServer:
         store = self.checkpoints
         if store is None:
             raise ChunkdError("this daemon serves no checkpoints")
+        try:
+            return await self._checkpoint_op(store, op, header, leases, fds, owned, request_fds)
+        except ProtocolError as exc:  # a bad checkpoint request is answered, not dropped
+            raise CheckpointError(f"malformed {op} request: {exc}") from None
+
+    async def _checkpoint_op(
+        self,
+        store: Checkpoints,
+        op: str,
+        header: dict[str, Any],
+        leases: list[ChunkLease],
+        fds: list[int],
+        owned: list[int],
+        request_fds: list[int],
+    ) -> tuple[dict[str, Any], bytes]:
         if op == "ckpt_save":
             return await self._save(store, header, request_fds), b""
         if op == "ckpt_wait":
@@ -406,7 +421,7 @@ class LocalServer:
         if op == "ckpt_commit":
             extra: dict[str, Any] = {}
             if request_fds:
-                extra = _load_json_fd(request_fds[0])
+                extra = await asyncio.to_thread(_load_json_fd, request_fds[0])
                 if not isinstance(extra, dict):
                     raise ProtocolError("ckpt_commit's fd must hold a JSON object")
             manifest_id = await store.commit(
@@ -449,7 +464,7 @@ class LocalServer:
         if len(request_fds) != 2:
             raise ProtocolError("ckpt_save carries two fds: the layout and the staged bytes")
         layout_fd, data_fd = request_fds
-        layout = _load_json_fd(layout_fd)
+        layout = await asyncio.to_thread(_load_json_fd, layout_fd)
         backend, path = checkpoint_name(header.get("name"))
         if not isinstance(layout, dict):
             raise ProtocolError("ckpt_save's layout must be a JSON object")

@@ -223,6 +223,17 @@ def test_tied_views_empty_and_zero_dim_tensors(node: tuple[Daemon, Client]) -> N
     assert_same(back, state)
     assert back["lm_head"] is back["embed"]
     assert back["row"] is not back["embed"]
+    z = torch.randn(8, dtype=torch.complex64)
+    ckpt.save({"z": z, "zc": z.conj(), "zn": z._neg_view()}, "local/views/2", client=client)
+    back = ckpt.load("local/views/2", client=client)
+    assert torch.equal(back["zc"], z.conj().resolve_conj())
+    assert torch.equal(back["zn"], -z)
+    # Tied in the checkpoint, separate in the target: both are filled in place.
+    target = {k: torch.zeros_like(v) for k, v in state.items() if k in ("embed", "lm_head")}
+    ckpt.load_into(target, "local/views/1", strict=False, client=client)
+    assert torch.equal(target["embed"], weight)
+    assert torch.equal(target["lm_head"], weight)
+    assert target["embed"] is not target["lm_head"]
 
 
 def test_load_into_fills_tensors_in_place(node: tuple[Daemon, Client]) -> None:
@@ -613,13 +624,21 @@ def test_gc_sweeps_only_unreferenced_chunks_and_keeps_concurrent_saves(
     young = chunkd("gc", "local/gc", "--keep-last", "2")  # the default grace: 1h
     assert "removed checkpoint local/gc/step-1" in young
     assert len(list(chunks.iterdir())) == 4  # unreferenced, but younger than the grace
-    # A save in flight (its intent is written, its manifest is not) keeps its chunks.
-    intent = daemon.cwd / "chunkd-data" / "intents" / "inflight.0.json"
-    step1_own = [c.name for c in chunks.iterdir()]
-    intent.write_text(json.dumps({"chunks": step1_own}))
+    # Each save's intent outlives its commit (a collection that started before the
+    # save must not sweep what it deduplicated against), for a day.
     chunkd("gc", "local/gc", "--grace", "0s")
     assert len(list(chunks.iterdir())) == 4
-    intent.unlink()
+    intents = daemon.cwd / "chunkd-data" / "intents"
+    two_days_ago = time.time() - 2 * 86400
+    for old in intents.iterdir():
+        os.utime(old, (two_days_ago, two_days_ago))
+    # A save in flight (its intent is written, its manifest is not) keeps its chunks.
+    inflight = intents / "inflight.0.json"
+    inflight.write_text(json.dumps({"chunks": [c.name for c in chunks.iterdir()]}))
+    chunkd("gc", "local/gc", "--grace", "0s")
+    assert len(list(chunks.iterdir())) == 4
+    assert [p.name for p in intents.iterdir()] == ["inflight.0.json"]  # old ones expired
+    inflight.unlink()
     out = chunkd("gc", "local/gc", "--grace", "0s")
     assert "removed 1" in out
     assert len(list(chunks.iterdir())) == 3
@@ -631,9 +650,33 @@ def test_gc_sweeps_only_unreferenced_chunks_and_keeps_concurrent_saves(
         assert torch.equal(ckpt.load(name, client=client)["shared"], shared)
     with pytest.raises(CheckpointNotFoundError):
         ckpt.load("local/gc/step-1", client=client)
-    assert ckpt.delete("local/gc/step-2", client=client) >= 2
+    assert ckpt.delete("local/gc/step-2", client=client) == 2  # the manifest and its part
     with pytest.raises(CheckpointNotFoundError):
         ckpt.delete("local/gc/step-2", client=client)
+
+
+def test_retention_matches_whole_path_components(node: tuple[Daemon, Client]) -> None:
+    daemon, client = node
+    for run in ("run1", "run10"):
+        ckpt.save({"w": torch.full((4,), float(len(run)))}, f"local/ret/{run}/s-1", client=client)
+    assert [e["name"] for e in ckpt.list("local/ret/run1", client=client)] == ["local/ret/run1/s-1"]
+    done = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "chunkd"),
+            "gc",
+            "local/ret/run1",
+            "--keep-last",
+            "0",
+            "--socket",
+            str(daemon.cwd / "chunkd.sock"),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert "removed checkpoint local/ret/run1/s-1" in done.stdout
+    assert "run10" not in done.stdout
+    assert torch.equal(ckpt.load("local/ret/run10/s-1", client=client)["w"], torch.full((4,), 5.0))
 
 
 def test_durability_levels_are_reached_in_order(node: tuple[Daemon, Client]) -> None:
@@ -698,3 +741,44 @@ def test_ranks_under_torch_distributed_agree_on_one_save(node: tuple[Daemon, Cli
     # "common" is the same on both ranks (and large enough for chunks of its own):
     # it is uploaded once.
     assert sum(int(o[1]) for o in outputs) == 2 * 128 * 128 * 4 + 400_000
+
+
+GLOO_BAD_SCRIPT = """
+import sys, torch, torch.distributed as dist
+from chunkd.client import Client, checkpoint
+from chunkd.errors import UnsupportedStateError
+rank, port, socket = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+state = {"w": torch.ones(4), "hook": (lambda: 0) if rank == 1 else 0}
+with Client(socket) as client:
+    try:
+        checkpoint.save(state, "local/gloo-bad/step-1", client=client)
+    except UnsupportedStateError as exc:
+        print("refused:", exc)
+dist.destroy_process_group()
+"""
+
+
+def test_a_rank_that_cannot_save_stops_every_rank_before_staging(
+    node: tuple[Daemon, Client],
+) -> None:
+    from chunkd.gateway.testing import free_port
+
+    daemon, client = node
+    port = str(free_port())
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", GLOO_BAD_SCRIPT, str(r), port, str(daemon.cwd / "chunkd.sock")],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for r in range(2)
+    ]
+    outputs = [p.communicate(timeout=90)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0]
+    assert "another rank cannot save" in outputs[0]
+    assert "rank 1" in outputs[0]
+    assert "hook" in outputs[1]
+    assert daemon.metric("chunkd_checkpoint_saves_total", outcome="started") == 0
+    with pytest.raises(CheckpointNotFoundError):
+        ckpt.load("local/gloo-bad/step-1", client=client)

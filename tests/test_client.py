@@ -564,9 +564,13 @@ class Counting:
         self.ops: list[str] = []
         exchange = client._exchange
 
-        def counted(header: dict[str, Any], send_fds: list[int] | None = None) -> Any:
+        def counted(
+            header: dict[str, Any],
+            send_fds: list[int] | None = None,
+            timeout: float | None = None,
+        ) -> Any:
             self.ops.append(header["op"])
-            return exchange(header, send_fds)
+            return exchange(header, send_fds, timeout)
 
         client._exchange = counted  # type: ignore[method-assign]
 

@@ -782,3 +782,27 @@ def test_a_rank_that_cannot_save_stops_every_rank_before_staging(
     assert daemon.metric("chunkd_checkpoint_saves_total", outcome="started") == 0
     with pytest.raises(CheckpointNotFoundError):
         ckpt.load("local/gloo-bad/step-1", client=client)
+
+
+def test_a_commit_repeated_for_the_same_save_is_the_same_commit(
+    node: tuple[Daemon, Client],
+) -> None:
+    _, client = node
+    handle = ckpt.async_save(
+        {"w": torch.ones(8)}, "local/twice/1", save_id="once", _commit="none", client=client
+    )
+    assert handle.wait(30)
+    first = ckpt.commit("local/twice/1", "once", 1, client=client)
+    assert ckpt.commit("local/twice/1", "once", 1, client=client) == first  # a retry
+    other = ckpt.async_save(
+        {"w": torch.zeros(8)},
+        "local/twice/1",
+        save_id="other",
+        _commit="none",
+        overwrite=True,
+        client=client,
+    )
+    assert other.wait(30)
+    with pytest.raises(CheckpointExistsError, match="committed by another save"):
+        ckpt.commit("local/twice/1", "other", 1, client=client)
+    assert torch.equal(ckpt.load("local/twice/1", client=client)["w"], torch.ones(8))

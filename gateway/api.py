@@ -46,6 +46,7 @@ from chunkd.gateway.checkpoints import Checkpoints
 from chunkd.gateway.config import Config
 from chunkd.gateway.localsock import LocalServer
 from chunkd.gateway.metrics import Metrics
+from chunkd.gateway.peers import Peers
 from chunkd.gateway.ranges import RangeNotSatisfiableError, parse_range, resolve
 from chunkd.gateway.readpath import ReadPath
 from chunkd.gateway.status import http_status
@@ -80,6 +81,7 @@ CACHE: Final = web.AppKey("cache", ChunkCache)
 BACKENDS: Final = web.AppKey("backends", Backends)
 READ_PATH: Final = web.AppKey("read_path", ReadPath)
 CHECKPOINTS: Final = web.AppKey("checkpoints", Checkpoints)
+PEERS: Final[web.AppKey[Peers | None]] = web.AppKey("peers")
 #: set on a request once its response headers are sent
 STREAMING: Final = "chunkd.streaming"
 
@@ -101,6 +103,7 @@ def build_app(config: Config, *, metrics: Metrics | None = None) -> web.Applicat
     # [\s\S], not ".": a newline in a key must reach the handler and be refused there.
     app.router.add_get(r"/v1/objects/{backend}/{key:[\s\S]*}", _object)
     app.router.add_post(r"/v1/warm/{backend}/{key:[\s\S]*}", _warm)
+    app.router.add_get("/v1/peer/chunks/{backend}/{id}", _peer_chunk)
     return app
 
 
@@ -118,7 +121,11 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
         "cache open",
         extra={"dir": str(config.cache.dir), "backends": [b.name for b in config.backends]},
     )
-    checkpoints = Checkpoints(cache, backends, metrics, config.cache.dir / "checkpoints")
+    peers = Peers(config.peers, metrics) if config.peers.enabled else None
+    app[PEERS] = peers
+    checkpoints = Checkpoints(
+        cache, backends, metrics, config.cache.dir / "checkpoints", peers=peers
+    )
     app[CHECKPOINTS] = checkpoints
     local = LocalServer(
         config.server.socket,
@@ -129,12 +136,16 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
         group=config.server.socket_group,
     )
     try:
+        if peers is not None:
+            await peers.start()
         resumed = await checkpoints.start()
         if resumed:
             log.info("resuming %d checkpoint saves from the journal", resumed)
         await local.start()
     except BaseException:
         await checkpoints.close()
+        if peers is not None:
+            await peers.close()
         await read_path.close()
         await cache.close()
         raise
@@ -143,6 +154,8 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
     finally:
         await local.close()
         await checkpoints.close()
+        if peers is not None:
+            await peers.close()
         await read_path.close()
         await backends.close()
         await cache.close()  # finishes disk writes and flushes the index
@@ -197,6 +210,15 @@ _OPEN_PATHS: Final = frozenset({"/", "/healthz", "/readyz", "/metrics"})
 
 @web.middleware
 async def _guard(request: web.Request, handler: Handler) -> web.StreamResponse:
+    if request.path.startswith("/v1/peer/"):  # the peer token, from anywhere
+        peers = request.app.get(PEERS)
+        if peers is None:
+            return _error_response(404, "NotFound", "this node has no [peers] section")
+        if not peers.authorized(request.headers.get("Authorization")):
+            return _error_response(
+                401, "Unauthorized", "peer routes want 'Authorization: Bearer <peer token>'"
+            )
+        return await handler(request)
     if request.path in _OPEN_PATHS or _is_loopback(request.remote):
         return await handler(request)
     token = request.app[CONFIG].server.token
@@ -282,6 +304,7 @@ async def _stats(request: web.Request) -> web.Response:
             for b in app[BACKENDS]
         ],
         "checkpoints": app[CHECKPOINTS].stats(),
+        "peers": peers.stats() if (peers := app[PEERS]) is not None else None,
     }
     return web.json_response(body, dumps=lambda obj: json.dumps(obj, default=str))
 
@@ -295,6 +318,17 @@ async def _chunk(request: web.Request) -> web.Response:
         body=body,
         headers={"ETag": f'"{cid}"', "Content-Type": "application/octet-stream"},
     )
+
+
+async def _peer_chunk(request: web.Request) -> web.Response:
+    """A chunk for a peer: from this node's cache, or fetched here from the backend
+    (single flight), never passed on to another peer."""
+    cid = ChunkId.parse(request.match_info["id"])
+    lease = await request.app[CHECKPOINTS].chunk(request.match_info["backend"], cid, local=True)
+    with lease:
+        body = lease.read()
+    request.app[METRICS].peer_bytes.labels("out").inc(len(body))
+    return web.Response(body=body, headers={"Content-Type": "application/octet-stream"})
 
 
 async def _object(request: web.Request) -> web.StreamResponse:

@@ -58,6 +58,7 @@ from chunkd.errors import (
     CheckpointExistsError,
     CheckpointNotFoundError,
     ChunkdError,
+    ChunkNotFoundError,
     IntegrityError,
     InvalidKeyError,
     ObjectNotFoundError,
@@ -67,6 +68,7 @@ from chunkd.gateway.readpath import validate_key
 if TYPE_CHECKING:
     from chunkd.gateway.backends import Backend, Backends, ObjectMeta
     from chunkd.gateway.metrics import Metrics
+    from chunkd.gateway.peers import Peers
 
 __all__ = [
     "SCHEMA",
@@ -297,6 +299,8 @@ class Checkpoints:
         root: where journals live (``<cache dir>/checkpoints``).
         part_timeout: seconds a coordinator waits for the other ranks' parts.
         poll_interval: the longest pause between two looks for parts or a manifest.
+        peers: the cluster, when chunks are shared between nodes: a load asks each
+            chunk's owner before it reads the backend.
     """
 
     def __init__(
@@ -308,6 +312,7 @@ class Checkpoints:
         *,
         part_timeout: float = 3600.0,
         poll_interval: float = 2.0,
+        peers: Peers | None = None,
     ) -> None:
         self.cache = cache
         self.backends = backends
@@ -315,6 +320,7 @@ class Checkpoints:
         self.root = Path(root)
         self.part_timeout = part_timeout
         self.poll_interval = poll_interval
+        self.peers = peers
         self._jobs_dir = self.root / "jobs"
         self._failed_dir = self.root / "failed"
         self._jobs: dict[str, SaveJob] = {}
@@ -919,10 +925,12 @@ class Checkpoints:
             "durability": Durability(min(j.level for j in mine.values())).name.lower(),
         }
 
-    async def chunk(self, backend_name: str, cid: ChunkId) -> ChunkLease:
-        """Lease checkpoint chunk ``cid``: from the cache, else from ``chunks/<id>``.
+    async def chunk(self, backend_name: str, cid: ChunkId, *, local: bool = False) -> ChunkLease:
+        """Lease checkpoint chunk ``cid``: from the cache, else from its owner among the
+        peers (unless ``local``: a peer's own request), else from ``chunks/<id>``.
 
-        Bytes from the backend are verified against the id before they are cached.
+        Bytes from a peer or the backend are verified against the id before they are
+        cached; concurrent requests for one chunk make one fetch.
 
         Raises:
             IntegrityError: the backend's copy is damaged (nothing is cached).
@@ -935,11 +943,18 @@ class Checkpoints:
         data: list[memoryview] = []
 
         async def fetch() -> ChunkId:
+            if self.peers is not None and not local:
+                shared = await self.peers.fetch_chunk(backend_name, cid)  # verified
+                if shared is not None:
+                    data.append(shared)
+                    await self.cache.put(Chunk.trusted(cid, shared))
+                    return cid
             try:
                 raw = await backend.get(f"{CHUNKS}{cid}")
             except ObjectNotFoundError:
                 raise _chunk_error(
-                    CheckpointError(f"chunk {cid} is missing from backend {backend_name!r}"), cid
+                    ChunkNotFoundError(f"chunk {cid} is missing from backend {backend_name!r}"),
+                    cid,
                 ) from None
             got = await asyncio.to_thread(ChunkId.of, raw)
             if got != cid:

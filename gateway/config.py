@@ -33,6 +33,19 @@ Every key, with its default (a key left out takes the default)::
     write_policy = "write-through"      # "write-through", "write-behind" or "upper-only"
     eviction = "s3fifo"                 # RAM eviction: "s3fifo" (scan-resistant) or "lru"
 
+    [peers]                             # other chunkd nodes to share chunks with; without
+                                        # self, this node is on its own (self and
+                                        # token_file go together)
+    # self = "10.0.0.7:8470"            # this node's address, as the others reach it
+    # members = ["10.0.0.7:8470"]     # a static list of host:port (self may be in it)
+    # members_file = "/etc/chunkd/peers"  # one host:port a line ('#' comments), re-read
+                                        # when it changes (written from a Slurm hostlist)
+    # token_file = "/etc/chunkd/token"  # shared secret every peer request carries
+    # timeout = "2s"                    # a peer request; a slower peer is skipped
+    # health_interval = "1s"            # how often each peer's /healthz is probed
+    # down_after = 3                    # failed probes before a peer is marked down
+    # up_after = 2                      # passed probes before it is up again
+
     [[backends]]                        # one table per backend; at least one
     name = "data"                       # required: [a-z0-9][a-z0-9_-]{0,62}; users name
                                         # objects "data/KEY"
@@ -90,7 +103,7 @@ import os
 import re
 import tomllib
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, fields, is_dataclass
+from dataclasses import dataclass, field, fields, is_dataclass
 from enum import Enum
 from fractions import Fraction
 from pathlib import Path
@@ -103,6 +116,7 @@ from chunkd.errors import ConfigError
 __all__ = [
     "BackendConfig",
     "Config",
+    "PeersConfig",
     "Secret",
     "ServerConfig",
     "embedded_default",
@@ -640,6 +654,31 @@ _BACKEND_KEYS: Final[dict[str, _Convert]] = {
     "timeout": _positive_duration,
     "retries": _count,
 }
+
+
+def _members(value: object, origin: _Origin) -> tuple[str, ...]:
+    items = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, list | tuple):
+        raise origin.error(value, "must be a list of host:port strings")
+    members = []
+    for item in items:
+        text = str(item).strip()
+        if text:
+            members.append(_listen(text, origin))
+    return tuple(members)
+
+
+_PEERS_KEYS: Final[dict[str, _Convert]] = {
+    "self": _listen,
+    "members": _members,
+    "members_file": _path,
+    "token_file": _path,
+    "timeout": _positive_duration,
+    "health_interval": _positive_duration,
+    "down_after": _count,
+    "up_after": _count,
+}
+
 # Keys whose default is None (unset): an empty environment value unsets them.
 _UNSETTABLE: Final = frozenset(
     (
@@ -745,6 +784,33 @@ class ServerConfig:
 
 
 @dataclass(frozen=True)
+class PeersConfig:
+    """The ``[peers]`` section. Every field has the default shown; no ``self``: no peers."""
+
+    #: this node's address as the others reach it ("host:port"); TOML key ``self``
+    address: str | None = None
+    #: a static member list ("host:port" each; this node may be in it)
+    members: tuple[str, ...] = ()
+    #: a file of members, one "host:port" a line, re-read when it changes
+    members_file: Path | None = None
+    #: the file holding the shared secret every peer request carries
+    token_file: Path | None = None
+    #: seconds a peer request may take before the next owner is tried
+    timeout: float = 2.0
+    #: seconds between two health probes of a peer
+    health_interval: float = 1.0
+    #: failed probes in a row before a peer is marked down
+    down_after: int = 3
+    #: passed probes in a row before a down peer is up again
+    up_after: int = 2
+
+    @property
+    def enabled(self) -> bool:
+        """Whether this node shares chunks with peers."""
+        return self.address is not None
+
+
+@dataclass(frozen=True)
 class BackendConfig:
     """One ``[[backends]]`` table. Every field but ``name`` and ``url`` has the default shown.
 
@@ -831,6 +897,8 @@ class Config:
     backends: tuple[BackendConfig, ...]
     #: the file it was read from, or "embedded default"
     source: str
+    #: the [peers] section (disabled when absent)
+    peers: PeersConfig = PeersConfig()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "backends", tuple(self.backends))
@@ -870,6 +938,7 @@ class Config:
             "server": server,
             "cache": _plain(self.cache),
             "backends": backends,
+            "peers": _plain(self.peers),
         }
 
 
@@ -911,6 +980,7 @@ class _Document:
     cache: dict[str, _Setting]
     #: (name, table) per backend, in order
     backends: list[tuple[str, dict[str, _Setting]]]
+    peers: dict[str, _Setting] = field(default_factory=dict)
 
 
 def _did_you_mean(word: str, options: Iterable[str]) -> str:
@@ -954,14 +1024,19 @@ def _section(
 
 
 def _document_from_toml(doc: Mapping[str, Any], source: str) -> _Document:
-    sections = {"server": _SERVER_KEYS, "cache": _CACHE_KEYS, "backends": _BACKEND_KEYS}
+    sections = {
+        "server": _SERVER_KEYS,
+        "cache": _CACHE_KEYS,
+        "backends": _BACKEND_KEYS,
+        "peers": _PEERS_KEYS,
+    }
     for key, value in doc.items():
         if key in sections:
             continue
         if isinstance(value, dict | list):
             raise ConfigError(
                 f"{source}: unknown section [{key}]{_did_you_mean(key, sections)} "
-                "(the sections: [server], [cache], [[backends]])"
+                "(the sections: [server], [cache], [[backends]], [peers])"
             )
         homes = [
             "[[backends]]" if name == "backends" else f"[{name}]"
@@ -1006,7 +1081,7 @@ def _document_from_toml(doc: Mapping[str, Any], source: str) -> _Document:
                 "(or gs://, az://, file:///dir, memory://)"
             )
         backends.append((name, settings))
-    return _Document(source, server, cache, backends)
+    return _Document(source, server, cache, backends, _section(doc, "peers", _PEERS_KEYS, source))
 
 
 def _embedded_document(cwd: Path) -> _Document:
@@ -1053,6 +1128,7 @@ def _embedded_data_url(cwd: Path) -> str:
 _SECTION_PREFIXES: Final = {
     "CHUNKD_SERVER_": ("server", _SERVER_KEYS),
     "CHUNKD_CACHE_": ("cache", _CACHE_KEYS),
+    "CHUNKD_PEERS_": ("peers", _PEERS_KEYS),
 }
 _BACKENDS_PREFIX: Final = "CHUNKD_BACKENDS_"
 
@@ -1155,11 +1231,28 @@ def _build(doc: _Document, cwd: Path) -> Config:
         values = _convert(table, _BACKEND_KEYS)
         _backend_rules(values, _origin_of(table))
         backends.append(BackendConfig(**values))
+    peers = _convert(doc.peers, _PEERS_KEYS)
+    for key in ("members_file", "token_file"):
+        if key in peers:
+            peers[key] = _absolute(peers[key], cwd)
+    if "self" in peers:
+        peers["address"] = peers.pop("self")
+    elif peers:
+        raise ConfigError(
+            f'{doc.source}: [peers] has no self; add self = "HOST:PORT" (this node\'s '
+            "address as the other nodes reach it)"
+        )
+    if peers and "token_file" not in peers:
+        raise ConfigError(
+            f"{doc.source}: [peers] has no token_file; peers authenticate each other with a "
+            'shared secret, so add token_file = "/etc/chunkd/token"'
+        )
     return Config(
         server=ServerConfig(**server),
         cache=CacheConfig(**cache),
         backends=tuple(backends),
         source=doc.source,
+        peers=PeersConfig(**peers),
     )
 
 

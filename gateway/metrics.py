@@ -70,6 +70,22 @@ class Metrics:
         self.peer_bytes = Counter(
             "chunkd_peer_bytes", "Bytes exchanged with peers", ["direction"], registry=r
         )
+        self.peer_requests = Counter(
+            "chunkd_peer_requests",
+            "Chunk requests sent to peers, by peer and outcome",
+            ["peer", "outcome"],
+            registry=r,
+        )
+        self.peer_integrity_failures = Counter(
+            "chunkd_peer_integrity_failures",
+            "Chunks from a peer that did not match their id (dropped, never cached)",
+            ["peer"],
+            registry=r,
+        )
+        self.peer_members = Gauge("chunkd_peer_members", "Members of the cluster", registry=r)
+        self.peer_healthy = Gauge(
+            "chunkd_peer_healthy", "Members of the cluster that are up", registry=r
+        )
         self.http_requests = Counter(
             "chunkd_http_requests", "HTTP requests answered", ["route", "status"], registry=r
         )

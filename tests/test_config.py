@@ -21,6 +21,7 @@ from chunkd.gateway import config as config_module
 from chunkd.gateway.config import (
     BackendConfig,
     Config,
+    PeersConfig,
     Secret,
     ServerConfig,
     embedded_default,
@@ -212,6 +213,10 @@ def test_the_reference_in_the_module_docstring_is_a_config_of_the_defaults(
             for line in reference.splitlines()
         )
     )
+    assert config.peers == PeersConfig()
+    assert set(uncommented["peers"]) == {
+        "self" if f.name == "address" else f.name for f in dataclasses.fields(PeersConfig)
+    }
     assert set(uncommented["server"]) == {f.name for f in dataclasses.fields(ServerConfig)}
     assert set(uncommented["backends"][0]) == {f.name for f in dataclasses.fields(BackendConfig)}
     assert set(uncommented["cache"]) == {
@@ -226,7 +231,7 @@ def test_the_reference_in_the_module_docstring_is_a_config_of_the_defaults(
         "write_policy",
         "eviction",
     }
-    assert set(uncommented) == {"server", "cache", "backends"}
+    assert set(uncommented) == {"server", "cache", "backends", "peers"}
     for name in ("CHUNKD_SERVER_<KEY>", "CHUNKD_CACHE_<KEY>", "CHUNKD_BACKENDS_<NAME>_<KEY>"):
         assert name in doc
 
@@ -915,3 +920,24 @@ def test_duration_numbers_and_their_text_agree(seconds: float) -> None:
     assert duration(seconds) == seconds
     assert duration(f"{seconds:.6f}s") == pytest.approx(seconds, abs=1e-6)
     assert duration(f"{seconds:.6f}") == pytest.approx(seconds, abs=1e-6)
+
+
+def test_peers_need_self_and_a_token_file(tmp_path: Path) -> None:
+    base = '[[backends]]\nname = "d"\nurl = "memory://"\n'
+    with pytest.raises(ConfigError, match="has no self"):
+        load_config(write(tmp_path, base + '[peers]\nmembers = ["a:1"]\n'), environ={})
+    with pytest.raises(ConfigError, match="token_file"):
+        load_config(write(tmp_path, base + '[peers]\nself = "a:1"\n'), environ={})
+    with pytest.raises(ConfigError, match="members"):
+        load_config(
+            write(tmp_path, base + '[peers]\nself = "a:1"\ntoken_file = "t"\nmembers = "x"\n'),
+            environ={},
+        )
+    config = load_config(
+        write(tmp_path, base + '[peers]\nself = "10.0.0.1:8470"\ntoken_file = "t"\n'),
+        environ={"CHUNKD_PEERS_MEMBERS": "10.0.0.1:8470, 10.0.0.2:8470"},
+        cwd=tmp_path,
+    )
+    assert config.peers.enabled
+    assert config.peers.members == ("10.0.0.1:8470", "10.0.0.2:8470")
+    assert config.peers.token_file == tmp_path / "t"

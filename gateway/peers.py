@@ -1,0 +1,295 @@
+"""Peers: the other chunkd nodes of a cluster, and which of them owns which chunk.
+
+Membership comes from ``[peers]``: a static list and/or a file that is re-read when
+it changes. Every member is probed (``GET /healthz``) every ``health_interval``; a
+member is marked down after ``down_after`` failed probes in a row and up again
+after ``up_after`` passes. A member that fails a chunk request counts as a failed
+probe too.
+
+Placement is rendezvous (HRW) hashing: a key's owners are the healthy members
+(this node included) ordered by ``blake3(member, key)``. Each key has one owner;
+when a member comes or goes, only the keys it owned move.
+
+Peer protocol (on the HTTP port; every request carries ``Authorization: Bearer
+<token>`` from ``token_file``, compared in constant time; 401 otherwise)::
+
+    GET /v1/peer/chunks/{backend}/{id}   the chunk, from the owner's cache or fetched
+                                         by the owner from <backend>/chunks/<id>
+                                         (checkpoint chunks), under single flight
+
+The receiver verifies every chunk against its id before it uses or caches it; a
+peer that sends wrong bytes is counted, logged and skipped, and the reader tries
+the next owner, then the backend. Nothing waits longer than ``timeout`` on a peer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final
+
+import aiohttp
+import blake3
+
+from chunkd.cache import ChunkId
+from chunkd.errors import ConfigError
+
+if TYPE_CHECKING:
+    from chunkd.gateway.config import PeersConfig
+    from chunkd.gateway.metrics import Metrics
+
+__all__ = ["Peer", "Peers", "rank_owners"]
+
+log = logging.getLogger("chunkd.gateway.peers")
+
+_HEALTH_TIMEOUT: Final = 1.0
+
+
+def rank_owners(members: list[str], key: bytes) -> list[str]:
+    """``members`` in rendezvous order for ``key``: the first is its owner."""
+    return sorted(
+        members, key=lambda m: blake3.blake3(m.encode() + b"\0" + key).digest(), reverse=True
+    )
+
+
+@dataclass
+class Peer:
+    """One member and what the probes say of it."""
+
+    address: str
+    healthy: bool = True
+    misses: int = 0
+    passes: int = 0
+    last_change: float = field(default_factory=time.time)
+
+
+class Peers:
+    """This node's view of the cluster.
+
+    Args:
+        config: the ``[peers]`` section (enabled).
+        metrics: the daemon's metrics.
+    """
+
+    def __init__(self, config: PeersConfig, metrics: Metrics) -> None:
+        assert config.address is not None
+        self.config = config
+        self.address = config.address
+        self.metrics = metrics
+        self.token = _read_token(config.token_file)
+        self._members: dict[str, Peer] = {}
+        self._file_stamp: tuple[float, int] | None = None
+        self._session: aiohttp.ClientSession | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._set_members(self._listed())
+
+    # -- lifecycle ------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Open the HTTP session and start probing."""
+        self._session = aiohttp.ClientSession(
+            headers={"Authorization": f"Bearer {self.token}"},
+            timeout=aiohttp.ClientTimeout(total=self.config.timeout),
+        )
+        self._task = asyncio.create_task(self._watch())
+
+    async def close(self) -> None:
+        """Stop probing and close connections."""
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        if self._session is not None:
+            await self._session.close()
+
+    # -- membership -----------------------------------------------------------------
+
+    def _listed(self) -> list[str]:
+        members = list(self.config.members)
+        path = self.config.members_file
+        if path is not None:
+            try:
+                st = os.stat(path)
+                self._file_stamp = (st.st_mtime, st.st_size)
+                members += _parse_members(path.read_text())
+            except OSError as exc:
+                log.warning("peers: cannot read members_file %s (%s)", path, exc)
+        if self.address not in members:
+            members.append(self.address)
+        return list(dict.fromkeys(members))
+
+    def _set_members(self, addresses: list[str]) -> None:
+        old = set(self._members)
+        self._members = {a: self._members.get(a) or Peer(a) for a in addresses}
+        if set(addresses) != old and old:
+            log.info("peers: membership is now %s", ", ".join(addresses))
+        self._export()
+
+    def _reload_if_changed(self) -> None:
+        path = self.config.members_file
+        if path is None:
+            return
+        try:
+            st = os.stat(path)
+        except OSError:
+            return
+        if (st.st_mtime, st.st_size) != self._file_stamp:
+            self._set_members(self._listed())
+
+    @property
+    def members(self) -> list[Peer]:
+        """Every member, this node included."""
+        return list(self._members.values())
+
+    def healthy(self) -> list[str]:
+        """The members currently up (this node always is)."""
+        return [a for a, p in self._members.items() if p.healthy or a == self.address]
+
+    def owners(self, key: bytes) -> list[str]:
+        """The healthy members in rendezvous order for ``key``."""
+        return rank_owners(self.healthy(), key)
+
+    def is_self(self, address: str) -> bool:
+        """Whether ``address`` is this node."""
+        return address == self.address
+
+    # -- health ---------------------------------------------------------------------
+
+    async def _watch(self) -> None:
+        while True:
+            try:
+                self._reload_if_changed()
+                others = [p for p in self._members.values() if p.address != self.address]
+                await asyncio.gather(*(self._probe(p) for p in others))
+                self._export()
+            except Exception:  # a probe round must never stop the probing
+                log.exception("peers: a health round failed")
+            await asyncio.sleep(self.config.health_interval)
+
+    async def _probe(self, peer: Peer) -> None:
+        assert self._session is not None
+        try:
+            async with self._session.get(
+                f"http://{peer.address}/healthz",
+                timeout=aiohttp.ClientTimeout(total=min(_HEALTH_TIMEOUT, self.config.timeout)),
+            ) as response:
+                ok = response.status == 200
+        except (aiohttp.ClientError, TimeoutError, OSError):
+            ok = False
+        self.note(peer.address, ok=ok)
+
+    def note(self, address: str, *, ok: bool) -> None:
+        """Count a probe (or a request) to ``address`` as passed or failed."""
+        peer = self._members.get(address)
+        if peer is None:
+            return
+        if ok:
+            peer.misses = 0
+            peer.passes += 1
+            if not peer.healthy and peer.passes >= self.config.up_after:
+                peer.healthy, peer.last_change = True, time.time()
+                log.info("peer %s is up", address)
+        else:
+            peer.passes = 0
+            peer.misses += 1
+            if peer.healthy and peer.misses >= self.config.down_after:
+                peer.healthy, peer.last_change = False, time.time()
+                log.warning("peer %s is down after %d failed probes", address, peer.misses)
+        self._export()
+
+    def _export(self) -> None:
+        self.metrics.peer_members.set(len(self._members))
+        self.metrics.peer_healthy.set(len(self.healthy()))
+
+    # -- fetching -------------------------------------------------------------------
+
+    async def fetch_chunk(self, backend: str, cid: ChunkId) -> memoryview | None:
+        """Chunk ``cid`` from its owner (or the next ones), verified; None: fetch it
+        yourself (this node owns it, or every owner before it failed)."""
+        assert self._session is not None
+        for owner in self.owners(bytes(cid)):
+            if self.is_self(owner):
+                return None
+            url = f"http://{owner}/v1/peer/chunks/{backend}/{cid}"
+            try:
+                async with self._session.get(url) as response:
+                    if response.status != 200:
+                        self._count(owner, f"http_{response.status}")
+                        if response.status >= 500:
+                            self.note(owner, ok=False)
+                        continue
+                    data = memoryview(await response.read())
+            except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+                self._count(owner, "error")
+                self.note(owner, ok=False)
+                log.info("peer %s did not give chunk %s (%s); trying the next", owner, cid, exc)
+                continue
+            got = await asyncio.to_thread(ChunkId.of, data)
+            if got != cid:
+                self._count(owner, "integrity")
+                self.metrics.peer_integrity_failures.labels(owner).inc()
+                log.warning(
+                    "peer %s sent %d bytes for chunk %s that hash to %s; dropped them",
+                    owner,
+                    data.nbytes,
+                    cid,
+                    got,
+                )
+                continue
+            self._count(owner, "ok")
+            self.metrics.peer_bytes.labels("in").inc(data.nbytes)
+            return data
+        return None
+
+    def _count(self, peer: str, outcome: str) -> None:
+        self.metrics.peer_requests.labels(peer, outcome).inc()
+
+    def authorized(self, header: str | None) -> bool:
+        """Whether an ``Authorization`` header carries the peer token (constant time)."""
+        wanted = f"Bearer {self.token}".encode()
+        return hmac.compare_digest((header or "").encode("utf-8", "surrogateescape"), wanted)
+
+    def stats(self) -> dict[str, Any]:
+        """For /v1/stats and ``chunkd stats``."""
+        return {
+            "self": self.address,
+            "members": [
+                {"address": p.address, "healthy": p.healthy or p.address == self.address}
+                for p in self._members.values()
+            ],
+            "healthy": len(self.healthy()),
+        }
+
+
+def _parse_members(text: str) -> list[str]:
+    out = []
+    for line in text.splitlines():
+        entry = line.split("#", 1)[0].strip()
+        if entry:
+            out.append(entry)
+    return out
+
+
+def _read_token(path: Path | None) -> str:
+    if path is None:
+        raise ConfigError("[peers] needs token_file")
+    try:
+        token = Path(path).read_text().strip()
+    except OSError as exc:
+        raise ConfigError(
+            f"[peers] token_file {path} cannot be read ({exc.strerror or exc}); create it "
+            "with the cluster's shared secret"
+        ) from exc
+    if len(token) < 16:
+        raise ConfigError(
+            f"[peers] token_file {path} holds under 16 characters; use a longer secret"
+        )
+    with contextlib.suppress(OSError):
+        if os.stat(path).st_mode & 0o077:
+            log.warning("peers: token_file %s is readable by others; chmod 600 it", path)
+    return token

@@ -1,0 +1,310 @@
+"""Peer sharing between daemons on loopback: one backend read per chunk for the cluster."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from aiohttp import web
+
+from chunkd.client import Client
+from chunkd.client import checkpoint as ckpt
+from chunkd.gateway.peers import rank_owners
+from chunkd.gateway.testing import CountingProxy, free_port
+from tests.conftest import Daemon
+
+TOKEN = "a-shared-secret-for-the-tests"
+MiB = 1 << 20
+
+
+def node_toml(
+    tmp_path: Path,
+    bucket: str,
+    proxy: CountingProxy,
+    name: str,
+    port: int,
+    members: list[int] | None = None,
+    members_file: Path | None = None,
+) -> str:
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    token = tmp_path / "token"
+    token.write_text(TOKEN)
+    token.chmod(0o600)
+    listed = ", ".join(f'"127.0.0.1:{p}"' for p in members or [])
+    extra = f'members_file = "{members_file}"\n' if members_file else ""
+    return f"""
+[server]
+listen = "127.0.0.1:{port}"
+socket = "{tmp_path / name / "chunkd.sock"}"
+
+[cache]
+dir = "{tmp_path / name / "cache"}"
+ram_bytes = "256MiB"
+disk_bytes = "1GiB"
+disk_min_free_bytes = 0
+fsync = "never"
+
+[peers]
+self = "127.0.0.1:{port}"
+members = [{listed}]
+{extra}token_file = "{token}"
+timeout = "2s"
+health_interval = "200ms"
+down_after = 2
+up_after = 1
+
+[[backends]]
+name = "ckpt"
+url = "s3://{bucket}/pre"
+endpoint = "{proxy.endpoint}"
+region = "us-east-1"
+access_key_id = "testing"
+secret_access_key = "testing-secret"
+allow_http = true
+writable = true
+timeout = "5s"
+retries = 1
+"""
+
+
+def state_of(seed: int, tensors: int = 12) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {f"w{i}": torch.randn(512, 512, generator=g) for i in range(tensors)}  # 1 MiB each
+
+
+def start_cluster(
+    start_daemon: Callable[..., Daemon],
+    tmp_path: Path,
+    bucket: str,
+    proxy: CountingProxy,
+    count: int,
+) -> list[Daemon]:
+    ports = [free_port() for _ in range(count)]
+    return [
+        start_daemon(
+            node_toml(tmp_path, bucket, proxy, f"n{i}", port, ports),
+            cwd=tmp_path / f"n{i}",
+            env={"CHUNKD_SERVER_LISTEN": f"127.0.0.1:{port}"},
+            port=port,
+        )
+        for i, port in enumerate(ports)
+    ]
+
+
+def load_everywhere(nodes: list[Daemon], name: str) -> list[Any]:
+    results: list[Any] = [None] * len(nodes)
+
+    def load(i: int) -> None:
+        try:
+            with Client(nodes[i].cwd / "chunkd.sock", timeout=60) as client:
+                results[i] = ckpt.load(name, client=client)
+        except Exception as exc:  # reported below
+            results[i] = exc
+
+    threads = [threading.Thread(target=load, args=(i,)) for i in range(len(nodes))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    return results
+
+
+def test_three_nodes_restore_a_checkpoint_with_one_backend_read_per_chunk(
+    start_daemon: Callable[..., Daemon], tmp_path: Path, bucket: str, s3_proxy: CountingProxy
+) -> None:
+    state = state_of(1)
+    nodes = start_cluster(start_daemon, tmp_path, bucket, s3_proxy, 3)
+    with Client(nodes[0].cwd / "chunkd.sock") as client:
+        ckpt.save(state, "ckpt/fanout/step-1", client=client)
+    # Fresh caches: the nodes that restore have never seen the chunks.
+    for node in nodes:
+        node.stop()
+    nodes = start_cluster(start_daemon, tmp_path / "again", bucket, s3_proxy, 3)
+    time.sleep(0.5)  # a health round
+    s3_proxy.reset()
+    for result in load_everywhere(nodes, "ckpt/fanout/step-1"):
+        assert not isinstance(result, Exception), result
+        assert all(torch.equal(result[k], state[k]) for k in state)
+    size = sum(t.numel() * 4 for t in state.values())
+    # Each chunk left the backend once for the whole cluster (plus 3 x the JSON).
+    assert size <= s3_proxy.bytes_down <= 1.1 * size
+    got_from_peers = sum(n.metric("chunkd_peer_bytes_total", direction="in") for n in nodes)
+    sent_to_peers = sum(n.metric("chunkd_peer_bytes_total", direction="out") for n in nodes)
+    assert got_from_peers == sent_to_peers >= size  # two of three nodes got every chunk
+    assert all(n.metric("chunkd_peer_healthy") == 3 for n in nodes)
+
+
+def test_a_node_killed_mid_restore_costs_no_reader_its_bytes(
+    start_daemon: Callable[..., Daemon], tmp_path: Path, bucket: str, s3_proxy: CountingProxy
+) -> None:
+    state = state_of(2, tensors=16)
+    nodes = start_cluster(start_daemon, tmp_path, bucket, s3_proxy, 3)
+    with Client(nodes[0].cwd / "chunkd.sock") as client:
+        ckpt.save(state, "ckpt/kill/step-1", client=client)
+    for node in nodes:
+        node.stop()
+    nodes = start_cluster(start_daemon, tmp_path / "again", bucket, s3_proxy, 3)
+    time.sleep(0.5)
+    s3_proxy.delay = 0.01  # slow enough that the kill lands mid-restore
+    results: list[Any] = []
+    loader = threading.Thread(
+        target=lambda: results.extend(load_everywhere(nodes[:2], "ckpt/kill/step-1"))
+    )
+    loader.start()
+    time.sleep(0.5)
+    nodes[2].process.kill()
+    loader.join(timeout=120)
+    s3_proxy.delay = 0
+    assert len(results) == 2
+    for result in results:
+        assert not isinstance(result, Exception), result
+        assert all(torch.equal(result[k], state[k]) for k in state)
+
+
+def test_a_lying_peer_is_caught_and_never_cached(
+    start_daemon: Callable[..., Daemon], tmp_path: Path, bucket: str, s3_proxy: CountingProxy
+) -> None:
+    liar_port = free_port()
+    served = []
+
+    async def lie(request: web.Request) -> web.Response:
+        served.append(request.match_info["id"])
+        return web.Response(body=os.urandom(4096))
+
+    async def healthz(request: web.Request) -> web.Response:
+        return web.json_response({"ok": True})
+
+    app = web.Application()
+    app.router.add_get("/v1/peer/chunks/{backend}/{id}", lie)
+    app.router.add_get("/healthz", healthz)
+    loop_ready = threading.Event()
+    runner_box: dict[str, Any] = {}
+
+    def serve() -> None:
+        import asyncio
+
+        loop = asyncio.new_event_loop()
+        runner = web.AppRunner(app)
+        loop.run_until_complete(runner.setup())
+        loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", liar_port).start())
+        runner_box["loop"], runner_box["runner"] = loop, runner
+        loop_ready.set()
+        loop.run_forever()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    assert loop_ready.wait(10)
+    try:
+        port = free_port()
+        node = start_daemon(
+            node_toml(tmp_path, bucket, s3_proxy, "honest", port, [port, liar_port]),
+            cwd=tmp_path / "honest",
+            env={"CHUNKD_SERVER_LISTEN": f"127.0.0.1:{port}"},
+            port=port,
+        )
+        state = state_of(3)
+        with Client(node.cwd / "chunkd.sock") as client:
+            ckpt.save(state, "ckpt/liar/step-1", client=client)
+            manifest = ckpt.manifest("ckpt/liar/step-1", client=client)
+        chunks = [c for seg in manifest["parts"][0]["segments"] for c, _ in seg["chunks"]]
+        owned_by_liar = [
+            c
+            for c in chunks
+            if rank_owners([f"127.0.0.1:{port}", f"127.0.0.1:{liar_port}"], bytes.fromhex(c))[0]
+            == f"127.0.0.1:{liar_port}"
+        ]
+        assert owned_by_liar  # HRW gives the liar some of the chunks
+        node.stop()
+        node = start_daemon(  # the same node with an empty cache
+            node_toml(tmp_path, bucket, s3_proxy, "honest2", port, [port, liar_port]),
+            cwd=tmp_path / "honest2",
+            env={"CHUNKD_SERVER_LISTEN": f"127.0.0.1:{port}"},
+            port=port,
+        )
+        time.sleep(0.5)
+        with Client(node.cwd / "chunkd.sock") as client:
+            back = ckpt.load("ckpt/liar/step-1", client=client)
+        assert all(torch.equal(back[k], state[k]) for k in state)
+        assert set(owned_by_liar) <= set(served)
+        failures = node.metric(
+            "chunkd_peer_integrity_failures_total", peer=f"127.0.0.1:{liar_port}"
+        )
+        assert failures >= len(owned_by_liar)
+    finally:
+        loop = runner_box.get("loop")
+        if loop is not None:
+            import asyncio
+
+            asyncio.run_coroutine_threadsafe(runner_box["runner"].cleanup(), loop).result(10)
+            loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=10)
+        if loop is not None:
+            loop.close()
+
+
+def test_peer_routes_want_the_token(
+    start_daemon: Callable[..., Daemon], tmp_path: Path, bucket: str, s3_proxy: CountingProxy
+) -> None:
+    port = free_port()
+    node = start_daemon(
+        node_toml(tmp_path, bucket, s3_proxy, "solo", port, [port]),
+        cwd=tmp_path / "solo",
+        env={"CHUNKD_SERVER_LISTEN": f"127.0.0.1:{port}"},
+        port=port,
+    )
+    path = "/v1/peer/chunks/ckpt/" + "ab" * 32
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": TOKEN}):
+        status, _, body = node.get(path, headers)
+        assert status == 401
+        assert json.loads(body)["error"] == "Unauthorized"
+    status, _, _ = node.get(path, {"Authorization": f"Bearer {TOKEN}"})
+    assert status == 404  # authorized: the chunk is in no cache and not in the backend
+
+
+def test_a_rewritten_members_file_is_used_without_a_restart(
+    start_daemon: Callable[..., Daemon], tmp_path: Path, bucket: str, s3_proxy: CountingProxy
+) -> None:
+    ports = [free_port(), free_port()]
+    members = tmp_path / "members"
+    members.write_text(f"# from the hostlist\n127.0.0.1:{ports[0]}\n")
+    nodes = [
+        start_daemon(
+            node_toml(tmp_path, bucket, s3_proxy, f"m{i}", port, members_file=members),
+            cwd=tmp_path / f"m{i}",
+            env={"CHUNKD_SERVER_LISTEN": f"127.0.0.1:{port}"},
+            port=port,
+        )
+        for i, port in enumerate(ports)
+    ]
+
+    def stats(node: Daemon) -> dict[str, Any]:
+        status, _, body = node.get("/v1/stats")
+        assert status == 200
+        return json.loads(body)["peers"]
+
+    assert len(stats(nodes[0])["members"]) == 1
+    members.write_text(f"127.0.0.1:{ports[0]}\n127.0.0.1:{ports[1]}\n")
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and stats(nodes[0])["healthy"] != 2:
+        time.sleep(0.1)
+    assert stats(nodes[0])["healthy"] == 2
+    # ...and the new member is used: a chunk it owns comes from it.
+    state = state_of(4)
+    with Client(nodes[1].cwd / "chunkd.sock") as client:
+        ckpt.save(state, "ckpt/members/step-1", client=client)
+        ckpt.load("ckpt/members/step-1", client=client)  # warm on node 1
+    with Client(nodes[0].cwd / "chunkd.sock") as client:
+        back = ckpt.load("ckpt/members/step-1", client=client)
+    assert all(torch.equal(back[k], state[k]) for k in state)
+    assert nodes[0].metric("chunkd_peer_bytes_total", direction="in") > 0
+    with pytest.raises(urllib.error.HTTPError):
+        urllib.request.urlopen(f"{nodes[0].url}/v1/peer/chunks/ckpt/{'00' * 32}", timeout=5)

@@ -104,6 +104,7 @@ def build_app(config: Config, *, metrics: Metrics | None = None) -> web.Applicat
     app.router.add_get(r"/v1/objects/{backend}/{key:[\s\S]*}", _object)
     app.router.add_post(r"/v1/warm/{backend}/{key:[\s\S]*}", _warm)
     app.router.add_get("/v1/peer/chunks/{backend}/{id}", _peer_chunk)
+    app.router.add_get(r"/v1/peer/objects/{backend}/{key:[\s\S]*}", _peer_object_chunk)
     return app
 
 
@@ -112,7 +113,8 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
     metrics = app[METRICS]
     cache = await ChunkCache.open(config.cache)
     backends = Backends.from_config(config.backends, metrics)
-    read_path = ReadPath(cache, backends, metrics)
+    peers = Peers(config.peers, metrics) if config.peers.enabled else None
+    read_path = ReadPath(cache, backends, metrics, peers=peers)
     metrics.watch_cache(cache)
     app[CACHE] = cache
     app[BACKENDS] = backends
@@ -121,7 +123,6 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
         "cache open",
         extra={"dir": str(config.cache.dir), "backends": [b.name for b in config.backends]},
     )
-    peers = Peers(config.peers, metrics) if config.peers.enabled else None
     app[PEERS] = peers
     checkpoints = Checkpoints(
         cache, backends, metrics, config.cache.dir / "checkpoints", peers=peers
@@ -329,6 +330,29 @@ async def _peer_chunk(request: web.Request) -> web.Response:
         body = lease.read()
     request.app[METRICS].peer_bytes.labels("out").inc(len(body))
     return web.Response(body=body, headers={"Content-Type": "application/octet-stream"})
+
+
+async def _peer_object_chunk(request: web.Request) -> web.Response:
+    """Chunk ``index`` of an object version, for the peer that asks: this node owns
+    its locator. Fetched here from the backend (single flight), never passed on; the
+    id goes in ``X-Chunkd-Chunk`` and the receiver checks the bytes against it."""
+    read_path = request.app[READ_PATH]
+    version = request.query.get("version", "")
+    try:
+        index = int(request.query.get("index", ""))
+    except ValueError:
+        return _error_response(400, "InvalidRange", "index must be a whole number")
+    stat = await read_path.stat(request.match_info["backend"], request.match_info["key"])
+    if stat.meta.version != version or not 0 <= index < max(1, stat.chunks):
+        return _error_response(
+            409, "VersionChanged", f"this node has version {stat.meta.version!r} of the object"
+        )
+    lease = await read_path.chunk(stat, index, local=True)
+    with lease:
+        body = lease.read()
+    request.app[METRICS].peer_bytes.labels("out").inc(len(body))
+    headers = {"Content-Type": "application/octet-stream", "X-Chunkd-Chunk": str(lease.id)}
+    return web.Response(body=body, headers=headers)
 
 
 async def _object(request: web.Request) -> web.StreamResponse:

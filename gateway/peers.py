@@ -16,6 +16,10 @@ Peer protocol (on the HTTP port; every request carries ``Authorization: Bearer
     GET /v1/peer/chunks/{backend}/{id}   the chunk, from the owner's cache or fetched
                                          by the owner from <backend>/chunks/<id>
                                          (checkpoint chunks), under single flight
+    GET /v1/peer/objects/{backend}/{key}?version=V&index=I
+                                         chunk I of that object version (409 if the
+                                         owner sees another version); the owner
+                                         states the id in X-Chunkd-Chunk
 
 The receiver verifies every chunk against its id before it uses or caches it; a
 peer that sends wrong bytes is counted, logged and skipped, and the reader tries
@@ -33,6 +37,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
+from urllib.parse import quote
 
 import aiohttp
 import blake3
@@ -245,6 +250,45 @@ class Peers:
             self.metrics.peer_bytes.labels("in").inc(data.nbytes)
             return data
         return None
+
+    async def fetch_locator(
+        self, backend: str, key: str, version: str, index: int, placement: bytes
+    ) -> tuple[str, ChunkId, memoryview] | None:
+        """Chunk ``index`` of object ``backend/key`` at ``version``, from the owners of
+        ``placement`` in order: (the owner, the id it states, the bytes), or None.
+
+        The caller checks the bytes against the stated id before it keeps them.
+        """
+        assert self._session is not None
+        for owner in self.owners(placement):
+            if self.is_self(owner):
+                return None
+            url = f"http://{owner}/v1/peer/objects/{backend}/{quote(key)}"
+            params = {"version": version, "index": str(index)}
+            try:
+                async with self._session.get(url, params=params) as response:
+                    if response.status != 200:
+                        self._count(owner, f"http_{response.status}")
+                        if response.status >= 500:
+                            self.note(owner, ok=False)
+                        continue
+                    stated = ChunkId.parse(response.headers.get("X-Chunkd-Chunk", ""))
+                    data = memoryview(await response.read())
+            except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
+                self._count(owner, "error")
+                self.note(owner, ok=False)
+                log.info("peer %s did not give %s/%s#%d (%s)", owner, backend, key, index, exc)
+                continue
+            self._count(owner, "ok")
+            self.metrics.peer_bytes.labels("in").inc(data.nbytes)
+            return owner, stated, data
+        return None
+
+    def integrity_failure(self, owner: str, cid: ChunkId) -> None:
+        """Count bytes from ``owner`` that did not hash to the ``cid`` it stated."""
+        self._count(owner, "integrity")
+        self.metrics.peer_integrity_failures.labels(owner).inc()
+        log.warning("peer %s sent bytes that do not hash to chunk %s; dropped them", owner, cid)
 
     def _count(self, peer: str, outcome: str) -> None:
         self.metrics.peer_requests.labels(peer, outcome).inc()

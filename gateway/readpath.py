@@ -36,6 +36,7 @@ from chunkd.cache.singleflight import SingleFlight
 from chunkd.errors import (
     BackendForbiddenError,
     BackendUnavailableError,
+    IntegrityError,
     InvalidKeyError,
     ObjectNotFoundError,
     VersionChangedError,
@@ -44,6 +45,7 @@ from chunkd.gateway.backends import Backend, Backends, ObjectMeta
 
 if TYPE_CHECKING:
     from chunkd.gateway.metrics import Metrics
+    from chunkd.gateway.peers import Peers
 
 __all__ = ["MAX_KEY_BYTES", "ReadPath", "Stat", "validate_key"]
 
@@ -60,6 +62,11 @@ def _cancel_unsettled(futures: list[asyncio.Future[Any]], _task: asyncio.Future[
     for future in futures:
         if not future.done():
             future.cancel()
+
+
+def _locator_key(stat: Stat, index: int) -> bytes:
+    """What rendezvous hashing places a chunk by before its id is known."""
+    return f"{stat.backend}\0{stat.meta.key}\0{stat.meta.version}\0{index}".encode()
 
 
 def validate_key(key: str) -> str:
@@ -130,6 +137,9 @@ class ReadPath:
         metrics: the daemon's metrics.
         readahead_chunks: chunks fetched ahead of a sequential reader.
         span_chunks: most chunks one backend GET fetches for a run of cold chunks.
+        peers: the cluster, when chunks are shared between nodes: a cold chunk owned
+            by another node (rendezvous hashing of its locator) is asked of that
+            node first; spans hold only the chunks this node owns.
     """
 
     def __init__(
@@ -140,8 +150,10 @@ class ReadPath:
         *,
         readahead_chunks: int = 4,
         span_chunks: int = 64,
+        peers: Peers | None = None,
     ) -> None:
         self.cache = cache
+        self.peers = peers
         self.backends = backends
         self.metrics = metrics
         self.chunk_bytes = cache.config.chunk_bytes
@@ -209,11 +221,14 @@ class ReadPath:
 
     # -- chunks -----------------------------------------------------------------------
 
-    async def chunk(self, stat: Stat, index: int, *, own: bool = False) -> ChunkLease:
+    async def chunk(
+        self, stat: Stat, index: int, *, own: bool = False, local: bool = False
+    ) -> ChunkLease:
         """Lease chunk ``index`` of ``stat``'s version, fetching it if no tier has it.
 
         ``own`` marks a reader that claimed the chunk's fetch itself (a span): it
-        waits on it without being counted as a single-flight waiter.
+        waits on it without being counted as a single-flight waiter. ``local``
+        fetches from the backend only, never from a peer (a peer's own request).
         """
         locator = stat.locator(index)
         ref = self.cache.resolve(locator)
@@ -226,7 +241,9 @@ class ReadPath:
             if flight is not None:
                 cid, data = await asyncio.shield(flight)
             else:
-                cid, data = await self._fetch_once(stat, index, locator, ref.id if ref else None)
+                cid, data = await self._fetch_once(
+                    stat, index, locator, ref.id if ref else None, local=local
+                )
         except VersionChangedError:
             self.forget(stat.backend, stat.meta.key)  # the next read HEADs the new version
             raise
@@ -236,16 +253,35 @@ class ReadPath:
         return lease if lease is not None else BytesLease(cid, bytes(data))
 
     async def _fetch_once(
-        self, stat: Stat, index: int, locator: Locator, known: ChunkId | None
+        self, stat: Stat, index: int, locator: Locator, known: ChunkId | None, *, local: bool
     ) -> tuple[ChunkId, memoryview]:
         """Fetch one chunk, once for all its readers (keyed by id when it is known)."""
         backend = self.backends.get(stat.backend)
         key: Locator | ChunkId = locator if known is None or locator in self._fetches else known
-        return await self._fetches.run(key, lambda: self._fetch(backend, stat, index, known))
+        return await self._fetches.run(
+            key, lambda: self._fetch(backend, stat, index, known, local=local)
+        )
+
+    def _owned_elsewhere(self, stat: Stat, index: int) -> bool:
+        """Whether another healthy node owns this chunk's locator."""
+        if self.peers is None:
+            return False
+        owners = self.peers.owners(_locator_key(stat, index))
+        return not self.peers.is_self(owners[0])
 
     async def _fetch(
-        self, backend: Backend, stat: Stat, index: int, known: ChunkId | None
+        self, backend: Backend, stat: Stat, index: int, known: ChunkId | None, *, local: bool
     ) -> tuple[ChunkId, memoryview]:
+        if self.peers is not None and not local:
+            shared = await self.peers.fetch_locator(
+                stat.backend, stat.meta.key, stat.meta.version, index, _locator_key(stat, index)
+            )
+            if shared is not None:
+                owner, stated, data = shared
+                try:
+                    return await self._store(stat, index, data, stated)  # checks the bytes
+                except IntegrityError:
+                    self.peers.integrity_failure(owner, stated)  # the backend's, then
         start = index * self.chunk_bytes
         end = min(stat.size, start + self.chunk_bytes)
         data = await backend.get_range(stat.meta, start, end)
@@ -272,7 +308,7 @@ class ReadPath:
         try:
             while index <= last and len(futures) < self.span_chunks:
                 locator = stat.locator(index)
-                if locator in self._fetches:
+                if locator in self._fetches or self._owned_elsewhere(stat, index):
                     break
                 ref = self.cache.resolve(locator)
                 if ref is not None and (
@@ -362,7 +398,7 @@ class ReadPath:
             for i in range(index, first + count):
                 future = futures[i - first]
                 try:
-                    result = await self._fetch(backend, stat, i, known[i - first])
+                    result = await self._fetch(backend, stat, i, known[i - first], local=True)
                 except Exception as exc:
                     future.set_exception(exc)
                 else:

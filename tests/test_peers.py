@@ -19,7 +19,7 @@ from aiohttp import web
 from chunkd.client import Client
 from chunkd.client import checkpoint as ckpt
 from chunkd.gateway.peers import rank_owners
-from chunkd.gateway.testing import CountingProxy, free_port
+from chunkd.gateway.testing import CountingProxy, S3Server, free_port
 from tests.conftest import Daemon
 
 TOKEN = "a-shared-secret-for-the-tests"
@@ -143,6 +143,34 @@ def test_three_nodes_restore_a_checkpoint_with_one_backend_read_per_chunk(
     assert all(n.metric("chunkd_peer_healthy") == 3 for n in nodes)
 
 
+def test_three_nodes_read_one_cold_object_with_one_backend_read_per_chunk(
+    start_daemon: Callable[..., Daemon],
+    tmp_path: Path,
+    bucket: str,
+    s3_proxy: CountingProxy,
+    s3_server: S3Server,
+) -> None:
+    data = os.urandom(24 * MiB)
+    s3_server.client().put_object(Bucket=bucket, Key="pre/shards/000.bin", Body=data)
+    nodes = start_cluster(start_daemon, tmp_path, bucket, s3_proxy, 3)
+    time.sleep(0.5)
+    s3_proxy.reset()
+    results: list[Any] = [None] * 3
+
+    def read(i: int) -> None:
+        with Client(nodes[i].cwd / "chunkd.sock", timeout=60) as client:
+            results[i] = bytes(client.read("ckpt/shards/000.bin"))
+
+    threads = [threading.Thread(target=read, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert results == [data, data, data]
+    assert len(data) <= s3_proxy.bytes_down <= 1.05 * len(data)
+    assert sum(n.metric("chunkd_peer_bytes_total", direction="in") for n in nodes) > 0
+
+
 def test_a_node_killed_mid_restore_costs_no_reader_its_bytes(
     start_daemon: Callable[..., Daemon], tmp_path: Path, bucket: str, s3_proxy: CountingProxy
 ) -> None:
@@ -171,7 +199,11 @@ def test_a_node_killed_mid_restore_costs_no_reader_its_bytes(
 
 
 def test_a_lying_peer_is_caught_and_never_cached(
-    start_daemon: Callable[..., Daemon], tmp_path: Path, bucket: str, s3_proxy: CountingProxy
+    start_daemon: Callable[..., Daemon],
+    tmp_path: Path,
+    bucket: str,
+    s3_proxy: CountingProxy,
+    s3_server: S3Server,
 ) -> None:
     liar_port = free_port()
     served = []
@@ -180,11 +212,17 @@ def test_a_lying_peer_is_caught_and_never_cached(
         served.append(request.match_info["id"])
         return web.Response(body=os.urandom(4096))
 
+    async def lie_object(request: web.Request) -> web.Response:
+        served.append(request.match_info["key"])
+        headers = {"X-Chunkd-Chunk": os.urandom(32).hex()}
+        return web.Response(body=os.urandom(4096), headers=headers)
+
     async def healthz(request: web.Request) -> web.Response:
         return web.json_response({"ok": True})
 
     app = web.Application()
     app.router.add_get("/v1/peer/chunks/{backend}/{id}", lie)
+    app.router.add_get("/v1/peer/objects/{backend}/{key:.*}", lie_object)
     app.router.add_get("/healthz", healthz)
     loop_ready = threading.Event()
     runner_box: dict[str, Any] = {}
@@ -239,6 +277,23 @@ def test_a_lying_peer_is_caught_and_never_cached(
             "chunkd_peer_integrity_failures_total", peer=f"127.0.0.1:{liar_port}"
         )
         assert failures >= len(owned_by_liar)
+        # Objects read by locator: the liar states an id its bytes do not hash to.
+        data = os.urandom(6 * MiB)  # two chunks
+        s3 = s3_server.client()
+        members = [f"127.0.0.1:{port}", f"127.0.0.1:{liar_port}"]
+        for n in range(64):  # an object one of whose chunks the liar owns
+            key = f"objects/lied-{n}.bin"
+            etag = s3.put_object(Bucket=bucket, Key=f"pre/{key}", Body=data)["ETag"]
+            placements = [f"ckpt\0{key}\0{etag}\0{i}".encode() for i in range(2)]
+            if any(rank_owners(members, p)[0] == members[1] for p in placements):
+                break
+        with Client(node.cwd / "chunkd.sock") as client:
+            assert bytes(client.read(f"ckpt/{key}")) == data
+        assert key in served
+        assert (
+            node.metric("chunkd_peer_integrity_failures_total", peer=f"127.0.0.1:{liar_port}")
+            > failures
+        )
     finally:
         loop = runner_box.get("loop")
         if loop is not None:

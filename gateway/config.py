@@ -40,6 +40,9 @@ Every key, with its default (a key left out takes the default)::
     # members = ["10.0.0.7:8470"]     # a static list of host:port (self may be in it)
     # members_file = "/etc/chunkd/peers"  # one host:port a line ('#' comments), re-read
                                         # when it changes (written from a Slurm hostlist)
+    # dns = "chunkd.train.svc:8470"    # a name whose A/AAAA records are the members
+                                        # (a Kubernetes headless service), re-resolved
+                                        # every health_interval
     # token_file = "/etc/chunkd/token"  # shared secret every peer request carries
     # timeout = "2s"                    # a peer request; a slower peer is skipped
     # health_interval = "1s"            # how often each peer's /healthz is probed
@@ -672,6 +675,7 @@ _PEERS_KEYS: Final[dict[str, _Convert]] = {
     "self": _listen,
     "members": _members,
     "members_file": _path,
+    "dns": _listen,
     "token_file": _path,
     "timeout": _positive_duration,
     "health_interval": _positive_duration,
@@ -793,6 +797,8 @@ class PeersConfig:
     members: tuple[str, ...] = ()
     #: a file of members, one "host:port" a line, re-read when it changes
     members_file: Path | None = None
+    #: "name:port": the name's A/AAAA records are members, re-resolved as it goes
+    dns: str | None = None
     #: the file holding the shared secret every peer request carries
     token_file: Path | None = None
     #: seconds a peer request may take before the next owner is tried

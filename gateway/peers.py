@@ -1,10 +1,11 @@
 """Peers: the other chunkd nodes of a cluster, and which of them owns which chunk.
 
-Membership comes from ``[peers]``: a static list and/or a file that is re-read when
-it changes. Every member is probed (``GET /healthz``) every ``health_interval``; a
-member is marked down after ``down_after`` failed probes in a row and up again
-after ``up_after`` passes. A member that fails a chunk request counts as a failed
-probe too.
+Membership comes from ``[peers]``: a static list, a file that is re-read when it
+changes, and a DNS name whose A/AAAA records are re-resolved every round (a
+Kubernetes headless service); all of them together. Every member is probed
+(``GET /healthz``) every ``health_interval``; a member is marked down after
+``down_after`` failed probes in a row and up again after ``up_after`` passes. A
+member that fails a chunk request counts as a failed probe too.
 
 Placement is rendezvous (HRW) hashing: a key's owners are the healthy members
 (this node included) ordered by ``blake3(member, key)``. Each key has one owner;
@@ -33,6 +34,7 @@ import contextlib
 import hmac
 import logging
 import os
+import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -90,6 +92,7 @@ class Peers:
         self.token = _read_token(config.token_file)
         self._members: dict[str, Peer] = {}
         self._file_stamp: tuple[float, int] | None = None
+        self._resolved: list[str] = []
         self._session: aiohttp.ClientSession | None = None
         self._task: asyncio.Task[None] | None = None
         self._set_members(self._listed())
@@ -124,6 +127,7 @@ class Peers:
                 members += _parse_members(path.read_text())
             except OSError as exc:
                 log.warning("peers: cannot read members_file %s (%s)", path, exc)
+        members += self._resolved
         if self.address not in members:
             members.append(self.address)
         return list(dict.fromkeys(members))
@@ -134,6 +138,25 @@ class Peers:
         if set(addresses) != old and old:
             log.info("peers: membership is now %s", ", ".join(addresses))
         self._export()
+
+    async def _resolve(self) -> None:
+        """Re-resolve ``dns``; a failed lookup keeps the last answer."""
+        if self.config.dns is None:
+            return
+        host, _, port = self.config.dns.rpartition(":")
+        host = host.strip("[]")
+        try:
+            infos = await asyncio.get_running_loop().getaddrinfo(
+                host, int(port), type=socket.SOCK_STREAM
+            )
+        except OSError as exc:
+            log.warning("peers: cannot resolve %s (%s); keeping the last members", host, exc)
+            return
+        hosts = {str(info[4][0]) for info in infos}
+        found = sorted(f"[{h}]:{port}" if ":" in h else f"{h}:{port}" for h in hosts)
+        if found != self._resolved:
+            self._resolved = found
+            self._set_members(self._listed())
 
     def _reload_if_changed(self) -> None:
         path = self.config.members_file
@@ -168,6 +191,7 @@ class Peers:
     async def _watch(self) -> None:
         while True:
             try:
+                await self._resolve()
                 self._reload_if_changed()
                 others = [p for p in self._members.values() if p.address != self.address]
                 await asyncio.gather(*(self._probe(p) for p in others))

@@ -363,3 +363,33 @@ def test_a_rewritten_members_file_is_used_without_a_restart(
     assert nodes[0].metric("chunkd_peer_bytes_total", direction="in") > 0
     with pytest.raises(urllib.error.HTTPError):
         urllib.request.urlopen(f"{nodes[0].url}/v1/peer/chunks/ckpt/{'00' * 32}", timeout=5)
+
+
+def test_members_from_a_dns_name(
+    start_daemon: Callable[..., Daemon], tmp_path: Path, bucket: str, s3_proxy: CountingProxy
+) -> None:
+    ports = [free_port(), free_port()]
+    toml = node_toml(tmp_path, bucket, s3_proxy, "dns", ports[0], [ports[0]])
+    toml = toml.replace("[peers]\n", f'[peers]\ndns = "localhost:{ports[1]}"\n')
+    node = start_daemon(
+        toml,
+        cwd=tmp_path / "dns",
+        env={"CHUNKD_SERVER_LISTEN": f"127.0.0.1:{ports[0]}"},
+        port=ports[0],
+    )
+    start_daemon(
+        node_toml(tmp_path, bucket, s3_proxy, "other", ports[1], ports),
+        cwd=tmp_path / "other",
+        env={"CHUNKD_SERVER_LISTEN": f"127.0.0.1:{ports[1]}"},
+        port=ports[1],
+    )
+    deadline = time.monotonic() + 10
+    healthy: list[str] = []
+    while time.monotonic() < deadline:
+        _, _, body = node.get("/v1/stats")
+        members = json.loads(body)["peers"]["members"]
+        healthy = [m["address"] for m in members if m["healthy"]]
+        if f"127.0.0.1:{ports[1]}" in healthy:
+            break
+        time.sleep(0.1)
+    assert f"127.0.0.1:{ports[1]}" in healthy

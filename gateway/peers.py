@@ -24,7 +24,10 @@ Peer protocol (on the HTTP port; every request carries ``Authorization: Bearer
 
 The receiver verifies every chunk against its id before it uses or caches it; a
 peer that sends wrong bytes is counted, logged and skipped, and the reader tries
-the next owner, then the backend. Nothing waits longer than ``timeout`` on a peer.
+the next owner, then the backend. A request waits on its owner only while the
+owner stays healthy (it may be fetching that chunk from a slow backend for every
+node): a refused connection ends it at once, a hung owner as soon as its probes
+mark it down (``down_after`` probes), and nothing waits past a two-minute cap.
 """
 
 from __future__ import annotations
@@ -55,7 +58,8 @@ __all__ = ["Peer", "Peers", "rank_owners"]
 
 log = logging.getLogger("chunkd.gateway.peers")
 
-_HEALTH_TIMEOUT: Final = 1.0
+_HEALTH_TIMEOUT: Final = 2.0
+_REQUEST_CAP: Final = 120.0
 
 
 def rank_owners(members: list[str], key: bytes) -> list[str]:
@@ -103,7 +107,9 @@ class Peers:
         """Open the HTTP session and start probing."""
         self._session = aiohttp.ClientSession(
             headers={"Authorization": f"Bearer {self.token}"},
-            timeout=aiohttp.ClientTimeout(total=self.config.timeout),
+            # A request may wait on its owner's own backend fetch: it waits as long
+            # as the owner stays healthy (see _ask), within a hard cap.
+            timeout=aiohttp.ClientTimeout(total=_REQUEST_CAP, connect=self.config.timeout),
         )
         self._task = asyncio.create_task(self._watch())
 
@@ -246,13 +252,10 @@ class Peers:
                 return None
             url = f"http://{owner}/v1/peer/chunks/{backend}/{cid}"
             try:
-                async with self._session.get(url) as response:
-                    if response.status != 200:
-                        self._count(owner, f"http_{response.status}")
-                        if response.status >= 500:
-                            self.note(owner, ok=False)
-                        continue
-                    data = memoryview(await response.read())
+                answer = await self._ask(owner, url, {})
+                if answer is None:
+                    continue
+                _, data = answer
             except (aiohttp.ClientError, TimeoutError, OSError) as exc:
                 self._count(owner, "error")
                 self.note(owner, ok=False)
@@ -290,14 +293,10 @@ class Peers:
             url = f"http://{owner}/v1/peer/objects/{backend}/{quote(key)}"
             params = {"version": version, "index": str(index)}
             try:
-                async with self._session.get(url, params=params) as response:
-                    if response.status != 200:
-                        self._count(owner, f"http_{response.status}")
-                        if response.status >= 500:
-                            self.note(owner, ok=False)
-                        continue
-                    stated = ChunkId.parse(response.headers.get("X-Chunkd-Chunk", ""))
-                    data = memoryview(await response.read())
+                answer = await self._ask(owner, url, params)
+                if answer is None:
+                    continue
+                stated, data = ChunkId.parse(answer[0].get("X-Chunkd-Chunk", "")), answer[1]
             except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
                 self._count(owner, "error")
                 self.note(owner, ok=False)
@@ -307,6 +306,55 @@ class Peers:
             self.metrics.peer_bytes.labels("in").inc(data.nbytes)
             return owner, stated, data
         return None
+
+    async def _ask(
+        self, owner: str, url: str, params: dict[str, str]
+    ) -> tuple[dict[str, str], memoryview] | None:
+        """GET ``url`` from ``owner``: (headers, body) on 200, None on another status.
+
+        The wait adapts to the owner: it goes on while the owner stays healthy (it
+        may be fetching the chunk from a slow backend for everyone) and ends as
+        soon as the probes mark it down, or at the hard cap; a refused or reset
+        connection ends it at once.
+
+        Raises:
+            aiohttp.ClientError, OSError, TimeoutError: the owner failed.
+        """
+        assert self._session is not None
+        session = self._session
+
+        async def call() -> tuple[int, dict[str, str], memoryview]:
+            for attempt in range(2):
+                try:
+                    async with session.get(url, params=params) as response:
+                        ok = response.status == 200
+                        body = memoryview(await response.read()) if ok else None
+                        return response.status, dict(response.headers), body or memoryview(b"")
+                except aiohttp.ServerDisconnectedError:
+                    # A kept-alive connection the owner closed as it was reused: once
+                    # more on a new one (a GET), rather than a second backend read.
+                    if attempt:
+                        raise
+            raise AssertionError("unreachable")  # pragma: no cover
+
+        task = asyncio.ensure_future(call())
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=self.config.timeout)
+                if done:
+                    break
+                if owner not in self.healthy():
+                    raise TimeoutError(f"peer {owner} went down while it was asked")
+        finally:
+            if not task.done():
+                task.cancel()
+        status, headers, body = task.result()
+        if status != 200:
+            self._count(owner, f"http_{status}")
+            if status >= 500:
+                self.note(owner, ok=False)
+            return None
+        return headers, body
 
     def integrity_failure(self, owner: str, cid: ChunkId) -> None:
         """Count bytes from ``owner`` that did not hash to the ``cid`` it stated."""

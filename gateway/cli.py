@@ -64,6 +64,17 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument(
         "--chunks", type=int, default=16, help="chunks to store (default: %(default)s)"
     )
+    stats = sub.add_parser(
+        "stats",
+        help="show what the daemon holds: tiers, backends, saves, peers",
+        description="Print the running daemon's /v1/stats for a person (or --json).",
+    )
+    stats.add_argument(
+        "--url",
+        default="http://127.0.0.1:8470",
+        help="the daemon's HTTP address (default: %(default)s)",
+    )
+    stats.add_argument("--json", action="store_true", help="print the JSON as it is")
     ckpt = sub.add_parser(
         "ckpt",
         help="list checkpoints",
@@ -125,6 +136,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from chunkd.gateway.selfcheck import run_selfcheck
 
         return run_selfcheck(args.dir, args.chunks)
+    if args.command == "stats":
+        from chunkd.gateway.statscmd import stats as show_stats
+
+        return show_stats(args.url, as_json=args.json)
     if args.command == "ckpt":
         from chunkd.gateway.ckptcmd import ls
 

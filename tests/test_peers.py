@@ -409,3 +409,28 @@ def test_members_from_a_dns_name(
             break
         time.sleep(0.1)
     assert f"127.0.0.1:{ports[1]}" in healthy
+
+
+def test_chunkd_stats_shows_the_peers(
+    start_daemon: Callable[..., Daemon], tmp_path: Path, bucket: str, s3_proxy: CountingProxy
+) -> None:
+    import subprocess
+    import sys
+
+    nodes = start_cluster(start_daemon, tmp_path, bucket, s3_proxy, 2)
+    chunkd = str(Path(sys.executable).parent / "chunkd")
+    shown = subprocess.run(
+        [chunkd, "stats", "--url", nodes[0].url], capture_output=True, text=True, check=True
+    ).stdout
+    assert "peers: 2 of 2 up" in shown
+    assert f"127.0.0.1:{nodes[1].port}" in shown
+    assert "backend ckpt (s3): ok" in shown
+    nodes[1].process.kill()
+    deadline = time.monotonic() + 20
+    while "DOWN" not in shown:
+        assert time.monotonic() < deadline, shown
+        time.sleep(0.3)
+        shown = subprocess.run(
+            [chunkd, "stats", "--url", nodes[0].url], capture_output=True, text=True, check=True
+        ).stdout
+    assert "peers: 1 of 2 up" in shown

@@ -1,0 +1,58 @@
+"""``chunkd stats``: what the node's daemon says about itself, for a person to read."""
+
+from __future__ import annotations
+
+import json
+import sys
+import urllib.error
+import urllib.request
+from typing import Any, TextIO
+
+__all__ = ["stats"]
+
+
+def stats(url: str, *, as_json: bool, out: TextIO = sys.stdout) -> int:
+    """Print ``/v1/stats`` of the daemon at ``url``; returns the exit status."""
+    try:
+        with urllib.request.urlopen(f"{url.rstrip('/')}/v1/stats", timeout=10) as response:
+            body = json.loads(response.read())
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        print(
+            f"chunkd stats: no answer from {url} ({exc}); is the daemon running?", file=sys.stderr
+        )
+        return 1
+    if as_json:
+        json.dump(body, out, indent=2)
+        out.write("\n")
+        return 0
+    print(f"chunkd {body.get('version')}, up {body.get('uptime_s', 0):.0f}s", file=out)
+    for tier in body.get("cache", {}).get("tiers", []):
+        print(
+            f"  {tier['name']:>5}: {_human(tier['bytes'])} of {_human(tier['budget_bytes'])}, "
+            f"{tier['chunks']} chunks, {tier['hits']} hits, {tier['evictions']} evictions"
+            + (f", degraded: {tier['degraded']}" if tier.get("degraded") else ""),
+            file=out,
+        )
+    for backend in body.get("backends", []):
+        state = "circuit open" if backend.get("circuit_open") else "ok"
+        print(f"  backend {backend['name']} ({backend['scheme']}): {state}", file=out)
+    jobs = body.get("checkpoints", {}).get("jobs", [])
+    for job in jobs:
+        print(f"  saving {job['name']} rank {job['rank']}: {job['state']}", file=out)
+    peers: dict[str, Any] | None = body.get("peers")
+    if peers:
+        members = peers.get("members", [])
+        print(f"  peers: {peers['healthy']} of {len(members)} up (self {peers['self']})", file=out)
+        for member in members:
+            print(f"    {member['address']:<24} {'up' if member['healthy'] else 'DOWN'}", file=out)
+    else:
+        print("  peers: none ([peers] is not configured)", file=out)
+    return 0
+
+
+def _human(size: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024:
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} TiB"

@@ -13,7 +13,7 @@ import asyncio
 import shutil
 from pathlib import Path
 
-from . import cache_bench, ckpt_bench, client_bench, gateway_bench
+from . import cache_bench, ckpt_bench, client_bench, fanout_bench, gateway_bench
 from .report import Report
 
 
@@ -26,7 +26,14 @@ def main() -> int:
     parser.add_argument(
         "--only",
         action="append",
-        choices=(*cache_bench.SCENARIOS, "gateway", "client", "ckpt", *ckpt_bench.SCENARIOS),
+        choices=(
+            *cache_bench.SCENARIOS,
+            "gateway",
+            "client",
+            "ckpt",
+            *ckpt_bench.SCENARIOS,
+            "fanout",
+        ),
         help="run only this scenario (repeatable)",
     )
     args = parser.parse_args()
@@ -46,6 +53,9 @@ def main() -> int:
         if only is None or "ckpt" in only or only & set(ckpt_bench.SCENARIOS):
             print("ckpt: checkpoints", flush=True)
             asyncio.run(ckpt_bench.run(report, work / "ckpt", quick=args.quick, only=only))
+        if only is None or "fanout" in only:
+            print("fanout: 4 nodes in network namespaces", flush=True)
+            fanout_bench.run(report, work / "fanout", args.out, quick=args.quick)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     report.write(args.out)

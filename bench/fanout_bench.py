@@ -1,0 +1,159 @@
+"""Checkpoint fan-out: 4 nodes restore one checkpoint, with peers and without.
+
+Runs in network namespaces (:mod:`chunkd.gateway.netlab`, root only; skipped
+otherwise) with every link shaped by tc and S3's egress the bottleneck. Reports the
+backend bytes per checkpoint byte and the wall time, side by side, and draws the
+bytes each node got from each source (its own cache, peers, the backend) as
+``fanout.svg`` next to the report.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from chunkd.client import Client
+from chunkd.client import checkpoint as ckpt
+from chunkd.gateway import netlab
+
+from .report import Report, Result
+
+NODES = 4
+
+
+def _restore(lab: netlab.Lab, name: str) -> float:
+    errors: list[BaseException] = []
+
+    def load(i: int) -> None:
+        try:
+            with Client(lab.socket(i), timeout=600) as client:
+                ckpt.load(name, client=client)
+        except BaseException as exc:  # re-raised below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=load, args=(i,)) for i in range(1, NODES + 1)]
+    started = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return time.perf_counter() - started
+
+
+def _sources(lab: netlab.Lab, size: int) -> list[dict[str, float]]:
+    out = []
+    for i in range(1, NODES + 1):
+        backend = lab.metric(i, "chunkd_backend_read_bytes_total")
+        peer = lab.metric(i, 'chunkd_peer_bytes_total{direction="in"}')
+        out.append({"backend": backend, "peer": peer, "local": max(0.0, size - backend - peer)})
+    return out
+
+
+def _round(lab: netlab.Lab, name: str, size: int, *, peers: bool) -> tuple[float, Any]:
+    lab.stop_nodes()
+    for i in range(1, NODES + 1):
+        lab.start_node(i, peers=peers)  # cold caches
+    if peers:
+        deadline = time.monotonic() + 30
+        while any(lab.metric(i, "chunkd_peer_healthy") < NODES for i in range(1, NODES + 1)):
+            if time.monotonic() > deadline:
+                raise RuntimeError("the nodes never all saw each other up")
+            time.sleep(0.1)
+    took = _restore(lab, name)
+    return took, _sources(lab, size)
+
+
+def _svg(rows: dict[str, list[dict[str, float]]], size: int) -> str:
+    """Stacked bars: per setup and node, the MiB from each source."""
+    colors = {"local": "#6a9955", "peer": "#4f81bd", "backend": "#c0504d"}
+    bar, gap, height = 36, 14, 220
+    top = max(sum(s.values()) for nodes in rows.values() for s in nodes) or 1
+    parts = []
+    x = 60
+    for setup, nodes in rows.items():
+        for n, sources in enumerate(nodes, start=1):
+            y = height + 20
+            for source in ("local", "peer", "backend"):
+                h = sources[source] / top * height
+                y -= h
+                parts.append(
+                    f'<rect x="{x}" y="{y:.1f}" width="{bar}" height="{h:.1f}" '
+                    f'fill="{colors[source]}"><title>{setup} node {n} {source}: '
+                    f"{sources[source] / 2**20:.0f} MiB</title></rect>"
+                )
+            parts.append(f'<text x="{x + 4}" y="{height + 36}" font-size="11">n{n}</text>')
+            x += bar + gap
+        parts.append(
+            f'<text x="{x - NODES * (bar + gap) + 20}" y="{height + 54}" '
+            f'font-size="12">{setup}</text>'
+        )
+        x += 40
+    legend = "".join(
+        f'<rect x="{60 + i * 110}" y="4" width="12" height="12" fill="{c}"/>'
+        f'<text x="{76 + i * 110}" y="14" font-size="12">{s}</text>'
+        for i, (s, c) in enumerate(colors.items())
+    )
+    return (
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{x + 20}" height="{height + 70}">'
+        f'<text x="4" y="{height // 2}" font-size="11">MiB</text>'
+        f'<text x="4" y="30" font-size="11">{top / 2**20:.0f}</text>'
+        f"{legend}{''.join(parts)}</svg>\n"
+    )
+
+
+def run(report: Report, work: Path, out: Path, *, quick: bool) -> None:
+    """The fan-out scenario; skipped (with a line saying why) without root."""
+    import torch
+
+    work.mkdir(parents=True, exist_ok=True)
+    tensors, side = (4, 1024) if quick else (64, 2048)  # 16 MiB or 1 GiB of fp32
+    g = torch.Generator().manual_seed(11)
+    state = {f"w{i}": torch.randn(side, side, generator=g) for i in range(tensors)}
+    size = sum(t.numel() * 4 for t in state.values())
+    try:
+        with netlab.lab(work, node_rate="2gbit", s3_rate="400mbit") as lab:
+            lab.start_s3()
+            lab.start_node(1, peers=False)
+            with Client(lab.socket(1), timeout=600) as client:
+                ckpt.save(state, "ckpt/fanout/step-1", client=client)
+            del state
+            with_peers, sources_peers = _round(lab, "ckpt/fanout/step-1", size, peers=True)
+            without, sources_alone = _round(lab, "ckpt/fanout/step-1", size, peers=False)
+    except netlab.LabUnavailable as exc:
+        print(f"fanout: skipped ({exc})", flush=True)
+        return
+    backend_peers = sum(s["backend"] for s in sources_peers) / size
+    backend_alone = sum(s["backend"] for s in sources_alone) / size
+    label = f"{size / 2**30:.2f} GiB" if size >= 2**28 else f"{size / 2**20:.0f} MiB"
+    shaping = "S3 egress 400 Mbit/s, nodes 2 Gbit/s (tc tbf), 4 namespaces"
+    report.add(
+        Result(
+            f"fan-out of a {label} checkpoint to 4 nodes: backend bytes / checkpoint",
+            backend_peers,
+            backend_alone,
+            "x",
+            "the same 4 nodes without peers",
+            target_max=1.05,
+            note=f"{shaping}; cold caches; per node and source in fanout.svg",
+        )
+    )
+    report.add(
+        Result(
+            f"fan-out of a {label} checkpoint to 4 nodes: restore rate",
+            NODES * size / with_peers / 1e9,
+            NODES * size / without / 1e9,
+            "GB/s",
+            "the same 4 nodes without peers",
+            target_ratio=2.0,
+            note=f"wall time {with_peers:.1f} s with peers, {without:.1f} s without "
+            "(target: at most 0.5x the time)",
+        )
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "fanout.svg").write_text(
+        _svg({"with peers": sources_peers, "without": sources_alone}, size)
+    )

@@ -434,3 +434,19 @@ def test_chunkd_stats_shows_the_peers(
             [chunkd, "stats", "--url", nodes[0].url], capture_output=True, text=True, check=True
         ).stdout
     assert "peers: 1 of 2 up" in shown
+
+
+def test_rendezvous_moves_only_the_keys_of_the_member_that_left() -> None:
+    members = [f"10.0.0.{i}:8470" for i in range(1, 9)]
+    keys = [os.urandom(32) for _ in range(4000)]
+    before = {k: rank_owners(members, k)[0] for k in keys}
+    gone = members[3]
+    after = {k: rank_owners([m for m in members if m != gone], k)[0] for k in keys}
+    moved = [k for k in keys if before[k] != after[k]]
+    assert all(before[k] == gone for k in moved)  # only the departed node's keys move
+    assert len(moved) == sum(1 for k in keys if before[k] == gone)
+    counts = [sum(1 for k in keys if before[k] == m) for m in members]
+    assert min(counts) > 0.7 * len(keys) / len(members)  # spread evenly
+    assert max(counts) < 1.3 * len(keys) / len(members)
+    joined = {k: rank_owners([*members, "10.0.0.99:8470"], k)[0] for k in keys}
+    assert all(joined[k] in (before[k], "10.0.0.99:8470") for k in keys)

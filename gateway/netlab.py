@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from chunkd.gateway.testing import BIN
+from chunkd.gateway.testing import BIN, S3Server
 
 __all__ = ["NET", "ROOT_IP", "S3_IP", "Lab", "LabUnavailable", "lab"]
 
@@ -56,41 +56,9 @@ class Lab:
 
     def start_s3(self) -> None:
         """moto's server in the S3 namespace, with a bucket ``fanout``."""
-        import boto3
-
-        process = subprocess.Popen(
-            [
-                "ip",
-                "netns",
-                "exec",
-                self.s3_ns,
-                str(BIN / "moto_server"),
-                "-H",
-                S3_IP,
-                "-p",
-                "9000",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        self.processes.append(process)
-        s3 = boto3.client(
-            "s3",
-            endpoint_url=f"http://{S3_IP}:9000",
-            aws_access_key_id="testing",
-            aws_secret_access_key="testing-secret",
-            region_name="us-east-1",
-        )
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                s3.create_bucket(Bucket="fanout")
-            except Exception:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.2)
-            else:
-                return
+        server = S3Server.start(host=S3_IP, port=9000, netns=self.s3_ns)
+        self.processes.append(server.process)
+        server.client().create_bucket(Bucket="fanout")
 
     def start_node(self, i: int, *, peers: bool) -> subprocess.Popen[bytes]:
         """Daemon ``i`` (1-4) in its namespace, with an empty cache."""

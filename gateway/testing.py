@@ -7,6 +7,7 @@ benchmarks use one implementation. Nothing in the daemon imports it.
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import subprocess
 import sys
@@ -28,16 +29,16 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def wait_for_port(port: int, timeout: float = 30.0) -> None:
+def wait_for_port(port: int, timeout: float = 30.0, host: str = "127.0.0.1") -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            socket.create_connection((host, port), timeout=0.2).close()
         except OSError:
             time.sleep(0.05)
         else:
             return
-    raise TimeoutError(f"nothing listens on 127.0.0.1:{port} after {timeout}s")
+    raise TimeoutError(f"nothing listens on {host}:{port} after {timeout}s")
 
 
 @dataclass
@@ -46,23 +47,44 @@ class S3Server:
 
     port: int
     process: subprocess.Popen[bytes]
+    host: str = "127.0.0.1"
 
     @classmethod
-    def start(cls) -> S3Server:
-        """Start moto_server on a free loopback port and wait until it listens."""
-        port = free_port()
+    def start(
+        cls,
+        *,
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        checks_credentials_after: int | None = None,
+        netns: str | None = None,
+    ) -> S3Server:
+        """Start moto_server and wait until it listens.
+
+        Args:
+            host: the address it listens on.
+            port: its port (a free one on loopback by default).
+            checks_credentials_after: refuse wrong credentials once this many
+                requests have gone by unchecked (moto lets the first ones through).
+            netns: run it in this network namespace (``ip netns exec``).
+        """
+        port = port or free_port()
+        env = dict(os.environ)
+        if checks_credentials_after is not None:
+            env["INITIAL_NO_AUTH_ACTION_COUNT"] = str(checks_credentials_after)
+        prefix = ["ip", "netns", "exec", netns] if netns else []
         process = subprocess.Popen(
-            [str(BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
+            [*prefix, str(BIN / "moto_server"), "-H", host, "-p", str(port)],
+            env=env,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
         try:
-            wait_for_port(port)
+            wait_for_port(port, host=host)
         except BaseException:
             process.kill()
             process.wait()
             raise
-        return cls(port, process)
+        return cls(port, process, host)
 
     def stop(self) -> None:
         """Stop the server."""
@@ -71,7 +93,7 @@ class S3Server:
 
     @property
     def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     def client(self) -> Any:
         import boto3

@@ -314,19 +314,9 @@ def test_read_only_backend_and_unknown_backend_fail_at_save(
 def test_refused_credentials_fail_at_save_not_a_hang(
     start_daemon: Callable[..., Daemon], tmp_path: Path
 ) -> None:
-    from chunkd.gateway.testing import BIN, free_port, wait_for_port
-
-    port = free_port()
-    env = dict(os.environ, INITIAL_NO_AUTH_ACTION_COUNT="1")
-    moto = subprocess.Popen(
-        [str(BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    server = S3Server.start(checks_credentials_after=1)
     try:
-        wait_for_port(port)
-        S3Server(port, moto).client().create_bucket(Bucket="locked")
+        server.client().create_bucket(Bucket="locked")
         daemon = start_daemon(
             f"""
 [cache]
@@ -336,7 +326,7 @@ disk_min_free_bytes = 0
 [[backends]]
 name = "vault"
 url = "s3://locked/pre"
-endpoint = "http://127.0.0.1:{port}"
+endpoint = "{server.endpoint}"
 region = "us-east-1"
 access_key_id = "not-a-key"
 secret_access_key = "not-a-secret"
@@ -352,8 +342,7 @@ retries = 0
                 ckpt.save({"v": torch.zeros(2)}, "vault/x/1", client=client)
             assert time.monotonic() - started < 10
     finally:
-        moto.kill()
-        moto.wait()
+        server.stop()
 
 
 def chunk_of(manifest: dict[str, Any], key: str) -> str:

@@ -434,22 +434,8 @@ def test_a_span_cut_mid_body_is_finished_chunk_by_chunk(
 
 
 def test_refused_credentials_are_a_403_naming_the_backend(start_daemon, tmp_path: Path) -> None:
-    import subprocess
-
-    from chunkd.gateway.testing import BIN, free_port, wait_for_port
-
-    port = free_port()
-    # moto checks credentials once this many requests have gone by unchecked.
-    env = dict(os.environ, INITIAL_NO_AUTH_ACTION_COUNT="2")
-    moto = subprocess.Popen(
-        [str(BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    server = S3Server.start(checks_credentials_after=2)
     try:
-        wait_for_port(port)
-        server = S3Server(port, moto)
         client = server.client()
         client.create_bucket(Bucket="locked")
         client.put_object(Bucket="locked", Key="pre/secret.bin", Body=b"no")
@@ -478,8 +464,7 @@ retries = 0
         assert "not-a-secret" not in error["message"]
         assert daemon.stop() == 0
     finally:
-        moto.terminate()
-        moto.wait(timeout=10)
+        server.stop()
 
 
 @pytest.fixture

@@ -62,6 +62,7 @@ _COOL_DOWN: Final = 5.0  # seconds an open circuit fails fast
 _BACKOFF_BASE: Final = 0.05
 _BACKOFF_CAP: Final = 2.0
 _LIST_LIMIT: Final = 100_000
+_BODY_DEADLINE: Final = 3600.0  # seconds one response may take in all, a span GET included
 
 
 @dataclass(frozen=True, slots=True)
@@ -420,8 +421,14 @@ class Backends:
 
 
 def _make_store(config: BackendConfig) -> Any:
+    # ``timeout`` bounds a backend that stops answering: the wait for a response
+    # (``_call``) and each read of a body (``read_timeout`` here, and ``stream_range``).
+    # reqwest's overall ``timeout`` would also bound a whole body, so a span GET of
+    # 64 chunks from a slow but steady backend would break every time; it only backs
+    # the others up here.
     client: ClientConfig = {
-        "timeout": timedelta(seconds=config.timeout),
+        "timeout": timedelta(seconds=max(_BODY_DEADLINE, config.timeout)),
+        "read_timeout": timedelta(seconds=config.timeout),
         "connect_timeout": timedelta(seconds=min(5.0, config.timeout)),
     }
     if config.allow_http:

@@ -9,10 +9,11 @@ bytes each node got from each source (its own cache, peers, the backend) as
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 from chunkd.client import Client
 from chunkd.client import checkpoint as ckpt
@@ -23,7 +24,7 @@ from .report import Report, Result
 NODES = 4
 
 
-def _restore(lab: netlab.Lab, name: str) -> float:
+def _restore(lab: netlab.Lab, name: str, nodes: list[int]) -> float:
     errors: list[BaseException] = []
 
     def load(i: int) -> None:
@@ -33,7 +34,7 @@ def _restore(lab: netlab.Lab, name: str) -> float:
         except BaseException as exc:  # re-raised below
             errors.append(exc)
 
-    threads = [threading.Thread(target=load, args=(i,)) for i in range(1, NODES + 1)]
+    threads = [threading.Thread(target=load, args=(i,)) for i in nodes]
     started = time.perf_counter()
     for t in threads:
         t.start()
@@ -44,34 +45,50 @@ def _restore(lab: netlab.Lab, name: str) -> float:
     return time.perf_counter() - started
 
 
-def _sources(lab: netlab.Lab, size: int) -> list[dict[str, float]]:
-    out = []
-    for i in range(1, NODES + 1):
-        backend = lab.metric(i, "chunkd_backend_read_bytes_total")
-        peer = lab.metric(i, 'chunkd_peer_bytes_total{direction="in"}')
-        out.append({"backend": backend, "peer": peer, "local": max(0.0, size - backend - peer)})
-    return out
+def _sources(lab: netlab.Lab, nodes: list[int]) -> list[dict[str, float]]:
+    """Per node, the bytes its reader got from each source, as the daemon counted them."""
+    sample = "chunkd_checkpoint_restored_bytes_total"
+    return [
+        {
+            "local": lab.metric(i, f'{sample}{{source="cache"}}'),
+            "peer": lab.metric(i, f'{sample}{{source="peer"}}'),
+            "backend": lab.metric(i, f'{sample}{{source="backend"}}'),
+            # what the backend sent this node, for its reader or a peer's
+            "backend_read": lab.metric(i, "chunkd_backend_read_bytes_total"),
+        }
+        for i in nodes
+    ]
 
 
-def _round(lab: netlab.Lab, name: str, size: int, *, peers: bool) -> tuple[float, Any]:
+def _round(
+    lab: netlab.Lab, name: str, *, peers: bool, hang: int | None = None
+) -> tuple[float, list[dict[str, float]]]:
+    """Cold nodes restore ``name``; with ``hang``, that node is stopped (SIGSTOP: it
+    accepts connections and answers nothing) as the others start, and sits it out."""
     lab.stop_nodes()
-    for i in range(1, NODES + 1):
-        lab.start_node(i, peers=peers)  # cold caches
+    processes = {i: lab.start_node(i, peers=peers) for i in range(1, NODES + 1)}  # cold
     if peers:
         deadline = time.monotonic() + 30
         while any(lab.metric(i, "chunkd_peer_healthy") < NODES for i in range(1, NODES + 1)):
             if time.monotonic() > deadline:
                 raise RuntimeError("the nodes never all saw each other up")
             time.sleep(0.1)
-    took = _restore(lab, name)
-    return took, _sources(lab, size)
+    readers = [i for i in range(1, NODES + 1) if i != hang]
+    if hang is not None:
+        os.kill(processes[hang].pid, signal.SIGSTOP)
+    try:
+        took = _restore(lab, name, readers)
+    finally:
+        if hang is not None:
+            os.kill(processes[hang].pid, signal.SIGCONT)
+    return took, _sources(lab, readers)
 
 
 def _svg(rows: dict[str, list[dict[str, float]]], size: int) -> str:
     """Stacked bars: per setup and node, the MiB from each source."""
     colors = {"local": "#6a9955", "peer": "#4f81bd", "backend": "#c0504d"}
     bar, gap, height = 36, 14, 220
-    top = max(sum(s.values()) for nodes in rows.values() for s in nodes) or 1
+    top = max(sum(s[k] for k in colors) for nodes in rows.values() for s in nodes) or 1
     parts = []
     x = 60
     for setup, nodes in rows.items():
@@ -88,7 +105,7 @@ def _svg(rows: dict[str, list[dict[str, float]]], size: int) -> str:
             parts.append(f'<text x="{x + 4}" y="{height + 36}" font-size="11">n{n}</text>')
             x += bar + gap
         parts.append(
-            f'<text x="{x - NODES * (bar + gap) + 20}" y="{height + 54}" '
+            f'<text x="{x - len(nodes) * (bar + gap) + 20}" y="{height + 54}" '
             f'font-size="12">{setup}</text>'
         )
         x += 40
@@ -121,13 +138,14 @@ def run(report: Report, work: Path, out: Path, *, quick: bool) -> None:
             with Client(lab.socket(1), timeout=600) as client:
                 ckpt.save(state, "ckpt/fanout/step-1", client=client)
             del state
-            with_peers, sources_peers = _round(lab, "ckpt/fanout/step-1", size, peers=True)
-            without, sources_alone = _round(lab, "ckpt/fanout/step-1", size, peers=False)
+            with_peers, sources_peers = _round(lab, "ckpt/fanout/step-1", peers=True)
+            without, sources_alone = _round(lab, "ckpt/fanout/step-1", peers=False)
+            hung, sources_hung = _round(lab, "ckpt/fanout/step-1", peers=True, hang=NODES)
     except netlab.LabUnavailable as exc:
         print(f"fanout: skipped ({exc})", flush=True)
         return
-    backend_peers = sum(s["backend"] for s in sources_peers) / size
-    backend_alone = sum(s["backend"] for s in sources_alone) / size
+    backend_peers = sum(s["backend_read"] for s in sources_peers) / size
+    backend_alone = sum(s["backend_read"] for s in sources_alone) / size
     label = f"{size / 2**30:.2f} GiB" if size >= 2**28 else f"{size / 2**20:.0f} MiB"
     shaping = "S3 egress 400 Mbit/s, nodes 2 Gbit/s (tc tbf), 4 namespaces"
     report.add(
@@ -153,7 +171,31 @@ def run(report: Report, work: Path, out: Path, *, quick: bool) -> None:
             "(target: at most 0.5x the time)",
         )
     )
+    report.add(
+        Result(
+            f"fan-out of a {label} checkpoint, 1 of 4 nodes hung: backend bytes / checkpoint",
+            sum(s["backend_read"] for s in sources_hung) / size,
+            backend_peers,
+            "x",
+            "the same 4 nodes, none hung",
+            note="SIGSTOP on node 4 as 3 nodes restore; expected at most 1.25x: the hung "
+            "node's quarter is read once more, by each chunk's next owner",
+        )
+    )
+    report.add(
+        Result(
+            f"fan-out of a {label} checkpoint, 1 of 4 nodes hung: restore rate per node",
+            size / hung / 1e9,
+            size / with_peers / 1e9,
+            "GB/s",
+            "the same 4 nodes, none hung",
+            note=f"wall time {hung:.1f} s with node 4 hung, {with_peers:.1f} s with none",
+        )
+    )
     out.mkdir(parents=True, exist_ok=True)
     (out / "fanout.svg").write_text(
-        _svg({"with peers": sources_peers, "without": sources_alone}, size)
+        _svg(
+            {"with peers": sources_peers, "without": sources_alone, "n4 hung": sources_hung},
+            size,
+        )
     )

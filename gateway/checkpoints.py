@@ -326,7 +326,7 @@ class Checkpoints:
         self._jobs: dict[str, SaveJob] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._uploads: SingleFlight[tuple[str, ChunkId], bool] = SingleFlight()
-        self._fetches: SingleFlight[tuple[str, ChunkId], ChunkId] = SingleFlight()
+        self._fetches: SingleFlight[tuple[str, ChunkId], str] = SingleFlight()
         self._upload_slots = asyncio.Semaphore(_UPLOADS_IN_FLIGHT)
 
     # -- lifecycle ------------------------------------------------------------------
@@ -938,17 +938,19 @@ class Checkpoints:
         """
         lease = await self.cache.find(cid)
         if lease is not None:
+            if not local:
+                self.metrics.ckpt_restored_bytes.labels("cache").inc(lease.size)
             return lease
         backend = self.backends.get(backend_name)
         data: list[memoryview] = []
 
-        async def fetch() -> ChunkId:
+        async def fetch() -> str:
             if self.peers is not None and not local:
                 shared = await self.peers.fetch_chunk(backend_name, cid)  # verified
                 if shared is not None:
                     data.append(shared)
                     await self.cache.put(Chunk.trusted(cid, shared))
-                    return cid
+                    return "peer"
             try:
                 raw = await backend.get(f"{CHUNKS}{cid}")
             except ObjectNotFoundError:
@@ -968,15 +970,19 @@ class Checkpoints:
                 )
             data.append(raw)
             await self.cache.put(Chunk.trusted(cid, raw))
-            return cid
+            return "backend"
 
-        await self._fetches.run((backend_name, cid), fetch)
+        # Every reader of one fetch counts its bytes under the fetch's source: each
+        # of this node's readers got them from there.
+        source = await self._fetches.run((backend_name, cid), fetch)
         lease = await self.cache.find(cid)
-        if lease is not None:
-            return lease
-        if data:  # no tier kept it (RAM full of pinned chunks): hand out the bytes
-            return BytesLease(cid, bytes(data[0]))
-        return await self.chunk(backend_name, cid)  # a waiter whose chunk was evicted
+        if lease is None and data:  # no tier kept it (RAM full of pinned chunks)
+            lease = BytesLease(cid, bytes(data[0]))
+        if lease is None:
+            return await self.chunk(backend_name, cid, local=local)  # evicted meanwhile
+        if not local:
+            self.metrics.ckpt_restored_bytes.labels(source).inc(lease.size)
+        return lease
 
     # -- listing, deleting, GC -------------------------------------------------------
 

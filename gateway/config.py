@@ -44,7 +44,8 @@ Every key, with its default (a key left out takes the default)::
                                         # (a Kubernetes headless service), re-resolved
                                         # every health_interval
     # token_file = "/etc/chunkd/token"  # shared secret every peer request carries
-    # timeout = "2s"                    # a peer request; a slower peer is skipped
+    # timeout = "2s"                    # a peer silent this long is probed; one that
+                                        # fails the probe too is skipped
     # health_interval = "1s"            # how often each peer's /healthz is probed
     # down_after = 3                    # failed probes before a peer is marked down
     # up_after = 2                      # passed probes before it is up again
@@ -801,7 +802,8 @@ class PeersConfig:
     dns: str | None = None
     #: the file holding the shared secret every peer request carries
     token_file: Path | None = None
-    #: seconds a peer request may take before the next owner is tried
+    #: seconds of silence before a peer being asked is probed (a failed probe: the
+    #: next owner is tried); also the connect timeout
     timeout: float = 2.0
     #: seconds between two health probes of a peer
     health_interval: float = 1.0

@@ -115,6 +115,13 @@ class Metrics:
             ["kind"],
             registry=r,
         )
+        self.ckpt_restored_bytes = Counter(
+            "chunkd_checkpoint_restored_bytes",
+            "Checkpoint chunk bytes handed to this node's readers, by where they came from: "
+            "cache (already on this node), peer, backend",
+            ["source"],
+            registry=r,
+        )
         self.ckpt_integrity_failures = Counter(
             "chunkd_checkpoint_integrity_failures",
             "Checkpoint chunks from a backend that did not match their id (never cached)",

@@ -26,8 +26,9 @@ The receiver verifies every chunk against its id before it uses or caches it; a
 peer that sends wrong bytes is counted, logged and skipped, and the reader tries
 the next owner, then the backend. A request waits on its owner only while the
 owner stays healthy (it may be fetching that chunk from a slow backend for every
-node): a refused connection ends it at once, a hung owner as soon as its probes
-mark it down (``down_after`` probes), and nothing waits past a two-minute cap.
+node): a refused connection ends it at once; an owner silent for ``timeout`` is
+probed at once, and one that fails that probe too (a hung process, a lost link) is
+left after about ``2 * timeout``; nothing waits past a two-minute cap.
 """
 
 from __future__ import annotations
@@ -99,6 +100,7 @@ class Peers:
         self._resolved: list[str] = []
         self._session: aiohttp.ClientSession | None = None
         self._task: asyncio.Task[None] | None = None
+        self._probing: dict[str, asyncio.Future[bool]] = {}
         self._set_members(self._listed())
 
     # -- lifecycle ------------------------------------------------------------------
@@ -115,9 +117,10 @@ class Peers:
 
     async def close(self) -> None:
         """Stop probing and close connections."""
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        pending = [t for t in (self._task, *self._probing.values()) if t is not None]
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
         if self._session is not None:
             await self._session.close()
 
@@ -207,16 +210,29 @@ class Peers:
             await asyncio.sleep(self.config.health_interval)
 
     async def _probe(self, peer: Peer) -> None:
+        await self._alive(peer.address)
+
+    async def _alive(self, address: str) -> bool:
+        """Probe ``address`` now (one probe at a time per peer; callers share it)."""
+        running = self._probing.get(address)
+        if running is None:
+            running = asyncio.ensure_future(self._health(address))
+            self._probing[address] = running
+            running.add_done_callback(lambda _: self._probing.pop(address, None))
+        return await asyncio.shield(running)
+
+    async def _health(self, address: str) -> bool:
         assert self._session is not None
         try:
             async with self._session.get(
-                f"http://{peer.address}/healthz",
+                f"http://{address}/healthz",
                 timeout=aiohttp.ClientTimeout(total=min(_HEALTH_TIMEOUT, self.config.timeout)),
             ) as response:
                 ok = response.status == 200
         except (aiohttp.ClientError, TimeoutError, OSError):
             ok = False
-        self.note(peer.address, ok=ok)
+        self.note(address, ok=ok)
+        return ok
 
     def note(self, address: str, *, ok: bool) -> None:
         """Count a probe (or a request) to ``address`` as passed or failed."""
@@ -345,6 +361,14 @@ class Peers:
                     break
                 if owner not in self.healthy():
                     raise TimeoutError(f"peer {owner} went down while it was asked")
+                # Silent for a whole timeout: alive (busy with a slow backend for every
+                # node, so wait on), or hung? Ask it directly rather than wait for
+                # down_after probe rounds.
+                if not await self._alive(owner):
+                    raise TimeoutError(
+                        f"peer {owner} did not answer for {self.config.timeout:g}s, "
+                        "nor a health probe"
+                    )
         finally:
             if not task.done():
                 task.cancel()

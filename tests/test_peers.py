@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import threading
 import time
 import urllib.error
@@ -148,6 +149,21 @@ def test_three_nodes_restore_a_checkpoint_with_one_backend_read_per_chunk(
     sent_to_peers = sum(n.metric("chunkd_peer_bytes_total", direction="out") for n in nodes)
     assert got_from_peers == sent_to_peers >= size  # two of three nodes got every chunk
     assert all(n.metric("chunkd_peer_healthy") == 3 for n in nodes)
+    # Where each node's reader got its bytes, counted as they were handed out: the
+    # whole state on every node; each chunk once from the backend in all (or from its
+    # owner's cache, when a peer's request had the owner fetch it first), the rest
+    # from peers.
+    restored = [
+        {
+            source: n.metric("chunkd_checkpoint_restored_bytes_total", source=source)
+            for source in ("cache", "peer", "backend")
+        }
+        for n in nodes
+    ]
+    assert all(sum(r.values()) == pytest.approx(size, rel=0.01) for r in restored), restored
+    first = sum(r["backend"] + r["cache"] for r in restored)
+    assert first == pytest.approx(size, rel=0.01), restored
+    assert sum(r["peer"] for r in restored) == got_from_peers, restored
 
 
 def test_three_nodes_read_one_cold_object_with_one_backend_read_per_chunk(
@@ -212,6 +228,55 @@ def test_a_node_killed_mid_restore_costs_no_reader_its_bytes(
     for result in results:
         assert not isinstance(result, Exception), result
         assert all(torch.equal(result[k], state[k]) for k in state)
+
+
+def test_a_hung_node_costs_at_most_one_more_backend_read_of_the_chunks_it_owns(
+    start_daemon: Callable[..., Daemon], tmp_path: Path, bucket: str, s3_proxy: CountingProxy
+) -> None:
+    state = state_of(3, tensors=16)
+    nodes = start_cluster(start_daemon, tmp_path, bucket, s3_proxy, 3)
+    with Client(nodes[0].cwd / "chunkd.sock") as client:
+        ckpt.save(state, "ckpt/hung/step-1", client=client)
+        manifest = ckpt.manifest("ckpt/hung/step-1", client=client)
+    chunks: dict[bytes, int] = {}
+    for part in manifest["parts"]:  # the parts, as the manifest committed them
+        for segment in part["segments"]:
+            chunks.update((bytes.fromhex(cid), length) for cid, length in segment["chunks"])
+    for node in nodes:
+        node.stop()
+    nodes = start_cluster(start_daemon, tmp_path / "again", bucket, s3_proxy, 3)
+    members = [f"127.0.0.1:{n.port}" for n in nodes]
+    hung = members[2]
+    owned = sum(size for cid, size in chunks.items() if rank_owners(members, cid)[0] == hung)
+    assert owned > 0
+    time.sleep(0.5)
+    s3_proxy.reset()
+    # Stopped, not dead: its kernel still accepts connections, nothing answers them.
+    os.kill(nodes[2].process.pid, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        results = load_everywhere(nodes[:2], "ckpt/hung/step-1")
+        took = time.monotonic() - started
+    finally:
+        os.kill(nodes[2].process.pid, signal.SIGCONT)
+    for result in results:
+        assert not isinstance(result, Exception), result
+        assert result is not None, "a restore never finished"
+        assert all(torch.equal(result[k], state[k]) for k in state)
+    size = sum(chunks.values())
+    # The hung node's chunks were read once more, by their next owner, for both
+    # readers; the other chunks once. (The manifest and parts: a few KiB per node.)
+    logs = [n.log.read_text() for n in nodes[:2]]
+    broken = sum(text.count("a span GET failed") + text.count("; retry ") for text in logs)
+    assert size <= s3_proxy.bytes_down <= size + owned + (256 << 10) + broken * 4 * MiB, (
+        s3_proxy.bytes_down,
+        size,
+        owned,
+    )
+    # Each reader gave up on the hung owner after one silent timeout and a failed
+    # probe (about 2 x 2 s), in parallel for all its chunks: never a wait per chunk.
+    assert sum(n.metric("chunkd_peer_requests_total", outcome="error") for n in nodes[:2]) > 0
+    assert took < 60, took  # 4 s here; 10 s when it waited for the probe rounds
 
 
 def test_a_lying_peer_is_caught_and_never_cached(

@@ -108,6 +108,27 @@ def start_cluster(
     return nodes
 
 
+def restore_cluster(
+    start_daemon: Callable[..., Daemon],
+    tmp_path: Path,
+    bucket: str,
+    proxy: CountingProxy,
+    state: dict[str, torch.Tensor],
+    name: str,
+) -> tuple[list[Daemon], dict[str, Any]]:
+    """Save ``state`` as ``name`` through a 3-node cluster, then start 3 fresh nodes
+    that have never seen its chunks: (those nodes, the committed manifest)."""
+    nodes = start_cluster(start_daemon, tmp_path, bucket, proxy, 3)
+    with Client(nodes[0].cwd / "chunkd.sock") as client:
+        ckpt.save(state, name, client=client)
+        manifest = ckpt.manifest(name, client=client)
+    for node in nodes:
+        node.stop()
+    nodes = start_cluster(start_daemon, tmp_path / "again", bucket, proxy, 3)
+    time.sleep(0.5)  # a health round
+    return nodes, manifest
+
+
 def load_everywhere(nodes: list[Daemon], name: str) -> list[Any]:
     results: list[Any] = [None] * len(nodes)
 
@@ -130,16 +151,9 @@ def test_three_nodes_restore_a_checkpoint_with_one_backend_read_per_chunk(
     start_daemon: Callable[..., Daemon], tmp_path: Path, bucket: str, s3_proxy: CountingProxy
 ) -> None:
     state = state_of(1)
-    nodes = start_cluster(start_daemon, tmp_path, bucket, s3_proxy, 3)
-    with Client(nodes[0].cwd / "chunkd.sock") as client:
-        ckpt.save(state, "ckpt/fanout/step-1", client=client)
-    # Fresh caches: the nodes that restore have never seen the chunks.
-    for node in nodes:
-        node.stop()
-    nodes = start_cluster(start_daemon, tmp_path / "again", bucket, s3_proxy, 3)
-    time.sleep(0.5)  # a health round
+    nodes, _ = restore_cluster(start_daemon, tmp_path, bucket, s3_proxy, state, "ckpt/fanout/1")
     s3_proxy.reset()
-    for result in load_everywhere(nodes, "ckpt/fanout/step-1"):
+    for result in load_everywhere(nodes, "ckpt/fanout/1"):
         assert not isinstance(result, Exception), result
         assert all(torch.equal(result[k], state[k]) for k in state)
     size = sum(t.numel() * 4 for t in state.values())
@@ -207,17 +221,11 @@ def test_a_node_killed_mid_restore_costs_no_reader_its_bytes(
     start_daemon: Callable[..., Daemon], tmp_path: Path, bucket: str, s3_proxy: CountingProxy
 ) -> None:
     state = state_of(2, tensors=16)
-    nodes = start_cluster(start_daemon, tmp_path, bucket, s3_proxy, 3)
-    with Client(nodes[0].cwd / "chunkd.sock") as client:
-        ckpt.save(state, "ckpt/kill/step-1", client=client)
-    for node in nodes:
-        node.stop()
-    nodes = start_cluster(start_daemon, tmp_path / "again", bucket, s3_proxy, 3)
-    time.sleep(0.5)
+    nodes, _ = restore_cluster(start_daemon, tmp_path, bucket, s3_proxy, state, "ckpt/kill/1")
     s3_proxy.delay = 0.01  # slow enough that the kill lands mid-restore
     results: list[Any] = []
     loader = threading.Thread(
-        target=lambda: results.extend(load_everywhere(nodes[:2], "ckpt/kill/step-1"))
+        target=lambda: results.extend(load_everywhere(nodes[:2], "ckpt/kill/1"))
     )
     loader.start()
     time.sleep(0.5)
@@ -234,28 +242,23 @@ def test_a_hung_node_costs_at_most_one_more_backend_read_of_the_chunks_it_owns(
     start_daemon: Callable[..., Daemon], tmp_path: Path, bucket: str, s3_proxy: CountingProxy
 ) -> None:
     state = state_of(3, tensors=16)
-    nodes = start_cluster(start_daemon, tmp_path, bucket, s3_proxy, 3)
-    with Client(nodes[0].cwd / "chunkd.sock") as client:
-        ckpt.save(state, "ckpt/hung/step-1", client=client)
-        manifest = ckpt.manifest("ckpt/hung/step-1", client=client)
+    nodes, manifest = restore_cluster(
+        start_daemon, tmp_path, bucket, s3_proxy, state, "ckpt/hung/1"
+    )
     chunks: dict[bytes, int] = {}
     for part in manifest["parts"]:  # the parts, as the manifest committed them
         for segment in part["segments"]:
             chunks.update((bytes.fromhex(cid), length) for cid, length in segment["chunks"])
-    for node in nodes:
-        node.stop()
-    nodes = start_cluster(start_daemon, tmp_path / "again", bucket, s3_proxy, 3)
     members = [f"127.0.0.1:{n.port}" for n in nodes]
     hung = members[2]
     owned = sum(size for cid, size in chunks.items() if rank_owners(members, cid)[0] == hung)
     assert owned > 0
-    time.sleep(0.5)
     s3_proxy.reset()
     # Stopped, not dead: its kernel still accepts connections, nothing answers them.
     os.kill(nodes[2].process.pid, signal.SIGSTOP)
     try:
         started = time.monotonic()
-        results = load_everywhere(nodes[:2], "ckpt/hung/step-1")
+        results = load_everywhere(nodes[:2], "ckpt/hung/1")
         took = time.monotonic() - started
     finally:
         os.kill(nodes[2].process.pid, signal.SIGCONT)

@@ -15,7 +15,9 @@ Exposure: the daemon holds backend credentials and must never become a public re
 proxy. A client that is not on loopback gets only ``/healthz``, ``/readyz``,
 ``/metrics`` and ``/`` without more ado; every data route wants
 ``Authorization: Bearer <server.token>`` from it (403 when no token is configured,
-401 when it sends a wrong one).
+401 when it sends a wrong one). Peer routes (``/v1/peer/...``) want the peer token
+from every client, and with ``[peers]`` TLS also a client certificate that chains to
+``tls_ca`` (401 otherwise); see :mod:`chunkd.gateway.tls`.
 
 Errors are mapped to HTTP status here and nowhere else, with a JSON body that says
 what went wrong and what to do: ``{"error": KIND, "message": TEXT, "status": N}``.
@@ -50,12 +52,14 @@ from chunkd.gateway.peers import Peers
 from chunkd.gateway.ranges import RangeNotSatisfiableError, parse_range, resolve
 from chunkd.gateway.readpath import ReadPath
 from chunkd.gateway.status import http_status
+from chunkd.gateway.tls import PeerTLS
 
 __all__ = [
     "CACHE",
     "CHECKPOINTS",
     "CONFIG",
     "METRICS",
+    "PEER_TLS",
     "READ_PATH",
     "STATE",
     "DaemonState",
@@ -82,15 +86,27 @@ BACKENDS: Final = web.AppKey("backends", Backends)
 READ_PATH: Final = web.AppKey("read_path", ReadPath)
 CHECKPOINTS: Final = web.AppKey("checkpoints", Checkpoints)
 PEERS: Final[web.AppKey[Peers | None]] = web.AppKey("peers")
+PEER_TLS: Final[web.AppKey[PeerTLS | None]] = web.AppKey("peer_tls")
 #: set on a request once its response headers are sent
 STREAMING: Final = "chunkd.streaming"
 
 
-def build_app(config: Config, *, metrics: Metrics | None = None) -> web.Application:
-    """The daemon's aiohttp application; resources open and close in ``cleanup_ctx``."""
+def build_app(
+    config: Config, *, metrics: Metrics | None = None, tls: PeerTLS | None = None
+) -> web.Application:
+    """The daemon's aiohttp application; resources open and close in ``cleanup_ctx``.
+
+    ``tls``: the contexts of ``[peers]`` TLS, if the caller has loaded them already;
+    None: loaded here from ``config`` (when it sets TLS). The site that serves the
+    app takes ``app[PEER_TLS].server`` as its SSL context.
+
+    Raises:
+        ConfigError: the TLS files of ``config`` are unusable.
+    """
     # _count outermost, so that error responses are counted too.
     app = web.Application(middlewares=[_count, _errors, _guard])
     app[CONFIG] = config
+    app[PEER_TLS] = tls if tls is not None else PeerTLS.from_config(config)
     app[METRICS] = metrics or Metrics()
     app[STATE] = DaemonState()
     app.cleanup_ctx.append(_resources)
@@ -111,9 +127,11 @@ def build_app(config: Config, *, metrics: Metrics | None = None) -> web.Applicat
 async def _resources(app: web.Application) -> AsyncIterator[None]:
     config = app[CONFIG]
     metrics = app[METRICS]
-    cache = await ChunkCache.open(config.cache)
+    # What can fail on a bad setting (a scheme, the token file) comes before the cache
+    # opens: a daemon that cannot start leaves the cache closed cleanly.
     backends = Backends.from_config(config.backends, metrics)
-    peers = Peers(config.peers, metrics) if config.peers.enabled else None
+    peers = Peers(config.peers, metrics, tls=app[PEER_TLS]) if config.peers.enabled else None
+    cache = await ChunkCache.open(config.cache)
     read_path = ReadPath(cache, backends, metrics, peers=peers)
     metrics.watch_cache(cache)
     app[CACHE] = cache
@@ -215,6 +233,13 @@ async def _guard(request: web.Request, handler: Handler) -> web.StreamResponse:
         peers = request.app.get(PEERS)
         if peers is None:
             return _error_response(404, "NotFound", "this node has no [peers] section")
+        if peers.tls is not None and not _has_client_certificate(request):
+            return _error_response(
+                401,
+                "Unauthorized",
+                "peer routes want a client certificate that chains to [peers] tls_ca, "
+                "and the peer token",
+            )
         if not peers.authorized(request.headers.get("Authorization")):
             return _error_response(
                 401, "Unauthorized", "peer routes want 'Authorization: Bearer <peer token>'"
@@ -237,6 +262,17 @@ async def _guard(request: web.Request, handler: Handler) -> web.StreamResponse:
             401, "Unauthorized", "send 'Authorization: Bearer <server.token>' to use data routes"
         )
     return await handler(request)
+
+
+def _has_client_certificate(request: web.Request) -> bool:
+    """Whether the client sent a certificate in the TLS handshake.
+
+    The server asks with CERT_OPTIONAL: a certificate that is sent is verified
+    against tls_ca during the handshake, and one that fails ends the connection, so
+    a certificate seen here is one that chains to tls_ca.
+    """
+    transport = request.transport
+    return transport is not None and bool(transport.get_extra_info("peercert"))
 
 
 def _is_loopback(address: str | None) -> bool:

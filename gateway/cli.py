@@ -44,11 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Load BACKEND/KEY objects into a running daemon's cache, showing progress.",
     )
     warm.add_argument("names", nargs="+", metavar="NAME", help="BACKEND/KEY of an object")
-    warm.add_argument(
-        "--url",
-        default="http://127.0.0.1:8470",
-        help="the daemon's HTTP address (default: %(default)s)",
-    )
+    _http_options(warm)
     check = sub.add_parser(
         "selfcheck",
         help="exercise the cache in a directory and print what it did",
@@ -69,11 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="show what the daemon holds: tiers, backends, saves, peers",
         description="Print the running daemon's /v1/stats for a person (or --json).",
     )
-    stats.add_argument(
-        "--url",
-        default="http://127.0.0.1:8470",
-        help="the daemon's HTTP address (default: %(default)s)",
-    )
+    _http_options(stats)
     stats.add_argument("--json", action="store_true", help="print the JSON as it is")
     ckpt = sub.add_parser(
         "ckpt",
@@ -111,6 +103,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _http_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--url",
+        default="http://127.0.0.1:8470",
+        help="the daemon's HTTP address, https:// with [peers] TLS (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--cacert",
+        metavar="PATH",
+        help="PEM CA bundle to check an https:// daemon's certificate against (its "
+        "[peers] tls_ca; default: the system's CAs)",
+    )
+
+
 def _socket_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--socket",
@@ -131,7 +137,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "warm":
         from chunkd.gateway.warm import warm as run_warm
 
-        return run_warm(args.names, args.url)
+        return run_warm(args.names, args.url, cacert=args.cacert)
     if args.command == "selfcheck":
         from chunkd.gateway.selfcheck import run_selfcheck
 
@@ -139,7 +145,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "stats":
         from chunkd.gateway.statscmd import stats as show_stats
 
-        return show_stats(args.url, as_json=args.json)
+        return show_stats(args.url, as_json=args.json, cacert=args.cacert)
     if args.command == "ckpt":
         from chunkd.gateway.ckptcmd import ls
 

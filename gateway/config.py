@@ -49,6 +49,13 @@ Every key, with its default (a key left out takes the default)::
     # health_interval = "1s"            # how often each peer's /healthz is probed
     # down_after = 3                    # failed probes before a peer is marked down
     # up_after = 2                      # passed probes before it is up again
+    # tls_cert = "/etc/chunkd/node.pem"  # TLS (all three keys, or none): this node's
+                                        # certificate chain, PEM; its SANs name the host
+                                        # of self (an IP SAN for an address). The HTTP
+                                        # port then serves HTTPS only
+    # tls_key = "/etc/chunkd/node.key"  # its private key, PEM, unencrypted (chmod 600)
+    # tls_ca = "/etc/chunkd/ca.pem"     # the CA(s) peers' certificates must chain to;
+                                        # peer routes also want a client certificate
 
     [[backends]]                        # one table per backend; at least one
     name = "data"                       # required: [a-z0-9][a-z0-9_-]{0,62}; users name
@@ -83,6 +90,7 @@ Environment overrides, applied on top of the file (or of the embedded default):
 
 * ``CHUNKD_SERVER_<KEY>`` sets one key of ``[server]``: ``CHUNKD_SERVER_LISTEN=0.0.0.0:8470``.
 * ``CHUNKD_CACHE_<KEY>`` sets one key of ``[cache]``: ``CHUNKD_CACHE_RAM_BYTES=16GiB``.
+* ``CHUNKD_PEERS_<KEY>`` sets one key of ``[peers]``: ``CHUNKD_PEERS_TLS_CA=/etc/chunkd/ca.pem``.
 * ``CHUNKD_BACKENDS_<NAME>_<KEY>`` sets one key of the backend named NAME (upper-cased,
   ``-`` written as ``_``): ``CHUNKD_BACKENDS_DATA_SECRET_ACCESS_KEY=...``.
 
@@ -90,7 +98,7 @@ KEY is the key upper-cased. Values go through the same parsing and checks as the
 file's; booleans are ``true``/``false`` (also ``1``/``0``, ``yes``/``no``,
 ``on``/``off``). An empty value unsets a key whose default is unset (``socket_group``,
 ``endpoint``, ``region``, the credentials, and ``revalidate``, which then means
-immutable). A variable under these three prefixes that names no key, or no configured
+immutable). A variable under these prefixes that names no key, or no configured
 backend, is an error; the environment can neither add nor rename a backend. Other
 ``CHUNKD_*`` variables (``CHUNKD_SOCKET``, read by the client) are not configuration
 and are left alone.
@@ -682,7 +690,11 @@ _PEERS_KEYS: Final[dict[str, _Convert]] = {
     "health_interval": _positive_duration,
     "down_after": _count,
     "up_after": _count,
+    "tls_cert": _path,
+    "tls_key": _path,
+    "tls_ca": _path,
 }
+_PEERS_TLS_KEYS: Final = ("tls_cert", "tls_key", "tls_ca")
 
 # Keys whose default is None (unset): an empty environment value unsets them.
 _UNSETTABLE: Final = frozenset(
@@ -811,11 +823,24 @@ class PeersConfig:
     down_after: int = 3
     #: passed probes in a row before a down peer is up again
     up_after: int = 2
+    #: this node's certificate chain, PEM (its certificate first; its SANs name the
+    #: host of ``address``); with tls_key and tls_ca: the HTTP port serves HTTPS only
+    #: and peers talk HTTPS, see :mod:`chunkd.gateway.tls`. None: plain HTTP
+    tls_cert: Path | None = None
+    #: the private key of tls_cert, PEM, unencrypted
+    tls_key: Path | None = None
+    #: the CA bundle, PEM, that peers' certificates (server and client) must chain to
+    tls_ca: Path | None = None
 
     @property
     def enabled(self) -> bool:
         """Whether this node shares chunks with peers."""
         return self.address is not None
+
+    @property
+    def tls_enabled(self) -> bool:
+        """Whether the HTTP port and the peer requests use TLS."""
+        return self.tls_cert is not None
 
 
 @dataclass(frozen=True)
@@ -1240,7 +1265,7 @@ def _build(doc: _Document, cwd: Path) -> Config:
         _backend_rules(values, _origin_of(table))
         backends.append(BackendConfig(**values))
     peers = _convert(doc.peers, _PEERS_KEYS)
-    for key in ("members_file", "token_file"):
+    for key in ("members_file", "token_file", *_PEERS_TLS_KEYS):
         if key in peers:
             peers[key] = _absolute(peers[key], cwd)
     if "self" in peers:
@@ -1254,6 +1279,18 @@ def _build(doc: _Document, cwd: Path) -> Config:
         raise ConfigError(
             f"{doc.source}: [peers] has no token_file; peers authenticate each other with a "
             'shared secret, so add token_file = "/etc/chunkd/token"'
+        )
+    tls = [key for key in _PEERS_TLS_KEYS if key in peers]
+    if tls and len(tls) < len(_PEERS_TLS_KEYS):
+        missing = " or ".join(key for key in _PEERS_TLS_KEYS if key not in peers)
+        given = " and ".join(
+            f"{key} (from {origin.key})" if (origin := doc.peers[key].origin).from_env else key
+            for key in tls
+        )
+        raise ConfigError(
+            f"{doc.source}: [peers] has {given} but no {missing}; TLS needs all three: "
+            "tls_cert (this node's certificate), tls_key (its key) and tls_ca (the CA the "
+            "peers' certificates chain to), or none for plain HTTP"
         )
     return Config(
         server=ServerConfig(**server),

@@ -1,8 +1,9 @@
 """``chunkd serve``: the daemon's lifecycle in one place.
 
-Start: load the config (or the embedded default), set up structured logging, run
-on uvloop, set up the aiohttp runner (``cleanup_ctx`` opens the cache and the
-backends), bind the HTTP site, then tell systemd READY=1 and start the watchdog.
+Start: load the config (or the embedded default), set up structured logging, load
+the ``[peers]`` TLS files if any, run on uvloop, set up the aiohttp runner
+(``cleanup_ctx`` opens the cache and the backends), bind the HTTP site (HTTPS with
+TLS), then tell systemd READY=1 and start the watchdog.
 
 Stop (SIGTERM or SIGINT): STOPPING=1, /readyz turns 503, the site stops taking
 connections, in-flight requests get ``server.shutdown_timeout`` seconds to finish,
@@ -21,10 +22,11 @@ from aiohttp import web
 
 import chunkd
 from chunkd.errors import ChunkdError, ConfigError
-from chunkd.gateway.api import STATE, build_app
+from chunkd.gateway.api import PEER_TLS, STATE, build_app
 from chunkd.gateway.config import Config, load_config
 from chunkd.gateway.logs import configure_logging
 from chunkd.gateway.sdnotify import SystemdNotifier
+from chunkd.gateway.tls import PeerTLS
 
 __all__ = ["run", "serve"]
 
@@ -43,27 +45,44 @@ def serve(config_path: str | None) -> int:
     except ValueError as exc:
         print(f"chunkd: bad configuration: {exc}", file=sys.stderr)
         return 2
+    try:
+        tls = PeerTLS.from_config(config)  # after the logging: it may warn
+    except ConfigError as exc:
+        print(f"chunkd: bad configuration: {exc}", file=sys.stderr)
+        return 2
     import uvloop
 
     try:
-        return uvloop.run(run(config))
+        return uvloop.run(run(config, tls=tls))
     except ChunkdError as exc:
         log.error("chunkd could not start: %s", exc)  # noqa: TRY400 - the message says it all
         return 1
 
 
-async def run(config: Config, *, stop: asyncio.Event | None = None) -> int:
-    """Serve ``config`` until ``stop`` is set or a SIGTERM/SIGINT arrives."""
+async def run(
+    config: Config, *, stop: asyncio.Event | None = None, tls: PeerTLS | None = None
+) -> int:
+    """Serve ``config`` until ``stop`` is set or a SIGTERM/SIGINT arrives.
+
+    ``tls``: the ``[peers]`` TLS contexts if already loaded; None: loaded from ``config``.
+    """
     notifier = SystemdNotifier.from_env()
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    app = build_app(config)
+    app = build_app(config, tls=tls)
+    tls = app[PEER_TLS]
     runner = web.AppRunner(app, shutdown_timeout=config.server.shutdown_timeout, access_log=None)
     notifier.status("opening the cache")
     await runner.setup()
-    site = web.TCPSite(runner, config.server.host, config.server.port, reuse_address=True)
+    site = web.TCPSite(
+        runner,
+        config.server.host,
+        config.server.port,
+        reuse_address=True,
+        ssl_context=None if tls is None else tls.server,
+    )
     try:
         await site.start()
     except OSError as exc:
@@ -75,7 +94,7 @@ async def run(config: Config, *, stop: asyncio.Event | None = None) -> int:
         await runner.cleanup()
         return 1
     app[STATE].ready = True
-    where = f"http://{config.server.listen}"
+    where = f"{'http' if tls is None else 'https'}://{config.server.listen}"
     notifier.ready(f"serving on {where}")
     log.info(
         "chunkd %s serving on %s",

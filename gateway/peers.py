@@ -12,7 +12,9 @@ Placement is rendezvous (HRW) hashing: a key's owners are the healthy members
 when a member comes or goes, only the keys it owned move.
 
 Peer protocol (on the HTTP port; every request carries ``Authorization: Bearer
-<token>`` from ``token_file``, compared in constant time; 401 otherwise)::
+<token>`` from ``token_file``, compared in constant time; 401 otherwise). With
+``tls_cert``/``tls_key``/``tls_ca`` set it is HTTPS, both ends verified against
+``tls_ca`` (see :mod:`chunkd.gateway.tls`)::
 
     GET /v1/peer/chunks/{backend}/{id}   the chunk, from the owner's cache or fetched
                                          by the owner from <backend>/chunks/<id>
@@ -54,6 +56,7 @@ from chunkd.errors import ConfigError
 if TYPE_CHECKING:
     from chunkd.gateway.config import PeersConfig
     from chunkd.gateway.metrics import Metrics
+    from chunkd.gateway.tls import PeerTLS
 
 __all__ = ["Peer", "Peers", "rank_owners"]
 
@@ -87,13 +90,19 @@ class Peers:
     Args:
         config: the ``[peers]`` section (enabled).
         metrics: the daemon's metrics.
+        tls: the TLS contexts made from ``config`` (:meth:`PeerTLS.from_config`);
+            None: peers talk plain HTTP.
     """
 
-    def __init__(self, config: PeersConfig, metrics: Metrics) -> None:
+    def __init__(
+        self, config: PeersConfig, metrics: Metrics, *, tls: PeerTLS | None = None
+    ) -> None:
         assert config.address is not None
         self.config = config
         self.address = config.address
         self.metrics = metrics
+        self.tls = tls
+        self._scheme = "http" if tls is None else "https"
         self.token = _read_token(config.token_file)
         self._members: dict[str, Peer] = {}
         self._file_stamp: tuple[float, int] | None = None
@@ -112,6 +121,7 @@ class Peers:
             # A request may wait on its owner's own backend fetch: it waits as long
             # as the owner stays healthy (see _ask), within a hard cap.
             timeout=aiohttp.ClientTimeout(total=_REQUEST_CAP, connect=self.config.timeout),
+            connector=None if self.tls is None else aiohttp.TCPConnector(ssl=self.tls.client),
         )
         self._task = asyncio.create_task(self._watch())
 
@@ -225,17 +235,18 @@ class Peers:
         assert self._session is not None
         try:
             async with self._session.get(
-                f"http://{address}/healthz",
+                f"{self._scheme}://{address}/healthz",
                 timeout=aiohttp.ClientTimeout(total=min(_HEALTH_TIMEOUT, self.config.timeout)),
             ) as response:
                 ok = response.status == 200
-        except (aiohttp.ClientError, TimeoutError, OSError):
-            ok = False
-        self.note(address, ok=ok)
+                why = "" if ok else f"/healthz answered {response.status}"
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            ok, why = False, f"/healthz: {_reason(exc)}"
+        self.note(address, ok=ok, why=why)
         return ok
 
-    def note(self, address: str, *, ok: bool) -> None:
-        """Count a probe (or a request) to ``address`` as passed or failed."""
+    def note(self, address: str, *, ok: bool, why: str = "") -> None:
+        """Count a probe (or a request) to ``address`` as passed or failed (``why``)."""
         peer = self._members.get(address)
         if peer is None:
             return
@@ -250,7 +261,12 @@ class Peers:
             peer.misses += 1
             if peer.healthy and peer.misses >= self.config.down_after:
                 peer.healthy, peer.last_change = False, time.time()
-                log.warning("peer %s is down after %d failed probes", address, peer.misses)
+                log.warning(
+                    "peer %s is down after %d failed probes (last: %s)",
+                    address,
+                    peer.misses,
+                    why or "no reason given",
+                )
         self._export()
 
     def _export(self) -> None:
@@ -266,7 +282,7 @@ class Peers:
         for owner in self.owners(bytes(cid)):
             if self.is_self(owner):
                 return None
-            url = f"http://{owner}/v1/peer/chunks/{backend}/{cid}"
+            url = f"{self._scheme}://{owner}/v1/peer/chunks/{backend}/{cid}"
             try:
                 answer = await self._ask(owner, url, {})
                 if answer is None:
@@ -274,7 +290,7 @@ class Peers:
                 _, data = answer
             except (aiohttp.ClientError, TimeoutError, OSError) as exc:
                 self._count(owner, "error")
-                self.note(owner, ok=False)
+                self.note(owner, ok=False, why=f"a chunk request: {_reason(exc)}")
                 log.info("peer %s did not give chunk %s (%s); trying the next", owner, cid, exc)
                 continue
             got = await asyncio.to_thread(ChunkId.of, data)
@@ -306,7 +322,7 @@ class Peers:
         for owner in self.owners(placement):
             if self.is_self(owner):
                 return None
-            url = f"http://{owner}/v1/peer/objects/{backend}/{quote(key)}"
+            url = f"{self._scheme}://{owner}/v1/peer/objects/{backend}/{quote(key)}"
             params = {"version": version, "index": str(index)}
             try:
                 answer = await self._ask(owner, url, params)
@@ -315,7 +331,7 @@ class Peers:
                 stated, data = ChunkId.parse(answer[0].get("X-Chunkd-Chunk", "")), answer[1]
             except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
                 self._count(owner, "error")
-                self.note(owner, ok=False)
+                self.note(owner, ok=False, why=f"an object request: {_reason(exc)}")
                 log.info("peer %s did not give %s/%s#%d (%s)", owner, backend, key, index, exc)
                 continue
             self._count(owner, "ok")
@@ -376,7 +392,7 @@ class Peers:
         if status != 200:
             self._count(owner, f"http_{status}")
             if status >= 500:
-                self.note(owner, ok=False)
+                self.note(owner, ok=False, why=f"a request answered {status}")
             return None
         return headers, body
 
@@ -403,7 +419,17 @@ class Peers:
                 for p in self._members.values()
             ],
             "healthy": len(self.healthy()),
+            "tls": self.tls is not None,
         }
+
+
+def _reason(exc: BaseException) -> str:
+    """One line on why a request to a peer failed (TLS refusals included)."""
+    cause = exc
+    while not str(cause) and cause.__cause__ is not None:
+        cause = cause.__cause__
+    text = str(cause).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
 
 
 def _parse_members(text: str) -> list[str]:

@@ -8,17 +8,31 @@ import urllib.error
 import urllib.request
 from typing import Any, TextIO
 
+from chunkd.gateway.tls import cacert_context, cacert_hint
+
 __all__ = ["stats"]
 
 
-def stats(url: str, *, as_json: bool, out: TextIO = sys.stdout) -> int:
-    """Print ``/v1/stats`` of the daemon at ``url``; returns the exit status."""
+def stats(url: str, *, as_json: bool, cacert: str | None = None, out: TextIO = sys.stdout) -> int:
+    """Print ``/v1/stats`` of the daemon at ``url``; returns the exit status.
+
+    ``cacert``: a PEM bundle to check an ``https://`` daemon against (its ``[peers]
+    tls_ca``); None: the system's CAs.
+    """
     try:
-        with urllib.request.urlopen(f"{url.rstrip('/')}/v1/stats", timeout=10) as response:
+        context = cacert_context(cacert)
+    except OSError as exc:
+        print(f"chunkd stats: cannot use --cacert {cacert} ({exc})", file=sys.stderr)
+        return 2
+    try:
+        with urllib.request.urlopen(
+            f"{url.rstrip('/')}/v1/stats", timeout=10, context=context
+        ) as response:
             body = json.loads(response.read())
     except (urllib.error.URLError, OSError, ValueError) as exc:
         print(
-            f"chunkd stats: no answer from {url} ({exc}); is the daemon running?", file=sys.stderr
+            f"chunkd stats: no answer from {url} ({exc}){cacert_hint(exc)}; is the daemon running?",
+            file=sys.stderr,
         )
         return 1
     if as_json:
@@ -42,7 +56,11 @@ def stats(url: str, *, as_json: bool, out: TextIO = sys.stdout) -> int:
     peers: dict[str, Any] | None = body.get("peers")
     if peers:
         members = peers.get("members", [])
-        print(f"  peers: {peers['healthy']} of {len(members)} up (self {peers['self']})", file=out)
+        tls = ", TLS" if peers.get("tls") else ""
+        print(
+            f"  peers: {peers['healthy']} of {len(members)} up (self {peers['self']}{tls})",
+            file=out,
+        )
         for member in members:
             print(f"    {member['address']:<24} {'up' if member['healthy'] else 'DOWN'}", file=out)
     else:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import ssl
 import sys
 import time
 import urllib.error
@@ -11,15 +12,25 @@ import urllib.request
 from collections.abc import Sequence
 from typing import Any, TextIO
 
+from chunkd.gateway.tls import cacert_context, cacert_hint
+
 __all__ = ["warm"]
 
 
-def warm(names: Sequence[str], url: str, *, out: TextIO = sys.stdout) -> int:
+def warm(
+    names: Sequence[str], url: str, *, cacert: str | None = None, out: TextIO = sys.stdout
+) -> int:
     """Warm each ``BACKEND/KEY`` in ``names`` through the daemon at ``url``.
 
     Prints one progress line per object (rewritten in place on a terminal) and a
-    summary. Returns 0 when every object was loaded, 1 otherwise.
+    summary. Returns 0 when every object was loaded, 1 otherwise. ``cacert``: a PEM
+    bundle to check an ``https://`` daemon against; None: the system's CAs.
     """
+    try:
+        context = cacert_context(cacert)
+    except OSError as exc:
+        print(f"cannot use --cacert {cacert} ({exc})", file=out)
+        return 2
     failed = 0
     total = 0
     started = time.monotonic()
@@ -32,14 +43,14 @@ def warm(names: Sequence[str], url: str, *, out: TextIO = sys.stdout) -> int:
         target = f"{url.rstrip('/')}/v1/warm/{urllib.parse.quote(backend, safe='')}/"
         target += urllib.parse.quote(key)
         try:
-            total += _warm_one(name, target, out)
+            total += _warm_one(name, target, out, context)
         except urllib.error.HTTPError as exc:
             failed += 1
             print(f"{name}: failed: {_error_message(exc)}", file=out)
         except OSError as exc:
             print(
-                f"{name}: cannot reach chunkd at {url} ({exc}); is the daemon running "
-                "(chunkd serve)?",
+                f"{name}: cannot reach chunkd at {url} ({exc}){cacert_hint(exc)}; is the "
+                "daemon running (chunkd serve)?",
                 file=out,
             )
             return 1
@@ -52,11 +63,11 @@ def warm(names: Sequence[str], url: str, *, out: TextIO = sys.stdout) -> int:
     return 1 if failed else 0
 
 
-def _warm_one(name: str, target: str, out: TextIO) -> int:
+def _warm_one(name: str, target: str, out: TextIO, context: ssl.SSLContext | None) -> int:
     request = urllib.request.Request(target, method="POST")
     last: dict[str, Any] = {}
     live = out.isatty()
-    with urllib.request.urlopen(request, timeout=3600) as response:
+    with urllib.request.urlopen(request, timeout=3600, context=context) as response:
         for line in response:
             last = json.loads(line)
             if live and not last.get("done"):

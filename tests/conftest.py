@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import ssl
 import stat
 import subprocess
 import sys
@@ -103,17 +104,23 @@ class Daemon:
     notify_socket: Path | None = None
     lines: list[str] = field(default_factory=list)
     host: str = "127.0.0.1"
+    #: the CA to check a daemon that serves HTTPS against ([peers] TLS); None: http
+    tls_ca: Path | None = None
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        scheme = "http" if self.tls_ca is None else "https"
+        return f"{scheme}://{self.host}:{self.port}"
 
     def get(
         self, path: str, headers: dict[str, str] | None = None
     ) -> tuple[int, dict[str, str], bytes]:
         request = urllib.request.Request(self.url + path, headers=headers or {})
+        context = None
+        if self.tls_ca is not None:
+            context = ssl.create_default_context(cafile=str(self.tls_ca))
         try:
-            with urllib.request.urlopen(request, timeout=60) as response:
+            with urllib.request.urlopen(request, timeout=60, context=context) as response:
                 return response.status, dict(response.headers), response.read()
         except urllib.error.HTTPError as exc:
             return exc.code, dict(exc.headers), exc.read()
@@ -142,7 +149,10 @@ class Daemon:
 
 @pytest.fixture
 def start_daemon(tmp_path: Path) -> Iterator[Callable[..., Daemon]]:
-    """Factory: ``start_daemon(toml_text)`` runs ``chunkd serve`` and waits for /readyz."""
+    """Factory: ``start_daemon(toml_text)`` runs ``chunkd serve`` and waits for /readyz.
+
+    ``tls_ca``: the daemon serves HTTPS; its helpers check it against this CA bundle.
+    """
     started: list[Daemon] = []
 
     def factory(
@@ -153,6 +163,7 @@ def start_daemon(tmp_path: Path) -> Iterator[Callable[..., Daemon]]:
         port: int | None = None,
         notify: bool = False,
         wait: bool = True,
+        tls_ca: Path | None = None,
     ) -> Daemon:
         port = port or free_port()
         run_dir = cwd or tmp_path
@@ -174,7 +185,9 @@ def start_daemon(tmp_path: Path) -> Iterator[Callable[..., Daemon]]:
         log = tmp_path / f"daemon-{len(started)}.log"
         with log.open("ab") as sink:
             process = subprocess.Popen(args, cwd=run_dir, env=environ, stdout=sink, stderr=sink)
-        daemon = Daemon(process, port, config, run_dir, environ, log, notify_socket, host=host)
+        daemon = Daemon(
+            process, port, config, run_dir, environ, log, notify_socket, host=host, tls_ca=tls_ca
+        )
         started.append(daemon)
         if wait:
             wait_ready(daemon)

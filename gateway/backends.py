@@ -119,8 +119,8 @@ class Backend:
         """
 
         async def call() -> memoryview:
-            result = await self._open(meta, start, end)
-            data = memoryview(await result.bytes_async())
+            result = await asyncio.wait_for(self._open(meta, start, end), self.config.timeout)
+            data = memoryview(await result.bytes_async())  # each read: read_timeout
             if data.nbytes != end - start:
                 raise BackendUnavailableError(
                     f"backend {self.name!r} returned {data.nbytes} bytes of {meta.key} for a "
@@ -129,7 +129,7 @@ class Backend:
             self._metrics.backend_read_bytes.labels(self.name).inc(data.nbytes)
             return data
 
-        return await self._call("get", meta.key, call)
+        return await self._call("get", meta.key, call, whole=False)
 
     async def get(self, key: str) -> memoryview:
         """The whole object ``key`` (small objects: manifests, single chunks).
@@ -139,12 +139,13 @@ class Backend:
         """
 
         async def call() -> memoryview:
-            result = await obstore.get_async(self._store, key)
-            data = memoryview(await result.bytes_async())
+            opening = obstore.get_async(self._store, key)
+            result = await asyncio.wait_for(opening, self.config.timeout)
+            data = memoryview(await result.bytes_async())  # each read: read_timeout
             self._metrics.backend_read_bytes.labels(self.name).inc(data.nbytes)
             return data
 
-        return await self._call("get", key, call)
+        return await self._call("get", key, call, whole=False)
 
     async def put(self, key: str, data: bytes | memoryview, *, if_absent: bool = False) -> bool:
         """Write ``data`` to ``key``; with ``if_absent``, only where nothing is there yet.
@@ -279,14 +280,25 @@ class Backend:
         """Whether the backend fails fast right now."""
         return time.monotonic() < self._open_until
 
-    async def _call(self, op: str, key: str, attempt: Callable[[], Awaitable[T]]) -> T:
+    async def _call(
+        self, op: str, key: str, attempt: Callable[[], Awaitable[T]], *, whole: bool = True
+    ) -> T:
+        """``attempt()`` with retries (full jitter) and the circuit breaker.
+
+        ``whole``: the timeout bounds the whole attempt. Reads pass False and bound
+        the wait for the response themselves: their bodies are bounded per read
+        (``read_timeout``), so a slow but steady transfer shared by many requests
+        is not cut off and fetched again.
+        """
         retries = max(0, self.config.retries)
         for n in range(retries + 1):
             self._check_circuit(key)
             started = time.perf_counter()
             self._metrics.backend_requests.labels(self.name, op).inc()
             try:
-                result = await asyncio.wait_for(attempt(), timeout=self.config.timeout)
+                result = await (
+                    asyncio.wait_for(attempt(), timeout=self.config.timeout) if whole else attempt()
+                )
             except asyncio.CancelledError:
                 self._probing = False  # a cancelled probe must not hold the circuit shut
                 raise

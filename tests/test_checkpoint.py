@@ -529,6 +529,34 @@ def test_daemon_killed_after_local_save_resumes_the_upload(
         assert "resuming checkpoint ckpt/resume/step-9" in log
 
 
+def test_a_restore_from_a_slow_steady_backend_reads_each_chunk_once(
+    start_daemon: Callable[..., Daemon], tmp_path: Path, bucket: str, s3_proxy: CountingProxy
+) -> None:
+    # Each 4 MiB chunk takes about twice the backend timeout to arrive, though no read
+    # of it stalls: many restores sharing one slow link look like this.
+    def toml(name: str) -> str:
+        return s3_toml(tmp_path, bucket, s3_proxy, name=name).replace(
+            'timeout = "5s"', 'timeout = "1s"'
+        )
+
+    state = {f"w{i}": torch.randn(1024, 1024) for i in range(2)}  # a 4 MiB chunk each
+    saver = start_daemon(toml("saver"), cwd=tmp_path / "saver")
+    with Client(saver.cwd / "chunkd.sock") as client:
+        ckpt.save(state, "ckpt/slow/step-1", client=client)
+    saver.stop()
+    cold = start_daemon(toml("cold"), cwd=tmp_path / "cold")
+    s3_proxy.reset()
+    s3_proxy.delay = 2.0 / 64  # per 64 KiB: about 2 s for a chunk
+    try:
+        with Client(cold.cwd / "chunkd.sock", timeout=60) as client:
+            loaded = ckpt.load("ckpt/slow/step-1", client=client)
+    finally:
+        s3_proxy.delay = 0
+    assert_same(loaded, state)
+    size = 2 * 4 * MiB
+    assert size <= s3_proxy.bytes_down < size + (256 << 10)  # no chunk read twice
+
+
 @pytest.mark.timeout(240)
 def test_daemon_killed_mid_save_leaves_all_or_nothing(
     start_daemon: Callable[..., Daemon], tmp_path: Path, bucket: str, s3_proxy: CountingProxy

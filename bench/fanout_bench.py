@@ -10,6 +10,7 @@ bytes each node got from each source (its own cache, peers, the backend) as
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import threading
 import time
@@ -61,10 +62,17 @@ def _sources(lab: netlab.Lab, nodes: list[int]) -> list[dict[str, float]]:
 
 
 def _round(
-    lab: netlab.Lab, name: str, *, peers: bool, hang: int | None = None
+    lab: netlab.Lab,
+    name: str,
+    *,
+    peers: bool,
+    hang: int | None = None,
+    how: signal.Signals = signal.SIGSTOP,
+    logs: Path,
 ) -> tuple[float, list[dict[str, float]]]:
-    """Cold nodes restore ``name``; with ``hang``, that node is stopped (SIGSTOP: it
-    accepts connections and answers nothing) as the others start, and sits it out."""
+    """Cold nodes restore ``name``. With ``hang``, that node gets ``how`` as the others
+    start, and sits it out: SIGSTOP (hung: it accepts connections and answers
+    nothing) or SIGKILL (dead: connections are refused)."""
     lab.stop_nodes()
     processes = {i: lab.start_node(i, peers=peers) for i in range(1, NODES + 1)}  # cold
     if peers:
@@ -75,13 +83,18 @@ def _round(
             time.sleep(0.1)
     readers = [i for i in range(1, NODES + 1) if i != hang]
     if hang is not None:
-        os.kill(processes[hang].pid, signal.SIGSTOP)
+        os.kill(processes[hang].pid, how)
     try:
         took = _restore(lab, name, readers)
     finally:
-        if hang is not None:
+        if hang is not None and how == signal.SIGSTOP:
             os.kill(processes[hang].pid, signal.SIGCONT)
-    return took, _sources(lab, readers)
+    sources = _sources(lab, readers)
+    setup = "alone" if not peers else "peers" if hang is None else f"n{hang}-{how.name}"
+    logs.mkdir(parents=True, exist_ok=True)
+    for i in processes:  # the next round starts from empty node directories
+        shutil.copy(lab.work / f"n{i}" / "daemon.log", logs / f"{setup}-n{i}.log")
+    return took, sources
 
 
 def _svg(rows: dict[str, list[dict[str, float]]], size: int) -> str:
@@ -138,9 +151,13 @@ def run(report: Report, work: Path, out: Path, *, quick: bool) -> None:
             with Client(lab.socket(1), timeout=600) as client:
                 ckpt.save(state, "ckpt/fanout/step-1", client=client)
             del state
-            with_peers, sources_peers = _round(lab, "ckpt/fanout/step-1", peers=True)
-            without, sources_alone = _round(lab, "ckpt/fanout/step-1", peers=False)
-            hung, sources_hung = _round(lab, "ckpt/fanout/step-1", peers=True, hang=NODES)
+            name, logs = "ckpt/fanout/step-1", out / "fanout-logs"
+            with_peers, sources_peers = _round(lab, name, peers=True, logs=logs)
+            without, sources_alone = _round(lab, name, peers=False, logs=logs)
+            hung, sources_hung = _round(lab, name, peers=True, hang=NODES, logs=logs)
+            dead, sources_dead = _round(
+                lab, name, peers=True, hang=NODES, how=signal.SIGKILL, logs=logs
+            )
     except netlab.LabUnavailable as exc:
         print(f"fanout: skipped ({exc})", flush=True)
         return
@@ -171,31 +188,38 @@ def run(report: Report, work: Path, out: Path, *, quick: bool) -> None:
             "(target: at most 0.5x the time)",
         )
     )
+    readers = NODES - 1
     report.add(
         Result(
-            f"fan-out of a {label} checkpoint, 1 of 4 nodes hung: backend bytes / checkpoint",
+            f"fan-out of a {label} checkpoint, node 4 of 4 hung: backend bytes / checkpoint",
             sum(s["backend_read"] for s in sources_hung) / size,
-            backend_peers,
+            sum(s["backend_read"] for s in sources_dead) / size,
             "x",
-            "the same 4 nodes, none hung",
-            note="SIGSTOP on node 4 as 3 nodes restore; expected at most 1.25x: the hung "
-            "node's quarter is read once more, by each chunk's next owner",
+            "node 4 dead instead (SIGKILL: refused at once)",
+            note="SIGSTOP on node 4 as nodes 1-3 restore: its chunks go to their next "
+            "owner, read once (it had fetched none yet)",
         )
     )
     report.add(
         Result(
-            f"fan-out of a {label} checkpoint, 1 of 4 nodes hung: restore rate per node",
-            size / hung / 1e9,
-            size / with_peers / 1e9,
+            f"fan-out of a {label} checkpoint, node 4 of 4 hung: restore rate",
+            readers * size / hung / 1e9,
+            readers * size / dead / 1e9,
             "GB/s",
-            "the same 4 nodes, none hung",
-            note=f"wall time {hung:.1f} s with node 4 hung, {with_peers:.1f} s with none",
+            "node 4 dead instead (SIGKILL: refused at once)",
+            note=f"wall time {hung:.1f} s with node 4 hung, {dead:.1f} s with it dead: what "
+            "a hang costs beyond a crash (about 2 x [peers] timeout per reader)",
         )
     )
     out.mkdir(parents=True, exist_ok=True)
     (out / "fanout.svg").write_text(
         _svg(
-            {"with peers": sources_peers, "without": sources_alone, "n4 hung": sources_hung},
+            {
+                "with peers": sources_peers,
+                "without": sources_alone,
+                "n4 hung": sources_hung,
+                "n4 dead": sources_dead,
+            },
             size,
         )
     )

@@ -160,7 +160,6 @@ access_key_id = "testing"
 secret_access_key = "testing-secret"
 allow_http = true
 writable = true
-timeout = "120s"
 retries = 2
 """
 

@@ -72,7 +72,6 @@ access_key_id = "testing"
 secret_access_key = "testing-secret"
 allow_http = true
 writable = true
-timeout = "30s"  # a span stream must not be cut by the client timeout on 2 busy cores
 retries = 1
 """
 

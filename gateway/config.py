@@ -71,7 +71,9 @@ Every key, with its default (a key left out takes the default)::
     writable = false                    # checkpoints may be written to this backend
     revalidate = "immutable"            # or a duration: re-check an object's version
                                         # after that long
-    timeout = "30s"                     # per backend request
+    timeout = "30s"                     # a backend silent this long (no response,
+                                        # or a body that stops) fails the request; a
+                                        # slow but steady body is not cut off
     retries = 3                         # per backend request
 
 Relative paths (``socket``, ``dir``) are taken from the working directory when the
@@ -872,7 +874,8 @@ class BackendConfig:
     writable: bool = False
     #: seconds after which an object's version is re-checked; None: "immutable", never
     revalidate: float | None = None
-    #: seconds one backend request may take (TOML: a duration)
+    #: seconds a backend may stay silent: waiting for a response, or between two reads
+    #: of a body (TOML: a duration); a body may take longer in all
     timeout: float = 30.0
     #: retries of a failed backend request
     retries: int = 3

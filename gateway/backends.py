@@ -96,6 +96,10 @@ class Backend:
         self._failures = 0
         self._open_until = 0.0
         self._probing = False
+        # Over HTTP, reqwest's read_timeout bounds every read of a body, so reads are
+        # bounded per read and a slow, steady body is never cut off. Local and
+        # in-memory stores have no such timeout: their reads stay bounded as a whole.
+        self._per_read = config.scheme not in ("file", "memory")
 
     async def head(self, key: str) -> ObjectMeta:
         """Size and version of ``key``.
@@ -129,7 +133,7 @@ class Backend:
             self._metrics.backend_read_bytes.labels(self.name).inc(data.nbytes)
             return data
 
-        return await self._call("get", meta.key, call, whole=False)
+        return await self._call("get", meta.key, call, whole=not self._per_read)
 
     async def get(self, key: str) -> memoryview:
         """The whole object ``key`` (small objects: manifests, single chunks).
@@ -145,7 +149,7 @@ class Backend:
             self._metrics.backend_read_bytes.labels(self.name).inc(data.nbytes)
             return data
 
-        return await self._call("get", key, call, whole=False)
+        return await self._call("get", key, call, whole=not self._per_read)
 
     async def put(self, key: str, data: bytes | memoryview, *, if_absent: bool = False) -> bool:
         """Write ``data`` to ``key``; with ``if_absent``, only where nothing is there yet.
@@ -211,7 +215,13 @@ class Backend:
         while True:
             started = time.perf_counter()
             try:
-                piece = await asyncio.wait_for(anext(pieces, None), timeout=self.config.timeout)
+                # A stalled body is cut by read_timeout (the backend timeout), not by
+                # a bound on the whole piece, which many spans sharing a link make slow.
+                piece = await (
+                    anext(pieces, None)
+                    if self._per_read
+                    else asyncio.wait_for(anext(pieces, None), timeout=self.config.timeout)
+                )
             except Exception as exc:
                 error = self._translate(exc, meta.key)
                 self._metrics.backend_errors.labels(self.name, type(error).__name__).inc()
@@ -285,10 +295,11 @@ class Backend:
     ) -> T:
         """``attempt()`` with retries (full jitter) and the circuit breaker.
 
-        ``whole``: the timeout bounds the whole attempt. Reads pass False and bound
-        the wait for the response themselves: their bodies are bounded per read
-        (``read_timeout``), so a slow but steady transfer shared by many requests
-        is not cut off and fetched again.
+        ``whole``: the timeout bounds the whole attempt. Reads over HTTP pass False
+        and bound the wait for the response themselves: their bodies are bounded per
+        read (``read_timeout``), so a slow but steady transfer shared by many
+        requests is not cut off and fetched again. Writes, HEADs and listings stay
+        bounded as a whole.
         """
         retries = max(0, self.config.retries)
         for n in range(retries + 1):
@@ -434,10 +445,10 @@ class Backends:
 
 def _make_store(config: BackendConfig) -> Any:
     # ``timeout`` bounds a backend that stops answering: the wait for a response
-    # (``_call``) and each read of a body (``read_timeout`` here, and ``stream_range``).
+    # (``_call``, ``get``, ``get_range``) and each read of a body (``read_timeout``).
     # reqwest's overall ``timeout`` would also bound a whole body, so a span GET of
-    # 64 chunks from a slow but steady backend would break every time; it only backs
-    # the others up here.
+    # 64 chunks from a slow but steady backend would break every time; here it is
+    # only a last resort of an hour.
     client: ClientConfig = {
         "timeout": timedelta(seconds=max(_BODY_DEADLINE, config.timeout)),
         "read_timeout": timedelta(seconds=config.timeout),

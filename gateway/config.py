@@ -71,9 +71,10 @@ Every key, with its default (a key left out takes the default)::
     writable = false                    # checkpoints may be written to this backend
     revalidate = "immutable"            # or a duration: re-check an object's version
                                         # after that long
-    timeout = "30s"                     # a backend silent this long (no response,
-                                        # or a body that stops) fails the request; a
-                                        # slow but steady body is not cut off
+    timeout = "30s"                     # a read fails when the backend is silent
+                                        # this long (no response, or a body that
+                                        # stops): a slow, steady body is not cut off;
+                                        # writes, HEADs and lists must end within it
     retries = 3                         # per backend request
 
 Relative paths (``socket``, ``dir``) are taken from the working directory when the
@@ -874,8 +875,9 @@ class BackendConfig:
     writable: bool = False
     #: seconds after which an object's version is re-checked; None: "immutable", never
     revalidate: float | None = None
-    #: seconds a backend may stay silent: waiting for a response, or between two reads
-    #: of a body (TOML: a duration); a body may take longer in all
+    #: seconds a backend may stay silent in a read over HTTP: waiting for a response,
+    #: or between two reads of a body (which may take longer in all); writes, HEADs,
+    #: lists and file:// reads must end within it (TOML: a duration)
     timeout: float = 30.0
     #: retries of a failed backend request
     retries: int = 3

@@ -534,19 +534,15 @@ def test_a_restore_from_a_slow_steady_backend_reads_each_chunk_once(
 ) -> None:
     # Each 4 MiB chunk takes about twice the backend timeout to arrive, though no read
     # of it stalls: many restores sharing one slow link look like this.
-    def toml(name: str) -> str:
-        return s3_toml(tmp_path, bucket, s3_proxy, name=name).replace(
-            'timeout = "5s"', 'timeout = "1s"'
-        )
-
     state = {f"w{i}": torch.randn(1024, 1024) for i in range(2)}  # a 4 MiB chunk each
-    saver = start_daemon(toml("saver"), cwd=tmp_path / "saver")
+    saver = start_daemon(s3_toml(tmp_path, bucket, s3_proxy, name="saver"), cwd=tmp_path / "s")
     with Client(saver.cwd / "chunkd.sock") as client:
         ckpt.save(state, "ckpt/slow/step-1", client=client)
     saver.stop()
-    cold = start_daemon(toml("cold"), cwd=tmp_path / "cold")
+    short = s3_toml(tmp_path, bucket, s3_proxy, name="cold").replace('"5s"', '"2s"')
+    cold = start_daemon(short, cwd=tmp_path / "cold")
     s3_proxy.reset()
-    s3_proxy.delay = 2.0 / 64  # per 64 KiB: about 2 s for a chunk
+    s3_proxy.delay = 4.0 / 64  # per 64 KiB: about 4 s for a chunk
     try:
         with Client(cold.cwd / "chunkd.sock", timeout=60) as client:
             loaded = ckpt.load("ckpt/slow/step-1", client=client)

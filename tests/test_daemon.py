@@ -102,13 +102,14 @@ def test_concurrent_cold_readers_cost_one_backend_read(
 def test_a_span_from_a_slow_steady_backend_outlives_the_request_timeout(
     start_daemon, tmp_path: Path, s3_server: S3Server, bucket: str, s3_proxy: CountingProxy
 ) -> None:
-    # One span GET whose body takes about twice the backend timeout, though no read
-    # of it ever stalls: the timeout is for a backend that stops, not a slow one.
-    payload = os.urandom(32 * MiB)
+    # One span GET whose every 4 MiB chunk takes longer than the backend timeout,
+    # though no read of it ever stalls: the timeout is for a backend that stops, not
+    # a slow one.
+    payload = os.urandom(8 * MiB)
     put(s3_server, bucket, "slow.bin", payload)
     daemon: Daemon = start_daemon(s3_config(tmp_path, bucket, s3_proxy, timeout='"2s"'))
     s3_proxy.reset()
-    s3_proxy.delay = 4.0 / (32 * MiB / (64 << 10))  # about 4 s for the whole body
+    s3_proxy.delay = 3.0 / 64  # per 64 KiB: about 3 s per chunk, 6 s in all
     status, _, body = daemon.get("/v1/objects/data/slow.bin")
     s3_proxy.delay = 0.0
     assert status == 200

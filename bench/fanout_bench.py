@@ -208,7 +208,7 @@ def run(report: Report, work: Path, out: Path, *, quick: bool) -> None:
             "GB/s",
             "node 4 dead instead (SIGKILL: refused at once)",
             note=f"wall time {hung:.1f} s with node 4 hung, {dead:.1f} s with it dead: what "
-            "a hang costs beyond a crash (about 2 x [peers] timeout per reader)",
+            "a hang costs beyond a crash ([peers] timeout plus a probe, per reader)",
         )
     )
     out.mkdir(parents=True, exist_ok=True)

@@ -28,9 +28,10 @@ The receiver verifies every chunk against its id before it uses or caches it; a
 peer that sends wrong bytes is counted, logged and skipped, and the reader tries
 the next owner, then the backend. A request waits on its owner only while the
 owner stays healthy (it may be fetching that chunk from a slow backend for every
-node): a refused connection ends it at once; an owner silent for ``timeout`` is
-probed at once, and one that fails that probe too (a hung process, a lost link) is
-left after about ``2 * timeout``; nothing waits past a two-minute cap.
+node): a refused connection ends it at once; an owner that sends nothing for
+``timeout`` is probed at once, and one that fails that probe too (a hung process, a
+lost link) is left after ``timeout`` plus the probe (at most 2 s more); nothing
+waits past a two-minute cap.
 """
 
 from __future__ import annotations
@@ -58,12 +59,16 @@ if TYPE_CHECKING:
     from chunkd.gateway.metrics import Metrics
     from chunkd.gateway.tls import PeerTLS
 
-__all__ = ["Peer", "Peers", "rank_owners"]
+__all__ = ["OwnerSilentError", "Peer", "Peers", "rank_owners"]
 
 log = logging.getLogger("chunkd.gateway.peers")
 
 _HEALTH_TIMEOUT: Final = 2.0
 _REQUEST_CAP: Final = 120.0
+
+
+class OwnerSilentError(TimeoutError):
+    """An owner sent nothing for ``[peers] timeout`` and then failed a health probe."""
 
 
 def rank_owners(members: list[str], key: bytes) -> list[str]:
@@ -229,7 +234,13 @@ class Peers:
             running = asyncio.ensure_future(self._health(address))
             self._probing[address] = running
             running.add_done_callback(lambda _: self._probing.pop(address, None))
-        return await asyncio.shield(running)
+        try:
+            return await asyncio.shield(running)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if running.cancelled() and task is not None and not task.cancelling():
+                return False  # the probe was stopped (the daemon is closing), not us
+            raise
 
     async def _health(self, address: str) -> bool:
         assert self._session is not None
@@ -289,8 +300,7 @@ class Peers:
                     continue
                 _, data = answer
             except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-                self._count(owner, "error")
-                self.note(owner, ok=False, why=f"a chunk request: {_reason(exc)}")
+                self._failed(owner, exc, "a chunk request")
                 log.info("peer %s did not give chunk %s (%s); trying the next", owner, cid, exc)
                 continue
             got = await asyncio.to_thread(ChunkId.of, data)
@@ -330,8 +340,7 @@ class Peers:
                     continue
                 stated, data = ChunkId.parse(answer[0].get("X-Chunkd-Chunk", "")), answer[1]
             except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
-                self._count(owner, "error")
-                self.note(owner, ok=False, why=f"an object request: {_reason(exc)}")
+                self._failed(owner, exc, "an object request")
                 log.info("peer %s did not give %s/%s#%d (%s)", owner, backend, key, index, exc)
                 continue
             self._count(owner, "ok")
@@ -344,24 +353,35 @@ class Peers:
     ) -> tuple[dict[str, str], memoryview] | None:
         """GET ``url`` from ``owner``: (headers, body) on 200, None on another status.
 
-        The wait adapts to the owner: it goes on while the owner stays healthy (it
-        may be fetching the chunk from a slow backend for everyone) and ends as
-        soon as the probes mark it down, or at the hard cap; a refused or reset
-        connection ends it at once.
+        The wait adapts to the owner. It goes on while bytes arrive, and while the
+        owner answers its health probe (it may be fetching the chunk from a slow
+        backend for everyone). After ``timeout`` with nothing from it the owner is
+        probed at once; a failed probe ends the wait, so does the owner being
+        marked down, and the hard cap. A refused or reset connection ends it at once.
 
         Raises:
-            aiohttp.ClientError, OSError, TimeoutError: the owner failed.
+            aiohttp.ClientError, OSError: the owner failed.
+            OwnerSilentError: the owner went silent and failed its probe (already
+                counted as a failed probe).
+            TimeoutError: the owner is marked down, or the hard cap passed.
         """
         assert self._session is not None
         session = self._session
+        heard = [time.monotonic()]  # when the owner last sent anything
 
         async def call() -> tuple[int, dict[str, str], memoryview]:
             for attempt in range(2):
                 try:
                     async with session.get(url, params=params) as response:
-                        ok = response.status == 200
-                        body = memoryview(await response.read()) if ok else None
-                        return response.status, dict(response.headers), body or memoryview(b"")
+                        heard[0] = time.monotonic()
+                        if response.status != 200:
+                            return response.status, dict(response.headers), memoryview(b"")
+                        pieces = []
+                        async for piece in response.content.iter_any():
+                            pieces.append(piece)
+                            heard[0] = time.monotonic()
+                        body = memoryview(pieces[0] if len(pieces) == 1 else b"".join(pieces))
+                        return response.status, dict(response.headers), body
                 except aiohttp.ServerDisconnectedError:
                     # A kept-alive connection the owner closed as it was reused: once
                     # more on a new one (a GET), rather than a second backend read.
@@ -369,25 +389,34 @@ class Peers:
                         raise
             raise AssertionError("unreachable")  # pragma: no cover
 
+        timeout = self.config.timeout
         task = asyncio.ensure_future(call())
         try:
             while True:
-                done, _ = await asyncio.wait({task}, timeout=self.config.timeout)
+                silent = time.monotonic() - heard[0]
+                done, _ = await asyncio.wait({task}, timeout=max(0.01, timeout - silent))
                 if done:
                     break
                 if owner not in self.healthy():
                     raise TimeoutError(f"peer {owner} went down while it was asked")
-                # Silent for a whole timeout: alive (busy with a slow backend for every
-                # node, so wait on), or hung? Ask it directly rather than wait for
+                if time.monotonic() - heard[0] < timeout:
+                    continue  # bytes came meanwhile
+                # Silent for a whole timeout: busy with a slow backend for every node
+                # (so wait on), or hung? Ask it directly rather than wait for
                 # down_after probe rounds.
-                if not await self._alive(owner):
-                    raise TimeoutError(
-                        f"peer {owner} did not answer for {self.config.timeout:g}s, "
-                        "nor a health probe"
+                alive = await self._alive(owner)
+                if task.done():
+                    break  # the answer came during the probe
+                if not alive:
+                    raise OwnerSilentError(
+                        f"peer {owner} sent nothing for {timeout:g}s and failed a health probe"
                     )
+                heard[0] = time.monotonic()  # it answered: another timeout of patience
         finally:
             if not task.done():
                 task.cancel()
+            elif not task.cancelled():
+                task.exception()  # retrieved here; task.result() below re-raises it
         status, headers, body = task.result()
         if status != 200:
             self._count(owner, f"http_{status}")
@@ -401,6 +430,12 @@ class Peers:
         self._count(owner, "integrity")
         self.metrics.peer_integrity_failures.labels(owner).inc()
         log.warning("peer %s sent bytes that do not hash to chunk %s; dropped them", owner, cid)
+
+    def _failed(self, owner: str, exc: BaseException, what: str) -> None:
+        """Count a request to ``owner`` that failed, towards marking it down."""
+        self._count(owner, "error")
+        if not isinstance(exc, OwnerSilentError):  # its failed probe was counted
+            self.note(owner, ok=False, why=f"{what}: {_reason(exc)}")
 
     def _count(self, peer: str, outcome: str) -> None:
         self.metrics.peer_requests.labels(peer, outcome).inc()

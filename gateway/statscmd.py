@@ -8,7 +8,7 @@ import urllib.error
 import urllib.request
 from typing import Any, TextIO
 
-from chunkd.gateway.tls import cacert_context, cacert_hint
+from chunkd.gateway.tls import cacert_context, unreachable
 
 __all__ = ["stats"]
 
@@ -30,10 +30,7 @@ def stats(url: str, *, as_json: bool, cacert: str | None = None, out: TextIO = s
         ) as response:
             body = json.loads(response.read())
     except (urllib.error.URLError, OSError, ValueError) as exc:
-        print(
-            f"chunkd stats: no answer from {url} ({exc}){cacert_hint(exc)}; is the daemon running?",
-            file=sys.stderr,
-        )
+        print(f"chunkd stats: {unreachable(url, exc)}", file=sys.stderr)
         return 1
     if as_json:
         json.dump(body, out, indent=2)

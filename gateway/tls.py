@@ -24,6 +24,7 @@ names the key and the file.
 
 from __future__ import annotations
 
+import http.client
 import logging
 import re
 import ssl
@@ -36,7 +37,7 @@ from chunkd.errors import ConfigError
 if TYPE_CHECKING:
     from chunkd.gateway.config import Config
 
-__all__ = ["PeerTLS", "cacert_context", "cacert_hint"]
+__all__ = ["PeerTLS", "cacert_context", "unreachable"]
 
 log = logging.getLogger("chunkd.gateway.tls")
 
@@ -230,10 +231,22 @@ def cacert_context(cacert: str | None) -> ssl.SSLContext | None:
     return context
 
 
-def cacert_hint(exc: BaseException) -> str:
-    """What to add to a message about ``exc`` when it is a certificate check that failed."""
+def unreachable(url: str, exc: BaseException) -> str:
+    """Why a command got no usable answer from the daemon at ``url``, and what to do."""
+    reason = getattr(exc, "reason", None)
     if isinstance(exc, ssl.SSLCertVerificationError) or isinstance(
-        getattr(exc, "reason", None), ssl.SSLCertVerificationError
+        reason, ssl.SSLCertVerificationError
     ):
-        return "; give the CA that signed the daemon's certificate with --cacert PATH"
-    return ""
+        detail = getattr(exc, "verify_message", None) or getattr(reason, "verify_message", exc)
+        return (
+            f"{url} answered, but its certificate is not trusted ({detail}); give the CA "
+            "that signed it ([peers] tls_ca) with --cacert PATH"
+        )
+    if url.startswith("http://") and isinstance(
+        exc if reason is None else reason, (ConnectionResetError, http.client.RemoteDisconnected)
+    ):
+        return (
+            f"{url} closed the connection without answering ({exc}); if the daemon serves "
+            "HTTPS ([peers] tls_cert), use https:// and --cacert PATH"
+        )
+    return f"no answer from {url} ({exc}); is the daemon running (chunkd serve)?"

@@ -12,7 +12,7 @@ import urllib.request
 from collections.abc import Sequence
 from typing import Any, TextIO
 
-from chunkd.gateway.tls import cacert_context, cacert_hint
+from chunkd.gateway.tls import cacert_context, unreachable
 
 __all__ = ["warm"]
 
@@ -29,7 +29,7 @@ def warm(
     try:
         context = cacert_context(cacert)
     except OSError as exc:
-        print(f"cannot use --cacert {cacert} ({exc})", file=out)
+        print(f"chunkd warm: cannot use --cacert {cacert} ({exc})", file=sys.stderr)
         return 2
     failed = 0
     total = 0
@@ -48,11 +48,7 @@ def warm(
             failed += 1
             print(f"{name}: failed: {_error_message(exc)}", file=out)
         except OSError as exc:
-            print(
-                f"{name}: cannot reach chunkd at {url} ({exc}){cacert_hint(exc)}; is the "
-                "daemon running (chunkd serve)?",
-                file=out,
-            )
+            print(f"{name}: {unreachable(url, exc)}", file=out)
             return 1
     took = time.monotonic() - started
     print(

@@ -308,14 +308,16 @@ def test_a_node_with_a_foreign_certificate_is_refused_and_reads_fall_back(
     for node in nodes:
         node.stop()
     # Fresh caches. The foreign node starts first, and the cluster nodes probe it
-    # only every 2 s: they start out seeing it up, so their reads do ask it.
+    # only every 2 s and mark it down only after 10 misses: they still see it up
+    # when the reads start (however slowly the nodes start), so their reads do ask it.
+    slow_to_judge = {"CHUNKD_PEERS_HEALTH_INTERVAL": "2s", "CHUNKD_PEERS_DOWN_AFTER": "10"}
     nodes = start_tls_cluster(
         start_daemon,
         tmp_path / "again",
         bucket,
         s3_proxy,
         [other, ca, ca],
-        env=[{}, {"CHUNKD_PEERS_HEALTH_INTERVAL": "2s"}, {"CHUNKD_PEERS_HEALTH_INTERVAL": "2s"}],
+        env=[{}, slow_to_judge, slow_to_judge],
         wait_healthy=False,
     )
     foreign = f"127.0.0.1:{nodes[0].port}"
@@ -336,7 +338,7 @@ def test_a_node_with_a_foreign_certificate_is_refused_and_reads_fall_back(
     if any(rank_owners(members, bytes.fromhex(c))[0] == foreign for c in chunks):
         for node in nodes[1:]:  # asked it first for those, and were refused
             assert node.metric("chunkd_peer_requests_total", peer=foreign, outcome="error") > 0
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 40
     while True:
         seen = [peers_of(n) for n in nodes]
         if sum(seen[0].values()) == 1 and not seen[1][foreign] and not seen[2][foreign]:
@@ -549,7 +551,16 @@ def test_chunkd_stats_and_warm_over_https(
         [CHUNKD, "stats", "--url", node.url], capture_output=True, text=True, check=False
     )
     assert unchecked.returncode == 1
+    assert "answered, but its certificate is not trusted" in unchecked.stderr
     assert "--cacert" in unchecked.stderr
+    plain = subprocess.run(
+        [CHUNKD, "stats", "--url", f"http://127.0.0.1:{node.port}"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert plain.returncode == 1
+    assert "use https:// and --cacert" in plain.stderr, plain.stderr
     s3_server.client().put_object(Bucket=bucket, Key="pre/warm/a.bin", Body=b"x" * (3 * MiB))
     warmed = subprocess.run(
         [CHUNKD, "warm", "ckpt/warm/a.bin", "--url", node.url, "--cacert", str(ca.pem)],

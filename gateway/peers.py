@@ -28,10 +28,10 @@ The receiver verifies every chunk against its id before it uses or caches it; a
 peer that sends wrong bytes is counted, logged and skipped, and the reader tries
 the next owner, then the backend. A request waits on its owner only while the
 owner stays healthy (it may be fetching that chunk from a slow backend for every
-node): a refused connection ends it at once; an owner that sends nothing for
-``timeout`` is probed at once, and one that fails that probe too (a hung process, a
-lost link) is left after ``timeout`` plus the probe (at most 2 s more); nothing
-waits past a two-minute cap.
+node): a refused connection ends it at once; an owner that sends this node
+nothing (for any request) for ``timeout`` is probed at once, and one that fails
+that probe too (a hung process, a lost link) is left after ``timeout`` plus the
+probe (at most 2 s more); nothing waits past a two-minute cap.
 """
 
 from __future__ import annotations
@@ -115,6 +115,7 @@ class Peers:
         self._session: aiohttp.ClientSession | None = None
         self._task: asyncio.Task[None] | None = None
         self._probing: dict[str, asyncio.Future[bool]] = {}
+        self._heard: dict[str, float] = {}  # when each peer last sent us anything
         self._set_members(self._listed())
 
     # -- lifecycle ------------------------------------------------------------------
@@ -253,6 +254,8 @@ class Peers:
                 why = "" if ok else f"/healthz answered {response.status}"
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             ok, why = False, f"/healthz: {_reason(exc)}"
+        if ok:
+            self._heard[address] = time.monotonic()
         self.note(address, ok=ok, why=why)
         return ok
 
@@ -353,11 +356,12 @@ class Peers:
     ) -> tuple[dict[str, str], memoryview] | None:
         """GET ``url`` from ``owner``: (headers, body) on 200, None on another status.
 
-        The wait adapts to the owner. It goes on while bytes arrive, and while the
-        owner answers its health probe (it may be fetching the chunk from a slow
-        backend for everyone). After ``timeout`` with nothing from it the owner is
-        probed at once; a failed probe ends the wait, so does the owner being
-        marked down, and the hard cap. A refused or reset connection ends it at once.
+        The wait adapts to the owner. It goes on while bytes arrive from it, for
+        this request or any other, and while the owner answers its health probe (it
+        may be fetching the chunk from a slow backend for everyone). After
+        ``timeout`` with nothing from it the owner is probed at once; a failed probe
+        ends the wait, so does the owner being marked down, and the hard cap. A
+        refused or reset connection ends it at once.
 
         Raises:
             aiohttp.ClientError, OSError: the owner failed.
@@ -367,19 +371,22 @@ class Peers:
         """
         assert self._session is not None
         session = self._session
-        heard = [time.monotonic()]  # when the owner last sent anything
+        heard = [time.monotonic()]  # when the owner last sent anything for this request
+
+        def hear() -> None:
+            heard[0] = self._heard[owner] = time.monotonic()
 
         async def call() -> tuple[int, dict[str, str], memoryview]:
             for attempt in range(2):
                 try:
                     async with session.get(url, params=params) as response:
-                        heard[0] = time.monotonic()
+                        hear()
                         if response.status != 200:
                             return response.status, dict(response.headers), memoryview(b"")
                         pieces = []
                         async for piece in response.content.iter_any():
                             pieces.append(piece)
-                            heard[0] = time.monotonic()
+                            hear()
                         body = memoryview(pieces[0] if len(pieces) == 1 else b"".join(pieces))
                         return response.status, dict(response.headers), body
                 except aiohttp.ServerDisconnectedError:
@@ -390,16 +397,21 @@ class Peers:
             raise AssertionError("unreachable")  # pragma: no cover
 
         timeout = self.config.timeout
+
+        def silent() -> float:
+            # Bytes from the owner for any request (or a passed probe) show it alive:
+            # busy with a slow backend for every node, it still sends what it has.
+            return time.monotonic() - max(heard[0], self._heard.get(owner, 0.0))
+
         task = asyncio.ensure_future(call())
         try:
             while True:
-                silent = time.monotonic() - heard[0]
-                done, _ = await asyncio.wait({task}, timeout=max(0.01, timeout - silent))
+                done, _ = await asyncio.wait({task}, timeout=max(0.01, timeout - silent()))
                 if done:
                     break
                 if owner not in self.healthy():
                     raise TimeoutError(f"peer {owner} went down while it was asked")
-                if time.monotonic() - heard[0] < timeout:
+                if silent() < timeout:
                     continue  # bytes came meanwhile
                 # Silent for a whole timeout: busy with a slow backend for every node
                 # (so wait on), or hung? Ask it directly rather than wait for

@@ -203,6 +203,11 @@ class CountingProxy:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            # An aborted transport closes its socket in a callback of the next loop
+            # rounds: let them run before the loop stops, or the sockets leak
+            # (ResourceWarning: unclosed transport).
+            for _ in range(3):
+                await asyncio.sleep(0)
 
         self._call(finish())
         self._loop.call_soon_threadsafe(self._loop.stop)

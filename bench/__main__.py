@@ -11,10 +11,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import shutil
+import signal
+import sys
 from pathlib import Path
 
 from . import cache_bench, ckpt_bench, client_bench, fanout_bench, gateway_bench
 from .report import Report
+
+
+def _unwind(signum: int, _frame: object) -> None:
+    signal.signal(signum, signal.SIG_IGN)
+    sys.exit(128 + signum)
 
 
 def main() -> int:
@@ -37,6 +44,10 @@ def main() -> int:
         help="run only this scenario (repeatable)",
     )
     args = parser.parse_args()
+    # A SIGTERM (a timeout, a CI job stopped) unwinds like Ctrl-C, so the fan-out
+    # lab still removes its namespaces and stops its daemons; a second one (timeout
+    # passes its own on) must not cut that cleanup short.
+    signal.signal(signal.SIGTERM, _unwind)
     work = args.work or args.out / "work"
     work.mkdir(parents=True, exist_ok=True)
     report = Report()

@@ -160,12 +160,19 @@ class CountingProxy:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
+        self._writers.add(writer)
+        try:
+            await self._relay(reader, writer)
+        finally:  # also when cancelled before the upstream connection was made
+            writer.transport.abort()
+            self._writers.discard(writer)
+
+    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream_port)
         except OSError:
-            writer.transport.abort()
             return
-        self._writers.update((writer, up_writer))
+        self._writers.add(up_writer)
 
         async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter, count: bool) -> None:
             try:
@@ -191,18 +198,29 @@ class CountingProxy:
             finally:
                 dst.transport.abort()
 
-        await asyncio.gather(pipe(reader, up_writer, False), pipe(up_reader, writer, True))
-        self._writers.difference_update((writer, up_writer))
+        try:
+            await asyncio.gather(pipe(reader, up_writer, False), pipe(up_reader, writer, True))
+        finally:
+            up_writer.transport.abort()
+            self._writers.discard(up_writer)
 
     def close(self) -> None:
         """Stop listening, end every connection's task, and stop the proxy's loop."""
         self.down()
 
         async def finish() -> None:
+            # Connections accepted just before down() start their tasks in the next
+            # rounds: let them, so that every connection is known and aborted below.
+            for _ in range(3):
+                await asyncio.sleep(0)
+            for writer in list(self._writers):
+                writer.transport.abort()
             tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            if tasks:
+                _, pending = await asyncio.wait(tasks, timeout=5)
+                for task in pending:
+                    task.cancel()
+                await asyncio.gather(*pending, return_exceptions=True)
             # An aborted transport closes its socket in a callback of the next loop
             # rounds: let them run before the loop stops, or the sockets leak
             # (ResourceWarning: unclosed transport).

@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from chunkd.gateway.testing import BIN, S3Server
+from chunkd.gateway.testing import BIN, S3Server, s3_backend
 
 __all__ = ["NET", "ROOT_IP", "S3_IP", "Lab", "LabUnavailable", "lab"]
 
@@ -151,17 +151,7 @@ disk_min_free_bytes = 0
 fsync = "never"
 
 {section}
-[[backends]]
-name = "ckpt"
-url = "s3://fanout/pre"
-endpoint = "http://{S3_IP}:9000"
-region = "us-east-1"
-access_key_id = "testing"
-secret_access_key = "testing-secret"
-allow_http = true
-writable = true
-retries = 2
-"""
+{s3_backend("ckpt", "s3://fanout/pre", f"http://{S3_IP}:9000", writable=True, retries=2)}"""
 
 
 @contextmanager

@@ -7,6 +7,7 @@ benchmarks use one implementation. Nothing in the daemon imports it.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import socket
 import subprocess
@@ -17,7 +18,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CountingProxy", "S3Server", "free_port", "wait_for_port"]
+__all__ = [
+    "CountingProxy",
+    "S3Server",
+    "free_port",
+    "refused_backend",
+    "s3_backend",
+    "wait_for_port",
+]
 
 BIN = Path(sys.executable).parent
 
@@ -235,3 +243,40 @@ class CountingProxy:
     @property
     def endpoint(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+
+def s3_backend(name: str, url: str, endpoint: str, **keys: str | int | bool) -> str:
+    """A ``[[backends]]`` table for an S3-protocol server of the tests (moto, over
+    http), with its test credentials; ``keys`` add keys or override these (a str is
+    written as a TOML string, a bool as true/false)."""
+    table: dict[str, str | int | bool] = {
+        "name": name,
+        "url": url,
+        "endpoint": endpoint,
+        "region": "us-east-1",
+        "access_key_id": "testing",
+        "secret_access_key": "testing-secret",
+        "allow_http": True,
+        **keys,
+    }
+    lines = (f"{key} = {_toml_value(value)}\n" for key, value in table.items())
+    return "[[backends]]\n" + "".join(lines)
+
+
+def refused_backend(endpoint: str, **keys: str | int | bool) -> str:
+    """A backend table ``vault`` over bucket ``locked`` with credentials a server that
+    checks them refuses (``S3Server.start(checks_credentials_after=...)``), no retries."""
+    wrong: dict[str, str | int | bool] = {
+        "access_key_id": "not-a-key",
+        "secret_access_key": "not-a-secret",
+        "retries": 0,
+    }
+    return s3_backend("vault", "s3://locked/pre", endpoint, **{**wrong, **keys})
+
+
+def _toml_value(value: str | int | bool) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    return json.dumps(value)  # a TOML basic string

@@ -31,7 +31,7 @@ from chunkd.errors import (
     ReadOnlyBackendError,
     UnsupportedStateError,
 )
-from chunkd.gateway.testing import CountingProxy, S3Server
+from chunkd.gateway.testing import CountingProxy, S3Server, refused_backend, s3_backend
 from tests.conftest import Daemon, wait_for_socket
 
 MiB = 1 << 20
@@ -61,6 +61,9 @@ DTYPES = [
 
 
 def s3_toml(tmp_path: Path, bucket: str, proxy: CountingProxy, *, name: str = "cache") -> str:
+    backend = s3_backend(
+        "ckpt", f"s3://{bucket}/pre", proxy.endpoint, writable=True, timeout="5s", retries=1
+    )
     return f"""
 [server]
 shutdown_timeout = "10s"
@@ -72,18 +75,7 @@ disk_bytes = "2GiB"
 disk_min_free_bytes = 0
 fsync = "never"
 
-[[backends]]
-name = "ckpt"
-url = "s3://{bucket}/pre"
-endpoint = "{proxy.endpoint}"
-region = "us-east-1"
-access_key_id = "testing"
-secret_access_key = "testing-secret"
-allow_http = true
-writable = true
-timeout = "5s"
-retries = 1
-"""
+{backend}"""
 
 
 @pytest.fixture
@@ -323,17 +315,7 @@ def test_refused_credentials_fail_at_save_not_a_hang(
 dir = "{tmp_path / "cache"}"
 fsync = "never"
 disk_min_free_bytes = 0
-[[backends]]
-name = "vault"
-url = "s3://locked/pre"
-endpoint = "{server.endpoint}"
-region = "us-east-1"
-access_key_id = "not-a-key"
-secret_access_key = "not-a-secret"
-allow_http = true
-writable = true
-retries = 0
-""",
+{refused_backend(server.endpoint, writable=True)}""",
             cwd=tmp_path / "vault",
         )
         with Client(daemon.cwd / "chunkd.sock") as client:

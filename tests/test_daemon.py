@@ -18,14 +18,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from chunkd.gateway.testing import refused_backend, s3_backend
+
 from .conftest import CountingProxy, Daemon, S3Server, free_port
 
 MiB = 1 << 20
 
 
-def s3_config(tmp_path: Path, bucket: str, proxy: CountingProxy, **backend: str) -> str:
-    keys = {"timeout": '"5s"', "retries": "1", **backend}
-    extra = "".join(f"{key} = {value}\n" for key, value in keys.items())
+def s3_config(tmp_path: Path, bucket: str, proxy: CountingProxy, **backend: str | int) -> str:
+    keys: dict[str, str | int] = {"timeout": "5s", "retries": 1, **backend}
     return f"""
 [server]
 shutdown_timeout = "10s"
@@ -39,15 +40,7 @@ disk_min_free_bytes = 0
 chunk_bytes = "4MiB"
 fsync = "never"
 
-[[backends]]
-name = "data"
-url = "s3://{bucket}/pre"
-endpoint = "{proxy.endpoint}"
-region = "us-east-1"
-access_key_id = "testing"
-secret_access_key = "testing-secret"
-allow_http = true
-{extra}"""
+{s3_backend("data", f"s3://{bucket}/pre", proxy.endpoint, **keys)}"""
 
 
 def put(s3: S3Server, bucket: str, key: str, data: bytes) -> None:
@@ -107,7 +100,7 @@ def test_a_span_from_a_slow_steady_backend_outlives_the_request_timeout(
     # a slow one.
     payload = os.urandom(8 * MiB)
     put(s3_server, bucket, "slow.bin", payload)
-    daemon: Daemon = start_daemon(s3_config(tmp_path, bucket, s3_proxy, timeout='"2s"'))
+    daemon: Daemon = start_daemon(s3_config(tmp_path, bucket, s3_proxy, timeout="2s"))
     s3_proxy.reset()
     s3_proxy.delay = 3.0 / 64  # per 64 KiB: about 3 s per chunk, 6 s in all
     status, _, body = daemon.get("/v1/objects/data/slow.bin")
@@ -146,7 +139,7 @@ def test_a_changed_object_is_read_whole_at_its_new_version(
     old = os.urandom(9 * MiB)
     new = os.urandom(9 * MiB)
     put(s3_server, bucket, "model.bin", old)
-    daemon: Daemon = start_daemon(s3_config(tmp_path, bucket, s3_proxy, revalidate='"200ms"'))
+    daemon: Daemon = start_daemon(s3_config(tmp_path, bucket, s3_proxy, revalidate="200ms"))
     assert daemon.get("/v1/objects/data/model.bin")[2] == old
     put(s3_server, bucket, "model.bin", new)
     time.sleep(0.3)
@@ -465,16 +458,7 @@ def test_refused_credentials_are_a_403_naming_the_backend(start_daemon, tmp_path
 dir = "{tmp_path / "cache"}"
 fsync = "never"
 disk_min_free_bytes = 0
-[[backends]]
-name = "vault"
-url = "s3://locked/pre"
-endpoint = "{server.endpoint}"
-region = "us-east-1"
-access_key_id = "not-a-key"
-secret_access_key = "not-a-secret"
-allow_http = true
-retries = 0
-"""
+{refused_backend(server.endpoint)}"""
         )
         status, _, body = daemon.get("/v1/objects/vault/secret.bin")
         assert status == 403
@@ -614,7 +598,7 @@ def test_a_backend_that_stops_answering_is_a_fast_503(
     start_daemon, tmp_path: Path, s3_server: S3Server, bucket: str, s3_proxy: CountingProxy
 ) -> None:
     put(s3_server, bucket, "late.bin", os.urandom(MiB))
-    daemon: Daemon = start_daemon(s3_config(tmp_path, bucket, s3_proxy, timeout='"1s"'))
+    daemon: Daemon = start_daemon(s3_config(tmp_path, bucket, s3_proxy, timeout="1s"))
     s3_proxy.delay = 30.0  # answers, then never sends the body in time
     started = time.monotonic()
     status, _, body = daemon.get("/v1/objects/data/late.bin")

@@ -20,7 +20,7 @@ from aiohttp import web
 from chunkd.client import Client
 from chunkd.client import checkpoint as ckpt
 from chunkd.gateway.peers import rank_owners
-from chunkd.gateway.testing import CountingProxy, S3Server, free_port
+from chunkd.gateway.testing import CountingProxy, S3Server, free_port, s3_backend
 from tests.conftest import Daemon
 
 TOKEN = "a-shared-secret-for-the-tests"
@@ -63,17 +63,7 @@ health_interval = "300ms"
 down_after = 4
 up_after = 1
 
-[[backends]]
-name = "ckpt"
-url = "s3://{bucket}/pre"
-endpoint = "{proxy.endpoint}"
-region = "us-east-1"
-access_key_id = "testing"
-secret_access_key = "testing-secret"
-allow_http = true
-writable = true
-retries = 1
-"""
+{s3_backend("ckpt", f"s3://{bucket}/pre", proxy.endpoint, writable=True, retries=1)}"""
 
 
 def state_of(seed: int, tensors: int = 12) -> dict[str, torch.Tensor]:

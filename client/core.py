@@ -59,6 +59,7 @@ import ctypes
 import fcntl
 import io
 import itertools
+import json
 import logging
 import mmap
 import os
@@ -68,7 +69,7 @@ import threading
 import time
 import weakref
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -102,6 +103,8 @@ _KNOWN_NAMES: Final = 1 << 16
 _VERSION_RETRIES: Final = 3
 #: at most this much of a prefetch request's header is names
 _PREFETCH_HEADER_BYTES: Final = protocol.MAX_HEADER // 2
+#: ranges up to this size go in a readv; larger ones are read with fds
+_READV_MAX: Final = 256 * 1024
 #: an AsyncClient copies a cache hit on the event loop up to this size, else in a thread
 _LOOP_COPY_BYTES: Final = 1 << 20
 #: seals a chunk's memfd must carry: it can neither change nor shrink under a mapping
@@ -122,6 +125,8 @@ class ObjectStat:
         version: the backend's version token (ETag, version id, size+mtime).
         chunk_bytes: the size of every chunk but the last.
         chunks: how many chunks the object splits into.
+        modified: when the object was last written, seconds since the epoch (None:
+            the backend does not say).
     """
 
     name: str
@@ -129,6 +134,7 @@ class ObjectStat:
     version: str
     chunk_bytes: int
     chunks: int
+    modified: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -402,14 +408,14 @@ class _Known:
     revalidate: float | None
     learned: float
     chunks: dict[int, str] = field(default_factory=dict)
+    modified: float | None = None
 
     def fresh(self, now: float) -> bool:
         return self.revalidate is None or now - self.learned < self.revalidate
 
     def stat(self, name: str) -> ObjectStat:
-        return ObjectStat(
-            name, self.size, self.version, self.chunk_bytes, -(-self.size // self.chunk_bytes)
-        )
+        chunks = -(-self.size // self.chunk_bytes)
+        return ObjectStat(name, self.size, self.version, self.chunk_bytes, chunks, self.modified)
 
 
 def _error_from(reply: dict[str, Any], what: str) -> ChunkdError:
@@ -655,18 +661,116 @@ class Client:
         return started
 
     def ls(self, prefix: str, *, recursive: bool = False) -> list[dict[str, Any]]:
-        """Entries under ``BACKEND`` or ``BACKEND/PREFIX``.
+        """Entries under ``BACKEND`` or ``BACKEND/PREFIX``, all of them, in key order.
 
-        Each is ``{"name": "BACKEND/KEY", "type": "file", "size": N}`` or
-        ``{"name": "BACKEND/DIR", "type": "directory"}``: one level, or every object
-        below when ``recursive``.
+        Each is ``{"name": "BACKEND/KEY", "type": "file", "size": N, "version": V,
+        "modified": T}`` or ``{"name": "BACKEND/DIR", "type": "directory"}``: one
+        level, or every object below when ``recursive``. The listing is read page by
+        page; :meth:`iter_ls` yields it without holding it all.
         """
-        reply, _, fds = self._request(
-            {"op": "list", "name": prefix, "recursive": recursive}, f"a list of {prefix}"
-        )
+        return list(self.iter_ls(prefix, recursive=recursive))
+
+    def iter_ls(
+        self,
+        prefix: str,
+        *,
+        recursive: bool = False,
+        start_after: str | None = None,
+        page: int = protocol.LIST_PAGE,
+    ) -> Iterator[dict[str, Any]]:
+        """The entries of :meth:`ls`, one page of ``page`` entries in memory at a time.
+
+        ``start_after``: a page token (or any key of the backend) to resume after.
+        """
+        token = start_after
+        while True:
+            entries, token = self.ls_page(
+                prefix, recursive=recursive, start_after=token, limit=page
+            )
+            yield from entries
+            if token is None:
+                return
+
+    def ls_page(
+        self,
+        prefix: str,
+        *,
+        recursive: bool = False,
+        start_after: str | None = None,
+        limit: int | None = None,
+    ) -> tuple[list[dict[str, Any]], str | None]:
+        """One page of a listing: its entries and the token of the next (None: the last).
+
+        Give the token back as ``start_after`` for the next page; the protocol's
+        ``list`` op says what it is (a key of the backend).
+        """
+        request: dict[str, Any] = {"op": "list", "name": prefix, "recursive": recursive}
+        if start_after is not None:
+            request["start_after"] = start_after
+        if limit is not None:
+            request["limit"] = limit
+        reply, payload, fds = self._request(request, f"a list of {prefix}")
         _close_fds(fds)
-        entries: list[dict[str, Any]] = reply.get("entries", [])
-        return entries
+        try:
+            entries: list[dict[str, Any]] = json.loads(payload) if payload else []
+            token = reply.get("next")
+        except ValueError as exc:
+            raise protocol.ProtocolError(f"the daemon's listing of {prefix} is not JSON") from exc
+        if not isinstance(entries, list) or len(entries) != reply.get("count", len(entries)):
+            raise protocol.ProtocolError(f"the daemon's listing page of {prefix} is malformed")
+        return entries, token if isinstance(token, str) else None
+
+    def read_ranges(self, ranges: Iterable[tuple[str, int, int]]) -> list[bytes | ChunkdError]:
+        """Several byte ranges ``(name, offset, length)`` as bytes, in few round trips.
+
+        Small ranges go out together (``readv``: up to 256 ranges and 1 MiB a round
+        trip); a large one is read as :meth:`read` does. A range past the end of its
+        object comes back shorter (or empty); a range that fails comes back as its
+        error, and the others are still read.
+        """
+        asked = list(ranges)
+        out: list[bytearray | ChunkdError] = [bytearray() for _ in asked]
+        todo: list[tuple[int, str, int, int]] = []
+        for i, (name, offset, length) in enumerate(asked):
+            _check_range(offset, length)
+            if length > _READV_MAX:
+                try:
+                    out[i] = bytearray(self.read(name, offset, length))
+                except ChunkdError as exc:
+                    out[i] = exc
+            elif length:
+                todo.append((i, name, offset, length))
+        versions: dict[int, str] = {}
+        while todo:
+            batch, todo = todo[: protocol.MAX_RANGES], todo[protocol.MAX_RANGES :]
+            request = {"op": "readv", "ranges": [[n, o, ln] for _, n, o, ln in batch]}
+            reply, payload, fds = self._request(request, f"{len(batch)} ranges")
+            _close_fds(fds)
+            answered = int(reply.get("answered", 0))
+            if not 0 < answered <= len(batch):
+                raise protocol.ProtocolError(
+                    f"the daemon answered {answered} of {len(batch)} ranges"
+                )
+            view = memoryview(payload)
+            again = []
+            answers = reply["ranges"][:answered]
+            for (i, name, offset, length), got in zip(batch, answers, strict=False):
+                target = out[i]
+                if "error" in got:
+                    out[i] = _error_from(got, f"a read of {name}")
+                    continue
+                if not isinstance(target, bytearray):
+                    continue  # failed in an earlier round
+                if versions.setdefault(i, str(got["version"])) != str(got["version"]):
+                    out[i] = VersionChangedError(f"{name} changed while it was read; read it again")
+                    continue
+                size = int(got["length"])
+                target += view[:size]
+                view = view[size:]
+                if size < length and offset + size < int(got["size"]):
+                    again.append((i, name, offset + size, length - size))  # cut to fit
+            todo = again + batch[answered:] + todo
+        return [bytes(r) if isinstance(r, bytearray) else r for r in out]
 
     def cache_info(self) -> CacheInfo:
         """What the client's own cache holds now."""
@@ -902,6 +1006,8 @@ class Client:
             chunk_bytes = int(reply.get("chunk_bytes") or self._hello["chunk_bytes"])
             revalidate = reply.get("revalidate", 0.0)
             revalidate = None if revalidate is None else float(revalidate)
+            modified = reply.get("modified")
+            modified = None if modified is None else float(modified)
             spans = [(int(s["index"]), str(s["chunk"])) for s in reply.get("spans") or ()]
         except (KeyError, TypeError, ValueError) as exc:
             raise protocol.ProtocolError(
@@ -918,10 +1024,11 @@ class Client:
                 size,
                 chunk_bytes,
             ):
-                known = _Known(size, version, chunk_bytes, revalidate, asked)
+                known = _Known(size, version, chunk_bytes, revalidate, asked, modified=modified)
                 self._known[name] = known
             else:
                 known.revalidate, known.learned = revalidate, max(known.learned, asked)
+                known.modified = modified if modified is not None else known.modified
             self._known.move_to_end(name)
             while len(self._known) > _KNOWN_NAMES:
                 self._known.popitem(last=False)
@@ -1322,6 +1429,27 @@ class AsyncClient:
         """See :meth:`Client.ls`."""
         client = await self._sync()
         return await asyncio.to_thread(client.ls, prefix, recursive=recursive)
+
+    async def ls_page(
+        self,
+        prefix: str,
+        *,
+        recursive: bool = False,
+        start_after: str | None = None,
+        limit: int | None = None,
+    ) -> tuple[list[dict[str, Any]], str | None]:
+        """See :meth:`Client.ls_page`."""
+        client = await self._sync()
+        return await asyncio.to_thread(
+            client.ls_page, prefix, recursive=recursive, start_after=start_after, limit=limit
+        )
+
+    async def read_ranges(
+        self, ranges: Iterable[tuple[str, int, int]]
+    ) -> list[bytes | ChunkdError]:
+        """See :meth:`Client.read_ranges`."""
+        client = await self._sync()
+        return await asyncio.to_thread(client.read_ranges, list(ranges))
 
     def cache_info(self) -> CacheInfo:
         """See :meth:`Client.cache_info`."""

@@ -18,12 +18,19 @@ first byte; the receiver takes them with the ``recvmsg`` that reads the 8-byte
 prefix. A response names how many it carries (``"fds": n``); at most MAX_FDS.
 
 Every request has ``"op"`` and a client-chosen ``"id"`` that its response echoes.
-A connection carries one request at a time. Requests:
+A connection carries one request at a time, and starts with ``hello``: a daemon
+answers nothing else before it, and refuses a client of another version (whose
+requests it might otherwise answer differently than that client expects, for
+example a listing cut to its first page). Requests:
 
-``{"op": "hello", "id": 1, "version": 1}``
-    ``{"ok": true, "version": 1, "chunk_bytes": N, "daemon": "chunkd X"}``
+``{"op": "hello", "id": 1, "version": 2}``
+    ``{"ok": true, "version": 2, "chunk_bytes": N, "daemon": "chunkd X"}``; a
+    ``version`` other than :data:`VERSION` gets ``ProtocolVersionError``.
 ``{"op": "stat", "id": 2, "name": "BACKEND/KEY"}``
-    ``{"ok": true, "size": S, "version": V, "chunk_bytes": N, "revalidate": SECONDS|null}``
+    ``{"ok": true, "size": S, "version": V, "chunk_bytes": N, "revalidate": SECONDS|null,
+    "modified": T|null, "stale": SECONDS|null}``; ``modified`` is when the object was
+    written (seconds since the epoch), ``stale`` is set when the backend could not
+    re-check the version and the daemon serves the one it checked that long ago.
 ``{"op": "read", "id": 3, "name": "BACKEND/KEY", "offset": O, "length": L|null,
 "inline": true}``
     ``{"ok": true, "size": S, "version": V, "offset": O, "length": L,
@@ -33,16 +40,41 @@ A connection carries one request at a time. Requests:
     whole chunk, to be mapped read-only. Small reads answer inline instead
     (``"fds": 0, "inline": true`` and the bytes as the payload), unless the request
     says ``"inline": false`` (a client that caches mappings wants the chunk).
-``{"op": "list", "id": 5, "name": "BACKEND[/PREFIX]", "recursive": false}``
-    ``{"ok": true, "entries": [{"name": "BACKEND/KEY", "type": "file", "size": S},
-    {"name": "BACKEND/DIR", "type": "directory"}]}`` (one level; every object below
-    when recursive)
+``{"op": "readv", "id": 6, "ranges": [["BACKEND/KEY", OFFSET, LENGTH], ...]}``
+    Several small ranges in one round trip (at most :data:`MAX_RANGES`), answered
+    inline: ``{"ok": true, "answered": K, "ranges": [{"size": S, "version": V,
+    "offset": O, "length": L} | {"error": KIND, "status": N, "message": TEXT}]}``
+    and the payload holds the bytes of the first ``K`` ranges, one after the other.
+    ``K`` is as many as fit in :data:`MAX_PAYLOAD` (at least one, whose length the
+    daemon then cuts to fit); the client asks again for the rest.
+``{"op": "list", "id": 5, "name": "BACKEND[/PREFIX]", "recursive": false,
+"start_after": KEY|null, "limit": N|null}``
+    One page of a listing: ``{"ok": true, "count": N, "next": KEY|null}`` and the
+    payload a JSON array of ``{"name": "BACKEND/KEY", "type": "file", "size": S,
+    "version": V, "modified": T}`` and ``{"name": "BACKEND/DIR", "type":
+    "directory"}``, in key order: one level, or every object below when recursive.
+    ``limit`` is at most :data:`MAX_LIST_PAGE` (default :data:`LIST_PAGE`); a page
+    may hold fewer entries, to fit the payload. ``next`` is the page token: send it
+    back as ``start_after`` for the next page; null on the last page. It is a key of
+    the backend, after which the listing resumes (a directory's key ends in ``/``).
 ``{"op": "prefetch", "id": 4, "names": ["BACKEND/KEY", ...]}``
-    ``{"ok": true, "started": N}`` (loading goes on in the daemon)
+    ``{"ok": true, "started": N}``: the daemon loads the objects in the background,
+    a few at a time (``[server] prefetch_per_client``, and ``prefetch_in_flight``
+    for all clients); at most :data:`MAX_PREFETCH_QUEUED` of a connection's names
+    wait at once.
+
+The ``ckpt_*`` requests are written down in :mod:`chunkd.gateway.checkpoint_ops`.
+
+Bounds: every number, count and length a request can name has one, named below
+(``MAX_*``); JSON nested deeper than :data:`MAX_DEPTH`, and the non-numbers
+``NaN`` and ``Infinity``, are refused.
 
 Any request may instead get ``{"ok": false, "error": KIND, "status": HTTP_LIKE,
-"message": TEXT}`` (KIND is the chunkd error class name). A malformed frame closes
-the connection; nothing else is affected.
+"message": TEXT}`` (KIND is the chunkd error class name); a request with arguments
+of the wrong type or out of bounds gets ``InvalidRequestError``, and the connection
+stays. A frame that breaks the framing (lengths over the limits, a payload or fds
+on a request that takes none, a frame cut off) closes the connection; nothing else
+is affected.
 """
 
 from __future__ import annotations
@@ -57,9 +89,15 @@ from typing import Any, Final
 
 __all__ = [
     "INLINE_MAX",
+    "LIST_PAGE",
+    "MAX_DEPTH",
     "MAX_FDS",
     "MAX_HEADER",
+    "MAX_LIST_PAGE",
     "MAX_PAYLOAD",
+    "MAX_PREFETCH_QUEUED",
+    "MAX_RANGES",
+    "MAX_WORLD_SIZE",
     "PREFIX",
     "VERSION",
     "ProtocolError",
@@ -71,13 +109,25 @@ __all__ = [
     "send_frame",
 ]
 
-VERSION: Final = 1
+#: 2: listings come in pages (``start_after``, ``next``); ``readv``; hello first
+VERSION: Final = 2
 PREFIX: Final = struct.Struct(">II")
 MAX_HEADER: Final = 64 * 1024
 MAX_PAYLOAD: Final = 1 << 20
 MAX_FDS: Final = 250  # Linux passes at most 253 fds per message (SCM_MAX_FD)
 #: reads up to this many bytes may be answered inline rather than with fds
 INLINE_MAX: Final = 64 * 1024
+#: entries in a listing page when the request names no limit, and the most it may name
+LIST_PAGE: Final = 1000
+MAX_LIST_PAGE: Final = 10_000
+#: ranges in one ``readv``
+MAX_RANGES: Final = 256
+#: names of one connection waiting to be prefetched
+MAX_PREFETCH_QUEUED: Final = 100_000
+#: ranks of one checkpoint save
+MAX_WORLD_SIZE: Final = 1 << 16
+#: JSON nesting (objects and arrays) in a header
+MAX_DEPTH: Final = 32
 
 
 class ProtocolError(Exception):
@@ -105,14 +155,47 @@ def encode_frame(header: dict[str, Any], payload: bytes | memoryview = b"") -> b
 
 
 def decode_header(raw: bytes) -> dict[str, Any]:
-    """Parse a frame's header; raise :class:`ProtocolError` on anything but a JSON object."""
+    """Parse a frame's header.
+
+    Raises:
+        ProtocolError: it is not a JSON object, nests deeper than :data:`MAX_DEPTH`,
+            or holds ``NaN`` or ``Infinity``.
+    """
+    if raw.count(b"[") + raw.count(b"{") > MAX_DEPTH and _depth(raw) > MAX_DEPTH:
+        raise ProtocolError(f"frame header nests JSON deeper than {MAX_DEPTH} levels")
     try:
-        header = json.loads(raw)
-    except (UnicodeDecodeError, ValueError) as exc:
+        header = json.loads(raw, parse_constant=_no_constant)
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise ProtocolError(f"frame header is not JSON: {exc}") from None
     if not isinstance(header, dict):
         raise ProtocolError("frame header is not a JSON object")
     return header
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number chunkd takes")
+
+
+def _depth(raw: bytes) -> int:
+    """The deepest nesting of JSON objects and arrays in ``raw`` (strings skipped)."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for byte in raw:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif byte == 0x5C:  # backslash
+                escaped = True
+            elif byte == 0x22:  # quote
+                in_string = False
+        elif byte == 0x22:
+            in_string = True
+        elif byte in (0x5B, 0x7B):
+            depth += 1
+            deepest = max(deepest, depth)
+        elif byte in (0x5D, 0x7D):
+            depth -= 1
+    return deepest
 
 
 def check_prefix(header_length: int, payload_length: int) -> None:

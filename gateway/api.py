@@ -6,6 +6,7 @@ Routes::
     GET      /v1/chunks/{id}               a cached chunk by id
     GET      /metrics                      Prometheus text
     POST     /v1/warm/{backend}/{key}      load an object into the cache; NDJSON progress
+    GET      /v1/list/{backend}/{prefix}   one page of a listing: JSON, with a page token
     GET      /v1/stats                     JSON: config (no secrets), tiers, backends
     GET      /healthz                      the process answers
     GET      /readyz                       the index is open and the sites are bound
@@ -42,15 +43,18 @@ from chunkd.cache import ChunkCache, ChunkId
 from chunkd.errors import (
     BackendUnavailableError,
     ChunkdError,
+    InvalidRequestError,
 )
 from chunkd.gateway.backends import Backends
 from chunkd.gateway.checkpoints import Checkpoints
 from chunkd.gateway.config import Config
+from chunkd.gateway.listing import MAX_PAGE, Listings
 from chunkd.gateway.localsock import LocalServer
 from chunkd.gateway.metrics import Metrics
 from chunkd.gateway.peers import Peers
+from chunkd.gateway.prefetch import Prefetcher
 from chunkd.gateway.ranges import RangeNotSatisfiableError, parse_range, resolve
-from chunkd.gateway.readpath import ReadPath
+from chunkd.gateway.readpath import ReadPath, validate_key
 from chunkd.gateway.status import http_status
 from chunkd.gateway.tls import PeerTLS
 
@@ -85,6 +89,8 @@ CACHE: Final = web.AppKey("cache", ChunkCache)
 BACKENDS: Final = web.AppKey("backends", Backends)
 READ_PATH: Final = web.AppKey("read_path", ReadPath)
 CHECKPOINTS: Final = web.AppKey("checkpoints", Checkpoints)
+LISTINGS: Final = web.AppKey("listings", Listings)
+PREFETCHER: Final = web.AppKey("prefetcher", Prefetcher)
 PEERS: Final[web.AppKey[Peers | None]] = web.AppKey("peers")
 PEER_TLS: Final[web.AppKey[PeerTLS | None]] = web.AppKey("peer_tls")
 #: set on a request once its response headers are sent
@@ -119,6 +125,8 @@ def build_app(
     # [\s\S], not ".": a newline in a key must reach the handler and be refused there.
     app.router.add_get(r"/v1/objects/{backend}/{key:[\s\S]*}", _object)
     app.router.add_post(r"/v1/warm/{backend}/{key:[\s\S]*}", _warm)
+    app.router.add_get("/v1/list/{backend}", _list)
+    app.router.add_get(r"/v1/list/{backend}/{prefix:[\s\S]*}", _list)
     app.router.add_get("/v1/peer/chunks/{backend}/{id}", _peer_chunk)
     app.router.add_get(r"/v1/peer/objects/{backend}/{key:[\s\S]*}", _peer_object_chunk)
     return app
@@ -133,10 +141,19 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
     peers = Peers(config.peers, metrics, tls=app[PEER_TLS]) if config.peers.enabled else None
     cache = await ChunkCache.open(config.cache)
     read_path = ReadPath(cache, backends, metrics, peers=peers)
+    listings = Listings(backends, metrics)
+    prefetcher = Prefetcher(
+        read_path,
+        metrics,
+        in_flight=config.server.prefetch_in_flight,
+        per_client=config.server.prefetch_per_client,
+    )
     metrics.watch_cache(cache)
     app[CACHE] = cache
     app[BACKENDS] = backends
     app[READ_PATH] = read_path
+    app[LISTINGS] = listings
+    app[PREFETCHER] = prefetcher
     log.info(
         "cache open",
         extra={"dir": str(config.cache.dir), "backends": [b.name for b in config.backends]},
@@ -151,6 +168,8 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
         read_path,
         metrics,
         checkpoints,
+        listings=listings,
+        prefetcher=prefetcher,
         mode=config.server.socket_mode,
         group=config.server.socket_group,
     )
@@ -165,6 +184,7 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
         await checkpoints.close()
         if peers is not None:
             await peers.close()
+        await prefetcher.close()
         await read_path.close()
         await cache.close()
         raise
@@ -175,6 +195,7 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
         await checkpoints.close()
         if peers is not None:
             await peers.close()
+        await prefetcher.close()
         await read_path.close()
         await backends.close()
         await cache.close()  # finishes disk writes and flushes the index
@@ -408,6 +429,9 @@ async def _object(request: web.Request) -> web.StreamResponse:
         "Content-Type": "application/octet-stream",
         "Content-Length": str(end - start),
     }
+    if stat.stale is not None:  # stale-if-error (RFC 5861): the backend could not re-check it
+        headers["Warning"] = '111 chunkd "Revalidation Failed"'
+        headers["X-Chunkd-Stale"] = str(int(stat.stale))
     status = 200
     if wanted is not None:
         status = 206
@@ -437,12 +461,46 @@ async def _warm(request: web.Request) -> web.StreamResponse:
         loaded += piece.nbytes
         return json.dumps({"loaded": loaded, "size": stat.size}).encode() + b"\n"
 
-    await _send(request, response, read_path.read(stat, 0, stat.size), progress, eof=False)
+    # One of the prefetch slots: `chunkd warm` and `prefetch` share one bound.
+    async with request.app[PREFETCHER].slot():
+        await _send(request, response, read_path.read(stat, 0, stat.size), progress, eof=False)
     name = f"{stat.backend}/{stat.meta.key}"
     done = {"done": True, "name": name, "loaded": loaded, "size": stat.size, "chunks": stat.chunks}
     await response.write(json.dumps(done).encode() + b"\n")
     await response.write_eof()
     return response
+
+
+async def _list(request: web.Request) -> web.Response:
+    """One page of a listing: ``{"entries": [...], "next": TOKEN|null}``.
+
+    Query: ``recursive`` (``true``/``false``), ``start_after`` (the ``next`` of the
+    page before), ``limit`` (1 to 10,000; 1,000 by default). See
+    :mod:`chunkd.gateway.listing` for the entries and the token.
+    """
+    backend = request.match_info["backend"]
+    prefix = request.match_info.get("prefix", "").strip("/")
+    if prefix:
+        validate_key(prefix)
+    query = request.query
+    recursive = query.get("recursive", "false").lower()
+    if recursive not in ("true", "false", "1", "0"):
+        raise InvalidRequestError(f"recursive must be true or false; got {recursive!r}")
+    limit_text = query.get("limit", "1000")
+    if not limit_text.isdigit() or not 1 <= int(limit_text) <= MAX_PAGE:
+        raise InvalidRequestError(f"limit must be a whole number from 1 to {MAX_PAGE}")
+    start_after = query.get("start_after") or None
+    if start_after is not None and len(start_after.encode("utf-8", "surrogatepass")) > 1200:
+        raise InvalidRequestError("start_after is longer than a key can be")
+    page = await request.app[LISTINGS].page(
+        backend,
+        prefix,
+        recursive=recursive in ("true", "1"),
+        start_after=start_after,
+        limit=int(limit_text),
+    )
+    body = {"backend": page.backend, "prefix": prefix, "entries": page.to_json(), "next": page.next}
+    return web.json_response(body, dumps=lambda obj: json.dumps(obj, ensure_ascii=False))
 
 
 async def _send(

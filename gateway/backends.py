@@ -16,10 +16,12 @@ connections, an open circuit) :class:`BackendUnavailableError`.
 from __future__ import annotations
 
 import asyncio
+import builtins
+import functools
 import logging
 import random
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -43,6 +45,7 @@ from chunkd.errors import (
     UnknownBackendError,
     VersionChangedError,
 )
+from chunkd.gateway.filelist import FileLister
 
 if TYPE_CHECKING:
     from obstore import GetOptions
@@ -62,6 +65,8 @@ _COOL_DOWN: Final = 5.0  # seconds an open circuit fails fast
 _BACKOFF_BASE: Final = 0.05
 _BACKOFF_CAP: Final = 2.0
 _LIST_LIMIT: Final = 100_000
+#: objects one listing request asks for (S3's own page size)
+SCAN_BATCH: Final = 1000
 _BODY_DEADLINE: Final = 3600.0  # seconds one response may take in all, a span GET included
 
 
@@ -100,6 +105,9 @@ class Backend:
         # bounded per read and a slow, steady body is never cut off. Local and
         # in-memory stores have no such timeout: their reads stay bounded as a whole.
         self._per_read = config.scheme not in ("file", "memory")
+        # obstore lists a LocalStore in directory order, and filters for an offset
+        # after walking everything: file backends are listed by chunkd itself.
+        self._files = FileLister(config.prefix) if config.scheme == "file" else None
 
     async def head(self, key: str) -> ObjectMeta:
         """Size and version of ``key``.
@@ -272,6 +280,44 @@ class Backend:
             return [], found
 
         return await self._call("list", prefix, call)
+
+    async def scan(
+        self, prefix: str, *, start_after: str | None = None, batch: int = SCAN_BATCH
+    ) -> AsyncGenerator[builtins.list[ObjectMeta], None]:
+        """Every object under ``prefix`` in key order, after ``start_after``, in batches.
+
+        Key order is the UTF-8 byte order of the keys, as S3 lists them, for every
+        kind of backend. ``prefix`` counts whole path segments (``a/b`` holds
+        ``a/b/x``, not ``a/bc``); ``""`` is the whole backend. Each batch is one
+        request (at most ``batch`` objects), retried and counted like any other; the
+        listing holds no more than one batch in memory, however many objects there
+        are, and a caller that stops early stops the listing.
+
+        Raises:
+            BackendForbiddenError, BackendUnavailableError
+        """
+        last = start_after
+        while True:
+            after = last
+            got = await self._call(
+                "list", prefix or "/", functools.partial(self._scan_once, prefix, after, batch)
+            )
+            if got:
+                yield got
+                last = got[-1].key
+            if len(got) < batch:
+                return
+
+    async def _scan_once(
+        self, prefix: str, after: str | None, batch: int
+    ) -> builtins.list[ObjectMeta]:
+        if self._files is not None:
+            found = await asyncio.to_thread(self._files.batch, prefix, after, batch)
+            return [ObjectMeta(f.key, f.size, f.etag, f.etag, f.modified) for f in found]
+        stream = obstore.list(self._store, prefix or None, offset=after, chunk_size=batch)
+        async for metas in stream:
+            return [_meta(m["path"], m) for m in metas]
+        return []
 
     async def _open(self, meta: ObjectMeta, start: int, end: int) -> Any:
         """A ranged GET pinned to ``meta``'s version (If-Match, or a version check)."""

@@ -20,6 +20,9 @@ Every key, with its default (a key left out takes the default)::
     # token = "..."                     # shared secret: clients that are not on loopback
                                         # must send "Authorization: Bearer TOKEN" to every
                                         # data route; unset, they get 403 (never a proxy)
+    prefetch_in_flight = 64             # objects loaded at once for prefetch and warm,
+                                        # over every client together
+    prefetch_per_client = 8             # of those, at once for one client connection
 
     [cache]
     dir = "/var/cache/chunkd"           # index/, chunks/, tmp/ and LOCK live here
@@ -76,6 +79,12 @@ Every key, with its default (a key left out takes the default)::
                                         # stops): a slow, steady body is not cut off;
                                         # writes, HEADs and lists must end within it
     retries = 3                         # per backend request
+    list_revalidate = "30s"             # a listing is answered from the daemon's memory
+                                        # this long (a folder gains new shards); 0: never
+    stale_if_error = "1d"               # with revalidate a duration: a cached object
+                                        # whose version cannot be re-checked (backend
+                                        # down) is still served this long after its last
+                                        # check, marked stale (RFC 5861); 0: never
 
 Relative paths (``socket``, ``dir``) are taken from the working directory when the
 config is loaded. ``endpoint``, ``region``, the credentials and ``allow_http`` apply to
@@ -403,6 +412,13 @@ def _count(value: object, origin: _Origin) -> int:
     return value
 
 
+def _positive_count(value: object, origin: _Origin) -> int:
+    count = _count(value, origin)
+    if count < 1:
+        raise origin.error(value, "is not 1 or more; write a whole number like 8")
+    return count
+
+
 def _size(value: object, origin: _Origin) -> int:
     return _parse_size(value, origin.key, origin.source)
 
@@ -642,6 +658,8 @@ _SERVER_KEYS: Final[dict[str, _Convert]] = {
     "log_format": _choice("json", "text"),
     "log_level": _choice(*_LOG_LEVELS),
     "token": _secret,
+    "prefetch_in_flight": _positive_count,
+    "prefetch_per_client": _positive_count,
 }
 _CACHE_KEYS: Final[dict[str, _Convert]] = {
     "dir": _path,
@@ -668,6 +686,8 @@ _BACKEND_KEYS: Final[dict[str, _Convert]] = {
     "revalidate": _revalidate,
     "timeout": _positive_duration,
     "retries": _count,
+    "list_revalidate": _duration,
+    "stale_if_error": _duration,
 }
 
 
@@ -788,6 +808,10 @@ class ServerConfig:
     #: shared secret non-loopback clients must send on data routes (never shown);
     #: None: data routes answer loopback clients only
     token: Secret | None = None
+    #: objects loaded at once for ``prefetch`` and ``chunkd warm``, all clients together
+    prefetch_in_flight: int = 64
+    #: of those, at once for one client connection (the rest of its names wait)
+    prefetch_per_client: int = 8
 
     def __post_init__(self) -> None:
         _normalize(self, _SERVER_KEYS, "ServerConfig")
@@ -881,6 +905,12 @@ class BackendConfig:
     timeout: float = 30.0
     #: retries of a failed backend request
     retries: int = 3
+    #: seconds a listing is answered from the daemon's memory; 0: always asked
+    list_revalidate: float = 30.0
+    #: seconds after its last successful check that a cached object is still served,
+    #: marked stale, while its version cannot be re-checked (RFC 5861
+    #: ``stale-if-error``); only for a duration ``revalidate``; 0: never
+    stale_if_error: float = 86400.0
 
     def __post_init__(self) -> None:
         source = f"BackendConfig {self.name!r}"

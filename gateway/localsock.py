@@ -23,24 +23,25 @@ from __future__ import annotations
 import array
 import asyncio
 import contextlib
-import fcntl
 import grp
 import json
 import logging
-import mmap
 import os
 import socket
 import stat as statmod
 import struct
+from collections.abc import Awaitable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import chunkd
-from chunkd.cache import ChunkId, ChunkLease
-from chunkd.cache.ram import seal_memfd, seal_memfd_off_loop
 from chunkd.client.protocol import (
     INLINE_MAX,
+    LIST_PAGE,
     MAX_FDS,
+    MAX_LIST_PAGE,
+    MAX_PAYLOAD,
+    MAX_RANGES,
     PREFIX,
     VERSION,
     ProtocolError,
@@ -48,29 +49,49 @@ from chunkd.client.protocol import (
     decode_header,
     encode_frame,
 )
-from chunkd.errors import CheckpointError, ChunkdError, InvalidKeyError
-from chunkd.gateway.checkpoints import Durability, SaveRequest, checkpoint_name
+from chunkd.errors import (
+    ChunkdError,
+    InvalidKeyError,
+    InvalidRequestError,
+    ProtocolVersionError,
+)
+from chunkd.gateway import arguments as arg
+from chunkd.gateway import checkpoint_ops
+from chunkd.gateway.checkpoint_ops import CKPT_OPS, FD_OPS, Answer
 from chunkd.gateway.ranges import InvalidRangeError, RangeNotSatisfiableError
 from chunkd.gateway.readpath import validate_key
-from chunkd.gateway.status import http_status
+from chunkd.gateway.status import error_answer
 
 if TYPE_CHECKING:
     from prometheus_client import Counter, Gauge
 
     from chunkd.gateway.checkpoints import Checkpoints
+    from chunkd.gateway.listing import Listings
     from chunkd.gateway.metrics import Metrics
-    from chunkd.gateway.readpath import ReadPath
+    from chunkd.gateway.prefetch import Prefetcher
+    from chunkd.gateway.readpath import ReadPath, Stat
 
 __all__ = ["LocalServer"]
 
 log = logging.getLogger("chunkd.gateway.local")
 
+T = TypeVar("T")
+
 _CREDS: Final = struct.Struct("3i")  # pid, uid, gid
-_PREFETCH_IN_FLIGHT: Final = 8
-_REQUIRED_SEALS: Final = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE
-#: longest a ckpt_wait request is held before the client asks again
-_WAIT_SLICE: Final = 10.0
-_MAX_LAYOUT: Final = 256 << 20
+#: requests that may wait long: stopped when their client goes away
+_WATCHED: Final = frozenset({"ckpt_commit", "ckpt_wait", "ckpt_gc", "list"})
+_OPS: Final = frozenset({"hello", "stat", "read", "readv", "list", "prefetch"}) | CKPT_OPS
+_NAME_BYTES: Final = 1200  # a backend name, a slash and a key of at most 1024 bytes
+#: what a listing page's entries may take of the payload (the rest is slack)
+_LIST_BYTES: Final = MAX_PAYLOAD - 4096
+
+
+class _Connection:
+    """What the server knows of one client connection."""
+
+    def __init__(self, peer: dict[str, int]) -> None:
+        self.peer = peer
+        self.greeted = False
 
 
 class LocalServer:
@@ -81,6 +102,8 @@ class LocalServer:
         read_path: the daemon's read path.
         metrics: the daemon's metrics.
         checkpoints: the daemon's checkpoint store (the ``ckpt_*`` ops).
+        listings: the listing pages (the ``list`` op).
+        prefetcher: where ``prefetch`` names go.
         mode: the socket's permissions (0660 by default).
         group: the group that owns the socket, or None.
         send_timeout: seconds a send may make no progress before the client is dropped.
@@ -94,6 +117,8 @@ class LocalServer:
         metrics: Metrics,
         checkpoints: Checkpoints | None = None,
         *,
+        listings: Listings,
+        prefetcher: Prefetcher,
         mode: int = 0o660,
         group: str | None = None,
         send_timeout: float = 30.0,
@@ -102,6 +127,8 @@ class LocalServer:
         self.path = Path(path)
         self.read_path = read_path
         self.checkpoints = checkpoints
+        self.listings = listings
+        self.prefetcher = prefetcher
         self.mode = mode
         self.group = group
         self.send_timeout = send_timeout
@@ -109,7 +136,6 @@ class LocalServer:
         self._sock: socket.socket | None = None
         self._accepting: asyncio.Task[None] | None = None
         self._clients: set[asyncio.Task[None]] = set()
-        self._background: set[asyncio.Task[Any]] = set()
         self._requests: Counter = metrics.local_requests
         self._connected: Gauge = metrics.local_clients
         self._malformed: Counter = metrics.local_malformed
@@ -165,9 +191,9 @@ class LocalServer:
         if self._accepting is not None:
             self._accepting.cancel()
             await asyncio.gather(self._accepting, return_exceptions=True)
-        for task in (*self._clients, *self._background):
+        for task in self._clients:
             task.cancel()
-        await asyncio.gather(*self._clients, *self._background, return_exceptions=True)
+        await asyncio.gather(*self._clients, return_exceptions=True)
         if self._sock is not None:
             self._sock.close()
             with contextlib.suppress(FileNotFoundError):
@@ -199,8 +225,8 @@ class LocalServer:
         pid, uid, gid = _CREDS.unpack(
             conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CREDS.size)
         )
-        peer = {"pid": pid, "uid": uid, "gid": gid}
-        log.info("local client connected", extra=peer)
+        client = _Connection({"pid": pid, "uid": uid, "gid": gid})
+        log.info("local client connected", extra=client.peer)
         self._connected.inc()
         try:
             while True:
@@ -208,21 +234,33 @@ class LocalServer:
                 if received is None:
                     return
                 header, request_fds = received
-                op = str(header.get("op"))
+                op = str(header.get("op")) if isinstance(header, dict) else "malformed"
                 self._requests.labels(str(uid), op if op in _OPS else "unknown").inc()
-                await self._answer(conn, header, request_fds)
+                await self._answer(conn, client, header, request_fds)
         except ProtocolError as exc:
             self._malformed.inc()
-            log.warning("local client sent a malformed frame: %s; closing it", exc, extra=peer)
+            log.warning(
+                "local client sent a malformed frame: %s; closing it", exc, extra=client.peer
+            )
         except (ConnectionError, TimeoutError) as exc:
-            log.info("local client went away: %s", exc, extra=peer)
+            log.info("local client went away: %s", exc, extra=client.peer)
+        except Exception:
+            # Never a task exception left unretrieved: a bug is logged, and only this
+            # client's connection pays for it.
+            log.exception("local client: the daemon failed; closing the connection")
         finally:
             self._connected.dec()
             conn.close()
             self._slots.release()
 
-    async def _receive(self, conn: socket.socket) -> tuple[dict[str, Any], list[int]] | None:
-        """The next request and the fds that came with it; None at a clean close."""
+    async def _receive(
+        self, conn: socket.socket
+    ) -> tuple[dict[str, Any] | InvalidRequestError, list[int]] | None:
+        """The next request and the fds that came with it; None at a clean close.
+
+        A frame whose header is not a JSON object chunkd takes (not JSON, nested too
+        deep, NaN) is still a whole frame: it comes back as the error to answer.
+        """
         prefix, fds = await _recv_prefix(conn)
         try:
             if prefix is None:
@@ -233,72 +271,143 @@ class LocalServer:
             _no_payload(payload_length)
             raw = await _recv_exact(conn, header_length, eof_ok=False)
             assert raw is not None
-            return decode_header(raw), fds
         except BaseException:
             _close_all(fds)
             raise
+        try:
+            return decode_header(raw), fds
+        except ProtocolError as exc:
+            return InvalidRequestError(f"the request is not one chunkd takes: {exc}"), fds
 
     async def _answer(
-        self, conn: socket.socket, header: dict[str, Any], request_fds: list[int]
+        self,
+        conn: socket.socket,
+        client: _Connection,
+        header: dict[str, Any] | InvalidRequestError,
+        request_fds: list[int],
     ) -> None:
-        leases: list[ChunkLease] = []
-        fds: list[int] = []
-        owned: list[int] = list(request_fds)  # fds closed after the send
-        payload = b""
+        answer = Answer(request_fds)
+        request_id = header.get("id") if isinstance(header, dict) else None
         try:
             try:
-                if request_fds and header.get("op") not in _FD_OPS:
-                    raise ProtocolError(f"op {header.get('op')!r} takes no fds")
-                response, payload = await self._handle(header, leases, fds, owned, request_fds)
+                response = await self._respond(conn, client, header, answer)
             except ChunkdError as exc:
-                response = _error(exc)
-            response["id"] = header.get("id")
-            response.setdefault("fds", len(fds))
-            await self._send(conn, encode_frame(response, payload), fds)
+                response = error_answer(exc)
+            except (ProtocolError, ConnectionError):
+                raise
+            except Exception as exc:
+                log.exception("local request %r failed", _op_of(header))
+                response = {
+                    "ok": False,
+                    "error": "ChunkdError",
+                    "status": 500,
+                    "message": f"the daemon failed on this request ({exc!r}); its log says more",
+                }
+            response["id"] = request_id
+            response.setdefault("fds", len(answer.fds))
+            await self._send(conn, encode_frame(response, answer.payload), answer.fds)
         finally:
-            for lease in leases:
+            for lease in answer.leases:
                 lease.release()
-            for fd in owned:
-                os.close(fd)
+            _close_all(answer.owned)
+
+    async def _respond(
+        self,
+        conn: socket.socket,
+        client: _Connection,
+        header: dict[str, Any] | InvalidRequestError,
+        answer: Answer,
+    ) -> dict[str, Any]:
+        if isinstance(header, InvalidRequestError):
+            raise header
+        op = header.get("op")
+        if answer.request_fds and op not in FD_OPS:
+            raise ProtocolError(f"op {op!r} takes no fds")
+        if op in _WATCHED:
+            return await self._unless_gone(conn, self._handle(client, header, answer))
+        return await self._handle(client, header, answer)
+
+    async def _unless_gone(self, conn: socket.socket, work: Awaitable[T]) -> T:
+        """``await work``, stopped if the client closes its end meanwhile."""
+        loop = asyncio.get_running_loop()
+        task = asyncio.ensure_future(work)
+        gone: asyncio.Future[None] = loop.create_future()
+        fd = conn.fileno()
+
+        def check() -> None:
+            try:
+                data = conn.recv(1, socket.MSG_PEEK)
+            except BlockingIOError:
+                return
+            except OSError:
+                data = b""
+            if data:
+                loop.remove_reader(fd)  # the client sent more: not gone; stop looking
+            elif not gone.done():
+                gone.set_result(None)
+
+        loop.add_reader(fd, check)
+        try:
+            waits: set[asyncio.Future[Any]] = {task, gone}
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            raise
+        finally:
+            loop.remove_reader(fd)
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            raise ConnectionError("the client went away while its request waited; it was stopped")
+        return task.result()
 
     async def _handle(
-        self,
-        header: dict[str, Any],
-        leases: list[ChunkLease],
-        fds: list[int],
-        owned: list[int],
-        request_fds: list[int],
-    ) -> tuple[dict[str, Any], bytes]:
+        self, client: _Connection, header: dict[str, Any], answer: Answer
+    ) -> dict[str, Any]:
         op = header.get("op")
-        if isinstance(op, str) and op.startswith("ckpt_"):
-            return await self._checkpoint(op, header, leases, fds, owned, request_fds)
-        read_path = self.read_path
         if op == "hello":
+            version = header.get("version")
+            if version != VERSION:
+                raise ProtocolVersionError(
+                    f"this chunkd daemon (chunkd {chunkd.__version__}) speaks local protocol "
+                    f"version {VERSION}; the client speaks {version!r}; install the same "
+                    "chunkd version for the trainers and the daemon"
+                )
+            client.greeted = True
             return {
                 "ok": True,
                 "version": VERSION,
-                "chunk_bytes": read_path.chunk_bytes,
+                "chunk_bytes": self.read_path.chunk_bytes,
                 "daemon": f"chunkd {chunkd.__version__}",
-            }, b""
+            }
+        if not client.greeted:
+            raise InvalidRequestError(
+                f'a connection starts with {{"op": "hello", "version": {VERSION}}}; '
+                f"this one sent {_op_of(header)!r} first"
+            )
         if op == "stat":
-            stat = await read_path.stat(*_split_name(header.get("name")))
-            return self._describe(stat), b""
+            return self._describe(await self.read_path.stat(*_split_name(header.get("name"))))
         if op == "read":
-            return await self._read(header, leases, fds, owned)
+            return await self._read(header, answer)
+        if op == "readv":
+            return await self._readv(header, answer)
         if op == "list":
-            return await self._list(header), b""
+            return await self._list(header, answer)
         if op == "prefetch":
             names = header.get("names")
             if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
-                raise ProtocolError("prefetch wants 'names': a list of strings")
+                raise InvalidRequestError("prefetch wants 'names': a list of strings")
             for name in names:
-                task = asyncio.create_task(self._prefetch(name))
-                self._background.add(task)
-                task.add_done_callback(self._background.discard)
-            return {"ok": True, "started": len(names)}, b""
-        raise ProtocolError(f"unknown op {op!r}")
+                _split_name(name)
+            return {"ok": True, "started": self.prefetcher.submit(client, names)}
+        if isinstance(op, str) and op in CKPT_OPS:
+            if self.checkpoints is None:
+                raise ChunkdError("this daemon serves no checkpoints")
+            return await checkpoint_ops.handle(self.checkpoints, op, header, answer)
+        raise InvalidRequestError(f"unknown op {_op_of(header)!r}")
 
-    def _describe(self, stat: Any) -> dict[str, Any]:
+    def _describe(self, stat: Stat) -> dict[str, Any]:
         backend = self.read_path.backends.get(stat.backend)
         return {
             "ok": True,
@@ -306,11 +415,11 @@ class LocalServer:
             "version": stat.meta.version,
             "chunk_bytes": stat.chunk_bytes,
             "revalidate": backend.config.revalidate,
+            "modified": stat.meta.modified or None,
+            "stale": stat.stale,
         }
 
-    async def _read(
-        self, header: dict[str, Any], leases: list[ChunkLease], fds: list[int], owned: list[int]
-    ) -> tuple[dict[str, Any], bytes]:
+    async def _read(self, header: dict[str, Any], answer: Answer) -> dict[str, Any]:
         offset, length = header.get("offset", 0), header.get("length")
         if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
             raise InvalidRangeError(f"offset must be a whole number >= 0; got {offset!r}")
@@ -327,7 +436,8 @@ class LocalServer:
         response = self._describe(stat) | {"offset": offset, "length": end - offset, "spans": []}
         if end - offset <= INLINE_MAX and header.get("inline", True) is not False:
             chunks = [bytes(piece) async for piece in self.read_path.read(stat, offset, end)]
-            return response | {"inline": True, "fds": 0}, b"".join(chunks)
+            answer.payload = b"".join(chunks)
+            return response | {"inline": True, "fds": 0}
         size = stat.chunk_bytes
         first, last = offset // size, (end - 1) // size
         if last - first + 1 > MAX_FDS:
@@ -336,12 +446,8 @@ class LocalServer:
             )
         index = first
         async for lease in self.read_path.leases(stat, first, last):
-            leases.append(lease)
-            fd = lease.fileno()
-            if fd is None:  # no RAM copy (RAM full of pinned chunks): seal one for it
-                fd = await seal_memfd_off_loop(lease.view())
-                owned.append(fd)
-            fds.append(fd)
+            answer.leases.append(lease)
+            await answer.send_chunk(lease)
             base = index * size
             response["spans"].append(
                 {
@@ -353,165 +459,109 @@ class LocalServer:
                 }
             )
             index += 1
-        return response, b""
+        return response
 
-    async def _list(self, header: dict[str, Any]) -> dict[str, Any]:
-        name = header.get("name")
-        if not isinstance(name, str) or not name.strip("/"):
-            raise InvalidKeyError("a list names 'BACKEND' or 'BACKEND/PREFIX' (a string)")
-        backend_name, _, prefix = name.strip("/").partition("/")
-        backend = self.read_path.backends.get(backend_name)
+    async def _readv(self, header: dict[str, Any], answer: Answer) -> dict[str, Any]:
+        ranges = header.get("ranges")
+        if not isinstance(ranges, list) or not 0 < len(ranges) <= MAX_RANGES:
+            raise InvalidRequestError(
+                f"readv wants 'ranges': a list of 1 to {MAX_RANGES} [name, offset, length]"
+            )
+        asked: list[tuple[str, int, int]] = []
+        for item in ranges:
+            if (
+                not isinstance(item, list)
+                or len(item) != 3
+                or not isinstance(item[0], str)
+                or any(isinstance(n, bool) or not isinstance(n, int) or n < 0 for n in item[1:])
+            ):
+                raise InvalidRequestError(
+                    f"readv: each range is [name, offset, length] with whole numbers >= 0; "
+                    f"got {str(item)[:60]}"
+                )
+            asked.append((item[0], item[1], item[2]))
+        stats = await asyncio.gather(
+            *(self.read_path.stat(*_split_name(name)) for name, _, _ in asked),
+            return_exceptions=True,
+        )
+        planned: list[tuple[Stat, int, int] | BaseException] = []
+        used = 0
+        for (_, offset, length), stat in zip(asked, stats, strict=True):
+            if isinstance(stat, BaseException):
+                planned.append(stat)
+                continue
+            if offset > stat.size:
+                planned.append(
+                    RangeNotSatisfiableError(
+                        f"offset {offset} is past the end of the object ({stat.size} bytes)",
+                        stat.size,
+                    )
+                )
+                continue
+            end = min(stat.size, offset + length)
+            room = MAX_PAYLOAD - used
+            if end - offset > room:
+                if planned:
+                    break  # the rest is asked again
+                end = offset + room
+            planned.append((stat, offset, end))
+            used += end - offset
+        for outcome in planned:
+            if isinstance(outcome, BaseException) and not isinstance(outcome, ChunkdError):
+                raise outcome
+        got = await asyncio.gather(
+            *(self._bytes_of(p) for p in planned if not isinstance(p, BaseException)),
+            return_exceptions=True,
+        )
+        results = iter(got)
+        out: list[dict[str, Any]] = []
+        pieces: list[bytes] = []
+        for outcome in planned:
+            if isinstance(outcome, BaseException):
+                out.append(_range_error(outcome))
+                continue
+            stat, start, end = outcome
+            data = next(results)
+            if isinstance(data, BaseException):
+                if not isinstance(data, ChunkdError):
+                    raise data
+                out.append(_range_error(data))
+                continue
+            pieces.append(data)
+            out.append(
+                {
+                    "size": stat.size,
+                    "version": stat.meta.version,
+                    "offset": start,
+                    "length": end - start,
+                }
+            )
+        answer.payload = b"".join(pieces)
+        return {"ok": True, "answered": len(out), "ranges": out}
+
+    async def _bytes_of(self, planned: tuple[Stat, int, int]) -> bytes:
+        stat, start, end = planned
+        return b"".join([bytes(piece) async for piece in self.read_path.read(stat, start, end)])
+
+    async def _list(self, header: dict[str, Any], answer: Answer) -> dict[str, Any]:
+        name = arg.text(header, "name", max_bytes=_NAME_BYTES).strip("/")
+        if not name:
+            raise InvalidKeyError("a list names 'BACKEND' or 'BACKEND/PREFIX'")
+        backend, _, prefix = name.partition("/")
         if prefix:
             validate_key(prefix)
-        dirs, objects = await backend.list(prefix, recursive=bool(header.get("recursive")))
-        entries: list[dict[str, Any]] = [
-            {"name": f"{backend.name}/{d}", "type": "directory"} for d in dirs
-        ]
-        entries += [
-            {"name": f"{backend.name}/{m.key}", "type": "file", "size": m.size} for m in objects
-        ]
-        return {"ok": True, "entries": entries}
-
-    async def _prefetch(self, name: str) -> None:
-        try:
-            await self.read_path.warm(*_split_name(name))
-        except ChunkdError as exc:
-            log.info("prefetch of %s failed: %s", name, exc)
-
-    # -- checkpoints ----------------------------------------------------------------
-
-    async def _checkpoint(
-        self,
-        op: str,
-        header: dict[str, Any],
-        leases: list[ChunkLease],
-        fds: list[int],
-        owned: list[int],
-        request_fds: list[int],
-    ) -> tuple[dict[str, Any], bytes]:
-        store = self.checkpoints
-        if store is None:
-            raise ChunkdError("this daemon serves no checkpoints")
-        try:
-            return await self._checkpoint_op(store, op, header, leases, fds, owned, request_fds)
-        except ProtocolError as exc:  # a bad checkpoint request is answered, not dropped
-            raise CheckpointError(f"malformed {op} request: {exc}") from None
-
-    async def _checkpoint_op(
-        self,
-        store: Checkpoints,
-        op: str,
-        header: dict[str, Any],
-        leases: list[ChunkLease],
-        fds: list[int],
-        owned: list[int],
-        request_fds: list[int],
-    ) -> tuple[dict[str, Any], bytes]:
-        if op == "ckpt_save":
-            return await self._save(store, header, request_fds), b""
-        if op == "ckpt_wait":
-            job = await store.wait(
-                str(header.get("job")),
-                Durability.parse(header.get("level", "remote")),
-                min(_number(header.get("timeout"), "timeout"), _WAIT_SLICE),
-            )
-            if job.error is not None:
-                return _error(job.error) | {"job": job.describe()}, b""
-            return {"ok": True} | job.describe(), b""
-        if op == "ckpt_commit":
-            extra: dict[str, Any] = {}
-            if request_fds:
-                extra = await asyncio.to_thread(_load_json_fd, request_fds[0])
-                if not isinstance(extra, dict):
-                    raise ProtocolError("ckpt_commit's fd must hold a JSON object")
-            manifest_id = await store.commit(
-                str(header.get("name")),
-                str(header.get("save_id")),
-                int(_number(header.get("world_size"), "world_size")),
-                bool(header.get("overwrite", False)),
-                extra,
-            )
-            return {"ok": True, "manifest_id": manifest_id}, b""
-        if op == "ckpt_manifest":
-            manifest = await store.manifest(str(header.get("name")))
-            fd = await asyncio.to_thread(
-                seal_memfd, memoryview(json.dumps(manifest, separators=(",", ":")).encode())
-            )
-            owned.append(fd)
-            fds.append(fd)
-            return {"ok": True, "fds": 1}, b""
-        if op == "ckpt_chunks":
-            return await self._checkpoint_chunks(store, header, leases, fds, owned), b""
-        if op == "ckpt_list":
-            entries = await store.entries(str(header.get("prefix", "")))
-            return {"ok": True}, json.dumps(entries).encode()
-        if op == "ckpt_delete":
-            return {"ok": True, "removed": await store.delete(str(header.get("name")))}, b""
-        if op == "ckpt_gc":
-            keep = header.get("keep_last")
-            report = await store.gc(
-                str(header.get("target", "")),
-                keep_last=None if keep is None else int(_number(keep, "keep_last")),
-                grace=_number(header.get("grace", 3600), "grace"),
-                dry_run=bool(header.get("dry_run", False)),
-            )
-            return {"ok": True}, json.dumps(report).encode()
-        raise ProtocolError(f"unknown op {op!r}")
-
-    async def _save(
-        self, store: Checkpoints, header: dict[str, Any], request_fds: list[int]
-    ) -> dict[str, Any]:
-        if len(request_fds) != 2:
-            raise ProtocolError("ckpt_save carries two fds: the layout and the staged bytes")
-        layout_fd, data_fd = request_fds
-        layout = await asyncio.to_thread(_load_json_fd, layout_fd)
-        backend, path = checkpoint_name(header.get("name"))
-        if not isinstance(layout, dict):
-            raise ProtocolError("ckpt_save's layout must be a JSON object")
-        request = SaveRequest.from_json(
-            {k: header.get(k) for k in _SAVE_FIELDS if header.get(k) is not None}
-            | {"backend": backend, "path": path}
-            | {"segments": layout.get("segments"), "tree": layout.get("tree")}
+        page = await self.listings.page(
+            backend,
+            prefix,
+            recursive=arg.flag(header, "recursive"),
+            start_after=arg.optional_text(header, "start_after", max_bytes=_NAME_BYTES + 8),
+            limit=arg.whole(header, "limit", low=1, high=MAX_LIST_PAGE, default=LIST_PAGE),
+            max_bytes=_LIST_BYTES,
         )
-        size = _sealed_size(data_fd)
-        # An empty state still gets a mapping (mmap cannot map 0 bytes of a file).
-        data = mmap.mmap(data_fd, size, prot=mmap.PROT_READ) if size else mmap.mmap(-1, 1)
-        try:
-            job = await store.save(request, data, size)
-        except BaseException:
-            data.close()
-            raise
-        return {"ok": True} | job.describe()
-
-    async def _checkpoint_chunks(
-        self,
-        store: Checkpoints,
-        header: dict[str, Any],
-        leases: list[ChunkLease],
-        fds: list[int],
-        owned: list[int],
-    ) -> dict[str, Any]:
-        ids = header.get("ids")
-        if not isinstance(ids, list) or len(ids) > MAX_FDS:
-            raise ProtocolError(f"ckpt_chunks wants 'ids': a list of at most {MAX_FDS} chunk ids")
-        backend = str(header.get("backend"))
-        wanted = [ChunkId.parse(str(i)) for i in ids]
-        got = await asyncio.gather(
-            *(store.chunk(backend, c) for c in wanted), return_exceptions=True
-        )
-        leases.extend(g for g in got if isinstance(g, ChunkLease))
-        for outcome in got:
-            if isinstance(outcome, BaseException):
-                raise outcome
-        sizes = []
-        for lease in leases:
-            fd = lease.fileno()
-            if fd is None:
-                fd = await seal_memfd_off_loop(lease.view())
-                owned.append(fd)
-            fds.append(fd)
-            sizes.append(lease.size)
-        return {"ok": True, "sizes": sizes}
+        answer.payload = json.dumps(
+            page.to_json(), ensure_ascii=False, separators=(",", ":")
+        ).encode()
+        return {"ok": True, "count": len(page.entries), "next": page.next}
 
     async def _send(self, conn: socket.socket, data: bytes, fds: list[int]) -> None:
         """Send ``data`` with ``fds`` on its first byte; drop a client that stalls."""
@@ -528,73 +578,15 @@ class LocalServer:
             view = view[sent:]
 
 
-_CKPT_OPS: Final = frozenset(
-    {
-        "ckpt_save",
-        "ckpt_wait",
-        "ckpt_commit",
-        "ckpt_manifest",
-        "ckpt_chunks",
-        "ckpt_list",
-        "ckpt_delete",
-        "ckpt_gc",
-    }
-)
-_OPS: Final = frozenset({"hello", "stat", "read", "list", "prefetch"}) | _CKPT_OPS
-_FD_OPS: Final = frozenset({"ckpt_save", "ckpt_commit"})
-_SAVE_FIELDS: Final = (
-    "save_id",
-    "rank",
-    "world_size",
-    "durability",
-    "overwrite",
-    "commit",
-    "step",
-)
+def _op_of(header: object) -> str:
+    op = header.get("op") if isinstance(header, dict) else None
+    return op[:40] if isinstance(op, str) else repr(op)[:40]
 
 
-def _error(exc: ChunkdError) -> dict[str, Any]:
-    out = {
-        "ok": False,
-        "error": type(exc).__name__,
-        "status": http_status(exc),
-        "message": str(exc),
-    }
-    chunk = getattr(exc, "chunk_id", None)
-    if chunk is not None:
-        out["chunk"] = chunk
-    return out
-
-
-def _number(value: object, what: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-        raise ProtocolError(f"{what} must be a number >= 0; got {value!r}")
-    return float(value)
-
-
-def _sealed_size(fd: int) -> int:
-    """The size of a memfd sealed against writes and resizes; ProtocolError otherwise."""
-    try:
-        seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
-    except OSError:
-        raise ProtocolError("a checkpoint fd must be a memfd") from None
-    if seals & _REQUIRED_SEALS != _REQUIRED_SEALS:
-        raise ProtocolError(
-            "a checkpoint fd must be sealed (F_SEAL_WRITE, F_SEAL_SHRINK, F_SEAL_GROW): "
-            "its bytes could otherwise change after they were hashed"
-        )
-    return os.fstat(fd).st_size
-
-
-def _load_json_fd(fd: int) -> Any:
-    size = _sealed_size(fd)
-    if size > _MAX_LAYOUT:
-        raise ProtocolError(f"a JSON fd of {size} bytes exceeds {_MAX_LAYOUT}")
-    raw = os.pread(fd, size, 0)
-    try:
-        return json.loads(raw)
-    except ValueError as exc:
-        raise ProtocolError(f"a JSON fd does not hold JSON: {exc}") from None
+def _range_error(exc: BaseException) -> dict[str, Any]:
+    body = error_answer(exc)
+    del body["ok"]
+    return body
 
 
 def _no_payload(length: int) -> None:

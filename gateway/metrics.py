@@ -130,6 +130,62 @@ class Metrics:
         self.readahead_chunks = Counter(
             "chunkd_readahead_chunks", "Chunks fetched ahead of sequential readers", registry=r
         )
+        self.list_requests = Counter(
+            "chunkd_list_requests",
+            "Listing pages answered, by backend and where the page came from (cache, backend)",
+            ["backend", "source"],
+            registry=r,
+        )
+        self.list_entries = Counter(
+            "chunkd_list_entries",
+            "Entries (objects and directories) in the listing pages answered",
+            ["backend"],
+            registry=r,
+        )
+        self.list_cached_entries = Gauge(
+            "chunkd_list_cache_entries", "Entries held by the listing cache", registry=r
+        )
+        self.prefetch_objects = Counter(
+            "chunkd_prefetch_objects",
+            "Objects loaded ahead of a job (prefetch and warm), by outcome",
+            ["outcome"],
+            registry=r,
+        )
+        self.prefetch_in_flight = Gauge(
+            "chunkd_prefetch_in_flight", "Objects being prefetched right now", registry=r
+        )
+        self.prefetch_in_flight_max = Gauge(
+            "chunkd_prefetch_in_flight_max",
+            "The most objects prefetched at once since the daemon started",
+            registry=r,
+        )
+        self.prefetch_queued = Gauge(
+            "chunkd_prefetch_queued", "Object names waiting for a prefetch slot", registry=r
+        )
+        self.stale_served = Counter(
+            "chunkd_stale_served",
+            "Object versions served stale because the backend could not re-check them "
+            "(stale-if-error)",
+            ["backend"],
+            registry=r,
+        )
+        self.rejected_keys = Counter(
+            "chunkd_backend_rejected_keys",
+            "Requests a backend refused for their own key (too long, invalid for that "
+            "store): answered 4xx, never counted against the backend's health",
+            ["backend"],
+            registry=r,
+        )
+        self.malformed_http = Counter(
+            "chunkd_http_malformed_requests",
+            "HTTP requests refused before routing (bad request line, headers or framing)",
+            registry=r,
+        )
+        self.gc_barrier_waits = Counter(
+            "chunkd_checkpoint_gc_barrier_waits",
+            "Saves that waited for a garbage collection in progress before deduplicating",
+            registry=r,
+        )
 
     def watch_cache(self, cache: ChunkCache) -> None:
         """Export ``cache``'s counters and gauges at every scrape."""

@@ -106,6 +106,9 @@ class Stat:
     backend: str
     meta: ObjectMeta
     chunk_bytes: int
+    #: served stale (stale-if-error): seconds since the version was last checked;
+    #: None: the version is fresh
+    stale: float | None = None
 
     @property
     def size(self) -> int:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Any, Final
 
 from chunkd.errors import (
     BackendForbiddenError,
@@ -14,7 +14,9 @@ from chunkd.errors import (
     IntegrityError,
     InvalidChunkIdError,
     InvalidKeyError,
+    InvalidRequestError,
     ObjectNotFoundError,
+    ProtocolVersionError,
     ReadOnlyBackendError,
     UnknownBackendError,
     UnsupportedStateError,
@@ -22,7 +24,7 @@ from chunkd.errors import (
 )
 from chunkd.gateway.ranges import InvalidRangeError, RangeNotSatisfiableError
 
-__all__ = ["http_status"]
+__all__ = ["error_answer", "http_status"]
 
 # (status, kind) per error class, most specific first.
 STATUS: Final[list[tuple[type[BaseException], int]]] = [
@@ -35,6 +37,8 @@ STATUS: Final[list[tuple[type[BaseException], int]]] = [
     (ChunkNotFoundError, 404),
     (InvalidKeyError, 400),
     (InvalidChunkIdError, 400),
+    (InvalidRequestError, 400),
+    (ProtocolVersionError, 400),
     (InvalidRangeError, 400),
     (RangeNotSatisfiableError, 416),
     (BackendForbiddenError, 403),
@@ -48,3 +52,18 @@ STATUS: Final[list[tuple[type[BaseException], int]]] = [
 def http_status(exc: BaseException) -> int:
     """The status for ``exc`` (500 for anything the table does not name)."""
     return next((code for cls, code in STATUS if isinstance(exc, cls)), 500)
+
+
+def error_answer(exc: BaseException) -> dict[str, Any]:
+    """The error answer of the local socket: kind, HTTP-like status, message, and the
+    chunk id when the error names one."""
+    out: dict[str, Any] = {
+        "ok": False,
+        "error": type(exc).__name__,
+        "status": http_status(exc),
+        "message": str(exc),
+    }
+    chunk = getattr(exc, "chunk_id", None)
+    if chunk is not None:
+        out["chunk"] = chunk
+    return out

@@ -598,7 +598,8 @@ def test_reads_equal_the_file_bytes(node: Node) -> None:
         assert bytes(client.read("local/small.txt", 6, 6)) == b"chunkd"
 
         st = client.stat("local/big.bin")
-        assert st == ObjectStat("local/big.bin", BIG, st.version, 4 * MiB, 3)
+        assert st == ObjectStat("local/big.bin", BIG, st.version, 4 * MiB, 3, st.modified)
+        assert st.modified == pytest.approx((node.data / "big.bin").stat().st_mtime, abs=1e-5)
 
         numbers = as_numpy(client.read("local/big.bin", 0, 4096), dtype="<u4")
         assert numbers.shape == (1024,)

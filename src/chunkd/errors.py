@@ -30,7 +30,9 @@ __all__ = [
     "InvalidChunkIdError",
     "InvalidKeyError",
     "InvalidRangeError",
+    "InvalidRequestError",
     "ObjectNotFoundError",
+    "ProtocolVersionError",
     "RangeNotSatisfiableError",
     "ReadOnlyBackendError",
     "TierUnavailableError",
@@ -102,6 +104,16 @@ class BackendForbiddenError(BackendError, PermissionError):
 
 class VersionChangedError(BackendError):
     """The object changed between chunkd's HEAD and its ranged GET (If-Match failed)."""
+
+
+class InvalidRequestError(ChunkdError, ValueError):
+    """A well-formed request with arguments chunkd refuses: a wrong type, a number out of
+    bounds, nesting too deep. The request is answered with this error; the connection
+    stays."""
+
+
+class ProtocolVersionError(ChunkdError, RuntimeError):
+    """The client and the daemon speak different versions of the local protocol."""
 
 
 class InvalidRangeError(ChunkdError, ValueError):

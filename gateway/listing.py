@@ -1,0 +1,244 @@
+"""Listings in pages, of any size, for every door: the local socket, HTTP, the S3 front.
+
+A listing is read as a series of pages. Each page is answered from one streamed,
+recursive listing of the backend (:meth:`Backend.scan`, in key order), which chunkd
+groups by ``/`` itself, so no page holds more than its own entries in memory,
+however many objects the backend has (obstore's ``list_with_delimiter`` reads a
+whole level at once).
+
+The page token
+    A page that is not the last carries ``next``: give it back as ``start_after``
+    for the following page. It is a key of the backend: the last object key of the
+    page, or, when the page ends on a directory, that directory's key followed by
+    ``/`` (everything under it was folded into the one entry, and is skipped). Any
+    key serves as ``start_after``: a listing resumes after it, in key order (the
+    UTF-8 byte order S3 lists in). The last page has ``next`` None.
+
+Grouping
+    One level (not ``recursive``): the objects directly under the prefix, and one
+    ``directory`` entry per name that has objects below it. The keys under a
+    directory already folded are skipped; when more than a batch of them go by, the
+    scan starts again after the directory instead of reading through it.
+
+Caching
+    Pages are kept in memory per backend for its ``list_revalidate`` seconds
+    (objects are often immutable, but a folder gains new shards), within
+    :data:`CACHE_ENTRIES` entries in all; concurrent requests for one page make one
+    backend listing. Listings that must see the backend as it is now (garbage
+    collection, a commit's poll for parts, the checkpoint catalog) call
+    :meth:`Backend.scan` and never read this cache.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final, Literal
+
+from chunkd.cache.singleflight import SingleFlight
+from chunkd.gateway.backends import SCAN_BATCH, ObjectMeta
+
+if TYPE_CHECKING:
+    from chunkd.gateway.backends import Backend, Backends
+    from chunkd.gateway.metrics import Metrics
+
+__all__ = ["CACHE_ENTRIES", "MAX_PAGE", "ListEntry", "ListPage", "Listings"]
+
+#: the most entries one page may hold
+MAX_PAGE: Final = 10_000
+#: entries kept by the listing cache, all backends together (a few hundred bytes each)
+CACHE_ENTRIES: Final = 1 << 18
+#: sorts after every character a key can hold: a scan from ``d/`` + this skips ``d/``
+_PAST: Final = "\U0010ffff"
+
+
+@dataclass(frozen=True, slots=True)
+class ListEntry:
+    """One entry of a listing: an object, or a directory (a key prefix up to a ``/``)."""
+
+    #: the object's key, or the directory's key without its trailing ``/``
+    key: str
+    type: Literal["file", "directory"]
+    size: int = 0
+    #: the object's version token (None for a directory)
+    version: str | None = None
+    #: when the object was last written, seconds since the epoch (None: unknown)
+    modified: float | None = None
+
+    @property
+    def token(self) -> str:
+        """The ``start_after`` that resumes a listing after this entry."""
+        return self.key + "/" if self.type == "directory" else self.key
+
+    def to_json(self, backend: str) -> dict[str, Any]:
+        """The entry as the doors answer it, named ``BACKEND/KEY``."""
+        if self.type == "directory":
+            return {"name": f"{backend}/{self.key}", "type": "directory"}
+        return {
+            "name": f"{backend}/{self.key}",
+            "type": "file",
+            "size": self.size,
+            "version": self.version,
+            "modified": self.modified,
+        }
+
+    @classmethod
+    def of(cls, meta: ObjectMeta) -> ListEntry:
+        """An object's entry."""
+        return cls(meta.key, "file", meta.size, meta.version, meta.modified or None)
+
+
+@dataclass(frozen=True, slots=True)
+class ListPage:
+    """One page of a listing."""
+
+    backend: str
+    entries: tuple[ListEntry, ...]
+    #: ``start_after`` for the next page; None: this is the last
+    next: str | None
+
+    def to_json(self) -> list[dict[str, Any]]:
+        """The entries as the doors answer them."""
+        return [e.to_json(self.backend) for e in self.entries]
+
+
+_Key = tuple[str, str, bool, str | None, int, int]
+
+
+class Listings:
+    """Pages of listings, cached per backend. See the module docstring.
+
+    Args:
+        backends: the configured backends (the allowlist).
+        metrics: where pages and entries are counted.
+        cache_entries: the most entries the cache holds.
+    """
+
+    def __init__(
+        self, backends: Backends, metrics: Metrics, *, cache_entries: int = CACHE_ENTRIES
+    ) -> None:
+        self.backends = backends
+        self.metrics = metrics
+        self.cache_entries = cache_entries
+        self._cache: OrderedDict[_Key, tuple[float, ListPage]] = OrderedDict()
+        self._cached = 0
+        self._flights: SingleFlight[_Key, ListPage] = SingleFlight()
+
+    async def page(
+        self,
+        backend_name: str,
+        prefix: str,
+        *,
+        recursive: bool = False,
+        start_after: str | None = None,
+        limit: int = 1000,
+        max_bytes: int = 1 << 24,
+    ) -> ListPage:
+        """One page of the listing of ``prefix`` (``""``: the whole backend).
+
+        ``prefix`` names a directory: ``a/b`` lists ``a/b/...``, never ``a/bc``.
+        The page holds at most ``limit`` entries, and entries of about ``max_bytes``
+        encoded in all (at least one).
+
+        Raises:
+            UnknownBackendError, BackendForbiddenError, BackendUnavailableError
+        """
+        backend = self.backends.get(backend_name)
+        base = prefix.strip("/")
+        top = f"{base}/" if base else ""
+        limit = max(1, min(limit, MAX_PAGE))
+        key: _Key = (backend.name, top, recursive, start_after, limit, max_bytes)
+        ttl = backend.config.list_revalidate
+        cached = self._cache.get(key)
+        if cached is not None:
+            if time.monotonic() < cached[0]:
+                self._cache.move_to_end(key)
+                self._counted(backend.name, "cache", cached[1])
+                return cached[1]
+            self._forget(key)
+        page = await self._flights.run(
+            key, lambda: self._read(backend, top, recursive, start_after, limit, max_bytes)
+        )
+        self._counted(backend.name, "backend", page)
+        if ttl > 0 and key not in self._cache:
+            self._keep(key, time.monotonic() + ttl, page)
+        return page
+
+    def _counted(self, backend: str, source: str, page: ListPage) -> None:
+        self.metrics.list_requests.labels(backend, source).inc()
+        self.metrics.list_entries.labels(backend).inc(len(page.entries))
+
+    async def _read(
+        self,
+        backend: Backend,
+        top: str,
+        recursive: bool,
+        start_after: str | None,
+        limit: int,
+        max_bytes: int,
+    ) -> ListPage:
+        entries: list[ListEntry] = []
+        used = 0
+        after = start_after
+        if after is not None and after < top:
+            after = None  # the token lies before the prefix: start at its beginning
+        if not recursive and after is not None and after.endswith("/"):
+            after += _PAST  # the page ended on a directory: skip everything under it
+        folded: str | None = None  # the directory whose keys are being skipped
+        skipped = 0
+        while True:
+            restart = None
+            scan = backend.scan(top, start_after=after)
+            async with contextlib.aclosing(scan):
+                async for batch in scan:
+                    for meta in batch:
+                        entry: ListEntry
+                        if recursive:
+                            entry = ListEntry.of(meta)
+                        else:
+                            rest = meta.key[len(top) :]
+                            slash = rest.find("/")
+                            if slash < 0:
+                                entry = ListEntry.of(meta)
+                            else:
+                                name = top + rest[:slash]
+                                if name == folded:
+                                    skipped += 1
+                                    if skipped > SCAN_BATCH:
+                                        restart = name + "/" + _PAST
+                                        break
+                                    continue
+                                folded, skipped = name, 0
+                                entry = ListEntry(name, "directory")
+                        cost = _cost(entry)
+                        if len(entries) >= limit or (entries and used + cost > max_bytes):
+                            return ListPage(backend.name, tuple(entries), entries[-1].token)
+                        entries.append(entry)
+                        used += cost
+                    if restart is not None:
+                        break
+            if restart is None:
+                return ListPage(backend.name, tuple(entries), None)
+            after, skipped = restart, 0
+
+    def _keep(self, key: _Key, expires: float, page: ListPage) -> None:
+        if len(page.entries) > self.cache_entries:
+            return
+        self._cache[key] = (expires, page)
+        self._cached += len(page.entries)
+        while self._cached > self.cache_entries:
+            self._forget(next(iter(self._cache)))
+        self.metrics.list_cached_entries.set(self._cached)
+
+    def _forget(self, key: _Key) -> None:
+        dropped = self._cache.pop(key, None)
+        if dropped is not None:
+            self._cached -= len(dropped[1].entries)
+            self.metrics.list_cached_entries.set(self._cached)
+
+
+def _cost(entry: ListEntry) -> int:
+    """An upper bound of the entry's encoded size (JSON escapes at most double a key)."""
+    return 2 * len(entry.key.encode("utf-8", "surrogatepass")) + 2 * len(entry.version or "") + 96

@@ -712,12 +712,35 @@ class Client:
         reply, payload, fds = self._request(request, f"a list of {prefix}")
         _close_fds(fds)
         try:
-            entries: list[dict[str, Any]] = json.loads(payload) if payload else []
-            token = reply.get("next")
-        except ValueError as exc:
-            raise protocol.ProtocolError(f"the daemon's listing of {prefix} is not JSON") from exc
-        if not isinstance(entries, list) or len(entries) != reply.get("count", len(entries)):
-            raise protocol.ProtocolError(f"the daemon's listing page of {prefix} is malformed")
+            page = json.loads(payload)
+            backend = str(page["backend"])
+            keys, sizes = page["keys"], page["sizes"]
+            versions, modified = page["versions"], page["modified"]
+            dirs = set(page["dirs"])
+            entries = [
+                {"name": f"{backend}/{key}", "type": "directory"}
+                if i in dirs
+                else {
+                    "name": f"{backend}/{key}",
+                    "type": "file",
+                    "size": size,
+                    "version": version,
+                    "modified": when,
+                }
+                for i, (key, size, version, when) in enumerate(
+                    zip(keys, sizes, versions, modified, strict=True)
+                )
+            ]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise protocol.ProtocolError(
+                f"the daemon's listing page of {prefix} is malformed: {exc}"
+            ) from None
+        if len(entries) != reply.get("count"):
+            raise protocol.ProtocolError(
+                f"the daemon's listing page of {prefix} holds {len(entries)} entries, "
+                f"not the {reply.get('count')} it says"
+            )
+        token = reply.get("next")
         return entries, token if isinstance(token, str) else None
 
     def read_ranges(self, ranges: Iterable[tuple[str, int, int]]) -> list[bytes | ChunkdError]:

@@ -49,13 +49,17 @@ example a listing cut to its first page). Requests:
     daemon then cuts to fit); the client asks again for the rest.
 ``{"op": "list", "id": 5, "name": "BACKEND[/PREFIX]", "recursive": false,
 "start_after": KEY|null, "limit": N|null}``
-    One page of a listing: ``{"ok": true, "count": N, "next": KEY|null}`` and the
-    payload a JSON array of ``{"name": "BACKEND/KEY", "type": "file", "size": S,
-    "version": V, "modified": T}`` and ``{"name": "BACKEND/DIR", "type":
-    "directory"}``, in key order: one level, or every object below when recursive.
-    ``limit`` is at most :data:`MAX_LIST_PAGE` (default :data:`LIST_PAGE`); a page
-    may hold fewer entries, to fit the payload. ``next`` is the page token: send it
-    back as ``start_after`` for the next page; null on the last page. It is a key of
+    One page of a listing, in key order: one level (objects, and the directories
+    that hold more), or every object below when recursive. The answer is
+    ``{"ok": true, "count": N, "next": KEY|null}`` and a payload, one JSON object
+    with the entries by column: ``{"backend": B, "keys": [KEY, ...], "sizes": [S,
+    ...], "versions": [V, ...], "modified": [T, ...], "dirs": [I, ...]}``, where
+    entry ``i`` is ``BACKEND/keys[i]``, ``dirs`` lists the positions of the
+    directories (whose size is 0 and version and time null), and ``modified`` is
+    seconds since the epoch. ``limit`` is at most :data:`MAX_LIST_PAGE` (default
+    :data:`LIST_PAGE`); a page may hold fewer entries, to fit the payload. ``next``
+    is the page token: send it back as ``start_after`` for the next page; null on
+    the last page (a full page may be followed by an empty last one). It is a key of
     the backend, after which the listing resumes (a directory's key ends in ``/``).
 ``{"op": "prefetch", "id": 4, "names": ["BACKEND/KEY", ...]}``
     ``{"ok": true, "started": N}``: the daemon loads the objects in the background,

@@ -185,6 +185,7 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
         if peers is not None:
             await peers.close()
         await prefetcher.close()
+        await listings.close()
         await read_path.close()
         await cache.close()
         raise
@@ -196,6 +197,7 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
         if peers is not None:
             await peers.close()
         await prefetcher.close()
+        await listings.close()
         await read_path.close()
         await backends.close()
         await cache.close()  # finishes disk writes and flushes the index

@@ -22,7 +22,6 @@ import logging
 import random
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable
-from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, TypeVar
@@ -46,6 +45,7 @@ from chunkd.errors import (
     VersionChangedError,
 )
 from chunkd.gateway.filelist import FileLister
+from chunkd.gateway.objects import ObjectMeta
 
 if TYPE_CHECKING:
     from obstore import GetOptions
@@ -68,20 +68,6 @@ _LIST_LIMIT: Final = 100_000
 #: objects one listing request asks for (S3's own page size)
 SCAN_BATCH: Final = 1000
 _BODY_DEADLINE: Final = 3600.0  # seconds one response may take in all, a span GET included
-
-
-@dataclass(frozen=True, slots=True)
-class ObjectMeta:
-    """What a HEAD tells about one object version."""
-
-    key: str
-    size: int
-    #: the version token: the ETag, or size and mtime where a store has no ETag
-    version: str
-    #: the ETag to send as If-Match, when the store has one
-    etag: str | None
-    #: when the object was last written (seconds since the epoch; 0 when unknown)
-    modified: float = 0.0
 
 
 class Backend:
@@ -312,8 +298,7 @@ class Backend:
         self, prefix: str, after: str | None, batch: int
     ) -> builtins.list[ObjectMeta]:
         if self._files is not None:
-            found = await asyncio.to_thread(self._files.batch, prefix, after, batch)
-            return [ObjectMeta(f.key, f.size, f.etag, f.etag, f.modified) for f in found]
+            return await asyncio.to_thread(self._files.batch, prefix, after, batch)
         stream = obstore.list(self._store, prefix or None, offset=after, chunk_size=batch)
         async for metas in stream:
             return [_meta(m["path"], m) for m in metas]

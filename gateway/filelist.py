@@ -29,26 +29,17 @@ import re
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Final, NamedTuple
+from typing import Final
 
-__all__ = ["FileLister", "FileMeta"]
+from chunkd.gateway.objects import ObjectMeta
+
+__all__ = ["FileLister"]
 
 #: directories with at least this many entries are kept sorted between pages
 _CACHE_FROM: Final = 256
 #: names kept in all by one lister's directory cache (about 100 bytes each)
 _CACHE_NAMES: Final = 1 << 20
 _STAGING: Final = re.compile(r".*#[0-9]+")
-
-
-class FileMeta(NamedTuple):
-    """One file as obstore's LocalStore describes it."""
-
-    key: str
-    size: int
-    #: the ETag LocalStore gives it: ``"INODE-MTIME_US-SIZE"``, in hex, quoted
-    etag: str
-    #: the mtime, seconds since the epoch (microseconds, as LocalStore has it)
-    modified: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,7 +66,7 @@ class FileLister:
         self._cached_names = 0
         self._lock = threading.Lock()
 
-    def batch(self, prefix: str, start_after: str | None, limit: int) -> list[FileMeta]:
+    def batch(self, prefix: str, start_after: str | None, limit: int) -> list[ObjectMeta]:
         """Up to ``limit`` files under ``prefix``, after the key ``start_after``.
 
         ``prefix`` counts whole path segments, as obstore's does: ``a/b`` holds
@@ -88,11 +79,11 @@ class FileLister:
             if after > top:
                 return []  # the token is past everything under the prefix
             after = ""
-        out: list[FileMeta] = []
+        out: list[ObjectMeta] = []
         self._walk(top, after[len(top) :], limit, out)
         return out
 
-    def _walk(self, rel: str, after: str, limit: int, out: list[FileMeta]) -> None:
+    def _walk(self, rel: str, after: str, limit: int, out: list[ObjectMeta]) -> None:
         """Append files under directory ``rel`` (``""`` or ``"a/b/"``) whose key,
         relative to it, sorts after ``after``, until ``out`` holds ``limit``."""
         listing = self._read(rel)
@@ -103,26 +94,37 @@ class FileLister:
         if after and start and dirs[start - 1] and after.startswith(keys[start - 1]):
             inner = keys[start - 1]  # the token lies inside this directory: resume there
             self._walk(rel + inner, after[len(inner) :], limit, out)
-        for i in range(start, len(keys)):
-            if len(out) >= limit:
-                return
-            if dirs[i]:
-                self._walk(rel + keys[i], "", limit, out)
-                continue
-            meta = self._meta(rel + keys[i])
-            if meta is not None:
-                out.append(meta)
-
-    def _meta(self, key: str) -> FileMeta | None:
+        if start >= len(keys) or len(out) >= limit:
+            return
         try:
-            st = os.stat(os.path.join(self.root, key))
+            fd = os.open(self._path(rel), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         except OSError:
-            return None  # removed meanwhile, or a dangling link
-        micros = st.st_mtime_ns // 1000
-        return FileMeta(key, st.st_size, f'"{st.st_ino:x}-{micros:x}-{st.st_size:x}"', micros / 1e6)
+            return  # removed meanwhile
+        try:
+            stat = os.stat
+            for i in range(start, len(keys)):
+                if len(out) >= limit:
+                    return
+                name = keys[i]
+                if dirs[i]:
+                    self._walk(rel + name, "", limit, out)
+                    continue
+                try:
+                    st = stat(name, dir_fd=fd)
+                except OSError:
+                    continue  # removed meanwhile, or a dangling link
+                micros = st.st_mtime_ns // 1000
+                size = st.st_size
+                etag = f'"{st.st_ino:x}-{micros:x}-{size:x}"'
+                out.append(ObjectMeta(rel + name, size, etag, etag, micros / 1e6))
+        finally:
+            os.close(fd)
+
+    def _path(self, rel: str) -> str:
+        return f"{self.root}/{rel}" if rel else self.root
 
     def _read(self, rel: str) -> _Dir | None:
-        path = os.path.join(self.root, rel) if rel else self.root
+        path = self._path(rel)
         try:
             st = os.stat(path)
         except OSError:

@@ -7,8 +7,9 @@ however many objects the backend has (obstore's ``list_with_delimiter`` reads a
 whole level at once).
 
 The page token
-    A page that is not the last carries ``next``: give it back as ``start_after``
-    for the following page. It is a key of the backend: the last object key of the
+    A page that may not be the last carries ``next``: give it back as
+    ``start_after`` for the following page (a full page may be followed by an empty
+    last one). It is a key of the backend: the last object key of the
     page, or, when the page ends on a directory, that directory's key followed by
     ``/`` (everything under it was folded into the one entry, and is skipped). Any
     key serves as ``start_after``: a listing resumes after it, in key order (the
@@ -19,6 +20,12 @@ Grouping
     ``directory`` entry per name that has objects below it. The keys under a
     directory already folded are skipped; when more than a batch of them go by, the
     scan starts again after the directory instead of reading through it.
+
+Read-ahead
+    Once a page that has a next is answered, the next page is read in the
+    background, so the backend (or the disk) works while the client decodes: a long
+    listing costs about the larger of the two, not their sum. A page read ahead is
+    served once when the backend caches no listings (``list_revalidate = 0``).
 
 Caching
     Pages are kept in memory per backend for its ``list_revalidate`` seconds
@@ -31,13 +38,16 @@ Caching
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import logging
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal, NamedTuple
 
 from chunkd.cache.singleflight import SingleFlight
+from chunkd.errors import ChunkdError
 from chunkd.gateway.backends import SCAN_BATCH, ObjectMeta
 
 if TYPE_CHECKING:
@@ -46,16 +56,21 @@ if TYPE_CHECKING:
 
 __all__ = ["CACHE_ENTRIES", "MAX_PAGE", "ListEntry", "ListPage", "Listings"]
 
+log = logging.getLogger("chunkd.gateway.listing")
+
 #: the most entries one page may hold
 MAX_PAGE: Final = 10_000
 #: entries kept by the listing cache, all backends together (a few hundred bytes each)
-CACHE_ENTRIES: Final = 1 << 18
+CACHE_ENTRIES: Final = 1 << 17
 #: sorts after every character a key can hold: a scan from ``d/`` + this skips ``d/``
 _PAST: Final = "\U0010ffff"
+#: pages read ahead at once, all listings together
+_AHEAD_TASKS: Final = 64
+#: seconds a page read ahead waits for its reader when listings are not cached
+_AHEAD_TTL: Final = 10.0
 
 
-@dataclass(frozen=True, slots=True)
-class ListEntry:
+class ListEntry(NamedTuple):
     """One entry of a listing: an object, or a directory (a key prefix up to a ``/``)."""
 
     #: the object's key, or the directory's key without its trailing ``/``
@@ -100,8 +115,20 @@ class ListPage:
     next: str | None
 
     def to_json(self) -> list[dict[str, Any]]:
-        """The entries as the doors answer them."""
+        """The entries as the doors answer them, one object each."""
         return [e.to_json(self.backend) for e in self.entries]
+
+    def columns(self) -> dict[str, Any]:
+        """The entries by column, as the local socket sends them (see its ``list``)."""
+        entries = self.entries
+        return {
+            "backend": self.backend,
+            "keys": [e.key for e in entries],
+            "sizes": [e.size for e in entries],
+            "versions": [e.version for e in entries],
+            "modified": [e.modified for e in entries],
+            "dirs": [i for i, e in enumerate(entries) if e.type == "directory"],
+        }
 
 
 _Key = tuple[str, str, bool, str | None, int, int]
@@ -122,9 +149,11 @@ class Listings:
         self.backends = backends
         self.metrics = metrics
         self.cache_entries = cache_entries
-        self._cache: OrderedDict[_Key, tuple[float, ListPage]] = OrderedDict()
+        #: key -> (expiry, page, served once only)
+        self._cache: OrderedDict[_Key, tuple[float, ListPage, bool]] = OrderedDict()
         self._cached = 0
         self._flights: SingleFlight[_Key, ListPage] = SingleFlight()
+        self._ahead: set[asyncio.Task[None]] = set()
 
     async def page(
         self,
@@ -153,18 +182,53 @@ class Listings:
         ttl = backend.config.list_revalidate
         cached = self._cache.get(key)
         if cached is not None:
-            if time.monotonic() < cached[0]:
+            expires, page, once = cached
+            if once or time.monotonic() >= expires:
+                self._forget(key)
+            if time.monotonic() < expires:
                 self._cache.move_to_end(key)
-                self._counted(backend.name, "cache", cached[1])
-                return cached[1]
-            self._forget(key)
+                self._counted(backend.name, "cache", page)
+                self._read_ahead(backend, key, page)
+                return page
         page = await self._flights.run(
             key, lambda: self._read(backend, top, recursive, start_after, limit, max_bytes)
         )
         self._counted(backend.name, "backend", page)
         if ttl > 0 and key not in self._cache:
             self._keep(key, time.monotonic() + ttl, page)
+        self._read_ahead(backend, key, page)
         return page
+
+    def _read_ahead(self, backend: Backend, key: _Key, page: ListPage) -> None:
+        """Start reading the page after ``page`` in the background (see the module)."""
+        if page.next is None or len(self._ahead) >= _AHEAD_TASKS:
+            return
+        name, top, recursive, _, limit, max_bytes = key
+        after = (name, top, recursive, page.next, limit, max_bytes)
+        if after in self._cache or after in self._flights:
+            return
+        task = asyncio.create_task(self._fetch_ahead(backend, after))
+        self._ahead.add(task)
+        task.add_done_callback(self._ahead.discard)
+
+    async def _fetch_ahead(self, backend: Backend, key: _Key) -> None:
+        _, top, recursive, start_after, limit, max_bytes = key
+        try:
+            page = await self._flights.run(
+                key, lambda: self._read(backend, top, recursive, start_after, limit, max_bytes)
+            )
+        except ChunkdError as exc:  # the reader asks again, and gets the error then
+            log.debug("listing read-ahead of %s/%s failed: %s", backend.name, top, exc)
+            return
+        ttl = backend.config.list_revalidate
+        if key not in self._cache:
+            self._keep(key, time.monotonic() + max(ttl, _AHEAD_TTL), page, once=ttl <= 0)
+
+    async def close(self) -> None:
+        """Stop reading ahead."""
+        for task in self._ahead:
+            task.cancel()
+        await asyncio.gather(*self._ahead, return_exceptions=True)
 
     def _counted(self, backend: str, source: str, page: ListPage) -> None:
         self.metrics.list_requests.labels(backend, source).inc()
@@ -188,45 +252,46 @@ class Listings:
             after += _PAST  # the page ended on a directory: skip everything under it
         folded: str | None = None  # the directory whose keys are being skipped
         skipped = 0
+        # A recursive page reads what it returns; one level may fold many keys.
+        size = min(limit, SCAN_BATCH) if recursive else SCAN_BATCH
         while True:
             restart = None
-            scan = backend.scan(top, start_after=after)
+            scan = backend.scan(top, start_after=after, batch=size)
             async with contextlib.aclosing(scan):
                 async for batch in scan:
                     for meta in batch:
-                        entry: ListEntry
-                        if recursive:
-                            entry = ListEntry.of(meta)
+                        key = meta.key
+                        slash = -1 if recursive else key.find("/", len(top))
+                        if slash < 0:
+                            when = meta.modified or None
+                            entry = ListEntry(key, "file", meta.size, meta.version, when)
                         else:
-                            rest = meta.key[len(top) :]
-                            slash = rest.find("/")
-                            if slash < 0:
-                                entry = ListEntry.of(meta)
-                            else:
-                                name = top + rest[:slash]
-                                if name == folded:
-                                    skipped += 1
-                                    if skipped > SCAN_BATCH:
-                                        restart = name + "/" + _PAST
-                                        break
-                                    continue
-                                folded, skipped = name, 0
-                                entry = ListEntry(name, "directory")
-                        cost = _cost(entry)
-                        if len(entries) >= limit or (entries and used + cost > max_bytes):
+                            name = key[:slash]
+                            if name == folded:
+                                skipped += 1
+                                if skipped > SCAN_BATCH:
+                                    restart = name + "/" + _PAST
+                                    break
+                                continue
+                            folded, skipped = name, 0
+                            entry = ListEntry(name, "directory")
+                        cost = _cost(entry.key, entry.version)
+                        if entries and used + cost > max_bytes:
                             return ListPage(backend.name, tuple(entries), entries[-1].token)
                         entries.append(entry)
                         used += cost
+                        if len(entries) >= limit:  # more may follow: the next page says
+                            return ListPage(backend.name, tuple(entries), entry.token)
                     if restart is not None:
                         break
             if restart is None:
                 return ListPage(backend.name, tuple(entries), None)
             after, skipped = restart, 0
 
-    def _keep(self, key: _Key, expires: float, page: ListPage) -> None:
+    def _keep(self, key: _Key, expires: float, page: ListPage, *, once: bool = False) -> None:
         if len(page.entries) > self.cache_entries:
             return
-        self._cache[key] = (expires, page)
+        self._cache[key] = (expires, page, once)
         self._cached += len(page.entries)
         while self._cached > self.cache_entries:
             self._forget(next(iter(self._cache)))
@@ -239,6 +304,7 @@ class Listings:
             self.metrics.list_cached_entries.set(self._cached)
 
 
-def _cost(entry: ListEntry) -> int:
-    """An upper bound of the entry's encoded size (JSON escapes at most double a key)."""
-    return 2 * len(entry.key.encode("utf-8", "surrogatepass")) + 2 * len(entry.version or "") + 96
+def _cost(key: str, version: str | None) -> int:
+    """An upper bound of an entry's encoded size (JSON escapes at most double a key)."""
+    size = len(key) if key.isascii() else len(key.encode("utf-8", "surrogatepass"))
+    return 2 * (size + len(version or "")) + 160

@@ -559,7 +559,7 @@ class LocalServer:
             max_bytes=_LIST_BYTES,
         )
         answer.payload = json.dumps(
-            page.to_json(), ensure_ascii=False, separators=(",", ":")
+            page.columns(), ensure_ascii=False, separators=(",", ":")
         ).encode()
         return {"ok": True, "count": len(page.entries), "next": page.next}
 

@@ -198,6 +198,13 @@ def start_daemon(tmp_path: Path) -> Iterator[Callable[..., Daemon]]:
         if daemon.process.poll() is None:
             daemon.process.kill()
             daemon.process.wait(timeout=10)
+    # No daemon may leave a task's exception unretrieved: each is a failure nobody
+    # handled (and a task that died).
+    for daemon in started:
+        log = daemon.log.read_text(errors="replace")
+        assert "exception was never retrieved" not in log, (
+            f"{daemon.log} shows a task exception that was never retrieved:\n{log[-4000:]}"
+        )
 
 
 def wait_for_socket(path: Path, timeout: float) -> bool:

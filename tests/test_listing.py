@@ -1,0 +1,384 @@
+"""Listings of any size: Backend.scan, the file lister, pages, the token, the cache, the doors."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import socket
+from pathlib import Path
+
+import obstore
+import pytest
+from obstore.store import LocalStore
+
+from chunkd.client import Client
+from chunkd.client.protocol import VERSION, recv_frame, send_frame
+from chunkd.gateway.backends import Backend, Backends
+from chunkd.gateway.config import BackendConfig
+from chunkd.gateway.filelist import FileLister
+from chunkd.gateway.listing import ListEntry, Listings
+from chunkd.gateway.metrics import Metrics
+
+from .conftest import Daemon
+
+# Names that sort differently as whole keys than as path components ('-' and '.'
+# sort before '/'), spaces, non-ASCII, and a name like a LocalStore staging file.
+NAMES = ["a", "b", "a-c", "a.b", "data", "data.json", "x y", "é", "Z", "a0"]
+
+
+def make_tree(root: Path, count: int, seed: int = 1) -> list[str]:
+    """``count`` attempts at random files under ``root``; returns the keys made, sorted."""
+    rng = random.Random(seed)
+    made = set()
+    for i in range(count):
+        parts = [rng.choice(NAMES) + str(rng.randint(0, 2)) for _ in range(rng.randint(1, 4))]
+        path = root.joinpath(*parts)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if not path.is_dir():
+                path.write_bytes(b"x" * (i % 7))
+                made.add("/".join(parts))
+        except (NotADirectoryError, FileExistsError, IsADirectoryError):
+            continue
+    return sorted(k for k in made if (root / k).is_file())
+
+
+def obstore_keys(root: Path, prefix: str | None = None) -> list[str]:
+    store = LocalStore(str(root))
+    return sorted(m["path"] for batch in obstore.list(store, prefix) for m in batch)
+
+
+def test_the_file_lister_lists_what_obstore_lists_in_key_order(tmp_path: Path) -> None:
+    keys = make_tree(tmp_path, 600)
+    (tmp_path / "staging#1").write_bytes(b"half")  # LocalStore hides a put in progress
+    (tmp_path / "kept#x").write_bytes(b"shown")
+    os.symlink(tmp_path / keys[0], tmp_path / "link")
+    expected = obstore_keys(tmp_path)
+    assert "staging#1" not in expected
+    assert "kept#x" in expected
+    assert "link" in expected
+    lister = FileLister(str(tmp_path))
+    for page in (1, 7, 1000):
+        got: list[str] = []
+        after = None
+        while True:
+            batch = lister.batch("", after, page)
+            got += [m.key for m in batch]
+            if len(batch) < page:
+                break
+            after = batch[-1].key
+        assert got == expected
+    # Any key resumes the listing, present or not.
+    rng = random.Random(2)
+    for token in [*rng.sample(expected, 25), "a", "b/", "a-", "zzz", "\U0010ffff"]:
+        assert [m.key for m in lister.batch("", token, 10_000)] == [
+            k for k in expected if k > token
+        ]
+    # Prefixes are whole path segments, like obstore's.
+    for prefix in {k.rsplit("/", 1)[0] for k in expected if "/" in k}:
+        assert [m.key for m in lister.batch(prefix, None, 10_000)] == obstore_keys(tmp_path, prefix)
+    # Sizes and versions are LocalStore's.
+    store = LocalStore(str(tmp_path))
+    for meta in lister.batch("", None, 50):
+        head = obstore.head(store, meta.key)
+        assert (meta.size, meta.version) == (head["size"], head["e_tag"])
+
+
+def memory_backend(metrics: Metrics | None = None, **keys: object) -> Backend:
+    config = BackendConfig(name="mem", url="memory://", writable=True, **keys)
+    return Backend(config, metrics or Metrics())
+
+
+def sample(metrics: Metrics, name: str, **labels: str) -> float:
+    return metrics.registry.get_sample_value(name, labels) or 0.0
+
+
+@pytest.fixture(params=["memory", "file", "s3"])
+def any_backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
+    """An empty backend of each kind (s3: moto, a fresh bucket)."""
+    if request.param == "memory":
+        return memory_backend()
+    if request.param == "file":
+        (tmp_path / "data").mkdir()
+        config = BackendConfig(name="files", url=f"file://{tmp_path}/data", writable=True)
+        return Backend(config, Metrics())
+    s3_server = request.getfixturevalue("s3_server")
+    bucket = request.getfixturevalue("bucket")
+    return Backend(
+        BackendConfig(
+            name="s3",
+            url=f"s3://{bucket}/pre",
+            endpoint=s3_server.endpoint,
+            region="us-east-1",
+            access_key_id="testing",
+            secret_access_key="testing",
+            allow_http=True,
+            writable=True,
+        ),
+        Metrics(),
+    )
+
+
+KEYS = sorted(
+    {f"{a}/{b}" for a in ("a", "a-b", "a.c", "b", "d/e") for b in ("0", "1-x", "é", "z.y")}
+    | {"a", "top.bin", "d/e-f"}
+)
+
+
+async def test_scan_is_in_key_order_on_every_backend(any_backend: Backend, tmp_path: Path) -> None:
+    if any_backend.config.scheme == "file":
+        for key in KEYS:
+            if key == "a":
+                continue  # a file and a directory cannot share a name
+            path = tmp_path / "data" / key
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(key.encode())
+        keys = [k for k in KEYS if k != "a"]
+    else:
+        for key in KEYS:
+            await any_backend.put(key, key.encode())
+        keys = KEYS
+    for batch in (1, 3, 1000):
+        for after in (None, "a", "a-b/1-x", "b/", "c", "zz"):
+            got = [
+                m.key
+                async for metas in any_backend.scan("", start_after=after, batch=batch)
+                for m in metas
+            ]
+            assert got == [k for k in keys if after is None or k > after]
+    got = [m.key async for metas in any_backend.scan("d", batch=2) for m in metas]
+    assert got == [k for k in keys if k.startswith("d/")]
+
+
+def one_level(keys: list[str], prefix: str) -> list[ListEntry]:
+    """What a delimiter listing of ``prefix`` holds, computed from all the keys."""
+    top = f"{prefix}/" if prefix else ""
+    out: dict[str, ListEntry] = {}
+    for key in keys:
+        if not key.startswith(top):
+            continue
+        rest = key[len(top) :]
+        if "/" in rest:
+            name = top + rest.split("/")[0]
+            out.setdefault(name + "/", ListEntry(name, "directory"))
+        else:
+            out[key] = ListEntry(key, "file")
+    return [out[k] for k in sorted(out)]
+
+
+async def read_all(listings: Listings, prefix: str, recursive: bool, limit: int) -> list[ListEntry]:
+    out: list[ListEntry] = []
+    token = None
+    for _ in range(10_000):
+        page = await listings.page(
+            "mem", prefix, recursive=recursive, start_after=token, limit=limit
+        )
+        assert len(page.entries) <= limit
+        out += page.entries
+        token = page.next
+        if token is None:
+            return out
+    raise AssertionError("the listing never ended")
+
+
+async def test_pages_group_by_directory_and_resume_after_their_token() -> None:
+    backend = memory_backend(list_revalidate=0)
+    rng = random.Random(3)
+    keys = sorted(
+        {"/".join(rng.choice(NAMES) for _ in range(rng.randint(1, 3))) for _ in range(400)}
+    )
+    for key in keys:
+        await backend.put(key, b"x")
+    listings = Listings(Backends([backend]), Metrics())
+    for limit in (1, 2, 7, 1000):
+        for prefix in ("", "a", "data", "a/b", "nope"):
+            got = await read_all(listings, prefix, False, limit)
+            assert [(e.key, e.type) for e in got] == [
+                (e.key, e.type) for e in one_level(keys, prefix)
+            ]
+        got = await read_all(listings, "", True, limit)
+        assert [e.key for e in got] == keys
+        assert all(e.type == "file" and e.size == 1 and e.version for e in got)
+    await listings.close()
+
+
+async def test_a_folded_directory_is_skipped_not_read_through() -> None:
+    metrics = Metrics()
+    backend = memory_backend(metrics, list_revalidate=0)
+    for i in range(5000):
+        await backend.put(f"big/{i:05d}", b"")
+    for key in ("a.txt", "z.txt", "big.json"):
+        await backend.put(key, b"")
+    listings = Listings(Backends([backend]), metrics)
+    requests = "chunkd_backend_requests_total"
+    before = sample(metrics, requests, backend="mem", op="list")
+    got = await read_all(listings, "", False, 1000)
+    assert [e.key for e in got] == ["a.txt", "big.json", "big", "z.txt"]  # "." sorts before "/"
+    # 5,000 keys under big/ at 1,000 a request: a read-through would take 6 requests.
+    assert sample(metrics, requests, backend="mem", op="list") - before <= 3
+    await listings.close()
+
+
+async def test_pages_are_cached_for_list_revalidate_then_read_again() -> None:
+    metrics = Metrics()
+    backend = memory_backend(metrics, list_revalidate=0.5)
+    await backend.put("shards/0", b"")
+    listings = Listings(Backends([backend]), metrics)
+    first = await listings.page("mem", "shards")
+    await backend.put("shards/1", b"")  # a folder gains a shard
+    assert await listings.page("mem", "shards") == first  # within list_revalidate
+    assert sample(metrics, "chunkd_list_requests_total", backend="mem", source="cache") == 1
+    await asyncio.sleep(0.6)
+    again = await listings.page("mem", "shards")
+    assert [e.key for e in again.entries] == ["shards/0", "shards/1"]
+    await listings.close()
+
+
+async def test_a_page_fits_its_byte_budget_however_long_the_keys() -> None:
+    backend = memory_backend()
+    keys = [f"long/{i:04d}-" + 'é"\\' * 300 for i in range(50)]
+    for key in keys:
+        await backend.put(key, b"")
+    listings = Listings(Backends([backend]), Metrics())
+    token = None
+    seen: list[str] = []
+    while True:
+        page = await listings.page("mem", "long", start_after=token, max_bytes=20_000)
+        encoded = json.dumps(page.columns(), ensure_ascii=False).encode()
+        assert len(encoded) <= 20_000 + 4096
+        assert page.entries
+        seen += [e.key for e in page.entries]
+        token = page.next
+        if token is None:
+            break
+    assert seen == keys
+    await listings.close()
+
+
+# -- through a real daemon ------------------------------------------------------------
+
+
+@pytest.fixture
+def node(start_daemon, tmp_path: Path) -> Daemon:
+    work = tmp_path / "work"
+    (work / "chunkd-data").mkdir(parents=True)
+    return start_daemon(cwd=work)
+
+
+def shards(daemon: Daemon, folder: str, count: int, suffix: str = ".jsonl") -> list[str]:
+    root = daemon.cwd / "chunkd-data" / folder
+    root.mkdir(parents=True, exist_ok=True)
+    names = []
+    for i in range(count):
+        name = f"shard-{i:06d}{suffix}"
+        fd = os.open(root / name, os.O_WRONLY | os.O_CREAT, 0o644)
+        os.write(fd, b'{"i": %d}\n' % i)
+        os.close(fd)
+        names.append(f"local/{folder}/{name}")
+    return names
+
+
+def filesystem(daemon: Daemon):
+    import fsspec
+
+    sock = str(daemon.cwd / "chunkd.sock")
+    return fsspec.filesystem("chunkd", socket_path=sock, skip_instance_cache=True)
+
+
+def test_a_folder_of_1200_shards_lists_through_fsspec_and_the_client(node: Daemon) -> None:
+    import fsspec
+
+    names = shards(node, "many", 1200)
+    fs = fsspec.filesystem(
+        "chunkd", socket_path=str(node.cwd / "chunkd.sock"), skip_instance_cache=True
+    )
+    assert fs.ls("local/many", detail=False) == names
+    assert sorted(fs.glob("chunkd://local/many/*.jsonl")) == names
+    with Client(node.cwd / "chunkd.sock") as client:
+        entries = client.ls("local/many")
+        assert [e["name"] for e in entries] == names
+        root = node.cwd / "chunkd-data"
+        for entry in entries[::97]:
+            st = (root / entry["name"].removeprefix("local/")).stat()
+            assert (entry["type"], entry["size"]) == ("file", st.st_size)
+            assert entry["modified"] == pytest.approx(st.st_mtime, abs=1e-5)
+        assert [e["name"] for e in client.ls("local")] == ["local/many"]
+        page, token = client.ls_page("local/many", limit=500)
+        assert len(page) == 500
+        assert token == "many/shard-000499.jsonl"
+        rest = list(client.iter_ls("local/many", start_after=token))
+        assert [e["name"] for e in page + rest] == names
+
+
+def test_http_list_pages_with_a_token(node: Daemon) -> None:
+    names = shards(node, "http", 1200)
+    got: list[str] = []
+    token = None
+    pages = 0
+    while True:
+        query = "limit=500" + (f"&start_after={token}" if token else "")
+        status, _, body = node.get(f"/v1/list/local/http?{query}")
+        assert status == 200, body
+        doc = json.loads(body)
+        got += [e["name"] for e in doc["entries"]]
+        pages += 1
+        token = doc["next"]
+        if token is None:
+            break
+    assert got == names
+    assert pages == 3
+    status, _, body = node.get("/v1/list/local?recursive=true&limit=10000")
+    assert [e["name"] for e in json.loads(body)["entries"]] == names
+    status, _, body = node.get("/v1/list/local")
+    assert json.loads(body)["entries"] == [{"name": "local/http", "type": "directory"}]
+    for bad, code in (
+        ("/v1/list/local/http?limit=0", 400),
+        ("/v1/list/local/http?recursive=maybe", 400),
+        ("/v1/list/nope/x", 404),
+        ("/v1/list/local/..%2Fetc", 400),
+    ):
+        status, _, body = node.get(bad)
+        assert status == code, (bad, body)
+        assert json.loads(body)["message"]
+
+
+def test_an_old_client_gets_a_clear_error_not_a_first_page(node: Daemon) -> None:
+    shards(node, "old", 1200)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(30)
+        sock.connect(str(node.cwd / "chunkd.sock"))
+        send_frame(sock, {"op": "list", "id": 1, "name": "local/old"})  # no hello
+        answer, payload, _ = recv_frame(sock)
+        assert (answer["ok"], answer["error"], payload) == (False, "InvalidRequestError", b"")
+        send_frame(sock, {"op": "hello", "id": 2, "version": 1})
+        answer, _, _ = recv_frame(sock)
+        assert (answer["ok"], answer["error"]) == (False, "ProtocolVersionError")
+        assert f"version {VERSION}" in answer["message"]
+        assert "version 1" in answer["message"] or "speaks 1" in answer["message"]
+        send_frame(sock, {"op": "list", "id": 3, "name": "local/old"})
+        answer, payload, _ = recv_frame(sock)
+        assert answer["ok"] is False
+        assert payload == b""
+
+
+@pytest.mark.slow
+def test_100k_files_list_through_fsspec(node: Daemon) -> None:
+    import fsspec
+
+    names = shards(node, "huge", 100_001, suffix=".bin")
+    fs = fsspec.filesystem(
+        "chunkd", socket_path=str(node.cwd / "chunkd.sock"), skip_instance_cache=True
+    )
+    assert fs.ls("local/huge", detail=False) == names
+    assert fs.find("local/huge") == names
+    assert len(fs.glob("local/huge/*.bin")) == len(names)
+    walked = list(fs.walk("local"))
+    assert [(root, dirs) for root, dirs, _ in walked] == [("local", ["huge"]), ("local/huge", [])]
+    assert sum(len(files) for _, _, files in walked) == len(names)
+    assert fs.info("local/huge")["type"] == "directory"
+    assert fs.info(names[-1])["size"] > 0
+    # A recursive listing of more than the old 100,000-object limit is no failure.
+    assert node.metric("chunkd_backend_errors_total", kind="BackendUnavailableError") == 0
+    assert node.metric("chunkd_backend_circuit_open") == 0

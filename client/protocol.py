@@ -85,6 +85,7 @@ from __future__ import annotations
 
 import array
 import json
+import math
 import os
 import socket
 import struct
@@ -163,12 +164,12 @@ def decode_header(raw: bytes) -> dict[str, Any]:
 
     Raises:
         ProtocolError: it is not a JSON object, nests deeper than :data:`MAX_DEPTH`,
-            or holds ``NaN`` or ``Infinity``.
+            or holds ``NaN``, ``Infinity`` or a number too large for a float.
     """
     if raw.count(b"[") + raw.count(b"{") > MAX_DEPTH and _depth(raw) > MAX_DEPTH:
         raise ProtocolError(f"frame header nests JSON deeper than {MAX_DEPTH} levels")
     try:
-        header = json.loads(raw, parse_constant=_no_constant)
+        header = json.loads(raw, parse_constant=_no_constant, parse_float=_finite)
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise ProtocolError(f"frame header is not JSON: {exc}") from None
     if not isinstance(header, dict):
@@ -178,6 +179,13 @@ def decode_header(raw: bytes) -> dict[str, Any]:
 
 def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a number chunkd takes")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if value in (math.inf, -math.inf):
+        raise ValueError(f"{text[:20]} is out of range of a number chunkd takes")
+    return value
 
 
 def _depth(raw: bytes) -> int:

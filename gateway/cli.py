@@ -44,6 +44,12 @@ def build_parser() -> argparse.ArgumentParser:
         description="Load BACKEND/KEY objects into a running daemon's cache, showing progress.",
     )
     warm.add_argument("names", nargs="+", metavar="NAME", help="BACKEND/KEY of an object")
+    warm.add_argument(
+        "--jobs",
+        type=int,
+        default=8,
+        help="objects loaded at once (default: %(default)s; the daemon also bounds them)",
+    )
     _http_options(warm)
     check = sub.add_parser(
         "selfcheck",
@@ -137,7 +143,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "warm":
         from chunkd.gateway.warm import warm as run_warm
 
-        return run_warm(args.names, args.url, cacert=args.cacert)
+        return run_warm(args.names, args.url, cacert=args.cacert, jobs=args.jobs)
     if args.command == "selfcheck":
         from chunkd.gateway.selfcheck import run_selfcheck
 

@@ -1,10 +1,17 @@
-"""``chunkd warm NAME...``: load objects into a running daemon's cache, with progress."""
+"""``chunkd warm NAME...``: load objects into a running daemon's cache, with progress.
+
+Objects load ``jobs`` at a time (8 by default); the daemon bounds them again with
+its own prefetch slots (``[server] prefetch_in_flight``), shared with every
+client's ``prefetch``, so no number of names can start more loads than that.
+"""
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import ssl
 import sys
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -18,38 +25,72 @@ __all__ = ["warm"]
 
 
 def warm(
-    names: Sequence[str], url: str, *, cacert: str | None = None, out: TextIO = sys.stdout
+    names: Sequence[str],
+    url: str,
+    *,
+    cacert: str | None = None,
+    jobs: int = 8,
+    out: TextIO = sys.stdout,
 ) -> int:
     """Warm each ``BACKEND/KEY`` in ``names`` through the daemon at ``url``.
 
-    Prints one progress line per object (rewritten in place on a terminal) and a
-    summary. Returns 0 when every object was loaded, 1 otherwise. ``cacert``: a PEM
-    bundle to check an ``https://`` daemon against; None: the system's CAs.
+    Loads ``jobs`` objects at a time. Prints one line per object as it is cached (one
+    at a time on a terminal, a progress line rewritten in place) and a summary.
+    Returns 0 when every object was loaded, 1 otherwise. ``cacert``: a PEM bundle to
+    check an ``https://`` daemon against; None: the system's CAs.
     """
     try:
         context = cacert_context(cacert)
     except OSError as exc:
         print(f"chunkd warm: cannot use --cacert {cacert} ({exc})", file=sys.stderr)
         return 2
+    if jobs < 1:
+        print(f"chunkd warm: --jobs must be 1 or more; got {jobs}", file=sys.stderr)
+        return 2
+    lock = threading.Lock()
+    live = jobs == 1 and out.isatty()
+    gone = threading.Event()  # the daemon cannot be reached: stop starting loads
     failed = 0
     total = 0
     started = time.monotonic()
-    for name in names:
+
+    def one(name: str) -> None:
+        nonlocal failed, total
         backend, _, key = name.partition("/")
         if not backend or not key:
-            print(f"{name}: not a name; write BACKEND/KEY (e.g. data/shards/000.parquet)", file=out)
-            failed += 1
-            continue
+            with lock:
+                print(
+                    f"{name}: not a name; write BACKEND/KEY (e.g. data/shards/000.parquet)",
+                    file=out,
+                )
+                failed += 1
+            return
+        if gone.is_set():
+            with lock:
+                failed += 1
+            return
         target = f"{url.rstrip('/')}/v1/warm/{urllib.parse.quote(backend, safe='')}/"
         target += urllib.parse.quote(key)
         try:
-            total += _warm_one(name, target, out, context)
+            size = _warm_one(name, target, out, context, live, lock)
         except urllib.error.HTTPError as exc:
-            failed += 1
-            print(f"{name}: failed: {_error_message(exc)}", file=out)
+            with lock:
+                failed += 1
+                print(f"{name}: failed: {_error_message(exc)}", file=out)
         except OSError as exc:
-            print(f"{name}: {unreachable(url, exc)}", file=out)
-            return 1
+            with lock:
+                failed += 1
+                if not gone.is_set():
+                    print(f"{name}: {unreachable(url, exc)}", file=out)
+                gone.set()
+        else:
+            with lock:
+                total += size
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
+        list(pool.map(one, names))
+    if gone.is_set():
+        return 1
     took = time.monotonic() - started
     print(
         f"warmed {len(names) - failed} of {len(names)} objects, {total / 2**20:.1f} MiB "
@@ -59,10 +100,16 @@ def warm(
     return 1 if failed else 0
 
 
-def _warm_one(name: str, target: str, out: TextIO, context: ssl.SSLContext | None) -> int:
+def _warm_one(
+    name: str,
+    target: str,
+    out: TextIO,
+    context: ssl.SSLContext | None,
+    live: bool,
+    lock: threading.Lock,
+) -> int:
     request = urllib.request.Request(target, method="POST")
     last: dict[str, Any] = {}
-    live = out.isatty()
     with urllib.request.urlopen(request, timeout=3600, context=context) as response:
         for line in response:
             last = json.loads(line)
@@ -74,7 +121,8 @@ def _warm_one(name: str, target: str, out: TextIO, context: ssl.SSLContext | Non
         raise OSError(f"the daemon stopped answering while warming {name}")
     size = int(last["size"])
     lead = "\r" if live else ""
-    print(f"{lead}{name}: {size / 2**20:.1f} MiB in {last['chunks']} chunks, cached", file=out)
+    with lock:
+        print(f"{lead}{name}: {size / 2**20:.1f} MiB in {last['chunks']} chunks, cached", file=out)
     return size
 
 

@@ -194,10 +194,12 @@ def test_64_concurrent_clients(node: Daemon) -> None:
 CLIENT = textwrap.dedent(
     """
     import os, socket, sys, json
-    from chunkd.client.protocol import send_frame, recv_frame
+    from chunkd.client.protocol import VERSION, send_frame, recv_frame
     path, name, mode = sys.argv[1], sys.argv[2], sys.argv[3]
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.connect(path)
+    send_frame(sock, {"id": 0, "op": "hello", "version": VERSION})
+    assert recv_frame(sock)[0]["ok"]
     send_frame(sock, {"id": 1, "op": "read", "name": name})
     if mode == "hang":
         print("sent", flush=True)
@@ -227,7 +229,10 @@ def test_processes_share_one_copy_and_dead_clients_leak_nothing(node: Daemon) ->
             timeout=60,
             check=True,
         )
-        inodes.append(json.loads(done.stdout)["inodes"])
+        answer = json.loads(done.stdout)
+        assert answer["ok"]
+        inodes.append(answer["inodes"])
+    assert len(inodes[0]) == 3
     assert all(i == inodes[0] for i in inodes)  # the same memfds: one copy on the node
     assert node.metric("chunkd_cache_bytes", tier="ram") == ram_before
     # Clients killed mid-request (before reading their answer) leak nothing.
@@ -250,4 +255,76 @@ def test_processes_share_one_copy_and_dead_clients_leak_nothing(node: Daemon) ->
         time.sleep(0.1)
     assert fd_count(node.process.pid) <= before
     assert node.metric("chunkd_local_clients") == 0
+    assert node.get("/healthz")[0] == 200
+
+
+@pytest.mark.parametrize(
+    ("raw", "kind"),
+    [
+        (b"nope!", "InvalidRequestError"),  # not JSON
+        (b"[]", "InvalidRequestError"),  # not an object
+        (b'{"op":"boom","id":7}', "InvalidRequestError"),  # unknown op
+        (b'{"op":"stat","id":7,"name":' + b"[" * 5000 + b"]" * 5000 + b"}", "InvalidRequestError"),
+        (b'{"op":"read","id":7,"name":"local/ok.bin","offset":NaN}', "InvalidRequestError"),
+        (b'{"op":"read","id":7,"name":"local/ok.bin","length":Infinity}', "InvalidRequestError"),
+        (b'{"op":"read","id":7,"name":"local/ok.bin","offset":1e400}', "InvalidRequestError"),
+        (b'{"op":"prefetch","id":7,"names":"local/ok.bin"}', "InvalidRequestError"),
+        (b'{"op":"prefetch","id":7,"names":[1,2]}', "InvalidRequestError"),
+        (
+            b'{"op":"list","id":7,"name":"local","limit":10000000000000000000000}',
+            "InvalidRequestError",
+        ),
+        (b'{"op":"list","id":7,"name":"local","start_after":5}', "InvalidRequestError"),
+        (b'{"op":"readv","id":7,"ranges":[["local/ok.bin",0]]}', "InvalidRequestError"),
+        (
+            b'{"op":"ckpt_commit","id":7,"name":"local/c","save_id":"s","world_size":1e300}',
+            "InvalidRequestError",
+        ),
+        (
+            b'{"op":"ckpt_commit","id":7,"name":"local/c","save_id":"s","world_size":0}',
+            "InvalidRequestError",
+        ),
+        (
+            b'{"op":"ckpt_commit","id":7,"name":"local/c","save_id":"s","world_size":1000000}',
+            "InvalidRequestError",
+        ),
+        (b'{"op":"ckpt_wait","id":7,"job":["x"]}', "InvalidRequestError"),
+        (b'{"op":"ckpt_wait","id":7,"job":"x","timeout":-1}', "InvalidRequestError"),
+        (b'{"op":"ckpt_chunks","id":7,"backend":"local","ids":[5]}', "InvalidRequestError"),
+        (b'{"op":"ckpt_gc","id":7,"target":"local","keep_last":"3"}', "InvalidRequestError"),
+        (b'{"op":"ckpt_gc","id":7,"target":"local","grace":1e999}', "InvalidRequestError"),
+    ],
+)
+def test_a_well_framed_bad_request_is_answered_and_the_connection_stays(
+    node: Daemon, raw: bytes, kind: str
+) -> None:
+    put_file(node, "ok.bin", b"fine")
+    with connect(node) as sock:
+        sock.sendall(struct.pack(">II", len(raw), 0) + raw)
+        header, _, fds = recv_frame(sock)
+        assert (header["ok"], header["error"], header["status"], fds) == (False, kind, 400, [])
+        assert header["message"]
+        assert ask(sock, op="read", name="local/ok.bin")[1] == b"fine"  # still served
+    assert node.metric("chunkd_local_malformed_frames_total") == 0
+
+
+def test_hundreds_of_hostile_frames_leave_no_task_exception_behind(node: Daemon) -> None:
+    """Every kind of bad request, many times over; the daemon's log must show no task
+    whose exception was never retrieved (the fixture checks it at the end)."""
+    put_file(node, "ok.bin", b"fine")
+    bodies = [
+        b"[" * 40_000,
+        b'{"op":"read","name":"local/ok.bin","offset":-1e308}',
+        b'{"op":"readv","ranges":' + b"[" * 100 + b"]" * 100 + b"}",
+        b'{"op":"ckpt_save","name":"local/x"}',
+        b'{"op":"ckpt_delete","name":{"a":1}}',
+        b'{"op":"hello","version":[2]}',
+        b"\xff\xfe",
+    ]
+    for _ in range(30):
+        with connect(node) as sock:
+            for raw in bodies:
+                sock.sendall(struct.pack(">II", len(raw), 0) + raw)
+                header, _, _ = recv_frame(sock)
+                assert header["ok"] is False
     assert node.get("/healthz")[0] == 200

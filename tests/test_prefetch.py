@@ -1,0 +1,123 @@
+"""Prefetch and `chunkd warm` load objects a bounded number at a time."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from chunkd.client import Client
+
+from .conftest import BIN, Daemon
+
+CONFIG = """
+[server]
+prefetch_in_flight = {total}
+prefetch_per_client = {per_client}
+
+[cache]
+dir = "{dir}/cache"
+ram_bytes = "256MiB"
+disk_bytes = "1GiB"
+disk_min_free_bytes = 0
+fsync = "never"
+
+[[backends]]
+name = "local"
+url = "file://{dir}/data"
+"""
+
+
+@pytest.fixture
+def node(start_daemon, tmp_path: Path) -> Daemon:
+    (tmp_path / "data").mkdir()
+    return start_daemon(CONFIG.format(total=8, per_client=6, dir=tmp_path))
+
+
+def objects(daemon_dir: Path, folder: str, count: int) -> list[str]:
+    root = daemon_dir / "data" / folder
+    root.mkdir(parents=True)
+    names = []
+    for i in range(count):
+        fd = os.open(root / f"{i:05d}.bin", os.O_WRONLY | os.O_CREAT, 0o644)
+        os.write(fd, os.urandom(256 + i % 512))
+        os.close(fd)
+        names.append(f"local/{folder}/{i:05d}.bin")
+    return names
+
+
+def wait_for(daemon: Daemon, loaded: float, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while daemon.metric("chunkd_prefetch_objects_total", outcome="loaded") < loaded:
+        assert time.monotonic() < deadline, "the prefetch did not finish"
+        time.sleep(0.2)
+
+
+def test_10k_names_load_at_most_the_bound_at_once(node: Daemon, tmp_path: Path) -> None:
+    names = objects(tmp_path, "one", 10_000)
+    sock = node.cwd / "chunkd.sock"
+    with Client(sock) as client:
+        assert client.prefetch(names) == len(names)  # taken at once; loads go on
+        assert node.metric("chunkd_prefetch_queued") > 0  # waiting, not 10,000 fetches
+        wait_for(node, len(names))
+    # One client: its own bound, never more, and it was reached.
+    assert node.metric("chunkd_prefetch_in_flight_max") == 6
+    assert node.metric("chunkd_prefetch_queued") == 0
+    assert node.metric("chunkd_prefetch_objects_total", outcome="failed") == 0
+    assert node.metric("chunkd_cache_chunks", tier="ram") >= len(names)
+
+    # Two clients at once: the total bound holds (8, not 2 x 6).
+    more = objects(tmp_path, "two", 4000)
+    done = threading.Barrier(2)
+
+    def ask(part: list[str]) -> None:
+        with Client(sock) as client:
+            client.prefetch(part)
+            done.wait(timeout=60)
+
+    threads = [threading.Thread(target=ask, args=(more[i::2],)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    wait_for(node, len(names) + len(more))
+    assert node.metric("chunkd_prefetch_in_flight_max") == 8
+    assert node.metric("chunkd_prefetch_in_flight") == 0
+
+
+def test_a_prefetch_over_the_queue_bound_is_refused_whole(node: Daemon, tmp_path: Path) -> None:
+    from chunkd.errors import InvalidRequestError
+
+    with Client(node.cwd / "chunkd.sock") as client:
+        names = [f"local/none/{i:06d}" for i in range(60_000)]
+        client.prefetch(names)  # misses fail fast, but not before the next ask
+        with pytest.raises(InvalidRequestError, match="wait already"):
+            client.prefetch(names)
+    assert node.get("/healthz")[0] == 200
+
+
+def test_chunkd_warm_loads_several_objects_at_once(node: Daemon, tmp_path: Path) -> None:
+    names = objects(tmp_path, "warm", 40)
+    done = subprocess.run(
+        [str(BIN / "chunkd"), "warm", "--url", node.url, "--jobs", "4", *names],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "warmed 40 of 40 objects" in done.stdout
+    assert sum(line.endswith("cached") for line in done.stdout.splitlines()) == 40
+    peak = node.metric("chunkd_prefetch_in_flight_max")
+    assert 1 <= peak <= 4
+    bad = subprocess.run(
+        [str(BIN / "chunkd"), "warm", "--url", node.url, "--jobs", "0", names[0]],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert bad.returncode == 2
+    assert "--jobs must be 1 or more" in bad.stderr

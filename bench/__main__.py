@@ -15,7 +15,7 @@ import signal
 import sys
 from pathlib import Path
 
-from . import cache_bench, ckpt_bench, client_bench, fanout_bench, gateway_bench
+from . import cache_bench, ckpt_bench, client_bench, fanout_bench, gateway_bench, listing_bench
 from .report import Report
 
 
@@ -37,6 +37,7 @@ def main() -> int:
             *cache_bench.SCENARIOS,
             "gateway",
             "client",
+            "listing",
             "ckpt",
             *ckpt_bench.SCENARIOS,
             "fanout",
@@ -61,6 +62,9 @@ def main() -> int:
         if only is None or "client" in only:
             print("client: local socket", flush=True)
             client_bench.run(report, work / "client", quick=args.quick)
+        if only is None or "listing" in only:
+            print("listing: file:// and S3, through chunkd and with obstore", flush=True)
+            asyncio.run(listing_bench.run(report, work / "listing", quick=args.quick))
         if only is None or "ckpt" in only or only & set(ckpt_bench.SCENARIOS):
             print("ckpt: checkpoints", flush=True)
             asyncio.run(ckpt_bench.run(report, work / "ckpt", quick=args.quick, only=only))

@@ -183,13 +183,15 @@ class Listings:
         cached = self._cache.get(key)
         if cached is not None:
             expires, page, once = cached
-            if once or time.monotonic() >= expires:
-                self._forget(key)
             if time.monotonic() < expires:
-                self._cache.move_to_end(key)
+                if once:
+                    self._forget(key)  # read ahead for its one reader
+                else:
+                    self._cache.move_to_end(key)
                 self._counted(backend.name, "cache", page)
                 self._read_ahead(backend, key, page)
                 return page
+            self._forget(key)
         page = await self._flights.run(
             key, lambda: self._read(backend, top, recursive, start_after, limit, max_bytes)
         )

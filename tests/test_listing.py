@@ -236,6 +236,23 @@ async def test_pages_are_cached_for_list_revalidate_then_read_again() -> None:
     await listings.close()
 
 
+async def test_the_next_page_is_read_ahead_and_served_once_when_nothing_is_cached() -> None:
+    metrics = Metrics()
+    backend = memory_backend(metrics, list_revalidate=0)
+    for i in range(30):
+        await backend.put(f"k/{i:02d}", b"")
+    listings = Listings(Backends([backend]), metrics)
+    first = await listings.page("mem", "k", limit=10)
+    await asyncio.sleep(0.2)  # the read-ahead of the second page lands meanwhile
+    second = await listings.page("mem", "k", start_after=first.next, limit=10)
+    assert [e.key for e in second.entries] == [f"k/{i:02d}" for i in range(10, 20)]
+    assert sample(metrics, "chunkd_list_requests_total", backend="mem", source="cache") == 1
+    await backend.put("k/10a", b"")  # not cached: the page is read again when asked again
+    again = await listings.page("mem", "k", start_after=first.next, limit=10)
+    assert "k/10a" in [e.key for e in again.entries]
+    await listings.close()
+
+
 async def test_a_page_fits_its_byte_budget_however_long_the_keys() -> None:
     backend = memory_backend()
     keys = [f"long/{i:04d}-" + 'é"\\' * 300 for i in range(50)]

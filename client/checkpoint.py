@@ -72,10 +72,12 @@ __all__ = [
     "async_save",
     "commit",
     "delete",
+    "gc",
     "list",
     "load",
     "load_into",
     "manifest",
+    "pages",
     "save",
 ]
 
@@ -89,6 +91,10 @@ _COPY_THREADS: Final = 4
 _CHUNKS_PER_REQUEST: Final = 64
 #: a commit waits in the daemon until every rank's part is in the backend
 _COMMIT_TIMEOUT: Final = 3600.0
+#: a collection over a large backend lists and deletes for a long time
+_GC_TIMEOUT: Final = 6 * 3600.0
+#: checkpoints asked for in one listing page
+_LIST_PAGE: Final = 1000
 _LEVELS: Final = ("staged", "local", "remote")
 
 _default: Client | None = None
@@ -422,6 +428,15 @@ class SaveHandle:
         self.job_id = str(job["job"])
         self.durability = durability
         self.save_id = str(job["save_id"])
+        #: which save this is: a daemon that restarted (and so forgot the job) looks
+        #: for it in the backend by these
+        self._save: dict[str, Any] = {
+            "name": name,
+            "save_id": self.save_id,
+            "rank": int(job.get("rank", 0)),
+            "world_size": int(job.get("world_size", 1)),
+            "commit": str(job.get("commit") or "auto"),
+        }
         self._client = client
         self._last = job
         self._done = False
@@ -441,10 +456,9 @@ class SaveHandle:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             left = 10.0 if deadline is None else max(0.0, deadline - time.monotonic())
-            reply, _, fds = self._client._request(
-                {"op": "ckpt_wait", "job": self.job_id, "level": wanted, "timeout": min(left, 10)},
-                f"waiting for checkpoint {self.name}",
-            )
+            request: dict[str, Any] = {"op": "ckpt_wait", "job": self.job_id, "level": wanted}
+            request |= {"timeout": min(left, 10)} | self._save
+            reply, _, fds = self._client._request(request, f"waiting for checkpoint {self.name}")
             _close(fds)
             self._last = reply
             reached = reply.get("durability")
@@ -603,15 +617,20 @@ def manifest(name: str, *, client: Client | None = None) -> dict[str, Any]:
         CheckpointNotFoundError: there is no such checkpoint (or its manifest is torn).
     """
     _, _, fds = _client(client)._request({"op": "ckpt_manifest", "name": name}, f"loading {name}")
+    return _json_fd(fds, f"the manifest of {name}")
+
+
+def _json_fd(fds: builtins.list[int], what: str) -> dict[str, Any]:
+    """The JSON object in the one sealed memfd of an answer (``fds`` are closed)."""
     try:
         if len(fds) != 1:
-            raise CheckpointError(f"the daemon answered the manifest of {name} without its fd")
+            raise CheckpointError(f"the daemon answered {what} without its fd")
         size = os.fstat(fds[0]).st_size
         doc = json.loads(os.pread(fds[0], size, 0))
     finally:
         _close(fds)
     if not isinstance(doc, dict):
-        raise CheckpointError(f"the manifest of {name} is not a JSON object")
+        raise CheckpointError(f"{what} is not a JSON object")
     return doc
 
 
@@ -1089,13 +1108,54 @@ def _ids(tree: Any) -> dict[int, dict[str, Any]]:
 
 
 def list(prefix: str, *, client: Client | None = None) -> builtins.list[dict[str, Any]]:
-    """Checkpoints under ``BACKEND[/PREFIX]``: name, step, sizes, dedup ratio, durability."""
-    _, payload, fds = _client(client)._request(
-        {"op": "ckpt_list", "prefix": prefix}, f"listing {prefix}"
+    """Checkpoints under ``BACKEND[/PREFIX]``: name, step, sizes, dedup ratio, durability.
+
+    Every one of them, read from the daemon page by page (see :func:`pages`).
+    """
+    return [entry for page in pages(prefix, client=client) for entry in page]
+
+
+def pages(
+    prefix: str, *, limit: int = _LIST_PAGE, client: Client | None = None
+) -> Iterator[builtins.list[dict[str, Any]]]:
+    """The checkpoints under ``BACKEND[/PREFIX]``, one page (at most ``limit``) at a time,
+    in the order of their manifest keys; a page may be empty before the last one."""
+    chunkd = _client(client)
+    token: str | None = None
+    while True:
+        reply, payload, fds = chunkd._request(
+            {"op": "ckpt_list", "prefix": prefix, "start_after": token, "limit": limit},
+            f"listing {prefix}",
+        )
+        _close(fds)
+        entries: builtins.list[dict[str, Any]] = json.loads(payload)
+        yield entries
+        token = reply.get("next")
+        if token is None:
+            return
+
+
+def gc(
+    target: str,
+    *,
+    keep_last: int | None = None,
+    grace: float = 3600.0,
+    dry_run: bool = False,
+    timeout: float = _GC_TIMEOUT,
+    client: Client | None = None,
+) -> dict[str, Any]:
+    """Retention, then mark and sweep, in the daemon: what ``chunkd gc`` runs.
+
+    Returns the report: ``retired`` (every checkpoint name retired, however many),
+    ``chunks``, ``referenced``, ``kept_young``, ``swept``, ``freed_bytes``,
+    ``stale_parts``. Saves may run meanwhile (docs/checkpoints.md, garbage collection).
+    """
+    request = {"op": "ckpt_gc", "target": target, "keep_last": keep_last, "grace": grace}
+    request["dry_run"] = dry_run
+    _, _, fds = _client(client)._request(
+        request, f"collecting garbage in {target}", timeout=timeout
     )
-    _close(fds)
-    entries: builtins.list[dict[str, Any]] = json.loads(payload)
-    return entries
+    return _json_fd(fds, f"the garbage collection report of {target}")
 
 
 def delete(name: str, *, client: Client | None = None) -> int:

@@ -9,23 +9,42 @@ done, and a wrong one is answered with ``InvalidRequestError``. Requests::
      "commit": "auto|none", "step": S}        + 2 fds: the layout (JSON) and the
                                                 staged bytes, both sealed memfds
         -> {"ok": true, "job": JOB, "state": ..., "durability": ..., ...}
-    {"op": "ckpt_wait", "job": JOB, "level": LEVEL, "timeout": SECONDS}
+    {"op": "ckpt_wait", "job": JOB, "level": LEVEL, "timeout": SECONDS,
+     "name": ..., "save_id": ID, "rank": R, "world_size": W, "commit": "auto|none"}
         -> the job as above, once it reached LEVEL or failed, or after the timeout
-           (at most 10 s: the client asks again)
+           (at most 10 s: the client asks again). A daemon that does not know JOB
+           (it restarted, or forgot the job an hour after it ended) looks for the
+           save that ``name``, ``save_id`` and ``rank`` describe in the backend and
+           answers what became of it: committed, its part there, or lost.
     {"op": "ckpt_commit", "name": ..., "save_id": ID, "world_size": W,
      "overwrite": B}                          + 1 optional fd: extra manifest fields
         -> {"ok": true, "manifest_id": ID}
     {"op": "ckpt_manifest", "name": ...}      -> 1 fd: the manifest, JSON
     {"op": "ckpt_chunks", "backend": B, "ids": [ID, ...]}
         -> {"ok": true, "sizes": [...]} + one sealed memfd per chunk
-    {"op": "ckpt_list", "prefix": "BACKEND[/PREFIX]"}   -> payload: JSON entries
+    {"op": "ckpt_list", "prefix": "BACKEND[/PREFIX]", "start_after": KEY|null,
+     "limit": N}
+        -> {"ok": true, "count": N, "next": KEY|null}, payload: a JSON array of
+           entries (name, step, sizes, dedup ratio, durability, state, created), in
+           the order of their manifest keys. One page: ``limit`` is at most
+           MAX_LIST_PAGE (default LIST_PAGE); a page may hold fewer entries (even
+           none) to fit the payload or to bound the work of one request; ``next`` is
+           the token to send back as ``start_after``, null on the last page. A
+           request without ``limit`` (an older client, which reads one page) is
+           refused when there is more than one page, rather than answered in part.
     {"op": "ckpt_delete", "name": ...}        -> {"ok": true, "removed": N}
     {"op": "ckpt_gc", "target": ..., "keep_last": N|null, "grace": SECONDS,
-     "dry_run": B}                            -> payload: JSON report
+     "dry_run": B}                            -> 1 fd: the JSON report, whatever the
+                                                number of checkpoints it retired;
+                                                payload: the report without the
+                                                names ("retired")
 
 The bounds: ``world_size`` at most :data:`~chunkd.client.protocol.MAX_WORLD_SIZE`,
 ``ids`` at most :data:`~chunkd.client.protocol.MAX_FDS`, a layout at most
-:data:`MAX_LAYOUT` bytes, durations at most :data:`MAX_SECONDS`.
+:data:`MAX_LAYOUT` bytes, holding at most :data:`MAX_SEGMENTS` segments whose
+offsets and sizes are at most :data:`MAX_STAGED_BYTES`; a ``step`` within a signed
+64-bit integer (:data:`MAX_STEP`); durations at most :data:`MAX_SECONDS`; names at
+most 1200 bytes; ``limit`` at most :data:`~chunkd.client.protocol.MAX_LIST_PAGE`.
 """
 
 from __future__ import annotations
@@ -40,16 +59,39 @@ from typing import TYPE_CHECKING, Any, Final
 
 from chunkd.cache import ChunkId, ChunkLease
 from chunkd.cache.ram import seal_memfd, seal_memfd_off_loop
-from chunkd.client.protocol import MAX_FDS, MAX_WORLD_SIZE
+from chunkd.client.protocol import (
+    LIST_PAGE,
+    MAX_FDS,
+    MAX_LIST_PAGE,
+    MAX_PAYLOAD,
+    MAX_WORLD_SIZE,
+)
 from chunkd.errors import InvalidChunkIdError, InvalidRequestError
 from chunkd.gateway import arguments as arg
-from chunkd.gateway.checkpoints import Durability, SaveRequest, checkpoint_name
+from chunkd.gateway.checkpoints import (
+    MAX_SEGMENTS,
+    MAX_STAGED_BYTES,
+    MAX_STEP,
+    Durability,
+    SaveRequest,
+    checkpoint_name,
+)
 from chunkd.gateway.status import error_answer
 
 if TYPE_CHECKING:
     from chunkd.gateway.checkpoints import Checkpoints
 
-__all__ = ["CKPT_OPS", "FD_OPS", "MAX_LAYOUT", "MAX_SECONDS", "Answer", "handle"]
+__all__ = [
+    "CKPT_OPS",
+    "FD_OPS",
+    "MAX_LAYOUT",
+    "MAX_SECONDS",
+    "MAX_SEGMENTS",
+    "MAX_STAGED_BYTES",
+    "MAX_STEP",
+    "Answer",
+    "handle",
+]
 
 #: longest a ckpt_wait request is held before the client asks again
 _WAIT_SLICE: Final = 10.0
@@ -59,6 +101,8 @@ MAX_LAYOUT: Final = 256 << 20
 MAX_SECONDS: Final = 10 * 365 * 86400.0
 _REQUIRED_SEALS: Final = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE
 _NAME_BYTES: Final = 1200
+#: what a listing page's entries may take of the payload (the rest is slack)
+_LIST_BYTES: Final = MAX_PAYLOAD - 4096
 
 CKPT_OPS: Final = frozenset(
     {
@@ -113,6 +157,7 @@ async def handle(
             arg.text(header, "job", max_bytes=64),
             Durability.parse(header.get("level", "remote")),
             min(arg.number(header, "timeout", low=0, high=MAX_SECONDS, default=0), _WAIT_SLICE),
+            asked=_asked_save(header),
         )
         if job.error is not None:
             return error_answer(job.error) | {"job": job.describe()}
@@ -142,9 +187,22 @@ async def handle(
     if op == "ckpt_chunks":
         return await _chunks(store, header, answer)
     if op == "ckpt_list":
-        entries = await store.entries(arg.text(header, "prefix", max_bytes=_NAME_BYTES))
+        prefix = arg.text(header, "prefix", max_bytes=_NAME_BYTES)
+        paged = header.get("limit") is not None
+        entries, token = await store.entries_page(
+            prefix,
+            start_after=arg.optional_text(header, "start_after", max_bytes=_NAME_BYTES + 32),
+            limit=arg.whole(header, "limit", low=1, high=MAX_LIST_PAGE, default=LIST_PAGE),
+            max_bytes=_LIST_BYTES,
+        )
+        if token is not None and not paged:
+            raise InvalidRequestError(
+                f"there are more checkpoints under {prefix} than one answer holds, and this "
+                "client reads only one; install the same chunkd version for the trainers "
+                "and the daemon (its client reads every page)"
+            )
         answer.payload = json.dumps(entries).encode()
-        return {"ok": True}
+        return {"ok": True, "count": len(entries), "next": token}
     if op == "ckpt_delete":
         removed = await store.delete(arg.text(header, "name", max_bytes=_NAME_BYTES))
         return {"ok": True, "removed": removed}
@@ -156,9 +214,31 @@ async def handle(
             grace=arg.number(header, "grace", low=0, high=MAX_SECONDS, default=3600),
             dry_run=arg.flag(header, "dry_run"),
         )
-        answer.payload = json.dumps(report).encode()
-        return {"ok": True}
+        # The names retired are not bounded: the whole report goes in a sealed memfd.
+        fd = await asyncio.to_thread(seal_memfd, memoryview(json.dumps(report).encode()))
+        answer.owned.append(fd)
+        answer.fds.append(fd)
+        answer.payload = json.dumps({k: v for k, v in report.items() if k != "retired"}).encode()
+        return {"ok": True, "fds": 1}
     raise InvalidRequestError(f"unknown op {op!r}")
+
+
+def _asked_save(header: dict[str, Any]) -> SaveRequest | None:
+    """The save a ``ckpt_wait`` names besides its job (None: an older client's request)."""
+    if header.get("name") is None:
+        return None
+    backend, path = checkpoint_name(arg.text(header, "name", max_bytes=_NAME_BYTES))
+    return SaveRequest.from_json(
+        {
+            "backend": backend,
+            "path": path,
+            "save_id": arg.text(header, "save_id", max_bytes=64),
+            "rank": header.get("rank"),
+            "world_size": header.get("world_size"),
+            "commit": header.get("commit") or "auto",
+            "segments": [],
+        }
+    )
 
 
 _SAVE_FIELDS: Final = (

@@ -12,13 +12,19 @@ Commit protocol (one save job per rank; ``docs/checkpoints.md`` has the format):
                 then the job's journal is fsynced under <cache>/checkpoints/jobs/
                                                                 -> level "local"
     4. intent   intents/<save_id>.<rank>.json names every chunk id, so that a
-                concurrent `chunkd gc` keeps them
-    5. upload   per chunk: HEAD chunks/<id>; PUT it (if absent) only when missing
-    6. part     checkpoints/<PATH>/parts/<save_id>/<rank>.json
-    7. commit   the coordinator (rank 0) waits for every part, then writes
+                concurrent `chunkd gc` keeps them (it stays a day)
+    5. barrier  list gc/: wait until every collection whose barrier is there is over
+    6. upload   per chunk: HEAD chunks/<id>; PUT it (if absent) only when missing
+    7. part     checkpoints/<PATH>/parts/<save_id>/<rank>.json
+    8. commit   the coordinator (rank 0) waits for every part, then writes
                 checkpoints/<PATH>/manifest.json (if absent, unless overwrite):
                 the checkpoint exists from this one PUT on   -> level "remote"
-    8. cleanup  the intent and the journal are deleted, the pins dropped
+    9. cleanup  the journal is deleted, the pins dropped
+
+Garbage collection writes its barrier gc/<run>.json before it reads the intents and
+removes it after its last delete; with steps 4 and 5 that order makes a collection
+and a save that deduplicates against an unreferenced chunk safe by protocol
+(docs/checkpoints.md has the argument; :class:`_Barrier` the collection's side).
 
 A manifest is never written before every chunk it names is in the backend, so a
 reader never sees a partial checkpoint; a missing or unparsable manifest means "no
@@ -42,7 +48,7 @@ import random
 import re
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from enum import IntEnum
 from pathlib import Path
@@ -50,8 +56,10 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import blake3
 
+import chunkd.errors
 from chunkd.cache import BytesLease, Chunk, ChunkCache, ChunkId, ChunkLease
 from chunkd.cache.singleflight import SingleFlight
+from chunkd.client.protocol import MAX_WORLD_SIZE
 from chunkd.errors import (
     BackendUnavailableError,
     CheckpointError,
@@ -61,8 +69,10 @@ from chunkd.errors import (
     ChunkNotFoundError,
     IntegrityError,
     InvalidKeyError,
+    InvalidRequestError,
     ObjectNotFoundError,
 )
+from chunkd.gateway import arguments as arg
 from chunkd.gateway.readpath import validate_key
 
 if TYPE_CHECKING:
@@ -71,27 +81,58 @@ if TYPE_CHECKING:
     from chunkd.gateway.peers import Peers
 
 __all__ = [
+    "MAX_SEGMENTS",
+    "MAX_STAGED_BYTES",
+    "MAX_STEP",
     "SCHEMA",
     "Checkpoints",
     "Durability",
     "SaveJob",
     "SaveRequest",
+    "check_save_id",
     "checkpoint_name",
 ]
 
 log = logging.getLogger("chunkd.gateway.checkpoints")
 
 T = TypeVar("T")
+A = TypeVar("A")
 
 SCHEMA: Final = 1
 CHUNKS: Final = "chunks/"
 CHECKPOINTS: Final = "checkpoints/"
 INTENTS: Final = "intents/"
 MANIFEST: Final = "manifest.json"
+GC_BARRIERS: Final = "gc/"
+#: the shortest expiry of a collection's barrier (longer where one backend request
+#: may take longer): how long saves wait for a collection that died
+BARRIER_EXPIRY: Final = 120.0
+#: the longest expiry a save honours, whatever a barrier declares
+_BARRIER_EXPIRY_CAP: Final = 3600.0
+#: the share of a barrier's expiry a collection relies on: clocks run at rates that
+#: differ by far less than 1%
+_CLOCK_RATE_SLACK: Final = 0.99
+#: a bound on one backoff between retries of a backend request (backends.py: 2 s)
+_BACKOFF_BOUND: Final = 2.0
+_DELETES_AT_ONCE: Final = 16
+_SUMMARIES_AT_ONCE: Final = 32
+#: backend keys one listing page looks at, at most
+_PAGE_SCAN_KEYS: Final = 20_000
+_READS_AT_ONCE: Final = 16
+_PART_RE: Final = re.compile(r"/parts/[A-Za-z0-9_-]{1,64}/(0|[1-9][0-9]{0,5})\.json$")
 _UPLOADS_IN_FLIGHT: Final = 8
 _STAGE_IN_FLIGHT: Final = 6  # chunks hashed or written at once per save
 _RETRY_CAP: Final = 30.0
+#: how long the failures of jobs are kept, for clients that wait after a restart
+_FAILURES_KEPT: Final = 7 * 86400.0
 _STEP_RE: Final = re.compile(r"(\d+)\D*$")
+_SAVE_ID_RE: Final = re.compile(r"[A-Za-z0-9_-]{1,64}")
+#: segments one save request may name
+MAX_SEGMENTS: Final = 1 << 20
+#: the largest offset or size a segment may name (256 TiB)
+MAX_STAGED_BYTES: Final = 1 << 48
+#: the largest step (a signed 64-bit integer); the smallest is ``-MAX_STEP - 1``
+MAX_STEP: Final = (1 << 63) - 1
 
 
 class Durability(IntEnum):
@@ -105,10 +146,10 @@ class Durability(IntEnum):
     def parse(cls, text: object) -> Durability:
         """``"staged"``, ``"local"`` or ``"remote"``."""
         try:
-            return cls[str(text).upper()]
+            return cls[text.upper()] if isinstance(text, str) else cls[""]
         except KeyError:
-            raise CheckpointError(
-                f"durability must be 'staged', 'local' or 'remote'; got {text!r}"
+            raise InvalidRequestError(
+                f"durability must be 'staged', 'local' or 'remote'; got {str(text)[:40]!r}"
             ) from None
 
 
@@ -128,7 +169,20 @@ def checkpoint_name(name: object) -> tuple[str, str]:
 
 def _step_of(path: str) -> int | None:
     found = _STEP_RE.search(path.rsplit("/", 1)[-1])
-    return int(found.group(1)) if found else None
+    if not found or len(found.group(1)) > 19:
+        return None
+    step = int(found.group(1))
+    return step if step <= MAX_STEP else None
+
+
+def check_save_id(save_id: str) -> str:
+    """Return ``save_id`` if it is 1-64 of ``[A-Za-z0-9_-]``; InvalidRequestError otherwise.
+
+    A save id is a path component of the part keys, so nothing else may be in it.
+    """
+    if not _SAVE_ID_RE.fullmatch(save_id):
+        raise InvalidRequestError(f"save_id {save_id[:80]!r} must be 1-64 of [A-Za-z0-9_-]")
+    return save_id
 
 
 @dataclass
@@ -191,37 +245,62 @@ class SaveRequest:
     def from_json(cls, doc: dict[str, Any]) -> SaveRequest:
         """Parse and check a request (from the client or the journal).
 
+        Every number and count is bounded: ``world_size`` by
+        :data:`~chunkd.client.protocol.MAX_WORLD_SIZE`, the segments by
+        :data:`MAX_SEGMENTS` and :data:`MAX_STAGED_BYTES`, ``step`` by :data:`MAX_STEP`.
+
         Raises:
-            CheckpointError, InvalidKeyError: the request is malformed.
+            InvalidRequestError, InvalidKeyError: the request is malformed or out of bounds.
         """
-        try:
-            backend, path = checkpoint_name(f"{doc['backend']}/{doc['path']}")
-            save_id = str(doc.get("save_id") or uuid.uuid4().hex)
-            if not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", save_id):
-                raise CheckpointError(f"save_id {save_id!r} must be 1-64 of [A-Za-z0-9_-]")
-            rank, world = int(doc.get("rank", 0)), int(doc.get("world_size", 1))
-            if not 0 <= rank < world:
-                raise CheckpointError(f"rank {rank} is outside world_size {world}")
-            commit = str(doc.get("commit", "auto"))
-            if commit not in ("auto", "none"):
-                raise CheckpointError(f"commit must be 'auto' or 'none'; got {commit!r}")
-            segments = [(int(o), int(n)) for o, n in doc["segments"]]
-            step = doc.get("step")
-            return cls(
-                backend=backend,
-                path=path,
-                save_id=save_id,
-                rank=rank,
-                world_size=world,
-                durability=Durability.parse(doc.get("durability", "remote")),
-                overwrite=bool(doc.get("overwrite", False)),
-                commit=commit,
-                step=int(step) if step is not None else _step_of(path),
-                segments=segments,
-                tree=doc.get("tree"),
+        backend, path = checkpoint_name(f"{doc.get('backend')}/{doc.get('path')}")
+        save_id = arg.optional_text(doc, "save_id", max_bytes=64) or uuid.uuid4().hex
+        world = arg.whole(doc, "world_size", low=1, high=MAX_WORLD_SIZE, default=1)
+        rank = arg.whole(doc, "rank", low=0, high=MAX_WORLD_SIZE - 1, default=0)
+        if rank >= world:
+            raise InvalidRequestError(f"rank {rank} is outside world_size {world}")
+        commit = doc.get("commit", "auto")
+        if commit not in ("auto", "none"):
+            raise InvalidRequestError(f"commit must be 'auto' or 'none'; got {str(commit)[:40]!r}")
+        step = doc.get("step")
+        return cls(
+            backend=backend,
+            path=path,
+            save_id=check_save_id(save_id),
+            rank=rank,
+            world_size=world,
+            durability=Durability.parse(doc.get("durability", "remote")),
+            overwrite=arg.flag(doc, "overwrite"),
+            commit=str(commit),
+            step=_step_of(path)
+            if step is None
+            else arg.whole(doc, "step", low=-MAX_STEP - 1, high=MAX_STEP),
+            segments=_segments(doc.get("segments")),
+            tree=doc.get("tree"),
+        )
+
+
+def _segments(raw: object) -> list[tuple[int, int]]:
+    """The (offset, size) pairs of a request, checked against their bounds."""
+    if not isinstance(raw, list) or len(raw) > MAX_SEGMENTS:
+        raise InvalidRequestError(
+            f"a save's segments are a list of at most {MAX_SEGMENTS} [offset, size] pairs"
+        )
+    segments = []
+    for item in raw:
+        if (
+            not isinstance(item, list | tuple)
+            or len(item) != 2
+            or any(
+                isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= MAX_STAGED_BYTES
+                for n in item
             )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise CheckpointError(f"malformed checkpoint request: {exc!r}") from None
+        ):
+            raise InvalidRequestError(
+                f"a segment is [offset, size], whole numbers from 0 to {MAX_STAGED_BYTES}; "
+                f"got {str(item)[:60]}"
+            )
+        segments.append((int(item[0]), int(item[1])))
+    return segments
 
 
 @dataclass
@@ -276,6 +355,7 @@ class SaveJob:
             "rank": self.request.rank,
             "world_size": self.request.world_size,
             "save_id": self.request.save_id,
+            "commit": self.request.commit,
             "state": self.state,
             "durability": Durability(self.level).name.lower() if self.level else None,
             "logical_bytes": self.logical,
@@ -287,6 +367,87 @@ class SaveJob:
             out["error"] = type(self.error).__name__
             out["message"] = str(self.error)
         return out
+
+
+class _Barrier:
+    """One garbage collection's barrier, ``gc/<run>.json``, kept fresh while it sweeps.
+
+    The protocol (docs/checkpoints.md): a save that lists this barrier waits until it
+    is gone, or until it has not changed for :attr:`expiry` seconds, measured on the
+    save's own monotonic clock (the collection died). So that safety never rests on
+    clocks agreeing, the collection keeps its own side of that bargain on its own
+    monotonic clock alone:
+
+    * it rewrites the barrier every ``expiry / 8`` seconds (:meth:`keep_fresh`);
+    * it sends a delete only if the delete, retries included (:attr:`request_bound`),
+      ends before ``expiry`` (less 1% for clocks that run at different rates) after the
+      start of the last rewrite that completed (:meth:`clear_to_delete`): no save can
+      have taken that version of the barrier for dead before then;
+    * a rewrite that completes later than that is a *gap*: saves may have passed the
+      barrier meanwhile, each with its intent written first, so the intents are read
+      again before the next delete.
+    """
+
+    def __init__(self, backend: Backend, target: str) -> None:
+        config = backend.config
+        self.backend = backend
+        self.target = target
+        self.run = uuid.uuid4().hex
+        self.key = f"{GC_BARRIERS}{self.run}.json"
+        #: the longest one request may take, its retries and their backoff included
+        self.request_bound = config.timeout * (config.retries + 1) + _BACKOFF_BOUND * config.retries
+        #: how long the barrier may go unchanged before saves take the collection for dead
+        self.expiry = max(BARRIER_EXPIRY, 4 * self.request_bound)
+        if self.expiry > _BARRIER_EXPIRY_CAP:
+            raise CheckpointError(
+                f"backend {backend.name!r}: with timeout {config.timeout:g}s and {config.retries} "
+                f"retries, one request may take {self.request_bound:g}s, too long for a "
+                "garbage collection whose barrier saves wait at most "
+                f"{_BARRIER_EXPIRY_CAP:g}s for; lower the backend's timeout or retries"
+            )
+        self.refreshes = 0
+        #: how many times the intents were read again after a gap
+        self.rereads = 0
+        self._gap = False
+        self._written: float | None = None  # when the last completed write started
+
+    def _safe_until(self) -> float:
+        assert self._written is not None
+        return self._written + self.expiry * _CLOCK_RATE_SLACK
+
+    async def write(self) -> None:
+        """Write (or rewrite) the barrier; a rewrite that ends late records a gap."""
+        started = time.monotonic()
+        doc = {
+            "format": "chunkd-gc-barrier",
+            "run": self.run,
+            "target": self.target,
+            "written": time.time(),
+            "refreshes": self.refreshes,  # each rewrite differs: a new version token
+            "expires_after": self.expiry,
+        }
+        await self.backend.put(self.key, _dumps(doc))
+        if self._written is not None and time.monotonic() > self._safe_until():
+            self._gap = True
+        self._written = started
+        self.refreshes += 1
+
+    async def keep_fresh(self) -> None:
+        """Rewrite the barrier if the last write is ``expiry / 8`` old."""
+        if self._written is None or time.monotonic() - self._written > self.expiry / 8:
+            await self.write()
+
+    async def clear_to_delete(self) -> bool:
+        """Whether deletes sent right now are covered by the barrier; False when the
+        intents must be read again first (there was a gap)."""
+        while True:
+            await self.keep_fresh()
+            if self._gap:
+                self._gap = False
+                return False
+            if time.monotonic() + self.request_bound <= self._safe_until():
+                return True
+            await self.write()  # the last write itself was slow: start afresh
 
 
 class Checkpoints:
@@ -326,7 +487,7 @@ class Checkpoints:
         self._jobs: dict[str, SaveJob] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._uploads: SingleFlight[tuple[str, ChunkId], bool] = SingleFlight()
-        self._fetches: SingleFlight[tuple[str, ChunkId], str] = SingleFlight()
+        self._fetches: SingleFlight[tuple[str, ChunkId], tuple[str, memoryview]] = SingleFlight()
         self._upload_slots = asyncio.Semaphore(_UPLOADS_IN_FLIGHT)
 
     # -- lifecycle ------------------------------------------------------------------
@@ -344,7 +505,13 @@ class Checkpoints:
                 job.logical = int(doc["logical"])
             except (OSError, ValueError, KeyError, TypeError, ChunkdError) as exc:
                 log.error("checkpoint journal %s is unreadable (%s); set aside", path, exc)  # noqa: TRY400
-                self._set_aside(path)
+                self._set_aside(
+                    path,
+                    CheckpointError(
+                        f"the journal of save job {path.stem} was unreadable when the daemon "
+                        f"started again ({exc}); the save was not resumed: save again"
+                    ),
+                )
                 continue
             missing = [cid for cid in job.unique if self.cache.index.lookup(cid) is None]
             if missing:  # files a crash left without their records are adopted first
@@ -358,7 +525,14 @@ class Checkpoints:
                     request.rank,
                     len(missing),
                 )
-                self._set_aside(path)
+                self._set_aside(
+                    path,
+                    CheckpointError(
+                        f"checkpoint {request.name} (rank {request.rank}) could not resume when "
+                        f"the daemon started again: {len(missing)} of its chunks were gone from "
+                        "the node's disk; save again"
+                    ),
+                )
                 continue
             job.pinned = set(job.unique)
             self.cache.disk.pin(job.pinned)
@@ -372,10 +546,33 @@ class Checkpoints:
     def _make_dirs(self) -> None:
         self._jobs_dir.mkdir(parents=True, exist_ok=True)
         self._failed_dir.mkdir(parents=True, exist_ok=True)
+        old = time.time() - _FAILURES_KEPT
+        for record in self._failed_dir.glob("*.error.json"):
+            with contextlib.suppress(OSError):
+                if record.stat().st_mtime < old:
+                    record.unlink()
 
-    def _set_aside(self, journal: Path) -> None:
+    def _set_aside(self, journal: Path, error: ChunkdError | None = None) -> None:
+        """Move a job's journal to ``failed/``, with what went wrong: a client that
+        waits for the job after a restart is told that, not that the save was lost."""
         with contextlib.suppress(OSError):
             os.replace(journal, self._failed_dir / journal.name)
+        if error is not None:
+            doc = {"error": type(error).__name__, "message": str(error), "failed": time.time()}
+            with contextlib.suppress(OSError):
+                _write_durably(self._failed_dir / f"{journal.stem}.error.json", _dumps(doc))
+
+    def _recorded_failure(self, job_id: str) -> ChunkdError | None:
+        """The failure :meth:`_set_aside` recorded for ``job_id``, if any."""
+        try:
+            doc = json.loads((self._failed_dir / f"{job_id}.error.json").read_bytes())
+            kind, message = str(doc["error"]), str(doc["message"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        cls = getattr(chunkd.errors, kind, None)
+        if not (isinstance(cls, type) and issubclass(cls, ChunkdError)):
+            cls = CheckpointError
+        return cls(message)
 
     async def close(self) -> None:
         """Stop every job (journaled ones resume on the next start)."""
@@ -407,7 +604,7 @@ class Checkpoints:
         backend.check_writable()
         for offset, length in request.segments:
             if offset < 0 or length < 0 or offset + length > size:
-                raise CheckpointError(
+                raise InvalidRequestError(
                     f"segment ({offset}, {length}) lies outside the {size} staged bytes"
                 )
         if not request.overwrite and request.rank == 0:
@@ -462,18 +659,20 @@ class Checkpoints:
         except asyncio.CancelledError:
             raise
         except ChunkdError as exc:
-            self._failed(job, exc)
+            await self._failed(job, exc)
         except Exception as exc:
             log.exception("checkpoint %s failed", job.request.name)
-            self._failed(job, CheckpointError(f"checkpoint {job.request.name} failed: {exc!r}"))
+            await self._failed(
+                job, CheckpointError(f"checkpoint {job.request.name} failed: {exc!r}")
+            )
 
-    def _failed(self, job: SaveJob, exc: ChunkdError) -> None:
+    async def _failed(self, job: SaveJob, exc: ChunkdError) -> None:
         log.warning("checkpoint %s (rank %d) failed: %s", job.request.name, job.request.rank, exc)
         self.metrics.ckpt_saves.labels("failed").inc()
         job.fail(exc)
         self._release_data(job)
         self._unpin(job)
-        self._set_aside(self._journal(job))
+        await asyncio.to_thread(self._set_aside, self._journal(job), exc)
 
     async def _stage_to_disk(self, job: SaveJob) -> None:
         """Hash every chunk and write it to the disk tier; journal the job (level local).
@@ -573,13 +772,16 @@ class Checkpoints:
                 job.data = None
 
     async def _finish(self, job: SaveJob) -> None:
-        """Steps 4 to 8 of the commit protocol; backend outages are waited out."""
+        """Steps 4 to 9 of the commit protocol; backend outages are waited out."""
         request = job.request
         backend = self.backends.get(request.backend)
         unique = job.unique
         intent = {"save_id": request.save_id, "name": request.name, "created": time.time()}
         intent["chunks"] = [str(cid) for cid in unique]
         await self._retrying(job, lambda: backend.put(request.intent_key, _dumps(intent)))
+        # No dedup decision (the HEADs of _send_chunk) before every collection that
+        # may have missed this intent is over: see _await_collections.
+        await self._await_collections(job, backend)
         job.state = "uploading"
         uploaded = await asyncio.gather(
             *(self._retrying(job, functools.partial(self._upload, job, backend, c)) for c in unique)
@@ -600,7 +802,7 @@ class Checkpoints:
         else:
             job.manifest_id = blake3.blake3(part).hexdigest()
         # The intent stays: a collection that began before this save listed the
-        # manifests without this one, and reads the intents before each sweep batch.
+        # manifests without this one, and reads the intents after its barrier is up.
         # `chunkd gc` deletes intents older than a day.
         self._unpin(job)
         await asyncio.to_thread(_unlink_quietly, self._journal(job))
@@ -615,6 +817,83 @@ class Checkpoints:
             job.logical,
             job.new,
         )
+
+    async def _await_collections(self, job: SaveJob, backend: Backend) -> None:
+        """Wait until every garbage collection whose barrier is up now is over.
+
+        Called after the job's intent is in the backend and before any of its chunks
+        is looked up there. A collection whose barrier is listed here may have read the
+        intents before this one was written, so it may still delete a chunk this save
+        would find present: wait until its barrier is gone. One whose barrier is not
+        listed yet writes it after this intent exists, and reads the intents after
+        that, before it deletes anything (docs/checkpoints.md has the argument).
+
+        A barrier that stays the same for the expiry it declares, measured here on this
+        daemon's monotonic clock, belongs to a collection that died (kill -9): it is
+        passed over. The collection's side of that bargain is :class:`_Barrier`.
+        """
+        barriers = await self._retrying(job, lambda: self._barriers(backend))
+        if not barriers:
+            return
+        self.metrics.gc_barrier_waits.inc()
+        state = job.state
+        job.state = f"waiting for {len(barriers)} garbage collection(s) to finish"
+        seen = time.monotonic()
+        # barrier key -> (version, when that version was first seen, its expiry)
+        watched: dict[str, tuple[str, float, float]] = {}
+        for meta in barriers:
+            expiry = await self._declared_expiry(backend, meta)
+            if expiry is not None:
+                watched[meta.key] = (meta.version, seen, expiry)
+        delay = 0.05
+        while watched:
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, self.poll_interval)
+            asked = time.monotonic()
+            now = {m.key: m for m in await self._retrying(job, lambda: self._barriers(backend))}
+            answered = time.monotonic()
+            for key, (version, since, expiry) in list(watched.items()):
+                current = now.get(key)
+                if current is None:
+                    del watched[key]  # that collection is over
+                elif current.version != version:  # rewritten: alive
+                    renewed = await self._declared_expiry(backend, current)
+                    if renewed is None:
+                        del watched[key]
+                    else:
+                        watched[key] = (current.version, answered, renewed)
+                elif asked - since >= expiry:
+                    log.warning(
+                        "checkpoint %s: garbage collection barrier %s/%s has not changed for "
+                        "%.0fs; its collection is taken for dead and the save goes on",
+                        job.request.name,
+                        backend.name,
+                        key,
+                        asked - since,
+                    )
+                    del watched[key]
+        job.state = state
+
+    async def _barriers(self, backend: Backend) -> list[ObjectMeta]:
+        """The barriers of the collections running in ``backend`` (never a cached listing)."""
+        found: list[ObjectMeta] = []
+        async for batch in backend.scan(GC_BARRIERS.rstrip("/")):
+            found += [m for m in batch if m.key.endswith(".json")]
+        return found
+
+    async def _declared_expiry(self, backend: Backend, meta: ObjectMeta) -> float | None:
+        """How long barrier ``meta`` may stay unchanged before it counts as abandoned
+        (None: it is gone already)."""
+        try:
+            doc = json.loads(bytes(await backend.get(meta.key)))
+            declared = float(doc["expires_after"])
+        except ObjectNotFoundError:
+            return None
+        except (ValueError, KeyError, TypeError):
+            declared = _BARRIER_EXPIRY_CAP  # not ours to judge: the longest wait
+        if not declared > 0:
+            declared = _BARRIER_EXPIRY_CAP
+        return min(declared, _BARRIER_EXPIRY_CAP)
 
     async def _upload(self, job: SaveJob, backend: Backend, cid: ChunkId) -> bool:
         """Put chunk ``cid`` in the backend unless it is there; True if this job sent it."""
@@ -746,19 +1025,27 @@ class Checkpoints:
     async def _parts(
         self, backend: Backend, prefix: str, world_size: int
     ) -> list[dict[str, Any]] | None:
-        """Every part under ``prefix`` (with its id), or None while some are missing."""
-        _, objects = await backend.list(prefix, recursive=True)
-        keys = {m.key for m in objects}
-        wanted = [f"{prefix}{r}.json" for r in range(world_size)]
-        if not all(k in keys for k in wanted):
+        """Every part under ``prefix`` (with its id), or None while some are missing.
+
+        A look costs what is present (one listing request per 1000 parts), whatever
+        ``world_size`` is; the parts are read once all of them are there.
+        """
+        present: set[int] = set()
+        async for batch in backend.scan(prefix.rstrip("/")):
+            for meta in batch:
+                rank = _part_rank(meta.key[len(prefix) :], world_size)
+                if rank is not None:
+                    present.add(rank)
+        if len(present) < world_size:
             return None
-        parts = []
-        for key in wanted:
-            raw = await backend.get(key)
-            part = json.loads(bytes(raw))
+
+        async def read(rank: int) -> dict[str, Any]:
+            raw = await backend.get(f"{prefix}{rank}.json")
+            part: dict[str, Any] = json.loads(bytes(raw))
             part["_id"] = blake3.blake3(raw).hexdigest()
-            parts.append(part)
-        return parts
+            return part
+
+        return await _each(range(world_size), read)
 
     async def _await_commit(self, job: SaveJob, backend: Backend) -> None:
         key = job.request.prefix + MANIFEST
@@ -799,8 +1086,19 @@ class Checkpoints:
     async def commit(
         self, name: str, save_id: str, world_size: int, overwrite: bool, extra: dict[str, Any]
     ) -> str:
-        """Commit a save made with ``commit="none"`` once all its parts are in."""
+        """Commit a save made with ``commit="none"`` once all its parts are in.
+
+        Raises:
+            InvalidRequestError: ``save_id`` or ``world_size`` is malformed or out of bounds.
+            CheckpointExistsError: another save committed the name meanwhile.
+            CheckpointError: the parts did not all come within the part timeout.
+        """
         backend_name, path = checkpoint_name(name)
+        check_save_id(save_id)
+        if not 1 <= world_size <= MAX_WORLD_SIZE:
+            raise InvalidRequestError(
+                f"world_size must be from 1 to {MAX_WORLD_SIZE}; got {world_size}"
+            )
         backend = self.backends.get(backend_name)
         backend.check_writable()
         return await self._commit(
@@ -809,29 +1107,136 @@ class Checkpoints:
 
     # -- waiting --------------------------------------------------------------------
 
-    def job(self, job_id: str) -> SaveJob:
-        """The job called ``job_id``.
+    async def wait(
+        self,
+        job_id: str,
+        level: Durability,
+        seconds: float,
+        *,
+        asked: SaveRequest | None = None,
+    ) -> SaveJob:
+        """Wait up to ``seconds`` for ``job_id`` to reach ``level`` or fail.
+
+        A job this daemon does not know (it restarted before the job was journaled,
+        or after the job ended, or forgot it an hour after it ended) is looked up by
+        what the client says it saved (``asked``: its name, save id, rank, world size
+        and commit mode): see :meth:`_after_restart`.
 
         Raises:
-            CheckpointError: the daemon does not know it (it restarted before the
-                job was journaled, so that save is lost).
+            CheckpointError: the job is unknown and the client did not say which save
+                it was.
         """
         job = self._jobs.get(job_id)
         if job is None:
-            raise CheckpointError(
-                f"this daemon knows no save job {job_id!r}: it restarted before that save "
-                "was durable on its disk, so the save was lost; save again"
-            )
-        return job
-
-    async def wait(self, job_id: str, level: Durability, seconds: float) -> SaveJob:
-        """Wait up to ``seconds`` for ``job_id`` to reach ``level`` or fail."""
-        job = self.job(job_id)
+            if asked is None:
+                raise CheckpointError(
+                    f"this daemon knows no save job {job_id!r} (it restarted or forgot the "
+                    "job), and the request does not say which save it was; ask with its "
+                    "name, save_id and rank (a chunkd client of this version does)"
+                )
+            return await self._after_restart(job_id, asked, level, seconds)
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(seconds):
                 while job.level < level and job.error is None:
                     await job.changed.wait()
         return job
+
+    async def _after_restart(
+        self, job_id: str, asked: SaveRequest, level: Durability, seconds: float
+    ) -> SaveJob:
+        """What became of a save whose job this daemon does not know.
+
+        In order: a failure recorded here before a restart; a manifest with the save's
+        id (committed: remote); the rank's part (for a ``commit="none"`` save, remote;
+        else durable, and a rank other than 0 waits for rank 0's commit); nothing (the
+        save was lost, or committed and deleted since).
+        """
+        job = SaveJob(id=job_id, request=asked)
+        failure = None
+        if _SAVE_ID_RE.fullmatch(job_id):  # a file name: nothing else may be in it
+            failure = await asyncio.to_thread(self._recorded_failure, job_id)
+        if failure is not None:
+            job.fail(failure)
+            return job
+        backend = self.backends.get(asked.backend)
+        deadline = time.monotonic() + seconds
+        delay = 0.05
+        while True:
+            await self._find_in_backend(job, backend)
+            left = deadline - time.monotonic()
+            if job.error is not None or job.level >= level or left <= 0:
+                return job
+            await asyncio.sleep(min(delay, left))
+            delay = min(delay * 2, self.poll_interval)
+
+    async def _find_in_backend(self, job: SaveJob, backend: Backend) -> None:
+        """Set ``job``'s level, state or error from what ``backend`` holds of its save."""
+        request = job.request
+        what = f"save {request.save_id} of checkpoint {request.name} (rank {request.rank})"
+        doc: dict[str, Any] | None = None
+        try:
+            raw = await backend.get(request.prefix + MANIFEST)
+            doc = json.loads(bytes(raw))
+        except ObjectNotFoundError:
+            pass
+        except ValueError:
+            doc = None  # torn: no checkpoint
+        if not isinstance(doc, dict):
+            doc = None
+        if doc is not None and doc.get("save_id") == request.save_id:
+            job.manifest_id = blake3.blake3(raw).hexdigest()
+            job.finished = time.time()
+            job.reach(Durability.REMOTE, "done")
+        try:
+            part_raw = await backend.get(request.part_key)
+            part = json.loads(bytes(part_raw))
+            job.logical, job.new = int(part["logical_bytes"]), int(part["new_bytes"])
+        except ObjectNotFoundError:
+            part = None
+        except (ValueError, KeyError, TypeError):
+            part = {}  # there, but unreadable
+        if job.level >= Durability.REMOTE:
+            return
+        other = f" ({doc.get('save_id')!s:.64})" if doc is not None else ""
+        if part is None:
+            there = f"; the manifest there is another save's{other}" if doc is not None else ""
+            job.fail(
+                CheckpointError(
+                    f"{what}: this daemon does not know it (it restarted or forgot the job), "
+                    f"and backend {backend.name!r} holds neither its part nor a manifest "
+                    f"with its save id{there}: the save was lost before it was durable on "
+                    "this node's disk, or it was committed and deleted since; save again if "
+                    "you need it"
+                )
+            )
+        elif request.commit == "none":
+            job.manifest_id = blake3.blake3(part_raw).hexdigest()
+            job.finished = time.time()
+            job.reach(Durability.REMOTE, "done")
+        elif doc is not None:
+            job.fail(
+                CheckpointExistsError(
+                    f"{what}: its part is in backend {backend.name!r}, but checkpoint "
+                    f"{request.name} was committed by another save{other}; this one was not"
+                )
+            )
+        elif request.rank == 0:
+            job.fail(
+                CheckpointError(
+                    f"{what}: its part is in backend {backend.name!r}, but the daemon "
+                    "restarted before it committed the checkpoint, and nothing will commit "
+                    "it now; the name is free: save again"
+                )
+            )
+        elif time.time() - float(part.get("created", 0) or 0) > self.part_timeout:
+            job.fail(
+                CheckpointError(
+                    f"{what}: its part is in backend {backend.name!r}, but rank 0 did not "
+                    f"commit the checkpoint within {self.part_timeout:g}s"
+                )
+            )
+        else:
+            job.reach(Durability.LOCAL, "part in the backend; waiting for rank 0 to commit")
 
     def _prune(self) -> None:
         """Forget finished jobs after an hour (their waiters have had their answer)."""
@@ -942,15 +1347,13 @@ class Checkpoints:
                 self.metrics.ckpt_restored_bytes.labels("cache").inc(lease.size)
             return lease
         backend = self.backends.get(backend_name)
-        data: list[memoryview] = []
 
-        async def fetch() -> str:
+        async def fetch() -> tuple[str, memoryview]:
             if self.peers is not None and not local:
                 shared = await self.peers.fetch_chunk(backend_name, cid)  # verified
                 if shared is not None:
-                    data.append(shared)
                     await self.cache.put(Chunk.trusted(cid, shared))
-                    return "peer"
+                    return "peer", shared
             try:
                 raw = await backend.get(f"{CHUNKS}{cid}")
             except ObjectNotFoundError:
@@ -968,68 +1371,152 @@ class Checkpoints:
                     ),
                     cid,
                 )
-            data.append(raw)
             await self.cache.put(Chunk.trusted(cid, raw))
-            return "backend"
+            return "backend", raw
 
         # Every reader of one fetch counts its bytes under the fetch's source: each
-        # of this node's readers got them from there.
-        source = await self._fetches.run((backend_name, cid), fetch)
+        # of this node's readers got them from there. The fetch's bytes go to every
+        # one of them, so a chunk no tier kept (RAM full of pinned chunks, a disk that
+        # declines) is still served once fetched, and never fetched again for them.
+        source, fetched = await self._fetches.run((backend_name, cid), fetch)
         lease = await self.cache.find(cid)
-        if lease is None and data:  # no tier kept it (RAM full of pinned chunks)
-            lease = BytesLease(cid, bytes(data[0]))
         if lease is None:
-            return await self.chunk(backend_name, cid, local=local)  # evicted meanwhile
+            lease = BytesLease(cid, fetched)
         if not local:
             self.metrics.ckpt_restored_bytes.labels(source).inc(lease.size)
         return lease
 
     # -- listing, deleting, GC -------------------------------------------------------
 
+    async def entries_page(
+        self,
+        prefix: str,
+        *,
+        start_after: str | None = None,
+        limit: int = 1000,
+        max_bytes: int = 1 << 20,
+    ) -> tuple[list[dict[str, Any]], str | None]:
+        """One page of the checkpoints under ``BACKEND[/PREFIX]``: committed ones, and
+        saves in flight on this node, in the order of their manifest keys.
+
+        Returns the entries and the page token (None on the last page): the key after
+        which the next page starts. A page holds at most ``limit`` entries whose JSON
+        takes at most ``max_bytes``, and looks at no more than
+        :data:`_PAGE_SCAN_KEYS` backend keys, so it may hold fewer entries (even none)
+        before the last page. The listing is the backend's own, never a cached one.
+        """
+        backend, path = self._listed(prefix)
+        base = f"{CHECKPOINTS}{path}" if path else CHECKPOINTS.rstrip("/")
+        after = start_after or ""
+        pending = sorted(
+            (k, e) for k, e in self._in_flight(backend.name, path).items() if k > after
+        )
+        page: list[dict[str, Any]] = []
+        used = 2  # the brackets of the JSON array
+        last: str | None = None  # the key of the last entry in the page
+
+        def add(key: str, entry: dict[str, Any]) -> bool:
+            """Put ``entry`` in the page; False (and nothing added) when it is full."""
+            nonlocal used, last
+            size = len(json.dumps(entry)) + 2
+            if len(page) >= limit or used + size > max_bytes:
+                return False
+            page.append(entry)
+            used += size
+            last = key
+            return True
+
+        def flush(upto: str | None, *, inclusive: bool = False) -> bool:
+            """Add the saves in flight before key ``upto`` (or at it, or all: None);
+            False when the page is full."""
+            while pending and (
+                upto is None or pending[0][0] < upto or (inclusive and pending[0][0] == upto)
+            ):
+                if not add(*pending[0]):
+                    return False
+                pending.pop(0)
+            return True
+
+        scanned = 0
+        async with contextlib.aclosing(backend.scan(base, start_after=start_after)) as batches:
+            async for batch in batches:
+                manifests = [m for m in batch if m.key.endswith("/" + MANIFEST)]
+                for start in range(0, len(manifests), _SUMMARIES_AT_ONCE):
+                    group = manifests[start : start + _SUMMARIES_AT_ONCE]
+                    summaries = await _each(group, functools.partial(self._summary, backend))
+                    for meta, summary in zip(group, summaries, strict=True):
+                        if not flush(meta.key):
+                            return page, last
+                        if pending and pending[0][0] == meta.key and summary is not None:
+                            pending.pop(0)  # committed: the manifest says more
+                        if summary is not None and not add(meta.key, summary):
+                            return page, last
+                scanned += len(batch)
+                if scanned >= _PAGE_SCAN_KEYS:
+                    end = batch[-1].key  # enough work for one request: the rest next time
+                    return page, end if flush(end, inclusive=True) else last
+        if not flush(None):
+            return page, last
+        return page, None
+
     async def entries(self, prefix: str) -> list[dict[str, Any]]:
-        """Committed checkpoints under ``BACKEND[/PREFIX]``, and saves in flight here."""
+        """Every checkpoint under ``BACKEND[/PREFIX]`` (:meth:`entries_page`, page by page)."""
+        out: list[dict[str, Any]] = []
+        token: str | None = None
+        while True:
+            page, token = await self.entries_page(prefix, start_after=token)
+            out += page
+            if token is None:
+                return out
+
+    def _listed(self, prefix: str) -> tuple[Backend, str]:
         backend_name, _, path = prefix.strip("/").partition("/")
         backend = self.backends.get(backend_name)
+        path = path.strip("/")
         if path:
             validate_key(path)
-        manifests = await self._manifests(backend, path)
-        out = []
-        for key, meta in manifests:
-            try:
-                doc = json.loads(bytes(await backend.get(key)))
-                out.append(_summary(backend.name, key, doc, meta))
-            except (ObjectNotFoundError, ValueError, KeyError, TypeError):
-                continue  # deleted meanwhile, or torn: not a checkpoint
-        committed = {e["name"] for e in out}
-        for job in self._jobs.values():
+        return backend, path
+
+    def _in_flight(self, backend: str, path: str) -> dict[str, dict[str, Any]]:
+        """Saves in flight here under ``path`` (whole components), by manifest key."""
+        out: dict[str, dict[str, Any]] = {}
+        for job in sorted(self._jobs.values(), key=lambda j: j.started):
             request = job.request
             if (
-                request.backend == backend.name
-                and (not path or f"{request.path}/".startswith(f"{path.strip('/')}/"))
+                request.backend == backend
+                and (not path or f"{request.path}/".startswith(f"{path}/"))
                 and job.state != "done"
-                and request.name not in committed
             ):
-                out.append(
-                    {
-                        "name": request.name,
-                        "step": request.step,
-                        "logical_bytes": job.logical,
-                        "new_bytes": job.new,
-                        "dedup_ratio": None,
-                        "durability": job.describe()["durability"],
-                        "state": job.state,
-                        "world_size": request.world_size,
-                        "created": job.started,
-                    }
-                )
-        out.sort(key=lambda e: e["name"])
+                out[request.prefix + MANIFEST] = {  # the newest save of a name wins
+                    "name": request.name,
+                    "step": request.step,
+                    "logical_bytes": job.logical,
+                    "new_bytes": job.new,
+                    "dedup_ratio": None,
+                    "durability": job.describe()["durability"],
+                    "state": job.state,
+                    "world_size": request.world_size,
+                    "created": job.started,
+                }
         return out
 
-    async def _manifests(self, backend: Backend, path: str) -> list[tuple[str, ObjectMeta]]:
-        # A whole path component: "run1" is not a prefix of "run10".
-        prefix = f"{CHECKPOINTS}{path.strip('/')}/" if path else CHECKPOINTS
-        _, objects = await backend.list(prefix, recursive=True)
-        return [(m.key, m) for m in objects if m.key.endswith("/" + MANIFEST)]
+    async def _summary(self, backend: Backend, meta: ObjectMeta) -> dict[str, Any] | None:
+        """The listing entry of the manifest ``meta``; None if it is gone or torn."""
+        try:
+            doc = json.loads(bytes(await backend.get(meta.key)))
+            return _summary(backend.name, meta.key, doc, meta)
+        except (ObjectNotFoundError, ValueError, KeyError, TypeError):
+            return None  # deleted meanwhile, or torn: not a checkpoint
+
+    async def _committed(self, backend: Backend, path: str) -> AsyncGenerator[dict[str, Any], None]:
+        """The committed checkpoints under ``path``, in key order, straight from the backend."""
+        base = f"{CHECKPOINTS}{path}" if path else CHECKPOINTS.rstrip("/")
+        async with contextlib.aclosing(backend.scan(base)) as batches:
+            async for batch in batches:
+                manifests = [m for m in batch if m.key.endswith("/" + MANIFEST)]
+                for summary in await _each(manifests, functools.partial(self._summary, backend)):
+                    if summary is not None:
+                        yield summary
 
     async def delete(self, name: str) -> int:
         """Delete checkpoint ``name``: its manifest first, then the parts it names.
@@ -1069,79 +1556,155 @@ class Checkpoints:
         backend, by a part of a save not yet committed (younger than ``pending_ttl``;
         older ones are deleted), or by an intent (intents outlive their save's commit
         and are deleted after ``intent_ttl``). Sweep: unreferenced chunks older than
-        ``grace`` seconds. Intents are read again right before each batch of deletes,
-        so a save that starts during the collection keeps what it named.
+        ``grace`` seconds.
+
+        Safe against saves running meanwhile, by protocol: the collection's barrier
+        (``gc/<run>.json``) is up from before it reads the intents until after its last
+        delete, and a save looks for barriers after its intent is written and before
+        it looks up any chunk (docs/checkpoints.md). The barrier is removed however
+        the collection ends, a cancel included. Every listing is the backend's own,
+        one batch at a time; only the set of referenced chunks is held whole.
         """
-        backend_name, _, path = target.strip("/").partition("/")
-        backend = self.backends.get(backend_name)
+        backend, path = self._listed(target)
         backend.check_writable()
-        if path:
-            validate_key(path)
         report: dict[str, Any] = {"target": target, "dry_run": dry_run, "retired": []}
         if keep_last is not None:
-            listed = [e for e in await self.entries(target) if e.get("state") == "committed"]
+            listed = [e async for e in self._committed(backend, path)]
             listed.sort(key=lambda e: (e["step"] if e["step"] is not None else -1, e["created"]))
-            retire = listed[: max(0, len(listed) - keep_last)]
-            for entry in retire:
+            for entry in listed[: max(0, len(listed) - keep_last)]:
                 report["retired"].append(entry["name"])
                 if not dry_run:
-                    await self.delete(entry["name"])
-        live: set[str] = set()
+                    with contextlib.suppress(CheckpointNotFoundError):  # deleted meanwhile
+                        await self.delete(entry["name"])
+        report["retired_count"] = len(report["retired"])
         now = time.time()
-        _, objects = await backend.list(CHECKPOINTS, recursive=True, limit=None)
         # A dry run marks as if the retired checkpoints were gone already.
         retired = {f"{CHECKPOINTS}{n.partition('/')[2]}/{MANIFEST}" for n in report["retired"]}
-        committed_parts: set[str] = set()
-        for meta in objects:
-            if not meta.key.endswith("/" + MANIFEST):
-                continue
-            try:
-                doc = json.loads(bytes(await backend.get(meta.key)))
-                keys = [str(p["key"]) for p in doc["parts"]]
-            except ObjectNotFoundError:
-                continue  # deleted meanwhile
-            except (ValueError, KeyError, TypeError):
-                continue  # torn: not a checkpoint
-            committed_parts.update(keys)
-            if meta.key not in retired:
-                for key in keys:
-                    live |= await self._part_chunks(backend, key)
-        stale_parts = []
-        for meta in objects:
-            if meta.key.endswith("/" + MANIFEST) or meta.key in committed_parts:
-                continue
-            if now - meta.modified > pending_ttl:
-                stale_parts.append(meta)  # a save that never committed: its chunks may go
-                continue
-            live |= await self._part_chunks(backend, meta.key)  # a save in flight
-        live |= await self._intent_chunks(backend, expire_after=None if dry_run else intent_ttl)
-        report["stale_parts"] = len(stale_parts)
+        live, stale = await self._mark(backend, retired, stale_before=now - pending_ttl)
+        report["stale_parts"] = len(stale)
         if not dry_run:
-            for meta in stale_parts:
-                await backend.delete(meta.key)
-        _, chunks = await backend.list(CHUNKS, recursive=True, limit=None)
-        report["chunks"] = len(chunks)
-        report["referenced"] = sum(1 for m in chunks if m.key[len(CHUNKS) :] in live)
-        doomed = [
-            m for m in chunks if m.key[len(CHUNKS) :] not in live and now - m.modified > grace
-        ]
-        swept = freed = 0
-        for start in range(0, len(doomed), 256):
-            batch = doomed[start : start + 256]
-            if not dry_run:
-                keep = await self._intent_chunks(backend, expire_after=None)
-                batch = [m for m in batch if m.key[len(CHUNKS) :] not in keep]
-                for meta in batch:
-                    await backend.delete(meta.key)
-            swept += len(batch)
-            freed += sum(m.size for m in batch)
-        report["swept"] = swept
-        report["freed_bytes"] = freed
-        report["kept_young"] = sum(
-            1 for m in chunks if m.key[len(CHUNKS) :] not in live and now - m.modified <= grace
+            await _each(stale, backend.delete)
+        barrier = None if dry_run else _Barrier(backend, target)
+        try:
+            if barrier is not None:
+                await barrier.write()  # before the intents are read: the protocol's pivot
+            expire = None if dry_run else intent_ttl
+            live |= await self._intent_chunks(backend, expire_after=expire, barrier=barrier)
+            report |= await self._sweep(backend, live, now - grace, barrier)
+        finally:
+            if barrier is not None:
+                await self._drop_barrier(barrier)
+                report["barrier_refreshes"] = barrier.refreshes - 1
+                report["intent_rereads"] = barrier.rereads
+        log.info(
+            "gc %s: %s",
+            target,
+            {k: v for k, v in report.items() if k != "retired"},
         )
-        log.info("gc %s: %s", target, report)
         return report
+
+    async def _mark(
+        self, backend: Backend, retired: set[str], *, stale_before: float
+    ) -> tuple[set[str], list[str]]:
+        """The chunks the checkpoints name, and the parts of saves never committed.
+
+        One pass over ``checkpoints/`` in key order: a checkpoint's manifest
+        (``.../manifest.json``) comes before its parts (``.../parts/...``), so each
+        part is known as committed or not when it is reached. Parts no manifest names
+        are a save in flight (their chunks are marked) or, last written before
+        ``stale_before``, an abandoned one (returned, to be deleted).
+        """
+        live: set[str] = set()
+        committed: set[str] = set()
+        old: list[str] = []
+        async with contextlib.aclosing(backend.scan(CHECKPOINTS.rstrip("/"))) as batches:
+            async for batch in batches:
+                manifests = [m for m in batch if m.key.endswith("/" + MANIFEST)]
+                named = await _each(
+                    [m.key for m in manifests], functools.partial(self._manifest_parts, backend)
+                )
+                to_read: list[str] = []
+                for meta, keys in zip(manifests, named, strict=True):
+                    committed.update(keys)
+                    if meta.key not in retired:
+                        to_read += keys
+                for meta in batch:
+                    if not _PART_RE.search(meta.key) or meta.key in committed:
+                        continue
+                    if meta.modified < stale_before:
+                        old.append(meta.key)
+                    else:
+                        to_read.append(meta.key)  # a save in flight
+                for chunks in await _each(to_read, functools.partial(self._part_chunks, backend)):
+                    live |= chunks
+        return live, [k for k in old if k not in committed]
+
+    async def _manifest_parts(self, backend: Backend, key: str) -> list[str]:
+        """The part keys the manifest at ``key`` names (none if it is gone or torn)."""
+        try:
+            doc = json.loads(bytes(await backend.get(key)))
+            return [str(p["key"]) for p in doc["parts"]]
+        except (ObjectNotFoundError, ValueError, KeyError, TypeError):
+            return []
+
+    async def _sweep(
+        self, backend: Backend, live: set[str], doomed_before: float, barrier: _Barrier | None
+    ) -> dict[str, int]:
+        """Delete the chunks not in ``live`` written before ``doomed_before`` (none
+        without a barrier: a dry run); count what was found."""
+        counts = dict.fromkeys(("chunks", "referenced", "kept_young", "swept", "freed_bytes"), 0)
+        async with contextlib.aclosing(backend.scan(CHUNKS.rstrip("/"))) as batches:
+            async for batch in batches:
+                doomed: list[ObjectMeta] = []
+                for meta in batch:
+                    counts["chunks"] += 1
+                    if meta.key[len(CHUNKS) :] in live:
+                        counts["referenced"] += 1
+                    elif meta.modified >= doomed_before:
+                        counts["kept_young"] += 1
+                    else:
+                        doomed.append(meta)
+                for start in range(0, len(doomed), _DELETES_AT_ONCE):
+                    group = doomed[start : start + _DELETES_AT_ONCE]
+                    if barrier is not None:
+                        while not await barrier.clear_to_delete():
+                            # The barrier may have looked dead to saves for a while:
+                            # one of them may have written its intent and gone on.
+                            barrier.rereads += 1
+                            live |= await self._intent_chunks(
+                                backend, expire_after=None, barrier=barrier
+                            )
+                        kept = [m for m in group if m.key[len(CHUNKS) :] in live]
+                        counts["referenced"] += len(kept)
+                        group = [m for m in group if m.key[len(CHUNKS) :] not in live]
+                        await _each([m.key for m in group], backend.delete)
+                    counts["swept"] += len(group)
+                    counts["freed_bytes"] += sum(m.size for m in group)
+                if barrier is not None:
+                    await barrier.keep_fresh()
+        return counts
+
+    async def _drop_barrier(self, barrier: _Barrier) -> None:
+        """Remove a collection's barrier, however the collection ended.
+
+        The delete runs as a task of its own: a collection cancelled (its client went
+        away) still removes its barrier; if even that fails, saves take the barrier
+        for abandoned once it has not changed for its expiry.
+        """
+        removal = asyncio.ensure_future(barrier.backend.delete(barrier.key))
+        self._tasks.add(removal)
+        removal.add_done_callback(self._tasks.discard)
+        try:
+            await asyncio.shield(removal)
+        except ChunkdError as exc:
+            log.warning(
+                "gc: could not remove barrier %s/%s (%s); saves pass it once it has been "
+                "unchanged for %.0fs",
+                barrier.backend.name,
+                barrier.key,
+                exc,
+                barrier.expiry,
+            )
 
     async def _part_chunks(self, backend: Backend, key: str) -> set[str]:
         """The chunk ids a part names (none if it is gone or unreadable)."""
@@ -1151,17 +1714,36 @@ class Checkpoints:
         except (ObjectNotFoundError, ValueError, KeyError, TypeError):
             return set()
 
-    async def _intent_chunks(self, backend: Backend, *, expire_after: float | None) -> set[str]:
-        """Chunk ids named by intents; intents older than ``expire_after`` are deleted."""
-        _, intents = await backend.list(INTENTS, recursive=True, limit=None)
+    async def _intent_chunks(
+        self, backend: Backend, *, expire_after: float | None, barrier: _Barrier | None = None
+    ) -> set[str]:
+        """Chunk ids named by intents; intents older than ``expire_after`` are deleted.
+
+        ``barrier`` is kept fresh meanwhile (there may be many intents to read).
+        """
         keep: set[str] = set()
         now = time.time()
-        for meta in intents:
-            if expire_after is not None and now - meta.modified > expire_after:
-                await backend.delete(meta.key)  # its save committed or died long ago
-                continue
-            with contextlib.suppress(ObjectNotFoundError, ValueError, KeyError, TypeError):
-                keep.update(json.loads(bytes(await backend.get(meta.key)))["chunks"])
+
+        async def read(key: str) -> list[Any]:
+            try:
+                chunks = json.loads(bytes(await backend.get(key)))["chunks"]
+            except (ObjectNotFoundError, ValueError, KeyError, TypeError):
+                return []
+            return chunks if isinstance(chunks, list) else []
+
+        async with contextlib.aclosing(backend.scan(INTENTS.rstrip("/"))) as batches:
+            async for batch in batches:
+                expired = [
+                    m.key
+                    for m in batch
+                    if expire_after is not None and now - m.modified > expire_after
+                ]
+                await _each(expired, backend.delete)  # their saves committed or died long ago
+                gone = set(expired)
+                for chunks in await _each([m.key for m in batch if m.key not in gone], read):
+                    keep.update(str(c) for c in chunks)
+                if barrier is not None:
+                    await barrier.keep_fresh()
         return keep
 
     def stats(self) -> dict[str, Any]:
@@ -1174,6 +1756,30 @@ class Checkpoints:
 
 async def _never() -> bool:  # pragma: no cover - only run() on a key already running
     raise AssertionError("unreachable")
+
+
+async def _each(items: Iterable[A], fn: Callable[[A], Awaitable[T]]) -> list[T]:
+    """``[await fn(i) for i in items]``, a few at a time; the first failure stops the rest."""
+    slots = asyncio.Semaphore(_READS_AT_ONCE)
+
+    async def one(item: A) -> T:
+        async with slots:
+            return await fn(item)
+
+    async with asyncio.TaskGroup() as group:
+        tasks = [group.create_task(one(item)) for item in items]
+    return [task.result() for task in tasks]
+
+
+def _part_rank(name: str, world_size: int) -> int | None:
+    """The rank of part file ``name`` (``"<rank>.json"``) if it is below ``world_size``."""
+    digits = name.removesuffix(".json")
+    if digits == name or not digits.isdigit() or not digits.isascii() or len(digits) > 6:
+        return None
+    if digits != "0" and digits.startswith("0"):
+        return None
+    rank = int(digits)
+    return rank if rank < world_size else None
 
 
 def _chunk_error(exc: ChunkdError, cid: ChunkId) -> ChunkdError:

@@ -19,7 +19,7 @@ __all__ = ["gc", "ls"]
 
 
 def ls(prefix: str, *, socket: str | None, as_json: bool, out: TextIO = sys.stdout) -> int:
-    """Print the checkpoints under ``BACKEND[/PREFIX]``; returns the exit status."""
+    """Print the checkpoints under ``BACKEND[/PREFIX]`` (every page); returns the exit status."""
     try:
         with Client(socket) as client:
             entries = ckpt.list(prefix, client=client)
@@ -72,20 +72,14 @@ def gc(
     out: TextIO = sys.stdout,
 ) -> int:
     """Run retention and mark-and-sweep in the daemon; print what it did."""
-    request: dict[str, Any] = {
-        "op": "ckpt_gc",
-        "target": target,
-        "keep_last": keep_last,
-        "grace": grace,
-        "dry_run": dry_run,
-    }
     try:
-        with Client(socket, timeout=3600) as client:
-            _, payload, _ = client._request(request, f"collecting garbage in {target}")
+        with Client(socket) as client:
+            report = ckpt.gc(
+                target, keep_last=keep_last, grace=grace, dry_run=dry_run, client=client
+            )
     except ChunkdError as exc:
         print(f"chunkd gc: {exc}", file=sys.stderr)
         return 1
-    report = json.loads(payload)
     verb = "would remove" if dry_run else "removed"
     for name in report.get("retired", []):
         print(f"{verb} checkpoint {name} (keep_last {keep_last})", file=out)

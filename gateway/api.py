@@ -326,6 +326,7 @@ async def _index(request: web.Request) -> web.Response:
         f"backends: {names}\n"
         "GET /v1/objects/BACKEND/KEY   read an object through the cache (Range honoured)\n"
         "GET /v1/chunks/ID             a cached chunk by its blake3 id\n"
+        "GET /v1/list/BACKEND/PREFIX   a page of a listing (?recursive=&start_after=&limit=)\n"
         "GET /v1/stats                 JSON stats\n"
         "GET /metrics                  Prometheus metrics\n"
         "GET /healthz, /readyz         health\n"

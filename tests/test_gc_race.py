@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -18,7 +19,7 @@ from typing import Any
 
 import torch
 
-from chunkd.client import Client
+from chunkd.client import Client, protocol
 from chunkd.client import checkpoint as ckpt
 from tests.conftest import Daemon
 
@@ -96,3 +97,85 @@ def test_gc_in_a_loop_never_deletes_what_a_committed_save_deduplicated_against(
     assert len(runs) >= 10
     assert swept > 0  # the collections did delete chunks
     assert waits > 0  # and saves did wait for them
+
+
+def test_a_save_waits_for_a_live_barrier_and_passes_an_abandoned_one(
+    start_daemon: Callable[..., Daemon], tmp_path: Path
+) -> None:
+    daemon = start_daemon(cwd=tmp_path / "node")
+    barriers = daemon.cwd / "chunkd-data" / "gc"
+    barriers.mkdir(parents=True)
+
+    def write(path: Path, doc: dict[str, Any]) -> None:
+        fresh = path.with_suffix(".tmp")
+        fresh.write_text(json.dumps(doc))
+        os.replace(fresh, path)  # a new version: a new inode
+
+    # A collection killed -9 leaves its barrier: unchanged, it is abandoned after the
+    # expiry it declares, measured by the save's clock.
+    write(barriers / "dead.json", {"format": "chunkd-gc-barrier", "expires_after": 1.5})
+    stop = threading.Event()
+
+    def alive() -> None:  # a collection that refreshes its barrier for 3 s, then ends
+        began = time.monotonic()
+        n = 0
+        while time.monotonic() - began < 3 and not stop.is_set():
+            write(barriers / "alive.json", {"expires_after": 1.0, "refreshes": n})
+            n += 1
+            time.sleep(0.3)
+        (barriers / "alive.json").unlink()
+
+    refresher = threading.Thread(target=alive, daemon=True)
+    refresher.start()
+    try:
+        with Client(daemon.cwd / "chunkd.sock") as client:
+            started = time.monotonic()
+            ckpt.save({"w": torch.ones(1024)}, "local/waits/1", client=client)
+            took = time.monotonic() - started
+    finally:
+        stop.set()
+        refresher.join(timeout=10)
+    # It waited past the live barrier's 1 s expiry (it kept changing) until it was gone.
+    assert 2.5 <= took < 20
+    assert daemon.metric("chunkd_checkpoint_gc_barrier_waits_total") == 1
+    log = daemon.log.read_text()
+    assert "gc/dead.json has not changed" in log
+    assert "gc/alive.json has not changed" not in log
+
+
+def test_a_collection_stopped_by_its_client_removes_its_barrier(
+    start_daemon: Callable[..., Daemon], tmp_path: Path
+) -> None:
+    daemon = start_daemon(cwd=tmp_path / "node")
+    data = daemon.cwd / "chunkd-data"
+    chunks = data / "chunks"
+    chunks.mkdir(parents=True)
+    old = time.time() - 2 * 86400
+    total = 40_000
+    for i in range(total):  # unreferenced chunks, old enough for any grace period
+        path = chunks / f"{i:064x}"
+        path.write_bytes(b"x")
+        os.utime(path, (old, old))
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(str(daemon.cwd / "chunkd.sock"))
+    protocol.send_frame(sock, {"op": "hello", "id": 1, "version": protocol.VERSION})
+    protocol.recv_frame(sock)
+    protocol.send_frame(
+        sock, {"op": "ckpt_gc", "id": 2, "target": "local", "grace": 0, "dry_run": False}
+    )
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if list((data / "gc").glob("*.json")) and len(os.listdir(chunks)) < total - 1000:
+            break
+        time.sleep(0.01)
+    else:
+        raise AssertionError("the collection neither put up its barrier nor deleted chunks")
+    sock.close()  # the client goes away mid-sweep
+    deadline = time.monotonic() + 10
+    while list((data / "gc").glob("*.json")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not list((data / "gc").glob("*.json"))
+    left = len(os.listdir(chunks))
+    time.sleep(1)
+    assert len(os.listdir(chunks)) == left > 0  # it stopped deleting
+    print(f"stopped with {left} of {total} chunks left")

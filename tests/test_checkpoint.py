@@ -801,3 +801,30 @@ def test_a_commit_repeated_for_the_same_save_is_the_same_commit(
     with pytest.raises(CheckpointExistsError, match="committed by another save"):
         ckpt.commit("local/twice/1", "other", 1, client=client)
     assert torch.equal(ckpt.load("local/twice/1", client=client)["w"], torch.ones(8))
+
+
+def test_a_chunk_no_tier_keeps_is_fetched_once_for_every_waiter(
+    start_daemon: Callable[..., Daemon], tmp_path: Path
+) -> None:
+    # Budgets smaller than one chunk: neither RAM nor disk keeps a fetched chunk, so
+    # the readers that waited for the fetch are served with its bytes, not by another.
+    small = {"CHUNKD_CACHE_RAM_BYTES": "1MiB", "CHUNKD_CACHE_DISK_BYTES": "1MiB"}
+    daemon = start_daemon(cwd=tmp_path / "tight", env=small)
+    weight = torch.randn(1024, 1024)  # one 4 MiB chunk
+    with Client(daemon.cwd / "chunkd.sock") as client:
+        ckpt.save({"w": weight}, "local/tight/1", client=client)
+        cid = chunk_of(ckpt.manifest("local/tight/1", client=client), "w")
+        gets = daemon.metric("chunkd_backend_requests_total", op="get")
+        # The same chunk eight times in one request: eight readers of one fetch.
+        reply, _, fds = client._request(
+            {"op": "ckpt_chunks", "backend": "local", "ids": [cid] * 8}, "loading"
+        )
+        try:
+            assert reply["sizes"] == [4 * MiB] * 8
+            for fd in fds:
+                assert os.pread(fd, 4 * MiB, 0) == tensor_bytes(weight)
+        finally:
+            for fd in fds:
+                os.close(fd)
+        assert daemon.metric("chunkd_backend_requests_total", op="get") - gets == 1
+        assert torch.equal(ckpt.load("local/tight/1", client=client)["w"], weight)

@@ -572,6 +572,94 @@ def test_daemon_killed_mid_save_leaves_all_or_nothing(
     assert "complete" in outcomes  # a kill after the local level always completes
 
 
+def restart(daemon: Daemon, start_daemon: Callable[..., Daemon], toml: str | None) -> Daemon:
+    """Kill ``daemon`` with -9 and start it again, on the same cache, socket and port."""
+    daemon.process.kill()
+    daemon.process.wait()
+    again = start_daemon(toml, cwd=daemon.cwd, port=daemon.port)
+    assert wait_for_socket(again.cwd / "chunkd.sock", 30)
+    return again
+
+
+def test_wait_after_a_restart_finds_saves_that_were_committed(
+    start_daemon: Callable[..., Daemon], tmp_path: Path
+) -> None:
+    daemon = start_daemon(cwd=tmp_path / "n")
+    state = {"w": torch.randn(512, 512)}
+    with Client(daemon.cwd / "chunkd.sock") as client:
+        # Acknowledged at local, then committed, then the daemon is killed: the job
+        # (and its journal) is gone, the checkpoint is not.
+        handle = ckpt.save(state, "local/after/step-1", durability="local", client=client)
+        wait_for(lambda: committed(client, "local/after/step-1"), 30, "the commit")
+        # A DCP-style part (commit="none"): done once the part is in the backend.
+        part = ckpt.async_save(
+            state, "local/after/step-2", save_id="dcp2", _commit="none", client=client
+        )
+        assert part.wait(30)
+        manifest_id = ckpt.manifest("local/after/step-1", client=client)["manifest_id"]
+        restart(daemon, start_daemon, None)
+        assert handle.wait(30, level="remote")
+        result = handle.result()
+        assert (result.durability, result.manifest_id) == ("remote", manifest_id)
+        assert result.logical_bytes == 512 * 512 * 4
+        assert part.wait(30, level="remote")
+        ckpt.commit("local/after/step-2", "dcp2", 1, client=client)
+        assert_same(ckpt.load("local/after/step-2", client=client), state)
+        with pytest.raises(CheckpointExistsError):  # it was saved: not to be saved again
+            ckpt.save(state, "local/after/step-1", client=client)
+
+
+def test_wait_after_a_restart_says_a_save_was_lost_when_nothing_of_it_is_anywhere(
+    start_daemon: Callable[..., Daemon], tmp_path: Path, bucket: str, s3_proxy: CountingProxy
+) -> None:
+    # A disk tier too small for the chunks: no local level, no journal; the backend
+    # is down, so nothing of the save reaches it before the daemon is killed.
+    toml = s3_toml(tmp_path, bucket, s3_proxy).replace('"2GiB"', '"1MiB"')
+    daemon = start_daemon(toml, cwd=tmp_path / "n")
+    with Client(daemon.cwd / "chunkd.sock") as client:
+        s3_proxy.down()
+        handle = ckpt.async_save(
+            {"w": torch.randn(1024, 1024)}, "ckpt/lost/step-1", durability="staged", client=client
+        )
+        assert handle.wait(10)
+        assert not handle.wait(0.5, level="local")
+        s3_proxy.up()
+        restart(daemon, start_daemon, toml)
+        with pytest.raises(CheckpointError, match="holds neither its part nor a manifest"):
+            handle.wait(30)
+        ckpt.save({"w": torch.ones(4)}, "ckpt/lost/step-1", client=client)  # the name is free
+
+
+def test_wait_after_a_restart_tells_a_save_that_failed(
+    start_daemon: Callable[..., Daemon], tmp_path: Path, bucket: str, s3_proxy: CountingProxy
+) -> None:
+    toml = s3_toml(tmp_path, bucket, s3_proxy)
+    daemon = start_daemon(toml, cwd=tmp_path / "n")
+    with Client(daemon.cwd / "chunkd.sock") as client:
+        s3_proxy.down()
+        handle = ckpt.save(
+            {"w": torch.randn(1024, 1024)}, "ckpt/failed/step-1", durability="local", client=client
+        )
+        # Killed while the backend is down; the job's chunks are then lost from the
+        # node's disk: the restarted daemon cannot finish the job, and records why.
+        daemon.process.kill()
+        daemon.process.wait()
+        for chunk in (tmp_path / "cache" / "chunks").rglob("*"):
+            if chunk.is_file():
+                chunk.unlink()
+        s3_proxy.up()
+        again = restart(daemon, start_daemon, toml)
+        gone = "gone from the node's disk|no longer on this node's disk"
+        with pytest.raises(CheckpointError, match=gone) as first:
+            handle.wait(30)
+        restart(again, start_daemon, toml)  # a second restart: the job is gone from memory
+        with pytest.raises(CheckpointError, match=gone) as second:
+            handle.wait(30)
+        assert str(second.value) == str(first.value)
+        with pytest.raises(CheckpointNotFoundError):
+            ckpt.load("ckpt/failed/step-1", client=client)
+
+
 def test_backend_down_delays_the_commit_and_loses_nothing(
     s3_node: tuple[Daemon, Client], s3_proxy: CountingProxy
 ) -> None:

@@ -1571,11 +1571,14 @@ class Checkpoints:
         if keep_last is not None:
             listed = [e async for e in self._committed(backend, path)]
             listed.sort(key=lambda e: (e["step"] if e["step"] is not None else -1, e["created"]))
-            for entry in listed[: max(0, len(listed) - keep_last)]:
-                report["retired"].append(entry["name"])
-                if not dry_run:
-                    with contextlib.suppress(CheckpointNotFoundError):  # deleted meanwhile
-                        await self.delete(entry["name"])
+            report["retired"] = [e["name"] for e in listed[: max(0, len(listed) - keep_last)]]
+
+            async def retire(name: str) -> None:
+                with contextlib.suppress(CheckpointNotFoundError):  # deleted meanwhile
+                    await self.delete(name)
+
+            if not dry_run:
+                await _each(report["retired"], retire)
         report["retired_count"] = len(report["retired"])
         now = time.time()
         # A dry run marks as if the retired checkpoints were gone already.

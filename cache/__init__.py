@@ -16,6 +16,7 @@ from chunkd.cache.index import (
     ObjectInfo,
     ObjectVersion,
     TierSet,
+    ValidatedVersion,
 )
 from chunkd.cache.policy import EvictionPolicy, LruPolicy, S3FifoPolicy
 from chunkd.cache.ram import RamLease, RamTier
@@ -49,6 +50,7 @@ __all__ = [
     "TierSet",
     "TierStats",
     "TieredCache",
+    "ValidatedVersion",
     "WritePolicy",
     "chunk_count",
     "split_chunks",

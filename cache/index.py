@@ -1,6 +1,6 @@
 """The cache index, in lmdb.
 
-Four named databases live in one lmdb environment (``<dir>/index``):
+Five named databases live in one lmdb environment (``<dir>/index``):
 
 ``meta``
     ``schema`` (u32) and the persistent tier totals (``disk_bytes``,
@@ -16,19 +16,30 @@ Four named databases live in one lmdb environment (``<dir>/index``):
     an object version's chunk map: ``objkey + be32(chunk index)`` -> chunk id +
     le32(length), where ``objkey`` is a 16-byte blake3 of (chunk size, backend,
     key, version token); and ``objkey`` -> the object's size and names.
+``names`` (schema 2)
+    ``namekey`` -> the version of an object name last validated against its
+    backend and when (:class:`ValidatedVersion`, JSON), where ``namekey`` is a
+    16-byte blake3 of (backend, key). A name points at one version at a time, so
+    it has a database of its own rather than a place in ``objects``, whose entries
+    describe versions (one per version, next to their chunk maps). A restarted
+    daemon reads it to serve what it cached before it can ask the backend again.
 
-Writes are batched off the hot path: :meth:`Index.put_chunk`, :meth:`Index.touch`
-and :meth:`Index.record` land in an in-memory overlay that readers consult first
-(read-your-writes), and a background thread commits the overlay every
-``flush_interval`` seconds or ``flush_ops`` operations. Deletes commit at once,
-because a deleted record must be durable before its file is unlinked (the index
-never claims a chunk that is not on disk: file first, then index).
+Writes are batched off the hot path: :meth:`Index.put_chunk`, :meth:`Index.touch`,
+:meth:`Index.record` and the writes of ``names`` land in an in-memory overlay that
+readers consult first (read-your-writes), and a background thread commits the
+overlay every ``flush_interval`` seconds or ``flush_ops`` operations. Deletes of
+chunk records commit at once, because a deleted record must be durable before its
+file is unlinked (the index never claims a chunk that is not on disk: file first,
+then index).
 
 Every method is thread-safe and blocking; an asyncio caller runs them in a thread
 (single lookups are cheap enough to call on the loop).
 
 Schema changes go through :data:`MIGRATIONS`: ``MIGRATIONS[n]`` upgrades schema
-``n`` to ``n + 1`` inside one write transaction.
+``n`` to ``n + 1`` inside one write transaction. History:
+
+1. chunks, LRU order, chunk maps, object sizes.
+2. adds ``names``; nothing else changes, so the upgrade keeps every record.
 """
 
 from __future__ import annotations
@@ -62,16 +73,25 @@ __all__ = [
     "ObjectInfo",
     "ObjectVersion",
     "TierSet",
+    "ValidatedVersion",
 ]
 
 log = logging.getLogger("chunkd.cache.index")
 
 #: the schema this version of chunkd writes
-SCHEMA_VERSION: Final = 1
+SCHEMA_VERSION: Final = 2
 
-Migration = Callable[[Any], None]  # gets an open lmdb write transaction
+Migration = Callable[[Any, Any], None]  # gets the lmdb environment and a write transaction
+
+
+def _add_names(env: Any, txn: Any) -> None:
+    """Schema 1 to 2: create the ``names`` database, in the transaction that bumps
+    the schema (an index is never marked 2 without it)."""
+    env.open_db(b"names", txn=txn, create=True)
+
+
 #: ``MIGRATIONS[n]`` upgrades schema ``n`` to ``n + 1``
-MIGRATIONS: Final[Mapping[int, Migration]] = {}
+MIGRATIONS: Final[Mapping[int, Migration]] = {1: _add_names}
 
 _RECORD: Final = struct.Struct("<QQBBxxxxxxQ")
 _BE64: Final = struct.Struct(">Q")
@@ -163,6 +183,52 @@ class ChunkRef(NamedTuple):
 
 
 @dataclass(frozen=True, slots=True)
+class ValidatedVersion:
+    """The version an object name had when its backend last confirmed it.
+
+    ``checked`` is when (unix seconds): what a revalidation policy and
+    ``stale_if_error`` are measured from, across restarts too.
+    """
+
+    backend: str
+    key: str
+    version: str
+    #: the ETag to send as If-Match, when the store has one
+    etag: str | None
+    size: int
+    #: when the object was last written (unix seconds; 0 when unknown)
+    modified: float
+    checked: float
+
+    def pack(self) -> bytes:
+        """The record's stored form (JSON)."""
+        fields = {
+            "backend": self.backend,
+            "key": self.key,
+            "version": self.version,
+            "etag": self.etag,
+            "size": self.size,
+            "modified": self.modified,
+            "checked": self.checked,
+        }
+        return json.dumps(fields, ensure_ascii=False).encode("utf-8", "surrogatepass")
+
+    @classmethod
+    def unpack(cls, raw: bytes) -> ValidatedVersion:
+        """Parse the stored form."""
+        doc = json.loads(raw.decode("utf-8", "surrogatepass"))
+        return cls(
+            doc["backend"],
+            doc["key"],
+            doc["version"],
+            doc["etag"],
+            int(doc["size"]),
+            float(doc["modified"]),
+            float(doc["checked"]),
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class ObjectInfo:
     """An object version's size, as recorded with its chunk map."""
 
@@ -232,6 +298,8 @@ class Index:
         self._maps = self._env.open_db(b"maps")
         self._objects = self._env.open_db(b"objects")
         self.schema_version = self._check_schema(schema_version, migrations)
+        # After the schema check: an old index gains it in its migration's transaction.
+        self._names = self._env.open_db(b"names")
         with self._env.begin(db=self._meta) as txn:
             self._disk_bytes = _read_u64(txn.get(b"disk_bytes"))
             self._disk_chunks = _read_u64(txn.get(b"disk_chunks"))
@@ -243,7 +311,8 @@ class Index:
         self._pend_lru_del: set[bytes] = set()
         self._pend_maps: dict[bytes, bytes] = {}
         self._pend_objects: dict[bytes, bytes] = {}
-        self._flushing: list[list[Any]] = []  # chunk/map/object overlays in flight
+        self._pend_names: dict[bytes, bytes | None] = {}  # None: a delete
+        self._flushing: list[list[Any]] = []  # chunk/map/object/name overlays in flight
         self._pending_ops = 0
         self._write_lock = threading.Lock()  # one lmdb write transaction at a time
         self._closed = False
@@ -274,7 +343,7 @@ class Index:
                         f"the index at {self.path} has schema {found} and no migration to "
                         f"{found + 1} exists; delete the cache directory to start cold"
                     )
-                step(txn)
+                step(self._env, txn)
                 found += 1
                 txn.put(b"schema", _LE32.pack(found), db=self._meta)
             return found
@@ -470,6 +539,38 @@ class Index:
         doc = json.loads(raw)
         return ObjectInfo(doc["backend"], doc["key"], doc["version"], doc["size"], self.chunk_bytes)
 
+    # -- validated versions of names ----------------------------------------------------
+
+    def put_validated(self, record: ValidatedVersion) -> None:
+        """Record (or replace) the version ``record.backend/record.key`` was last
+        validated at. Batched."""
+        key = _namekey(record.backend, record.key)
+        with self._lock:
+            self._check_open()
+            self._pend_names[key] = record.pack()
+            self._enqueued()
+
+    def get_validated(self, backend: str, key: str) -> ValidatedVersion | None:
+        """The version ``backend/key`` was last validated at, if one was recorded."""
+        self._check_open()
+        name = _namekey(backend, key)
+        raw = self._overlay_get(name, 3)
+        if raw is _MISSING:
+            with self._env.begin(db=self._names, buffers=False) as txn:
+                raw = txn.get(name)
+        if raw is None:
+            return None
+        record = ValidatedVersion.unpack(raw)
+        # The key is a 16-byte hash: a record of another name is not this one's.
+        return record if (record.backend, record.key) == (backend, key) else None
+
+    def forget_validated(self, backend: str, key: str) -> None:
+        """Drop the validated version of ``backend/key`` (it changed, or is gone). Batched."""
+        with self._lock:
+            self._check_open()
+            self._pend_names[_namekey(backend, key)] = None
+            self._enqueued()
+
     # -- lifecycle ------------------------------------------------------------------
 
     def flush(self) -> None:
@@ -511,7 +612,11 @@ class Index:
         info = self._env.info()
         out = {"map_size": int(info["map_size"]), "last_pgno": int(info["last_pgno"])}
         with self._env.begin() as txn:
-            for name, db in (("chunks", self._chunks), ("maps", self._maps)):
+            for name, db in (
+                ("chunks", self._chunks),
+                ("maps", self._maps),
+                ("names", self._names),
+            ):
                 out[f"{name}_entries"] = int(txn.stat(db)["entries"])
         return out
 
@@ -525,21 +630,23 @@ class Index:
             raise CacheClosedError(f"the index at {self.path} is closed; open the cache again")
 
     def _overlay_get(self, key: bytes, which: int) -> Any:
-        """Look ``key`` up in the pending and in-flight overlays (0 chunks, 1 maps, 2 objects).
+        """Look ``key`` up in the pending and in-flight overlays (0 chunks, 1 maps,
+        2 objects, 3 names).
 
         Lock-free: a batch is appended to ``_flushing`` before the pending dicts are
         swapped out, and leaves it only after its commit, or after a failed commit
         has put it back into the pending dict; so a reader that misses the pending
         dict finds the batch in flight, back in the pending dict, or in lmdb.
         """
-        pending = (self._pend_chunks, self._pend_maps, self._pend_objects)[which]
-        hit = pending.get(key, _MISSING)
+        hit = self._pending(which).get(key, _MISSING)
         if hit is _MISSING and self._flushing:
             hit = self._in_flight(key, which)
             if hit is _MISSING:  # a failed commit puts its batch back before leaving
-                pending = (self._pend_chunks, self._pend_maps, self._pend_objects)[which]
-                hit = pending.get(key, _MISSING)
+                hit = self._pending(which).get(key, _MISSING)
         return hit
+
+    def _pending(self, which: int) -> dict[bytes, Any]:
+        return (self._pend_chunks, self._pend_maps, self._pend_objects, self._pend_names)[which]
 
     def _in_flight(self, key: bytes, which: int) -> Any:
         for batch in reversed(tuple(self._flushing)):
@@ -556,7 +663,7 @@ class Index:
         in the transaction's view.
         """
         # The pending dict goes in even when empty: a failed commit may refill it.
-        layers = [(self._pend_chunks, self._pend_maps, self._pend_objects)[which]]
+        layers = [self._pending(which)]
         if self._flushing:
             layers += [b[which] for b in reversed(tuple(self._flushing)) if b[which]]
         return layers
@@ -587,22 +694,24 @@ class Index:
             self._pend_chunks,
             self._pend_maps,
             self._pend_objects,
+            self._pend_names,
             self._pend_lru_add,
             self._pend_lru_del,
             (self._disk_bytes, self._disk_chunks),
         ]
         self._flushing.append(batch)  # first: lock-free readers rely on this order
         self._pend_chunks, self._pend_maps, self._pend_objects = {}, {}, {}
+        self._pend_names = {}
         self._pend_lru_add, self._pend_lru_del = set(), set()
         self._pending_ops = 0
         return batch
 
     def _commit(self, batch: list[Any]) -> None:
         # called with _write_lock held
-        chunks, maps, objects, lru_add, lru_del, totals = batch
+        chunks, maps, objects, names, lru_add, lru_del, totals = batch
         committed = False
         try:
-            if chunks or maps or objects or lru_add or lru_del:
+            if chunks or maps or objects or names or lru_add or lru_del:
                 with self._env.begin(write=True) as txn:
                     for key in lru_del - lru_add:
                         txn.delete(key, db=self._lru)
@@ -617,6 +726,11 @@ class Index:
                         txn.put(key, value, db=self._maps)
                     for key, value in objects.items():
                         txn.put(key, value, db=self._objects)
+                    for key, named in names.items():
+                        if named is None:
+                            txn.delete(key, db=self._names)
+                        else:
+                            txn.put(key, named, db=self._names)
                     txn.put(b"disk_bytes", _U64.pack(totals[0]), db=self._meta)
                     txn.put(b"disk_chunks", _U64.pack(totals[1]), db=self._meta)
                 self.commits += 1
@@ -631,17 +745,18 @@ class Index:
         # A commit failed (disk full, I/O error): nothing is lost, the batch goes back
         # under the writes queued since, which are newer and win.
         self.commit_errors += 1
-        chunks, maps, objects, lru_add, lru_del, _ = batch
+        chunks, maps, objects, names, lru_add, lru_del, _ = batch
         for older, newer in (
             (chunks, self._pend_chunks),
             (maps, self._pend_maps),
             (objects, self._pend_objects),
+            (names, self._pend_names),
         ):
             for key, value in older.items():
                 newer.setdefault(key, value)
         self._pend_lru_add |= lru_add - self._pend_lru_del
         self._pend_lru_del |= lru_del - self._pend_lru_add
-        self._pending_ops += len(chunks) + len(maps) + len(objects)
+        self._pending_ops += len(chunks) + len(maps) + len(objects) + len(names)
 
     def _flush_loop(self) -> None:
         while True:
@@ -658,6 +773,11 @@ class Index:
                     self.flush()
                 except lmdb.Error:  # pragma: no cover - retried on the next round
                     time.sleep(self._flush_interval)
+
+
+def _namekey(backend: str, key: str) -> bytes:
+    text = f"{backend}\0{key}".encode("utf-8", "surrogatepass")
+    return blake3.blake3(text).digest(_OBJKEY_BYTES)
 
 
 def _lru_key(last_use: int, cid: bytes) -> bytes:

@@ -19,7 +19,14 @@ from typing import TYPE_CHECKING
 
 from chunkd.cache.chunkid import ChunkId
 from chunkd.cache.disk import DiskTier, FsyncPolicy
-from chunkd.cache.index import ChunkRef, Index, Locator, ObjectInfo, ObjectVersion
+from chunkd.cache.index import (
+    ChunkRef,
+    Index,
+    Locator,
+    ObjectInfo,
+    ObjectVersion,
+    ValidatedVersion,
+)
 from chunkd.cache.policy import EvictionPolicy, LruPolicy, S3FifoPolicy
 from chunkd.cache.ram import RamTier, close_fd_result, seal_memfd_off_loop
 from chunkd.cache.tier import Chunk, ChunkLease, TierStats
@@ -292,6 +299,24 @@ class ChunkCache:
         """Record an object version's size (batched)."""
         self._check_open()
         self.index.put_object(info)
+
+    # -- validated versions of names ------------------------------------------------
+
+    def validated(self, backend: str, key: str) -> ValidatedVersion | None:
+        """The version ``backend/key`` had when its backend last confirmed it, and when;
+        kept across restarts. A single lookup: cheap enough for the event loop."""
+        self._check_open()
+        return self.index.get_validated(backend, key)
+
+    def record_validated(self, record: ValidatedVersion) -> None:
+        """Record that the backend confirmed ``record``'s version just now (batched)."""
+        self._check_open()
+        self.index.put_validated(record)
+
+    def forget_validated(self, backend: str, key: str) -> None:
+        """Drop what was validated of ``backend/key`` (batched)."""
+        self._check_open()
+        self.index.forget_validated(backend, key)
 
     # -- lifecycle ------------------------------------------------------------------
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import shutil
 import tempfile
 import time
@@ -14,7 +15,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from chunkd.cache import ChunkId, ChunkRecord, Codec, Index, Locator, ObjectInfo, ObjectVersion
+from chunkd.cache import (
+    ChunkId,
+    ChunkRecord,
+    Codec,
+    Index,
+    Locator,
+    ObjectInfo,
+    ObjectVersion,
+    ValidatedVersion,
+)
 from chunkd.cache.index import SCHEMA_VERSION
 from chunkd.errors import CacheClosedError, IndexSchemaError
 
@@ -204,7 +214,7 @@ def test_migration_hook_upgrades_an_old_index(tmp_path: Path) -> None:
     old.close()
     calls: list[int] = []
 
-    def to_next(txn: Any) -> None:
+    def to_next(env: Any, txn: Any) -> None:
         calls.append(1)
         txn.put(b"migrated", b"yes")
 
@@ -222,6 +232,79 @@ def test_migration_hook_upgrades_an_old_index(tmp_path: Path) -> None:
     assert calls == [1]
     with pytest.raises(IndexSchemaError, match="no migration"):
         Index(tmp_path / "ix", schema_version=SCHEMA_VERSION + 2, migrations={})
+
+
+def test_a_schema_1_index_is_upgraded_with_its_data_intact(tmp_path: Path) -> None:
+    # Written by chunkd at schema 1 (commit d7e0023, before the names database):
+    # three chunk records, a three-chunk map and an object size, at chunk size 1 MiB.
+    fixture = Path(__file__).parent / "data" / "index-schema-1.mdb.gz"
+    root = tmp_path / "ix"
+    root.mkdir()
+    (root / "data.mdb").write_bytes(gzip.decompress(fixture.read_bytes()))
+    version = ObjectVersion("data", "shards/000.bin", '"etag-1"')
+
+    upgraded = Index(root, chunk_bytes=1 << 20)
+    try:
+        assert upgraded.schema_version == SCHEMA_VERSION == 2
+        records = upgraded.lookup_many([cid(0), cid(1), cid(2)])
+        assert [(r.size, r.stored_size, r.codec) for r in records if r] == [
+            (1 << 20, 1000, Codec.RAW),
+            (1 << 20, 1001, Codec.ZSTD),
+            (1 << 20, 1002, Codec.ZSTD),
+        ]
+        assert (upgraded.disk_chunks, upgraded.disk_bytes) == (3, 3003)
+        assert sorted(c for c, _ in upgraded.oldest(10)) == sorted([cid(0), cid(1), cid(2)])
+        assert upgraded.resolve_many(version, range(4)) == [
+            (cid(0), 1 << 20),
+            (cid(1), 1 << 20),
+            (cid(2), 1 << 20),
+            None,
+        ]
+        info = upgraded.get_object(version)
+        assert info is not None
+        assert (info.size, info.chunks) == (3 << 20, 3)
+        # The new database is there, empty, and takes writes.
+        assert upgraded.get_validated("data", "shards/000.bin") is None
+        upgraded.put_validated(
+            ValidatedVersion("data", "shards/000.bin", '"etag-1"', "etag-1", 3 << 20, 0.0, 5.0)
+        )
+    finally:
+        upgraded.close()
+    again = Index(root, chunk_bytes=1 << 20, migrations={})  # already at 2: no step runs
+    try:
+        got = again.get_validated("data", "shards/000.bin")
+        assert got is not None
+        assert got.checked == 5.0
+        assert again.stat()["names_entries"] == 1
+    finally:
+        again.close()
+    with pytest.raises(IndexSchemaError, match="has schema 2, newer"):
+        Index(root, schema_version=1)  # a chunkd from before the upgrade refuses it
+
+
+def test_validated_versions_are_batched_persisted_and_forgotten(tmp_path: Path) -> None:
+    ix = Index(tmp_path / "ix", flush_interval=3600)
+    record = ValidatedVersion("data", "dir/ünï.bin", '"e1"', '"e1"', 10, 1.5, 1000.25)
+    ix.put_validated(record)
+    assert ix.commits == 0
+    assert ix.get_validated("data", "dir/ünï.bin") == record  # before the commit
+    assert ix.get_validated("data", "dir/other.bin") is None
+    assert ix.get_validated("other", "dir/ünï.bin") is None
+    ix.put_validated(ValidatedVersion("data", "gone.bin", "v", None, 1, 0.0, 1.0))
+    ix.close()
+    ix = Index(tmp_path / "ix", flush_interval=3600)
+    try:
+        assert ix.get_validated("data", "dir/ünï.bin") == record
+        ix.forget_validated("data", "gone.bin")
+        assert ix.get_validated("data", "gone.bin") is None  # the delete is read back too
+        newer = ValidatedVersion("data", "dir/ünï.bin", '"e2"', '"e2"', 12, 2.0, 2000.0)
+        ix.put_validated(newer)
+        ix.flush()
+        assert ix.get_validated("data", "dir/ünï.bin") == newer
+        assert ix.get_validated("data", "gone.bin") is None
+        assert ix.stat()["names_entries"] == 1
+    finally:
+        ix.close()
 
 
 def test_failed_commits_lose_nothing(tmp_path: Path) -> None:

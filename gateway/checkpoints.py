@@ -48,7 +48,7 @@ import random
 import re
 import time
 import uuid
-from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from enum import IntEnum
 from pathlib import Path
@@ -376,16 +376,18 @@ class _Barrier:
     is gone, or until it has not changed for :attr:`expiry` seconds, measured on the
     save's own monotonic clock (the collection died). So that safety never rests on
     clocks agreeing, the collection keeps its own side of that bargain on its own
-    monotonic clock alone:
+    clock alone (``CLOCK_BOOTTIME``: it goes on while the machine is suspended, so a
+    suspended collection only overestimates how long it was away):
 
     * it rewrites the barrier every ``expiry / 8`` seconds (:meth:`keep_fresh`);
     * it sends a delete only if the delete, retries included (:attr:`request_bound`),
       ends before ``expiry`` (less 1% for clocks that run at different rates) after the
-      start of the last rewrite that completed (:meth:`clear_to_delete`): no save can
-      have taken that version of the barrier for dead before then;
-    * a rewrite that completes later than that is a *gap*: saves may have passed the
-      barrier meanwhile, each with its intent written first, so the intents are read
-      again before the next delete.
+      start of the last rewrite that completed, with ``expiry / 4`` to spare for a
+      process stalled between that check and the send (:meth:`clear_to_delete`): no
+      save can have taken that version of the barrier for dead before then;
+    * a rewrite that completes later than that point is a *gap*: saves may have passed
+      the barrier meanwhile, each with its intent written first, so the intents are
+      read again before the next delete.
     """
 
     def __init__(self, backend: Backend, target: str) -> None:
@@ -408,6 +410,9 @@ class _Barrier:
         self.refreshes = 0
         #: how many times the intents were read again after a gap
         self.rereads = 0
+        #: a request of the collection's may still be on its way (a delete or a
+        #: rewrite that was cancelled or failed): the backend may yet carry it out
+        self.unsettled = False
         self._gap = False
         self._written: float | None = None  # when the last completed write started
 
@@ -417,7 +422,7 @@ class _Barrier:
 
     async def write(self) -> None:
         """Write (or rewrite) the barrier; a rewrite that ends late records a gap."""
-        started = time.monotonic()
+        started = _clock()
         doc = {
             "format": "chunkd-gc-barrier",
             "run": self.run,
@@ -426,15 +431,23 @@ class _Barrier:
             "refreshes": self.refreshes,  # each rewrite differs: a new version token
             "expires_after": self.expiry,
         }
-        await self.backend.put(self.key, _dumps(doc))
-        if self._written is not None and time.monotonic() > self._safe_until():
+        with self.sending():
+            await self.backend.put(self.key, _dumps(doc))
+        if self._written is not None and _clock() > self._safe_until():
             self._gap = True
         self._written = started
         self.refreshes += 1
 
+    @contextlib.contextmanager
+    def sending(self) -> Iterator[None]:
+        """Around the collection's writes: :attr:`unsettled` unless they all ended."""
+        self.unsettled = True
+        yield
+        self.unsettled = False
+
     async def keep_fresh(self) -> None:
         """Rewrite the barrier if the last write is ``expiry / 8`` old."""
-        if self._written is None or time.monotonic() - self._written > self.expiry / 8:
+        if self._written is None or _clock() - self._written > self.expiry / 8:
             await self.write()
 
     async def clear_to_delete(self) -> bool:
@@ -445,9 +458,14 @@ class _Barrier:
             if self._gap:
                 self._gap = False
                 return False
-            if time.monotonic() + self.request_bound <= self._safe_until():
+            if _clock() + self.request_bound + self.expiry / 4 <= self._safe_until():
                 return True
             await self.write()  # the last write itself was slow: start afresh
+
+
+def _clock() -> float:
+    """Seconds on a clock that never goes back and counts time suspended."""
+    return time.clock_gettime(time.CLOCK_BOOTTIME)
 
 
 class Checkpoints:
@@ -1680,7 +1698,8 @@ class Checkpoints:
                         kept = [m for m in group if m.key[len(CHUNKS) :] in live]
                         counts["referenced"] += len(kept)
                         group = [m for m in group if m.key[len(CHUNKS) :] not in live]
-                        await _each([m.key for m in group], backend.delete)
+                        with barrier.sending():
+                            await _each([m.key for m in group], backend.delete)
                     counts["swept"] += len(group)
                     counts["freed_bytes"] += sum(m.size for m in group)
                 if barrier is not None:
@@ -1690,24 +1709,35 @@ class Checkpoints:
     async def _drop_barrier(self, barrier: _Barrier) -> None:
         """Remove a collection's barrier, however the collection ended.
 
-        The delete runs as a task of its own: a collection cancelled (its client went
-        away) still removes its barrier; if even that fails, saves take the barrier
-        for abandoned once it has not changed for its expiry.
+        The delete runs as a task of its own, so a collection cancelled (its client
+        went away) still removes its barrier. If the collection ended with a request
+        of its own maybe still on its way (a delete cancelled or failed mid-flight),
+        the barrier stays until that request is surely over (its bound), in the
+        background: a save must not look for a chunk that delete may yet remove. If
+        even the removal fails, saves take the barrier for abandoned once it has not
+        changed for its expiry.
         """
-        removal = asyncio.ensure_future(barrier.backend.delete(barrier.key))
+        delay = barrier.request_bound if barrier.unsettled else 0.0
+
+        async def remove() -> None:
+            await asyncio.sleep(delay)
+            try:
+                await barrier.backend.delete(barrier.key)
+            except ChunkdError as exc:
+                log.warning(
+                    "gc: could not remove barrier %s/%s (%s); saves pass it once it has "
+                    "been unchanged for %.0fs",
+                    barrier.backend.name,
+                    barrier.key,
+                    exc,
+                    barrier.expiry,
+                )
+
+        removal = asyncio.ensure_future(remove())
         self._tasks.add(removal)
         removal.add_done_callback(self._tasks.discard)
-        try:
+        if not delay:
             await asyncio.shield(removal)
-        except ChunkdError as exc:
-            log.warning(
-                "gc: could not remove barrier %s/%s (%s); saves pass it once it has been "
-                "unchanged for %.0fs",
-                barrier.backend.name,
-                barrier.key,
-                exc,
-                barrier.expiry,
-            )
 
     async def _part_chunks(self, backend: Backend, key: str) -> set[str]:
         """The chunk ids a part names (none if it is gone or unreadable)."""

@@ -10,11 +10,20 @@ For each chunk index of a range (chunks sit at ``index * chunk_bytes``)::
          and recorded in the chunk map
 
 An object's version comes from a HEAD, kept per the backend's revalidation policy:
-``immutable`` keeps it for the daemon's life, a duration re-checks after that long.
-Every chunk of one read is fetched with the version the read started with, so a
-reader never gets a mix of two versions: if the object changes mid-read, the
-ranged GET fails its If-Match and the read fails (a new read sees the new version).
-When the backend is down, the last known version keeps serving what is cached.
+``immutable`` keeps it for good, a duration re-checks after that long. What a HEAD
+validated is kept in memory (the ``known_objects`` most recently used names) and
+in the cache's index (:class:`~chunkd.cache.ValidatedVersion`), so that it
+outlives the daemon: after a restart an ``immutable`` backend's cached objects are
+served without asking the backend again. Every chunk of one read is fetched with
+the version the read started with, so a reader never gets a mix of two versions:
+if the object changes mid-read, the ranged GET fails its If-Match and the read
+fails (a new read sees the new version).
+
+When the backend cannot be asked (it is down), a duration backend's last validated
+version keeps serving what is cached for ``stale_if_error`` seconds after its last
+successful check (RFC 5861), in memory or from the index after a restart; such an
+answer carries :attr:`Stat.stale` and is counted in ``chunkd_stale_served_total``.
+Past that window the read fails as it would without a cache.
 
 Sequential readers (a read that starts where the previous one of the same object
 ended) trigger readahead of the next chunks, bounded by ``readahead_chunks`` per
@@ -27,11 +36,12 @@ import asyncio
 import functools
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
-from chunkd.cache import BytesLease, ChunkCache, ChunkId, ChunkLease, Locator
+from chunkd.cache import BytesLease, ChunkCache, ChunkId, ChunkLease, Locator, ValidatedVersion
 from chunkd.cache.singleflight import SingleFlight
 from chunkd.errors import (
     BackendForbiddenError,
@@ -54,7 +64,7 @@ log = logging.getLogger("chunkd.gateway.read")
 #: the longest object key accepted (S3's own limit)
 MAX_KEY_BYTES: Final = 1024
 _READAHEAD_IN_FLIGHT: Final = 32
-_KNOWN_OBJECTS: Final = 1 << 16  # object versions remembered between reads
+_KNOWN_OBJECTS: Final = 1 << 16  # object versions remembered in memory between reads
 _SETTLING: Final = 4  # chunks of one span being hashed and stored at once
 
 
@@ -128,7 +138,22 @@ class Stat:
 @dataclass
 class _Known:
     meta: ObjectMeta
+    #: when the backend last confirmed the version (time.monotonic())
     checked: float
+
+
+def _known_from(record: ValidatedVersion) -> _Known:
+    """What the index recorded, as the read path keeps it in memory."""
+    meta = ObjectMeta(
+        key=record.key,
+        size=record.size,
+        version=record.version,
+        etag=record.etag,
+        modified=record.modified,
+    )
+    # The index keeps wall-clock time (it outlives the process); memory, monotonic.
+    age = max(0.0, time.time() - record.checked)
+    return _Known(meta, time.monotonic() - age)
 
 
 class ReadPath:
@@ -143,6 +168,8 @@ class ReadPath:
         peers: the cluster, when chunks are shared between nodes: a cold chunk owned
             by another node (rendezvous hashing of its locator) is asked of that
             node first; spans hold only the chunks this node owns.
+        known_objects: most object names whose validated version is kept in memory
+            (least recently used first out); the index keeps every one.
     """
 
     def __init__(
@@ -154,6 +181,7 @@ class ReadPath:
         readahead_chunks: int = 4,
         span_chunks: int = 64,
         peers: Peers | None = None,
+        known_objects: int = _KNOWN_OBJECTS,
     ) -> None:
         self.cache = cache
         self.peers = peers
@@ -162,7 +190,8 @@ class ReadPath:
         self.chunk_bytes = cache.config.chunk_bytes
         self.readahead_chunks = readahead_chunks
         self.span_chunks = max(1, span_chunks)
-        self._known: dict[tuple[str, str], _Known] = {}
+        self._known: OrderedDict[tuple[str, str], _Known] = OrderedDict()
+        self._known_objects = max(1, known_objects)
         self._heads: SingleFlight[tuple[str, str], ObjectMeta] = SingleFlight(self._waited)
         # Keyed by locator, or by chunk id once the chunk map knows it: two objects
         # that share a chunk fetch it once.
@@ -188,23 +217,19 @@ class ReadPath:
         backend = self.backends.get(backend_name)
         validate_key(key)
         ident = (backend.name, key)
-        known = self._known.get(ident)
         revalidate = backend.config.revalidate
-        fresh = known is not None and (
+        known = self._recall(ident, from_index=revalidate is None)
+        if known is not None and (
             revalidate is None or time.monotonic() - known.checked < revalidate
-        )
-        if known is not None and fresh:
+        ):
             return Stat(backend.name, known.meta, self.chunk_bytes)
         try:
-            meta = await self._heads.run(ident, lambda: backend.head(key))
-        except BackendUnavailableError:
-            if known is None:
-                raise
-            # The backend is down: keep serving the version we know.
-            log.warning(
-                "backend %s is unavailable; serving %s at its last known version", backend.name, key
-            )
-            return Stat(backend.name, known.meta, self.chunk_bytes)
+            meta = await self._heads.run(ident, lambda: self._head(backend, key))
+        except BackendUnavailableError as exc:
+            return self._stale(backend, key, known, exc)
+        except ObjectNotFoundError:
+            self.forget(backend.name, key)  # gone: nothing of it may be served later
+            raise
         if known is not None and known.meta.version != meta.version:
             log.info(
                 "%s/%s changed: version %s -> %s",
@@ -213,14 +238,79 @@ class ReadPath:
                 known.meta.version,
                 meta.version,
             )
-        self._known[ident] = _Known(meta, time.monotonic())
-        if len(self._known) > _KNOWN_OBJECTS:  # forget the oldest entry
-            self._known.pop(next(iter(self._known)))
         return Stat(backend.name, meta, self.chunk_bytes)
+
+    async def _head(self, backend: Backend, key: str) -> ObjectMeta:
+        """HEAD ``key`` and keep what it validated, in memory and in the index (once
+        for all the readers that wait on the HEAD)."""
+        meta = await backend.head(key)
+        self._remember((backend.name, key), _Known(meta, time.monotonic()))
+        self.cache.record_validated(
+            ValidatedVersion(
+                backend.name, key, meta.version, meta.etag, meta.size, meta.modified, time.time()
+            )
+        )
+        return meta
+
+    def _stale(
+        self, backend: Backend, key: str, known: _Known | None, error: BackendUnavailableError
+    ) -> Stat:
+        """The version last validated, served stale while the backend cannot say
+        (stale-if-error), or ``error`` once that is too old to serve."""
+        if known is None:
+            # Not in memory (a restart, or evicted): what the index kept. It stays out
+            # of memory, where it would pass for fresh: until the backend answers,
+            # every read of it asks again and is answered stale.
+            record = self.cache.validated(backend.name, key)
+            if record is None:
+                raise error
+            known = _known_from(record)
+        age = time.monotonic() - known.checked
+        window = backend.config.stale_if_error
+        if not age < window:
+            raise BackendUnavailableError(
+                f"{error}; the version of {backend.name}/{key} this node knows was last "
+                f"checked {age:.0f}s ago, past the backend's stale_if_error ({window:g}s), "
+                "so its cached copy is not served: read it again once the backend "
+                "answers, or raise stale_if_error"
+            ) from error
+        self.metrics.stale_served.labels(backend.name).inc()
+        log.warning(
+            "backend %s is unavailable; serving %s stale, at the version checked %.0fs ago",
+            backend.name,
+            key,
+            age,
+        )
+        return Stat(backend.name, known.meta, self.chunk_bytes, stale=age)
+
+    def _recall(self, ident: tuple[str, str], *, from_index: bool) -> _Known | None:
+        """What is known of ``ident``'s version: from memory (a use), else, with
+        ``from_index``, from the index."""
+        known = self._known.get(ident)
+        if known is not None:
+            self._known.move_to_end(ident)
+            return known
+        if not from_index:
+            # A duration backend asks again after a restart or an eviction; the
+            # index serves only when that fails (see _stale).
+            return None
+        record = self.cache.validated(*ident)
+        if record is None:
+            return None
+        known = _known_from(record)
+        self._remember(ident, known)
+        return known
+
+    def _remember(self, ident: tuple[str, str], known: _Known) -> None:
+        self._known[ident] = known
+        self._known.move_to_end(ident)
+        while len(self._known) > self._known_objects:
+            self._known.popitem(last=False)  # the least recently used
 
     def forget(self, backend_name: str, key: str) -> None:
         """Drop what is known of an object's version (the next read HEADs it)."""
         self._known.pop((backend_name, key), None)
+        self.cache.forget_validated(backend_name, key)
 
     # -- chunks -----------------------------------------------------------------------
 

@@ -371,10 +371,16 @@ class ReadPath:
             )
             if shared is not None:
                 owner, stated, data = shared
-                try:
-                    return await self._store(stat, index, data, stated)  # checks the bytes
-                except IntegrityError:
-                    self.peers.integrity_failure(owner, stated)  # the backend's, then
+                if known is not None and stated != known:
+                    # The chunk map names this locator's chunk already: whatever the
+                    # peer's bytes hash to, they are not it, and a peer must never
+                    # rewrite a chunk map. The backend's bytes, then.
+                    self.peers.integrity_failure(owner, known)
+                else:
+                    try:
+                        return await self._store(stat, index, data, stated)  # checks the bytes
+                    except IntegrityError:
+                        self.peers.integrity_failure(owner, stated)  # the backend's, then
         start = index * self.chunk_bytes
         end = min(stat.size, start + self.chunk_bytes)
         data = await backend.get_range(stat.meta, start, end)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -9,7 +10,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ import pytest
 import torch
 from aiohttp import web
 
+from chunkd.cache import ChunkId
 from chunkd.client import Client
 from chunkd.client import checkpoint as ckpt
 from chunkd.gateway.peers import rank_owners
@@ -271,6 +273,39 @@ def test_a_hung_node_costs_at_most_one_more_backend_read_of_the_chunks_it_owns(
     assert took < 60, took  # 4 s here; 10 s when it waited for the probe rounds
 
 
+@contextlib.contextmanager
+def serving(app: web.Application, port: int) -> Iterator[None]:
+    """Serve ``app`` on 127.0.0.1:``port`` from a thread of its own (a peer that is
+    not chunkd), until the block ends."""
+    import asyncio
+
+    ready = threading.Event()
+    box: dict[str, Any] = {}
+
+    def serve() -> None:
+        loop = asyncio.new_event_loop()
+        runner = web.AppRunner(app)
+        loop.run_until_complete(runner.setup())
+        loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", port).start())
+        box["loop"], box["runner"] = loop, runner
+        ready.set()
+        loop.run_forever()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    assert ready.wait(10)
+    try:
+        yield
+    finally:
+        loop = box.get("loop")
+        if loop is not None:
+            asyncio.run_coroutine_threadsafe(box["runner"].cleanup(), loop).result(10)
+            loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=10)
+        if loop is not None:
+            loop.close()
+
+
 def test_a_lying_peer_is_caught_and_never_cached(
     start_daemon: Callable[..., Daemon],
     tmp_path: Path,
@@ -297,24 +332,7 @@ def test_a_lying_peer_is_caught_and_never_cached(
     app.router.add_get("/v1/peer/chunks/{backend}/{id}", lie)
     app.router.add_get("/v1/peer/objects/{backend}/{key:.*}", lie_object)
     app.router.add_get("/healthz", healthz)
-    loop_ready = threading.Event()
-    runner_box: dict[str, Any] = {}
-
-    def serve() -> None:
-        import asyncio
-
-        loop = asyncio.new_event_loop()
-        runner = web.AppRunner(app)
-        loop.run_until_complete(runner.setup())
-        loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", liar_port).start())
-        runner_box["loop"], runner_box["runner"] = loop, runner
-        loop_ready.set()
-        loop.run_forever()
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    assert loop_ready.wait(10)
-    try:
+    with serving(app, liar_port):
         port = free_port()
         node = start_daemon(
             node_toml(tmp_path, bucket, s3_proxy, "honest", port, [port, liar_port]),
@@ -367,16 +385,66 @@ def test_a_lying_peer_is_caught_and_never_cached(
             node.metric("chunkd_peer_integrity_failures_total", peer=f"127.0.0.1:{liar_port}")
             > failures
         )
-    finally:
-        loop = runner_box.get("loop")
-        if loop is not None:
-            import asyncio
 
-            asyncio.run_coroutine_threadsafe(runner_box["runner"].cleanup(), loop).result(10)
-            loop.call_soon_threadsafe(loop.stop)
-        thread.join(timeout=10)
-        if loop is not None:
-            loop.close()
+
+def test_a_peer_cannot_rewrite_a_chunk_map_this_node_knows(
+    start_daemon: Callable[..., Daemon],
+    tmp_path: Path,
+    bucket: str,
+    s3_proxy: CountingProxy,
+    s3_server: S3Server,
+) -> None:
+    # A peer that states a consistent id (its bytes do hash to it), but not the one
+    # this node's chunk map holds for the locator: its bytes must not be served,
+    # stored or recorded.
+    port, liar_port = free_port(), free_port()
+    members = [f"127.0.0.1:{port}", f"127.0.0.1:{liar_port}"]
+    asked: list[str] = []
+
+    async def lie_object(request: web.Request) -> web.Response:
+        asked.append(request.match_info["key"])
+        body = os.urandom(4 * MiB)
+        return web.Response(body=body, headers={"X-Chunkd-Chunk": str(ChunkId.of(body))})
+
+    async def healthz(request: web.Request) -> web.Response:
+        return web.json_response({"ok": True})
+
+    data = os.urandom(6 * MiB)  # two chunks
+    s3 = s3_server.client()
+    for n in range(64):  # an object one of whose chunks the liar owns
+        key = f"objects/known-{n}.bin"
+        etag = s3.put_object(Bucket=bucket, Key=f"pre/{key}", Body=data)["ETag"]
+        placements = [f"ckpt\0{key}\0{etag}\0{i}".encode() for i in range(2)]
+        if any(rank_owners(members, p)[0] == members[1] for p in placements):
+            break
+
+    def toml(peer_ports: list[int]) -> str:
+        # RAM only: after a restart the chunk map is known and the chunks are not.
+        text = node_toml(tmp_path, bucket, s3_proxy, "node", port, peer_ports)
+        return text.replace("[cache]\n", '[cache]\nwrite_policy = "upper-only"\n')
+
+    env = {"CHUNKD_SERVER_LISTEN": f"127.0.0.1:{port}"}
+    alone = start_daemon(toml([port]), cwd=tmp_path / "node", env=env, port=port)
+    assert alone.get(f"/v1/objects/ckpt/{key}")[2] == data  # the chunk map, from the backend
+    assert alone.stop() == 0
+
+    app = web.Application()
+    app.router.add_get("/v1/peer/objects/{backend}/{key:.*}", lie_object)
+    app.router.add_get("/healthz", healthz)
+    with serving(app, liar_port):
+        node = start_daemon(toml([port, liar_port]), cwd=tmp_path / "node", env=env, port=port)
+        deadline = time.monotonic() + 20
+        while node.metric("chunkd_peer_healthy") < 2:
+            assert time.monotonic() < deadline, "the node never saw the liar up"
+            time.sleep(0.1)
+        status, _, body = node.get(f"/v1/objects/ckpt/{key}")
+        assert status == 200
+        assert body == data
+        assert key in asked
+        failures = node.metric("chunkd_peer_integrity_failures_total", peer=members[1])
+        assert failures >= 1
+        assert node.get(f"/v1/objects/ckpt/{key}")[2] == data  # nothing of the liar's kept
+        assert node.stop() == 0
 
 
 def test_peer_routes_want_the_token(

@@ -103,6 +103,21 @@ CHUNKS: Final = "chunks/"
 CHECKPOINTS: Final = "checkpoints/"
 INTENTS: Final = "intents/"
 MANIFEST: Final = "manifest.json"
+#: the top-level keys of a manifest that chunkd writes (extra fields may not replace them)
+_MANIFEST_KEYS: Final = frozenset(
+    {
+        "format",
+        "schema",
+        "name",
+        "save_id",
+        "world_size",
+        "step",
+        "created",
+        "logical_bytes",
+        "new_bytes",
+        "parts",
+    }
+)
 GC_BARRIERS: Final = "gc/"
 #: the shortest expiry of a collection's barrier (longer where one backend request
 #: may take longer): how long saves wait for a collection that died
@@ -895,8 +910,9 @@ class Checkpoints:
     async def _barriers(self, backend: Backend) -> list[ObjectMeta]:
         """The barriers of the collections running in ``backend`` (never a cached listing)."""
         found: list[ObjectMeta] = []
-        async for batch in backend.scan(GC_BARRIERS.rstrip("/")):
-            found += [m for m in batch if m.key.endswith(".json")]
+        async with contextlib.aclosing(backend.scan(GC_BARRIERS.rstrip("/"))) as batches:
+            async for batch in batches:
+                found += [m for m in batch if m.key.endswith(".json")]
         return found
 
     async def _declared_expiry(self, backend: Backend, meta: ObjectMeta) -> float | None:
@@ -1009,7 +1025,9 @@ class Checkpoints:
                 {"rank": p["rank"], "key": f"{prefix}{p['rank']}.json", "blake3": p["_id"]}
                 for p in parts
             ],
-        } | extra
+        }
+        assert not set(extra) & set(manifest)
+        manifest |= extra
         body = _dumps(manifest)
         key = f"{CHECKPOINTS}{path}/{MANIFEST}"
         if job is not None:
@@ -1049,11 +1067,12 @@ class Checkpoints:
         ``world_size`` is; the parts are read once all of them are there.
         """
         present: set[int] = set()
-        async for batch in backend.scan(prefix.rstrip("/")):
-            for meta in batch:
-                rank = _part_rank(meta.key[len(prefix) :], world_size)
-                if rank is not None:
-                    present.add(rank)
+        async with contextlib.aclosing(backend.scan(prefix.rstrip("/"))) as batches:
+            async for batch in batches:
+                for meta in batch:
+                    rank = _part_rank(meta.key[len(prefix) :], world_size)
+                    if rank is not None:
+                        present.add(rank)
         if len(present) < world_size:
             return None
 
@@ -1107,7 +1126,8 @@ class Checkpoints:
         """Commit a save made with ``commit="none"`` once all its parts are in.
 
         Raises:
-            InvalidRequestError: ``save_id`` or ``world_size`` is malformed or out of bounds.
+            InvalidRequestError: ``save_id`` or ``world_size`` is malformed or out of
+                bounds, or ``extra`` would replace a field of chunkd's.
             CheckpointExistsError: another save committed the name meanwhile.
             CheckpointError: the parts did not all come within the part timeout.
         """
@@ -1116,6 +1136,12 @@ class Checkpoints:
         if not 1 <= world_size <= MAX_WORLD_SIZE:
             raise InvalidRequestError(
                 f"world_size must be from 1 to {MAX_WORLD_SIZE}; got {world_size}"
+            )
+        clash = sorted(set(extra) & _MANIFEST_KEYS)
+        if clash:
+            raise InvalidRequestError(
+                f"the extra manifest fields of a commit must not replace chunkd's own; "
+                f"{clash[:5]} are chunkd's"
             )
         backend = self.backends.get(backend_name)
         backend.check_writable()
@@ -1180,7 +1206,10 @@ class Checkpoints:
         deadline = time.monotonic() + seconds
         delay = 0.05
         while True:
-            await self._find_in_backend(job, backend)
+            try:
+                await self._find_in_backend(job, backend)
+            except BackendUnavailableError as exc:  # not known yet: the client asks again
+                job.state = f"the daemon restarted; looking for this save in the backend: {exc}"
             left = deadline - time.monotonic()
             if job.error is not None or job.level >= level or left <= 0:
                 return job

@@ -227,3 +227,16 @@ def test_a_commit_whose_client_went_away_stops_looking_for_parts(
     settled = lists()
     time.sleep(5)  # at least two more looks, were it still waiting
     assert lists() == settled
+
+
+def test_a_commit_cannot_replace_the_manifest_fields_of_chunkd(
+    node: tuple[Daemon, Client],
+) -> None:
+    _, client = node
+    extra = sealed(json.dumps({"dcp_metadata": "x", "parts": [], "save_id": "other"}).encode())
+    header = {"op": "ckpt_commit", "name": "local/extra/1", "save_id": "e1", "world_size": 1}
+    try:
+        with pytest.raises(InvalidRequestError, match=r"\['parts', 'save_id'\]"):
+            client._request(header | {"overwrite": False}, "committing", [extra])
+    finally:
+        os.close(extra)

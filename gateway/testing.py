@@ -7,6 +7,7 @@ benchmarks use one implementation. Nothing in the daemon imports it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import socket
@@ -120,7 +121,16 @@ class CountingProxy:
 
     The count does not depend on the daemon's own metrics. ``down()`` closes the
     listener and every connection (the backend is gone: connections are refused);
-    ``up()`` listens again on the same port.
+    ``up()`` listens again on the same port. ``close()`` ends everything and returns
+    once every socket the proxy accepted or opened is closed.
+
+    The proxy accepts connections itself, in the listening socket's reader callback,
+    rather than through ``asyncio.start_server``: asyncio's server accepts in a task
+    of its own, and a connection it accepts just before ``Server.close()`` fails an
+    assertion there (``Server._attach``) that asyncio swallows outside debug mode,
+    leaving that socket open and owned by no one (Python 3.11). Here every accepted
+    socket belongs at once to a task the proxy holds, and each task closes its
+    sockets and waits until they are closed before it ends.
     """
 
     def __init__(self, upstream_port: int) -> None:
@@ -139,7 +149,12 @@ class CountingProxy:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._thread.start()
-        self._server: asyncio.base_events.Server | None = None
+        self._listener: socket.socket | None = None
+        # down() bumps it: a connection accepted before down() is never relayed after.
+        self._generation = 0
+        # Each connection's task until it ends (the loop itself holds tasks weakly).
+        self._tasks: set[asyncio.Task[None]] = set()
+        # Every stream whose socket is not known to be closed yet.
         self._writers: set[asyncio.StreamWriter] = set()
         self.up()
 
@@ -148,15 +163,27 @@ class CountingProxy:
 
     def up(self) -> None:
         async def start() -> None:
-            self._server = await asyncio.start_server(self._serve, "127.0.0.1", self.port)
+            listener = socket.socket()
+            try:
+                listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                listener.bind(("127.0.0.1", self.port))
+                listener.listen(128)
+                listener.setblocking(False)
+            except BaseException:
+                listener.close()
+                raise
+            self._listener = listener
+            self._loop.add_reader(listener.fileno(), self._accept, listener)
 
         self._call(start())
 
     def down(self) -> None:
         async def stop() -> None:
-            if self._server is not None:
-                self._server.close()
-                self._server = None
+            self._generation += 1
+            if self._listener is not None:
+                self._loop.remove_reader(self._listener.fileno())
+                self._listener.close()
+                self._listener = None
             for writer in list(self._writers):
                 writer.transport.abort()
 
@@ -166,14 +193,36 @@ class CountingProxy:
         self.bytes_down = 0
         self.bytes_up = 0
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def _accept(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:  # none left to accept (or one reset before it was)
+                return
+            conn.setblocking(False)
+            task = self._loop.create_task(self._serve(conn, self._generation))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _serve(self, conn: socket.socket, generation: int) -> None:
         self.connections += 1
+        if generation != self._generation:  # accepted just before down()
+            conn.close()
+            return
+        reader = asyncio.StreamReader(limit=1 << 16)
+        protocol = asyncio.StreamReaderProtocol(reader)
+        try:
+            transport, _ = await self._loop.connect_accepted_socket(lambda: protocol, conn)
+        except BaseException:
+            conn.close()
+            raise
+        writer = asyncio.StreamWriter(transport, protocol, reader, self._loop)
         self._writers.add(writer)
         try:
-            await self._relay(reader, writer)
-        finally:  # also when cancelled before the upstream connection was made
-            writer.transport.abort()
-            self._writers.discard(writer)
+            if generation == self._generation:
+                await self._relay(reader, writer)
+        finally:
+            await self._close(writer)
 
     async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -207,33 +256,42 @@ class CountingProxy:
                 dst.transport.abort()
 
         try:
-            await asyncio.gather(pipe(reader, up_writer, False), pipe(up_reader, writer, True))
+            # A task group, not gather: neither direction outlives the connection's task.
+            async with asyncio.TaskGroup() as group:
+                group.create_task(pipe(reader, up_writer, False))
+                group.create_task(pipe(up_reader, writer, True))
         finally:
-            up_writer.transport.abort()
-            self._writers.discard(up_writer)
+            await self._close(up_writer)
+
+    async def _close(self, writer: asyncio.StreamWriter) -> None:
+        """Abort ``writer``'s connection and wait until its socket is closed.
+
+        The transport closes its socket in a later callback of the loop; a loop that
+        stopped before it ran would leak the socket (ResourceWarning: unclosed
+        transport), so the stream stays in ``_writers`` until that is done.
+        """
+        writer.transport.abort()
+        with contextlib.suppress(ConnectionError, OSError):
+            await writer.wait_closed()
+        self._writers.discard(writer)
 
     def close(self) -> None:
-        """Stop listening, end every connection's task, and stop the proxy's loop."""
+        """Stop listening, end every connection, and stop the proxy's loop."""
         self.down()
 
         async def finish() -> None:
-            # Connections accepted just before down() start their tasks in the next
-            # rounds: let them, so that every connection is known and aborted below.
-            for _ in range(3):
-                await asyncio.sleep(0)
-            for writer in list(self._writers):
-                writer.transport.abort()
-            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-            if tasks:
-                _, pending = await asyncio.wait(tasks, timeout=5)
+            # Every connection is aborted: its task closes its sockets and ends. One
+            # still waiting after 5 s (a long delay) is cancelled; its finally blocks
+            # still close its streams.
+            if self._tasks:
+                _, pending = await asyncio.wait(set(self._tasks), timeout=5)
                 for task in pending:
                     task.cancel()
                 await asyncio.gather(*pending, return_exceptions=True)
-            # An aborted transport closes its socket in a callback of the next loop
-            # rounds: let them run before the loop stops, or the sockets leak
-            # (ResourceWarning: unclosed transport).
-            for _ in range(3):
-                await asyncio.sleep(0)
+            # A task cancelled while it waited for its sockets to close left its
+            # streams here.
+            for writer in list(self._writers):
+                await self._close(writer)
 
         self._call(finish())
         self._loop.call_soon_threadsafe(self._loop.stop)

@@ -66,6 +66,10 @@ MAX_KEY_BYTES: Final = 1024
 _READAHEAD_IN_FLIGHT: Final = 32
 _KNOWN_OBJECTS: Final = 1 << 16  # object versions remembered in memory between reads
 _SETTLING: Final = 4  # chunks of one span being hashed and stored at once
+# A span streams in pieces this big at most: what a cut stream had delivered of the
+# chunk it was in is kept, and a backend client drops what it buffered towards a
+# piece when the body breaks, so smaller pieces lose less.
+_PIECE_BYTES: Final = 1 << 20
 
 
 def _cancel_unsettled(futures: list[asyncio.Future[Any]], _task: asyncio.Future[None]) -> None:
@@ -447,50 +451,72 @@ class ReadPath:
     ) -> None:
         size = self.chunk_bytes
         count = len(futures)
-        index = first
+        index = first  # the next chunk to settle
+        end = min(stat.size, (first + count) * size)
+        offset = first * size  # the next byte wanted from the backend
+        resumes = max(0, backend.config.retries)
         settling: set[asyncio.Future[None]] = set()
         try:
-            buffer = bytearray()
-            try:
-                pieces = backend.stream_range(
-                    stat.meta,
-                    first * size,
-                    min(stat.size, (first + count) * size),
-                    piece_bytes=size,
-                )
-                async for piece in pieces:
-                    buffer += piece
-                    while index < first + count:
-                        need = min(size, stat.size - index * size)
-                        if len(buffer) < need:
-                            break
-                        data = bytes(buffer[:need])
-                        del buffer[:need]
-                        # Hash and store in the background while the stream goes on;
-                        # a few at most, so a fast backend cannot run away with memory.
-                        while len(settling) >= _SETTLING:
-                            await asyncio.wait(settling, return_when=asyncio.FIRST_COMPLETED)
-                        task = asyncio.ensure_future(
-                            self._settle(
-                                stat, index, data, known[index - first], futures[index - first]
+            buffer = bytearray()  # bytes of chunk `index` (and on) not settled yet
+            while offset < end:
+                began = offset
+                try:
+                    pieces = backend.stream_range(
+                        stat.meta, offset, end, piece_bytes=min(size, _PIECE_BYTES)
+                    )
+                    async for piece in pieces:
+                        offset += piece.nbytes
+                        buffer += piece
+                        while index < first + count:
+                            need = min(size, stat.size - index * size)
+                            if len(buffer) < need:
+                                break
+                            data = bytes(buffer[:need])
+                            del buffer[:need]
+                            # Hash and store in the background while the stream goes
+                            # on; a few at most, so a fast backend cannot run away
+                            # with memory.
+                            while len(settling) >= _SETTLING:
+                                await asyncio.wait(settling, return_when=asyncio.FIRST_COMPLETED)
+                            task = asyncio.ensure_future(
+                                self._settle(
+                                    stat, index, data, known[index - first], futures[index - first]
+                                )
                             )
+                            settling.add(task)
+                            task.add_done_callback(settling.discard)
+                            index += 1
+                except (ObjectNotFoundError, BackendForbiddenError, VersionChangedError) as exc:
+                    # Will not heal by asking again: every chunk left fails the same way.
+                    for future in futures[index - first :]:
+                        future.set_exception(exc)
+                    index = first + count
+                    break
+                except Exception as exc:
+                    # A body cut short (a reset, a stalled read): what came is kept,
+                    # and the span goes on from the first byte that did not, rather
+                    # than the cut chunk being read whole again. A GET that brought
+                    # nothing was retried already: the chunks go one by one.
+                    if resumes > 0 and offset > began:
+                        resumes -= 1
+                        log.info(
+                            "%s/%s: a span GET failed at chunk %d (%s); resuming at byte %d",
+                            stat.backend,
+                            stat.meta.key,
+                            index,
+                            exc,
+                            offset,
                         )
-                        settling.add(task)
-                        task.add_done_callback(settling.discard)
-                        index += 1
-            except (ObjectNotFoundError, BackendForbiddenError, VersionChangedError) as exc:
-                # Will not heal by asking again: every chunk left fails the same way.
-                for future in futures[index - first :]:
-                    future.set_exception(exc)
-                index = first + count
-            except Exception as exc:  # what the span missed is fetched below
-                log.info(
-                    "%s/%s: a span GET failed at chunk %d (%s); fetching the rest chunk by chunk",
-                    stat.backend,
-                    stat.meta.key,
-                    index,
-                    exc,
-                )
+                        continue
+                    log.info(
+                        "%s/%s: a span GET failed at chunk %d (%s); fetching the rest chunk "
+                        "by chunk",
+                        stat.backend,
+                        stat.meta.key,
+                        index,
+                        exc,
+                    )
+                    break
             if settling:
                 await asyncio.wait(settling)
             # Whatever the span did not deliver: one chunk at a time, each with retries.

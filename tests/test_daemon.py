@@ -431,7 +431,7 @@ def test_sigterm_lets_reads_in_flight_finish_and_flushes_the_index(
     assert again.stop() == 0
 
 
-def test_a_span_cut_mid_body_is_finished_chunk_by_chunk(
+def test_a_span_cut_mid_body_is_resumed_where_it_was_cut(
     start_daemon, tmp_path: Path, s3_server: S3Server, bucket: str, s3_proxy: CountingProxy
 ) -> None:
     payload = os.urandom(22 * MiB)
@@ -442,7 +442,33 @@ def test_a_span_cut_mid_body_is_finished_chunk_by_chunk(
     assert s3_proxy.cuts == 1
     assert status == 200
     assert body == payload
+    # One more GET, for the rest of the span, not one per chunk left.
+    assert daemon.metric("chunkd_backend_requests_total", backend="data", op="get") == 2
     assert daemon.get("/v1/objects/data/cut.bin")[2] == payload
+    assert daemon.stop() == 0
+
+
+def test_a_span_cut_in_its_last_chunk_costs_the_bytes_it_missed_only(
+    start_daemon, tmp_path: Path, s3_server: S3Server, bucket: str, s3_proxy: CountingProxy
+) -> None:
+    # The concurrent cold readers above once cost 64 MiB + 4 MiB (+ one response's
+    # headers): the span's response lost its tail on the way (the test proxy drops
+    # what it still buffers when moto closes the connection, and counts it as sent),
+    # and the read path read the whole last chunk again. Here the cut is made on
+    # purpose, at the same place: what came of that chunk is kept.
+    payload = os.urandom(16 * MiB)
+    put(s3_server, bucket, "tail.bin", payload)
+    daemon: Daemon = start_daemon(s3_config(tmp_path, bucket, s3_proxy))
+    s3_proxy.reset()
+    s3_proxy.cut_after = 16 * MiB - 256 * 1024
+    status, _, body = daemon.get("/v1/objects/data/tail.bin")
+    assert s3_proxy.cuts == 1
+    assert status == 200
+    assert body == payload
+    assert daemon.metric("chunkd_backend_requests_total", backend="data", op="get") == 2
+    # The backend client drops what it buffered towards a piece (1 MiB) when a body
+    # breaks; a whole chunk (4 MiB) is no longer read twice.
+    assert len(payload) <= s3_proxy.bytes_down < len(payload) + 3 * MiB // 2
     assert daemon.stop() == 0
 
 

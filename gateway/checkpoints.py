@@ -160,12 +160,11 @@ class Durability(IntEnum):
     @classmethod
     def parse(cls, text: object) -> Durability:
         """``"staged"``, ``"local"`` or ``"remote"``."""
-        try:
-            return cls[text.upper()] if isinstance(text, str) else cls[""]
-        except KeyError:
-            raise InvalidRequestError(
-                f"durability must be 'staged', 'local' or 'remote'; got {str(text)[:40]!r}"
-            ) from None
+        if isinstance(text, str) and text.upper() in cls.__members__:
+            return cls[text.upper()]
+        raise InvalidRequestError(
+            f"durability must be 'staged', 'local' or 'remote'; got {str(text)[:40]!r}"
+        )
 
 
 def checkpoint_name(name: object) -> tuple[str, str]:
@@ -1614,6 +1613,7 @@ class Checkpoints:
         """
         backend, path = self._listed(target)
         backend.check_writable()
+        barrier = None if dry_run else _Barrier(backend, target)  # refuses before any work
         report: dict[str, Any] = {"target": target, "dry_run": dry_run, "retired": []}
         if keep_last is not None:
             listed = [e async for e in self._committed(backend, path)]
@@ -1634,7 +1634,6 @@ class Checkpoints:
         report["stale_parts"] = len(stale)
         if not dry_run:
             await _each(stale, backend.delete)
-        barrier = None if dry_run else _Barrier(backend, target)
         try:
             if barrier is not None:
                 await barrier.write()  # before the intents are read: the protocol's pivot

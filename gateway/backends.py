@@ -9,17 +9,23 @@ visible in the metrics.
 
 Errors are mapped once, here: a missing object is :class:`ObjectNotFoundError`, a
 refusal :class:`BackendForbiddenError`, a failed ``If-Match``
-:class:`VersionChangedError`, and everything that may heal (5xx, timeouts, refused
-connections, an open circuit) :class:`BackendUnavailableError`.
+:class:`VersionChangedError`, a key the store cannot hold :class:`InvalidKeyError`,
+and everything that may heal (5xx, timeouts, refused connections, an open circuit)
+:class:`BackendUnavailableError`. A key the store cannot hold is the request's own
+fault: it is neither retried nor counted for or against the backend's health (it is
+counted in ``chunkd_backend_rejected_keys_total``), so no client can open a circuit
+by asking for names a backend refuses.
 """
 
 from __future__ import annotations
 
 import asyncio
 import builtins
+import errno
 import functools
 import logging
 import random
+import re
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable
 from datetime import timedelta
@@ -29,6 +35,7 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar
 import obstore
 from obstore.exceptions import (
     AlreadyExistsError,
+    InvalidPathError,
     NotFoundError,
     PermissionDeniedError,
     PreconditionError,
@@ -39,6 +46,7 @@ from obstore.store import AzureStore, GCSStore, LocalStore, MemoryStore, S3Store
 from chunkd.errors import (
     BackendForbiddenError,
     BackendUnavailableError,
+    InvalidKeyError,
     ObjectNotFoundError,
     ReadOnlyBackendError,
     UnknownBackendError,
@@ -68,6 +76,13 @@ _LIST_LIMIT: Final = 100_000
 #: objects one listing request asks for (S3's own page size)
 SCAN_BATCH: Final = 1000
 _BODY_DEADLINE: Final = 3600.0  # seconds one response may take in all, a span GET included
+# The longest object name each object store holds, its prefix included: S3 and Cloud
+# Storage count UTF-8 bytes, Azure characters.
+_NAME_LIMITS: Final = {"s3": ("S3 keys", 1024), "gs": ("Cloud Storage names", 1024)}
+_AZURE_NAME_CHARS: Final = 1024
+_OBJECT_OPS: Final = frozenset({"head", "get", "put", "delete"})
+# obstore's text for an OS error (LocalFileSystem): "... File name too long (os error 36)".
+_OS_ERROR: Final = re.compile(r"\(os error (\d+)\)")
 
 
 class Backend:
@@ -332,6 +347,9 @@ class Backend:
         requests is not cut off and fetched again. Writes, HEADs and listings stay
         bounded as a whole.
         """
+        if op in _OBJECT_OPS and (refused := self._refuse_long_name(key)) is not None:
+            self._metrics.rejected_keys.labels(self.name).inc()
+            raise refused
         retries = max(0, self.config.retries)
         for n in range(retries + 1):
             self._check_circuit(key)
@@ -345,7 +363,13 @@ class Backend:
                 self._probing = False  # a cancelled probe must not hold the circuit shut
                 raise
             except Exception as exc:
-                error = self._translate(exc, key)
+                error = self._translate(exc, key, op)
+                if isinstance(error, InvalidKeyError):
+                    # The request's own key: said at once, and neither a failure nor a
+                    # success of the backend (a probe is over, the circuit unchanged).
+                    self._probing = False
+                    self._metrics.rejected_keys.labels(self.name).inc()
+                    raise error from exc
                 kind = type(error).__name__
                 self._metrics.backend_errors.labels(self.name, kind).inc()
                 if not isinstance(error, BackendUnavailableError):
@@ -411,10 +435,13 @@ class Backend:
         self._open_until = 0.0
         self._metrics.backend_circuit_open.labels(self.name).set(0)
 
-    def _translate(self, exc: BaseException, key: str) -> Exception:
+    def _translate(self, exc: BaseException, key: str, op: str = "get") -> Exception:
         where = f"{self.name}/{key}"
         if isinstance(exc, NotFoundError | FileNotFoundError):
             return ObjectNotFoundError(f"{where} does not exist in backend {self.name!r}")
+        refused = self._refused_key(exc, key, op)
+        if refused is not None:
+            return refused
         if isinstance(exc, PermissionDeniedError | UnauthenticatedError):
             return BackendForbiddenError(
                 f"backend {self.name!r} refused access to {key}: {_first_line(exc)}; "
@@ -429,6 +456,89 @@ class Backend:
         if isinstance(exc, BackendUnavailableError):
             return exc
         return BackendUnavailableError(f"backend {self.name!r} failed on {key}: {_first_line(exc)}")
+
+    def _refuse_long_name(self, key: str) -> InvalidKeyError | None:
+        """The error for a key longer than the object store holds, before it is asked.
+
+        Such a request fails with a 400 (S3's KeyTooLongError; a bare 400 to a HEAD),
+        which must not count against the backend; chunkd knows the limit and does not
+        send it.
+        """
+        scheme = self.config.scheme
+        if scheme not in _NAME_LIMITS and scheme != "az":
+            return None
+        prefix = self.config.prefix
+        name = f"{prefix}/{key}" if prefix else key
+        if scheme == "az":
+            what, limit, size, unit = "Azure blob names", _AZURE_NAME_CHARS, len(name), "characters"
+        else:
+            what, limit = _NAME_LIMITS[scheme]
+            size, unit = len(name.encode("utf-8", "surrogatepass")), "bytes"
+        if size <= limit:
+            return None
+        with_prefix = f" with the backend's prefix {prefix!r}" if prefix else ""
+        return InvalidKeyError(
+            f"backend {self.name!r} cannot hold the key {_shown(key)}: it is {size} {unit} "
+            f"long{with_prefix}, and {what} are at most {limit} {unit}; use a shorter key"
+        )
+
+    def _refused_key(self, exc: BaseException, key: str, op: str) -> Exception | None:
+        """The error for a key the store refused, or None when ``exc`` is not that.
+
+        A file:// backend's filesystem refuses a path segment longer than it allows
+        (ENAMETOOLONG) or a name it cannot encode (EILSEQ, EINVAL), and
+        object_store's LocalFileSystem refuses names that end in ``#`` and digits (it
+        writes its temporary files under them). A key below a key that is a file
+        (ENOTDIR) does not exist when read, and cannot be written; nor can a key where
+        a directory is (EISDIR). Only the key is named in the message, never the
+        backend's own paths.
+        """
+        if isinstance(exc, UnicodeError):
+            return InvalidKeyError(f"backend {self.name!r} refused the key {_shown(key)}: {exc}")
+        if isinstance(exc, InvalidPathError):  # its text may hold the backend's own paths
+            return InvalidKeyError(
+                f"backend {self.name!r} refused the key {_shown(key)} as a path it cannot "
+                "hold; use another name"
+            )
+        if self.config.scheme != "file":
+            return None
+        text = str(exc)
+        refused = f"backend {self.name!r} cannot hold the key {_shown(key)}"
+        if "InvalidPath {" in text:
+            return InvalidKeyError(
+                f"{refused}: a file:// backend keeps names that end in '#' and digits for "
+                "its temporary files; use another name"
+            )
+        found = _OS_ERROR.search(text)
+        code = int(found.group(1)) if found else None
+        if code == errno.ENAMETOOLONG:
+            longest = max(len(part.encode("utf-8", "surrogatepass")) for part in key.split("/"))
+            why = (
+                f"one path segment is {longest} bytes, and filesystems allow 255 at most"
+                if longest > 255
+                else "the whole path is longer than it allows"
+            )
+            return InvalidKeyError(
+                f"{refused}: its filesystem refused the name as too long ({why}); use a shorter key"
+            )
+        if code in (errno.EILSEQ, errno.EINVAL):
+            return InvalidKeyError(
+                f"{refused}: its filesystem refused the name ({errno.errorcode[code]}: "
+                "a character it does not allow in file names); use another name"
+            )
+        if code in (errno.ENOTDIR, errno.EISDIR):
+            why = (
+                "a part of its path is an object, and a file:// backend holds nothing below "
+                "an object"
+                if code == errno.ENOTDIR
+                else "it names a directory of other objects"
+            )
+            if op in ("head", "get"):
+                return ObjectNotFoundError(
+                    f"{self.name}/{key} does not exist in backend {self.name!r} ({why})"
+                )
+            return InvalidKeyError(f"{refused}: {why}; use another name")
+        return None
 
     async def close(self) -> None:
         """Release the store's connections (obstore closes them when dropped)."""
@@ -542,6 +652,13 @@ def _version_of(meta: Any) -> str:
         return str(etag)
     stamp = meta["last_modified"]
     return f"{meta['size']}-{stamp.timestamp():.9f}"
+
+
+def _shown(key: str) -> str:
+    """``key`` quoted for a message; a long one shortened, with its length."""
+    if len(key) <= 80:
+        return repr(key)
+    return f"{key[:40]!r}...{key[-20:]!r} ({len(key)} characters)"
 
 
 def _first_line(exc: BaseException) -> str:

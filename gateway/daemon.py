@@ -22,9 +22,9 @@ from aiohttp import web
 
 import chunkd
 from chunkd.errors import ChunkdError, ConfigError
-from chunkd.gateway.api import PEER_TLS, STATE, build_app
+from chunkd.gateway.api import METRICS, PEER_TLS, STATE, build_app
 from chunkd.gateway.config import Config, load_config
-from chunkd.gateway.logs import configure_logging
+from chunkd.gateway.logs import MalformedRequestLog, configure_logging
 from chunkd.gateway.sdnotify import SystemdNotifier
 from chunkd.gateway.tls import PeerTLS
 
@@ -73,7 +73,16 @@ async def run(
         loop.add_signal_handler(sig, stop.set)
     app = build_app(config, tls=tls)
     tls = app[PEER_TLS]
-    runner = web.AppRunner(app, shutdown_timeout=config.server.shutdown_timeout, access_log=None)
+    # Malformed requests are anyone's to send: counted, and logged a few lines a minute.
+    server_log = MalformedRequestLog(
+        logging.getLogger("aiohttp.server"), app[METRICS].malformed_http.inc
+    )
+    runner = web.AppRunner(
+        app,
+        shutdown_timeout=config.server.shutdown_timeout,
+        access_log=None,
+        logger=server_log,
+    )
     notifier.status("opening the cache")
     await runner.setup()
     site = web.TCPSite(
@@ -92,6 +101,7 @@ async def run(
             exc.strerror or exc,
         )
         await runner.cleanup()
+        server_log.close()
         return 1
     app[STATE].ready = True
     where = f"{'http' if tls is None else 'https'}://{config.server.listen}"
@@ -122,5 +132,6 @@ async def run(
     finally:
         stopped.set()
         await watchdog
+        server_log.close()
     log.info("stopped")
     return 0

@@ -21,19 +21,37 @@ Keys of the JSON object: ``ts`` (RFC 3339, UTC, milliseconds), ``level``, ``logg
 formatted traceback) and ``stack`` when the record has them. A value JSON cannot
 hold is written as its ``str()``; an ``extra`` field that collides with one of
 those keys is kept as ``extra_<key>``, and one whose name starts with ``_`` is left out.
+
+Requests that aiohttp cannot parse (a bad request line, bad or oversized headers,
+broken chunked framing, TLS or other bytes sent to the HTTP port) are anyone's to
+send. aiohttp logs each at error level with a traceback; the daemon hands aiohttp a
+:class:`MalformedRequestLog` instead, which counts each one and logs it as one
+``info`` line, at most ten lines a minute, then one line with how many more came.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import sys
 import time
-from typing import Any, Final, TextIO
+from collections.abc import Callable, Mapping
+from types import TracebackType
+from typing import Any, Final, TextIO, TypeAlias
+
+from aiohttp.http_exceptions import HttpProcessingError
 
 from chunkd.errors import ConfigError
 
-__all__ = ["LOG_FORMATS", "LOG_LEVELS", "JsonFormatter", "TextFormatter", "configure_logging"]
+__all__ = [
+    "LOG_FORMATS",
+    "LOG_LEVELS",
+    "JsonFormatter",
+    "MalformedRequestLog",
+    "TextFormatter",
+    "configure_logging",
+]
 
 #: Names accepted for ``level``, lowest first.
 LOG_LEVELS: Final = ("debug", "info", "warning", "error", "critical")
@@ -41,6 +59,14 @@ LOG_LEVELS: Final = ("debug", "info", "warning", "error", "critical")
 LOG_FORMATS: Final = ("json", "text")
 
 _RESERVED: Final = frozenset({"ts", "level", "logger", "event", "exc", "stack"})
+
+_ExcInfo: TypeAlias = (
+    bool
+    | BaseException
+    | tuple[type[BaseException], BaseException, TracebackType | None]
+    | tuple[None, None, None]
+    | None
+)
 
 # Attributes every LogRecord has; whatever else a record carries came from ``extra``.
 # Computed rather than listed so that attributes added by later Pythons (taskName in
@@ -128,6 +154,132 @@ class TextFormatter(logging.Formatter):
         )
         pairs = [f"{key}={_text_value(value)}" for key, value in fields.items()]
         return " ".join([head, *pairs]).translate(_TEXT_BREAKS)
+
+
+class MalformedRequestLog(logging.LoggerAdapter[logging.Logger]):
+    """The logger aiohttp's server writes to (``AppRunner(app, logger=...)``).
+
+    A record about a request aiohttp could not parse (its ``exc_info`` is an
+    ``HttpProcessingError``) is counted with ``count`` and becomes one ``info`` line
+    without a traceback: ``malformed HTTP request from ADDRESS refused: REASON``,
+    with ``remote``, ``error`` and ``reason`` fields. Those lines are rate limited to
+    ``burst`` per ``interval`` seconds; the requests past that are told in one line,
+    ``N more malformed HTTP requests in the last S s (not logged one by one)`` with a
+    ``malformed`` field, when the interval is over (or at :meth:`close`). Every other
+    record, a handler's failure among them, passes unchanged.
+
+    Args:
+        logger: the logger to write to (``aiohttp.server``).
+        count: called once per malformed request (the metric's ``inc``).
+        burst: lines written one by one per interval.
+        interval: seconds.
+        clock: the time source (monotonic seconds).
+    """
+
+    def __init__(
+        self,
+        logger: logging.Logger,
+        count: Callable[[], object],
+        *,
+        burst: int = 10,
+        interval: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        super().__init__(logger, {})
+        self._count = count
+        self._burst = burst
+        self._interval = interval
+        self._clock = clock
+        self._window = -interval  # when the current interval began
+        self._written = 0  # lines written one by one in it
+        self._untold = 0  # requests counted but not written since the last summary
+        self._summary: asyncio.TimerHandle | None = None
+
+    def log(
+        self,
+        level: int,
+        msg: object,
+        *args: object,
+        exc_info: _ExcInfo = None,
+        stack_info: bool = False,
+        stacklevel: int = 1,
+        extra: Mapping[str, object] | None = None,
+        **kwargs: object,
+    ) -> None:
+        # docstring inherited
+        error = _malformed_request(exc_info)
+        if error is None:
+            super().log(
+                level,
+                msg,
+                *args,
+                exc_info=exc_info,
+                stack_info=stack_info,
+                stacklevel=stacklevel,
+                extra=extra,
+                **kwargs,
+            )
+            return
+        self._count()
+        # aiohttp says "Error handling request from %s" with the client's address.
+        remote = str(args[0]) if len(args) == 1 else "an unknown client"
+        now = self._clock()
+        if now - self._window >= self._interval:
+            self._tell_untold()
+            self._window, self._written = now, 0
+        if self._written < self._burst:
+            self._written += 1
+            reason = _reason(error)
+            self.logger.info(
+                "malformed HTTP request from %s refused: %s",
+                remote,
+                reason,
+                extra={"remote": remote, "error": type(error).__name__, "reason": reason},
+            )
+            return
+        self._untold += 1
+        if self._summary is None:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:  # no loop to wait on: told with the next one, or at close()
+                return
+            wait = max(0.0, self._window + self._interval - now)
+            self._summary = loop.call_later(wait, self._tell_untold)
+
+    def close(self) -> None:
+        """Write the summary line of the requests not told yet, if any."""
+        self._tell_untold()
+
+    def _tell_untold(self) -> None:
+        if self._summary is not None:
+            self._summary.cancel()
+            self._summary = None
+        if not self._untold:
+            return
+        untold, self._untold = self._untold, 0
+        seconds = max(0.0, self._clock() - self._window)
+        self.logger.info(
+            "%d more malformed HTTP %s in the last %.0f s (not logged one by one)",
+            untold,
+            "request" if untold == 1 else "requests",
+            seconds,
+            extra={"malformed": untold},
+        )
+
+
+def _malformed_request(exc_info: _ExcInfo) -> HttpProcessingError | None:
+    """The parse error of a malformed request that ``exc_info`` reports, if it is one."""
+    if exc_info is True:
+        exc_info = sys.exc_info()
+    error = exc_info[1] if isinstance(exc_info, tuple) else exc_info
+    return error if isinstance(error, HttpProcessingError) else None
+
+
+def _reason(error: HttpProcessingError) -> str:
+    """aiohttp's message on one short line, without its caret line."""
+    lines = [line.strip() for line in str(error.message).splitlines()]
+    text = " ".join(line for line in lines if line and set(line) != {"^"})
+    return text if len(text) <= 160 else text[:157] + "..."
 
 
 class _EventLineHandler(logging.StreamHandler[TextIO]):

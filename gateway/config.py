@@ -989,9 +989,13 @@ class Config:
     def redacted(self) -> dict[str, Any]:
         """A JSON-able view for ``/v1/stats`` and logs, with nothing secret in it.
 
-        Every :class:`Secret` shows as ``"***"`` (an unset one as None); paths and
-        enums are strings, ``socket_mode`` is octal text like ``"0660"`` and a
-        ``revalidate`` of None is ``"immutable"``, as one would write them in TOML.
+        Every :class:`Secret` shows as ``"***"`` (an unset one as None). An
+        ``access_key_id`` shows as the AWS CLI shows it, sixteen ``*`` and its last
+        four characters (``"****************WXYZ"``; only the stars for a key of
+        eight characters or fewer): enough to tell which key is in use, not to use
+        it. Paths and enums are strings, ``socket_mode`` is octal text like ``"0660"``
+        and a ``revalidate`` of None is ``"immutable"``, as one would write them in
+        TOML.
         """
         server = _plain(self.server)
         server["socket_mode"] = f"{self.server.socket_mode:04o}"
@@ -1000,6 +1004,8 @@ class Config:
             view = _plain(backend)
             if backend.revalidate is None:
                 view["revalidate"] = "immutable"
+            if (key_id := backend.access_key_id) is not None:
+                view["access_key_id"] = "*" * 16 + (key_id[-4:] if len(key_id) > 8 else "")
             backends.append(view)
         return {
             "source": self.source,

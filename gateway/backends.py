@@ -72,7 +72,6 @@ _BREAK_AFTER: Final = 5  # consecutive failures that open the circuit
 _COOL_DOWN: Final = 5.0  # seconds an open circuit fails fast
 _BACKOFF_BASE: Final = 0.05
 _BACKOFF_CAP: Final = 2.0
-_LIST_LIMIT: Final = 100_000
 #: objects one listing request asks for (S3's own page size)
 SCAN_BATCH: Final = 1000
 _BODY_DEADLINE: Final = 3600.0  # seconds one response may take in all, a span GET included
@@ -252,36 +251,6 @@ class Backend:
                 f"{end - start}-byte range"
             )
 
-    async def list(
-        self, prefix: str, *, recursive: bool, limit: int | None = _LIST_LIMIT
-    ) -> tuple[list[str], list[ObjectMeta]]:
-        """Directories and objects under ``prefix`` ("" for the whole backend).
-
-        Not recursive: one level, as (common prefixes, objects). Recursive: every
-        object below, and no prefixes; more than ``limit`` objects is an error
-        (``None``: no limit, for garbage collection, which must see everything).
-
-        Raises:
-            BackendForbiddenError, BackendUnavailableError
-        """
-
-        async def call() -> tuple[list[str], list[ObjectMeta]]:
-            if not recursive:
-                result = await obstore.list_with_delimiter_async(self._store, prefix or None)
-                dirs = [str(p).rstrip("/") for p in result["common_prefixes"]]
-                return dirs, [_meta(m["path"], m) for m in result["objects"]]
-            found: list[ObjectMeta] = []
-            async for batch in obstore.list(self._store, prefix or None, chunk_size=1000):
-                found += [_meta(m["path"], m) for m in batch]
-                if limit is not None and len(found) > limit:
-                    raise BackendUnavailableError(
-                        f"backend {self.name!r} holds more than {limit} objects under "
-                        f"{prefix!r}; list a narrower prefix"
-                    )
-            return [], found
-
-        return await self._call("list", prefix, call)
-
     async def scan(
         self, prefix: str, *, start_after: str | None = None, batch: int = SCAN_BATCH
     ) -> AsyncGenerator[builtins.list[ObjectMeta], None]:
@@ -330,6 +299,12 @@ class Backend:
                 f"{self.name}/{meta.key} changed while it was read; read it again"
             )
         return result
+
+    @property
+    def request_bound(self) -> float:
+        """The longest one request can take, its retries and their backoff included."""
+        retries = max(0, self.config.retries)
+        return self.config.timeout * (retries + 1) + _BACKOFF_CAP * retries
 
     @property
     def circuit_open(self) -> bool:

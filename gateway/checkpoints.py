@@ -127,8 +127,6 @@ _BARRIER_EXPIRY_CAP: Final = 3600.0
 #: the share of a barrier's expiry a collection relies on: clocks run at rates that
 #: differ by far less than 1%
 _CLOCK_RATE_SLACK: Final = 0.99
-#: a bound on one backoff between retries of a backend request (backends.py: 2 s)
-_BACKOFF_BOUND: Final = 2.0
 _DELETES_AT_ONCE: Final = 16
 _SUMMARIES_AT_ONCE: Final = 32
 #: backend keys one listing page looks at, at most
@@ -411,7 +409,7 @@ class _Barrier:
         self.run = uuid.uuid4().hex
         self.key = f"{GC_BARRIERS}{self.run}.json"
         #: the longest one request may take, its retries and their backoff included
-        self.request_bound = config.timeout * (config.retries + 1) + _BACKOFF_BOUND * config.retries
+        self.request_bound = backend.request_bound
         #: how long the barrier may go unchanged before saves take the collection for dead
         self.expiry = max(BARRIER_EXPIRY, 4 * self.request_bound)
         if self.expiry > _BARRIER_EXPIRY_CAP:

@@ -290,7 +290,7 @@ async def _memory_rows(report: Report, work: Path, *, quick: bool) -> None:
             "peak RSS of a reader holding obstore's list().collect()",
             note=(
                 f"lower is better; the listing took {took:.1f}s; the daemon holds one page "
-                "and its listing cache (131,072 entries at most)"
+                "and its caches: 65,536 listing entries and 262,144 names at most"
             ),
         )
     )

@@ -37,8 +37,9 @@ __all__ = ["FileLister"]
 
 #: directories with at least this many entries are kept sorted between pages
 _CACHE_FROM: Final = 256
-#: names kept in all by one lister's directory cache (about 100 bytes each)
-_CACHE_NAMES: Final = 1 << 20
+#: names kept in all by one lister's directory cache (about 100 bytes each): enough
+#: for a few folders of 100,000 files each read in pages
+_CACHE_NAMES: Final = 1 << 18
 _STAGING: Final = re.compile(r".*#[0-9]+")
 
 

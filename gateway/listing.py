@@ -60,8 +60,8 @@ log = logging.getLogger("chunkd.gateway.listing")
 
 #: the most entries one page may hold
 MAX_PAGE: Final = 10_000
-#: entries kept by the listing cache, all backends together (a few hundred bytes each)
-CACHE_ENTRIES: Final = 1 << 17
+#: entries kept by the listing cache, all backends together (about 300 bytes each)
+CACHE_ENTRIES: Final = 1 << 16
 #: sorts after every character a key can hold: a scan from ``d/`` + this skips ``d/``
 _PAST: Final = "\U0010ffff"
 #: pages read ahead at once, all listings together
@@ -261,6 +261,18 @@ class Listings:
             scan = backend.scan(top, start_after=after, batch=size)
             async with contextlib.aclosing(scan):
                 async for batch in scan:
+                    if recursive:  # the common case of a long listing: a batch at once
+                        take = batch[: limit - len(entries)]
+                        need = sum([_cost(m.key, m.version) for m in take])
+                        if used + need <= max_bytes:
+                            entries += [
+                                ListEntry(m.key, "file", m.size, m.version, m.modified or None)
+                                for m in take
+                            ]
+                            used += need
+                            if len(entries) >= limit:
+                                return ListPage(backend.name, tuple(entries), entries[-1].token)
+                            continue
                     for meta in batch:
                         key = meta.key
                         slash = -1 if recursive else key.find("/", len(top))

@@ -430,6 +430,48 @@ def _error_from(reply: dict[str, Any], what: str) -> ChunkdError:
     return error
 
 
+def _json_bytes(text: str) -> int:
+    """The bytes ``text`` takes in a frame's header (JSON, UTF-8)."""
+    return len(json.dumps(text, ensure_ascii=False).encode("utf-8", "surrogatepass"))
+
+
+def _take_ranges(
+    batch: list[tuple[int, str, int, int]],
+    answers: list[dict[str, Any]],
+    payload: bytes,
+    out: list[bytearray | ChunkdError],
+    versions: dict[int, str],
+) -> list[tuple[int, str, int, int]]:
+    """Put one ``readv`` answer's bytes where they belong; returns what to ask again.
+
+    ``batch`` is what was asked, as (slot in ``out``, name, offset, length); the
+    payload holds the bytes of every answered range in order, whatever becomes of
+    them here. A range cut to fit is asked again for the rest; one whose object
+    changed version between two answers fails with :class:`VersionChangedError`.
+    """
+    view = memoryview(payload)
+    again = []
+    for (i, name, offset, length), got in zip(batch, answers, strict=False):
+        if "error" in got:
+            out[i] = _error_from(got, f"a read of {name}")
+            continue
+        size = int(got["length"])
+        if not 0 <= size <= min(length, view.nbytes):
+            raise protocol.ProtocolError(f"a readv answer gives {size} bytes of {name}")
+        data, view = view[:size], view[size:]  # this range's bytes, whatever follows
+        target = out[i]
+        if not isinstance(target, bytearray):
+            continue  # failed in an earlier round
+        version = str(got["version"])
+        if versions.setdefault(i, version) != version:
+            out[i] = VersionChangedError(f"{name} changed while it was read; read it again")
+            continue
+        target += data
+        if size < length and offset + size < int(got["size"]):
+            again.append((i, name, offset + size, length - size))  # cut to fit
+    return again
+
+
 def _parse_spans(reply: dict[str, Any], fds: int) -> list[tuple[str, int, int, int, int]]:
     """A read answer's spans as (chunk id, index, size, start, stop)."""
     try:
@@ -650,7 +692,7 @@ class Client:
         started = 0
         budget = 0
         for name in [names] if isinstance(names, str) else names:
-            cost = len(name.encode()) * 2 + 8  # JSON escapes at worst double it
+            cost = _json_bytes(name) + 1
             if batch and budget + cost > _PREFETCH_HEADER_BYTES:
                 started += self._prefetch(batch)
                 batch, budget = [], 0
@@ -765,7 +807,14 @@ class Client:
                 todo.append((i, name, offset, length))
         versions: dict[int, str] = {}
         while todo:
-            batch, todo = todo[: protocol.MAX_RANGES], todo[protocol.MAX_RANGES :]
+            # As many ranges as the protocol takes, and as fit in half a frame's header.
+            count, budget = 0, 0
+            while count < min(len(todo), protocol.MAX_RANGES):
+                budget += _json_bytes(todo[count][1]) + 48
+                if count and budget > protocol.MAX_HEADER // 2:
+                    break
+                count += 1
+            batch, todo = todo[:count], todo[count:]
             request = {"op": "readv", "ranges": [[n, o, ln] for _, n, o, ln in batch]}
             reply, payload, fds = self._request(request, f"{len(batch)} ranges")
             _close_fds(fds)
@@ -774,24 +823,7 @@ class Client:
                 raise protocol.ProtocolError(
                     f"the daemon answered {answered} of {len(batch)} ranges"
                 )
-            view = memoryview(payload)
-            again = []
-            answers = reply["ranges"][:answered]
-            for (i, name, offset, length), got in zip(batch, answers, strict=False):
-                target = out[i]
-                if "error" in got:
-                    out[i] = _error_from(got, f"a read of {name}")
-                    continue
-                if not isinstance(target, bytearray):
-                    continue  # failed in an earlier round
-                if versions.setdefault(i, str(got["version"])) != str(got["version"]):
-                    out[i] = VersionChangedError(f"{name} changed while it was read; read it again")
-                    continue
-                size = int(got["length"])
-                target += view[:size]
-                view = view[size:]
-                if size < length and offset + size < int(got["size"]):
-                    again.append((i, name, offset + size, length - size))  # cut to fit
+            again = _take_ranges(batch, reply["ranges"][:answered], payload, out, versions)
             todo = again + batch[answered:] + todo
         return [bytes(r) if isinstance(r, bytearray) else r for r in out]
 

@@ -63,9 +63,9 @@ example a listing cut to its first page). Requests:
     the backend, after which the listing resumes (a directory's key ends in ``/``).
 ``{"op": "prefetch", "id": 4, "names": ["BACKEND/KEY", ...]}``
     ``{"ok": true, "started": N}``: the daemon loads the objects in the background,
-    a few at a time (``[server] prefetch_per_client``, and ``prefetch_in_flight``
-    for all clients); at most :data:`MAX_PREFETCH_QUEUED` of a connection's names
-    wait at once.
+    a few at a time (``[server] prefetch_per_client`` for the user the connection
+    comes from, and ``prefetch_in_flight`` for all); at most
+    :data:`MAX_PREFETCH_QUEUED` names of one user wait at once.
 
 The ``ckpt_*`` requests are written down in :mod:`chunkd.gateway.checkpoint_ops`.
 
@@ -127,7 +127,7 @@ LIST_PAGE: Final = 1000
 MAX_LIST_PAGE: Final = 10_000
 #: ranges in one ``readv``
 MAX_RANGES: Final = 256
-#: names of one connection waiting to be prefetched
+#: names of one user of the node waiting to be prefetched
 MAX_PREFETCH_QUEUED: Final = 100_000
 #: ranks of one checkpoint save
 MAX_WORLD_SIZE: Final = 1 << 16
@@ -151,7 +151,7 @@ def default_socket_paths() -> list[Path]:
 
 def encode_frame(header: dict[str, Any], payload: bytes | memoryview = b"") -> bytes:
     """One frame: prefix, JSON header, payload."""
-    body = json.dumps(header, separators=(",", ":")).encode()
+    body = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
     if len(body) > MAX_HEADER:
         raise ProtocolError(f"header of {len(body)} bytes exceeds {MAX_HEADER}")
     if len(payload) > MAX_PAYLOAD:

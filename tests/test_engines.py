@@ -203,3 +203,40 @@ def test_cat_ranges_batches_ranges_and_reports_each_failure(node: Daemon, data: 
     got = fs.cat_ranges(["local/blob.bin"] * len(starts), starts, [s + step for s in starts])
     assert b"".join(got) == blob
     assert node.metric("chunkd_local_requests_total", op="readv") >= 5
+
+
+def test_an_answer_of_several_ranges_is_cut_where_each_range_ends() -> None:
+    """A range that changed version between two answers, or that failed in an earlier
+    one, still takes its bytes out of the answer, so the ranges after it get theirs."""
+    from chunkd.client.core import _take_ranges
+    from chunkd.errors import VersionChangedError
+
+    out: list = [bytearray(b"A" * 100), bytearray(), ObjectNotFoundError("gone"), bytearray()]
+    versions = {0: "v1", 2: "w"}
+    batch = [(0, "b/x", 100, 50), (2, "b/z", 0, 5), (1, "b/y", 0, 10), (3, "b/w", 0, 8)]
+    answers = [
+        {"size": 150, "version": "v2", "offset": 100, "length": 50},  # changed meanwhile
+        {"size": 5, "version": "w", "offset": 0, "length": 5},  # failed before
+        {"size": 10, "version": "y", "offset": 0, "length": 10},
+        {"size": 99, "version": "u", "offset": 0, "length": 4},  # cut to fit: ask again
+    ]
+    payload = b"B" * 50 + b"Z" * 5 + b"C" * 10 + b"D" * 4
+    again = _take_ranges(batch, answers, payload, out, versions)
+    assert isinstance(out[0], VersionChangedError)
+    assert out[1] == b"C" * 10
+    assert isinstance(out[2], ObjectNotFoundError)
+    assert out[3] == b"D" * 4
+    assert again == [(3, "b/w", 4, 4)]
+
+
+def test_many_failed_ranges_fit_their_answers(node: Daemon, data: Path) -> None:
+    """256 ranges of long, missing names: the daemon answers as many as fit in a frame
+    and the client asks again for the rest; the connection is never dropped."""
+    from chunkd.client import Client
+
+    names = [f"local/none/{i:03d}-" + "é" * 200 for i in range(256)]
+    with Client(node.cwd / "chunkd.sock") as client:
+        got = client.read_ranges([(n, 0, 10) for n in names] + [("local/blob.bin", 5, 10)])
+    assert all(isinstance(g, ObjectNotFoundError) for g in got[:-1])
+    assert got[-1] == (data / "blob.bin").read_bytes()[5:15]
+    assert node.metric("chunkd_local_malformed_frames_total") == 0

@@ -66,7 +66,8 @@ def number(
         return float(default)
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise InvalidRequestError(f"{key} must be a number; got {_show(value)}")
-    if not (math.isfinite(value) and low <= value <= high):
+    # A whole number is compared as it is: it may be too large for a float.
+    if not ((isinstance(value, int) or math.isfinite(value)) and low <= value <= high):
         raise InvalidRequestError(f"{key} must be from {low:g} to {high:g}; got {value!r}")
     return float(value)
 

@@ -39,6 +39,7 @@ from chunkd.client.protocol import (
     INLINE_MAX,
     LIST_PAGE,
     MAX_FDS,
+    MAX_HEADER,
     MAX_LIST_PAGE,
     MAX_PAYLOAD,
     MAX_RANGES,
@@ -84,6 +85,10 @@ _OPS: Final = frozenset({"hello", "stat", "read", "readv", "list", "prefetch"}) 
 _NAME_BYTES: Final = 1200  # a backend name, a slash and a key of at most 1024 bytes
 #: what a listing page's entries may take of the payload (the rest is slack)
 _LIST_BYTES: Final = MAX_PAYLOAD - 4096
+#: what the entries of a readv answer may take of its header, and the longest
+#: message one failed range carries
+_READV_HEADER: Final = MAX_HEADER - 4096
+_RANGE_MESSAGE: Final = 300
 
 
 class _Connection:
@@ -305,7 +310,22 @@ class LocalServer:
                 }
             response["id"] = request_id
             response.setdefault("fds", len(answer.fds))
-            await self._send(conn, encode_frame(response, answer.payload), answer.fds)
+            try:
+                frame = encode_frame(response, answer.payload)
+            except ProtocolError as exc:  # the daemon's own answer: a bug, not the client's
+                log.exception("local request %r: its answer breaks the framing", _op_of(header))
+                _close_all(answer.owned)
+                answer.owned, answer.fds = [], []
+                response = {
+                    "ok": False,
+                    "error": "ChunkdError",
+                    "status": 500,
+                    "message": f"the daemon's answer to this request is too large ({exc})",
+                    "id": request_id,
+                    "fds": 0,
+                }
+                frame = encode_frame(response)
+            await self._send(conn, frame, answer.fds)
         finally:
             for lease in answer.leases:
                 lease.release()
@@ -400,7 +420,9 @@ class LocalServer:
                 raise InvalidRequestError("prefetch wants 'names': a list of strings")
             for name in names:
                 _split_name(name)
-            return {"ok": True, "started": self.prefetcher.submit(client, names)}
+            # Bounded per user of the node, not per connection (see Prefetcher).
+            uid = client.peer["uid"]
+            return {"ok": True, "started": self.prefetcher.submit(("uid", uid), names)}
         if isinstance(op, str) and op in CKPT_OPS:
             if self.checkpoints is None:
                 raise ChunkdError("this daemon serves no checkpoints")
@@ -516,26 +538,32 @@ class LocalServer:
         results = iter(got)
         out: list[dict[str, Any]] = []
         pieces: list[bytes] = []
+        room = _READV_HEADER  # the answer's header holds one entry a range: it must fit
         for outcome in planned:
+            entry: dict[str, Any]
+            data: bytes | BaseException = b""
             if isinstance(outcome, BaseException):
-                out.append(_range_error(outcome))
-                continue
-            stat, start, end = outcome
-            data = next(results)
-            if isinstance(data, BaseException):
-                if not isinstance(data, ChunkdError):
-                    raise data
-                out.append(_range_error(data))
-                continue
-            pieces.append(data)
-            out.append(
-                {
-                    "size": stat.size,
-                    "version": stat.meta.version,
-                    "offset": start,
-                    "length": end - start,
-                }
-            )
+                entry = _range_error(outcome)
+            else:
+                stat, start, end = outcome
+                data = next(results)
+                if isinstance(data, BaseException):
+                    if not isinstance(data, ChunkdError):
+                        raise data
+                    entry = _range_error(data)
+                else:
+                    entry = {
+                        "size": stat.size,
+                        "version": stat.meta.version,
+                        "offset": start,
+                        "length": end - start,
+                    }
+            room -= len(json.dumps(entry)) + 1
+            if room < 0 and out:
+                break  # the rest is asked again
+            out.append(entry)
+            if isinstance(data, bytes):
+                pieces.append(data)
         answer.payload = b"".join(pieces)
         return {"ok": True, "answered": len(out), "ranges": out}
 
@@ -586,6 +614,8 @@ def _op_of(header: object) -> str:
 def _range_error(exc: BaseException) -> dict[str, Any]:
     body = error_answer(exc)
     del body["ok"]
+    if len(body["message"]) > _RANGE_MESSAGE:
+        body["message"] = body["message"][: _RANGE_MESSAGE - 3] + "..."
     return body
 
 

@@ -293,6 +293,14 @@ def test_processes_share_one_copy_and_dead_clients_leak_nothing(node: Daemon) ->
         (b'{"op":"ckpt_chunks","id":7,"backend":"local","ids":[5]}', "InvalidRequestError"),
         (b'{"op":"ckpt_gc","id":7,"target":"local","keep_last":"3"}', "InvalidRequestError"),
         (b'{"op":"ckpt_gc","id":7,"target":"local","grace":1e999}', "InvalidRequestError"),
+        (
+            b'{"op":"ckpt_gc","id":7,"target":"local","grace":1' + b"0" * 400 + b"}",
+            "InvalidRequestError",
+        ),
+        (
+            b'{"op":"ckpt_wait","id":7,"job":"x","timeout":-1' + b"0" * 400 + b"}",
+            "InvalidRequestError",
+        ),
     ],
 )
 def test_a_well_framed_bad_request_is_answered_and_the_connection_stays(

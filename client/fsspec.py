@@ -22,7 +22,7 @@ from __future__ import annotations
 import datetime
 import hashlib
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from fsspec.spec import AbstractBufferedFile, AbstractFileSystem
@@ -70,7 +70,7 @@ class ChunkdFileSystem(AbstractFileSystem):  # type: ignore[misc]
     def ls(self, path: str, detail: bool = True, **kwargs: Any) -> list[Any]:
         # docstring inherited
         path = self._strip_protocol(path)
-        out = [_info(e) for e in self.client.iter_ls(path)]
+        out = _without_markers([_info(e) for e in self.client.iter_ls(path)])
         if not out:
             out = [self.info(path)]  # a file lists as itself; a missing path raises
         return out if detail else [e["name"] for e in out]
@@ -99,7 +99,12 @@ class ChunkdFileSystem(AbstractFileSystem):  # type: ignore[misc]
                 found[path] = info
         elif withdirs and path:
             found.setdefault(path, {"name": path, "size": 0, "type": "directory"})
-        names = sorted(found)
+        folders = _folders(found)  # a folder's marker (see _without_markers) is no file
+        names = sorted(
+            n
+            for n, i in found.items()
+            if not (i["type"] == "file" and not i["size"] and n in folders)
+        )
         return {n: found[n] for n in names} if detail else names
 
     def _walk_recursive(self, path: str, withdirs: bool) -> Iterator[dict[str, Any]]:
@@ -269,6 +274,30 @@ def _info(entry: dict[str, Any]) -> dict[str, Any]:
         "ETag": version,
         "version": version,
     }
+
+
+def _without_markers(infos: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One level of entries without the directory markers among them.
+
+    An S3 folder is often marked by an empty object named ``dir/``, which obstore
+    names ``dir``, the name of the folder itself: listed beside it, it would be a
+    second ``dir``. An empty file whose name a directory of the listing has is left
+    out, as s3fs leaves markers out.
+    """
+    dirs = {i["name"] for i in infos if i["type"] == "directory"}
+    return [i for i in infos if not (i["type"] == "file" and not i["size"] and i["name"] in dirs)]
+
+
+def _folders(names: Iterable[str]) -> set[str]:
+    """Every folder above one of ``names``."""
+    out: set[str] = set()
+    for name in names:
+        while (slash := name.rfind("/")) > 0:
+            name = name[:slash]
+            if name in out:
+                break
+            out.add(name)
+    return out
 
 
 def _bounds(start: int | None, end: int | None, size: int | None) -> tuple[int, int]:

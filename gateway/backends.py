@@ -258,35 +258,73 @@ class Backend:
 
         Key order is the UTF-8 byte order of the keys, as S3 lists them, for every
         kind of backend. ``prefix`` counts whole path segments (``a/b`` holds
-        ``a/b/x``, not ``a/bc``); ``""`` is the whole backend. Each batch is one
-        request (at most ``batch`` objects), retried and counted like any other; the
-        listing holds no more than one batch in memory, however many objects there
-        are, and a caller that stops early stops the listing.
+        ``a/b/x``, not ``a/bc``, nor ``a/b`` itself, which is how obstore names an S3
+        directory marker ``a/b/``); ``""`` is the whole backend. Each batch is one
+        request (at most ``batch`` objects), retried and counted like any other; a
+        listing broken off is taken up again after the last key it gave. It holds no
+        more than one batch in memory, however many objects there are, and a caller
+        that stops early stops the listing.
 
         Raises:
+            InvalidKeyError: ``start_after`` is not a key this backend can name.
             BackendForbiddenError, BackendUnavailableError
         """
+        if self._files is not None:
+            last = start_after
+            while True:
+                after = last
+                got = await self._call(
+                    "list",
+                    prefix or "/",
+                    functools.partial(asyncio.to_thread, self._files.batch, prefix, after, batch),
+                )
+                if got:
+                    yield got
+                    last = got[-1].key
+                if len(got) < batch:
+                    return
+        # One stream for the whole listing: a store without a native offset (Azure,
+        # in object_store) lists from the start again whenever one is given.
+        top = f"{prefix.strip('/')}/" if prefix.strip("/") else ""
         last = start_after
+        stream: Any = None
+
+        async def next_batch() -> builtins.list[Any]:
+            nonlocal stream
+            if stream is None:
+                stream = self._list_stream(prefix, last, batch)
+            try:
+                got = await anext(stream, None)
+            except BaseException:
+                stream = None  # broken: opened again after the last key it gave
+                raise
+            return list(got) if got is not None else []
+
         while True:
-            after = last
-            got = await self._call(
-                "list", prefix or "/", functools.partial(self._scan_once, prefix, after, batch)
-            )
+            raw = await self._call("list", prefix or "/", next_batch)
+            metas = [_meta(m["path"], m) for m in raw]
+            # obstore drops a trailing "/" of an offset, and names a marker "a/b/" as
+            # "a/b": what is not after the token, or not below the prefix, goes.
+            got = [
+                m
+                for m in metas
+                if (start_after is None or m.key > start_after) and m.key.startswith(top)
+            ]
             if got:
                 yield got
-                last = got[-1].key
-            if len(got) < batch:
+            if metas:
+                last = metas[-1].key
+            if len(raw) < batch:
                 return
 
-    async def _scan_once(
-        self, prefix: str, after: str | None, batch: int
-    ) -> builtins.list[ObjectMeta]:
-        if self._files is not None:
-            return await asyncio.to_thread(self._files.batch, prefix, after, batch)
-        stream = obstore.list(self._store, prefix or None, offset=after, chunk_size=batch)
-        async for metas in stream:
-            return [_meta(m["path"], m) for m in metas]
-        return []
+    def _list_stream(self, prefix: str, after: str | None, batch: int) -> Any:
+        try:
+            return obstore.list(self._store, prefix or None, offset=after, chunk_size=batch)
+        except ValueError as exc:  # obstore cannot parse the offset as a path
+            raise InvalidKeyError(
+                f"backend {self.name!r} cannot start a listing after {_shown(after or '')}: "
+                f"it is not a key it can hold ({_first_line(exc)})"
+            ) from None
 
     async def _open(self, meta: ObjectMeta, start: int, end: int) -> Any:
         """A ranged GET pinned to ``meta``'s version (If-Match, or a version check)."""
@@ -458,6 +496,16 @@ class Backend:
         )
 
     def _refused_key(self, exc: BaseException, key: str, op: str) -> Exception | None:
+        if isinstance(exc, InvalidKeyError):  # the attempt found the request's own key bad
+            return exc
+        if type(exc) is ValueError and "parse path" in str(exc):  # obstore's path parser
+            return InvalidKeyError(
+                f"backend {self.name!r} cannot hold the key {_shown(key)}: it is not a path "
+                "it can name; use another name"
+            )
+        return self._refused_by_store(exc, key, op)
+
+    def _refused_by_store(self, exc: BaseException, key: str, op: str) -> Exception | None:
         """The error for a key the store refused, or None when ``exc`` is not that.
 
         A file:// backend's filesystem refuses a path segment longer than it allows

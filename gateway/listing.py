@@ -154,6 +154,9 @@ class Listings:
         self._cached = 0
         self._flights: SingleFlight[_Key, ListPage] = SingleFlight()
         self._ahead: set[asyncio.Task[None]] = set()
+        #: keys of the pages being read ahead, and those a reader joined while they were
+        self._ahead_keys: set[_Key] = set()
+        self._served: set[_Key] = set()
 
     async def page(
         self,
@@ -192,9 +195,15 @@ class Listings:
                 self._read_ahead(backend, key, page)
                 return page
             self._forget(key)
+        joined = key in self._ahead_keys
         page = await self._flights.run(
             key, lambda: self._read(backend, top, recursive, start_after, limit, max_bytes)
         )
+        if joined and ttl <= 0:  # the read-ahead's one reader: nothing of it is kept
+            if key in self._ahead_keys:
+                self._served.add(key)  # it has not stored the page yet: it will not
+            elif (kept := self._cache.get(key)) is not None and kept[2]:
+                self._forget(key)
         self._counted(backend.name, "backend", page)
         if ttl > 0 and key not in self._cache:
             self._keep(key, time.monotonic() + ttl, page)
@@ -211,6 +220,7 @@ class Listings:
             return
         task = asyncio.create_task(self._fetch_ahead(backend, after))
         self._ahead.add(task)
+        self._ahead_keys.add(after)
         task.add_done_callback(self._ahead.discard)
 
     async def _fetch_ahead(self, backend: Backend, key: _Key) -> None:
@@ -222,8 +232,12 @@ class Listings:
         except ChunkdError as exc:  # the reader asks again, and gets the error then
             log.debug("listing read-ahead of %s/%s failed: %s", backend.name, top, exc)
             return
+        finally:
+            self._ahead_keys.discard(key)
+            served = key in self._served  # its reader joined, and has the page already
+            self._served.discard(key)
         ttl = backend.config.list_revalidate
-        if key not in self._cache:
+        if not served and key not in self._cache:
             self._keep(key, time.monotonic() + max(ttl, _AHEAD_TTL), page, once=ttl <= 0)
 
     async def close(self) -> None:
@@ -319,6 +333,12 @@ class Listings:
 
 
 def _cost(key: str, version: str | None) -> int:
-    """An upper bound of an entry's encoded size (JSON escapes at most double a key)."""
-    size = len(key) if key.isascii() else len(key.encode("utf-8", "surrogatepass"))
-    return 2 * (size + len(version or "")) + 160
+    """An upper bound of an entry's encoded size in JSON.
+
+    A printable ASCII character takes at most 2 bytes (a quote or a backslash is
+    escaped); anything else at most 6 (a control character is written ``\u0001``).
+    """
+    text = key + (version or "")
+    if text.isascii() and text.isprintable():
+        return 2 * len(text) + 160
+    return 6 * len(text.encode("utf-8", "surrogatepass")) + 160

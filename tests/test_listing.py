@@ -15,11 +15,13 @@ from obstore.store import LocalStore
 
 from chunkd.client import Client
 from chunkd.client.protocol import VERSION, recv_frame, send_frame
+from chunkd.errors import InvalidKeyError
 from chunkd.gateway.backends import Backend, Backends
 from chunkd.gateway.config import BackendConfig
 from chunkd.gateway.filelist import FileLister
 from chunkd.gateway.listing import ListEntry, Listings
 from chunkd.gateway.metrics import Metrics
+from chunkd.gateway.testing import s3_backend
 
 from .conftest import Daemon
 
@@ -399,3 +401,94 @@ def test_100k_files_list_through_fsspec(node: Daemon) -> None:
     # A recursive listing of more than the old 100,000-object limit is no failure.
     assert node.metric("chunkd_backend_errors_total", kind="BackendUnavailableError") == 0
     assert node.metric("chunkd_backend_circuit_open") == 0
+
+
+def s3_daemon(start_daemon, tmp_path: Path, s3_server) -> Daemon:
+    bucket = f"ls-{os.urandom(5).hex()}"
+    s3_server.client().create_bucket(Bucket=bucket)
+    toml = f"""
+[cache]
+dir = "{tmp_path / "cache"}"
+ram_bytes = "64MiB"
+disk_bytes = "256MiB"
+disk_min_free_bytes = 0
+fsync = "never"
+
+{s3_backend("data", f"s3://{bucket}/pre", s3_server.endpoint)}"""
+    daemon = start_daemon(toml)
+    daemon.bucket = bucket  # type: ignore[attr-defined]
+    return daemon
+
+
+def test_s3_directory_markers_list_as_directories_in_fsspec(
+    start_daemon, tmp_path: Path, s3_server
+) -> None:
+    daemon = s3_daemon(start_daemon, tmp_path, s3_server)
+    client = s3_server.client()
+    for key, body in (("pre/tables/", b""), ("pre/tables/a.parquet", b"PAR1"), ("pre/x", b"1")):
+        client.put_object(Bucket=daemon.bucket, Key=key, Body=body)  # type: ignore[attr-defined]
+    fs = filesystem(daemon)
+    assert fs.ls("data", detail=False) == ["data/tables", "data/x"]
+    assert fs.ls("data/tables", detail=False) == ["data/tables/a.parquet"]
+    assert fs.find("data") == ["data/tables/a.parquet", "data/x"]
+    assert fs.find("data", withdirs=True) == [  # the path itself too, as fsspec's own find
+        "data",
+        "data/tables",
+        "data/tables/a.parquet",
+        "data/x",
+    ]
+    with Client(daemon.cwd / "chunkd.sock") as raw:
+        # The listed folder's own marker is not an entry of it.
+        assert [e["name"] for e in raw.ls("data/tables", recursive=True)] == [
+            "data/tables/a.parquet"
+        ]
+
+
+def test_a_start_after_no_key_can_be_is_refused_and_the_backend_stays_up(
+    start_daemon, tmp_path: Path, s3_server
+) -> None:
+    daemon = s3_daemon(start_daemon, tmp_path, s3_server)
+    for key in ("pre/k/a", "pre/k b"):
+        s3_server.client().put_object(Bucket=daemon.bucket, Key=key, Body=b"1")  # type: ignore[attr-defined]
+    for _ in range(4):  # more than the circuit takes, were each an outage
+        for token in ("a//b", "./x", "k/../a"):
+            status, _, body = daemon.get(f"/v1/list/data?recursive=true&start_after={token}")
+            assert status == 400, body
+            assert json.loads(body)["error"] == "InvalidKeyError"
+        with Client(daemon.cwd / "chunkd.sock") as raw, pytest.raises(InvalidKeyError):
+            raw.ls_page("data", start_after="a//b")
+    status, _, body = daemon.get("/v1/list/data?limit=%C2%B2")  # "²" is a digit to Python
+    assert status == 400, body
+    assert daemon.metric("chunkd_backend_circuit_open", backend="data") == 0
+    assert daemon.metric("chunkd_backend_errors_total", kind="BackendUnavailableError") == 0
+    assert daemon.get("/v1/objects/data/k/a")[2] == b"1"
+    # obstore drops an offset's last "/": "k b" sorts before "k/" and must not come.
+    status, _, body = daemon.get("/v1/list/data?recursive=true&start_after=k/")
+    assert [e["name"] for e in json.loads(body)["entries"]] == ["data/k/a"]
+
+
+def test_names_with_control_characters_list_in_pages_that_fit(node: Daemon) -> None:
+    root = node.cwd / "chunkd-data" / "ctl"
+    root.mkdir()
+    for i in range(1000):  # each name's bytes take six in JSON
+        (root / ("\x01" * 240 + f"{i:04d}")).write_bytes(b"")
+    with Client(node.cwd / "chunkd.sock") as client:
+        assert len(client.ls("local/ctl")) == 1000
+    assert node.metric("chunkd_local_malformed_frames_total") == 0
+
+
+async def test_a_read_ahead_joined_by_its_reader_is_not_served_again() -> None:
+    metrics = Metrics()
+    backend = memory_backend(metrics, list_revalidate=0)
+    for i in range(30):
+        await backend.put(f"k/{i:02d}", b"")
+    listings = Listings(Backends([backend]), metrics)
+    first = await listings.page("mem", "k", limit=10)
+    # At once: the read-ahead of the second page is still in flight, and is joined.
+    second = await listings.page("mem", "k", start_after=first.next, limit=10)
+    assert len(second.entries) == 10
+    await asyncio.sleep(0.2)
+    await backend.put("k/10a", b"")
+    again = await listings.page("mem", "k", start_after=first.next, limit=10)
+    assert "k/10a" in [e.key for e in again.entries]  # not the page read ahead before
+    await listings.close()

@@ -26,10 +26,12 @@ what went wrong and what to do: ``{"error": KIND, "message": TEXT, "status": N}`
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import ipaddress
 import json
 import logging
+import re
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import asdict, dataclass, field
@@ -451,22 +453,45 @@ async def _object(request: web.Request) -> web.StreamResponse:
 async def _warm(request: web.Request) -> web.StreamResponse:
     """Load an object into the cache without sending it; stream progress as NDJSON.
 
-    One line per chunk, ``{"loaded": BYTES, "size": BYTES}``, then a last line with
-    ``"done": true``. Errors before the first line are ordinary JSON errors.
+    Lines of ``{"loaded": BYTES, "size": BYTES}`` (the latest progress each time the
+    client reads), then a last line with ``"done": true``. Errors before the first
+    chunk is in are ordinary JSON errors. The load holds one of the prefetch slots
+    (``chunkd warm`` and ``prefetch`` share one bound), and only while it loads: a
+    client that stops reading its progress does not keep a slot.
     """
     read_path = request.app[READ_PATH]
     stat = await read_path.stat(request.match_info["backend"], request.match_info["key"])
-    response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
     loaded = 0
+    changed = asyncio.Event()
 
-    def progress(piece: memoryview) -> bytes:
+    async def load() -> None:
         nonlocal loaded
-        loaded += piece.nbytes
-        return json.dumps({"loaded": loaded, "size": stat.size}).encode() + b"\n"
+        async with request.app[PREFETCHER].slot():
+            async for piece in read_path.read(stat, 0, stat.size):
+                loaded += piece.nbytes
+                changed.set()
 
-    # One of the prefetch slots: `chunkd warm` and `prefetch` share one bound.
-    async with request.app[PREFETCHER].slot():
-        await _send(request, response, read_path.read(stat, 0, stat.size), progress, eof=False)
+    task = asyncio.ensure_future(load())
+    try:
+        response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
+        while True:
+            waits: set[asyncio.Future[Any]] = {task, asyncio.ensure_future(changed.wait())}
+            _, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            for waiting in pending - {task}:
+                waiting.cancel()
+            if task.done():
+                task.result()  # a failure before any byte was sent is a proper status
+            if not response.prepared:
+                await response.prepare(request)
+                request[STREAMING] = True
+            if task.done():
+                break
+            changed.clear()
+            await response.write(json.dumps({"loaded": loaded, "size": stat.size}).encode() + b"\n")
+    finally:
+        if not task.done():
+            task.cancel()  # the client went away: so does its load
+        await asyncio.gather(task, return_exceptions=True)
     name = f"{stat.backend}/{stat.meta.key}"
     done = {"done": True, "name": name, "loaded": loaded, "size": stat.size, "chunks": stat.chunks}
     await response.write(json.dumps(done).encode() + b"\n")
@@ -490,7 +515,7 @@ async def _list(request: web.Request) -> web.Response:
     if recursive not in ("true", "false", "1", "0"):
         raise InvalidRequestError(f"recursive must be true or false; got {recursive!r}")
     limit_text = query.get("limit", "1000")
-    if not limit_text.isdigit() or not 1 <= int(limit_text) <= MAX_PAGE:
+    if not re.fullmatch(r"[0-9]{1,6}", limit_text) or not 1 <= int(limit_text) <= MAX_PAGE:
         raise InvalidRequestError(f"limit must be a whole number from 1 to {MAX_PAGE}")
     start_after = query.get("start_after") or None
     if start_after is not None and len(start_after.encode("utf-8", "surrogatepass")) > 1200:

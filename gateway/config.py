@@ -22,7 +22,7 @@ Every key, with its default (a key left out takes the default)::
                                         # data route; unset, they get 403 (never a proxy)
     prefetch_in_flight = 64             # objects loaded at once for prefetch and warm,
                                         # over every client together
-    prefetch_per_client = 8             # of those, at once for one client connection
+    prefetch_per_client = 8             # of those, at once for one client (a user id)
 
     [cache]
     dir = "/var/cache/chunkd"           # index/, chunks/, tmp/ and LOCK live here
@@ -810,7 +810,7 @@ class ServerConfig:
     token: Secret | None = None
     #: objects loaded at once for ``prefetch`` and ``chunkd warm``, all clients together
     prefetch_in_flight: int = 64
-    #: of those, at once for one client connection (the rest of its names wait)
+    #: of those, at once for one client, a user of the node by uid (its other names wait)
     prefetch_per_client: int = 8
 
     def __post_init__(self) -> None:

@@ -4,11 +4,15 @@ A client names objects (the local socket's ``prefetch``, or ``chunkd warm``); ea
 one is loaded whole through the read path (single flight, spans, peers). However
 many names arrive, at most ``in_flight`` objects load at once for all clients
 together, and at most ``per_client`` for one client; the other names wait in that
-client's queue, which holds at most ``queue_limit`` names. So 10,000 names start
-``per_client`` loads and a queue, never 10,000 fetches, and one client's long list
-does not hold up the names of another for long: slots are taken in turn.
+client's queue, which holds at most ``queue_limit`` names, and all queues together
+at most ``total_queued``. So 10,000 names start ``per_client`` loads and a queue,
+never 10,000 fetches, and one client's long list does not hold up the names of
+another for long: slots are taken in turn.
 
-A client's queue outlives its connection: the loads it asked for were accepted.
+A client is a user of the node (the uid its connection comes from), not a
+connection: a queue outlives the connection that filled it (the loads it asked for
+were accepted), so bounds per connection would grow without end as connections
+come and go.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Hashable
 from typing import TYPE_CHECKING, Final
 
+from chunkd.client.protocol import MAX_PREFETCH_QUEUED
 from chunkd.errors import ChunkdError, InvalidRequestError
 
 if TYPE_CHECKING:
@@ -30,8 +35,10 @@ __all__ = ["Prefetcher"]
 
 log = logging.getLogger("chunkd.gateway.prefetch")
 
-#: the default bound on one client's waiting names
-QUEUE_LIMIT: Final = 100_000
+#: the default bound on one client's waiting names (the protocol's)
+QUEUE_LIMIT: Final = MAX_PREFETCH_QUEUED
+#: the bound on the waiting names of all clients together
+TOTAL_QUEUED: Final = 1_000_000
 
 
 class _Queue:
@@ -49,6 +56,7 @@ class Prefetcher:
         in_flight: objects loaded at once, all clients together.
         per_client: objects loaded at once for one client.
         queue_limit: names one client may have waiting.
+        total_queued: names all clients together may have waiting.
     """
 
     def __init__(
@@ -59,12 +67,14 @@ class Prefetcher:
         in_flight: int,
         per_client: int,
         queue_limit: int = QUEUE_LIMIT,
+        total_queued: int = TOTAL_QUEUED,
     ) -> None:
         self.read_path = read_path
         self.metrics = metrics
         self.in_flight = max(1, in_flight)
         self.per_client = max(1, per_client)
         self.queue_limit = queue_limit
+        self.total_queued = total_queued
         self._slots = asyncio.Semaphore(self.in_flight)
         self._busy = 0
         self._peak = 0
@@ -76,16 +86,23 @@ class Prefetcher:
 
         Raises:
             InvalidRequestError: the client would have more than ``queue_limit``
-                names waiting (nothing is queued).
+                names waiting, or all clients more than ``total_queued`` (nothing is
+                queued).
         """
         queue = self._queues.get(client)
-        if queue is None:
-            queue = self._queues[client] = _Queue()
-        if len(queue.names) + len(names) > self.queue_limit:
+        waiting = len(queue.names) if queue is not None else 0
+        if waiting + len(names) > self.queue_limit:
             raise InvalidRequestError(
-                f"prefetch: {len(queue.names)} names of this client wait already, and at most "
+                f"prefetch: {waiting} names of this client wait already, and at most "
                 f"{self.queue_limit} may; ask for the rest once these are in"
             )
+        if self._waiting + len(names) > self.total_queued:
+            raise InvalidRequestError(
+                f"prefetch: {self._waiting} names wait already on this node, and at most "
+                f"{self.total_queued} may; ask for the rest once these are in"
+            )
+        if queue is None:
+            queue = self._queues[client] = _Queue()
         queue.names.extend(names)
         self._waiting += len(names)
         self.metrics.prefetch_queued.set(self._waiting)
@@ -105,9 +122,9 @@ class Prefetcher:
                 try:
                     async with self.slot():
                         await self.read_path.warm(backend, key)
-                except ChunkdError as exc:
+                except ChunkdError as exc:  # counted; told at debug: a list may hold many
                     self.metrics.prefetch_objects.labels("failed").inc()
-                    log.info("prefetch of %s failed: %s", name, exc)
+                    log.debug("prefetch of %s failed: %s", name, exc)
                 except Exception:
                     self.metrics.prefetch_objects.labels("failed").inc()
                     log.exception("prefetch of %s failed", name)

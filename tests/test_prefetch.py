@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import threading
@@ -70,7 +71,7 @@ def test_10k_names_load_at_most_the_bound_at_once(node: Daemon, tmp_path: Path) 
     assert node.metric("chunkd_prefetch_objects_total", outcome="failed") == 0
     assert node.metric("chunkd_cache_chunks", tier="ram") >= len(names)
 
-    # Two clients at once: the total bound holds (8, not 2 x 6).
+    # Two connections of one user: one user's bound (6), not 6 a connection.
     more = objects(tmp_path, "two", 4000)
     done = threading.Barrier(2)
 
@@ -85,18 +86,53 @@ def test_10k_names_load_at_most_the_bound_at_once(node: Daemon, tmp_path: Path) 
     for thread in threads:
         thread.join(timeout=60)
     wait_for(node, len(names) + len(more))
-    assert node.metric("chunkd_prefetch_in_flight_max") == 8
+    assert node.metric("chunkd_prefetch_in_flight_max") == 6
     assert node.metric("chunkd_prefetch_in_flight") == 0
+
+
+async def test_two_users_share_the_total_bound(open_cache, tmp_path: Path) -> None:
+    from chunkd.gateway.backends import Backends
+    from chunkd.gateway.config import BackendConfig
+    from chunkd.gateway.metrics import Metrics
+    from chunkd.gateway.prefetch import Prefetcher
+    from chunkd.gateway.readpath import ReadPath
+
+    names = objects(tmp_path, "both", 2000)
+    metrics = Metrics()
+    backends = Backends.from_config(
+        [BackendConfig(name="local", url=f"file://{tmp_path}/data")], metrics
+    )
+    read_path = ReadPath(await open_cache(ram_bytes=64 << 20), backends, metrics)
+    prefetcher = Prefetcher(read_path, metrics, in_flight=8, per_client=6)
+    prefetcher.submit(("uid", 1000), names[::2])
+    prefetcher.submit(("uid", 1001), names[1::2])
+
+    def sample(name: str, **labels: str) -> float:
+        return metrics.registry.get_sample_value(name, labels) or 0.0
+
+    for _ in range(2400):  # two minutes at most
+        if sample("chunkd_prefetch_objects_total", outcome="loaded") == len(names):
+            break
+        await asyncio.sleep(0.05)
+    # 2 x 6 workers, 8 slots: the total bound is what holds, and it was reached.
+    assert sample("chunkd_prefetch_in_flight_max") == 8
+    assert sample("chunkd_prefetch_objects_total", outcome="loaded") == len(names)
+    await prefetcher.close()
+    await read_path.close()
 
 
 def test_a_prefetch_over_the_queue_bound_is_refused_whole(node: Daemon, tmp_path: Path) -> None:
     from chunkd.errors import InvalidRequestError
 
+    names = [f"local/none/{i:06d}" for i in range(60_000)]
     with Client(node.cwd / "chunkd.sock") as client:
-        names = [f"local/none/{i:06d}" for i in range(60_000)]
         client.prefetch(names)  # misses fail fast, but not before the next ask
-        with pytest.raises(InvalidRequestError, match="wait already"):
-            client.prefetch(names)
+    # Another connection of the same user: the same queue, which outlived the first.
+    with (
+        Client(node.cwd / "chunkd.sock") as client,
+        pytest.raises(InvalidRequestError, match="wait already"),
+    ):
+        client.prefetch(names)
     assert node.get("/healthz")[0] == 200
 
 

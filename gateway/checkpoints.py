@@ -637,6 +637,12 @@ class Checkpoints:
                 raise InvalidRequestError(
                     f"segment ({offset}, {length}) lies outside the {size} staged bytes"
                 )
+        # Segments may not name more bytes than were staged (overlapping ones could
+        # make one request hash the same bytes a million times).
+        if sum(length for _, length in request.segments) > size:
+            raise InvalidRequestError(
+                f"the segments name more bytes than the {size} staged; they may not overlap"
+            )
         if not request.overwrite and request.rank == 0:
             if any(
                 j.request.name == request.name
@@ -1562,11 +1568,16 @@ class Checkpoints:
                     if summary is not None:
                         yield summary
 
-    async def delete(self, name: str) -> int:
+    async def delete(self, name: str, *, save_id: str | None = None) -> int:
         """Delete checkpoint ``name``: its manifest first, then the parts it names.
 
         Returns the objects removed. Its chunks stay until ``chunkd gc`` finds them
         unreferenced; parts of other saves under the same name are left alone.
+        ``save_id``: delete only the checkpoint that save committed (retention, which
+        decided on a listing: a save may have committed another one there since).
+
+        Raises:
+            CheckpointNotFoundError: no checkpoint of that name (or of that save).
         """
         backend_name, path = checkpoint_name(name)
         backend = self.backends.get(backend_name)
@@ -1578,7 +1589,12 @@ class Checkpoints:
         except ObjectNotFoundError:
             raise CheckpointNotFoundError(f"no checkpoint named {name}") from None
         except (ValueError, KeyError, TypeError):
-            parts = []  # a torn manifest: no checkpoint, but remove it
+            doc, parts = {}, []  # a torn manifest: no checkpoint, but remove it
+        if save_id is not None and doc.get("save_id") != save_id:
+            raise CheckpointNotFoundError(
+                f"checkpoint {name} was committed again (save {doc.get('save_id')!r}) after it "
+                "was listed for retention; it is kept"
+            )
         await backend.delete(key)  # the checkpoint is gone from here on
         for part in parts:
             await backend.delete(part)
@@ -1616,14 +1632,21 @@ class Checkpoints:
         if keep_last is not None:
             listed = [e async for e in self._committed(backend, path)]
             listed.sort(key=lambda e: (e["step"] if e["step"] is not None else -1, e["created"]))
-            report["retired"] = [e["name"] for e in listed[: max(0, len(listed) - keep_last)]]
+            doomed = listed[: max(0, len(listed) - keep_last)]
+            gone: list[str] = []
 
-            async def retire(name: str) -> None:
-                with contextlib.suppress(CheckpointNotFoundError):  # deleted meanwhile
-                    await self.delete(name)
+            async def retire(entry: dict[str, Any]) -> None:
+                # Only the checkpoint that was listed: one committed at the name since
+                # is kept, and its chunks are marked below like any other's.
+                with contextlib.suppress(CheckpointNotFoundError):  # or deleted meanwhile
+                    await self.delete(entry["name"], save_id=entry.get("save_id"))
+                    gone.append(entry["name"])
 
-            if not dry_run:
-                await _each(report["retired"], retire)
+            if dry_run:
+                gone = [e["name"] for e in doomed]
+            else:
+                await _each(doomed, retire)
+            report["retired"] = sorted(gone)
         report["retired_count"] = len(report["retired"])
         now = time.time()
         # A dry run marks as if the retired checkpoints were gone already.
@@ -1859,6 +1882,7 @@ def _summary(backend: str, key: str, doc: dict[str, Any], meta: ObjectMeta) -> d
         "state": "committed",
         "world_size": doc.get("world_size"),
         "created": doc.get("created", meta.modified),
+        "save_id": doc.get("save_id"),
     }
 
 

@@ -86,6 +86,7 @@ TREE: dict[str, Any] = {"t": "dict", "keys": [], "values": []}
         ({}, {"segments": [[-1, 10]], "tree": TREE}, "segment"),
         ({}, {"segments": [[0, 1 << 60]], "tree": TREE}, "segment"),
         ({}, {"segments": [[0, 8192]], "tree": TREE}, "outside"),
+        ({}, {"segments": [[0, 4096]] * 1000, "tree": TREE}, "may not overlap"),
         ({}, {"tree": TREE}, "segments"),
     ],
     ids=[
@@ -97,6 +98,7 @@ TREE: dict[str, Any] = {"t": "dict", "keys": [], "values": []}
         "negative-offset",
         "huge-size",
         "past-the-staged-bytes",
+        "overlapping-segments",
         "no-segments",
     ],
 )

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 import torch
 
 from chunkd.client import Client, protocol
@@ -94,3 +95,30 @@ def test_listing_and_collecting_more_checkpoints_than_one_answer_holds(
         left = [e["name"] for e in ckpt.list(f"local/big/{LONG}", client=client)]
     assert left == names[-10:]  # the newest steps stay
     print(f"listed {COUNT} checkpoints in {took:.2f}s; all in {time.monotonic() - began:.2f}s")
+
+
+async def test_retention_deletes_only_the_checkpoint_it_listed(open_cache, tmp_path: Path) -> None:
+    """Retention decides on a listing; a save that commits at the same name afterwards
+    (overwrite=True) must not be deleted with the one that was listed."""
+    from chunkd.errors import CheckpointNotFoundError
+    from chunkd.gateway.backends import Backend, Backends
+    from chunkd.gateway.checkpoints import Checkpoints
+    from chunkd.gateway.config import BackendConfig
+    from chunkd.gateway.metrics import Metrics
+
+    (tmp_path / "ckpts").mkdir()
+    metrics = Metrics()
+    backend = Backend(
+        BackendConfig(name="ck", url=f"file://{tmp_path / 'ckpts'}", writable=True), metrics
+    )
+    store = Checkpoints(await open_cache(), Backends([backend]), metrics, tmp_path / "jobs")
+    manifest = tmp_path / "ckpts" / "checkpoints" / "run" / "step-1" / "manifest.json"
+    manifest.parent.mkdir(parents=True)
+    manifest.write_text(
+        json.dumps({"format": "chunkd-checkpoint", "save_id": "newer", "parts": []})
+    )
+    with pytest.raises(CheckpointNotFoundError, match="committed again"):
+        await store.delete("ck/run/step-1", save_id="listed")
+    assert manifest.exists()
+    assert await store.delete("ck/run/step-1", save_id="newer") == 1
+    assert not manifest.exists()

@@ -30,7 +30,7 @@ from .daemon import BenchDaemon
 from .report import Report, Result
 
 MiB = 1 << 20
-_KEY, _SECRET = "bench", "bench-secret"
+ACCESS_KEY, SECRET_KEY = "bench", "bench-secret"
 
 _CHUNKD_READER = textwrap.dedent(
     """
@@ -76,13 +76,27 @@ def _daemon(work: Path, bucket: str, endpoint: str) -> BenchDaemon:
             url = "s3://{bucket}/pre"
             endpoint = "{endpoint}"
             region = "us-east-1"
-            access_key_id = "{_KEY}"
-            secret_access_key = "{_SECRET}"
+            access_key_id = "{ACCESS_KEY}"
+            secret_access_key = "{SECRET_KEY}"
             allow_http = true
             """
         )
     )
     return BenchDaemon(work, {}, config)
+
+
+def s3_store(bucket: str, endpoint: str) -> S3Store:
+    """What a user would read the bench's bucket with directly: obstore, under ``pre/``."""
+    return S3Store(
+        bucket,
+        prefix="pre",
+        endpoint=endpoint,
+        region="us-east-1",
+        access_key_id=ACCESS_KEY,
+        secret_access_key=SECRET_KEY,
+        client_options={"allow_http": True},
+        virtual_hosted_style_request=False,
+    )
 
 
 def _upload(server: S3Server, bucket: str, name: str, size: int) -> None:
@@ -137,16 +151,7 @@ async def run(report: Report, work: Path, *, quick: bool) -> None:
         ]:
             _upload(server, bucket, name, shared_size)
         daemon = _daemon(work / "daemon", bucket, proxy.endpoint)
-        store = S3Store(
-            bucket,
-            prefix="pre",
-            endpoint=proxy.endpoint,
-            region="us-east-1",
-            access_key_id=_KEY,
-            secret_access_key=_SECRET,
-            client_options={"allow_http": True},
-            virtual_hosted_style_request=False,
-        )
+        store = s3_store(bucket, proxy.endpoint)
 
         print("gateway: cold read", flush=True)
         cold, direct, ranged, warm = [], [], [], []

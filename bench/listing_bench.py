@@ -31,9 +31,8 @@ from chunkd.client import Client
 from chunkd.gateway.testing import S3Server
 
 from .daemon import BenchDaemon
+from .gateway_bench import ACCESS_KEY, SECRET_KEY, s3_store
 from .report import Report, Result
-
-_KEY, _SECRET = "bench", "bench-secret"
 
 _CLIENT = textwrap.dedent(
     """
@@ -175,16 +174,7 @@ async def _s3_rows(report: Report, work: Path, *, quick: bool) -> None:
     server = S3Server.start()
     bucket = f"bench-{uuid.uuid4().hex[:10]}"
     server.client().create_bucket(Bucket=bucket)
-    store = S3Store(
-        bucket,
-        prefix="pre",
-        endpoint=server.endpoint,
-        region="us-east-1",
-        access_key_id=_KEY,
-        secret_access_key=_SECRET,
-        client_options={"allow_http": True},
-        virtual_hosted_style_request=False,
-    )
+    store = s3_store(bucket, server.endpoint)
     try:
         print(f"listing: uploading {count} keys to moto", flush=True)
         await _upload(store, count)
@@ -195,8 +185,8 @@ async def _s3_rows(report: Report, work: Path, *, quick: bool) -> None:
             url = "s3://{bucket}/pre"
             endpoint = "{server.endpoint}"
             region = "us-east-1"
-            access_key_id = "{_KEY}"
-            secret_access_key = "{_SECRET}"
+            access_key_id = "{ACCESS_KEY}"
+            secret_access_key = "{SECRET_KEY}"
             allow_http = true
             """
         )

@@ -110,6 +110,7 @@ __all__ = [
     "decode_header",
     "default_socket_paths",
     "encode_frame",
+    "loads",
     "recv_frame",
     "send_frame",
 ]
@@ -166,15 +167,25 @@ def decode_header(raw: bytes) -> dict[str, Any]:
         ProtocolError: it is not a JSON object, nests deeper than :data:`MAX_DEPTH`,
             or holds ``NaN``, ``Infinity`` or a number too large for a float.
     """
-    if raw.count(b"[") + raw.count(b"{") > MAX_DEPTH and _depth(raw) > MAX_DEPTH:
-        raise ProtocolError(f"frame header nests JSON deeper than {MAX_DEPTH} levels")
-    try:
-        header = json.loads(raw, parse_constant=_no_constant, parse_float=_finite)
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        raise ProtocolError(f"frame header is not JSON: {exc}") from None
+    header = loads(raw)
     if not isinstance(header, dict):
         raise ProtocolError("frame header is not a JSON object")
+    # Only a header with many brackets can nest deep; most have a handful.
+    if raw.count(b"[") + raw.count(b"{") > MAX_DEPTH and _depth(header) > MAX_DEPTH:
+        raise ProtocolError(f"frame header nests JSON deeper than {MAX_DEPTH} levels")
     return header
+
+
+def loads(raw: bytes) -> Any:
+    """JSON as chunkd takes it: numbers are finite (no ``NaN``, ``Infinity``, ``1e400``).
+
+    Raises:
+        ProtocolError: ``raw`` is not such JSON (or nests deeper than the parser goes).
+    """
+    try:
+        return json.loads(raw, parse_constant=_no_constant, parse_float=_finite)
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise ProtocolError(f"not JSON chunkd takes: {exc}") from None
 
 
 def _no_constant(name: str) -> Any:
@@ -188,25 +199,18 @@ def _finite(text: str) -> float:
     return value
 
 
-def _depth(raw: bytes) -> int:
-    """The deepest nesting of JSON objects and arrays in ``raw`` (strings skipped)."""
-    depth = deepest = 0
-    in_string = escaped = False
-    for byte in raw:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif byte == 0x5C:  # backslash
-                escaped = True
-            elif byte == 0x22:  # quote
-                in_string = False
-        elif byte == 0x22:
-            in_string = True
-        elif byte in (0x5B, 0x7B):
-            depth += 1
+def _depth(value: Any) -> int:
+    """How deep objects and arrays nest in ``value`` (counted to MAX_DEPTH + 1 at most)."""
+    deepest = 0
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list):
             deepest = max(deepest, depth)
-        elif byte in (0x5D, 0x7D):
-            depth -= 1
+            if deepest > MAX_DEPTH:
+                break
+            children = item.values() if isinstance(item, dict) else item
+            stack.extend((child, depth + 1) for child in children)
     return deepest
 
 

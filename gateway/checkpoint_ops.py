@@ -52,7 +52,6 @@ from __future__ import annotations
 import asyncio
 import fcntl
 import json
-import math
 import mmap
 import os
 from typing import TYPE_CHECKING, Any, Final
@@ -65,6 +64,8 @@ from chunkd.client.protocol import (
     MAX_LIST_PAGE,
     MAX_PAYLOAD,
     MAX_WORLD_SIZE,
+    ProtocolError,
+    loads,
 )
 from chunkd.errors import InvalidChunkIdError, InvalidRequestError
 from chunkd.gateway import arguments as arg
@@ -322,17 +323,6 @@ def _load_json_fd(fd: int) -> Any:
         raise InvalidRequestError(f"a JSON fd of {size} bytes exceeds {MAX_LAYOUT}")
     raw = os.pread(fd, size, 0)
     try:
-        return json.loads(raw, parse_constant=_no_constant, parse_float=_finite)
-    except (ValueError, RecursionError) as exc:
-        raise InvalidRequestError(f"a JSON fd does not hold JSON chunkd takes: {exc}") from None
-
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a number chunkd takes")
-
-
-def _finite(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):
-        raise ValueError(f"{text[:20]} is out of range of a number chunkd takes")
-    return value
+        return loads(raw)
+    except ProtocolError as exc:
+        raise InvalidRequestError(f"a JSON fd: {exc}") from None

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from chunkd.client import Client, checkpoint
-from chunkd.gateway.testing import free_port
+from chunkd.testing import free_port
 
 from .daemon import BenchDaemon
 from .report import Phase, Report, Result, interleave

@@ -9,7 +9,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from chunkd.gateway.testing import free_port
+from chunkd.testing import free_port
 
 __all__ = ["BenchDaemon"]
 

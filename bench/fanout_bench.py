@@ -1,6 +1,6 @@
 """Checkpoint fan-out: 4 nodes restore one checkpoint, with peers and without.
 
-Runs in network namespaces (:mod:`chunkd.gateway.netlab`, root only; skipped
+Runs in network namespaces (:mod:`chunkd.testing.netlab`, root only; skipped
 otherwise) with every link shaped by tc and S3's egress the bottleneck. Reports the
 backend bytes per checkpoint byte and the wall time, side by side, and draws the
 bytes each node got from each source (its own cache, peers, the backend) as
@@ -18,7 +18,7 @@ from pathlib import Path
 
 from chunkd.client import Client
 from chunkd.client import checkpoint as ckpt
-from chunkd.gateway import netlab
+from chunkd.testing import netlab
 
 from .report import Report, Result
 

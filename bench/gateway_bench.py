@@ -24,7 +24,7 @@ from pathlib import Path
 import obstore
 from obstore.store import S3Store
 
-from chunkd.gateway.testing import CountingProxy, S3Server
+from chunkd.testing import CountingProxy, S3Server
 
 from .daemon import BenchDaemon
 from .report import Report, Result

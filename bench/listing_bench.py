@@ -28,7 +28,7 @@ import obstore
 from obstore.store import LocalStore, S3Store
 
 from chunkd.client import Client
-from chunkd.gateway.testing import S3Server
+from chunkd.testing import S3Server
 
 from .daemon import BenchDaemon
 from .gateway_bench import ACCESS_KEY, SECRET_KEY, s3_store

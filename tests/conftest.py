@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from chunkd.cache import CacheConfig, ChunkCache
-from chunkd.gateway.testing import CountingProxy, S3Server, free_port
+from chunkd.testing import CountingProxy, S3Server, free_port
 
 OpenCache = Callable[..., Awaitable[ChunkCache]]
 

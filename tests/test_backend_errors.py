@@ -18,7 +18,7 @@ import time
 import urllib.parse
 from pathlib import Path
 
-from chunkd.gateway.testing import S3Server, s3_backend
+from chunkd.testing import S3Server, s3_backend
 from tests.conftest import Daemon
 
 CACHE = """

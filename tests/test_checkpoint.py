@@ -31,7 +31,7 @@ from chunkd.errors import (
     ReadOnlyBackendError,
     UnsupportedStateError,
 )
-from chunkd.gateway.testing import CountingProxy, S3Server, refused_backend, s3_backend
+from chunkd.testing import CountingProxy, S3Server, refused_backend, s3_backend
 from tests.conftest import Daemon, wait_for_socket
 
 MiB = 1 << 20
@@ -801,7 +801,7 @@ dist.destroy_process_group()
 
 
 def test_ranks_under_torch_distributed_agree_on_one_save(node: tuple[Daemon, Client]) -> None:
-    from chunkd.gateway.testing import free_port
+    from chunkd.testing import free_port
 
     daemon, client = node
     port = str(free_port())
@@ -845,7 +845,7 @@ dist.destroy_process_group()
 def test_a_rank_that_cannot_save_stops_every_rank_before_staging(
     node: tuple[Daemon, Client],
 ) -> None:
-    from chunkd.gateway.testing import free_port
+    from chunkd.testing import free_port
 
     daemon, client = node
     port = str(free_port())

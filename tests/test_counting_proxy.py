@@ -1,4 +1,4 @@
-"""The tests' counting proxy (chunkd.gateway.testing.CountingProxy) leaves no socket open."""
+"""The tests' counting proxy (chunkd.testing.CountingProxy) leaves no socket open."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from chunkd.gateway.testing import CountingProxy
+from chunkd.testing import CountingProxy
 
 
 @pytest.fixture

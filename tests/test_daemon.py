@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from chunkd.gateway.testing import refused_backend, s3_backend
+from chunkd.testing import refused_backend, s3_backend
 
 from .conftest import CountingProxy, Daemon, S3Server, free_port
 

@@ -1,7 +1,7 @@
 """Four "nodes" in network namespaces, S3 in a fifth, every link shaped with tc.
 
 Root only (skipped otherwise, saying why). Addresses are in 198.18.80.0/24; every
-namespace and link is removed afterwards (see :mod:`chunkd.gateway.netlab`).
+namespace and link is removed afterwards (see :mod:`chunkd.testing.netlab`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import torch
 
 from chunkd.client import Client
 from chunkd.client import checkpoint as ckpt
-from chunkd.gateway import netlab
+from chunkd.testing import netlab
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ from chunkd.gateway.config import BackendConfig
 from chunkd.gateway.filelist import FileLister
 from chunkd.gateway.listing import ListEntry, Listings
 from chunkd.gateway.metrics import Metrics
-from chunkd.gateway.testing import s3_backend
+from chunkd.testing import s3_backend
 
 from .conftest import Daemon
 

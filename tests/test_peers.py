@@ -22,7 +22,7 @@ from chunkd.cache import ChunkId
 from chunkd.client import Client
 from chunkd.client import checkpoint as ckpt
 from chunkd.gateway.peers import rank_owners
-from chunkd.gateway.testing import CountingProxy, S3Server, free_port, s3_backend
+from chunkd.testing import CountingProxy, S3Server, free_port, s3_backend
 from tests.conftest import Daemon
 
 TOKEN = "a-shared-secret-for-the-tests"

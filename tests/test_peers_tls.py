@@ -31,8 +31,8 @@ from chunkd.client import checkpoint as ckpt
 from chunkd.errors import ConfigError
 from chunkd.gateway.config import Config, load_config
 from chunkd.gateway.peers import rank_owners
-from chunkd.gateway.testing import CountingProxy, S3Server, free_port
 from chunkd.gateway.tls import PeerTLS
+from chunkd.testing import CountingProxy, S3Server, free_port
 from tests.conftest import Daemon
 from tests.test_peers import TOKEN, load_everywhere, node_toml, state_of
 

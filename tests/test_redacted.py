@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from chunkd.gateway.config import load_config
-from chunkd.gateway.testing import S3Server, s3_backend
+from chunkd.testing import S3Server, s3_backend
 from tests.conftest import Daemon
 
 KEY_ID = "AKIAIOSFODNN7EXAMPLE"

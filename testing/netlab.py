@@ -7,8 +7,7 @@ that builds it reaches them all from 198.18.80.254. Every link is shaped with
 backend's egress is the bottleneck, as it is where object storage gives a cluster
 less than its nodes' NICs add up to. Everything is removed on exit.
 
-Shipped with the package like :mod:`chunkd.gateway.testing`; the daemon never
-imports it.
+Part of :mod:`chunkd.testing`; the daemon never imports it.
 """
 
 from __future__ import annotations
@@ -23,7 +22,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from chunkd.gateway.testing import BIN, S3Server, s3_backend
+from chunkd.testing import BIN, S3Server, s3_backend
 
 __all__ = ["NET", "ROOT_IP", "S3_IP", "Lab", "LabUnavailable", "lab"]
 

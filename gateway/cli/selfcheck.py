@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import fcntl
 import os
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from chunkd.cache import CacheConfig, ChunkCache, ChunkId, RamLease
 from chunkd.errors import ChunkdError
 
-__all__ = ["run_selfcheck"]
+if TYPE_CHECKING:
+    from chunkd.cache import ChunkId
+
+__all__ = ["add_parser", "run", "run_selfcheck"]
 
 _CHUNK = 4 << 20
 
@@ -27,6 +31,8 @@ def run_selfcheck(directory: str, chunks: int) -> int:
 
 
 async def _selfcheck(directory: Path, count: int) -> int:
+    from chunkd.cache import CacheConfig, ChunkCache, RamLease
+
     config = CacheConfig(
         dir=directory,
         ram_bytes=max(2, count // 2) * _CHUNK,
@@ -128,3 +134,27 @@ def _payload(i: int) -> bytes:
     if i % 2:
         return os.urandom(_CHUNK)
     return (f"chunk {i} ".encode() * (_CHUNK // 8 + 1))[:_CHUNK]
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Declare ``chunkd selfcheck``."""
+    check = sub.add_parser(
+        "selfcheck",
+        help="exercise the cache in a directory and print what it did",
+        description=(
+            "Open (or create) a cache directory, store chunks, read them back from RAM "
+            "and from disk, reopen the cache, and check every byte. Exits non-zero on "
+            "any failure."
+        ),
+    )
+    check.add_argument(
+        "--dir", default="chunkd-cache", help="cache directory (default: %(default)s)"
+    )
+    check.add_argument(
+        "--chunks", type=int, default=16, help="chunks to store (default: %(default)s)"
+    )
+
+
+def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """Run ``chunkd selfcheck``; returns the exit status."""
+    return run_selfcheck(args.dir, args.chunks)

@@ -1,119 +1,16 @@
-"""Real servers for tests and benchmarks: an S3-protocol server and a counting proxy.
-
-Shipped with the package (as ``chunkd.cache.testing`` is) so that the tests and the
-benchmarks use one implementation. Nothing in the daemon imports it.
-"""
+"""A counting TCP proxy in front of a test server: bytes the daemon really read."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
-import os
 import socket
-import subprocess
-import sys
 import threading
-import time
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-__all__ = [
-    "CountingProxy",
-    "S3Server",
-    "free_port",
-    "refused_backend",
-    "s3_backend",
-    "wait_for_port",
-]
+from chunkd.testing.ports import free_port
 
-BIN = Path(sys.executable).parent
-
-
-def free_port() -> int:
-    """A TCP port free on loopback right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_for_port(port: int, timeout: float = 30.0, host: str = "127.0.0.1") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection((host, port), timeout=0.2).close()
-        except OSError:
-            time.sleep(0.05)
-        else:
-            return
-    raise TimeoutError(f"nothing listens on {host}:{port} after {timeout}s")
-
-
-@dataclass
-class S3Server:
-    """A real S3-protocol server (moto's server mode) in a subprocess."""
-
-    port: int
-    process: subprocess.Popen[bytes]
-    host: str = "127.0.0.1"
-
-    @classmethod
-    def start(
-        cls,
-        *,
-        host: str = "127.0.0.1",
-        port: int | None = None,
-        checks_credentials_after: int | None = None,
-        netns: str | None = None,
-    ) -> S3Server:
-        """Start moto_server and wait until it listens.
-
-        Args:
-            host: the address it listens on.
-            port: its port (a free one on loopback by default).
-            checks_credentials_after: refuse wrong credentials once this many
-                requests have gone by unchecked (moto lets the first ones through).
-            netns: run it in this network namespace (``ip netns exec``).
-        """
-        port = port or free_port()
-        env = dict(os.environ)
-        if checks_credentials_after is not None:
-            env["INITIAL_NO_AUTH_ACTION_COUNT"] = str(checks_credentials_after)
-        prefix = ["ip", "netns", "exec", netns] if netns else []
-        process = subprocess.Popen(
-            [*prefix, str(BIN / "moto_server"), "-H", host, "-p", str(port)],
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        try:
-            wait_for_port(port, host=host)
-        except BaseException:
-            process.kill()
-            process.wait()
-            raise
-        return cls(port, process, host)
-
-    def stop(self) -> None:
-        """Stop the server."""
-        self.process.terminate()
-        self.process.wait(timeout=10)
-
-    @property
-    def endpoint(self) -> str:
-        return f"http://{self.host}:{self.port}"
-
-    def client(self) -> Any:
-        import boto3
-
-        return boto3.client(
-            "s3",
-            endpoint_url=self.endpoint,
-            aws_access_key_id="testing",
-            aws_secret_access_key="testing-secret",
-            region_name="us-east-1",
-        )
+__all__ = ["CountingProxy"]
 
 
 class CountingProxy:
@@ -301,40 +198,3 @@ class CountingProxy:
     @property
     def endpoint(self) -> str:
         return f"http://127.0.0.1:{self.port}"
-
-
-def s3_backend(name: str, url: str, endpoint: str, **keys: str | int | bool) -> str:
-    """A ``[[backends]]`` table for an S3-protocol server of the tests (moto, over
-    http), with its test credentials; ``keys`` add keys or override these (a str is
-    written as a TOML string, a bool as true/false)."""
-    table: dict[str, str | int | bool] = {
-        "name": name,
-        "url": url,
-        "endpoint": endpoint,
-        "region": "us-east-1",
-        "access_key_id": "testing",
-        "secret_access_key": "testing-secret",
-        "allow_http": True,
-        **keys,
-    }
-    lines = (f"{key} = {_toml_value(value)}\n" for key, value in table.items())
-    return "[[backends]]\n" + "".join(lines)
-
-
-def refused_backend(endpoint: str, **keys: str | int | bool) -> str:
-    """A backend table ``vault`` over bucket ``locked`` with credentials a server that
-    checks them refuses (``S3Server.start(checks_credentials_after=...)``), no retries."""
-    wrong: dict[str, str | int | bool] = {
-        "access_key_id": "not-a-key",
-        "secret_access_key": "not-a-secret",
-        "retries": 0,
-    }
-    return s3_backend("vault", "s3://locked/pre", endpoint, **{**wrong, **keys})
-
-
-def _toml_value(value: str | int | bool) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    return json.dumps(value)  # a TOML basic string

@@ -1,25 +1,28 @@
-"""``chunkd ckpt ls`` and ``chunkd gc``: checkpoints as the node's daemon sees them.
+"""``chunkd ckpt ls``: checkpoints as the node's daemon sees them.
 
-Both talk to the running daemon over its local socket, so they use its backends and
-credentials and never need their own.
+It talks to the running daemon over its local socket, so it uses its backends and
+credentials and never needs its own.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import time
 from typing import Any, TextIO
 
-from chunkd.client import Client
-from chunkd.client import checkpoint as ckpt
 from chunkd.errors import ChunkdError
+from chunkd.gateway.cli.options import human_size, socket_option
 
-__all__ = ["gc", "ls"]
+__all__ = ["add_parser", "ls", "run"]
 
 
 def ls(prefix: str, *, socket: str | None, as_json: bool, out: TextIO = sys.stdout) -> int:
     """Print the checkpoints under ``BACKEND[/PREFIX]`` (every page); returns the exit status."""
+    from chunkd.client import Client
+    from chunkd.client import checkpoint as ckpt
+
     try:
         with Client(socket) as client:
             entries = ckpt.list(prefix, client=client)
@@ -53,8 +56,8 @@ def _row(entry: dict[str, Any]) -> tuple[str, ...]:
     return (
         str(entry["name"]),
         "-" if step is None else str(step),
-        _human(logical),
-        _human(new),
+        human_size(logical),
+        human_size(new),
         dedup,
         str(entry.get("durability") or "-"),
         str(entry.get("state") or "-"),
@@ -62,39 +65,24 @@ def _row(entry: dict[str, Any]) -> tuple[str, ...]:
     )
 
 
-def gc(
-    target: str,
-    *,
-    keep_last: int | None,
-    grace: float,
-    dry_run: bool,
-    socket: str | None,
-    out: TextIO = sys.stdout,
-) -> int:
-    """Run retention and mark-and-sweep in the daemon; print what it did."""
-    try:
-        with Client(socket) as client:
-            report = ckpt.gc(
-                target, keep_last=keep_last, grace=grace, dry_run=dry_run, client=client
-            )
-    except ChunkdError as exc:
-        print(f"chunkd gc: {exc}", file=sys.stderr)
-        return 1
-    verb = "would remove" if dry_run else "removed"
-    for name in report.get("retired", []):
-        print(f"{verb} checkpoint {name} (keep_last {keep_last})", file=out)
-    print(
-        f"chunks: {report['chunks']} in the backend, {report['referenced']} referenced, "
-        f"{report['kept_young']} unreferenced but younger than the grace period; "
-        f"{verb} {report['swept']} ({_human(report['freed_bytes'])})",
-        file=out,
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Declare ``chunkd ckpt ls``."""
+    ckpt = sub.add_parser(
+        "ckpt",
+        help="list checkpoints",
+        description="Checkpoints saved through chunkd, as the node's daemon sees them.",
     )
-    return 0
+    ckpt_sub = ckpt.add_subparsers(dest="ckpt_command", metavar="COMMAND", required=True)
+    listing = ckpt_sub.add_parser(
+        "ls",
+        help="list checkpoints under BACKEND[/PREFIX]",
+        description="Names, steps, sizes, dedup ratio (logical / new bytes) and durability.",
+    )
+    listing.add_argument("prefix", metavar="BACKEND[/PREFIX]")
+    listing.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    socket_option(listing)
 
 
-def _human(size: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if size < 1024 or unit == "TiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024  # type: ignore[assignment]
-    raise AssertionError("unreachable")  # pragma: no cover
+def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """Run ``chunkd ckpt ls``; returns the exit status."""
+    return ls(args.prefix, socket=args.socket, as_json=args.json)

@@ -7,6 +7,7 @@ client's ``prefetch``, so no number of names can start more loads than that.
 
 from __future__ import annotations
 
+import argparse
 import concurrent.futures
 import json
 import ssl
@@ -19,9 +20,10 @@ import urllib.request
 from collections.abc import Sequence
 from typing import Any, TextIO
 
+from chunkd.gateway.cli.options import http_options
 from chunkd.gateway.tls import cacert_context, unreachable
 
-__all__ = ["warm"]
+__all__ = ["add_parser", "run", "warm"]
 
 
 def warm(
@@ -132,3 +134,25 @@ def _error_message(exc: urllib.error.HTTPError) -> str:
         return f"{exc.code} {body.get('message', '')}"
     except (ValueError, OSError):
         return f"{exc.code} {exc.reason}"
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Declare ``chunkd warm``."""
+    warm = sub.add_parser(
+        "warm",
+        help="load objects into the daemon's cache ahead of a job",
+        description="Load BACKEND/KEY objects into a running daemon's cache, showing progress.",
+    )
+    warm.add_argument("names", nargs="+", metavar="NAME", help="BACKEND/KEY of an object")
+    warm.add_argument(
+        "--jobs",
+        type=int,
+        default=8,
+        help="objects loaded at once (default: %(default)s; the daemon also bounds them)",
+    )
+    http_options(warm)
+
+
+def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """Run ``chunkd warm``; returns the exit status."""
+    return warm(args.names, args.url, cacert=args.cacert, jobs=args.jobs)

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import urllib.error
 import urllib.request
 from typing import Any, TextIO
 
+from chunkd.gateway.cli.options import http_options, human_size
 from chunkd.gateway.tls import cacert_context, unreachable
 
-__all__ = ["stats"]
+__all__ = ["add_parser", "run", "stats"]
 
 
 def stats(url: str, *, as_json: bool, cacert: str | None = None, out: TextIO = sys.stdout) -> int:
@@ -39,7 +41,8 @@ def stats(url: str, *, as_json: bool, cacert: str | None = None, out: TextIO = s
     print(f"chunkd {body.get('version')}, up {body.get('uptime_s', 0):.0f}s", file=out)
     for tier in body.get("cache", {}).get("tiers", []):
         print(
-            f"  {tier['name']:>5}: {_human(tier['bytes'])} of {_human(tier['budget_bytes'])}, "
+            f"  {tier['name']:>5}: {human_size(tier['bytes'])} "
+            f"of {human_size(tier['budget_bytes'])}, "
             f"{tier['chunks']} chunks, {tier['hits']} hits, {tier['evictions']} evictions"
             + (f", degraded: {tier['degraded']}" if tier.get("degraded") else ""),
             file=out,
@@ -65,9 +68,17 @@ def stats(url: str, *, as_json: bool, cacert: str | None = None, out: TextIO = s
     return 0
 
 
-def _human(size: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if size < 1024:
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{size:.1f} TiB"
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Declare ``chunkd stats``."""
+    stats = sub.add_parser(
+        "stats",
+        help="show what the daemon holds: tiers, backends, saves, peers",
+        description="Print the running daemon's /v1/stats for a person (or --json).",
+    )
+    http_options(stats)
+    stats.add_argument("--json", action="store_true", help="print the JSON as it is")
+
+
+def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """Run ``chunkd stats``; returns the exit status."""
+    return stats(args.url, as_json=args.json, cacert=args.cacert)

@@ -1,0 +1,27 @@
+"""Test kits: real servers and network labs for the tests and the benchmarks.
+
+Installed as ``chunkd.testing`` (as ``chunkd.cache.testing`` is) so that the tests,
+the benchmarks and a user's own tests use one implementation. Nothing in the daemon,
+the cache or the client imports it.
+
+- :mod:`chunkd.testing.ports`: free loopback ports, waiting for a server;
+- :mod:`chunkd.testing.s3`: a moto S3 server in a subprocess, ``[[backends]]`` tables for it;
+- :mod:`chunkd.testing.proxy`: a counting TCP proxy that can go down and up;
+- :mod:`chunkd.testing.netlab`: nodes in network namespaces behind shaped links (root).
+"""
+
+from __future__ import annotations
+
+from chunkd.testing.ports import BIN, free_port, wait_for_port
+from chunkd.testing.proxy import CountingProxy
+from chunkd.testing.s3 import S3Server, refused_backend, s3_backend
+
+__all__ = [
+    "BIN",
+    "CountingProxy",
+    "S3Server",
+    "free_port",
+    "refused_backend",
+    "s3_backend",
+    "wait_for_port",
+]

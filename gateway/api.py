@@ -53,10 +53,11 @@ from chunkd.gateway.config import Config
 from chunkd.gateway.listing import MAX_PAGE, Listings
 from chunkd.gateway.localsock import LocalServer
 from chunkd.gateway.metrics import Metrics
+from chunkd.gateway.names import validate_prefix
 from chunkd.gateway.peers import Peers
 from chunkd.gateway.prefetch import Prefetcher
 from chunkd.gateway.ranges import RangeNotSatisfiableError, parse_range, resolve
-from chunkd.gateway.readpath import ReadPath, validate_key
+from chunkd.gateway.readpath import ReadPath
 from chunkd.gateway.status import http_status
 from chunkd.gateway.tls import PeerTLS
 
@@ -507,9 +508,7 @@ async def _list(request: web.Request) -> web.Response:
     :mod:`chunkd.gateway.listing` for the entries and the token.
     """
     backend = request.match_info["backend"]
-    prefix = request.match_info.get("prefix", "").strip("/")
-    if prefix:
-        validate_key(prefix)
+    prefix = validate_prefix(request.match_info.get("prefix", ""))
     query = request.query
     recursive = query.get("recursive", "false").lower()
     if recursive not in ("true", "false", "1", "0"):

@@ -75,8 +75,8 @@ from chunkd.gateway.checkpoints import (
     MAX_STEP,
     Durability,
     SaveRequest,
-    checkpoint_name,
 )
+from chunkd.gateway.names import checkpoint_name
 from chunkd.gateway.status import error_answer
 
 if TYPE_CHECKING:

@@ -68,12 +68,11 @@ from chunkd.errors import (
     ChunkdError,
     ChunkNotFoundError,
     IntegrityError,
-    InvalidKeyError,
     InvalidRequestError,
     ObjectNotFoundError,
 )
 from chunkd.gateway import arguments as arg
-from chunkd.gateway.readpath import validate_key
+from chunkd.gateway.names import checkpoint_name, split_prefix
 
 if TYPE_CHECKING:
     from chunkd.gateway.backends import Backend, Backends, ObjectMeta
@@ -90,7 +89,6 @@ __all__ = [
     "SaveJob",
     "SaveRequest",
     "check_save_id",
-    "checkpoint_name",
 ]
 
 log = logging.getLogger("chunkd.gateway.checkpoints")
@@ -163,20 +161,6 @@ class Durability(IntEnum):
         raise InvalidRequestError(
             f"durability must be 'staged', 'local' or 'remote'; got {str(text)[:40]!r}"
         )
-
-
-def checkpoint_name(name: object) -> tuple[str, str]:
-    """Split ``BACKEND/PATH`` and check the path; raise :class:`InvalidKeyError`."""
-    if not isinstance(name, str):
-        raise InvalidKeyError("a checkpoint is named 'BACKEND/PATH' (a string)")
-    backend, _, path = name.strip("/").partition("/")
-    path = path.strip("/")
-    if not backend or not path:
-        raise InvalidKeyError(f"{name!r} is not BACKEND/PATH")
-    validate_key(path)
-    if any(part in ("", ".", "..") for part in path.split("/")):
-        raise InvalidKeyError(f"checkpoint path {path!r} has an empty, '.' or '..' component")
-    return backend, path
 
 
 def _step_of(path: str) -> int | None:
@@ -1520,12 +1504,8 @@ class Checkpoints:
                 return out
 
     def _listed(self, prefix: str) -> tuple[Backend, str]:
-        backend_name, _, path = prefix.strip("/").partition("/")
-        backend = self.backends.get(backend_name)
-        path = path.strip("/")
-        if path:
-            validate_key(path)
-        return backend, path
+        backend_name, path = split_prefix(prefix)
+        return self.backends.get(backend_name), path
 
     def _in_flight(self, backend: str, path: str) -> dict[str, dict[str, Any]]:
         """Saves in flight here under ``path`` (whole components), by manifest key."""

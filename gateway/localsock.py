@@ -52,15 +52,14 @@ from chunkd.client.protocol import (
 )
 from chunkd.errors import (
     ChunkdError,
-    InvalidKeyError,
     InvalidRequestError,
     ProtocolVersionError,
 )
 from chunkd.gateway import arguments as arg
 from chunkd.gateway import checkpoint_ops
 from chunkd.gateway.checkpoint_ops import CKPT_OPS, FD_OPS, Answer
+from chunkd.gateway.names import split_name, split_prefix
 from chunkd.gateway.ranges import InvalidRangeError, RangeNotSatisfiableError
-from chunkd.gateway.readpath import validate_key
 from chunkd.gateway.status import error_answer
 
 if TYPE_CHECKING:
@@ -407,7 +406,7 @@ class LocalServer:
                 f"this one sent {_op_of(header)!r} first"
             )
         if op == "stat":
-            return self._describe(await self.read_path.stat(*_split_name(header.get("name"))))
+            return self._describe(await self.read_path.stat(*split_name(header.get("name"))))
         if op == "read":
             return await self._read(header, answer)
         if op == "readv":
@@ -419,7 +418,7 @@ class LocalServer:
             if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
                 raise InvalidRequestError("prefetch wants 'names': a list of strings")
             for name in names:
-                _split_name(name)
+                split_name(name)
             # Bounded per user of the node, not per connection (see Prefetcher).
             uid = client.peer["uid"]
             return {"ok": True, "started": self.prefetcher.submit(("uid", uid), names)}
@@ -449,7 +448,7 @@ class LocalServer:
             not isinstance(length, int) or isinstance(length, bool) or length < 0
         ):
             raise InvalidRangeError(f"length must be a whole number >= 0 or null; got {length!r}")
-        stat = await self.read_path.stat(*_split_name(header.get("name")))
+        stat = await self.read_path.stat(*split_name(header.get("name")))
         if offset > stat.size or (offset == stat.size and stat.size and length != 0):
             raise RangeNotSatisfiableError(
                 f"offset {offset} is past the end of the object ({stat.size} bytes)", stat.size
@@ -503,7 +502,7 @@ class LocalServer:
                 )
             asked.append((item[0], item[1], item[2]))
         stats = await asyncio.gather(
-            *(self.read_path.stat(*_split_name(name)) for name, _, _ in asked),
+            *(self.read_path.stat(*split_name(name)) for name, _, _ in asked),
             return_exceptions=True,
         )
         planned: list[tuple[Stat, int, int] | BaseException] = []
@@ -572,12 +571,7 @@ class LocalServer:
         return b"".join([bytes(piece) async for piece in self.read_path.read(stat, start, end)])
 
     async def _list(self, header: dict[str, Any], answer: Answer) -> dict[str, Any]:
-        name = arg.text(header, "name", max_bytes=_NAME_BYTES).strip("/")
-        if not name:
-            raise InvalidKeyError("a list names 'BACKEND' or 'BACKEND/PREFIX'")
-        backend, _, prefix = name.partition("/")
-        if prefix:
-            validate_key(prefix)
+        backend, prefix = split_prefix(arg.text(header, "name", max_bytes=_NAME_BYTES))
         page = await self.listings.page(
             backend,
             prefix,
@@ -675,15 +669,6 @@ async def _recv_prefix(conn: socket.socket) -> tuple[bytes | None, list[int]]:
         assert rest is not None
         data += rest
     return data, fds
-
-
-def _split_name(name: object) -> tuple[str, str]:
-    if not isinstance(name, str):
-        raise InvalidKeyError("a request names its object as 'BACKEND/KEY' (a string)")
-    backend, _, key = name.partition("/")
-    if not backend or not key:
-        raise InvalidKeyError(f"{name!r} is not BACKEND/KEY")
-    return backend, key
 
 
 async def _recv_exact(conn: socket.socket, size: int, *, eof_ok: bool) -> bytes | None:

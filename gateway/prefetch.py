@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Final
 
 from chunkd.client.protocol import MAX_PREFETCH_QUEUED
 from chunkd.errors import ChunkdError, InvalidRequestError
+from chunkd.gateway.names import split_name
 
 if TYPE_CHECKING:
     from chunkd.gateway.metrics import Metrics
@@ -118,8 +119,8 @@ class Prefetcher:
                 name = queue.names.popleft()
                 self._waiting -= 1
                 self.metrics.prefetch_queued.set(self._waiting)
-                backend, _, key = name.partition("/")
                 try:
+                    backend, key = split_name(name)
                     async with self.slot():
                         await self.read_path.warm(backend, key)
                 except ChunkdError as exc:  # counted; told at debug: a list may hold many

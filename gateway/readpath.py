@@ -47,22 +47,20 @@ from chunkd.errors import (
     BackendForbiddenError,
     BackendUnavailableError,
     IntegrityError,
-    InvalidKeyError,
     ObjectNotFoundError,
     VersionChangedError,
 )
 from chunkd.gateway.backends import Backend, Backends, ObjectMeta
+from chunkd.gateway.names import validate_key
 
 if TYPE_CHECKING:
     from chunkd.gateway.metrics import Metrics
     from chunkd.gateway.peers import Peers
 
-__all__ = ["MAX_KEY_BYTES", "ReadPath", "Stat", "validate_key"]
+__all__ = ["ReadPath", "Stat"]
 
 log = logging.getLogger("chunkd.gateway.read")
 
-#: the longest object key accepted (S3's own limit)
-MAX_KEY_BYTES: Final = 1024
 _READAHEAD_IN_FLIGHT: Final = 32
 _KNOWN_OBJECTS: Final = 1 << 16  # object versions remembered in memory between reads
 _SETTLING: Final = 4  # chunks of one span being hashed and stored at once
@@ -81,36 +79,6 @@ def _cancel_unsettled(futures: list[asyncio.Future[Any]], _task: asyncio.Future[
 def _locator_key(stat: Stat, index: int) -> bytes:
     """What rendezvous hashing places a chunk by before its id is known."""
     return f"{stat.backend}\0{stat.meta.key}\0{stat.meta.version}\0{index}".encode()
-
-
-def validate_key(key: str) -> str:
-    """Return ``key`` if chunkd will look it up, else raise :class:`InvalidKeyError`.
-
-    Refused: empty keys, keys over 1024 UTF-8 bytes, a leading ``/``, empty, ``.``
-    or ``..`` path segments, backslashes, and NUL or other control characters.
-    """
-    if not key:
-        raise InvalidKeyError("the object key is empty; ask for BACKEND/KEY")
-    try:
-        size = len(key.encode("utf-8"))
-    except UnicodeEncodeError:
-        raise InvalidKeyError("the object key is not valid UTF-8") from None
-    if size > MAX_KEY_BYTES:
-        raise InvalidKeyError(
-            f"the object key is {size} bytes long; keys are at most {MAX_KEY_BYTES}"
-        )
-    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in key):
-        raise InvalidKeyError("the object key holds a control character (NUL, newline, ...)")
-    if key.startswith("/"):
-        raise InvalidKeyError(f"the object key {key!r} starts with '/'; keys are relative")
-    if "\\" in key:
-        raise InvalidKeyError(f"the object key {key!r} holds a backslash")
-    if any(part in ("", ".", "..") for part in key.split("/")):
-        raise InvalidKeyError(
-            f"the object key {key!r} has an empty, '.' or '..' path segment; "
-            "chunkd never resolves paths outside a backend"
-        )
-    return key
 
 
 @dataclass(frozen=True, slots=True)

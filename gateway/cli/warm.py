@@ -20,7 +20,9 @@ import urllib.request
 from collections.abc import Sequence
 from typing import Any, TextIO
 
+from chunkd.errors import InvalidKeyError
 from chunkd.gateway.cli.options import http_options
+from chunkd.gateway.names import split_name
 from chunkd.gateway.tls import cacert_context, unreachable
 
 __all__ = ["add_parser", "run", "warm"]
@@ -58,8 +60,9 @@ def warm(
 
     def one(name: str) -> None:
         nonlocal failed, total
-        backend, _, key = name.partition("/")
-        if not backend or not key:
+        try:
+            backend, key = split_name(name)
+        except InvalidKeyError:
             with lock:
                 print(
                     f"{name}: not a name; write BACKEND/KEY (e.g. data/shards/000.parquet)",

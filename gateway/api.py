@@ -33,7 +33,7 @@ import json
 import logging
 import re
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Final
 
@@ -51,7 +51,6 @@ from chunkd.gateway.backends import Backends
 from chunkd.gateway.checkpoints import Checkpoints
 from chunkd.gateway.config import Config
 from chunkd.gateway.listing import MAX_PAGE, Listings
-from chunkd.gateway.localsock import LocalServer
 from chunkd.gateway.metrics import Metrics
 from chunkd.gateway.names import validate_prefix
 from chunkd.gateway.peers import Peers
@@ -62,11 +61,15 @@ from chunkd.gateway.status import http_status
 from chunkd.gateway.tls import PeerTLS
 
 __all__ = [
+    "BACKENDS",
     "CACHE",
     "CHECKPOINTS",
     "CONFIG",
+    "LISTINGS",
     "METRICS",
+    "PEERS",
     "PEER_TLS",
+    "PREFETCHER",
     "READ_PATH",
     "STATE",
     "DaemonState",
@@ -100,25 +103,19 @@ PEER_TLS: Final[web.AppKey[PeerTLS | None]] = web.AppKey("peer_tls")
 STREAMING: Final = "chunkd.streaming"
 
 
-def build_app(
-    config: Config, *, metrics: Metrics | None = None, tls: PeerTLS | None = None
-) -> web.Application:
-    """The daemon's aiohttp application; resources open and close in ``cleanup_ctx``.
+def build_app(config: Config, *, metrics: Metrics, tls: PeerTLS | None) -> web.Application:
+    """The routes and middlewares over the parts the daemon puts in the app's keys.
 
-    ``tls``: the contexts of ``[peers]`` TLS, if the caller has loaded them already;
-    None: loaded here from ``config`` (when it sets TLS). The site that serves the
-    app takes ``app[PEER_TLS].server`` as its SSL context.
-
-    Raises:
-        ConfigError: the TLS files of ``config`` are unusable.
+    The composition root (:mod:`chunkd.gateway.daemon`) builds those parts in a
+    ``cleanup_ctx`` and sets :data:`CACHE`, :data:`READ_PATH` and the others; the
+    site that serves the app takes ``app[PEER_TLS].server`` as its SSL context.
     """
     # _count outermost, so that error responses are counted too.
     app = web.Application(middlewares=[_count, _errors, _guard])
     app[CONFIG] = config
-    app[PEER_TLS] = tls if tls is not None else PeerTLS.from_config(config)
-    app[METRICS] = metrics or Metrics()
+    app[PEER_TLS] = tls
+    app[METRICS] = metrics
     app[STATE] = DaemonState()
-    app.cleanup_ctx.append(_resources)
     app.router.add_get("/", _index)
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/readyz", _readyz)
@@ -133,78 +130,6 @@ def build_app(
     app.router.add_get("/v1/peer/chunks/{backend}/{id}", _peer_chunk)
     app.router.add_get(r"/v1/peer/objects/{backend}/{key:[\s\S]*}", _peer_object_chunk)
     return app
-
-
-async def _resources(app: web.Application) -> AsyncIterator[None]:
-    config = app[CONFIG]
-    metrics = app[METRICS]
-    # What can fail on a bad setting (a scheme, the token file) comes before the cache
-    # opens: a daemon that cannot start leaves the cache closed cleanly.
-    backends = Backends.from_config(config.backends, metrics)
-    peers = Peers(config.peers, metrics, tls=app[PEER_TLS]) if config.peers.enabled else None
-    cache = await ChunkCache.open(config.cache)
-    read_path = ReadPath(cache, backends, metrics, peers=peers)
-    listings = Listings(backends, metrics)
-    prefetcher = Prefetcher(
-        read_path,
-        metrics,
-        in_flight=config.server.prefetch_in_flight,
-        per_client=config.server.prefetch_per_client,
-    )
-    metrics.watch_cache(cache)
-    app[CACHE] = cache
-    app[BACKENDS] = backends
-    app[READ_PATH] = read_path
-    app[LISTINGS] = listings
-    app[PREFETCHER] = prefetcher
-    log.info(
-        "cache open",
-        extra={"dir": str(config.cache.dir), "backends": [b.name for b in config.backends]},
-    )
-    app[PEERS] = peers
-    checkpoints = Checkpoints(
-        cache, backends, metrics, config.cache.dir / "checkpoints", peers=peers
-    )
-    app[CHECKPOINTS] = checkpoints
-    local = LocalServer(
-        config.server.socket,
-        read_path,
-        metrics,
-        checkpoints,
-        listings=listings,
-        prefetcher=prefetcher,
-        mode=config.server.socket_mode,
-        group=config.server.socket_group,
-    )
-    try:
-        if peers is not None:
-            await peers.start()
-        resumed = await checkpoints.start()
-        if resumed:
-            log.info("resuming %d checkpoint saves from the journal", resumed)
-        await local.start()
-    except BaseException:
-        await checkpoints.close()
-        if peers is not None:
-            await peers.close()
-        await prefetcher.close()
-        await listings.close()
-        await read_path.close()
-        await cache.close()
-        raise
-    try:
-        yield
-    finally:
-        await local.close()
-        await checkpoints.close()
-        if peers is not None:
-            await peers.close()
-        await prefetcher.close()
-        await listings.close()
-        await read_path.close()
-        await backends.close()
-        await cache.close()  # finishes disk writes and flushes the index
-        log.info("cache closed", extra={"dir": str(config.cache.dir)})
 
 
 # -- middlewares -----------------------------------------------------------------------

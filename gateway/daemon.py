@@ -1,9 +1,24 @@
-"""``chunkd serve``: the daemon's lifecycle in one place.
+"""The composition root: what one daemon is made of, and its lifecycle in one place.
+
+:func:`open_node` builds the parts from the config, each from the ones before it,
+and closes them in the reverse order however the start or the run ends::
+
+    backends      (config only: a bad scheme or token file fails before the cache opens)
+    peers         (membership, health probes)                    [peers] only
+    cache         ChunkCache.open: RAM and disk tiers, the index
+    read path     cache + backends + peers
+    listings      backends
+    prefetcher    read path
+    checkpoints   cache + backends + peers; resumes journaled saves
+    local socket  read path + checkpoints + listings + prefetcher
+
+The HTTP routes (:mod:`chunkd.gateway.api`) reach the parts through the app's keys,
+which :func:`build_app` sets from the node inside the app's ``cleanup_ctx``.
 
 Start: load the config (or the embedded default), set up structured logging, load
-the ``[peers]`` TLS files if any, run on uvloop, set up the aiohttp runner
-(``cleanup_ctx`` opens the cache and the backends), bind the HTTP site (HTTPS with
-TLS), then tell systemd READY=1 and start the watchdog.
+the ``[peers]`` TLS files if any, run on uvloop, set up the aiohttp runner (the
+``cleanup_ctx`` opens the node), bind the HTTP site (HTTPS with TLS), then tell
+systemd READY=1 and start the watchdog.
 
 Stop (SIGTERM or SIGINT): STOPPING=1, /readyz turns 503, the site stops taking
 connections, in-flight requests get ``server.shutdown_timeout`` seconds to finish,
@@ -14,21 +29,33 @@ the index. A second signal does not cut that short: the index stays consistent.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 import sys
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 from aiohttp import web
 
 import chunkd
+from chunkd.cache import ChunkCache
 from chunkd.errors import ChunkdError, ConfigError
-from chunkd.gateway.api import METRICS, PEER_TLS, STATE, build_app
+from chunkd.gateway import api
+from chunkd.gateway.backends import Backends
+from chunkd.gateway.checkpoints import Checkpoints
 from chunkd.gateway.config import Config, load_config
+from chunkd.gateway.listing import Listings
+from chunkd.gateway.localsock import LocalServer
 from chunkd.gateway.logs import MalformedRequestLog, configure_logging
+from chunkd.gateway.metrics import Metrics
+from chunkd.gateway.peers import Peers
+from chunkd.gateway.prefetch import Prefetcher
+from chunkd.gateway.readpath import ReadPath
 from chunkd.gateway.sdnotify import SystemdNotifier
 from chunkd.gateway.tls import PeerTLS
 
-__all__ = ["run", "serve"]
+__all__ = ["Node", "build_app", "open_node", "run", "serve"]
 
 log = logging.getLogger("chunkd.gateway.daemon")
 
@@ -59,6 +86,123 @@ def serve(config_path: str | None) -> int:
         return 1
 
 
+@dataclass(frozen=True, slots=True)
+class Node:
+    """The parts of one running daemon, as :func:`open_node` built them."""
+
+    config: Config
+    metrics: Metrics
+    backends: Backends
+    peers: Peers | None
+    cache: ChunkCache
+    read_path: ReadPath
+    listings: Listings
+    prefetcher: Prefetcher
+    checkpoints: Checkpoints
+    local: LocalServer
+
+
+@contextlib.asynccontextmanager
+async def open_node(
+    config: Config, metrics: Metrics, *, tls: PeerTLS | None
+) -> AsyncIterator[Node]:
+    """Build and start every part of a daemon from ``config``; close them all on exit.
+
+    Raises:
+        ConfigError: a backend, the peers or the cache cannot be set up as configured.
+    """
+    async with contextlib.AsyncExitStack() as parts:
+        backends = Backends.from_config(config.backends, metrics)
+        parts.push_async_callback(backends.close)
+        peers = Peers(config.peers, metrics, tls=tls) if config.peers.enabled else None
+        cache = await ChunkCache.open(config.cache)
+        parts.push_async_callback(_closed_cache, cache, config)  # finishes disk writes
+        log.info(
+            "cache open",
+            extra={"dir": str(config.cache.dir), "backends": [b.name for b in config.backends]},
+        )
+        read_path = ReadPath(cache, backends, metrics, peers=peers)
+        parts.push_async_callback(read_path.close)
+        listings = Listings(backends, metrics)
+        parts.push_async_callback(listings.close)
+        prefetcher = Prefetcher(
+            read_path,
+            metrics,
+            in_flight=config.server.prefetch_in_flight,
+            per_client=config.server.prefetch_per_client,
+        )
+        parts.push_async_callback(prefetcher.close)
+        metrics.watch_cache(cache)
+        if peers is not None:
+            parts.push_async_callback(peers.close)
+            await peers.start()
+        checkpoints = Checkpoints(
+            cache, backends, metrics, config.cache.dir / "checkpoints", peers=peers
+        )
+        parts.push_async_callback(checkpoints.close)
+        resumed = await checkpoints.start()
+        if resumed:
+            log.info("resuming %d checkpoint saves from the journal", resumed)
+        local = LocalServer(
+            config.server.socket,
+            read_path,
+            metrics,
+            checkpoints,
+            listings=listings,
+            prefetcher=prefetcher,
+            mode=config.server.socket_mode,
+            group=config.server.socket_group,
+        )
+        parts.push_async_callback(local.close)
+        await local.start()
+        yield Node(
+            config=config,
+            metrics=metrics,
+            backends=backends,
+            peers=peers,
+            cache=cache,
+            read_path=read_path,
+            listings=listings,
+            prefetcher=prefetcher,
+            checkpoints=checkpoints,
+            local=local,
+        )
+
+
+async def _closed_cache(cache: ChunkCache, config: Config) -> None:
+    await cache.close()  # finishes disk writes and flushes the index
+    log.info("cache closed", extra={"dir": str(config.cache.dir)})
+
+
+def build_app(
+    config: Config, *, metrics: Metrics | None = None, tls: PeerTLS | None = None
+) -> web.Application:
+    """The daemon's aiohttp application: the routes, over a node opened in ``cleanup_ctx``.
+
+    ``tls``: the contexts of ``[peers]`` TLS, if the caller has loaded them already;
+    None: loaded here from ``config`` (when it sets TLS).
+
+    Raises:
+        ConfigError: the TLS files of ``config`` are unusable.
+    """
+    tls = tls if tls is not None else PeerTLS.from_config(config)
+    app = api.build_app(config, metrics=metrics or Metrics(), tls=tls)
+
+    async def node_context(app: web.Application) -> AsyncIterator[None]:
+        async with open_node(config, app[api.METRICS], tls=tls) as node:
+            app[api.BACKENDS] = node.backends
+            app[api.PEERS] = node.peers
+            app[api.CACHE] = node.cache
+            app[api.READ_PATH] = node.read_path
+            app[api.LISTINGS] = node.listings
+            app[api.PREFETCHER] = node.prefetcher
+            app[api.CHECKPOINTS] = node.checkpoints
+            yield
+
+    app.cleanup_ctx.append(node_context)
+    return app
+
+
 async def run(
     config: Config, *, stop: asyncio.Event | None = None, tls: PeerTLS | None = None
 ) -> int:
@@ -72,10 +216,10 @@ async def run(
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     app = build_app(config, tls=tls)
-    tls = app[PEER_TLS]
+    tls = app[api.PEER_TLS]
     # Malformed requests are anyone's to send: counted, and logged a few lines a minute.
     server_log = MalformedRequestLog(
-        logging.getLogger("aiohttp.server"), app[METRICS].malformed_http.inc
+        logging.getLogger("aiohttp.server"), app[api.METRICS].malformed_http.inc
     )
     runner = web.AppRunner(
         app,
@@ -103,7 +247,7 @@ async def run(
         await runner.cleanup()
         server_log.close()
         return 1
-    app[STATE].ready = True
+    app[api.STATE].ready = True
     where = f"{'http' if tls is None else 'https'}://{config.server.listen}"
     notifier.ready(f"serving on {where}")
     log.info(
@@ -122,7 +266,7 @@ async def run(
     await stop.wait()
     log.info("stopping: finishing in-flight requests (up to %ss)", config.server.shutdown_timeout)
     notifier.stopping("finishing in-flight requests, flushing the index")
-    app[STATE].stopping = True
+    app[api.STATE].stopping = True
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.remove_signal_handler(sig)
         # A second signal must not cut the index flush short.

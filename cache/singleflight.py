@@ -34,10 +34,21 @@ class SingleFlight(Generic[K, V]):
             if self._on_wait is not None:
                 self._on_wait()
         else:
-            task = asyncio.ensure_future(fn())
-            self._running[key] = task
-            task.add_done_callback(functools.partial(self._done, key))
+            task = self.start(key, fn)
         return await asyncio.shield(task)
+
+    def start(self, key: K, fn: Callable[[], Awaitable[V]]) -> asyncio.Future[V]:
+        """Start ``fn()`` as the call for ``key``, which must have none running.
+
+        For a caller that owns what the call returns (a lease, say) while the others
+        only learn its outcome through :meth:`join`.
+        """
+        if key in self._running:
+            raise RuntimeError(f"a call for {key!r} is already running")
+        task = asyncio.ensure_future(fn())
+        self._running[key] = task
+        task.add_done_callback(functools.partial(self._done, key))
+        return task
 
     def claim(self, key: K) -> asyncio.Future[V] | None:
         """Register a call for ``key`` that the caller will settle itself.

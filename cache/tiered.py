@@ -16,12 +16,11 @@ usual stack is RAM over disk:
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 from enum import StrEnum
-from typing import Any
 
 from chunkd.cache.chunkid import ChunkId
+from chunkd.cache.singleflight import SingleFlight
 from chunkd.cache.tier import Chunk, ChunkLease, Tier, TierStats
 from chunkd.errors import ChunkTooLargeError
 
@@ -74,7 +73,8 @@ class TieredCache(Tier):
         self.write_policy = WritePolicy(write_policy)
         self._background: set[asyncio.Task[bool]] = set()
         self._behind_slots = asyncio.Semaphore(max_behind)
-        self._loads: dict[ChunkId, asyncio.Future[tuple[ChunkLease | None, bool]]] = {}
+        # Single flight: one read and promotion of a chunk from the lower tier at a time.
+        self._loads: SingleFlight[ChunkId, tuple[ChunkLease | None, bool]] = SingleFlight()
         self._misses = 0
         #: gets that waited on another reader's load from the lower tier
         self.coalesced = 0
@@ -111,7 +111,7 @@ class TieredCache(Tier):
             return lease
         # Single flight: concurrent readers of a chunk that is only in the lower tier
         # cause one read and one promotion; the others then lease the promoted copy.
-        load = self._loads.get(cid)
+        load = self._loads.join(cid)
         if load is not None:
             self.coalesced += 1
             found, promoted = await asyncio.shield(load)
@@ -121,9 +121,7 @@ class TieredCache(Tier):
             if promoted and (again := await self.upper.get(cid)) is not None:
                 return again
             return await self._get_lower(cid)  # the upper tier could not keep it
-        load = asyncio.ensure_future(self._load(cid))
-        self._loads[cid] = load
-        load.add_done_callback(functools.partial(self._load_done, cid))
+        load = self._loads.start(cid, lambda: self._load(cid))
         try:
             return (await asyncio.shield(load))[0]
         except asyncio.CancelledError:
@@ -145,9 +143,6 @@ class TieredCache(Tier):
             return lower, False
         lower.release()
         return promoted, True
-
-    def _load_done(self, cid: ChunkId, _load: asyncio.Future[Any]) -> None:
-        self._loads.pop(cid, None)
 
     async def _get_lower(self, cid: ChunkId) -> ChunkLease | None:
         lease = await self.lower.get(cid)

@@ -52,7 +52,8 @@ import aiohttp
 import blake3
 
 from chunkd.cache import ChunkId
-from chunkd.errors import ConfigError
+from chunkd.cache.singleflight import SingleFlight
+from chunkd.errors import ConfigError, OwnerSilentError
 
 if TYPE_CHECKING:
     from chunkd.gateway.config import PeersConfig
@@ -65,10 +66,6 @@ log = logging.getLogger("chunkd.gateway.peers")
 
 _HEALTH_TIMEOUT: Final = 2.0
 _REQUEST_CAP: Final = 120.0
-
-
-class OwnerSilentError(TimeoutError):
-    """An owner sent nothing for ``[peers] timeout`` and then failed a health probe."""
 
 
 def rank_owners(members: list[str], key: bytes) -> list[str]:
@@ -114,7 +111,7 @@ class Peers:
         self._resolved: list[str] = []
         self._session: aiohttp.ClientSession | None = None
         self._task: asyncio.Task[None] | None = None
-        self._probing: dict[str, asyncio.Future[bool]] = {}
+        self._probes: SingleFlight[str, bool] = SingleFlight()  # one probe per peer at a time
         self._heard: dict[str, float] = {}  # when each peer last sent us anything
         self._set_members(self._listed())
 
@@ -133,7 +130,7 @@ class Peers:
 
     async def close(self) -> None:
         """Stop probing and close connections."""
-        pending = [t for t in (self._task, *self._probing.values()) if t is not None]
+        pending = [t for t in (self._task, *self._probes.running()) if t is not None]
         for task in pending:
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
@@ -230,16 +227,11 @@ class Peers:
 
     async def _alive(self, address: str) -> bool:
         """Probe ``address`` now (one probe at a time per peer; callers share it)."""
-        running = self._probing.get(address)
-        if running is None:
-            running = asyncio.ensure_future(self._health(address))
-            self._probing[address] = running
-            running.add_done_callback(lambda _: self._probing.pop(address, None))
         try:
-            return await asyncio.shield(running)
+            return await self._probes.run(address, lambda: self._health(address))
         except asyncio.CancelledError:
             task = asyncio.current_task()
-            if running.cancelled() and task is not None and not task.cancelling():
+            if task is not None and not task.cancelling():
                 return False  # the probe was stopped (the daemon is closing), not us
             raise
 

@@ -30,6 +30,16 @@ from chunkd.gateway.config import (
     parse_duration,
     parse_size,
 )
+from chunkd.gateway.config import doc as config_doc
+from chunkd.gateway.config.schema import (
+    BACKENDS,
+    CACHE,
+    NOT_CACHE_KEYS,
+    PEERS,
+    SECTIONS,
+    SERVER,
+)
+from chunkd.gateway.config.values import Origin
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -230,6 +240,13 @@ def test_the_reference_in_the_module_docstring_is_a_config_of_the_defaults(
         "verify_reads",
         "write_policy",
         "eviction",
+        "disk_workers",
+        "index_flush_interval",
+        "disk_retry_after",
+    }
+    # Every field of the cache library's CacheConfig is a key, but the one kept out.
+    assert set(uncommented["cache"]) == {f.name for f in dataclasses.fields(CacheConfig)} - {
+        "reconcile"
     }
     assert set(uncommented) == {"server", "cache", "backends", "peers"}
     for name in ("CHUNKD_SERVER_<KEY>", "CHUNKD_CACHE_<KEY>", "CHUNKD_BACKENDS_<NAME>_<KEY>"):
@@ -466,7 +483,7 @@ def test_a_file_that_is_not_utf8_is_named(tmp_path: Path) -> None:
         ('url = "memory://"\n' + minimal(), "'url' outside any section; it belongs under [[back"),
         (minimal("[server]\nlisen = '0.0.0.0:1'\n"), "[server] has no key 'lisen'; did you mean"),
         (minimal("[cache]\nram = '1GiB'\n"), "[cache] has no key 'ram'"),
-        (minimal("[cache]\ndisk_workers = 2\n"), "[cache] has no key 'disk_workers'"),
+        (minimal("[cache]\nreconcile = false\n"), "[cache] has no key 'reconcile'"),
         (minimal(backend="writeable = true"), "[[backends]] 'data' has no key 'writeable'"),
         (minimal(backend="secret_key = 'hunter2'"), "'data' has no key 'secret_key'"),
         ("server = 3\n" + minimal(), "server is not a table; write it as a [server] section"),
@@ -941,3 +958,204 @@ def test_peers_need_self_and_a_token_file(tmp_path: Path) -> None:
     assert config.peers.enabled
     assert config.peers.members == ("10.0.0.1:8470", "10.0.0.2:8470")
     assert config.peers.token_file == tmp_path / "t"
+
+
+# -- each key declared once: the docs are made (or checked) from the declarations ------
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_the_docstring_reference_is_generated_from_the_declarations() -> None:
+    doc = config_module.__doc__
+    assert doc is not None
+    block = doc.split(config_doc.REFERENCE_START, 1)[1].split(config_doc.REFERENCE_END)[0]
+    assert textwrap.dedent(block) == config_doc.reference(), (
+        "run python -m chunkd.gateway.config.doc --write"
+    )
+
+
+def test_the_readme_key_list_is_generated_from_the_declarations() -> None:
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split(config_doc.README_START, 1)[1].split(config_doc.README_END)[0]
+    assert block == config_doc.readme_keys(), "run python -m chunkd.gateway.config.doc --write"
+    for section in SECTIONS:
+        for key in section.keys.values():
+            assert f"| `{key.name}` |" in block
+    assert "every key and its default is declared once in\n`gateway/config/schema.py`" in readme
+
+
+def test_the_doc_command_checks_every_generated_and_example_file(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert config_doc.main(["--check"]) == 0
+    assert config_doc.main([]) == 0
+    assert capsys.readouterr().out.strip() == config_doc.reference()
+
+
+def test_the_example_config_lists_every_key_with_its_default() -> None:
+    text = (ROOT / "systemd" / "chunkd.toml").read_text()
+    assert config_doc.example_problems(text) == []
+    # The example is also a config that loads.
+    config = tomllib.loads(text)
+    assert set(config) <= {section.name for section in SECTIONS}
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        (("# disk_workers = 4\n", ""), "[cache] disk_workers is missing"),
+        (("# disk_workers = 4\n", "# disk_workers = 8\n"), "the default is 4"),
+        (('ram_bytes = "8GiB"\n', 'ram_bytes = "9GiB"\n'), 'the default is "8GiB"'),
+        (("# retries = 3\n", "# retries = 3\n# retry = 3\n"), "[[backends]] retry: no such key"),
+        (("# retries = 3\n", "# retries = 3\n# retries = 3\n"), "retries: listed twice"),
+        (("# span_chunks = 64\n", "# span_chunks = 'x'\n"), "span_chunks = 'x' is not a whole"),
+        (("[peers]\n", "[peer]\n"), "unknown section [peer]"),
+    ],
+)
+def test_the_example_check_finds_missing_unknown_and_wrong_keys(
+    change: tuple[str, str], expected: str
+) -> None:
+    text = (ROOT / "systemd" / "chunkd.toml").read_text()
+    old, new = change
+    assert old in text
+    problems = config_doc.example_problems(text.replace(old, new, 1))
+    assert any(expected in problem for problem in problems), problems
+
+
+def test_every_key_is_declared_with_a_kind_a_default_and_a_line_of_doc() -> None:
+    for section in SECTIONS:
+        for name, key in section.keys.items():
+            assert key.name == name
+            assert key.doc
+            assert "=" not in key.doc
+            assert "\n" not in key.doc
+            assert key.required or key.default_toml() is not None or key.example is not None
+            if key.default_toml() is not None:
+                # The default, written as the docs write it, reads back as itself.
+                value = tomllib.loads(f"v = {key.default_toml()}")["v"]
+                origin = Origin("docs", name)
+                assert key.kind.parse(value, origin) == key.default
+    # The dataclasses and the key tables are the same declarations.
+    assert [k.field for k in SERVER.keys.values()] == [
+        f.name for f in dataclasses.fields(ServerConfig)
+    ]
+    assert [k.field for k in BACKENDS.keys.values()] == [
+        f.name for f in dataclasses.fields(BackendConfig)
+    ]
+    assert [k.field for k in PEERS.keys.values()] == [
+        f.name for f in dataclasses.fields(PeersConfig)
+    ]
+    cache_fields = {f.name: f.default for f in dataclasses.fields(CacheConfig)}
+    assert set(CACHE.keys) | set(NOT_CACHE_KEYS) == set(cache_fields)
+    assert all(reason for reason in NOT_CACHE_KEYS.values())
+    for name, key in CACHE.keys.items():
+        # A [cache] default is the cache library's, but for the directory.
+        assert key.default == (Path("/var/cache/chunkd") if name == "dir" else cache_fields[name])
+
+
+# -- tunables that became keys ----------------------------------------------------------
+
+TUNED = """
+[server]
+socket_max_clients = 16
+socket_send_timeout = "5s"
+readahead_chunks = 0
+span_chunks = 8
+
+[cache]
+disk_workers = 2
+index_flush_interval = "10ms"
+disk_retry_after = "1m"
+
+[peers]
+self = "10.0.0.1:8470"
+token_file = "token"
+request_timeout = "30s"
+
+[[backends]]
+name = "ckpt"
+url = "gs://checkpoints"
+credentials_file = "gcs.json"
+"""
+
+
+def test_the_tunables_are_settable_from_toml(tmp_path: Path) -> None:
+    config = load_config(write(tmp_path, TUNED), environ={}, cwd=tmp_path)
+    server = config.server
+    assert (server.socket_max_clients, server.socket_send_timeout) == (16, 5.0)
+    assert (server.readahead_chunks, server.span_chunks) == (0, 8)
+    cache = config.cache
+    assert (cache.disk_workers, cache.index_flush_interval, cache.disk_retry_after) == (
+        2,
+        0.01,
+        60.0,
+    )
+    assert config.peers.request_timeout == 30.0
+    (backend,) = config.backends
+    assert backend.credentials_file == str(tmp_path / "gcs.json")
+    assert config.redacted()["backends"][0]["credentials_file"] == str(tmp_path / "gcs.json")
+
+
+def test_the_tunables_default_to_what_the_code_used_before(tmp_path: Path) -> None:
+    config = load_config(write(tmp_path, minimal()), environ={}, cwd=tmp_path)
+    server = config.server
+    assert (server.socket_max_clients, server.socket_send_timeout) == (1024, 30.0)
+    assert (server.readahead_chunks, server.span_chunks) == (4, 64)
+    cache = config.cache
+    assert (cache.disk_workers, cache.index_flush_interval, cache.disk_retry_after) == (
+        4,
+        0.05,
+        30.0,
+    )
+    assert config.peers.request_timeout == 120.0
+    assert config.backends[0].credentials_file is None
+
+
+def test_the_tunables_take_overrides(tmp_path: Path) -> None:
+    environ = {
+        "CHUNKD_SERVER_SOCKET_MAX_CLIENTS": "4",
+        "CHUNKD_SERVER_SPAN_CHUNKS": "2",
+        "CHUNKD_CACHE_DISK_WORKERS": "1",
+        "CHUNKD_CACHE_INDEX_FLUSH_INTERVAL": "1ms",
+        "CHUNKD_PEERS_REQUEST_TIMEOUT": "1m",
+        "CHUNKD_BACKENDS_CKPT_CREDENTIALS_FILE": "/etc/chunkd/sa.json",
+    }
+    config = load_config(write(tmp_path, TUNED), environ=environ, cwd=tmp_path)
+    assert (config.server.socket_max_clients, config.server.span_chunks) == (4, 2)
+    assert (config.cache.disk_workers, config.cache.index_flush_interval) == (1, 0.001)
+    assert config.peers.request_timeout == 60.0
+    assert config.backends[0].credentials_file == "/etc/chunkd/sa.json"
+    unset = load_config(
+        write(tmp_path, TUNED),
+        environ={"CHUNKD_BACKENDS_CKPT_CREDENTIALS_FILE": ""},
+        cwd=tmp_path,
+    )
+    assert unset.backends[0].credentials_file is None
+
+
+@pytest.mark.parametrize(
+    ("section", "line", "expected"),
+    [
+        ("server", "socket_max_clients = 0", "[server] socket_max_clients = 0 is not 1 or more"),
+        ("server", "socket_send_timeout = 0", "[server] socket_send_timeout = 0 is not more than"),
+        ("server", "readahead_chunks = -1", "[server] readahead_chunks = -1 is negative"),
+        ("server", "span_chunks = 0", "[server] span_chunks = 0 is not 1 or more"),
+        ("cache", "disk_workers = 0", "[cache] disk_workers = 0 is not 1 or more"),
+        ("cache", "index_flush_interval = 0", "[cache] index_flush_interval = 0 is not more"),
+        ("cache", "disk_retry_after = 'soon'", "[cache] disk_retry_after = 'soon' is not a dur"),
+        ("peers", "request_timeout = 0", "[peers] request_timeout = 0 is not more than 0"),
+    ],
+)
+def test_a_wrong_tunable_names_the_key_and_the_file(
+    tmp_path: Path, section: str, line: str, expected: str
+) -> None:
+    message = load_error(tmp_path, minimal(f"[{section}]\n{line}\n"))
+    assert message.startswith(f"{tmp_path / 'chunkd.toml'}: [{section}] ")
+    assert expected in message
+
+
+def test_a_credentials_file_is_a_path_string(tmp_path: Path) -> None:
+    message = load_error(tmp_path, minimal(backend="credentials_file = 3"))
+    assert "[[backends]] 'data' credentials_file = 3 is not a string" in message
+    message = load_error(tmp_path, minimal(backend="credentials_file = ''"))
+    assert "[[backends]] 'data' credentials_file is empty" in message

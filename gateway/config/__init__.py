@@ -1,0 +1,205 @@
+"""The daemon's configuration: one TOML file, with ``CHUNKD_*`` environment overrides.
+
+``chunkd serve --config /etc/chunkd/chunkd.toml`` reads the file with
+:func:`load_config`; ``chunkd serve`` with no file runs on :func:`embedded_default`.
+Config is data: frozen dataclasses, read once at start-up.
+
+* :mod:`~chunkd.gateway.config.values`: sizes, durations, :class:`Secret`, and the
+  kinds of value a key holds (how each is read, and written back as TOML);
+  :mod:`~chunkd.gateway.config.addresses`: ``host:port``, backend URLs, endpoints.
+* :mod:`~chunkd.gateway.config.schema`: the frozen dataclasses, and every key declared
+  once (name, kind, default, one line of documentation).
+* :mod:`~chunkd.gateway.config.load`: the TOML file, the embedded default and the
+  ``CHUNKD_*`` environment (the only module that reads the environment for
+  configuration).
+* :mod:`~chunkd.gateway.config.doc`: the reference below and the README's key list,
+  generated from the declarations (``python -m chunkd.gateway.config.doc --write``).
+
+Every key, with its default (a key left out takes the default)::
+
+    # the HTTP listener, the local socket, logs and reads
+    [server]
+    # HTTP listener, host:port; IPv6 as "[::1]:8470", "0.0.0.0:8470" for every interface
+    listen = "127.0.0.1:8470"
+    # local socket for the trainers of this node
+    socket = "/run/chunkd/chunkd.sock"
+    # its permissions: a string "0660" or TOML octal 0o660 (a plain integer is a number)
+    socket_mode = "0660"
+    # group owning the socket; unset: the daemon's own
+    # socket_group = "train"
+    # local socket connections served at once; more wait to be accepted
+    socket_max_clients = 1024
+    # a local client whose socket takes no bytes this long is dropped (a stuck reader)
+    socket_send_timeout = "30s"
+    # how long a stop waits for requests in flight
+    shutdown_timeout = "10s"
+    # "json" (one object a line) or "text"
+    log_format = "json"
+    # "debug", "info", "warning", "error" or "critical"
+    log_level = "info"
+    # shared secret non-loopback clients send as 'Authorization: Bearer TOKEN' on data
+    # routes; unset: they get 403 (never a proxy)
+    # token = "..."
+    # objects loaded at once for prefetch and warm, all clients together
+    prefetch_in_flight = 64
+    # of those, at once for one client (a user id of the node)
+    prefetch_per_client = 8
+    # chunks read ahead of a sequential reader, past the one it reads; 0: none
+    readahead_chunks = 4
+    # most chunks one backend GET fetches for a run of cold chunks
+    span_chunks = 64
+
+    # the node's chunk cache: RAM over local disk, with an lmdb index
+    [cache]
+    # index/, chunks/, tmp/ and LOCK live here
+    dir = "/var/cache/chunkd"
+    # RAM tier budget (sealed memfds)
+    ram_bytes = "8GiB"
+    # disk tier budget (stored bytes, after compression)
+    disk_bytes = "200GiB"
+    # free space the disk tier leaves on its filesystem
+    disk_min_free_bytes = "1GiB"
+    # chunk size; a multiple of the page size
+    chunk_bytes = "4MiB"
+    # "always" or "never"
+    fsync = "always"
+    # zstd on disk when it saves at least 1/8
+    compress = true
+    # check every chunk read from disk against its id
+    verify_reads = true
+    # "write-through", "write-behind" or "upper-only"
+    write_policy = "write-through"
+    # RAM eviction: "s3fifo" (scan-resistant) or "lru"
+    eviction = "s3fifo"
+    # threads for the disk tier's file I/O
+    disk_workers = 4
+    # most an index write waits to be committed with others in one transaction
+    index_flush_interval = "50ms"
+    # how long the disk tier stops writing after ENOSPC or EIO (reads go on)
+    disk_retry_after = "30s"
+
+    # other chunkd nodes to share chunks with; without self this node is on its own
+    [peers]
+    # this node's address (host:port), as the others reach it; unset: no peers
+    # self = "10.0.0.7:8470"
+    # a static list of host:port (self may be in it)
+    # members = []
+    # a file of members, one host:port a line ('#' comments), re-read when it changes
+    # members_file = "/etc/chunkd/peers"
+    # name:port whose A/AAAA records are the members, re-resolved every health_interval
+    # dns = "chunkd.train.svc:8470"
+    # the file holding the shared secret every peer request carries (needed with self)
+    # token_file = "/etc/chunkd/token"
+    # a peer silent this long is probed, and skipped if the probe fails; also the connect
+    # timeout
+    # timeout = "2s"
+    # most one request to a peer may take in all, however healthy the peer stays
+    # request_timeout = "2m"
+    # how often each peer's /healthz is probed
+    # health_interval = "1s"
+    # failed probes in a row before a peer is marked down
+    # down_after = 3
+    # passed probes in a row before a down peer is up again
+    # up_after = 2
+    # TLS (all three tls_ keys, or none): this node's certificate chain, PEM, its SANs
+    # naming the host of self; the HTTP port then serves HTTPS only
+    # tls_cert = "/etc/chunkd/node.pem"
+    # the private key of tls_cert, PEM, unencrypted (chmod 600)
+    # tls_key = "/etc/chunkd/node.key"
+    # the CA(s), PEM, peers' certificates (server and client) must chain to
+    # tls_ca = "/etc/chunkd/ca.pem"
+
+    # one table per backend; at least one
+    [[backends]]
+    # required: [a-z0-9][a-z0-9_-]{0,62}; users name objects NAME/KEY
+    name = "data"
+    # required: s3://BUCKET[/PREFIX], gs://..., az://..., file:///ABSOLUTE/DIR or
+    # memory://
+    url = "s3://bucket/prefix"
+    # an S3-compatible (or other) service's URL; unset: the provider's own endpoint
+    # endpoint = "https://minio:9000"
+    # the bucket's region; unset: the client library's default
+    # region = "eu-west-1"
+    # with secret_access_key; both unset: the machine's credentials (instance role, ...)
+    # access_key_id = "AKIA..."
+    # never logged, and shown as *** in /v1/stats
+    # secret_access_key = "..."
+    # for temporary credentials, with the two above
+    # session_token = "..."
+    # a credentials file; for gs:// a service-account JSON key file (a relative path
+    # starts from the working directory); unset: the machine's credentials
+    # credentials_file = "/etc/chunkd/gcs-service-account.json"
+    # allow a plain http:// endpoint
+    allow_http = false
+    # checkpoints and other writes may go to this backend
+    writable = false
+    # "immutable" (a version once seen is never re-checked), or a duration: re-check an
+    # object's version after that long
+    revalidate = "immutable"
+    # a read fails when the backend is silent this long (a slow, steady body is not cut
+    # off); writes, HEADs and lists must end within it
+    timeout = "30s"
+    # retries of a failed backend request
+    retries = 3
+    # a listing is answered from the daemon's memory this long (a folder gains shards); 0:
+    # never
+    list_revalidate = "30s"
+    # with revalidate a duration: a cached object whose version cannot be re-checked is
+    # still served this long after its last check, marked stale (RFC 5861); 0: never
+    stale_if_error = "1d"
+
+Relative paths (``socket``, ``dir``) are taken from the working directory when the
+config is loaded. ``endpoint``, ``region``, the credentials and ``allow_http`` apply to
+s3, gs and az backends (a file or memory backend ignores them); there
+``access_key_id`` and ``secret_access_key`` go together, and an ``http://`` endpoint
+needs ``allow_http = true``.
+
+Sizes are a whole number of bytes or a string: ``"8GiB"``, ``"200 GiB"``,
+``"512KiB"``, ``"1.5GiB"`` (binary units KiB, MiB, GiB, TiB, PiB; also Ki, Mi, Gi...),
+``"10GB"`` (decimal units kB, MB, GB, TB, PB) or ``"123"`` (bytes). A bare ``"8G"`` is
+refused as ambiguous. Durations are a number of seconds or a string: ``"250ms"``,
+``"1.5s"``, ``"5m"``, ``"1h"``, ``"2d"``, ``"1h30m"``.
+
+Environment overrides, applied on top of the file (or of the embedded default):
+
+* ``CHUNKD_SERVER_<KEY>`` sets one key of ``[server]``: ``CHUNKD_SERVER_LISTEN=0.0.0.0:8470``.
+* ``CHUNKD_CACHE_<KEY>`` sets one key of ``[cache]``: ``CHUNKD_CACHE_RAM_BYTES=16GiB``.
+* ``CHUNKD_PEERS_<KEY>`` sets one key of ``[peers]``: ``CHUNKD_PEERS_TLS_CA=/etc/chunkd/ca.pem``.
+* ``CHUNKD_BACKENDS_<NAME>_<KEY>`` sets one key of the backend named NAME (upper-cased,
+  ``-`` written as ``_``): ``CHUNKD_BACKENDS_DATA_SECRET_ACCESS_KEY=...``.
+
+KEY is the key upper-cased. Values go through the same parsing and checks as the
+file's; booleans are ``true``/``false`` (also ``1``/``0``, ``yes``/``no``,
+``on``/``off``). An empty value unsets a key whose default is unset (``socket_group``,
+``endpoint``, ``region``, the credentials, the ``[peers]`` files and addresses, and
+``revalidate``, which then means immutable). A variable under these prefixes that
+names no key, or no configured backend, is an error; the environment can neither add
+nor rename a backend. Other ``CHUNKD_*`` variables (``CHUNKD_SOCKET``, read by the
+client) are not configuration and are left alone.
+"""
+
+from __future__ import annotations
+
+from chunkd.gateway.config.load import embedded_default, load_config
+from chunkd.gateway.config.schema import BackendConfig, Config, PeersConfig, ServerConfig
+from chunkd.gateway.config.values import (
+    Secret,
+    format_duration,
+    format_size,
+    parse_duration,
+    parse_size,
+)
+
+__all__ = [
+    "BackendConfig",
+    "Config",
+    "PeersConfig",
+    "Secret",
+    "ServerConfig",
+    "embedded_default",
+    "format_duration",
+    "format_size",
+    "load_config",
+    "parse_duration",
+    "parse_size",
+]

@@ -1,0 +1,182 @@
+"""Values that name a place: ``host:port`` addresses, backend URLs, endpoints, names.
+
+Each is a :class:`~chunkd.gateway.config.values.Kind` like the ones in ``values``;
+they live here because their checks (IPv4/IPv6, schemes, buckets) are a job of
+their own.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from typing import Final
+from urllib.parse import urlsplit
+
+from chunkd.gateway.config.values import Kind, Origin, parse_text
+
+__all__ = ["CLOUD_SCHEMES", "ENDPOINT", "LISTEN", "MEMBERS", "NAME", "URL", "split_listen"]
+
+_HOST_RE: Final = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9._-]*[A-Za-z0-9_])?\.?")
+_LISTEN_HINT: Final = "write host:port, like '127.0.0.1:8470', '0.0.0.0:8470' or '[::1]:8470'"
+
+
+def split_listen(text: str) -> tuple[str, int]:
+    """``host:port`` (IPv6 in brackets) as (host without brackets, port).
+
+    Raises:
+        ValueError: the problem, worded for a message.
+    """
+    if text.startswith("["):
+        host, bracket, port_text = text[1:].partition("]")
+        if not bracket or not port_text.startswith(":"):
+            raise ValueError(f"is not [IPv6 address]:port; {_LISTEN_HINT}")
+        port_text = port_text[1:]
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            raise ValueError(
+                f"has {host!r} in brackets, not an IPv6 address; {_LISTEN_HINT}"
+            ) from None
+    else:
+        host, colon, port_text = text.rpartition(":")
+        if not colon:
+            raise ValueError(f"has no port; {_LISTEN_HINT}")
+        if ":" in host:
+            raise ValueError("has an IPv6 address without brackets; write it like '[::1]:8470'")
+        if not host:
+            raise ValueError(
+                "has no host; write '0.0.0.0:8470' for every interface, or "
+                "'127.0.0.1:8470' for this node only"
+            )
+        if not _HOST_RE.fullmatch(host):
+            raise ValueError(f"has {host!r}, not a host name or address; {_LISTEN_HINT}")
+        if re.fullmatch(r"[0-9.]+", host):
+            try:
+                ipaddress.IPv4Address(host)
+            except ValueError:
+                raise ValueError(f"has {host!r}, not an IPv4 address; {_LISTEN_HINT}") from None
+    if not re.fullmatch(r"[0-9]{1,5}", port_text) or int(port_text) > 65535:
+        raise ValueError(f"has no port from 0 to 65535; {_LISTEN_HINT}")
+    return host, int(port_text)
+
+
+def _listen(value: object, origin: Origin) -> str:
+    text = parse_text(value, origin)
+    try:
+        split_listen(text)
+    except ValueError as exc:
+        raise origin.error(value, str(exc)) from None
+    return text
+
+
+_SCHEMES: Final = ("s3", "gs", "az", "file", "memory")
+CLOUD_SCHEMES: Final = ("s3", "gs", "az")
+_URL_HINT: Final = (
+    "write it like 's3://bucket/prefix', 'gs://bucket', 'az://container/prefix', "
+    "'file:///absolute/dir' or 'memory://'"
+)
+_BUCKET_RE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+def _hide_userinfo(url: str) -> str:
+    """``url`` with any ``user:password@`` replaced, for error messages."""
+    scheme, sep, rest = url.partition("://")
+    authority, slash, path = rest.partition("/")
+    if "@" in authority:
+        authority = "***@" + authority.rpartition("@")[2]
+    return f"{scheme}{sep}{authority}{slash}{path}"
+
+
+def _url_problem(url: str) -> str | None:
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return f"is not a URL; {_URL_HINT}"
+    if scheme not in _SCHEMES:
+        return f"has scheme {scheme!r}; chunkd knows s3, gs, az, file and memory; {_URL_HINT}"
+    if scheme == "file":
+        if not rest.startswith("/"):
+            return "is not an absolute file URL; write it like 'file:///data/chunkd'"
+        if ".." in rest.split("/"):
+            return "has '..' in its path; write the directory without it"
+        return None
+    if scheme == "memory":
+        if rest and not rest.startswith("/"):
+            return "names a bucket, which memory backends have none of; write 'memory://'"
+        return None
+    parts = urlsplit(url)
+    if "@" in parts.netloc:
+        return (
+            "has credentials in it; put them in access_key_id and secret_access_key, "
+            "and write the URL like 's3://bucket/prefix'"
+        )
+    if not parts.netloc:
+        return f"has no bucket; {_URL_HINT}"
+    if not _BUCKET_RE.fullmatch(parts.netloc):
+        return f"has {parts.netloc!r}, not a bucket name; {_URL_HINT}"
+    if parts.query or parts.fragment or url.endswith(("?", "#")):
+        return "has a query or fragment; give options as keys of the backend instead"
+    if ".." in parts.path.split("/"):
+        return "has '..' in its prefix; write the prefix without it"
+    return None
+
+
+def _url(value: object, origin: Origin) -> str:
+    text = parse_text(value, origin)
+    problem = _url_problem(text)
+    if problem is not None:
+        raise origin.error(_hide_userinfo(text), problem)
+    return text
+
+
+def _endpoint(value: object, origin: Origin) -> str:
+    text = parse_text(value, origin)
+    parts = urlsplit(text)
+    hint = "write it like 'https://storage.example.com' or 'http://127.0.0.1:9000'"
+    problem = None
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        problem = f"is not an http:// or https:// URL; {hint}"
+    elif "@" in parts.netloc:
+        problem = "has credentials in it; put them in access_key_id and secret_access_key"
+    elif parts.query or parts.fragment:
+        problem = f"has a query or fragment; {hint}"
+    if problem is not None:
+        raise origin.error(_hide_userinfo(text), problem)
+    return text
+
+
+_NAME_RE: Final = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
+
+
+def _name(value: object, origin: Origin) -> str:
+    text = parse_text(value, origin)
+    if not _NAME_RE.fullmatch(text):
+        raise origin.error(
+            value,
+            "is not a backend name: 1 to 63 lowercase letters, digits, '-' or '_', "
+            "starting with a letter or digit (users write it first in 'NAME/KEY')",
+        )
+    return text
+
+
+def _members(value: object, origin: Origin) -> tuple[str, ...]:
+    items = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, list | tuple):
+        raise origin.error(value, "must be a list of host:port strings")
+    members = []
+    for item in items:
+        text = str(item).strip()
+        if text:
+            members.append(_listen(text, origin))
+    return tuple(members)
+
+
+#: host:port, IPv6 in brackets
+LISTEN: Final = Kind(_listen)
+#: a backend's URL: s3://, gs://, az://, file:///, memory://
+URL: Final = Kind(_url)
+#: an http:// or https:// endpoint
+ENDPOINT: Final = Kind(_endpoint)
+#: a backend name: [a-z0-9][a-z0-9_-]{0,62}
+NAME: Final = Kind(_name)
+#: a list of host:port (from the environment: comma-separated)
+MEMBERS: Final = Kind(_members)

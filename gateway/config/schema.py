@@ -1,0 +1,619 @@
+"""The configuration's frozen dataclasses, and every key, each declared once.
+
+A key is a dataclass field with ``metadata=key(...)`` (see
+:mod:`chunkd.gateway.config.keys`): its default (the field's), the
+:class:`~chunkd.gateway.config.values.Kind` that reads its values, and one line of
+documentation. The
+``[cache]`` section is the cache library's :class:`~chunkd.cache.CacheConfig`, whose
+defaults live there; its keys are declared in :data:`CACHE`. From these
+declarations come the key tables the loader checks names against, the environment
+overrides, the reference in this package's docstring, ``systemd/chunkd.toml``'s
+check and the README's key list (``python -m chunkd.gateway.config.doc``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import MISSING, dataclass, field, fields, is_dataclass
+from enum import Enum
+from pathlib import Path
+from typing import Any, Final
+from urllib.parse import urlsplit
+
+from chunkd.cache import CacheConfig, FsyncPolicy, WritePolicy
+from chunkd.errors import ConfigError
+from chunkd.gateway.config.addresses import (
+    CLOUD_SCHEMES,
+    ENDPOINT,
+    LISTEN,
+    MEMBERS,
+    NAME,
+    URL,
+    split_listen,
+)
+from chunkd.gateway.config.keys import Key, Section, key, keys_of, normalize
+from chunkd.gateway.config.values import (
+    BOOL,
+    CHUNK_SIZE,
+    COUNT,
+    DURATION,
+    PATH,
+    POSITIVE_COUNT,
+    POSITIVE_DURATION,
+    REVALIDATE,
+    SECRET,
+    SIZE,
+    SOCKET_MODE,
+    TEXT,
+    Kind,
+    Secret,
+    choice,
+    enum_of,
+    where_from,
+)
+
+__all__ = [
+    "BACKENDS",
+    "CACHE",
+    "NOT_CACHE_KEYS",
+    "PEERS",
+    "SECTIONS",
+    "SERVER",
+    "BackendConfig",
+    "Config",
+    "PeersConfig",
+    "ServerConfig",
+]
+
+
+def backend_rules(values: Mapping[str, Any], where: Callable[[str], str]) -> None:
+    """Checks across the keys of one backend; ``where(key)`` names a key in messages.
+
+    They apply to s3, gs and az backends: a file or memory backend ignores the
+    endpoint, region, credentials and ``allow_http``.
+    """
+    if str(values["url"]).partition("://")[0] not in CLOUD_SCHEMES:
+        return
+    has_id = values.get("access_key_id") is not None
+    has_secret = values.get("secret_access_key") is not None
+    if has_id != has_secret:
+        present, missing = (
+            ("access_key_id", "secret_access_key")
+            if has_id
+            else ("secret_access_key", "access_key_id")
+        )
+        raise ConfigError(
+            f"{where(present)} is set but {missing} is not; set both, or neither to use "
+            "the credentials of the machine (instance role, provider environment)"
+        )
+    if values.get("session_token") is not None and not has_id:
+        raise ConfigError(
+            f"{where('session_token')} is set without access_key_id and secret_access_key; "
+            "a session token goes with them: set all three"
+        )
+    endpoint = values.get("endpoint")
+    if (
+        isinstance(endpoint, str)
+        and urlsplit(endpoint).scheme == "http"
+        and not values.get("allow_http")
+    ):
+        raise ConfigError(
+            f"{where('endpoint')} = {endpoint!r} is plain http, but allow_http is false; "
+            "set allow_http = true for this backend, or use https"
+        )
+
+
+# -- the sections -------------------------------------------------------------------
+
+_LOG_LEVELS: Final = ("debug", "info", "warning", "error", "critical")
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """The ``[server]`` section. Every field has the default shown.
+
+    Fields are checked (and strings such as ``socket_mode="0660"`` converted) when
+    the object is made; a bad value raises :class:`~chunkd.errors.ConfigError`.
+    """
+
+    listen: str = field(
+        default="127.0.0.1:8470",
+        metadata=key(
+            LISTEN,
+            'HTTP listener, host:port; IPv6 as "[::1]:8470", "0.0.0.0:8470" for every interface',
+        ),
+    )
+    socket: Path = field(
+        default=Path("/run/chunkd/chunkd.sock"),
+        metadata=key(PATH, "local socket for the trainers of this node"),
+    )
+    socket_mode: int = field(
+        default=0o660,
+        metadata=key(
+            SOCKET_MODE,
+            'its permissions: a string "0660" or TOML octal 0o660 (a plain integer is a number)',
+        ),
+    )
+    socket_group: str | None = field(
+        default=None,
+        metadata=key(TEXT, "group owning the socket; unset: the daemon's own", example='"train"'),
+    )
+    socket_max_clients: int = field(
+        default=1024,
+        metadata=key(
+            POSITIVE_COUNT, "local socket connections served at once; more wait to be accepted"
+        ),
+    )
+    socket_send_timeout: float = field(
+        default=30.0,
+        metadata=key(
+            POSITIVE_DURATION,
+            "a local client whose socket takes no bytes this long is dropped (a stuck reader)",
+        ),
+    )
+    shutdown_timeout: float = field(
+        default=10.0, metadata=key(DURATION, "how long a stop waits for requests in flight")
+    )
+    log_format: str = field(
+        default="json", metadata=key(choice("json", "text"), '"json" (one object a line) or "text"')
+    )
+    log_level: str = field(
+        default="info",
+        metadata=key(choice(*_LOG_LEVELS), '"debug", "info", "warning", "error" or "critical"'),
+    )
+    token: Secret | None = field(
+        default=None,
+        metadata=key(
+            SECRET,
+            "shared secret non-loopback clients send as 'Authorization: Bearer TOKEN' on data "
+            "routes; unset: they get 403 (never a proxy)",
+            example='"..."',
+        ),
+    )
+    prefetch_in_flight: int = field(
+        default=64,
+        metadata=key(
+            POSITIVE_COUNT, "objects loaded at once for prefetch and warm, all clients together"
+        ),
+    )
+    prefetch_per_client: int = field(
+        default=8,
+        metadata=key(POSITIVE_COUNT, "of those, at once for one client (a user id of the node)"),
+    )
+    readahead_chunks: int = field(
+        default=4,
+        metadata=key(
+            COUNT, "chunks read ahead of a sequential reader, past the one it reads; 0: none"
+        ),
+    )
+    span_chunks: int = field(
+        default=64,
+        metadata=key(
+            POSITIVE_COUNT, "most chunks one backend GET fetches for a run of cold chunks"
+        ),
+    )
+
+    def __post_init__(self) -> None:
+        normalize(self, SERVER.keys, "ServerConfig")
+
+    @property
+    def host(self) -> str:
+        """The host part of :attr:`listen`, without brackets: ``"::1"``, ``"0.0.0.0"``."""
+        return split_listen(self.listen)[0]
+
+    @property
+    def port(self) -> int:
+        """The port of :attr:`listen`."""
+        return split_listen(self.listen)[1]
+
+
+@dataclass(frozen=True)
+class PeersConfig:
+    """The ``[peers]`` section. Every field has the default shown; no ``self``: no peers."""
+
+    address: str | None = field(
+        default=None,
+        metadata=key(
+            LISTEN,
+            "this node's address (host:port), as the others reach it; unset: no peers",
+            example='"10.0.0.7:8470"',
+            toml="self",
+        ),
+    )
+    members: tuple[str, ...] = field(
+        default=(),
+        metadata=key(
+            MEMBERS, "a static list of host:port (self may be in it)", example='["10.0.0.7:8470"]'
+        ),
+    )
+    members_file: Path | None = field(
+        default=None,
+        metadata=key(
+            PATH,
+            "a file of members, one host:port a line ('#' comments), re-read when it changes",
+            example='"/etc/chunkd/peers"',
+        ),
+    )
+    dns: str | None = field(
+        default=None,
+        metadata=key(
+            LISTEN,
+            "name:port whose A/AAAA records are the members, re-resolved every health_interval",
+            example='"chunkd.train.svc:8470"',
+        ),
+    )
+    token_file: Path | None = field(
+        default=None,
+        metadata=key(
+            PATH,
+            "the file holding the shared secret every peer request carries (needed with self)",
+            example='"/etc/chunkd/token"',
+        ),
+    )
+    timeout: float = field(
+        default=2.0,
+        metadata=key(
+            POSITIVE_DURATION,
+            "a peer silent this long is probed, and skipped if the probe fails; also the connect "
+            "timeout",
+        ),
+    )
+    request_timeout: float = field(
+        default=120.0,
+        metadata=key(
+            POSITIVE_DURATION,
+            "most one request to a peer may take in all, however healthy the peer stays",
+        ),
+    )
+    health_interval: float = field(
+        default=1.0, metadata=key(POSITIVE_DURATION, "how often each peer's /healthz is probed")
+    )
+    down_after: int = field(
+        default=3, metadata=key(COUNT, "failed probes in a row before a peer is marked down")
+    )
+    up_after: int = field(
+        default=2, metadata=key(COUNT, "passed probes in a row before a down peer is up again")
+    )
+    tls_cert: Path | None = field(
+        default=None,
+        metadata=key(
+            PATH,
+            "TLS (all three tls_ keys, or none): this node's certificate chain, PEM, its SANs "
+            "naming the host of self; the HTTP port then serves HTTPS only",
+            example='"/etc/chunkd/node.pem"',
+        ),
+    )
+    tls_key: Path | None = field(
+        default=None,
+        metadata=key(
+            PATH,
+            "the private key of tls_cert, PEM, unencrypted (chmod 600)",
+            example='"/etc/chunkd/node.key"',
+        ),
+    )
+    tls_ca: Path | None = field(
+        default=None,
+        metadata=key(
+            PATH,
+            "the CA(s), PEM, peers' certificates (server and client) must chain to",
+            example='"/etc/chunkd/ca.pem"',
+        ),
+    )
+
+    @property
+    def enabled(self) -> bool:
+        """Whether this node shares chunks with peers."""
+        return self.address is not None
+
+    @property
+    def tls_enabled(self) -> bool:
+        """Whether the HTTP port and the peer requests use TLS."""
+        return self.tls_cert is not None
+
+
+@dataclass(frozen=True)
+class BackendConfig:
+    """One ``[[backends]]`` table. Every field but ``name`` and ``url`` has the default shown.
+
+    Fields are checked when the object is made, each alone and together (credentials
+    go in pairs; a file or memory backend takes no endpoint); a bad value raises
+    :class:`~chunkd.errors.ConfigError`.
+    """
+
+    name: str = field(
+        metadata=key(
+            NAME,
+            "required: [a-z0-9][a-z0-9_-]{0,62}; users name objects NAME/KEY",
+            example='"data"',
+        )
+    )
+    url: str = field(
+        metadata=key(
+            URL,
+            "required: s3://BUCKET[/PREFIX], gs://..., az://..., file:///ABSOLUTE/DIR or memory://",
+            example='"s3://bucket/prefix"',
+        )
+    )
+    endpoint: str | None = field(
+        default=None,
+        metadata=key(
+            ENDPOINT,
+            "an S3-compatible (or other) service's URL; unset: the provider's own endpoint",
+            example='"https://minio:9000"',
+        ),
+    )
+    region: str | None = field(
+        default=None,
+        metadata=key(
+            TEXT, "the bucket's region; unset: the client library's default", example='"eu-west-1"'
+        ),
+    )
+    access_key_id: str | None = field(
+        default=None,
+        metadata=key(
+            TEXT,
+            "with secret_access_key; both unset: the machine's credentials (instance role, ...)",
+            example='"AKIA..."',
+        ),
+    )
+    secret_access_key: Secret | None = field(
+        default=None,
+        metadata=key(SECRET, "never logged, and shown as *** in /v1/stats", example='"..."'),
+    )
+    session_token: Secret | None = field(
+        default=None,
+        metadata=key(SECRET, "for temporary credentials, with the two above", example='"..."'),
+    )
+    credentials_file: str | None = field(
+        default=None,
+        metadata=key(
+            TEXT,
+            "a credentials file; for gs:// a service-account JSON key file (a relative path "
+            "starts from the working directory); unset: the machine's credentials",
+            example='"/etc/chunkd/gcs-service-account.json"',
+        ),
+    )
+    allow_http: bool = field(default=False, metadata=key(BOOL, "allow a plain http:// endpoint"))
+    writable: bool = field(
+        default=False, metadata=key(BOOL, "checkpoints and other writes may go to this backend")
+    )
+    revalidate: float | None = field(
+        default=None,
+        metadata=key(
+            REVALIDATE,
+            '"immutable" (a version once seen is never re-checked), or a duration: re-check an '
+            "object's version after that long",
+        ),
+    )
+    timeout: float = field(
+        default=30.0,
+        metadata=key(
+            POSITIVE_DURATION,
+            "a read fails when the backend is silent this long (a slow, steady body is not cut "
+            "off); writes, HEADs and lists must end within it",
+        ),
+    )
+    retries: int = field(default=3, metadata=key(COUNT, "retries of a failed backend request"))
+    list_revalidate: float = field(
+        default=30.0,
+        metadata=key(
+            DURATION,
+            "a listing is answered from the daemon's memory this long (a folder gains shards); "
+            "0: never",
+        ),
+    )
+    stale_if_error: float = field(
+        default=86400.0,
+        metadata=key(
+            DURATION,
+            "with revalidate a duration: a cached object whose version cannot be re-checked is "
+            "still served this long after its last check, marked stale (RFC 5861); 0: never",
+        ),
+    )
+
+    def __post_init__(self) -> None:
+        source = f"BackendConfig {self.name!r}"
+        normalize(self, BACKENDS.keys, source)
+        backend_rules(
+            {f.name: getattr(self, f.name) for f in fields(self)},
+            lambda name: where_from(source, name),
+        )
+
+    @property
+    def scheme(self) -> str:
+        """The URL scheme: ``"s3"``, ``"gs"``, ``"az"``, ``"file"`` or ``"memory"``."""
+        return self.url.partition("://")[0]
+
+    @property
+    def bucket(self) -> str | None:
+        """The bucket (or container) of an s3, gs or az URL; None for file and memory."""
+        if self.scheme not in CLOUD_SCHEMES:
+            return None
+        return urlsplit(self.url).netloc
+
+    @property
+    def prefix(self) -> str:
+        """Where keys start inside the backend.
+
+        For s3, gs, az (and memory) the URL path without leading or trailing
+        slashes (``""`` for a whole bucket); for file the absolute directory, taken
+        literally (no percent-decoding).
+        """
+        rest = self.url.partition("://")[2]
+        if self.scheme == "file":
+            return rest.rstrip("/") or "/"
+        if self.scheme == "memory":
+            return rest.strip("/")
+        return urlsplit(self.url).path.strip("/")
+
+    @property
+    def immutable(self) -> bool:
+        """Whether object versions are never re-checked (``revalidate`` is None)."""
+        return self.revalidate is None
+
+
+_CACHE_DEFAULTS: Final = {f.name: f.default for f in fields(CacheConfig)}
+
+
+def _cache_key(name: str, kind: Kind, doc: str, *, default: Any = MISSING) -> Key:
+    """A ``[cache]`` key: a field of CacheConfig, whose default it takes unless given."""
+    return Key(name, name, kind, doc, _CACHE_DEFAULTS[name] if default is MISSING else default)
+
+
+#: CacheConfig fields that are not keys, and why
+NOT_CACHE_KEYS: Final = {
+    "reconcile": "off only where a benchmark times the open itself; a daemon always sweeps "
+    "its disk tier against the index after opening, or it would keep what a crash orphaned",
+}
+
+
+SERVER: Final = Section(
+    "server",
+    "[server]",
+    "the HTTP listener, the local socket, logs and reads",
+    keys_of(ServerConfig),
+)
+CACHE: Final = Section(
+    "cache",
+    "[cache]",
+    "the node's chunk cache: RAM over local disk, with an lmdb index",
+    {
+        k.name: k
+        for k in (
+            _cache_key(
+                "dir",
+                PATH,
+                "index/, chunks/, tmp/ and LOCK live here",
+                default=Path("/var/cache/chunkd"),
+            ),
+            _cache_key("ram_bytes", SIZE, "RAM tier budget (sealed memfds)"),
+            _cache_key("disk_bytes", SIZE, "disk tier budget (stored bytes, after compression)"),
+            _cache_key(
+                "disk_min_free_bytes", SIZE, "free space the disk tier leaves on its filesystem"
+            ),
+            _cache_key("chunk_bytes", CHUNK_SIZE, "chunk size; a multiple of the page size"),
+            _cache_key("fsync", enum_of(FsyncPolicy), '"always" or "never"'),
+            _cache_key("compress", BOOL, "zstd on disk when it saves at least 1/8"),
+            _cache_key("verify_reads", BOOL, "check every chunk read from disk against its id"),
+            _cache_key(
+                "write_policy",
+                enum_of(WritePolicy),
+                '"write-through", "write-behind" or "upper-only"',
+            ),
+            _cache_key(
+                "eviction",
+                choice("s3fifo", "lru"),
+                'RAM eviction: "s3fifo" (scan-resistant) or "lru"',
+            ),
+            _cache_key("disk_workers", POSITIVE_COUNT, "threads for the disk tier's file I/O"),
+            _cache_key(
+                "index_flush_interval",
+                POSITIVE_DURATION,
+                "most an index write waits to be committed with others in one transaction",
+            ),
+            _cache_key(
+                "disk_retry_after",
+                POSITIVE_DURATION,
+                "how long the disk tier stops writing after ENOSPC or EIO (reads go on)",
+            ),
+        )
+    },
+)
+PEERS: Final = Section(
+    "peers",
+    "[peers]",
+    "other chunkd nodes to share chunks with; without self this node is on its own",
+    keys_of(PeersConfig),
+    commented=True,
+)
+BACKENDS: Final = Section(
+    "backends", "[[backends]]", "one table per backend; at least one", keys_of(BackendConfig)
+)
+#: every section, in the order the docs list them
+SECTIONS: Final = (SERVER, CACHE, PEERS, BACKENDS)
+
+
+# -- the whole config ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Config:
+    """The whole configuration of one daemon. Build it with :func:`load_config`."""
+
+    #: the [server] section
+    server: ServerConfig
+    #: the [cache] section (dir defaults to /var/cache/chunkd in a file)
+    cache: CacheConfig
+    #: the [[backends]], in file order; also the allowlist of reachable backends
+    backends: tuple[BackendConfig, ...]
+    #: the file it was read from, or "embedded default"
+    source: str
+    #: the [peers] section (disabled when absent)
+    peers: PeersConfig = PeersConfig()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "backends", tuple(self.backends))
+        seen: set[str] = set()
+        for backend in self.backends:
+            if backend.name in seen:
+                raise ConfigError(
+                    f"{self.source}: backend name {backend.name!r} is used twice; "
+                    "give each backend its own name"
+                )
+            seen.add(backend.name)
+
+    def backend(self, name: str) -> BackendConfig | None:
+        """The backend called ``name``, or None if there is none."""
+        for backend in self.backends:
+            if backend.name == name:
+                return backend
+        return None
+
+    def redacted(self) -> dict[str, Any]:
+        """A JSON-able view for ``/v1/stats`` and logs, with nothing secret in it.
+
+        Every :class:`Secret` shows as ``"***"`` (an unset one as None). An
+        ``access_key_id`` shows as the AWS CLI shows it, sixteen ``*`` and its last
+        four characters (``"****************WXYZ"``; only the stars for a key of
+        eight characters or fewer): enough to tell which key is in use, not to use
+        it. Paths and enums are strings, ``socket_mode`` is octal text like ``"0660"``
+        and a ``revalidate`` of None is ``"immutable"``, as one would write them in
+        TOML.
+        """
+        server = _plain(self.server)
+        server["socket_mode"] = f"{self.server.socket_mode:04o}"
+        backends = []
+        for backend in self.backends:
+            view = _plain(backend)
+            if backend.revalidate is None:
+                view["revalidate"] = "immutable"
+            if (key_id := backend.access_key_id) is not None:
+                view["access_key_id"] = "*" * 16 + (key_id[-4:] if len(key_id) > 8 else "")
+            backends.append(view)
+        return {
+            "source": self.source,
+            "server": server,
+            "cache": _plain(self.cache),
+            "backends": backends,
+            "peers": _plain(self.peers),
+        }
+
+
+def _plain(obj: object) -> dict[str, Any]:
+    return {f.name: _jsonable(getattr(obj, f.name)) for f in fields(obj)}  # type: ignore[arg-type]
+
+
+def _jsonable(value: object) -> Any:
+    if isinstance(value, Secret):
+        return "***"
+    if value is None or isinstance(value, bool | int | float):
+        return value
+    if isinstance(value, Enum):
+        return _jsonable(value.value)
+    if isinstance(value, str | Path):
+        return str(value)
+    if isinstance(value, list | tuple):
+        return [_jsonable(item) for item in value]
+    if is_dataclass(value) and not isinstance(value, type):
+        return _plain(value)
+    return str(value)

@@ -1,0 +1,158 @@
+"""The barrier between garbage collections and saves: ``gc/<run>.json``.
+
+A collection writes its barrier before it reads the intents and removes it after its
+last delete (:class:`Barrier`, the collection's side); a save lists the barriers
+after its intent is written and before its first dedup decision, and waits for the
+ones it saw (:func:`list_barriers`, :func:`declared_expiry`; the wait itself is step
+5 in :mod:`chunkd.gateway.checkpoints.save`). ``docs/checkpoints.md`` has the
+argument that together they never lose a chunk.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+import uuid
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Final
+
+from chunkd.errors import CheckpointError, ObjectNotFoundError
+from chunkd.gateway.checkpoints.model import GC_BARRIERS, dumps
+
+if TYPE_CHECKING:
+    from chunkd.gateway.backends import Backend, ObjectMeta
+
+__all__ = ["BARRIER_EXPIRY", "BARRIER_EXPIRY_CAP", "Barrier", "declared_expiry", "list_barriers"]
+
+#: the shortest expiry of a collection's barrier (longer where one backend request
+#: may take longer): how long saves wait for a collection that died
+BARRIER_EXPIRY: Final = 120.0
+#: the longest expiry a save honours, whatever a barrier declares
+BARRIER_EXPIRY_CAP: Final = 3600.0
+#: the share of a barrier's expiry a collection relies on: clocks run at rates that
+#: differ by far less than 1%
+_CLOCK_RATE_SLACK: Final = 0.99
+
+
+class Barrier:
+    """One garbage collection's barrier, ``gc/<run>.json``, kept fresh while it sweeps.
+
+    The protocol (docs/checkpoints.md): a save that lists this barrier waits until it
+    is gone, or until it has not changed for :attr:`expiry` seconds, measured on the
+    save's own monotonic clock (the collection died). So that safety never rests on
+    clocks agreeing, the collection keeps its own side of that bargain on its own
+    clock alone (``CLOCK_BOOTTIME``: it goes on while the machine is suspended, so a
+    suspended collection only overestimates how long it was away):
+
+    * it rewrites the barrier every ``expiry / 8`` seconds (:meth:`keep_fresh`);
+    * it sends a delete only if the delete, retries included (:attr:`request_bound`),
+      ends before ``expiry`` (less 1% for clocks that run at different rates) after the
+      start of the last rewrite that completed, with ``expiry / 4`` to spare for a
+      process stalled between that check and the send (:meth:`clear_to_delete`): no
+      save can have taken that version of the barrier for dead before then;
+    * a rewrite that completes later than that point is a *gap*: saves may have passed
+      the barrier meanwhile, each with its intent written first, so the intents are
+      read again before the next delete.
+    """
+
+    def __init__(self, backend: Backend, target: str) -> None:
+        config = backend.config
+        self.backend = backend
+        self.target = target
+        self.run = uuid.uuid4().hex
+        self.key = f"{GC_BARRIERS}{self.run}.json"
+        #: the longest one request may take, its retries and their backoff included
+        self.request_bound = backend.request_bound
+        #: how long the barrier may go unchanged before saves take the collection for dead
+        self.expiry = max(BARRIER_EXPIRY, 4 * self.request_bound)
+        if self.expiry > BARRIER_EXPIRY_CAP:
+            raise CheckpointError(
+                f"backend {backend.name!r}: with timeout {config.timeout:g}s and {config.retries} "
+                f"retries, one request may take {self.request_bound:g}s, too long for a "
+                "garbage collection whose barrier saves wait at most "
+                f"{BARRIER_EXPIRY_CAP:g}s for; lower the backend's timeout or retries"
+            )
+        self.refreshes = 0
+        #: how many times the intents were read again after a gap
+        self.rereads = 0
+        #: a request of the collection's may still be on its way (a delete or a
+        #: rewrite that was cancelled or failed): the backend may yet carry it out
+        self.unsettled = False
+        self._gap = False
+        self._written: float | None = None  # when the last completed write started
+
+    def _safe_until(self) -> float:
+        assert self._written is not None
+        return self._written + self.expiry * _CLOCK_RATE_SLACK
+
+    async def write(self) -> None:
+        """Write (or rewrite) the barrier; a rewrite that ends late records a gap."""
+        started = _clock()
+        doc = {
+            "format": "chunkd-gc-barrier",
+            "run": self.run,
+            "target": self.target,
+            "written": time.time(),
+            "refreshes": self.refreshes,  # each rewrite differs: a new version token
+            "expires_after": self.expiry,
+        }
+        with self.sending():
+            await self.backend.put(self.key, dumps(doc))
+        if self._written is not None and _clock() > self._safe_until():
+            self._gap = True
+        self._written = started
+        self.refreshes += 1
+
+    @contextlib.contextmanager
+    def sending(self) -> Iterator[None]:
+        """Around the collection's writes: :attr:`unsettled` unless they all ended."""
+        self.unsettled = True
+        yield
+        self.unsettled = False
+
+    async def keep_fresh(self) -> None:
+        """Rewrite the barrier if the last write is ``expiry / 8`` old."""
+        if self._written is None or _clock() - self._written > self.expiry / 8:
+            await self.write()
+
+    async def clear_to_delete(self) -> bool:
+        """Whether deletes sent right now are covered by the barrier; False when the
+        intents must be read again first (there was a gap)."""
+        while True:
+            await self.keep_fresh()
+            if self._gap:
+                self._gap = False
+                return False
+            if _clock() + self.request_bound + self.expiry / 4 <= self._safe_until():
+                return True
+            await self.write()  # the last write itself was slow: start afresh
+
+
+def _clock() -> float:
+    """Seconds on a clock that never goes back and counts time suspended."""
+    return time.clock_gettime(time.CLOCK_BOOTTIME)
+
+
+async def list_barriers(backend: Backend) -> list[ObjectMeta]:
+    """The barriers of the collections running in ``backend`` (never a cached listing)."""
+    found: list[ObjectMeta] = []
+    async with contextlib.aclosing(backend.scan(GC_BARRIERS.rstrip("/"))) as batches:
+        async for batch in batches:
+            found += [m for m in batch if m.key.endswith(".json")]
+    return found
+
+
+async def declared_expiry(backend: Backend, meta: ObjectMeta) -> float | None:
+    """How long barrier ``meta`` may stay unchanged before it counts as abandoned
+    (None: it is gone already)."""
+    try:
+        doc = json.loads(bytes(await backend.get(meta.key)))
+        declared = float(doc["expires_after"])
+    except ObjectNotFoundError:
+        return None
+    except (ValueError, KeyError, TypeError):
+        declared = BARRIER_EXPIRY_CAP  # not ours to judge: the longest wait
+    if not declared > 0:
+        declared = BARRIER_EXPIRY_CAP
+    return min(declared, BARRIER_EXPIRY_CAP)

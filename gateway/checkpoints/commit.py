@@ -1,0 +1,209 @@
+"""Committing: the coordinator's step 8 of the commit protocol (:mod:`.save`). It waits
+until every rank's part is in the backend, then writes ``manifest.json`` with one
+put-if-absent (unless ``overwrite``): the checkpoint exists from that PUT on."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from typing import TYPE_CHECKING, Any
+
+import blake3
+
+from chunkd.client.protocol import MAX_WORLD_SIZE
+from chunkd.errors import (
+    CheckpointError,
+    CheckpointExistsError,
+    InvalidRequestError,
+    ObjectNotFoundError,
+)
+from chunkd.gateway.checkpoints.jobs import each, retrying
+from chunkd.gateway.checkpoints.model import (
+    CHECKPOINTS,
+    MANIFEST,
+    MANIFEST_KEYS,
+    SCHEMA,
+    SaveJob,
+    check_save_id,
+    dumps,
+    part_rank,
+)
+from chunkd.gateway.names import checkpoint_name
+
+if TYPE_CHECKING:
+    from chunkd.gateway.backends import Backend, Backends
+
+__all__ = ["Committer"]
+
+
+class Committer:
+    """Manifests written once every part is in, and waits for another rank's commit.
+
+    Args:
+        backends: the configured backends.
+        part_timeout: seconds a coordinator waits for the other ranks' parts (and a
+            rank for its coordinator's commit).
+        poll_interval: the longest pause between two looks for parts or a manifest.
+    """
+
+    def __init__(self, backends: Backends, *, part_timeout: float, poll_interval: float) -> None:
+        self.backends = backends
+        self.part_timeout = part_timeout
+        self.poll_interval = poll_interval
+
+    async def write_manifest(
+        self,
+        job: SaveJob | None,
+        backend: Backend,
+        world_size: int,
+        overwrite: bool,
+        extra: dict[str, Any],
+        *,
+        path: str | None = None,
+        save_id: str | None = None,
+    ) -> str:
+        """Wait for every part, then write the manifest; returns its id (blake3)."""
+        if job is not None:
+            path, save_id = job.request.path, job.request.save_id
+            job.state = "waiting for parts"
+        assert path is not None
+        assert save_id is not None
+        prefix = f"{CHECKPOINTS}{path}/parts/{save_id}/"
+        deadline = time.monotonic() + self.part_timeout
+        delay = 0.05
+        while True:
+            parts = await retrying(job, lambda: self._parts(backend, prefix, world_size))
+            if parts is not None:
+                break
+            if time.monotonic() > deadline:
+                raise CheckpointError(
+                    f"checkpoint {backend.name}/{path}: not every one of {world_size} ranks "
+                    f"saved its part within {self.part_timeout:g}s; nothing was committed"
+                )
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, self.poll_interval)
+        logical = sum(p["logical_bytes"] for p in parts)
+        manifest = {
+            "format": "chunkd-checkpoint",
+            "schema": SCHEMA,
+            "name": f"{backend.name}/{path}",
+            "save_id": save_id,
+            "world_size": world_size,
+            "step": parts[0].get("step"),
+            "created": time.time(),
+            "logical_bytes": logical,
+            "new_bytes": sum(p["new_bytes"] for p in parts),
+            "parts": [
+                {"rank": p["rank"], "key": f"{prefix}{p['rank']}.json", "blake3": p["_id"]}
+                for p in parts
+            ],
+        }
+        assert not set(extra) & set(manifest)
+        manifest |= extra
+        body = dumps(manifest)
+        key = f"{CHECKPOINTS}{path}/{MANIFEST}"
+        if job is not None:
+            job.state = "committing"
+        wrote = await retrying(job, lambda: backend.put(key, body, if_absent=not overwrite))
+        if not wrote:
+            ours = await self._committed_id(backend, key, save_id)
+            if ours is not None:  # a retried PUT, or a resumed job: it went in before
+                if job is not None:
+                    job.manifest_id = ours
+                return ours
+            raise CheckpointExistsError(
+                f"checkpoint {backend.name}/{path} was committed by another save meanwhile; "
+                "this one was not (pass overwrite=True to replace it)"
+            )
+        manifest_id = blake3.blake3(body).hexdigest()
+        if job is not None:
+            job.manifest_id = manifest_id
+        return manifest_id
+
+    async def _committed_id(self, backend: Backend, key: str, save_id: str) -> str | None:
+        """The id of the manifest at ``key`` if it commits ``save_id``, else None."""
+        try:
+            raw = await backend.get(key)
+            if json.loads(bytes(raw)).get("save_id") == save_id:
+                return blake3.blake3(raw).hexdigest()
+        except (ObjectNotFoundError, ValueError, AttributeError):
+            pass
+        return None
+
+    async def _parts(
+        self, backend: Backend, prefix: str, world_size: int
+    ) -> list[dict[str, Any]] | None:
+        """Every part under ``prefix`` (with its id), or None while some are missing.
+
+        A look costs what is present (one listing request per 1000 parts), whatever
+        ``world_size`` is; the parts are read once all of them are there.
+        """
+        present: set[int] = set()
+        async with contextlib.aclosing(backend.scan(prefix.rstrip("/"))) as batches:
+            async for batch in batches:
+                for meta in batch:
+                    rank = part_rank(meta.key[len(prefix) :], world_size)
+                    if rank is not None:
+                        present.add(rank)
+        if len(present) < world_size:
+            return None
+
+        async def read(rank: int) -> dict[str, Any]:
+            raw = await backend.get(f"{prefix}{rank}.json")
+            part: dict[str, Any] = json.loads(bytes(raw))
+            part["_id"] = blake3.blake3(raw).hexdigest()
+            return part
+
+        return await each(range(world_size), read)
+
+    async def await_commit(self, job: SaveJob, backend: Backend) -> None:
+        key = job.request.prefix + MANIFEST
+        deadline = time.monotonic() + self.part_timeout
+        delay = 0.05
+        while True:
+            try:
+                raw = await retrying(job, lambda: backend.get(key))
+                doc = json.loads(bytes(raw))
+                if doc.get("save_id") == job.request.save_id:
+                    job.manifest_id = blake3.blake3(raw).hexdigest()
+                    return
+            except (ObjectNotFoundError, ValueError):
+                pass
+            if time.monotonic() > deadline:
+                raise CheckpointError(
+                    f"checkpoint {job.request.name}: rank 0 did not commit within "
+                    f"{self.part_timeout:g}s"
+                )
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, self.poll_interval)
+
+    async def commit(
+        self, name: str, save_id: str, world_size: int, overwrite: bool, extra: dict[str, Any]
+    ) -> str:
+        """Commit a save made with ``commit="none"`` once all its parts are in.
+
+        Raises:
+            InvalidRequestError: ``save_id`` or ``world_size`` is malformed or out of
+                bounds, or ``extra`` would replace a field of chunkd's.
+            CheckpointExistsError: another save committed the name meanwhile.
+            CheckpointError: the parts did not all come within the part timeout.
+        """
+        backend_name, path = checkpoint_name(name)
+        check_save_id(save_id)
+        if not 1 <= world_size <= MAX_WORLD_SIZE:
+            raise InvalidRequestError(
+                f"world_size must be from 1 to {MAX_WORLD_SIZE}; got {world_size}"
+            )
+        clash = sorted(set(extra) & MANIFEST_KEYS)
+        if clash:
+            raise InvalidRequestError(
+                f"the extra manifest fields of a commit must not replace chunkd's own; "
+                f"{clash[:5]} are chunkd's"
+            )
+        backend = self.backends.get(backend_name)
+        backend.check_writable()
+        return await self.write_manifest(
+            None, backend, world_size, overwrite, extra, path=path, save_id=save_id
+        )

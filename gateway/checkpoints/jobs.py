@@ -1,0 +1,99 @@
+"""The save jobs a daemon knows, the background work it runs for them, and the one
+bounded fan-out every step of the store uses."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable, Iterable, Iterator
+from typing import Any, Final, TypeVar
+
+from chunkd.errors import BackendUnavailableError
+from chunkd.gateway.checkpoints.model import Durability, SaveJob
+
+__all__ = ["Jobs", "each", "retrying"]
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+A = TypeVar("A")
+
+#: backend requests one fan-out sends at once
+_READS_AT_ONCE: Final = 16
+#: the longest wait between two tries of a step whose backend is down
+_RETRY_CAP: Final = 30.0
+#: how long a finished job is remembered (its waiters have had their answer)
+_FINISHED_KEPT: Final = 3600.0
+
+
+class Jobs:
+    """The jobs of this daemon by id, and the tasks that run their steps (or remove a
+    collection's barrier): :meth:`close` stops them all."""
+
+    def __init__(self) -> None:
+        self._jobs: dict[str, SaveJob] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    def __iter__(self) -> Iterator[SaveJob]:
+        return iter(list(self._jobs.values()))
+
+    def get(self, job_id: str) -> SaveJob | None:
+        """The job ``job_id``, if this daemon knows it."""
+        return self._jobs.get(job_id)
+
+    def add(self, job: SaveJob) -> None:
+        """Know ``job`` by its id."""
+        self._jobs[job.id] = job
+
+    def spawn(self, work: Awaitable[Any]) -> asyncio.Future[Any]:
+        """Run ``work`` in the background until it ends or :meth:`close`."""
+        task = asyncio.ensure_future(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    def prune(self) -> None:
+        """Forget finished jobs after an hour (their waiters have had their answer)."""
+        old = time.time() - _FINISHED_KEPT
+        for job in list(self._jobs.values()):
+            if job.finished is not None and job.finished < old:
+                del self._jobs[job.id]
+
+    async def close(self) -> None:
+        """Stop every task and give up every job's staged bytes."""
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for job in self._jobs.values():
+            job.release_data()
+
+
+async def each(items: Iterable[A], fn: Callable[[A], Awaitable[T]]) -> list[T]:
+    """``[await fn(i) for i in items]``, a few at a time; the first failure stops the rest."""
+    slots = asyncio.Semaphore(_READS_AT_ONCE)
+
+    async def one(item: A) -> T:
+        async with slots:
+            return await fn(item)
+
+    async with asyncio.TaskGroup() as group:
+        tasks = [group.create_task(one(item)) for item in items]
+    return [task.result() for task in tasks]
+
+
+async def retrying(job: SaveJob | None, step: Callable[[], Awaitable[T]]) -> T:
+    """``step()``, waiting out a backend that is down (forever: nothing is dropped)."""
+    delay = 0.5
+    while True:
+        try:
+            return await step()
+        except BackendUnavailableError as exc:
+            if job is not None:
+                job.state = f"waiting for the backend: {exc}"
+                if job.level >= Durability.LOCAL:
+                    job.release_data()  # on disk: no memory held while waiting
+            log.info("checkpoint step failed (%s); retrying in %.1fs", exc, delay)
+            await asyncio.sleep(random.uniform(delay / 2, delay))
+            delay = min(delay * 2, _RETRY_CAP)

@@ -1,0 +1,203 @@
+"""Loading: a committed manifest with its parts (verified against their hashes), and
+chunks from the cache, a peer or the backend (verified against their ids)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import TYPE_CHECKING, Any
+
+import blake3
+
+from chunkd.cache import BytesLease, Chunk, ChunkCache, ChunkId, ChunkLease
+from chunkd.cache.singleflight import SingleFlight
+from chunkd.errors import (
+    CheckpointError,
+    CheckpointNotFoundError,
+    ChunkdError,
+    ChunkNotFoundError,
+    IntegrityError,
+    ObjectNotFoundError,
+)
+from chunkd.gateway.checkpoints.jobs import Jobs
+from chunkd.gateway.checkpoints.model import CHECKPOINTS, CHUNKS, MANIFEST, SCHEMA, Durability
+from chunkd.gateway.names import checkpoint_name
+
+if TYPE_CHECKING:
+    from chunkd.gateway.backends import Backends
+    from chunkd.gateway.metrics import Metrics
+    from chunkd.gateway.peers import Peers
+
+__all__ = ["Restorer"]
+
+
+class Restorer:
+    """Reads checkpoints back.
+
+    Args:
+        cache: the daemon's cache (chunks are served from it, and kept there).
+        backends: the configured backends.
+        metrics: the daemon's metrics.
+        jobs: the jobs this daemon knows (a save at level local is loadable here).
+        peers: the cluster, when chunks are shared between nodes: a load asks each
+            chunk's owner before it reads the backend.
+    """
+
+    def __init__(
+        self,
+        cache: ChunkCache,
+        backends: Backends,
+        metrics: Metrics,
+        jobs: Jobs,
+        peers: Peers | None = None,
+    ) -> None:
+        self.cache = cache
+        self.backends = backends
+        self.metrics = metrics
+        self.jobs = jobs
+        self.peers = peers
+        self._fetches: SingleFlight[tuple[str, ChunkId], tuple[str, memoryview]] = SingleFlight()
+
+    async def manifest(self, name: str) -> dict[str, Any]:
+        """The committed manifest of ``name`` with its parts inlined (``"parts"``).
+
+        A checkpoint saved at level local (or staged) on this node and not yet
+        committed is answered from the daemon's own job when all its parts are here.
+
+        Raises:
+            CheckpointNotFoundError: no committed checkpoint has that name.
+            IntegrityError: a part does not match the hash the manifest gives.
+        """
+        backend_name, path = checkpoint_name(name)
+        backend = self.backends.get(backend_name)
+        local = self._local_manifest(backend_name, path)
+        try:
+            raw = await backend.get(f"{CHECKPOINTS}{path}/{MANIFEST}")
+        except ObjectNotFoundError:
+            if local is not None:
+                return local
+            raise CheckpointNotFoundError(f"no checkpoint named {name}") from None
+        try:
+            manifest = json.loads(bytes(raw))
+            entries = list(manifest["parts"])
+        except (ValueError, KeyError, TypeError) as exc:
+            manifest, entries = {}, []
+            torn = str(exc)
+        else:
+            torn = "" if manifest.get("format") == "chunkd-checkpoint" else "not a chunkd manifest"
+        if torn:
+            raise CheckpointNotFoundError(
+                f"checkpoint {name} has a torn or foreign manifest ({torn}); treated as absent"
+            )
+        if manifest.get("schema") != SCHEMA:
+            raise CheckpointError(
+                f"checkpoint {name} has manifest schema {manifest.get('schema')}; this "
+                f"chunkd reads schema {SCHEMA}"
+            )
+        parts = []
+        for entry in entries:
+            try:
+                part_raw = await backend.get(str(entry["key"]))
+            except ObjectNotFoundError:
+                raise IntegrityError(
+                    f"checkpoint {name}: part {entry['key']} is missing from the backend"
+                ) from None
+            if blake3.blake3(part_raw).hexdigest() != entry["blake3"]:
+                raise IntegrityError(
+                    f"checkpoint {name}: part {entry['key']} does not match its hash in the "
+                    "manifest; the checkpoint is damaged"
+                )
+            parts.append(json.loads(bytes(part_raw)))
+        manifest["parts"] = parts
+        manifest["manifest_id"] = blake3.blake3(raw).hexdigest()
+        manifest["durability"] = "remote"
+        return dict(manifest)
+
+    def _local_manifest(self, backend: str, path: str) -> dict[str, Any] | None:
+        jobs = [
+            j
+            for j in self.jobs
+            if j.request.backend == backend
+            and j.request.path == path
+            and j.error is None
+            and j.state != "done"
+            and j.level >= Durability.LOCAL
+        ]
+        if not jobs:
+            return None
+        newest = max(jobs, key=lambda j: j.started)
+        mine = {j.request.rank: j for j in jobs if j.request.save_id == newest.request.save_id}
+        if len(mine) != newest.request.world_size:
+            return None
+        parts = [mine[r].part_doc() for r in range(newest.request.world_size)]
+        return {
+            "format": "chunkd-checkpoint",
+            "schema": SCHEMA,
+            "name": newest.request.name,
+            "save_id": newest.request.save_id,
+            "world_size": newest.request.world_size,
+            "step": newest.request.step,
+            "parts": parts,
+            "durability": Durability(min(j.level for j in mine.values())).name.lower(),
+        }
+
+    async def chunk(self, backend_name: str, cid: ChunkId, *, local: bool = False) -> ChunkLease:
+        """Lease checkpoint chunk ``cid``: from the cache, else from its owner among the
+        peers (unless ``local``: a peer's own request), else from ``chunks/<id>``.
+
+        Bytes from a peer or the backend are verified against the id before they are
+        cached; concurrent requests for one chunk make one fetch.
+
+        Raises:
+            IntegrityError: the backend's copy is damaged (nothing is cached).
+            CheckpointError: the backend has no such chunk.
+        """
+        lease = await self.cache.find(cid)
+        if lease is not None:
+            if not local:
+                self.metrics.ckpt_restored_bytes.labels("cache").inc(lease.size)
+            return lease
+        backend = self.backends.get(backend_name)
+
+        async def fetch() -> tuple[str, memoryview]:
+            if self.peers is not None and not local:
+                shared = await self.peers.fetch_chunk(backend_name, cid)  # verified
+                if shared is not None:
+                    await self.cache.put(Chunk.trusted(cid, shared))
+                    return "peer", shared
+            try:
+                raw = await backend.get(f"{CHUNKS}{cid}")
+            except ObjectNotFoundError:
+                raise _chunk_error(
+                    ChunkNotFoundError(f"chunk {cid} is missing from backend {backend_name!r}"),
+                    cid,
+                ) from None
+            got = await asyncio.to_thread(ChunkId.of, raw)
+            if got != cid:
+                self.metrics.ckpt_integrity_failures.inc()
+                raise _chunk_error(
+                    IntegrityError(
+                        f"chunk {cid} in backend {backend_name!r} is damaged: its "
+                        f"{raw.nbytes} bytes hash to {got}; it was not cached"
+                    ),
+                    cid,
+                )
+            await self.cache.put(Chunk.trusted(cid, raw))
+            return "backend", raw
+
+        # Every reader of one fetch counts its bytes under the fetch's source: each
+        # of this node's readers got them from there. The fetch's bytes go to every
+        # one of them, so a chunk no tier kept (RAM full of pinned chunks, a disk that
+        # declines) is still served once fetched, and never fetched again for them.
+        source, fetched = await self._fetches.run((backend_name, cid), fetch)
+        lease = await self.cache.find(cid)
+        if lease is None:
+            lease = BytesLease(cid, fetched)
+        if not local:
+            self.metrics.ckpt_restored_bytes.labels(source).inc(lease.size)
+        return lease
+
+
+def _chunk_error(exc: ChunkdError, cid: ChunkId) -> ChunkdError:
+    exc.chunk_id = str(cid)  # type: ignore[attr-defined]
+    return exc

@@ -1,0 +1,477 @@
+"""Saving: a rank's staged part through the commit protocol, to its manifest.
+
+A rank's save arrives on the local socket as two sealed memfds: a layout (JSON:
+segments and the state tree, see :mod:`chunkd.client.checkpoint`) and the staged
+bytes. From then on the trainer may die; the daemon finishes the job.
+
+Commit protocol (one save job per rank; ``docs/checkpoints.md`` has the format)::
+
+    1. staged   the sealed memfd is held by the daemon          -> level "staged"
+    2. chunk    each segment is cut into chunk_bytes pieces and hashed (blake3, threads)
+    3. local    every chunk is written (fsynced) to the disk tier and pinned there;
+                then the job's journal is fsynced under <cache>/checkpoints/jobs/
+                                                                -> level "local"
+    4. intent   intents/<save_id>.<rank>.json names every chunk id, so that a
+                concurrent `chunkd gc` keeps them (it stays a day)
+    5. barrier  list gc/: wait until every collection whose barrier is there is over
+    6. upload   per chunk: HEAD chunks/<id>; PUT it (if absent) only when missing
+    7. part     checkpoints/<PATH>/parts/<save_id>/<rank>.json
+    8. commit   the coordinator (rank 0) waits for every part, then writes
+                checkpoints/<PATH>/manifest.json (if absent, unless overwrite):
+                the checkpoint exists from this one PUT on   -> level "remote"
+    9. cleanup  the journal is deleted, the pins dropped
+
+Garbage collection writes its barrier gc/<run>.json before it reads the intents and
+removes it after its last delete; with steps 4 and 5 that order makes a collection
+and a save that deduplicates against an unreferenced chunk safe by protocol
+(docs/checkpoints.md has the argument; :mod:`.barrier` the collection's side).
+
+A manifest is never written before every chunk it names is in the backend, so a
+reader never sees a partial checkpoint; a missing or unparsable manifest means "no
+such checkpoint". A job whose journal exists is resumed when the daemon starts
+(kill -9 included) from its chunks on disk; one whose chunks are gone from disk
+fails and never appears. A backend that is down delays a job (it retries with
+backoff); one that refuses it (403, read-only, name taken) fails it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import mmap
+import time
+import uuid
+from collections.abc import Awaitable
+from typing import TYPE_CHECKING, Final, TypeVar
+
+import blake3
+
+from chunkd.cache import BytesLease, Chunk, ChunkCache, ChunkId, ChunkLease
+from chunkd.cache.singleflight import SingleFlight
+from chunkd.errors import (
+    BackendUnavailableError,
+    CheckpointError,
+    CheckpointExistsError,
+    ChunkdError,
+    InvalidRequestError,
+    ObjectNotFoundError,
+)
+from chunkd.gateway.checkpoints.barrier import declared_expiry, list_barriers
+from chunkd.gateway.checkpoints.commit import Committer
+from chunkd.gateway.checkpoints.jobs import Jobs, retrying
+from chunkd.gateway.checkpoints.journal import Journal, syncfs
+from chunkd.gateway.checkpoints.model import (
+    CHUNKS,
+    MANIFEST,
+    Durability,
+    SaveJob,
+    SaveRequest,
+    dumps,
+)
+
+if TYPE_CHECKING:
+    from chunkd.gateway.backends import Backend, Backends
+    from chunkd.gateway.metrics import Metrics
+
+__all__ = ["Saver"]
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+_UPLOADS_IN_FLIGHT: Final = 8
+_STAGE_IN_FLIGHT: Final = 6  # chunks hashed or written at once per save
+
+
+class Saver:
+    """Save jobs from their staged bytes to their commit, resumed from the journal.
+
+    Args:
+        cache: the daemon's cache (chunks go to its disk tier, pinned there).
+        backends: the configured backends.
+        metrics: the daemon's metrics.
+        journal: the jobs' journal.
+        jobs: the jobs this daemon knows (shared with the waits, loads and listings).
+        committer: writes the manifest (rank 0) or waits for it (the other ranks).
+        poll_interval: the longest pause between two looks for the barriers.
+    """
+
+    def __init__(
+        self,
+        cache: ChunkCache,
+        backends: Backends,
+        metrics: Metrics,
+        journal: Journal,
+        jobs: Jobs,
+        committer: Committer,
+        *,
+        poll_interval: float,
+    ) -> None:
+        self.cache = cache
+        self.backends = backends
+        self.metrics = metrics
+        self.journal = journal
+        self.jobs = jobs
+        self.committer = committer
+        self.poll_interval = poll_interval
+        self._uploads: SingleFlight[tuple[str, ChunkId], bool] = SingleFlight()
+        self._upload_slots = asyncio.Semaphore(_UPLOADS_IN_FLIGHT)
+
+    async def resume(self) -> int:
+        """Resume every journaled job; returns how many."""
+        resumed = 0
+        for path in self.journal.saved():
+            try:
+                job = self.journal.load(path)
+            except (OSError, ValueError, KeyError, TypeError, ChunkdError) as exc:
+                log.error("checkpoint journal %s is unreadable (%s); set aside", path, exc)  # noqa: TRY400
+                self.journal.set_aside(
+                    path,
+                    CheckpointError(
+                        f"the journal of save job {path.stem} was unreadable when the daemon "
+                        f"started again ({exc}); the save was not resumed: save again"
+                    ),
+                )
+                continue
+            request = job.request
+            missing = [cid for cid in job.unique if self.cache.index.lookup(cid) is None]
+            if missing:  # files a crash left without their records are adopted first
+                await self.cache.wait_reconciled()
+                missing = [cid for cid in missing if self.cache.index.lookup(cid) is None]
+            if missing:
+                log.error(
+                    "checkpoint %s (rank %d) cannot resume: %d of its chunks are gone from "
+                    "the disk tier; it will not appear",
+                    request.name,
+                    request.rank,
+                    len(missing),
+                )
+                self.journal.set_aside(
+                    path,
+                    CheckpointError(
+                        f"checkpoint {request.name} (rank {request.rank}) could not resume when "
+                        f"the daemon started again: {len(missing)} of its chunks were gone from "
+                        "the node's disk; save again"
+                    ),
+                )
+                continue
+            job.pinned = set(job.unique)
+            self.cache.disk.pin(job.pinned)
+            job.reach(Durability.LOCAL, "resuming")
+            self.jobs.add(job)
+            self.jobs.spawn(self._guarded(job, self._finish(job)))
+            resumed += 1
+            log.info("resuming checkpoint %s (rank %d)", request.name, request.rank)
+        return resumed
+
+    # -- saving ---------------------------------------------------------------------
+
+    async def save(self, request: SaveRequest, data: mmap.mmap, size: int) -> SaveJob:
+        """Take one rank's staged part; the job goes on in the background.
+
+        Checked before anything is accepted: the backend exists and is writable,
+        the segments lie inside the staged bytes, and the name is free (or
+        ``overwrite``). The name check is a HEAD, so refused credentials fail here.
+
+        Raises:
+            UnknownBackendError, ReadOnlyBackendError, BackendForbiddenError,
+            CheckpointExistsError, CheckpointError
+        """
+        backend = self.backends.get(request.backend)
+        backend.check_writable()
+        for offset, length in request.segments:
+            if offset < 0 or length < 0 or offset + length > size:
+                raise InvalidRequestError(
+                    f"segment ({offset}, {length}) lies outside the {size} staged bytes"
+                )
+        # Segments may not name more bytes than were staged (overlapping ones could
+        # make one request hash the same bytes a million times).
+        if sum(length for _, length in request.segments) > size:
+            raise InvalidRequestError(
+                f"the segments name more bytes than the {size} staged; they may not overlap"
+            )
+        if not request.overwrite and request.rank == 0:
+            if any(
+                j.request.name == request.name
+                and j.request.save_id != request.save_id
+                and j.error is None
+                and j.state != "done"
+                for j in self.jobs
+            ):
+                raise CheckpointExistsError(
+                    f"checkpoint {request.name} is being saved already; pass overwrite=True "
+                    "to replace it"
+                )
+            if await self._exists_unless_down(backend, request.prefix + MANIFEST):
+                raise CheckpointExistsError(
+                    f"checkpoint {request.name} exists; pass overwrite=True to replace it"
+                )
+        self.jobs.prune()
+        job = SaveJob(id=uuid.uuid4().hex, request=request, data=data)
+        job.logical = sum(n for _, n in request.segments)
+        job.reach(Durability.STAGED, "staged")
+        self.jobs.add(job)
+        self.metrics.ckpt_saves.labels("started").inc()
+        self.jobs.spawn(self._guarded(job, self._run(job)))
+        return job
+
+    async def _exists_unless_down(self, backend: Backend, key: str) -> bool:
+        """Whether ``key`` exists; False when the backend is down (the commit's
+        put-if-absent still refuses to replace a checkpoint then)."""
+        try:
+            return await self._exists(backend, key)
+        except BackendUnavailableError as exc:
+            log.warning("cannot check whether %s exists (%s); saving anyway", key, exc)
+            return False
+
+    async def _exists(self, backend: Backend, key: str) -> bool:
+        try:
+            await backend.head(key)
+        except ObjectNotFoundError:
+            return False
+        return True
+
+    async def _run(self, job: SaveJob) -> None:
+        await self._stage_to_disk(job)
+        await self._finish(job)
+
+    async def _guarded(self, job: SaveJob, work: Awaitable[None]) -> None:
+        """Run a job's steps; any failure fails the job (a cancel leaves it journaled)."""
+        try:
+            await work
+        except asyncio.CancelledError:
+            raise
+        except ChunkdError as exc:
+            await self._failed(job, exc)
+        except Exception as exc:
+            log.exception("checkpoint %s failed", job.request.name)
+            await self._failed(
+                job, CheckpointError(f"checkpoint {job.request.name} failed: {exc!r}")
+            )
+
+    async def _failed(self, job: SaveJob, exc: ChunkdError) -> None:
+        log.warning("checkpoint %s (rank %d) failed: %s", job.request.name, job.request.rank, exc)
+        self.metrics.ckpt_saves.labels("failed").inc()
+        job.fail(exc)
+        job.release_data()
+        self._unpin(job)
+        await asyncio.to_thread(self.journal.set_aside, self.journal.path(job), exc)
+
+    async def _stage_to_disk(self, job: SaveJob) -> None:
+        """Hash every chunk and write it to the disk tier; journal the job (level local).
+
+        Each chunk is hashed and then written by one task, a few at a time, so that
+        the disk is busy while later chunks are still being hashed.
+        """
+        assert job.data is not None
+        data = memoryview(job.data)
+        chunk_bytes = self.cache.config.chunk_bytes
+        pieces = [
+            [
+                data[start : min(start + chunk_bytes, offset + length)]
+                for start in range(offset, offset + length, chunk_bytes)
+            ]
+            for offset, length in job.request.segments
+        ]
+        job.state = "writing"
+        slots = asyncio.Semaphore(_STAGE_IN_FLIGHT)
+
+        async def store(piece: memoryview) -> tuple[ChunkId, bool]:
+            async with slots:
+                cid = await asyncio.to_thread(ChunkId.of, piece, threads=1)
+                if cid not in job.pinned:
+                    job.pinned.add(cid)
+                    self.cache.disk.pin([cid])
+                # No fsync per file: _make_durable syncs the filesystem once at the end.
+                # No zstd: it cost 15-25% of the write time and saved about 10%.
+                chunk = Chunk.trusted(cid, piece)
+                return cid, await self.cache.disk.put(chunk, sync=False, compress=False)
+
+        started = time.perf_counter()
+        stored = await asyncio.gather(*(store(p) for seg in pieces for p in seg))
+        written = time.perf_counter()
+        ids = iter(cid for cid, _ in stored)
+        job.chunks = [[(next(ids), p.nbytes) for p in seg] for seg in pieces]
+        for (offset, _), seg in zip(job.request.segments, job.chunks, strict=True):
+            for i, (cid, size) in enumerate(seg):
+                job.where.setdefault(cid, (offset + i * chunk_bytes, size))
+        declined = sum(1 for _, kept in stored if not kept)
+        del data, pieces, stored
+        if not declined:
+            await asyncio.to_thread(self._make_durable)
+            # A put that found its chunk present may have raced an eviction that
+            # chose it before the pin landed: count what the index holds now.
+            declined = sum(1 for cid in job.unique if self.cache.index.lookup(cid) is None)
+        if not declined:
+            await asyncio.to_thread(self.journal.write, job)
+            log.info(
+                "checkpoint %s rank %d is local: %d bytes hashed and written in %.2fs, "
+                "synced in %.2fs",
+                job.request.name,
+                job.request.rank,
+                job.logical,
+                written - started,
+                time.perf_counter() - written,
+            )
+            # The staged bytes stay for the upload (no disk read, no second hash);
+            # a job that has to wait for its backend gives them up (see retrying).
+            job.reach(Durability.LOCAL, "uploading")
+        else:
+            log.warning(
+                "checkpoint %s: the disk tier declined %d chunks (full or degraded); "
+                "it is durable once it is in the backend",
+                job.request.name,
+                declined,
+            )
+            job.state = "uploading"
+
+    def _unpin(self, job: SaveJob) -> None:
+        pinned, job.pinned = job.pinned, set()
+        self.cache.disk.unpin(pinned)
+
+    def _make_durable(self) -> None:
+        """Commit the index and get every chunk file (written without fsync) and its
+        name to the disk with one syncfs, whatever the cache's own fsync policy
+        (cached copies can be fetched again; these cannot)."""
+        self.cache.index.flush()
+        syncfs(self.journal.root)
+
+    async def _finish(self, job: SaveJob) -> None:
+        """Steps 4 to 9 of the commit protocol; backend outages are waited out."""
+        request = job.request
+        backend = self.backends.get(request.backend)
+        unique = job.unique
+        intent = {"save_id": request.save_id, "name": request.name, "created": time.time()}
+        intent["chunks"] = [str(cid) for cid in unique]
+        await retrying(job, lambda: backend.put(request.intent_key, dumps(intent)))
+        # No dedup decision (the HEADs of _send_chunk) before every collection that
+        # may have missed this intent is over: see _await_collections.
+        await self._await_collections(job, backend)
+        job.state = "uploading"
+        uploaded = await asyncio.gather(
+            *(retrying(job, functools.partial(self._upload, job, backend, c)) for c in unique)
+        )
+        sizes = unique.values()
+        job.new = sum(size for size, sent in zip(sizes, uploaded, strict=True) if sent)
+        self.metrics.ckpt_bytes.labels("logical").inc(job.logical)
+        self.metrics.ckpt_bytes.labels("new").inc(job.new)
+        part = dumps(job.part_doc())
+        # If absent: a job resumed after its part went in must not change it (the
+        # manifest may already name its hash).
+        await retrying(job, lambda: backend.put(request.part_key, part, if_absent=True))
+        if request.commit == "auto" and request.rank == 0:
+            await self.committer.write_manifest(
+                job, backend, request.world_size, request.overwrite, {}
+            )
+        elif request.commit == "auto":
+            job.state = "waiting for the commit"
+            await self.committer.await_commit(job, backend)
+        else:
+            job.manifest_id = blake3.blake3(part).hexdigest()
+        # The intent stays: a collection that began before this save listed the
+        # manifests without this one, and reads the intents after its barrier is up.
+        # `chunkd gc` deletes intents older than a day.
+        self._unpin(job)
+        await asyncio.to_thread(self.journal.remove, job)
+        job.release_data()
+        job.finished = time.time()
+        job.reach(Durability.REMOTE, "done")
+        self.metrics.ckpt_saves.labels("committed").inc()
+        log.info(
+            "checkpoint %s rank %d committed: %d bytes, %d new",
+            request.name,
+            request.rank,
+            job.logical,
+            job.new,
+        )
+
+    async def _await_collections(self, job: SaveJob, backend: Backend) -> None:
+        """Wait until every garbage collection whose barrier is up now is over.
+
+        Called after the job's intent is in the backend and before any of its chunks
+        is looked up there. A collection whose barrier is listed here may have read the
+        intents before this one was written, so it may still delete a chunk this save
+        would find present: wait until its barrier is gone. One whose barrier is not
+        listed yet writes it after this intent exists, and reads the intents after
+        that, before it deletes anything (docs/checkpoints.md has the argument).
+
+        A barrier that stays the same for the expiry it declares, measured here on this
+        daemon's monotonic clock, belongs to a collection that died (kill -9): it is
+        passed over. The collection's side of that bargain is :class:`.barrier.Barrier`.
+        """
+        barriers = await retrying(job, lambda: list_barriers(backend))
+        if not barriers:
+            return
+        self.metrics.gc_barrier_waits.inc()
+        state = job.state
+        job.state = f"waiting for {len(barriers)} garbage collection(s) to finish"
+        seen = time.monotonic()
+        # barrier key -> (version, when that version was first seen, its expiry)
+        watched: dict[str, tuple[str, float, float]] = {}
+        for meta in barriers:
+            expiry = await declared_expiry(backend, meta)
+            if expiry is not None:
+                watched[meta.key] = (meta.version, seen, expiry)
+        delay = 0.05
+        while watched:
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, self.poll_interval)
+            asked = time.monotonic()
+            now = {m.key: m for m in await retrying(job, lambda: list_barriers(backend))}
+            answered = time.monotonic()
+            for key, (version, since, expiry) in list(watched.items()):
+                current = now.get(key)
+                if current is None:
+                    del watched[key]  # that collection is over
+                elif current.version != version:  # rewritten: alive
+                    renewed = await declared_expiry(backend, current)
+                    if renewed is None:
+                        del watched[key]
+                    else:
+                        watched[key] = (current.version, answered, renewed)
+                elif asked - since >= expiry:
+                    log.warning(
+                        "checkpoint %s: garbage collection barrier %s/%s has not changed for "
+                        "%.0fs; its collection is taken for dead and the save goes on",
+                        job.request.name,
+                        backend.name,
+                        key,
+                        asked - since,
+                    )
+                    del watched[key]
+        job.state = state
+
+    async def _upload(self, job: SaveJob, backend: Backend, cid: ChunkId) -> bool:
+        """Put chunk ``cid`` in the backend unless it is there; True if this job sent it."""
+        key = (backend.name, cid)
+        if self._uploads.join(key) is not None:
+            await self._uploads.run(key, _never)  # another job sends it: a dedup
+            return False
+        return await self._uploads.run(key, lambda: self._send_chunk(job, backend, cid))
+
+    async def _send_chunk(self, job: SaveJob, backend: Backend, cid: ChunkId) -> bool:
+        async with self._upload_slots:
+            if await self._exists(backend, f"{CHUNKS}{cid}"):
+                return False
+            lease = await self._source(job, cid)
+            with lease:
+                return await backend.put(f"{CHUNKS}{cid}", lease.view(), if_absent=True)
+
+    async def _source(self, job: SaveJob, cid: ChunkId) -> ChunkLease:
+        """The bytes of ``cid``: from the staged memfd while the job holds it, else
+        from the disk tier (verified there, and not promoted into RAM)."""
+        if job.data is not None and cid in job.where:
+            start, size = job.where[cid]
+            return BytesLease(cid, memoryview(job.data)[start : start + size])
+        lease = await self.cache.disk.get(cid)
+        if lease is None:
+            raise CheckpointError(
+                f"checkpoint {job.request.name}: chunk {cid} is no longer on this node's disk; "
+                "the save cannot complete"
+            )
+        return lease
+
+
+async def _never() -> bool:  # pragma: no cover - only run() on a key already running
+    raise AssertionError("unreachable")

@@ -1,0 +1,169 @@
+"""The daemon's checkpoint store: one object that composes the rooms of the package
+(saving, committing, waiting, loading, the catalog, garbage collection) over the
+state they share, the jobs this daemon knows."""
+
+from __future__ import annotations
+
+import asyncio
+import mmap
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from chunkd.cache import ChunkCache, ChunkId, ChunkLease
+from chunkd.gateway.checkpoints.catalog import Catalog
+from chunkd.gateway.checkpoints.commit import Committer
+from chunkd.gateway.checkpoints.gc import Collector
+from chunkd.gateway.checkpoints.jobs import Jobs
+from chunkd.gateway.checkpoints.journal import Journal
+from chunkd.gateway.checkpoints.model import Durability, SaveJob, SaveRequest
+from chunkd.gateway.checkpoints.restore import Restorer
+from chunkd.gateway.checkpoints.save import Saver
+from chunkd.gateway.checkpoints.wait import Waiter
+
+if TYPE_CHECKING:
+    from chunkd.gateway.backends import Backends
+    from chunkd.gateway.metrics import Metrics
+    from chunkd.gateway.peers import Peers
+
+__all__ = ["Checkpoints"]
+
+
+class Checkpoints:
+    """The daemon's checkpoint store: save jobs, commits, loads, listing and GC.
+
+    Args:
+        cache: the daemon's cache (chunks go to its disk tier, loads come from it).
+        backends: the configured backends.
+        metrics: the daemon's metrics.
+        root: where journals live (``<cache dir>/checkpoints``).
+        part_timeout: seconds a coordinator waits for the other ranks' parts.
+        poll_interval: the longest pause between two looks for parts or a manifest.
+        peers: the cluster, when chunks are shared between nodes: a load asks each
+            chunk's owner before it reads the backend.
+    """
+
+    def __init__(
+        self,
+        cache: ChunkCache,
+        backends: Backends,
+        metrics: Metrics,
+        root: Path,
+        *,
+        part_timeout: float = 3600.0,
+        poll_interval: float = 2.0,
+        peers: Peers | None = None,
+    ) -> None:
+        self.cache = cache
+        self.backends = backends
+        self.metrics = metrics
+        self.root = Path(root)
+        self._jobs = Jobs()
+        self._journal = Journal(self.root)
+        self._committer = Committer(
+            backends, part_timeout=part_timeout, poll_interval=poll_interval
+        )
+        self._saver = Saver(
+            cache,
+            backends,
+            metrics,
+            self._journal,
+            self._jobs,
+            self._committer,
+            poll_interval=poll_interval,
+        )
+        self._waiter = Waiter(
+            backends,
+            self._journal,
+            self._jobs,
+            part_timeout=part_timeout,
+            poll_interval=poll_interval,
+        )
+        self._restorer = Restorer(cache, backends, metrics, self._jobs, peers)
+        self._catalog = Catalog(backends, self._jobs)
+        self._collector = Collector(self._catalog, self._jobs)
+
+    async def start(self) -> int:
+        """Resume every journaled job; returns how many."""
+        await asyncio.to_thread(self._journal.make_dirs)
+        return await self._saver.resume()
+
+    async def close(self) -> None:
+        """Stop every job (journaled ones resume on the next start)."""
+        await self._jobs.close()
+
+    async def save(self, request: SaveRequest, data: mmap.mmap, size: int) -> SaveJob:
+        """Take one rank's staged part (:meth:`.Saver.save`); the job goes on in the background."""
+        return await self._saver.save(request, data, size)
+
+    async def commit(
+        self, name: str, save_id: str, world_size: int, overwrite: bool, extra: dict[str, Any]
+    ) -> str:
+        """Commit a save made with ``commit="none"`` (:meth:`.Committer.commit`)."""
+        return await self._committer.commit(name, save_id, world_size, overwrite, extra)
+
+    async def wait(
+        self,
+        job_id: str,
+        level: Durability,
+        seconds: float,
+        *,
+        asked: SaveRequest | None = None,
+    ) -> SaveJob:
+        """Wait up to ``seconds`` for a job to reach ``level`` or fail (:meth:`.Waiter.wait`)."""
+        return await self._waiter.wait(job_id, level, seconds, asked=asked)
+
+    async def manifest(self, name: str) -> dict[str, Any]:
+        """The committed manifest of ``name``, parts inlined (:meth:`.Restorer.manifest`)."""
+        return await self._restorer.manifest(name)
+
+    async def chunk(self, backend_name: str, cid: ChunkId, *, local: bool = False) -> ChunkLease:
+        """Lease checkpoint chunk ``cid``, verified (:meth:`.Restorer.chunk`)."""
+        return await self._restorer.chunk(backend_name, cid, local=local)
+
+    async def entries_page(
+        self,
+        prefix: str,
+        *,
+        start_after: str | None = None,
+        limit: int = 1000,
+        max_bytes: int = 1 << 20,
+    ) -> tuple[list[dict[str, Any]], str | None]:
+        """One page of the checkpoints under a prefix (:meth:`.Catalog.entries_page`)."""
+        return await self._catalog.entries_page(
+            prefix, start_after=start_after, limit=limit, max_bytes=max_bytes
+        )
+
+    async def entries(self, prefix: str) -> list[dict[str, Any]]:
+        """Every checkpoint under ``BACKEND[/PREFIX]`` (:meth:`.Catalog.entries`)."""
+        return await self._catalog.entries(prefix)
+
+    async def delete(self, name: str, *, save_id: str | None = None) -> int:
+        """Delete checkpoint ``name``; its chunks stay for gc (:meth:`.Catalog.delete`)."""
+        return await self._catalog.delete(name, save_id=save_id)
+
+    async def gc(
+        self,
+        target: str,
+        *,
+        keep_last: int | None,
+        grace: float,
+        dry_run: bool,
+        pending_ttl: float = 7 * 86400,
+        intent_ttl: float = 86400,
+    ) -> dict[str, Any]:
+        """Retention, then mark and sweep of the chunks (:meth:`.Collector.gc`)."""
+        return await self._collector.gc(
+            target,
+            keep_last=keep_last,
+            grace=grace,
+            dry_run=dry_run,
+            pending_ttl=pending_ttl,
+            intent_ttl=intent_ttl,
+        )
+
+    def stats(self) -> dict[str, Any]:
+        """Jobs in flight, for /v1/stats."""
+        return {
+            "jobs": [j.describe() for j in self._jobs if j.state != "done"],
+            "pinned_chunks": self.cache.disk.pinned,
+        }

@@ -121,7 +121,14 @@ async def open_node(
             "cache open",
             extra={"dir": str(config.cache.dir), "backends": [b.name for b in config.backends]},
         )
-        read_path = ReadPath(cache, backends, metrics, peers=peers)
+        read_path = ReadPath(
+            cache,
+            backends,
+            metrics,
+            readahead_chunks=config.server.readahead_chunks,
+            span_chunks=config.server.span_chunks,
+            peers=peers,
+        )
         parts.push_async_callback(read_path.close)
         listings = Listings(backends, metrics)
         parts.push_async_callback(listings.close)
@@ -152,6 +159,8 @@ async def open_node(
             prefetcher=prefetcher,
             mode=config.server.socket_mode,
             group=config.server.socket_group,
+            send_timeout=config.server.socket_send_timeout,
+            max_clients=config.server.socket_max_clients,
         )
         parts.push_async_callback(local.close)
         await local.start()

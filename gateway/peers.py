@@ -64,8 +64,9 @@ __all__ = ["OwnerSilentError", "Peer", "Peers", "rank_owners"]
 
 log = logging.getLogger("chunkd.gateway.peers")
 
+# A probe waits at most this long (and never longer than [peers] timeout): /healthz
+# answers from memory, so a peer that takes longer is in trouble whatever the setting.
 _HEALTH_TIMEOUT: Final = 2.0
-_REQUEST_CAP: Final = 120.0
 
 
 def rank_owners(members: list[str], key: bytes) -> list[str]:
@@ -122,8 +123,10 @@ class Peers:
         self._session = aiohttp.ClientSession(
             headers={"Authorization": f"Bearer {self.token}"},
             # A request may wait on its owner's own backend fetch: it waits as long
-            # as the owner stays healthy (see _ask), within a hard cap.
-            timeout=aiohttp.ClientTimeout(total=_REQUEST_CAP, connect=self.config.timeout),
+            # as the owner stays healthy (see _ask), within [peers] request_timeout.
+            timeout=aiohttp.ClientTimeout(
+                total=self.config.request_timeout, connect=self.config.timeout
+            ),
             connector=None if self.tls is None else aiohttp.TCPConnector(ssl=self.tls.client),
         )
         self._task = asyncio.create_task(self._watch())

@@ -54,10 +54,17 @@ log = logging.getLogger("chunkd.cache.disk")
 
 T = TypeVar("T")
 
+# Constants, not config keys: they are the file format or the cost model of one
+# decision, and no operator setting would make them better on one node than another.
+#: the first bytes of a zstd frame: how a stored chunk says it is compressed
 _ZSTD_MAGIC: Final = b"\x28\xb5\x2f\xfd"
+#: a big chunk is probed for compressibility with this many samples of this size
+#: (64 KiB in all), so an incompressible chunk costs a small fraction of a compression
 _SAMPLE_BYTES: Final = 16 * 1024
 _SAMPLES: Final = 4
+#: below this a chunk is stored raw: under one file system block there is nothing to save
 _MIN_COMPRESS_BYTES: Final = 4096
+#: the oldest chunks read from the index at a time while the tier evicts to its budget
 _EVICT_BATCH: Final = 256
 
 

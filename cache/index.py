@@ -93,11 +93,14 @@ def _add_names(env: Any, txn: Any) -> None:
 #: ``MIGRATIONS[n]`` upgrades schema ``n`` to ``n + 1``
 MIGRATIONS: Final[Mapping[int, Migration]] = {1: _add_names}
 
+# The on-disk layout of the index's records and keys: part of the schema, never tuned.
 _RECORD: Final = struct.Struct("<QQBBxxxxxxQ")
 _BE64: Final = struct.Struct(">Q")
 _BE32: Final = struct.Struct(">I")
 _LE32: Final = struct.Struct("<I")
 _U64: Final = struct.Struct("<Q")
+# Object names are keyed by a 128-bit blake3 of the name: no collision in any cache,
+# and part of the schema.
 _OBJKEY_BYTES: Final = 16
 
 

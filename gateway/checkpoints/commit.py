@@ -19,7 +19,7 @@ from chunkd.errors import (
     InvalidRequestError,
     ObjectNotFoundError,
 )
-from chunkd.gateway.checkpoints.jobs import each, retrying
+from chunkd.gateway.checkpoints.jobs import each, polling, retrying
 from chunkd.gateway.checkpoints.model import (
     CHECKPOINTS,
     MANIFEST,
@@ -72,7 +72,7 @@ class Committer:
         assert save_id is not None
         prefix = f"{CHECKPOINTS}{path}/parts/{save_id}/"
         deadline = time.monotonic() + self.part_timeout
-        delay = 0.05
+        pauses = polling(self.poll_interval).delays()
         while True:
             parts = await retrying(job, lambda: self._parts(backend, prefix, world_size))
             if parts is not None:
@@ -82,8 +82,7 @@ class Committer:
                     f"checkpoint {backend.name}/{path}: not every one of {world_size} ranks "
                     f"saved its part within {self.part_timeout:g}s; nothing was committed"
                 )
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, self.poll_interval)
+            await asyncio.sleep(next(pauses))
         logical = sum(p["logical_bytes"] for p in parts)
         manifest = {
             "format": "chunkd-checkpoint",
@@ -161,7 +160,7 @@ class Committer:
     async def await_commit(self, job: SaveJob, backend: Backend) -> None:
         key = job.request.prefix + MANIFEST
         deadline = time.monotonic() + self.part_timeout
-        delay = 0.05
+        pauses = polling(self.poll_interval).delays()
         while True:
             try:
                 raw = await retrying(job, lambda: backend.get(key))
@@ -176,8 +175,7 @@ class Committer:
                     f"checkpoint {job.request.name}: rank 0 did not commit within "
                     f"{self.part_timeout:g}s"
                 )
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, self.poll_interval)
+            await asyncio.sleep(next(pauses))
 
     async def commit(
         self, name: str, save_id: str, world_size: int, overwrite: bool, extra: dict[str, Any]

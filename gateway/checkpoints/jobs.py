@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from typing import Any, Final, TypeVar
 
+from chunkd.backoff import Backoff
 from chunkd.errors import BackendUnavailableError
 from chunkd.gateway.checkpoints.model import Durability, SaveJob
 
-__all__ = ["Jobs", "each", "retrying"]
+__all__ = ["RETRY", "Jobs", "each", "polling", "retrying"]
 
 log = logging.getLogger(__name__)
 
@@ -22,8 +22,11 @@ A = TypeVar("A")
 
 #: backend requests one fan-out sends at once
 _READS_AT_ONCE: Final = 16
-#: the longest wait between two tries of a step whose backend is down
-_RETRY_CAP: Final = 30.0
+#: the pauses between two tries of a step whose backend is down: 0.25-0.5 s at first,
+#: 15-30 s at most (spread, so that the jobs of a node do not retry together)
+RETRY: Final = Backoff(base=0.5, cap=30.0, jitter="equal")
+#: the first pause of a poll
+_FIRST_POLL: Final = 0.05
 #: how long a finished job is remembered (its waiters have had their answer)
 _FINISHED_KEPT: Final = 3600.0
 
@@ -83,9 +86,17 @@ async def each(items: Iterable[A], fn: Callable[[A], Awaitable[T]]) -> list[T]:
     return [task.result() for task in tasks]
 
 
+def polling(interval: float) -> Backoff:
+    """The pauses of a poll for what another rank or another process writes (a part,
+    a manifest, a barrier gone): 50 ms, twice as long each time, up to ``interval``;
+    exact, so that a poll's interval reads as configured."""
+    return Backoff(base=min(_FIRST_POLL, interval), cap=interval, jitter="none")
+
+
 async def retrying(job: SaveJob | None, step: Callable[[], Awaitable[T]]) -> T:
-    """``step()``, waiting out a backend that is down (forever: nothing is dropped)."""
-    delay = 0.5
+    """``step()``, waiting out a backend that is down (forever: nothing is dropped),
+    with :data:`RETRY`'s pauses."""
+    pauses = RETRY.delays()
     while True:
         try:
             return await step()
@@ -94,6 +105,6 @@ async def retrying(job: SaveJob | None, step: Callable[[], Awaitable[T]]) -> T:
                 job.state = f"waiting for the backend: {exc}"
                 if job.level >= Durability.LOCAL:
                     job.release_data()  # on disk: no memory held while waiting
-            log.info("checkpoint step failed (%s); retrying in %.1fs", exc, delay)
-            await asyncio.sleep(random.uniform(delay / 2, delay))
-            delay = min(delay * 2, _RETRY_CAP)
+            pause = next(pauses)
+            log.info("checkpoint step failed (%s); retrying in %.1fs", exc, pause)
+            await asyncio.sleep(pause)

@@ -59,7 +59,7 @@ from chunkd.errors import (
 )
 from chunkd.gateway.checkpoints.barrier import declared_expiry, list_barriers
 from chunkd.gateway.checkpoints.commit import Committer
-from chunkd.gateway.checkpoints.jobs import Jobs, retrying
+from chunkd.gateway.checkpoints.jobs import Jobs, polling, retrying
 from chunkd.gateway.checkpoints.journal import Journal, syncfs
 from chunkd.gateway.checkpoints.model import (
     CHUNKS,
@@ -413,10 +413,9 @@ class Saver:
             expiry = await declared_expiry(backend, meta)
             if expiry is not None:
                 watched[meta.key] = (meta.version, seen, expiry)
-        delay = 0.05
+        pauses = polling(self.poll_interval).delays()
         while watched:
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, self.poll_interval)
+            await asyncio.sleep(next(pauses))
             asked = time.monotonic()
             now = {m.key: m for m in await retrying(job, lambda: list_barriers(backend))}
             answered = time.monotonic()

@@ -17,7 +17,7 @@ from chunkd.errors import (
     CheckpointExistsError,
     ObjectNotFoundError,
 )
-from chunkd.gateway.checkpoints.jobs import Jobs
+from chunkd.gateway.checkpoints.jobs import Jobs, polling
 from chunkd.gateway.checkpoints.journal import Journal
 from chunkd.gateway.checkpoints.model import (
     MANIFEST,
@@ -111,18 +111,18 @@ class Waiter:
             job.fail(failure)
             return job
         backend = self.backends.get(asked.backend)
-        deadline = time.monotonic() + seconds
-        delay = 0.05
+        pauses = polling(self.poll_interval).delays(deadline=time.monotonic() + seconds)
         while True:
             try:
                 await self._find_in_backend(job, backend)
             except BackendUnavailableError as exc:  # not known yet: the client asks again
                 job.state = f"the daemon restarted; looking for this save in the backend: {exc}"
-            left = deadline - time.monotonic()
-            if job.error is not None or job.level >= level or left <= 0:
+            if job.error is not None or job.level >= level:
                 return job
-            await asyncio.sleep(min(delay, left))
-            delay = min(delay * 2, self.poll_interval)
+            pause = next(pauses, None)  # cut to the time left; None once none is left
+            if pause is None:
+                return job
+            await asyncio.sleep(pause)
 
     async def _find_in_backend(self, job: SaveJob, backend: Backend) -> None:
         """Set ``job``'s level, state or error from what ``backend`` holds of its save."""

@@ -5,8 +5,12 @@ PYTHON ?= python3.11
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
+# The Azure Blob emulator the backend suite runs az:// against (npm, project-local).
+AZURITE_VERSION ?= 3.35.0
+EMULATORS := .emulators
+AZURITE := $(EMULATORS)/node_modules/.bin/azurite-blob
 
-.PHONY: run test lint typecheck pytest bench clean
+.PHONY: run test lint typecheck pytest bench clean emulators
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -15,6 +19,16 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet torch==2.13.0
 	$(BIN)/python -m pip install --quiet -e '.[daemon,client,arrow,torch,dev]'
 	@touch $(STAMP)
+
+# Azurite for the az:// tests; without npm they skip and say why.
+$(AZURITE): Makefile
+	@if command -v npm >/dev/null; then \
+		mkdir -p $(EMULATORS) && \
+		npm install --silent --no-audit --no-fund --prefix $(EMULATORS) azurite@$(AZURITE_VERSION) && \
+		touch $(AZURITE); \
+	else echo "npm not found: the az:// backend tests will skip (install Node.js to run them)"; fi
+
+emulators: $(AZURITE)
 
 ## run: the daemon on its embedded default (./chunkd-data, ./chunkd-cache, 127.0.0.1:8470)
 run: $(STAMP)
@@ -30,7 +44,7 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-pytest: $(STAMP)
+pytest: $(STAMP) emulators
 	$(BIN)/pytest
 
 ## bench: every benchmark, side by side with the baselines; report in bench/out/
@@ -38,4 +52,4 @@ bench: $(STAMP)
 	$(BIN)/python -m bench
 
 clean:
-	rm -rf $(VENV) build *.egg-info .mypy_cache .ruff_cache .pytest_cache chunkd-cache
+	rm -rf $(VENV) $(EMULATORS) build *.egg-info .mypy_cache .ruff_cache .pytest_cache chunkd-cache

@@ -3,8 +3,20 @@
 Three small frozen types, as zarr and obstore use them: :class:`ByteRange` (start,
 exclusive end), :class:`OffsetRange` (from an offset to the end) and
 :class:`SuffixRange` (the last N bytes). :func:`parse_range` reads a single-range
-``Range`` header; :func:`resolve` turns any of them into concrete ``(start, end)``
-offsets for an object of known size.
+``Range`` header; :func:`from_offset` makes one of an offset and a length (the local
+socket's reads); :func:`resolve` turns any of them into concrete ``(start, end)``
+offsets for an object of known size. The backends take the same values
+(:meth:`chunkd.gateway.backends.Backend.get`) and resolve them with the same rule.
+
+The one rule for "past the end", for every door and every backend (RFC 9110's):
+
+- no range is the whole object, whatever its size (an empty object included);
+- a range that asks for bytes must start before the end of the object
+  (:class:`RangeNotSatisfiableError` otherwise, so any such range of an empty object);
+- a range that asks for no bytes (``ByteRange(n, n)``) is satisfiable at or before
+  the end, and selects nothing;
+- a range that runs past the end is cut at the end; a suffix longer than the object
+  is the whole object.
 """
 
 from __future__ import annotations
@@ -22,6 +34,7 @@ __all__ = [
     "RangeNotSatisfiableError",
     "RequestRange",
     "SuffixRange",
+    "from_offset",
     "parse_range",
     "resolve",
 ]
@@ -37,6 +50,10 @@ class ByteRange:
     start: int
     end: int
 
+    def __post_init__(self) -> None:
+        if not 0 <= self.start <= self.end:
+            raise InvalidRangeError(f"ByteRange({self.start}, {self.end}): needs 0 <= start <= end")
+
 
 @dataclass(frozen=True, slots=True)
 class OffsetRange:
@@ -44,12 +61,20 @@ class OffsetRange:
 
     start: int
 
+    def __post_init__(self) -> None:
+        if self.start < 0:
+            raise InvalidRangeError(f"OffsetRange({self.start}): needs start >= 0")
+
 
 @dataclass(frozen=True, slots=True)
 class SuffixRange:
     """The last ``length`` bytes of the object."""
 
     length: int
+
+    def __post_init__(self) -> None:
+        if self.length < 0:
+            raise InvalidRangeError(f"SuffixRange({self.length}): needs length >= 0")
 
 
 RequestRange = ByteRange | OffsetRange | SuffixRange
@@ -85,18 +110,41 @@ def parse_range(header: str | None) -> RequestRange | None:
     return ByteRange(start, end + 1)
 
 
+def from_offset(offset: int, length: int | None) -> RequestRange | None:
+    """The range of ``length`` bytes from ``offset`` (``None``: to the end); the whole
+    object (``None``) for offset 0 to the end.
+
+    Raises:
+        InvalidRangeError: ``offset`` or ``length`` is negative.
+    """
+    if length is None:
+        return None if offset == 0 else OffsetRange(offset)
+    if length < 0:
+        raise InvalidRangeError(f"a length of {length} bytes; it must be >= 0")
+    return ByteRange(offset, offset + length)
+
+
 def resolve(request: RequestRange | None, size: int) -> tuple[int, int]:
     """Concrete ``(start, end)`` offsets (end exclusive) of ``request`` in ``size`` bytes.
 
-    ``None`` is the whole object. A range running past the end is cut at the end, as
-    RFC 9110 says.
+    The one rule for "past the end" (see the module's docstring): ``None`` is the
+    whole object; a range that asks for bytes must start before the end; an empty
+    ``ByteRange`` at or before the end selects nothing; a range running past the end
+    is cut at the end, as RFC 9110 says.
 
     Raises:
-        RangeNotSatisfiableError: the range starts at or after the end of the object,
-            or is an empty suffix.
+        RangeNotSatisfiableError: the range asks for bytes but starts at or after the
+            end of the object, is an empty suffix, or starts past the end.
     """
     if request is None:
         return 0, size
+    if isinstance(request, ByteRange) and request.start == request.end:
+        if request.start > size:
+            raise RangeNotSatisfiableError(
+                f"range starts at byte {request.start}, past the end of the object ({size} bytes)",
+                size,
+            )
+        return request.start, request.start
     if isinstance(request, SuffixRange):
         if request.length == 0 or size == 0:
             raise RangeNotSatisfiableError(

@@ -52,6 +52,7 @@ from chunkd.errors import (
 )
 from chunkd.gateway.backends import Backend, Backends, ObjectMeta
 from chunkd.gateway.names import validate_key
+from chunkd.gateway.ranges import ByteRange
 
 if TYPE_CHECKING:
     from chunkd.gateway.metrics import Metrics
@@ -216,6 +217,8 @@ class ReadPath:
         """HEAD ``key`` and keep what it validated, in memory and in the index (once
         for all the readers that wait on the HEAD)."""
         meta = await backend.head(key)
+        if meta is None:
+            raise backend.not_found(key)
         self._remember((backend.name, key), _Known(meta, time.monotonic()))
         self.cache.record_validated(
             ValidatedVersion(
@@ -355,8 +358,10 @@ class ReadPath:
                         self.peers.integrity_failure(owner, stated)  # the backend's, then
         start = index * self.chunk_bytes
         end = min(stat.size, start + self.chunk_bytes)
-        data = await backend.get_range(stat.meta, start, end)
-        return await self._store(stat, index, data, known)
+        got = await backend.get(stat.meta.key, ByteRange(start, end), version=stat.meta)
+        if got is None:
+            raise backend.not_found(stat.meta.key)
+        return await self._store(stat, index, got, known)
 
     async def _store(
         self, stat: Stat, index: int, data: memoryview | bytes, known: ChunkId | None
@@ -430,7 +435,7 @@ class ReadPath:
                 began = offset
                 try:
                     pieces = backend.stream_range(
-                        stat.meta, offset, end, piece_bytes=min(size, _PIECE_BYTES)
+                        stat.meta, ByteRange(offset, end), piece_bytes=min(size, _PIECE_BYTES)
                     )
                     async for piece in pieces:
                         offset += piece.nbytes

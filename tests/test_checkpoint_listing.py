@@ -101,14 +101,14 @@ async def test_retention_deletes_only_the_checkpoint_it_listed(open_cache, tmp_p
     """Retention decides on a listing; a save that commits at the same name afterwards
     (overwrite=True) must not be deleted with the one that was listed."""
     from chunkd.errors import CheckpointNotFoundError
-    from chunkd.gateway.backends import Backend, Backends
+    from chunkd.gateway.backends import Backends, make_backend
     from chunkd.gateway.checkpoints import Checkpoints
     from chunkd.gateway.config import BackendConfig
     from chunkd.gateway.metrics import Metrics
 
     (tmp_path / "ckpts").mkdir()
     metrics = Metrics()
-    backend = Backend(
+    backend = make_backend(
         BackendConfig(name="ck", url=f"file://{tmp_path / 'ckpts'}", writable=True), metrics
     )
     store = Checkpoints(await open_cache(), Backends([backend]), metrics, tmp_path / "jobs")

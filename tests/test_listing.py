@@ -16,9 +16,8 @@ from obstore.store import LocalStore
 from chunkd.client import Client
 from chunkd.client.protocol import VERSION, recv_frame, send_frame
 from chunkd.errors import InvalidKeyError
-from chunkd.gateway.backends import Backend, Backends
+from chunkd.gateway.backends import Backend, Backends, FileLister, make_backend
 from chunkd.gateway.config import BackendConfig
-from chunkd.gateway.filelist import FileLister
 from chunkd.gateway.listing import ListEntry, Listings
 from chunkd.gateway.metrics import Metrics
 from chunkd.testing import s3_backend
@@ -90,7 +89,7 @@ def test_the_file_lister_lists_what_obstore_lists_in_key_order(tmp_path: Path) -
 
 def memory_backend(metrics: Metrics | None = None, **keys: object) -> Backend:
     config = BackendConfig(name="mem", url="memory://", writable=True, **keys)
-    return Backend(config, metrics or Metrics())
+    return make_backend(config, metrics or Metrics())
 
 
 def sample(metrics: Metrics, name: str, **labels: str) -> float:
@@ -105,10 +104,10 @@ def any_backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
     if request.param == "file":
         (tmp_path / "data").mkdir()
         config = BackendConfig(name="files", url=f"file://{tmp_path}/data", writable=True)
-        return Backend(config, Metrics())
+        return make_backend(config, Metrics())
     s3_server = request.getfixturevalue("s3_server")
     bucket = request.getfixturevalue("bucket")
-    return Backend(
+    return make_backend(
         BackendConfig(
             name="s3",
             url=f"s3://{bucket}/pre",

@@ -31,7 +31,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Final
 
-from chunkd.gateway.objects import ObjectMeta
+from chunkd.gateway.backends.meta import ObjectMeta
 
 __all__ = ["FileLister"]
 

@@ -1,0 +1,46 @@
+"""Backends: the configured object stores, one module per kind.
+
+- :mod:`~chunkd.gateway.backends.base`: the :class:`Backend` interface (its contract
+  is written down there);
+- :mod:`~chunkd.gateway.backends.store`: :class:`StoreBackend`, what the kinds share
+  (obstore, retries with :class:`chunkd.backoff.Backoff`, the circuit breaker, errors);
+- one module per kind: :mod:`~chunkd.gateway.backends.s3`,
+  :mod:`~chunkd.gateway.backends.gcs`, :mod:`~chunkd.gateway.backends.azure`,
+  :mod:`~chunkd.gateway.backends.file` (with
+  :mod:`~chunkd.gateway.backends.filelist`), :mod:`~chunkd.gateway.backends.memory`;
+- :mod:`~chunkd.gateway.backends.registry`: :class:`Backends` (the allowlist by
+  name) and :func:`make_backend`;
+- :mod:`~chunkd.gateway.backends.meta`: :class:`ObjectMeta`.
+
+Every kind passes the conformance suite :class:`chunkd.testing.backends.BackendTests`.
+"""
+
+from __future__ import annotations
+
+from chunkd.gateway.backends.azure import AzureBackend
+from chunkd.gateway.backends.base import SCAN_BATCH, Backend
+from chunkd.gateway.backends.file import FileBackend
+from chunkd.gateway.backends.filelist import FileLister
+from chunkd.gateway.backends.gcs import GCSBackend
+from chunkd.gateway.backends.memory import MemoryBackend
+from chunkd.gateway.backends.meta import ObjectMeta
+from chunkd.gateway.backends.registry import KINDS, Backends, make_backend
+from chunkd.gateway.backends.s3 import S3Backend
+from chunkd.gateway.backends.store import RETRY_BACKOFF, StoreBackend
+
+__all__ = [
+    "KINDS",
+    "RETRY_BACKOFF",
+    "SCAN_BATCH",
+    "AzureBackend",
+    "Backend",
+    "Backends",
+    "FileBackend",
+    "FileLister",
+    "GCSBackend",
+    "MemoryBackend",
+    "ObjectMeta",
+    "S3Backend",
+    "StoreBackend",
+    "make_backend",
+]

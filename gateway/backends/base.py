@@ -1,0 +1,196 @@
+"""The :class:`Backend` interface: one configured object store, as the daemon sees it.
+
+Modelled on zarr-python v3's ``abc/store.py``: async methods, ``None`` for what is
+absent and an exception only for a real failure, capabilities as properties, and byte
+ranges as values (:mod:`chunkd.gateway.ranges`). Every kind of backend (``s3``,
+``gs``, ``az``, ``file``, ``memory``) implements it, and every one passes the same
+conformance suite, :class:`chunkd.testing.backends.BackendTests`.
+
+The contract, for each method:
+
+1. :meth:`Backend.head` ``(key)``: the current version's :class:`ObjectMeta`, or
+   ``None`` when there is no object ``key``.
+2. :meth:`Backend.get` ``(key, byte_range, version=)``: the bytes, or ``None`` when
+   there is no object. ``version`` (the meta of a :meth:`head`) pins the read: an
+   object that is no longer that version raises :class:`VersionChangedError`. A
+   range is resolved against the object's size by :func:`chunkd.gateway.ranges.resolve`,
+   the one rule for "past the end" (a range that starts at or after the end of a
+   non-empty object, or any range of an empty one, is
+   :class:`RangeNotSatisfiableError`; one that runs past the end is cut there),
+   whatever the store would have said.
+3. :meth:`Backend.stream_range` ``(meta, byte_range, piece_bytes=)``: the same bytes
+   as a pinned :meth:`get`, in pieces; it raises :class:`ObjectNotFoundError` when the
+   object is gone (an iterator has no ``None`` to give).
+4. :meth:`Backend.scan` ``(prefix, start_after=, batch=)``: every object under
+   ``prefix`` in key order (UTF-8 bytes, as S3 lists), after ``start_after``, in
+   batches of at most ``batch``.
+5. :meth:`Backend.put` ``(key, data, if_absent=)`` and :meth:`Backend.delete`
+   ``(key)``: only where :attr:`Backend.supports_writes`; a put with ``if_absent``
+   returns ``False`` when an object was there already.
+
+Failures are :class:`BackendUnavailableError` (may heal: retried, counted against
+the backend's health), :class:`BackendForbiddenError` (the credentials),
+:class:`InvalidKeyError` (the request's own key: never retried, never counted against
+the backend) and :class:`ReadOnlyBackendError` (a write to a read-only backend).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import TYPE_CHECKING, Final
+
+from chunkd.errors import ObjectNotFoundError, ReadOnlyBackendError
+
+if TYPE_CHECKING:
+    from chunkd.gateway.backends.meta import ObjectMeta
+    from chunkd.gateway.config import BackendConfig
+    from chunkd.gateway.ranges import RequestRange
+
+__all__ = ["SCAN_BATCH", "Backend"]
+
+#: objects one listing request asks for (S3's own page size)
+SCAN_BATCH: Final = 1000
+
+
+class Backend(ABC):
+    """One configured object store (one ``[[backends]]`` entry).
+
+    Args:
+        config: its ``[[backends]]`` entry.
+    """
+
+    def __init__(self, config: BackendConfig) -> None:
+        self.config = config
+        self.name = config.name
+
+    # -- capabilities -------------------------------------------------------------------
+
+    @property
+    def supports_writes(self) -> bool:
+        """Whether :meth:`put` and :meth:`delete` may be called (``writable = true``)."""
+        return self.config.writable
+
+    @property
+    def supports_conditional_put(self) -> bool:
+        """Whether ``put(..., if_absent=True)`` is atomic in the store itself."""
+        return True
+
+    @property
+    def supports_list(self) -> bool:
+        """Whether :meth:`scan` lists the backend."""
+        return True
+
+    # -- reads --------------------------------------------------------------------------
+
+    @abstractmethod
+    async def head(self, key: str) -> ObjectMeta | None:
+        """Size and version of ``key``; ``None`` when there is no such object.
+
+        Raises:
+            InvalidKeyError, BackendForbiddenError, BackendUnavailableError
+        """
+
+    @abstractmethod
+    async def get(
+        self,
+        key: str,
+        byte_range: RequestRange | None = None,
+        *,
+        version: ObjectMeta | None = None,
+    ) -> memoryview | None:
+        """The bytes of ``key`` (``byte_range`` of them; all of it for ``None``), or
+        ``None`` when there is no such object.
+
+        Args:
+            key: the object.
+            byte_range: which bytes, resolved by :func:`chunkd.gateway.ranges.resolve`.
+            version: the version to read (its ``key`` is ``key``); without it, the
+                current one.
+
+        Raises:
+            VersionChangedError: the object is no longer ``version``.
+            RangeNotSatisfiableError: ``byte_range`` selects nothing of the object.
+            InvalidKeyError, BackendForbiddenError, BackendUnavailableError
+        """
+
+    @abstractmethod
+    def stream_range(
+        self, meta: ObjectMeta, byte_range: RequestRange | None, *, piece_bytes: int
+    ) -> AsyncIterator[memoryview]:
+        """``byte_range`` of ``meta``'s version, streamed in pieces of about
+        ``piece_bytes``.
+
+        The request is retried like :meth:`get`; a failure while the body streams is
+        raised to the caller, who knows what it still needs.
+
+        Raises:
+            ObjectNotFoundError, VersionChangedError, RangeNotSatisfiableError,
+            BackendForbiddenError, BackendUnavailableError
+        """
+
+    @abstractmethod
+    def scan(
+        self, prefix: str, *, start_after: str | None = None, batch: int = SCAN_BATCH
+    ) -> AsyncGenerator[list[ObjectMeta], None]:
+        """Every object under ``prefix`` in key order, after ``start_after``, in batches.
+
+        Key order is the UTF-8 byte order of the keys, as S3 lists them, for every
+        kind of backend. ``prefix`` counts whole path segments (``a/b`` holds
+        ``a/b/x``, neither ``a/bc`` nor ``a/b`` itself); ``""`` is the whole backend.
+        Each batch is one request (at most ``batch`` objects); it holds no more than
+        one batch in memory, and a caller that stops early stops the listing.
+
+        Raises:
+            InvalidKeyError: ``start_after`` is not a key this backend can name.
+            BackendForbiddenError, BackendUnavailableError
+        """
+
+    # -- writes -------------------------------------------------------------------------
+
+    @abstractmethod
+    async def put(self, key: str, data: bytes | memoryview, *, if_absent: bool = False) -> bool:
+        """Write ``data`` to ``key``; with ``if_absent``, only where nothing is there yet.
+
+        Returns whether this call wrote the object (``False``: ``if_absent`` found one).
+
+        Raises:
+            ReadOnlyBackendError, InvalidKeyError, BackendForbiddenError,
+            BackendUnavailableError
+        """
+
+    @abstractmethod
+    async def delete(self, key: str) -> None:
+        """Delete ``key`` (deleting a missing object is not an error).
+
+        Raises:
+            ReadOnlyBackendError, InvalidKeyError, BackendForbiddenError,
+            BackendUnavailableError
+        """
+
+    def check_writable(self) -> None:
+        """Raise :class:`ReadOnlyBackendError` unless the backend takes writes."""
+        if not self.supports_writes:
+            raise ReadOnlyBackendError(
+                f"backend {self.name!r} is read-only; set writable = true in its "
+                "[[backends]] entry to save checkpoints there"
+            )
+
+    # -- health and lifecycle -----------------------------------------------------------
+
+    @property
+    @abstractmethod
+    def request_bound(self) -> float:
+        """The longest one request can take, its retries and their backoff included."""
+
+    @property
+    def circuit_open(self) -> bool:
+        """Whether the backend fails fast right now (its circuit breaker is open)."""
+        return False
+
+    def not_found(self, key: str) -> ObjectNotFoundError:
+        """The error a caller raises for an absent ``key`` it needed."""
+        return ObjectNotFoundError(f"{self.name}/{key} does not exist in backend {self.name!r}")
+
+    async def close(self) -> None:  # noqa: B027 (a backend that holds nothing closes nothing)
+        """Release what the backend holds (connections)."""

@@ -1,0 +1,561 @@
+"""What every obstore-backed :class:`Backend` shares: retries, a circuit breaker, errors.
+
+:class:`StoreBackend` implements the :class:`~chunkd.gateway.backends.base.Backend`
+interface over an obstore store; each kind (``s3.py``, ``gcs.py``, ``azure.py``,
+``file.py``, ``memory.py``) only says how its store is built and what its store
+refuses. Each backend keeps its own bounded retries (delays from
+:class:`chunkd.backoff.Backoff`, full jitter) and circuit breaker: after
+``_BREAK_AFTER`` consecutive failures it fails fast for a cool-down, then lets one
+request through to probe. obstore's own retries are off, so every attempt is visible
+in the metrics.
+
+Errors are mapped once, here: a missing object is ``None`` (or
+:class:`ObjectNotFoundError` from a stream), a refusal
+:class:`BackendForbiddenError`, a failed ``If-Match`` :class:`VersionChangedError`, a
+key the store cannot hold :class:`InvalidKeyError`, and everything that may heal (5xx,
+timeouts, refused connections, an open circuit) :class:`BackendUnavailableError`. A
+key the store cannot hold is the request's own fault: it is neither retried nor
+counted for or against the backend's health (it is counted in
+``chunkd_backend_rejected_keys_total``), so no client can open a circuit by asking
+for names a backend refuses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, ClassVar, Final, TypeVar
+
+import obstore
+from obstore.exceptions import (
+    AlreadyExistsError,
+    InvalidPathError,
+    NotFoundError,
+    PermissionDeniedError,
+    PreconditionError,
+    UnauthenticatedError,
+)
+
+from chunkd.backoff import Backoff
+from chunkd.errors import (
+    BackendForbiddenError,
+    BackendUnavailableError,
+    InvalidKeyError,
+    ObjectNotFoundError,
+    VersionChangedError,
+)
+from chunkd.gateway.backends.base import SCAN_BATCH, Backend
+from chunkd.gateway.backends.meta import ObjectMeta
+from chunkd.gateway.ranges import resolve
+
+if TYPE_CHECKING:
+    from obstore import GetOptions
+    from obstore.store import ClientConfig, RetryConfig
+
+    from chunkd.gateway.config import BackendConfig
+    from chunkd.gateway.metrics import Metrics
+    from chunkd.gateway.ranges import RequestRange
+
+__all__ = ["RETRY_BACKOFF", "StoreBackend", "client_options", "first_line", "no_retries", "shown"]
+
+log = logging.getLogger("chunkd.gateway.backends")
+
+T = TypeVar("T")
+
+_BREAK_AFTER: Final = 5  # consecutive failures that open the circuit
+_COOL_DOWN: Final = 5.0  # seconds an open circuit fails fast
+#: the delays between a request's attempts
+RETRY_BACKOFF: Final = Backoff(base=0.05, cap=2.0, jitter="full")
+_BODY_DEADLINE: Final = 3600.0  # seconds one response may take in all, a span GET included
+_OBJECT_OPS: Final = frozenset({"head", "get", "put", "delete"})
+# A version read again when it changed between a ranged get's HEAD and its GET.
+_UNPINNED_TRIES: Final = 2
+
+
+class StoreBackend(Backend):
+    """A :class:`Backend` over an obstore store, with retries and a circuit breaker.
+
+    Args:
+        config: its ``[[backends]]`` entry.
+        metrics: where requests, bytes, errors and latencies are counted.
+        store: the obstore store (built by :meth:`make_store` when not given).
+    """
+
+    #: whether reads are bounded per read of a body (reqwest's ``read_timeout``, over
+    #: HTTP) rather than as a whole (local and in-memory stores have no such timeout)
+    bounded_per_read: ClassVar[bool] = True
+
+    def __init__(self, config: BackendConfig, metrics: Metrics, store: Any = None) -> None:
+        super().__init__(config)
+        self._metrics = metrics
+        self._store = store if store is not None else self.make_store(config)
+        self._failures = 0
+        self._open_until = 0.0
+        self._probing = False
+
+    @classmethod
+    def make_store(cls, config: BackendConfig) -> Any:
+        """The obstore store for ``config``."""
+        raise NotImplementedError(f"{cls.__name__} is given its store")
+
+    # -- reads --------------------------------------------------------------------------
+
+    async def head(self, key: str) -> ObjectMeta | None:
+        # docstring inherited
+        async def call() -> ObjectMeta:
+            meta = await obstore.head_async(self._store, key)
+            return _meta(key, meta)
+
+        try:
+            return await self._call("head", key, call)
+        except ObjectNotFoundError:
+            return None
+
+    async def get(
+        self,
+        key: str,
+        byte_range: RequestRange | None = None,
+        *,
+        version: ObjectMeta | None = None,
+    ) -> memoryview | None:
+        # docstring inherited
+        if version is not None:
+            return await self._get_pinned(version, byte_range)
+        if byte_range is None:
+            return await self._get_whole(key)
+        # A range needs the size (one rule for "past the end", not each store's own):
+        # the current version's, then that version's bytes.
+        for attempt in range(_UNPINNED_TRIES):
+            meta = await self.head(key)
+            if meta is None:
+                return None
+            try:
+                return await self._get_pinned(meta, byte_range)
+            except VersionChangedError:
+                if attempt + 1 == _UNPINNED_TRIES:
+                    raise
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _get_whole(self, key: str) -> memoryview | None:
+        async def call() -> memoryview:
+            opening = obstore.get_async(self._store, key)
+            result = await asyncio.wait_for(opening, self.config.timeout)
+            data = memoryview(await result.bytes_async())  # each read: read_timeout
+            self._metrics.backend_read_bytes.labels(self.name).inc(data.nbytes)
+            return data
+
+        try:
+            return await self._call("get", key, call, whole=not self.bounded_per_read)
+        except ObjectNotFoundError:
+            return None
+
+    async def _get_pinned(
+        self, meta: ObjectMeta, byte_range: RequestRange | None
+    ) -> memoryview | None:
+        start, end = resolve(byte_range, meta.size)
+        if start == end:
+            return memoryview(b"")
+
+        async def call() -> memoryview:
+            result = await asyncio.wait_for(self._open(meta, start, end), self.config.timeout)
+            data = memoryview(await result.bytes_async())  # each read: read_timeout
+            if data.nbytes != end - start:
+                raise BackendUnavailableError(
+                    f"backend {self.name!r} returned {data.nbytes} bytes of {meta.key} for a "
+                    f"{end - start}-byte range; the read will be retried"
+                )
+            self._metrics.backend_read_bytes.labels(self.name).inc(data.nbytes)
+            return data
+
+        try:
+            return await self._call("get", meta.key, call, whole=not self.bounded_per_read)
+        except ObjectNotFoundError:
+            return None
+
+    async def stream_range(
+        self, meta: ObjectMeta, byte_range: RequestRange | None, *, piece_bytes: int
+    ) -> AsyncIterator[memoryview]:
+        # docstring inherited
+        start, end = resolve(byte_range, meta.size)
+        if start == end:
+            return
+        result = await self._call("get", meta.key, lambda: self._open(meta, start, end))
+        pieces = result.stream(min_chunk_size=piece_bytes)
+        got = 0
+        while True:
+            started = time.perf_counter()
+            try:
+                # A stalled body is cut by read_timeout (the backend timeout), not by
+                # a bound on the whole piece, which many spans sharing a link make slow.
+                piece = await (
+                    anext(pieces, None)
+                    if self.bounded_per_read
+                    else asyncio.wait_for(anext(pieces, None), timeout=self.config.timeout)
+                )
+            except Exception as exc:
+                error = self._translate(exc, meta.key)
+                self._metrics.backend_errors.labels(self.name, type(error).__name__).inc()
+                self._failed()
+                raise error from exc
+            finally:
+                self._metrics.backend_seconds.labels(self.name, "stream").observe(
+                    time.perf_counter() - started
+                )
+            if piece is None:
+                break
+            view = memoryview(piece)
+            got += view.nbytes
+            self._metrics.backend_read_bytes.labels(self.name).inc(view.nbytes)
+            yield view
+        if got != end - start:
+            raise BackendUnavailableError(
+                f"backend {self.name!r} sent {got} bytes of {meta.key} for a "
+                f"{end - start}-byte range"
+            )
+
+    async def _open(self, meta: ObjectMeta, start: int, end: int) -> Any:
+        """A ranged GET pinned to ``meta``'s version (If-Match, or a version check)."""
+        options: GetOptions = {"range": (start, end)}
+        if meta.etag is not None:
+            options["if_match"] = meta.etag
+        result = await obstore.get_async(self._store, meta.key, options=options)
+        if meta.etag is None and _version_of(result.meta) != meta.version:
+            raise VersionChangedError(
+                f"{self.name}/{meta.key} changed while it was read; read it again"
+            )
+        return result
+
+    async def scan(
+        self, prefix: str, *, start_after: str | None = None, batch: int = SCAN_BATCH
+    ) -> AsyncGenerator[list[ObjectMeta], None]:
+        # docstring inherited
+        # One stream for the whole listing: a store without a native offset (Azure,
+        # in object_store) lists from the start again whenever one is given. Each
+        # batch is retried and counted like any other request; a stream broken off is
+        # opened again after the last key it gave.
+        top = f"{prefix.strip('/')}/" if prefix.strip("/") else ""
+        last = start_after
+        stream: Any = None
+
+        async def next_batch() -> list[Any]:
+            nonlocal stream
+            if stream is None:
+                stream = self._list_stream(prefix, last, batch)
+            try:
+                got = await anext(stream, None)
+            except BaseException:
+                stream = None  # broken: opened again after the last key it gave
+                raise
+            return list(got) if got is not None else []
+
+        while True:
+            raw = await self._call("list", prefix or "/", next_batch)
+            metas = [_meta(m["path"], m) for m in raw]
+            # obstore drops a trailing "/" of an offset, and names a marker "a/b/" as
+            # "a/b": what is not after the token, or not below the prefix, goes.
+            got = [
+                m
+                for m in metas
+                if (start_after is None or m.key > start_after) and m.key.startswith(top)
+            ]
+            if got:
+                yield got
+            if metas:
+                last = metas[-1].key
+            if len(raw) < batch:
+                return
+
+    def _list_stream(self, prefix: str, after: str | None, batch: int) -> Any:
+        try:
+            return obstore.list(self._store, prefix or None, offset=after, chunk_size=batch)
+        except ValueError as exc:  # obstore cannot parse the offset as a path
+            raise InvalidKeyError(
+                f"backend {self.name!r} cannot start a listing after {shown(after or '')}: "
+                f"it is not a key it can hold ({first_line(exc)})"
+            ) from None
+
+    # -- writes -------------------------------------------------------------------------
+
+    async def put(self, key: str, data: bytes | memoryview, *, if_absent: bool = False) -> bool:
+        # docstring inherited
+        self.check_writable()
+
+        async def call() -> bool:
+            try:
+                await obstore.put_async(
+                    self._store, key, data, mode="create" if if_absent else "overwrite"
+                )
+            except (AlreadyExistsError, PreconditionError):
+                if if_absent:
+                    return False
+                raise
+            self._metrics.backend_write_bytes.labels(self.name).inc(memoryview(data).nbytes)
+            return True
+
+        return await self._call("put", key, call)
+
+    async def delete(self, key: str) -> None:
+        # docstring inherited
+        self.check_writable()
+
+        async def call() -> None:
+            try:
+                await obstore.delete_async(self._store, key)
+            except (NotFoundError, FileNotFoundError):
+                return
+
+        await self._call("delete", key, call)
+
+    # -- retries and the circuit breaker ------------------------------------------------
+
+    @property
+    def request_bound(self) -> float:
+        # docstring inherited
+        retries = max(0, self.config.retries)
+        return self.config.timeout * (retries + 1) + RETRY_BACKOFF.cap * retries
+
+    @property
+    def circuit_open(self) -> bool:
+        # docstring inherited
+        return time.monotonic() < self._open_until
+
+    async def _call(
+        self, op: str, key: str, attempt: Callable[[], Awaitable[T]], *, whole: bool = True
+    ) -> T:
+        """``attempt()`` with retries (full jitter) and the circuit breaker.
+
+        ``whole``: the timeout bounds the whole attempt. Reads over HTTP pass False
+        and bound the wait for the response themselves: their bodies are bounded per
+        read (``read_timeout``), so a slow but steady transfer shared by many
+        requests is not cut off and fetched again. Writes, HEADs and listings stay
+        bounded as a whole.
+        """
+        if op in _OBJECT_OPS and (refused := self._refuse_long_name(key)) is not None:
+            self._metrics.rejected_keys.labels(self.name).inc()
+            raise refused
+        retries = max(0, self.config.retries)
+        for n in range(retries + 1):
+            self._check_circuit(key)
+            started = time.perf_counter()
+            self._metrics.backend_requests.labels(self.name, op).inc()
+            try:
+                result = await (
+                    asyncio.wait_for(attempt(), timeout=self.config.timeout) if whole else attempt()
+                )
+            except asyncio.CancelledError:
+                self._probing = False  # a cancelled probe must not hold the circuit shut
+                raise
+            except Exception as exc:
+                error = self._translate(exc, key, op)
+                if isinstance(error, InvalidKeyError):
+                    # The request's own key: said at once, and neither a failure nor a
+                    # success of the backend (a probe is over, the circuit unchanged).
+                    self._probing = False
+                    self._metrics.rejected_keys.labels(self.name).inc()
+                    raise error from exc
+                kind = type(error).__name__
+                self._metrics.backend_errors.labels(self.name, kind).inc()
+                if not isinstance(error, BackendUnavailableError):
+                    self._succeeded()  # the backend answered: it is up
+                    raise error from exc
+                self._failed()
+                if n == retries or self.circuit_open:
+                    raise error from exc
+                delay = RETRY_BACKOFF.delay(n)
+                log.info(
+                    "backend %s: %s %s failed (%s); retry %d of %d in %.2fs",
+                    self.name,
+                    op,
+                    key,
+                    error,
+                    n + 1,
+                    retries,
+                    delay,
+                )
+                await asyncio.sleep(delay)
+                continue
+            finally:
+                self._metrics.backend_seconds.labels(self.name, op).observe(
+                    time.perf_counter() - started
+                )
+            self._succeeded()
+            return result
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _check_circuit(self, key: str) -> None:
+        now = time.monotonic()
+        if now < self._open_until:
+            raise BackendUnavailableError(
+                f"backend {self.name!r} is failing; chunkd stopped asking it for "
+                f"{self._open_until - now:.1f}s more (reading {key}); cached data is still served"
+            )
+        if self._failures >= _BREAK_AFTER:
+            if self._probing:  # one probe at a time once the cool-down is over
+                raise BackendUnavailableError(
+                    f"backend {self.name!r} is failing; a probe request is in flight"
+                )
+            self._probing = True
+
+    def _failed(self) -> None:
+        self._failures += 1
+        self._probing = False
+        if self._failures >= _BREAK_AFTER:
+            if not self.circuit_open:
+                log.warning(
+                    "backend %s: %d failures in a row; circuit open for %.0fs",
+                    self.name,
+                    self._failures,
+                    _COOL_DOWN,
+                )
+            self._open_until = time.monotonic() + _COOL_DOWN
+            self._metrics.backend_circuit_open.labels(self.name).set(1)
+
+    def _succeeded(self) -> None:
+        if self._failures >= _BREAK_AFTER:
+            log.info("backend %s: answering again; circuit closed", self.name)
+        self._failures = 0
+        self._probing = False
+        self._open_until = 0.0
+        self._metrics.backend_circuit_open.labels(self.name).set(0)
+
+    # -- errors -------------------------------------------------------------------------
+
+    def _translate(self, exc: BaseException, key: str, op: str = "get") -> Exception:
+        if isinstance(exc, NotFoundError | FileNotFoundError):
+            return self.not_found(key)
+        refused = self._refused_key(exc, key, op)
+        if refused is not None:
+            return refused
+        if isinstance(exc, PermissionDeniedError | UnauthenticatedError):
+            return BackendForbiddenError(
+                f"backend {self.name!r} refused access to {key}: {first_line(exc)}; "
+                "check the credentials configured for it"
+            )
+        if isinstance(exc, PreconditionError | VersionChangedError):
+            return VersionChangedError(
+                f"{self.name}/{key} changed while it was read; read it again"
+            )
+        if isinstance(exc, TimeoutError):
+            return BackendUnavailableError(
+                f"backend {self.name!r} did not answer within {self.config.timeout:g}s ({key})"
+            )
+        if isinstance(exc, BackendUnavailableError):
+            return exc
+        return BackendUnavailableError(f"backend {self.name!r} failed on {key}: {first_line(exc)}")
+
+    def name_limit(self, name: str) -> tuple[str, int, int, str] | None:
+        """``(what, limit, size, unit)`` of the store's longest object name for
+        ``name`` (the backend's prefix included); ``None``: the store says itself."""
+        return None
+
+    def _refuse_long_name(self, key: str) -> InvalidKeyError | None:
+        """The error for a key longer than the object store holds, before it is asked.
+
+        Such a request fails with a 400 (S3's KeyTooLongError; a bare 400 to a HEAD),
+        which must not count against the backend; chunkd knows the limit and does not
+        send it.
+        """
+        prefix = self.config.prefix
+        limit = self.name_limit(f"{prefix}/{key}" if prefix else key)
+        if limit is None or limit[2] <= limit[1]:
+            return None
+        what, most, size, unit = limit
+        with_prefix = f" with the backend's prefix {prefix!r}" if prefix else ""
+        return InvalidKeyError(
+            f"backend {self.name!r} cannot hold the key {shown(key)}: it is {size} {unit} "
+            f"long{with_prefix}, and {what} are at most {most} {unit}; use a shorter key"
+        )
+
+    def _refused_key(self, exc: BaseException, key: str, op: str) -> Exception | None:
+        if isinstance(exc, InvalidKeyError):  # the attempt found the request's own key bad
+            return exc
+        if type(exc) is ValueError and "parse path" in str(exc):  # obstore's path parser
+            return InvalidKeyError(
+                f"backend {self.name!r} cannot hold the key {shown(key)}: it is not a path "
+                "it can name; use another name"
+            )
+        if isinstance(exc, UnicodeError):
+            return InvalidKeyError(f"backend {self.name!r} refused the key {shown(key)}: {exc}")
+        if isinstance(exc, InvalidPathError):  # its text may hold the backend's own paths
+            return InvalidKeyError(
+                f"backend {self.name!r} refused the key {shown(key)} as a path it cannot "
+                "hold; use another name"
+            )
+        return self.refused_by_store(exc, key, op)
+
+    def refused_by_store(self, exc: BaseException, key: str, op: str) -> Exception | None:
+        """The error for a key this kind of store refused in its own way, or None when
+        ``exc`` is not that (a file:// backend reads its filesystem's errors)."""
+        return None
+
+    async def close(self) -> None:
+        # docstring inherited: obstore closes the store's connections when it is dropped
+        self._store = None
+
+
+def client_options(config: BackendConfig) -> ClientConfig:
+    """The HTTP client options of a cloud backend.
+
+    ``timeout`` bounds a backend that stops answering: the wait for a response and
+    each read of a body (``read_timeout``). reqwest's overall ``timeout`` would also
+    bound a whole body, so a span GET of 64 chunks from a slow but steady backend
+    would break every time; here it is only a last resort of an hour.
+    """
+    client: ClientConfig = {
+        "timeout": timedelta(seconds=max(_BODY_DEADLINE, config.timeout)),
+        "read_timeout": timedelta(seconds=config.timeout),
+        "connect_timeout": timedelta(seconds=min(5.0, config.timeout)),
+    }
+    if config.allow_http:
+        client["allow_http"] = True
+    return client
+
+
+def no_retries(config: BackendConfig) -> RetryConfig:
+    """obstore's own retries off: :meth:`StoreBackend._call` retries, and counts."""
+    return {"max_retries": 0, "retry_timeout": timedelta(seconds=config.timeout)}
+
+
+def _etag(meta: Any) -> str | None:
+    """The ETag, quoted as HTTP quotes it: Azure's listings give it bare, its HEADs
+    quoted, and one object has one version token."""
+    etag = meta.get("e_tag")
+    if etag and not etag.startswith(('"', "W/")):
+        return f'"{etag}"'
+    return str(etag) if etag else None
+
+
+def _meta(key: str, meta: Any) -> ObjectMeta:
+    etag = _etag(meta)
+    stamp = meta.get("last_modified")
+    return ObjectMeta(
+        key=key,
+        size=int(meta["size"]),
+        version=_version_of(meta),
+        etag=etag,
+        modified=stamp.timestamp() if stamp is not None else 0.0,
+    )
+
+
+def _version_of(meta: Any) -> str:
+    etag = _etag(meta)
+    if etag:
+        return etag
+    stamp = meta["last_modified"]
+    return f"{meta['size']}-{stamp.timestamp():.9f}"
+
+
+def shown(key: str) -> str:
+    """``key`` quoted for a message; a long one shortened, with its length."""
+    if len(key) <= 80:
+        return repr(key)
+    return f"{key[:40]!r}...{key[-20:]!r} ({len(key)} characters)"
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an error's text (obstore's run to many)."""
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__

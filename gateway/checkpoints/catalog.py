@@ -11,7 +11,12 @@ from typing import TYPE_CHECKING, Any, Final
 
 from chunkd.errors import CheckpointNotFoundError, ObjectNotFoundError
 from chunkd.gateway.checkpoints.jobs import Jobs, each
-from chunkd.gateway.checkpoints.model import CHECKPOINTS, MANIFEST
+from chunkd.gateway.checkpoints.model import (
+    CHECKPOINTS,
+    is_manifest,
+    manifest_key,
+    path_of_manifest,
+)
 from chunkd.gateway.names import checkpoint_name, split_prefix
 
 if TYPE_CHECKING:
@@ -88,7 +93,7 @@ class Catalog:
         scanned = 0
         async with contextlib.aclosing(backend.scan(base, start_after=start_after)) as batches:
             async for batch in batches:
-                manifests = [m for m in batch if m.key.endswith("/" + MANIFEST)]
+                manifests = [m for m in batch if is_manifest(m.key)]
                 for start in range(0, len(manifests), _SUMMARIES_AT_ONCE):
                     group = manifests[start : start + _SUMMARIES_AT_ONCE]
                     summaries = await each(group, functools.partial(self._summary, backend))
@@ -132,7 +137,7 @@ class Catalog:
                 and (not path or f"{request.path}/".startswith(f"{path}/"))
                 and job.state != "done"
             ):
-                out[request.prefix + MANIFEST] = {  # the newest save of a name wins
+                out[request.manifest_key] = {  # the newest save of a name wins
                     "name": request.name,
                     "step": request.step,
                     "logical_bytes": job.logical,
@@ -158,7 +163,7 @@ class Catalog:
         base = f"{CHECKPOINTS}{path}" if path else CHECKPOINTS.rstrip("/")
         async with contextlib.aclosing(backend.scan(base)) as batches:
             async for batch in batches:
-                manifests = [m for m in batch if m.key.endswith("/" + MANIFEST)]
+                manifests = [m for m in batch if is_manifest(m.key)]
                 for summary in await each(manifests, functools.partial(self._summary, backend)):
                     if summary is not None:
                         yield summary
@@ -177,7 +182,7 @@ class Catalog:
         backend_name, path = checkpoint_name(name)
         backend = self.backends.get(backend_name)
         backend.check_writable()
-        key = f"{CHECKPOINTS}{path}/{MANIFEST}"
+        key = manifest_key(path)
         try:
             doc = json.loads(bytes(await backend.get(key)))
             parts = [str(p["key"]) for p in doc["parts"]]
@@ -198,7 +203,7 @@ class Catalog:
 
 def _summary(backend: str, key: str, doc: dict[str, Any], meta: ObjectMeta) -> dict[str, Any]:
     logical, new = int(doc["logical_bytes"]), int(doc["new_bytes"])
-    path = key[len(CHECKPOINTS) : -len("/" + MANIFEST)]
+    path = path_of_manifest(key)
     return {
         "name": f"{backend}/{path}",
         "step": doc.get("step"),

@@ -21,14 +21,14 @@ from chunkd.errors import (
 )
 from chunkd.gateway.checkpoints.jobs import each, polling, retrying
 from chunkd.gateway.checkpoints.model import (
-    CHECKPOINTS,
-    MANIFEST,
     MANIFEST_KEYS,
     SCHEMA,
     SaveJob,
     check_save_id,
     dumps,
+    manifest_key,
     part_rank,
+    parts_prefix,
 )
 from chunkd.gateway.names import checkpoint_name
 
@@ -70,7 +70,7 @@ class Committer:
             job.state = "waiting for parts"
         assert path is not None
         assert save_id is not None
-        prefix = f"{CHECKPOINTS}{path}/parts/{save_id}/"
+        prefix = parts_prefix(path, save_id)
         deadline = time.monotonic() + self.part_timeout
         pauses = polling(self.poll_interval).delays()
         while True:
@@ -102,7 +102,7 @@ class Committer:
         assert not set(extra) & set(manifest)
         manifest |= extra
         body = dumps(manifest)
-        key = f"{CHECKPOINTS}{path}/{MANIFEST}"
+        key = manifest_key(path)
         if job is not None:
             job.state = "committing"
         wrote = await retrying(job, lambda: backend.put(key, body, if_absent=not overwrite))
@@ -158,7 +158,7 @@ class Committer:
         return await each(range(world_size), read)
 
     async def await_commit(self, job: SaveJob, backend: Backend) -> None:
-        key = job.request.prefix + MANIFEST
+        key = job.request.manifest_key
         deadline = time.monotonic() + self.part_timeout
         pauses = polling(self.poll_interval).delays()
         while True:

@@ -15,7 +15,15 @@ from chunkd.errors import CheckpointNotFoundError, ChunkdError, ObjectNotFoundEr
 from chunkd.gateway.checkpoints.barrier import Barrier
 from chunkd.gateway.checkpoints.catalog import Catalog
 from chunkd.gateway.checkpoints.jobs import Jobs, each
-from chunkd.gateway.checkpoints.model import CHECKPOINTS, CHUNKS, INTENTS, MANIFEST, PART_RE
+from chunkd.gateway.checkpoints.model import (
+    CHECKPOINTS,
+    CHUNKS,
+    INTENTS,
+    PART_RE,
+    is_manifest,
+    manifest_key,
+)
+from chunkd.gateway.names import split_name
 
 if TYPE_CHECKING:
     from chunkd.gateway.backends import Backend, ObjectMeta
@@ -89,7 +97,7 @@ class Collector:
         report["retired_count"] = len(report["retired"])
         now = time.time()
         # A dry run marks as if the retired checkpoints were gone already.
-        retired = {f"{CHECKPOINTS}{n.partition('/')[2]}/{MANIFEST}" for n in report["retired"]}
+        retired = {manifest_key(split_name(n)[1]) for n in report["retired"]}
         live, stale = await self._mark(backend, retired, stale_before=now - pending_ttl)
         report["stale_parts"] = len(stale)
         if not dry_run:
@@ -128,7 +136,7 @@ class Collector:
         old: list[str] = []
         async with contextlib.aclosing(backend.scan(CHECKPOINTS.rstrip("/"))) as batches:
             async for batch in batches:
-                manifests = [m for m in batch if m.key.endswith("/" + MANIFEST)]
+                manifests = [m for m in batch if is_manifest(m.key)]
                 named = await each(
                     [m.key for m in manifests], functools.partial(self._manifest_parts, backend)
                 )

@@ -47,7 +47,11 @@ __all__ = [
     "SaveRequest",
     "check_save_id",
     "dumps",
+    "is_manifest",
+    "manifest_key",
     "part_rank",
+    "parts_prefix",
+    "path_of_manifest",
     "step_of",
 ]
 
@@ -82,6 +86,26 @@ MAX_SEGMENTS: Final = 1 << 20
 MAX_STAGED_BYTES: Final = 1 << 48
 #: the largest step (a signed 64-bit integer); the smallest is ``-MAX_STEP - 1``
 MAX_STEP: Final = (1 << 63) - 1
+
+
+def manifest_key(path: str) -> str:
+    """The key of checkpoint ``PATH``'s manifest: its commit point."""
+    return f"{CHECKPOINTS}{path}/{MANIFEST}"
+
+
+def is_manifest(key: str) -> bool:
+    """Whether backend key ``key`` is a checkpoint's manifest."""
+    return key.startswith(CHECKPOINTS) and key.endswith("/" + MANIFEST)
+
+
+def path_of_manifest(key: str) -> str:
+    """The checkpoint ``PATH`` whose manifest is at ``key``."""
+    return key[len(CHECKPOINTS) : -len("/" + MANIFEST)]
+
+
+def parts_prefix(path: str, save_id: str) -> str:
+    """Where the parts of save ``save_id`` of checkpoint ``PATH`` go."""
+    return f"{CHECKPOINTS}{path}/parts/{save_id}/"
 
 
 class Durability(IntEnum):
@@ -151,9 +175,14 @@ class SaveRequest:
         return f"{CHECKPOINTS}{self.path}/"
 
     @property
+    def manifest_key(self) -> str:
+        """Where the checkpoint's manifest goes."""
+        return manifest_key(self.path)
+
+    @property
     def part_key(self) -> str:
         """Where this rank's part manifest goes."""
-        return f"{self.prefix}parts/{self.save_id}/{self.rank}.json"
+        return f"{parts_prefix(self.path, self.save_id)}{self.rank}.json"
 
     @property
     def intent_key(self) -> str:

@@ -20,7 +20,12 @@ from chunkd.errors import (
     ObjectNotFoundError,
 )
 from chunkd.gateway.checkpoints.jobs import Jobs
-from chunkd.gateway.checkpoints.model import CHECKPOINTS, CHUNKS, MANIFEST, SCHEMA, Durability
+from chunkd.gateway.checkpoints.model import (
+    CHUNKS,
+    SCHEMA,
+    Durability,
+    manifest_key,
+)
 from chunkd.gateway.names import checkpoint_name
 
 if TYPE_CHECKING:
@@ -72,7 +77,7 @@ class Restorer:
         backend = self.backends.get(backend_name)
         local = self._local_manifest(backend_name, path)
         try:
-            raw = await backend.get(f"{CHECKPOINTS}{path}/{MANIFEST}")
+            raw = await backend.get(manifest_key(path))
         except ObjectNotFoundError:
             if local is not None:
                 return local

@@ -63,7 +63,6 @@ from chunkd.gateway.checkpoints.jobs import Jobs, polling, retrying
 from chunkd.gateway.checkpoints.journal import Journal, syncfs
 from chunkd.gateway.checkpoints.model import (
     CHUNKS,
-    MANIFEST,
     Durability,
     SaveJob,
     SaveRequest,
@@ -203,7 +202,7 @@ class Saver:
                     f"checkpoint {request.name} is being saved already; pass overwrite=True "
                     "to replace it"
                 )
-            if await self._exists_unless_down(backend, request.prefix + MANIFEST):
+            if await self._exists_unless_down(backend, request.manifest_key):
                 raise CheckpointExistsError(
                     f"checkpoint {request.name} exists; pass overwrite=True to replace it"
                 )

@@ -20,7 +20,6 @@ from chunkd.errors import (
 from chunkd.gateway.checkpoints.jobs import Jobs, polling
 from chunkd.gateway.checkpoints.journal import Journal
 from chunkd.gateway.checkpoints.model import (
-    MANIFEST,
     SAVE_ID_RE,
     Durability,
     SaveJob,
@@ -130,7 +129,7 @@ class Waiter:
         what = f"save {request.save_id} of checkpoint {request.name} (rank {request.rank})"
         doc: dict[str, Any] | None = None
         try:
-            raw = await backend.get(request.prefix + MANIFEST)
+            raw = await backend.get(request.manifest_key)
             doc = json.loads(bytes(raw))
         except ObjectNotFoundError:
             pass

@@ -13,17 +13,17 @@ really holds for a memfd.
 
 from __future__ import annotations
 
-import asyncio
-import fcntl
 import mmap
 import os
 import threading
 from typing import Final
 
+from chunkd import memfd
 from chunkd.cache.chunkid import ChunkId
 from chunkd.cache.policy import EvictionPolicy, S3FifoPolicy
 from chunkd.cache.tier import Chunk, ChunkLease, Tier, TierStats
 from chunkd.errors import CacheClosedError, ChunkTooLargeError
+from chunkd.memfd import SEALS, close_fd_result
 
 __all__ = [
     "MEMFD_NAME",
@@ -38,8 +38,6 @@ __all__ = [
 #: the name every RAM-tier memfd carries (``/proc/PID/fd`` shows ``/memfd:chunkd``)
 MEMFD_NAME: Final = "chunkd"
 
-#: the seals every RAM-tier memfd carries
-SEALS: Final = fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE
 _PAGE: Final = mmap.PAGESIZE
 # Below this size the copy is cheaper than a hop to a worker thread.
 _INLINE_COPY_BYTES: Final = 256 * 1024
@@ -50,44 +48,17 @@ def _page_round(size: int) -> int:
 
 
 def seal_memfd(data: memoryview) -> int:
-    """Copy ``data`` into a new memfd, seal it, and return the fd (close-on-exec).
+    """:func:`chunkd.memfd.sealed` under the RAM tier's name, :data:`MEMFD_NAME`.
 
     Blocking (one copy of the bytes); safe to call from any thread, and it needs no
     chunk id, so it can run while another thread hashes the same bytes.
     """
-    fd = os.memfd_create(MEMFD_NAME, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
-    try:
-        size = data.nbytes
-        if size:
-            os.ftruncate(fd, size)
-            done = 0
-            while done < size:
-                done += os.pwrite(fd, data[done:], done)
-        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, SEALS)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
+    return memfd.sealed(data, MEMFD_NAME)
 
 
 async def seal_memfd_off_loop(data: memoryview) -> int:
-    """:func:`seal_memfd` in a worker thread.
-
-    Cancelling the caller never leaks the memfd: the copy finishes in its thread
-    and the fd is closed as soon as it exists.
-    """
-    future = asyncio.get_running_loop().run_in_executor(None, seal_memfd, data)
-    try:
-        return await asyncio.shield(future)
-    except asyncio.CancelledError:
-        future.add_done_callback(close_fd_result)
-        raise
-
-
-def close_fd_result(future: asyncio.Future[int]) -> None:
-    """Done-callback: close the fd a finished future produced (nothing if it failed)."""
-    if not future.cancelled() and future.exception() is None:
-        os.close(future.result())
+    """:func:`seal_memfd` in a worker thread (:func:`chunkd.memfd.sealed_off_loop`)."""
+    return await memfd.sealed_off_loop(data, MEMFD_NAME)
 
 
 class _Entry:

@@ -59,7 +59,7 @@ class Chunk:
     def take_staged_fd(self) -> int | None:
         """Take ownership of a sealed memfd already holding these bytes, if one came along.
 
-        A caller may copy the bytes into a sealed memfd (:func:`~chunkd.cache.ram.seal_memfd`)
+        A caller may copy the bytes into a sealed memfd (:func:`chunkd.memfd.sealed`)
         while it hashes them, and attach it here; the first fd-backed tier that
         stores the chunk adopts the fd instead of copying again. Whoever takes it
         owns it; :meth:`close_staged_fd` closes one nobody took.

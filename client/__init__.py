@@ -14,6 +14,7 @@ from chunkd.client.core import (
     Client,
     DaemonUnavailableError,
     ObjectStat,
+    Reply,
     as_numpy,
 )
 
@@ -24,5 +25,6 @@ __all__ = [
     "Client",
     "DaemonUnavailableError",
     "ObjectStat",
+    "Reply",
     "as_numpy",
 ]

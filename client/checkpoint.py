@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import base64
 import builtins
-import fcntl
 import json
 import mmap
 import os
@@ -52,7 +51,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
+from chunkd import memfd
 from chunkd.client.core import Client
+from chunkd.client.protocol import DURABILITY_LEVELS
 from chunkd.errors import (
     CheckpointError,
     ChunkdError,
@@ -84,7 +85,6 @@ __all__ = [
 #: values at least this large get a segment (and so chunks) of their own
 OWN_SEGMENT_BYTES: Final = 256 * 1024
 _ALIGN: Final = 64
-_SEALS: Final = fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE
 _COPY_THREADS: Final = 4
 #: chunks asked for in one request: 256 MiB, which a cold backend must deliver
 #: within the client's timeout
@@ -95,7 +95,6 @@ _COMMIT_TIMEOUT: Final = 3600.0
 _GC_TIMEOUT: Final = 6 * 3600.0
 #: checkpoints asked for in one listing page
 _LIST_PAGE: Final = 1000
-_LEVELS: Final = ("staged", "local", "remote")
 
 _default: Client | None = None
 _default_lock = threading.Lock()
@@ -106,7 +105,7 @@ def _client(client: Client | None) -> Client:
     if client is not None:
         return client
     with _default_lock:
-        if _default is None or _default._closed:
+        if _default is None or _default.closed:
             _default = Client()
         return _default
 
@@ -298,16 +297,13 @@ def _stage(
     """Copy every blob into a memfd (the spare, when it is big enough) and seal it."""
     fd = _SPARE.take(total)
     if fd is None:
-        fd = os.memfd_create("chunkd-checkpoint", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        fd = memfd.create("chunkd-checkpoint")
     try:
         os.ftruncate(fd, total)  # grows a new memfd; trims a larger spare
 
         def put(blob: _Blob) -> None:
-            data = _blob_bytes(blob.source)
             at = segments[blob.node["seg"]][0] + blob.node["off"]
-            while data:
-                written = os.pwrite(fd, data, at)
-                data, at = data[written:], at + written
+            memfd.write_at(fd, _blob_bytes(blob.source), at)
 
         big = [b for b in blobs if b.nbytes >= OWN_SEGMENT_BYTES]
         small = [b for b in blobs if b.nbytes < OWN_SEGMENT_BYTES]
@@ -319,7 +315,7 @@ def _stage(
         else:
             for blob in big:
                 put(blob)
-        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _SEALS)
+        memfd.seal(fd)
     except BaseException:
         os.close(fd)
         raise
@@ -363,7 +359,7 @@ class _Spare:
         ).start()
 
     def _allocate(self, size: int) -> None:
-        fd = os.memfd_create("chunkd-checkpoint", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        fd = memfd.create("chunkd-checkpoint")
         try:
             os.posix_fallocate(fd, 0, size)
         except OSError:  # no room in shared memory now: the next save allocates as it goes
@@ -387,17 +383,7 @@ os.register_at_fork(after_in_child=_SPARE.forget_in_child)
 
 
 def _sealed_json(doc: Any) -> int:
-    raw = json.dumps(doc, separators=(",", ":")).encode()
-    fd = os.memfd_create("chunkd-layout", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
-    try:
-        view = memoryview(raw)
-        while view:
-            view = view[os.write(fd, view) :]
-        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _SEALS)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
+    return memfd.sealed(json.dumps(doc, separators=(",", ":")).encode(), "chunkd-layout")
 
 
 # -- saving ----------------------------------------------------------------------------
@@ -451,19 +437,21 @@ class SaveHandle:
             CheckpointError, BackendForbiddenError, ...: the save failed.
         """
         wanted = level or self.durability
-        if wanted not in _LEVELS:
-            raise ValueError(f"level must be one of {_LEVELS}; got {wanted!r}")
+        if wanted not in DURABILITY_LEVELS:
+            raise ValueError(f"level must be one of {DURABILITY_LEVELS}; got {wanted!r}")
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             left = 10.0 if deadline is None else max(0.0, deadline - time.monotonic())
-            request: dict[str, Any] = {"op": "ckpt_wait", "job": self.job_id, "level": wanted}
-            request |= {"timeout": min(left, 10)} | self._save
-            reply, _, fds = self._client._request(request, f"waiting for checkpoint {self.name}")
-            _close(fds)
+            fields = {"job": self.job_id, "level": wanted, "timeout": min(left, 10)} | self._save
+            with self._client.request(
+                "ckpt_wait", fields, what=f"waiting for checkpoint {self.name}"
+            ) as answer:
+                reply = answer.header
             self._last = reply
             reached = reply.get("durability")
-            if reached is not None and _LEVELS.index(reached) >= _LEVELS.index(wanted):
-                self._done = _LEVELS.index(reached) >= _LEVELS.index(self.durability)
+            level_of = DURABILITY_LEVELS.index
+            if reached is not None and level_of(reached) >= level_of(wanted):
+                self._done = level_of(reached) >= level_of(self.durability)
                 return True
             if deadline is not None and time.monotonic() >= deadline:
                 return False
@@ -529,8 +517,8 @@ def async_save(
         CheckpointExistsError: ``name`` exists and ``overwrite`` is False.
         ReadOnlyBackendError, BackendForbiddenError, UnknownBackendError
     """
-    if durability not in _LEVELS:
-        raise ValueError(f"durability must be one of {_LEVELS}; got {durability!r}")
+    if durability not in DURABILITY_LEVELS:
+        raise ValueError(f"durability must be one of {DURABILITY_LEVELS}; got {durability!r}")
     encoder = _Encoder()
     problem: UnsupportedStateError | None = None
     try:
@@ -559,15 +547,14 @@ def async_save(
         )
     save_id = save_id or uuid.uuid4().hex
     chunkd = _client(client)
-    chunk_bytes = int(chunkd._hello.get("chunk_bytes", 4 << 20))
+    chunk_bytes = chunkd.chunk_bytes
     segments, total = _plan(encoder.blobs, chunk_bytes)
     data_fd = _stage(encoder.blobs, segments, total)
     _SPARE.prepare(total)
     try:
         layout_fd = _sealed_json({"segments": [[*s] for s in segments], "tree": tree})
         try:
-            header = {
-                "op": "ckpt_save",
+            fields = {
                 "name": name,
                 "save_id": save_id,
                 "rank": rank,
@@ -577,8 +564,10 @@ def async_save(
                 "commit": _commit,
                 "step": step,
             }
-            reply, _, fds = chunkd._request(header, f"saving {name}", [layout_fd, data_fd])
-            _close(fds)
+            with chunkd.request(
+                "ckpt_save", fields, fds=[layout_fd, data_fd], what=f"saving {name}"
+            ) as answer:
+                reply = answer.header
         finally:
             os.close(layout_fd)
     finally:
@@ -616,8 +605,8 @@ def manifest(name: str, *, client: Client | None = None) -> dict[str, Any]:
     Raises:
         CheckpointNotFoundError: there is no such checkpoint (or its manifest is torn).
     """
-    _, _, fds = _client(client)._request({"op": "ckpt_manifest", "name": name}, f"loading {name}")
-    return _json_fd(fds, f"the manifest of {name}")
+    answer = _client(client).request("ckpt_manifest", {"name": name}, what=f"loading {name}")
+    return _json_fd(answer.fds, f"the manifest of {name}")
 
 
 def _json_fd(fds: builtins.list[int], what: str) -> dict[str, Any]:
@@ -628,7 +617,7 @@ def _json_fd(fds: builtins.list[int], what: str) -> dict[str, Any]:
         size = os.fstat(fds[0]).st_size
         doc = json.loads(os.pread(fds[0], size, 0))
     finally:
-        _close(fds)
+        memfd.close_all(fds)
     if not isinstance(doc, dict):
         raise CheckpointError(f"{what} is not a JSON object")
     return doc
@@ -695,21 +684,21 @@ class _Reader:
                     for _ in pool.map(_read_pieces, jobs):
                         pass
                 finally:
-                    _close(fds)
+                    memfd.close_all(fds)
         steps, self._after = self._after, []
         for step in steps:
             step()
 
     def _chunks(self, batch: builtins.list[str]) -> builtins.list[int]:
         try:
-            reply, _, fds = self.client._request(
-                {"op": "ckpt_chunks", "backend": self.backend, "ids": batch},
-                f"loading {self.name}",
+            answer = self.client.request(
+                "ckpt_chunks", {"backend": self.backend, "ids": batch}, what=f"loading {self.name}"
             )
         except ChunkdError as exc:
             raise self._named(exc) from exc
-        if len(fds) != len(batch) or len(reply.get("sizes", [])) != len(batch):
-            _close(fds)
+        fds = answer.fds
+        if len(fds) != len(batch) or len(answer.header.get("sizes", [])) != len(batch):
+            answer.close()
             raise CheckpointError(
                 f"the daemon sent {len(fds)} chunks of {len(batch)} for {self.name}"
             )
@@ -821,22 +810,17 @@ def commit(
     """
     fd = _sealed_json(extra or {})
     try:
-        reply, _, fds = _client(client)._request(
-            {
-                "op": "ckpt_commit",
-                "name": name,
-                "save_id": save_id,
-                "world_size": world_size,
-                "overwrite": overwrite,
-            },
-            f"committing {name}",
-            [fd],
+        answer = _client(client).request(
+            "ckpt_commit",
+            {"name": name, "save_id": save_id, "world_size": world_size, "overwrite": overwrite},
+            fds=[fd],
             timeout=_COMMIT_TIMEOUT,
+            what=f"committing {name}",
         )
     finally:
         os.close(fd)
-    _close(fds)
-    return str(reply["manifest_id"])
+    answer.close()
+    return str(answer.header["manifest_id"])
 
 
 def load(
@@ -1123,14 +1107,14 @@ def pages(
     chunkd = _client(client)
     token: str | None = None
     while True:
-        reply, payload, fds = chunkd._request(
-            {"op": "ckpt_list", "prefix": prefix, "start_after": token, "limit": limit},
-            f"listing {prefix}",
-        )
-        _close(fds)
-        entries: builtins.list[dict[str, Any]] = json.loads(payload)
+        with chunkd.request(
+            "ckpt_list",
+            {"prefix": prefix, "start_after": token, "limit": limit},
+            what=f"listing {prefix}",
+        ) as answer:
+            entries: builtins.list[dict[str, Any]] = json.loads(answer.payload)
         yield entries
-        token = reply.get("next")
+        token = answer.header.get("next")
         if token is None:
             return
 
@@ -1150,23 +1134,14 @@ def gc(
     ``chunks``, ``referenced``, ``kept_young``, ``swept``, ``freed_bytes``,
     ``stale_parts``. Saves may run meanwhile (docs/checkpoints.md, garbage collection).
     """
-    request = {"op": "ckpt_gc", "target": target, "keep_last": keep_last, "grace": grace}
-    request["dry_run"] = dry_run
-    _, _, fds = _client(client)._request(
-        request, f"collecting garbage in {target}", timeout=timeout
+    fields = {"target": target, "keep_last": keep_last, "grace": grace, "dry_run": dry_run}
+    answer = _client(client).request(
+        "ckpt_gc", fields, timeout=timeout, what=f"collecting garbage in {target}"
     )
-    return _json_fd(fds, f"the garbage collection report of {target}")
+    return _json_fd(answer.fds, f"the garbage collection report of {target}")
 
 
 def delete(name: str, *, client: Client | None = None) -> int:
     """Delete checkpoint ``name`` (its chunks go at the next ``chunkd gc``)."""
-    reply, _, fds = _client(client)._request(
-        {"op": "ckpt_delete", "name": name}, f"deleting {name}"
-    )
-    _close(fds)
-    return int(reply.get("removed", 0))
-
-
-def _close(fds: Any) -> None:
-    for fd in fds:
-        os.close(fd)
+    with _client(client).request("ckpt_delete", {"name": name}, what=f"deleting {name}") as answer:
+        return int(answer.header.get("removed", 0))

@@ -50,13 +50,17 @@ Threads and processes
 Errors
     An error answer raises the :mod:`chunkd.errors` class that the daemon named, with
     the daemon's message (a name it does not know raises :class:`ChunkdError`).
+
+Other requests
+    :meth:`Client.request` sends any op of :data:`chunkd.client.protocol.OPS` (the
+    checkpoint module speaks the ``ckpt_*`` ops through it) on the same connection,
+    with the same reconnection and errors, and returns a :class:`Reply`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import ctypes
-import fcntl
 import io
 import itertools
 import json
@@ -75,9 +79,15 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
-from chunkd import errors
+from chunkd.backoff import Backoff
 from chunkd.client import protocol
-from chunkd.errors import CacheClosedError, ChunkdError, VersionChangedError
+from chunkd.errors import (
+    CacheClosedError,
+    ChunkdError,
+    DaemonUnavailableError,
+    VersionChangedError,
+)
+from chunkd.memfd import close_all, sealed_size
 
 if TYPE_CHECKING:
     from _typeshed import WriteableBuffer
@@ -91,6 +101,7 @@ __all__ = [
     "Client",
     "DaemonUnavailableError",
     "ObjectStat",
+    "Reply",
     "as_numpy",
 ]
 
@@ -107,12 +118,35 @@ _PREFETCH_HEADER_BYTES: Final = protocol.MAX_HEADER // 2
 _READV_MAX: Final = 256 * 1024
 #: an AsyncClient copies a cache hit on the event loop up to this size, else in a thread
 _LOOP_COPY_BYTES: Final = 1 << 20
-#: seals a chunk's memfd must carry: it can neither change nor shrink under a mapping
-_REQUIRED_SEALS: Final = fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SHRINK
+#: the delays between attempts to reconnect to a daemon that went away
+_RECONNECT: Final = Backoff(base=0.02, cap=0.5, jitter="equal")
 
 
-class DaemonUnavailableError(ChunkdError, ConnectionError):
-    """No chunkd daemon answers on this node's socket (or it stopped answering)."""
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """A successful answer of the daemon to :meth:`Client.request`.
+
+    The caller owns :attr:`fds` (sealed memfds): close them with :meth:`close`, or
+    use the reply as a context manager.
+    """
+
+    #: the answer's JSON header (``"ok": true`` and the op's fields)
+    header: dict[str, Any]
+    #: the bytes that came with it
+    payload: bytes
+    #: the fds that came with it, the caller's to close
+    fds: list[int]
+
+    def close(self) -> None:
+        """Close every fd of the reply."""
+        close_all(self.fds)
+        self.fds.clear()
+
+    def __enter__(self) -> Reply:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 @dataclass(frozen=True, slots=True)
@@ -419,15 +453,7 @@ class _Known:
 
 
 def _error_from(reply: dict[str, Any], what: str) -> ChunkdError:
-    kind = reply.get("error")
-    message = reply.get("message") or f"the chunkd daemon refused {what} ({kind})"
-    cls = getattr(errors, kind, None) if isinstance(kind, str) and kind in errors.__all__ else None
-    if not (isinstance(cls, type) and issubclass(cls, ChunkdError)):
-        cls = ChunkdError
-    error = cls(str(message))
-    if isinstance(reply.get("chunk"), str):
-        error.chunk_id = reply["chunk"]  # type: ignore[attr-defined]
-    return error
+    return protocol.error_of(reply, what)
 
 
 def _json_bytes(text: str) -> int:
@@ -496,16 +522,15 @@ def _check_chunk_fd(chunk_id: str, size: int, fd: int) -> None:
     """
     if size <= 0:
         raise protocol.ProtocolError(f"the daemon sent chunk {chunk_id} of size {size}")
-    seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
-    if seals & _REQUIRED_SEALS != _REQUIRED_SEALS or os.fstat(fd).st_size < size:
+    held = sealed_size(fd)
+    if held is None or held < size:
         raise protocol.ProtocolError(
             f"the daemon sent chunk {chunk_id} in an fd that is not a sealed memfd of {size} bytes"
         )
 
 
-def _close_fds(fds: Iterable[int]) -> None:
-    for fd in fds:
-        os.close(fd)
+def _fields_of(header: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in header.items() if k != "op"}
 
 
 def _check_range(offset: int, length: int | None) -> None:
@@ -585,6 +610,48 @@ class Client:
     def daemon(self) -> str:
         """The daemon's name and version as it said hello (``"chunkd 0.1.0"``)."""
         return str(self._hello.get("daemon", "chunkd"))
+
+    @property
+    def chunk_bytes(self) -> int:
+        """The daemon's chunk size as it said hello (objects may have their own)."""
+        return int(self._hello["chunk_bytes"])
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._closed
+
+    def request(
+        self,
+        op: str,
+        fields: dict[str, Any] | None = None,
+        *,
+        fds: list[int] | None = None,
+        timeout: float | None = None,
+        what: str | None = None,
+    ) -> Reply:
+        """Send one request of the local protocol and return its successful answer.
+
+        The header is built from :data:`chunkd.client.protocol.OPS` (fields that are
+        None are left out); the connection is the client's, reconnected (with
+        backoff) and the request sent once more when it broke.
+
+        Args:
+            op: the op, for example ``"ckpt_manifest"``.
+            fields: the request's fields, by name.
+            fds: fds to send with it (the caller keeps and closes them).
+            timeout: seconds to wait for this answer instead of the client's
+                ``timeout`` (for an op the daemon may hold long).
+            what: what the request does, for error messages (``"saving NAME"``).
+
+        Raises:
+            InvalidRequestError: a field the op does not take, or out of its bounds.
+            ChunkdError: the error answer's class (see :mod:`chunkd.errors`).
+            DaemonUnavailableError: no daemon answered in time.
+        """
+        header = protocol.request_header(op, fields)
+        reply, payload, got = self._request(header, what or f"a {op} request", fds, timeout=timeout)
+        return Reply(reply, payload, got)
 
     # -- public operations -------------------------------------------------------------
 
@@ -752,7 +819,7 @@ class Client:
         if limit is not None:
             request["limit"] = limit
         reply, payload, fds = self._request(request, f"a list of {prefix}")
-        _close_fds(fds)
+        close_all(fds)
         try:
             page = json.loads(payload)
             backend = str(page["backend"])
@@ -817,7 +884,7 @@ class Client:
             batch, todo = todo[:count], todo[count:]
             request = {"op": "readv", "ranges": [[n, o, ln] for _, n, o, ln in batch]}
             reply, payload, fds = self._request(request, f"{len(batch)} ranges")
-            _close_fds(fds)
+            close_all(fds)
             answered = int(reply.get("answered", 0))
             if not 0 < answered <= len(batch):
                 raise protocol.ProtocolError(
@@ -931,13 +998,13 @@ class Client:
             try:
                 known = self._learn(name, reply, asked)
             except BaseException:
-                _close_fds(fds)
+                close_all(fds)
                 raise
             if version is None:
                 version, size = known.version, known.size
                 end = size if length is None else min(size, offset + length)
             elif known.version != version:
-                _close_fds(fds)
+                close_all(fds)
                 return None
             got = self._take(name, reply, payload, fds, ask_offset, position, pieces)
             if got >= end:
@@ -990,7 +1057,7 @@ class Client:
         Owns ``fds``: each is adopted by a chunk or closed, even on error.
         """
         if reply.get("inline"):
-            _close_fds(fds)
+            close_all(fds)
             data = memoryview(payload)
             if position > asked:
                 data = data[position - asked :]
@@ -1000,7 +1067,7 @@ class Client:
         try:
             spans = _parse_spans(reply, len(fds))
         except protocol.ProtocolError:
-            _close_fds(fds)
+            close_all(fds)
             raise
         step = self._step(name)
         for i, ((chunk_id, index, size, start, stop), fd) in enumerate(
@@ -1009,7 +1076,7 @@ class Client:
             try:
                 chunk = self._adopt(chunk_id, size, fd)
             except BaseException:
-                _close_fds(fds[i + 1 :])
+                close_all(fds[i + 1 :])
                 raise
             base = index * step
             if base + stop <= position:
@@ -1051,7 +1118,7 @@ class Client:
     def _stat_remote(self, name: str) -> _Known:
         asked = time.monotonic()
         reply, _, fds = self._request({"op": "stat", "name": name}, f"a stat of {name}")
-        _close_fds(fds)
+        close_all(fds)
         return self._learn(name, reply, asked)
 
     def _learn(self, name: str, reply: dict[str, Any], asked: float) -> _Known:
@@ -1092,7 +1159,7 @@ class Client:
 
     def _prefetch(self, names: list[str]) -> int:
         reply, _, fds = self._request({"op": "prefetch", "names": names}, "a prefetch")
-        _close_fds(fds)
+        close_all(fds)
         return int(reply.get("started", 0))
 
     # -- the connection ----------------------------------------------------------------
@@ -1119,10 +1186,10 @@ class Client:
             try:
                 sock.connect(os.fspath(path))
                 self._next_id += 1
-                hello_request = {"op": "hello", "id": self._next_id, "version": protocol.VERSION}
-                protocol.send_frame(sock, hello_request)
+                hello_request = protocol.request_header("hello", {"version": protocol.VERSION})
+                protocol.send_frame(sock, hello_request | {"id": self._next_id})
                 hello, _, fds = protocol.recv_frame(sock)
-                _close_fds(fds)
+                close_all(fds)
             except (OSError, protocol.ProtocolError) as exc:
                 sock.close()
                 reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
@@ -1154,20 +1221,18 @@ class Client:
 
     def _reconnect(self) -> None:
         """Connect again, with backoff, for up to ``timeout`` seconds (under the io lock)."""
-        deadline = time.monotonic() + self.timeout
-        delay = 0.02
+        delays = _RECONNECT.delays(deadline=time.monotonic() + self.timeout)
         while True:
             try:
                 self._connect()
             except DaemonUnavailableError as exc:
-                left = deadline - time.monotonic()
-                if left <= 0:
+                delay = next(delays, None)
+                if delay is None:
                     raise DaemonUnavailableError(
                         f"lost the connection to the chunkd daemon and none came back "
                         f"within {self.timeout:g}s: {exc}"
                     ) from None
-                time.sleep(min(delay, left))
-                delay = min(delay * 2, 0.5)
+                time.sleep(delay)
             else:
                 return
 
@@ -1191,7 +1256,7 @@ class Client:
         """One round trip on the connection (under the io lock)."""
         assert self._sock is not None
         self._next_id += 1
-        request = header | {"id": self._next_id}
+        request = protocol.request_header(header["op"], _fields_of(header)) | {"id": self._next_id}
         protocol.send_frame(self._sock, request, fds=send_fds)
         if timeout is not None:
             self._sock.settimeout(timeout)
@@ -1201,7 +1266,7 @@ class Client:
             if timeout is not None and self._sock is not None:
                 self._sock.settimeout(self.timeout)
         if reply.get("id") != request["id"]:
-            _close_fds(fds)
+            close_all(fds)
             raise protocol.ProtocolError(
                 f"answer {reply.get('id')!r} came for request {request['id']}"
             )
@@ -1254,7 +1319,7 @@ class Client:
                     raise
                 break
         if not reply.get("ok"):
-            _close_fds(fds)
+            close_all(fds)
             raise _error_from(reply, what)
         return reply, payload, fds
 

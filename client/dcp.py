@@ -64,6 +64,7 @@ from torch.futures import Future
 
 from chunkd.client import checkpoint
 from chunkd.client.core import Client
+from chunkd.client.protocol import DURABILITY_LEVELS
 from chunkd.errors import CheckpointError, CheckpointExistsError, CheckpointNotFoundError
 
 __all__ = ["METADATA_KEY", "ChunkdStorageReader", "ChunkdStorageWriter"]
@@ -72,7 +73,6 @@ __all__ = ["METADATA_KEY", "ChunkdStorageReader", "ChunkdStorageWriter"]
 METADATA_KEY: Final = "dcp_metadata"
 #: a load decodes at most about this many bytes of one part before copying them out
 _READ_BATCH_BYTES: Final = 256 << 20
-_LEVELS: Final = ("staged", "local", "remote")
 _NAME_RE: Final = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}/[^/].*")
 
 
@@ -142,8 +142,8 @@ class ChunkdStorageWriter(StorageWriter):
         client: Client | None = None,
     ) -> None:
         super().__init__()
-        if durability not in _LEVELS:
-            raise ValueError(f"durability must be one of {_LEVELS}; got {durability!r}")
+        if durability not in DURABILITY_LEVELS:
+            raise ValueError(f"durability must be one of {DURABILITY_LEVELS}; got {durability!r}")
         self.name = name
         self.durability = durability
         self.overwrite = overwrite

@@ -8,7 +8,9 @@ inline.
 
 The daemon is protected from every client:
 
-* a malformed frame closes that connection only;
+* a malformed frame is answered with ``ProtocolError`` where the stream is still
+  in step, and otherwise closes that connection only (which is which:
+  :mod:`chunkd.client.protocol`);
 * each connection is served by a task of its own, and a client that stops reading
   stalls only itself: a send that cannot progress for ``send_timeout`` seconds
   closes its connection;
@@ -20,7 +22,6 @@ The daemon is protected from every client:
 
 from __future__ import annotations
 
-import array
 import asyncio
 import contextlib
 import grp
@@ -30,37 +31,37 @@ import os
 import socket
 import stat as statmod
 import struct
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import chunkd
 from chunkd.client.protocol import (
     INLINE_MAX,
-    LIST_PAGE,
     MAX_FDS,
     MAX_HEADER,
-    MAX_LIST_PAGE,
     MAX_PAYLOAD,
-    MAX_RANGES,
-    PREFIX,
+    OPS,
     VERSION,
-    ProtocolError,
-    check_prefix,
+    RawFrame,
     decode_header,
     encode_frame,
+    error_answer,
+    recv_raw_async,
+    send_frame_async,
 )
 from chunkd.errors import (
     ChunkdError,
+    InvalidRangeError,
     InvalidRequestError,
+    ProtocolError,
     ProtocolVersionError,
+    RangeNotSatisfiableError,
 )
-from chunkd.gateway import arguments as arg
 from chunkd.gateway import checkpoint_ops
-from chunkd.gateway.checkpoint_ops import CKPT_OPS, FD_OPS, Answer
+from chunkd.gateway.checkpoint_ops import CKPT_OPS, Answer
 from chunkd.gateway.names import split_name, split_prefix
-from chunkd.gateway.ranges import InvalidRangeError, RangeNotSatisfiableError
-from chunkd.gateway.status import error_answer
+from chunkd.memfd import close_all
 
 if TYPE_CHECKING:
     from prometheus_client import Counter, Gauge
@@ -78,10 +79,6 @@ log = logging.getLogger("chunkd.gateway.local")
 T = TypeVar("T")
 
 _CREDS: Final = struct.Struct("3i")  # pid, uid, gid
-#: requests that may wait long: stopped when their client goes away
-_WATCHED: Final = frozenset({"ckpt_commit", "ckpt_wait", "ckpt_gc", "list"})
-_OPS: Final = frozenset({"hello", "stat", "read", "readv", "list", "prefetch"}) | CKPT_OPS
-_NAME_BYTES: Final = 1200  # a backend name, a slash and a key of at most 1024 bytes
 #: what a listing page's entries may take of the payload (the rest is slack)
 _LIST_BYTES: Final = MAX_PAYLOAD - 4096
 #: what the entries of a readv answer may take of its header, and the longest
@@ -234,14 +231,14 @@ class LocalServer:
         self._connected.inc()
         try:
             while True:
-                received = await self._receive(conn)
-                if received is None:
+                raw = await recv_raw_async(conn)
+                if raw is None:
                     return
-                header, request_fds = received
+                header, request_id = self._request_of(raw)
                 op = str(header.get("op")) if isinstance(header, dict) else "malformed"
-                self._requests.labels(str(uid), op if op in _OPS else "unknown").inc()
-                await self._answer(conn, client, header, request_fds)
-        except ProtocolError as exc:
+                self._requests.labels(str(uid), op if op in OPS else "unknown").inc()
+                await self._answer(conn, client, header, request_id, raw.fds)
+        except ProtocolError as exc:  # the stream is lost: no answer can be framed
             self._malformed.inc()
             log.warning(
                 "local client sent a malformed frame: %s; closing it", exc, extra=client.peer
@@ -257,94 +254,89 @@ class LocalServer:
             conn.close()
             self._slots.release()
 
-    async def _receive(
-        self, conn: socket.socket
-    ) -> tuple[dict[str, Any] | InvalidRequestError, list[int]] | None:
-        """The next request and the fds that came with it; None at a clean close.
+    def _request_of(self, raw: RawFrame) -> tuple[dict[str, Any] | ChunkdError, object]:
+        """The request a whole frame holds, or the error to answer it with; its id.
 
-        A frame whose header is not a JSON object chunkd takes (not JSON, nested too
-        deep, NaN) is still a whole frame: it comes back as the error to answer.
+        A header that is not a JSON object chunkd takes (not JSON, nested too deep,
+        NaN) is the request's own fault: ``InvalidRequestError``. A frame that breaks
+        a framing rule while the stream stays in step is answered ``ProtocolError``.
         """
-        prefix, fds = await _recv_prefix(conn)
         try:
-            if prefix is None:
-                _close_all(fds)
-                return None
-            header_length, payload_length = PREFIX.unpack(prefix)
-            check_prefix(header_length, payload_length)
-            _no_payload(payload_length)
-            raw = await _recv_exact(conn, header_length, eof_ok=False)
-            assert raw is not None
-        except BaseException:
-            _close_all(fds)
-            raise
-        try:
-            return decode_header(raw), fds
+            header = decode_header(raw.header)
         except ProtocolError as exc:
-            return InvalidRequestError(f"the request is not one chunkd takes: {exc}"), fds
+            return InvalidRequestError(f"the request is not one chunkd takes: {exc}"), None
+        problem = None
+        if raw.fds_cut:
+            problem = f"more than {MAX_FDS} fds came with a request"
+        elif raw.payload:
+            problem = "requests carry no payload"
+        if problem is not None:  # counted as malformed when it is answered
+            return ProtocolError(problem, in_sync=True), header.get("id")
+        return header, header.get("id")
 
     async def _answer(
         self,
         conn: socket.socket,
         client: _Connection,
-        header: dict[str, Any] | InvalidRequestError,
+        header: dict[str, Any] | ChunkdError,
+        request_id: object,
         request_fds: list[int],
     ) -> None:
         answer = Answer(request_fds)
-        request_id = header.get("id") if isinstance(header, dict) else None
         try:
             try:
                 response = await self._respond(conn, client, header, answer)
             except ChunkdError as exc:
+                if isinstance(exc, ProtocolError):
+                    self._malformed.inc()
                 response = error_answer(exc)
-            except (ProtocolError, ConnectionError):
+            except ConnectionError:
                 raise
             except Exception as exc:
                 log.exception("local request %r failed", _op_of(header))
-                response = {
-                    "ok": False,
-                    "error": "ChunkdError",
-                    "status": 500,
-                    "message": f"the daemon failed on this request ({exc!r}); its log says more",
-                }
+                response = error_answer(
+                    ChunkdError(f"the daemon failed on this request ({exc!r}); its log says more")
+                )
             response["id"] = request_id
             response.setdefault("fds", len(answer.fds))
             try:
                 frame = encode_frame(response, answer.payload)
             except ProtocolError as exc:  # the daemon's own answer: a bug, not the client's
                 log.exception("local request %r: its answer breaks the framing", _op_of(header))
-                _close_all(answer.owned)
+                close_all(answer.owned)
                 answer.owned, answer.fds = [], []
-                response = {
-                    "ok": False,
-                    "error": "ChunkdError",
-                    "status": 500,
-                    "message": f"the daemon's answer to this request is too large ({exc})",
-                    "id": request_id,
-                    "fds": 0,
-                }
+                response = error_answer(
+                    ChunkdError(f"the daemon's answer to this request is too large ({exc})")
+                ) | {"id": request_id, "fds": 0}
                 frame = encode_frame(response)
-            await self._send(conn, frame, answer.fds)
+            await send_frame_async(conn, frame, answer.fds, stall_limit=self.send_timeout)
         finally:
             for lease in answer.leases:
                 lease.release()
-            _close_all(answer.owned)
+            close_all(answer.owned)
 
     async def _respond(
         self,
         conn: socket.socket,
         client: _Connection,
-        header: dict[str, Any] | InvalidRequestError,
+        header: dict[str, Any] | ChunkdError,
         answer: Answer,
     ) -> dict[str, Any]:
-        if isinstance(header, InvalidRequestError):
+        if isinstance(header, ChunkdError):
             raise header
-        op = header.get("op")
-        if answer.request_fds and op not in FD_OPS:
-            raise ProtocolError(f"op {op!r} takes no fds")
-        if op in _WATCHED:
-            return await self._unless_gone(conn, self._handle(client, header, answer))
-        return await self._handle(client, header, answer)
+        spec = OPS.get(header.get("op"))  # type: ignore[arg-type]
+        if spec is None:
+            raise InvalidRequestError(f"unknown op {_op_of(header)!r}")
+        low, high = spec.fds
+        if not low <= len(answer.request_fds) <= high:
+            takes = "no" if high == 0 else str(low) if low == high else f"{low} to {high}"
+            raise ProtocolError(
+                f"op {spec.name} takes {takes} fds; {len(answer.request_fds)} came",
+                in_sync=True,
+            )
+        if spec.waits:
+            return await self._unless_gone(conn, self._handle(client, spec.name, header, answer))
+        return await self._handle(client, spec.name, header, answer)
 
     async def _unless_gone(self, conn: socket.socket, work: Awaitable[T]) -> T:
         """``await work``, stopped if the client closes its end meanwhile."""
@@ -382,11 +374,10 @@ class LocalServer:
         return task.result()
 
     async def _handle(
-        self, client: _Connection, header: dict[str, Any], answer: Answer
+        self, client: _Connection, op: str, header: dict[str, Any], answer: Answer
     ) -> dict[str, Any]:
-        op = header.get("op")
         if op == "hello":
-            version = header.get("version")
+            version = OPS[op].check(header)["version"]
             if version != VERSION:
                 raise ProtocolVersionError(
                     f"this chunkd daemon (chunkd {chunkd.__version__}) speaks local protocol "
@@ -405,28 +396,27 @@ class LocalServer:
                 f'a connection starts with {{"op": "hello", "version": {VERSION}}}; '
                 f"this one sent {_op_of(header)!r} first"
             )
+        args = OPS[op].check(header)
         if op == "stat":
-            return self._describe(await self.read_path.stat(*split_name(header.get("name"))))
+            return self._describe(await self.read_path.stat(*split_name(args["name"])))
         if op == "read":
-            return await self._read(header, answer)
+            return await self._read(args, answer)
         if op == "readv":
-            return await self._readv(header, answer)
+            return await self._readv(args, answer)
         if op == "list":
-            return await self._list(header, answer)
+            return await self._list(args, answer)
         if op == "prefetch":
-            names = header.get("names")
-            if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
-                raise InvalidRequestError("prefetch wants 'names': a list of strings")
+            names = args["names"]
             for name in names:
                 split_name(name)
             # Bounded per user of the node, not per connection (see Prefetcher).
             uid = client.peer["uid"]
             return {"ok": True, "started": self.prefetcher.submit(("uid", uid), names)}
-        if isinstance(op, str) and op in CKPT_OPS:
+        if op in CKPT_OPS:
             if self.checkpoints is None:
                 raise ChunkdError("this daemon serves no checkpoints")
-            return await checkpoint_ops.handle(self.checkpoints, op, header, answer)
-        raise InvalidRequestError(f"unknown op {_op_of(header)!r}")
+            return await checkpoint_ops.handle(self.checkpoints, op, args, answer)
+        raise InvalidRequestError(f"unknown op {_op_of(header)!r}")  # pragma: no cover
 
     def _describe(self, stat: Stat) -> dict[str, Any]:
         backend = self.read_path.backends.get(stat.backend)
@@ -440,22 +430,16 @@ class LocalServer:
             "stale": stat.stale,
         }
 
-    async def _read(self, header: dict[str, Any], answer: Answer) -> dict[str, Any]:
-        offset, length = header.get("offset", 0), header.get("length")
-        if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
-            raise InvalidRangeError(f"offset must be a whole number >= 0; got {offset!r}")
-        if length is not None and (
-            not isinstance(length, int) or isinstance(length, bool) or length < 0
-        ):
-            raise InvalidRangeError(f"length must be a whole number >= 0 or null; got {length!r}")
-        stat = await self.read_path.stat(*split_name(header.get("name")))
+    async def _read(self, args: Mapping[str, Any], answer: Answer) -> dict[str, Any]:
+        offset, length = args["offset"], args["length"]
+        stat = await self.read_path.stat(*split_name(args["name"]))
         if offset > stat.size or (offset == stat.size and stat.size and length != 0):
             raise RangeNotSatisfiableError(
                 f"offset {offset} is past the end of the object ({stat.size} bytes)", stat.size
             )
         end = stat.size if length is None else min(stat.size, offset + length)
         response = self._describe(stat) | {"offset": offset, "length": end - offset, "spans": []}
-        if end - offset <= INLINE_MAX and header.get("inline", True) is not False:
+        if end - offset <= INLINE_MAX and args["inline"]:
             chunks = [bytes(piece) async for piece in self.read_path.read(stat, offset, end)]
             answer.payload = b"".join(chunks)
             return response | {"inline": True, "fds": 0}
@@ -482,25 +466,8 @@ class LocalServer:
             index += 1
         return response
 
-    async def _readv(self, header: dict[str, Any], answer: Answer) -> dict[str, Any]:
-        ranges = header.get("ranges")
-        if not isinstance(ranges, list) or not 0 < len(ranges) <= MAX_RANGES:
-            raise InvalidRequestError(
-                f"readv wants 'ranges': a list of 1 to {MAX_RANGES} [name, offset, length]"
-            )
-        asked: list[tuple[str, int, int]] = []
-        for item in ranges:
-            if (
-                not isinstance(item, list)
-                or len(item) != 3
-                or not isinstance(item[0], str)
-                or any(isinstance(n, bool) or not isinstance(n, int) or n < 0 for n in item[1:])
-            ):
-                raise InvalidRequestError(
-                    f"readv: each range is [name, offset, length] with whole numbers >= 0; "
-                    f"got {str(item)[:60]}"
-                )
-            asked.append((item[0], item[1], item[2]))
+    async def _readv(self, args: Mapping[str, Any], answer: Answer) -> dict[str, Any]:
+        asked: list[tuple[str, int, int]] = args["ranges"]
         stats = await asyncio.gather(
             *(self.read_path.stat(*split_name(name)) for name, _, _ in asked),
             return_exceptions=True,
@@ -570,34 +537,20 @@ class LocalServer:
         stat, start, end = planned
         return b"".join([bytes(piece) async for piece in self.read_path.read(stat, start, end)])
 
-    async def _list(self, header: dict[str, Any], answer: Answer) -> dict[str, Any]:
-        backend, prefix = split_prefix(arg.text(header, "name", max_bytes=_NAME_BYTES))
+    async def _list(self, args: Mapping[str, Any], answer: Answer) -> dict[str, Any]:
+        backend, prefix = split_prefix(args["name"])
         page = await self.listings.page(
             backend,
             prefix,
-            recursive=arg.flag(header, "recursive"),
-            start_after=arg.optional_text(header, "start_after", max_bytes=_NAME_BYTES + 8),
-            limit=arg.whole(header, "limit", low=1, high=MAX_LIST_PAGE, default=LIST_PAGE),
+            recursive=args["recursive"],
+            start_after=args["start_after"],
+            limit=args["limit"],
             max_bytes=_LIST_BYTES,
         )
         answer.payload = json.dumps(
             page.columns(), ensure_ascii=False, separators=(",", ":")
         ).encode()
         return {"ok": True, "count": len(page.entries), "next": page.next}
-
-    async def _send(self, conn: socket.socket, data: bytes, fds: list[int]) -> None:
-        """Send ``data`` with ``fds`` on its first byte; drop a client that stalls."""
-        loop = asyncio.get_running_loop()
-        view = memoryview(data)
-        ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
-        while view:
-            try:
-                sent = conn.sendmsg([view], ancillary)
-            except BlockingIOError:
-                await _wait_writable(loop, conn, self.send_timeout)
-                continue
-            ancillary = []  # the fds went with the first bytes
-            view = view[sent:]
 
 
 def _op_of(header: object) -> str:
@@ -611,98 +564,3 @@ def _range_error(exc: BaseException) -> dict[str, Any]:
     if len(body["message"]) > _RANGE_MESSAGE:
         body["message"] = body["message"][: _RANGE_MESSAGE - 3] + "..."
     return body
-
-
-def _no_payload(length: int) -> None:
-    if length:
-        raise ProtocolError("requests carry no payload")
-
-
-async def _readable(loop: asyncio.AbstractEventLoop, conn: socket.socket) -> None:
-    ready: asyncio.Future[None] = loop.create_future()
-
-    def wake() -> None:
-        if not ready.done():
-            ready.set_result(None)
-
-    loop.add_reader(conn.fileno(), wake)
-    try:
-        await ready
-    finally:
-        loop.remove_reader(conn.fileno())
-
-
-def _close_all(fds: list[int]) -> None:
-    for fd in fds:
-        with contextlib.suppress(OSError):
-            os.close(fd)
-
-
-async def _recv_prefix(conn: socket.socket) -> tuple[bytes | None, list[int]]:
-    """A frame's 8-byte prefix and the fds on its first byte (None at a clean EOF)."""
-    loop = asyncio.get_running_loop()
-    space = socket.CMSG_SPACE(MAX_FDS * array.array("i").itemsize)
-    while True:
-        try:
-            data, ancillary, flags, _ = conn.recvmsg(PREFIX.size, space)
-        except BlockingIOError:
-            await _readable(loop, conn)
-            continue
-        break
-    fds: list[int] = []
-    for level, kind, raw in ancillary:
-        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-            got = array.array("i")
-            got.frombytes(raw[: len(raw) - len(raw) % got.itemsize])
-            fds.extend(got)
-    if flags & socket.MSG_CTRUNC:
-        _close_all(fds)
-        raise ProtocolError(f"more than {MAX_FDS} fds came with a request")
-    if not data:
-        return None, fds
-    if len(data) < PREFIX.size:
-        try:
-            rest = await _recv_exact(conn, PREFIX.size - len(data), eof_ok=False)
-        except BaseException:
-            _close_all(fds)
-            raise
-        assert rest is not None
-        data += rest
-    return data, fds
-
-
-async def _recv_exact(conn: socket.socket, size: int, *, eof_ok: bool) -> bytes | None:
-    loop = asyncio.get_running_loop()
-    buf = bytearray(size)
-    view = memoryview(buf)
-    got = 0
-    while got < size:
-        n = await loop.sock_recv_into(conn, view[got:])
-        if n == 0:
-            if got == 0 and eof_ok:
-                return None
-            raise ConnectionError("the client closed the connection mid-frame")
-        got += n
-    return bytes(buf)
-
-
-async def _wait_writable(
-    loop: asyncio.AbstractEventLoop, conn: socket.socket, stall_limit: float
-) -> None:
-    ready: asyncio.Future[None] = loop.create_future()
-
-    def wake() -> None:
-        if not ready.done():
-            ready.set_result(None)
-
-    fd = conn.fileno()
-    loop.add_writer(fd, wake)
-    try:
-        async with asyncio.timeout(stall_limit):
-            await ready
-    except TimeoutError:
-        raise TimeoutError(
-            f"the client read nothing for {stall_limit:g}s; it was dropped"
-        ) from None
-    finally:
-        loop.remove_writer(fd)

@@ -1,8 +1,12 @@
-"""The HTTP status of each chunkd error: one table for the HTTP API and the local socket."""
+"""The HTTP status of each chunkd error, for the HTTP edge alone.
+
+The local socket carries an error's kind (its class name) and message, never a
+status: see :func:`chunkd.client.protocol.error_answer`.
+"""
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import Final
 
 from chunkd.errors import (
     BackendForbiddenError,
@@ -14,19 +18,21 @@ from chunkd.errors import (
     IntegrityError,
     InvalidChunkIdError,
     InvalidKeyError,
+    InvalidRangeError,
     InvalidRequestError,
     ObjectNotFoundError,
+    ProtocolError,
     ProtocolVersionError,
+    RangeNotSatisfiableError,
     ReadOnlyBackendError,
     UnknownBackendError,
     UnsupportedStateError,
     VersionChangedError,
 )
-from chunkd.gateway.ranges import InvalidRangeError, RangeNotSatisfiableError
 
-__all__ = ["error_answer", "http_status"]
+__all__ = ["http_status"]
 
-# (status, kind) per error class, most specific first.
+# (error class, status), most specific first.
 STATUS: Final[list[tuple[type[BaseException], int]]] = [
     (UnknownBackendError, 404),
     (CheckpointNotFoundError, 404),
@@ -39,6 +45,7 @@ STATUS: Final[list[tuple[type[BaseException], int]]] = [
     (InvalidChunkIdError, 400),
     (InvalidRequestError, 400),
     (ProtocolVersionError, 400),
+    (ProtocolError, 400),
     (InvalidRangeError, 400),
     (RangeNotSatisfiableError, 416),
     (BackendForbiddenError, 403),
@@ -52,18 +59,3 @@ STATUS: Final[list[tuple[type[BaseException], int]]] = [
 def http_status(exc: BaseException) -> int:
     """The status for ``exc`` (500 for anything the table does not name)."""
     return next((code for cls, code in STATUS if isinstance(exc, cls)), 500)
-
-
-def error_answer(exc: BaseException) -> dict[str, Any]:
-    """The error answer of the local socket: kind, HTTP-like status, message, and the
-    chunk id when the error names one."""
-    out: dict[str, Any] = {
-        "ok": False,
-        "error": type(exc).__name__,
-        "status": http_status(exc),
-        "message": str(exc),
-    }
-    chunk = getattr(exc, "chunk_id", None)
-    if chunk is not None:
-        out["chunk"] = chunk
-    return out

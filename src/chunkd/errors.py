@@ -25,6 +25,7 @@ __all__ = [
     "ChunkTooLargeError",
     "ChunkdError",
     "ConfigError",
+    "DaemonUnavailableError",
     "IndexSchemaError",
     "IntegrityError",
     "InvalidChunkIdError",
@@ -32,13 +33,15 @@ __all__ = [
     "InvalidRangeError",
     "InvalidRequestError",
     "ObjectNotFoundError",
+    "OwnerSilentError",
+    "ProtocolError",
     "ProtocolVersionError",
     "RangeNotSatisfiableError",
     "ReadOnlyBackendError",
-    "TierUnavailableError",
     "UnknownBackendError",
     "UnsupportedStateError",
     "VersionChangedError",
+    "error_class",
 ]
 
 
@@ -68,10 +71,6 @@ class ObjectNotFoundError(ChunkdError, FileNotFoundError):
 
 class CacheClosedError(ChunkdError, RuntimeError):
     """An operation was attempted on a cache, tier or index that is closed."""
-
-
-class TierUnavailableError(ChunkdError, OSError):
-    """A tier cannot serve right now (for example a disk tier degraded by EIO)."""
 
 
 class IndexSchemaError(ChunkdError, RuntimeError):
@@ -112,6 +111,28 @@ class InvalidRequestError(ChunkdError, ValueError):
     stays."""
 
 
+class ProtocolError(ChunkdError, ValueError):
+    """A frame that breaks the local protocol's framing rules.
+
+    ``in_sync`` says whether the whole frame was read all the same, so that the
+    stream is still in step and the frame can be answered (with this error) rather
+    than the connection closed; see :mod:`chunkd.client.protocol`.
+    """
+
+    def __init__(self, message: str, *, in_sync: bool = False) -> None:
+        super().__init__(message)
+        self.in_sync = in_sync
+
+
+class DaemonUnavailableError(ChunkdError, ConnectionError):
+    """No chunkd daemon answers on this node's socket (or it stopped answering)."""
+
+
+class OwnerSilentError(ChunkdError, TimeoutError):
+    """A peer that owns a chunk sent nothing for ``[peers] timeout`` and then failed a
+    health probe."""
+
+
 class ProtocolVersionError(ChunkdError, RuntimeError):
     """The client and the daemon speak different versions of the local protocol."""
 
@@ -146,3 +167,21 @@ class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
 
 class UnsupportedStateError(ChunkdError, TypeError):
     """A state dict holds an object chunkd cannot save; the message names its key path."""
+
+
+def _family(root: type[ChunkdError]) -> dict[str, type[ChunkdError]]:
+    found = {root.__name__: root}
+    for sub in root.__subclasses__():
+        if sub.__module__ == __name__:
+            found |= _family(sub)
+    return found
+
+
+#: every class of the family by name: the error kinds the local socket carries
+_KINDS: dict[str, type[ChunkdError]] = _family(ChunkdError)
+
+
+def error_class(kind: object) -> type[ChunkdError]:
+    """The class of the family named ``kind`` (an error kind on the wire); ChunkdError
+    for a name the family does not hold (a newer daemon's, say)."""
+    return _KINDS.get(kind, ChunkdError) if isinstance(kind, str) else ChunkdError

@@ -17,7 +17,7 @@ import uuid
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Final
 
-from chunkd.errors import CheckpointError, ObjectNotFoundError
+from chunkd.errors import CheckpointError
 from chunkd.gateway.checkpoints.model import GC_BARRIERS, dumps
 
 if TYPE_CHECKING:
@@ -146,11 +146,11 @@ async def list_barriers(backend: Backend) -> list[ObjectMeta]:
 async def declared_expiry(backend: Backend, meta: ObjectMeta) -> float | None:
     """How long barrier ``meta`` may stay unchanged before it counts as abandoned
     (None: it is gone already)."""
-    try:
-        doc = json.loads(bytes(await backend.get(meta.key)))
-        declared = float(doc["expires_after"])
-    except ObjectNotFoundError:
+    raw = await backend.get(meta.key)
+    if raw is None:
         return None
+    try:
+        declared = float(json.loads(bytes(raw))["expires_after"])
     except (ValueError, KeyError, TypeError):
         declared = BARRIER_EXPIRY_CAP  # not ours to judge: the longest wait
     if not declared > 0:

@@ -9,7 +9,7 @@ import json
 from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING, Any, Final
 
-from chunkd.errors import CheckpointNotFoundError, ObjectNotFoundError
+from chunkd.errors import CheckpointNotFoundError
 from chunkd.gateway.checkpoints.jobs import Jobs, each
 from chunkd.gateway.checkpoints.model import (
     CHECKPOINTS,
@@ -152,11 +152,13 @@ class Catalog:
 
     async def _summary(self, backend: Backend, meta: ObjectMeta) -> dict[str, Any] | None:
         """The listing entry of the manifest ``meta``; None if it is gone or torn."""
+        raw = await backend.get(meta.key)
+        if raw is None:
+            return None  # deleted meanwhile
         try:
-            doc = json.loads(bytes(await backend.get(meta.key)))
-            return _summary(backend.name, meta.key, doc, meta)
-        except (ObjectNotFoundError, ValueError, KeyError, TypeError):
-            return None  # deleted meanwhile, or torn: not a checkpoint
+            return _summary(backend.name, meta.key, json.loads(bytes(raw)), meta)
+        except (ValueError, KeyError, TypeError):
+            return None  # torn: not a checkpoint
 
     async def committed(self, backend: Backend, path: str) -> AsyncGenerator[dict[str, Any], None]:
         """The committed checkpoints under ``path``, in key order, straight from the backend."""
@@ -183,11 +185,12 @@ class Catalog:
         backend = self.backends.get(backend_name)
         backend.check_writable()
         key = manifest_key(path)
+        raw = await backend.get(key)
+        if raw is None:
+            raise CheckpointNotFoundError(f"no checkpoint named {name}")
         try:
-            doc = json.loads(bytes(await backend.get(key)))
+            doc = json.loads(bytes(raw))
             parts = [str(p["key"]) for p in doc["parts"]]
-        except ObjectNotFoundError:
-            raise CheckpointNotFoundError(f"no checkpoint named {name}") from None
         except (ValueError, KeyError, TypeError):
             doc, parts = {}, []  # a torn manifest: no checkpoint, but remove it
         if save_id is not None and doc.get("save_id") != save_id:

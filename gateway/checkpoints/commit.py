@@ -17,7 +17,6 @@ from chunkd.errors import (
     CheckpointError,
     CheckpointExistsError,
     InvalidRequestError,
-    ObjectNotFoundError,
 )
 from chunkd.gateway.checkpoints.jobs import each, polling, retrying
 from chunkd.gateway.checkpoints.model import (
@@ -123,11 +122,13 @@ class Committer:
 
     async def _committed_id(self, backend: Backend, key: str, save_id: str) -> str | None:
         """The id of the manifest at ``key`` if it commits ``save_id``, else None."""
+        raw = await backend.get(key)
+        if raw is None:
+            return None
         try:
-            raw = await backend.get(key)
             if json.loads(bytes(raw)).get("save_id") == save_id:
                 return blake3.blake3(raw).hexdigest()
-        except (ObjectNotFoundError, ValueError, AttributeError):
+        except (ValueError, AttributeError):
             pass
         return None
 
@@ -150,7 +151,10 @@ class Committer:
             return None
 
         async def read(rank: int) -> dict[str, Any]:
-            raw = await backend.get(f"{prefix}{rank}.json")
+            key = f"{prefix}{rank}.json"
+            raw = await backend.get(key)
+            if raw is None:  # listed a moment ago: removed since
+                raise backend.not_found(key)
             part: dict[str, Any] = json.loads(bytes(raw))
             part["_id"] = blake3.blake3(raw).hexdigest()
             return part
@@ -162,14 +166,15 @@ class Committer:
         deadline = time.monotonic() + self.part_timeout
         pauses = polling(self.poll_interval).delays()
         while True:
+            raw = await retrying(job, lambda: backend.get(key))
             try:
-                raw = await retrying(job, lambda: backend.get(key))
-                doc = json.loads(bytes(raw))
-                if doc.get("save_id") == job.request.save_id:
-                    job.manifest_id = blake3.blake3(raw).hexdigest()
-                    return
-            except (ObjectNotFoundError, ValueError):
-                pass
+                doc = None if raw is None else json.loads(bytes(raw))
+            except ValueError:
+                doc = None  # torn: not a commit
+            if doc is not None and doc.get("save_id") == job.request.save_id:
+                assert raw is not None
+                job.manifest_id = blake3.blake3(raw).hexdigest()
+                return
             if time.monotonic() > deadline:
                 raise CheckpointError(
                     f"checkpoint {job.request.name}: rank 0 did not commit within "

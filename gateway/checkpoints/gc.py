@@ -11,7 +11,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any, Final
 
-from chunkd.errors import CheckpointNotFoundError, ChunkdError, ObjectNotFoundError
+from chunkd.errors import CheckpointNotFoundError, ChunkdError
 from chunkd.gateway.checkpoints.barrier import Barrier
 from chunkd.gateway.checkpoints.catalog import Catalog
 from chunkd.gateway.checkpoints.jobs import Jobs, each
@@ -158,10 +158,12 @@ class Collector:
 
     async def _manifest_parts(self, backend: Backend, key: str) -> list[str]:
         """The part keys the manifest at ``key`` names (none if it is gone or torn)."""
+        raw = await backend.get(key)
+        if raw is None:
+            return []
         try:
-            doc = json.loads(bytes(await backend.get(key)))
-            return [str(p["key"]) for p in doc["parts"]]
-        except (ObjectNotFoundError, ValueError, KeyError, TypeError):
+            return [str(p["key"]) for p in json.loads(bytes(raw))["parts"]]
+        except (ValueError, KeyError, TypeError):
             return []
 
     async def _sweep(
@@ -235,10 +237,13 @@ class Collector:
 
     async def _part_chunks(self, backend: Backend, key: str) -> set[str]:
         """The chunk ids a part names (none if it is gone or unreadable)."""
+        raw = await backend.get(key)
+        if raw is None:
+            return set()
         try:
-            part = json.loads(bytes(await backend.get(key)))
+            part = json.loads(bytes(raw))
             return {str(c) for seg in part["segments"] for c, _ in seg["chunks"]}
-        except (ObjectNotFoundError, ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError):
             return set()
 
     async def _intent_chunks(
@@ -252,9 +257,12 @@ class Collector:
         now = time.time()
 
         async def read(key: str) -> list[Any]:
+            raw = await backend.get(key)
+            if raw is None:
+                return []
             try:
-                chunks = json.loads(bytes(await backend.get(key)))["chunks"]
-            except (ObjectNotFoundError, ValueError, KeyError, TypeError):
+                chunks = json.loads(bytes(raw))["chunks"]
+            except (ValueError, KeyError, TypeError):
                 return []
             return chunks if isinstance(chunks, list) else []
 

@@ -17,7 +17,6 @@ from chunkd.errors import (
     ChunkdError,
     ChunkNotFoundError,
     IntegrityError,
-    ObjectNotFoundError,
 )
 from chunkd.gateway.checkpoints.jobs import Jobs
 from chunkd.gateway.checkpoints.model import (
@@ -76,12 +75,11 @@ class Restorer:
         backend_name, path = checkpoint_name(name)
         backend = self.backends.get(backend_name)
         local = self._local_manifest(backend_name, path)
-        try:
-            raw = await backend.get(manifest_key(path))
-        except ObjectNotFoundError:
+        raw = await backend.get(manifest_key(path))
+        if raw is None:
             if local is not None:
                 return local
-            raise CheckpointNotFoundError(f"no checkpoint named {name}") from None
+            raise CheckpointNotFoundError(f"no checkpoint named {name}")
         try:
             manifest = json.loads(bytes(raw))
             entries = list(manifest["parts"])
@@ -101,12 +99,11 @@ class Restorer:
             )
         parts = []
         for entry in entries:
-            try:
-                part_raw = await backend.get(str(entry["key"]))
-            except ObjectNotFoundError:
+            part_raw = await backend.get(str(entry["key"]))
+            if part_raw is None:
                 raise IntegrityError(
                     f"checkpoint {name}: part {entry['key']} is missing from the backend"
-                ) from None
+                )
             if blake3.blake3(part_raw).hexdigest() != entry["blake3"]:
                 raise IntegrityError(
                     f"checkpoint {name}: part {entry['key']} does not match its hash in the "
@@ -170,13 +167,12 @@ class Restorer:
                 if shared is not None:
                     await self.cache.put(Chunk.trusted(cid, shared))
                     return "peer", shared
-            try:
-                raw = await backend.get(f"{CHUNKS}{cid}")
-            except ObjectNotFoundError:
+            raw = await backend.get(f"{CHUNKS}{cid}")
+            if raw is None:
                 raise _chunk_error(
                     ChunkNotFoundError(f"chunk {cid} is missing from backend {backend_name!r}"),
                     cid,
-                ) from None
+                )
             got = await asyncio.to_thread(ChunkId.of, raw)
             if got != cid:
                 self.metrics.ckpt_integrity_failures.inc()

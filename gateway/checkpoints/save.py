@@ -55,7 +55,6 @@ from chunkd.errors import (
     CheckpointExistsError,
     ChunkdError,
     InvalidRequestError,
-    ObjectNotFoundError,
 )
 from chunkd.gateway.checkpoints.barrier import declared_expiry, list_barriers
 from chunkd.gateway.checkpoints.commit import Committer
@@ -225,11 +224,7 @@ class Saver:
             return False
 
     async def _exists(self, backend: Backend, key: str) -> bool:
-        try:
-            await backend.head(key)
-        except ObjectNotFoundError:
-            return False
-        return True
+        return await backend.head(key) is not None
 
     async def _run(self, job: SaveJob) -> None:
         await self._stage_to_disk(job)

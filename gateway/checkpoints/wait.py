@@ -15,7 +15,6 @@ from chunkd.errors import (
     BackendUnavailableError,
     CheckpointError,
     CheckpointExistsError,
-    ObjectNotFoundError,
 )
 from chunkd.gateway.checkpoints.jobs import Jobs, polling
 from chunkd.gateway.checkpoints.journal import Journal
@@ -128,25 +127,22 @@ class Waiter:
         request = job.request
         what = f"save {request.save_id} of checkpoint {request.name} (rank {request.rank})"
         doc: dict[str, Any] | None = None
+        raw = await backend.get(request.manifest_key)
         try:
-            raw = await backend.get(request.manifest_key)
-            doc = json.loads(bytes(raw))
-        except ObjectNotFoundError:
-            pass
+            doc = None if raw is None else json.loads(bytes(raw))
         except ValueError:
             doc = None  # torn: no checkpoint
         if not isinstance(doc, dict):
             doc = None
-        if doc is not None and doc.get("save_id") == request.save_id:
+        if raw is not None and doc is not None and doc.get("save_id") == request.save_id:
             job.manifest_id = blake3.blake3(raw).hexdigest()
             job.finished = time.time()
             job.reach(Durability.REMOTE, "done")
+        part_raw = await backend.get(request.part_key)
         try:
-            part_raw = await backend.get(request.part_key)
-            part = json.loads(bytes(part_raw))
-            job.logical, job.new = int(part["logical_bytes"]), int(part["new_bytes"])
-        except ObjectNotFoundError:
-            part = None
+            part = None if part_raw is None else json.loads(bytes(part_raw))
+            if part is not None:
+                job.logical, job.new = int(part["logical_bytes"]), int(part["new_bytes"])
         except (ValueError, KeyError, TypeError):
             part = {}  # there, but unreadable
         if job.level >= Durability.REMOTE:
@@ -164,6 +160,7 @@ class Waiter:
                 )
             )
         elif request.commit == "none":
+            assert part_raw is not None  # part is not None
             job.manifest_id = blake3.blake3(part_raw).hexdigest()
             job.finished = time.time()
             job.reach(Durability.REMOTE, "done")

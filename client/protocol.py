@@ -113,6 +113,7 @@ __all__ = [
     "recv_raw_async",
     "request_header",
     "send_frame",
+    "send_frame_async",
 ]
 
 #: 2: listings come in pages (``start_after``, ``next``); ``readv``; hello first

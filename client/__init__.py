@@ -2,21 +2,18 @@
 
 Light on purpose: the standard library only (numpy is imported by :func:`as_numpy`
 when it is called). See :mod:`chunkd.client.core` for how reads, the client cache and
-reconnection behave, and :mod:`chunkd.client.protocol` for the local socket protocol.
+reconnection behave (and the modules that hold each part), and
+:mod:`chunkd.client.protocol` for the local socket protocol.
 """
 
 from __future__ import annotations
 
-from chunkd.client.core import (
-    AsyncClient,
-    CacheInfo,
-    ChunkdFile,
-    Client,
-    DaemonUnavailableError,
-    ObjectStat,
-    Reply,
-    as_numpy,
-)
+from chunkd.client.aio import AsyncClient
+from chunkd.client.core import Client
+from chunkd.client.files import ChunkdFile
+from chunkd.client.results import CacheInfo, ObjectStat, Reply
+from chunkd.client.views import as_numpy
+from chunkd.errors import DaemonUnavailableError
 
 __all__ = [
     "AsyncClient",

@@ -38,8 +38,8 @@ from chunkd.client import (
     DaemonUnavailableError,
     ObjectStat,
     as_numpy,
-    core,
     protocol,
+    views,
 )
 from chunkd.errors import (
     CacheClosedError,
@@ -70,8 +70,8 @@ def sealed_memfd(data: bytes) -> int:
     return fd
 
 
-def make_chunk(data: bytes, chunk_id: str | None = None) -> core._Chunk:
-    return core._Chunk(chunk_id or hashlib.sha256(data).hexdigest(), len(data), sealed_memfd(data))
+def make_chunk(data: bytes, chunk_id: str | None = None) -> views.Chunk:
+    return views.Chunk(chunk_id or hashlib.sha256(data).hexdigest(), len(data), sealed_memfd(data))
 
 
 def mapped_at(address: int) -> str | None:
@@ -344,14 +344,14 @@ def test_contiguous_view_over_two_memfds() -> None:
     first = rng.randbytes(3 * PAGE)  # chunks are page multiples, all but the last
     second = rng.randbytes(PAGE + 123)
     a, b = make_chunk(first), make_chunk(second)
-    located = core._Located(
+    located = views.Located(
         "t/x",
         "v1",
         len(first + second),
         len(first) - 10 + 100,
         [
-            core._Span(a, 10, len(first)),
-            core._Span(b, 0, 100),
+            views.Span(a, 10, len(first)),
+            views.Span(b, 0, 100),
         ],
     )
     view = located.view()
@@ -384,9 +384,9 @@ def test_contiguous_view_over_two_memfds() -> None:
 
 def test_whole_chunks_are_laid_out_exactly() -> None:
     chunks = [bytes([i]) * (2 * PAGE) for i in range(5)] + [b"tail"]
-    spans = [core._Span(make_chunk(c), 0, len(c)) for c in chunks]
+    spans = [views.Span(make_chunk(c), 0, len(c)) for c in chunks]
     total = sum(map(len, chunks))
-    view = core._Located("t/x", "v", total, total, list(spans)).view()
+    view = views.Located("t/x", "v", total, total, list(spans)).view()
     assert bytes(view) == b"".join(chunks)
     assert isinstance(view.obj, ctypes.Array)
 
@@ -397,15 +397,15 @@ def test_a_failed_map_fixed_falls_back_to_a_copy(monkeypatch: pytest.MonkeyPatch
     def refuse(libc: Any, address: int, chunk: Any) -> None:
         raise OSError(12, "no memory for you")
 
-    monkeypatch.setattr(core, "_map_fixed", refuse)
-    located = core._Located(
+    monkeypatch.setattr(views, "_map_fixed", refuse)
+    located = views.Located(
         "t/x",
         "v",
         PAGE + 200,
         PAGE + 200,
         [
-            core._Span(make_chunk(first), 0, PAGE),
-            core._Span(make_chunk(second), 0, 200),
+            views.Span(make_chunk(first), 0, PAGE),
+            views.Span(make_chunk(second), 0, 200),
         ],
     )
     view = located.view()
@@ -415,14 +415,14 @@ def test_a_failed_map_fixed_falls_back_to_a_copy(monkeypatch: pytest.MonkeyPatch
 
 
 def test_chunks_that_are_not_page_multiples_are_copied() -> None:
-    located = core._Located(
+    located = views.Located(
         "t/x",
         "v",
         200,
         200,
         [
-            core._Span(make_chunk(b"x" * 100), 0, 100),
-            core._Span(make_chunk(b"y" * 100), 0, 100),
+            views.Span(make_chunk(b"x" * 100), 0, 100),
+            views.Span(make_chunk(b"y" * 100), 0, 100),
         ],
     )
     view = located.view()
@@ -433,7 +433,7 @@ def test_chunks_that_are_not_page_multiples_are_copied() -> None:
 def test_a_single_chunk_range_is_a_view_into_its_mapping() -> None:
     data = random.Random(2).randbytes(2 * PAGE + 5)
     chunk = make_chunk(data)
-    view = core._Located("t/x", "v", len(data), 100, [core._Span(chunk, 7, 107)]).view()
+    view = views.Located("t/x", "v", len(data), 100, [views.Span(chunk, 7, 107)]).view()
     assert isinstance(view.obj, mmap.mmap)
     assert view.readonly
     assert bytes(view) == data[7:107]
@@ -447,7 +447,7 @@ def test_a_single_chunk_range_is_a_view_into_its_mapping() -> None:
 
 
 def test_chunk_lru_is_bounded_by_bytes_and_count() -> None:
-    lru = core._ChunkLRU(max_bytes=3 * PAGE, max_chunks=10)
+    lru = views.ChunkLRU(max_bytes=3 * PAGE, max_chunks=10)
     chunks = [make_chunk(bytes([i]) * PAGE) for i in range(4)]
     for chunk in chunks[:3]:
         lru.put(chunk)
@@ -466,13 +466,13 @@ def test_chunk_lru_is_bounded_by_bytes_and_count() -> None:
     lru.put(make_chunk(b"z" * (4 * PAGE)))
     assert len(lru) == 3
 
-    counted = core._ChunkLRU(max_bytes=1 << 30, max_chunks=2)
+    counted = views.ChunkLRU(max_bytes=1 << 30, max_chunks=2)
     for chunk in chunks:
         counted.put(chunk)
     assert len(counted) == 2
     assert [c.id for c in chunks[2:]] == list(counted._entries)
 
-    none = core._ChunkLRU(max_bytes=0, max_chunks=10)
+    none = views.ChunkLRU(max_bytes=0, max_chunks=10)
     none.put(chunks[0])
     assert len(none) == 0
 
@@ -562,7 +562,7 @@ class Counting:
 
     def __init__(self, client: Client) -> None:
         self.ops: list[str] = []
-        exchange = client._exchange
+        exchange = client._connection._exchange
 
         def counted(
             header: dict[str, Any],
@@ -572,7 +572,7 @@ class Counting:
             self.ops.append(header["op"])
             return exchange(header, send_fds, timeout)
 
-        client._exchange = counted  # type: ignore[method-assign]
+        client._connection._exchange = counted  # type: ignore[method-assign]
 
 
 def test_reads_equal_the_file_bytes(node: Node) -> None:
@@ -732,7 +732,7 @@ def test_views_and_memfds_are_read_only(node: Node) -> None:
                 memoryview(view).cast("B")[0] = 1
             with pytest.raises(ValueError, match="read-only"):
                 as_numpy(view)[0] = 1
-        chunk = next(iter(client._chunks._entries.values()))
+        chunk = next(iter(client._reader.chunks._entries.values()))
         with pytest.raises(PermissionError):
             os.pwrite(chunk.fd, b"x", 0)
         with pytest.raises(PermissionError):

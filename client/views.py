@@ -1,0 +1,338 @@
+"""Zero-copy, read-only views of the sealed chunk memfds the daemon sends.
+
+The daemon answers a read with one sealed memfd per chunk (SCM_RIGHTS). A
+:class:`Chunk` holds one such fd and maps it read-only when a view needs it; a
+:class:`ChunkLRU` is the client's bounded cache of them. A range inside one chunk is
+a view into that chunk's mapping. A range over several chunks is still **one
+contiguous view**: the address space is reserved once (an anonymous ``PROT_NONE``
+mapping) and each chunk's memfd is mapped at its place inside it with ``MAP_FIXED``
+(chunks are page-size multiples, all but an object's last). The region is unmapped
+when the last view of it is garbage collected. Where ``MAP_FIXED`` fails, for
+whatever reason, the range is copied into a fresh buffer instead: the same bytes,
+slower, and still read-only. :class:`Located` is a range as the pieces that hold it,
+and makes that view.
+
+Only the standard library; numpy is imported by :func:`as_numpy` when it is called.
+Everything here but :func:`as_numpy` is internal to :mod:`chunkd.client`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import itertools
+import logging
+import mmap
+import os
+import sys
+import weakref
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final, NamedTuple
+
+from chunkd.client import protocol
+from chunkd.memfd import sealed_size
+
+if TYPE_CHECKING:
+    from _typeshed import WriteableBuffer
+    from numpy import ndarray
+    from numpy.typing import DTypeLike
+
+__all__ = [
+    "Chunk",
+    "ChunkLRU",
+    "Located",
+    "Span",
+    "as_numpy",
+    "byte_target",
+    "check_chunk_fd",
+    "chunk_budget",
+]
+
+log = logging.getLogger("chunkd.client")
+
+_PAGE: Final = mmap.PAGESIZE
+
+
+# -- chunk mappings ----------------------------------------------------------------------
+
+
+def _page_round(size: int) -> int:
+    return max(_PAGE, -(-size // _PAGE) * _PAGE)
+
+
+class Chunk:
+    """One chunk's sealed memfd, and its read-only mapping once a view needs it.
+
+    The fd is closed when the last reference to the chunk goes; a mapping lives on
+    in the views made from it.
+    """
+
+    __slots__ = ("__weakref__", "_closer", "_mapping", "_whole", "fd", "id", "size")
+
+    def __init__(self, chunk_id: str, size: int, fd: int) -> None:
+        self.id = chunk_id
+        self.size = size
+        self.fd = fd
+        self._mapping: mmap.mmap | None = None
+        self._whole: memoryview | None = None
+        self._closer = weakref.finalize(self, os.close, fd)
+        self._closer.atexit = False
+
+    def view(self, start: int, stop: int) -> memoryview:
+        whole = self._whole
+        if whole is None:
+            if self._mapping is None:
+                self._mapping = mmap.mmap(self.fd, self.size, prot=mmap.PROT_READ)
+            whole = self._whole = memoryview(self._mapping).toreadonly()
+        return whole[start:stop]
+
+
+class ChunkLRU:
+    """Chunk mappings by chunk id, least recently used first out."""
+
+    def __init__(self, max_bytes: int, max_chunks: int) -> None:
+        self.max_bytes = max_bytes
+        self.max_chunks = max_chunks
+        self.nbytes = 0
+        self._entries: OrderedDict[str, Chunk] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, chunk_id: object) -> bool:
+        return chunk_id in self._entries
+
+    def get(self, chunk_id: str) -> Chunk | None:
+        chunk = self._entries.get(chunk_id)
+        if chunk is not None:
+            self._entries.move_to_end(chunk_id)
+        return chunk
+
+    def put(self, chunk: Chunk) -> None:
+        charge = _page_round(chunk.size)
+        if charge > self.max_bytes or self.max_chunks <= 0:
+            return
+        old = self._entries.pop(chunk.id, None)
+        if old is not None:
+            self.nbytes -= _page_round(old.size)
+        self._entries[chunk.id] = chunk
+        self.nbytes += charge
+        while self.nbytes > self.max_bytes or len(self._entries) > self.max_chunks:
+            _, evicted = self._entries.popitem(last=False)
+            self.nbytes -= _page_round(evicted.size)
+
+    def clear(self) -> None:
+        self._entries.clear()
+        self.nbytes = 0
+
+
+def chunk_budget() -> int:
+    """Cached chunks hold an fd each: stay well inside the process's fd limit."""
+    try:
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (ImportError, OSError, ValueError):
+        return 256
+    if soft == resource.RLIM_INFINITY:
+        return 1 << 16
+    return max(16, soft // 4)
+
+
+# -- contiguous views over several chunks -----------------------------------------------
+
+
+_PROT_NONE: Final = 0
+_MAP_FIXED: Final = 0x10  # Linux, every architecture chunkd runs on
+
+
+class _Libc:
+    """``mmap``/``munmap`` through ctypes (Linux only; the memfds are Linux too)."""
+
+    def __init__(self) -> None:
+        if not sys.platform.startswith("linux"):
+            raise OSError("contiguous chunk views need Linux")
+        libc = ctypes.CDLL(None, use_errno=True)
+        self.mmap = libc.mmap
+        self.mmap.restype = ctypes.c_void_p
+        self.mmap.argtypes = [
+            ctypes.c_void_p,
+            ctypes.c_size_t,
+            ctypes.c_int,
+            ctypes.c_int,
+            ctypes.c_int,
+            ctypes.c_long,
+        ]
+        self.munmap = libc.munmap
+        self.munmap.restype = ctypes.c_int
+        self.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        self.failed = ctypes.c_void_p(-1).value
+
+
+_LIBC: _Libc | None = None
+
+
+def _libc() -> _Libc:
+    global _LIBC
+    if _LIBC is None:
+        _LIBC = _Libc()
+    return _LIBC
+
+
+class Span(NamedTuple):
+    """Bytes ``start`` to ``stop`` of one chunk."""
+
+    chunk: Chunk
+    start: int
+    stop: int
+
+
+def _contiguous(spans: list[Span]) -> bool:
+    """Whether the chunks of ``spans`` can sit back to back at page-aligned places."""
+    return all(
+        a.stop == a.chunk.size and b.start == 0 and a.chunk.size % _PAGE == 0
+        for a, b in itertools.pairwise(spans)
+    )
+
+
+def _map_fixed(libc: _Libc, address: int, chunk: Chunk) -> None:
+    """Map ``chunk`` read-only at ``address``, replacing what is mapped there."""
+    flags = mmap.MAP_SHARED | _MAP_FIXED
+    got = libc.mmap(address, chunk.size, mmap.PROT_READ, flags, chunk.fd, 0)
+    if got != address:
+        err = ctypes.get_errno()
+        if got is not None and got != libc.failed:
+            libc.munmap(got, chunk.size)
+        raise OSError(err, f"MAP_FIXED of chunk {chunk.id} failed: {os.strerror(err)}")
+
+
+def _layout(spans: list[Span], length: int) -> memoryview:
+    """One read-only view of ``length`` bytes over the chunks of ``spans``, no copy.
+
+    Reserves the address space of all the chunks, maps each chunk's memfd at its
+    place with ``MAP_FIXED``, and unmaps the whole region when the ctypes array that
+    exposes it is garbage collected (that is, once no view of it is left).
+
+    Raises:
+        OSError: a mapping failed; nothing is left mapped.
+    """
+    libc = _libc()
+    total = sum(span.chunk.size for span in spans)
+    reserved = _page_round(total)
+    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
+    base = libc.mmap(None, reserved, _PROT_NONE, flags, -1, 0)
+    if base is None or base == libc.failed:
+        err = ctypes.get_errno()
+        raise OSError(err, f"reserving {reserved} bytes failed: {os.strerror(err)}")
+    try:
+        at = 0
+        for span in spans:
+            _map_fixed(libc, base + at, span.chunk)
+            at += span.chunk.size
+        region = (ctypes.c_char * reserved).from_address(base)
+        unmap = weakref.finalize(region, libc.munmap, base, reserved)
+        # At interpreter exit a view may still be read by another finalizer: leave the
+        # region to the kernel rather than unmap it under that reader.
+        unmap.atexit = False
+    except BaseException:
+        libc.munmap(base, reserved)
+        raise
+    first = spans[0].start
+    return memoryview(region).cast("B")[first : first + length].toreadonly()
+
+
+@dataclass(slots=True)
+class Located:
+    """A byte range of one object version, as pieces held by the client."""
+
+    name: str
+    version: str
+    size: int
+    length: int
+    pieces: list[Span | memoryview]
+
+    def view(self) -> memoryview:
+        """The range as one read-only view: zero-copy when the pieces allow it."""
+        pieces = self.pieces
+        if not pieces or self.length == 0:
+            return memoryview(b"")
+        if len(pieces) == 1:
+            piece = pieces[0]
+            if isinstance(piece, memoryview):
+                return piece.toreadonly()
+            return piece.chunk.view(piece.start, piece.stop).toreadonly()
+        spans = [piece for piece in pieces if isinstance(piece, Span)]
+        if len(spans) == len(pieces) and _contiguous(spans):
+            try:
+                return _layout(spans, self.length)
+            except OSError as exc:
+                log.debug("contiguous view of %s failed (%s); copying instead", self.name, exc)
+        buffer = bytearray(self.length)
+        self.copy_into(memoryview(buffer))
+        return memoryview(buffer).toreadonly()
+
+    def copy_into(self, target: memoryview) -> int:
+        """Copy the range into ``target`` (a writable byte view); return bytes copied."""
+        at = 0
+        for piece in self.pieces:
+            source = _source(piece)
+            n = min(len(source), len(target) - at)
+            target[at : at + n] = source[:n]
+            at += n
+        return at
+
+    def to_bytes(self) -> bytes:
+        """The range as ``bytes`` (one copy)."""
+        return b"".join(_source(piece) for piece in self.pieces)
+
+
+def _source(piece: Span | memoryview) -> memoryview:
+    if isinstance(piece, memoryview):
+        return piece
+    return piece.chunk.view(piece.start, piece.stop)
+
+
+# -- what goes in and out ---------------------------------------------------------------
+
+
+def check_chunk_fd(chunk_id: str, size: int, fd: int) -> None:
+    """Refuse an fd that is not a sealed memfd of at least ``size`` bytes.
+
+    A memfd that could shrink under a mapping would crash the reader with SIGBUS; one
+    that could change would not hold the chunk its id names.
+    """
+    if size <= 0:
+        raise protocol.ProtocolError(f"the daemon sent chunk {chunk_id} of size {size}")
+    held = sealed_size(fd)
+    if held is None or held < size:
+        raise protocol.ProtocolError(
+            f"the daemon sent chunk {chunk_id} in an fd that is not a sealed memfd of {size} bytes"
+        )
+
+
+def byte_target(buf: WriteableBuffer) -> memoryview:
+    """``buf`` as a flat, writable byte view (what a read copies into).
+
+    Raises:
+        TypeError: ``buf`` is read-only.
+    """
+    target = memoryview(buf)
+    if target.readonly:
+        raise TypeError("read_into needs a writable buffer; got a read-only one")
+    if target.format != "B" or target.ndim != 1:
+        target = target.cast("B")
+    return target
+
+
+def as_numpy(view: memoryview, dtype: DTypeLike = "uint8") -> ndarray[Any, Any]:
+    """A numpy array over a view from :meth:`~chunkd.client.Client.read`, without a copy.
+
+    The array is read-only, like the view, and keeps the view's mapping alive.
+    numpy is imported here, on first use.
+
+    Raises:
+        ValueError: the view's length is not a multiple of the dtype's size.
+    """
+    import numpy
+
+    return numpy.frombuffer(view, dtype=dtype)

@@ -23,21 +23,19 @@ from chunkd.client.protocol import (
     LIST_PAGE,
     MAX_LAYOUT,
     MAX_PAYLOAD,
-    MAX_STEP,
     OPS,
     ProtocolError,
     error_answer,
     loads,
 )
 from chunkd.errors import InvalidChunkIdError, InvalidRequestError
-from chunkd.gateway.checkpoints import MAX_SEGMENTS, Durability, SaveRequest
+from chunkd.gateway.checkpoints import Durability, SaveRequest
 from chunkd.gateway.names import checkpoint_name
 
 if TYPE_CHECKING:
     from chunkd.gateway.checkpoints import Checkpoints
 
-# MAX_SEGMENTS and MAX_STEP: the bounds of a save, for the tests that reach them
-__all__ = ["CKPT_OPS", "MAX_SEGMENTS", "MAX_STEP", "Answer", "handle"]
+__all__ = ["CKPT_OPS", "Answer", "handle"]
 
 #: longest a ckpt_wait request is held before the client asks again
 _WAIT_SLICE: Final = 10.0

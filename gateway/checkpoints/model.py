@@ -24,7 +24,7 @@ from enum import IntEnum
 from typing import Any, Final
 
 from chunkd.cache import ChunkId
-from chunkd.client.protocol import MAX_WORLD_SIZE
+from chunkd.client.protocol import DURABILITY_LEVELS, MAX_STEP, MAX_WORLD_SIZE
 from chunkd.errors import ChunkdError, InvalidRequestError
 from chunkd.gateway import arguments as arg
 from chunkd.gateway.names import checkpoint_name
@@ -84,8 +84,6 @@ _STEP_RE: Final = re.compile(r"(\d+)\D*$")
 MAX_SEGMENTS: Final = 1 << 20
 #: the largest offset or size a segment may name (256 TiB)
 MAX_STAGED_BYTES: Final = 1 << 48
-#: the largest step (a signed 64-bit integer); the smallest is ``-MAX_STEP - 1``
-MAX_STEP: Final = (1 << 63) - 1
 
 
 def manifest_key(path: str) -> str:
@@ -109,7 +107,12 @@ def parts_prefix(path: str, save_id: str) -> str:
 
 
 class Durability(IntEnum):
-    """How safe a save is; each level includes the ones below it."""
+    """How safe a save is; each level includes the ones below it.
+
+    The wire names are :data:`~chunkd.client.protocol.DURABILITY_LEVELS`, weakest
+    first; the members are written out (so that a type checker sees them) and
+    checked against that list when this module loads.
+    """
 
     STAGED = 1  # in the daemon's memory
     LOCAL = 2  # fsynced on this node's disk; survives a daemon kill -9
@@ -117,12 +120,20 @@ class Durability(IntEnum):
 
     @classmethod
     def parse(cls, text: object) -> Durability:
-        """``"staged"``, ``"local"`` or ``"remote"``."""
-        if isinstance(text, str) and text.upper() in cls.__members__:
-            return cls[text.upper()]
-        raise InvalidRequestError(
-            f"durability must be 'staged', 'local' or 'remote'; got {str(text)[:40]!r}"
-        )
+        """A wire name of :data:`~chunkd.client.protocol.DURABILITY_LEVELS`."""
+        if isinstance(text, str) and text in DURABILITY_LEVELS:
+            return cls(DURABILITY_LEVELS.index(text) + 1)
+        names = ", ".join(repr(n) for n in DURABILITY_LEVELS)
+        raise InvalidRequestError(f"durability must be one of {names}; got {str(text)[:40]!r}")
+
+    @property
+    def wire_name(self) -> str:
+        """The level's name on the wire and in manifests."""
+        return DURABILITY_LEVELS[self - 1]
+
+
+if tuple(level.name.lower() for level in Durability) != DURABILITY_LEVELS:
+    raise AssertionError("Durability's members must be protocol.DURABILITY_LEVELS, in order")
 
 
 def step_of(path: str) -> int | None:
@@ -197,7 +208,7 @@ class SaveRequest:
             "save_id": self.save_id,
             "rank": self.rank,
             "world_size": self.world_size,
-            "durability": self.durability.name.lower(),
+            "durability": self.durability.wire_name,
             "overwrite": self.overwrite,
             "commit": self.commit,
             "step": self.step,
@@ -321,7 +332,7 @@ class SaveJob:
             "save_id": self.request.save_id,
             "commit": self.request.commit,
             "state": self.state,
-            "durability": Durability(self.level).name.lower() if self.level else None,
+            "durability": Durability(self.level).wire_name if self.level else None,
             "logical_bytes": self.logical,
             "new_bytes": self.new,
             "dedup_bytes": self.logical - self.new,

@@ -140,7 +140,7 @@ class Restorer:
             "world_size": newest.request.world_size,
             "step": newest.request.step,
             "parts": parts,
-            "durability": Durability(min(j.level for j in mine.values())).name.lower(),
+            "durability": Durability(min(j.level for j in mine.values())).wire_name,
         }
 
     async def chunk(self, backend_name: str, cid: ChunkId, *, local: bool = False) -> ChunkLease:

@@ -116,15 +116,18 @@ Every key, with its default (a key left out takes the default)::
     # required: s3://BUCKET[/PREFIX], gs://..., az://..., file:///ABSOLUTE/DIR or
     # memory://
     url = "s3://bucket/prefix"
-    # an S3-compatible (or other) service's URL; unset: the provider's own endpoint
+    # the service's URL: an S3-compatible server, the GCS JSON API base, or an Azure blob
+    # endpoint with the account in its path (Azurite); unset: the provider's own
     # endpoint = "https://minio:9000"
-    # the bucket's region; unset: the client library's default
+    # s3:// only: the bucket's region; unset: the client library's default
     # region = "eu-west-1"
-    # with secret_access_key; both unset: the machine's credentials (instance role, ...)
+    # s3://: the access key id; az://: the storage account's name; with secret_access_key;
+    # both unset: the machine's credentials (instance role, ...)
     # access_key_id = "AKIA..."
-    # never logged, and shown as *** in /v1/stats
+    # s3://: the secret key; az://: the account key; never logged, shown as *** in
+    # /v1/stats
     # secret_access_key = "..."
-    # for temporary credentials, with the two above
+    # s3:// only: for temporary credentials, with the two above
     # session_token = "..."
     # a credentials file; for gs:// a service-account JSON key file (a relative path
     # starts from the working directory); unset: the machine's credentials

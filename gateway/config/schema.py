@@ -338,31 +338,42 @@ class BackendConfig:
         default=None,
         metadata=key(
             ENDPOINT,
-            "an S3-compatible (or other) service's URL; unset: the provider's own endpoint",
+            "the service's URL: an S3-compatible server, the GCS JSON API base, or an Azure "
+            "blob endpoint with the account in its path (Azurite); unset: the provider's own",
             example='"https://minio:9000"',
         ),
     )
     region: str | None = field(
         default=None,
         metadata=key(
-            TEXT, "the bucket's region; unset: the client library's default", example='"eu-west-1"'
+            TEXT,
+            "s3:// only: the bucket's region; unset: the client library's default",
+            example='"eu-west-1"',
         ),
     )
     access_key_id: str | None = field(
         default=None,
         metadata=key(
             TEXT,
-            "with secret_access_key; both unset: the machine's credentials (instance role, ...)",
+            "s3://: the access key id; az://: the storage account's name; with "
+            "secret_access_key; both unset: the machine's credentials (instance role, ...)",
             example='"AKIA..."',
         ),
     )
     secret_access_key: Secret | None = field(
         default=None,
-        metadata=key(SECRET, "never logged, and shown as *** in /v1/stats", example='"..."'),
+        metadata=key(
+            SECRET,
+            "s3://: the secret key; az://: the account key; never logged, shown as *** in "
+            "/v1/stats",
+            example='"..."',
+        ),
     )
     session_token: Secret | None = field(
         default=None,
-        metadata=key(SECRET, "for temporary credentials, with the two above", example='"..."'),
+        metadata=key(
+            SECRET, "s3:// only: for temporary credentials, with the two above", example='"..."'
+        ),
     )
     credentials_file: str | None = field(
         default=None,

@@ -61,6 +61,7 @@ from chunkd.errors import (
 from chunkd.gateway import checkpoint_ops
 from chunkd.gateway.checkpoint_ops import CKPT_OPS, Answer
 from chunkd.gateway.names import split_name, split_prefix
+from chunkd.gateway.ranges import from_offset, resolve
 from chunkd.memfd import close_all
 
 if TYPE_CHECKING:
@@ -433,11 +434,7 @@ class LocalServer:
     async def _read(self, args: Mapping[str, Any], answer: Answer) -> dict[str, Any]:
         offset, length = args["offset"], args["length"]
         stat = await self.read_path.stat(*split_name(args["name"]))
-        if offset > stat.size or (offset == stat.size and stat.size and length != 0):
-            raise RangeNotSatisfiableError(
-                f"offset {offset} is past the end of the object ({stat.size} bytes)", stat.size
-            )
-        end = stat.size if length is None else min(stat.size, offset + length)
+        offset, end = resolve(from_offset(offset, length), stat.size)
         response = self._describe(stat) | {"offset": offset, "length": end - offset, "spans": []}
         if end - offset <= INLINE_MAX and args["inline"]:
             chunks = [bytes(piece) async for piece in self.read_path.read(stat, offset, end)]
@@ -478,15 +475,11 @@ class LocalServer:
             if isinstance(stat, BaseException):
                 planned.append(stat)
                 continue
-            if offset > stat.size:
-                planned.append(
-                    RangeNotSatisfiableError(
-                        f"offset {offset} is past the end of the object ({stat.size} bytes)",
-                        stat.size,
-                    )
-                )
+            try:
+                offset, end = resolve(from_offset(offset, length), stat.size)
+            except RangeNotSatisfiableError as exc:
+                planned.append(exc)
                 continue
-            end = min(stat.size, offset + length)
             room = MAX_PAYLOAD - used
             if end - offset > room:
                 if planned:

@@ -154,7 +154,8 @@ def resolve(request: RequestRange | None, size: int) -> tuple[int, int]:
         return max(0, size - request.length), size
     if request.start >= size:
         raise RangeNotSatisfiableError(
-            f"range starts at byte {request.start}, but the object has {size} bytes", size
+            f"range starts at byte {request.start}, past the end of the object ({size} bytes)",
+            size,
         )
     end = size if isinstance(request, OffsetRange) else min(request.end, size)
     return request.start, end

@@ -111,6 +111,37 @@ def test_writing_through_a_handed_out_chunk_fails(node: Daemon) -> None:
         assert assemble(header, fds) == data  # the cache is intact
 
 
+def test_reads_past_the_end_follow_the_one_rule_of_ranges(node: Daemon) -> None:
+    # gateway/ranges.py: no range is the whole object; a range that asks for bytes
+    # starts before the end; an empty range at or before the end selects nothing; a
+    # range past the end is cut there. The same rule as HTTP and the backends.
+    put_file(node, "five.bin", b"12345")
+    put_file(node, "empty.bin", b"")
+    with connect(node) as sock:
+        for name, offset, length, got in [
+            ("local/empty.bin", 0, None, b""),
+            ("local/empty.bin", 0, 0, b""),
+            ("local/five.bin", 5, 0, b""),
+            ("local/five.bin", 3, 100, b"45"),
+        ]:
+            header, payload, _ = ask(sock, op="read", name=name, offset=offset, length=length)
+            assert (header["ok"], payload) == (True, got), (name, offset, length)
+        for name, offset, length in [
+            ("local/empty.bin", 0, 1),
+            ("local/five.bin", 5, None),
+            ("local/five.bin", 5, 1),
+            ("local/five.bin", 6, 0),
+        ]:
+            header, _, _ = ask(sock, op="read", name=name, offset=offset, length=length)
+            assert header["error"] == "RangeNotSatisfiableError", (name, offset, length)
+        header, payload, _ = ask(
+            sock, op="readv", ranges=[["local/five.bin", 5, 0], ["local/five.bin", 5, 1]]
+        )
+        results = header["ranges"]
+        assert results[0]["length"] == 0
+        assert results[1]["error"] == "RangeNotSatisfiableError"
+
+
 @pytest.mark.parametrize(
     ("request_", "kind"),
     [

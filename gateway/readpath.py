@@ -62,6 +62,9 @@ __all__ = ["ReadPath", "Stat"]
 
 log = logging.getLogger("chunkd.gateway.read")
 
+# Readahead chunks in flight, all readers together: a bound on the memory and the backend
+# requests readahead may hold (128 MiB of 4 MiB chunks) whatever the number of readers;
+# each read's own depth is [server] readahead_chunks.
 _READAHEAD_IN_FLIGHT: Final = 32
 _KNOWN_OBJECTS: Final = 1 << 16  # object versions remembered in memory between reads
 _SETTLING: Final = 4  # chunks of one span being hashed and stored at once

@@ -15,14 +15,13 @@ import hashlib
 import hmac
 import os
 import shutil
-import subprocess
 import urllib.request
-from dataclasses import dataclass
 from email.utils import formatdate
 from pathlib import Path
 from typing import Final
 
-from chunkd.testing.ports import free_port, wait_for_port
+from chunkd.testing.ports import free_port
+from chunkd.testing.process import ServerProcess
 
 __all__ = ["ACCOUNT", "ACCOUNT_KEY", "AZURITE_VERSION", "AzuriteServer", "azurite_binary"]
 
@@ -47,20 +46,15 @@ def azurite_binary() -> Path | None:
     return path
 
 
-@dataclass
-class AzuriteServer:
+class AzuriteServer(ServerProcess):
     """Azurite's blob service over plain http on loopback, in memory."""
-
-    port: int
-    process: subprocess.Popen[bytes]
-    host: str = "127.0.0.1"
 
     @classmethod
     def start(cls, binary: Path) -> AzuriteServer:
         """Start ``binary`` on a free loopback port and wait until it listens."""
         port = free_port()
         host = "127.0.0.1"
-        process = subprocess.Popen(
+        return cls.launch(
             [
                 str(binary),
                 "--blobHost",
@@ -72,26 +66,14 @@ class AzuriteServer:
                 "--disableTelemetry",
                 "--silent",
             ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+            port=port,
+            host=host,
         )
-        try:
-            wait_for_port(port, host=host)
-        except BaseException:
-            process.kill()
-            process.wait()
-            raise
-        return cls(port, process, host)
-
-    def stop(self) -> None:
-        """Stop the server."""
-        self.process.terminate()
-        self.process.wait(timeout=10)
 
     @property
     def endpoint(self) -> str:
         """The account's blob endpoint (a backend's ``endpoint``)."""
-        return f"http://{self.host}:{self.port}/{ACCOUNT}"
+        return f"{super().endpoint}/{ACCOUNT}"
 
     def create_container(self, name: str) -> None:
         """Create container ``name`` (a Create Container request, signed with the

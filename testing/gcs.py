@@ -9,13 +9,12 @@ exchange (:meth:`GCSServer.credentials_file`).
 from __future__ import annotations
 
 import json
-import subprocess
 import urllib.parse
 import urllib.request
-from dataclasses import dataclass
 from pathlib import Path
 
-from chunkd.testing.ports import free_port, wait_for_port
+from chunkd.testing.ports import free_port
+from chunkd.testing.process import ServerProcess
 
 __all__ = ["GCSServer", "fake_gcs_binary"]
 
@@ -32,20 +31,15 @@ def fake_gcs_binary() -> Path | None:
         return None
 
 
-@dataclass
-class GCSServer:
+class GCSServer(ServerProcess):
     """A fake-gcs-server over plain http on loopback, in memory."""
-
-    port: int
-    process: subprocess.Popen[bytes]
-    host: str = "127.0.0.1"
 
     @classmethod
     def start(cls, binary: Path) -> GCSServer:
         """Start ``binary`` on a free loopback port and wait until it listens."""
         port = free_port()
         host = "127.0.0.1"
-        process = subprocess.Popen(
+        return cls.launch(
             [
                 str(binary),
                 "-scheme",
@@ -63,25 +57,9 @@ class GCSServer:
                 "-log-level",
                 "error",
             ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+            port=port,
+            host=host,
         )
-        try:
-            wait_for_port(port, host=host)
-        except BaseException:
-            process.kill()
-            process.wait()
-            raise
-        return cls(port, process, host)
-
-    def stop(self) -> None:
-        """Stop the server."""
-        self.process.terminate()
-        self.process.wait(timeout=10)
-
-    @property
-    def endpoint(self) -> str:
-        return f"http://{self.host}:{self.port}"
 
     def create_bucket(self, name: str) -> None:
         """Create bucket ``name`` (the JSON API; the emulator asks for no credentials)."""

@@ -4,22 +4,16 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-from dataclasses import dataclass
 from typing import Any
 
-from chunkd.testing.ports import BIN, free_port, wait_for_port
+from chunkd.testing.ports import BIN, free_port
+from chunkd.testing.process import ServerProcess
 
 __all__ = ["S3Server", "refused_backend", "s3_backend"]
 
 
-@dataclass
-class S3Server:
+class S3Server(ServerProcess):
     """A real S3-protocol server (moto's server mode) in a subprocess."""
-
-    port: int
-    process: subprocess.Popen[bytes]
-    host: str = "127.0.0.1"
 
     @classmethod
     def start(
@@ -44,28 +38,12 @@ class S3Server:
         if checks_credentials_after is not None:
             env["INITIAL_NO_AUTH_ACTION_COUNT"] = str(checks_credentials_after)
         prefix = ["ip", "netns", "exec", netns] if netns else []
-        process = subprocess.Popen(
+        return cls.launch(
             [*prefix, str(BIN / "moto_server"), "-H", host, "-p", str(port)],
+            port=port,
+            host=host,
             env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
         )
-        try:
-            wait_for_port(port, host=host)
-        except BaseException:
-            process.kill()
-            process.wait()
-            raise
-        return cls(port, process, host)
-
-    def stop(self) -> None:
-        """Stop the server."""
-        self.process.terminate()
-        self.process.wait(timeout=10)
-
-    @property
-    def endpoint(self) -> str:
-        return f"http://{self.host}:{self.port}"
 
     def client(self) -> Any:
         import boto3

@@ -22,8 +22,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from obstore.store import AzureStore
 
-from chunkd.errors import ConfigError
-from chunkd.gateway.backends.store import StoreBackend, client_options, no_retries
+from chunkd.gateway.backends.store import StoreBackend, cloud_store, refuse_keys
 
 if TYPE_CHECKING:
     from obstore.store import AzureConfig
@@ -42,11 +41,12 @@ class AzureBackend(StoreBackend):
     @classmethod
     def make_store(cls, config: BackendConfig) -> Any:
         # docstring inherited
-        if config.session_token is not None:
-            raise ConfigError(
-                f"backend {config.name!r}: an az:// backend takes no session_token; give the "
-                "account as access_key_id and its key as secret_access_key"
-            )
+        refuse_keys(
+            config,
+            ("session_token",),
+            "an az:// backend",
+            "give the account as access_key_id and its key as secret_access_key",
+        )
         settings: AzureConfig = {}
         if config.access_key_id:
             settings["account_name"] = config.access_key_id
@@ -54,13 +54,7 @@ class AzureBackend(StoreBackend):
             settings["account_key"] = config.secret_access_key.reveal()
         if config.endpoint:
             settings["endpoint"] = config.endpoint
-        return AzureStore(
-            config.bucket,
-            prefix=config.prefix or None,
-            config=settings,
-            client_options=client_options(config),
-            retry_config=no_retries(config),
-        )
+        return cloud_store(AzureStore, config, config=settings)
 
     def name_limit(self, name: str) -> tuple[str, int, int, str] | None:
         # docstring inherited

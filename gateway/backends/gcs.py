@@ -23,8 +23,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from obstore.store import GCSStore
 
-from chunkd.errors import ConfigError
-from chunkd.gateway.backends.store import StoreBackend, client_options, no_retries
+from chunkd.gateway.backends.store import StoreBackend, cloud_store, refuse_keys
 
 if TYPE_CHECKING:
     from obstore.store import GCSConfig
@@ -43,31 +42,21 @@ class GCSBackend(StoreBackend):
     @classmethod
     def make_store(cls, config: BackendConfig) -> Any:
         # docstring inherited
-        refused = [
-            key
-            for key in ("access_key_id", "secret_access_key", "session_token")
-            if getattr(config, key) is not None
-        ]
-        if refused:
-            raise ConfigError(
-                f"backend {config.name!r}: a gs:// backend takes no {', '.join(refused)}; "
-                "give a service-account JSON file as credentials_file, or none for the "
-                "machine's credentials (HMAC keys go with s3:// and "
-                "endpoint = 'https://storage.googleapis.com')"
-            )
+        refuse_keys(
+            config,
+            ("access_key_id", "secret_access_key", "session_token"),
+            "a gs:// backend",
+            "give a service-account JSON file as credentials_file, or none for the "
+            "machine's credentials (HMAC keys go with s3:// and "
+            "endpoint = 'https://storage.googleapis.com')",
+        )
         settings: GCSConfig = {}
         credentials = getattr(config, "credentials_file", None)
         if credentials:
             settings["service_account"] = str(credentials)
         if config.endpoint:
             settings["base_url"] = config.endpoint
-        return GCSStore(
-            config.bucket,
-            prefix=config.prefix or None,
-            config=settings,
-            client_options=client_options(config),
-            retry_config=no_retries(config),
-        )
+        return cloud_store(GCSStore, config, config=settings)
 
     def name_limit(self, name: str) -> tuple[str, int, int, str] | None:
         # docstring inherited

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from obstore.store import S3Store
 
-from chunkd.gateway.backends.store import StoreBackend, client_options, no_retries
+from chunkd.gateway.backends.store import StoreBackend, cloud_store
 
 if TYPE_CHECKING:
     from chunkd.gateway.config import BackendConfig
@@ -40,13 +40,7 @@ class S3Backend(StoreBackend):
             kwargs["secret_access_key"] = config.secret_access_key.reveal()
         if config.session_token is not None:
             kwargs["session_token"] = config.session_token.reveal()
-        return S3Store(
-            config.bucket,
-            prefix=config.prefix or None,
-            client_options=client_options(config),
-            retry_config=no_retries(config),
-            **kwargs,
-        )
+        return cloud_store(S3Store, config, **kwargs)
 
     def name_limit(self, name: str) -> tuple[str, int, int, str] | None:
         # docstring inherited

@@ -43,6 +43,7 @@ from chunkd.backoff import Backoff
 from chunkd.errors import (
     BackendForbiddenError,
     BackendUnavailableError,
+    ConfigError,
     InvalidKeyError,
     ObjectNotFoundError,
     VersionChangedError,
@@ -59,7 +60,16 @@ if TYPE_CHECKING:
     from chunkd.gateway.metrics import Metrics
     from chunkd.gateway.ranges import RequestRange
 
-__all__ = ["RETRY_BACKOFF", "StoreBackend", "client_options", "first_line", "no_retries", "shown"]
+__all__ = [
+    "RETRY_BACKOFF",
+    "StoreBackend",
+    "client_options",
+    "cloud_store",
+    "first_line",
+    "no_retries",
+    "refuse_keys",
+    "shown",
+]
 
 log = logging.getLogger("chunkd.gateway.backends")
 
@@ -517,6 +527,29 @@ def client_options(config: BackendConfig) -> ClientConfig:
 def no_retries(config: BackendConfig) -> RetryConfig:
     """obstore's own retries off: :meth:`StoreBackend._call` retries, and counts."""
     return {"max_retries": 0, "retry_timeout": timedelta(seconds=config.timeout)}
+
+
+def cloud_store(store_type: Callable[..., Any], config: BackendConfig, /, **settings: Any) -> Any:
+    """A cloud kind's obstore store (``S3Store``, ``GCSStore``, ``AzureStore``) over
+    ``config``'s bucket and prefix, with :func:`client_options` and obstore's retries
+    off (:func:`no_retries`); ``settings``: the keyword arguments of the kind's own."""
+    return store_type(
+        config.bucket,
+        prefix=config.prefix or None,
+        client_options=client_options(config),
+        retry_config=no_retries(config),
+        **settings,
+    )
+
+
+def refuse_keys(config: BackendConfig, keys: tuple[str, ...], kind: str, instead: str) -> None:
+    """Raise :class:`ConfigError` when ``config`` sets any of ``keys``, which a backend
+    of ``kind`` (``"an az:// backend"``) does not take; ``instead`` says what to give."""
+    refused = [key for key in keys if getattr(config, key) is not None]
+    if refused:
+        raise ConfigError(
+            f"backend {config.name!r}: {kind} takes no {', '.join(refused)}; {instead}"
+        )
 
 
 def _etag(meta: Any) -> str | None:

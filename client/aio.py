@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final
 
-from chunkd.client.core import Client
+from chunkd.client.core import DEFAULT_CACHE_BYTES, DEFAULT_TIMEOUT, Client
 from chunkd.client.files import ChunkdFile
 from chunkd.client.reader import check_range
 from chunkd.client.results import CacheInfo, ObjectStat
@@ -50,8 +50,8 @@ class AsyncClient:
         self,
         socket_path: str | os.PathLike[str] | None = None,
         *,
-        timeout: float = 30.0,
-        cache_bytes: int = 1 << 30,
+        timeout: float = DEFAULT_TIMEOUT,
+        cache_bytes: int = DEFAULT_CACHE_BYTES,
     ) -> None:
         self._args = (socket_path, timeout, cache_bytes)
         self._client: Client | None = None

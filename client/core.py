@@ -70,12 +70,19 @@ if TYPE_CHECKING:
     from _typeshed import WriteableBuffer
 
 __all__ = [
+    "DEFAULT_CACHE_BYTES",
+    "DEFAULT_TIMEOUT",
     "CacheInfo",
     "Client",
     "DaemonUnavailableError",
     "ObjectStat",
     "Reply",
 ]
+
+#: seconds a client waits for the daemon unless told (``Client(timeout=...)``)
+DEFAULT_TIMEOUT: Final = 30.0
+#: the client cache's budget unless told (``Client(cache_bytes=...)``): 1 GiB
+DEFAULT_CACHE_BYTES: Final = 1 << 30
 
 #: at most this much of a prefetch request's header is names
 _PREFETCH_HEADER_BYTES: Final = protocol.MAX_HEADER // 2
@@ -160,8 +167,8 @@ class Client:
         self,
         socket_path: str | os.PathLike[str] | None = None,
         *,
-        timeout: float = 30.0,
-        cache_bytes: int = 1 << 30,
+        timeout: float = DEFAULT_TIMEOUT,
+        cache_bytes: int = DEFAULT_CACHE_BYTES,
     ) -> None:
         if timeout <= 0:
             raise ValueError(f"timeout must be > 0 seconds; got {timeout!r}")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from types import TracebackType
 from typing import Self
 
 from chunkd.testing.ports import wait_for_port
@@ -16,7 +17,7 @@ __all__ = ["ServerProcess"]
 @dataclass
 class ServerProcess:
     """A server subprocess listening on ``host:port``; a kind subclasses it and builds
-    its command line in its own ``start``."""
+    its command line in its own ``start``. As a context manager, it stops on exit."""
 
     port: int
     process: subprocess.Popen[bytes]
@@ -51,6 +52,17 @@ class ServerProcess:
         """Stop the server."""
         self.process.terminate()
         self.process.wait(timeout=10)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
 
     @property
     def endpoint(self) -> str:

@@ -6,6 +6,7 @@ import json
 import os
 from typing import Any
 
+from chunkd.gateway.config import BackendConfig
 from chunkd.testing.ports import BIN, free_port
 from chunkd.testing.process import ServerProcess
 
@@ -44,6 +45,22 @@ class S3Server(ServerProcess):
             host=host,
             env=env,
         )
+
+    def backend_config(self, name: str, url: str, **keys: Any) -> BackendConfig:
+        """A writable backend over ``url`` on this server, with its test credentials;
+        ``keys`` add fields or override these."""
+        fields: dict[str, Any] = {
+            "name": name,
+            "url": url,
+            "endpoint": self.endpoint,
+            "region": "us-east-1",
+            "access_key_id": "testing",
+            "secret_access_key": "testing-secret",
+            "allow_http": True,
+            "writable": True,
+            **keys,
+        }
+        return BackendConfig(**fields)
 
     def client(self) -> Any:
         import boto3

@@ -62,11 +62,8 @@ BIN = Path(sys.executable).parent
 @pytest.fixture(scope="session")
 def s3_server() -> Iterator[S3Server]:
     """moto_server on a free loopback port for the whole session."""
-    server = S3Server.start()
-    try:
+    with S3Server.start() as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture

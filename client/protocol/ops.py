@@ -1,0 +1,506 @@
+"""The op table of the local socket: every op, its request fields, answer and errors.
+
+:data:`OPS` is the one definition of what each op takes: the daemon checks every
+request against it (:meth:`Op.check`), the client builds every request from it
+(:func:`request_header`), and the package's docs list it (:func:`describe_ops`).
+The bounds a request can name, and the names of the durability levels and commit
+modes, are defined here with it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from chunkd.client.protocol.fields import MAX_OFFSET, Field
+from chunkd.client.protocol.frames import MAX_FDS
+from chunkd.errors import (
+    ChunkdError,
+    InvalidKeyError,
+    InvalidRangeError,
+    InvalidRequestError,
+    ProtocolVersionError,
+)
+
+__all__ = [
+    "COMMIT_MODES",
+    "DURABILITY_LEVELS",
+    "INLINE_MAX",
+    "LIST_PAGE",
+    "MAX_LAYOUT",
+    "MAX_LIST_PAGE",
+    "MAX_NAME_BYTES",
+    "MAX_PREFETCH_QUEUED",
+    "MAX_RANGES",
+    "MAX_SECONDS",
+    "MAX_STEP",
+    "MAX_WORLD_SIZE",
+    "OPS",
+    "VERSION",
+    "Op",
+    "describe_ops",
+    "request_header",
+]
+
+#: 2: listings come in pages (``start_after``, ``next``); ``readv``; hello first
+VERSION: Final = 2
+#: reads up to this many bytes may be answered inline rather than with fds
+INLINE_MAX: Final = 64 * 1024
+#: entries in a listing page when the request names no limit, and the most it may name
+LIST_PAGE: Final = 1000
+MAX_LIST_PAGE: Final = 10_000
+#: ranges in one ``readv``
+MAX_RANGES: Final = 256
+#: names of one user of the node waiting to be prefetched
+MAX_PREFETCH_QUEUED: Final = 100_000
+#: ranks of one checkpoint save
+MAX_WORLD_SIZE: Final = 1 << 16
+#: a name a request carries: a backend name, a slash and a key of at most 1024 bytes
+MAX_NAME_BYTES: Final = 1200
+#: the largest layout or JSON fd a checkpoint request may carry
+MAX_LAYOUT: Final = 256 << 20
+#: the longest duration a request may name (a grace period, a timeout): ten years
+MAX_SECONDS: Final = 10 * 365 * 86400.0
+#: a checkpoint's step is a signed 64-bit integer: from ``-MAX_STEP - 1`` to this
+MAX_STEP: Final = (1 << 63) - 1
+#: the durability levels of a checkpoint save, weakest first: held in the daemon's
+#: memory, fsynced on the node's disk, committed in the backend. Each includes the
+#: ones before it.
+DURABILITY_LEVELS: Final = ("staged", "local", "remote")
+#: how a checkpoint save is committed: "auto", by the daemon once every rank is in;
+#: "none", by the trainer's own ``ckpt_commit``
+COMMIT_MODES: Final = ("auto", "none")
+_ID_BYTES: Final = 64
+
+
+@dataclass(frozen=True, slots=True)
+class Op:
+    """One op of the local socket: its request fields, its answer and its errors.
+
+    ``fds`` is how many fds its request may carry (low, high); ``waits`` says that
+    the daemon may hold it long, and stops it if its client goes away meanwhile.
+    """
+
+    name: str
+    doc: str
+    fields: tuple[Field, ...]
+    answer: str
+    errors: tuple[str, ...] = ()
+    fds: tuple[int, int] = (0, 0)
+    waits: bool = False
+
+    def check(self, header: Mapping[str, Any]) -> dict[str, Any]:
+        """Every field of the request, checked, by name (defaults filled in).
+
+        Raises:
+            InvalidRequestError: (or the field's own error) a field is wrong.
+        """
+        return {field.name: field.check(header) for field in self.fields}
+
+    def field(self, name: str) -> Field:
+        """The field called ``name``."""
+        return next(f for f in self.fields if f.name == name)
+
+    def describe(self) -> str:
+        """This op's entry in the module's docs."""
+        lines = [f"``{self.name}``", f"    {self.doc}", ""]
+        if self.fields:
+            lines += ["    Request fields:", ""]
+            lines += [f"    - {f.describe()}" for f in self.fields]
+            lines.append("")
+        if self.fds != (0, 0):
+            low, high = self.fds
+            count = str(low) if low == high else f"{low} to {high}"
+            lines += [f"    Carries {count} fds (see above).", ""]
+        lines += [f"    Answer: {self.answer}", ""]
+        if self.errors:
+            lines += ["    Errors: " + ", ".join(f"``{e}``" for e in self.errors) + ".", ""]
+        return "\n".join(lines)
+
+
+def _name(doc: str, *, error: type[ChunkdError] = InvalidRequestError) -> Field:
+    return Field("name", "text", doc, high=MAX_NAME_BYTES, error=error)
+
+
+_SAVE_ID = Field("save_id", "text", "the save's id, shared by its ranks", high=_ID_BYTES)
+_RANK = Field("rank", "whole", "this rank", high=MAX_WORLD_SIZE - 1, default=0)
+_WORLD = Field("world_size", "whole", "ranks in the save", low=1, high=MAX_WORLD_SIZE, default=1)
+_COMMIT = Field(
+    "commit",
+    "choice",
+    '"auto": the daemon commits once every rank is in; "none": the trainer calls ckpt_commit',
+    choices=COMMIT_MODES,
+    default="auto",
+)
+_OVERWRITE = Field(
+    "overwrite", "flag", "replace a committed checkpoint of that name", default=False
+)
+_CKPT_NAME = _name("the checkpoint, ``BACKEND/PATH``")
+_OBJECT_NAME = _name("the object, ``BACKEND/KEY``", error=InvalidKeyError)
+_LIMIT = Field("limit", "whole", "entries in the page", low=1, high=MAX_LIST_PAGE, default=None)
+_JOB = (
+    '``{"ok": true, "job": JOB, "state": STATE, "durability": LEVEL_REACHED, ...}``: the '
+    "save job as the daemon sees it"
+)
+_NAMING = ("UnknownBackendError", "InvalidKeyError", "ReadOnlyBackendError")
+
+#: every op of the local socket, by name: the one definition of what each takes
+OPS: Final[Mapping[str, Op]] = {
+    op.name: op
+    for op in (
+        Op(
+            "hello",
+            "The first request of every connection.",
+            (
+                Field(
+                    "version",
+                    "whole",
+                    "the client's protocol version",
+                    high=1 << 31,
+                    # A client without a version, or with one of another form, is of
+                    # another protocol: the same answer as a version other than ours.
+                    error=ProtocolVersionError,
+                ),
+            ),
+            '``{"ok": true, "version": 2, "chunk_bytes": N, "daemon": "chunkd X"}``',
+            (
+                "ProtocolVersionError: no version, or one other than :data:`VERSION` (or "
+                "not a whole number)",
+            ),
+        ),
+        Op(
+            "stat",
+            "What the daemon knows of an object's current version.",
+            (_OBJECT_NAME,),
+            '``{"ok": true, "size": S, "version": V, "chunk_bytes": N, "revalidate": '
+            'SECONDS|null, "modified": T|null, "stale": SECONDS|null}``; ``modified`` is when '
+            "the object was written (seconds since the epoch), ``stale`` is set when the "
+            "backend could not re-check the version and the daemon serves the one it "
+            "checked that long ago.",
+            (
+                "ObjectNotFoundError",
+                "UnknownBackendError",
+                "InvalidKeyError",
+                "BackendUnavailableError",
+                "BackendForbiddenError",
+            ),
+        ),
+        Op(
+            "read",
+            "Bytes of an object, as sealed memfds of whole chunks or inline.",
+            (
+                _OBJECT_NAME,
+                Field(
+                    "offset",
+                    "whole",
+                    "where to start",
+                    high=MAX_OFFSET,
+                    default=0,
+                    error=InvalidRangeError,
+                ),
+                Field(
+                    "length",
+                    "whole",
+                    "bytes wanted; null: to the end",
+                    high=MAX_OFFSET,
+                    default=None,
+                    error=InvalidRangeError,
+                ),
+                Field("inline", "flag", "false: always chunks, never inline bytes", default=True),
+            ),
+            'the stat fields and ``"offset": O, "length": L, "spans": [{"chunk": ID, '
+            '"index": I, "size": CHUNK_SIZE, "start": A, "stop": B}], "fds": K`` where span '
+            "``j`` is bytes ``A..B`` of chunk ``I`` (whose id is ``ID``, ``CHUNK_SIZE`` bytes "
+            "long), carried by the ``j``-th fd: a sealed memfd holding the whole chunk, to "
+            "be mapped read-only. Small reads (up to :data:`INLINE_MAX`) answer inline "
+            'instead (``"fds": 0, "inline": true`` and the bytes as the payload), unless '
+            'the request says ``"inline": false`` (a client that caches mappings wants the '
+            "chunk). A read covers at most :data:`MAX_FDS` chunks.",
+            (
+                "InvalidRangeError",
+                "RangeNotSatisfiableError: offset past the end",
+                "VersionChangedError",
+                "IntegrityError",
+                "and those of stat",
+            ),
+        ),
+        Op(
+            "readv",
+            "Several small ranges in one round trip, answered inline.",
+            (Field("ranges", "ranges", "``[BACKEND/KEY, OFFSET, LENGTH]`` each", high=MAX_RANGES),),
+            '``{"ok": true, "answered": K, "ranges": [{"size": S, "version": V, "offset": O, '
+            '"length": L} | {"error": KIND, "message": TEXT}]}`` and the payload holds the '
+            "bytes of the first ``K`` ranges, one after the other. ``K`` is as many as fit "
+            "in :data:`MAX_PAYLOAD` (at least one, whose length the daemon then cuts to "
+            "fit); the client asks again for the rest. A range's own failure is its entry.",
+            ("InvalidRequestError",),
+        ),
+        Op(
+            "list",
+            "One page of a listing, in key order: one level (objects, and the directories "
+            "that hold more), or every object below when recursive.",
+            (
+                _name("``BACKEND[/PREFIX]``"),
+                Field("recursive", "flag", "every object below, not one level", default=False),
+                Field(
+                    "start_after",
+                    "text",
+                    "the page token (``next``) of the page before",
+                    high=MAX_NAME_BYTES + 8,
+                    default=None,
+                ),
+                Field(
+                    "limit",
+                    "whole",
+                    "entries in the page",
+                    low=1,
+                    high=MAX_LIST_PAGE,
+                    default=LIST_PAGE,
+                ),
+            ),
+            '``{"ok": true, "count": N, "next": KEY|null}`` and a payload, one JSON object '
+            'with the entries by column: ``{"backend": B, "keys": [KEY, ...], "sizes": [S, '
+            '...], "versions": [V, ...], "modified": [T, ...], "dirs": [I, ...]}``, where '
+            "entry ``i`` is ``BACKEND/keys[i]``, ``dirs`` lists the positions of the "
+            "directories (whose size is 0 and version and time null), and ``modified`` is "
+            "seconds since the epoch. A page may hold fewer entries than ``limit``, to fit "
+            "the payload. ``next`` is the page token: send it back as ``start_after`` for "
+            "the next page; null on the last page (a full page may be followed by an empty "
+            "last one). It is a key of the backend, after which the listing resumes (a "
+            "directory's key ends in ``/``).",
+            ("UnknownBackendError", "InvalidKeyError", "BackendUnavailableError"),
+            waits=True,
+        ),
+        Op(
+            "prefetch",
+            "Load objects into the cache in the background.",
+            (Field("names", "texts", "``BACKEND/KEY`` each", high=MAX_PREFETCH_QUEUED),),
+            '``{"ok": true, "started": N}``: the daemon loads the objects a few at a time '
+            "(``[server] prefetch_per_client`` for the user the connection comes from, and "
+            "``prefetch_in_flight`` for all); at most :data:`MAX_PREFETCH_QUEUED` names of "
+            "one user wait at once.",
+            ("UnknownBackendError", "InvalidKeyError"),
+        ),
+        Op(
+            "ckpt_save",
+            "Stage one rank's part of a checkpoint. Fd 1 is the layout, JSON "
+            '``{"segments": [[OFFSET, SIZE], ...], "tree": ...}`` (at most '
+            ":data:`MAX_LAYOUT` bytes); fd 2 the staged bytes. Both are memfds sealed "
+            "against writes and resizes (:data:`chunkd.memfd.IMMUTABLE`).",
+            (
+                _CKPT_NAME,
+                Field(
+                    "save_id",
+                    "text",
+                    "the save's id, shared by its ranks; default: a new one",
+                    high=_ID_BYTES,
+                    default=None,
+                ),
+                _RANK,
+                _WORLD,
+                Field(
+                    "durability",
+                    "choice",
+                    "the level the save is done at",
+                    choices=DURABILITY_LEVELS,
+                    default="remote",
+                ),
+                _OVERWRITE,
+                _COMMIT,
+                Field(
+                    "step",
+                    "whole",
+                    "the training step; default: the number in the name",
+                    low=-MAX_STEP - 1,
+                    high=MAX_STEP,
+                    default=None,
+                ),
+            ),
+            _JOB + ", as soon as the bytes are staged.",
+            (
+                "InvalidRequestError: a rank outside world_size, a layout that is not sealed "
+                "JSON or names more than the staged bytes",
+                "CheckpointExistsError",
+                *_NAMING,
+            ),
+            fds=(2, 2),
+        ),
+        Op(
+            "ckpt_wait",
+            "Wait for a save job to reach a level. A daemon that does not know ``job`` (it "
+            "restarted, or forgot the job an hour after it ended) looks for the save that "
+            "``name``, ``save_id`` and ``rank`` describe in the backend and answers what "
+            "became of it: committed, its part there, or lost.",
+            (
+                Field("job", "text", "the job a ckpt_save answered", high=_ID_BYTES),
+                Field(
+                    "level",
+                    "choice",
+                    "the level to wait for",
+                    choices=DURABILITY_LEVELS,
+                    default="remote",
+                ),
+                Field(
+                    "timeout",
+                    "number",
+                    "seconds to wait at most (the daemon holds a "
+                    "request 10 s at most: the client asks again)",
+                    high=MAX_SECONDS,
+                    default=0,
+                ),
+                Field(
+                    "name",
+                    "text",
+                    "the save's checkpoint, to find it without its job",
+                    high=MAX_NAME_BYTES,
+                    default=None,
+                ),
+                Field("save_id", "text", "the save's id (with name)", high=_ID_BYTES, default=None),
+                Field(
+                    "rank",
+                    "whole",
+                    "the save's rank (with name)",
+                    high=MAX_WORLD_SIZE - 1,
+                    default=None,
+                ),
+                Field(
+                    "world_size",
+                    "whole",
+                    "the save's ranks (with name)",
+                    low=1,
+                    high=MAX_WORLD_SIZE,
+                    default=None,
+                ),
+                Field(
+                    "commit",
+                    "choice",
+                    "the save's commit mode (with name)",
+                    choices=COMMIT_MODES,
+                    default=None,
+                ),
+            ),
+            _JOB + ", once it reached ``level`` or failed, or after the timeout. A job that "
+            'failed answers ``"ok": false`` with its error, and ``"job"``.',
+            ("CheckpointError: the save failed or was lost", "BackendUnavailableError"),
+            waits=True,
+        ),
+        Op(
+            "ckpt_commit",
+            "Commit a save whose every rank is in (a save staged with ``commit: none``). An "
+            "optional fd holds extra manifest fields: a sealed memfd, a JSON object.",
+            (
+                _CKPT_NAME,
+                _SAVE_ID,
+                Field("world_size", "whole", "ranks in the save", low=1, high=MAX_WORLD_SIZE),
+                _OVERWRITE,
+            ),
+            '``{"ok": true, "manifest_id": ID}``, once committed.',
+            ("CheckpointError: a rank's part is missing", "CheckpointExistsError", *_NAMING),
+            fds=(0, 1),
+            waits=True,
+        ),
+        Op(
+            "ckpt_manifest",
+            "A committed checkpoint's manifest.",
+            (_CKPT_NAME,),
+            '``{"ok": true, "fds": 1}`` and the fd: a sealed memfd holding the manifest, JSON.',
+            ("CheckpointNotFoundError", "UnknownBackendError", "InvalidKeyError"),
+        ),
+        Op(
+            "ckpt_chunks",
+            "Chunks of checkpoints, by id, for a restore.",
+            (
+                Field("backend", "text", "the backend the checkpoints are in", high=64),
+                Field("ids", "texts", "chunk ids, 64 hex digits each", high=MAX_FDS),
+            ),
+            '``{"ok": true, "sizes": [SIZE, ...]}`` and one sealed memfd per chunk, in order.',
+            ("ChunkNotFoundError", "IntegrityError", "UnknownBackendError"),
+        ),
+        Op(
+            "ckpt_list",
+            "One page of the checkpoints under a prefix, in the order of their manifest keys.",
+            (
+                Field("prefix", "text", "``BACKEND[/PREFIX]``", high=MAX_NAME_BYTES),
+                Field(
+                    "start_after",
+                    "text",
+                    "the page token (``next``) of the page before",
+                    high=MAX_NAME_BYTES + 32,
+                    default=None,
+                ),
+                _LIMIT,
+            ),
+            '``{"ok": true, "count": N, "next": KEY|null}``, payload: a JSON array of '
+            "entries (name, step, sizes, dedup ratio, durability, state, created). A page "
+            "holds at most ``limit`` (default :data:`LIST_PAGE`) entries, maybe fewer (even "
+            "none) to fit the payload or to bound the work of one request; ``next`` is the "
+            "token to send back as ``start_after``, null on the last page. A request "
+            "without ``limit`` (an older client, which reads one page) is refused when "
+            "there is more than one page, rather than answered in part.",
+            ("InvalidRequestError: more than one page and no limit", "UnknownBackendError"),
+            waits=True,
+        ),
+        Op(
+            "ckpt_delete",
+            "Delete a committed checkpoint (its manifest; gc sweeps its chunks).",
+            (_CKPT_NAME,),
+            '``{"ok": true, "removed": N}``',
+            ("ReadOnlyBackendError", "UnknownBackendError", "InvalidKeyError"),
+        ),
+        Op(
+            "ckpt_gc",
+            "Retention, then mark-and-sweep of the chunks no checkpoint references.",
+            (
+                Field("target", "text", "``BACKEND[/PREFIX]``", high=MAX_NAME_BYTES),
+                Field(
+                    "keep_last",
+                    "whole",
+                    "keep the N newest checkpoints under target (by step); null: retire none",
+                    high=1 << 31,
+                    default=None,
+                ),
+                Field(
+                    "grace",
+                    "number",
+                    "sweep only chunks older than this (seconds)",
+                    high=MAX_SECONDS,
+                    default=3600,
+                ),
+                Field("dry_run", "flag", "report, delete nothing", default=False),
+            ),
+            '``{"ok": true, "fds": 1}``, the fd a sealed memfd with the JSON report, '
+            "whatever the number of checkpoints it retired; payload: the report without "
+            'the names (``"retired"``).',
+            ("ReadOnlyBackendError", "UnknownBackendError", "BackendUnavailableError"),
+            waits=True,
+        ),
+    )
+}
+
+
+def request_header(op: str, fields: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The header of an ``op`` request with ``fields``, checked against :data:`OPS`.
+
+    Nulls are left out (a null is an absent field). The ``id`` is the sender's.
+
+    Raises:
+        InvalidRequestError: (or a field's own error) an unknown op or field, or a
+            field that the daemon would refuse.
+    """
+    spec = OPS.get(op)
+    if spec is None:
+        raise InvalidRequestError(f"{op!r} is not an op of the local protocol")
+    given = {k: v for k, v in (fields or {}).items() if v is not None}
+    known = {f.name for f in spec.fields}
+    unknown = sorted(set(given) - known)
+    if unknown:
+        raise InvalidRequestError(f"{op} takes no field {unknown[0]!r}")
+    header = {"op": op} | given
+    spec.check(header)
+    return header
+
+
+def describe_ops() -> str:
+    """The list of ops for the protocol's docs, one entry per op of :data:`OPS`."""
+    return "\n\nThe ops\n-------\n\n" + "\n".join(op.describe() for op in OPS.values())

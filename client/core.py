@@ -255,7 +255,9 @@ class Client:
         Args:
             name: the object, ``BACKEND/KEY``.
             offset: the first byte.
-            length: how many bytes; None (or past the end): up to the end.
+            length: how many bytes; None: up to the end. A range that runs past the
+                end is cut there; one that asks for bytes must start before the end
+                (the rule of :mod:`chunkd.ranges`, as HTTP ``Range`` has it).
 
         Returns:
             A read-only ``memoryview`` of format ``"B"``.
@@ -264,7 +266,9 @@ class Client:
             ObjectNotFoundError: the object does not exist.
             UnknownBackendError: no backend of that name is configured.
             InvalidKeyError: the name is not a key chunkd looks up.
-            ChunkdError: the daemon refused the read (e.g. ``offset`` past the end).
+            RangeNotSatisfiableError: ``offset`` is at or past the end, and bytes were
+                asked for (an empty object has no byte to start at).
+            ChunkdError: the daemon refused the read.
             DaemonUnavailableError: the daemon did not answer.
         """
         hit = self._reader.hit(name, offset, length)
@@ -422,9 +426,10 @@ class Client:
         """Several byte ranges ``(name, offset, length)`` as bytes, in few round trips.
 
         Small ranges go out together (``readv``: up to 256 ranges and 1 MiB a round
-        trip); a large one is read as :meth:`read` does. A range past the end of its
-        object comes back shorter (or empty); a range that fails comes back as its
-        error, and the others are still read.
+        trip); a large one is read as :meth:`read` does. A range that runs past the
+        end of its object comes back shorter; one that starts at or past the end
+        comes back as :class:`RangeNotSatisfiableError`, as :meth:`read` raises it. A
+        range that fails comes back as its error, and the others are still read.
         """
         asked = list(ranges)
         out: list[bytearray | ChunkdError] = [bytearray() for _ in asked]

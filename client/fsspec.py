@@ -28,7 +28,7 @@ from typing import Any
 from fsspec.spec import AbstractBufferedFile, AbstractFileSystem
 
 from chunkd.client.core import Client
-from chunkd.errors import ChunkdError, ObjectNotFoundError
+from chunkd.errors import ChunkdError, ObjectNotFoundError, RangeNotSatisfiableError
 
 __all__ = ["ChunkdFile", "ChunkdFileSystem"]
 
@@ -233,7 +233,8 @@ class ChunkdFileSystem(AbstractFileSystem):  # type: ignore[misc]
                 asked.append((i, name, first, last - first))
         got = self.client.read_ranges([(n, o, ln) for _, n, o, ln in asked])
         for (i, _, _, _), result in zip(asked, got, strict=True):
-            out[i] = result
+            # fsspec's ranges are slices: one that starts at or past the end is empty.
+            out[i] = b"" if isinstance(result, RangeNotSatisfiableError) else result
         results: list[bytes | Exception] = []
         for outcome in out:
             assert outcome is not None

@@ -35,8 +35,9 @@ from chunkd.client import protocol
 from chunkd.client.connection import Connection
 from chunkd.client.results import CacheInfo, ObjectStat
 from chunkd.client.views import Chunk, ChunkLRU, Located, Span, check_chunk_fd, chunk_budget
-from chunkd.errors import VersionChangedError
+from chunkd.errors import RangeNotSatisfiableError, VersionChangedError
 from chunkd.memfd import close_all
+from chunkd.ranges import from_offset, resolve
 
 __all__ = ["Known", "Reader", "check_range"]
 
@@ -178,10 +179,10 @@ class Reader:
             if known is None or (now is not None and not known.fresh(now)):
                 return None
             size, step = known.size, known.chunk_bytes
-            end = size if length is None else min(size, offset + length)
-            # Leave what the daemon refuses (reads past the end) to the daemon.
-            if offset > size or (offset == size and size and length != 0):
-                return None
+            try:
+                offset, end = resolve(from_offset(offset, length), size)
+            except RangeNotSatisfiableError:
+                return None  # past the end: the daemon says so, with the object's size
             pieces: list[Span | memoryview] = []
             for index in range(offset // step, -(-end // step)):
                 chunk_id = known.chunks.get(index)
@@ -194,7 +195,17 @@ class Reader:
 
     def _read_remote(self, name: str, offset: int, length: int | None) -> Located:
         for _ in range(_VERSION_RETRIES):
-            located = self._read_version(name, offset, length)
+            try:
+                located = self._read_version(name, offset, length)
+            except RangeNotSatisfiableError:
+                # A whole read of an object not known yet asks for its first chunks,
+                # which an empty object does not have: it is whole, and empty.
+                if offset or length is not None:
+                    raise
+                self.stat_remote(name)
+                located = self.from_cache(name, 0, None, None)
+                if located is None or located.size:
+                    raise
             if located is not None:
                 return located
         raise VersionChangedError(

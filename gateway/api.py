@@ -55,10 +55,10 @@ from chunkd.gateway.metrics import Metrics
 from chunkd.gateway.names import validate_prefix
 from chunkd.gateway.peers import Peers
 from chunkd.gateway.prefetch import Prefetcher
-from chunkd.gateway.ranges import RangeNotSatisfiableError, parse_range, resolve
 from chunkd.gateway.readpath import ReadPath
 from chunkd.gateway.status import http_status
 from chunkd.gateway.tls import PeerTLS
+from chunkd.ranges import RangeNotSatisfiableError, parse_range, resolve
 
 __all__ = [
     "BACKENDS",

@@ -61,8 +61,8 @@ from chunkd.errors import (
 from chunkd.gateway import checkpoint_ops
 from chunkd.gateway.checkpoint_ops import CKPT_OPS, Answer
 from chunkd.gateway.names import split_name, split_prefix
-from chunkd.gateway.ranges import from_offset, resolve
 from chunkd.memfd import close_all
+from chunkd.ranges import from_offset, resolve
 
 if TYPE_CHECKING:
     from prometheus_client import Counter, Gauge

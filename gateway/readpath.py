@@ -52,7 +52,7 @@ from chunkd.errors import (
 )
 from chunkd.gateway.backends import Backend, Backends, ObjectMeta
 from chunkd.gateway.names import validate_key
-from chunkd.gateway.ranges import ByteRange
+from chunkd.ranges import ByteRange
 
 if TYPE_CHECKING:
     from chunkd.gateway.metrics import Metrics

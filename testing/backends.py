@@ -25,12 +25,12 @@ from typing import TYPE_CHECKING, ClassVar, Final
 
 import pytest
 
-from chunkd.errors import RangeNotSatisfiableError, VersionChangedError
-from chunkd.gateway.ranges import ByteRange, OffsetRange, SuffixRange
+from chunkd.errors import ObjectNotFoundError, RangeNotSatisfiableError, VersionChangedError
+from chunkd.ranges import ByteRange, OffsetRange, SuffixRange
 
 if TYPE_CHECKING:
     from chunkd.gateway.backends import Backend, ObjectMeta
-    from chunkd.gateway.ranges import RequestRange
+    from chunkd.ranges import RequestRange
 
 __all__ = ["FEATURES", "ODD_KEYS", "BackendTests"]
 
@@ -232,6 +232,18 @@ class BackendTests:
         assert await backend.head("w/gone") is None
         await backend.delete("w/gone")  # deleting a missing object is no error
         await backend.delete("w/never-there")
+
+    async def test_pinned_reads_of_a_deleted_object(self, backend: Backend) -> None:
+        # A read pinned to a version the backend no longer holds: get answers None (the
+        # object is absent), and a stream, which has no None to give, raises.
+        self.needs("delete")
+        await self.write(backend, "w/pinned", b"soon gone")
+        meta = await self._head(backend, "w/pinned")
+        await backend.delete("w/pinned")
+        assert await backend.get("w/pinned", ByteRange(0, 4), version=meta) is None
+        with pytest.raises(ObjectNotFoundError):
+            async for _ in backend.stream_range(meta, ByteRange(0, 4), piece_bytes=1 << 20):
+                pass
 
     # -- listings -----------------------------------------------------------------------
 

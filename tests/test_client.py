@@ -41,11 +41,13 @@ from chunkd.client import (
     protocol,
     views,
 )
+from chunkd.client.fsspec import ChunkdFileSystem
 from chunkd.errors import (
     CacheClosedError,
     ChunkdError,
     InvalidKeyError,
     ObjectNotFoundError,
+    RangeNotSatisfiableError,
     UnknownBackendError,
 )
 
@@ -264,7 +266,6 @@ def test_no_daemon_raises_a_clear_error(
 
 def test_error_answers_raise_the_named_class(fake_daemon: Any) -> None:
     kinds = iter(["ObjectNotFoundError", "UnknownBackendError", "RangeNotSatisfiableError", "os"])
-    from chunkd.errors import RangeNotSatisfiableError
 
     def refuse(header: dict[str, Any]) -> dict[str, Any]:
         kind = next(kinds)
@@ -778,6 +779,42 @@ def test_several_processes_read_the_same_bytes(node: Node) -> None:
     assert [p.returncode for p in procs] == [0] * 4, outputs
     expected = f"{hashlib.sha256(node.files['big.bin']).hexdigest()} {BIG}\n".encode()
     assert [out for out, _ in outputs] == [expected] * 4
+
+
+def test_reads_at_the_end_follow_one_rule_cached_or_not(node: Node) -> None:
+    # chunkd.ranges: a range that asks for bytes starts before the end. The client's
+    # own cache answers as the daemon does, so a read does not depend on what is
+    # cached; fsspec's slices stay slices.
+    (node.data / "empty.bin").write_bytes(b"")
+    size = len(node.files["small.txt"])
+    with Client(node.socket) as client:
+        for cached in (False, True):
+            if cached:
+                client.stat("local/empty.bin")
+                client.read("local/small.txt")
+            assert bytes(client.read("local/empty.bin")) == b""
+            assert bytes(client.read("local/empty.bin", 0, 0)) == b""
+            assert bytes(client.read("local/small.txt", size, 0)) == b""
+            assert (
+                bytes(client.read("local/small.txt", size - 3, 100)) == node.files["small.txt"][-3:]
+            )
+            for name, offset, length in [
+                ("local/empty.bin", 0, 5),
+                ("local/small.txt", size, 1),
+                ("local/small.txt", size, None),
+            ]:
+                with pytest.raises(RangeNotSatisfiableError, match="past the end"):
+                    client.read(name, offset, length)
+            got = client.read_ranges(
+                [("local/small.txt", size - 2, 10), ("local/small.txt", size, 4)]
+            )
+            assert got[0] == node.files["small.txt"][-2:]
+            assert isinstance(got[1], RangeNotSatisfiableError)
+    fs = ChunkdFileSystem(socket_path=str(node.socket), skip_instance_cache=True)
+    assert fs.cat_ranges(["local/small.txt"] * 2, [size - 2, size], [size + 8, size + 4]) == [
+        node.files["small.txt"][-2:],
+        b"",
+    ]
 
 
 def test_daemon_errors_map_to_chunkd_errors(node: Node) -> None:

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from chunkd.gateway.ranges import (
+from chunkd.ranges import (
     ByteRange,
     InvalidRangeError,
     OffsetRange,

@@ -2,7 +2,7 @@
 
 Modelled on zarr-python v3's ``abc/store.py``: async methods, ``None`` for what is
 absent and an exception only for a real failure, capabilities as properties, and byte
-ranges as values (:mod:`chunkd.gateway.ranges`). Every kind of backend (``s3``,
+ranges as values (:mod:`chunkd.ranges`). Every kind of backend (``s3``,
 ``gs``, ``az``, ``file``, ``memory``) implements it, and every one passes the same
 conformance suite, :class:`chunkd.testing.backends.BackendTests`.
 
@@ -13,7 +13,7 @@ The contract, for each method:
 2. :meth:`Backend.get` ``(key, byte_range, version=)``: the bytes, or ``None`` when
    there is no object. ``version`` (the meta of a :meth:`head`) pins the read: an
    object that is no longer that version raises :class:`VersionChangedError`. A
-   range is resolved against the object's size by :func:`chunkd.gateway.ranges.resolve`,
+   range is resolved against the object's size by :func:`chunkd.ranges.resolve`,
    the one rule for "past the end" (a range that starts at or after the end of a
    non-empty object, or any range of an empty one, is
    :class:`RangeNotSatisfiableError`; one that runs past the end is cut there),
@@ -45,7 +45,7 @@ from chunkd.errors import ObjectNotFoundError, ReadOnlyBackendError
 if TYPE_CHECKING:
     from chunkd.gateway.backends.meta import ObjectMeta
     from chunkd.gateway.config import BackendConfig
-    from chunkd.gateway.ranges import RequestRange
+    from chunkd.ranges import RequestRange
 
 __all__ = ["SCAN_BATCH", "Backend"]
 
@@ -104,7 +104,7 @@ class Backend(ABC):
 
         Args:
             key: the object.
-            byte_range: which bytes, resolved by :func:`chunkd.gateway.ranges.resolve`.
+            byte_range: which bytes, resolved by :func:`chunkd.ranges.resolve`.
             version: the version to read (its ``key`` is ``key``); without it, the
                 current one.
 

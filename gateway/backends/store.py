@@ -50,7 +50,7 @@ from chunkd.errors import (
 )
 from chunkd.gateway.backends.base import SCAN_BATCH, Backend
 from chunkd.gateway.backends.meta import ObjectMeta
-from chunkd.gateway.ranges import resolve
+from chunkd.ranges import resolve
 
 if TYPE_CHECKING:
     from obstore import GetOptions
@@ -58,7 +58,7 @@ if TYPE_CHECKING:
 
     from chunkd.gateway.config import BackendConfig
     from chunkd.gateway.metrics import Metrics
-    from chunkd.gateway.ranges import RequestRange
+    from chunkd.ranges import RequestRange
 
 __all__ = [
     "RETRY_BACKOFF",
@@ -184,6 +184,19 @@ class StoreBackend(Backend):
             return await self._call("get", meta.key, call, whole=not self.bounded_per_read)
         except ObjectNotFoundError:
             return None
+        except VersionChangedError as exc:
+            await self._raise_if_gone(meta, exc)
+            return None
+
+    async def _raise_if_gone(self, meta: ObjectMeta, changed: VersionChangedError) -> None:
+        """After a failed If-Match: return if ``meta``'s object is gone, else re-raise.
+
+        Some stores (Azure) answer 412 rather than 404 when the object a condition
+        names was deleted; a deleted object is absent, not changed. One HEAD, on this
+        error path only.
+        """
+        if await self.head(meta.key) is not None:
+            raise changed
 
     async def stream_range(
         self, meta: ObjectMeta, byte_range: RequestRange | None, *, piece_bytes: int
@@ -192,7 +205,11 @@ class StoreBackend(Backend):
         start, end = resolve(byte_range, meta.size)
         if start == end:
             return
-        result = await self._call("get", meta.key, lambda: self._open(meta, start, end))
+        try:
+            result = await self._call("get", meta.key, lambda: self._open(meta, start, end))
+        except VersionChangedError as exc:
+            await self._raise_if_gone(meta, exc)
+            raise self.not_found(meta.key) from exc
         pieces = result.stream(min_chunk_size=piece_bytes)
         got = 0
         while True:

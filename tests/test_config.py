@@ -766,6 +766,11 @@ def test_configs_built_in_code_are_checked_too() -> None:
         BackendConfig(name="x", url="memory://", writable="yes")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match=r"access_key_id is set but secret_access_key is not"):
         BackendConfig(name="x", url="s3://b", access_key_id="AKID")
+    # An Azure account alone is whole: its key (or a SAS, a managed identity) comes
+    # from the machine. Its key alone still is not.
+    assert BackendConfig(name="x", url="az://c", access_key_id="acct").access_key_id == "acct"
+    with pytest.raises(ConfigError, match=r"secret_access_key is set but access_key_id is not"):
+        BackendConfig(name="x", url="az://c", secret_access_key="key")
     with pytest.raises(ConfigError, match=r"ServerConfig: log_format = 'xml'"):
         ServerConfig(log_format="xml")
     one = BackendConfig(name="x", url="memory://")

@@ -43,7 +43,7 @@ class AzureBackend(StoreBackend):
         # docstring inherited
         refuse_keys(
             config,
-            ("session_token",),
+            ("session_token", "region", "credentials_file"),
             "an az:// backend",
             "give the account as access_key_id and its key as secret_access_key",
         )

@@ -44,16 +44,15 @@ class GCSBackend(StoreBackend):
         # docstring inherited
         refuse_keys(
             config,
-            ("access_key_id", "secret_access_key", "session_token"),
+            ("access_key_id", "secret_access_key", "session_token", "region"),
             "a gs:// backend",
             "give a service-account JSON file as credentials_file, or none for the "
             "machine's credentials (HMAC keys go with s3:// and "
             "endpoint = 'https://storage.googleapis.com')",
         )
         settings: GCSConfig = {}
-        credentials = getattr(config, "credentials_file", None)
-        if credentials:
-            settings["service_account"] = str(credentials)
+        if config.credentials_file:
+            settings["service_account"] = config.credentials_file
         if config.endpoint:
             settings["base_url"] = config.endpoint
         return cloud_store(GCSStore, config, config=settings)

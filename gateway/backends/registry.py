@@ -6,7 +6,9 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
-from chunkd.errors import UnknownBackendError
+import obstore.exceptions
+
+from chunkd.errors import ConfigError, UnknownBackendError
 from chunkd.gateway.backends.azure import AzureBackend
 from chunkd.gateway.backends.file import FileBackend
 from chunkd.gateway.backends.gcs import GCSBackend
@@ -36,7 +38,8 @@ def make_backend(config: BackendConfig, metrics: Metrics) -> StoreBackend:
 
     Raises:
         UnknownBackendError: no kind of backend has the URL's scheme.
-        ConfigError: a key the kind does not take is set.
+        ConfigError: a key the kind does not take is set, or the store refuses its
+            settings (an az:// backend without an account, say).
     """
     kind = KINDS.get(config.scheme)
     if kind is None:
@@ -45,7 +48,14 @@ def make_backend(config: BackendConfig, metrics: Metrics) -> StoreBackend:
         )
     if kind is FileBackend:
         Path(config.prefix).mkdir(parents=True, exist_ok=True)
-    return kind(config, metrics)
+    try:
+        return kind(config, metrics)
+    except obstore.exceptions.BaseError as exc:  # the store refused its settings
+        reason = str(exc).split("\n", 1)[0]
+        raise ConfigError(
+            f"backend {config.name!r} ({config.url}) cannot be set up: {reason}; check its "
+            "endpoint and credentials keys (see the README's Backends section)"
+        ) from None
 
 
 class Backends:

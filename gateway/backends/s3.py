@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from obstore.store import S3Store
 
-from chunkd.gateway.backends.store import StoreBackend, cloud_store
+from chunkd.gateway.backends.store import StoreBackend, cloud_store, refuse_keys
 
 if TYPE_CHECKING:
     from chunkd.gateway.config import BackendConfig
@@ -28,6 +28,12 @@ class S3Backend(StoreBackend):
     @classmethod
     def make_store(cls, config: BackendConfig) -> Any:
         # docstring inherited
+        refuse_keys(
+            config,
+            ("credentials_file",),
+            "an s3:// backend",
+            "give access_key_id and secret_access_key, or none for the machine's credentials",
+        )
         kwargs: dict[str, Any] = {}
         if config.endpoint:
             kwargs["endpoint"] = config.endpoint

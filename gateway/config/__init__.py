@@ -121,8 +121,8 @@ Every key, with its default (a key left out takes the default)::
     # endpoint = "https://minio:9000"
     # s3:// only: the bucket's region; unset: the client library's default
     # region = "eu-west-1"
-    # s3://: the access key id; az://: the storage account's name; with secret_access_key;
-    # both unset: the machine's credentials (instance role, ...)
+    # s3://: the access key id, with secret_access_key; az://: the storage account (alone:
+    # its key from the machine); unset: the machine's credentials
     # access_key_id = "AKIA..."
     # s3://: the secret key; az://: the account key; never logged, shown as *** in
     # /v1/stats

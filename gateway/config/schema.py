@@ -76,7 +76,10 @@ def backend_rules(values: Mapping[str, Any], where: Callable[[str], str]) -> Non
         return
     has_id = values.get("access_key_id") is not None
     has_secret = values.get("secret_access_key") is not None
-    if has_id != has_secret:
+    # An az:// account alone is whole: its key, a SAS or a managed identity comes from
+    # the machine.
+    account_alone = has_id and not has_secret and str(values["url"]).startswith("az://")
+    if has_id != has_secret and not account_alone:
         present, missing = (
             ("access_key_id", "secret_access_key")
             if has_id
@@ -355,8 +358,8 @@ class BackendConfig:
         default=None,
         metadata=key(
             TEXT,
-            "s3://: the access key id; az://: the storage account's name; with "
-            "secret_access_key; both unset: the machine's credentials (instance role, ...)",
+            "s3://: the access key id, with secret_access_key; az://: the storage account "
+            "(alone: its key from the machine); unset: the machine's credentials",
             example='"AKIA..."',
         ),
     )

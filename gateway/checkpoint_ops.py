@@ -151,6 +151,8 @@ def _asked_save(args: Mapping[str, Any]) -> SaveRequest | None:
     """The save a ``ckpt_wait`` names besides its job (None: an older client's request)."""
     if args["name"] is None:
         return None
+    if args["save_id"] is None:  # a made-up id would look like a save that was lost
+        raise InvalidRequestError("a ckpt_wait that names its save gives its save_id too")
     backend, path = checkpoint_name(args["name"])
     return SaveRequest.from_json(
         {

@@ -112,7 +112,7 @@ def test_writing_through_a_handed_out_chunk_fails(node: Daemon) -> None:
 
 
 def test_reads_past_the_end_follow_the_one_rule_of_ranges(node: Daemon) -> None:
-    # gateway/ranges.py: no range is the whole object; a range that asks for bytes
+    # src/chunkd/ranges.py: no range is the whole object; a range that asks for bytes
     # starts before the end; an empty range at or before the end selects nothing; a
     # range past the end is cut there. The same rule as HTTP and the backends.
     put_file(node, "five.bin", b"12345")
@@ -152,6 +152,8 @@ def test_reads_past_the_end_follow_the_one_rule_of_ranges(node: Daemon) -> None:
         ({"op": "read", "name": "local/ok.bin", "offset": -1}, "InvalidRangeError"),
         ({"op": "read", "name": "local/ok.bin", "offset": 99}, "RangeNotSatisfiableError"),
         ({"op": "stat", "name": 5}, "InvalidKeyError"),
+        # A wait that names its save without the save's id: not a save that was lost.
+        ({"op": "ckpt_wait", "job": "j", "name": "local/b/1"}, "InvalidRequestError"),
     ],
 )
 def test_bad_requests_get_errors_and_the_connection_stays(node: Daemon, request_, kind):

@@ -785,7 +785,7 @@ def test_reader_reads_single_values_and_tied_ones_alone(node: tuple[Daemon, Clie
 
 
 GLOO_SCRIPT = """
-import sys, torch, torch.distributed as dist
+import os, sys, torch, torch.distributed as dist
 from chunkd.client import Client, checkpoint
 rank, port, socket = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
@@ -795,8 +795,9 @@ with Client(socket) as client:
     dist.barrier()
     back = checkpoint.load("local/gloo/step-3", client=client)
 assert torch.equal(back["shard"], state["shard"]), rank
-print(result.durability, result.new_bytes)
+print(result.durability, result.new_bytes, flush=True)
 dist.destroy_process_group()
+os._exit(0)  # past the work: gloo's threads may abort the interpreter's teardown
 """
 
 
@@ -827,7 +828,7 @@ def test_ranks_under_torch_distributed_agree_on_one_save(node: tuple[Daemon, Cli
 
 
 GLOO_BAD_SCRIPT = """
-import sys, torch, torch.distributed as dist
+import os, sys, torch, torch.distributed as dist
 from chunkd.client import Client, checkpoint
 from chunkd.errors import UnsupportedStateError
 rank, port, socket = int(sys.argv[1]), sys.argv[2], sys.argv[3]
@@ -837,8 +838,9 @@ with Client(socket) as client:
     try:
         checkpoint.save(state, "local/gloo-bad/step-1", client=client)
     except UnsupportedStateError as exc:
-        print("refused:", exc)
+        print("refused:", exc, flush=True)
 dist.destroy_process_group()
+os._exit(0)  # past the work: gloo's threads may abort the interpreter's teardown
 """
 
 

@@ -171,7 +171,7 @@ class Connection:
         """One round trip on the connection (under the io lock)."""
         assert self._sock is not None
         self._next_id += 1
-        request = protocol.request_header(header["op"], _fields_of(header)) | {"id": self._next_id}
+        request = header | {"id": self._next_id}
         protocol.send_frame(self._sock, request, fds=send_fds)
         if timeout is not None:
             self._sock.settimeout(timeout)
@@ -200,8 +200,11 @@ class Connection:
         ``send_fds`` go with the request (the caller keeps and closes them);
         ``timeout`` replaces the client's for this answer (a long daemon-side wait). A broken
         connection is reconnected (with backoff) and the request sent once more. An
-        error answer raises its :mod:`chunkd.errors` class.
+        error answer raises its :mod:`chunkd.errors` class; a field the op does not
+        take, or out of its bounds, raises :class:`InvalidRequestError` before anything
+        is sent (the connection stays).
         """
+        header = protocol.request_header(header["op"], _fields_of(header))
         with self._io_lock:
             self.check_open()
             for attempt in range(2):

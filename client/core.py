@@ -240,7 +240,7 @@ class Client:
             ChunkdError: the error answer's class (see :mod:`chunkd.errors`).
             DaemonUnavailableError: no daemon answered in time.
         """
-        header = protocol.request_header(op, fields)
+        header = {"op": op, **(fields or {})}  # checked against OPS by the connection, once
         reply, payload, got = self._request(header, what or f"a {op} request", fds, timeout=timeout)
         return Reply(reply, payload, got)
 

@@ -46,6 +46,7 @@ from chunkd.errors import (
     CacheClosedError,
     ChunkdError,
     InvalidKeyError,
+    InvalidRequestError,
     ObjectNotFoundError,
     RangeNotSatisfiableError,
     UnknownBackendError,
@@ -779,6 +780,28 @@ def test_several_processes_read_the_same_bytes(node: Node) -> None:
     assert [p.returncode for p in procs] == [0] * 4, outputs
     expected = f"{hashlib.sha256(node.files['big.bin']).hexdigest()} {BIG}\n".encode()
     assert [out for out, _ in outputs] == [expected] * 4
+
+
+def test_a_request_the_protocol_refuses_is_not_sent_and_the_connection_stays(
+    node: Node,
+) -> None:
+    with Client(node.socket) as client:
+        assert client.request("stat", {"name": "local/small.txt"}).header["ok"]
+        sock = client._connection._sock
+        for fields, refused in [
+            ({"name": "local/small.txt", "bogus": 1}, InvalidRequestError),
+            ({"name": 5}, InvalidKeyError),
+        ]:
+            with pytest.raises(refused):
+                client.request("stat", fields)
+        with pytest.raises(InvalidKeyError):
+            client.stat(5)  # type: ignore[arg-type]
+        with pytest.raises(InvalidKeyError, match="longer than"):
+            client.stat("local/" + "k" * 100_000)
+        assert client._connection._sock is sock  # not dropped, not reconnected
+        assert client.request("stat", {"name": "local/small.txt"}).header["size"] == len(
+            node.files["small.txt"]
+        )
 
 
 def test_reads_at_the_end_follow_one_rule_cached_or_not(node: Node) -> None:

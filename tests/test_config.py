@@ -21,6 +21,7 @@ from chunkd.gateway import config as config_module
 from chunkd.gateway.config import (
     BackendConfig,
     Config,
+    DatasetsConfig,
     PeersConfig,
     Secret,
     ServerConfig,
@@ -248,7 +249,8 @@ def test_the_reference_in_the_module_docstring_is_a_config_of_the_defaults(
     assert set(uncommented["cache"]) == {f.name for f in dataclasses.fields(CacheConfig)} - {
         "reconcile"
     }
-    assert set(uncommented) == {"server", "cache", "backends", "peers"}
+    assert set(uncommented) == {"server", "cache", "backends", "peers", "datasets"}
+    assert config.datasets == DatasetsConfig()
     for name in ("CHUNKD_SERVER_<KEY>", "CHUNKD_CACHE_<KEY>", "CHUNKD_BACKENDS_<NAME>_<KEY>"):
         assert name in doc
 

@@ -109,6 +109,12 @@ Every key, with its default (a key left out takes the default)::
     # the CA(s), PEM, peers' certificates (server and client) must chain to
     # tls_ca = "/etc/chunkd/ca.pem"
 
+    # the dataset registry: named, versioned snapshots (docs/datasets.md)
+    [datasets]
+    # BACKEND/PREFIX of a writable backend where dataset snapshots, their versions, tags
+    # and frozen chunks live; every node with the same registry sees the same names
+    registry = "local/datasets"
+
     # one table per backend; at least one
     [[backends]]
     # required: [a-z0-9][a-z0-9_-]{0,62}; users name objects NAME/KEY
@@ -168,6 +174,8 @@ Environment overrides, applied on top of the file (or of the embedded default):
 * ``CHUNKD_SERVER_<KEY>`` sets one key of ``[server]``: ``CHUNKD_SERVER_LISTEN=0.0.0.0:8470``.
 * ``CHUNKD_CACHE_<KEY>`` sets one key of ``[cache]``: ``CHUNKD_CACHE_RAM_BYTES=16GiB``.
 * ``CHUNKD_PEERS_<KEY>`` sets one key of ``[peers]``: ``CHUNKD_PEERS_TLS_CA=/etc/chunkd/ca.pem``.
+* ``CHUNKD_DATASETS_<KEY>`` sets one key of ``[datasets]``:
+  ``CHUNKD_DATASETS_REGISTRY=data/registry``.
 * ``CHUNKD_BACKENDS_<NAME>_<KEY>`` sets one key of the backend named NAME (upper-cased,
   ``-`` written as ``_``): ``CHUNKD_BACKENDS_DATA_SECRET_ACCESS_KEY=...``.
 
@@ -184,7 +192,13 @@ client) are not configuration and are left alone.
 from __future__ import annotations
 
 from chunkd.gateway.config.load import embedded_default, load_config
-from chunkd.gateway.config.schema import BackendConfig, Config, PeersConfig, ServerConfig
+from chunkd.gateway.config.schema import (
+    BackendConfig,
+    Config,
+    DatasetsConfig,
+    PeersConfig,
+    ServerConfig,
+)
 from chunkd.gateway.config.values import (
     Secret,
     format_duration,
@@ -196,6 +210,7 @@ from chunkd.gateway.config.values import (
 __all__ = [
     "BackendConfig",
     "Config",
+    "DatasetsConfig",
     "PeersConfig",
     "Secret",
     "ServerConfig",

@@ -22,10 +22,12 @@ from chunkd.gateway.config.keys import Key
 from chunkd.gateway.config.schema import (
     BACKENDS,
     CACHE,
+    DATASETS,
     PEERS,
     SERVER,
     BackendConfig,
     Config,
+    DatasetsConfig,
     PeersConfig,
     ServerConfig,
     backend_rules,
@@ -55,6 +57,7 @@ class _Document:
     #: (name, table) per backend, in order
     backends: list[tuple[str, dict[str, _Setting]]]
     peers: dict[str, _Setting] = field(default_factory=dict)
+    datasets: dict[str, _Setting] = field(default_factory=dict)
 
 
 def _did_you_mean(word: str, options: Iterable[str]) -> str:
@@ -103,6 +106,7 @@ def _document_from_toml(doc: Mapping[str, Any], source: str) -> _Document:
         "cache": CACHE.keys,
         "backends": BACKENDS.keys,
         "peers": PEERS.keys,
+        "datasets": DATASETS.keys,
     }
     for key, value in doc.items():
         if key in sections:
@@ -110,7 +114,7 @@ def _document_from_toml(doc: Mapping[str, Any], source: str) -> _Document:
         if isinstance(value, dict | list):
             raise ConfigError(
                 f"{source}: unknown section [{key}]{_did_you_mean(key, sections)} "
-                "(the sections: [server], [cache], [[backends]], [peers])"
+                "(the sections: [server], [cache], [[backends]], [peers], [datasets])"
             )
         homes = [
             "[[backends]]" if name == "backends" else f"[{name}]"
@@ -155,7 +159,14 @@ def _document_from_toml(doc: Mapping[str, Any], source: str) -> _Document:
                 "(or gs://, az://, file:///dir, memory://)"
             )
         backends.append((name, settings))
-    return _Document(source, server, cache, backends, _section(doc, "peers", PEERS.keys, source))
+    return _Document(
+        source,
+        server,
+        cache,
+        backends,
+        _section(doc, "peers", PEERS.keys, source),
+        _section(doc, "datasets", DATASETS.keys, source),
+    )
 
 
 def _embedded_document(cwd: Path) -> _Document:
@@ -203,6 +214,7 @@ _SECTION_PREFIXES: Final = {
     "CHUNKD_SERVER_": ("server", SERVER.keys),
     "CHUNKD_CACHE_": ("cache", CACHE.keys),
     "CHUNKD_PEERS_": ("peers", PEERS.keys),
+    "CHUNKD_DATASETS_": ("datasets", DATASETS.keys),
 }
 _BACKENDS_PREFIX: Final = "CHUNKD_BACKENDS_"
 
@@ -344,6 +356,7 @@ def _build(doc: _Document, cwd: Path) -> Config:
         backends=tuple(backends),
         source=doc.source,
         peers=PeersConfig(**peers),
+        datasets=DatasetsConfig(**_convert(doc.datasets, DATASETS.keys, cwd)),
     )
 
 

@@ -21,7 +21,7 @@ from typing import Any, Final
 from urllib.parse import urlsplit
 
 from chunkd.cache import CacheConfig, FsyncPolicy, WritePolicy
-from chunkd.errors import ConfigError
+from chunkd.errors import ConfigError, InvalidKeyError
 from chunkd.gateway.config.addresses import (
     CLOUD_SCHEMES,
     ENDPOINT,
@@ -46,21 +46,26 @@ from chunkd.gateway.config.values import (
     SOCKET_MODE,
     TEXT,
     Kind,
+    Origin,
     Secret,
     choice,
     enum_of,
+    parse_text,
     where_from,
 )
+from chunkd.gateway.names import validate_key
 
 __all__ = [
     "BACKENDS",
     "CACHE",
+    "DATASETS",
     "NOT_CACHE_KEYS",
     "PEERS",
     "SECTIONS",
     "SERVER",
     "BackendConfig",
     "Config",
+    "DatasetsConfig",
     "PeersConfig",
     "ServerConfig",
 ]
@@ -314,6 +319,56 @@ class PeersConfig:
         return self.tls_cert is not None
 
 
+def _registry(value: object, origin: Origin) -> str:
+    """``BACKEND/PREFIX``: a backend name and a key prefix (the backend is looked up
+    when the registry is first used, so a config without it still serves reads)."""
+    text = parse_text(value, origin).strip("/")
+    backend, _, prefix = text.partition("/")
+    problem = None
+    if not prefix:
+        problem = "names no prefix; write it as 'BACKEND/PREFIX', like 'local/datasets'"
+    else:
+        NAME.parse(backend, origin)
+        try:
+            validate_key(prefix)
+        except InvalidKeyError as exc:
+            problem = f"has a prefix chunkd cannot use as a key ({exc})"
+    if problem is not None:
+        raise origin.error(value, problem)
+    return f"{backend}/{prefix}"
+
+
+#: ``BACKEND/PREFIX``
+_REGISTRY: Final = Kind(_registry)
+
+
+@dataclass(frozen=True)
+class DatasetsConfig:
+    """The ``[datasets]`` section. Every field has the default shown."""
+
+    registry: str = field(
+        default="local/datasets",
+        metadata=key(
+            _REGISTRY,
+            "BACKEND/PREFIX of a writable backend where dataset snapshots, their versions, "
+            "tags and frozen chunks live; every node with the same registry sees the same names",
+        ),
+    )
+
+    def __post_init__(self) -> None:
+        normalize(self, DATASETS.keys, "DatasetsConfig")
+
+    @property
+    def backend(self) -> str:
+        """The registry's backend."""
+        return self.registry.partition("/")[0]
+
+    @property
+    def prefix(self) -> str:
+        """The registry's key prefix in its backend, without a trailing ``/``."""
+        return self.registry.partition("/")[2]
+
+
 @dataclass(frozen=True)
 class BackendConfig:
     """One ``[[backends]]`` table. Every field but ``name`` and ``url`` has the default shown.
@@ -540,11 +595,17 @@ PEERS: Final = Section(
     keys_of(PeersConfig),
     commented=True,
 )
+DATASETS: Final = Section(
+    "datasets",
+    "[datasets]",
+    "the dataset registry: named, versioned snapshots (docs/datasets.md)",
+    keys_of(DatasetsConfig),
+)
 BACKENDS: Final = Section(
     "backends", "[[backends]]", "one table per backend; at least one", keys_of(BackendConfig)
 )
 #: every section, in the order the docs list them
-SECTIONS: Final = (SERVER, CACHE, PEERS, BACKENDS)
+SECTIONS: Final = (SERVER, CACHE, PEERS, DATASETS, BACKENDS)
 
 
 # -- the whole config ---------------------------------------------------------------
@@ -564,6 +625,8 @@ class Config:
     source: str
     #: the [peers] section (disabled when absent)
     peers: PeersConfig = PeersConfig()
+    #: the [datasets] section
+    datasets: DatasetsConfig = DatasetsConfig()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "backends", tuple(self.backends))
@@ -610,6 +673,7 @@ class Config:
             "cache": _plain(self.cache),
             "backends": backends,
             "peers": _plain(self.peers),
+            "datasets": _plain(self.datasets),
         }
 
 

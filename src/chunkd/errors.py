@@ -26,18 +26,24 @@ __all__ = [
     "ChunkdError",
     "ConfigError",
     "DaemonUnavailableError",
+    "DatasetError",
+    "DatasetFormatError",
+    "DatasetNotFoundError",
     "IndexSchemaError",
     "IntegrityError",
     "InvalidChunkIdError",
     "InvalidKeyError",
     "InvalidRangeError",
     "InvalidRequestError",
+    "ManifestError",
     "ObjectNotFoundError",
     "OwnerSilentError",
     "ProtocolError",
     "ProtocolVersionError",
     "RangeNotSatisfiableError",
     "ReadOnlyBackendError",
+    "ResumeStateError",
+    "SnapshotDriftError",
     "UnknownBackendError",
     "UnsupportedStateError",
     "VersionChangedError",
@@ -167,6 +173,33 @@ class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
 
 class UnsupportedStateError(ChunkdError, TypeError):
     """A state dict holds an object chunkd cannot save; the message names its key path."""
+
+
+class DatasetError(ChunkdError, RuntimeError):
+    """A dataset could not be registered, resolved or read."""
+
+
+class DatasetNotFoundError(DatasetError, LookupError):
+    """No registered dataset, version, tag or snapshot answers to that name (a tag or
+    version whose manifest is missing counts as none)."""
+
+
+class ManifestError(DatasetError, ValueError):
+    """A snapshot manifest is malformed, torn, forged (its bytes do not hash to its id),
+    or of a schema this code does not read."""
+
+
+class SnapshotDriftError(DatasetError):
+    """A snapshot member's source object changed or vanished since it was registered;
+    the message names the member. Freeze the snapshot to keep reading it."""
+
+
+class DatasetFormatError(DatasetError, ValueError):
+    """A file cannot be read as the format it was registered as; the message names it."""
+
+
+class ResumeStateError(DatasetError, ValueError):
+    """A loader state is corrupted, or belongs to another snapshot, seed or order."""
 
 
 def _family(root: type[ChunkdError]) -> dict[str, type[ChunkdError]]:

@@ -1,0 +1,136 @@
+"""A registered snapshot, opened for reading: :class:`Dataset`.
+
+A dataset is ``len``-sized, and its sample ``i`` is read directly (random access): the
+snapshot's samples are numbered over its members in key order
+(:meth:`chunkd.snapshot.Snapshot.locate`). Every read is pinned: a member whose source
+object changed raises :class:`~chunkd.errors.SnapshotDriftError` naming it, unless
+the snapshot is frozen, in which case its bytes come from the registry's chunks.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from chunkd.client.datasets.formats import Format, format_of
+from chunkd.client.datasets.source import PinnedSource, Source
+from chunkd.memfd import close_all
+from chunkd.snapshot import Snapshot
+
+if TYPE_CHECKING:
+    from chunkd.client.core import Client
+
+__all__ = ["Dataset", "resolve"]
+
+
+def resolve(client: Client, ref: str) -> tuple[Snapshot, dict[str, Any], Source]:
+    """The snapshot ``ref`` names (``NAME@N``, ``NAME@TAG``, ``NAME`` or an id), what the
+    registry says of it, and the source its members are read from.
+
+    Raises:
+        DatasetNotFoundError: no snapshot answers to ``ref``.
+        ManifestError: its manifest is torn or forged.
+        InvalidRequestError: ``ref`` is not a reference.
+    """
+    with client.request("ds_resolve", {"ref": ref}) as reply:
+        header = dict(reply.header)
+        fds = list(reply.fds)
+        reply.fds.clear()
+    try:
+        snapshot = Snapshot.parse(_fd_bytes(fds[0]), expect_id=header["id"])
+        source: Source = PinnedSource(client, snapshot.backend)
+        if header.get("frozen") and len(fds) > 1:
+            from chunkd.client.datasets.frozen import FrozenSource
+
+            source = FrozenSource.from_record(client, header, _fd_bytes(fds[1]), snapshot)
+    finally:
+        close_all(fds)
+    return snapshot, header, source
+
+
+def _fd_bytes(fd: int) -> bytes:
+    size = os.fstat(fd).st_size
+    return os.pread(fd, size, 0) if size else b""
+
+
+class Dataset:
+    """A snapshot's samples, by index.
+
+    Args:
+        snapshot: the snapshot.
+        source: where its members' bytes come from.
+        registry: what the registry said of it (name, version, tags), if resolved.
+    """
+
+    def __init__(
+        self, snapshot: Snapshot, source: Source, registry: dict[str, Any] | None = None
+    ) -> None:
+        self.snapshot = snapshot
+        self.source = source
+        self.registry = registry or {}
+        self._formats: dict[str, Format] = {}
+
+    @classmethod
+    def open(cls, ref: str, client: Client | None = None) -> Dataset:
+        """The snapshot ``ref`` names, through the node's daemon (default: ``Client()``).
+
+        Raises:
+            DatasetNotFoundError, ManifestError, InvalidRequestError: as :func:`resolve`.
+        """
+        if client is None:
+            from chunkd.client.core import Client
+
+            client = Client()
+        snapshot, header, source = resolve(client, ref)
+        return cls(snapshot, source, header)
+
+    def __repr__(self) -> str:
+        label = self.registry.get("name")
+        version = self.registry.get("version")
+        what = f"{label}@{version}" if label else self.id[:12]
+        members = len(self.snapshot.members)
+        return f"<chunkd Dataset {what}: {len(self)} samples in {members} members>"
+
+    @property
+    def id(self) -> str:
+        """The snapshot id."""
+        return self.snapshot.id
+
+    def __len__(self) -> int:
+        return len(self.snapshot)
+
+    def __getitem__(self, index: int) -> Any:
+        if index < 0:
+            index += len(self)
+        member, sample = self.snapshot.locate(index)
+        return self.read(member, sample)
+
+    def format(self, member: int) -> Format:
+        """The format of member ``member``."""
+        name = self.snapshot.members[member].format
+        fmt = self._formats.get(name)
+        if fmt is None:
+            fmt = self._formats[name] = format_of(name)
+        return fmt
+
+    def read(self, member: int, sample: int) -> Any:
+        """Sample ``sample`` of member ``member``."""
+        entry = self.snapshot.members[member]
+        if not 0 <= sample < entry.samples:
+            raise IndexError(f"sample {sample} of member {entry.key} of {entry.samples}")
+        return self.format(member).read(self.source, entry, sample)
+
+    def ranges(self, pairs: Iterable[tuple[int, int]]) -> list[tuple[str, int, int]]:
+        """The byte ranges ``(BACKEND/KEY, offset, length)`` that reading each
+        ``(member, sample)`` pair needs, from the manifest alone (for a prefetch)."""
+        found: list[tuple[str, int, int]] = []
+        for member, sample in pairs:
+            entry = self.snapshot.members[member]
+            name = self.source.name(entry)
+            found += [(name, o, n) for o, n in self.format(member).ranges(entry, sample)]
+        return found
+
+    def sample_id(self, member: int, sample: int) -> str:
+        """A sample's id: ``KEY#i``, stable whatever the order, ranks or workers."""
+        return f"{self.snapshot.members[member].key}#{sample}"

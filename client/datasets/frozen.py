@@ -1,0 +1,151 @@
+"""A frozen snapshot's member bytes, from the registry's chunks: :class:`FrozenSource`.
+
+``chunkd dataset freeze`` copies every member's bytes into the registry backend's
+content-addressed chunk store and writes the snapshot's frozen record last (see
+:mod:`chunkd.gateway.datasets`)::
+
+    {"chunk_bytes": N, "members": [[CHUNK_ID, ...], ...]}
+
+one list per member, in the manifest's member order: member ``m``'s byte ``b`` is in
+its chunk ``b // N``. The daemon verifies each chunk against its id before it sends
+it (``ckpt_chunks``), so a frozen snapshot reads bit-exact whatever became of its
+source objects.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from typing import TYPE_CHECKING, Any, BinaryIO, Final
+
+from chunkd.client.files import ChunkdFile
+from chunkd.client.results import ObjectStat
+from chunkd.client.views import Chunk, ChunkLRU, Located, Span, check_chunk_fd
+from chunkd.errors import ManifestError
+from chunkd.memfd import close_all
+
+if TYPE_CHECKING:
+    from chunkd.client.core import Client
+    from chunkd.snapshot import Member, Snapshot
+
+__all__ = ["FrozenSource"]
+
+#: chunk mappings a frozen source keeps (they share the daemon's pages)
+_MAPPED_CHUNKS: Final = 64
+#: chunks asked for in one request
+_CHUNKS_AT_ONCE: Final = 16
+
+
+class FrozenSource:
+    """Members read from the registry's chunks (see the module docstring).
+
+    Args:
+        client: the node's daemon.
+        registry: the registry's backend (where the chunks are).
+        chunk_bytes: the size of every chunk but a member's last.
+        chunks: each member's chunk ids, in the manifest's member order.
+        snapshot: the snapshot (for member names and order).
+    """
+
+    def __init__(
+        self,
+        client: Client,
+        registry: str,
+        chunk_bytes: int,
+        chunks: list[list[str]],
+        snapshot: Snapshot,
+    ) -> None:
+        if len(chunks) != len(snapshot.members):
+            raise ManifestError(
+                f"the frozen record of snapshot {snapshot.id} lists {len(chunks)} members; "
+                f"the manifest has {len(snapshot.members)}: freeze it again"
+            )
+        self.client = client
+        self.registry = registry
+        self.chunk_bytes = chunk_bytes
+        self.snapshot = snapshot
+        self._chunks = {m.key: ids for m, ids in zip(snapshot.members, chunks, strict=True)}
+        self._mapped = ChunkLRU(max_bytes=_MAPPED_CHUNKS * max(1, chunk_bytes), max_chunks=64)
+
+    @classmethod
+    def from_record(
+        cls, client: Client, header: dict[str, Any], data: bytes, snapshot: Snapshot
+    ) -> FrozenSource:
+        """The source of a frozen record (``data``) as ``ds_resolve`` answered it.
+
+        Raises:
+            ManifestError: the record is malformed or does not match the manifest.
+        """
+        try:
+            record = json.loads(data)
+            chunk_bytes = int(record["chunk_bytes"])
+            chunks = [[str(c) for c in ids] for ids in record["members"]]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ManifestError(
+                f"the frozen record of snapshot {snapshot.id} is malformed ({exc}); freeze it again"
+            ) from None
+        registry = str(header.get("registry_backend") or header.get("registry", "")).split("/")[0]
+        return cls(client, registry, chunk_bytes, chunks, snapshot)
+
+    def name(self, member: Member) -> str:
+        return f"{self.snapshot.backend}/{member.key}"
+
+    def read(self, member: Member, offset: int, length: int) -> memoryview:
+        return self._locate_member(member, offset, length).view()
+
+    def file(self, member: Member) -> BinaryIO:
+        stat = ObjectStat(self.name(member), member.size, member.version, self.chunk_bytes, 0)
+        raw = ChunkdFile(_MemberRanges(self, member), stat)
+        return io.BufferedReader(raw, buffer_size=1 << 20)
+
+    def _locate_member(self, member: Member, offset: int, length: int | None) -> Located:
+        end = member.size if length is None else min(member.size, offset + length)
+        offset = min(offset, end)
+        step = self.chunk_bytes
+        ids = self._chunks[member.key]
+        first, last = offset // step, -(-end // step)
+        self._load([ids[i] for i in range(first, last) if ids[i] not in self._mapped])
+        pieces: list[Span | memoryview] = []
+        for index in range(first, last):
+            chunk = self._mapped.get(ids[index])
+            if chunk is None:  # evicted by this very read: a read larger than the LRU
+                self._load([ids[index]])
+                chunk = self._mapped.get(ids[index])
+                assert chunk is not None
+            base = index * step
+            pieces.append(Span(chunk, max(offset, base) - base, min(end, base + step) - base))
+        return Located(self.name(member), member.version, member.size, end - offset, pieces)
+
+    def _load(self, wanted: list[str]) -> None:
+        wanted = list(dict.fromkeys(wanted))
+        for at in range(0, len(wanted), _CHUNKS_AT_ONCE):
+            batch = wanted[at : at + _CHUNKS_AT_ONCE]
+            reply = self.client.request(
+                "ckpt_chunks",
+                {"backend": self.registry, "ids": batch},
+                what=f"reading frozen snapshot {self.snapshot.id[:12]}",
+            )
+            fds, sizes = list(reply.fds), list(reply.header.get("sizes", []))
+            reply.fds.clear()
+            try:
+                if len(fds) != len(batch) or len(sizes) != len(batch):
+                    raise ManifestError(
+                        f"the daemon sent {len(fds)} chunks of {len(batch)} asked for "
+                        f"frozen snapshot {self.snapshot.id}"
+                    )
+                for chunk_id, size in zip(batch, sizes, strict=True):
+                    check_chunk_fd(chunk_id, int(size), fds[0])
+                    self._mapped.put(Chunk(chunk_id, int(size), fds.pop(0)))
+            finally:
+                close_all(fds)
+
+
+class _MemberRanges:
+    """A range source (for :class:`ChunkdFile`) over one frozen member."""
+
+    def __init__(self, source: FrozenSource, member: Member) -> None:
+        self._source = source
+        self._member = member
+
+    def _locate(self, name: str, offset: int, length: int | None) -> Located:
+        return self._source._locate_member(self._member, offset, length)

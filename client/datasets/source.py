@@ -1,0 +1,101 @@
+"""Where a snapshot's member bytes come from: :class:`Source`.
+
+Formats read members through a source, never through the client directly, so the
+same format code reads a member pinned at its recorded version in its backend
+(:class:`PinnedSource`) or, once the snapshot is frozen, from the registry's
+content-addressed chunks (``FrozenSource``, in :mod:`chunkd.client.datasets.frozen`).
+"""
+
+from __future__ import annotations
+
+import io
+from typing import TYPE_CHECKING, BinaryIO, Protocol
+
+from chunkd.client.files import ChunkdFile
+from chunkd.client.results import ObjectStat
+from chunkd.errors import ObjectNotFoundError, SnapshotDriftError, VersionChangedError
+
+if TYPE_CHECKING:
+    from chunkd.client.core import Client
+    from chunkd.client.views import Located
+    from chunkd.snapshot import Member
+
+__all__ = ["PinnedSource", "Source"]
+
+
+class Source(Protocol):
+    """The bytes of a snapshot's members."""
+
+    def read(self, member: Member, offset: int, length: int) -> memoryview:
+        """Bytes ``offset .. offset + length`` of ``member`` (cut at its end).
+
+        Raises:
+            SnapshotDriftError: the member's object is no longer the version recorded.
+        """
+        ...
+
+    def file(self, member: Member) -> BinaryIO:
+        """A read-only, seekable file over ``member`` (for pyarrow and tarfile)."""
+        ...
+
+    def name(self, member: Member) -> str:
+        """The member's object name, ``BACKEND/KEY``."""
+        ...
+
+
+def drift(name: str, version: str, exc: BaseException) -> SnapshotDriftError:
+    """The error of a member whose object changed (``exc``) since it was recorded."""
+    what = "is gone" if isinstance(exc, ObjectNotFoundError) else "changed"
+    return SnapshotDriftError(
+        f"snapshot member {name} {what} since it was registered (recorded version "
+        f"{version!r}): it is not read at other contents. Register the dataset again, "
+        "or freeze snapshots whose sources are rewritten"
+    )
+
+
+class PinnedSource:
+    """Members read from their backend, each pinned at its recorded version.
+
+    Args:
+        client: the node's daemon.
+        backend: the backend the snapshot's members are in.
+    """
+
+    def __init__(self, client: Client, backend: str) -> None:
+        self.client = client
+        self.backend = backend
+
+    def name(self, member: Member) -> str:
+        return f"{self.backend}/{member.key}"
+
+    def read(self, member: Member, offset: int, length: int) -> memoryview:
+        name = self.name(member)
+        if length <= 0 or offset >= member.size:
+            return memoryview(b"")
+        try:
+            return self.client.read(name, offset, length, version=member.version)
+        except (VersionChangedError, ObjectNotFoundError) as exc:
+            raise drift(name, member.version, exc) from None
+
+    def file(self, member: Member) -> BinaryIO:
+        name = self.name(member)
+        stat = ObjectStat(name, member.size, member.version, self.client.chunk_bytes, 0)
+        raw = ChunkdFile(_Pinned(self.client, member.version), stat)
+        return io.BufferedReader(raw, buffer_size=1 << 20)
+
+
+class _Pinned:
+    """A range source (for :class:`ChunkdFile`) that maps a changed object to drift."""
+
+    def __init__(self, client: Client, version: str) -> None:
+        self._client = client
+        self._version = version
+
+    def _locate(self, name: str, offset: int, length: int | None) -> Located:
+        try:
+            located = self._client._locate(name, offset, length)
+        except ObjectNotFoundError as exc:
+            raise drift(name, self._version, exc) from None
+        if located.version != self._version:
+            raise drift(name, self._version, VersionChangedError(name))
+        return located

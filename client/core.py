@@ -246,7 +246,14 @@ class Client:
 
     # -- public operations -------------------------------------------------------------
 
-    def read(self, name: str, offset: int = 0, length: int | None = None) -> memoryview:
+    def read(
+        self,
+        name: str,
+        offset: int = 0,
+        length: int | None = None,
+        *,
+        version: str | None = None,
+    ) -> memoryview:
         """Read bytes of an object as a read-only view, without a copy where possible.
 
         The view stays valid as long as it is referenced, whatever happens to the
@@ -258,6 +265,8 @@ class Client:
             length: how many bytes; None: up to the end. A range that runs past the
                 end is cut there; one that asks for bytes must start before the end
                 (the rule of :mod:`chunkd.ranges`, as HTTP ``Range`` has it).
+            version: the version token the bytes must be of (a pinned read); None:
+                the current version, whatever it is.
 
         Returns:
             A read-only ``memoryview`` of format ``"B"``.
@@ -268,13 +277,21 @@ class Client:
             InvalidKeyError: the name is not a key chunkd looks up.
             RangeNotSatisfiableError: ``offset`` is at or past the end, and bytes were
                 asked for (an empty object has no byte to start at).
+            VersionChangedError: ``version`` was given, and the object is of another
+                version now.
             ChunkdError: the daemon refused the read.
             DaemonUnavailableError: the daemon did not answer.
         """
-        hit = self._reader.hit(name, offset, length)
-        if hit is not None:
-            return hit
-        return self._locate(name, offset, length).view()
+        if version is None:
+            hit = self._reader.hit(name, offset, length)
+            if hit is not None:
+                return hit
+        located = self._locate(name, offset, length)
+        if version is not None and located.version != version:
+            raise VersionChangedError(
+                f"{name} is at version {located.version!r}, not {version!r} as asked"
+            )
+        return located.view()
 
     def read_into(self, name: str, buf: WriteableBuffer, offset: int = 0) -> int:
         """Copy bytes of an object into a writable buffer (e.g. a pinned tensor's memory).
@@ -337,6 +354,34 @@ class Client:
             budget += cost
         if batch:
             started += self._prefetch(batch)
+        return started
+
+    def prefetch_ranges(self, ranges: Iterable[tuple[str, int, int]]) -> int:
+        """Ask the daemon to load the chunks that hold byte ranges, in the background.
+
+        What a data loader calls for the samples of its next steps: only the chunks
+        those samples lie in are loaded, not their whole objects.
+
+        Args:
+            ranges: ``(BACKEND/KEY, offset, length)`` each.
+
+        Returns:
+            How many loads the daemon started.
+        """
+        batch: list[list[Any]] = []
+        started = 0
+        budget = 0
+        for name, offset, length in ranges:
+            cost = _json_bytes(name) + 48
+            if batch and (
+                budget + cost > _PREFETCH_HEADER_BYTES or len(batch) >= protocol.MAX_PREFETCH_RANGES
+            ):
+                started += self._prefetch_request({"ranges": batch})
+                batch, budget = [], 0
+            batch.append([name, int(offset), int(length)])
+            budget += cost
+        if batch:
+            started += self._prefetch_request({"ranges": batch})
         return started
 
     def ls(self, prefix: str, *, recursive: bool = False) -> list[dict[str, Any]]:
@@ -493,7 +538,10 @@ class Client:
         return self._reader.locate(name, offset, length)
 
     def _prefetch(self, names: list[str]) -> int:
-        reply, _, fds = self._request({"op": "prefetch", "names": names}, "a prefetch")
+        return self._prefetch_request({"names": names})
+
+    def _prefetch_request(self, fields: dict[str, Any]) -> int:
+        reply, _, fds = self._request({"op": "prefetch", **fields}, "a prefetch")
         close_all(fds)
         return int(reply.get("started", 0))
 

@@ -70,7 +70,7 @@ if TYPE_CHECKING:
     from chunkd.gateway.checkpoints import Checkpoints
     from chunkd.gateway.listing import Listings
     from chunkd.gateway.metrics import Metrics
-    from chunkd.gateway.prefetch import Prefetcher
+    from chunkd.gateway.prefetch import Prefetcher, Wanted
     from chunkd.gateway.readpath import ReadPath, Stat
 
 __all__ = ["LocalServer"]
@@ -407,12 +407,12 @@ class LocalServer:
         if op == "list":
             return await self._list(args, answer)
         if op == "prefetch":
-            names = args["names"]
-            for name in names:
-                split_name(name)
+            wanted: list[Wanted] = [*args["names"], *args["ranges"]]
+            for name in wanted:
+                split_name(name if isinstance(name, str) else name[0])
             # Bounded per user of the node, not per connection (see Prefetcher).
             uid = client.peer["uid"]
-            return {"ok": True, "started": self.prefetcher.submit(("uid", uid), names)}
+            return {"ok": True, "started": self.prefetcher.submit(("uid", uid), wanted)}
         if op in CKPT_OPS:
             if self.checkpoints is None:
                 raise ChunkdError("this daemon serves no checkpoints")

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from chunkd.gateway.metrics import Metrics
     from chunkd.gateway.readpath import ReadPath
 
-__all__ = ["Prefetcher"]
+__all__ = ["Prefetcher", "Wanted"]
 
 log = logging.getLogger("chunkd.gateway.prefetch")
 
@@ -42,9 +42,13 @@ QUEUE_LIMIT: Final = MAX_PREFETCH_QUEUED
 TOTAL_QUEUED: Final = 1_000_000
 
 
+#: what a client asks to have loaded: a whole object, or a byte range of one
+Wanted = str | tuple[str, int, int]
+
+
 class _Queue:
     def __init__(self) -> None:
-        self.names: deque[str] = deque()
+        self.names: deque[Wanted] = deque()
         self.workers: set[asyncio.Task[None]] = set()
 
 
@@ -82,8 +86,11 @@ class Prefetcher:
         self._queues: dict[Hashable, _Queue] = {}
         self._waiting = 0
 
-    def submit(self, client: Hashable, names: list[str]) -> int:
+    def submit(self, client: Hashable, names: list[Wanted]) -> int:
         """Queue ``names`` for ``client``; returns how many were taken (all of them).
+
+        A name is ``BACKEND/KEY`` (the whole object) or ``(BACKEND/KEY, OFFSET,
+        LENGTH)``: the chunks that hold that range (what a data loader reads next).
 
         Raises:
             InvalidRequestError: the client would have more than ``queue_limit``
@@ -120,9 +127,12 @@ class Prefetcher:
                 self._waiting -= 1
                 self.metrics.prefetch_queued.set(self._waiting)
                 try:
-                    backend, key = split_name(name)
-                    async with self.slot():
-                        await self.read_path.warm(backend, key)
+                    if isinstance(name, str):
+                        async with self.slot():
+                            await self.read_path.warm(*split_name(name))
+                    else:
+                        async with self.slot():
+                            await self.read_path.warm(*split_name(name[0]), name[1], name[2])
                 except ChunkdError as exc:  # counted; told at debug: a list may hold many
                     self.metrics.prefetch_objects.labels("failed").inc()
                     log.debug("prefetch of %s failed: %s", name, exc)

@@ -617,12 +617,18 @@ class ReadPath:
             lease.release()
             self.metrics.readahead_chunks.inc()
 
-    async def warm(self, backend_name: str, key: str) -> tuple[Stat, int]:
-        """Load every chunk of an object into the cache; returns the stat and bytes loaded."""
+    async def warm(
+        self, backend_name: str, key: str, offset: int = 0, length: int | None = None
+    ) -> tuple[Stat, int]:
+        """Load the chunks of an object (or of a range of it: ``offset``, ``length``, cut at
+        the end) into the cache; returns the stat and bytes loaded."""
         stat = await self.stat(backend_name, key)
+        start = min(offset, stat.size)
+        end = stat.size if length is None else min(stat.size, start + length)
         loaded = 0
-        async for piece in self.read(stat, 0, stat.size):
-            loaded += piece.nbytes
+        if start < end or stat.size == 0:
+            async for piece in self.read(stat, start, end):
+                loaded += piece.nbytes
         return stat, loaded
 
     async def close(self) -> None:

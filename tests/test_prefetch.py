@@ -157,3 +157,23 @@ def test_chunkd_warm_loads_several_objects_at_once(node: Daemon, tmp_path: Path)
     )
     assert bad.returncode == 2
     assert "--jobs must be 1 or more" in bad.stderr
+
+
+def test_a_range_prefetch_loads_only_the_chunks_of_its_ranges(node: Daemon, tmp_path: Path) -> None:
+    """A data loader's prefetch of its next samples' byte ranges loads those chunks, not
+    the whole objects, and a read of them is then served from the cache."""
+    data = os.urandom(12 << 20)  # three 4 MiB chunks
+    (tmp_path / "data" / "big.bin").write_bytes(data)
+    with Client(socket_path=node.cwd / "chunkd.sock") as client:
+        started = client.prefetch_ranges([("local/big.bin", (4 << 20) + 10, 100)])
+        assert started == 1
+        wait_for(node, 1)
+        read_before = node.metric("chunkd_backend_read_bytes_total", backend="local")
+        assert read_before == 4 << 20  # the chunk that holds the range, alone
+        assert bytes(client.read("local/big.bin", (4 << 20) + 10, 100)) == data[
+            (4 << 20) + 10 : (4 << 20) + 110
+        ]
+        assert node.metric("chunkd_backend_read_bytes_total", backend="local") == read_before
+        # Bad ranges are refused whole, before anything is queued.
+        with pytest.raises(ValueError, match="ranges"):
+            client.prefetch_ranges([("local/big.bin", -1, 5)])

@@ -32,6 +32,7 @@ __all__ = [
     "MAX_LIST_PAGE",
     "MAX_NAME_BYTES",
     "MAX_PREFETCH_QUEUED",
+    "MAX_PREFETCH_RANGES",
     "MAX_RANGES",
     "MAX_SECONDS",
     "MAX_STEP",
@@ -54,6 +55,8 @@ MAX_LIST_PAGE: Final = 10_000
 MAX_RANGES: Final = 256
 #: names of one user of the node waiting to be prefetched
 MAX_PREFETCH_QUEUED: Final = 100_000
+#: ranges of one prefetch request (a data loader's next few steps)
+MAX_PREFETCH_RANGES: Final = 4096
 #: ranks of one checkpoint save
 MAX_WORLD_SIZE: Final = 1 << 16
 #: a name a request carries: a backend name, a slash and a key of at most 1024 bytes
@@ -274,12 +277,23 @@ OPS: Final[Mapping[str, Op]] = {
         ),
         Op(
             "prefetch",
-            "Load objects into the cache in the background.",
-            (Field("names", "texts", "``BACKEND/KEY`` each", high=MAX_PREFETCH_QUEUED),),
-            '``{"ok": true, "started": N}``: the daemon loads the objects a few at a time '
-            "(``[server] prefetch_per_client`` for the user the connection comes from, and "
-            "``prefetch_in_flight`` for all); at most :data:`MAX_PREFETCH_QUEUED` names of "
-            "one user wait at once.",
+            "Load objects, or byte ranges of them, into the cache in the background.",
+            (
+                Field(
+                    "names", "texts", "``BACKEND/KEY`` each", high=MAX_PREFETCH_QUEUED, default=()
+                ),
+                Field(
+                    "ranges",
+                    "ranges",
+                    "``[BACKEND/KEY, OFFSET, LENGTH]`` each: the chunks that hold the range",
+                    high=MAX_PREFETCH_RANGES,
+                    default=(),
+                ),
+            ),
+            '``{"ok": true, "started": N}``: the daemon loads the objects (and the chunks of '
+            "each range) a few at a time (``[server] prefetch_per_client`` for the user the "
+            "connection comes from, and ``prefetch_in_flight`` for all); at most "
+            ":data:`MAX_PREFETCH_QUEUED` names and ranges of one user wait at once.",
             ("UnknownBackendError", "InvalidKeyError"),
         ),
         Op(

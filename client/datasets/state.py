@@ -1,0 +1,210 @@
+"""A loader's saved state: where an epoch's consumption stands, at any world size.
+
+The state (format ``chunkd.loader/1``)
+    A JSON object of exactly these fields, at most :data:`MAX_STATE_BYTES` (256)
+    bytes as compact JSON, whatever the world size, workers or batch size::
+
+        format    "chunkd.loader/1"
+        snapshot  the snapshot id (64 hex digits): the order's samples
+        seed      the run's seed (0 <= seed < 2**64)
+        epoch     the epoch (0 <= epoch < 2**32)
+        cursor    how many positions of the epoch's order the trainer has consumed,
+                  at a step boundary (0 <= cursor <= the epoch's samples; equal to
+                  them: the epoch is done)
+        shuffle   whether the order is shuffled
+        window    the order's window, members mixed together (null: all)
+
+    ``snapshot``, ``seed``, ``epoch``, ``shuffle`` and ``window`` fix the epoch's order
+    (:mod:`chunkd.client.datasets.order`); ``cursor`` is a place in it. The cursor counts
+    what the trainer **consumed** (batches handed to it), never what workers read
+    ahead. Nothing in it depends on ranks, workers or batch sizes, so a state saved by
+    any number of ranks resumes on any other (:mod:`chunkd.client.datasets.loader`
+    says how the positions after the cursor are split).
+
+Checks
+    :meth:`LoaderState.parse` refuses anything else with a
+    :class:`~chunkd.errors.ResumeStateError` saying what is wrong: not JSON, too long,
+    another format, a missing, extra or out-of-range field. :meth:`LoaderState.check`
+    refuses a state of another snapshot, seed or order settings, or a cursor past the
+    epoch's end.
+
+States of ``chunkd.ShardDataset/1`` (chunkd's torch dataset before snapshots)
+    are refused with a ResumeStateError that says why, and are not migrated: their
+    positions counted Parquet **row groups** where a sample is now a row, and their
+    order was keyed by a hash of the shard list, not by a snapshot, so no cursor in
+    the new order holds exactly the samples the old one had consumed. A migration
+    would have to keep the old order alive beside the new one (two implementations
+    of the order); the message names the epoch and position the old run reached.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from chunkd.client.datasets.order import DEFAULT_WINDOW
+from chunkd.errors import ResumeStateError
+
+__all__ = ["LEGACY_FORMATS", "MAX_STATE_BYTES", "STATE_FORMAT", "LoaderState"]
+
+#: the ``format`` of every loader state; bumped if a state's meaning changes
+STATE_FORMAT: Final = "chunkd.loader/1"
+#: the longest a state is, as compact JSON
+MAX_STATE_BYTES: Final = 256
+#: formats of states chunkd wrote before, refused by name (see the module docstring)
+LEGACY_FORMATS: Final = ("chunkd.ShardDataset/1",)
+
+_FIELDS: Final = ("format", "snapshot", "seed", "epoch", "cursor", "shuffle", "window")
+_ID_RE: Final = re.compile(r"[0-9a-f]{64}")
+_LIMITS: Final = {"seed": 1 << 64, "epoch": 1 << 32, "cursor": 1 << 63, "window": 1 << 32}
+
+
+@dataclass(frozen=True, slots=True)
+class LoaderState:
+    """Where an epoch's consumption stands (see the module docstring)."""
+
+    snapshot: str
+    seed: int
+    epoch: int
+    cursor: int
+    shuffle: bool = True
+    window: int | None = DEFAULT_WINDOW
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.snapshot, str) or not _ID_RE.fullmatch(self.snapshot):
+            raise ResumeStateError(
+                f"a loader state's 'snapshot' is a snapshot id (64 lowercase hex digits); "
+                f"got {self.snapshot!r:.80}"
+            )
+        for key in ("seed", "epoch", "cursor"):
+            _whole(key, getattr(self, key), 0)
+        if self.window is not None:
+            _whole("window", self.window, 1)
+        if type(self.shuffle) is not bool:
+            raise ResumeStateError(
+                f"a loader state's 'shuffle' is true or false; got {self.shuffle!r:.40}"
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The state as a JSON-able dict (what ``state_dict()`` methods return)."""
+        return {
+            "format": STATE_FORMAT,
+            "snapshot": self.snapshot,
+            "seed": self.seed,
+            "epoch": self.epoch,
+            "cursor": self.cursor,
+            "shuffle": self.shuffle,
+            "window": self.window,
+        }
+
+    def to_json(self) -> str:
+        """The state as compact JSON (at most :data:`MAX_STATE_BYTES` bytes)."""
+        return json.dumps(self.to_dict(), separators=(",", ":"))
+
+    @classmethod
+    def parse(cls, state: Mapping[str, Any] | str | bytes) -> LoaderState:
+        """A state from its dict or its JSON.
+
+        Raises:
+            ResumeStateError: ``state`` is not a ``chunkd.loader/1`` state, or is
+                malformed (the message says how), or is one of a format chunkd no
+                longer resumes (``chunkd.ShardDataset/1``: see the module docstring).
+        """
+        if isinstance(state, str | bytes | bytearray):
+            if len(state) > MAX_STATE_BYTES:
+                raise ResumeStateError(
+                    f"a loader state is at most {MAX_STATE_BYTES} bytes; this one is "
+                    f"{len(state)}: it is not a {STATE_FORMAT} state, or was corrupted"
+                )
+            try:
+                state = json.loads(state)
+            except (ValueError, UnicodeDecodeError) as exc:
+                raise ResumeStateError(
+                    f"a loader state is JSON; this one does not parse ({exc}): it was "
+                    "corrupted or truncated"
+                ) from None
+        if not isinstance(state, Mapping):
+            raise ResumeStateError(
+                f"a loader state is a JSON object, not {type(state).__name__}: {state!r:.80}"
+            )
+        fmt = state.get("format")
+        if fmt in LEGACY_FORMATS:
+            raise ResumeStateError(_legacy_message(state))
+        if fmt != STATE_FORMAT:
+            raise ResumeStateError(
+                f"not a loader state: its format is {fmt!r:.60}, not {STATE_FORMAT!r}"
+            )
+        extra = sorted(str(key) for key in state if key not in _FIELDS)
+        missing = [key for key in _FIELDS if key not in state]
+        if extra or missing:
+            raise ResumeStateError(
+                f"a {STATE_FORMAT} state has exactly the fields {', '.join(_FIELDS)}; this "
+                f"one lacks {missing or 'none'} and has {extra[:5] or 'none'} besides"
+            )
+        parsed = cls(
+            snapshot=state["snapshot"],
+            seed=state["seed"],
+            epoch=state["epoch"],
+            cursor=state["cursor"],
+            shuffle=state["shuffle"],
+            window=state["window"],
+        )
+        size = len(parsed.to_json())
+        if size > MAX_STATE_BYTES:  # only reachable through a change of the fields' bounds
+            raise ResumeStateError(f"a loader state of {size} bytes; at most {MAX_STATE_BYTES}")
+        return parsed
+
+    def check(
+        self, *, snapshot: str, seed: int, shuffle: bool, window: int | None, total: int
+    ) -> None:
+        """Refuse this state unless it is of the order a loader deals.
+
+        Raises:
+            ResumeStateError: it is of another snapshot, seed, shuffle or window, or
+                its cursor is past the epoch's ``total`` samples.
+        """
+        if self.snapshot != snapshot:
+            raise ResumeStateError(
+                f"this loader state is of snapshot {self.snapshot[:16]}…, not of the "
+                f"dataset being read ({snapshot[:16]}…): resume with the snapshot that "
+                "saved it (open it by its id), or start the epoch afresh"
+            )
+        if self.seed != seed:
+            raise ResumeStateError(
+                f"this loader state is of seed {self.seed}, not {seed}: its cursor is a "
+                "place in another order; resume with the seed that saved it"
+            )
+        if (self.shuffle, self.window) != (shuffle, window):
+            raise ResumeStateError(
+                f"this loader state is of an order with shuffle={self.shuffle}, "
+                f"window={self.window}, not shuffle={shuffle}, window={window}: resume "
+                "with the order settings that saved it"
+            )
+        if self.cursor > total:
+            raise ResumeStateError(
+                f"this loader state's cursor {self.cursor} is past the end of the epoch "
+                f"({total} samples): it was corrupted"
+            )
+
+
+def _whole(key: str, value: object, least: int) -> None:
+    limit = _LIMITS[key]
+    if not isinstance(value, int) or isinstance(value, bool) or not least <= value < limit:
+        raise ResumeStateError(
+            f"a loader state's {key!r} is a whole number, {least} <= {key} < 2**"
+            f"{limit.bit_length() - 1}; got {value!r:.40}"
+        )
+
+
+def _legacy_message(state: Mapping[str, Any]) -> str:
+    return (
+        f"this is a {state.get('format')} state (the torch ShardDataset of chunkd "
+        f"before snapshots, epoch {state.get('epoch')!r:.20}, position "
+        f"{state.get('position')!r:.20}); chunkd no longer resumes it: its positions "
+        "counted Parquet row groups where a sample is now a row, and its order is not "
+        f"the snapshot order {STATE_FORMAT} states are places in. Start that epoch "
+        "afresh (set_epoch), or finish it with the chunkd that saved it"
+    )

@@ -1,0 +1,569 @@
+"""The one read order and the loader core: properties over random snapshots and resizes.
+
+The arithmetic (orders, steps, ranks, workers, tails, resumes) is checked on positions
+alone, over many random cases; a smaller property reads real samples through
+:class:`~chunkd.client.datasets.Loader` over a snapshot of fixed records held in memory.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, BinaryIO
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from chunkd.client.datasets import Dataset
+from chunkd.client.datasets.loader import (
+    TAILS,
+    Loader,
+    Steps,
+    read_steps,
+    step_sample_ids,
+    warm,
+)
+from chunkd.client.datasets.order import Order, Permutation, quality
+from chunkd.client.datasets.state import MAX_STATE_BYTES, STATE_FORMAT, LoaderState
+from chunkd.errors import InvalidRequestError, ResumeStateError
+from chunkd.snapshot import Member, Snapshot
+
+SNAPSHOT = "ab" * 32
+RECORD = 4
+
+counts_st = st.lists(
+    st.one_of(st.just(0), st.integers(1, 12), st.integers(13, 60)), min_size=0, max_size=24
+)
+windows_st = st.one_of(st.none(), st.integers(1, 6))
+tails_st = st.sampled_from(TAILS)
+#: a resize: (world size, batch size, workers per rank, steps to run before the next)
+segment_st = st.tuples(st.integers(1, 9), st.integers(1, 7), st.integers(1, 5), st.integers(0, 12))
+
+
+# -- the order ---------------------------------------------------------------------------
+
+
+@given(size=st.integers(0, 3000), key=st.text(max_size=10))
+@settings(max_examples=60, deadline=None)
+def test_a_permutation_is_a_bijection(size: int, key: str) -> None:
+    out = Permutation(size, key)(np.arange(size, dtype=np.int64))
+    assert sorted(out.tolist()) == list(range(size))
+
+
+@given(counts=counts_st, seed=st.integers(0, 2**64 - 1), epoch=st.integers(0, 5), window=windows_st)
+@settings(max_examples=80, deadline=None)
+def test_an_epoch_reads_every_sample_once_in_windows_of_members(
+    counts: list[int], seed: int, epoch: int, window: int | None
+) -> None:
+    order = Order(counts, snapshot=SNAPSHOT, seed=seed, epoch=epoch, window=window)
+    total = sum(counts)
+    assert order.total == len(order) == total
+    index = order.indices(np.arange(total, dtype=np.int64))
+    assert sorted(index.tolist()) == list(range(total))  # every sample, once
+    # a pure function of its inputs: another call, another object, the same order
+    again = Order(list(counts), snapshot=SNAPSHOT, seed=seed, epoch=epoch, window=window)
+    assert again.indices(np.arange(total)).tolist() == index.tolist()
+    # a position at a time answers what the whole epoch did (nothing built per epoch)
+    probe = sorted({0, total // 3, total - 1}) if total else []
+    assert [int(order.indices([p])[0]) for p in probe] == [int(index[p]) for p in probe]
+
+    member, sample = order.locate(np.arange(total, dtype=np.int64))
+    assert all(0 <= s < counts[m] for m, s in zip(member.tolist(), sample.tolist(), strict=True))
+    if window is not None:
+        # members open at once: never more than a window's
+        assert quality(order).members_held <= window
+        # the members of each run of `window` members of the members' order are read
+        # together, one run after the other
+        runs = [order.member_order[i : i + window].tolist() for i in range(0, len(counts), window)]
+        run_of = {m: i for i, run in enumerate(runs) for m in run}
+        seen = [run_of[m] for m in member.tolist()]
+        assert seen == sorted(seen)
+
+
+def test_the_order_depends_on_the_snapshot_seed_and_epoch_only() -> None:
+    counts = [50] * 40
+    base = Order(counts, snapshot=SNAPSHOT, seed=7, epoch=0).indices(np.arange(2000)).tolist()
+    for other in (
+        {"snapshot": "cd" * 32, "seed": 7, "epoch": 0},
+        {"snapshot": SNAPSHOT, "seed": 8, "epoch": 0},
+        {"snapshot": SNAPSHOT, "seed": 7, "epoch": 1},
+    ):
+        assert Order(counts, **other).indices(np.arange(2000)).tolist() != base  # type: ignore[arg-type]
+    # unshuffled: members in key order, samples as stored
+    flat = Order(counts, snapshot=SNAPSHOT, seed=7, epoch=3, shuffle=False)
+    assert flat.indices(np.arange(2000)).tolist() == list(range(2000))
+    with pytest.raises(IndexError):
+        flat.locate([2000])
+    with pytest.raises(ValueError, match="window"):
+        Order(counts, snapshot=SNAPSHOT, seed=7, epoch=0, window=0)
+
+
+def test_windowed_orders_hold_few_members_and_stay_close_against_a_full_shuffle() -> None:
+    counts = [1000] * 64
+    windowed = quality(Order(counts, snapshot=SNAPSHOT, seed=1, epoch=0, window=8))
+    full = quality(Order(counts, snapshot=SNAPSHOT, seed=1, epoch=0, window=None))
+    assert windowed.positions == full.positions == 64_000
+    assert windowed.members_held <= 8 < full.members_held == 64
+    assert windowed.members_touched == full.members_touched == 64
+    assert full.mean_gap > 0.25 * 64_000  # about N / 3
+    # adjacent samples lie about as far apart as in a full shuffle (the members of a
+    # window are drawn from all of them), from 8 members held instead of all 64
+    assert windowed.mean_gap > 0.75 * full.mean_gap
+    in_order = quality(Order(counts, snapshot=SNAPSHOT, seed=1, epoch=0, shuffle=False))
+    assert in_order.mean_gap == 1.0
+    assert in_order.members_held == 1
+    part = quality(Order(counts, snapshot=SNAPSHOT, seed=1, epoch=0), 100, 600)
+    assert part.positions == 500
+    assert part.members_touched <= 8
+
+
+def test_resuming_far_into_a_huge_epoch_costs_nothing_per_position_before_it() -> None:
+    counts = [1 << 40] * 1000  # about 10**15 samples: no table of them could be built
+    order = Order(counts, snapshot=SNAPSHOT, seed=3, epoch=0)
+    steps = Steps(order.total, order.total - 100, 16, 8)
+    began = time.perf_counter()
+    positions, padding = steps.positions(0, 7)
+    _member, sample = order.locate(positions)
+    assert time.perf_counter() - began < 1.0
+    assert len(positions) == 12  # 100 left over 8 ranks: 13 13 13 13 12 12 12 12
+    assert padding == 0
+    assert (sample < (1 << 40)).all()
+
+
+# -- steps, ranks, workers, tails, resumes (on positions) --------------------------------
+
+
+def worker_batches(steps: Steps, rank: int, workers: int) -> list[list[int]]:
+    """Steps as a DataLoader with ``workers`` workers yields them: a batch from each
+    worker in turn (torch's in-order round robin), each worker taking steps k, k+K, ..."""
+    own = [
+        [s for s in range(k, len(steps), workers) if len(steps.positions(s, rank)[0])]
+        for k in range(workers)
+    ]
+    merged: list[int] = []
+    queues = [list(q) for q in own]
+    while any(queues):
+        for q in queues:
+            if q:
+                merged.append(q.pop(0))
+    return [[s] for s in merged]
+
+
+@dataclass
+class Tally:
+    """What the trainer consumed over an epoch, with its resizes."""
+
+    read: Counter[int] = field(default_factory=Counter)
+    padding: int = 0
+    #: what the step size of the segment that reached the epoch's end says is left
+    #: out (tail="drop") or padded (tail="pad")
+    dropped: int = 0
+    padded: int = 0
+    end_step_size: int = 0
+
+
+def run_epoch(
+    total: int, tail: str, segments: Sequence[tuple[int, int, int, int]]
+) -> tuple[Tally, list[int]]:
+    """Run an epoch through ``segments`` (each resumes the cursor the one before left),
+    the last to the end; return what was consumed and each segment's cursor."""
+    tally = Tally()
+    cursor = 0
+    cursors = []
+    for i, (world, batch, workers, run) in enumerate(segments):
+        steps = Steps(total, cursor, batch, world, tail)  # type: ignore[arg-type]
+        last = i == len(segments) - 1
+        todo = len(steps) if last else min(run, len(steps))
+        for rank in range(world):
+            yielded = [s for [s] in worker_batches(steps, rank, workers)]
+            # the rank's batches come in step order, whatever the workers
+            assert yielded == sorted(yielded)
+            for step in yielded:
+                if step >= todo:
+                    break
+                positions, padding = steps.positions(step, rank)
+                assert len(positions) <= batch
+                if tail != "uneven":
+                    assert len(positions) == batch
+                start, stop, _ = steps.share(step, rank)
+                assert stop - start == len(positions)  # a contiguous slice
+                tally.read.update(positions[: len(positions) - padding].tolist())
+                tally.padding += padding
+                assert all(p < total for p in positions.tolist())
+        if todo == len(steps) and steps.cursor < total:  # this segment ends the epoch
+            end = steps.cursor + len(steps) * steps.size
+            tally.dropped = max(0, total - end)
+            tally.padded = max(0, end - total) if tail == "pad" else 0
+            tally.end_step_size = steps.size
+        cursor = steps.cursor_after(todo)
+        cursors.append(cursor)
+        state = LoaderState(SNAPSHOT, 1, 0, cursor)
+        assert len(state.to_json()) <= MAX_STATE_BYTES
+        if last:
+            assert cursor == total
+    return tally, cursors
+
+
+@given(
+    counts=counts_st,
+    tail=tails_st,
+    segments=st.lists(segment_st, min_size=1, max_size=5),
+)
+@settings(max_examples=300, deadline=None)
+def test_any_resizes_and_resume_points_read_every_sample_once(
+    counts: list[int], tail: str, segments: list[tuple[int, int, int, int]]
+) -> None:
+    total = sum(counts)
+    tally, _ = run_epoch(total, tail, segments)
+    assert all(n == 1 for n in tally.read.values())  # 0 repeats
+    consumed = set(tally.read)
+    # 0 skips: every position is read, but the short last step that "drop" leaves out
+    assert consumed == set(range(total - tally.dropped))
+    assert tally.dropped < max(1, tally.end_step_size)
+    if tail != "drop":
+        assert tally.dropped == 0
+    # padding, counted apart from repeats: only "pad" pads, only the last step
+    assert tally.padding == tally.padded
+    assert tally.padded < max(1, tally.end_step_size)
+
+
+@given(
+    total=st.integers(0, 200),
+    world=st.integers(1, 9),
+    batch=st.integers(1, 9),
+    tail=tails_st,
+)
+@settings(max_examples=200, deadline=None)
+def test_a_step_splits_over_ranks_in_contiguous_even_slices(
+    total: int, world: int, batch: int, tail: str
+) -> None:
+    steps = Steps(total, 0, batch, world, tail)  # type: ignore[arg-type]
+    for step in range(len(steps)):
+        start, stop = steps.span(step)
+        shares = [steps.share(step, r) for r in range(world)]
+        assert shares[0].start == start
+        assert shares[-1].stop == stop
+        assert all(a.stop == b.start for a, b in itertools.pairwise(shares))
+        sizes = [s.stop - s.start for s in shares]
+        assert max(sizes) - min(sizes) <= 1  # even, in the short last step too
+        if not steps.is_last(step):
+            assert sizes == [batch] * world
+            assert all(s.padding == 0 for s in shares)
+        # padding is the end of a rank's batch, and only past the epoch's end
+        for s in shares:
+            assert s.padding == max(0, s.stop - max(s.start, total))
+
+
+def test_tails_by_example() -> None:
+    # 10 samples, 2 ranks of 3: steps of 6 positions; 4 are left for the second step
+    uneven = Steps(10, 0, 3, 2, "uneven")
+    assert len(uneven) == 2
+    assert [uneven.share(1, r) for r in (0, 1)] == [(6, 8, 0), (8, 10, 0)]
+    pad = Steps(10, 0, 3, 2, "pad")
+    assert [pad.positions(1, r)[0].tolist() for r in (0, 1)] == [[6, 7, 8], [9, 0, 1]]
+    assert pad.positions(1, 1)[1] == 2
+    drop = Steps(10, 0, 3, 2, "drop")
+    assert len(drop) == 1
+    assert drop.cursor_after(1) == 10  # the epoch is done: the dropped tail with it
+    # 3 left for 4 ranks of 2: one rank gets none
+    small = Steps(3, 0, 2, 4, "uneven")
+    assert [small.share(0, r)[:2] for r in range(4)] == [(0, 1), (1, 2), (2, 3), (3, 3)]
+    assert len(Steps(0, 0, 2, 2, "pad")) == 0
+    # a tiny epoch pads by wrapping around it
+    assert Steps(2, 0, 5, 1, "pad").positions(0, 0)[0].tolist() == [0, 1, 0, 1, 0]
+
+
+# -- the state ---------------------------------------------------------------------------
+
+
+@given(
+    seed=st.integers(0, 2**64 - 1),
+    epoch=st.integers(0, 2**32 - 1),
+    cursor=st.integers(0, 2**63 - 1),
+    shuffle=st.booleans(),
+    window=st.one_of(st.none(), st.integers(1, 2**32 - 1)),
+)
+def test_a_state_is_small_json_that_round_trips(
+    seed: int, epoch: int, cursor: int, shuffle: bool, window: int | None
+) -> None:
+    state = LoaderState(SNAPSHOT, seed, epoch, cursor, shuffle, window)
+    text = state.to_json()
+    assert len(text.encode()) <= MAX_STATE_BYTES
+    assert json.loads(text)["format"] == STATE_FORMAT
+    assert LoaderState.parse(text) == state
+    assert LoaderState.parse(text.encode()) == state
+    assert LoaderState.parse(state.to_dict()) == state
+
+
+def test_bad_states_are_refused_with_what_is_wrong() -> None:
+    good = LoaderState(SNAPSHOT, 5, 1, 10).to_dict()
+    cases: list[tuple[Any, str]] = [
+        ("{not json", "does not parse"),
+        (json.dumps(good)[:-9], "does not parse"),
+        ("x" * (MAX_STATE_BYTES + 1), "at most 256 bytes"),
+        ([1, 2], "JSON object"),
+        (good | {"format": "chunkd.loader/9"}, "not a loader state"),
+        (good | {"extra": 1}, "exactly the fields"),
+        ({k: v for k, v in good.items() if k != "seed"}, "lacks"),
+        (good | {"cursor": -1}, "'cursor' is a whole number"),
+        (good | {"cursor": 1.5}, "'cursor' is a whole number"),
+        (good | {"seed": True}, "'seed' is a whole number"),
+        (good | {"snapshot": "xyz"}, "snapshot id"),
+        (good | {"window": 0}, "'window'"),
+        (good | {"shuffle": 1}, "'shuffle'"),
+        (
+            {"format": "chunkd.ShardDataset/1", "order": "ab", "epoch": 2, "position": 7},
+            "row groups",
+        ),
+    ]
+    for state, message in cases:
+        with pytest.raises(ResumeStateError, match=message):
+            LoaderState.parse(state)
+    assert issubclass(ResumeStateError, ValueError)
+
+    state = LoaderState.parse(good)
+    order = {"snapshot": SNAPSHOT, "seed": 5, "shuffle": True, "window": 8, "total": 100}
+    state.check(**order)  # type: ignore[arg-type]
+    for change, message in (
+        ({"snapshot": "cd" * 32}, "of snapshot"),
+        ({"seed": 6}, "of seed 5"),
+        ({"window": None}, "window=8"),
+        ({"shuffle": False}, "shuffle=True"),
+        ({"total": 9}, "past the end"),
+    ):
+        with pytest.raises(ResumeStateError, match=message):
+            state.check(**(order | change))  # type: ignore[arg-type]
+
+
+# -- through real reads: a snapshot of fixed records in memory ---------------------------
+
+
+class MemorySource:
+    """Member bytes from a dict (a :class:`~chunkd.client.datasets.source.Source`)."""
+
+    def __init__(self, blobs: dict[str, bytes]) -> None:
+        self.blobs = blobs
+        self.reads = 0
+
+    def name(self, member: Member) -> str:
+        return f"mem/{member.key}"
+
+    def read(self, member: Member, offset: int, length: int) -> memoryview:
+        self.reads += 1
+        return memoryview(self.blobs[member.key])[offset : offset + length].toreadonly()
+
+    def file(self, member: Member) -> BinaryIO:
+        raise NotImplementedError
+
+
+class Prefetcher:
+    """A client that records what it was asked to prefetch."""
+
+    def __init__(self, *, ranges: bool = True) -> None:
+        self.asked: list[list[tuple[str, int, int]]] = []
+        self.names: list[list[str]] = []
+        if not ranges:
+            self.prefetch_ranges = None  # type: ignore[assignment]
+
+    def prefetch_ranges(self, ranges: list[tuple[str, int, int]]) -> int:
+        self.asked.append(list(ranges))
+        return len(ranges)
+
+    def prefetch(self, names: list[str]) -> int:
+        self.names.append(list(names))
+        return len(names)
+
+
+def memory_dataset(counts: Sequence[int]) -> tuple[Dataset, dict[str, bytes]]:
+    """A snapshot of fixed records, one member per count, and the bytes of each sample."""
+    blobs: dict[str, bytes] = {}
+    members = []
+    expected: dict[str, bytes] = {}
+    for i, n in enumerate(counts):
+        key = f"part-{i:03d}.bin"
+        records = [bytes([i % 256, j % 256, (i * 7 + j) % 256, 0xAB]) for j in range(n)]
+        blobs[key] = b"".join(records)
+        expected.update({f"{key}#{j}": r for j, r in enumerate(records)})
+        members.append(
+            Member(key, n * RECORD, "v1", "fixed", samples=n, meta={"record_bytes": RECORD})
+        )
+    snapshot = Snapshot.build(backend="mem", prefix="", format="fixed", members=members)
+    return Dataset(snapshot, MemorySource(blobs)), expected
+
+
+@given(
+    counts=st.lists(st.integers(0, 15), min_size=1, max_size=8),
+    tail=tails_st,
+    seed=st.integers(0, 1000),
+    segments=st.lists(
+        st.tuples(st.integers(1, 4), st.integers(1, 5), st.integers(0, 4)),
+        min_size=1,
+        max_size=4,
+    ),
+)
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_loaders_resized_through_states_read_every_sample_once(
+    counts: list[int], tail: str, seed: int, segments: list[tuple[int, int, int]]
+) -> None:
+    dataset, expected = memory_dataset(counts)
+    seen: Counter[str] = Counter()
+    padding = 0
+    state: dict[str, Any] | None = None
+    for i, (world, batch, run) in enumerate(segments):
+        last = i == len(segments) - 1
+        loaders = [
+            Loader(dataset, batch_size=batch, seed=seed, rank=r, world_size=world, tail=tail)  # type: ignore[arg-type]
+            for r in range(world)
+        ]
+        for loader in loaders:
+            if state is not None:
+                loader.restore(json.dumps(state))
+        iters = [iter(loader) for loader in loaders]
+        step = 0
+        while last or step < run:
+            got = [next(it, None) for it in iters]
+            if all(b is None for b in got):
+                break
+            for b in got:
+                if b is None:
+                    continue
+                assert [bytes(s) for s in b.samples] == [expected[x] for x in b.ids]
+                seen.update(b.ids[: len(b.ids) - b.padding])
+                padding += b.padding
+            step += 1
+        states = [loader.state() for loader in loaders]
+        # ranks in step hold one state, of at most 256 bytes, whatever their geometry
+        assert all(s == states[0] for s in states)
+        assert len(json.dumps(states[0], separators=(",", ":"))) <= MAX_STATE_BYTES
+        state = states[0]
+    assert state is not None
+    assert state["cursor"] == len(dataset)
+    assert max(seen.values(), default=1) == 1
+    if tail == "drop":
+        assert set(seen) <= set(expected)
+        assert len(expected) - len(seen) < segments[-1][0] * segments[-1][1]
+    else:
+        assert set(seen) == set(expected)
+    if tail != "pad":
+        assert padding == 0
+
+
+def test_a_loader_warms_its_next_steps_before_reading() -> None:
+    dataset, _ = memory_dataset([6, 6, 6, 6])
+    client = Prefetcher()
+    loader = Loader(dataset, batch_size=2, seed=1, world_size=2, rank=1, prefetch=2, client=client)
+    steps = loader.steps()
+    order = loader.order()
+    it = iter(loader)
+    first = next(it)
+    # before the first batch: its own step and the 2 after it, this rank's share only
+    assert len(client.asked) == 1
+    assert len(client.asked[0]) == 3 * 2
+    wanted = []
+    for s in range(3):
+        members, samples = order.locate(steps.positions(s, 1)[0])
+        wanted += dataset.ranges(zip(members.tolist(), samples.tolist(), strict=True))
+    assert client.asked[0] == wanted
+    assert first.ids == [dataset.sample_id(*pair) for pair in _pairs(order, steps, 0, 1)]
+    next(it)
+    assert len(client.asked) == 2
+    assert len(client.asked[1]) == 2  # one more step
+    assert len(list(it)) == 4  # 24 samples, 2 ranks of 2: 6 steps, 2 of them read
+
+    # a client without prefetch_ranges is asked for the objects instead
+    names = Prefetcher(ranges=False)
+    assert warm(names, [("mem/a", 0, 4), ("mem/b", 0, 4), ("mem/a", 8, 4)]) == 2
+    assert names.names == [["mem/a", "mem/b"]]
+    assert warm(None, [("mem/a", 0, 4)]) == 0
+
+    class Refusing:
+        def prefetch_ranges(self, ranges: Any) -> int:
+            raise InvalidRequestError("no such field")
+
+    assert warm(Refusing(), [("mem/a", 0, 4)]) == 0  # a hint refused costs nothing
+
+
+def _pairs(order: Order, steps: Steps, step: int, rank: int) -> list[tuple[int, int]]:
+    members, samples = order.locate(steps.positions(step, rank)[0])
+    return list(zip(members.tolist(), samples.tolist(), strict=True))
+
+
+def test_workers_take_whole_steps_in_turn() -> None:
+    dataset, _ = memory_dataset([5, 0, 9, 7])
+    steps = Steps(len(dataset), 0, 3, 2)
+    order = Order(dataset.snapshot.counts, snapshot=dataset.id, seed=4, epoch=0)
+    for rank in (0, 1):
+        alone = list(read_steps(dataset, order, steps, rank=rank, prefetch=0))
+        per_worker = [
+            list(read_steps(dataset, order, steps, rank=rank, first=k, every=3, prefetch=0))
+            for k in range(3)
+        ]
+        assert [[b.step for b in w] for w in per_worker] == [[0, 3], [1], [2]]
+        merged = sorted((b for w in per_worker for b in w), key=lambda b: b.step)
+        assert [b.ids for b in merged] == [b.ids for b in alone]
+        last = alone[-1]
+        assert last.last
+        assert last.position == 18
+        assert len(last.samples) == 2 - rank  # 21 samples: 3 left over 2 ranks: 2 and 1
+
+
+def test_the_samples_of_a_step_are_a_pure_function_of_the_state() -> None:
+    dataset, _ = memory_dataset([7, 3, 11, 0, 9])
+    seen = [
+        [b.ids for b in Loader(dataset, batch_size=2, seed=9, rank=r, world_size=3)]
+        for r in range(3)
+    ]
+    start = LoaderState(dataset.id, 9, 0, 0)
+    for step in range(len(seen[0])):
+        answer = step_sample_ids(dataset, start, step=step, batch_size=2, world_size=3)
+        assert [answer[r].ids for r in range(3)] == [
+            seen[r][step] if step < len(seen[r]) else [] for r in range(3)
+        ]
+    # after a resume: steps count from the state's cursor
+    loader = Loader(dataset, batch_size=3, seed=9, world_size=2, rank=1)
+    it = iter(loader)
+    next(it)
+    saved = loader.state()
+    following = next(it)
+    answer = step_sample_ids(dataset, saved, step=0, batch_size=3, world_size=2, rank=1)
+    assert answer == {1: (following.ids, 0)}
+    with pytest.raises(IndexError):
+        step_sample_ids(dataset, saved, step=99, batch_size=3, world_size=2)
+    with pytest.raises(ResumeStateError, match="of snapshot"):
+        step_sample_ids(
+            dataset, start.to_dict() | {"snapshot": "0" * 64}, step=0, batch_size=1, world_size=1
+        )
+
+
+def test_a_loader_refuses_a_state_of_another_order_and_knows_its_epoch() -> None:
+    dataset, _ = memory_dataset([4, 4])
+    loader = Loader(dataset, batch_size=2, seed=1)
+    assert loader.state() == LoaderState(dataset.id, 1, 0, 0).to_dict()
+    other, _ = memory_dataset([4, 5])
+    for state, message in (
+        (LoaderState(other.id, 1, 0, 0), "of snapshot"),
+        (LoaderState(dataset.id, 2, 0, 0), "of seed"),
+        (LoaderState(dataset.id, 1, 0, 0, window=None), "window"),
+        (LoaderState(dataset.id, 1, 0, 9), "past the end"),
+    ):
+        with pytest.raises(ResumeStateError, match=message):
+            loader.restore(state.to_dict())
+    loader.restore(LoaderState(dataset.id, 1, 3, 4).to_json())
+    assert loader.epoch == 3
+    loader.set_epoch(3)  # the restored cursor holds
+    assert len(list(loader)) == 2
+    assert loader.state()["cursor"] == 8
+    assert list(loader) == []  # the epoch is done until another is set
+    loader.set_epoch(4)
+    assert loader.state()["cursor"] == 0
+    assert len(list(loader)) == 4
+    with pytest.raises(ValueError, match="rank < world_size"):
+        Loader(dataset, batch_size=2, seed=1, rank=2, world_size=2)
+    with pytest.raises(ValueError, match="tail"):
+        Loader(dataset, batch_size=2, seed=1, tail="wrap")  # type: ignore[arg-type]

@@ -7,12 +7,22 @@ sample), ``jsonl`` (a line per sample; ``.jsonl.zst`` too), ``fixed`` (a record 
 the fields of its members' ``meta`` in the manifest (:mod:`chunkd.snapshot`).
 
 A format reads bytes only through a :class:`~chunkd.client.datasets.source.Source`, so
-the same code reads a pinned member and a frozen one.
+the same code reads a pinned member and a frozen one. What a format decodes (a Parquet
+row group, a block of decompressed lines, a decompressed MDS shard) it keeps in a
+:class:`DecodedLRU` of its own: per process, bounded by bytes and by count.
+
+Registration scans each member (:meth:`Format.scan`), then asks :func:`settle` for the
+dataset's schema and the members as the manifest holds them (a format may drop what
+repeats the dataset's schema from its members' ``meta``).
 """
 
 from __future__ import annotations
 
 import importlib
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from chunkd.errors import DatasetFormatError
@@ -23,7 +33,7 @@ if TYPE_CHECKING:
     from chunkd.client.datasets.source import Source
     from chunkd.snapshot import Member
 
-__all__ = ["Format", "detect", "format_of"]
+__all__ = ["DecodedLRU", "Format", "detect", "format_of", "settle"]
 
 
 class Format(Protocol):
@@ -76,6 +86,7 @@ _SUFFIXES = (
     (".jsonl.zst", "jsonl"),
     (".json.zst", "jsonl"),
     (".ndjson", "jsonl"),
+    (".ndjson.zst", "jsonl"),
     (".tar", "wds"),
     (".mds", "mds"),
     (".mds.zstd", "mds"),
@@ -103,3 +114,72 @@ def detect(key: str) -> str | None:
     """The format a key's name says it holds (``--format auto``), or None."""
     lowered = key.lower()
     return next((fmt for suffix, fmt in _SUFFIXES if lowered.endswith(suffix)), None)
+
+
+def settle(fmt: Format, members: list[Member]) -> tuple[Any, list[Member]]:
+    """The dataset's schema (the manifest's ``schema_of``) and ``members`` as the
+    manifest holds them: a format that records a per-member schema (Parquet) keeps it
+    only in the members whose schema differs from the dataset's."""
+    schema = fmt.schema(members)
+    trim = getattr(fmt, "settle", None)
+    return schema, (list(trim(members, schema)) if trim is not None else members)
+
+
+class DecodedLRU:
+    """A per-process LRU of decoded pieces, bounded by their bytes and their count.
+
+    Safe to share between threads; a forked child starts with the parent's pieces
+    and a fresh lock. A piece bigger than the whole bound is not kept.
+
+    Args:
+        max_bytes: the most bytes of pieces kept together.
+        max_items: the most pieces kept.
+    """
+
+    def __init__(self, max_bytes: int, max_items: int) -> None:
+        self.max_bytes = max_bytes
+        self.max_items = max_items
+        self._pieces: OrderedDict[Hashable, tuple[Any, int]] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+        os.register_at_fork(after_in_child=self._after_fork)
+
+    def _after_fork(self) -> None:
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._pieces)
+
+    @property
+    def bytes(self) -> int:
+        """The bytes of the pieces kept now."""
+        return self._bytes
+
+    def get(self, key: Hashable) -> Any | None:
+        """The piece kept under ``key`` (now the most recently used), or None."""
+        with self._lock:
+            found = self._pieces.get(key)
+            if found is None:
+                return None
+            self._pieces.move_to_end(key)
+            return found[0]
+
+    def put(self, key: Hashable, piece: Any, size: int) -> None:
+        """Keep ``piece`` (``size`` bytes) under ``key``, dropping the least recently
+        used pieces beyond the bounds."""
+        if size > self.max_bytes:
+            return
+        with self._lock:
+            old = self._pieces.pop(key, None)
+            if old is not None:
+                self._bytes -= old[1]
+            self._pieces[key] = (piece, size)
+            self._bytes += size
+            while self._bytes > self.max_bytes or len(self._pieces) > self.max_items:
+                self._bytes -= self._pieces.popitem(last=False)[1][1]
+
+    def clear(self) -> None:
+        """Drop every piece."""
+        with self._lock:
+            self._pieces.clear()
+            self._bytes = 0

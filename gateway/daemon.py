@@ -9,8 +9,9 @@ and closes them in the reverse order however the start or the run ends::
     read path     cache + backends + peers
     listings      backends
     prefetcher    read path
-    checkpoints   cache + backends + peers; resumes journaled saves
-    local socket  read path + checkpoints + listings + prefetcher
+    datasets      backends + read path + cache (the registry of [datasets])
+    checkpoints   cache + backends + peers + the datasets' GC roots; resumes journaled saves
+    local socket  read path + checkpoints + datasets + listings + prefetcher
 
 The HTTP routes (:mod:`chunkd.gateway.api`) reach the parts through the app's keys,
 which :func:`build_app` sets from the node inside the app's ``cleanup_ctx``.
@@ -45,6 +46,7 @@ from chunkd.gateway import api
 from chunkd.gateway.backends import Backends
 from chunkd.gateway.checkpoints import Checkpoints
 from chunkd.gateway.config import Config, load_config
+from chunkd.gateway.datasets import Datasets
 from chunkd.gateway.listing import Listings
 from chunkd.gateway.localsock import LocalServer
 from chunkd.gateway.logs import MalformedRequestLog, configure_logging
@@ -99,6 +101,7 @@ class Node:
     listings: Listings
     prefetcher: Prefetcher
     checkpoints: Checkpoints
+    datasets: Datasets
     local: LocalServer
 
 
@@ -143,8 +146,14 @@ async def open_node(
         if peers is not None:
             parts.push_async_callback(peers.close)
             await peers.start()
+        datasets = Datasets(config.datasets, backends, read_path, cache, metrics)
         checkpoints = Checkpoints(
-            cache, backends, metrics, config.cache.dir / "checkpoints", peers=peers
+            cache,
+            backends,
+            metrics,
+            config.cache.dir / "checkpoints",
+            peers=peers,
+            gc_roots=datasets.roots,  # frozen snapshots' chunks are roots of the mark
         )
         parts.push_async_callback(checkpoints.close)
         resumed = await checkpoints.start()
@@ -157,6 +166,7 @@ async def open_node(
             checkpoints,
             listings=listings,
             prefetcher=prefetcher,
+            datasets=datasets,
             mode=config.server.socket_mode,
             group=config.server.socket_group,
             send_timeout=config.server.socket_send_timeout,
@@ -174,6 +184,7 @@ async def open_node(
             listings=listings,
             prefetcher=prefetcher,
             checkpoints=checkpoints,
+            datasets=datasets,
             local=local,
         )
 

@@ -58,8 +58,9 @@ from chunkd.errors import (
     ProtocolVersionError,
     RangeNotSatisfiableError,
 )
-from chunkd.gateway import checkpoint_ops
+from chunkd.gateway import checkpoint_ops, dataset_ops
 from chunkd.gateway.checkpoint_ops import CKPT_OPS, Answer
+from chunkd.gateway.dataset_ops import DS_OPS
 from chunkd.gateway.names import split_name, split_prefix
 from chunkd.memfd import close_all
 from chunkd.ranges import from_offset, resolve
@@ -68,6 +69,7 @@ if TYPE_CHECKING:
     from prometheus_client import Counter, Gauge
 
     from chunkd.gateway.checkpoints import Checkpoints
+    from chunkd.gateway.datasets import Datasets
     from chunkd.gateway.listing import Listings
     from chunkd.gateway.metrics import Metrics
     from chunkd.gateway.prefetch import Prefetcher, Wanted
@@ -106,6 +108,7 @@ class LocalServer:
         checkpoints: the daemon's checkpoint store (the ``ckpt_*`` ops).
         listings: the listing pages (the ``list`` op).
         prefetcher: where ``prefetch`` names go.
+        datasets: the daemon's dataset registry (the ``ds_*`` ops).
         mode: the socket's permissions (0660 by default).
         group: the group that owns the socket, or None.
         send_timeout: seconds a send may make no progress before the client is dropped.
@@ -121,6 +124,7 @@ class LocalServer:
         *,
         listings: Listings,
         prefetcher: Prefetcher,
+        datasets: Datasets | None = None,
         mode: int = 0o660,
         group: str | None = None,
         send_timeout: float = 30.0,
@@ -131,6 +135,7 @@ class LocalServer:
         self.checkpoints = checkpoints
         self.listings = listings
         self.prefetcher = prefetcher
+        self.datasets = datasets
         self.mode = mode
         self.group = group
         self.send_timeout = send_timeout
@@ -417,6 +422,10 @@ class LocalServer:
             if self.checkpoints is None:
                 raise ChunkdError("this daemon serves no checkpoints")
             return await checkpoint_ops.handle(self.checkpoints, op, args, answer)
+        if op in DS_OPS:
+            if self.datasets is None:
+                raise ChunkdError("this daemon serves no dataset registry")
+            return await dataset_ops.handle(self.datasets, op, args, answer)
         raise InvalidRequestError(f"unknown op {_op_of(header)!r}")  # pragma: no cover
 
     def _describe(self, stat: Stat) -> dict[str, Any]:

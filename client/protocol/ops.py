@@ -147,6 +147,21 @@ _JOB = (
     "save job as the daemon sees it"
 )
 _NAMING = ("UnknownBackendError", "InvalidKeyError", "ReadOnlyBackendError")
+#: the longest dataset name (``chunkd.snapshot.MAX_NAME_BYTES``), and dataset version
+MAX_DATASET_NAME: Final = 256
+MAX_DATASET_VERSION: Final = 10**12 - 1
+_DATASET = Field("name", "text", "the dataset, ``NAME``", high=MAX_DATASET_NAME)
+_REF = Field(
+    "ref",
+    "text",
+    "``NAME``, ``NAME@N``, ``NAME@latest``, ``NAME@TAG`` or a snapshot id",
+    high=MAX_DATASET_NAME + 80,
+)
+_REGISTRY_WRITES = (
+    "ReadOnlyBackendError: the registry's backend takes no writes",
+    "BackendUnavailableError: the registry cannot be reached",
+    "UnknownBackendError",
+)
 
 #: every op of the local socket, by name: the one definition of what each takes
 OPS: Final[Mapping[str, Op]] = {
@@ -487,6 +502,162 @@ OPS: Final[Mapping[str, Op]] = {
             "whatever the number of checkpoints it retired; payload: the report without "
             'the names (``"retired"``).',
             ("ReadOnlyBackendError", "UnknownBackendError", "BackendUnavailableError"),
+            waits=True,
+        ),
+        Op(
+            "ds_commit",
+            "Register a dataset snapshot as the next version of a name. The fd is a memfd "
+            "sealed against writes and resizes holding the manifest's canonical bytes (at "
+            "most :data:`MAX_LAYOUT`); the daemon takes the snapshot's id from them.",
+            (_DATASET,),
+            '``{"ok": true, "snapshot": ID, "name": NAME, "version": N, "created": true|false}``; '
+            '``"created": false`` when the latest version was this snapshot already (no '
+            "new version is made).",
+            (
+                "ManifestError: the bytes are not a manifest this daemon reads",
+                "DatasetError: concurrent registrations took every number tried",
+                *_REGISTRY_WRITES,
+            ),
+            fds=(1, 1),
+            waits=True,
+        ),
+        Op(
+            "ds_resolve",
+            "A snapshot by reference: ``NAME``, ``NAME@N``, ``NAME@latest``, ``NAME@TAG`` or "
+            "a snapshot id. Its manifest is checked against its id.",
+            (_REF,),
+            '``{"ok": true, "snapshot": ID, "name": NAME|null, "version": N|null, "tags": [TAG, '
+            '...], "created": T|null, "frozen": true|false, "chunks_backend": B|null, '
+            '"registry": "BACKEND/PREFIX", "fds": 1|2}``; fd 1 is a sealed memfd with the '
+            "manifest's canonical bytes, and for a frozen snapshot fd 2 one with its frozen "
+            'record, JSON ``{"chunk_bytes": N, "backend": B, "members": [[CHUNK_ID, ...], '
+            "...]}`` (read the chunks with ``ckpt_chunks`` from backend B). ``name`` and "
+            "``version`` are null for an id.",
+            (
+                "DatasetNotFoundError: no such name, version, tag or snapshot, or its "
+                "manifest is missing",
+                "ManifestError: the manifest is torn or forged",
+                "BackendUnavailableError",
+            ),
+            waits=True,
+        ),
+        Op(
+            "ds_list",
+            "One page of the registered dataset names, in key order, each with its latest version.",
+            (
+                Field(
+                    "prefix",
+                    "text",
+                    "only names under this one (whole segments)",
+                    high=MAX_DATASET_NAME,
+                    default=None,
+                ),
+                Field(
+                    "start_after",
+                    "text",
+                    "the page token (``next``) of the page before",
+                    high=MAX_NAME_BYTES + 64,
+                    default=None,
+                ),
+                Field(
+                    "limit", "whole", "names in the page", low=1, high=LIST_PAGE, default=LIST_PAGE
+                ),
+            ),
+            '``{"ok": true, "count": N, "next": TOKEN|null}``, payload: a JSON array of '
+            '``{"name": NAME, "latest": N, "snapshot": ID, "created": T}``. A page may hold fewer '
+            "than ``limit`` names, to bound the work of one request; ``next`` is null on "
+            "the last page.",
+            ("BackendUnavailableError", "UnknownBackendError"),
+            waits=True,
+        ),
+        Op(
+            "ds_versions",
+            "One page of a dataset's versions, oldest first, with the tags at each.",
+            (
+                _DATASET,
+                Field(
+                    "start_after",
+                    "whole",
+                    "the version number (``next``) the page before ended with",
+                    low=1,
+                    high=MAX_DATASET_VERSION,
+                    default=None,
+                ),
+                Field(
+                    "limit",
+                    "whole",
+                    "versions in the page",
+                    low=1,
+                    high=LIST_PAGE,
+                    default=LIST_PAGE,
+                ),
+            ),
+            '``{"ok": true, "count": N, "next": N|null}``, payload: a JSON array of '
+            '``{"version": N, "snapshot": ID, "created": T, "tags": [TAG, ...]}``.',
+            ("DatasetNotFoundError", "BackendUnavailableError"),
+            waits=True,
+        ),
+        Op(
+            "ds_tag",
+            "Point a tag of a dataset at one of its versions (an append-only history of "
+            "put-if-absent entries; the newest wins).",
+            (
+                _DATASET,
+                Field("tag", "text", "the tag: a letter, then letters, digits, . _ -", high=64),
+                Field(
+                    "ref",
+                    "text",
+                    "the version: ``N``, ``NAME@N``, ``NAME@TAG`` or ``NAME``",
+                    high=MAX_DATASET_NAME + 80,
+                ),
+            ),
+            '``{"ok": true, "name": NAME, "tag": TAG, "seq": S, "version": N, "snapshot": ID}``',
+            ("DatasetNotFoundError", "DatasetError", *_REGISTRY_WRITES),
+            waits=True,
+        ),
+        Op(
+            "ds_freeze",
+            "Copy a snapshot's member bytes into the registry's chunk store, so that it reads "
+            "bit-exact after its sources change (idempotent).",
+            (_REF,),
+            '``{"ok": true, "snapshot": ID, "members": N, "chunks": N, "bytes": N, "uploaded": N, '
+            '"uploaded_bytes": N, "already": true|false}``; ``already``: it was frozen, '
+            "every chunk there.",
+            (
+                "SnapshotDriftError: a member changed or vanished (it names the member)",
+                "DatasetNotFoundError",
+                "ManifestError",
+                *_REGISTRY_WRITES,
+            ),
+            waits=True,
+        ),
+        Op(
+            "ds_migrate",
+            "Copy a snapshot to another backend, verify each chunk read back from it, and "
+            "register the copy as the next version of the dataset (a frozen snapshot is "
+            "copied from its chunks).",
+            (
+                _REF,
+                Field(
+                    "to", "text", "``BACKEND/PREFIX`` of a writable backend", high=MAX_NAME_BYTES
+                ),
+                Field(
+                    "name",
+                    "text",
+                    "the dataset to register the copy under; default: the reference's",
+                    high=MAX_DATASET_NAME,
+                    default=None,
+                ),
+            ),
+            '``{"ok": true, "snapshot": NEW_ID, "name": NAME, "version": N, "created": true|false, '
+            '"from": ID, "frozen": true|false, "members": N, "bytes": N, "copied": N, '
+            '"kept": N}``; ``kept``: members already at the destination with the same bytes.',
+            (
+                "SnapshotDriftError",
+                "IntegrityError: a copy read back does not match its source",
+                "DatasetNotFoundError",
+                *_REGISTRY_WRITES,
+            ),
             waits=True,
         ),
     )

@@ -3,27 +3,43 @@
 A collection writes its barrier before it reads the intents and removes it after its
 last delete (:class:`Barrier`, the collection's side); a save lists the barriers
 after its intent is written and before its first dedup decision, and waits for the
-ones it saw (:func:`list_barriers`, :func:`declared_expiry`; the wait itself is step
-5 in :mod:`chunkd.gateway.checkpoints.save`). ``docs/checkpoints.md`` has the
-argument that together they never lose a chunk.
+ones it saw (:func:`await_collections`: step 5 in :mod:`chunkd.gateway.checkpoints.save`,
+and the same step of a dataset freeze). ``docs/checkpoints.md`` has the argument
+that together they never lose a chunk.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
+import logging
 import time
 import uuid
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Final
+from collections.abc import Awaitable, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Final
 
 from chunkd.errors import CheckpointError
+from chunkd.gateway.checkpoints.jobs import polling
 from chunkd.gateway.checkpoints.model import GC_BARRIERS, dumps
 
 if TYPE_CHECKING:
     from chunkd.gateway.backends import Backend, ObjectMeta
 
-__all__ = ["BARRIER_EXPIRY", "BARRIER_EXPIRY_CAP", "Barrier", "declared_expiry", "list_barriers"]
+__all__ = [
+    "BARRIER_EXPIRY",
+    "BARRIER_EXPIRY_CAP",
+    "Barrier",
+    "await_collections",
+    "declared_expiry",
+    "list_barriers",
+]
+
+log = logging.getLogger(__name__)
+
+#: how a writer sends one backend request: ``attempt(step)`` awaits ``step()``, with
+#: whatever retries it wants (a save job waits out a backend that is down)
+Attempt = Callable[[Callable[[], Awaitable[Any]]], Awaitable[Any]]
 
 #: the shortest expiry of a collection's barrier (longer where one backend request
 #: may take longer): how long saves wait for a collection that died
@@ -156,3 +172,74 @@ async def declared_expiry(backend: Backend, meta: ObjectMeta) -> float | None:
     if not declared > 0:
         declared = BARRIER_EXPIRY_CAP
     return min(declared, BARRIER_EXPIRY_CAP)
+
+
+async def await_collections(
+    backend: Backend,
+    *,
+    poll_interval: float,
+    attempt: Attempt,
+    what: str,
+    on_wait: Callable[[int], None] | None = None,
+) -> None:
+    """Wait until every garbage collection whose barrier is up now is over.
+
+    The writer's side of the barrier protocol, for every writer that deduplicates
+    against ``chunks/`` (a save, a dataset freeze): call it after the writer's intent
+    is in the backend and before any of its chunks is looked up there. A collection
+    whose barrier is listed here may have read the intents before that intent was
+    written, so it may still delete a chunk the writer would find present: wait
+    until its barrier is gone. One whose barrier is not listed yet writes it after
+    the intent exists, and reads the intents after that, before it deletes anything
+    (docs/checkpoints.md has the argument).
+
+    A barrier that stays the same for the expiry it declares, measured here on this
+    daemon's monotonic clock, belongs to a collection that died (kill -9): it is
+    passed over. The collection's side of that bargain is :class:`Barrier`.
+
+    Args:
+        backend: where the writer's chunks go.
+        poll_interval: the longest pause between two listings of the barriers.
+        attempt: sends one request (with the writer's own retries).
+        what: the writer, for the log ("checkpoint BACKEND/PATH").
+        on_wait: called with the number of barriers, when there are any to wait for.
+    """
+    barriers: list[ObjectMeta] = await attempt(lambda: list_barriers(backend))
+    if not barriers:
+        return
+    if on_wait is not None:
+        on_wait(len(barriers))
+    seen = time.monotonic()
+    # barrier key -> (version, when that version was first seen, its expiry)
+    watched: dict[str, tuple[str, float, float]] = {}
+    for meta in barriers:
+        expiry = await declared_expiry(backend, meta)
+        if expiry is not None:
+            watched[meta.key] = (meta.version, seen, expiry)
+    pauses = polling(poll_interval).delays()
+    while watched:
+        await asyncio.sleep(next(pauses))
+        asked = time.monotonic()
+        listed: list[ObjectMeta] = await attempt(lambda: list_barriers(backend))
+        now = {m.key: m for m in listed}
+        answered = time.monotonic()
+        for key, (version, since, expiry) in list(watched.items()):
+            current = now.get(key)
+            if current is None:
+                del watched[key]  # that collection is over
+            elif current.version != version:  # rewritten: alive
+                renewed = await declared_expiry(backend, current)
+                if renewed is None:
+                    del watched[key]
+                else:
+                    watched[key] = (current.version, answered, renewed)
+            elif asked - since >= expiry:
+                log.warning(
+                    "%s: garbage collection barrier %s/%s has not changed for %.0fs; its "
+                    "collection is taken for dead and the write goes on",
+                    what,
+                    backend.name,
+                    key,
+                    asked - since,
+                )
+                del watched[key]

@@ -9,6 +9,7 @@ import functools
 import json
 import logging
 import time
+from collections.abc import AsyncGenerator, Callable
 from typing import TYPE_CHECKING, Any, Final
 
 from chunkd.errors import CheckpointNotFoundError, ChunkdError
@@ -34,6 +35,10 @@ log = logging.getLogger(__name__)
 
 _DELETES_AT_ONCE: Final = 16
 
+#: the chunk ids that other stores keep in a backend (a dataset registry's frozen
+#: snapshots): roots of the mark, like the checkpoints' parts
+Roots = Callable[["Backend"], AsyncGenerator[str, None]]
+
 
 class Collector:
     """``chunkd gc``, run by the daemon with its own credentials.
@@ -41,11 +46,15 @@ class Collector:
     Args:
         catalog: the checkpoints (retention lists and deletes through it).
         jobs: where the removal of a barrier runs when it must outlive its collection.
+        roots: the chunk ids other stores keep in a backend (the dataset registry's
+            frozen snapshots), marked live like the checkpoints' own; a failure there
+            stops the collection before it deletes anything.
     """
 
-    def __init__(self, catalog: Catalog, jobs: Jobs) -> None:
+    def __init__(self, catalog: Catalog, jobs: Jobs, roots: Roots | None = None) -> None:
         self.catalog = catalog
         self.jobs = jobs
+        self.roots = roots
 
     async def gc(
         self,
@@ -61,8 +70,9 @@ class Collector:
 
         Mark: every chunk named by the parts of a committed manifest anywhere in the
         backend, by a part of a save not yet committed (younger than ``pending_ttl``;
-        older ones are deleted), or by an intent (intents outlive their save's commit
-        and are deleted after ``intent_ttl``). Sweep: unreferenced chunks older than
+        older ones are deleted), by the roots (frozen dataset snapshots), or by an
+        intent (intents outlive their save's commit and are deleted after
+        ``intent_ttl``; a freeze in flight has its own). Sweep: unreferenced chunks older than
         ``grace`` seconds.
 
         Safe against saves running meanwhile, by protocol: the collection's barrier
@@ -99,6 +109,15 @@ class Collector:
         # A dry run marks as if the retired checkpoints were gone already.
         retired = {manifest_key(split_name(n)[1]) for n in report["retired"]}
         live, stale = await self._mark(backend, retired, stale_before=now - pending_ttl)
+        if self.roots is not None:
+            # Roots written after this listing were preceded by their intents (read
+            # below, after the barrier), as a save's part is.
+            rooted = 0
+            async with contextlib.aclosing(self.roots(backend)) as ids:
+                async for cid in ids:
+                    live.add(cid)
+                    rooted += 1
+            report["root_chunks"] = rooted
         report["stale_parts"] = len(stale)
         if not dry_run:
             await each(stale, backend.delete)

@@ -56,9 +56,9 @@ from chunkd.errors import (
     ChunkdError,
     InvalidRequestError,
 )
-from chunkd.gateway.checkpoints.barrier import declared_expiry, list_barriers
+from chunkd.gateway.checkpoints.barrier import await_collections
 from chunkd.gateway.checkpoints.commit import Committer
-from chunkd.gateway.checkpoints.jobs import Jobs, polling, retrying
+from chunkd.gateway.checkpoints.jobs import Jobs, retrying
 from chunkd.gateway.checkpoints.journal import Journal, syncfs
 from chunkd.gateway.checkpoints.model import (
     CHUNKS,
@@ -381,58 +381,21 @@ class Saver:
         )
 
     async def _await_collections(self, job: SaveJob, backend: Backend) -> None:
-        """Wait until every garbage collection whose barrier is up now is over.
-
-        Called after the job's intent is in the backend and before any of its chunks
-        is looked up there. A collection whose barrier is listed here may have read the
-        intents before this one was written, so it may still delete a chunk this save
-        would find present: wait until its barrier is gone. One whose barrier is not
-        listed yet writes it after this intent exists, and reads the intents after
-        that, before it deletes anything (docs/checkpoints.md has the argument).
-
-        A barrier that stays the same for the expiry it declares, measured here on this
-        daemon's monotonic clock, belongs to a collection that died (kill -9): it is
-        passed over. The collection's side of that bargain is :class:`.barrier.Barrier`.
-        """
-        barriers = await retrying(job, lambda: list_barriers(backend))
-        if not barriers:
-            return
-        self.metrics.gc_barrier_waits.inc()
+        """Step 5: wait until every garbage collection whose barrier is up now is over
+        (:func:`.barrier.await_collections`, after the intent, before any HEAD)."""
         state = job.state
-        job.state = f"waiting for {len(barriers)} garbage collection(s) to finish"
-        seen = time.monotonic()
-        # barrier key -> (version, when that version was first seen, its expiry)
-        watched: dict[str, tuple[str, float, float]] = {}
-        for meta in barriers:
-            expiry = await declared_expiry(backend, meta)
-            if expiry is not None:
-                watched[meta.key] = (meta.version, seen, expiry)
-        pauses = polling(self.poll_interval).delays()
-        while watched:
-            await asyncio.sleep(next(pauses))
-            asked = time.monotonic()
-            now = {m.key: m for m in await retrying(job, lambda: list_barriers(backend))}
-            answered = time.monotonic()
-            for key, (version, since, expiry) in list(watched.items()):
-                current = now.get(key)
-                if current is None:
-                    del watched[key]  # that collection is over
-                elif current.version != version:  # rewritten: alive
-                    renewed = await declared_expiry(backend, current)
-                    if renewed is None:
-                        del watched[key]
-                    else:
-                        watched[key] = (current.version, answered, renewed)
-                elif asked - since >= expiry:
-                    log.warning(
-                        "checkpoint %s: garbage collection barrier %s/%s has not changed for "
-                        "%.0fs; its collection is taken for dead and the save goes on",
-                        job.request.name,
-                        backend.name,
-                        key,
-                        asked - since,
-                    )
-                    del watched[key]
+
+        def waiting(count: int) -> None:
+            self.metrics.gc_barrier_waits.inc()
+            job.state = f"waiting for {count} garbage collection(s) to finish"
+
+        await await_collections(
+            backend,
+            poll_interval=self.poll_interval,
+            attempt=functools.partial(retrying, job),
+            what=f"checkpoint {job.request.name}",
+            on_wait=waiting,
+        )
         job.state = state
 
     async def _upload(self, job: SaveJob, backend: Backend, cid: ChunkId) -> bool:

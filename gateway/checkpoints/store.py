@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from chunkd.cache import ChunkCache, ChunkId, ChunkLease
 from chunkd.gateway.checkpoints.catalog import Catalog
 from chunkd.gateway.checkpoints.commit import Committer
-from chunkd.gateway.checkpoints.gc import Collector
+from chunkd.gateway.checkpoints.gc import Collector, Roots
 from chunkd.gateway.checkpoints.jobs import Jobs
 from chunkd.gateway.checkpoints.journal import Journal
 from chunkd.gateway.checkpoints.model import Durability, SaveJob, SaveRequest
@@ -40,6 +40,8 @@ class Checkpoints:
         poll_interval: the longest pause between two looks for parts or a manifest.
         peers: the cluster, when chunks are shared between nodes: a load asks each
             chunk's owner before it reads the backend.
+        gc_roots: the chunk ids other stores keep in a backend (the dataset registry's
+            frozen snapshots), which garbage collection marks live.
     """
 
     def __init__(
@@ -52,6 +54,7 @@ class Checkpoints:
         part_timeout: float = 3600.0,
         poll_interval: float = 2.0,
         peers: Peers | None = None,
+        gc_roots: Roots | None = None,
     ) -> None:
         self.cache = cache
         self.backends = backends
@@ -80,7 +83,7 @@ class Checkpoints:
         )
         self._restorer = Restorer(cache, backends, metrics, self._jobs, peers)
         self._catalog = Catalog(backends, self._jobs)
-        self._collector = Collector(self._catalog, self._jobs)
+        self._collector = Collector(self._catalog, self._jobs, gc_roots)
 
     async def start(self) -> int:
         """Resume every journaled job; returns how many."""

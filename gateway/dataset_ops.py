@@ -1,0 +1,117 @@
+"""The ``ds_*`` requests of the local socket: the dataset registry.
+
+Each op, its fields, bounds, answer and errors are written down once, in
+:data:`chunkd.client.protocol.OPS`; the local server checks a request against it before
+:func:`handle` gets its arguments. What is left here: the manifest fd of ``ds_commit``
+(a sealed memfd of at most :data:`~chunkd.client.protocol.MAX_LAYOUT` bytes), and the
+fds and payloads of the answers. The registry's protocols are in
+:mod:`chunkd.gateway.datasets.layout`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Final
+
+from chunkd import memfd
+from chunkd.client.protocol import MAX_LAYOUT, MAX_PAYLOAD, OPS
+from chunkd.errors import InvalidRequestError
+
+if TYPE_CHECKING:
+    from chunkd.gateway.checkpoint_ops import Answer
+    from chunkd.gateway.datasets import Datasets
+
+__all__ = ["DS_OPS", "handle"]
+
+#: the ops this module answers (declared in chunkd.client.protocol.OPS)
+DS_OPS: Final = frozenset(name for name in OPS if name.startswith("ds_"))
+#: what a listing page's entries may take of the payload (the rest is slack)
+_LIST_BYTES: Final = MAX_PAYLOAD - 4096
+
+
+async def handle(
+    datasets: Datasets, op: str, args: Mapping[str, Any], answer: Answer
+) -> dict[str, Any]:
+    """Answer one ``ds_*`` request whose fields ``args`` were checked against
+    :data:`~chunkd.client.protocol.OPS`.
+
+    Raises:
+        InvalidRequestError: an argument is wrong (the connection stays).
+        ChunkdError: what the registry raised.
+    """
+    if op == "ds_commit":
+        data = await asyncio.to_thread(_read_manifest_fd, answer.request_fds[0])
+        return {"ok": True} | await datasets.commit(data, args["name"])
+    if op == "ds_resolve":
+        resolved, frozen = await datasets.resolve(args["ref"])
+        snapshot = resolved.snapshot
+        _send(answer, await memfd.sealed_off_loop(snapshot.data))
+        if frozen is not None:
+            _send(answer, await asyncio.to_thread(_sealed_json, frozen))
+        return {
+            "ok": True,
+            "snapshot": snapshot.id,
+            "name": resolved.name,
+            "version": resolved.version,
+            "tags": list(resolved.tags),
+            "created": resolved.created,
+            "frozen": frozen is not None,
+            "chunks_backend": None if frozen is None else frozen.get("backend"),
+            "registry": datasets.registry.registry,
+            "fds": len(answer.fds),
+        }
+    if op == "ds_list":
+        entries, token = await datasets.names_page(
+            args["prefix"] or "", start_after=args["start_after"], limit=args["limit"]
+        )
+        return _page(answer, entries, token)
+    if op == "ds_versions":
+        entries, after = await datasets.versions_page(
+            args["name"], start_after=args["start_after"], limit=args["limit"]
+        )
+        return _page(answer, entries, after)
+    if op == "ds_tag":
+        entry = await datasets.tag(args["name"], args["tag"], args["ref"])
+        shown = {k: entry[k] for k in ("name", "tag", "seq", "version")}
+        return {"ok": True, "snapshot": entry["id"]} | shown
+    if op == "ds_freeze":
+        return {"ok": True} | await datasets.freeze(args["ref"])
+    if op == "ds_migrate":
+        return {"ok": True} | await datasets.migrate(args["ref"], args["to"], args["name"])
+    raise InvalidRequestError(f"unknown op {op!r}")
+
+
+def _page(answer: Answer, entries: list[dict[str, Any]], token: object) -> dict[str, Any]:
+    """A listing page: its entries as the payload (cut to fit, the token moved back)."""
+    payload = json.dumps(entries, separators=(",", ":")).encode()
+    if len(payload) > _LIST_BYTES:  # pragma: no cover - names and ids are bounded
+        raise InvalidRequestError("a listing page does not fit one answer; ask with a lower limit")
+    answer.payload = payload
+    return {"ok": True, "count": len(entries), "next": token}
+
+
+def _send(answer: Answer, fd: int) -> None:
+    answer.owned.append(fd)
+    answer.fds.append(fd)
+
+
+def _sealed_json(doc: Any) -> int:
+    return memfd.sealed(json.dumps(doc, separators=(",", ":")).encode())
+
+
+def _read_manifest_fd(fd: int) -> bytes:
+    size = memfd.sealed_size(fd)
+    if size is None:
+        raise InvalidRequestError(
+            "ds_commit's fd must be a memfd sealed against writes and resizes (F_SEAL_WRITE, "
+            "F_SEAL_SHRINK, F_SEAL_GROW): its bytes could otherwise change after they were hashed"
+        )
+    if size > MAX_LAYOUT:
+        raise InvalidRequestError(f"a manifest of {size} bytes exceeds {MAX_LAYOUT}")
+    data = os.pread(fd, size, 0)
+    if len(data) != size:  # pragma: no cover - a sealed memfd reads whole
+        raise InvalidRequestError("ds_commit's fd could not be read whole")
+    return data

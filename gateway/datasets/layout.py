@@ -1,0 +1,209 @@
+"""The dataset registry's layout in its backend, and its protocols (commit, tags, freeze).
+
+The registry is ``[datasets] registry = "BACKEND/PREFIX"`` (default ``local/datasets``):
+one writable backend and a key prefix, shared by every node of the cluster. The data
+backends the members live in may stay read-only. Every key below is under PREFIX::
+
+    manifests/<id>.json                        a snapshot's canonical manifest bytes
+                                               (chunkd.snapshot); id = blake3 of them
+    names/<NAME>/_versions/<n:012d>.json       version n of NAME: {"id", "created", ...}
+    names/<NAME>/_tags/<TAG>/<seq:012d>.json   one move of tag TAG of NAME:
+                                               {"version", "id", "seq", "created", ...}
+    frozen/<id>.json                           a frozen snapshot's chunk lists
+
+and, at the root of the registry's backend, shared with checkpoints::
+
+    chunks/<chunk id>                          the chunks of frozen snapshots
+    intents/ds-<run>.<batch>.json              a freeze's chunk ids (kept a day)
+
+``_versions`` and ``_tags`` start with ``_``, which no segment of a dataset name may
+(:func:`chunkd.snapshot.check_dataset_name`): the keys of a name never pass for those
+of another (``a/_tags/versions/...`` cannot be a version of ``a/_tags``, nor
+``a/b/...`` a key of ``a``). Numbers are written with 12 digits so that key order is
+number order. All JSON but the manifests (whose bytes are their canonical form) is
+UTF-8 with sorted keys and no spaces. Other keys (a file backend's temporary files,
+``<key>#<n>``) are ignored.
+
+Commit (``ds_commit``): a version is committed as a checkpoint is.
+
+1. The daemon parses the manifest (:meth:`Snapshot.parse`) and takes its id from its
+   bytes, never from the client.
+2. ``manifests/<id>.json`` is put if absent. If one is there it is read and must hash
+   to the id; one that does not (torn, or altered) is replaced by these bytes.
+3. The highest version of NAME is listed. If its pointer names the same id, that
+   version is the answer (registering the same snapshot twice in a row makes no new
+   version). Otherwise the pointer of version highest + 1 is put **if absent**: this
+   one PUT is the commit. If it is taken (a concurrent registration won that
+   number), the next number is tried, up to :data:`COMMIT_TRIES` times; then the
+   registration fails with a :class:`~chunkd.errors.DatasetError` and nothing of it
+   is visible. So two concurrent registrations both get a version, with different
+   numbers, or one fails cleanly; neither overwrites the other.
+
+A pointer is never written before its manifest: a registration cut short (kill -9)
+leaves at most a manifest no version names, which is harmless, and the next
+registration of the name takes the next free number.
+
+Tags (``ds_tag``): a tag is an append-only history of put-if-absent entries, and the
+entry with the highest ``seq`` is the tag's value. Moving a tag puts entry highest + 1
+if absent (retried with the next number when taken, like a commit). So a move needs
+no compare-and-swap, which a file backend lacks: two concurrent moves both land, one
+after the other, and the later number wins. A tag's history stays (``ds_versions``
+shows only the current value of each tag).
+
+Resolve (``ds_resolve``): ``NAME@N`` reads pointer N; ``NAME`` and ``NAME@latest`` the
+highest pointer; ``NAME@TAG`` the tag's highest entry; a snapshot id reads
+``manifests/<id>.json`` directly. The manifest is checked against the id (its blake3):
+a torn or forged one is a :class:`~chunkd.errors.ManifestError`, and nothing else is
+touched. A name, version or tag that does not exist, or one whose manifest is
+missing, is a :class:`~chunkd.errors.DatasetNotFoundError`.
+
+Freeze (``ds_freeze``): the members' bytes go into the registry backend's
+content-addressed ``chunks/``, as checkpoint chunks do, by the checkpoints' GC-safe
+protocol (docs/checkpoints.md, "Why a save and a collection never lose a chunk"):
+
+1. each member is read through the daemon's read path at its recorded version (a
+   member that changed or vanished is a :class:`~chunkd.errors.SnapshotDriftError`
+   that names it, and nothing of the freeze is committed); its chunk ids are noted;
+2. per batch of at most :data:`INTENT_CHUNKS` chunk ids: the intent
+   ``intents/ds-<run>.<batch>.json`` naming them is written, then the barriers of
+   running collections are waited for (:func:`~chunkd.gateway.checkpoints.barrier.
+   await_collections`), then each chunk is HEADed and put if absent when missing;
+3. ``frozen/<id>.json`` is written last: the snapshot is frozen from this PUT on.
+
+The frozen record::
+
+    {"format": "chunkd-dataset-frozen", "schema": 1, "id": ID, "chunk_bytes": N,
+     "backend": B, "created": T, "members": [[chunk id, ...], ...]}
+
+``members[i]`` are member i's chunks in order (every one but the last exactly
+``chunk_bytes`` long), in the chunk store of backend ``B``; a reader checks each
+chunk's blake3. Freezing again is harmless (chunks present are not sent again, and
+the record is the same but its time). ``chunkd gc`` on the registry's backend marks
+every chunk a frozen record names (the roots :class:`.FrozenRoots` gives the
+collector), and the intents cover a freeze in flight.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Final
+
+__all__ = [
+    "COMMIT_TRIES",
+    "FROZEN",
+    "INTENT_CHUNKS",
+    "MANIFESTS",
+    "NAMES",
+    "SCHEMA",
+    "Layout",
+    "number_of",
+]
+
+#: the frozen record's schema
+SCHEMA: Final = 1
+MANIFESTS: Final = "manifests/"
+NAMES: Final = "names/"
+FROZEN: Final = "frozen/"
+_VERSIONS: Final = "/_versions/"
+_TAGS: Final = "/_tags/"
+#: how many version (or tag) numbers one registration tries before it gives up
+COMMIT_TRIES: Final = 64
+#: chunk ids one intent of a freeze names at most
+INTENT_CHUNKS: Final = 256
+_NUMBER_RE: Final = re.compile(r"([0-9]{12})\.json")
+_DIGITS: Final = 12
+#: the highest version or tag sequence number the layout can write
+MAX_NUMBER: Final = 10**_DIGITS - 1
+
+
+def number_of(name: str) -> int | None:
+    """The number of a pointer or tag entry file ``<n:012d>.json`` (None: not one)."""
+    found = _NUMBER_RE.fullmatch(name)
+    return int(found.group(1)) if found else None
+
+
+class Layout:
+    """The keys of one registry: ``PREFIX/...`` in its backend.
+
+    Args:
+        prefix: the registry's prefix in its backend, without outer slashes.
+    """
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix.strip("/")
+        self._root = f"{self.prefix}/" if self.prefix else ""
+
+    def manifest(self, snapshot_id: str) -> str:
+        """The key of a snapshot's manifest."""
+        return f"{self._root}{MANIFESTS}{snapshot_id}.json"
+
+    def frozen(self, snapshot_id: str) -> str:
+        """The key of a snapshot's frozen record."""
+        return f"{self._root}{FROZEN}{snapshot_id}.json"
+
+    @property
+    def frozen_prefix(self) -> str:
+        """Where the frozen records are (a scan prefix)."""
+        return f"{self._root}{FROZEN}".rstrip("/")
+
+    @property
+    def names_prefix(self) -> str:
+        """Where the names are (a scan prefix)."""
+        return f"{self._root}{NAMES}".rstrip("/")
+
+    def names_under(self, prefix: str) -> str:
+        """The scan prefix of the names under dataset-name prefix ``prefix``."""
+        prefix = prefix.strip("/")
+        return f"{self._root}{NAMES}{prefix}" if prefix else self.names_prefix
+
+    def versions(self, name: str) -> str:
+        """The scan prefix of ``name``'s version pointers."""
+        return f"{self._root}{NAMES}{name}{_VERSIONS}".rstrip("/")
+
+    def version(self, name: str, number: int) -> str:
+        """The key of ``name``'s version ``number``."""
+        return f"{self._root}{NAMES}{name}{_VERSIONS}{number:0{_DIGITS}d}.json"
+
+    def tags(self, name: str) -> str:
+        """The scan prefix of every tag of ``name``."""
+        return f"{self._root}{NAMES}{name}{_TAGS}".rstrip("/")
+
+    def tag(self, name: str, tag: str) -> str:
+        """The scan prefix of tag ``tag`` of ``name``."""
+        return f"{self._root}{NAMES}{name}{_TAGS}{tag}"
+
+    def tag_entry(self, name: str, tag: str, seq: int) -> str:
+        """The key of entry ``seq`` of tag ``tag`` of ``name``."""
+        return f"{self._root}{NAMES}{name}{_TAGS}{tag}/{seq:0{_DIGITS}d}.json"
+
+    def parse_version_key(self, key: str) -> tuple[str, int] | None:
+        """``(name, number)`` of a version pointer's key; None for any other key."""
+        head = f"{self._root}{NAMES}"
+        if not key.startswith(head):
+            return None
+        rest = key[len(head) :]
+        name, found, tail = rest.rpartition(_VERSIONS)
+        if not found or not name or "/" in tail:
+            return None
+        number = number_of(tail)
+        return None if number is None else (name, number)
+
+    def parse_tag_key(self, key: str) -> tuple[str, str, int] | None:
+        """``(name, tag, seq)`` of a tag entry's key; None for any other key."""
+        head = f"{self._root}{NAMES}"
+        if not key.startswith(head):
+            return None
+        name, found, tail = key[len(head) :].rpartition(_TAGS)
+        tag, _, entry = tail.partition("/")
+        if not found or not name or not tag or "/" in entry:
+            return None
+        seq = number_of(entry)
+        return None if seq is None else (name, tag, seq)
+
+    def parse_frozen_key(self, key: str) -> str | None:
+        """The snapshot id of a frozen record's key; None for any other key."""
+        head = f"{self._root}{FROZEN}"
+        if not key.startswith(head) or not key.endswith(".json"):
+            return None
+        ident = key[len(head) : -len(".json")]
+        return ident if re.fullmatch(r"[0-9a-f]{64}", ident) else None

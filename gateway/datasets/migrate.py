@@ -1,0 +1,245 @@
+"""Migrating: a snapshot's members copied to another backend, verified, and registered as
+a new version of the same dataset with the same logical contents.
+
+For each member, in turn (a few at once, bounded by bytes in flight)::
+
+    1. its bytes: from the frozen chunks when the snapshot is frozen (each chunk checked
+       against its id), else through the read path at the recorded version (a member
+       that drifted is a SnapshotDriftError naming it); their chunk ids are noted
+    2. the destination key: PREFIX + the member's key below the snapshot's prefix.
+       An object there already with the same bytes is kept as it is (migrating twice
+       is harmless; nothing is rewritten, so no version token changes)
+    3. PUT, then HEAD (the new version token), then a GET pinned to that version,
+       straight from the destination backend (never the cache): each chunk of what
+       came back must hash to the source's chunk id (IntegrityError otherwise)
+    4. the member again, with the destination key and version token
+
+Then ``snapshot.with_source(backend, prefix, members)`` is committed as the next
+version of the dataset's name. A member is held whole in memory while it is copied
+(the Backend interface puts whole objects); :data:`BYTES_IN_FLIGHT` bounds how many
+bytes are held at once, and a member larger than that is copied alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Any, Final
+
+from chunkd.cache import ChunkId
+from chunkd.errors import (
+    ChunkNotFoundError,
+    IntegrityError,
+    InvalidRequestError,
+    ReadOnlyBackendError,
+)
+from chunkd.gateway.checkpoints.model import CHUNKS
+from chunkd.gateway.datasets.pinned import member_leases
+from chunkd.gateway.names import split_prefix
+from chunkd.snapshot import Member, Snapshot
+
+if TYPE_CHECKING:
+    from chunkd.gateway.backends import Backend, Backends
+    from chunkd.gateway.datasets.registry import Registry
+    from chunkd.gateway.readpath import ReadPath
+
+__all__ = ["BYTES_IN_FLIGHT", "Migrator"]
+
+log = logging.getLogger(__name__)
+
+#: member bytes held at once by one migration (a larger member is copied alone)
+BYTES_IN_FLIGHT: Final = 512 << 20
+#: members copied at once
+_MEMBERS_AT_ONCE: Final = 8
+
+
+class _ByteBudget:
+    """At most ``limit`` bytes taken at once; a request larger than the limit waits
+    until nothing else is taken, then runs alone."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.taken = 0
+        self._changed = asyncio.Condition()
+
+    async def take(self, size: int) -> None:
+        async with self._changed:
+            await self._changed.wait_for(lambda: self.taken == 0 or self.taken + size <= self.limit)
+            self.taken += size
+
+    async def give(self, size: int) -> None:
+        async with self._changed:
+            self.taken -= size
+            self._changed.notify_all()
+
+
+class Migrator:
+    """Copies snapshots to other backends and registers the copies.
+
+    Args:
+        registry: the dataset registry (the copy is committed there).
+        read_path: the daemon's read path (members are read through it, pinned).
+        backends: the configured backends (the destination among them).
+    """
+
+    def __init__(self, registry: Registry, read_path: ReadPath, backends: Backends) -> None:
+        self.registry = registry
+        self.read_path = read_path
+        self.backends = backends
+
+    def destination(self, to: str) -> tuple[Backend, str]:
+        """The destination backend (writable) and prefix of ``to`` (``BACKEND/PREFIX``).
+
+        Raises:
+            UnknownBackendError, InvalidKeyError, ReadOnlyBackendError
+        """
+        name, prefix = split_prefix(to)
+        backend = self.backends.get(name)
+        if not backend.supports_writes:
+            raise ReadOnlyBackendError(
+                f"cannot migrate to {to}: backend {name!r} is read-only; set writable = true "
+                "in its [[backends]] entry, or migrate to a writable backend"
+            )
+        return backend, prefix
+
+    async def copy(
+        self, snapshot: Snapshot, to: str, frozen: dict[str, Any] | None
+    ) -> tuple[Snapshot, dict[str, int]]:
+        """Copy ``snapshot``'s members to ``to`` and verify them (steps 1-4 above).
+
+        Returns the snapshot of the copy (not committed yet) and what was done.
+
+        Raises:
+            ReadOnlyBackendError, SnapshotDriftError, IntegrityError, ChunkNotFoundError
+        """
+        dest, prefix = self.destination(to)
+        if dest.name == snapshot.backend and prefix == snapshot.prefix.strip("/"):
+            raise InvalidRequestError(
+                f"snapshot {snapshot.id} is at {to} already; migrate it to another place"
+            )
+        new_prefix = f"{prefix}/" if prefix and snapshot.prefix.endswith("/") else prefix
+        budget = _ByteBudget(BYTES_IN_FLIGHT)
+        slots = asyncio.Semaphore(_MEMBERS_AT_ONCE)
+        counts = {"members": len(snapshot.members), "bytes": 0, "copied": 0, "kept": 0}
+
+        async def one(index: int) -> Member:
+            member = snapshot.members[index]
+            async with slots:
+                await budget.take(member.size)
+                try:
+                    return await self._copy_member(
+                        snapshot, index, dest, _dest_key(prefix, snapshot, member), frozen, counts
+                    )
+                finally:
+                    await budget.give(member.size)
+
+        async with asyncio.TaskGroup() as group:
+            tasks = [group.create_task(one(i)) for i in range(len(snapshot.members))]
+        members = [task.result() for task in tasks]
+        copy = await asyncio.to_thread(snapshot.with_source, dest.name, new_prefix, members)
+        return copy, counts
+
+    async def _copy_member(
+        self,
+        snapshot: Snapshot,
+        index: int,
+        dest: Backend,
+        key: str,
+        frozen: dict[str, Any] | None,
+        counts: dict[str, int],
+    ) -> Member:
+        member = snapshot.members[index]
+        if frozen is not None:
+            chunk_bytes = int(frozen["chunk_bytes"])
+            ids = [ChunkId.parse(c) for c in frozen["members"][index]]
+            data = await self._from_chunks(snapshot, index, ids)
+        else:
+            chunk_bytes = self.read_path.chunk_bytes
+            ids, data = [], bytearray()
+            async for _, _, lease in member_leases(self.read_path, snapshot, index):
+                with lease:
+                    ids.append(lease.id)
+                    data += lease.view()
+        name = f"{dest.name}/{key}"
+        there = await dest.head(key)
+        if (
+            there is None
+            or there.size != member.size
+            or not await self._matches(dest, there, ids, chunk_bytes, name, strict=False)
+        ):
+            await dest.put(key, memoryview(data))
+            there = await dest.head(key)
+            if there is None:
+                raise IntegrityError(f"{name} is gone right after it was written; migrate again")
+            await self._matches(dest, there, ids, chunk_bytes, name, strict=True)
+            counts["copied"] += 1
+        else:
+            counts["kept"] += 1
+        counts["bytes"] += member.size
+        return Member(
+            key=key,
+            size=member.size,
+            version=there.version,
+            format=member.format,
+            samples=member.samples,
+            meta=member.meta,
+        )
+
+    async def _from_chunks(self, snapshot: Snapshot, index: int, ids: list[ChunkId]) -> bytearray:
+        """A frozen member's bytes, each chunk checked against its id."""
+        backend = self.registry.backend
+        data = bytearray()
+        for cid in ids:
+            raw = await backend.get(f"{CHUNKS}{cid}")
+            if raw is None:
+                raise ChunkNotFoundError(
+                    f"member {snapshot.name_of(index)} of frozen snapshot {snapshot.id}: chunk "
+                    f"{cid} is missing from {backend.name}/{CHUNKS}; freeze it again"
+                )
+            if await asyncio.to_thread(ChunkId.of, raw) != cid:
+                raise IntegrityError(
+                    f"member {snapshot.name_of(index)} of frozen snapshot {snapshot.id}: chunk "
+                    f"{cid} in {backend.name} is damaged; nothing was copied from it"
+                )
+            data += raw
+        return data
+
+    async def _matches(
+        self,
+        dest: Backend,
+        meta: Any,
+        ids: list[ChunkId],
+        chunk_bytes: int,
+        name: str,
+        *,
+        strict: bool,
+    ) -> bool:
+        """Whether ``dest``'s object (that version, read from the backend itself) is the
+        chunks ``ids``; with ``strict``, IntegrityError rather than False."""
+        raw = await dest.get(meta.key, version=meta)
+        got = b"" if raw is None else raw
+
+        def hashes() -> list[ChunkId]:
+            view = memoryview(got)
+            return [
+                ChunkId.of(view[start : start + chunk_bytes])
+                for start in range(0, view.nbytes, chunk_bytes)
+            ]
+
+        found = await asyncio.to_thread(hashes)
+        if found == ids:
+            return True
+        if strict:
+            bad = next(
+                (i for i, (a, b) in enumerate(zip(found, ids, strict=False)) if a != b), len(found)
+            )
+            raise IntegrityError(
+                f"the copy at {name} does not match its source: chunk {bad} read back from the "
+                "destination hashes differently; nothing was registered: migrate again"
+            )
+        return False
+
+
+def _dest_key(prefix: str, snapshot: Snapshot, member: Member) -> str:
+    rest = member.relative(snapshot.prefix).lstrip("/")
+    return f"{prefix}/{rest}" if prefix else rest

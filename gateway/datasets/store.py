@@ -1,0 +1,119 @@
+"""The daemon's dataset registry: one object that composes the rooms of the package
+(the registry's names, freezing, migrating, the garbage collector's roots)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator
+from typing import TYPE_CHECKING, Any
+
+from chunkd.errors import InvalidRequestError
+from chunkd.gateway.datasets.freeze import Freezer, frozen_chunk_ids
+from chunkd.gateway.datasets.migrate import Migrator
+from chunkd.gateway.datasets.registry import Registry, Resolved
+
+if TYPE_CHECKING:
+    from chunkd.cache import ChunkCache
+    from chunkd.gateway.backends import Backend, Backends
+    from chunkd.gateway.config.schema import DatasetsConfig
+    from chunkd.gateway.metrics import Metrics
+    from chunkd.gateway.readpath import ReadPath
+
+__all__ = ["Datasets"]
+
+
+class Datasets:
+    """The dataset registry of ``[datasets] registry``: commits, tags, resolving,
+    listings, freezing and migrating (:mod:`.layout` has the protocols).
+
+    Args:
+        config: the ``[datasets]`` section.
+        backends: the configured backends.
+        read_path: the daemon's read path (members are read through it, pinned).
+        cache: the daemon's cache.
+        metrics: the daemon's metrics.
+        poll_interval: the longest pause between two looks for the barriers of
+            garbage collections (a freeze waits for the ones running).
+    """
+
+    def __init__(
+        self,
+        config: DatasetsConfig,
+        backends: Backends,
+        read_path: ReadPath,
+        cache: ChunkCache,
+        metrics: Metrics,
+        *,
+        poll_interval: float = 2.0,
+    ) -> None:
+        self.registry = Registry(backends, config.registry)
+        self._freezer = Freezer(
+            self.registry, read_path, cache, metrics, poll_interval=poll_interval
+        )
+        self._migrator = Migrator(self.registry, read_path, backends)
+
+    async def commit(self, data: bytes, name: str) -> dict[str, Any]:
+        """Register manifest ``data`` as the next version of ``name``.
+
+        Returns ``{"snapshot", "name", "version", "created"}``; ``created`` is False when
+        the latest version was this snapshot already (no new version is made).
+        """
+        with self.registry.reaching(f"registering {name}"):
+            snapshot, version, created = await self.registry.commit(data, name)
+        return {"snapshot": snapshot.id, "name": name, "version": version, "created": created}
+
+    async def resolve(self, ref: str) -> tuple[Resolved, dict[str, Any] | None]:
+        """The snapshot ``ref`` refers to, and its frozen record (None: not frozen)."""
+        with self.registry.reaching(f"resolving {ref}"):
+            resolved = await self.registry.resolve(ref)
+            frozen = await self._freezer.frozen(resolved.snapshot)
+        return resolved, frozen
+
+    async def tag(self, name: str, tag: str, ref: str) -> dict[str, Any]:
+        """Point tag ``tag`` of ``name`` at the version ``ref`` names."""
+        with self.registry.reaching(f"tagging {name}@{tag}"):
+            return await self.registry.tag(name, tag, ref)
+
+    async def names_page(
+        self, prefix: str, *, start_after: str | None, limit: int
+    ) -> tuple[list[dict[str, Any]], str | None]:
+        """One page of the names under ``prefix`` (:meth:`.Registry.names_page`)."""
+        with self.registry.reaching("listing the datasets"):
+            return await self.registry.names_page(prefix, start_after=start_after, limit=limit)
+
+    async def versions_page(
+        self, name: str, *, start_after: int | None, limit: int
+    ) -> tuple[list[dict[str, Any]], int | None]:
+        """One page of ``name``'s versions (:meth:`.Registry.versions_page`)."""
+        with self.registry.reaching(f"listing the versions of {name}"):
+            return await self.registry.versions_page(name, start_after=start_after, limit=limit)
+
+    async def freeze(self, ref: str) -> dict[str, Any]:
+        """Freeze the snapshot ``ref`` refers to (:meth:`.Freezer.freeze`)."""
+        self.registry.writable()  # before any work
+        with self.registry.reaching(f"freezing {ref}"):
+            resolved = await self.registry.resolve(ref)
+        report = await self._freezer.freeze(resolved.snapshot)
+        return {"snapshot": resolved.snapshot.id} | report
+
+    async def migrate(self, ref: str, to: str, name: str | None = None) -> dict[str, Any]:
+        """Copy the snapshot ``ref`` refers to to ``to`` (``BACKEND/PREFIX``), verified,
+        and register the copy as the next version of its name (or of ``name``)."""
+        self.registry.writable()
+        self._migrator.destination(to)
+        with self.registry.reaching(f"migrating {ref}"):
+            resolved = await self.registry.resolve(ref)
+            frozen = await self._freezer.frozen(resolved.snapshot)
+        target = name or resolved.name
+        if target is None:
+            raise InvalidRequestError(
+                f"migrating snapshot {ref}: a snapshot id names no dataset; give the name to "
+                "register the copy under"
+            )
+        copy, counts = await self._migrator.copy(resolved.snapshot, to, frozen)
+        committed = await self.commit(copy.data, target)
+        return committed | {"from": resolved.snapshot.id, "frozen": frozen is not None} | counts
+
+    def roots(self, backend: Backend) -> AsyncGenerator[str, None]:
+        """The chunk ids a garbage collection of ``backend`` must keep: those of every
+        frozen snapshot, when ``backend`` is the registry's (nothing otherwise)."""
+        return frozen_chunk_ids(self.registry, backend)

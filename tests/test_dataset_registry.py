@@ -650,3 +650,33 @@ def test_migrate_copies_verifies_and_registers_a_new_version(
         client.request("ds_migrate", {"ref": "mig@2", "to": "local/copy"})
     with pytest.raises(InvalidRequestError, match="names no dataset"):
         client.request("ds_migrate", {"ref": snap.id, "to": "local/x"})
+
+
+def test_a_freeze_writes_its_intent_and_waits_for_a_running_collection(
+    node: tuple[Daemon, Client],
+) -> None:
+    import json
+
+    daemon, client = node
+    root = data_dir(daemon)
+    write_objects(root, FILES)
+    snap = snapshot_of(client, sorted(FILES))
+    commit(client, snap, "wait")
+    # The barrier of a collection that is sweeping (it never changes: after the expiry
+    # it declares, the freeze takes it for dead and goes on).
+    barrier = root / "gc" / "sweeping.json"
+    barrier.parent.mkdir()
+    barrier.write_text(json.dumps({"format": "chunkd-gc-barrier", "expires_after": 2}))
+    waits = daemon.metric("chunkd_checkpoint_gc_barrier_waits_total")
+    started = time.monotonic()
+    report = client.request("ds_freeze", {"ref": "wait"}, timeout=60).header
+    assert time.monotonic() - started >= 2
+    assert daemon.metric("chunkd_checkpoint_gc_barrier_waits_total") == waits + 1
+    (intent,) = (root / "intents").iterdir()
+    assert intent.name.startswith("ds-")
+    named = set(json.loads(intent.read_text())["chunks"])
+    _, _, frozen = resolve(client, "wait")
+    assert frozen is not None
+    ids = {c for member in json.loads(frozen)["members"] for c in member}
+    assert named == ids
+    assert len(ids) == report["chunks"]

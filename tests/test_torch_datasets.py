@@ -2,7 +2,8 @@
 
 Every test that reads runs ``chunkd serve`` (the ``start_daemon`` fixture) over a few
 JSON lines, fixed-record and Parquet shards in its ``local`` backend, and reads them
-with torch's DataLoader (workers included) and torchdata's StatefulDataLoader.
+with torch's DataLoader (workers included) and torchdata's StatefulDataLoader, each
+rank's loader with its own worker processes.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import json
 import pickle
 import random
 import warnings
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,15 +32,27 @@ torch = pytest.importorskip("torch")
 from torch.utils.data import DataLoader  # noqa: E402
 
 from chunkd.client import Client  # noqa: E402
+from chunkd.client.datasets import Dataset  # noqa: E402
+from chunkd.client.datasets.loader import Batch, Loader  # noqa: E402
+from chunkd.client.datasets.state import MAX_STATE_BYTES, LoaderState  # noqa: E402
 from chunkd.client.torch import (  # noqa: E402
     RecordDataset,
     ShardDataset,
+    SnapshotDataset,
     as_tensor,
+    global_state,
     split_sample_id,
 )
+from chunkd.errors import ResumeStateError  # noqa: E402
 
 RECORD = 16
 SEED = 20240611
+FIXED = [9, 0, 12, 25, 30, 24]  # 100 records, one shard empty
+
+# torchdata 0.11 calls torch.set_vital, which torch 2.13 deprecates on every loader made.
+stateful_warning = pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning")
+# Some tests run more workers than the machine has cores, on purpose (a few processes each).
+many_workers = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
 
 
 # -- a daemon with shards ----------------------------------------------------------------
@@ -52,7 +66,7 @@ class Node:
     jsonl: list[str] = field(default_factory=list)
     fixed: list[str] = field(default_factory=list)
     parquet: list[str] = field(default_factory=list)
-    #: sample id -> its bytes (JSON lines, records) or its table (Parquet)
+    #: sample id (KEY#i) -> its bytes (JSON lines, records) or its row (Parquet)
     samples: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -62,10 +76,16 @@ class Node:
     def dataset(self, kind: str, **options: Any) -> ShardDataset:
         shards = {"jsonl": self.jsonl, "fixed": self.fixed, "parquet": self.parquet}[kind]
         options.setdefault("seed", SEED)
-        options.setdefault("with_ids", True)
         if kind == "fixed":
             options.setdefault("record_bytes", RECORD)
         return ShardDataset(shards, kind=kind, client_factory=self.factory, **options)  # type: ignore[arg-type]
+
+    def ids(self, kind: str) -> set[str]:
+        return {sid for sid in self.samples if sid.startswith(f"{kind}/")}
+
+
+def key(name: str) -> str:
+    return name.partition("/")[2]
 
 
 @pytest.fixture
@@ -89,41 +109,33 @@ def node(start_daemon: Any, tmp_path: Path) -> Node:
         body = b"\n".join(lines) + (b"\n" if lines and last_newline else b"")
         name = put(f"jsonl/part-{i}.jsonl", body)
         node.jsonl.append(name)
-        node.samples.update({f"{name}#{j}": line for j, line in enumerate(lines)})
-    for i, count in enumerate([9, 4, 12]):
+        node.samples.update({f"{key(name)}#{j}": line for j, line in enumerate(lines)})
+    for i, count in enumerate(FIXED):
         records = [rng.randbytes(RECORD) for _ in range(count)]
         name = put(f"fixed/part-{i}.bin", b"".join(records))
         node.fixed.append(name)
-        node.samples.update({f"{name}#{j}": record for j, record in enumerate(records)})
+        node.samples.update({f"{key(name)}#{j}": record for j, record in enumerate(records)})
     for i, (rows, group) in enumerate([(10, 4), (6, 2), (5, 8)]):
         table = pa.table({"shard": [i] * rows, "row": list(range(rows))})
         sink = io.BytesIO()
         pq.write_table(table, sink, row_group_size=group)
         name = put(f"parquet/part-{i}.parquet", sink.getvalue())
         node.parquet.append(name)
-        for j, start in enumerate(range(0, rows, group)):
-            node.samples[f"{name}#{j}"] = table.slice(start, group)
+        for j, row in enumerate(table.to_pylist()):
+            node.samples[f"{key(name)}#{j}"] = row
     start_daemon()
     if not wait_for_socket(node.socket, 10):
         pytest.skip(f"`chunkd serve` did not create its local socket {node.socket} in 10 s")
     return node
 
 
-def ids(items: Iterable[Any]) -> list[str]:
-    """The sample ids of ``(id, sample)`` pairs, or of batches of them."""
-    out: list[str] = []
-    for item in items:
-        if isinstance(item, list):
-            out += [sample_id for sample_id, _ in item]
-        else:
-            out.append(item[0])
-    return out
+def ids(batches: Iterable[Batch]) -> list[list[str]]:
+    """The sample ids of each batch."""
+    return [list(batch.ids) for batch in batches]
 
 
-def interleave(*sequences: list[str]) -> list[str]:
-    """Round-robin over the sequences: what global order ranks' sequences make up."""
-    merged = itertools.zip_longest(*sequences)
-    return [x for row in merged for x in row if x is not None]
+def flat(batches: Iterable[Batch]) -> list[str]:
+    return [sid for batch in batches for sid in batch.ids]
 
 
 # -- as_tensor ---------------------------------------------------------------------------
@@ -131,7 +143,7 @@ def interleave(*sequences: list[str]) -> list[str]:
 
 def test_as_tensor_shares_the_mapped_bytes_without_a_warning(node: Node) -> None:
     name = node.fixed[2]
-    expected = b"".join(node.samples[f"{name}#{j}"] for j in range(12))
+    expected = b"".join(node.samples[f"{key(name)}#{j}"] for j in range(12))
     with Client(node.socket) as client:
         view = client.read(name)
         assert view.readonly
@@ -171,7 +183,7 @@ def test_as_tensor_shares_the_mapped_bytes_without_a_warning(node: Node) -> None
 def test_record_dataset_reads_ranges_in_the_process_and_in_workers(node: Node) -> None:
     name = node.fixed[0]
     records = [(name, j * RECORD, RECORD) for j in range(9)]
-    expected = [node.samples[f"{name}#{j}"] for j in range(9)]
+    expected = [node.samples[f"{key(name)}#{j}"] for j in range(9)]
 
     views = RecordDataset(records, node.factory)
     assert len(views) == 9
@@ -201,115 +213,99 @@ def test_record_dataset_reads_ranges_in_the_process_and_in_workers(node: Node) -
         short[0]
 
 
-# -- ShardDataset: the global order ------------------------------------------------------
+# -- the one order, in torch -------------------------------------------------------------
 
 
-def test_every_sample_once_across_ranks_in_one_seeded_global_order(node: Node) -> None:
-    everything = [sid for sid in node.samples if "/jsonl/" in sid]
-    assert len(everything) == 7 + 13 + 5
+def test_batches_are_the_cores_and_every_sample_comes_once(node: Node) -> None:
+    dataset = node.dataset("fixed", rank=0, world_size=2, batch_size=3)
+    snapshot = dataset.dataset
+    assert isinstance(snapshot, Dataset)
+    assert dataset.total_samples() == len(snapshot) == 100
+    assert [m.key for m in snapshot.snapshot.members] == sorted(key(n) for n in node.fixed)
+    seen: list[str] = []
+    for rank in (0, 1):
+        ranked = node.dataset("fixed", rank=rank, world_size=2, batch_size=3)
+        batches = list(ranked)
+        # one implementation: the plain loader over the same snapshot reads the same
+        plain = Loader(snapshot, batch_size=3, seed=SEED, rank=rank, world_size=2)
+        assert ids(batches) == [b.ids for b in plain]
+        for batch in batches:
+            assert batch.samples.dtype == torch.uint8
+            assert batch.samples.shape == (len(batch.ids), RECORD)
+            rows = [bytes(row.numpy()) for row in batch.samples]
+            assert rows == [node.samples[sid] for sid in batch.ids]
+        assert [b.step for b in batches] == list(range(17))  # 100 over steps of 6
+        assert batches[-1].last
+        assert [len(b.ids) for b in batches[-1:]] == [2]  # 4 left: 2 and 2
+        seen += flat(batches)
+    assert sorted(seen) == sorted(node.ids("fixed"))
 
-    one = list(node.dataset("jsonl"))
-    assert sorted(ids(one)) == sorted(everything)
-    assert all(sample == node.samples[sid] for sid, sample in one)
-    assert node.samples[f"{node.jsonl[3]}#2"] == b""  # an empty line is a sample
-
-    # Two ranks split the same global order, round-robin: disjoint, complete.
-    ranks = [ids(node.dataset("jsonl", rank=r, world_size=2)) for r in (0, 1)]
-    assert not set(ranks[0]) & set(ranks[1])
-    assert interleave(*ranks) == ids(one)
-    assert len(ranks[0]) - len(ranks[1]) == 1
-    even = [ids(node.dataset("jsonl", rank=r, world_size=2, drop_uneven=True)) for r in (0, 1)]
-    assert len(even[0]) == len(even[1]) == 12
-
-    # Deterministic per (seed, epoch); another epoch or seed, another order.
-    assert ids(node.dataset("jsonl")) == ids(one)
-    later = node.dataset("jsonl")
+    # deterministic per (snapshot, seed, epoch); another epoch, another order
+    again = node.dataset("fixed", batch_size=4)
+    assert flat(again) == flat(node.dataset("fixed", batch_size=4))
+    later = node.dataset("fixed", batch_size=4)
     later.set_epoch(1)
-    epoch1 = ids(later)
-    assert epoch1 != ids(one)
-    assert sorted(epoch1) == sorted(everything)
-    again = node.dataset("jsonl")
-    again.set_epoch(1)
-    assert ids(again) == epoch1
-    assert ids(node.dataset("jsonl", seed=SEED + 1)) != ids(one)
-
-    # Unshuffled: shards as listed, samples as stored.
-    assert ids(node.dataset("jsonl", shuffle=False)) == everything
-
-    # Windows of shards: shards shuffled, samples only within each window.
-    windowed = ids(node.dataset("jsonl", shuffle_window=1))
-    shard_runs = [name for name, _ in itertools.groupby(split_sample_id(s)[0] for s in windowed)]
-    assert sorted(shard_runs) == sorted(n for n in node.jsonl if n != node.jsonl[1])
+    assert flat(later) != flat(again)
+    assert sorted(flat(later)) == sorted(node.ids("fixed"))
+    assert flat(node.dataset("fixed", batch_size=4, seed=SEED + 1)) != flat(again)
+    # unshuffled: members in key order, samples as stored
+    in_order = flat(node.dataset("fixed", batch_size=7, shuffle=False))
+    assert in_order == sorted(
+        node.ids("fixed"), key=lambda s: (split_sample_id(s)[0], split_sample_id(s)[1])
+    )
 
 
-def test_workers_yield_each_rank_in_the_global_order(node: Node) -> None:
-    for rank in (0, 1):
-        expected = ids(node.dataset("jsonl", rank=rank, world_size=2))
-        for batch_size in (None, 3):
-            dataset = node.dataset("jsonl", rank=rank, world_size=2, batch_size=batch_size or 1)
-            loader = DataLoader(dataset, batch_size=batch_size, num_workers=2, collate_fn=list)
-            got = ids(loader) if batch_size else [sid for sid, _ in loader]
-            assert got == expected, (rank, batch_size)
+@many_workers
+def test_workers_yield_a_ranks_batches_in_step_order(node: Node) -> None:
+    for rank in (0, 2):
+        dataset = node.dataset("fixed", rank=rank, world_size=3, batch_size=4)
+        expected = ids(dataset)
+        for workers in (1, 2, 3):
+            loader = DataLoader(dataset, batch_size=None, num_workers=workers)
+            got = list(loader)
+            assert ids(got) == expected, (rank, workers)
+            assert [b.step for b in got] == list(range(len(expected)))
+            assert all(isinstance(b, Batch) for b in got)
 
 
-# -- ShardDataset: resuming --------------------------------------------------------------
+def test_tails_reach_the_trainer(node: Node) -> None:
+    # 100 samples, 3 ranks of 8: steps of 24; 4 are left for the last
+    uneven = [list(node.dataset("fixed", rank=r, world_size=3, batch_size=8)) for r in range(3)]
+    assert [len(b) for b in uneven] == [5, 5, 5]
+    assert [len(b[-1].ids) for b in uneven] == [2, 1, 1]
+    pad = [
+        list(node.dataset("fixed", rank=r, world_size=3, batch_size=8, tail="pad"))
+        for r in range(3)
+    ]
+    assert [[len(b.ids) for b in ranked] for ranked in pad] == [[8] * 5] * 3
+    assert [ranked[-1].padding for ranked in pad] == [4, 8, 8]
+    real = [sid for ranked in pad for b in ranked for sid in b.ids[: len(b.ids) - b.padding]]
+    assert sorted(real) == sorted(node.ids("fixed"))
+    drop = [
+        list(node.dataset("fixed", rank=r, world_size=3, batch_size=8, tail="drop"))
+        for r in range(3)
+    ]
+    assert [len(b) for b in drop] == [4, 4, 4]
 
 
-def test_resume_at_a_random_step_yields_exactly_the_rest(node: Node) -> None:
-    rng = random.Random(5)
-    for rank in (0, 1):
-        full = ids(node.dataset("jsonl", rank=rank, world_size=2))
-        for _ in range(3):
-            stop = rng.randrange(len(full) + 1)
-            first = node.dataset("jsonl", rank=rank, world_size=2)
-            head = ids(itertools.islice(first, stop))
-            state = first.state_dict()
-            assert json.loads(json.dumps(state)) == state  # a plain dict
-            resumed = node.dataset("jsonl", rank=rank, world_size=2)
-            resumed.load_state_dict(state)
-            assert head + ids(resumed) == full, (rank, stop)
-
-        # Through a DataLoader in the process, stopped between batches.
-        loader = DataLoader(node.dataset("jsonl", rank=rank, world_size=2), 3, collate_fn=list)
-        batches = iter(loader)
-        head = ids(itertools.islice(batches, 2))
-        state = loader.dataset.state_dict()  # type: ignore[attr-defined]
-        resumed = node.dataset("jsonl", rank=rank, world_size=2)
-        resumed.load_state_dict(state)
-        assert head + ids(DataLoader(resumed, 3, collate_fn=list)) == full
+# -- resuming ----------------------------------------------------------------------------
 
 
-def test_ranks_in_step_resume_on_another_world_size(node: Node) -> None:
-    everything = ids(node.dataset("jsonl"))
-    old = [node.dataset("jsonl", rank=r, world_size=2) for r in (0, 1)]
-    heads = [ids(itertools.islice(dataset, 4)) for dataset in old]
-    states = [dataset.state_dict() for dataset in old]
-    assert states[0] == states[1] | {"rank": 0}  # ranks in step hold the same position
-    new = [node.dataset("jsonl", rank=r, world_size=3) for r in (0, 1, 2)]
-    for dataset in new:
-        dataset.load_state_dict(states[0])
-    rests = [ids(dataset) for dataset in new]
-    # Global index g goes to rank g % 3: the rank of the first sample left leads.
-    lead = states[0]["position"] % 3
-    assert interleave(*heads) + interleave(*rests[lead:], *rests[:lead]) == everything
-
-
-# torchdata 0.11 calls torch.set_vital, which torch 2.13 deprecates on every loader made.
-@pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning")
+@stateful_warning
+@many_workers
 def test_stateful_dataloader_resumes_with_the_same_or_other_num_workers(node: Node) -> None:
     stateful = pytest.importorskip("torchdata.stateful_dataloader")
-    loader_class = stateful.StatefulDataLoader
     rng = random.Random(9)
-    batch = 2
+    snapshot = node.dataset("fixed").dataset
 
     def make(rank: int, workers: int) -> Any:
-        dataset = node.dataset("fixed", rank=rank, world_size=2, batch_size=batch)
-        return loader_class(dataset, batch_size=batch, num_workers=workers, collate_fn=list)
+        dataset = SnapshotDataset(snapshot, seed=SEED, rank=rank, world_size=2, batch_size=3)
+        return stateful.StatefulDataLoader(dataset, batch_size=None, num_workers=workers)
 
     for rank in (0, 1):
-        full = ids(node.dataset("fixed", rank=rank, world_size=2))
-        for saved_with, resumed_with in ((2, 2), (2, 1), (2, 0), (0, 2)):
-            stop = rng.randrange(1, -(-len(full) // batch))
+        full = ids(make(rank, 0))
+        for saved_with, resumed_with in ((2, 2), (3, 3), (2, 3), (2, 0), (0, 2), (3, 1)):
+            stop = rng.randrange(1, len(full))
             loader = make(rank, saved_with)
             batches = iter(loader)
             head = ids(itertools.islice(batches, stop))
@@ -318,145 +314,190 @@ def test_stateful_dataloader_resumes_with_the_same_or_other_num_workers(node: No
 
             resumed = make(rank, resumed_with)
             if resumed_with == saved_with:
-                resumed.load_state_dict(state)
+                resumed.load_state_dict(state)  # torchdata's own resume: per worker
             else:
-                resumed.dataset.load_state_dict(ShardDataset.global_state(state))
+                chunkd_state = global_state(state)
+                assert len(json.dumps(chunkd_state, separators=(",", ":"))) <= MAX_STATE_BYTES
+                assert chunkd_state["cursor"] == stop * 6
+                resumed.dataset.load_state_dict(chunkd_state)
             assert head + ids(resumed) == full, (rank, saved_with, resumed_with, stop)
-
-    # Workers restored from the states of a finished epoch (as torchdata restores
-    # them), done or not, yield nothing more of it, not the epoch again.
-    loader = make(1, 2)
-    assert len(ids(loader)) == 12
-    finished = {s["worker_id"]: s for s in _all_states(loader.state_dict())}
-    assert sorted(finished) == [0, 1]
-    for done in (False, True):
-
-        def restore(worker_id: int, done: bool = done) -> None:
-            info = torch.utils.data.get_worker_info()
-            info.dataset.load_state_dict(finished[worker_id] | {"done": done})
-
-        dataset = node.dataset("fixed", rank=1, world_size=2, batch_size=batch)
-        assert list(DataLoader(dataset, batch, num_workers=2, worker_init_fn=restore)) == []
 
     # A loader saved at the end of an epoch resumes with the next epoch, whole.
     for workers in (0, 2):
         loader = make(0, workers)
         loader.dataset.set_epoch(1)
-        assert len(ids(loader)) == 13
+        assert len(ids(loader)) == 17
         state = loader.state_dict()
+        assert global_state(state)["cursor"] == 100
         resumed = make(0, workers)
         resumed.load_state_dict(state)
         resumed.dataset.set_epoch(2)
-        epoch2 = node.dataset("fixed", rank=0, world_size=2)
+        epoch2 = SnapshotDataset(snapshot, seed=SEED, rank=0, world_size=2, batch_size=3)
         epoch2.set_epoch(2)
         assert ids(resumed) == ids(epoch2), workers
 
 
-def test_a_workers_state_resumes_only_that_worker(node: Node) -> None:
-    worker_state = node.dataset("jsonl").state_dict() | {
-        "worker_id": 1,
-        "num_workers": 2,
-        "batch_size": 1,
-        "origin": 0,
+@stateful_warning
+@many_workers
+def test_eight_ranks_of_two_workers_resume_as_three_ranks_of_five(node: Node) -> None:
+    """The elastic resume end to end: real StatefulDataLoader worker processes read
+    ahead of what the trainer takes; the state counts only what it took."""
+    stateful = pytest.importorskip("torchdata.stateful_dataloader")
+    snapshot = node.dataset("fixed").dataset
+    seen: Counter[str] = Counter()
+
+    def loaders(world: int, workers: int, batch: int, state: Any = None) -> list[Any]:
+        made = []
+        for rank in range(world):
+            dataset = SnapshotDataset(
+                snapshot, seed=SEED, rank=rank, world_size=world, batch_size=batch
+            )
+            if state is not None:
+                dataset.load_state_dict(state)
+            made.append(stateful.StatefulDataLoader(dataset, batch_size=None, num_workers=workers))
+        return made
+
+    def take(batch: Batch) -> None:
+        rows = [bytes(row.numpy()) for row in batch.samples]
+        assert rows == [node.samples[sid] for sid in batch.ids]
+        seen.update(batch.ids)
+
+    # W=8, K=2, B=2: steps of 16 positions; the trainer takes 3 steps, the workers
+    # read ahead (2 batches each by default)
+    old = loaders(8, 2, 2)
+    running = [iter(loader) for loader in old]
+    for _ in range(3):
+        for it in running:
+            take(next(it))
+    states = [loader.state_dict() for loader in old]
+    del running, old
+    gc.collect()
+    state = global_state(states)  # every rank's state: they agree
+    assert state == global_state(states[5])
+    assert state["cursor"] == 48
+    assert len(json.dumps(state, separators=(",", ":"))) <= MAX_STATE_BYTES
+    saved = json.loads(json.dumps(state))  # as it would be stored
+
+    # W=3, K=5, B=3: steps of 9; the 52 left take 6 steps, the last short
+    new = loaders(3, 5, 3, saved)
+    for loader in new:
+        for batch in loader:
+            take(batch)
+    assert len(seen) == 100
+    assert set(seen) == node.ids("fixed")
+    assert max(seen.values()) == 1  # 0 repeated, 0 skipped
+
+
+def test_bad_states_are_refused(node: Node) -> None:
+    dataset = node.dataset("fixed", batch_size=2)
+    fresh = dataset.state_dict()
+    assert LoaderState.parse(fresh).cursor == 0
+    other = ShardDataset(
+        node.fixed[:3], kind="fixed", record_bytes=RECORD, seed=SEED, client_factory=node.factory
+    )
+    for state, message in (
+        (other.state_dict(), "of snapshot"),
+        (node.dataset("fixed", seed=SEED + 1).state_dict(), "of seed"),
+        (node.dataset("fixed", window=None).state_dict(), "window=None"),
+        (fresh | {"cursor": 101}, "past the end"),
+        (fresh | {"cursor": "7"}, "'cursor' is a whole number"),
+        (json.dumps(fresh)[:40], "does not parse"),
+        (json.dumps(fresh | {"pad": "x" * 300}), "at most 256 bytes"),
+        ({"epoch": 0}, "not a loader state"),
+        (
+            {
+                "format": "chunkd.ShardDataset/1",
+                "order": "f00",
+                "epoch": 1,
+                "position": 30,
+                "world_size": 2,
+                "rank": 0,
+                "done": False,
+            },
+            "row groups",
+        ),
+    ):
+        with pytest.raises(ResumeStateError, match=message):
+            dataset.load_state_dict(state)  # type: ignore[arg-type]
+    with pytest.raises(ResumeStateError, match="row groups"):
+        global_state({"dataset_state": {"format": "chunkd.ShardDataset/1", "epoch": 0}})
+    with pytest.raises(ResumeStateError, match="no chunkd loader state"):
+        global_state({"_snapshot": {}})
+    with pytest.raises(ResumeStateError, match="snapshot_every_n_steps"):
+        global_state({"_steps_since_snapshot": 2, "_snapshot": {}})
+
+    # a worker's state resumes only that worker of a loader of the same geometry
+    worker = {
+        "format": "chunkd.loader.worker/1",
+        "start": fresh,
+        "total": 100,
+        "rank": 0,
+        "world_size": 1,
+        "batch_size": 2,
+        "tail": "uneven",
+        "worker": 1,
+        "workers": 2,
         "yielded": 3,
+        "finished": False,
     }
-    dataset = node.dataset("jsonl")
-    dataset.load_state_dict(worker_state)
-    with pytest.raises(ValueError, match="global_state"):
+    dataset.load_state_dict(worker)
+    with pytest.raises(ResumeStateError, match="global_state"):
         iter(dataset)
-    with pytest.raises(ValueError, match="all 2 workers"):
-        ShardDataset.global_state({"workers": [worker_state]})
-    worker_state["position"] = 6
-    other = worker_state | {"worker_id": 0, "position": 4}
-    assert ShardDataset.global_state([worker_state, other])["position"] == 4
-
-    with pytest.raises(ValueError, match="another ShardDataset order"):
-        node.dataset("jsonl", seed=SEED + 1).load_state_dict(worker_state)
-    with pytest.raises(ValueError, match="not a ShardDataset state"):
-        dataset.load_state_dict({"epoch": 0})
-    with pytest.raises(ValueError, match="no ShardDataset state"):
-        ShardDataset.global_state({"_snapshot": {}})
+    with pytest.raises(ResumeStateError, match="all 2 DataLoader workers"):
+        global_state([worker])
+    both = global_state([worker, worker | {"worker": 0, "yielded": 4}])
+    assert both["cursor"] == 7 * 2
+    assert global_state([worker, worker | {"worker": 0, "finished": True}])["cursor"] == 100
+    with pytest.raises(ResumeStateError, match="not in step"):
+        global_state([both, fresh])
 
 
-def test_epochs_and_loaded_states(node: Node) -> None:
-    dataset = node.dataset("jsonl")
-    assert dataset.state_dict()["position"] == 0
-    state = dataset.state_dict() | {"epoch": 3, "position": 5}
-    dataset.load_state_dict(state)
+def test_a_loaded_state_applies_to_its_epoch(node: Node) -> None:
+    dataset = node.dataset("fixed", batch_size=5)
+    state = LoaderState.parse(dataset.state_dict())
+    mid = state.to_dict() | {"epoch": 3, "cursor": 35}
+    dataset.load_state_dict(mid)
     assert dataset.epoch == 3
-    dataset.set_epoch(3)  # the usual loop: the loaded position holds
-    assert dataset.state_dict() == state
-    rest = ids(dataset)
-    fresh = node.dataset("jsonl")
-    fresh.set_epoch(3)
-    assert rest == ids(fresh)[5:]
-    end = dataset.state_dict()
-    assert end == state | {"position": 25, "done": True}
-    assert ids(dataset) == ids(fresh)  # iterating again: the whole epoch again
+    dataset.set_epoch(3)  # the usual loop: the loaded cursor holds
+    assert dataset.state_dict() == mid
+    rest = flat(dataset)
+    whole = node.dataset("fixed", batch_size=5)
+    whole.set_epoch(3)
+    assert rest == flat(whole)[35:]
+    assert dataset.state_dict() == mid | {"cursor": 100}
     dataset.set_epoch(4)
-    assert dataset.state_dict() == state | {"epoch": 4, "position": 0}
-
-    # The last sample taken, the end not reached yet: nothing left, not done.
-    last = node.dataset("jsonl")
-    assert len(ids(itertools.islice(last, 25))) == 25
-    assert last.state_dict()["done"] is False
-    empty = node.dataset("jsonl")
-    empty.load_state_dict(last.state_dict())
-    assert ids(empty) == []
-
-    # A finished epoch's state leaves the epoch set_epoch chose, from its start.
-    after = node.dataset("jsonl")
-    after.set_epoch(4)
-    after.load_state_dict(end)
-    assert after.epoch == 4
-    assert ids(after) == ids(dataset)
+    assert dataset.state_dict() == mid | {"epoch": 4, "cursor": 0}
+    # an epoch's end loaded after set_epoch: the epoch set, from its start
+    dataset.load_state_dict(mid | {"cursor": 100})
+    assert dataset.epoch == 4
+    assert len(flat(dataset)) == 100
 
 
-def _all_states(state: Any) -> list[dict[str, Any]]:
-    """Every ShardDataset state inside a loader's state."""
-    if isinstance(state, dict):
-        if "order" in state and "position" in state:
-            return [state]
-        return [s for value in state.values() for s in _all_states(value)]
-    return []
+# -- formats: Parquet rows, JSON lines ---------------------------------------------------
 
 
-# -- ShardDataset: fixed records and Parquet ---------------------------------------------
+def test_parquet_rows_and_json_lines_are_samples(node: Node) -> None:
+    rows = node.dataset("parquet", batch_size=4)
+    got: list[str] = []
+    for batch in DataLoader(rows, batch_size=None, num_workers=2):
+        # a batch of dict rows collates into a dict of columns
+        assert set(batch.samples) == {"shard", "row"}
+        expected = [node.samples[sid] for sid in batch.ids]
+        assert batch.samples["row"].tolist() == [r["row"] for r in expected]
+        assert batch.samples["shard"].tolist() == [r["shard"] for r in expected]
+        got += batch.ids
+    assert sorted(got) == sorted(node.ids("parquet"))  # 21 rows, not 7 row groups
 
-
-def test_fixed_records_come_as_tensors_through_workers(node: Node) -> None:
-    dataset = node.dataset("fixed", batch_size=4)
-    dataset.total_samples()  # the workers inherit the counts
-    got: list[tuple[str, bytes]] = []
-    for batch_ids, tensors in DataLoader(dataset, batch_size=4, num_workers=2):
-        assert tensors.dtype == torch.uint8
-        assert tensors.shape[1:] == (RECORD,)
-        got += [(sid, bytes(row.numpy())) for sid, row in zip(batch_ids, tensors, strict=True)]
-    assert [sid for sid, _ in got] == ids(node.dataset("fixed"))
-    assert all(data == node.samples[sid] for sid, data in got)
-    assert len(got) == 25
-
-    as_ints = node.dataset("fixed", transform=lambda t: t.view(torch.int32), with_ids=False)
-    first = next(iter(as_ints))
-    assert first.dtype == torch.int32
-    assert first.shape == (RECORD // 4,)
-
-    with pytest.raises(ValueError, match="whole number of 12-byte records"):
-        list(node.dataset("fixed", record_bytes=12))
-
-
-def test_parquet_row_groups_are_samples(node: Node) -> None:
-    dataset = node.dataset("parquet", rank=1, world_size=2)
-    expected = ids(dataset)
-    assert len(expected) == 3  # of 3 + 3 + 1 row groups
-    # What a spawned worker gets: a pickled copy, its client and open files left out.
-    assert ids(pickle.loads(pickle.dumps(dataset))) == expected
-    tables = list(DataLoader(dataset, batch_size=None, num_workers=2))
-    assert [sid for sid, _ in tables] == expected
-    for sid, table in tables:
-        assert table.equals(node.samples[sid])
-    both = ids(node.dataset("parquet", rank=0, world_size=2)) + expected
-    assert sorted(both) == sorted(s for s in node.samples if "/parquet/" in s)
+    lines = node.dataset("jsonl", batch_size=3, rank=1, world_size=2)
+    # What a spawned worker gets: a pickled copy, its client left out.
+    assert ids(pickle.loads(pickle.dumps(lines))) == ids(lines)
+    both = []
+    for rank in (0, 1):
+        for batch in node.dataset("jsonl", batch_size=3, rank=rank, world_size=2):
+            assert batch.samples == [node.samples[sid] for sid in batch.ids]
+            both += batch.ids
+    assert sorted(both) == sorted(node.ids("jsonl"))
+    assert node.samples["jsonl/part-3.jsonl#2"] == b""  # an empty line is a sample
 
 
 def test_bad_arguments_are_refused() -> None:
@@ -468,8 +509,12 @@ def test_bad_arguments_are_refused() -> None:
         ShardDataset(["local/a"], kind="csv", seed=0)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="listed twice"):
         ShardDataset(["local/a", "local/a"], kind="jsonl", seed=0)
+    with pytest.raises(ValueError, match="several backends"):
+        ShardDataset(["local/a", "data/b"], kind="jsonl", seed=0)
     with pytest.raises(ValueError, match="rank < world_size"):
         ShardDataset(["local/a"], kind="jsonl", seed=0, rank=2, world_size=2)
+    with pytest.raises(ValueError, match="tail"):
+        ShardDataset(["local/a"], kind="jsonl", seed=0, tail="wrap")  # type: ignore[arg-type]
     assert split_sample_id("data/a#b.jsonl#17") == ("data/a#b.jsonl", 17)
     with pytest.raises(ValueError, match="not a sample id"):
         split_sample_id("data/a.jsonl")

@@ -1,104 +1,203 @@
-"""ShardDataset states: their format, their checks, and a rank's global state.
+"""The states a torch DataLoader saves of a :class:`~chunkd.client.torch.SnapshotDataset`,
+and the one chunkd state they make.
 
-A state is a plain, JSON-able dict (the class docstring of
-:class:`~chunkd.client.torch.ShardDataset` says what each field means): the fields
-in :data:`GLOBAL_KEYS`, and in a DataLoader worker's state the
-:data:`WORKER_KEYS` too. :func:`checked_state` checks one; :func:`global_state`
-finds the states inside what a DataLoader saved and turns them into one rank's.
+In the main process (``num_workers=0``) and in a loader of one worker, the dataset's
+``state_dict()`` is the ``chunkd.loader/1`` state itself
+(:mod:`chunkd.client.datasets.state`): at most 256 bytes, the same on every rank,
+resumable at any world size, batch size and worker count.
+
+A DataLoader **worker** ``k`` of ``K > 1`` knows only its own steps
+(``k, k+K, ...``), so its state is a :data:`WORKER_FORMAT` dict: the
+``chunkd.loader/1`` state its iteration started from (``start``), the geometry
+(``total``, ``rank``, ``world_size``, ``batch_size``, ``tail``, ``worker``,
+``workers``), ``yielded``, the batches it produced that the loader handed on (a
+``StatefulDataLoader`` records a worker's state with each batch it yields, never with
+one its workers only read ahead), and ``finished``. torchdata keeps one per worker and
+restores each into the same worker of a loader with the same ``num_workers``; that
+resumes exactly.
+
+:func:`global_state` turns them into the chunkd state, for any other loader:
+with ``in_order=True`` (torchdata's default) the loader yielded the rank's steps in
+order, so the steps consumed are ``S = sum(yielded)`` and the cursor is the start's
+plus ``S`` steps (:meth:`Steps.cursor_after
+<chunkd.client.datasets.loader.Steps.cursor_after>`), or the epoch's end once a worker
+finished (then every step of the rank was passed) or the loader did.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, replace
 from typing import Any, Final
 
-__all__ = [
-    "GLOBAL_KEYS",
-    "STATE_FORMAT",
-    "WORKER_KEYS",
-    "checked_state",
-    "find_states",
-    "global_state_of",
-]
+from chunkd.client.datasets.loader import TAILS, Steps, Tail
+from chunkd.client.datasets.state import LEGACY_FORMATS, STATE_FORMAT, LoaderState
+from chunkd.errors import ResumeStateError
 
-#: the ``format`` of every ShardDataset state; bumped if the state's meaning changes
-STATE_FORMAT: Final = "chunkd.ShardDataset/1"
-#: keys only a DataLoader worker's state has (see ShardDataset.global_state)
-WORKER_KEYS: Final = ("worker_id", "num_workers", "batch_size", "origin", "yielded")
-#: the keys of a rank's (global) state, in the order a state lists them
-GLOBAL_KEYS: Final = ("format", "order", "epoch", "position", "world_size", "rank", "done")
+__all__ = ["WORKER_FORMAT", "WorkerState", "global_state"]
+
+#: the ``format`` of a DataLoader worker's state
+WORKER_FORMAT: Final = "chunkd.loader.worker/1"
+
+_WHOLE: Final = ("total", "rank", "world_size", "batch_size", "worker", "workers", "yielded")
 
 
-def global_state_of(state: Any) -> dict[str, Any]:
-    """The global state of a rank: see :meth:`ShardDataset.global_state
-    <chunkd.client.torch.ShardDataset.global_state>`."""
+@dataclass(frozen=True, slots=True)
+class WorkerState:
+    """One DataLoader worker's place in an iteration (see the module docstring)."""
+
+    start: LoaderState
+    total: int
+    rank: int
+    world_size: int
+    batch_size: int
+    tail: Tail
+    worker: int
+    workers: int
+    yielded: int
+    finished: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        """The state as the worker's ``state_dict()``."""
+        return {
+            "format": WORKER_FORMAT,
+            "start": self.start.to_dict(),
+            "total": self.total,
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "batch_size": self.batch_size,
+            "tail": self.tail,
+            "worker": self.worker,
+            "workers": self.workers,
+            "yielded": self.yielded,
+            "finished": self.finished,
+        }
+
+    @classmethod
+    def parse(cls, state: Mapping[str, Any]) -> WorkerState:
+        """A worker's state from its dict.
+
+        Raises:
+            ResumeStateError: it is malformed.
+        """
+        if state.get("format") != WORKER_FORMAT:
+            raise ResumeStateError(f"not a DataLoader worker's state of {WORKER_FORMAT}")
+        values: dict[str, int] = {}
+        for key in _WHOLE:
+            value = state.get(key)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ResumeStateError(
+                    f"a worker's state needs {key!r}, a whole number; got {value!r:.40}"
+                )
+            values[key] = value
+        tail = state.get("tail")
+        finished = state.get("finished")
+        if tail not in TAILS or type(finished) is not bool:
+            raise ResumeStateError(
+                f"a worker's state needs 'tail' (one of {', '.join(TAILS)}) and 'finished' "
+                f"(true or false); got {tail!r:.20} and {finished!r:.20}"
+            )
+        start = state.get("start")
+        if not isinstance(start, Mapping):
+            raise ResumeStateError("a worker's state needs 'start', a chunkd.loader/1 state")
+        return cls(start=LoaderState.parse(start), tail=tail, finished=finished, **values)
+
+    def geometry(self) -> tuple[int, ...]:
+        """What must match for the state to resume a worker: the world, the batch, the
+        tail, the worker and the workers, the epoch's size."""
+        return (
+            self.total,
+            self.rank,
+            self.world_size,
+            self.batch_size,
+            TAILS.index(self.tail),
+            self.worker,
+            self.workers,
+        )
+
+    def steps(self) -> Steps:
+        """The steps of the iteration the worker is in."""
+        return Steps(self.total, self.start.cursor, self.batch_size, self.world_size, self.tail)
+
+
+def global_state(state: Any) -> dict[str, Any]:
+    """The ``chunkd.loader/1`` state of what DataLoaders saved (see the module docstring).
+
+    ``state``: a ``StatefulDataLoader.state_dict()``, a dataset's ``state_dict()``, or
+    any nesting of dicts, lists and tuples of them, such as a list of every rank's
+    loader state. The ranks' states must agree (ranks in step hold one state).
+
+    Raises:
+        ResumeStateError: no chunkd state in ``state``; a ``StatefulDataLoader`` state
+            taken between worker snapshots (make it with ``snapshot_every_n_steps=1``,
+            its default); workers' states missing, twice, or of different iterations;
+            ranks not in step; or a state of a format chunkd no longer resumes.
+    """
     if isinstance(state, Mapping) and state.get("_steps_since_snapshot", 0):
-        raise ValueError(
-            "the StatefulDataLoader's state was taken between worker snapshots, so "
-            "its workers' positions are behind it; make the loader with "
-            "snapshot_every_n_steps=1 (its default)"
+        raise ResumeStateError(
+            "the StatefulDataLoader's state was taken between worker snapshots, so its "
+            "workers' states are behind it; make the loader with snapshot_every_n_steps=1 "
+            "(its default)"
         )
-    found = [checked_state(s) for s in find_states(state)]
+    found = list(_find(state, finished=False))
     if not found:
-        raise ValueError("no ShardDataset state found in what was given")
-    first = found[0]
-    for other in found[1:]:
-        keys = ("order", "epoch", "world_size", "rank")
-        if any(other[key] != first[key] for key in keys):
-            raise ValueError(
-                "the states are of different orders, epochs or ranks: "
-                + "; ".join(str({key: s[key] for key in keys}) for s in (first, other))
-                + "; pass the states of one rank's loader"
-            )
-    workers = [s for s in found if "worker_id" in s]
-    if not workers:
-        positions = {(s["position"], s["done"]) for s in found}
-        if len(positions) != 1:
-            raise ValueError(f"the states disagree on the position: {sorted(positions)}")
-        return {key: first[key] for key in GLOBAL_KEYS}
-    count = workers[0]["num_workers"]
-    ids = sorted(s["worker_id"] for s in workers)
-    if ids != list(range(count)) or any(s["num_workers"] != count for s in workers):
-        raise ValueError(f"need the states of all {count} workers once each; got workers {ids}")
-    position = min(s["position"] for s in workers)
-    done = all(s["done"] for s in workers)
-    return {key: first[key] for key in GLOBAL_KEYS} | {"position": position, "done": done}
-
-
-def checked_state(state: Mapping[str, Any]) -> dict[str, Any]:
-    """A copy of a ShardDataset state, its fields checked."""
-    if not isinstance(state, Mapping) or state.get("format") != STATE_FORMAT:
-        raise ValueError(
-            f"not a ShardDataset state (its format is not {STATE_FORMAT!r}): {state!r:.200}"
+        raise ResumeStateError("no chunkd loader state found in what was given")
+    results: dict[str, LoaderState] = {}
+    workers: dict[int, list[tuple[WorkerState, bool]]] = {}
+    for doc, finished in found:
+        if doc.get("format") == WORKER_FORMAT:
+            parsed = WorkerState.parse(doc)
+            workers.setdefault(parsed.rank, []).append((parsed, finished))
+        else:
+            loaded = LoaderState.parse(doc)
+            results[loaded.to_json()] = loaded
+    for rank, states in sorted(workers.items()):
+        loaded = _of_workers(rank, states)
+        results[loaded.to_json()] = loaded
+    if len(results) > 1:
+        raise ResumeStateError(
+            "the loader states are not in step (different cursors, epochs or orders): "
+            + "; ".join(sorted(results)[:4])
+            + "; save every rank at the same step, or pass one rank's state"
         )
-    keys = [key for key in GLOBAL_KEYS if key not in ("format", "order", "done")]
-    if "worker_id" in state:
-        keys += WORKER_KEYS
-    done = state.get("done")
-    if type(done) is not bool:  # a malformed state is a ValueError, as any other
-        raise ValueError(f"a ShardDataset state needs 'done', True or False; got {done!r}")
-    checked: dict[str, Any] = {
-        "format": STATE_FORMAT,
-        "order": str(state.get("order")),
-        "done": done,
-    }
-    for key in keys:
-        value = state.get(key)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            raise ValueError(
-                f"a ShardDataset state needs {key!r}, a whole number >= 0; got {value!r}"
+    return next(iter(results.values())).to_dict()
+
+
+def _of_workers(rank: int, states: list[tuple[WorkerState, bool]]) -> LoaderState:
+    first = states[0][0]
+    count = first.workers
+    ids = sorted(s.worker for s, _ in states)
+    if ids != list(range(count)):
+        raise ResumeStateError(
+            f"need the states of all {count} DataLoader workers of rank {rank} once each; "
+            f"got workers {ids}"
+        )
+    shared = (first.start, first.total, first.world_size, first.batch_size, first.tail)
+    for s, _ in states:
+        if (s.start, s.total, s.world_size, s.batch_size, s.tail) != shared or s.workers != count:
+            raise ResumeStateError(
+                f"the DataLoader workers' states of rank {rank} are of different iterations; "
+                "pass the states of one loader"
             )
-        checked[key] = value
-    return checked
+    steps = first.steps()
+    if any(s.finished or finished for s, finished in states):
+        # a worker ends only once every step before its next is yielded, and the next
+        # is the epoch's last or past it: the rank passed every step
+        return replace(first.start, cursor=steps.total)
+    return replace(first.start, cursor=steps.cursor_after(sum(s.yielded for s, _ in states)))
 
 
-def find_states(state: Any) -> Iterator[Mapping[str, Any]]:
+def _find(state: Any, *, finished: bool) -> Iterator[tuple[Mapping[str, Any], bool]]:
     if isinstance(state, Mapping):
-        if state.get("format") == STATE_FORMAT:
-            yield state
+        fmt = state.get("format")
+        if fmt in (STATE_FORMAT, WORKER_FORMAT):
+            yield state, finished
             return
+        if fmt in LEGACY_FORMATS:
+            LoaderState.parse(state)  # raises, saying why
+        finished = finished or state.get("_iterator_finished") is True
         for value in state.values():
-            yield from find_states(value)
+            yield from _find(value, finished=finished)
     elif isinstance(state, list | tuple):
         for value in state:
-            yield from find_states(value)
+            yield from _find(value, finished=finished)

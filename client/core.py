@@ -401,15 +401,18 @@ class Client:
         recursive: bool = False,
         start_after: str | None = None,
         page: int = protocol.LIST_PAGE,
+        fresh: bool = False,
     ) -> Iterator[dict[str, Any]]:
         """The entries of :meth:`ls`, one page of ``page`` entries in memory at a time.
 
         ``start_after``: a page token (or any key of the backend) to resume after.
+        ``fresh``: what the backend lists now, not a listing the daemon holds (it keeps
+        listings for the backend's ``list_revalidate``).
         """
         token = start_after
         while True:
             entries, token = self.ls_page(
-                prefix, recursive=recursive, start_after=token, limit=page
+                prefix, recursive=recursive, start_after=token, limit=page, fresh=fresh
             )
             yield from entries
             if token is None:
@@ -422,13 +425,17 @@ class Client:
         recursive: bool = False,
         start_after: str | None = None,
         limit: int | None = None,
+        fresh: bool = False,
     ) -> tuple[list[dict[str, Any]], str | None]:
         """One page of a listing: its entries and the token of the next (None: the last).
 
         Give the token back as ``start_after`` for the next page; the protocol's
-        ``list`` op says what it is (a key of the backend).
+        ``list`` op says what it is (a key of the backend). ``fresh``: as for
+        :meth:`iter_ls`.
         """
         request: dict[str, Any] = {"op": "list", "name": prefix, "recursive": recursive}
+        if fresh:
+            request["fresh"] = True
         if start_after is not None:
             request["start_after"] = start_after
         if limit is not None:

@@ -167,12 +167,14 @@ class Listings:
         start_after: str | None = None,
         limit: int = 1000,
         max_bytes: int = 1 << 24,
+        fresh: bool = False,
     ) -> ListPage:
         """One page of the listing of ``prefix`` (``""``: the whole backend).
 
         ``prefix`` names a directory: ``a/b`` lists ``a/b/...``, never ``a/bc``.
         The page holds at most ``limit`` entries, and entries of about ``max_bytes``
-        encoded in all (at least one).
+        encoded in all (at least one). ``fresh``: read from the backend now, not from
+        the pages kept (the page read is kept for the readers after).
 
         Raises:
             UnknownBackendError, BackendForbiddenError, BackendUnavailableError
@@ -183,7 +185,9 @@ class Listings:
         limit = max(1, min(limit, MAX_PAGE))
         key: _Key = (backend.name, top, recursive, start_after, limit, max_bytes)
         ttl = backend.config.list_revalidate
-        cached = self._cache.get(key)
+        cached = None if fresh else self._cache.get(key)
+        if fresh:
+            self._forget(key)
         if cached is not None:
             expires, page, once = cached
             if time.monotonic() < expires:

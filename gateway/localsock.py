@@ -548,6 +548,7 @@ class LocalServer:
             start_after=args["start_after"],
             limit=args["limit"],
             max_bytes=_LIST_BYTES,
+            fresh=args["fresh"],
         )
         answer.payload = json.dumps(
             page.columns(), ensure_ascii=False, separators=(",", ":")

@@ -38,7 +38,7 @@ def resolve(client: Client, ref: str) -> tuple[Snapshot, dict[str, Any], Source]
         fds = list(reply.fds)
         reply.fds.clear()
     try:
-        snapshot = Snapshot.parse(_fd_bytes(fds[0]), expect_id=header["id"])
+        snapshot = Snapshot.parse(_fd_bytes(fds[0]), expect_id=header["snapshot"])
         source: Source = PinnedSource(client, snapshot.backend)
         if header.get("frozen") and len(fds) > 1:
             from chunkd.client.datasets.frozen import FrozenSource

@@ -41,7 +41,7 @@ class FrozenSource:
 
     Args:
         client: the node's daemon.
-        registry: the registry's backend (where the chunks are).
+        registry: the backend that holds the chunks (the registry's).
         chunk_bytes: the size of every chunk but a member's last.
         chunks: each member's chunk ids, in the manifest's member order.
         snapshot: the snapshot (for member names and order).
@@ -80,12 +80,17 @@ class FrozenSource:
             record = json.loads(data)
             chunk_bytes = int(record["chunk_bytes"])
             chunks = [[str(c) for c in ids] for ids in record["members"]]
-        except (ValueError, KeyError, TypeError) as exc:
+            backend = str(record.get("backend") or header.get("chunks_backend") or "")
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise ManifestError(
                 f"the frozen record of snapshot {snapshot.id} is malformed ({exc}); freeze it again"
             ) from None
-        registry = str(header.get("registry_backend") or header.get("registry", "")).split("/")[0]
-        return cls(client, registry, chunk_bytes, chunks, snapshot)
+        if not backend:
+            raise ManifestError(
+                f"the frozen record of snapshot {snapshot.id} names no chunk backend; "
+                "freeze it again"
+            )
+        return cls(client, backend, chunk_bytes, chunks, snapshot)
 
     def name(self, member: Member) -> str:
         return f"{self.snapshot.backend}/{member.key}"

@@ -262,6 +262,13 @@ OPS: Final[Mapping[str, Op]] = {
                 _name("``BACKEND[/PREFIX]``"),
                 Field("recursive", "flag", "every object below, not one level", default=False),
                 Field(
+                    "fresh",
+                    "flag",
+                    "read the backend's listing now, not one the daemon holds (what a "
+                    "dataset registration wants)",
+                    default=False,
+                ),
+                Field(
                     "start_after",
                     "text",
                     "the page token (``next``) of the page before",

@@ -454,6 +454,382 @@ def test_line_problems_are_found_by_streaming(store: Store) -> None:
     assert [(n, kind) for n, kind, _ in jsonl_format.problems(store.source, zst)] == found
 
 
+# -- WebDataset --------------------------------------------------------------------------
+
+import pickle  # noqa: E402
+import tarfile  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+
+def tar_bytes(files: list[tuple[str, bytes]], fmt: int = tarfile.PAX_FORMAT) -> bytes:
+    """A tar of ``(path, data)`` files (a path ending in ``/`` is a folder)."""
+    sink = io.BytesIO()
+    with tarfile.open(fileobj=sink, mode="w", format=fmt) as tar:
+        for path, data in files:
+            info = tarfile.TarInfo(path.rstrip("/"))
+            if path.endswith("/"):
+                info.type = tarfile.DIRTYPE
+                tar.addfile(info)
+            else:
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    return sink.getvalue()
+
+
+def wds_samples(files: list[tuple[str, bytes]]) -> list[dict[str, Any]]:
+    """What WebDataset makes of the files, written out apart from the format's code."""
+    samples: list[dict[str, Any]] = []
+    for path, data in files:
+        folder, _, base = path.rpartition("/")
+        if path.endswith("/") or "." not in base or base.startswith("__"):
+            continue
+        key = (folder + "/" if folder else "") + base.split(".", 1)[0]
+        ext = base.split(".", 1)[1].lower()
+        if not samples or samples[-1]["__key__"] != key or ext in samples[-1]:
+            samples.append({"__key__": key})
+        samples[-1][ext] = data
+    return samples
+
+
+def wds_files(count: int, seed: int = 3) -> list[tuple[str, bytes]]:
+    rng = random.Random(seed)
+    files: list[tuple[str, bytes]] = [("shard/", b"")]
+    for i in range(count):
+        key = f"shard/sample{i:06d}"
+        if i % 50 == 7:  # a path longer than ustar's 100 bytes of name
+            key = "shard/" + "deep/" * 25 + f"sample{i:06d}"
+        files.append((f"{key}.jpg", rng.randbytes(rng.randrange(1, 3000))))
+        files.append((f"{key}.cls", str(i % 10).encode()))
+        if i % 3 == 0:
+            files.append((f"{key}.seg.PNG", rng.randbytes(700)))
+        if i % 97 == 5:
+            files.append((f"{key}.json", b""))  # an empty file is part of its sample
+    files.append(("shard/__index__", b"not a sample"))
+    files.append(("README", b"no extension: not a sample"))
+    return files
+
+
+@pytest.mark.parametrize("fmt", [tarfile.PAX_FORMAT, tarfile.GNU_FORMAT, tarfile.USTAR_FORMAT])
+def test_tar_samples_are_grouped_by_key_from_headers_alone(store: Store, fmt: int) -> None:
+    files = wds_files(400)
+    content = tar_bytes(files, fmt)
+    source = store.counting()
+    member = store.put("wds/part-0.tar", content)
+    member = format_of("wds").scan(source, member, {})
+    expected = wds_samples(files)
+    assert member.samples == len(expected) == 400
+    assert [s[0] for s in member.meta["index"]] == [s["__key__"] for s in expected]
+    # Headers only: far fewer bytes than the tar's.
+    assert all(n <= 2048 for _, n in source.reads)
+    assert source.bytes < len(content) // 3
+
+    fmt_ = format_of("wds")
+    assert store.samples(member) == expected
+    assert expected[3]["seg.png"]
+    for i in random.Random(7).sample(range(400), 50):
+        source.clear()
+        assert fmt_.read(source, member, i) == expected[i]
+        assert_covered(source.reads, fmt_.ranges(member, i))
+    assert fmt_.schema([member]) == ["cls", "jpg", "json", "seg.png"]
+
+
+def test_tar_pax_headers_give_names_and_sizes(store: Store) -> None:
+    files = [("ünïcode/名前.txt", b"pax path"), ("a.b/c.d.e", b"x" * 600), ("a.b/c.f", b"")]
+    sink = io.BytesIO()
+    with tarfile.open(
+        fileobj=sink, mode="w", format=tarfile.PAX_FORMAT, pax_headers={"comment": "g"}
+    ) as tar:
+        for path, data in files:
+            info = tarfile.TarInfo(path)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    member = store.scan("wds/pax.tar", sink.getvalue())
+    assert store.samples(member) == [
+        {"__key__": "ünïcode/名前", "txt": b"pax path"},
+        {"__key__": "a.b/c", "d.e": b"x" * 600, "f": b""},
+    ]
+
+
+def test_repeated_keys_start_new_samples(store: Store) -> None:
+    files = [("k1.a", b"1"), ("k2.a", b"2"), ("k1.a", b"3"), ("k1.b", b"4"), ("k1.b", b"5")]
+    member = store.scan("wds/dup.tar", tar_bytes(files))
+    assert [s[0] for s in member.meta["index"]] == ["k1", "k2", "k1", "k1"]
+    assert store.samples(member)[2:] == [
+        {"__key__": "k1", "a": b"3", "b": b"4"},
+        {"__key__": "k1", "b": b"5"},
+    ]
+
+
+def test_a_tar_that_is_not_a_tar_is_refused_by_name(store: Store) -> None:
+    content = tar_bytes(wds_files(20))
+    with tarfile.open(fileobj=io.BytesIO(content)) as tar:
+        entries = [(m.offset, m.size) for m in tar.getmembers()]
+    jpg = next(offset for offset, size in entries[5:] if size > 200)
+    checksum = bytearray(content)
+    checksum[entries[4][0] + 10] ^= 0x01  # inside a header's name: its checksum fails
+    cases = {
+        "wds/garbage.tar": random.Random(2).randbytes(4096),
+        "wds/truncated.tar": content[: jpg + 512 + 100],  # inside a file's data
+        "wds/checksum.tar": bytes(checksum),
+        "wds/half-header.tar": content[: entries[10][0] + 300],
+    }
+    for key, data in cases.items():
+        with pytest.raises(DatasetFormatError, match=f"local/{store.prefix}/{key}"):
+            store.scan(key, data)
+    assert store.scan("wds/empty.tar", tar_bytes([])).samples == 0
+
+
+# -- MDS ---------------------------------------------------------------------------------
+
+from chunkd.client.datasets.formats import mds as mds_format  # noqa: E402
+
+MDS_FIXED = {"int": 8, "int8": 1, "int16": 2, "int32": 4, "int64": 8, "uint8": 1,
+             "uint16": 2, "uint32": 4, "uint64": 8, "float16": 2, "float32": 4,
+             "float64": 8}  # fmt: skip
+MDS_ARRAY_CODES = {"uint8": 8, "int8": 9, "uint16": 16, "int16": 17, "float16": 18,
+                   "uint32": 32, "int32": 33, "float32": 34, "uint64": 64, "int64": 65,
+                   "float64": 66}  # fmt: skip
+
+
+def mds_encode(encoding: str, value: Any) -> bytes:
+    """One column value as Streaming's encodings.py encodes it."""
+    family, _, arguments = encoding.partition(":")
+    if family == "bytes" or family in ("jpeg", "png", "pil"):
+        return bytes(value)
+    if family == "str":
+        return value.encode()
+    if family == "int":
+        return np.int64(value).tobytes()
+    if family in MDS_FIXED:
+        return np.dtype(family).type(value).tobytes()
+    if family in ("str_int", "str_float", "str_decimal"):
+        return str(value).encode()
+    if family == "json":
+        return json.dumps(value).encode()
+    if family == "pkl":
+        return pickle.dumps(value)
+    assert family == "ndarray"
+    parts = arguments.split(":") if arguments else []
+    out = b""
+    if not parts:
+        out += bytes([MDS_ARRAY_CODES[value.dtype.name]])
+    if len(parts) < 2:
+        top = max(value.shape)
+        code = 0 if top < 256 else 1 if top < 65536 else 2
+        out += bytes([(value.ndim << 2) | code])
+        out += np.array(value.shape, ("uint8", "uint16", "uint32")[code]).tobytes()
+    return out + value.tobytes()
+
+
+def mds_shard(
+    columns: dict[str, str], samples: list[dict[str, Any]], basename: str, compression: str | None
+) -> tuple[bytes, dict[str, Any]]:
+    """A shard and its index.json entry, laid out as Streaming's MDSWriter writes them."""
+    names = sorted(columns)
+    encodings = [columns[n] for n in names]
+    sizes: list[int | None] = []
+    for encoding in encodings:
+        family, _, arguments = encoding.partition(":")
+        parts = arguments.split(":")
+        if family in MDS_FIXED:
+            sizes.append(MDS_FIXED[family])
+        elif family == "ndarray" and len(parts) == 2:
+            shape = [int(d) for d in parts[1].split(",")]
+            sizes.append(int(np.prod(shape)) * np.dtype(parts[0]).itemsize)
+        else:
+            sizes.append(None)
+    config = {
+        "version": 2,
+        "format": "mds",
+        "compression": compression,
+        "hashes": [],
+        "size_limit": 1 << 26,
+        "column_names": names,
+        "column_encodings": encodings,
+        "column_sizes": sizes,
+    }
+    config_data = json.dumps(config, sort_keys=True).encode()
+    encoded = []
+    for sample in samples:
+        head, body = [], b""
+        for column, encoding, size in zip(names, encodings, sizes, strict=True):
+            datum = mds_encode(encoding, sample[column])
+            if size is None:
+                head.append(len(datum))
+            else:
+                assert len(datum) == size
+            body += datum
+        encoded.append(np.array(head, np.uint32).tobytes() + body)
+    offsets = np.array([0] + [len(e) for e in encoded]).cumsum().astype(np.uint32)
+    offsets += 4 + 4 * (len(samples) + 1) + len(config_data)
+    raw = np.uint32(len(samples)).tobytes() + offsets.tobytes() + config_data + b"".join(encoded)
+    entry: dict[str, Any] = {
+        "samples": len(samples),
+        "raw_data": {"basename": basename, "bytes": len(raw), "hashes": {}},
+        "zip_data": None,
+        **config,
+    }
+    if compression is None:
+        return raw, entry
+    family = compression.partition(":")[0]
+    if family == "zstd":
+        packed = zstandard.ZstdCompressor(level=3).compress(raw)
+    else:
+        import gzip
+
+        packed = gzip.compress(raw)
+    entry["zip_data"] = {"basename": f"{basename}.{family}", "bytes": len(packed), "hashes": {}}
+    return packed, entry
+
+
+MDS_COLUMNS = {
+    "id": "int",
+    "label": "uint8",
+    "score": "float32",
+    "half": "float16",
+    "big": "uint64",
+    "small": "int16",
+    "text": "str",
+    "blob": "bytes",
+    "meta": "json",
+    "count": "str_int",
+    "image": "jpeg",
+    "obj": "pkl",
+    "vec": "ndarray:float32:3",
+    "grid": "ndarray",
+    "row": "ndarray:int16",
+}
+
+
+def mds_samples(count: int, seed: int = 4) -> list[dict[str, Any]]:
+    rng = random.Random(seed)
+    return [
+        {
+            "id": i - 500,
+            "label": i % 256,
+            "score": i / 8,
+            "half": 0.5,
+            "big": 2**63 + i,
+            "small": -i % 30000,
+            "text": f"sample {i} " + "ü" * rng.randrange(10),
+            "blob": rng.randbytes(rng.randrange(100)),
+            "meta": {"i": i, "tags": ["a"] * (i % 3)},
+            "count": i * 1000,
+            "image": b"\xff\xd8\xff" + rng.randbytes(20),
+            "obj": {"never": "unpickled"},
+            "vec": np.array([i, i + 1, i + 2], np.float32),
+            "grid": np.arange(6, dtype=np.int32).reshape(2, 3) + i,
+            "row": np.arange(i % 5 + 1, dtype=np.int16),
+        }
+        for i in range(count)
+    ]
+
+
+def assert_mds_equal(got: dict[str, Any], want: dict[str, Any]) -> None:
+    assert set(got) == set(want)
+    for column, value in want.items():
+        if column == "obj":
+            assert got[column] == pickle.dumps(value)  # raw bytes: never unpickled
+        elif isinstance(value, np.ndarray):
+            assert got[column].dtype == value.dtype
+            np.testing.assert_array_equal(got[column], value)
+        else:
+            assert got[column] == value, column
+
+
+def mds_members(
+    store: Store, shards: list[tuple[list[dict[str, Any]], str | None]]
+) -> list[tuple[Member, list[dict[str, Any]], dict[str, Any], str]]:
+    """Shards and their index.json written to one folder, each member scanned."""
+    entries, written = [], []
+    for i, (samples, compression) in enumerate(shards):
+        data, entry = mds_shard(MDS_COLUMNS, samples, f"shard.{i:05d}.mds", compression)
+        entries.append(entry)
+        basename = (entry["zip_data"] or entry["raw_data"])["basename"]
+        written.append((store.put(f"mds/{basename}", data, "mds"), samples, basename))
+    index = {"version": 2, "shards": entries}
+    store.put("mds/index.json", json.dumps(index, sort_keys=True).encode(), "mds")
+    scanned = []
+    for member, samples, basename in written:
+        options = {"mds_index": index, "mds_basename": basename}
+        scanned.append(
+            (format_of("mds").scan(store.source, member, options), samples, index, basename)
+        )
+    return scanned
+
+
+def test_mds_shards_are_read_in_place_and_decoded(store: Store) -> None:
+    many, few = mds_samples(3000), mds_samples(40, seed=5)
+    (big, want_big, _, _), (small, want_small, _, _) = mds_members(
+        store, [(many, None), (few, None)]
+    )
+    assert big.samples == 3000
+    assert big.meta["stride"] == 3  # at most 1024 offsets recorded
+    assert len(big.meta["offsets"]) == 1001
+    assert small.meta["stride"] == 1
+    assert len(small.meta["offsets"]) == 41
+    assert big.meta["columns"][0] == ["big", "uint64", 8]
+    assert ["blob", "bytes", None] in big.meta["columns"]
+    fmt = format_of("mds")
+    for member, want in ((big, want_big), (small, want_small)):
+        source = store.counting()
+        for i in [0, member.samples - 1, *random.Random(3).sample(range(member.samples), 30)]:
+            source.clear()
+            got = fmt.read(source, member, i)
+            assert_mds_equal(got, want[i])
+            assert_covered(source.reads, fmt.ranges(member, i))
+            assert len(source.reads) == (1 if member.meta["stride"] == 1 else 2)
+    assert isinstance(fmt.read(store.source, big, 5)["label"], np.uint8)
+    assert fmt.schema([big, small]) == [[c[0], c[1]] for c in big.meta["columns"]]
+
+
+def test_compressed_mds_shards_are_decompressed_whole(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    want_z, want_g = mds_samples(1500, seed=6), mds_samples(30, seed=7)
+    (zst, _, _, _), (gz, _, _, _) = mds_members(store, [(want_z, "zstd:7"), (want_g, "gz")])
+    assert zst.meta["compression"] == "zstd:7"
+    assert zst.meta["raw_bytes"] > zst.size
+    assert gz.meta["compression"] == "gz"
+    fmt = format_of("mds")
+    for member, want in ((zst, want_z), (gz, want_g)):
+        assert fmt.ranges(member, 3) == [(0, member.size)]
+        for i in random.Random(1).sample(range(member.samples), 20):
+            assert_mds_equal(fmt.read(store.source, member, i), want[i])
+    # A shard bigger than the cache is decompressed as far as each sample.
+    monkeypatch.setattr(mds_format, "CACHE_BYTES", 1000)
+    monkeypatch.setattr(mds_format, "_CACHE", DecodedLRU(1000, 4))
+    for i in (1499, 3, 700):
+        assert_mds_equal(fmt.read(store.source, zst, i), want_z[i])
+
+
+def test_mds_that_does_not_match_its_index_is_refused_by_name(store: Store) -> None:
+    ((member, _, index, basename),) = mds_members(store, [(mds_samples(10), None)])
+    options = {"mds_index": index, "mds_basename": basename}
+    data = (store.data / member.key).read_bytes()
+    fmt = format_of("mds")
+    entry = index["shards"][0]
+    as_brotli = {**entry, "zip_data": {"basename": basename, "bytes": len(data)}}
+    sizeless = {**entry, "raw_data": {"basename": basename, "bytes": None}}
+    cases: dict[str, tuple[bytes, dict[str, Any], dict[str, Any]]] = {
+        # index.json gives no size: the offsets find the truncation
+        "truncated": (data[:-10], sizeless, options),
+        "bad-count": (struct.pack("<I", 10**6) + data[4:], entry, options),
+        "no-index": (data, entry, {}),
+        "not-listed": (data, entry, {**options, "mds_basename": "shard.99999.mds"}),
+        "brotli": (data, {**as_brotli, "compression": "br"}, options),
+        "encoding": (data, {**entry, "column_encodings": ["bytes"] * 14 + ["pil2"]}, options),
+    }
+    for case, (content, shard, case_options) in cases.items():
+        key = f"mds/{case}/{basename}"
+        if case_options:
+            case_options = {**case_options, "mds_index": {"version": 2, "shards": [shard]}}
+        target = store.put(key, content, "mds")
+        with pytest.raises(DatasetFormatError, match=f"local/{store.prefix}/{key}"):
+            fmt.scan(store.source, target, case_options)
+
+
 # -- drift -------------------------------------------------------------------------------
 
 
@@ -461,6 +837,9 @@ def test_a_member_that_changed_after_its_scan_fails_its_reads(store: Store) -> N
     members = [
         store.scan("drift/a.parquet", parquet_bytes(rows_table(50), 10)),
         store.scan("drift/b.jsonl", b"\n".join(json_lines(100))),
+        store.scan("drift/c.jsonl.zst", seekable_zstd(b"\n".join(json_lines(100)), 500)),
+        store.scan("drift/d.tar", tar_bytes(wds_files(10))),
+        mds_members(store, [(mds_samples(10), None)])[0][0],
     ]
     for member in members:
         # Rewritten longer: every range the old member had is still inside the new one.

@@ -17,9 +17,11 @@
     at most 256 bytes that resumes at any world size, batch size and ``num_workers``
     (``state_dict()``/``load_state_dict()``, the contract of torchdata's
     ``StatefulDataLoader``, and :func:`global_state` for a loader of another
-    ``num_workers``). A thin adapter over :mod:`chunkd.client.datasets.loader`, which
-    the plain Python :class:`~chunkd.client.datasets.loader.Loader` and the Grain
-    adapter (:mod:`chunkd.client.grain`) share.
+    ``num_workers``; the workers' states and :func:`global_state` are the core's,
+    :mod:`chunkd.client.datasets.workers`). A thin adapter over
+    :mod:`chunkd.client.datasets.loader`, which the plain Python
+    :class:`~chunkd.client.datasets.loader.Loader` and the Grain adapter
+    (:mod:`chunkd.client.grain`) share.
 
 :class:`ShardDataset`
     A :class:`SnapshotDataset` of a list of shards (JSON lines, fixed-size records or
@@ -43,7 +45,6 @@ The rooms, each one job, none importing a room above it:
 - :mod:`.slot`: the client of one process (:class:`~.slot.ClientSlot`);
 - :mod:`.records`: :class:`Record` and :class:`RecordDataset`;
 - :mod:`.sample_ids`: ``"KEY#INDEX"``;
-- :mod:`.state`: DataLoader workers' states and :func:`global_state`;
 - :mod:`.snapshots`: :class:`SnapshotDataset`;
 - :mod:`.shards`: :class:`ShardDataset`.
 
@@ -55,11 +56,11 @@ extra).
 from __future__ import annotations
 
 from chunkd.client.datasets.loader import Batch
+from chunkd.client.datasets.workers import global_state
 from chunkd.client.torch.records import Record, RecordDataset
 from chunkd.client.torch.sample_ids import SampleId, split_sample_id
 from chunkd.client.torch.shards import ShardDataset, ShardKind
 from chunkd.client.torch.snapshots import SnapshotDataset
-from chunkd.client.torch.state import global_state
 from chunkd.client.torch.tensors import as_tensor
 
 __all__ = [

@@ -28,7 +28,7 @@ from chunkd.client.datasets.loader import (
 )
 from chunkd.client.datasets.order import DEFAULT_WINDOW
 from chunkd.client.datasets.state import LoaderState
-from chunkd.client.torch.state import WORKER_FORMAT, WorkerState, global_state
+from chunkd.client.datasets.workers import WORKER_FORMAT, WorkerState, global_state
 from chunkd.client.torch.tensors import as_tensor
 from chunkd.errors import ResumeStateError
 
@@ -75,7 +75,7 @@ class SnapshotDataset(IterableDataset[Batch]):
         ``state_dict()`` in the main process is the ``chunkd.loader/1`` state (at most
         256 bytes, the same on every rank): load it into a dataset of any world size,
         batch size and ``num_workers``. In a DataLoader worker it is the worker's own
-        (:mod:`chunkd.client.torch.state`); torchdata restores those into a loader of
+        (:mod:`chunkd.client.datasets.workers`); torchdata restores those into a loader of
         the same ``num_workers``, exactly. For any other loader, turn the loader's
         state into the chunkd state with :meth:`global_state` and
         ``load_state_dict`` that on the new loader's dataset (before iterating it, and
@@ -229,7 +229,7 @@ class SnapshotDataset(IterableDataset[Batch]):
     @staticmethod
     def global_state(state: Any) -> dict[str, Any]:
         """The ``chunkd.loader/1`` state of what DataLoaders saved: see
-        :func:`chunkd.client.torch.state.global_state`."""
+        :func:`chunkd.client.datasets.workers.global_state`."""
         return global_state(state)
 
     def _check(self, state: LoaderState) -> None:

@@ -1,23 +1,23 @@
-"""The states a torch DataLoader saves of a :class:`~chunkd.client.torch.SnapshotDataset`,
-and the one chunkd state they make.
+"""The states of a loader's workers, and the one chunkd state they make.
 
-In the main process (``num_workers=0``) and in a loader of one worker, the dataset's
-``state_dict()`` is the ``chunkd.loader/1`` state itself
+In the trainer's process, a reader's state is the ``chunkd.loader/1`` state itself
 (:mod:`chunkd.client.datasets.state`): at most 256 bytes, the same on every rank,
 resumable at any world size, batch size and worker count.
 
-A DataLoader **worker** ``k`` of ``K > 1`` knows only its own steps
-(``k, k+K, ...``), so its state is a :data:`WORKER_FORMAT` dict: the
+A **worker** ``k`` of ``K`` (a torch DataLoader worker, a Grain ``mp_prefetch``
+process) knows only its own steps (``k, k+K, ...``), so its state is a
+:data:`WORKER_FORMAT` dict: the
 ``chunkd.loader/1`` state its iteration started from (``start``), the geometry
 (``total``, ``rank``, ``world_size``, ``batch_size``, ``tail``, ``worker``,
-``workers``), ``yielded``, the batches it produced that the loader handed on (a
-``StatefulDataLoader`` records a worker's state with each batch it yields, never with
-one its workers only read ahead), and ``finished``. torchdata keeps one per worker and
-restores each into the same worker of a loader with the same ``num_workers``; that
-resumes exactly.
+``workers``), ``yielded``, the batches it produced that the loader handed on (torchdata's
+``StatefulDataLoader`` and Grain's prefetch record a worker's state with each batch they
+hand on, never with one their workers only read ahead), and ``finished``. Both keep
+one per worker and restore each into the same worker of a loader with as many
+workers; that resumes exactly.
 
-:func:`global_state` turns them into the chunkd state, for any other loader:
-with ``in_order=True`` (torchdata's default) the loader yielded the rank's steps in
+:func:`global_state` turns them into the chunkd state, for any other loader: a
+loader that takes a batch from each worker in turn (torch's ``in_order=True``, its
+default; Grain's interleave of its prefetch processes) yielded the rank's steps in
 order, so the steps consumed are ``S = sum(yielded)`` and the cursor is the start's
 plus ``S`` steps (:meth:`Steps.cursor_after
 <chunkd.client.datasets.loader.Steps.cursor_after>`), or the epoch's end once a worker

@@ -1,0 +1,386 @@
+"""Grain adapters: a snapshot as a Grain data source, and chunkd's order under Grain.
+
+:class:`GrainSource`
+    A ``RandomAccessDataSource`` (``__len__``, ``__getitem__``): sample ``i`` of the
+    snapshot (its snapshot index, :meth:`Snapshot.locate
+    <chunkd.snapshot.Snapshot.locate>`). Grain's own sampler (``IndexSampler``) or
+    ``MapDataset.shuffle`` then sets the order, and Grain's state resumes it (with
+    Grain's rules: the same ``worker_count``).
+
+:class:`OrderSampler`
+    A sampler for Grain's ``DataLoader`` that walks chunkd's order
+    (:mod:`chunkd.client.datasets.order`) epoch after epoch: the locality of
+    windows of members under Grain's own loader, batching and workers. Grain's
+    loader shards the records by its ``shard_options`` (rank ``r`` of ``W`` takes
+    records ``r, r+W, ...``), and its state is its own.
+
+:class:`ChunkdIterDataset`
+    A Grain ``IterDataset`` of one rank's :class:`~chunkd.client.datasets.loader.Batch`
+    es, the loader core's steps, ranks, tail, prefetching and state: its iterator's
+    ``get_state()`` is the ``chunkd.loader/1`` state (at most 256 bytes), and
+    ``set_state`` takes one of any world size, batch size and worker count. Under
+    ``mp_prefetch(MultiprocessingOptions(num_workers=K))`` Grain gives worker ``k`` the
+    slice ``k::K``, which the dataset takes as the core's worker split (steps ``k,
+    k+K, ...``), and Grain's interleave takes one batch from each in turn: the
+    rank's batches come in step order. That pipeline's state holds each worker's
+    (:mod:`chunkd.client.datasets.workers`); :func:`global_state` of it is the chunkd
+    state, which a dataset of any other ``num_workers`` starts from (``state=``).
+
+Grain's prefetch processes are spawned: the datasets pickle as their snapshot and a
+client factory (``functools.partial(Client, path)``; default ``Client()``), and each
+process opens the snapshot again: by its id through the registry if it was resolved
+there, else pinned in its backend. Fixed-size records come as read-only ``uint8``
+numpy arrays over the mapped chunks (Grain moves them between processes).
+
+Importing this module imports grain (``pip install grain``); grain needs no jax.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import replace
+from typing import Any
+
+import grain
+import numpy as np
+
+from chunkd.client.core import Client
+from chunkd.client.datasets.dataset import Dataset
+from chunkd.client.datasets.loader import (
+    DEFAULT_PREFETCH,
+    MAX_PREFETCH,
+    Batch,
+    Readable,
+    Steps,
+    Tail,
+    check_geometry,
+    client_of,
+    order_of,
+    read_steps,
+)
+from chunkd.client.datasets.order import DEFAULT_WINDOW, Order
+from chunkd.client.datasets.source import PinnedSource
+from chunkd.client.datasets.state import LoaderState
+from chunkd.client.datasets.workers import WORKER_FORMAT, WorkerState, global_state
+from chunkd.errors import ResumeStateError
+from chunkd.snapshot import Snapshot
+
+__all__ = ["ChunkdIterDataset", "GrainSource", "OrderSampler", "global_state"]
+
+ClientFactory = Callable[[], Client]
+
+
+def as_array(sample: Any) -> Any:
+    """A sample Grain can move between processes: a view becomes a read-only numpy
+    array over the same bytes (no copy here)."""
+    if isinstance(sample, memoryview):
+        return np.frombuffer(sample, dtype=np.uint8)
+    return sample
+
+
+class GrainSource:
+    """A snapshot as a Grain ``RandomAccessDataSource`` (see the module docstring).
+
+    Args:
+        dataset: the snapshot opened for reading.
+        client_factory: makes a client in a process the source is pickled into
+            (default: ``Client()``).
+    """
+
+    def __init__(self, dataset: Dataset, client_factory: ClientFactory | None = None) -> None:
+        self._dataset: Dataset | None = dataset
+        self._snapshot = dataset.snapshot
+        self._registered = bool(dataset.registry)
+        self._factory: ClientFactory = client_factory or _default_factory(dataset)
+
+    @property
+    def dataset(self) -> Dataset:
+        """The dataset read (opened again in a process the source was pickled into)."""
+        if self._dataset is None:
+            client = self._factory()
+            if self._registered:
+                self._dataset = Dataset.open(self._snapshot.id, client)
+            else:
+                self._dataset = Dataset(
+                    self._snapshot, PinnedSource(client, self._snapshot.backend)
+                )
+        return self._dataset
+
+    @property
+    def snapshot(self) -> Snapshot:
+        """The snapshot."""
+        return self._snapshot
+
+    def __len__(self) -> int:
+        return len(self._snapshot)
+
+    def __getitem__(self, index: int) -> Any:
+        return as_array(self.dataset[int(index)])
+
+    def __repr__(self) -> str:
+        # Grain checks a source's repr in its checkpoints: the snapshot is the source.
+        return f"chunkd.GrainSource(snapshot={self._snapshot.id})"
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {
+            "_dataset": None,
+            "_snapshot": self._snapshot,
+            "_registered": self._registered,
+            "_factory": self._factory,
+        }
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+
+def _default_factory(dataset: Dataset) -> ClientFactory:
+    client = client_of(dataset)
+    if isinstance(client, Client) and client.socket_path is not None:
+        return functools.partial(Client, client.socket_path, timeout=client.timeout)
+    return Client
+
+
+class OrderSampler:
+    """chunkd's order as a sampler of Grain's ``DataLoader`` (see the module docstring).
+
+    Record ``i`` is position ``i % N`` of epoch ``i // N`` of chunkd's order (``N``: the
+    snapshot's samples). Grain's loader shards the records by the ``shard_options``
+    given to it (none: one shard): rank ``r`` of ``W`` reads records ``r, r+W, ...``.
+
+    Args:
+        snapshot: the snapshot (or a dataset, or a :class:`GrainSource`).
+        seed: the run's seed.
+        shuffle: shuffle (else members in order, samples as stored).
+        window: members whose samples are mixed together (None: every member).
+        num_epochs: epochs to walk (None: without end).
+    """
+
+    def __init__(
+        self,
+        snapshot: Snapshot | Readable | GrainSource,
+        *,
+        seed: int,
+        shuffle: bool = True,
+        window: int | None = DEFAULT_WINDOW,
+        num_epochs: int | None = 1,
+    ) -> None:
+        self._snapshot = snapshot if isinstance(snapshot, Snapshot) else snapshot.snapshot
+        self.seed = int(seed)
+        self.shuffle = bool(shuffle)
+        self.window = window
+        self.num_epochs = num_epochs
+        # what Grain's loader shards by when it is given no shard_options: none
+        self._shard_options = grain.sharding.NoSharding()
+        self._orders: dict[int, Order] = {}
+
+    def __len__(self) -> int:
+        if self.num_epochs is None:
+            return 1 << 62
+        return self.num_epochs * len(self._snapshot)
+
+    def __repr__(self) -> str:
+        return (
+            f"chunkd.OrderSampler(snapshot={self._snapshot.id}, seed={self.seed}, "
+            f"shuffle={self.shuffle}, window={self.window}, num_epochs={self.num_epochs})"
+        )
+
+    def __getitem__(self, index: int) -> Any:
+        if not 0 <= index < len(self) or not len(self._snapshot):
+            raise IndexError(f"record {index} of a sampler of {len(self)}")
+        epoch, position = divmod(int(index), len(self._snapshot))
+        order = self._orders.get(epoch)
+        if order is None:
+            order = self._order(epoch)
+            self._orders = {epoch: order}  # one epoch at a time
+        key = int(order.indices([position])[0])
+        return grain.RecordMetadata(index=int(index), record_key=key)
+
+    def _order(self, epoch: int) -> Order:
+        return Order(
+            self._snapshot.counts,
+            snapshot=self._snapshot.id,
+            seed=self.seed,
+            epoch=epoch,
+            shuffle=self.shuffle,
+            window=self.window,
+        )
+
+
+class ChunkdIterDataset(grain.IterDataset):  # type: ignore[misc]
+    """One rank's batches in chunkd's order, as a Grain ``IterDataset`` (see the module
+    docstring).
+
+    Args:
+        dataset: the snapshot opened for reading.
+        batch_size: ``B``, this rank's batch size.
+        seed: the run's seed, the same on every rank.
+        rank: this rank, ``0 <= rank < world_size``.
+        world_size: ``W``.
+        epoch: the epoch (a ``state`` sets its own).
+        shuffle: shuffle (else members in order, samples as stored).
+        window: members whose samples are mixed together (None: every member).
+        tail: the epoch's last step: ``"uneven"``, ``"pad"`` or ``"drop"``.
+        prefetch: steps each reader warms ahead (0: none).
+        state: a ``chunkd.loader/1`` state to start from (of any geometry).
+        collate_fn: makes a batch's ``samples`` of its list (None: the list).
+        client_factory: as :class:`GrainSource`'s.
+
+    Raises:
+        ValueError: an argument out of its range.
+        ResumeStateError: ``state`` is malformed or of another order.
+    """
+
+    def __init__(
+        self,
+        dataset: Dataset,
+        *,
+        batch_size: int,
+        seed: int,
+        rank: int = 0,
+        world_size: int = 1,
+        epoch: int = 0,
+        shuffle: bool = True,
+        window: int | None = DEFAULT_WINDOW,
+        tail: Tail = "uneven",
+        prefetch: int = DEFAULT_PREFETCH,
+        state: Mapping[str, Any] | str | bytes | None = None,
+        collate_fn: Callable[[list[Any]], Any] | None = None,
+        client_factory: ClientFactory | None = None,
+    ) -> None:
+        super().__init__()
+        check_geometry(rank=rank, world_size=world_size, batch_size=batch_size)
+        if not 0 <= prefetch <= MAX_PREFETCH:
+            raise ValueError(f"prefetch is 0 to {MAX_PREFETCH} steps; got {prefetch!r}")
+        Steps(0, 0, batch_size, world_size, tail)  # checks the tail
+        self.source = GrainSource(dataset, client_factory)
+        self.batch_size = batch_size
+        self.rank = rank
+        self.world_size = world_size
+        self.tail: Tail = tail
+        self.prefetch = prefetch
+        self.collate_fn = collate_fn
+        self.start = LoaderState(dataset.id, int(seed), epoch, 0, bool(shuffle), window)
+        if state is not None:
+            self.start = self.checked(LoaderState.parse(state))
+        self.worker, self.workers = 0, 1
+
+    def checked(self, state: LoaderState) -> LoaderState:
+        """``state``, if it is of this dataset's order.
+
+        Raises:
+            ResumeStateError: it is not.
+        """
+        s = self.start
+        state.check(
+            snapshot=s.snapshot,
+            seed=s.seed,
+            shuffle=s.shuffle,
+            window=s.window,
+            total=len(self.source),
+        )
+        return state
+
+    def set_slice(self, sl: slice, sequential_slice: bool = False) -> None:
+        """Grain's worker split (``k::K``), taken as the core's: steps ``k, k+K, ...``."""
+        start, stop, step = sl.start or 0, sl.stop, sl.step or 1
+        if stop is not None or not 0 <= start < step:
+            raise ValueError(f"a ChunkdIterDataset splits by workers, k::K; got {sl}")
+        self.worker, self.workers = start, step
+
+    def __iter__(self) -> ChunkdIterator:
+        return ChunkdIterator(self)
+
+    def __str__(self) -> str:
+        return (
+            f"ChunkdIterDataset(snapshot={self.start.snapshot[:12]}, rank={self.rank}/"
+            f"{self.world_size}, batch={self.batch_size}, worker={self.worker}/{self.workers})"
+        )
+
+
+class ChunkdIterator(grain.DatasetIterator):  # type: ignore[misc]
+    """The iterator of a :class:`ChunkdIterDataset`: ``get_state``/``set_state``."""
+
+    def __init__(self, owner: ChunkdIterDataset) -> None:
+        super().__init__()
+        self._owner = owner
+        self._begin(owner.start, 0)
+
+    def _begin(self, start: LoaderState, yielded: int) -> None:
+        self._start = start
+        self._yielded = yielded
+        self._finished = False
+        self._batches: Iterator[Batch] | None = None
+        total = len(self._owner.source)
+        owner = self._owner
+        self._steps = Steps(total, start.cursor, owner.batch_size, owner.world_size, owner.tail)
+
+    def __next__(self) -> Batch:
+        owner = self._owner
+        if self._batches is None:
+            dataset = owner.source.dataset
+            self._batches = read_steps(
+                dataset,
+                order_of(dataset.snapshot, self._start),
+                self._steps,
+                rank=owner.rank,
+                first=owner.worker + self._yielded * owner.workers,
+                every=owner.workers,
+                prefetch=owner.prefetch,
+                client=client_of(dataset),
+                convert=as_array,
+            )
+        try:
+            batch = next(self._batches)
+        except StopIteration:
+            self._finished = True
+            raise
+        if owner.collate_fn is not None:
+            batch = batch._replace(samples=owner.collate_fn(batch.samples))
+        self._yielded += 1
+        return batch
+
+    def get_state(self) -> dict[str, Any]:
+        owner = self._owner
+        if owner.workers == 1:
+            steps = self._steps
+            cursor = steps.total if self._finished else steps.cursor_after(self._yielded)
+            return replace(self._start, cursor=cursor).to_dict()
+        return WorkerState(
+            start=self._start,
+            total=self._steps.total,
+            rank=owner.rank,
+            world_size=owner.world_size,
+            batch_size=owner.batch_size,
+            tail=owner.tail,
+            worker=owner.worker,
+            workers=owner.workers,
+            yielded=self._yielded,
+            finished=self._finished,
+        ).to_dict()
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        owner = self._owner
+        if isinstance(state, Mapping) and state.get("format") == WORKER_FORMAT:
+            worker = WorkerState.parse(state)
+            owner.checked(worker.start)
+            theirs = (worker.rank, worker.world_size, worker.batch_size, worker.tail)
+            mine = (owner.rank, owner.world_size, owner.batch_size, owner.tail)
+            if (*theirs, worker.worker, worker.workers, worker.total) != (
+                *mine,
+                owner.worker,
+                owner.workers,
+                len(owner.source),
+            ):
+                raise ResumeStateError(
+                    f"this is the state of worker {worker.worker} of {worker.workers} (rank "
+                    f"{worker.rank} of {worker.world_size}, batch {worker.batch_size}); it "
+                    "resumes only that worker of such a pipeline: start a ChunkdIterDataset "
+                    "from global_state(pipeline_state) instead"
+                )
+            self._begin(worker.start, worker.yielded)
+            return
+        self._begin(owner.checked(LoaderState.parse(state)), 0)
+
+    def __str__(self) -> str:
+        return f"ChunkdIterator({self._owner})"

@@ -9,6 +9,7 @@ every sample back. A counting source shows what a scan and a read touch.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import itertools
 import json
@@ -849,3 +850,140 @@ def test_a_member_that_changed_after_its_scan_fails_its_reads(store: Store) -> N
         fmt = format_of(member.format)
         with pytest.raises(SnapshotDriftError, match=f"local/{member.key}"):
             fmt.read(store.source, member, member.samples - 1)
+
+
+# -- check -------------------------------------------------------------------------------
+
+from chunkd.client.datasets import check as check_module  # noqa: E402
+from chunkd.client.datasets.check import MAX_PER_CODE, Finding, check  # noqa: E402
+from chunkd.snapshot import Snapshot  # noqa: E402
+
+
+def snapshot_of(members: list[Member], excluded: list[dict[str, str]] | None = None) -> Snapshot:
+    """A snapshot of scanned members, as registration builds it."""
+    fmt = format_of(members[0].format)
+    schema, settled = settle(fmt, members)
+    return Snapshot.build(
+        backend="local",
+        prefix="",
+        format=members[0].format,
+        members=settled,
+        schema_of=schema,
+        excluded=excluded or [],
+    )
+
+
+def codes(findings: list[Finding]) -> list[tuple[str, str, str | None]]:
+    return [(f.level, f.code, f.member.rsplit("/", 1)[-1] if f.member else None) for f in findings]
+
+
+def test_check_finds_nothing_in_a_well_made_dataset(store: Store) -> None:
+    parts = [store.scan(f"ok/p{i}.parquet", parquet_bytes(rows_table(100), 100)) for i in range(3)]
+    assert check(snapshot_of(parts), store.source, deep=True) == []
+    lines = [store.scan(f"ok/l{i}.jsonl", b'{"a": 1}\n[2]\n"3"') for i in range(2)]
+    assert check(snapshot_of(lines), store.source, deep=True) == []
+    tars = [
+        store.scan(f"ok/t{i}.tar", tar_bytes([(f"s{i}{j}.{e}", b"x") for j in "abc" for e in "xy"]))
+        for i in range(2)
+    ]
+    assert check(snapshot_of(tars), store.source, deep=True) == []
+
+
+def test_check_parquet_schemas_and_row_groups(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    members = [
+        store.scan("c/p0.parquet", parquet_bytes(rows_table(100), 100)),
+        store.scan("c/p1.parquet", parquet_bytes(rows_table(100), 100)),
+        store.scan("c/p2.parquet", parquet_bytes(pa.table({"id": [1.5]}), 10)),
+        store.scan("c/p3.parquet", parquet_bytes(rows_table(1000), 20)),  # 50 tiny groups
+        store.scan("c/p4.parquet", parquet_bytes(pa.table({"id": pa.array([], pa.int64())}), 5)),
+    ]
+    snapshot = snapshot_of(members[:2] + members[3:4] + members[2:3] + members[4:])
+    found = check(snapshot, store.source)
+    assert codes(found) == [
+        ("error", "schema-differs", "p2.parquet"),
+        ("error", "schema-differs", "p4.parquet"),
+        ("warning", "empty-member", "p4.parquet"),
+        ("warning", "row-group-too-small", "p3.parquet"),
+    ]
+    assert "id:double" in found[0].message
+    monkeypatch.setattr(check_module, "ROW_GROUP_MAX_BYTES", 1000)
+    assert ("warning", "row-group-too-big", "p0.parquet") in codes(check(snapshot, store.source))
+
+
+def test_check_json_lines_first_lines_or_every_line(store: Store) -> None:
+    good = b"\n".join(json.dumps({"i": i, "text": "é" * (i % 9)}).encode() for i in range(3000))
+    late = good + b'\n{"broken": \n' + b'"caf\xe9"\n' + good
+    members = [
+        store.scan("c/late.jsonl", late),
+        store.scan("c/first.jsonl", b"nope\n" + good),
+        store.scan("c/blank.jsonl", b"\n" + good),
+        store.scan("c/packed.jsonl.zst", zstandard.ZstdCompressor().compress(late)),
+        store.scan("c/seekable.jsonl.zst", seekable_zstd(late, 10_000)),
+        store.scan("c/empty.jsonl", b""),
+    ]
+    snapshot = snapshot_of(members)
+    assert codes(check(snapshot, store.source)) == [
+        ("error", "jsonl-not-json", "first.jsonl"),
+        ("warning", "empty-member", "empty.jsonl"),
+        ("warning", "jsonl-blank-line", "blank.jsonl"),
+        ("warning", "zst-not-seekable", "packed.jsonl.zst"),
+    ]
+    deep = check(snapshot, store.source, deep=True)
+    assert codes(deep) == [
+        ("error", "jsonl-not-json", "first.jsonl"),
+        ("error", "jsonl-not-json", "late.jsonl"),
+        ("error", "jsonl-not-json", "packed.jsonl.zst"),
+        ("error", "jsonl-not-json", "seekable.jsonl.zst"),
+        ("error", "jsonl-not-utf8", "late.jsonl"),
+        ("error", "jsonl-not-utf8", "packed.jsonl.zst"),
+        ("error", "jsonl-not-utf8", "seekable.jsonl.zst"),
+        ("warning", "empty-member", "empty.jsonl"),
+        ("warning", "jsonl-blank-line", "blank.jsonl"),
+        ("warning", "zst-not-seekable", "packed.jsonl.zst"),
+    ]
+    not_json = next(f for f in deep if f.code == "jsonl-not-json" and "late" in str(f.member))
+    assert not_json.message.startswith("line 3001: not JSON")
+
+
+def test_check_duplicate_keys_and_extensions_of_tars(store: Store) -> None:
+    inside = [("k1.a", b"1"), ("k2.a", b"2"), ("k1.a", b"3")]
+    across = [("k2.a", b"4"), ("k9.a", b"5"), ("k9.b", b"6")]
+    members = [store.scan("c/inside.tar", tar_bytes(inside)),
+               store.scan("c/across.tar", tar_bytes(across))]  # fmt: skip
+    assert codes(check(snapshot_of(members), store.source)) == [
+        ("error", "duplicate-key", "inside.tar"),
+        ("warning", "duplicate-key", "inside.tar"),
+        ("warning", "extensions-differ", "inside.tar"),
+    ]
+
+
+def test_check_mds_columns_and_the_dataset_as_a_whole(store: Store) -> None:
+    ((shard, _, _, _),) = mds_members(store, [(mds_samples(5), None)])
+    columns = shard.meta["columns"]
+    twin = dataclasses.replace(shard, key="c/twin.mds")
+    other = dataclasses.replace(
+        shard, key="c/other.mds", meta={**shard.meta, "columns": columns[1:]}
+    )
+    found = check(snapshot_of([shard, twin, other]), store.source)
+    assert codes(found) == [("error", "schema-differs", "other.mds")]
+
+    # Many tiny files, many empty ones, and files left out: from the manifest alone.
+    tiny = [Member(f"t/{i:05d}.bin", 100, "v", "fixed", 0 if i < 30 else 25, {"record_bytes": 4})
+            for i in range(1200)]  # fmt: skip
+    snapshot = Snapshot.build(
+        backend="local",
+        prefix="t/",
+        format="fixed",
+        members=tiny,
+        excluded=[{"key": "t/bad.bin", "error": "not a whole number of records"}],
+    )
+    found = check(snapshot, store.source)
+    assert [(f.level, f.code, f.member) for f in found] == [
+        *[("warning", "empty-member", f"t/{i:05d}.bin") for i in range(MAX_PER_CODE)],
+        ("warning", "empty-member", None),
+        ("warning", "excluded", "t/bad.bin"),
+        ("warning", "many-tiny-files", None),
+    ]
+    assert found[MAX_PER_CODE].message == "... and 10 more like these"

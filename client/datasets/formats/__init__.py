@@ -90,6 +90,8 @@ _SUFFIXES = (
     (".tar", "wds"),
     (".mds", "mds"),
     (".mds.zstd", "mds"),
+    (".mds.gz", "mds"),
+    (".mds.bz2", "mds"),
 )
 
 

@@ -89,6 +89,8 @@ CACHE_BYTES: Final = 256 << 20
 _CACHE_ITEMS: Final = 4096
 #: newlines are searched for this many bytes at a time (bounds numpy's index arrays)
 _SEARCH_BYTES: Final = 1 << 20
+#: a look at a member's first lines reads this many bytes at a time
+_FIRST_LINES_BYTES: Final = 64 << 10
 #: a check reports a line longer than this as too long, without holding it
 MAX_LINE_BYTES: Final = 64 << 20
 
@@ -348,21 +350,30 @@ def _offsets(pieces: Iterator[memoryview]) -> Iterator[tuple[int, memoryview]]:
 
 
 def _pieces(
-    source: Source, member: Member, start: int = 0, stop: int | None = None
+    source: Source,
+    member: Member,
+    start: int = 0,
+    stop: int | None = None,
+    *,
+    piece_bytes: int = SCAN_BYTES,
 ) -> Iterator[memoryview]:
-    """``member``'s bytes ``start .. stop`` (default: all), :data:`SCAN_BYTES` at a time."""
+    """``member``'s bytes ``start .. stop`` (default: all), ``piece_bytes`` at a time."""
     stop = member.size if stop is None else stop
-    for offset in range(start, stop, SCAN_BYTES):
-        piece = source.read(member, offset, min(SCAN_BYTES, stop - offset))
+    for offset in range(start, stop, piece_bytes):
+        piece = source.read(member, offset, min(piece_bytes, stop - offset))
         if not len(piece):
             return
         yield piece
 
 
 def _decompressed(
-    source: Source, member: Member, frames: list[int] | None = None
+    source: Source,
+    member: Member,
+    frames: list[int] | None = None,
+    *,
+    piece_bytes: int = SCAN_BYTES,
 ) -> Iterator[memoryview]:
-    """A ``.zst`` member's decompressed bytes, :data:`SCAN_BYTES` at a time.
+    """A ``.zst`` member's decompressed bytes, ``piece_bytes`` at a time.
 
     The compressed bytes are followed frame by frame as they stream past
     (:class:`_FrameWalk`), so a member that is not zstd, or ends inside a frame, is
@@ -376,7 +387,7 @@ def _decompressed(
     )
     while True:
         try:
-            piece = reader.read(SCAN_BYTES)
+            piece = reader.read(piece_bytes)
         except zstandard.ZstdError as exc:
             raise _not_zstd(name, exc) from None
         if not piece:
@@ -580,7 +591,12 @@ def problems(source: Source, member: Member, *, lines: int | None = None) -> Ite
         DatasetFormatError: a ``.zst`` member cannot be decompressed.
         SnapshotDriftError: the member changed.
     """
-    pieces = _decompressed(source, member) if compressed(member) else _pieces(source, member)
+    # A look at the first lines reads small pieces; a whole member, big ones.
+    step = SCAN_BYTES if lines is None else _FIRST_LINES_BYTES
+    if compressed(member):
+        pieces = _decompressed(source, member, piece_bytes=step)
+    else:
+        pieces = _pieces(source, member, piece_bytes=step)
     number = 0
     carry = bytearray()
     too_long = False

@@ -1,0 +1,393 @@
+"""The storage-format expectations of a snapshot, checked: :func:`check`.
+
+``chunkd dataset check`` prints what this finds and exits non-zero when it finds an
+**error**: something that makes samples wrong or unreadable. A **warning** is a layout
+that reads correctly but slowly, or that is probably a mistake. ``docs/datasets.md``
+says what to do about each. The rules, by code:
+
+Errors
+    ``schema-differs``
+        a Parquet member whose schema, or an MDS shard whose columns, differ from the
+        dataset's (the manifest's ``schema_of``: the most common one): a batch that
+        mixes them has columns of different types or names.
+    ``jsonl-not-json``, ``jsonl-not-utf8``
+        a JSON line that does not parse, or is not UTF-8 (JSON text is UTF-8, RFC 8259).
+        Without ``deep`` only each member's first line is read; with ``deep`` every
+        line is, streamed (memory holds one piece and one line).
+    ``duplicate-key``
+        a WebDataset key that names two samples of one tar (its files are not
+        adjacent, or an extension repeats): "the sample with key K" is ambiguous.
+    ``unreadable``, ``drift``
+        a member that cannot be read as its format, or that changed since it was
+        registered (only where the check reads members: JSON lines).
+
+Warnings
+    ``duplicate-key`` (across tars)
+        a WebDataset key found in two tars: sample ids stay distinct (they name the
+        member), but tools that key samples by ``__key__`` alone merge them.
+    ``extensions-differ``
+        a tar whose samples lack extensions others have, or have ones others lack.
+    ``empty-member``
+        a member of no samples.
+    ``many-tiny-files``
+        more than :data:`TINY_FILES` members whose median size is below
+        :data:`TINY_BYTES`: each member costs a listing entry, a version check and a
+        manifest entry, and a read of a tiny file is all overhead (the anchor: DVC's
+        hours over 600k files). Pack them into shards of 64 MiB to 1 GiB.
+    ``row-group-too-big``
+        a Parquet row group of more than :data:`ROW_GROUP_MAX_BYTES` uncompressed: a
+        read of any of its rows fetches and decodes all of it, and a group this big does
+        not fit the per-process cache of decoded row groups
+        (:data:`~chunkd.client.datasets.formats.parquet.ROW_GROUP_CACHE_BYTES`), so it
+        is decoded again for every row read from it. Write groups of 1 to 128 MiB.
+    ``row-group-too-small``
+        a Parquet member of several row groups whose median group is below
+        :data:`ROW_GROUP_MIN_BYTES` uncompressed: each group is a ranged read and a
+        decode of its own, with per-column overhead, and the footer grows with the
+        group count.
+    ``jsonl-blank-line``
+        an empty line: it is a sample (of no bytes), which is rarely what was meant.
+    ``jsonl-line-too-long``
+        a line over :data:`~chunkd.client.datasets.formats.jsonl.MAX_LINE_BYTES`.
+    ``zst-not-seekable``
+        a ``.zst`` JSON lines member not in the seekable zstd format: a random read
+        decompresses it from its start (kept per process only up to the cache bound).
+        Write it with a seekable zstd writer.
+    ``compressed-shard-too-big``
+        a compressed MDS shard bigger, decompressed, than the per-process cache: each
+        sample read decompresses it from its start.
+    ``excluded``
+        a file registration left out (``--skip-bad``), with the reason it gave.
+
+At most :data:`MAX_PER_CODE` findings of one code name members; one more says how
+many members the rest are.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import statistics
+from collections import Counter, defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final, Literal
+
+import numpy as np
+
+from chunkd.client.datasets.formats import jsonl, mds, parquet, wds
+from chunkd.errors import DatasetFormatError, SnapshotDriftError
+
+if TYPE_CHECKING:
+    from chunkd.client.datasets.source import Source
+    from chunkd.snapshot import Member, Snapshot
+
+__all__ = [
+    "MAX_PER_CODE",
+    "ROW_GROUP_MAX_BYTES",
+    "ROW_GROUP_MIN_BYTES",
+    "TINY_BYTES",
+    "TINY_FILES",
+    "Finding",
+    "check",
+]
+
+#: more members than this ...
+TINY_FILES: Final = 1000
+#: ... of a median size below this are "a great many tiny files"
+TINY_BYTES: Final = 1 << 20
+#: a Parquet row group bigger than this (uncompressed) is too big for random access
+ROW_GROUP_MAX_BYTES: Final = parquet.ROW_GROUP_CACHE_BYTES
+#: row groups whose median is smaller than this (uncompressed) are too small
+ROW_GROUP_MIN_BYTES: Final = 1 << 20
+#: findings of one code that name a member; the rest are counted in one more
+MAX_PER_CODE: Final = 20
+
+Level = Literal["error", "warning"]
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """One thing a check found.
+
+    Attributes:
+        level: ``"error"`` (samples are wrong or unreadable) or ``"warning"``.
+        member: the member's key, or None for the dataset as a whole.
+        code: the rule (see the module docstring).
+        message: what was found, and what to do.
+    """
+
+    level: Level
+    member: str | None
+    code: str
+    message: str
+
+
+def check(snapshot: Snapshot, source: Source, *, deep: bool = False) -> list[Finding]:
+    """What ``snapshot`` breaks of the storage-format expectations (the module docstring).
+
+    Reads only the manifest, except for JSON lines members: their first line each, or,
+    with ``deep``, every line (streamed, in bounded memory).
+
+    Args:
+        snapshot: the snapshot.
+        source: where its members' bytes are read from.
+        deep: read and validate every JSON line.
+
+    Returns:
+        The findings, errors first, then by code and member.
+    """
+    found = _Findings()
+    members = snapshot.members
+    for excluded in snapshot.excluded:
+        found.add(
+            "warning",
+            str(excluded.get("key")),
+            "excluded",
+            f"left out at registration: {excluded.get('error', 'unreadable')}",
+        )
+    for member in members:
+        if member.samples == 0:
+            found.add("warning", member.key, "empty-member", "holds no samples")
+    _tiny_files(found, members)
+    _schemas(found, snapshot)
+    for member in members:
+        if member.format == "parquet":
+            _row_groups(found, member)
+        elif member.format == "jsonl":
+            _json_lines(found, source, member, deep=deep)
+        elif member.format == "mds" and "compression" in member.meta:
+            raw = int(member.meta.get("raw_bytes", 0))
+            if raw > mds.CACHE_BYTES:
+                found.add(
+                    "warning",
+                    member.key,
+                    "compressed-shard-too-big",
+                    f"decompresses to {_size(raw)}, more than the {_size(mds.CACHE_BYTES)} "
+                    "kept per process: each sample read decompresses it from its start; "
+                    "write smaller shards (size_limit), or without compression",
+                )
+    _duplicate_keys(found, [m for m in members if m.format == "wds"])
+    return found.sorted()
+
+
+# -- the rules ---------------------------------------------------------------------------
+
+
+def _tiny_files(found: _Findings, members: Iterable[Member]) -> None:
+    sizes = [m.size for m in members]
+    if len(sizes) > TINY_FILES and statistics.median(sizes) < TINY_BYTES:
+        found.add(
+            "warning",
+            None,
+            "many-tiny-files",
+            f"{len(sizes)} files of median size {_size(int(statistics.median(sizes)))}: "
+            "per-file costs (listing, version checks, one request each) dominate; pack "
+            "them into shards of 64 MiB to 1 GiB",
+        )
+
+
+def _schemas(found: _Findings, snapshot: Snapshot) -> None:
+    want = snapshot.schema_of
+    for member in snapshot.members:
+        if member.format == "parquet" and "schema" in member.meta and want is not None:
+            got = member.meta["schema"]
+            if got != want:
+                found.add(
+                    "error",
+                    member.key,
+                    "schema-differs",
+                    f"its schema {_columns(got)} differs from the dataset's {_columns(want)}: "
+                    "rewrite it with the dataset's schema, or register it apart",
+                )
+        elif member.format == "mds" and want is not None and "columns" in member.meta:
+            got = [[str(c[0]), str(c[1])] for c in member.meta["columns"]]
+            if got != want:
+                found.add(
+                    "error",
+                    member.key,
+                    "schema-differs",
+                    f"its columns {_columns(got)} differ from the dataset's {_columns(want)}",
+                )
+    tars = [m for m in snapshot.members if m.format == "wds"]
+    every = set(wds.extensions(tars))
+    for member in tars:
+        mine = set(wds.extensions([member]))
+        if member.samples and mine != every:
+            lacks, adds = sorted(every - mine), sorted(mine - every)
+            found.add(
+                "warning",
+                member.key,
+                "extensions-differ",
+                "its samples "
+                + "; ".join(
+                    part
+                    for part in (
+                        f"lack {', '.join(lacks)}" if lacks else "",
+                        f"add {', '.join(adds)}" if adds else "",
+                    )
+                    if part
+                )
+                + " (other tars of the dataset differ)",
+            )
+
+
+def _row_groups(found: _Findings, member: Member) -> None:
+    groups = member.meta.get("row_groups", [])
+    sizes = [int(g[3]) if len(g) > 3 else int(g[2]) for g in groups if int(g[0])]
+    if not sizes:
+        return
+    biggest = max(sizes)
+    if biggest > ROW_GROUP_MAX_BYTES:
+        found.add(
+            "warning",
+            member.key,
+            "row-group-too-big",
+            f"a row group of {_size(biggest)} uncompressed: reading any of its rows decodes "
+            f"all of it, and groups over {_size(ROW_GROUP_MAX_BYTES)} are decoded again for "
+            "every row; write row groups of 1 to 128 MiB",
+        )
+    median = statistics.median(sizes)
+    if len(sizes) > 1 and median < ROW_GROUP_MIN_BYTES:
+        found.add(
+            "warning",
+            member.key,
+            "row-group-too-small",
+            f"{len(sizes)} row groups of median size {_size(int(median))} uncompressed: each "
+            "is a read and a decode of its own; write row groups of 1 to 128 MiB",
+        )
+
+
+_LINE_CODES: Final[dict[str, tuple[Level, str]]] = {
+    "not-json": ("error", "jsonl-not-json"),
+    "not-utf8": ("error", "jsonl-not-utf8"),
+    "blank": ("warning", "jsonl-blank-line"),
+    "too-long": ("warning", "jsonl-line-too-long"),
+}
+
+
+def _json_lines(found: _Findings, source: Source, member: Member, *, deep: bool) -> None:
+    if jsonl.compressed(member) and member.meta.get("seekable") is False:
+        found.add(
+            "warning",
+            member.key,
+            "zst-not-seekable",
+            "zstd, but not in the seekable zstd format: a random read decompresses it from "
+            "its start; write it with a seekable zstd writer",
+        )
+    if not member.samples:
+        return
+    counts: Counter[str] = Counter()
+    first: dict[str, tuple[int, str]] = {}
+    try:
+        for line, kind, detail in jsonl.problems(source, member, lines=None if deep else 1):
+            counts[kind] += 1
+            first.setdefault(kind, (line, detail))
+    except SnapshotDriftError as exc:
+        found.add("error", member.key, "drift", str(exc))
+        return
+    except DatasetFormatError as exc:
+        found.add("error", member.key, "unreadable", str(exc))
+        return
+    for kind, count in counts.items():
+        level, code = _LINE_CODES[kind]
+        line, detail = first[kind]
+        more = f" (and {count - 1} more lines)" if count > 1 else ""
+        found.add(level, member.key, code, f"line {line + 1}: {detail}{more}")
+
+
+def _duplicate_keys(found: _Findings, tars: list[Member]) -> None:
+    """Keys repeated inside a tar (errors), and across tars (warnings), in memory
+    proportional to the sample count (8 bytes a key, plus a member number)."""
+    hashes: list[np.ndarray[Any, np.dtype[np.uint64]]] = []
+    owners: list[np.ndarray[Any, np.dtype[np.int32]]] = []
+    for number, member in enumerate(tars):
+        keys = [str(sample[0]) for sample in member.meta.get("index", [])]
+        repeated = [key for key, n in Counter(keys).items() if n > 1]
+        if repeated:
+            shown = ", ".join(repr(k) for k in repeated[:3]) + (
+                ", ..." if len(repeated) > 3 else ""
+            )
+            found.add(
+                "error",
+                member.key,
+                "duplicate-key",
+                f"{len(repeated)} keys name more than one sample ({shown}): their files are "
+                "not adjacent in the tar, or an extension repeats; write each sample's "
+                "files together, once",
+            )
+        unique = sorted(set(keys))
+        hashes.append(np.fromiter((_hash(k) for k in unique), np.uint64, len(unique)))
+        owners.append(np.full(len(unique), number, np.int32))
+    if len(tars) < 2:
+        return
+    every = np.concatenate(hashes)
+    who = np.concatenate(owners)
+    order = np.argsort(every, kind="stable")
+    every, who = every[order], who[order]
+    same = np.flatnonzero(every[1:] == every[:-1])
+    if not len(same):
+        return
+    suspects = set(every[same].tolist())
+    places: dict[str, set[int]] = defaultdict(set)
+    for number, member in enumerate(tars):
+        for sample in member.meta.get("index", []):
+            key = str(sample[0])
+            if _hash(key) in suspects:
+                places[key].add(number)
+    for key, numbers in places.items():
+        if len(numbers) > 1:
+            names = sorted(tars[n].key for n in numbers)
+            for name in names[1:]:
+                found.add(
+                    "warning",
+                    name,
+                    "duplicate-key",
+                    f"key {key!r} is also a sample of {names[0]}",
+                )
+
+
+def _hash(key: str) -> int:
+    return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little")
+
+
+# -- findings ----------------------------------------------------------------------------
+
+
+class _Findings:
+    """Findings as they are found, at most :data:`MAX_PER_CODE` of a code naming members."""
+
+    def __init__(self) -> None:
+        self._found: list[Finding] = []
+        self._counts: Counter[tuple[Level, str]] = Counter()
+
+    def add(self, level: Level, member: str | None, code: str, message: str) -> None:
+        self._counts[level, code] += 1
+        if member is None or self._counts[level, code] <= MAX_PER_CODE:
+            self._found.append(Finding(level, member, code, message))
+
+    def sorted(self) -> list[Finding]:
+        out = list(self._found)
+        for (level, code), count in self._counts.items():
+            if count > MAX_PER_CODE:
+                out.append(
+                    Finding(level, None, code, f"... and {count - MAX_PER_CODE} more like these")
+                )
+        rank = {"error": 0, "warning": 1}
+        return sorted(out, key=lambda f: (rank[f.level], f.code, f.member is None, f.member or ""))
+
+
+def _columns(schema: Any) -> str:
+    if not isinstance(schema, list):
+        return repr(schema)
+    return "[" + ", ".join(":".join(str(p) for p in column) for column in schema) + "]"
+
+
+def _size(n: int) -> str:
+    if n < 1024:
+        return f"{n} B"
+    value = float(n)
+    for unit in ("KiB", "MiB", "GiB"):
+        value /= 1024
+        if value < 1024 or unit == "GiB":
+            break
+    return f"{value:.1f} {unit}"

@@ -49,12 +49,11 @@ from chunkd.client.core import Client
 from chunkd.client.datasets.dataset import Dataset
 from chunkd.client.datasets.loader import (
     DEFAULT_PREFETCH,
-    MAX_PREFETCH,
     Batch,
     Readable,
     Steps,
     Tail,
-    check_geometry,
+    check_settings,
     client_of,
     order_of,
     read_steps,
@@ -249,10 +248,15 @@ class ChunkdIterDataset(grain.IterDataset):  # type: ignore[misc]
         client_factory: ClientFactory | None = None,
     ) -> None:
         super().__init__()
-        check_geometry(rank=rank, world_size=world_size, batch_size=batch_size)
-        if not 0 <= prefetch <= MAX_PREFETCH:
-            raise ValueError(f"prefetch is 0 to {MAX_PREFETCH} steps; got {prefetch!r}")
-        Steps(0, 0, batch_size, world_size, tail)  # checks the tail
+        check_settings(
+            rank=rank,
+            world_size=world_size,
+            batch_size=batch_size,
+            seed=seed,
+            window=window,
+            tail=tail,
+            prefetch=prefetch,
+        )
         self.source = GrainSource(dataset, client_factory)
         self.batch_size = batch_size
         self.rank = rank

@@ -567,3 +567,8 @@ def test_a_loader_refuses_a_state_of_another_order_and_knows_its_epoch() -> None
         Loader(dataset, batch_size=2, seed=1, rank=2, world_size=2)
     with pytest.raises(ValueError, match="tail"):
         Loader(dataset, batch_size=2, seed=1, tail="wrap")  # type: ignore[arg-type]
+    for bad in ({"seed": -1}, {"window": 0}, {"prefetch": 99}, {"batch_size": 0}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            Loader(dataset, **({"batch_size": 2, "seed": 1} | bad))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="epoch"):
+        loader.set_epoch(-1)

@@ -384,9 +384,15 @@ class Loader:
         client: Any = None,
         transform: Callable[[Any], Any] | None = None,
     ) -> None:
-        check_geometry(rank=rank, world_size=world_size, batch_size=batch_size)
-        if not 0 <= prefetch <= MAX_PREFETCH:
-            raise ValueError(f"prefetch is 0 to {MAX_PREFETCH} steps; got {prefetch!r}")
+        check_settings(
+            rank=rank,
+            world_size=world_size,
+            batch_size=batch_size,
+            seed=seed,
+            window=window,
+            tail=tail,
+            prefetch=prefetch,
+        )
         self.dataset = dataset
         self.batch_size = batch_size
         self.rank = rank
@@ -400,7 +406,6 @@ class Loader:
         )
         self._order: Order | None = None
         self._order_epoch = -1
-        Steps(len(dataset.snapshot), 0, batch_size, world_size, tail)  # checks the tail
 
     def __repr__(self) -> str:
         s = self._state
@@ -417,6 +422,8 @@ class Loader:
     def set_epoch(self, epoch: int) -> None:
         """Deal epoch ``epoch`` next: from its start, unless it is the epoch already set
         (a restored state's cursor holds)."""
+        if not 0 <= epoch < 1 << 32:
+            raise ValueError(f"epoch is 0 <= epoch < 2**32; got {epoch!r}")
         if epoch != self._state.epoch:
             self._state = replace(self._state, epoch=epoch, cursor=0)
 
@@ -484,16 +491,35 @@ class Loader:
 # -- what the adapters share -------------------------------------------------------------
 
 
-def check_geometry(*, rank: int, world_size: int, batch_size: int) -> None:
-    """Refuse a rank outside the world, or a batch size below 1.
+def check_settings(
+    *,
+    rank: int,
+    world_size: int,
+    batch_size: int,
+    seed: int,
+    window: int | None,
+    tail: str,
+    prefetch: int,
+) -> None:
+    """Refuse a reader's settings out of their ranges (every adapter's arguments).
 
     Raises:
-        ValueError: as said.
+        ValueError: a rank outside the world, a batch size below 1, a seed outside
+            ``0 <= seed < 2**64``, a window below 1, an unknown tail, or a prefetch
+            outside ``0 .. MAX_PREFETCH``.
     """
     if world_size < 1 or not 0 <= rank < world_size:
         raise ValueError(f"need 0 <= rank < world_size; got rank {rank}, world_size {world_size}")
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1; got {batch_size!r}")
+    if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 1 << 64:
+        raise ValueError(f"seed is a whole number, 0 <= seed < 2**64; got {seed!r}")
+    if window is not None and window < 1:
+        raise ValueError(f"window must be >= 1 member, or None for all; got {window!r}")
+    if tail not in TAILS:
+        raise ValueError(f"tail is one of {', '.join(TAILS)}; got {tail!r}")
+    if not 0 <= prefetch <= MAX_PREFETCH:
+        raise ValueError(f"prefetch is 0 to {MAX_PREFETCH} steps; got {prefetch!r}")
 
 
 def client_of(dataset: Any) -> Any:

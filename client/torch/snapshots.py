@@ -16,12 +16,11 @@ from torch.utils.data import IterableDataset, default_collate, get_worker_info
 
 from chunkd.client.datasets.loader import (
     DEFAULT_PREFETCH,
-    MAX_PREFETCH,
     Batch,
     Readable,
     Steps,
     Tail,
-    check_geometry,
+    check_settings,
     client_of,
     order_of,
     read_steps,
@@ -122,12 +121,15 @@ class SnapshotDataset(IterableDataset[Batch]):
         collate_fn: Callable[[list[Any]], Any] | None = _COLLATE,
     ) -> None:
         super().__init__()
-        check_geometry(rank=rank, world_size=world_size, batch_size=batch_size)
-        if not 0 <= prefetch <= MAX_PREFETCH:
-            raise ValueError(f"prefetch is 0 to {MAX_PREFETCH} steps; got {prefetch!r}")
-        if window is not None and window < 1:
-            raise ValueError(f"window must be >= 1 member, or None for all; got {window!r}")
-        Steps(0, 0, batch_size, world_size, tail)  # checks the tail
+        check_settings(
+            rank=rank,
+            world_size=world_size,
+            batch_size=batch_size,
+            seed=seed,
+            window=window,
+            tail=tail,
+            prefetch=prefetch,
+        )
         self._dataset = dataset
         self.batch_size = batch_size
         self.seed = int(seed)

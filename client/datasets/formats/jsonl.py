@@ -126,7 +126,8 @@ class JsonLines:
             return replace(member, samples=lines, meta={"index": entries})
         frames = _seek_table(source, member)
         index = _LineIndex()
-        starts: list[int] = []
+        # The frames' offsets, to hold against the frame table (seekable members only).
+        starts: list[int] | None = [] if frames is not None else None
         for piece in _decompressed(source, member, starts):
             index.feed(piece)
         lines, entries = index.finish()

@@ -480,6 +480,9 @@ def test_a_loader_warms_its_next_steps_before_reading() -> None:
     names = Prefetcher(ranges=False)
     assert warm(names, [("mem/a", 0, 4), ("mem/b", 0, 4), ("mem/a", 8, 4)]) == 2
     assert names.names == [["mem/a", "mem/b"]]
+    once = Prefetcher()
+    assert warm(once, [("mem/a", 0, 9), ("mem/a", 0, 9), ("mem/b", 0, 4)]) == 2
+    assert once.asked == [[("mem/a", 0, 9), ("mem/b", 0, 4)]]
     assert warm(None, [("mem/a", 0, 4)]) == 0
 
     class Refusing:

@@ -266,6 +266,8 @@ def warm(client: Any, ranges: Sequence[tuple[str, int, int]]) -> int:
     """
     if client is None or not ranges:
         return 0
+    # rows of one Parquet row group, lines of one zstd frame: one range, asked once
+    ranges = list(dict.fromkeys(ranges))
     try:
         by_range = getattr(client, "prefetch_ranges", None)
         if by_range is not None:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
 from chunkd import memfd
-from chunkd.client.datasets.formats import detect, format_of
+from chunkd.client.datasets.formats import detect, format_of, settle
 from chunkd.client.datasets.source import PinnedSource
 from chunkd.errors import ChunkdError, DatasetFormatError, InvalidRequestError
 from chunkd.snapshot import FORMATS, Member, Snapshot, check_dataset_name
@@ -207,7 +207,7 @@ def scan_prefix(
             f"{prefix} holds files of several formats ({', '.join(formats)}); register "
             "each under its own prefix, or name one with --format"
         )
-    schema_of = format_of(formats[0]).schema(members)
+    schema_of, members = settle(format_of(formats[0]), members)
     return Snapshot.build(
         backend=backend,
         prefix=key_prefix,

@@ -13,7 +13,12 @@ from typing import TYPE_CHECKING, BinaryIO, Protocol
 
 from chunkd.client.files import ChunkdFile
 from chunkd.client.results import ObjectStat
-from chunkd.errors import ObjectNotFoundError, SnapshotDriftError, VersionChangedError
+from chunkd.errors import (
+    ObjectNotFoundError,
+    RangeNotSatisfiableError,
+    SnapshotDriftError,
+    VersionChangedError,
+)
 
 if TYPE_CHECKING:
     from chunkd.client.core import Client
@@ -74,7 +79,8 @@ class PinnedSource:
             return memoryview(b"")
         try:
             return self.client.read(name, offset, length, version=member.version)
-        except (VersionChangedError, ObjectNotFoundError) as exc:
+        except (VersionChangedError, ObjectNotFoundError, RangeNotSatisfiableError) as exc:
+            # The range is inside the member as recorded: past the object's end, it shrank.
             raise drift(name, member.version, exc) from None
 
     def file(self, member: Member) -> BinaryIO:
@@ -94,7 +100,7 @@ class _Pinned:
     def _locate(self, name: str, offset: int, length: int | None) -> Located:
         try:
             located = self._client._locate(name, offset, length)
-        except ObjectNotFoundError as exc:
+        except (ObjectNotFoundError, RangeNotSatisfiableError) as exc:
             raise drift(name, self._version, exc) from None
         if located.version != self._version:
             raise drift(name, self._version, VersionChangedError(name))

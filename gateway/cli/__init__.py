@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from types import ModuleType
 
 import chunkd
-from chunkd.gateway.cli import ckpt, gc, selfcheck, serve, stats, warm
+from chunkd.gateway.cli import ckpt, dataset, gc, selfcheck, serve, stats, warm
 
 __all__ = ["build_parser", "main"]
 
@@ -24,6 +24,7 @@ COMMANDS: dict[str, ModuleType] = {
     "stats": stats,
     "ckpt": ckpt,
     "gc": gc,
+    "dataset": dataset,
 }
 
 

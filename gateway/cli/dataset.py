@@ -1,0 +1,556 @@
+"""``chunkd dataset``: register, list, show, compare, tag, check, freeze, migrate and
+replay dataset snapshots.
+
+Every subcommand is a client of the node's daemon over its local socket: the daemon
+holds the backends' credentials and the registry (``[datasets] registry``). Member
+metadata is read here, in this process, through the daemon's cache: the daemon itself
+never parses a data file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TextIO
+
+from chunkd.errors import ChunkdError
+from chunkd.gateway.cli.options import human_size, socket_option
+
+if TYPE_CHECKING:
+    from chunkd.client import Client
+    from chunkd.client.datasets.register import Progress
+    from chunkd.snapshot import Snapshot
+
+__all__ = ["add_parser", "diff_snapshots", "run"]
+
+_PROG = "chunkd dataset"
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Declare ``chunkd dataset``."""
+    top = sub.add_parser(
+        "dataset",
+        help="registered, versioned dataset snapshots",
+        description=(
+            "Datasets: immutable snapshots of a prefix's files (Parquet, JSON lines, fixed "
+            "records, WebDataset tars, MDS), registered under versioned names in the "
+            "cluster's registry, read pinned and in a resumable order."
+        ),
+    )
+    cmds = top.add_subparsers(dest="dataset_command", metavar="COMMAND", required=True)
+
+    register = cmds.add_parser(
+        "register",
+        help="snapshot BACKEND/PREFIX as the next version of NAME",
+        description=(
+            "List the prefix, read only the metadata each format needs (Parquet footers, "
+            "tar headers, MDS indexes; JSON lines are counted), and commit the snapshot as "
+            "NAME's next version."
+        ),
+    )
+    register.add_argument("name", metavar="NAME")
+    register.add_argument("prefix", metavar="BACKEND/PREFIX")
+    register.add_argument(
+        "--format",
+        default="auto",
+        metavar="FORMAT",
+        help="auto (by each file's ending), parquet, jsonl, wds, mds or fixed:N (default: auto)",
+    )
+    register.add_argument(
+        "--skip-bad",
+        action="store_true",
+        help="record files that cannot be read as excluded, instead of stopping",
+    )
+    register.add_argument(
+        "--concurrency", type=int, default=8, metavar="N", help="files read at once (default: 8)"
+    )
+    register.add_argument("--quiet", action="store_true", help="no progress on stderr")
+
+    listing = cmds.add_parser("ls", help="registered datasets, with their latest version")
+    listing.add_argument("prefix", nargs="?", default="", metavar="NAME_PREFIX")
+
+    show = cmds.add_parser("show", help="a snapshot: totals, schema, versions, members")
+    show.add_argument("ref", metavar="REF", help="NAME, NAME@N, NAME@TAG or a snapshot id")
+    show.add_argument(
+        "--members", type=int, default=10, metavar="N", help="members to list (default: 10)"
+    )
+
+    diff = cmds.add_parser("diff", help="what differs between two snapshots")
+    diff.add_argument("a", metavar="A")
+    diff.add_argument("b", metavar="B")
+
+    tag = cmds.add_parser("tag", help="point TAG of a dataset at one of its versions")
+    tag.add_argument("ref", metavar="NAME@N", help="the version (or NAME@TAG, or NAME)")
+    tag.add_argument("tag", metavar="TAG")
+
+    check = cmds.add_parser(
+        "check",
+        help="check a snapshot against the storage-format expectations (non-zero on an error)",
+    )
+    check.add_argument("ref", metavar="REF")
+    check.add_argument(
+        "--deep", action="store_true", help="read every JSON line too (parse and UTF-8)"
+    )
+
+    freeze = cmds.add_parser(
+        "freeze",
+        help="copy a snapshot's bytes into the registry's chunk store",
+        description=(
+            "Copy every member's bytes (pinned at its recorded version) into the registry "
+            "backend's content-addressed chunks: the snapshot then reads bit-exact even "
+            "after its source objects are rewritten or deleted."
+        ),
+    )
+    freeze.add_argument("ref", metavar="NAME@N")
+
+    migrate = cmds.add_parser(
+        "migrate",
+        help="copy a snapshot to another backend, verified, as a new version",
+    )
+    migrate.add_argument("ref", metavar="NAME@N")
+    migrate.add_argument("--to", required=True, metavar="BACKEND/PREFIX")
+
+    replay = cmds.add_parser(
+        "replay",
+        help="the sample ids a training step read, and how to open them",
+        description=(
+            "Either REF with --seed, --epoch, --step, --batch-size and --world-size (a run "
+            "that never resized), or --state FILE (a saved loader state) and --steps K (the "
+            "K-th step after it)."
+        ),
+    )
+    replay.add_argument("ref", nargs="?", metavar="REF")
+    replay.add_argument("--seed", type=int)
+    replay.add_argument("--epoch", type=int, default=0)
+    replay.add_argument("--step", type=int)
+    replay.add_argument("--batch-size", type=int)
+    replay.add_argument("--world-size", type=int)
+    replay.add_argument("--rank", type=int, help="one rank's share only")
+    replay.add_argument("--window", type=int, default=None, help="the loader's shuffle window")
+    replay.add_argument("--no-shuffle", action="store_true", help="the loader did not shuffle")
+    replay.add_argument("--state", metavar="FILE", help="a saved loader state (JSON)")
+    replay.add_argument("--steps", type=int, default=0, metavar="K")
+    replay.add_argument(
+        "--tail", choices=("uneven", "pad", "drop"), default="uneven", help="the loader's tail"
+    )
+
+    for parser in (register, listing, show, diff, tag, check, freeze, migrate, replay):
+        parser.add_argument("--json", action="store_true", help="print JSON")
+        socket_option(parser)
+
+
+def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """Run a ``chunkd dataset`` subcommand; returns the exit status."""
+    from chunkd.client import Client
+
+    command: Callable[[Client, argparse.Namespace, TextIO], int] = _COMMANDS[args.dataset_command]
+    try:
+        with Client(args.socket) as client:
+            return command(client, args, sys.stdout)
+    except ChunkdError as exc:
+        print(f"{_PROG} {args.dataset_command}: {exc}", file=sys.stderr)
+        return 1
+
+
+# -- the subcommands ---------------------------------------------------------------------
+
+
+def _register(client: Client, args: argparse.Namespace, out: TextIO) -> int:
+    from chunkd.client.datasets.register import commit, parse_format, scan_prefix
+    from chunkd.snapshot import check_dataset_name
+
+    check_dataset_name(args.name)
+    fmt, options = parse_format(args.format)
+    shown = [0.0]
+    tty = sys.stderr.isatty()
+
+    def progress(state: Progress) -> None:
+        now = time.monotonic()
+        if args.quiet or now - shown[0] < (0.5 if tty else 5.0):
+            return
+        shown[0] = now
+        print(("\r" if tty else "") + state.line(), end="" if tty else "\n", file=sys.stderr)
+
+    started = time.monotonic()
+    snapshot = scan_prefix(
+        client,
+        args.prefix,
+        fmt=fmt,
+        options=options,
+        skip_bad=args.skip_bad,
+        concurrency=args.concurrency,
+        progress=progress,
+    )
+    scanned = time.monotonic() - started
+    if tty and not args.quiet and shown[0]:
+        print(file=sys.stderr)
+    answer = commit(client, args.name, snapshot)
+    report = {
+        "name": args.name,
+        "version": answer.get("version"),
+        "snapshot": snapshot.id,
+        "created": answer.get("created"),
+        "members": len(snapshot.members),
+        "samples": len(snapshot),
+        "bytes": snapshot.total_bytes,
+        "excluded": list(snapshot.excluded),
+        "seconds": round(scanned, 3),
+        "files_per_second": round(len(snapshot.members) / max(scanned, 1e-9), 1),
+    }
+    if args.json:
+        _dump(report, out)
+        return 0
+    print(
+        f"registered {args.name}@{report['version']}: {report['members']} {snapshot.format} "
+        f"files, {report['samples']} samples, {human_size(snapshot.total_bytes)} "
+        f"(snapshot {snapshot.id}); read in {scanned:.1f}s, "
+        f"{report['files_per_second']:.0f} files/s",
+        file=out,
+    )
+    for entry in snapshot.excluded:
+        print(f"  excluded {entry.get('key')}: {entry.get('error')}", file=out)
+    return 0
+
+
+def _ls(client: Client, args: argparse.Namespace, out: TextIO) -> int:
+    entries: list[dict[str, Any]] = []
+    token: str | None = None
+    while True:
+        fields: dict[str, Any] = {"prefix": args.prefix or None, "start_after": token}
+        with client.request("ds_list", fields) as reply:
+            entries += list(json.loads(reply.payload or b"[]"))
+            token = reply.header.get("next")
+        if token is None:
+            break
+    if args.json:
+        _dump(entries, out)
+        return 0
+    rows: list[tuple[str, ...]] = [("NAME", "LATEST", "SNAPSHOT", "CREATED")]
+    rows += [
+        (
+            str(e.get("name")),
+            str(e.get("latest", "-")),
+            str(e.get("snapshot", "-"))[:16],
+            _when(e.get("created")),
+        )
+        for e in entries
+    ]
+    _table(rows, out)
+    if not entries:
+        print("(no datasets registered)", file=out)
+    return 0
+
+
+def _show(client: Client, args: argparse.Namespace, out: TextIO) -> int:
+    from chunkd.client.datasets import resolve
+
+    snapshot, header, _ = resolve(client, args.ref)
+    report = _describe(snapshot, header)
+    report["members_shown"] = [
+        {
+            "key": m.key,
+            "size": m.size,
+            "samples": m.samples,
+            "version": m.version,
+            "format": m.format,
+        }
+        for m in snapshot.members[: max(0, args.members)]
+    ]
+    if args.json:
+        _dump(report, out)
+        return 0
+    where = f"{header.get('name')}@{header.get('version')}" if header.get("name") else args.ref
+    print(f"{where}  snapshot {snapshot.id}", file=out)
+    print(
+        f"  {snapshot.format}: {len(snapshot.members)} files, {len(snapshot)} samples, "
+        f"{human_size(snapshot.total_bytes)}, from {snapshot.backend}/{snapshot.prefix}",
+        file=out,
+    )
+    if header.get("tags"):
+        print(f"  tags: {', '.join(header['tags'])}", file=out)
+    print(f"  frozen: {'yes' if header.get('frozen') else 'no'}", file=out)
+    if snapshot.schema_of is not None:
+        print(f"  schema: {json.dumps(snapshot.schema_of)[:400]}", file=out)
+    if snapshot.excluded:
+        print(f"  excluded: {len(snapshot.excluded)} files", file=out)
+    for m in report["members_shown"]:
+        print(f"  {m['key']}  {human_size(m['size'])}  {m['samples']} samples", file=out)
+    if len(snapshot.members) > len(report["members_shown"]):
+        print(f"  ... and {len(snapshot.members) - len(report['members_shown'])} more", file=out)
+    return 0
+
+
+def _describe(snapshot: Snapshot, header: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "id": snapshot.id,
+        "name": header.get("name"),
+        "version": header.get("version"),
+        "tags": header.get("tags", []),
+        "frozen": bool(header.get("frozen")),
+        "format": snapshot.format,
+        "source": f"{snapshot.backend}/{snapshot.prefix}",
+        "members": len(snapshot.members),
+        "samples": len(snapshot),
+        "bytes": snapshot.total_bytes,
+        "schema": snapshot.schema_of,
+        "excluded": list(snapshot.excluded),
+    }
+
+
+def diff_snapshots(a: Snapshot, b: Snapshot) -> dict[str, Any]:
+    """What differs between two snapshots' logical contents.
+
+    Members are matched by their key below each snapshot's prefix, so a migrated copy
+    (another backend, another prefix, new version tokens) shows no difference. A member
+    differs when its size, format, sample count or format metadata does.
+    """
+    left = {m.relative(a.prefix): m for m in a.members}
+    right = {m.relative(b.prefix): m for m in b.members}
+    changed = []
+    for key in sorted(left.keys() & right.keys()):
+        x, y = left[key], right[key]
+        fields = [
+            f
+            for f, u, v in (
+                ("size", x.size, y.size),
+                ("format", x.format, y.format),
+                ("samples", x.samples, y.samples),
+                ("meta", x.meta, y.meta),
+            )
+            if u != v
+        ]
+        if fields:
+            changed.append({"key": key, "fields": fields, "samples": [x.samples, y.samples]})
+    return {
+        "a": a.id,
+        "b": b.id,
+        "added": sorted(right.keys() - left.keys()),
+        "removed": sorted(left.keys() - right.keys()),
+        "changed": changed,
+        "samples": [len(a), len(b)],
+        "bytes": [a.total_bytes, b.total_bytes],
+        "schema_changed": a.schema_of != b.schema_of,
+        "same": (left.keys() == right.keys() and not changed and a.schema_of == b.schema_of),
+    }
+
+
+def _diff(client: Client, args: argparse.Namespace, out: TextIO) -> int:
+    from chunkd.client.datasets import resolve
+
+    a = resolve(client, args.a)[0]
+    b = resolve(client, args.b)[0]
+    report = diff_snapshots(a, b)
+    if args.json:
+        _dump(report, out)
+        return 0
+    if report["same"]:
+        print(f"{args.a} and {args.b}: the same contents ({len(a)} samples)", file=out)
+        return 0
+    print(
+        f"{args.a} -> {args.b}: {len(report['added'])} added, {len(report['removed'])} "
+        f"removed, {len(report['changed'])} changed; samples {len(a)} -> {len(b)}",
+        file=out,
+    )
+    for key in report["added"][:50]:
+        print(f"  + {key}", file=out)
+    for key in report["removed"][:50]:
+        print(f"  - {key}", file=out)
+    for entry in report["changed"][:50]:
+        print(f"  ~ {entry['key']} ({', '.join(entry['fields'])})", file=out)
+    if report["schema_changed"]:
+        print("  the schema changed", file=out)
+    return 0
+
+
+def _tag(client: Client, args: argparse.Namespace, out: TextIO) -> int:
+    from chunkd.snapshot import check_tag, parse_ref
+
+    ref = parse_ref(args.ref)
+    check_tag(args.tag)
+    with client.request("ds_tag", {"name": ref.name, "tag": args.tag, "ref": args.ref}) as reply:
+        answer = dict(reply.header)
+    answer.pop("ok", None)
+    if args.json:
+        _dump(answer, out)
+    else:
+        print(f"{ref.name}@{args.tag} -> version {answer.get('version')}", file=out)
+    return 0
+
+
+def _check(client: Client, args: argparse.Namespace, out: TextIO) -> int:
+    from chunkd.client.datasets import resolve
+    from chunkd.client.datasets.check import check
+
+    snapshot, _, source = resolve(client, args.ref)
+    findings = check(snapshot, source, deep=args.deep)
+    errors = [f for f in findings if f.level == "error"]
+    if args.json:
+        _dump([_finding(f) for f in findings], out)
+    else:
+        for f in findings:
+            where = f" {f.member}" if f.member else ""
+            print(f"{f.level}{where}: {f.message} [{f.code}]", file=out)
+        print(
+            f"{args.ref}: {len(errors)} errors, {len(findings) - len(errors)} warnings "
+            f"({len(snapshot.members)} files checked)",
+            file=out,
+        )
+    return 1 if errors else 0
+
+
+def _finding(f: Any) -> dict[str, Any]:
+    return {"level": f.level, "member": f.member, "code": f.code, "message": f.message}
+
+
+def _freeze(client: Client, args: argparse.Namespace, out: TextIO) -> int:
+    with client.request("ds_freeze", {"ref": args.ref}, timeout=24 * 3600.0) as reply:
+        answer = dict(reply.header)
+    answer.pop("ok", None)
+    if args.json:
+        _dump(answer, out)
+    else:
+        print(
+            f"froze {args.ref}: {answer.get('members')} files in {answer.get('chunks')} chunks "
+            f"({human_size(answer.get('bytes') or 0)}, {answer.get('uploaded')} uploaded)",
+            file=out,
+        )
+    return 0
+
+
+def _migrate(client: Client, args: argparse.Namespace, out: TextIO) -> int:
+    fields = {"ref": args.ref, "to": args.to}
+    with client.request("ds_migrate", fields, timeout=24 * 3600.0) as reply:
+        answer = dict(reply.header)
+    answer.pop("ok", None)
+    if args.json:
+        _dump(answer, out)
+    else:
+        print(
+            f"migrated {args.ref} to {args.to}: version {answer.get('version')} "
+            f"(snapshot {answer.get('snapshot')}), every chunk verified",
+            file=out,
+        )
+    return 0
+
+
+def _replay(client: Client, args: argparse.Namespace, out: TextIO) -> int:
+    from chunkd.client.datasets import Dataset
+    from chunkd.client.datasets.loader import step_sample_ids
+    from chunkd.client.datasets.order import DEFAULT_WINDOW
+    from chunkd.client.datasets.state import LoaderState
+    from chunkd.errors import InvalidRequestError
+
+    if args.batch_size is None or args.world_size is None:
+        raise InvalidRequestError("replay needs --batch-size and --world-size (the run's)")
+    if args.state is not None:
+        try:
+            text = Path(args.state).read_text()
+        except OSError as exc:
+            raise InvalidRequestError(f"cannot read the state {args.state}: {exc}") from None
+        state = LoaderState.parse(text)
+        if args.ref is not None:
+            dataset = Dataset.open(args.ref, client)
+        else:
+            dataset = Dataset.open(state.snapshot, client)
+        step, ref = args.steps, args.ref or state.snapshot
+    else:
+        if args.ref is None or args.seed is None or args.step is None:
+            raise InvalidRequestError(
+                "replay needs REF, --seed and --step (or --state FILE and --steps K)"
+            )
+        dataset = Dataset.open(args.ref, client)
+        window = args.window if args.window is not None else DEFAULT_WINDOW
+        state = LoaderState(
+            dataset.id, args.seed, args.epoch, 0, shuffle=not args.no_shuffle, window=window
+        )
+        step, ref = args.step, args.ref
+    found = step_sample_ids(
+        dataset,
+        state,
+        step=step,
+        batch_size=args.batch_size,
+        world_size=args.world_size,
+        rank=args.rank,
+        tail=args.tail,
+    )
+    group = args.batch_size * args.world_size
+    first = state.cursor + step * group
+    member_of = {m.key: i for i, m in enumerate(dataset.snapshot.members)}
+    ranks: list[dict[str, Any]] = []
+    for rank, ids in sorted(found.items()):
+        samples = []
+        for n, sample_id in enumerate(ids.ids):
+            key, _, number = sample_id.rpartition("#")
+            index = dataset.snapshot.start_of(member_of[key]) + int(number)
+            padding = n >= len(ids.ids) - ids.padding
+            samples.append({"id": sample_id, "index": index, "padding": padding})
+        ranks.append({"rank": rank, "samples": samples})
+    report = {
+        "snapshot": dataset.id,
+        "snapshot_ref": ref,
+        "seed": state.seed,
+        "epoch": state.epoch,
+        "cursor": state.cursor,
+        "step": step,
+        "batch_size": args.batch_size,
+        "world_size": args.world_size,
+        "positions": [first, min(len(dataset), first + group)],
+        "ranks": ranks,
+        "open": (
+            f"python -c 'from chunkd.client.datasets import Dataset; "
+            f'print(Dataset.open("{dataset.id}")[INDEX])\''
+        ),
+    }
+    if args.json:
+        _dump(report, out)
+        return 0
+    print(
+        f"{ref} seed {state.seed} epoch {state.epoch} step {step} after cursor "
+        f"{state.cursor} (positions {first}..{report['positions'][1]} of the epoch's "
+        f"order; batch {args.batch_size} x {args.world_size} ranks)",
+        file=out,
+    )
+    for entry in ranks:
+        print(f"rank {entry['rank']}: {len(entry['samples'])} samples", file=out)
+        for sample in entry["samples"]:
+            pad = "  (padding)" if sample["padding"] else ""
+            print(f"  {sample['id']}  [index {sample['index']}]{pad}", file=out)
+    print(f"open one: {report['open']}", file=out)
+    return 0
+
+
+_COMMANDS: dict[str, Callable[[Client, argparse.Namespace, TextIO], int]] = {
+    "register": _register,
+    "ls": _ls,
+    "show": _show,
+    "diff": _diff,
+    "tag": _tag,
+    "check": _check,
+    "freeze": _freeze,
+    "migrate": _migrate,
+    "replay": _replay,
+}
+
+
+# -- formatting --------------------------------------------------------------------------
+
+
+def _dump(doc: Any, out: TextIO) -> None:
+    json.dump(doc, out, indent=2, default=str)
+    out.write("\n")
+
+
+def _when(created: object) -> str:
+    if not isinstance(created, int | float):
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(created))
+
+
+def _table(rows: list[tuple[str, ...]], out: TextIO) -> None:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip(), file=out)

@@ -15,7 +15,15 @@ import signal
 import sys
 from pathlib import Path
 
-from . import cache_bench, ckpt_bench, client_bench, fanout_bench, gateway_bench, listing_bench
+from . import (
+    cache_bench,
+    ckpt_bench,
+    client_bench,
+    fanout_bench,
+    gateway_bench,
+    listing_bench,
+    ttfb_bench,
+)
 from .report import Report
 
 
@@ -41,6 +49,7 @@ def main() -> int:
             "ckpt",
             *ckpt_bench.SCENARIOS,
             "fanout",
+            "ttfb",
         ),
         help="run only this scenario (repeatable)",
     )
@@ -71,6 +80,10 @@ def main() -> int:
         if only is None or "fanout" in only:
             print("fanout: 4 nodes in network namespaces", flush=True)
             fanout_bench.run(report, work / "fanout", args.out, quick=args.quick)
+        # Only when asked, while its chunkd side is pending (its rows have no chunkd figure).
+        if only is not None and "ttfb" in only:
+            print("ttfb: time to first batch, against MosaicML Streaming and pyarrow", flush=True)
+            ttfb_bench.run(report, work / "ttfb", quick=args.quick)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     report.write(args.out)

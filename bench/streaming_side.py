@@ -257,6 +257,7 @@ def _convert(options: argparse.Namespace) -> None:
     samples = 0
     with MDSWriter(
         out=(options.local, options.remote),
+        keep_local=True,  # for the index read below; the shards went up all the same
         columns=columns,
         compression=options.compression or None,
         size_limit=options.size_limit,
@@ -284,7 +285,7 @@ def _convert(options: argparse.Namespace) -> None:
 
 def _read(options: argparse.Namespace) -> None:
     """One rank of a job, to the end of its epoch."""
-    spawned = float(options.spawned)
+    spawned = float(os.environ.get("BENCH_SPAWNED") or time.time())  # when the job started
     _stub_torchvision()
     import multiprocessing
     import zlib
@@ -367,7 +368,6 @@ def main() -> None:
     read.add_argument("--seed", type=int, default=17)
     read.add_argument("--max-batches", type=int, default=0)
     read.add_argument("--ids-out", required=True)
-    read.add_argument("--spawned", required=True, help="time.time() when the job was started")
     options = parser.parse_args()
     if options.command == "setup":
         got = ensure_venv()

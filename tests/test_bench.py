@@ -35,3 +35,35 @@ def test_bench_quick_run_writes_a_complete_report(tmp_path: Path) -> None:
     report = (tmp_path / "report.md").read_text()
     assert "| scenario | chunkd | baseline |" in report
     assert not (tmp_path / "work").exists()  # scratch space is cleaned up
+
+
+def test_ttfb_streaming_baseline_is_unavailable_where_its_venv_cannot_be_built(tmp_path: Path):
+    # The time-to-first-batch bench reports MosaicML Streaming as unavailable, never
+    # fails, where its venv is absent (--quick builds none) or a package will not install.
+    script = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from bench import streaming_side as side\n"
+        "root = Path(sys.argv[1])\n"
+        "print(type(side.ensure_venv(root, build=False)).__name__)\n"
+        "side.TORCH_SPEC = 'torch==0.0.1'  # no such release: pip fails at once\n"
+        "got = side.ensure_venv(root)\n"
+        "print(type(got).__name__, root.exists())\n"
+        "print(got.reason)\n"
+    )
+    venv = tmp_path / "streaming-venv"
+    result = subprocess.run(
+        [sys.executable, "-c", script, str(venv)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = [line for line in result.stdout.splitlines() if not line.startswith("ttfb:")]
+    missing, failed, reason = lines[-3:]
+    assert missing == "Unavailable"
+    assert failed == "Unavailable False"  # the half-built venv is gone: the next run retries
+    assert "torch==0.0.1" in reason
+    assert "install.log" in reason

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Final
 
 from chunkd import memfd
-from chunkd.client.protocol import MAX_LAYOUT, MAX_PAYLOAD, OPS
+from chunkd.client.protocol import FIRST_BATCH_PHASES, MAX_LAYOUT, MAX_PAYLOAD, OPS
 from chunkd.errors import InvalidRequestError
 
 if TYPE_CHECKING:
@@ -79,6 +79,11 @@ async def handle(
         return {"ok": True, "snapshot": entry["id"]} | shown
     if op == "ds_freeze":
         return {"ok": True} | await datasets.freeze(args["ref"])
+    if op == "ds_first_batch":
+        for phase in FIRST_BATCH_PHASES:
+            if args[phase] is not None:
+                datasets.metrics.dataset_first_batch.labels(phase).observe(args[phase])
+        return {"ok": True}
     if op == "ds_migrate":
         return {"ok": True} | await datasets.migrate(args["ref"], args["to"], args["name"])
     raise InvalidRequestError(f"unknown op {op!r}")

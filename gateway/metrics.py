@@ -127,6 +127,16 @@ class Metrics:
             "Checkpoint chunks from a backend that did not match their id (never cached)",
             registry=r,
         )
+        self.dataset_first_batch = Histogram(
+            "chunkd_dataset_first_batch_seconds",
+            "Time to a data loader's first batch, by phase, as the loaders on this node "
+            "report it: metadata (resolving the snapshot, building the order), "
+            "worker_start (a worker process's start to its first read), first_chunk (the "
+            "first sample's bytes), decode (the rest of the first batch), total",
+            ["phase"],
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
+            registry=r,
+        )
         self.readahead_chunks = Counter(
             "chunkd_readahead_chunks", "Chunks fetched ahead of sequential readers", registry=r
         )

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import pickle
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -141,6 +142,10 @@ def test_a_frozen_snapshot_reads_bit_exact_after_its_source_is_rewritten_and_gc_
         for index in range(0, len(dataset), 997):
             assert bytes(dataset[index]) == sample_bytes(written, dataset, index)
         assert bytes(dataset[len(dataset) - 1]) == sample_bytes(written, dataset, len(dataset) - 1)
+        # A worker started by spawn gets the dataset pickled: it resolves it again, frozen.
+        with pickle.loads(pickle.dumps(dataset)) as clone:
+            assert isinstance(clone.source, FrozenSource)
+            assert bytes(clone[5]) == sample_bytes(written, dataset, 5)
     shown = json.loads(cli(tmp_path, "show", "fr@1", "--json").stdout)
     assert shown["frozen"] is True
 
@@ -249,3 +254,21 @@ def test_replay_names_the_samples_a_step_read_on_every_rank(node: Daemon, tmp_pa
     assert "rank 1" in text
     assert "rank 0" not in text
     assert "open one:" in text
+
+
+def test_the_time_to_the_first_batch_is_broken_down_and_exported(
+    node: Daemon, tmp_path: Path
+) -> None:
+    records(tmp_path, "tt", 3, 50)
+    cli(tmp_path, "register", "tt", "local/tt/", "--format", f"fixed:{RECORD}")
+    with Client(tmp_path / "chunkd.sock") as client:
+        loader = Loader(Dataset.open("tt", client), batch_size=8, seed=3)
+        next(iter(loader))
+    phases = loader.first_batch
+    assert set(phases) == {"metadata", "first_chunk", "decode", "total"}
+    assert phases["metadata"] > 0
+    assert phases["total"] >= phases["first_chunk"] + phases["decode"]
+    name = "chunkd_dataset_first_batch_seconds_count"
+    for phase in ("metadata", "first_chunk", "decode", "total"):
+        assert node.metric(name, phase=phase) == 1
+    assert node.metric(name, phase="worker_start") == 0  # not in a worker process

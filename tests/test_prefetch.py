@@ -170,9 +170,10 @@ def test_a_range_prefetch_loads_only_the_chunks_of_its_ranges(node: Daemon, tmp_
         wait_for(node, 1)
         read_before = node.metric("chunkd_backend_read_bytes_total", backend="local")
         assert read_before == 4 << 20  # the chunk that holds the range, alone
-        assert bytes(client.read("local/big.bin", (4 << 20) + 10, 100)) == data[
-            (4 << 20) + 10 : (4 << 20) + 110
-        ]
+        assert (
+            bytes(client.read("local/big.bin", (4 << 20) + 10, 100))
+            == data[(4 << 20) + 10 : (4 << 20) + 110]
+        )
         assert node.metric("chunkd_backend_read_bytes_total", backend="local") == read_before
         # Bad ranges are refused whole, before anything is queued.
         with pytest.raises(ValueError, match="ranges"):

@@ -77,7 +77,13 @@ def test_a_request_header_is_checked_against_the_table() -> None:
 
 def test_op_check_fills_defaults() -> None:
     args = OPS["list"].check({"op": "list", "name": "local"})
-    assert args == {"name": "local", "recursive": False, "start_after": None, "limit": 1000}
+    assert args == {
+        "name": "local",
+        "recursive": False,
+        "fresh": False,
+        "start_after": None,
+        "limit": 1000,
+    }
     assert OPS["ckpt_save"].field("durability").choices == protocol.DURABILITY_LEVELS
     assert OPS["ckpt_save"].field("commit").choices == protocol.COMMIT_MODES
     assert OPS["ckpt_wait"].field("commit").choices == protocol.COMMIT_MODES

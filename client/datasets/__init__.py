@@ -2,6 +2,12 @@
 
 - :mod:`chunkd.snapshot`: the manifest format (shared with the daemon).
 - :mod:`~chunkd.client.datasets.dataset`: :class:`Dataset`, a snapshot opened for reading.
+- :mod:`~chunkd.client.datasets.order`: the epoch's order, a pure function of (snapshot,
+  seed, epoch); :mod:`~chunkd.client.datasets.state`: the loader state (a cursor);
+  :mod:`~chunkd.client.datasets.loader`: steps, ranks, workers, the tail, prefetching,
+  and :class:`Loader`, the plain Python iterator; :mod:`~chunkd.client.datasets.workers`:
+  DataLoader workers' states and :func:`global_state`.
+- :mod:`~chunkd.client.datasets.register`: registration.
 - :mod:`~chunkd.client.datasets.formats`: Parquet, JSON lines, fixed records, WebDataset
   and MDS members.
 - :mod:`~chunkd.client.datasets.source`: pinned (and frozen) member bytes.
@@ -13,5 +19,19 @@ torch nor jax is imported here.
 from __future__ import annotations
 
 from chunkd.client.datasets.dataset import Dataset, resolve
+from chunkd.client.datasets.loader import Batch, Loader, step_sample_ids
+from chunkd.client.datasets.order import Order, quality
+from chunkd.client.datasets.state import LoaderState
+from chunkd.client.datasets.workers import global_state
 
-__all__ = ["Dataset", "resolve"]
+__all__ = [
+    "Batch",
+    "Dataset",
+    "Loader",
+    "LoaderState",
+    "Order",
+    "global_state",
+    "quality",
+    "resolve",
+    "step_sample_ids",
+]

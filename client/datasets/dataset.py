@@ -10,6 +10,7 @@ the snapshot is frozen, in which case its bytes come from the registry's chunks.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -69,7 +70,10 @@ class Dataset:
         self.snapshot = snapshot
         self.source = source
         self.registry = registry or {}
+        #: seconds it took to get the snapshot (resolving it, or scanning its members)
+        self.metadata_seconds = 0.0
         self._formats: dict[str, Format] = {}
+        self._owned: Client | None = None
 
     @classmethod
     def open(cls, ref: str, client: Client | None = None) -> Dataset:
@@ -78,12 +82,44 @@ class Dataset:
         Raises:
             DatasetNotFoundError, ManifestError, InvalidRequestError: as :func:`resolve`.
         """
+        owned = client is None
         if client is None:
             from chunkd.client.core import Client
 
             client = Client()
-        snapshot, header, source = resolve(client, ref)
-        return cls(snapshot, source, header)
+        started = time.perf_counter()
+        try:
+            snapshot, header, source = resolve(client, ref)
+        except BaseException:
+            if owned:
+                client.close()
+            raise
+        dataset = cls(snapshot, source, header)
+        dataset.metadata_seconds = time.perf_counter() - started
+        if owned:
+            dataset._owned = client
+        return dataset
+
+    def close(self) -> None:
+        """Close the client the dataset opened for itself (``Dataset.open`` without a
+        client, or a copy unpickled in a worker); a client given to it stays open."""
+        owned, self._owned = self._owned, None
+        if owned is not None:
+            owned.close()
+
+    def __enter__(self) -> Dataset:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # A DataLoader or Grain worker started by ``spawn`` gets the dataset pickled: it
+        # carries the manifest and the daemon's socket, never a connection, and opens
+        # its own (a resolved snapshot is resolved again, so a frozen one stays frozen).
+        client = getattr(self.source, "client", None)
+        socket = None if client is None else client.socket_path
+        return (_reopen, (self.snapshot.data, self.snapshot.id, self.registry, socket))
 
     def __repr__(self) -> str:
         label = self.registry.get("name")
@@ -121,6 +157,16 @@ class Dataset:
             raise IndexError(f"sample {sample} of member {entry.key} of {entry.samples}")
         return self.format(member).read(self.source, entry, sample)
 
+    def fetch(self, pairs: Iterable[tuple[int, int]]) -> int:
+        """Read the byte ranges that reading each ``(member, sample)`` pair needs (into
+        the client's cache, where the source has one); returns the bytes read."""
+        got = 0
+        for member, sample in pairs:
+            entry = self.snapshot.members[member]
+            for offset, length in self.format(member).ranges(entry, sample):
+                got += len(self.source.read(entry, offset, length))
+        return got
+
     def ranges(self, pairs: Iterable[tuple[int, int]]) -> list[tuple[str, int, int]]:
         """The byte ranges ``(BACKEND/KEY, offset, length)`` that reading each
         ``(member, sample)`` pair needs, from the manifest alone (for a prefetch)."""
@@ -134,3 +180,20 @@ class Dataset:
     def sample_id(self, member: int, sample: int) -> str:
         """A sample's id: ``KEY#i``, stable whatever the order, ranks or workers."""
         return f"{self.snapshot.members[member].key}#{sample}"
+
+
+def _reopen(data: bytes, snapshot_id: str, registry: dict[str, Any], socket: object) -> Dataset:
+    from chunkd.client.core import Client
+
+    client = Client(socket_path=socket if isinstance(socket, str | os.PathLike) else None)
+    try:
+        if registry.get("snapshot") == snapshot_id:
+            dataset = Dataset.open(snapshot_id, client)
+        else:
+            snapshot = Snapshot.parse(data, expect_id=snapshot_id)
+            dataset = Dataset(snapshot, PinnedSource(client, snapshot.backend))
+    except BaseException:
+        client.close()
+        raise
+    dataset._owned = client
+    return dataset

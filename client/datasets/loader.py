@@ -65,6 +65,9 @@ What did step N see?
 from __future__ import annotations
 
 import logging
+import multiprocessing
+import os
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Final, Literal, NamedTuple, Protocol
@@ -289,6 +292,7 @@ def read_steps(
     prefetch: int = DEFAULT_PREFETCH,
     client: Any = None,
     convert: Callable[[Any], Any] | None = None,
+    timings: dict[str, float] | None = None,
 ) -> Iterator[Batch]:
     """Rank ``rank``'s batches of steps ``first, first + every, ...`` of ``steps``.
 
@@ -298,10 +302,14 @@ def read_steps(
     step, it warms the next ``prefetch`` steps of its own (the first ``prefetch + 1``
     before the first read) through ``client`` (:func:`warm`). ``convert`` is applied
     to each sample as read.
+
+    The time to its first batch is measured by phase (:class:`FirstBatch`), reported to
+    the daemon's metrics through ``client``, and written into ``timings`` if given.
     """
     count = len(steps)
     own = range(first, count, max(1, every))
     warmed = 0
+    timer: FirstBatch | None = FirstBatch(dataset)
     for i, step in enumerate(own):
         if prefetch and client is not None:
             upto = min(len(own), i + prefetch + 1)
@@ -314,9 +322,14 @@ def read_steps(
             continue
         members, samples = order.locate(positions)
         pairs = list(zip(members.tolist(), samples.tolist(), strict=True))
+        if timer is not None:
+            timer.fetched(pairs[:1])
         read = [dataset.read(m, s) for m, s in pairs]
         if convert is not None:
             read = [convert(sample) for sample in read]
+        if timer is not None:
+            timer.done(client, timings)
+            timer = None
         yield Batch(
             samples=read,
             ids=[dataset.sample_id(m, s) for m, s in pairs],
@@ -325,6 +338,68 @@ def read_steps(
             padding=padding,
             last=step == count - 1,
         )
+
+
+class FirstBatch:
+    """How long a reader took to its first batch, by phase.
+
+    ``metadata``: resolving the snapshot (:attr:`Dataset.metadata_seconds
+    <chunkd.client.datasets.Dataset.metadata_seconds>`: the ``ds_resolve``, or the scan
+    of a snapshot built in memory); ``worker_start``: in a worker process (a
+    DataLoader's or Grain's), from the process's start to its first read; ``first_chunk``:
+    from the reader's start (the prefetch of its first steps included) to the first
+    sample's bytes in hand; ``decode``: the rest of the first batch, read and decoded;
+    ``total``: all of them. The daemon keeps them as the histogram
+    ``chunkd_dataset_first_batch_seconds{phase}`` (``ds_first_batch``), so a real job's
+    breakdown is seen as the bench's is.
+    """
+
+    def __init__(self, dataset: Readable) -> None:
+        self.dataset = dataset
+        self.started = time.perf_counter()
+        self.worker_start = _process_age() if multiprocessing.parent_process() else None
+        self.first_chunk = 0.0
+
+    def fetched(self, pairs: list[tuple[int, int]]) -> None:
+        """Read the first sample's bytes (into the client's cache), and note when."""
+        fetch = getattr(self.dataset, "fetch", None)
+        if fetch is not None:
+            fetch(pairs)
+        self.first_chunk = time.perf_counter() - self.started
+
+    def done(self, client: Any, timings: dict[str, float] | None) -> None:
+        """The first batch is read: report the phases."""
+        decode = time.perf_counter() - self.started - self.first_chunk
+        phases = {
+            "metadata": float(getattr(self.dataset, "metadata_seconds", 0.0)),
+            "first_chunk": self.first_chunk,
+            "decode": decode,
+        }
+        if self.worker_start is not None:
+            phases["worker_start"] = self.worker_start
+        phases["total"] = sum(phases.values())
+        if timings is not None:
+            timings.update(phases)
+        request = getattr(client, "request", None)
+        if request is None:
+            return
+        try:
+            request("ds_first_batch", phases).close()
+        except ChunkdError as exc:  # a hint: an older daemon, or one going away
+            log.debug("the first batch's timings were not taken: %s", exc)
+
+
+def _process_age() -> float | None:
+    """Seconds since this process started (Linux; None where that cannot be read)."""
+    try:
+        with open("/proc/self/stat", "rb") as stat:
+            fields = stat.read().rsplit(b")", 1)[1].split()
+        started = int(fields[19]) / os.sysconf("SC_CLK_TCK")
+        with open("/proc/uptime", "rb") as uptime:
+            now = float(uptime.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return max(0.0, now - started)
 
 
 def _pairs(order: Order, steps: Steps, step: int, rank: int) -> list[tuple[int, int]]:
@@ -408,6 +483,8 @@ class Loader:
         )
         self._order: Order | None = None
         self._order_epoch = -1
+        #: the phases of the latest iteration's time to its first batch (:class:`FirstBatch`)
+        self.first_batch: dict[str, float] = {}
 
     def __repr__(self) -> str:
         s = self._state
@@ -479,6 +556,7 @@ class Loader:
             prefetch=self.prefetch,
             client=self.client,
             convert=self.transform,
+            timings=self.first_batch,
         )
         return self._consumed(steps, batches)
 

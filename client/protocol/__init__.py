@@ -92,6 +92,7 @@ from chunkd.client.protocol.frames import (
 from chunkd.client.protocol.ops import (
     COMMIT_MODES,
     DURABILITY_LEVELS,
+    FIRST_BATCH_PHASES,
     INLINE_MAX,
     LIST_PAGE,
     MAX_LAYOUT,
@@ -114,6 +115,7 @@ from chunkd.errors import ProtocolError
 __all__ = [
     "COMMIT_MODES",
     "DURABILITY_LEVELS",
+    "FIRST_BATCH_PHASES",
     "INLINE_MAX",
     "LIST_PAGE",
     "MAX_DEPTH",

@@ -26,6 +26,7 @@ from chunkd.errors import (
 __all__ = [
     "COMMIT_MODES",
     "DURABILITY_LEVELS",
+    "FIRST_BATCH_PHASES",
     "INLINE_MAX",
     "LIST_PAGE",
     "MAX_LAYOUT",
@@ -57,6 +58,8 @@ MAX_RANGES: Final = 256
 MAX_PREFETCH_QUEUED: Final = 100_000
 #: ranges of one prefetch request (a data loader's next few steps)
 MAX_PREFETCH_RANGES: Final = 4096
+#: the phases of a data loader's time to its first batch (``ds_first_batch``)
+FIRST_BATCH_PHASES: Final = ("metadata", "worker_start", "first_chunk", "decode", "total")
 #: ranks of one checkpoint save
 MAX_WORLD_SIZE: Final = 1 << 16
 #: a name a request carries: a backend name, a slash and a key of at most 1024 bytes
@@ -666,6 +669,18 @@ OPS: Final[Mapping[str, Op]] = {
                 *_REGISTRY_WRITES,
             ),
             waits=True,
+        ),
+        Op(
+            "ds_first_batch",
+            "Report how long a data loader took to its first batch, by phase, for the "
+            "daemon's metrics (``chunkd_dataset_first_batch_seconds``). A hint: it changes "
+            "nothing else.",
+            tuple(
+                Field(phase, "number", f"seconds of {phase}", high=MAX_SECONDS, default=None)
+                for phase in FIRST_BATCH_PHASES
+            ),
+            '``{"ok": true}``',
+            (),
         ),
     )
 }

@@ -46,6 +46,7 @@ class Datasets:
         poll_interval: float = 2.0,
     ) -> None:
         self.registry = Registry(backends, config.registry)
+        self.metrics = metrics
         self._freezer = Freezer(
             self.registry, read_path, cache, metrics, poll_interval=poll_interval
         )

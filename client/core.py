@@ -286,7 +286,7 @@ class Client:
             hit = self._reader.hit(name, offset, length)
             if hit is not None:
                 return hit
-        located = self._locate(name, offset, length)
+        located = self._locate(name, offset, length, version)
         if version is not None and located.version != version:
             raise VersionChangedError(
                 f"{name} is at version {located.version!r}, not {version!r} as asked"
@@ -540,9 +540,12 @@ class Client:
 
     # -- the seams: the reader and the connection ---------------------------------------
 
-    def _locate(self, name: str, offset: int, length: int | None) -> Located:
-        """A range as the pieces that hold it (what a :class:`ChunkdFile` reads)."""
-        return self._reader.locate(name, offset, length)
+    def _locate(
+        self, name: str, offset: int, length: int | None, version: str | None = None
+    ) -> Located:
+        """A range as the pieces that hold it (what a :class:`ChunkdFile` reads);
+        ``version``: the version it must be of (the daemon re-checks one it doubts)."""
+        return self._reader.locate(name, offset, length, version)
 
     def _prefetch(self, names: list[str]) -> int:
         return self._prefetch_request({"names": names})

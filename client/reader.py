@@ -157,16 +157,25 @@ class Reader:
             return None
         return chunk.view(start, stop)
 
-    def locate(self, name: str, offset: int, length: int | None) -> Located:
-        """A range of ``name``'s current version: from the cache, else from the daemon."""
+    def locate(
+        self, name: str, offset: int, length: int | None, version: str | None = None
+    ) -> Located:
+        """A range of ``name``'s current version: from the cache, else from the daemon.
+
+        ``version``: the version the range must be of (a pinned read). The cache answers
+        only for that version, and the daemon is told it: one that knows another
+        version of the object checks the object again before it answers.
+        """
         check_range(offset, length)
         located = self.from_cache(name, offset, length, time.monotonic())
         if located is None and self.from_cache(name, offset, length, None) is not None:
             # Everything is mapped but the name is stale: a stat is cheaper than a read.
             self.stat_remote(name)
             located = self.from_cache(name, offset, length, time.monotonic())
+        if located is not None and version is not None and located.version != version:
+            located = None
         if located is None:
-            located = self._read_remote(name, offset, length)
+            located = self._read_remote(name, offset, length, version)
         return located
 
     def from_cache(
@@ -193,10 +202,12 @@ class Reader:
                 pieces.append(Span(chunk, max(offset, base) - base, min(end, base + step) - base))
             return Located(name, known.version, size, max(0, end - offset), pieces)
 
-    def _read_remote(self, name: str, offset: int, length: int | None) -> Located:
+    def _read_remote(
+        self, name: str, offset: int, length: int | None, wanted: str | None = None
+    ) -> Located:
         for _ in range(_VERSION_RETRIES):
             try:
-                located = self._read_version(name, offset, length)
+                located = self._read_version(name, offset, length, wanted)
             except RangeNotSatisfiableError:
                 # A whole read of an object not known yet asks for its first chunks,
                 # which an empty object does not have: it is whole, and empty.
@@ -213,7 +224,9 @@ class Reader:
             "read it again once it stops changing"
         )
 
-    def _read_version(self, name: str, offset: int, length: int | None) -> Located | None:
+    def _read_version(
+        self, name: str, offset: int, length: int | None, wanted: str | None = None
+    ) -> Located | None:
         """Read a range with as many requests as its chunk count needs; None if the
         object changed between them."""
         pieces: list[Span | memoryview] = []
@@ -223,18 +236,18 @@ class Reader:
         while True:
             ask_offset, ask_length = self._plan(name, offset, position, length, end)
             asked = time.monotonic()
-            reply, payload, fds = self._connection.request(
-                {
-                    "op": "read",
-                    "name": name,
-                    "offset": ask_offset,
-                    "length": ask_length,
-                    # Small reads come as fds too: a mapped chunk answers the next
-                    # reads inside it with no round trip at all.
-                    "inline": False,
-                },
-                f"a read of {name}",
-            )
+            request = {
+                "op": "read",
+                "name": name,
+                "offset": ask_offset,
+                "length": ask_length,
+                # Small reads come as fds too: a mapped chunk answers the next
+                # reads inside it with no round trip at all.
+                "inline": False,
+            }
+            if wanted is not None:
+                request["version"] = wanted
+            reply, payload, fds = self._connection.request(request, f"a read of {name}")
             try:
                 known = self._learn(name, reply, asked)
             except BaseException:

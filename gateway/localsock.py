@@ -442,7 +442,7 @@ class LocalServer:
 
     async def _read(self, args: Mapping[str, Any], answer: Answer) -> dict[str, Any]:
         offset, length = args["offset"], args["length"]
-        stat = await self.read_path.stat(*split_name(args["name"]))
+        stat = await self.read_path.stat(*split_name(args["name"]), expect=args["version"])
         offset, end = resolve(from_offset(offset, length), stat.size)
         response = self._describe(stat) | {"offset": offset, "length": end - offset, "spans": []}
         if end - offset <= INLINE_MAX and args["inline"]:

@@ -183,8 +183,13 @@ class ReadPath:
 
     # -- versions ---------------------------------------------------------------------
 
-    async def stat(self, backend_name: str, key: str) -> Stat:
+    async def stat(self, backend_name: str, key: str, *, expect: str | None = None) -> Stat:
         """The current version of ``backend_name/key``, per the revalidation policy.
+
+        ``expect``: the version a reader wants (a pinned read). When what is known is
+        another version, the object is checked again whatever the policy says (a
+        backend configured immutable, or a version not due for a check, would else
+        answer the old one for ever), and the answer is what the backend says now.
 
         Raises:
             UnknownBackendError, InvalidKeyError, ObjectNotFoundError,
@@ -195,8 +200,10 @@ class ReadPath:
         ident = (backend.name, key)
         revalidate = backend.config.revalidate
         known = self._recall(ident, from_index=revalidate is None)
-        if known is not None and (
-            revalidate is None or time.monotonic() - known.checked < revalidate
+        if (
+            known is not None
+            and (expect is None or known.meta.version == expect)
+            and (revalidate is None or time.monotonic() - known.checked < revalidate)
         ):
             return Stat(backend.name, known.meta, self.chunk_bytes)
         try:

@@ -260,3 +260,44 @@ def test_a_registration_killed_midway_leaves_no_version(node: Daemon, tmp_path: 
     done = json.loads(cli(tmp_path, *args, "--json").stdout)
     assert done["members"] == 4000
     assert done["version"] == 1
+
+
+def test_a_file_read_then_rewritten_registers_at_its_new_version(
+    start_daemon: Any, tmp_path: Path
+) -> None:
+    """A backend of a config file is immutable by default: the daemon never checks a
+    version it knows again. A registration lists the file's new version, and its pinned
+    reads make the daemon check the object again instead of drifting for ever."""
+    data = tmp_path / "data"
+    (data / "web").mkdir(parents=True)
+    start_daemon(
+        f"""
+[cache]
+dir = "{tmp_path}/cache"
+disk_min_free_bytes = 0
+
+[[backends]]
+name = "d"
+url = "file://{data}"
+
+[[backends]]
+name = "r"
+url = "file://{tmp_path}/registry"
+writable = true
+
+[datasets]
+registry = "r/datasets"
+"""
+    )
+    (tmp_path / "registry").mkdir(exist_ok=True)
+    path = data / "web" / "a.jsonl"
+    path.write_bytes(b'{"a": 1}\n{"a": 2}\n')
+    with Client(tmp_path / "chunkd.sock") as client:
+        assert bytes(client.read("d/web/a.jsonl")) == b'{"a": 1}\n{"a": 2}\n'
+        time.sleep(0.01)
+        path.write_bytes(b'{"b": 10}\n{"b": 20}\n{"b": 30}\n')
+        snapshot = scan_prefix(client, "d/web/", fmt="jsonl")
+        assert len(snapshot) == 3
+        commit(client, "web", snapshot)
+        dataset = Dataset.open("web", client)
+        assert [bytes(dataset[i]) for i in range(3)] == [b'{"b": 10}', b'{"b": 20}', b'{"b": 30}']

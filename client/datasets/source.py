@@ -99,7 +99,7 @@ class _Pinned:
 
     def _locate(self, name: str, offset: int, length: int | None) -> Located:
         try:
-            located = self._client._locate(name, offset, length)
+            located = self._client._locate(name, offset, length, self._version)
         except (ObjectNotFoundError, RangeNotSatisfiableError) as exc:
             raise drift(name, self._version, exc) from None
         if located.version != self._version:

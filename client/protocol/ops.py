@@ -229,6 +229,15 @@ OPS: Final[Mapping[str, Op]] = {
                     error=InvalidRangeError,
                 ),
                 Field("inline", "flag", "false: always chunks, never inline bytes", default=True),
+                Field(
+                    "version",
+                    "text",
+                    "the version the bytes must be of (a pinned read): a daemon that knows "
+                    "another version checks the object again first; the answer's "
+                    "``version`` says which it read",
+                    high=MAX_NAME_BYTES,
+                    default=None,
+                ),
             ),
             'the stat fields and ``"offset": O, "length": L, "spans": [{"chunk": ID, '
             '"index": I, "size": CHUNK_SIZE, "start": A, "stop": B}], "fds": K`` where span '

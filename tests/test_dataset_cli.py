@@ -8,6 +8,7 @@ import json
 import os
 import pickle
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -126,6 +127,13 @@ def test_a_frozen_snapshot_reads_bit_exact_after_its_source_is_rewritten_and_gc_
     for key in written:
         (tmp_path / "data" / key).write_bytes(os.urandom(len(written[key])))
     (tmp_path / "data" / "fr" / "part-002.bin").unlink()
+    # The freeze's intents age past the collector's intent TTL (a day) and go: only
+    # the frozen record keeps its chunks now.
+    intents = list((tmp_path / "data" / "intents").glob("ds-*.json"))
+    assert intents
+    old = time.time() - 3 * 86400
+    for intent in intents:
+        os.utime(intent, (old, old))
     gc = subprocess.run(
         [str(BIN / "chunkd"), "gc", "local", "--grace", "0s"],
         env={**os.environ, "CHUNKD_SOCKET": str(tmp_path / "chunkd.sock")},
@@ -135,6 +143,7 @@ def test_a_frozen_snapshot_reads_bit_exact_after_its_source_is_rewritten_and_gc_
         check=False,
     )
     assert gc.returncode == 0, gc.stdout + gc.stderr
+    assert not [p for p in intents if p.exists()], "the aged intents were not collected"
     with Client(tmp_path / "chunkd.sock") as client:
         dataset = Dataset.open("fr@1", client)
         assert isinstance(dataset.source, FrozenSource)
@@ -272,3 +281,53 @@ def test_the_time_to_the_first_batch_is_broken_down_and_exported(
     for phase in ("metadata", "first_chunk", "decode", "total"):
         assert node.metric(name, phase=phase) == 1
     assert node.metric(name, phase="worker_start") == 0  # not in a worker process
+
+
+def test_check_finds_every_drifted_member_and_bad_arguments_are_clear(
+    node: Daemon, tmp_path: Path
+) -> None:
+    written = records(tmp_path, "dr", 4, 10)
+    cli(tmp_path, "register", "dr", "local/dr/", "--format", f"fixed:{RECORD}")
+    assert cli(tmp_path, "check", "dr").returncode == 0
+    keys = sorted(written)
+    (tmp_path / "data" / keys[1]).write_bytes(os.urandom(len(written[keys[1]])))
+    (tmp_path / "data" / keys[3]).unlink()
+    failed = cli(tmp_path, "check", "dr", "--json", check=False)
+    assert failed.returncode == 1
+    drift = {f["member"] for f in json.loads(failed.stdout) if f["code"] == "drift"}
+    assert drift == {keys[1], keys[3]}
+
+    by_id = json.loads(cli(tmp_path, "show", "dr", "--json").stdout)["id"]
+    tagged = cli(tmp_path, "tag", by_id, "prod", check=False)
+    assert tagged.returncode == 1
+    assert "NAME@N" in tagged.stderr
+    for args, said in (
+        (["--step", "999"], "step"),
+        (["--step", "0", "--rank", "7"], "rank"),
+        (["--step", "0", "--batch-size", "0"], "batch"),
+    ):
+        geometry = {"--batch-size": "4", "--world-size": "2"}
+        for i in range(0, len(args), 2):
+            geometry[args[i]] = args[i + 1]
+        flat = [x for pair in geometry.items() for x in pair]
+        done = cli(tmp_path, "replay", "dr", "--seed", "1", *flat, check=False)
+        assert done.returncode == 1, done.stdout
+        assert "Traceback" not in done.stderr
+        assert said in done.stderr.lower()
+    full = cli(
+        tmp_path,
+        "replay",
+        "dr",
+        "--seed",
+        "1",
+        "--step",
+        "0",
+        "--batch-size",
+        "4",
+        "--world-size",
+        "2",
+        "--window",
+        "0",
+        "--json",
+    )
+    assert json.loads(full.stdout)["ranks"]

@@ -130,7 +130,13 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     replay.add_argument("--batch-size", type=int)
     replay.add_argument("--world-size", type=int)
     replay.add_argument("--rank", type=int, help="one rank's share only")
-    replay.add_argument("--window", type=int, default=None, help="the loader's shuffle window")
+    replay.add_argument(
+        "--window",
+        type=int,
+        default=None,
+        metavar="N",
+        help="the loader's window (default: the loader's default; 0: a full shuffle)",
+    )
     replay.add_argument("--no-shuffle", action="store_true", help="the loader did not shuffle")
     replay.add_argument("--state", metavar="FILE", help="a saved loader state (JSON)")
     replay.add_argument("--steps", type=int, default=0, metavar="K")
@@ -217,30 +223,33 @@ def _register(client: Client, args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _ls(client: Client, args: argparse.Namespace, out: TextIO) -> int:
-    entries: list[dict[str, Any]] = []
+    # Page by page: a registry of a million names is never held whole.
+    shown = 0
     token: str | None = None
+    if args.json:
+        out.write("[")
     while True:
         fields: dict[str, Any] = {"prefix": args.prefix or None, "start_after": token}
         with client.request("ds_list", fields) as reply:
-            entries += list(json.loads(reply.payload or b"[]"))
+            entries = list(json.loads(reply.payload or b"[]"))
             token = reply.header.get("next")
+        for entry in entries:
+            if args.json:
+                out.write(("," if shown else "") + "\n  " + json.dumps(entry))
+            else:
+                if not shown:
+                    print(f"{'NAME':<40} {'LATEST':>6}  {'SNAPSHOT':<16}  CREATED", file=out)
+                print(
+                    f"{entry.get('name')!s:<40} {entry.get('latest', '-')!s:>6}  "
+                    f"{str(entry.get('snapshot', '-'))[:16]:<16}  {_when(entry.get('created'))}",
+                    file=out,
+                )
+            shown += 1
         if token is None:
             break
     if args.json:
-        _dump(entries, out)
-        return 0
-    rows: list[tuple[str, ...]] = [("NAME", "LATEST", "SNAPSHOT", "CREATED")]
-    rows += [
-        (
-            str(e.get("name")),
-            str(e.get("latest", "-")),
-            str(e.get("snapshot", "-"))[:16],
-            _when(e.get("created")),
-        )
-        for e in entries
-    ]
-    _table(rows, out)
-    if not entries:
+        out.write("\n]\n" if shown else "]\n")
+    elif not shown:
         print("(no datasets registered)", file=out)
     return 0
 
@@ -367,10 +376,15 @@ def _diff(client: Client, args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _tag(client: Client, args: argparse.Namespace, out: TextIO) -> int:
+    from chunkd.errors import InvalidRequestError
     from chunkd.snapshot import check_tag, parse_ref
 
     ref = parse_ref(args.ref)
     check_tag(args.tag)
+    if ref.name is None:
+        raise InvalidRequestError(
+            f"a tag belongs to a dataset: give NAME@N, not the snapshot id {args.ref}"
+        )
     with client.request("ds_tag", {"name": ref.name, "tag": args.tag, "ref": args.ref}) as reply:
         answer = dict(reply.header)
     answer.pop("ok", None)
@@ -385,8 +399,10 @@ def _check(client: Client, args: argparse.Namespace, out: TextIO) -> int:
     from chunkd.client.datasets import resolve
     from chunkd.client.datasets.check import check
 
-    snapshot, _, source = resolve(client, args.ref)
+    snapshot, header, source = resolve(client, args.ref)
     findings = check(snapshot, source, deep=args.deep)
+    if not header.get("frozen"):
+        findings = _drifted(client, snapshot) + [f for f in findings if f.code != "drift"]
     errors = [f for f in findings if f.level == "error"]
     if args.json:
         _dump([_finding(f) for f in findings], out)
@@ -400,6 +416,51 @@ def _check(client: Client, args: argparse.Namespace, out: TextIO) -> int:
             file=out,
         )
     return 1 if errors else 0
+
+
+def _drifted(client: Client, snapshot: Snapshot) -> list[Any]:
+    """A finding for each member whose object is gone or changed: one fresh listing of
+    the snapshot's prefix, member by member (both in key order), not a request each."""
+    from chunkd.client.datasets.check import Finding
+
+    found: list[Any] = []
+    wanted = iter(snapshot.members)
+    member = next(wanted, None)
+    listing = client.iter_ls(
+        f"{snapshot.backend}/{snapshot.prefix}".rstrip("/"), recursive=True, fresh=True
+    )
+    for entry in listing:
+        key = str(entry["name"])[len(snapshot.backend) + 1 :]
+        while member is not None and member.key.encode() < key.encode():
+            found.append(_gone(member, Finding))
+            member = next(wanted, None)
+        if member is not None and member.key == key:
+            if str(entry.get("version")) != member.version:
+                found.append(
+                    Finding(
+                        "error",
+                        member.key,
+                        "drift",
+                        f"{snapshot.backend}/{member.key} changed since it was registered "
+                        f"(version {member.version!r}, now {entry.get('version')!r}): its "
+                        "reads fail; register the dataset again, or freeze it next time",
+                    )
+                )
+            member = next(wanted, None)
+    while member is not None:
+        found.append(_gone(member, Finding))
+        member = next(wanted, None)
+    return found
+
+
+def _gone(member: Any, finding: Any) -> Any:
+    return finding(
+        "error",
+        member.key,
+        "drift",
+        f"{member.key} is gone since it was registered: its reads fail; register the "
+        "dataset again, or freeze it next time",
+    )
 
 
 def _finding(f: Any) -> dict[str, Any]:
@@ -465,18 +526,26 @@ def _replay(client: Client, args: argparse.Namespace, out: TextIO) -> int:
         dataset = Dataset.open(args.ref, client)
         window = args.window if args.window is not None else DEFAULT_WINDOW
         state = LoaderState(
-            dataset.id, args.seed, args.epoch, 0, shuffle=not args.no_shuffle, window=window
+            dataset.id,
+            args.seed,
+            args.epoch,
+            0,
+            shuffle=not args.no_shuffle,
+            window=window or None,
         )
         step, ref = args.step, args.ref
-    found = step_sample_ids(
-        dataset,
-        state,
-        step=step,
-        batch_size=args.batch_size,
-        world_size=args.world_size,
-        rank=args.rank,
-        tail=args.tail,
-    )
+    try:
+        found = step_sample_ids(
+            dataset,
+            state,
+            step=step,
+            batch_size=args.batch_size,
+            world_size=args.world_size,
+            rank=args.rank,
+            tail=args.tail,
+        )
+    except (ValueError, IndexError) as exc:  # a step past the epoch, a rank outside it
+        raise InvalidRequestError(f"replay: {exc}") from None
     group = args.batch_size * args.world_size
     first = state.cursor + step * group
     member_of = {m.key: i for i, m in enumerate(dataset.snapshot.members)}
@@ -548,9 +617,3 @@ def _when(created: object) -> str:
     if not isinstance(created, int | float):
         return "-"
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(created))
-
-
-def _table(rows: list[tuple[str, ...]], out: TextIO) -> None:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    for row in rows:
-        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip(), file=out)

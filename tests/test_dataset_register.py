@@ -301,3 +301,42 @@ registry = "r/datasets"
         commit(client, "web", snapshot)
         dataset = Dataset.open("web", client)
         assert [bytes(dataset[i]) for i in range(3)] == [b'{"b": 10}', b'{"b": 20}', b'{"b": 30}']
+
+
+def test_mds_datasets_register_from_their_index_merged_or_per_folder(
+    node: Daemon, tmp_path: Path
+) -> None:
+    from .test_dataset_formats import MDS_COLUMNS, assert_mds_equal, mds_samples, mds_shard
+
+    root = tmp_path / "chunkd-data" / "mds"
+    want: list[dict[str, Any]] = []
+    entries = []
+    for i, folder in enumerate(("a", "b")):
+        samples = mds_samples(50 + i, seed=i)
+        data, entry = mds_shard(MDS_COLUMNS, samples, "shard.00000.mds", None)
+        (root / folder).mkdir(parents=True)
+        (root / folder / "shard.00000.mds").write_bytes(data)
+        (root / folder / "index.json").write_text(json.dumps({"version": 2, "shards": [entry]}))
+        merged = json.loads(json.dumps(entry))
+        merged["raw_data"]["basename"] = f"{folder}/shard.00000.mds"
+        entries.append(merged)
+        want += samples
+    with Client(tmp_path / "chunkd.sock") as client:
+        # Each folder's own index, without a merged one at the prefix.
+        per_folder = scan_prefix(client, "local/mds/", fmt="mds")
+        assert [m.key for m in per_folder.members] == [
+            "mds/a/shard.00000.mds",
+            "mds/b/shard.00000.mds",
+        ]
+        # A merged index at the prefix is the dataset's, as Streaming reads it: each
+        # shard once, not once per index that names it.
+        (root / "index.json").write_text(json.dumps({"version": 2, "shards": entries}))
+        merged_snapshot = scan_prefix(client, "local/mds/", fmt="mds")
+        assert [m.key for m in merged_snapshot.members] == [m.key for m in per_folder.members]
+        commit(client, "mds", merged_snapshot)
+        dataset = Dataset.open("mds", client)
+        assert len(dataset) == len(want) == 101
+        for index in (0, 49, 50, 100):
+            assert_mds_equal(dataset[index], want[index])
+        with pytest.raises(DatasetFormatError, match="--format mds"):
+            scan_prefix(client, "local/mds/", fmt="auto")

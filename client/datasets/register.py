@@ -27,8 +27,9 @@ from typing import TYPE_CHECKING, Any, Final
 from chunkd import memfd
 from chunkd.client.datasets.formats import detect, format_of, settle
 from chunkd.client.datasets.source import PinnedSource
+from chunkd.client.protocol import MAX_LAYOUT
 from chunkd.errors import ChunkdError, DatasetFormatError, InvalidRequestError
-from chunkd.snapshot import FORMATS, Member, Snapshot, check_dataset_name
+from chunkd.snapshot import FORMATS, Member, Snapshot, canonical, check_dataset_name
 
 if TYPE_CHECKING:
     from chunkd.client.core import Client
@@ -164,14 +165,25 @@ def scan_prefix(
         source = PinnedSource(worker_client(), backend)
         return format_of(member.format).scan(source, member, member_options)
 
+    manifest_bytes = [0]
+
     def land(future: Future[Member], member: Member) -> None:
         try:
-            members.append(future.result())
+            scanned = future.result()
         except (DatasetFormatError, ChunkdError) as exc:
             if not skip_bad or not isinstance(exc, DatasetFormatError):
                 raise
             excluded.append({"key": member.key, "error": str(exc)})
             state.excluded += 1
+        else:
+            members.append(scanned)
+            manifest_bytes[0] += len(canonical(scanned.to_json())) + 1
+            if manifest_bytes[0] > MAX_LAYOUT:
+                raise DatasetFormatError(
+                    f"the snapshot of {prefix} would be over {MAX_LAYOUT >> 20} MiB of "
+                    f"manifest after {len(members)} files (the most the registry takes): "
+                    "register its folders as datasets of their own"
+                )
         state.scanned += 1
         if progress is not None:
             progress(state)
@@ -236,6 +248,11 @@ def _candidates(
         member_fmt = _wanted(key, fmt)
         if member_fmt is None:
             continue
+        if member_fmt == "mds":
+            raise DatasetFormatError(
+                f"{backend}/{key} is a MosaicML Streaming (MDS) shard: register MDS "
+                "datasets with --format mds (the members are the shards its index.json lists)"
+            )
         member = Member(key, int(entry["size"]), str(entry["version"]), member_fmt)
         yield member, options
 
@@ -249,11 +266,13 @@ def _mds_members(
 ) -> Iterator[tuple[Member, dict[str, Any]]]:
     """The shards that the ``index.json`` files under the prefix list.
 
-    Entries come in key order, so a directory's ``index.json`` may come after its
-    shards: the listing's files are held per directory until its index is read (a
-    directory's entries, not the whole listing).
+    As Streaming reads them: an ``index.json`` at the prefix itself is the dataset's
+    (a merged index names shards in folders below it, ``sub/shard.00000.mds``), and
+    only without one is each folder's own index read. Entries come in key order, so an
+    index may come after its shards: the listing's files (name, size, version) are held
+    until the indexes are read, as the manifest will hold them.
     """
-    by_dir: dict[str, dict[str, dict[str, Any]]] = {}
+    files: dict[str, dict[str, Any]] = {}
     indexes: dict[str, dict[str, Any]] = {}
     for entry in listed:
         if entry.get("type") != "file":
@@ -269,33 +288,37 @@ def _mds_members(
             except ValueError as exc:
                 raise DatasetFormatError(f"{entry['name']} is not an MDS index: {exc}") from None
         else:
-            by_dir.setdefault(folder, {})[base] = entry
+            files[key] = entry
     if not indexes:
         raise DatasetFormatError(
             f"{backend}/{key_prefix} holds no index.json: not a MosaicML Streaming (MDS) dataset"
         )
+    root = key_prefix.rstrip("/")
+    if root in indexes:
+        indexes = {root: indexes[root]}
     for folder in sorted(indexes):
         index = indexes[folder]
+        where = f"{backend}/{posixpath.join(folder, 'index.json')}"
         shards = index.get("shards") if isinstance(index, dict) else None
         if not isinstance(shards, list):
-            raise DatasetFormatError(f"{backend}/{folder}/index.json lists no shards")
-        files = by_dir.get(folder, {})
+            raise DatasetFormatError(f"{where} lists no shards")
         for shard in shards:
-            places = (
-                [shard.get(k) for k in ("raw_data", "zip_data")] if isinstance(shard, dict) else []
-            )
+            if not isinstance(shard, dict):
+                raise DatasetFormatError(f"{where}: a shard is not an object")
+            places = [shard.get("raw_data"), shard.get("zip_data")]
             basenames = [p.get("basename") for p in places if isinstance(p, dict)]
-            basename = next((b for b in basenames if b in files), None)
-            if basename is None:
+            found = [
+                b for b in basenames if isinstance(b, str) and posixpath.join(folder, b) in files
+            ]
+            if not found:
                 raise DatasetFormatError(
-                    f"{backend}/{folder}/index.json lists shard "
-                    f"{basenames[0] if basenames else shard!r}, which is not there; copy "
-                    "the whole dataset, or rewrite its index"
+                    f"{where} lists shard {basenames[0] if basenames else shard!r}, which is "
+                    "not there; copy the whole dataset, or rewrite its index"
                 )
-            entry = files[basename]
-            key = posixpath.join(folder, basename)
+            key = posixpath.join(folder, found[0])
+            entry = files[key]
             member = Member(key, int(entry["size"]), str(entry["version"]), "mds")
-            yield member, {**options, "mds_index": index, "mds_basename": basename}
+            yield member, {**options, "mds_index": index, "mds_basename": found[0]}
 
 
 def commit(client: Client, name: str, snapshot: Snapshot) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from . import (
     cache_bench,
     ckpt_bench,
     client_bench,
+    dataset_bench,
     fanout_bench,
     gateway_bench,
     listing_bench,
@@ -50,6 +51,7 @@ def main() -> int:
             *ckpt_bench.SCENARIOS,
             "fanout",
             "ttfb",
+            "datasets",
         ),
         help="run only this scenario (repeatable)",
     )
@@ -80,8 +82,12 @@ def main() -> int:
         if only is None or "fanout" in only:
             print("fanout: 4 nodes in network namespaces", flush=True)
             fanout_bench.run(report, work / "fanout", args.out, quick=args.quick)
-        # Only when asked, while its chunkd side is pending (its rows have no chunkd figure).
-        if only is not None and "ttfb" in only:
+        if only is None or "datasets" in only:
+            print("datasets: registration, and the read order's locality", flush=True)
+            dataset_bench.run(report, work / "datasets", quick=args.quick)
+        # Not in the quick run of every scenario (the test suite's): its Streaming
+        # baseline needs a venv of its own, which only a full run builds.
+        if (only is None and not args.quick) or (only is not None and "ttfb" in only):
             print("ttfb: time to first batch, against MosaicML Streaming and pyarrow", flush=True)
             ttfb_bench.run(report, work / "ttfb", quick=args.quick)
     finally:

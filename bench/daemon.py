@@ -20,10 +20,12 @@ class BenchDaemon:
     Waits for /readyz; the log goes to ``work/daemon.log``.
     """
 
-    def __init__(self, work: Path, env: dict[str, str], config: Path | None = None) -> None:
+    def __init__(
+        self, work: Path, env: dict[str, str], config: Path | None = None, port: int | None = None
+    ) -> None:
         work.mkdir(parents=True, exist_ok=True)
         self.work = work
-        self.port = free_port()
+        self.port = port or free_port()
         environ = {k: v for k, v in os.environ.items() if not k.startswith("CHUNKD_")}
         environ |= env | {"CHUNKD_SERVER_LISTEN": f"127.0.0.1:{self.port}"}
         environ.setdefault("CHUNKD_SERVER_SOCKET", str(work / "chunkd.sock"))

@@ -9,7 +9,9 @@ loopback as ``s3://BUCKET/parquet/part-00000.parquet`` ... A sample is one row.
 Contenders, each a job of 4 rank processes started at once, each rank a torch
 ``DataLoader`` of 2 workers and batches of 32, reading its share of one epoch:
 
-- **chunkd** (:func:`chunkd_side`): pending, until the dataset loader lands;
+- **chunkd** (:func:`chunkd_side`): the files registered as a snapshot, each rank a
+  ``SnapshotDataset`` over it through the node's daemon (cold, warm, and cold with a
+  warm peer);
 - **MosaicML Streaming** 0.13 (:mod:`bench.streaming_side`, in a venv of its own): the
   same rows converted with its own ``MDSWriter`` (its defaults: no compression; shards
   of 16 MiB for moto's sake), which uploads them to ``s3://BUCKET/mds/``; a
@@ -161,31 +163,240 @@ class Job:
         return ", ".join(f"{name} {s:.2f}s" for name, s in self.phases().items())
 
 
-def chunkd_side(
-    layout: Layout, work: Path, *, quick: bool
-) -> dict[str, Job] | None:  # pragma: no cover - pending
-    """chunkd's side of the bench. PENDING: returns None until the dataset loader lands.
+def chunkd_side(layout: Layout, work: Path, *, quick: bool) -> dict[str, Job] | None:
+    """chunkd's side: the same job shape as the baselines over a registered snapshot.
 
-    What it must measure, with the same job shape as the baselines (:data:`WORLD_SIZE`
-    rank processes started at once, each a torch ``DataLoader`` of :data:`WORKERS` workers
-    and batches of :data:`BATCH`, over the Parquet files of ``layout`` registered as a
-    snapshot), returning a :class:`Job` per case under these keys:
+    The Parquet files of ``layout`` are registered once (``chunkd dataset register``,
+    timed apart: a one-off, as Streaming's conversion is) in a registry on the node's
+    disk; each rank then opens ``ttfb@1``, and reads it with a torch ``DataLoader`` of
+    :data:`WORKERS` workers over :class:`~chunkd.client.torch.SnapshotDataset` (batches
+    of :data:`BATCH`, chunkd's order, the next steps prefetched). Cases, a :class:`Job`
+    each:
 
-    - ``"cold"``: a fresh daemon with an empty cache (RAM and disk) on this node;
-    - ``"warm"``: the same daemon again after a job read the epoch (a warm resume; target
-      <= 1 s to the first batch);
-    - ``"peer"``: a cold daemon whose peer (a second daemon, configured as its peer) is
-      warm: the first chunks come from the peer, not from S3.
+    - ``"cold"``: a daemon started on an empty cache (RAM and disk) for each job;
+    - ``"warm"``: the same daemon again after a job read the whole epoch;
+    - ``"peer"``: a cold daemon whose peer (the warm daemon, restarted on its disk
+      cache) holds the epoch: the chunks the peer owns come from it, not from S3.
 
-    Each rank prints a :class:`RankTimes` JSON line and writes its ids and CRCs as the
-    baselines do, so :func:`_job` can start, time and check it; its ``constructed``
-    marks the snapshot's metadata resolved, so the phases break into metadata, worker
-    start and first batch (the rank may add ``first_chunk`` and ``decode`` keys: the
-    notes print them when present). The registration itself (``chunkd dataset
-    register``) is timed apart: it is a one-off, as Streaming's conversion is.
+    Returns:
+        The jobs by case, and ``"epoch"`` (the cold job that read the whole epoch).
     """
-    del layout, work, quick
-    return None
+    from .daemon import BenchDaemon
+
+    rounds = 0 if quick else 3
+    ttfb_batches = 4
+    registry = work / "registry"
+    registry.mkdir(parents=True, exist_ok=True)
+    token = work / "peer-token"
+    token.write_text(uuid.uuid4().hex)
+    token.chmod(0o600)
+    a_port, b_port = free_ports(2)
+    nodes = {"a": (work / "a", a_port), "b": (work / "b", b_port)}
+
+    def start(node: str, *, fresh: bool, peers: bool = False) -> BenchDaemon:
+        home, port = nodes[node]
+        if fresh:
+            shutil.rmtree(home, ignore_errors=True)
+        home.mkdir(parents=True, exist_ok=True)
+        config = home / "chunkd.toml"
+        config.write_text(_chunkd_config(layout, home, registry, port, peers=peers, nodes=nodes))
+        return BenchDaemon(home, {}, config, port=port)
+
+    def job(daemon: BenchDaemon, name: str, *, max_batches: int, full_epoch: bool) -> Job:
+        def argv(_rank: int, ids_out: Path) -> list[str]:
+            return [
+                sys.executable,
+                "-m",
+                "bench.ttfb_bench",
+                "chunkd-rank",
+                f"--socket={daemon.socket}",
+                "--ref=ttfb@1",
+                f"--batch-size={BATCH}",
+                f"--workers={WORKERS}",
+                f"--seed={SEED}",
+                f"--max-batches={max_batches}",
+                f"--ids-out={ids_out}",
+            ]
+
+        env = _s3_env(layout.endpoint) | {"CHUNKD_SOCKET": daemon.socket}
+        env["PYTHONPATH"] = str(Path(__file__).resolve().parent.parent)
+        prefix = f"/{layout.bucket}/{layout.parquet_prefix}"
+        before = _first_batch_phases(daemon.url)
+        done = _job(argv, env, work / name, layout, _NO_RECORDER, prefix, full_epoch=full_epoch)
+        after = _first_batch_phases(daemon.url)
+        # the mean over the job's readers (every rank's workers) of each phase
+        _PHASES[name] = {
+            phase: (total - before.get(phase, (0.0, 0))[0])
+            / max(1, n - before.get(phase, (0, 0))[1])
+            for phase, (total, n) in after.items()
+        }
+        return done
+
+    daemon = start("a", fresh=True)
+    try:
+        started = time.perf_counter()
+        done = subprocess.run(
+            [
+                str(Path(sys.executable).parent / "chunkd"),
+                "dataset",
+                "register",
+                "ttfb",
+                f"s3/{layout.parquet_prefix}",
+                "--format",
+                "parquet",
+                "--json",
+                "--quiet",
+            ],
+            env={**os.environ, "CHUNKD_SOCKET": daemon.socket},
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"chunkd dataset register failed: {done.stderr[-2000:]}")
+        registered = json.loads(done.stdout)
+        _REGISTERED.update(registered, seconds=time.perf_counter() - started)
+    finally:
+        daemon.stop()
+    cold: list[Job] = []
+    for r in range(rounds):
+        daemon = start("a", fresh=True)
+        try:
+            cold.append(job(daemon, f"chunkd-cold{r}", max_batches=ttfb_batches, full_epoch=False))
+        finally:
+            daemon.stop()
+    daemon = start("a", fresh=True)
+    try:
+        epoch = job(daemon, "chunkd-epoch", max_batches=0, full_epoch=True)
+        warm = job(daemon, "chunkd-warm", max_batches=ttfb_batches, full_epoch=False)
+    finally:
+        daemon.stop()
+    # The peer: node a, warm on its disk cache, and node b, cold, as a cluster of two.
+    peer_node = start("a", fresh=False, peers=True)
+    try:
+        cold_node = start("b", fresh=True, peers=True)
+        try:
+            time.sleep(1.0)  # both see the other up (health_interval 200ms, up_after 1)
+            peer = job(cold_node, "chunkd-peer", max_batches=ttfb_batches, full_epoch=False)
+            _REGISTERED["peer_bytes"] = _metric(cold_node.url, "chunkd_peer_bytes_total", "in")
+            _REGISTERED["backend_bytes"] = _metric(cold_node.url, "chunkd_backend_read_bytes_total")
+        finally:
+            cold_node.stop()
+    finally:
+        peer_node.stop()
+    return {
+        "cold": _median_job(cold) if cold else epoch,
+        "warm": warm,
+        "peer": peer,
+        "epoch": epoch,
+    }
+
+
+#: what chunkd_side learned of the registration and the peer job, for the notes
+_REGISTERED: dict[str, Any] = {}
+#: per chunkd job, the mean first-batch phases its readers reported to the daemon
+_PHASES: dict[str, dict[str, float]] = {}
+
+
+def _first_batch_phases(url: str) -> dict[str, tuple[float, int]]:
+    """``chunkd_dataset_first_batch_seconds`` of a daemon: (sum, count) by phase."""
+    with urllib.request.urlopen(f"{url}/metrics", timeout=30) as response:
+        text = response.read().decode()
+    found: dict[str, list[float]] = {}
+    for line in text.splitlines():
+        for part, slot in (("_sum{", 0), ("_count{", 1)):
+            head = "chunkd_dataset_first_batch_seconds" + part
+            if line.startswith(head):
+                phase = line.split('phase="', 1)[1].split('"', 1)[0]
+                found.setdefault(phase, [0.0, 0.0])[slot] = float(line.rsplit(" ", 1)[1])
+    return {phase: (v[0], int(v[1])) for phase, v in found.items()}
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct free loopback ports."""
+    from chunkd.testing import free_port
+
+    ports: set[int] = set()
+    while len(ports) < count:
+        ports.add(free_port())
+    return sorted(ports)
+
+
+def _metric(url: str, name: str, direction: str | None = None) -> float:
+    with urllib.request.urlopen(f"{url}/metrics", timeout=30) as response:
+        text = response.read().decode()
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name) and (direction is None or f'direction="{direction}"' in line):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def _chunkd_config(
+    layout: Layout,
+    home: Path,
+    registry: Path,
+    port: int,
+    *,
+    peers: bool,
+    nodes: dict[str, tuple[Path, int]],
+) -> str:
+    members = ", ".join(f'"127.0.0.1:{p}"' for _, p in nodes.values())
+    peers_section = (
+        f"""
+[peers]
+self = "127.0.0.1:{port}"
+members = [{members}]
+token_file = "{registry.parent / "peer-token"}"
+health_interval = "200ms"
+up_after = 1
+"""
+        if peers
+        else ""
+    )
+    return f'''
+[server]
+socket = "{home / "chunkd.sock"}"
+
+[cache]
+dir = "{home / "cache"}"
+ram_bytes = "2GiB"
+disk_bytes = "4GiB"
+disk_min_free_bytes = 0
+fsync = "never"
+
+[[backends]]
+name = "s3"
+url = "s3://{layout.bucket}"
+endpoint = "{layout.endpoint}"
+region = "{REGION}"
+access_key_id = "{ACCESS_KEY}"
+secret_access_key = "{SECRET_KEY}"
+allow_http = true
+
+[[backends]]
+name = "registry"
+url = "file://{registry}"
+writable = true
+
+[datasets]
+registry = "registry/datasets"
+{peers_section}'''
+
+
+class _NoRecorder:
+    """The moto request recorder, unused: chunkd's GETs come from its daemon, counted
+    by its own metrics."""
+
+    def start(self) -> None:
+        return
+
+    def stop_and_count(self, prefix: str) -> int:
+        del prefix
+        return 0
+
+
+_NO_RECORDER: Any = _NoRecorder()
 
 
 # ---------------------------------------------------------------------------------------
@@ -437,6 +648,66 @@ def _parquet_rank(options: argparse.Namespace) -> None:
     ended = time.time()
     read = torch.cat(ids).numpy()
     np.save(options.ids_out, np.stack([read, np.asarray(crcs, dtype=np.int64)]))
+    times = {
+        "rank": rank,
+        "spawned": spawned,
+        "imported": imported,
+        "constructed": constructed,
+        "workers_started": max(worker_started),
+        "first_batch": first,
+        "ended": ended,
+        "samples": len(read),
+        "first_batch_samples": first_count,
+    }
+    print(json.dumps(times))
+
+
+# ---------------------------------------------------------------------------------------
+# chunkd: a rank, run as ``python -m bench.ttfb_bench chunkd-rank ...``.
+
+
+def _chunkd_rank(options: argparse.Namespace) -> None:
+    spawned = float(os.environ["BENCH_SPAWNED"])
+    import multiprocessing
+
+    import numpy as np
+    import torch
+    from torch.utils.data import DataLoader
+
+    from chunkd.client import Client
+    from chunkd.client.datasets import Dataset
+    from chunkd.client.torch import SnapshotDataset
+
+    imported = time.time()
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    client = Client(options.socket)
+    dataset = Dataset.open(options.ref, client)
+    snapshots = SnapshotDataset(
+        dataset, batch_size=options.batch_size, seed=options.seed, rank=rank, world_size=world
+    )
+    constructed = time.time()
+    worker_started = multiprocessing.Array("d", options.workers, lock=False)
+
+    def on_start(worker: int) -> None:
+        worker_started[worker] = time.time()
+
+    loader = DataLoader(
+        snapshots, batch_size=None, num_workers=options.workers, worker_init_fn=on_start
+    )
+    ids: list[Any] = []
+    crcs: list[int] = []
+    first, first_count = 0.0, 0
+    for batch in loader:
+        ids.append(batch.samples["id"])
+        crcs.extend(zlib.crc32(text.encode()) for text in batch.samples["text"])
+        if not first:
+            first, first_count = time.time(), len(batch.samples["text"])
+        if options.max_batches and len(ids) >= options.max_batches:
+            break
+    ended = time.time()
+    read = torch.cat(ids).numpy() if ids else np.zeros(0, np.int64)
+    np.save(options.ids_out, np.stack([read, np.asarray(crcs, dtype=np.int64)]))
+    client.close()
     times = {
         "rank": rank,
         "spawned": spawned,
@@ -711,6 +982,20 @@ def _measure(
             f"from the job's start; {job.gets} GETs)"
         )
 
+    registered = ""
+    if figures:
+        phases = _PHASES.get("chunkd-cold0") or _PHASES.get("chunkd-epoch", {})
+        shown = ", ".join(
+            f"{p.replace('_', ' ')} {phases[p]:.2f}s"
+            for p in ("metadata", "worker_start", "first_chunk", "decode")
+            if p in phases
+        )
+        registered = (
+            f"; chunkd's readers' own breakdown (the mean of its 8 readers, from the "
+            f"daemon's chunkd_dataset_first_batch_seconds): {shown}; the registration, a "
+            f"one-off, read {_REGISTERED.get('members')} footers in "
+            f"{_REGISTERED.get('seconds', 0.0):.1f}s"
+        )
     breakdown = "; ".join(
         described(name, job)
         for name, job in (
@@ -728,7 +1013,9 @@ def _measure(
         "MosaicML Streaming 0.13, same rows as MDS",
         f"lower is better; slowest rank, median of {max(rounds, 1)}; {breakdown}. Streaming "
         "runs with its defaults and shuffle=True: its shuffle block (py1e) is larger than this "
-        "dataset, so a first batch draws on most shards; pyarrow+s3fs shuffles files only",
+        "dataset, so a first batch draws on most shards; pyarrow+s3fs shuffles files only; "
+        "chunkd mixes rows within windows of 8 files and reads only the row groups a batch "
+        "needs" + registered,
         unavailable=why,
         target_max=0.5 * st_cold.ttfb if st_cold else None,
     )
@@ -761,11 +1048,18 @@ def _measure(
         st_cold.ttfb if st_cold else None,
         "s",
         "Streaming, cold (it has no peers)",
-        "lower is better; the node's peer read the epoch before",
+        "lower is better; the node's peer read the epoch before"
+        + (
+            f"; the cold node took {_REGISTERED.get('peer_bytes', 0) / MiB:.0f} MiB from its "
+            f"peer and {_REGISTERED.get('backend_bytes', 0) / MiB:.0f} MiB from S3 (a chunk's "
+            "owner fetches it: the chunks the cold node owns come from S3)"
+            if figures
+            else ""
+        ),
         unavailable=why,
         target_max=0.5 * st_cold.ttfb if st_cold else None,
     )
-    chunkd_steady = figures["cold"].steady if figures else None
+    chunkd_steady = figures["epoch"].steady if figures else None
     _row(
         report,
         f"steady samples/s, {shape}",
@@ -800,7 +1094,18 @@ def main() -> None:
     rank.add_argument("--seed", type=int, required=True)
     rank.add_argument("--max-batches", type=int, default=0)
     rank.add_argument("--ids-out", required=True)
-    _parquet_rank(parser.parse_args())
+    ours = commands.add_parser("chunkd-rank", help="one rank of the chunkd job")
+    ours.add_argument("--socket", required=True)
+    ours.add_argument("--ref", required=True)
+    for name in ("--batch-size", "--workers", "--seed"):
+        ours.add_argument(name, type=int, required=True)
+    ours.add_argument("--max-batches", type=int, default=0)
+    ours.add_argument("--ids-out", required=True)
+    options = parser.parse_args()
+    if options.command == "chunkd-rank":
+        _chunkd_rank(options)
+    else:
+        _parquet_rank(options)
 
 
 if __name__ == "__main__":

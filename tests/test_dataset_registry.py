@@ -1,5 +1,10 @@
 """The dataset registry through real daemons: commits, versions, tags, resolving,
-listings, bad input, crashes, concurrent registrations, freeze, GC roots, migrate."""
+listings, bad input, crashes, concurrent registrations, freeze, GC roots, migrate.
+
+A few tests run a node in the test's own process (:func:`open_node`), where what a
+daemon's config cannot set is needed: a freeze's intent refresh period, a backend
+call held or failed at one moment.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +15,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +28,7 @@ from chunkd.client.results import Reply
 from chunkd.errors import (
     BackendUnavailableError,
     ConfigError,
+    DatasetError,
     DatasetNotFoundError,
     InvalidRequestError,
     ManifestError,
@@ -31,6 +37,8 @@ from chunkd.errors import (
 )
 from chunkd.gateway.backends.file import FileBackend
 from chunkd.gateway.config import BackendConfig, load_config
+from chunkd.gateway.daemon import Node, open_node
+from chunkd.gateway.datasets import Datasets
 from chunkd.gateway.metrics import Metrics
 from chunkd.snapshot import Member, Snapshot
 from chunkd.testing import CountingProxy, s3_backend
@@ -122,6 +130,75 @@ def node(start_daemon: Callable[..., Daemon], tmp_path: Path) -> Iterator[tuple[
     daemon = start_daemon(cwd=tmp_path / "node")
     with Client(daemon.cwd / "chunkd.sock") as client:
         yield daemon, client
+
+
+@pytest.fixture
+async def inproc(tmp_path: Path) -> AsyncIterator[Node]:
+    """A node in this process: a writable file backend 'local' (the registry at
+    local/datasets) at ``tmp_path/local``, a read-only one 'root' at ``tmp_path/root``,
+    and 4 KiB chunks (a freeze of a few MiB writes several intents)."""
+    for folder in ("local", "root"):
+        (tmp_path / folder).mkdir()
+    toml = tmp_path / "inproc.toml"
+    toml.write_text(f"""
+[server]
+socket = "{tmp_path / "inproc.sock"}"
+
+[cache]
+dir = "{tmp_path / "inproc-cache"}"
+ram_bytes = "64MiB"
+disk_bytes = "256MiB"
+disk_min_free_bytes = 0
+chunk_bytes = "4KiB"
+fsync = "never"
+
+[[backends]]
+name = "local"
+url = "file://{tmp_path / "local"}"
+writable = true
+revalidate = "1s"
+
+[[backends]]
+name = "root"
+url = "file://{tmp_path / "root"}"
+revalidate = "1s"
+""")
+    config = load_config(toml, environ={}, cwd=tmp_path)
+    async with open_node(config, Metrics(), tls=None) as node:
+        yield node
+
+
+def inproc_datasets(node: Node, **options: float) -> Datasets:
+    """Another dataset registry over ``node``'s parts (same registry), with ``options``."""
+    return Datasets(
+        node.config.datasets,
+        node.backends,
+        node.read_path,
+        node.cache,
+        node.metrics,
+        poll_interval=0.1,
+        **options,
+    )
+
+
+async def inproc_snapshot(
+    node: Node, keys: list[str], *, backend: str = "local", prefix: str = "data/"
+) -> Snapshot:
+    """:func:`snapshot_of`, through ``node``'s read path."""
+    members = []
+    for key in keys:
+        stat = await node.read_path.stat(backend, key)
+        members.append(
+            Member(
+                key,
+                stat.size,
+                stat.meta.version,
+                "fixed",
+                stat.size // RECORD,
+                {"record_bytes": RECORD},
+            )
+        )
+    return Snapshot.build(backend=backend, prefix=prefix, format="fixed", members=members)
 
 
 FILES = {
@@ -680,3 +757,63 @@ def test_a_freeze_writes_its_intent_and_waits_for_a_running_collection(
     ids = {c for member in json.loads(frozen)["members"] for c in member}
     assert named == ids
     assert len(ids) == report["chunks"]
+
+
+async def test_a_freeze_that_outlives_the_intent_ttl_keeps_or_refuses_its_chunks(
+    inproc: Node, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A collection deletes intents older than its intent_ttl. A freeze stalled past
+    it rewrites its intents meanwhile; one that could not fails, naming no chunk lost."""
+    import json
+
+    root = tmp_path / "local"
+    backend = inproc.backends.get("local")
+    get, stream_range = backend.get, backend.stream_range
+    stalls: dict[str, asyncio.Event] = {}
+    go = asyncio.Event()
+
+    async def hold(key: str) -> None:
+        if key in stalls:  # the freeze stalls after its first intent's chunks
+            stalls[key].set()
+            await go.wait()
+
+    async def held_get(key: str, *args: Any, **kwargs: Any) -> Any:
+        await hold(key)
+        return await get(key, *args, **kwargs)
+
+    async def held_stream(meta: Any, *args: Any, **kwargs: Any) -> AsyncIterator[memoryview]:
+        await hold(meta.key)
+        async for piece in stream_range(meta, *args, **kwargs):
+            yield piece
+
+    monkeypatch.setattr(backend, "get", held_get)
+    monkeypatch.setattr(backend, "stream_range", held_stream)
+
+    async def stalled_freeze(datasets: Datasets, name: str) -> tuple[Snapshot, dict[str, Any]]:
+        # The first member fills one intent (256 chunks of 4 KiB) and more; the second
+        # is read after that intent's chunks are sent, and stalls.
+        first, second = f"data/{name}/a.bin", f"data/{name}/b.bin"
+        write_objects(root, {first: os.urandom(300 * 4096), second: os.urandom(4096)})
+        snap = await inproc_snapshot(inproc, [first, second], prefix=f"data/{name}/")
+        await datasets.commit(snap.data, name)
+        stalls[second] = asyncio.Event()
+        go.clear()
+        freezing = asyncio.create_task(datasets.freeze(name))
+        await asyncio.wait_for(stalls[second].wait(), 30)
+        await asyncio.sleep(1.5)  # past the collection's intent_ttl below
+        await inproc.checkpoints.gc("local", keep_last=None, grace=0, dry_run=False, intent_ttl=1)
+        go.set()
+        return snap, await freezing
+
+    # No refresh within the test: the collection takes the first intent's chunks, and
+    # the freeze says so rather than write a record that names them.
+    with pytest.raises(DatasetError, match=r"gone from local/chunks/.*run freeze again"):
+        await stalled_freeze(inproc_datasets(inproc), "stale")
+    assert not list((root / "datasets" / "frozen").glob("*.json"))
+    # Intents rewritten every 0.2 s: the same stall loses nothing.
+    snap, report = await stalled_freeze(inproc_datasets(inproc, intent_refresh=0.2), "fresh")
+    assert report["chunks"] == 301
+    record = json.loads((root / "datasets" / "frozen" / f"{snap.id}.json").read_bytes())
+    named = {c for member in record["members"] for c in member}
+    assert len(named) == 301
+    assert all((root / "chunks" / cid).exists() for cid in named)

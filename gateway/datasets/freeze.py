@@ -2,7 +2,9 @@
 
 The protocol is written down in :mod:`.layout` ("Freeze"); it is the checkpoints'
 (intent, barrier check, HEAD, put if absent), so that a concurrent ``chunkd gc`` and a
-freeze never lose a chunk to each other, and the frozen record goes last.
+freeze never lose a chunk to each other, and the frozen record goes last. A freeze may
+run longer than a collection keeps intents (a day): its intents are written again while
+it runs, and its chunks are looked up once more before the record is written.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
-from chunkd.errors import DatasetError, ManifestError
+from chunkd.errors import ChunkdError, DatasetError, ManifestError
 from chunkd.gateway.checkpoints.barrier import await_collections
 from chunkd.gateway.checkpoints.jobs import each
 from chunkd.gateway.checkpoints.model import CHUNKS, INTENTS
@@ -32,11 +34,15 @@ if TYPE_CHECKING:
     from chunkd.gateway.readpath import ReadPath, Stat
     from chunkd.snapshot import Snapshot
 
-__all__ = ["FROZEN_FORMAT", "Freezer", "parse_frozen"]
+__all__ = ["FROZEN_FORMAT", "INTENT_REFRESH", "Freezer", "parse_frozen"]
 
 log = logging.getLogger(__name__)
 
 FROZEN_FORMAT: Final = "chunkd-dataset-frozen"
+#: seconds after which a running freeze writes an intent of its own again: well inside
+#: the day (``chunkd gc``'s ``intent_ttl``) after which a collection deletes an intent
+#: and stops counting its chunks
+INTENT_REFRESH: Final = 3600.0
 
 
 def _dumps(doc: Any) -> bytes:
@@ -89,6 +95,51 @@ class _Batch:
         self.where.setdefault(cid, (stat, chunk, size))
 
 
+class _Intents:
+    """The intents one freeze wrote, written again before a collection deletes them.
+
+    A collection deletes an intent whose object is older than its ``intent_ttl`` (a
+    day) and no longer counts its chunks; a freeze of a large snapshot can take longer.
+    While :meth:`keep_fresh` runs, every intent written ``refresh`` seconds ago or more
+    is put again (a new modification time in the backend).
+    """
+
+    def __init__(self, backend: Backend, refresh: float, what: str) -> None:
+        self.backend = backend
+        self.refresh = refresh
+        self.what = what
+        self._written: dict[str, tuple[dict[str, Any], float]] = {}
+
+    async def put(self, key: str, doc: dict[str, Any]) -> None:
+        """Write intent ``key``, and keep it fresh from now on."""
+        await self.backend.put(key, _dumps(doc))
+        self._written[key] = (doc, time.monotonic())
+
+    async def refresh_old(self) -> None:
+        """Put again every intent written ``refresh`` seconds ago or more."""
+        now = time.monotonic()
+        old = [key for key, (_, at) in self._written.items() if now - at >= self.refresh]
+
+        async def again(key: str) -> None:
+            doc = self._written[key][0] | {"created": time.time()}
+            await self.backend.put(key, _dumps(doc))
+            self._written[key] = (doc, time.monotonic())
+
+        await each(old, again)
+
+    async def keep_fresh(self) -> None:
+        """:meth:`refresh_old`, four times a ``refresh`` period, until cancelled."""
+        pause = self.refresh / 4
+        while True:
+            await asyncio.sleep(pause)
+            try:
+                await self.refresh_old()
+            except ChunkdError as exc:
+                # Tried again at the next pause; a chunk lost meanwhile fails the
+                # freeze at its last look-up, never the snapshot.
+                log.warning("%s: could not write its intents again (%s)", self.what, exc)
+
+
 @dataclass
 class _Report:
     members: int = 0
@@ -117,6 +168,9 @@ class Freezer:
         metrics: the daemon's metrics.
         poll_interval: the longest pause between two looks for the barriers of
             garbage collections.
+        intent_refresh: seconds after which a running freeze writes an intent of its
+            own again (:data:`INTENT_REFRESH`; keep it well under the collections'
+            ``intent_ttl``).
     """
 
     def __init__(
@@ -127,12 +181,14 @@ class Freezer:
         metrics: Metrics,
         *,
         poll_interval: float = 2.0,
+        intent_refresh: float = INTENT_REFRESH,
     ) -> None:
         self.registry = registry
         self.read_path = read_path
         self.cache = cache
         self.metrics = metrics
         self.poll_interval = poll_interval
+        self.intent_refresh = intent_refresh
 
     async def frozen(self, snapshot: Snapshot) -> dict[str, Any] | None:
         """The frozen record of ``snapshot``, checked; None when it is not frozen.
@@ -155,6 +211,8 @@ class Freezer:
         Raises:
             ReadOnlyBackendError: the registry's backend takes no writes.
             SnapshotDriftError: a member changed or vanished (nothing is frozen).
+            DatasetError: a chunk sent was deleted by a garbage collection before the
+                record was written (nothing is frozen; freezing again sends it again).
         """
         backend = self.registry.writable()
         existing = await self.frozen(snapshot)
@@ -171,6 +229,53 @@ class Freezer:
         # freeze before it costs an upload.
         for index in range(len(snapshot.members)):
             await pinned_stat(self.read_path, snapshot, index)
+        intents = _Intents(backend, self.intent_refresh, f"the freeze of snapshot {snapshot.id}")
+        refresher = asyncio.create_task(intents.keep_fresh())
+        try:  # the intents are kept fresh until the record is written
+            report, members = await self._copy(backend, snapshot, intents)
+            await self._commit(backend, snapshot, members)
+        finally:
+            refresher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await refresher
+        log.info(
+            "snapshot %s frozen in %s: %d chunks, %d uploaded",
+            snapshot.id,
+            backend.name,
+            report.chunks,
+            report.uploaded,
+        )
+        return report.to_json() | {"already": False}
+
+    async def _commit(self, backend: Backend, snapshot: Snapshot, members: list[list[str]]) -> None:
+        """Step 3: every chunk looked up once more, then the frozen record written."""
+        # An intent protects its chunks only while it is younger than the collections'
+        # intent_ttl: a chunk one took anyway (the freeze stalled, its intents could not
+        # be written again) must not be named by a record.
+        missing = await self._missing(backend, members)
+        if missing:
+            raise DatasetError(
+                f"freezing snapshot {snapshot.id}: {len(missing)} of its chunks (the first "
+                f"{missing[0]}) are gone from {backend.name}/{CHUNKS}, deleted by a garbage "
+                "collection while the freeze ran; no frozen record was written: run freeze "
+                "again (it sends only what is missing)"
+            )
+        record = {
+            "format": FROZEN_FORMAT,
+            "schema": SCHEMA,
+            "id": snapshot.id,
+            "backend": backend.name,
+            "chunk_bytes": self.read_path.chunk_bytes,
+            "created": time.time(),
+            "members": members,
+        }
+        data = await asyncio.to_thread(_dumps, record)
+        await backend.put(self.registry.layout.frozen(snapshot.id), data)
+
+    async def _copy(
+        self, backend: Backend, snapshot: Snapshot, intents: _Intents
+    ) -> tuple[_Report, list[list[str]]]:
+        """Every member's chunks into ``backend``, batch by batch; their ids per member."""
         run = uuid.uuid4().hex
         report = _Report(members=len(snapshot.members))
         members: list[list[str]] = []
@@ -185,44 +290,31 @@ class Freezer:
                     report.chunks += 1
                     report.bytes += lease.size
                 if len(batch.where) >= INTENT_CHUNKS:
-                    await self._send(backend, snapshot, run, batches, batch, report)
+                    await self._send(backend, snapshot, intents, run, batches, batch, report)
                     batches += 1
                     batch = _Batch()
             members.append(ids)
         if batch.where:
-            await self._send(backend, snapshot, run, batches, batch, report)
-        record = {
-            "format": FROZEN_FORMAT,
-            "schema": SCHEMA,
-            "id": snapshot.id,
-            "backend": backend.name,
-            "chunk_bytes": self.read_path.chunk_bytes,
-            "created": time.time(),
-            "members": members,
-        }
-        data = await asyncio.to_thread(_dumps, record)
-        await backend.put(self.registry.layout.frozen(snapshot.id), data)
-        log.info(
-            "snapshot %s frozen in %s: %d chunks, %d uploaded",
-            snapshot.id,
-            backend.name,
-            report.chunks,
-            report.uploaded,
-        )
-        return report.to_json() | {"already": False}
+            await self._send(backend, snapshot, intents, run, batches, batch, report)
+        return report, members
 
-    async def _all_present(self, backend: Backend, record: dict[str, Any]) -> bool:
-        ids = sorted({c for member in record["members"] for c in member})
+    async def _missing(self, backend: Backend, members: list[list[str]]) -> list[str]:
+        """The chunks of ``members`` that ``backend`` lacks, in id order."""
+        ids = sorted({c for member in members for c in member})
 
         async def present(cid: str) -> bool:
             return await backend.head(f"{CHUNKS}{cid}") is not None
 
-        return all(await each(ids, present))
+        return [cid for cid, there in zip(ids, await each(ids, present), strict=True) if not there]
+
+    async def _all_present(self, backend: Backend, record: dict[str, Any]) -> bool:
+        return not await self._missing(backend, record["members"])
 
     async def _send(
         self,
         backend: Backend,
         snapshot: Snapshot,
+        intents: _Intents,
         run: str,
         number: int,
         batch: _Batch,
@@ -235,7 +327,7 @@ class Freezer:
             "created": time.time(),
             "chunks": [str(cid) for cid in batch.where],
         }
-        await backend.put(f"{INTENTS}ds-{run}.{number}.json", _dumps(intent))
+        await intents.put(f"{INTENTS}ds-{run}.{number}.json", intent)
 
         def waiting(count: int) -> None:
             self.metrics.gc_barrier_waits.inc()

@@ -67,8 +67,14 @@ protocol (docs/checkpoints.md, "Why a save and a collection never lose a chunk")
 2. per batch of at most :data:`INTENT_CHUNKS` chunk ids: the intent
    ``intents/ds-<run>.<batch>.json`` naming them is written, then the barriers of
    running collections are waited for (:func:`~chunkd.gateway.checkpoints.barrier.
-   await_collections`), then each chunk is HEADed and put if absent when missing;
-3. ``frozen/<id>.json`` is written last: the snapshot is frozen from this PUT on.
+   await_collections`), then each chunk is HEADed and put if absent when missing.
+   A collection deletes intents older than its ``intent_ttl`` (a day) and stops
+   counting their chunks, and a freeze may run longer: until its record is written,
+   each of its intents is put again once it is an hour old (``intent_refresh``);
+3. every chunk the record will name is HEADed once more: one missing (a collection
+   took it while the freeze stalled) fails the freeze, with no record written, and
+   freezing again sends it again. Then ``frozen/<id>.json`` is written last: the
+   snapshot is frozen from this PUT on.
 
 The frozen record::
 

@@ -7,7 +7,7 @@ from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING, Any
 
 from chunkd.errors import InvalidRequestError
-from chunkd.gateway.datasets.freeze import Freezer, frozen_chunk_ids
+from chunkd.gateway.datasets.freeze import INTENT_REFRESH, Freezer, frozen_chunk_ids
 from chunkd.gateway.datasets.migrate import Migrator
 from chunkd.gateway.datasets.registry import Registry, Resolved
 
@@ -33,6 +33,8 @@ class Datasets:
         metrics: the daemon's metrics.
         poll_interval: the longest pause between two looks for the barriers of
             garbage collections (a freeze waits for the ones running).
+        intent_refresh: seconds after which a running freeze writes an intent of its
+            own again (:data:`.freeze.INTENT_REFRESH`, an hour).
     """
 
     def __init__(
@@ -44,11 +46,17 @@ class Datasets:
         metrics: Metrics,
         *,
         poll_interval: float = 2.0,
+        intent_refresh: float = INTENT_REFRESH,
     ) -> None:
         self.registry = Registry(backends, config.registry)
         self.metrics = metrics
         self._freezer = Freezer(
-            self.registry, read_path, cache, metrics, poll_interval=poll_interval
+            self.registry,
+            read_path,
+            cache,
+            metrics,
+            poll_interval=poll_interval,
+            intent_refresh=intent_refresh,
         )
         self._migrator = Migrator(self.registry, read_path, backends)
 

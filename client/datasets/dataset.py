@@ -171,6 +171,8 @@ class Dataset:
         """The byte ranges ``(BACKEND/KEY, offset, length)`` that reading each
         ``(member, sample)`` pair needs, from the manifest alone (for a prefetch)."""
         found: list[tuple[str, int, int]] = []
+        if not getattr(self.source, "prefetchable", True):
+            return found  # a frozen snapshot: its source objects are not what it reads
         for member, sample in pairs:
             entry = self.snapshot.members[member]
             name = self.source.name(entry)

@@ -39,6 +39,10 @@ _CHUNKS_AT_ONCE: Final = 16
 class FrozenSource:
     """Members read from the registry's chunks (see the module docstring).
 
+    Loaders do not prefetch for it (:attr:`prefetchable`): a prefetch names objects,
+    and a frozen snapshot's objects may have been rewritten since; its chunks are
+    fetched, verified, as they are read.
+
     Args:
         client: the node's daemon.
         registry: the backend that holds the chunks (the registry's).
@@ -91,6 +95,9 @@ class FrozenSource:
                 "freeze it again"
             )
         return cls(client, backend, chunk_bytes, chunks, snapshot)
+
+    #: a loader warms nothing ahead for a frozen snapshot (see the class docstring)
+    prefetchable = False
 
     def name(self, member: Member) -> str:
         return f"{self.snapshot.backend}/{member.key}"

@@ -817,3 +817,33 @@ async def test_a_freeze_that_outlives_the_intent_ttl_keeps_or_refuses_its_chunks
     named = {c for member in record["members"] for c in member}
     assert len(named) == 301
     assert all((root / "chunks" / cid).exists() for cid in named)
+
+
+def test_migrate_never_overwrites_other_bytes_nor_its_own_source(
+    node: tuple[Daemon, Client],
+) -> None:
+    daemon, client = node
+    root = data_dir(daemon)
+    write_objects(root, FILES)
+    snap = snapshot_of(client, sorted(FILES))
+    commit(client, snap, "safe")
+    # Another object where a copy would go: refused by name, left as it was.
+    other = os.urandom(len(FILES["data/b.bin"]))
+    write_objects(root, {"copy/b.bin": other})
+    with pytest.raises(DatasetError, match=r"local/copy/b\.bin exists already with other bytes"):
+        client.request("ds_migrate", {"ref": "safe@1", "to": "local/copy"}, timeout=120)
+    assert (root / "copy/b.bin").read_bytes() == other
+    assert resolve(client, "safe")[0]["version"] == 1  # nothing registered
+    # The same bytes there already: kept, the rest copied.
+    write_objects(root, {"again/a.bin": FILES["data/a.bin"]})
+    got = client.request("ds_migrate", {"ref": "safe@1", "to": "local/again"}, timeout=120).header
+    assert (got["version"], got["copied"], got["kept"]) == (2, 2, 1)
+    # A destination inside the source, or holding it (the root holds every prefix).
+    for to in ("local/data/inner", "local", "local/"):
+        with pytest.raises(InvalidRequestError, match="one inside the other"):
+            client.request("ds_migrate", {"ref": "safe@1", "to": to})
+    sub = snapshot_of(client, ["data/sub/c.bin"], prefix="data/sub/")
+    commit(client, sub, "sub")
+    with pytest.raises(InvalidRequestError, match="one inside the other"):
+        client.request("ds_migrate", {"ref": "sub", "to": "local/data"})
+    assert not (root / "data/c.bin").exists()

@@ -7,16 +7,24 @@ For each member, in turn (a few at once, bounded by bytes in flight)::
        against its id), else through the read path at the recorded version (a member
        that drifted is a SnapshotDriftError naming it); their chunk ids are noted
     2. the destination key: PREFIX + the member's key below the snapshot's prefix.
-       An object there already with the same bytes is kept as it is (migrating twice
-       is harmless; nothing is rewritten, so no version token changes)
-    3. PUT, then HEAD (the new version token), then a GET pinned to that version,
+       An object there already whose chunks hash to the source's chunk ids is kept as
+       it is (migrating twice is harmless; nothing is rewritten, so no version token
+       changes); one with other bytes is never overwritten: the migration fails
+       naming it
+    3. PUT if absent (an object that appeared meanwhile is checked as in step 2),
+       then HEAD (the new version token), then a GET pinned to that version,
        straight from the destination backend (never the cache): each chunk of what
        came back must hash to the source's chunk id (IntegrityError otherwise)
     4. the member again, with the destination key and version token
 
 Then ``snapshot.with_source(backend, prefix, members)`` is committed as the next
-version of the dataset's name. A member is held whole in memory while it is copied
-(the Backend interface puts whole objects); :data:`BYTES_IN_FLIGHT` bounds how many
+version of the dataset's name. A destination on the source's backend whose prefix
+lies inside the source's prefix, or holds it (the backend's root holds every
+prefix), is refused before anything is copied: the copy could overwrite its own
+source, or be listed with it by the next registration.
+
+A member is held whole in memory while it is copied (the Backend interface puts
+whole objects); :data:`BYTES_IN_FLIGHT` bounds how many
 bytes are held at once, and a member larger than that is copied alone.
 """
 
@@ -29,12 +37,13 @@ from typing import TYPE_CHECKING, Any, Final
 from chunkd.cache import ChunkId
 from chunkd.errors import (
     ChunkNotFoundError,
+    DatasetError,
     IntegrityError,
     InvalidRequestError,
     ReadOnlyBackendError,
 )
 from chunkd.gateway.checkpoints.model import CHUNKS
-from chunkd.gateway.datasets.pinned import member_leases
+from chunkd.gateway.datasets.pinned import first_failure, member_leases
 from chunkd.gateway.names import split_prefix
 from chunkd.snapshot import Member, Snapshot
 
@@ -113,10 +122,19 @@ class Migrator:
             ReadOnlyBackendError, SnapshotDriftError, IntegrityError, ChunkNotFoundError
         """
         dest, prefix = self.destination(to)
-        if dest.name == snapshot.backend and prefix == snapshot.prefix.strip("/"):
-            raise InvalidRequestError(
-                f"snapshot {snapshot.id} is at {to} already; migrate it to another place"
-            )
+        if dest.name == snapshot.backend:
+            source = snapshot.prefix.strip("/")
+            if prefix == source:
+                raise InvalidRequestError(
+                    f"snapshot {snapshot.id} is at {to} already; migrate it to another place"
+                )
+            if _nested(source, prefix):
+                raise InvalidRequestError(
+                    f"cannot migrate snapshot {snapshot.id} to {to}: its source "
+                    f"{snapshot.backend}/{source} and the destination are one inside the other "
+                    "(the copy could overwrite its own source, or be registered with it); "
+                    "migrate to a prefix outside the source's"
+                )
         new_prefix = f"{prefix}/" if prefix and snapshot.prefix.endswith("/") else prefix
         budget = _ByteBudget(BYTES_IN_FLIGHT)
         slots = asyncio.Semaphore(_MEMBERS_AT_ONCE)
@@ -133,8 +151,9 @@ class Migrator:
                 finally:
                     await budget.give(member.size)
 
-        async with asyncio.TaskGroup() as group:
-            tasks = [group.create_task(one(i)) for i in range(len(snapshot.members))]
+        with first_failure():
+            async with asyncio.TaskGroup() as group:
+                tasks = [group.create_task(one(i)) for i in range(len(snapshot.members))]
         members = [task.result() for task in tasks]
         copy = await asyncio.to_thread(snapshot.with_source, dest.name, new_prefix, members)
         return copy, counts
@@ -162,18 +181,25 @@ class Migrator:
                     data += lease.view()
         name = f"{dest.name}/{key}"
         there = await dest.head(key)
-        if (
-            there is None
-            or there.size != member.size
-            or not await self._matches(dest, there, ids, chunk_bytes, name, strict=False)
-        ):
-            await dest.put(key, memoryview(data))
+        if there is None and await dest.put(key, memoryview(data), if_absent=True):
             there = await dest.head(key)
             if there is None:
                 raise IntegrityError(f"{name} is gone right after it was written; migrate again")
             await self._matches(dest, there, ids, chunk_bytes, name, strict=True)
             counts["copied"] += 1
         else:
+            if there is None:  # written by someone else since the HEAD
+                there = await dest.head(key)
+            if (
+                there is None
+                or there.size != member.size
+                or not await self._matches(dest, there, ids, chunk_bytes, name, strict=False)
+            ):
+                raise DatasetError(
+                    f"migrating snapshot {snapshot.id}: {name} exists already with other bytes "
+                    f"than member {snapshot.name_of(index)}; it was not overwritten and nothing "
+                    "was registered: delete it, or migrate to another prefix"
+                )
             counts["kept"] += 1
         counts["bytes"] += member.size
         return Member(
@@ -243,3 +269,10 @@ class Migrator:
 def _dest_key(prefix: str, snapshot: Snapshot, member: Member) -> str:
     rest = member.relative(snapshot.prefix).lstrip("/")
     return f"{prefix}/{rest}" if prefix else rest
+
+
+def _nested(source: str, dest: str) -> bool:
+    """Whether the keys under prefixes ``source`` and ``dest`` (no outer slashes; ``""``
+    the backend's root) of one backend overlap: one prefix inside the other."""
+    below = f"{dest}/" if dest else ""
+    return below.startswith(f"{source}/" if source else "") or source.startswith(below)

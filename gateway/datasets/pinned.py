@@ -9,7 +9,8 @@ never read at its new contents. Chunks the cache holds for the recorded version
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
+import contextlib
+from collections.abc import AsyncGenerator, Iterator
 from typing import TYPE_CHECKING
 
 from chunkd.errors import ObjectNotFoundError, SnapshotDriftError, VersionChangedError
@@ -19,7 +20,7 @@ if TYPE_CHECKING:
     from chunkd.gateway.readpath import ReadPath, Stat
     from chunkd.snapshot import Snapshot
 
-__all__ = ["drifted", "member_leases", "pinned_stat"]
+__all__ = ["drifted", "first_failure", "member_leases", "pinned_stat"]
 
 
 def drifted(snapshot: Snapshot, index: int, what: str) -> SnapshotDriftError:
@@ -81,3 +82,17 @@ async def member_leases(
             chunk += 1
     finally:
         await leases.aclose()
+
+
+@contextlib.contextmanager
+def first_failure() -> Iterator[None]:
+    """Around members read or copied at once (a task group, :func:`~chunkd.gateway.
+    checkpoints.jobs.each`): their first failure raised as itself, not inside an
+    ``ExceptionGroup``, so that the client is answered by its class and message."""
+    try:
+        yield
+    except BaseExceptionGroup as group:
+        first: BaseException = group
+        while isinstance(first, BaseExceptionGroup):
+            first = first.exceptions[0]
+        raise first from None

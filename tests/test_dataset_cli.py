@@ -20,6 +20,7 @@ from chunkd.client.datasets.frozen import FrozenSource
 from chunkd.client.datasets.loader import Loader
 
 from .conftest import BIN, Daemon, wait_for_socket
+from .test_dataset_register import cli
 
 CONFIG = """
 [cache]
@@ -52,22 +53,6 @@ def node(start_daemon: Any, tmp_path: Path) -> Daemon:
     daemon: Daemon = start_daemon(CONFIG.format(dir=tmp_path))
     assert wait_for_socket(tmp_path / "chunkd.sock", 10)
     return daemon
-
-
-def cli(tmp_path: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CHUNKD_")}
-    env["CHUNKD_SOCKET"] = str(tmp_path / "chunkd.sock")
-    done = subprocess.run(
-        [str(BIN / "chunkd"), "dataset", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=110,
-        check=False,
-    )
-    if check:
-        assert done.returncode == 0, done.stdout + done.stderr
-    return done
 
 
 def records(tmp_path: Path, folder: str, files: int, per: int) -> dict[str, bytes]:

@@ -385,9 +385,7 @@ def _tag(client: Client, args: argparse.Namespace, out: TextIO) -> int:
         raise InvalidRequestError(
             f"a tag belongs to a dataset: give NAME@N, not the snapshot id {args.ref}"
         )
-    with client.request("ds_tag", {"name": ref.name, "tag": args.tag, "ref": args.ref}) as reply:
-        answer = dict(reply.header)
-    answer.pop("ok", None)
+    answer = _ask(client, "ds_tag", {"name": ref.name, "tag": args.tag, "ref": args.ref})
     if args.json:
         _dump(answer, out)
     else:
@@ -468,9 +466,7 @@ def _finding(f: Any) -> dict[str, Any]:
 
 
 def _freeze(client: Client, args: argparse.Namespace, out: TextIO) -> int:
-    with client.request("ds_freeze", {"ref": args.ref}, timeout=24 * 3600.0) as reply:
-        answer = dict(reply.header)
-    answer.pop("ok", None)
+    answer = _ask(client, "ds_freeze", {"ref": args.ref}, timeout=_LONG)
     if args.json:
         _dump(answer, out)
     else:
@@ -483,10 +479,7 @@ def _freeze(client: Client, args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _migrate(client: Client, args: argparse.Namespace, out: TextIO) -> int:
-    fields = {"ref": args.ref, "to": args.to}
-    with client.request("ds_migrate", fields, timeout=24 * 3600.0) as reply:
-        answer = dict(reply.header)
-    answer.pop("ok", None)
+    answer = _ask(client, "ds_migrate", {"ref": args.ref, "to": args.to}, timeout=_LONG)
     if args.json:
         _dump(answer, out)
     else:
@@ -606,6 +599,20 @@ _COMMANDS: dict[str, Callable[[Client, argparse.Namespace, TextIO], int]] = {
 
 
 # -- formatting --------------------------------------------------------------------------
+
+
+#: how long a freeze or a migration may take (the daemon does the work; it may be TBs)
+_LONG = 24 * 3600.0
+
+
+def _ask(
+    client: Client, op: str, fields: dict[str, Any], *, timeout: float | None = None
+) -> dict[str, Any]:
+    """The answer's fields of one request (``ok`` left out)."""
+    with client.request(op, fields, timeout=timeout) as reply:
+        answer = dict(reply.header)
+    answer.pop("ok", None)
+    return answer
 
 
 def _dump(doc: Any, out: TextIO) -> None:

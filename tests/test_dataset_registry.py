@@ -847,3 +847,28 @@ def test_migrate_never_overwrites_other_bytes_nor_its_own_source(
     with pytest.raises(InvalidRequestError, match="one inside the other"):
         client.request("ds_migrate", {"ref": "sub", "to": "local/data"})
     assert not (root / "data/c.bin").exists()
+
+
+async def test_a_copy_of_a_dataset_at_a_backend_root_matches_it_key_for_key(
+    inproc: Node, tmp_path: Path
+) -> None:
+    from chunkd.gateway.cli.dataset import diff_snapshots
+
+    # Backend 'root' is a folder holding only the dataset: its prefix is "".
+    files = {"a.bin": os.urandom(3 * 4096 + 16), "sub/c.bin": os.urandom(RECORD * 4)}
+    write_objects(tmp_path / "root", files)
+    snap = await inproc_snapshot(inproc, sorted(files), backend="root", prefix="")
+    await inproc.datasets.commit(snap.data, "rooted")
+    got = await inproc.datasets.migrate("rooted", "local/copy/moved")
+    assert (got["version"], got["copied"]) == (2, 2)
+    resolved, _ = await inproc.datasets.resolve("rooted@2")
+    copy = resolved.snapshot
+    assert (copy.backend, copy.prefix) == ("local", "copy/moved/")
+    assert [m.key for m in copy.members] == ["copy/moved/a.bin", "copy/moved/sub/c.bin"]
+    assert [m.relative(copy.prefix) for m in copy.members] == [
+        m.relative(snap.prefix) for m in snap.members
+    ]
+    diff = diff_snapshots(snap, copy)
+    assert (diff["added"], diff["removed"], diff["changed"]) == ([], [], [])
+    for key, data in files.items():
+        assert (tmp_path / "local" / "copy/moved" / key).read_bytes() == data

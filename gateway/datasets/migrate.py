@@ -24,8 +24,8 @@ prefix), is refused before anything is copied: the copy could overwrite its own
 source, or be listed with it by the next registration.
 
 A member is held whole in memory while it is copied (the Backend interface puts
-whole objects); :data:`BYTES_IN_FLIGHT` bounds how many
-bytes are held at once, and a member larger than that is copied alone.
+whole objects); :data:`BYTES_IN_FLIGHT` bounds how many bytes are held at once, and
+a member larger than that is copied alone.
 """
 
 from __future__ import annotations
@@ -135,7 +135,10 @@ class Migrator:
                     "(the copy could overwrite its own source, or be registered with it); "
                     "migrate to a prefix outside the source's"
                 )
-        new_prefix = f"{prefix}/" if prefix and snapshot.prefix.endswith("/") else prefix
+        # The copy's prefix names a folder, as a registration's does ("" only for the
+        # backend's root), so each member's key below it is the same as below the
+        # source's (a source at its backend's root included): diff shows no change.
+        new_prefix = f"{prefix}/" if prefix else ""
         budget = _ByteBudget(BYTES_IN_FLIGHT)
         slots = asyncio.Semaphore(_MEMBERS_AT_ONCE)
         counts = {"members": len(snapshot.members), "bytes": 0, "copied": 0, "kept": 0}
@@ -145,9 +148,8 @@ class Migrator:
             async with slots:
                 await budget.take(member.size)
                 try:
-                    return await self._copy_member(
-                        snapshot, index, dest, _dest_key(prefix, snapshot, member), frozen, counts
-                    )
+                    key = _dest_key(new_prefix, snapshot, member)
+                    return await self._copy_member(snapshot, index, dest, key, frozen, counts)
                 finally:
                     await budget.give(member.size)
 
@@ -267,8 +269,9 @@ class Migrator:
 
 
 def _dest_key(prefix: str, snapshot: Snapshot, member: Member) -> str:
-    rest = member.relative(snapshot.prefix).lstrip("/")
-    return f"{prefix}/{rest}" if prefix else rest
+    """The copy's key of ``member``: its key below the source's prefix, under ``prefix``
+    (``""`` or ending in ``/``)."""
+    return prefix + member.relative(snapshot.prefix).lstrip("/")
 
 
 def _nested(source: str, dest: str) -> bool:

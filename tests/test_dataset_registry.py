@@ -872,3 +872,50 @@ async def test_a_copy_of_a_dataset_at_a_backend_root_matches_it_key_for_key(
     assert (diff["added"], diff["removed"], diff["changed"]) == ([], [], [])
     for key, data in files.items():
         assert (tmp_path / "local" / "copy/moved" / key).read_bytes() == data
+
+
+def test_damaged_pointers_tags_and_frozen_records_are_repaired_by_writing_again(
+    node: tuple[Daemon, Client],
+) -> None:
+    import json
+
+    daemon, client = node
+    write_objects(data_dir(daemon), FILES)
+    first = snapshot_of(client, ["data/a.bin"])
+    second = snapshot_of(client, ["data/b.bin"])
+    third = snapshot_of(client, ["data/sub/c.bin"], prefix="data/sub/")
+    commit(client, first, "fix")
+    commit(client, second, "fix")
+    names = registry_dir(daemon) / "names" / "fix"
+    # The highest pointer damaged: resolving the name says so (no older version
+    # instead), and the next commit takes the next number.
+    (names / "_versions" / "000000000002.json").write_bytes(b'{"id": "tor')
+    with pytest.raises(ManifestError, match=r"000000000002\.json is damaged"):
+        resolve(client, "fix")
+    assert resolve(client, "fix@1")[0]["snapshot"] == first.id
+    assert commit(client, second, "fix")["version"] == 3
+    assert resolve(client, "fix")[0]["snapshot"] == second.id
+    with pytest.raises(ManifestError, match=r"000000000002\.json is damaged"):
+        resolve(client, "fix@2")
+    # The head of a tag damaged: the tag moves past it.
+    client.request("ds_tag", {"name": "fix", "tag": "prod", "ref": "1"})
+    (names / "_tags" / "prod" / "000000000001.json").write_bytes(b"\x00garbage")
+    with pytest.raises(ManifestError, match="is damaged"):
+        resolve(client, "fix@prod")
+    moved = client.request("ds_tag", {"name": "fix", "tag": "prod", "ref": "3"}).header
+    assert (moved["seq"], moved["version"]) == (2, 3)
+    assert resolve(client, "fix@prod")[0]["snapshot"] == second.id
+    # A frozen record damaged, or of other members: freezing again writes a good one.
+    commit(client, third, "cold")
+    record = registry_dir(daemon) / "frozen" / f"{third.id}.json"
+    client.request("ds_freeze", {"ref": "cold"}, timeout=60)
+    good = json.loads(record.read_bytes())
+    for damage in (b'{"format": "chunkd-dataset-fro', json.dumps(good | {"members": []}).encode()):
+        record.write_bytes(damage)
+        with pytest.raises(ManifestError, match="freeze the snapshot again"):
+            resolve(client, "cold")
+        again = client.request("ds_freeze", {"ref": "cold"}, timeout=60).header
+        assert (again["already"], again["uploaded"]) == (False, 0)
+        _, _, frozen = resolve(client, "cold")
+        assert frozen is not None
+        assert json.loads(frozen)["members"] == good["members"]

@@ -215,7 +215,12 @@ class Freezer:
                 record was written (nothing is frozen; freezing again sends it again).
         """
         backend = self.registry.writable()
-        existing = await self.frozen(snapshot)
+        try:
+            existing = await self.frozen(snapshot)
+        except ManifestError as exc:
+            # Freezing again is the repair the error names: the record is written anew.
+            log.warning("%s; writing it again", exc)
+            existing = None
         if existing is not None and await self._all_present(backend, existing):
             return {
                 "members": len(snapshot.members),

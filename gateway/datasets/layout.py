@@ -41,11 +41,15 @@ Commit (``ds_commit``): a version is committed as a checkpoint is.
 
 A pointer is never written before its manifest: a registration cut short (kill -9)
 leaves at most a manifest no version names, which is harmless, and the next
-registration of the name takes the next free number.
+registration of the name takes the next free number. A damaged highest pointer (not
+the JSON chunkd wrote) is passed over the same way: the commit takes the next number,
+and until then resolving NAME is a :class:`~chunkd.errors.ManifestError` naming it,
+never an older version.
 
 Tags (``ds_tag``): a tag is an append-only history of put-if-absent entries, and the
 entry with the highest ``seq`` is the tag's value. Moving a tag puts entry highest + 1
-if absent (retried with the next number when taken, like a commit). So a move needs
+if absent (retried with the next number when taken, like a commit); the highest is
+taken from the listing, so a damaged entry does not block a move. So a move needs
 no compare-and-swap, which a file backend lacks: two concurrent moves both land, one
 after the other, and the later number wins. A tag's history stays (``ds_versions``
 shows only the current value of each tag).
@@ -84,7 +88,8 @@ The frozen record::
 ``members[i]`` are member i's chunks in order (every one but the last exactly
 ``chunk_bytes`` long), in the chunk store of backend ``B``; a reader checks each
 chunk's blake3. Freezing again is harmless (chunks present are not sent again, and
-the record is the same but its time). ``chunkd gc`` on the registry's backend marks
+the record is the same but its time); a damaged record, or one that does not fit the
+snapshot, is written anew. ``chunkd gc`` on the registry's backend marks
 every chunk a frozen record names (the roots :class:`.FrozenRoots` gives the
 collector), and the intents cover a freeze in flight.
 """

@@ -201,7 +201,13 @@ class Registry:
         await self._store_manifest(backend, snapshot)
         highest = await self._highest_version(name)
         if highest:
-            latest = await self._pointer(name, highest)
+            try:
+                latest = await self._pointer(name, highest)
+            except ManifestError as exc:
+                # A damaged pointer must not block the name for good: it stays (resolving
+                # it says so), and this commit takes the next number.
+                log.warning("dataset %s: %s; this commit takes the next version", name, exc)
+                latest = None
             if latest is not None and latest.get("id") == snapshot.id:
                 return snapshot, highest, False
         number = highest + 1
@@ -286,8 +292,8 @@ class Registry:
 
     # -- tags -----------------------------------------------------------------------
 
-    async def _tag_head(self, name: str, tag: str) -> tuple[int, dict[str, Any]] | None:
-        """The highest entry of a tag: (seq, entry); None: the tag was never set."""
+    async def _tag_highest(self, name: str, tag: str) -> int:
+        """The highest entry number of a tag (0: never set), from one listing."""
         highest = 0
         async with contextlib.aclosing(self.backend.scan(self.layout.tag(name, tag))) as batches:
             async for batch in batches:
@@ -295,6 +301,15 @@ class Registry:
                     parsed = self.layout.parse_tag_key(meta.key)
                     if parsed is not None and parsed[:2] == (name, tag):
                         highest = max(highest, parsed[2])
+        return highest
+
+    async def _tag_head(self, name: str, tag: str) -> tuple[int, dict[str, Any]] | None:
+        """The highest entry of a tag: (seq, entry); None: the tag was never set.
+
+        Raises:
+            ManifestError: that entry is damaged.
+        """
+        highest = await self._tag_highest(name, tag)
         if not highest:
             return None
         key = self.layout.tag_entry(name, tag, highest)
@@ -373,8 +388,9 @@ class Registry:
             )
         backend = self.writable()
         resolved = await self.resolve(target)
-        head = await self._tag_head(name, tag)
-        seq = (head[0] if head is not None else 0) + 1
+        # Only the number of the tag's head counts here, not its contents: a damaged
+        # head does not block moving the tag past it.
+        seq = await self._tag_highest(name, tag) + 1
         for _ in range(COMMIT_TRIES):
             if seq > MAX_NUMBER:
                 break

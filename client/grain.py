@@ -10,14 +10,14 @@
 :class:`OrderSampler`
     A sampler for Grain's ``DataLoader`` that walks chunkd's order
     (:mod:`chunkd.client.datasets.order`) epoch after epoch: the locality of
-    windows of members under Grain's own loader, batching and workers. Grain's
+    windows of units under Grain's own loader, batching and workers. Grain's
     loader shards the records by its ``shard_options`` (rank ``r`` of ``W`` takes
     records ``r, r+W, ...``), and its state is its own.
 
 :class:`ChunkdIterDataset`
     A Grain ``IterDataset`` of one rank's :class:`~chunkd.client.datasets.loader.Batch`
     es, the loader core's steps, ranks, tail, prefetching and state: its iterator's
-    ``get_state()`` is the ``chunkd.loader/1`` state (at most 256 bytes), and
+    ``get_state()`` is the ``chunkd.loader/2`` state (at most 256 bytes), and
     ``set_state`` takes one of any world size, batch size and worker count. Under
     ``mp_prefetch(MultiprocessingOptions(num_workers=K))`` Grain gives worker ``k`` the
     slice ``k::K``, which the dataset takes as the core's worker split (steps ``k,
@@ -47,6 +47,7 @@ import numpy as np
 
 from chunkd.client.core import Client
 from chunkd.client.datasets.dataset import Dataset
+from chunkd.client.datasets.formats import snapshot_units
 from chunkd.client.datasets.loader import (
     DEFAULT_PREFETCH,
     Batch,
@@ -151,7 +152,7 @@ class OrderSampler:
         snapshot: the snapshot (or a dataset, or a :class:`GrainSource`).
         seed: the run's seed.
         shuffle: shuffle (else members in order, samples as stored).
-        window: members whose samples are mixed together (None: every member).
+        window: units whose samples are mixed together (None: every unit).
         num_epochs: epochs to walk (None: without end).
     """
 
@@ -203,6 +204,7 @@ class OrderSampler:
             epoch=epoch,
             shuffle=self.shuffle,
             window=self.window,
+            units=snapshot_units(self._snapshot),
         )
 
 
@@ -218,10 +220,10 @@ class ChunkdIterDataset(grain.IterDataset):  # type: ignore[misc]
         world_size: ``W``.
         epoch: the epoch (a ``state`` sets its own).
         shuffle: shuffle (else members in order, samples as stored).
-        window: members whose samples are mixed together (None: every member).
+        window: units whose samples are mixed together (None: every unit).
         tail: the epoch's last step: ``"uneven"``, ``"pad"`` or ``"drop"``.
         prefetch: steps each reader warms ahead (0: none).
-        state: a ``chunkd.loader/1`` state to start from (of any geometry).
+        state: a ``chunkd.loader/2`` state to start from (of any geometry).
         collate_fn: makes a batch's ``samples`` of its list (None: the list).
         client_factory: as :class:`GrainSource`'s.
 

@@ -7,6 +7,8 @@ alone, over many random cases; a smaller property reads real samples through
 
 from __future__ import annotations
 
+import hashlib
+import io
 import itertools
 import json
 import time
@@ -29,7 +31,7 @@ from chunkd.client.datasets.loader import (
     step_sample_ids,
     warm,
 )
-from chunkd.client.datasets.order import Order, Permutation, quality
+from chunkd.client.datasets.order import DEFAULT_WINDOW, Order, Permutation, quality
 from chunkd.client.datasets.state import MAX_STATE_BYTES, STATE_FORMAT, LoaderState
 from chunkd.errors import InvalidRequestError, ResumeStateError
 from chunkd.snapshot import Member, Snapshot
@@ -56,6 +58,59 @@ def test_a_permutation_is_a_bijection(size: int, key: str) -> None:
     assert sorted(out.tolist()) == list(range(size))
 
 
+#: members' units: per member, its units' sample counts (None: one unit, as most formats)
+units_st = st.lists(
+    st.one_of(
+        st.none(),
+        st.lists(st.one_of(st.just(0), st.integers(1, 9), st.integers(10, 40)), max_size=6),
+    ),
+    max_size=16,
+)
+
+
+def unit_counts(units: list[list[int] | None], fill: int = 7) -> list[int]:
+    """Members' counts for ``units`` (a member that is one unit holds ``fill + i`` samples)."""
+    return [fill + i if u is None else sum(u) for i, u in enumerate(units)]
+
+
+def check_epoch(order: Order, counts: list[int], window: int | None) -> None:
+    """Every sample once, a pure function, and the window bound on units."""
+    total = sum(counts)
+    assert order.total == len(order) == total
+    index = order.indices(np.arange(total, dtype=np.int64))
+    assert sorted(index.tolist()) == list(range(total))  # every sample, once
+    member, sample = order.locate(np.arange(total, dtype=np.int64))
+    assert all(0 <= s < counts[m] for m, s in zip(member.tolist(), sample.tolist(), strict=True))
+    starts = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
+    assert (starts[member] + sample).tolist() == index.tolist()
+    unit, offset = order.locate_units(np.arange(total, dtype=np.int64))
+    assert (order.unit_member[unit] == member).all()
+    assert ((offset >= 0) & (offset < order.unit_sizes[unit])).all()
+    if window is None:
+        return
+    q = quality(order)
+    # units open at once: never more than a window's
+    assert q.units_held <= window
+    # the units of each run of `window` units of the units' order are read together,
+    # one run after the other: each window touches at most `window` units and members
+    filled = order.unit_order.tolist()
+    runs = [filled[i : i + window] for i in range(0, len(filled), window)]
+    run_of = {u: i for i, run in enumerate(runs) for u in run}
+    seen = [run_of[u] for u in unit.tolist()]
+    assert seen == sorted(seen)
+    edges = [0]
+    for run in runs:
+        edges.append(edges[-1] + int(order.unit_sizes[run].sum()))
+    for w in range(len(runs)):
+        inside = quality(order, edges[w], edges[w + 1])
+        assert inside.units_touched <= window
+        assert inside.members_touched <= window
+        # across a window's edge (the run of the next window with it): twice that
+        across = quality(order, edges[w], edges[min(w + 2, len(runs))])
+        assert across.units_touched <= 2 * window
+        assert across.units_held <= window
+
+
 @given(counts=counts_st, seed=st.integers(0, 2**64 - 1), epoch=st.integers(0, 5), window=windows_st)
 @settings(max_examples=80, deadline=None)
 def test_an_epoch_reads_every_sample_once_in_windows_of_members(
@@ -63,27 +118,53 @@ def test_an_epoch_reads_every_sample_once_in_windows_of_members(
 ) -> None:
     order = Order(counts, snapshot=SNAPSHOT, seed=seed, epoch=epoch, window=window)
     total = sum(counts)
-    assert order.total == len(order) == total
+    check_epoch(order, counts, window)
     index = order.indices(np.arange(total, dtype=np.int64))
-    assert sorted(index.tolist()) == list(range(total))  # every sample, once
     # a pure function of its inputs: another call, another object, the same order
     again = Order(list(counts), snapshot=SNAPSHOT, seed=seed, epoch=epoch, window=window)
     assert again.indices(np.arange(total)).tolist() == index.tolist()
+    # members of one unit each: units are members; saying so changes nothing
+    said = Order(
+        counts, snapshot=SNAPSHOT, seed=seed, epoch=epoch, window=window, units=[None] * len(counts)
+    )
+    assert said.indices(np.arange(total)).tolist() == index.tolist()
     # a position at a time answers what the whole epoch did (nothing built per epoch)
     probe = sorted({0, total // 3, total - 1}) if total else []
     assert [int(order.indices([p])[0]) for p in probe] == [int(index[p]) for p in probe]
-
-    member, sample = order.locate(np.arange(total, dtype=np.int64))
-    assert all(0 <= s < counts[m] for m, s in zip(member.tolist(), sample.tolist(), strict=True))
     if window is not None:
-        # members open at once: never more than a window's
+        # members open at once: never more than a window's (each member is one unit)
         assert quality(order).members_held <= window
-        # the members of each run of `window` members of the members' order are read
-        # together, one run after the other
-        runs = [order.member_order[i : i + window].tolist() for i in range(0, len(counts), window)]
-        run_of = {m: i for i, run in enumerate(runs) for m in run}
-        seen = [run_of[m] for m in member.tolist()]
-        assert seen == sorted(seen)
+
+
+@given(units=units_st, seed=st.integers(0, 2**64 - 1), epoch=st.integers(0, 3), window=windows_st)
+@settings(max_examples=120, deadline=None)
+def test_members_of_several_units_are_read_in_windows_of_units(
+    units: list[list[int] | None], seed: int, epoch: int, window: int | None
+) -> None:
+    counts = unit_counts(units)
+    order = Order(counts, snapshot=SNAPSHOT, seed=seed, epoch=epoch, window=window, units=units)
+    check_epoch(order, counts, window)
+    total = sum(counts)
+    again = Order(counts, snapshot=SNAPSHOT, seed=seed, epoch=epoch, window=window, units=units)
+    assert again.indices(np.arange(total)).tolist() == order.indices(np.arange(total)).tolist()
+    # units holding no sample take no place in the order
+    assert all(order.unit_sizes[u] > 0 for u in order.unit_order.tolist())
+    # each unit's samples are its member's consecutive samples
+    for u, (m, first, size) in enumerate(
+        zip(order.unit_member, order.unit_first, order.unit_sizes, strict=True)
+    ):
+        assert first >= 0
+        assert first + size <= counts[m]
+        assert u == 0 or order.unit_starts[u] == order.unit_starts[u - 1] + order.unit_sizes[u - 1]
+
+
+def test_units_that_do_not_add_up_to_their_member_are_refused() -> None:
+    with pytest.raises(ValueError, match="one entry per member"):
+        Order([4, 4], snapshot=SNAPSHOT, seed=1, epoch=0, units=[[4]])
+    with pytest.raises(ValueError, match="add up to 3 samples, not its 4"):
+        Order([4, 4], snapshot=SNAPSHOT, seed=1, epoch=0, units=[None, [1, 2]])
+    with pytest.raises(ValueError, match="negative"):
+        Order([4], snapshot=SNAPSHOT, seed=1, epoch=0, units=[[5, -1]])
 
 
 def test_the_order_depends_on_the_snapshot_seed_and_epoch_only() -> None:
@@ -118,9 +199,36 @@ def test_windowed_orders_hold_few_members_and_stay_close_against_a_full_shuffle(
     in_order = quality(Order(counts, snapshot=SNAPSHOT, seed=1, epoch=0, shuffle=False))
     assert in_order.mean_gap == 1.0
     assert in_order.members_held == 1
-    part = quality(Order(counts, snapshot=SNAPSHOT, seed=1, epoch=0), 100, 600)
+    part = quality(Order(counts, snapshot=SNAPSHOT, seed=1, epoch=0, window=8), 100, 600)
     assert part.positions == 500
     assert part.members_touched <= 8
+
+
+def test_row_group_windows_mix_nearly_as_a_full_shuffle_from_few_row_groups() -> None:
+    # 64 Parquet-like members of 8 row groups (units) of 1000 rows each
+    counts, units = [8000] * 64, [[1000] * 8] * 64
+    windowed = Order(counts, snapshot=SNAPSHOT, seed=1, epoch=0, units=units)
+    assert windowed.window == DEFAULT_WINDOW == 16
+    full = Order(counts, snapshot=SNAPSHOT, seed=1, epoch=0, units=units, window=None)
+    w, f = quality(windowed), quality(full)
+    assert w.positions == f.positions == 512_000
+    assert w.units_touched == f.units_touched == 512
+    assert w.units_held <= 16 < 512 == f.units_held
+    # the windows' units are drawn from the whole dataset: adjacent samples lie about as
+    # far apart as in a full shuffle, from 16 row groups held instead of all 512
+    assert w.mean_gap > 0.9 * f.mean_gap
+    # a batch of 1024 rows draws from about 16 row groups and 15 members (a full
+    # shuffle: ~440 row groups, all 64 members); at window 8, about 9 and 8.5
+    batches = [quality(windowed, s, s + 1024) for s in range(0, 512_000, 1024 * 25)]
+    assert all(16 <= b.units_touched <= 32 for b in batches)
+    assert np.mean([b.members_touched for b in batches]) > 12
+    narrow = Order(counts, snapshot=SNAPSHOT, seed=1, epoch=0, units=units, window=8)
+    assert quality(narrow, 0, 1024).units_touched <= 16
+    # the order is by units, not members: the same counts as one unit per member differ
+    by_members = Order(counts, snapshot=SNAPSHOT, seed=1, epoch=0)
+    assert (
+        by_members.indices(np.arange(1000)).tolist() != windowed.indices(np.arange(1000)).tolist()
+    )
 
 
 def test_resuming_far_into_a_huge_epoch_costs_nothing_per_position_before_it() -> None:
@@ -321,19 +429,22 @@ def test_bad_states_are_refused_with_what_is_wrong() -> None:
             {"format": "chunkd.ShardDataset/1", "order": "ab", "epoch": 2, "position": 7},
             "row groups",
         ),
+        # the order before units: its cursor is a place in another order
+        (good | {"format": "chunkd.loader/1"}, r"loader/1 state \(epoch 1, cursor 10\).*units"),
     ]
     for state, message in cases:
         with pytest.raises(ResumeStateError, match=message):
             LoaderState.parse(state)
     assert issubclass(ResumeStateError, ValueError)
 
+    assert good["format"] == STATE_FORMAT == "chunkd.loader/2"
     state = LoaderState.parse(good)
-    order = {"snapshot": SNAPSHOT, "seed": 5, "shuffle": True, "window": 8, "total": 100}
+    order = {"snapshot": SNAPSHOT, "seed": 5, "shuffle": True, "window": 16, "total": 100}
     state.check(**order)  # type: ignore[arg-type]
     for change, message in (
         ({"snapshot": "cd" * 32}, "of snapshot"),
         ({"seed": 6}, "of seed 5"),
-        ({"window": None}, "window=8"),
+        ({"window": None}, "window=16"),
         ({"shuffle": False}, "shuffle=True"),
         ({"total": 9}, "past the end"),
     ):
@@ -580,3 +691,77 @@ def test_a_loader_refuses_a_state_of_another_order_and_knows_its_epoch() -> None
             Loader(dataset, **({"batch_size": 2, "seed": 1} | bad))  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="epoch"):
         loader.set_epoch(-1)
+
+
+# -- through real reads: Parquet row groups, decoded once a window ---------------------
+
+
+def parquet_dataset(files: int, groups: int, rows: int) -> Dataset:
+    """A snapshot of ``files`` Parquet members of ``groups`` row groups of ``rows``, in memory."""
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    from chunkd.client.datasets.formats import format_of, settle
+
+    blobs: dict[str, bytes] = {}
+    for f in range(files):
+        sink = io.BytesIO()
+        first = f * groups * rows
+        table = pa.table({"id": list(range(first, first + groups * rows))})
+        pq.write_table(table, sink, row_group_size=rows)
+        blobs[f"part-{f:03d}.parquet"] = sink.getvalue()
+    source = MemorySource(blobs)
+    fmt = format_of("parquet")
+    # a version per content: the formats' caches are keyed by name and version
+    members = [
+        fmt.scan(source, Member(key, len(blob), hashlib.sha256(blob).hexdigest(), "parquet"), {})
+        for key, blob in blobs.items()
+    ]
+    schema, members = settle(fmt, members)
+    snapshot = Snapshot.build(
+        backend="mem", prefix="", format="parquet", members=members, schema_of=schema
+    )
+    return Dataset(snapshot, source)
+
+
+def test_parquet_row_groups_are_decoded_once_an_epoch_though_they_outnumber_the_cache(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    dataset = parquet_dataset(files=8, groups=16, rows=20)  # 128 row groups, 2560 rows
+    from chunkd.client.datasets.formats import DecodedLRU, parquet, snapshot_units
+
+    assert 8 * 16 > parquet.ROW_GROUP_CACHE_ITEMS >= DEFAULT_WINDOW  # the cache holds 64
+    assert snapshot_units(dataset.snapshot) == [[20] * 16] * 8
+    decodes: Counter[tuple[str, int]] = Counter()
+    decode = parquet.ParquetRows._decode
+
+    def counted(self: Any, source: Any, member: Member, group: int) -> Any:
+        decodes[member.key, group] += 1
+        return decode(self, source, member, group)
+
+    monkeypatch.setattr(parquet.ParquetRows, "_decode", counted)
+
+    def fresh_cache() -> None:  # what a new process starts with
+        lru = DecodedLRU(parquet.ROW_GROUP_CACHE_BYTES, parquet.ROW_GROUP_CACHE_ITEMS)
+        monkeypatch.setattr(parquet, "_ROW_GROUPS", lru)
+
+    # each rank's process decodes each row group it reads from once an epoch
+    for world in (1, 3):
+        for rank in range(world):
+            fresh_cache()
+            decodes.clear()
+            loader = Loader(dataset, batch_size=24, seed=5, rank=rank, world_size=world)
+            ids = [int(s["id"]) for b in loader for s in b.samples]
+            assert len(ids) == len(set(ids))
+            assert max(decodes.values()) == 1
+            if world == 1:
+                assert sorted(ids) == list(range(2560))
+                assert len(decodes) == 128
+
+    # the order before units, members shuffled and rows mixed within windows of 8
+    # members (128 row groups a window), thrashes the same cache
+    fresh_cache()
+    decodes.clear()
+    by_members = Order(dataset.snapshot.counts, snapshot=dataset.id, seed=5, epoch=0, window=8)
+    steps = Steps(len(dataset), 0, 24, 1)
+    assert sum(len(b.samples) for b in read_steps(dataset, by_members, steps, rank=0)) == 2560
+    assert sum(decodes.values()) > 5 * 128  # about half the rows decode their group

@@ -18,14 +18,14 @@ import numpy as np
 import pytest
 
 from .conftest import wait_for_socket
-from .test_dataset_order import memory_dataset
+from .test_dataset_order import memory_dataset, parquet_dataset
 
 grain = pytest.importorskip("grain")
 
 from chunkd.client import Client  # noqa: E402
 from chunkd.client.datasets import Dataset  # noqa: E402
 from chunkd.client.datasets.formats import format_of  # noqa: E402
-from chunkd.client.datasets.loader import Loader  # noqa: E402
+from chunkd.client.datasets.loader import Loader, order_of  # noqa: E402
 from chunkd.client.datasets.order import Order  # noqa: E402
 from chunkd.client.datasets.source import PinnedSource  # noqa: E402
 from chunkd.client.datasets.state import MAX_STATE_BYTES, LoaderState  # noqa: E402
@@ -93,6 +93,19 @@ def test_chunkds_order_under_grains_loader() -> None:
     assert [ranks[r] for r in range(3)] == [got[r:27:3] for r in range(3)]
     with pytest.raises(IndexError):
         one[27]
+
+
+def test_the_order_sampler_orders_parquet_by_row_groups_as_the_loader_does() -> None:
+    dataset = parquet_dataset(files=3, groups=4, rows=5)
+    sampler = OrderSampler(dataset, seed=SEED, window=2)
+    keys = [sampler[i].record_key for i in range(len(dataset))]
+    order = order_of(dataset.snapshot, LoaderState(dataset.id, SEED, 0, 0, window=2))
+    assert keys == order.indices(np.arange(len(dataset))).tolist()
+    loader = Loader(dataset, batch_size=len(dataset), seed=SEED, window=2)
+    assert [s["id"] for s in next(iter(loader)).samples] == keys  # row i holds id i
+    # and that is by units: not the order of members as one unit each
+    by_members = Order(dataset.snapshot.counts, snapshot=dataset.id, seed=SEED, epoch=0, window=2)
+    assert keys != by_members.indices(np.arange(len(dataset))).tolist()
 
 
 def test_the_chunkd_iter_dataset_is_the_loaders_order_and_state() -> None:

@@ -33,7 +33,8 @@ from torch.utils.data import DataLoader  # noqa: E402
 
 from chunkd.client import Client  # noqa: E402
 from chunkd.client.datasets import Dataset  # noqa: E402
-from chunkd.client.datasets.loader import Batch, Loader  # noqa: E402
+from chunkd.client.datasets.formats import snapshot_units  # noqa: E402
+from chunkd.client.datasets.loader import Batch, Loader, order_of  # noqa: E402
 from chunkd.client.datasets.state import MAX_STATE_BYTES, LoaderState  # noqa: E402
 from chunkd.client.torch import (  # noqa: E402
     RecordDataset,
@@ -404,6 +405,7 @@ def test_bad_states_are_refused(node: Node) -> None:
         (json.dumps(fresh)[:40], "does not parse"),
         (json.dumps(fresh | {"pad": "x" * 300}), "at most 256 bytes"),
         ({"epoch": 0}, "not a loader state"),
+        (fresh | {"format": "chunkd.loader/1"}, "windows of units"),
         (
             {
                 "format": "chunkd.ShardDataset/1",
@@ -421,6 +423,8 @@ def test_bad_states_are_refused(node: Node) -> None:
             dataset.load_state_dict(state)  # type: ignore[arg-type]
     with pytest.raises(ResumeStateError, match="row groups"):
         global_state({"dataset_state": {"format": "chunkd.ShardDataset/1", "epoch": 0}})
+    with pytest.raises(ResumeStateError, match="loader/1 state"):
+        global_state({"dataset_state": fresh | {"format": "chunkd.loader/1"}})
     with pytest.raises(ResumeStateError, match="no chunkd loader state"):
         global_state({"_snapshot": {}})
     with pytest.raises(ResumeStateError, match="snapshot_every_n_steps"):
@@ -487,6 +491,22 @@ def test_parquet_rows_and_json_lines_are_samples(node: Node) -> None:
         assert batch.samples["shard"].tolist() == [r["shard"] for r in expected]
         got += batch.ids
     assert sorted(got) == sorted(node.ids("parquet"))  # 21 rows, not 7 row groups
+    # the order is by row groups: with a window of 1, each row group's rows come
+    # together, row groups in the units' order (not a member's groups together)
+    one = node.dataset("parquet", batch_size=5, window=1)
+    snapshot = one.dataset.snapshot
+    assert snapshot_units(snapshot) == [[4, 4, 2], [2, 2, 2], [5]]
+    group_rows = [4, 2, 8]
+    read = [sid.rsplit("#", 1) for sid in flat(DataLoader(one, batch_size=None))]
+    members = [m.key for m in snapshot.members]
+    groups = [(members.index(k), int(i) // group_rows[members.index(k)]) for k, i in read]
+    runs = [g for g, _ in itertools.groupby(groups)]
+    assert len(runs) == len(set(runs)) == 7
+    order = order_of(snapshot, LoaderState(snapshot.id, SEED, 0, 0, window=1))
+    assert runs == [
+        (int(order.unit_member[u]), int(order.unit_first[u]) // group_rows[order.unit_member[u]])
+        for u in order.unit_order.tolist()
+    ]
 
     lines = node.dataset("jsonl", batch_size=3, rank=1, world_size=2)
     # What a spawned worker gets: a pickled copy, its client left out.

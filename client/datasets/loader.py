@@ -14,10 +14,11 @@ Steps
 Ranks: contiguous slices
     Rank ``r`` takes the contiguous slice ``[base + r*B, base + (r+1)*B)`` of its
     step (``base = cursor + s*G``), so the ranks of a step read neighbouring positions
-    of the order, from the same window of members. A short last step (``tail =
-    "uneven"``, ``n < G`` positions) is split as evenly as contiguous slices go: with
-    ``q, m = divmod(n, W)``, rank ``r`` takes ``q + (r < m)`` positions starting at
-    ``base + r*q + min(r, m)``; a rank may get none (when ``n < W``).
+    of the order, from the same window of units (row groups, for Parquet). A short
+    last step (``tail = "uneven"``, ``n < G`` positions) is split as evenly as
+    contiguous slices go: with ``q, m = divmod(n, W)``, rank ``r`` takes ``q + (r <
+    m)`` positions starting at ``base + r*q + min(r, m)``; a rank may get none (when
+    ``n < W``).
 
 Workers: whole steps in turn
     The ``K`` workers of a rank take turns by whole steps: worker ``k`` produces the
@@ -75,6 +76,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal, NamedTuple, Protocol
 import numpy as np
 from numpy.typing import NDArray
 
+from chunkd.client.datasets.formats import snapshot_units
 from chunkd.client.datasets.order import DEFAULT_WINDOW, Order
 from chunkd.client.datasets.state import LoaderState
 from chunkd.errors import ChunkdError
@@ -418,7 +420,7 @@ class Loader:
 
     Iterating yields :class:`Batch` es of steps from the current cursor on (see the
     module docstring for steps, ranks and the tail). :meth:`state` is the
-    ``chunkd.loader/1`` state after the last batch yielded (a step boundary);
+    ``chunkd.loader/2`` state after the last batch yielded (a step boundary);
     :meth:`restore` makes the next iteration start at a state's cursor, whatever
     the ranks, batch size or workers that saved it.
 
@@ -435,7 +437,8 @@ class Loader:
         world_size: ``W``.
         epoch: the first epoch.
         shuffle: shuffle (else members in order, samples as stored).
-        window: members whose samples are mixed together (None: every member).
+        window: units whose samples are mixed together (None: every unit; a unit is
+            what the format decodes whole: a Parquet row group, else a member).
         tail: ``"uneven"``, ``"pad"`` or ``"drop"``.
         prefetch: steps warmed ahead of the one read (0: none).
         client: whose daemon warms them (default: the dataset source's client).
@@ -514,7 +517,7 @@ class Loader:
         return self._order
 
     def state(self) -> dict[str, Any]:
-        """The ``chunkd.loader/1`` state after the last batch yielded (JSON-able, at most
+        """The ``chunkd.loader/2`` state after the last batch yielded (JSON-able, at most
         256 bytes; :mod:`~chunkd.client.datasets.state`)."""
         return self._state.to_dict()
 
@@ -595,7 +598,7 @@ def check_settings(
     if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 1 << 64:
         raise ValueError(f"seed is a whole number, 0 <= seed < 2**64; got {seed!r}")
     if window is not None and window < 1:
-        raise ValueError(f"window must be >= 1 member, or None for all; got {window!r}")
+        raise ValueError(f"window must be >= 1 unit, or None for all; got {window!r}")
     if tail not in TAILS:
         raise ValueError(f"tail is one of {', '.join(TAILS)}; got {tail!r}")
     if not 0 <= prefetch <= MAX_PREFETCH:
@@ -608,7 +611,9 @@ def client_of(dataset: Any) -> Any:
 
 
 def order_of(snapshot: Snapshot, state: LoaderState) -> Order:
-    """The order of ``state``'s epoch over ``snapshot``."""
+    """The order of ``state``'s epoch over ``snapshot``, by its members' units (what
+    their formats decode whole: :func:`~chunkd.client.datasets.formats.snapshot_units`).
+    Every reader builds its order here, so all of them deal the same one."""
     return Order(
         snapshot.counts,
         snapshot=snapshot.id,
@@ -616,6 +621,7 @@ def order_of(snapshot: Snapshot, state: LoaderState) -> Order:
         epoch=state.epoch,
         shuffle=state.shuffle,
         window=state.window,
+        units=snapshot_units(snapshot),
     )
 
 

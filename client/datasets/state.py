@@ -1,10 +1,10 @@
 """A loader's saved state: where an epoch's consumption stands, at any world size.
 
-The state (format ``chunkd.loader/1``)
+The state (format ``chunkd.loader/2``)
     A JSON object of exactly these fields, at most :data:`MAX_STATE_BYTES` (256)
     bytes as compact JSON, whatever the world size, workers or batch size::
 
-        format    "chunkd.loader/1"
+        format    "chunkd.loader/2"
         snapshot  the snapshot id (64 hex digits): the order's samples
         seed      the run's seed (0 <= seed < 2**64)
         epoch     the epoch (0 <= epoch < 2**32)
@@ -12,7 +12,8 @@ The state (format ``chunkd.loader/1``)
                   at a step boundary (0 <= cursor <= the epoch's samples; equal to
                   them: the epoch is done)
         shuffle   whether the order is shuffled
-        window    the order's window, members mixed together (null: all)
+        window    the order's window: units (what a format decodes whole, a
+                  Parquet row group, else a member) mixed together (null: all)
 
     ``snapshot``, ``seed``, ``epoch``, ``shuffle`` and ``window`` fix the epoch's order
     (:mod:`chunkd.client.datasets.order`); ``cursor`` is a place in it. The cursor counts
@@ -27,6 +28,15 @@ Checks
     another format, a missing, extra or out-of-range field. :meth:`LoaderState.check`
     refuses a state of another snapshot, seed or order settings, or a cursor past the
     epoch's end.
+
+States of ``chunkd.loader/1`` (the order before units)
+    are refused with a ResumeStateError that says why. Their cursor is a place in the
+    order that shuffled members and mixed samples within windows of members; the
+    order now shuffles units (Parquet row groups) and mixes within windows of units
+    (:mod:`chunkd.client.datasets.order`), so the same snapshot, seed, epoch and
+    window put other samples before the same cursor: resuming one would repeat some
+    samples and skip others, silently. The message names the epoch and cursor it
+    reached.
 
 States of ``chunkd.ShardDataset/1`` (chunkd's torch dataset before snapshots)
     are refused with a ResumeStateError that says why, and are not migrated: their
@@ -51,11 +61,11 @@ from chunkd.errors import ResumeStateError
 __all__ = ["LEGACY_FORMATS", "MAX_STATE_BYTES", "STATE_FORMAT", "LoaderState"]
 
 #: the ``format`` of every loader state; bumped if a state's meaning changes
-STATE_FORMAT: Final = "chunkd.loader/1"
+STATE_FORMAT: Final = "chunkd.loader/2"
 #: the longest a state is, as compact JSON
 MAX_STATE_BYTES: Final = 256
 #: formats of states chunkd wrote before, refused by name (see the module docstring)
-LEGACY_FORMATS: Final = ("chunkd.ShardDataset/1",)
+LEGACY_FORMATS: Final = ("chunkd.loader/1", "chunkd.ShardDataset/1")
 
 _FIELDS: Final = ("format", "snapshot", "seed", "epoch", "cursor", "shuffle", "window")
 _ID_RE: Final = re.compile(r"[0-9a-f]{64}")
@@ -109,9 +119,10 @@ class LoaderState:
         """A state from its dict or its JSON.
 
         Raises:
-            ResumeStateError: ``state`` is not a ``chunkd.loader/1`` state, or is
+            ResumeStateError: ``state`` is not a ``chunkd.loader/2`` state, or is
                 malformed (the message says how), or is one of a format chunkd no
-                longer resumes (``chunkd.ShardDataset/1``: see the module docstring).
+                longer resumes (``chunkd.loader/1``, ``chunkd.ShardDataset/1``: see the
+                module docstring).
         """
         if isinstance(state, str | bytes | bytearray):
             if len(state) > MAX_STATE_BYTES:
@@ -200,6 +211,16 @@ def _whole(key: str, value: object, least: int) -> None:
 
 
 def _legacy_message(state: Mapping[str, Any]) -> str:
+    if state.get("format") == "chunkd.loader/1":
+        return (
+            f"this is a chunkd.loader/1 state (epoch {state.get('epoch')!r:.20}, cursor "
+            f"{state.get('cursor')!r:.20}); chunkd no longer resumes it: its cursor is a "
+            "place in the order that mixed samples within windows of members, and the "
+            "order now mixes them within windows of units (Parquet row groups), so the "
+            "same cursor of the same snapshot, seed and epoch would repeat some samples "
+            f"and skip others. Start that epoch afresh (set_epoch; {STATE_FORMAT} states "
+            "are saved from then on), or finish it with the chunkd that saved it"
+        )
     return (
         f"this is a {state.get('format')} state (the torch ShardDataset of chunkd "
         f"before snapshots, epoch {state.get('epoch')!r:.20}, position "

@@ -71,7 +71,7 @@ class SnapshotDataset(IterableDataset[Batch]):
         reconnects after the fork.
 
     Resuming
-        ``state_dict()`` in the main process is the ``chunkd.loader/1`` state (at most
+        ``state_dict()`` in the main process is the ``chunkd.loader/2`` state (at most
         256 bytes, the same on every rank): load it into a dataset of any world size,
         batch size and ``num_workers``. In a DataLoader worker it is the worker's own
         (:mod:`chunkd.client.datasets.workers`); torchdata restores those into a loader of
@@ -94,7 +94,7 @@ class SnapshotDataset(IterableDataset[Batch]):
         rank: this rank, ``0 <= rank < world_size``.
         world_size: ``W``.
         shuffle: shuffle (else members in order, samples as stored).
-        window: members whose samples are mixed together (None: every member).
+        window: units whose samples are mixed together (None: every unit).
         tail: the epoch's last step: ``"uneven"``, ``"pad"`` or ``"drop"``.
         prefetch: steps each reader warms ahead (0: none).
         transform: applied to each sample (after fixed records become tensors).
@@ -230,7 +230,7 @@ class SnapshotDataset(IterableDataset[Batch]):
 
     @staticmethod
     def global_state(state: Any) -> dict[str, Any]:
-        """The ``chunkd.loader/1`` state of what DataLoaders saved: see
+        """The ``chunkd.loader/2`` state of what DataLoaders saved: see
         :func:`chunkd.client.datasets.workers.global_state`."""
         return global_state(state)
 

@@ -14,6 +14,11 @@ row group, a block of decompressed lines, a decompressed MDS shard) it keeps in 
 Registration scans each member (:meth:`Format.scan`), then asks :func:`settle` for the
 dataset's schema and the members as the manifest holds them (a format may drop what
 repeats the dataset's schema from its members' ``meta``).
+
+A member's **units** are the runs of its samples its format decodes whole
+(:meth:`Format.units`, :func:`units_of`): a Parquet member's row groups; one unit per
+member for every other format. The read order shuffles units, not members, so that a
+reader's decoded working set stays within its LRU (:mod:`chunkd.client.datasets.order`).
 """
 
 from __future__ import annotations
@@ -31,9 +36,17 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
 
     from chunkd.client.datasets.source import Source
-    from chunkd.snapshot import Member
+    from chunkd.snapshot import Member, Snapshot
 
-__all__ = ["DecodedLRU", "Format", "detect", "format_of", "settle"]
+__all__ = [
+    "DecodedLRU",
+    "Format",
+    "detect",
+    "format_of",
+    "settle",
+    "snapshot_units",
+    "units_of",
+]
 
 
 class Format(Protocol):
@@ -67,6 +80,14 @@ class Format(Protocol):
 
     def schema(self, members: list[Member]) -> Any:
         """The dataset's schema from its scanned members (the manifest's ``schema_of``)."""
+        ...
+
+    def units(self, member: Member) -> list[int] | None:
+        """The sample counts of ``member``'s **units**, in order: the runs of its samples
+        this format decodes whole (a Parquet member's row groups), from the manifest
+        alone; None: the member is one unit of ``member.samples``. The read order
+        shuffles units (:mod:`chunkd.client.datasets.order`). Optional: a format without
+        it is one unit per member (:func:`units_of`)."""
         ...
 
 
@@ -116,6 +137,26 @@ def detect(key: str) -> str | None:
     """The format a key's name says it holds (``--format auto``), or None."""
     lowered = key.lower()
     return next((fmt for suffix, fmt in _SUFFIXES if lowered.endswith(suffix)), None)
+
+
+def units_of(fmt: Format, member: Member) -> list[int] | None:
+    """``member``'s units' sample counts (:meth:`Format.units`), or None where the member
+    is one unit (every format without a ``units`` of its own)."""
+    split = getattr(fmt, "units", None)
+    return None if split is None else split(member)
+
+
+def snapshot_units(snapshot: Snapshot) -> list[list[int] | None]:
+    """Each member's units' sample counts (:func:`units_of`), in member order: what
+    :class:`~chunkd.client.datasets.order.Order` takes as ``units``."""
+    formats: dict[str, Format] = {}
+    found: list[list[int] | None] = []
+    for member in snapshot.members:
+        fmt = formats.get(member.format)
+        if fmt is None:
+            fmt = formats[member.format] = format_of(member.format)
+        found.append(units_of(fmt, member))
+    return found
 
 
 def settle(fmt: Format, members: list[Member]) -> tuple[Any, list[Member]]:

@@ -6,6 +6,10 @@ are kept in a per-process :class:`~chunkd.client.datasets.formats.DecodedLRU` of
 :data:`ROW_GROUP_CACHE_BYTES` and :data:`ROW_GROUP_CACHE_ITEMS`, so that reading the
 neighbouring rows decodes nothing again. A row group bigger than the whole bound is
 decoded again for every row read of it (``chunkd dataset check`` warns of such groups).
+A member's units (:meth:`~chunkd.client.datasets.formats.Format.units`) are its row
+groups, so the read order mixes rows within windows of row groups
+(:mod:`chunkd.client.datasets.order`): a window of at most as many groups as the cache
+holds decodes each group once an epoch.
 
 A scan reads only the footer: the 8-byte trailer, then the footer itself (one read of
 the file's last 64 KiB answers both when the footer is that small).
@@ -121,6 +125,10 @@ class ParquetRows:
         _, start, size, _ = member.meta["row_groups"][group]
         offset, length = member.meta["footer"]
         return [(int(start), int(size)), (int(offset), int(length))]
+
+    def units(self, member: Member) -> list[int] | None:
+        # a row group is what a read decodes whole
+        return [int(g[0]) for g in member.meta.get("row_groups", ())]
 
     def schema(self, members: list[Member]) -> Any:
         schemas = Counter(_frozen(m.meta["schema"]) for m in members if "schema" in m.meta)

@@ -919,3 +919,53 @@ def test_damaged_pointers_tags_and_frozen_records_are_repaired_by_writing_again(
         _, _, frozen = resolve(client, "cold")
         assert frozen is not None
         assert json.loads(frozen)["members"] == good["members"]
+
+
+async def test_a_freeze_names_the_member_that_changed_and_the_registry_that_is_down(
+    inproc: Node, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = tmp_path / "local"
+    write_objects(root, {"data/v/a.bin": os.urandom(8 * 4096)})
+    snap = await inproc_snapshot(inproc, ["data/v/a.bin"], prefix="data/v/")
+    await inproc.datasets.commit(snap.data, "moving")
+    await inproc.datasets.commit(snap.data, "down")
+    backend = inproc.backends.get("local")
+    put = backend.put
+
+    async def nothing_cached(cid: Any) -> None:
+        return None
+
+    async def rewriting_put(key: str, *args: Any, **kwargs: Any) -> bool:
+        if key.startswith("intents/"):  # the member changes between its read and upload
+            path = root / "data/v/a.bin"
+            path.write_bytes(os.urandom(8 * 4096 + 1))
+            later = time.time() + 10
+            os.utime(path, (later, later))
+        return await put(key, *args, **kwargs)
+
+    # The chunks read must be read again to be sent (none is cached any more), and
+    # the member changed meanwhile.
+    monkeypatch.setattr(inproc.cache, "find", nothing_cached)
+    monkeypatch.setattr(backend, "put", rewriting_put)
+    with pytest.raises(
+        SnapshotDriftError,
+        match=r"member local/data/v/a\.bin of snapshot \w+ changed while it was frozen",
+    ):
+        await inproc.datasets.freeze("moving")
+    monkeypatch.undo()
+
+    # The registry goes down after the freeze resolved its snapshot.
+    async def down_put(key: str, *args: Any, **kwargs: Any) -> bool:
+        if key.startswith("intents/"):
+            raise BackendUnavailableError("backend 'local': connection refused")
+        return await put(key, *args, **kwargs)
+
+    write_objects(root, {"data/w/a.bin": os.urandom(4 * 4096)})
+    fresh = await inproc_snapshot(inproc, ["data/w/a.bin"], prefix="data/w/")
+    await inproc.datasets.commit(fresh.data, "down")
+    monkeypatch.setattr(backend, "put", down_put)
+    with pytest.raises(
+        BackendUnavailableError,
+        match=r"freezing down: the dataset registry local/datasets cannot be reached",
+    ):
+        await inproc.datasets.freeze("down")

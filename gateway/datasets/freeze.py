@@ -16,15 +16,22 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncGenerator, Awaitable, Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
-from chunkd.errors import ChunkdError, DatasetError, ManifestError
+from chunkd.errors import (
+    ChunkdError,
+    DatasetError,
+    ManifestError,
+    ObjectNotFoundError,
+    VersionChangedError,
+)
 from chunkd.gateway.checkpoints.barrier import await_collections
 from chunkd.gateway.checkpoints.jobs import each
 from chunkd.gateway.checkpoints.model import CHUNKS, INTENTS
 from chunkd.gateway.datasets.layout import INTENT_CHUNKS, SCHEMA
-from chunkd.gateway.datasets.pinned import member_leases, pinned_stat
+from chunkd.gateway.datasets.pinned import drifted, first_failure, member_leases, pinned_stat
 
 if TYPE_CHECKING:
     from chunkd.cache import ChunkCache, ChunkId, ChunkLease
@@ -87,12 +94,13 @@ def parse_frozen(
 
 @dataclass
 class _Batch:
-    """Chunks read whose intent is not written yet: where each came from."""
+    """Chunks read whose intent is not written yet: where each came from (the member's
+    index, its stat, the chunk's index, its size)."""
 
-    where: dict[ChunkId, tuple[Stat, int, int]] = field(default_factory=dict)
+    where: dict[ChunkId, tuple[int, Stat, int, int]] = field(default_factory=dict)
 
-    def add(self, cid: ChunkId, stat: Stat, chunk: int, size: int) -> None:
-        self.where.setdefault(cid, (stat, chunk, size))
+    def add(self, cid: ChunkId, index: int, stat: Stat, chunk: int, size: int) -> None:
+        self.where.setdefault(cid, (index, stat, chunk, size))
 
 
 class _Intents:
@@ -104,15 +112,24 @@ class _Intents:
     is put again (a new modification time in the backend).
     """
 
-    def __init__(self, backend: Backend, refresh: float, what: str) -> None:
+    def __init__(
+        self,
+        backend: Backend,
+        refresh: float,
+        what: str,
+        reach: Callable[[], AbstractContextManager[None]],
+    ) -> None:
         self.backend = backend
         self.refresh = refresh
         self.what = what
+        #: around each request to the registry's backend: a backend down names it
+        self.reach = reach
         self._written: dict[str, tuple[dict[str, Any], float]] = {}
 
     async def put(self, key: str, doc: dict[str, Any]) -> None:
         """Write intent ``key``, and keep it fresh from now on."""
-        await self.backend.put(key, _dumps(doc))
+        with self.reach():
+            await self.backend.put(key, _dumps(doc))
         self._written[key] = (doc, time.monotonic())
 
     async def refresh_old(self) -> None:
@@ -202,8 +219,10 @@ class Freezer:
             return None
         return await asyncio.to_thread(parse_frozen, raw, key, snapshot)
 
-    async def freeze(self, snapshot: Snapshot) -> dict[str, Any]:
+    async def freeze(self, snapshot: Snapshot, *, what: str | None = None) -> dict[str, Any]:
         """Copy every member's chunks into the registry, then write the frozen record.
+
+        ``what`` is the request, for errors (``"freezing NAME@N"``).
 
         Idempotent: a snapshot frozen already whose chunks are all there is answered
         at once (``"already": true``); otherwise chunks present are not sent again.
@@ -213,15 +232,27 @@ class Freezer:
             SnapshotDriftError: a member changed or vanished (nothing is frozen).
             DatasetError: a chunk sent was deleted by a garbage collection before the
                 record was written (nothing is frozen; freezing again sends it again).
+            BackendUnavailableError: the registry's backend is down (the message names
+                the registry), or a member's.
         """
         backend = self.registry.writable()
+        with first_failure():  # the errors of chunks sent at once, each as itself
+            return await self._freeze(backend, snapshot, what or f"freezing {snapshot.id}")
+
+    async def _freeze(self, backend: Backend, snapshot: Snapshot, what: str) -> dict[str, Any]:
+        def reach() -> AbstractContextManager[None]:
+            return self.registry.reaching(what)
+
         try:
-            existing = await self.frozen(snapshot)
+            with reach():
+                existing = await self.frozen(snapshot)
         except ManifestError as exc:
             # Freezing again is the repair the error names: the record is written anew.
             log.warning("%s; writing it again", exc)
             existing = None
-        if existing is not None and await self._all_present(backend, existing):
+        with reach():
+            complete = existing is not None and await self._all_present(backend, existing)
+        if existing is not None and complete:
             return {
                 "members": len(snapshot.members),
                 "chunks": sum(len(member) for member in existing["members"]),
@@ -234,11 +265,13 @@ class Freezer:
         # freeze before it costs an upload.
         for index in range(len(snapshot.members)):
             await pinned_stat(self.read_path, snapshot, index)
-        intents = _Intents(backend, self.intent_refresh, f"the freeze of snapshot {snapshot.id}")
+        intents = _Intents(
+            backend, self.intent_refresh, f"the freeze of snapshot {snapshot.id}", reach
+        )
         refresher = asyncio.create_task(intents.keep_fresh())
         try:  # the intents are kept fresh until the record is written
             report, members = await self._copy(backend, snapshot, intents)
-            await self._commit(backend, snapshot, members)
+            await self._commit(backend, snapshot, members, intents)
         finally:
             refresher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -252,12 +285,15 @@ class Freezer:
         )
         return report.to_json() | {"already": False}
 
-    async def _commit(self, backend: Backend, snapshot: Snapshot, members: list[list[str]]) -> None:
+    async def _commit(
+        self, backend: Backend, snapshot: Snapshot, members: list[list[str]], intents: _Intents
+    ) -> None:
         """Step 3: every chunk looked up once more, then the frozen record written."""
         # An intent protects its chunks only while it is younger than the collections'
         # intent_ttl: a chunk one took anyway (the freeze stalled, its intents could not
         # be written again) must not be named by a record.
-        missing = await self._missing(backend, members)
+        with intents.reach():
+            missing = await self._missing(backend, members)
         if missing:
             raise DatasetError(
                 f"freezing snapshot {snapshot.id}: {len(missing)} of its chunks (the first "
@@ -275,7 +311,8 @@ class Freezer:
             "members": members,
         }
         data = await asyncio.to_thread(_dumps, record)
-        await backend.put(self.registry.layout.frozen(snapshot.id), data)
+        with intents.reach():
+            await backend.put(self.registry.layout.frozen(snapshot.id), data)
 
     async def _copy(
         self, backend: Backend, snapshot: Snapshot, intents: _Intents
@@ -291,7 +328,7 @@ class Freezer:
             async for chunk, stat, lease in member_leases(self.read_path, snapshot, index):
                 with lease:
                     ids.append(str(lease.id))
-                    batch.add(lease.id, stat, chunk, lease.size)
+                    batch.add(lease.id, index, stat, chunk, lease.size)
                     report.chunks += 1
                     report.bytes += lease.size
                 if len(batch.where) >= INTENT_CHUNKS:
@@ -338,21 +375,23 @@ class Freezer:
             self.metrics.gc_barrier_waits.inc()
             log.info("freeze of %s waits for %d garbage collection(s)", snapshot.id, count)
 
-        await await_collections(
-            backend,
-            poll_interval=self.poll_interval,
-            attempt=_once,
-            what=f"the freeze of snapshot {snapshot.id}",
-            on_wait=waiting,
-        )
+        with intents.reach():
+            await await_collections(
+                backend,
+                poll_interval=self.poll_interval,
+                attempt=_once,
+                what=f"the freeze of snapshot {snapshot.id}",
+                on_wait=waiting,
+            )
 
-        async def upload(item: tuple[ChunkId, tuple[Stat, int, int]]) -> None:
-            cid, (stat, chunk, size) = item
+        async def upload(item: tuple[ChunkId, tuple[int, Stat, int, int]]) -> None:
+            cid, (index, stat, chunk, size) = item
             key = f"{CHUNKS}{cid}"
-            if await backend.head(key) is not None:
-                return
-            lease = await self._lease(cid, stat, chunk)
-            with lease:
+            with intents.reach():
+                if await backend.head(key) is not None:
+                    return
+            lease = await self._lease(snapshot, index, cid, stat, chunk)
+            with lease, intents.reach():
                 if lease.id != cid:  # pragma: no cover - the read path verifies by the map
                     raise DatasetError(f"chunk {chunk} of {stat.meta.key} is not {cid}")
                 if await backend.put(key, lease.view(), if_absent=True):
@@ -361,12 +400,20 @@ class Freezer:
 
         await each(list(batch.where.items()), upload)
 
-    async def _lease(self, cid: ChunkId, stat: Stat, chunk: int) -> ChunkLease:
-        """The bytes of ``cid``: from the cache, else read again (pinned) from its member."""
+    async def _lease(
+        self, snapshot: Snapshot, index: int, cid: ChunkId, stat: Stat, chunk: int
+    ) -> ChunkLease:
+        """The bytes of ``cid``: from the cache, else read again (pinned) from member
+        ``index``, which must not have changed since."""
         lease = await self.cache.find(cid)
         if lease is not None:
             return lease
-        return await self.read_path.chunk(stat, chunk)
+        try:
+            return await self.read_path.chunk(stat, chunk)
+        except VersionChangedError:
+            raise drifted(snapshot, index, "changed while it was frozen") from None
+        except ObjectNotFoundError:
+            raise drifted(snapshot, index, "vanished while it was frozen") from None
 
 
 async def _once(step: Callable[[], Awaitable[Any]]) -> Any:

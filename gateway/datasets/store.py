@@ -101,7 +101,7 @@ class Datasets:
         self.registry.writable()  # before any work
         with self.registry.reaching(f"freezing {ref}"):
             resolved = await self.registry.resolve(ref)
-        report = await self._freezer.freeze(resolved.snapshot)
+        report = await self._freezer.freeze(resolved.snapshot, what=f"freezing {ref}")
         return {"snapshot": resolved.snapshot.id} | report
 
     async def migrate(self, ref: str, to: str, name: str | None = None) -> dict[str, Any]:

@@ -74,15 +74,24 @@ class Jobs:
 
 
 async def each(items: Iterable[A], fn: Callable[[A], Awaitable[T]]) -> list[T]:
-    """``[await fn(i) for i in items]``, a few at a time; the first failure stops the rest."""
+    """``[await fn(i) for i in items]``, a few at a time; the first failure stops the rest
+    and is raised as itself."""
     slots = asyncio.Semaphore(_READS_AT_ONCE)
 
     async def one(item: A) -> T:
         async with slots:
             return await fn(item)
 
-    async with asyncio.TaskGroup() as group:
-        tasks = [group.create_task(one(item)) for item in items]
+    try:
+        async with asyncio.TaskGroup() as group:
+            tasks = [group.create_task(one(item)) for item in items]
+    except BaseExceptionGroup as failed:
+        # The first failure as itself: a caller (and a client answered by the error's
+        # class and message) sees ObjectNotFoundError, not an ExceptionGroup.
+        first: BaseException = failed
+        while isinstance(first, BaseExceptionGroup):
+            first = first.exceptions[0]
+        raise first from None
     return [task.result() for task in tasks]
 
 

@@ -17,7 +17,7 @@
 :class:`ChunkdIterDataset`
     A Grain ``IterDataset`` of one rank's :class:`~chunkd.client.datasets.loader.Batch`
     es, the loader core's steps, ranks, tail, prefetching and state: its iterator's
-    ``get_state()`` is the ``chunkd.loader/2`` state (at most 256 bytes), and
+    ``get_state()`` is the ``chunkd.loader/3`` state (at most 256 bytes), and
     ``set_state`` takes one of any world size, batch size and worker count. Under
     ``mp_prefetch(MultiprocessingOptions(num_workers=K))`` Grain gives worker ``k`` the
     slice ``k::K``, which the dataset takes as the core's worker split (steps ``k,
@@ -47,7 +47,7 @@ import numpy as np
 
 from chunkd.client.core import Client
 from chunkd.client.datasets.dataset import Dataset
-from chunkd.client.datasets.formats import snapshot_units
+from chunkd.client.datasets.formats import snapshot_unit_bytes, snapshot_units
 from chunkd.client.datasets.loader import (
     DEFAULT_PREFETCH,
     Batch,
@@ -59,7 +59,7 @@ from chunkd.client.datasets.loader import (
     order_of,
     read_steps,
 )
-from chunkd.client.datasets.order import DEFAULT_WINDOW, Order
+from chunkd.client.datasets.order import DEFAULT_WINDOW, DEFAULT_WINDOW_BYTES, Order
 from chunkd.client.datasets.source import PinnedSource
 from chunkd.client.datasets.state import LoaderState
 from chunkd.client.datasets.workers import WORKER_FORMAT, WorkerState, global_state
@@ -152,7 +152,9 @@ class OrderSampler:
         snapshot: the snapshot (or a dataset, or a :class:`GrainSource`).
         seed: the run's seed.
         shuffle: shuffle (else members in order, samples as stored).
-        window: units whose samples are mixed together (None: every unit).
+        window: the most units whose samples are mixed together (None: no bound).
+        window_bytes: the most decoded bytes of a window's units (None: no bound;
+            default: the formats' decode caches' bound).
         num_epochs: epochs to walk (None: without end).
     """
 
@@ -163,12 +165,14 @@ class OrderSampler:
         seed: int,
         shuffle: bool = True,
         window: int | None = DEFAULT_WINDOW,
+        window_bytes: int | None = DEFAULT_WINDOW_BYTES,
         num_epochs: int | None = 1,
     ) -> None:
         self._snapshot = snapshot if isinstance(snapshot, Snapshot) else snapshot.snapshot
         self.seed = int(seed)
         self.shuffle = bool(shuffle)
         self.window = window
+        self.window_bytes = window_bytes
         self.num_epochs = num_epochs
         # what Grain's loader shards by when it is given no shard_options: none
         self._shard_options = grain.sharding.NoSharding()
@@ -182,7 +186,8 @@ class OrderSampler:
     def __repr__(self) -> str:
         return (
             f"chunkd.OrderSampler(snapshot={self._snapshot.id}, seed={self.seed}, "
-            f"shuffle={self.shuffle}, window={self.window}, num_epochs={self.num_epochs})"
+            f"shuffle={self.shuffle}, window={self.window}, window_bytes={self.window_bytes}, "
+            f"num_epochs={self.num_epochs})"
         )
 
     def __getitem__(self, index: int) -> Any:
@@ -204,7 +209,9 @@ class OrderSampler:
             epoch=epoch,
             shuffle=self.shuffle,
             window=self.window,
+            window_bytes=self.window_bytes,
             units=snapshot_units(self._snapshot),
+            unit_bytes=snapshot_unit_bytes(self._snapshot),
         )
 
 
@@ -220,10 +227,12 @@ class ChunkdIterDataset(grain.IterDataset):  # type: ignore[misc]
         world_size: ``W``.
         epoch: the epoch (a ``state`` sets its own).
         shuffle: shuffle (else members in order, samples as stored).
-        window: units whose samples are mixed together (None: every unit).
+        window: the most units whose samples are mixed together (None: no bound).
+        window_bytes: the most decoded bytes of a window's units (None: no bound;
+            default: the formats' decode caches' bound).
         tail: the epoch's last step: ``"uneven"``, ``"pad"`` or ``"drop"``.
         prefetch: steps each reader warms ahead (0: none).
-        state: a ``chunkd.loader/2`` state to start from (of any geometry).
+        state: a ``chunkd.loader/3`` state to start from (of any geometry).
         collate_fn: makes a batch's ``samples`` of its list (None: the list).
         client_factory: as :class:`GrainSource`'s.
 
@@ -243,6 +252,7 @@ class ChunkdIterDataset(grain.IterDataset):  # type: ignore[misc]
         epoch: int = 0,
         shuffle: bool = True,
         window: int | None = DEFAULT_WINDOW,
+        window_bytes: int | None = DEFAULT_WINDOW_BYTES,
         tail: Tail = "uneven",
         prefetch: int = DEFAULT_PREFETCH,
         state: Mapping[str, Any] | str | bytes | None = None,
@@ -256,6 +266,7 @@ class ChunkdIterDataset(grain.IterDataset):  # type: ignore[misc]
             batch_size=batch_size,
             seed=seed,
             window=window,
+            window_bytes=window_bytes,
             tail=tail,
             prefetch=prefetch,
         )
@@ -266,7 +277,9 @@ class ChunkdIterDataset(grain.IterDataset):  # type: ignore[misc]
         self.tail: Tail = tail
         self.prefetch = prefetch
         self.collate_fn = collate_fn
-        self.start = LoaderState(dataset.id, int(seed), epoch, 0, bool(shuffle), window)
+        self.start = LoaderState(
+            dataset.id, int(seed), epoch, 0, bool(shuffle), window, window_bytes
+        )
         if state is not None:
             self.start = self.checked(LoaderState.parse(state))
         self.worker, self.workers = 0, 1
@@ -283,6 +296,7 @@ class ChunkdIterDataset(grain.IterDataset):  # type: ignore[misc]
             seed=s.seed,
             shuffle=s.shuffle,
             window=s.window,
+            window_bytes=s.window_bytes,
             total=len(self.source),
         )
         return state

@@ -31,7 +31,13 @@ from chunkd.client.datasets.loader import (
     step_sample_ids,
     warm,
 )
-from chunkd.client.datasets.order import DEFAULT_WINDOW, Order, Permutation, quality
+from chunkd.client.datasets.order import (
+    DEFAULT_WINDOW,
+    DEFAULT_WINDOW_BYTES,
+    Order,
+    Permutation,
+    quality,
+)
 from chunkd.client.datasets.state import MAX_STATE_BYTES, STATE_FORMAT, LoaderState
 from chunkd.errors import InvalidRequestError, ResumeStateError
 from chunkd.snapshot import Member, Snapshot
@@ -73,8 +79,10 @@ def unit_counts(units: list[list[int] | None], fill: int = 7) -> list[int]:
     return [fill + i if u is None else sum(u) for i, u in enumerate(units)]
 
 
-def check_epoch(order: Order, counts: list[int], window: int | None) -> None:
-    """Every sample once, a pure function, and the window bound on units."""
+def check_epoch(
+    order: Order, counts: list[int], window: int | None, window_bytes: int | None = None
+) -> None:
+    """Every sample once, a pure function, and the window's bounds on units and bytes."""
     total = sum(counts)
     assert order.total == len(order) == total
     index = order.indices(np.arange(total, dtype=np.int64))
@@ -86,15 +94,33 @@ def check_epoch(order: Order, counts: list[int], window: int | None) -> None:
     unit, offset = order.locate_units(np.arange(total, dtype=np.int64))
     assert (order.unit_member[unit] == member).all()
     assert ((offset >= 0) & (offset < order.unit_sizes[unit])).all()
+    filled = order.unit_order.tolist()
+    firsts = order.window_firsts.tolist()
+    assert firsts == sorted(set(firsts))
+    assert firsts[:1] == ([0] if filled else [])
+    lasts = [*firsts[1:], len(filled)] if firsts else []
+    runs = [filled[a:b] for a, b in zip(firsts, lasts, strict=True)]
+    for r, run in enumerate(runs):
+        cost = int(order.unit_bytes[run].sum())
+        # at most `window` units and `window_bytes` decoded bytes (but a unit alone)
+        assert len(run) >= 1
+        assert window is None or len(run) <= window
+        assert window_bytes is None or cost <= window_bytes or len(run) == 1
+        # greedy: the next window's first unit would not have fit
+        if r + 1 < len(runs):
+            more = cost + int(order.unit_bytes[runs[r + 1][0]])
+            assert (window is not None and len(run) == window) or (
+                window_bytes is not None and more > window_bytes
+            )
+    if window is None and window_bytes is None:
+        assert len(runs) <= 1
     if window is None:
         return
     q = quality(order)
     # units open at once: never more than a window's
     assert q.units_held <= window
-    # the units of each run of `window` units of the units' order are read together,
-    # one run after the other: each window touches at most `window` units and members
-    filled = order.unit_order.tolist()
-    runs = [filled[i : i + window] for i in range(0, len(filled), window)]
+    # the units of each window are read together, one window after the other: each
+    # window touches at most `window` units and members
     run_of = {u: i for i, run in enumerate(runs) for u in run}
     seen = [run_of[u] for u in unit.tolist()]
     assert seen == sorted(seen)
@@ -387,6 +413,140 @@ def test_tails_by_example() -> None:
     assert Steps(2, 0, 5, 1, "pad").positions(0, 0)[0].tolist() == [0, 1, 0, 1, 0]
 
 
+#: a window's bound on decoded bytes (None: no bound)
+window_bytes_st = st.one_of(st.none(), st.integers(0, 400))
+
+
+@given(
+    units=units_st,
+    costs=st.lists(
+        st.one_of(st.just(0), st.integers(1, 100), st.integers(101, 600)),
+        min_size=200,
+        max_size=200,
+    ),
+    seed=st.integers(0, 2**64 - 1),
+    window=windows_st,
+    window_bytes=window_bytes_st,
+)
+@settings(max_examples=150, deadline=None)
+def test_windows_are_bounded_by_units_and_by_decoded_bytes(
+    units: list[list[int] | None],
+    costs: list[int],
+    seed: int,
+    window: int | None,
+    window_bytes: int | None,
+) -> None:
+    counts = unit_counts(units)
+    per = [1 if u is None else len(u) for u in units]
+    given_costs: list[list[int] | None] = []
+    at = 0
+    for i, n in enumerate(per):
+        given_costs.append(None if i % 5 == 4 else costs[at : at + n])  # None: all 0
+        at += n
+
+    def make() -> Order:
+        return Order(
+            counts,
+            snapshot=SNAPSHOT,
+            seed=seed,
+            epoch=1,
+            window=window,
+            window_bytes=window_bytes,
+            units=units,
+            unit_bytes=given_costs,
+        )
+
+    order = make()
+    check_epoch(order, counts, window, window_bytes)
+    total = sum(counts)
+    # a pure function of (snapshot, seed, epoch, shuffle, window, window_bytes)
+    assert make().indices(np.arange(total)).tolist() == order.indices(np.arange(total)).tolist()
+    # no decoded bytes anywhere: window_bytes bounds nothing
+    if window is not None:
+        free = Order(counts, snapshot=SNAPSHOT, seed=seed, epoch=1, window=window, units=units)
+        bare = Order(
+            counts,
+            snapshot=SNAPSHOT,
+            seed=seed,
+            epoch=1,
+            window=window,
+            window_bytes=None,
+            units=units,
+        )
+        assert free.indices(np.arange(total)).tolist() == bare.indices(np.arange(total)).tolist()
+
+
+def test_unit_bytes_are_checked_and_default_to_the_decode_caches_bound() -> None:
+    from chunkd.client.datasets.formats import DECODED_CACHE_BYTES, jsonl, mds, parquet
+
+    assert DEFAULT_WINDOW_BYTES == DECODED_CACHE_BYTES == 256 << 20
+    assert (
+        parquet.ROW_GROUP_CACHE_BYTES == jsonl.CACHE_BYTES == mds.CACHE_BYTES == DECODED_CACHE_BYTES
+    )
+    assert Order([3], snapshot=SNAPSHOT, seed=1, epoch=0).window_bytes == DEFAULT_WINDOW_BYTES
+    assert LoaderState(SNAPSHOT, 1, 0, 0).window_bytes == DEFAULT_WINDOW_BYTES
+    with pytest.raises(ValueError, match="one per unit"):
+        Order([4], snapshot=SNAPSHOT, seed=1, epoch=0, units=[[2, 2]], unit_bytes=[[1]])
+    with pytest.raises(ValueError, match="one entry per member"):
+        Order([4, 1], snapshot=SNAPSHOT, seed=1, epoch=0, unit_bytes=[[1]])
+    with pytest.raises(ValueError, match="negative"):
+        Order([4], snapshot=SNAPSHOT, seed=1, epoch=0, unit_bytes=[[-1]])
+    with pytest.raises(ValueError, match="window_bytes"):
+        Order([4], snapshot=SNAPSHOT, seed=1, epoch=0, window_bytes=-1)
+    # a unit bigger than the bound is a window alone; small ones share one
+    order = Order(
+        [1] * 6,
+        snapshot=SNAPSHOT,
+        seed=1,
+        epoch=0,
+        shuffle=False,
+        window_bytes=100,
+        unit_bytes=[[500], [10], [10], [90], [0], [500]],
+    )
+    assert order.window_firsts.tolist() == [0, 1, 3, 5]
+
+
+def test_the_formats_name_their_units_decoded_bytes_from_the_manifest() -> None:
+    from chunkd.client.datasets.formats import format_of, unit_bytes_of
+
+    rg = Member(
+        "a.parquet",
+        10,
+        "v",
+        "parquet",
+        samples=5,
+        meta={"row_groups": [[2, 4, 3, 700], [3, 7, 2, 900]]},
+    )
+    assert unit_bytes_of(format_of("parquet"), rg) == [700, 900]
+    zst = Member(
+        "a.jsonl.zst",
+        10,
+        "v",
+        "jsonl",
+        samples=5,
+        meta={"seekable": False, "bytes": 12345, "index": [[0, 0]]},
+    )
+    assert unit_bytes_of(format_of("jsonl"), zst) == [12345]
+    seekable = Member(
+        "a.jsonl.zst",
+        10,
+        "v",
+        "jsonl",
+        samples=5,
+        meta={"seekable": True, "bytes": 12345, "index": [[0, 0, 0, 0, 0]]},
+    )
+    plain = Member("a.jsonl", 10, "v", "jsonl", samples=5, meta={"index": [[0, 0]]})
+    assert unit_bytes_of(format_of("jsonl"), seekable) is None
+    assert unit_bytes_of(format_of("jsonl"), plain) is None
+    shard = Member(
+        "a.mds.zstd", 10, "v", "mds", samples=5, meta={"raw_bytes": 4096, "compression": "zstd"}
+    )
+    assert unit_bytes_of(format_of("mds"), shard) == [4096]
+    raw = Member("a.mds", 10, "v", "mds", samples=5, meta={})
+    assert unit_bytes_of(format_of("mds"), raw) is None
+    assert unit_bytes_of(format_of("fixed"), raw) is None
+
+
 # -- the state ---------------------------------------------------------------------------
 
 
@@ -396,17 +556,24 @@ def test_tails_by_example() -> None:
     cursor=st.integers(0, 2**63 - 1),
     shuffle=st.booleans(),
     window=st.one_of(st.none(), st.integers(1, 2**32 - 1)),
+    window_bytes=st.one_of(st.none(), st.integers(0, 2**63 - 1)),
 )
 def test_a_state_is_small_json_that_round_trips(
-    seed: int, epoch: int, cursor: int, shuffle: bool, window: int | None
+    seed: int, epoch: int, cursor: int, shuffle: bool, window: int | None, window_bytes: int | None
 ) -> None:
-    state = LoaderState(SNAPSHOT, seed, epoch, cursor, shuffle, window)
+    state = LoaderState(SNAPSHOT, seed, epoch, cursor, shuffle, window, window_bytes)
     text = state.to_json()
     assert len(text.encode()) <= MAX_STATE_BYTES
     assert json.loads(text)["format"] == STATE_FORMAT
     assert LoaderState.parse(text) == state
     assert LoaderState.parse(text.encode()) == state
     assert LoaderState.parse(state.to_dict()) == state
+
+
+def test_the_longest_state_fits() -> None:
+    longest = LoaderState(SNAPSHOT, 2**64 - 1, 2**32 - 1, 2**63 - 1, False, 2**32 - 1, 2**63 - 1)
+    assert len(longest.to_json().encode()) == 253 <= MAX_STATE_BYTES
+    assert LoaderState.parse(longest.to_json()) == longest
 
 
 def test_bad_states_are_refused_with_what_is_wrong() -> None:
@@ -424,6 +591,8 @@ def test_bad_states_are_refused_with_what_is_wrong() -> None:
         (good | {"seed": True}, "'seed' is a whole number"),
         (good | {"snapshot": "xyz"}, "snapshot id"),
         (good | {"window": 0}, "'window'"),
+        (good | {"window_bytes": -1}, "'window_bytes'"),
+        (good | {"window_bytes": 2**63}, "'window_bytes'"),
         (good | {"shuffle": 1}, "'shuffle'"),
         (
             {"format": "chunkd.ShardDataset/1", "order": "ab", "epoch": 2, "position": 7},
@@ -431,20 +600,33 @@ def test_bad_states_are_refused_with_what_is_wrong() -> None:
         ),
         # the order before units: its cursor is a place in another order
         (good | {"format": "chunkd.loader/1"}, r"loader/1 state \(epoch 1, cursor 10\).*units"),
+        # windows bounded by units only: its cursor is a place in another order
+        (
+            {k: v for k, v in good.items() if k != "window_bytes"} | {"format": "chunkd.loader/2"},
+            r"loader/2 state \(epoch 1, cursor 10\).*window_bytes",
+        ),
     ]
     for state, message in cases:
         with pytest.raises(ResumeStateError, match=message):
             LoaderState.parse(state)
     assert issubclass(ResumeStateError, ValueError)
 
-    assert good["format"] == STATE_FORMAT == "chunkd.loader/2"
+    assert good["format"] == STATE_FORMAT == "chunkd.loader/3"
     state = LoaderState.parse(good)
-    order = {"snapshot": SNAPSHOT, "seed": 5, "shuffle": True, "window": 16, "total": 100}
+    order = {
+        "snapshot": SNAPSHOT,
+        "seed": 5,
+        "shuffle": True,
+        "window": 16,
+        "window_bytes": DEFAULT_WINDOW_BYTES,
+        "total": 100,
+    }
     state.check(**order)  # type: ignore[arg-type]
     for change, message in (
         ({"snapshot": "cd" * 32}, "of snapshot"),
         ({"seed": 6}, "of seed 5"),
         ({"window": None}, "window=16"),
+        ({"window_bytes": None}, "window_bytes=268435456"),
         ({"shuffle": False}, "shuffle=True"),
         ({"total": 9}, "past the end"),
     ):
@@ -765,3 +947,47 @@ def test_parquet_row_groups_are_decoded_once_an_epoch_though_they_outnumber_the_
     steps = Steps(len(dataset), 0, 24, 1)
     assert sum(len(b.samples) for b in read_steps(dataset, by_members, steps, rank=0)) == 2560
     assert sum(decodes.values()) > 5 * 128  # about half the rows decode their group
+
+
+def test_parquet_row_groups_big_against_the_cache_are_decoded_once_an_epoch_pass(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Row groups whose decoded size is large against the cache (as Spark's 128 MiB
+    # groups against 256 MiB): the cache is shrunk to about 4 groups here, instead of
+    # writing 128 MiB groups. The loader's window_bytes is the cache's bound, as it is
+    # by default (DEFAULT_WINDOW_BYTES == the decode caches' bound, asserted above).
+    dataset = parquet_dataset(files=8, groups=16, rows=20)
+    from chunkd.client.datasets.formats import DecodedLRU, parquet, snapshot_unit_bytes
+
+    costs = [c for per in snapshot_unit_bytes(dataset.snapshot) for c in per or ()]
+    assert len(costs) == 128
+    assert min(costs) > 0
+    member = dataset.snapshot.members[0]
+    decoded = int(parquet.ParquetRows._decode(parquet.FORMAT, dataset.source, member, 0).nbytes)
+    bound = 4 * max(costs)
+    # what the cache counts (Arrow's bytes) against what the manifest says (Parquet's)
+    lru_bound = bound * max(1, -(-decoded // min(costs)))
+    decodes: Counter[tuple[str, int]] = Counter()
+    decode = parquet.ParquetRows._decode
+
+    def counted(self: Any, source: Any, member: Member, group: int) -> Any:
+        decodes[member.key, group] += 1
+        return decode(self, source, member, group)
+
+    monkeypatch.setattr(parquet.ParquetRows, "_decode", counted)
+
+    def read(window_bytes: int | None) -> list[int]:
+        monkeypatch.setattr(parquet, "_ROW_GROUPS", DecodedLRU(lru_bound, 64))
+        decodes.clear()
+        loader = Loader(dataset, batch_size=24, seed=5, window_bytes=window_bytes)
+        assert loader.state()["window"] == DEFAULT_WINDOW == 16
+        return [int(s["id"]) for b in loader for s in b.samples]
+
+    ids = read(bound)
+    assert sorted(ids) == list(range(2560))
+    assert len(decodes) == 128
+    assert max(decodes.values()) == 1
+    # windows of 16 units whatever their bytes (the order before window_bytes) thrash it
+    ids = read(None)
+    assert sorted(ids) == list(range(2560))
+    assert sum(decodes.values()) > 3 * 128

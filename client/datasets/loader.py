@@ -14,7 +14,9 @@ Steps
 Ranks: contiguous slices
     Rank ``r`` takes the contiguous slice ``[base + r*B, base + (r+1)*B)`` of its
     step (``base = cursor + s*G``), so the ranks of a step read neighbouring positions
-    of the order, from the same window of units (row groups, for Parquet). A short
+    of the order, from the same window of units (row groups, for Parquet; a window
+    holds at most ``window`` units and ``window_bytes`` of their decoded bytes, so it
+    fits the formats' decode caches). A short
     last step (``tail = "uneven"``, ``n < G`` positions) is split as evenly as
     contiguous slices go: with ``q, m = divmod(n, W)``, rank ``r`` takes ``q + (r <
     m)`` positions starting at ``base + r*q + min(r, m)``; a rank may get none (when
@@ -76,8 +78,8 @@ from typing import TYPE_CHECKING, Any, Final, Literal, NamedTuple, Protocol
 import numpy as np
 from numpy.typing import NDArray
 
-from chunkd.client.datasets.formats import snapshot_units
-from chunkd.client.datasets.order import DEFAULT_WINDOW, Order
+from chunkd.client.datasets.formats import snapshot_unit_bytes, snapshot_units
+from chunkd.client.datasets.order import DEFAULT_WINDOW, DEFAULT_WINDOW_BYTES, Order
 from chunkd.client.datasets.state import LoaderState
 from chunkd.errors import ChunkdError
 
@@ -420,7 +422,7 @@ class Loader:
 
     Iterating yields :class:`Batch` es of steps from the current cursor on (see the
     module docstring for steps, ranks and the tail). :meth:`state` is the
-    ``chunkd.loader/2`` state after the last batch yielded (a step boundary);
+    ``chunkd.loader/3`` state after the last batch yielded (a step boundary);
     :meth:`restore` makes the next iteration start at a state's cursor, whatever
     the ranks, batch size or workers that saved it.
 
@@ -437,8 +439,10 @@ class Loader:
         world_size: ``W``.
         epoch: the first epoch.
         shuffle: shuffle (else members in order, samples as stored).
-        window: units whose samples are mixed together (None: every unit; a unit is
-            what the format decodes whole: a Parquet row group, else a member).
+        window: the most units whose samples are mixed together (None: no bound; a
+            unit is what the format decodes whole: a Parquet row group, else a member).
+        window_bytes: the most decoded bytes of a window's units (None: no bound;
+            default: the formats' decode caches' bound, so a window's units fit them).
         tail: ``"uneven"``, ``"pad"`` or ``"drop"``.
         prefetch: steps warmed ahead of the one read (0: none).
         client: whose daemon warms them (default: the dataset source's client).
@@ -459,6 +463,7 @@ class Loader:
         epoch: int = 0,
         shuffle: bool = True,
         window: int | None = DEFAULT_WINDOW,
+        window_bytes: int | None = DEFAULT_WINDOW_BYTES,
         tail: Tail = "uneven",
         prefetch: int = DEFAULT_PREFETCH,
         client: Any = None,
@@ -470,6 +475,7 @@ class Loader:
             batch_size=batch_size,
             seed=seed,
             window=window,
+            window_bytes=window_bytes,
             tail=tail,
             prefetch=prefetch,
         )
@@ -482,7 +488,13 @@ class Loader:
         self.transform = transform
         self.client = client if client is not None else client_of(dataset)
         self._state = LoaderState(
-            dataset.snapshot.id, seed, epoch, 0, shuffle=bool(shuffle), window=window
+            dataset.snapshot.id,
+            seed,
+            epoch,
+            0,
+            shuffle=bool(shuffle),
+            window=window,
+            window_bytes=window_bytes,
         )
         self._order: Order | None = None
         self._order_epoch = -1
@@ -517,7 +529,7 @@ class Loader:
         return self._order
 
     def state(self) -> dict[str, Any]:
-        """The ``chunkd.loader/2`` state after the last batch yielded (JSON-able, at most
+        """The ``chunkd.loader/3`` state after the last batch yielded (JSON-able, at most
         256 bytes; :mod:`~chunkd.client.datasets.state`)."""
         return self._state.to_dict()
 
@@ -535,6 +547,7 @@ class Loader:
             seed=s.seed,
             shuffle=s.shuffle,
             window=s.window,
+            window_bytes=s.window_bytes,
             total=len(self.dataset.snapshot),
         )
         self._state = loaded
@@ -581,6 +594,7 @@ def check_settings(
     batch_size: int,
     seed: int,
     window: int | None,
+    window_bytes: int | None,
     tail: str,
     prefetch: int,
 ) -> None:
@@ -588,7 +602,8 @@ def check_settings(
 
     Raises:
         ValueError: a rank outside the world, a batch size below 1, a seed outside
-            ``0 <= seed < 2**64``, a window below 1, an unknown tail, or a prefetch
+            ``0 <= seed < 2**64``, a window below 1, a window_bytes below 0 (or
+            2**63 and more), an unknown tail, or a prefetch
             outside ``0 .. MAX_PREFETCH``.
     """
     if world_size < 1 or not 0 <= rank < world_size:
@@ -599,6 +614,10 @@ def check_settings(
         raise ValueError(f"seed is a whole number, 0 <= seed < 2**64; got {seed!r}")
     if window is not None and window < 1:
         raise ValueError(f"window must be >= 1 unit, or None for all; got {window!r}")
+    if window_bytes is not None and not 0 <= window_bytes < 1 << 63:
+        raise ValueError(
+            f"window_bytes is 0 <= window_bytes < 2**63, or None for no bound; got {window_bytes!r}"
+        )
     if tail not in TAILS:
         raise ValueError(f"tail is one of {', '.join(TAILS)}; got {tail!r}")
     if not 0 <= prefetch <= MAX_PREFETCH:
@@ -612,7 +631,8 @@ def client_of(dataset: Any) -> Any:
 
 def order_of(snapshot: Snapshot, state: LoaderState) -> Order:
     """The order of ``state``'s epoch over ``snapshot``, by its members' units (what
-    their formats decode whole: :func:`~chunkd.client.datasets.formats.snapshot_units`).
+    their formats decode whole: :func:`~chunkd.client.datasets.formats.snapshot_units`)
+    and their decoded bytes (:func:`~chunkd.client.datasets.formats.snapshot_unit_bytes`).
     Every reader builds its order here, so all of them deal the same one."""
     return Order(
         snapshot.counts,
@@ -621,7 +641,9 @@ def order_of(snapshot: Snapshot, state: LoaderState) -> Order:
         epoch=state.epoch,
         shuffle=state.shuffle,
         window=state.window,
+        window_bytes=state.window_bytes,
         units=snapshot_units(snapshot),
+        unit_bytes=snapshot_unit_bytes(snapshot),
     )
 
 
@@ -649,8 +671,8 @@ def step_sample_ids(
 
     ``state``: a saved loader state (its cursor, epoch, seed and order settings), and
     ``step`` counts from its cursor (0: the first step after it). For a run that
-    never resized, ``LoaderState(snapshot_id, seed, epoch, 0)`` (with its shuffle and
-    window) and the step since the epoch's start. Pure: no reading.
+    never resized, ``LoaderState(snapshot_id, seed, epoch, 0)`` (with its shuffle,
+    window and window_bytes) and the step since the epoch's start. Pure: no reading.
 
     Raises:
         ResumeStateError: ``state`` is malformed or of another snapshot.
@@ -664,6 +686,7 @@ def step_sample_ids(
         seed=loaded.seed,
         shuffle=loaded.shuffle,
         window=loaded.window,
+        window_bytes=loaded.window_bytes,
         total=len(snapshot),
     )
     steps = Steps(len(snapshot), loaded.cursor, batch_size, world_size, tail)

@@ -2,11 +2,11 @@
 
 What the order depends on
     The snapshot's id and its members' **units** (below) with their sample counts, in
-    member order, ``seed``, ``epoch``, and the order's two settings: ``shuffle`` and
-    ``window``. Nothing else: not ranks, workers, batch sizes, the machine, or numpy's
-    and torch's versions. The shuffles are keyed pseudorandom permutations
-    (:class:`Permutation`, a Feistel network) whose keys name the snapshot, seed and
-    epoch::
+    member order, with their decoded bytes, ``seed``, ``epoch``, and the order's three
+    settings: ``shuffle``, ``window`` and ``window_bytes``. Nothing else: not ranks,
+    workers, batch sizes, the machine, or numpy's and torch's versions. The shuffles
+    are keyed pseudorandom permutations (:class:`Permutation`, a Feistel network)
+    whose keys name the snapshot, seed and epoch::
 
         chunkd.order:{snapshot}:{seed}:{epoch}:units          the units' order
         chunkd.order:{snapshot}:{seed}:{epoch}:window:{w}     the samples of window w
@@ -26,32 +26,43 @@ Units: what a format decodes whole
 
 Locality: units shuffled, then samples mixed within a window of units
     The units are permuted first (across members: a window's units come from
-    anywhere in the dataset). Then each run of ``window`` consecutive units of that
-    order (the last run may be shorter) is a **window**, and the samples of a window
-    are permuted together: the epoch reads window 0's samples in a shuffled order,
-    then window 1's, and so on. A reader reading positions in order therefore holds at
-    most ``window`` units (so at most ``window`` members) inside a window, and at most
-    ``2 * window`` across a window's edge, whatever the dataset's size. Each unit is in
-    one window, and a window's samples all come before the next window's: a reader
-    whose cache of decoded units holds ``window`` of them decodes each unit once an
-    epoch. ``window=None`` makes one window of every unit: a uniform shuffle of all
-    samples (the baseline :func:`quality` measures against). ``shuffle=False``:
-    members in key order, samples as stored (positions are snapshot indices).
+    anywhere in the dataset). Then that order is cut into **windows**: runs of
+    consecutive units holding at most ``window`` units AND at most ``window_bytes``
+    of their decoded bytes (a unit's decoded bytes, from the manifest alone:
+    :func:`chunkd.client.datasets.formats.unit_bytes_of`; a unit of more than
+    ``window_bytes`` is a window alone). The cut is greedy from the first unit
+    (:func:`window_starts`, O(units)), so it too is a pure function of the inputs
+    above. The samples of a window are permuted together: the epoch reads window 0's
+    samples in a shuffled order, then window 1's, and so on. A reader reading
+    positions in order therefore holds at most ``window`` units (so at most
+    ``window`` members), and at most ``window_bytes`` decoded, inside a window, and at
+    most twice that across a window's edge, whatever the dataset's size. Each unit is
+    in one window, and a window's samples all come before the next window's: a
+    reader whose cache of decoded units holds a window decodes each unit once an
+    epoch. ``window=None`` / ``window_bytes=None``: no such bound; both None make one
+    window of every unit: a uniform shuffle of all samples (the baseline
+    :func:`quality` measures against). ``shuffle=False``: members in key order,
+    samples as stored (positions are snapshot indices).
 
-The default window: 16 units
+The defaults: 16 units, 256 MiB decoded
     Measured with :func:`quality` on 64 members of 8 row groups of 1000 rows (512
-    units; the whole epoch, seed 1). The mean distance between adjacent samples is
-    0.87 of a full shuffle's at window 8, 0.93 at 16 and 0.98 at 32 (a window's units
-    are drawn from the whole dataset). What the window buys is how many units a batch
-    draws from: a run of 1024 positions touches 9 units (8.5 members) at window 8, 17
-    (15.3) at 16 and 33 (26.9) at 32, against 443 units (all 64 members) for a full
-    shuffle. 16 doubles 8's mix within a batch while its working set, 16 units, fits
-    the Parquet row-group cache (64 groups, 256 MiB) for row groups of up to 16 MiB
-    decoded: reading the epoch in order then decodes each row group once. 32 would
-    fit only groups of up to 8 MiB, and thrash the cache beyond (an LRU of 256 MiB
-    decodes 0.5 groups per row at window 32 with 16 MiB groups, 0.75 at window 16
-    with 64 MiB groups: for big row groups, choose ``window`` of at most 256 MiB over
-    the group's decoded size).
+    units; the whole epoch, seed 1). With units that decode to nothing (read in
+    place) only ``window`` bounds: the mean distance between adjacent samples is 0.87
+    of a full shuffle's at window 8, 0.93 at 16 and 0.98 at 32 (a window's units are
+    drawn from the whole dataset), and a run of 1024 positions touches 9 units (8.5
+    members) at window 8, 17 (15.3) at 16 and 33 (26.9) at 32, against 443 units (all
+    64 members) for a full shuffle. ``window_bytes`` defaults to the formats' decode
+    caches' bound (:data:`DEFAULT_WINDOW_BYTES` ``=``
+    :data:`~chunkd.client.datasets.formats.DECODED_CACHE_BYTES`, 256 MiB), so a
+    window's units fit the cache they are decoded into and reading an epoch in order
+    decodes each once, whatever the units' size. Row groups of up to 16 MiB decoded
+    are bounded by ``window`` alone. Spark's 128 MiB row groups (the same 64 x 8
+    units, each 128 MiB decoded; a synthetic manifest) make windows of 2 units: a mean
+    gap of 0.49 of a full shuffle's, and 2.8 row groups (2.8 members) per 1024 rows,
+    each decoded once; without the byte bound (``window_bytes=None``) the windows of
+    16 such units (2 GiB) would mix to 0.93 and touch 16 row groups per 1024 rows, but
+    thrash the 256 MiB cache, decoding a whole row group for nearly every row read.
+    512 MiB or 1 GiB (with caches as big) mix to 0.73 or 0.87.
 
 Cost
     :meth:`Order.locate` maps any positions to their ``(member, sample)`` directly: a
@@ -73,10 +84,23 @@ from typing import Final
 import numpy as np
 from numpy.typing import NDArray
 
-__all__ = ["DEFAULT_WINDOW", "Order", "OrderQuality", "Permutation", "quality"]
+from chunkd.client.datasets.formats import DECODED_CACHE_BYTES
+
+__all__ = [
+    "DEFAULT_WINDOW",
+    "DEFAULT_WINDOW_BYTES",
+    "Order",
+    "OrderQuality",
+    "Permutation",
+    "quality",
+    "window_starts",
+]
 
 #: units whose samples are mixed together, by default (see the module docstring)
 DEFAULT_WINDOW: Final = 16
+#: decoded bytes a window's units hold at most, by default: the formats' decode caches'
+#: bound, so that a window's units fit them (see the module docstring)
+DEFAULT_WINDOW_BYTES: Final = DECODED_CACHE_BYTES
 
 # -- a stable pseudorandom permutation ---------------------------------------------------
 
@@ -141,15 +165,22 @@ class Order:
         seed: the run's seed.
         epoch: the epoch.
         shuffle: permute (else: members in order, samples as stored).
-        window: units whose samples are mixed together (None: all of them).
+        window: the most units whose samples are mixed together (None: no bound).
+        window_bytes: the most decoded bytes of a window's units (None: no bound; a
+            unit of more is a window alone).
         units: each member's units' sample counts, in member order, one entry per
             member (None there: the member is one unit); None: every member is one
             unit. :func:`chunkd.client.datasets.formats.snapshot_units` gives a
             snapshot's.
+        unit_bytes: each member's units' decoded bytes, as ``units`` (None there, or
+            None for all: 0, nothing decoded whole).
+            :func:`chunkd.client.datasets.formats.snapshot_unit_bytes` gives a
+            snapshot's.
 
     Raises:
-        ValueError: a negative count, a window below 1, or units that are not one
-            entry per member or do not add up to their member's count.
+        ValueError: a negative count, a window below 1, window_bytes below 0, units
+            that are not one entry per member or do not add up to their member's
+            count, or unit bytes that are not one per unit or are negative.
     """
 
     def __init__(
@@ -161,15 +192,22 @@ class Order:
         epoch: int,
         shuffle: bool = True,
         window: int | None = DEFAULT_WINDOW,
+        window_bytes: int | None = DEFAULT_WINDOW_BYTES,
         units: Sequence[Sequence[int] | None] | None = None,
+        unit_bytes: Sequence[Sequence[int] | None] | None = None,
     ) -> None:
         sizes = np.asarray(counts, dtype=np.int64).reshape(-1)
         if (sizes < 0).any():
             raise ValueError("a member's sample count is negative")
         if window is not None and window < 1:
             raise ValueError(f"window must be >= 1 unit, or None for all; got {window!r}")
+        if window_bytes is not None and window_bytes < 0:
+            raise ValueError(
+                f"window_bytes must be >= 0, or None for no bound; got {window_bytes!r}"
+            )
         self.shuffle = bool(shuffle)
         self.window = window
+        self.window_bytes = window_bytes
         self._key = f"chunkd.order:{snapshot}:{seed}:{epoch}"
         #: where each member's first sample is in the snapshot (its index)
         self.member_starts: NDArray[np.int64] = np.concatenate(([0], np.cumsum(sizes))).astype(
@@ -184,6 +222,8 @@ class Order:
         self.unit_starts: NDArray[np.int64] = np.concatenate(([0], np.cumsum(unit_sizes))).astype(
             np.int64
         )
+        #: each unit's decoded bytes (0: read in place)
+        self.unit_bytes: NDArray[np.int64] = _unit_bytes(unit_bytes, unit_member, len(sizes))
         #: each unit's first sample in its member
         self.unit_first: NDArray[np.int64] = (
             self.unit_starts[:-1] - self.member_starts[unit_member]
@@ -199,8 +239,9 @@ class Order:
         self.unit_order: NDArray[np.int64] = filled
         # cum[p]: where the unit at position p of that order starts in the epoch
         self._cum = np.concatenate(([0], np.cumsum(unit_sizes[filled]))).astype(np.int64)
-        per = len(filled) if window is None else window
-        firsts = np.arange(0, len(filled), max(1, per), dtype=np.int64)
+        firsts = window_starts(self.unit_bytes[filled], window, window_bytes)
+        #: where each window starts in the units' order (its first unit's position)
+        self.window_firsts: NDArray[np.int64] = firsts
         self._window_starts = np.concatenate((self._cum[firsts], self._cum[-1:])).astype(np.int64)
         #: samples in the epoch
         self.total = int(self._cum[-1])
@@ -260,6 +301,57 @@ class Order:
             size = int(self._window_starts[w + 1] - self._window_starts[w])
             found = self._permutations[w] = Permutation(size, f"{self._key}:window:{w}")
         return found
+
+
+def window_starts(
+    costs: NDArray[np.int64], window: int | None, window_bytes: int | None
+) -> NDArray[np.int64]:
+    """Where each window starts in a units' order whose units decode to ``costs`` bytes:
+    greedily, each window the longest run from where the last ended of at most
+    ``window`` units and ``window_bytes`` bytes (None: no such bound), and at least one
+    unit (a unit of more than ``window_bytes`` is a window alone). O(units)."""
+    n = len(costs)
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    if window_bytes is None:
+        return np.arange(0, n, n if window is None else window, dtype=np.int64)
+    here = np.arange(n, dtype=np.int64)
+    ends = np.full(n, n, dtype=np.int64) if window is None else np.minimum(here + window, n)
+    cum = np.concatenate(([0], np.cumsum(costs))).astype(np.int64)
+    # where the longest run from each unit of at most window_bytes ends (one unit at least)
+    fits = np.searchsorted(cum, cum[:-1] + window_bytes, side="right") - 1
+    ends = np.minimum(ends, np.maximum(fits, here + 1))
+    following = ends.tolist()
+    firsts: list[int] = []
+    at = 0
+    while at < n:
+        firsts.append(at)
+        at = following[at]
+    return np.asarray(firsts, dtype=np.int64)
+
+
+def _unit_bytes(
+    unit_bytes: Sequence[Sequence[int] | None] | None,
+    unit_member: NDArray[np.int64],
+    members: int,
+) -> NDArray[np.int64]:
+    """Each unit's decoded bytes, units in snapshot order (0 where none are given)."""
+    found = np.zeros(len(unit_member), dtype=np.int64)
+    if unit_bytes is None:
+        return found
+    if len(unit_bytes) != members:
+        raise ValueError(f"unit_bytes: one entry per member, {members}; got {len(unit_bytes)}")
+    per = np.bincount(unit_member, minlength=members).tolist()
+    starts = np.concatenate(([0], np.cumsum(per))).astype(np.int64).tolist()
+    for m, costs in enumerate(unit_bytes):
+        if costs is None:
+            continue
+        if len(costs) != per[m]:
+            raise ValueError(f"unit_bytes of member {m}: one per unit, {per[m]}; got {len(costs)}")
+        found[starts[m] : starts[m + 1]] = costs
+    if (found < 0).any():
+        raise ValueError("a unit's decoded bytes are negative")
+    return found
 
 
 def _units(

@@ -1,21 +1,26 @@
 """A loader's saved state: where an epoch's consumption stands, at any world size.
 
-The state (format ``chunkd.loader/2``)
+The state (format ``chunkd.loader/3``)
     A JSON object of exactly these fields, at most :data:`MAX_STATE_BYTES` (256)
     bytes as compact JSON, whatever the world size, workers or batch size::
 
-        format    "chunkd.loader/2"
-        snapshot  the snapshot id (64 hex digits): the order's samples
-        seed      the run's seed (0 <= seed < 2**64)
-        epoch     the epoch (0 <= epoch < 2**32)
-        cursor    how many positions of the epoch's order the trainer has consumed,
-                  at a step boundary (0 <= cursor <= the epoch's samples; equal to
-                  them: the epoch is done)
-        shuffle   whether the order is shuffled
-        window    the order's window: units (what a format decodes whole, a
-                  Parquet row group, else a member) mixed together (null: all)
+        format        "chunkd.loader/3"
+        snapshot      the snapshot id (64 hex digits): the order's samples
+        seed          the run's seed (0 <= seed < 2**64)
+        epoch         the epoch (0 <= epoch < 2**32)
+        cursor        how many positions of the epoch's order the trainer has
+                      consumed, at a step boundary (0 <= cursor <= the epoch's
+                      samples; equal to them: the epoch is done)
+        shuffle       whether the order is shuffled
+        window        the most units (what a format decodes whole, a Parquet row
+                      group, else a member) a window of the order mixes
+                      (1 <= window < 2**32; null: no bound)
+        window_bytes  the most decoded bytes of a window's units (0 <= window_bytes
+                      < 2**63; null: no bound)
 
-    ``snapshot``, ``seed``, ``epoch``, ``shuffle`` and ``window`` fix the epoch's order
+    The longest state (every number at its largest) is 253 bytes.
+    ``snapshot``, ``seed``, ``epoch``, ``shuffle``, ``window`` and ``window_bytes`` fix
+    the epoch's order
     (:mod:`chunkd.client.datasets.order`); ``cursor`` is a place in it. The cursor counts
     what the trainer **consumed** (batches handed to it), never what workers read
     ahead. Nothing in it depends on ranks, workers or batch sizes, so a state saved by
@@ -28,6 +33,15 @@ Checks
     another format, a missing, extra or out-of-range field. :meth:`LoaderState.check`
     refuses a state of another snapshot, seed or order settings, or a cursor past the
     epoch's end.
+
+States of ``chunkd.loader/2`` (windows bounded by units only)
+    are refused with a ResumeStateError that says why. Their order's windows held
+    ``window`` units whatever their decoded size; windows are now bounded by decoded
+    bytes too (``window_bytes``, by default the decode caches' 256 MiB), so with the
+    same snapshot, seed, epoch and window other samples come before the same cursor
+    wherever a window's units decode to more than that: resuming one would repeat
+    some samples and skip others, silently. The message names the epoch and cursor
+    it reached.
 
 States of ``chunkd.loader/1`` (the order before units)
     are refused with a ResumeStateError that says why. Their cursor is a place in the
@@ -55,21 +69,36 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from chunkd.client.datasets.order import DEFAULT_WINDOW
+from chunkd.client.datasets.order import DEFAULT_WINDOW, DEFAULT_WINDOW_BYTES
 from chunkd.errors import ResumeStateError
 
 __all__ = ["LEGACY_FORMATS", "MAX_STATE_BYTES", "STATE_FORMAT", "LoaderState"]
 
 #: the ``format`` of every loader state; bumped if a state's meaning changes
-STATE_FORMAT: Final = "chunkd.loader/2"
+STATE_FORMAT: Final = "chunkd.loader/3"
 #: the longest a state is, as compact JSON
 MAX_STATE_BYTES: Final = 256
 #: formats of states chunkd wrote before, refused by name (see the module docstring)
-LEGACY_FORMATS: Final = ("chunkd.loader/1", "chunkd.ShardDataset/1")
+LEGACY_FORMATS: Final = ("chunkd.loader/2", "chunkd.loader/1", "chunkd.ShardDataset/1")
 
-_FIELDS: Final = ("format", "snapshot", "seed", "epoch", "cursor", "shuffle", "window")
+_FIELDS: Final = (
+    "format",
+    "snapshot",
+    "seed",
+    "epoch",
+    "cursor",
+    "shuffle",
+    "window",
+    "window_bytes",
+)
 _ID_RE: Final = re.compile(r"[0-9a-f]{64}")
-_LIMITS: Final = {"seed": 1 << 64, "epoch": 1 << 32, "cursor": 1 << 63, "window": 1 << 32}
+_LIMITS: Final = {
+    "seed": 1 << 64,
+    "epoch": 1 << 32,
+    "cursor": 1 << 63,
+    "window": 1 << 32,
+    "window_bytes": 1 << 63,
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +111,7 @@ class LoaderState:
     cursor: int
     shuffle: bool = True
     window: int | None = DEFAULT_WINDOW
+    window_bytes: int | None = DEFAULT_WINDOW_BYTES
 
     def __post_init__(self) -> None:
         if not isinstance(self.snapshot, str) or not _ID_RE.fullmatch(self.snapshot):
@@ -93,6 +123,8 @@ class LoaderState:
             _whole(key, getattr(self, key), 0)
         if self.window is not None:
             _whole("window", self.window, 1)
+        if self.window_bytes is not None:
+            _whole("window_bytes", self.window_bytes, 0)
         if type(self.shuffle) is not bool:
             raise ResumeStateError(
                 f"a loader state's 'shuffle' is true or false; got {self.shuffle!r:.40}"
@@ -108,6 +140,7 @@ class LoaderState:
             "cursor": self.cursor,
             "shuffle": self.shuffle,
             "window": self.window,
+            "window_bytes": self.window_bytes,
         }
 
     def to_json(self) -> str:
@@ -119,10 +152,10 @@ class LoaderState:
         """A state from its dict or its JSON.
 
         Raises:
-            ResumeStateError: ``state`` is not a ``chunkd.loader/2`` state, or is
+            ResumeStateError: ``state`` is not a ``chunkd.loader/3`` state, or is
                 malformed (the message says how), or is one of a format chunkd no
-                longer resumes (``chunkd.loader/1``, ``chunkd.ShardDataset/1``: see the
-                module docstring).
+                longer resumes (``chunkd.loader/2``, ``chunkd.loader/1``,
+                ``chunkd.ShardDataset/1``: see the module docstring).
         """
         if isinstance(state, str | bytes | bytearray):
             if len(state) > MAX_STATE_BYTES:
@@ -162,6 +195,7 @@ class LoaderState:
             cursor=state["cursor"],
             shuffle=state["shuffle"],
             window=state["window"],
+            window_bytes=state["window_bytes"],
         )
         size = len(parsed.to_json())
         if size > MAX_STATE_BYTES:  # only reachable through a change of the fields' bounds
@@ -169,13 +203,20 @@ class LoaderState:
         return parsed
 
     def check(
-        self, *, snapshot: str, seed: int, shuffle: bool, window: int | None, total: int
+        self,
+        *,
+        snapshot: str,
+        seed: int,
+        shuffle: bool,
+        window: int | None,
+        window_bytes: int | None,
+        total: int,
     ) -> None:
         """Refuse this state unless it is of the order a loader deals.
 
         Raises:
-            ResumeStateError: it is of another snapshot, seed, shuffle or window, or
-                its cursor is past the epoch's ``total`` samples.
+            ResumeStateError: it is of another snapshot, seed, shuffle, window or
+                window_bytes, or its cursor is past the epoch's ``total`` samples.
         """
         if self.snapshot != snapshot:
             raise ResumeStateError(
@@ -188,10 +229,11 @@ class LoaderState:
                 f"this loader state is of seed {self.seed}, not {seed}: its cursor is a "
                 "place in another order; resume with the seed that saved it"
             )
-        if (self.shuffle, self.window) != (shuffle, window):
+        if (self.shuffle, self.window, self.window_bytes) != (shuffle, window, window_bytes):
             raise ResumeStateError(
                 f"this loader state is of an order with shuffle={self.shuffle}, "
-                f"window={self.window}, not shuffle={shuffle}, window={window}: resume "
+                f"window={self.window}, window_bytes={self.window_bytes}, not "
+                f"shuffle={shuffle}, window={window}, window_bytes={window_bytes}: resume "
                 "with the order settings that saved it"
             )
         if self.cursor > total:
@@ -211,6 +253,17 @@ def _whole(key: str, value: object, least: int) -> None:
 
 
 def _legacy_message(state: Mapping[str, Any]) -> str:
+    if state.get("format") == "chunkd.loader/2":
+        return (
+            f"this is a chunkd.loader/2 state (epoch {state.get('epoch')!r:.20}, cursor "
+            f"{state.get('cursor')!r:.20}); chunkd no longer resumes it: its cursor is a "
+            "place in the order whose windows were bounded by units only, and windows "
+            "are now bounded by decoded bytes too (window_bytes), so the same cursor of "
+            "the same snapshot, seed and epoch would repeat some samples and skip others "
+            f"wherever row groups or shards decode to more than a few MiB. Start that "
+            f"epoch afresh (set_epoch; {STATE_FORMAT} states are saved from then on), or "
+            "finish it with the chunkd that saved it"
+        )
     if state.get("format") == "chunkd.loader/1":
         return (
             f"this is a chunkd.loader/1 state (epoch {state.get('epoch')!r:.20}, cursor "

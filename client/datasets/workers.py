@@ -1,13 +1,13 @@
 """The states of a loader's workers, and the one chunkd state they make.
 
-In the trainer's process, a reader's state is the ``chunkd.loader/2`` state itself
+In the trainer's process, a reader's state is the ``chunkd.loader/3`` state itself
 (:mod:`chunkd.client.datasets.state`): at most 256 bytes, the same on every rank,
 resumable at any world size, batch size and worker count.
 
 A **worker** ``k`` of ``K`` (a torch DataLoader worker, a Grain ``mp_prefetch``
 process) knows only its own steps (``k, k+K, ...``), so its state is a
 :data:`WORKER_FORMAT` dict: the
-``chunkd.loader/2`` state its iteration started from (``start``), the geometry
+``chunkd.loader/3`` state its iteration started from (``start``), the geometry
 (``total``, ``rank``, ``world_size``, ``batch_size``, ``tail``, ``worker``,
 ``workers``), ``yielded``, the batches it produced that the loader handed on (torchdata's
 ``StatefulDataLoader`` and Grain's prefetch record a worker's state with each batch they
@@ -99,7 +99,7 @@ class WorkerState:
             )
         start = state.get("start")
         if not isinstance(start, Mapping):
-            raise ResumeStateError("a worker's state needs 'start', a chunkd.loader/2 state")
+            raise ResumeStateError("a worker's state needs 'start', a chunkd.loader/3 state")
         return cls(start=LoaderState.parse(start), tail=tail, finished=finished, **values)
 
     def geometry(self) -> tuple[int, ...]:
@@ -121,7 +121,7 @@ class WorkerState:
 
 
 def global_state(state: Any) -> dict[str, Any]:
-    """The ``chunkd.loader/2`` state of what DataLoaders saved (see the module docstring).
+    """The ``chunkd.loader/3`` state of what DataLoaders saved (see the module docstring).
 
     ``state``: a ``StatefulDataLoader.state_dict()``, a dataset's ``state_dict()``, or
     any nesting of dicts, lists and tuples of them, such as a list of every rank's

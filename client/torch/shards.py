@@ -16,7 +16,7 @@ from chunkd.client.core import Client
 from chunkd.client.datasets.dataset import Dataset
 from chunkd.client.datasets.formats import format_of
 from chunkd.client.datasets.loader import DEFAULT_PREFETCH, Tail
-from chunkd.client.datasets.order import DEFAULT_WINDOW
+from chunkd.client.datasets.order import DEFAULT_WINDOW, DEFAULT_WINDOW_BYTES
 from chunkd.client.datasets.source import PinnedSource
 from chunkd.client.torch.slot import ClientFactory
 from chunkd.client.torch.snapshots import _COLLATE, SnapshotDataset
@@ -51,7 +51,7 @@ class ShardDataset(SnapshotDataset):
         record_bytes: the size of a record (``kind="fixed"`` only).
         client_factory: makes the process's :class:`~chunkd.client.Client` (default:
             ``Client()``); must pickle under the ``spawn`` start method.
-        batch_size, seed, rank, world_size, shuffle, window, tail, prefetch,
+        batch_size, seed, rank, world_size, shuffle, window, window_bytes, tail, prefetch,
             transform, collate_fn: as :class:`SnapshotDataset`'s.
 
     Raises:
@@ -72,6 +72,7 @@ class ShardDataset(SnapshotDataset):
         world_size: int = 1,
         shuffle: bool = True,
         window: int | None = DEFAULT_WINDOW,
+        window_bytes: int | None = DEFAULT_WINDOW_BYTES,
         tail: Tail = "uneven",
         prefetch: int = DEFAULT_PREFETCH,
         transform: Callable[[Any], Any] | None = None,
@@ -85,6 +86,7 @@ class ShardDataset(SnapshotDataset):
             world_size=world_size,
             shuffle=shuffle,
             window=window,
+            window_bytes=window_bytes,
             tail=tail,
             prefetch=prefetch,
             transform=transform,

@@ -25,7 +25,7 @@ from chunkd.client.datasets.loader import (
     order_of,
     read_steps,
 )
-from chunkd.client.datasets.order import DEFAULT_WINDOW
+from chunkd.client.datasets.order import DEFAULT_WINDOW, DEFAULT_WINDOW_BYTES
 from chunkd.client.datasets.state import LoaderState
 from chunkd.client.datasets.workers import WORKER_FORMAT, WorkerState, global_state
 from chunkd.client.torch.tensors import as_tensor
@@ -71,7 +71,7 @@ class SnapshotDataset(IterableDataset[Batch]):
         reconnects after the fork.
 
     Resuming
-        ``state_dict()`` in the main process is the ``chunkd.loader/2`` state (at most
+        ``state_dict()`` in the main process is the ``chunkd.loader/3`` state (at most
         256 bytes, the same on every rank): load it into a dataset of any world size,
         batch size and ``num_workers``. In a DataLoader worker it is the worker's own
         (:mod:`chunkd.client.datasets.workers`); torchdata restores those into a loader of
@@ -94,7 +94,9 @@ class SnapshotDataset(IterableDataset[Batch]):
         rank: this rank, ``0 <= rank < world_size``.
         world_size: ``W``.
         shuffle: shuffle (else members in order, samples as stored).
-        window: units whose samples are mixed together (None: every unit).
+        window: the most units whose samples are mixed together (None: no bound).
+        window_bytes: the most decoded bytes of a window's units (None: no bound;
+            default: the formats' decode caches' bound).
         tail: the epoch's last step: ``"uneven"``, ``"pad"`` or ``"drop"``.
         prefetch: steps each reader warms ahead (0: none).
         transform: applied to each sample (after fixed records become tensors).
@@ -115,6 +117,7 @@ class SnapshotDataset(IterableDataset[Batch]):
         world_size: int = 1,
         shuffle: bool = True,
         window: int | None = DEFAULT_WINDOW,
+        window_bytes: int | None = DEFAULT_WINDOW_BYTES,
         tail: Tail = "uneven",
         prefetch: int = DEFAULT_PREFETCH,
         transform: Callable[[Any], Any] | None = None,
@@ -127,6 +130,7 @@ class SnapshotDataset(IterableDataset[Batch]):
             batch_size=batch_size,
             seed=seed,
             window=window,
+            window_bytes=window_bytes,
             tail=tail,
             prefetch=prefetch,
         )
@@ -137,6 +141,7 @@ class SnapshotDataset(IterableDataset[Batch]):
         self.world_size = world_size
         self.shuffle = bool(shuffle)
         self.window = window
+        self.window_bytes = window_bytes
         self.tail: Tail = tail
         self.prefetch = prefetch
         self.transform = transform
@@ -230,7 +235,7 @@ class SnapshotDataset(IterableDataset[Batch]):
 
     @staticmethod
     def global_state(state: Any) -> dict[str, Any]:
-        """The ``chunkd.loader/2`` state of what DataLoaders saved: see
+        """The ``chunkd.loader/3`` state of what DataLoaders saved: see
         :func:`chunkd.client.datasets.workers.global_state`."""
         return global_state(state)
 
@@ -240,6 +245,7 @@ class SnapshotDataset(IterableDataset[Batch]):
             seed=self.seed,
             shuffle=self.shuffle,
             window=self.window,
+            window_bytes=self.window_bytes,
             total=len(self.dataset.snapshot),
         )
 
@@ -251,6 +257,7 @@ class SnapshotDataset(IterableDataset[Batch]):
             0,
             shuffle=self.shuffle,
             window=self.window,
+            window_bytes=self.window_bytes,
         )
 
     # -- iterating -----------------------------------------------------------------------

@@ -135,7 +135,17 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         type=int,
         default=None,
         metavar="N",
-        help="the loader's window (default: the loader's default; 0: a full shuffle)",
+        help="the loader's window in units (default: the loader's default; 0: no bound)",
+    )
+    replay.add_argument(
+        "--window-bytes",
+        type=int,
+        default=None,
+        metavar="BYTES",
+        help=(
+            "the loader's window_bytes (default: the loader's default; 0: no bound; "
+            "--window 0 --window-bytes 0: a full shuffle)"
+        ),
     )
     replay.add_argument("--no-shuffle", action="store_true", help="the loader did not shuffle")
     replay.add_argument("--state", metavar="FILE", help="a saved loader state (JSON)")
@@ -494,7 +504,7 @@ def _migrate(client: Client, args: argparse.Namespace, out: TextIO) -> int:
 def _replay(client: Client, args: argparse.Namespace, out: TextIO) -> int:
     from chunkd.client.datasets import Dataset
     from chunkd.client.datasets.loader import step_sample_ids
-    from chunkd.client.datasets.order import DEFAULT_WINDOW
+    from chunkd.client.datasets.order import DEFAULT_WINDOW, DEFAULT_WINDOW_BYTES
     from chunkd.client.datasets.state import LoaderState
     from chunkd.errors import InvalidRequestError
 
@@ -518,6 +528,7 @@ def _replay(client: Client, args: argparse.Namespace, out: TextIO) -> int:
             )
         dataset = Dataset.open(args.ref, client)
         window = args.window if args.window is not None else DEFAULT_WINDOW
+        window_bytes = args.window_bytes if args.window_bytes is not None else DEFAULT_WINDOW_BYTES
         state = LoaderState(
             dataset.id,
             args.seed,
@@ -525,6 +536,7 @@ def _replay(client: Client, args: argparse.Namespace, out: TextIO) -> int:
             0,
             shuffle=not args.no_shuffle,
             window=window or None,
+            window_bytes=window_bytes or None,
         )
         step, ref = args.step, args.ref
     try:

@@ -19,6 +19,11 @@ A member's **units** are the runs of its samples its format decodes whole
 (:meth:`Format.units`, :func:`units_of`): a Parquet member's row groups; one unit per
 member for every other format. The read order shuffles units, not members, so that a
 reader's decoded working set stays within its LRU (:mod:`chunkd.client.datasets.order`).
+A unit's **decoded bytes** (:meth:`Format.unit_bytes`, :func:`unit_bytes_of`) are what
+reading it puts in its format's LRU, from the manifest alone: a Parquet row group's
+uncompressed size, a non-seekable ``.jsonl.zst`` member's decompressed size, a compressed
+MDS shard's raw size; 0 for every unit read in place. The order's windows hold at most
+:data:`DECODED_CACHE_BYTES` of them by default: the bound of every decode cache.
 """
 
 from __future__ import annotations
@@ -27,8 +32,8 @@ import importlib
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Hashable
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Callable, Hashable
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from chunkd.errors import DatasetFormatError
 
@@ -39,14 +44,21 @@ if TYPE_CHECKING:
     from chunkd.snapshot import Member, Snapshot
 
 __all__ = [
+    "DECODED_CACHE_BYTES",
     "DecodedLRU",
     "Format",
     "detect",
     "format_of",
     "settle",
+    "snapshot_unit_bytes",
     "snapshot_units",
+    "unit_bytes_of",
     "units_of",
 ]
+
+#: the bound of each format's per-process cache of decoded pieces (row groups,
+#: decompressed members and shards), in bytes; the order's default ``window_bytes``
+DECODED_CACHE_BYTES: Final = 256 << 20
 
 
 class Format(Protocol):
@@ -88,6 +100,14 @@ class Format(Protocol):
         alone; None: the member is one unit of ``member.samples``. The read order
         shuffles units (:mod:`chunkd.client.datasets.order`). Optional: a format without
         it is one unit per member (:func:`units_of`)."""
+        ...
+
+    def unit_bytes(self, member: Member) -> list[int] | None:
+        """Each of ``member``'s units' **decoded bytes** (one per unit of :meth:`units`),
+        from the manifest alone: what reading the unit keeps in this format's decode
+        cache; 0 for a unit read in place. None: 0 for every unit. The read order's
+        windows hold at most ``window_bytes`` of them. Optional: a format without it
+        decodes nothing whole (:func:`unit_bytes_of`)."""
         ...
 
 
@@ -146,16 +166,35 @@ def units_of(fmt: Format, member: Member) -> list[int] | None:
     return None if split is None else split(member)
 
 
+def unit_bytes_of(fmt: Format, member: Member) -> list[int] | None:
+    """``member``'s units' decoded bytes (:meth:`Format.unit_bytes`), or None where they
+    are all 0 (every format without a ``unit_bytes`` of its own)."""
+    cost = getattr(fmt, "unit_bytes", None)
+    return None if cost is None else cost(member)
+
+
 def snapshot_units(snapshot: Snapshot) -> list[list[int] | None]:
     """Each member's units' sample counts (:func:`units_of`), in member order: what
     :class:`~chunkd.client.datasets.order.Order` takes as ``units``."""
+    return _per_member(snapshot, units_of)
+
+
+def snapshot_unit_bytes(snapshot: Snapshot) -> list[list[int] | None]:
+    """Each member's units' decoded bytes (:func:`unit_bytes_of`), in member order: what
+    :class:`~chunkd.client.datasets.order.Order` takes as ``unit_bytes``."""
+    return _per_member(snapshot, unit_bytes_of)
+
+
+def _per_member(
+    snapshot: Snapshot, of: Callable[[Format, Member], list[int] | None]
+) -> list[list[int] | None]:
     formats: dict[str, Format] = {}
     found: list[list[int] | None] = []
     for member in snapshot.members:
         fmt = formats.get(member.format)
         if fmt is None:
             fmt = formats[member.format] = format_of(member.format)
-        found.append(units_of(fmt, member))
+        found.append(of(fmt, member))
     return found
 
 

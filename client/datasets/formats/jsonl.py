@@ -22,7 +22,9 @@ whose decompressed bytes fit in :data:`CACHE_BYTES` is decompressed once per pro
 and kept; a bigger one is decompressed from the start for each block read, which
 makes random access cost O(position): write such members seekable (``chunkd dataset
 check`` warns of them). Decompressed blocks are kept in a per-process LRU of at most
-:data:`CACHE_BYTES`.
+:data:`CACHE_BYTES`. A non-seekable member's decoded bytes
+(:meth:`~chunkd.client.datasets.formats.Format.unit_bytes`) are its decompressed size,
+so that the read order's windows hold at most that bound of such members.
 
 Member ``meta``:
 
@@ -54,7 +56,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO, Final, cast
 import numpy as np
 import zstandard
 
-from chunkd.client.datasets.formats import DecodedLRU
+from chunkd.client.datasets.formats import DECODED_CACHE_BYTES, DecodedLRU
 from chunkd.errors import DatasetFormatError
 from chunkd.snapshot import Member
 
@@ -84,7 +86,7 @@ BLOCK_LINES: Final = 1024
 #: ... or this many bytes, whichever comes first
 BLOCK_BYTES: Final = 4 << 20
 #: decompressed members and blocks, and line ends, kept per process (bytes)
-CACHE_BYTES: Final = 256 << 20
+CACHE_BYTES: Final = DECODED_CACHE_BYTES
 #: ... and at most this many of them
 _CACHE_ITEMS: Final = 4096
 #: newlines are searched for this many bytes at a time (bounds numpy's index arrays)
@@ -177,6 +179,12 @@ class JsonLines:
         return [(int(entry[2]), int(entry[4]) - int(entry[2]))]
 
     def schema(self, members: list[Member]) -> Any:
+        return None
+
+    def unit_bytes(self, member: Member) -> list[int] | None:
+        # a member is one unit; a non-seekable .zst one is decompressed whole
+        if member.meta.get("seekable") is False:
+            return [int(member.meta["bytes"])]
         return None
 
     # -- reading -----------------------------------------------------------------------

@@ -16,7 +16,9 @@ a sample is one ranged read (two where the offsets are not all recorded). A comp
 shard (``zip_data``: ``.mds.zstd``, ``.mds.gz``, ``.mds.bz2``) cannot be read in
 place: reading any of its samples decompresses the whole shard, which is kept in a
 per-process LRU of at most :data:`CACHE_BYTES`; a shard bigger than that is
-decompressed from its start for each sample read. Streaming's own reader does the
+decompressed from its start for each sample read. A compressed shard's decoded bytes
+(:meth:`~chunkd.client.datasets.formats.Format.unit_bytes`) are its raw size, so that
+the read order's windows hold at most that bound of shards. Streaming's own reader does the
 same, decompressing each shard whole to its local cache. Brotli and snappy shards are
 refused: decompress them, or write them with zstd.
 
@@ -61,7 +63,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO, Final, Protocol
 import numpy as np
 import zstandard
 
-from chunkd.client.datasets.formats import DecodedLRU
+from chunkd.client.datasets.formats import DECODED_CACHE_BYTES, DecodedLRU
 from chunkd.errors import DatasetFormatError
 
 if TYPE_CHECKING:
@@ -81,7 +83,7 @@ __all__ = [
 ]
 
 #: decompressed shards kept per process (bytes) ...
-CACHE_BYTES: Final = 256 << 20
+CACHE_BYTES: Final = DECODED_CACHE_BYTES
 #: ... and at most this many
 _CACHE_ITEMS: Final = 16
 #: a member records at most this many sample offsets (plus the end)
@@ -284,6 +286,11 @@ class MdsShards:
         if not found:
             return None
         return [list(column) for column in found.most_common(1)[0][0]]
+
+    def unit_bytes(self, member: Member) -> list[int] | None:
+        # a shard is one unit; a compressed one is decompressed whole
+        raw = member.meta.get("raw_bytes")
+        return None if raw is None else [int(raw)]
 
     # -- reading -----------------------------------------------------------------------
 

@@ -8,8 +8,10 @@ neighbouring rows decodes nothing again. A row group bigger than the whole bound
 decoded again for every row read of it (``chunkd dataset check`` warns of such groups).
 A member's units (:meth:`~chunkd.client.datasets.formats.Format.units`) are its row
 groups, so the read order mixes rows within windows of row groups
-(:mod:`chunkd.client.datasets.order`): a window of at most as many groups as the cache
-holds decodes each group once an epoch.
+(:mod:`chunkd.client.datasets.order`), and a unit's decoded bytes
+(:meth:`~chunkd.client.datasets.formats.Format.unit_bytes`) are its group's
+uncompressed size, so that a window holds at most the cache's bound of them: reading an
+epoch in order decodes each group once.
 
 A scan reads only the footer: the 8-byte trailer, then the footer itself (one read of
 the file's last 64 KiB answers both when the footer is that small).
@@ -42,7 +44,7 @@ from collections import Counter
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Final
 
-from chunkd.client.datasets.formats import DecodedLRU
+from chunkd.client.datasets.formats import DECODED_CACHE_BYTES, DecodedLRU
 from chunkd.errors import DatasetFormatError, SnapshotDriftError
 
 if TYPE_CHECKING:
@@ -56,7 +58,7 @@ if TYPE_CHECKING:
 __all__ = ["FORMAT", "ROW_GROUP_CACHE_BYTES", "ROW_GROUP_CACHE_ITEMS", "ParquetRows"]
 
 #: decoded row groups kept per process, by their bytes in memory ...
-ROW_GROUP_CACHE_BYTES: Final = 256 << 20
+ROW_GROUP_CACHE_BYTES: Final = DECODED_CACHE_BYTES
 #: ... and by their count
 ROW_GROUP_CACHE_ITEMS: Final = 64
 #: parsed footers kept per process
@@ -129,6 +131,10 @@ class ParquetRows:
     def units(self, member: Member) -> list[int] | None:
         # a row group is what a read decodes whole
         return [int(g[0]) for g in member.meta.get("row_groups", ())]
+
+    def unit_bytes(self, member: Member) -> list[int] | None:
+        # a row group decodes to about its uncompressed size
+        return [int(g[3]) for g in member.meta.get("row_groups", ())]
 
     def schema(self, members: list[Member]) -> Any:
         schemas = Counter(_frozen(m.meta["schema"]) for m in members if "schema" in m.meta)

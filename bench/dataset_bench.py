@@ -8,10 +8,10 @@ locality against a full random permutation.
    does), one round. The figure is files per second; the note gives the register
    process's peak memory and the anchor DVC reports (600,000 files in 6-8 h: about 25
    files/s).
-2. **Order locality**: over the epoch order of a snapshot of 1,000 shards of 1,000
-   samples, chunkd's windowed order against a full random permutation (``window=None``):
-   the distinct shards a run of 1,024 consecutive positions touches (what a reader must
-   hold open), and the mean distance between adjacent samples in the snapshot.
+2. **Order locality**: over the epoch order of a Parquet-like snapshot of 1,000 files
+   of 8 row groups, chunkd's windowed order against a full random permutation: the
+   row groups (and files) a reader holds open over 100,000 rows, and the mean distance
+   between adjacent samples in the snapshot.
 """
 
 from __future__ import annotations
@@ -149,30 +149,43 @@ def _registration(report: Report, work: Path, *, quick: bool) -> None:
 
 
 def _locality(report: Report, *, quick: bool) -> None:
-    import numpy as np
-
     from chunkd.client.datasets.order import Order, quality
 
-    shards, per = (200, 200) if quick else (1000, 1000)
-    counts = np.full(shards, per, dtype=np.int64)
+    # Parquet-like: files of 8 row groups of 125 rows, 8 MiB decoded each (the window is
+    # bounded by its 16 units, not by bytes), against a full shuffle of every row.
+    files, groups, rows = (100, 8, 125) if quick else (1000, 8, 125)
+    counts = [groups * rows] * files
+    units = [[rows] * groups] * files
+    costs = [[8 << 20] * groups] * files
     snapshot = "0" * 64
-    run = 100_000 if not quick else 10_000
-    windowed = quality(Order(counts, snapshot=snapshot, seed=1, epoch=0, window=8), 0, run)
-    full = quality(Order(counts, snapshot=snapshot, seed=1, epoch=0, window=None), 0, run)
+    run = min(files * groups * rows, 100_000)
+    ours = Order(counts, snapshot=snapshot, seed=1, epoch=0, units=units, unit_bytes=costs)
+    full = Order(
+        counts,
+        snapshot=snapshot,
+        seed=1,
+        epoch=0,
+        window=None,
+        window_bytes=None,
+        units=units,
+        unit_bytes=costs,
+    )
+    windowed, uniform = quality(ours, 0, run), quality(full, 0, run)
     report.add(
         Result(
-            f"order: shards held open over {run:,} positions ({shards}x{per} samples)",
-            float(windowed.members_held),
-            float(full.members_held),
-            "shards",
+            f"order: row groups held open over {run:,} rows ({files} files x {groups} groups)",
+            float(windowed.units_held),
+            float(uniform.units_held),
+            "groups",
             "a full random permutation",
             note=(
-                "lower is better: the most shards a reader holds open to never open one "
-                "twice (chunkd mixes samples within windows of 8 shards; a full shuffle "
-                f"touches {full.members_touched} shards in that run, chunkd "
-                f"{windowed.members_touched}). Mean distance between adjacent samples, in "
+                "lower is better: the decoded row groups a reader must hold to decode each "
+                "once (chunkd mixes rows within windows of 16 row groups, at most 256 MiB "
+                f"decoded); files held: {windowed.members_held} against "
+                f"{uniform.members_held}. Mean distance between adjacent samples, in "
                 f"snapshot indices: {windowed.mean_gap:,.0f} for chunkd, "
-                f"{full.mean_gap:,.0f} for the full shuffle (in order: 1)"
+                f"{uniform.mean_gap:,.0f} for the full shuffle "
+                f"({windowed.mean_gap / max(uniform.mean_gap, 1e-9):.2f} of it; in order: 1)"
             ),
         )
     )

@@ -1014,7 +1014,7 @@ def _measure(
         f"lower is better; slowest rank, median of {max(rounds, 1)}; {breakdown}. Streaming "
         "runs with its defaults and shuffle=True: its shuffle block (py1e) is larger than this "
         "dataset, so a first batch draws on most shards; pyarrow+s3fs shuffles files only; "
-        "chunkd mixes rows within windows of 8 files and reads only the row groups a batch "
+        "chunkd mixes rows within windows of 16 row groups and reads only the row groups a batch "
         "needs" + registered,
         unavailable=why,
         target_max=0.5 * st_cold.ttfb if st_cold else None,

@@ -118,7 +118,12 @@ class ParquetRows:
         table = _ROW_GROUPS.get(key)
         if table is None:
             table = self._decode(source, member, group)
-            _ROW_GROUPS.put(key, table, int(table.nbytes))
+            # Charged at the size the read order counts (the manifest's uncompressed
+            # size), so that a window of row groups, cut to the cache's bound, fits the
+            # cache: Arrow's figure for the same group (dictionaries decoded) is often
+            # larger, and two 128 MiB groups would else overflow 256 MiB and thrash.
+            charged = int(member.meta["row_groups"][group][3]) or int(table.nbytes)
+            _ROW_GROUPS.put(key, table, charged)
         rows: list[dict[str, Any]] = table.slice(row, 1).to_pylist()
         return rows[0]
 

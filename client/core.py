@@ -158,6 +158,9 @@ class Client:
         timeout: seconds to wait for the daemon: for an answer to one request, and
             for it to come back after the connection broke.
         cache_bytes: budget of the client's own cache of chunk mappings (0: none).
+        cache_chunks: the most chunks that cache holds (each holds an fd); None: a
+            quarter of the process's fd limit. Give it where a process makes many
+            clients (each would else count on that quarter alone).
 
     Raises:
         DaemonUnavailableError: no daemon answers on any of the sockets tried.
@@ -169,6 +172,7 @@ class Client:
         *,
         timeout: float = DEFAULT_TIMEOUT,
         cache_bytes: int = DEFAULT_CACHE_BYTES,
+        cache_chunks: int | None = None,
     ) -> None:
         if timeout <= 0:
             raise ValueError(f"timeout must be > 0 seconds; got {timeout!r}")
@@ -176,7 +180,7 @@ class Client:
             raise ValueError(f"cache_bytes must be >= 0; got {cache_bytes!r}")
         path = None if socket_path is None else Path(os.fspath(socket_path))
         self._connection = Connection(path, float(timeout))
-        self._reader = Reader(self._connection, cache_bytes)
+        self._reader = Reader(self._connection, cache_bytes, cache_chunks)
         _CLIENTS.add(self)
 
     def __repr__(self) -> str:

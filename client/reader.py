@@ -105,10 +105,13 @@ class Reader:
         known: what was learned of each name, least recently used first.
     """
 
-    def __init__(self, connection: Connection, cache_bytes: int) -> None:
+    def __init__(
+        self, connection: Connection, cache_bytes: int, cache_chunks: int | None = None
+    ) -> None:
         self._connection = connection
         self.lock = threading.Lock()
-        self.chunks = ChunkLRU(cache_bytes, chunk_budget())
+        most = chunk_budget() if cache_chunks is None else cache_chunks
+        self.chunks = ChunkLRU(cache_bytes, most)
         self.known: OrderedDict[str, Known] = OrderedDict()
 
     def info(self) -> CacheInfo:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import signal
 import subprocess
 import time
@@ -340,3 +341,31 @@ def test_mds_datasets_register_from_their_index_merged_or_per_folder(
             assert_mds_equal(dataset[index], want[index])
         with pytest.raises(DatasetFormatError, match="--format mds"):
             scan_prefix(client, "local/mds/", fmt="auto")
+
+
+def test_a_registration_of_many_files_stays_inside_a_small_fd_limit(
+    node: Daemon, tmp_path: Path
+) -> None:
+    """Every chunk a client caches holds an fd: a registration's worker clients keep
+    few, so 3,000 files read by 8 workers fit a process limit of 256 fds."""
+    root = tmp_path / "chunkd-data" / "fds"
+    root.mkdir(parents=True)
+    for i in range(3000):
+        (root / f"part-{i:05d}.jsonl").write_bytes(b'{"n": %d}\n' % i)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CHUNKD_")}
+    env["CHUNKD_SOCKET"] = str(tmp_path / "chunkd.sock")
+
+    def small_limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+
+    done = subprocess.run(
+        [str(BIN / "chunkd"), "dataset", "register", "fds", "local/fds/", "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=110,
+        check=False,
+        preexec_fn=small_limit,
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["members"] == 3000

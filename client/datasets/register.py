@@ -28,6 +28,7 @@ from chunkd import memfd
 from chunkd.client.datasets.formats import detect, format_of, settle
 from chunkd.client.datasets.source import PinnedSource
 from chunkd.client.protocol import MAX_LAYOUT
+from chunkd.client.views import chunk_budget
 from chunkd.errors import ChunkdError, DatasetFormatError, InvalidRequestError
 from chunkd.snapshot import FORMATS, Member, Snapshot, canonical, check_dataset_name
 
@@ -38,6 +39,8 @@ __all__ = ["Progress", "commit", "parse_format", "scan_prefix"]
 
 #: members read at once (each worker has its own connection to the daemon)
 CONCURRENCY: Final = 8
+#: the client cache of each worker (it reads each member's metadata once)
+_WORKER_CACHE_BYTES: Final = 64 << 20
 #: keys that are a dataset's bookkeeping, never a member
 _IGNORED: Final = ("_SUCCESS", "_metadata", "_common_metadata", "index.json")
 _IGNORED_SUFFIXES: Final = (".crc", ".md", ".txt", ".json")
@@ -149,7 +152,14 @@ def scan_prefix(
     members: list[Member] = []
     excluded: list[dict[str, str]] = []
     local = threading.local()
-    make = client_factory or (lambda: type(client)(socket_path=client.socket_path))
+    # Each worker reads a footer or a header once: a small cache of its own, whose fds
+    # (one per chunk) stay few whatever the count of files and workers.
+    chunks = max(8, min(64, chunk_budget() // (max(1, concurrency) + 1)))
+    make = client_factory or (
+        lambda: type(client)(
+            socket_path=client.socket_path, cache_bytes=_WORKER_CACHE_BYTES, cache_chunks=chunks
+        )
+    )
     made: list[Client] = []
     made_lock = threading.Lock()
 

@@ -183,7 +183,12 @@ def recv_frame(sock: socket.socket) -> Frame:
     raw = recv_raw(sock)
     if raw.fds_cut:
         close_all(raw.fds)
-        raise ProtocolError(f"more than {MAX_FDS} fds came with a frame", in_sync=True)
+        raise ProtocolError(
+            f"the kernel cut the fds that came with a frame: more than {MAX_FDS}, or this "
+            "process is out of fds (its RLIMIT_NOFILE; cached chunks hold one each: give "
+            "clients a smaller cache_chunks, or raise the limit)",
+            in_sync=True,
+        )
     try:
         return Frame(decode_header(raw.header), raw.payload, raw.fds)
     except BaseException:

@@ -113,6 +113,9 @@ class RamTier(Tier):
         budget_bytes: most bytes held (page-rounded charges).
         policy: eviction order; :class:`S3FifoPolicy` by default.
         max_chunk_bytes: largest chunk accepted.
+        max_chunks: most chunks held, each one an open memfd (None: no bound but the
+            bytes). Small chunks (a dataset of 100k small files) would else hold more
+            fds than the process may open.
     """
 
     name = "ram"
@@ -123,10 +126,14 @@ class RamTier(Tier):
         *,
         policy: EvictionPolicy[ChunkId] | None = None,
         max_chunk_bytes: int = 64 << 20,
+        max_chunks: int | None = None,
     ) -> None:
         if budget_bytes < 0:
             raise ValueError(f"budget_bytes must not be negative; got {budget_bytes}")
+        if max_chunks is not None and max_chunks < 1:
+            raise ValueError(f"max_chunks must be >= 1 or None; got {max_chunks}")
         self._budget = budget_bytes
+        self._max_chunks = max_chunks
         self._max_chunk = max_chunk_bytes
         self._policy: EvictionPolicy[ChunkId] = policy or S3FifoPolicy()
         self._policy.set_capacity(budget_bytes)
@@ -312,7 +319,10 @@ class RamTier(Tier):
 
     def _make_room(self, charge: int) -> bool:
         # called with the lock held
-        while self._used + charge > self._budget:
+        most = self._max_chunks
+        while self._used + charge > self._budget or (
+            most is not None and len(self._entries) >= most
+        ):
             victim = self._policy.evict(self._is_pinned)
             if victim is None:
                 return False

@@ -11,6 +11,7 @@ import asyncio
 import fcntl
 import logging
 import os
+import resource
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -139,6 +140,7 @@ class ChunkCache:
 
     @classmethod
     def _open_sync(cls, config: CacheConfig) -> ChunkCache:
+        raise_fd_limit()
         root = Path(config.dir)
         root.mkdir(parents=True, exist_ok=True)
         lock_fd = _lock_dir(root)
@@ -154,7 +156,10 @@ class ChunkCache:
             )
             try:
                 ram = RamTier(
-                    config.ram_bytes, policy=config.policy(), max_chunk_bytes=config.chunk_bytes
+                    config.ram_bytes,
+                    policy=config.policy(),
+                    max_chunk_bytes=config.chunk_bytes,
+                    max_chunks=memfd_budget(),
                 )
                 disk = DiskTier(
                     root,
@@ -373,3 +378,27 @@ def _lock_dir(root: Path) -> int:
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     return fd
+
+
+def raise_fd_limit() -> int:
+    """Raise this process's soft limit of open fds to its hard limit (every RAM-tier
+    chunk is an open memfd; a shell's soft limit is often 1024); returns the limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError) as exc:  # a container's odd limits: keep the soft one
+            log.warning("could not raise the open-files limit from %s to %s: %s", soft, hard, exc)
+            return soft
+        soft = hard
+    return soft
+
+
+def memfd_budget() -> int | None:
+    """The most chunks the RAM tier may hold: three quarters of the open-files limit
+    (the rest is for sockets, the index, disk files and fds in flight); None when the
+    limit is infinite."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return None
+    return max(64, soft * 3 // 4)

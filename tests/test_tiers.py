@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import urllib.request
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -19,6 +22,10 @@ from chunkd.cache import (
     Tier,
 )
 from chunkd.cache.testing import TierTests
+from chunkd.client import Client
+from chunkd.testing import free_port
+
+from .conftest import BIN, wait_for_socket
 
 
 class TestRamTier(TierTests):
@@ -102,3 +109,59 @@ async def test_disk_put_can_skip_zstd_and_fsync_per_call(tmp_path: Path) -> None
     finally:
         await tier.close()
         index.close()
+
+
+async def test_ram_tier_holds_at_most_max_chunks_memfds() -> None:
+    """Each RAM-tier chunk is an open memfd: a budget of bytes alone lets 100k small
+    chunks hold 100k fds, so the tier also evicts by count."""
+    tier = RamTier(1 << 30, max_chunks=50)
+    try:
+        chunks = [Chunk.of(i.to_bytes(8, "little") * 16) for i in range(500)]
+        for chunk in chunks:
+            assert await tier.put(chunk)
+        held = 0
+        for chunk in chunks:
+            lease = await tier.get(chunk.id)
+            if lease is not None:
+                held += 1
+                lease.release()
+        assert 0 < held <= 50
+        assert tier.used_bytes <= 50 * 4096
+    finally:
+        await tier.close()
+
+
+def test_a_daemon_serves_more_small_objects_than_its_fd_limit(tmp_path: Path) -> None:
+    """Under a hard limit of 512 open files, 2,000 small objects are read (and cached)
+    one after the other: the RAM tier evicts by count before the daemon runs out of fds."""
+    data = tmp_path / "data"
+    data.mkdir()
+    for i in range(2000):
+        (data / f"{i:05d}.bin").write_bytes(i.to_bytes(4, "little") * 64)
+    port = free_port()
+    config = tmp_path / "chunkd.toml"
+    config.write_text(
+        f'[cache]\ndir = "{tmp_path}/cache"\ndisk_min_free_bytes = 0\nfsync = "never"\n'
+        f'[[backends]]\nname = "d"\nurl = "file://{data}"\n'
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CHUNKD_")}
+    env["CHUNKD_SERVER_LISTEN"] = f"127.0.0.1:{port}"
+    env["CHUNKD_SERVER_SOCKET"] = str(tmp_path / "s.sock")
+    with (tmp_path / "log").open("wb") as log:
+        daemon = subprocess.Popen(
+            ["prlimit", "--nofile=512:512", str(BIN / "chunkd"), "serve", "--config", str(config)],
+            env=env,
+            stdout=log,
+            stderr=log,
+        )
+    try:
+        assert wait_for_socket(tmp_path / "s.sock", 30)
+        with Client(tmp_path / "s.sock", cache_chunks=16) as client:
+            for i in range(2000):
+                assert bytes(client.read(f"d/{i:05d}.bin")) == i.to_bytes(4, "little") * 64
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=10) as answer:
+            assert answer.status == 200
+    finally:
+        daemon.terminate()
+        daemon.wait(timeout=30)
+    assert "Too many open files" not in (tmp_path / "log").read_text()

@@ -258,10 +258,6 @@ def test_parquet_rows_read_back_from_their_row_group_only(
         assert_covered(source.reads, fmt.ranges(member, index))
         assert len(parquet_format._ROW_GROUPS) <= 4
     assert [fmt.read(store.source, member, i) for i in range(0, 10_000, 97)] == expected[::97]
-    # Many rows at once, in any order, across row groups: the same rows as one by one.
-    wanted = random.Random(4).sample(range(10_000), 500)
-    items = [(member, i) for i in wanted]
-    assert fmt.read_batch(store.source, items) == [expected[i] for i in wanted]
 
 
 def test_parquet_schema_is_kept_only_where_a_member_differs(store: Store) -> None:

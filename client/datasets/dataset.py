@@ -157,29 +157,6 @@ class Dataset:
             raise IndexError(f"sample {sample} of member {entry.key} of {entry.samples}")
         return self.format(member).read(self.source, entry, sample)
 
-    def read_many(self, pairs: list[tuple[int, int]]) -> list[Any]:
-        """The samples of ``(member, sample)`` pairs, in their order. A format that reads
-        several samples at once (Parquet: the rows of a row group in one conversion) is
-        given all of its pairs together; any other reads them one by one."""
-        by_format: dict[str, list[int]] = {}
-        for at, (member, sample) in enumerate(pairs):
-            entry = self.snapshot.members[member]
-            if not 0 <= sample < entry.samples:
-                raise IndexError(f"sample {sample} of member {entry.key} of {entry.samples}")
-            by_format.setdefault(entry.format, []).append(at)
-        out: list[Any] = [None] * len(pairs)
-        for ats in by_format.values():
-            fmt = self.format(pairs[ats[0]][0])
-            items = [(self.snapshot.members[pairs[at][0]], pairs[at][1]) for at in ats]
-            batch = getattr(fmt, "read_batch", None)
-            if batch is not None:
-                got = batch(self.source, items)
-            else:
-                got = [fmt.read(self.source, entry, index) for entry, index in items]
-            for at, sample in zip(ats, got, strict=True):
-                out[at] = sample
-        return out
-
     def fetch(self, pairs: Iterable[tuple[int, int]]) -> int:
         """Read the byte ranges that reading each ``(member, sample)`` pair needs (into
         the client's cache, where the source has one); returns the bytes read."""

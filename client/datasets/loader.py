@@ -328,8 +328,7 @@ def read_steps(
         pairs = list(zip(members.tolist(), samples.tolist(), strict=True))
         if timer is not None:
             timer.fetched(pairs[:1])
-        many = getattr(dataset, "read_many", None)
-        read = many(pairs) if many is not None else [dataset.read(m, s) for m, s in pairs]
+        read = [dataset.read(m, s) for m, s in pairs]
         if convert is not None:
             read = [convert(sample) for sample in read]
         if timer is not None:

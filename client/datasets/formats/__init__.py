@@ -85,10 +85,6 @@ class Format(Protocol):
         """Sample ``index`` of ``member`` (``0 <= index < member.samples``)."""
         ...
 
-    # Optional: ``read_batch(source, items: list[tuple[Member, int]]) -> list[Any]``, the
-    # samples of several (member, index) pairs at once, in their order (Parquet takes
-    # the rows of a row group together); a format without it is read one by one.
-
     def ranges(self, member: Member, index: int) -> list[tuple[int, int]]:
         """The byte ranges ``(offset, length)`` of ``member`` that :meth:`read` of sample
         ``index`` reads (for prefetching): from the manifest alone, no I/O."""

@@ -127,37 +127,6 @@ class ParquetRows:
         rows: list[dict[str, Any]] = table.slice(row, 1).to_pylist()
         return rows[0]
 
-    def read_batch(self, source: Source, items: list[tuple[Member, int]]) -> list[Any]:
-        """The samples ``(member, index)`` of ``items``, in that order: the rows of one
-        row group taken together (one ``take``, one conversion), not one by one.
-
-        Row groups are visited in the order of their last row in ``items``, so that the
-        decoded-row-group cache ends in the order a reader walking the read order
-        needs: a batch across a window's edge touches the old window's groups before the
-        new one's, and the next batch's groups are not the first to go.
-        """
-        by_group: dict[tuple[int, int], list[tuple[int, int]]] = {}
-        members: dict[int, Member] = {}
-        for at, (member, index) in enumerate(items):
-            group, row = self._locate(member, index)
-            members[id(member)] = member
-            by_group.setdefault((id(member), group), []).append((at, row))
-        last = {unit: wanted[-1][0] for unit, wanted in by_group.items()}
-        out: list[Any] = [None] * len(items)
-        for unit in sorted(by_group, key=last.__getitem__):
-            member, group = members[unit[0]], unit[1]
-            wanted = by_group[unit]
-            key = (source.name(member), member.version, group)
-            table = _ROW_GROUPS.get(key)
-            if table is None:
-                table = self._decode(source, member, group)
-                charged = int(member.meta["row_groups"][group][3]) or int(table.nbytes)
-                _ROW_GROUPS.put(key, table, charged)
-            rows = table.take([row for _, row in wanted]).to_pylist()
-            for (at, _), row in zip(wanted, rows, strict=True):
-                out[at] = row
-        return out
-
     def ranges(self, member: Member, index: int) -> list[tuple[int, int]]:
         group, _ = self._locate(member, index)
         _, start, size, _ = member.meta["row_groups"][group]

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import replace
 from typing import Any
 
 import grain
@@ -62,7 +61,12 @@ from chunkd.client.datasets.loader import (
 from chunkd.client.datasets.order import DEFAULT_WINDOW, DEFAULT_WINDOW_BYTES, Order
 from chunkd.client.datasets.source import PinnedSource
 from chunkd.client.datasets.state import LoaderState
-from chunkd.client.datasets.workers import WORKER_FORMAT, WorkerState, global_state
+from chunkd.client.datasets.workers import (
+    WORKER_FORMAT,
+    WorkerState,
+    global_state,
+    reader_state,
+)
 from chunkd.errors import ResumeStateError
 from chunkd.snapshot import Snapshot
 
@@ -362,13 +366,9 @@ class ChunkdIterator(grain.DatasetIterator):  # type: ignore[misc]
 
     def get_state(self) -> dict[str, Any]:
         owner = self._owner
-        if owner.workers == 1:
-            steps = self._steps
-            cursor = steps.total if self._finished else steps.cursor_after(self._yielded)
-            return replace(self._start, cursor=cursor).to_dict()
-        return WorkerState(
-            start=self._start,
-            total=self._steps.total,
+        return reader_state(
+            self._start,
+            self._steps,
             rank=owner.rank,
             world_size=owner.world_size,
             batch_size=owner.batch_size,
@@ -377,7 +377,8 @@ class ChunkdIterator(grain.DatasetIterator):  # type: ignore[misc]
             workers=owner.workers,
             yielded=self._yielded,
             finished=self._finished,
-        ).to_dict()
+            in_worker=owner.workers != 1,
+        )
 
     def set_state(self, state: dict[str, Any]) -> None:
         owner = self._owner

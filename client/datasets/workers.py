@@ -34,7 +34,12 @@ from chunkd.client.datasets.loader import TAILS, Steps, Tail
 from chunkd.client.datasets.state import LEGACY_FORMATS, STATE_FORMAT, LoaderState
 from chunkd.errors import ResumeStateError
 
-__all__ = ["WORKER_FORMAT", "WorkerState", "global_state"]
+__all__ = [
+    "WORKER_FORMAT",
+    "WorkerState",
+    "global_state",
+    "reader_state",
+]
 
 #: the ``format`` of a DataLoader worker's state
 WORKER_FORMAT: Final = "chunkd.loader.worker/1"
@@ -118,6 +123,39 @@ class WorkerState:
     def steps(self) -> Steps:
         """The steps of the iteration the worker is in."""
         return Steps(self.total, self.start.cursor, self.batch_size, self.world_size, self.tail)
+
+
+def reader_state(
+    start: LoaderState,
+    steps: Steps,
+    *,
+    rank: int,
+    world_size: int,
+    batch_size: int,
+    tail: Tail,
+    worker: int,
+    workers: int,
+    yielded: int,
+    finished: bool,
+    in_worker: bool,
+) -> dict[str, Any]:
+    """What a reader that started at ``start`` and yielded ``yielded`` batches saves: the
+    chunkd state in the trainer's process, its :class:`WorkerState` in a worker's."""
+    if in_worker:
+        return WorkerState(
+            start=start,
+            total=steps.total,
+            rank=rank,
+            world_size=world_size,
+            batch_size=batch_size,
+            tail=tail,
+            worker=worker,
+            workers=workers,
+            yielded=yielded,
+            finished=finished,
+        ).to_dict()
+    cursor = steps.total if finished else steps.cursor_after(yielded)
+    return replace(start, cursor=cursor).to_dict()
 
 
 def global_state(state: Any) -> dict[str, Any]:

@@ -9,7 +9,7 @@ the ``state_dict``/``load_state_dict`` pair torchdata's ``StatefulDataLoader`` c
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Final
 
 from torch.utils.data import IterableDataset, default_collate, get_worker_info
@@ -27,7 +27,12 @@ from chunkd.client.datasets.loader import (
 )
 from chunkd.client.datasets.order import DEFAULT_WINDOW, DEFAULT_WINDOW_BYTES
 from chunkd.client.datasets.state import LoaderState
-from chunkd.client.datasets.workers import WORKER_FORMAT, WorkerState, global_state
+from chunkd.client.datasets.workers import (
+    WORKER_FORMAT,
+    WorkerState,
+    global_state,
+    reader_state,
+)
 from chunkd.client.torch.tensors import as_tensor
 from chunkd.errors import ResumeStateError
 
@@ -191,22 +196,19 @@ class SnapshotDataset(IterableDataset[Batch]):
             if self._pending is not None:
                 return self._pending.to_dict()
             return self._fresh().to_dict()
-        if progress.in_worker:
-            return WorkerState(
-                start=progress.start,
-                total=progress.steps.total,
-                rank=self.rank,
-                world_size=self.world_size,
-                batch_size=self.batch_size,
-                tail=self.tail,
-                worker=progress.worker,
-                workers=progress.workers,
-                yielded=progress.yielded,
-                finished=progress.finished,
-            ).to_dict()
-        steps = progress.steps
-        cursor = steps.total if progress.finished else steps.cursor_after(progress.yielded)
-        return replace(progress.start, cursor=cursor).to_dict()
+        return reader_state(
+            progress.start,
+            progress.steps,
+            rank=self.rank,
+            world_size=self.world_size,
+            batch_size=self.batch_size,
+            tail=self.tail,
+            worker=progress.worker,
+            workers=progress.workers,
+            yielded=progress.yielded,
+            finished=progress.finished,
+            in_worker=progress.in_worker,
+        )
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Resume from a :meth:`state_dict` (or a :meth:`global_state`) on the next

@@ -48,6 +48,13 @@ Every key, with its default (a key left out takes the default)::
     readahead_chunks = 4
     # most chunks one backend GET fetches for a run of cold chunks
     span_chunks = 64
+    # processes that decode files for the inspector (Parquet, tar, MDS); the daemon itself
+    # never decodes
+    inspect_workers = 2
+    # most one inspector request may take; its worker is killed after
+    inspect_timeout = "10s"
+    # address space of each inspector worker; past it the request fails
+    inspect_memory = "2GiB"
 
     # the node's chunk cache: RAM over local disk, with an lmdb index
     [cache]

@@ -201,6 +201,25 @@ class ServerConfig:
         ),
     )
 
+    inspect_workers: int = field(
+        default=2,
+        metadata=key(
+            POSITIVE_COUNT,
+            "processes that decode files for the inspector (Parquet, tar, MDS); the daemon "
+            "itself never decodes",
+        ),
+    )
+    inspect_timeout: float = field(
+        default=10.0,
+        metadata=key(
+            POSITIVE_DURATION, "most one inspector request may take; its worker is killed after"
+        ),
+    )
+    inspect_memory: int = field(
+        default=2 << 30,
+        metadata=key(SIZE, "address space of each inspector worker; past it the request fails"),
+    )
+
     def __post_init__(self) -> None:
         normalize(self, SERVER.keys, "ServerConfig")
 

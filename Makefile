@@ -10,7 +10,7 @@ AZURITE_VERSION ?= 3.35.0
 EMULATORS := .emulators
 AZURITE := $(EMULATORS)/node_modules/.bin/azurite-blob
 
-.PHONY: run test lint typecheck pytest bench clean emulators
+.PHONY: run test lint typecheck pytest bench clean emulators tools
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -44,8 +44,20 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-pytest: $(STAMP) emulators
+pytest: $(STAMP) emulators tools
 	$(BIN)/pytest
+
+# What the page and terminal tests drive: Debian's chromium, tmux, ffmpeg (media fixtures).
+# Installed with apt-get when missing and we are root; otherwise those tests skip, saying why.
+TOOLS := chromium tmux ffmpeg
+tools:
+	@missing=""; for t in $(TOOLS); do command -v $$t >/dev/null || missing="$$missing $$t"; done; \
+	if [ -n "$$missing" ]; then \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+			echo "installing$$missing"; \
+			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq$$missing >/dev/null; \
+		else echo "not installed:$$missing (the tests that need them will skip)"; fi; \
+	fi
 
 ## bench: every benchmark, side by side with the baselines; report in bench/out/
 bench: $(STAMP)

@@ -50,6 +50,7 @@ from chunkd.errors import (
 from chunkd.gateway.backends import Backends
 from chunkd.gateway.checkpoints import Checkpoints
 from chunkd.gateway.config import Config
+from chunkd.gateway.inspector import add_routes as add_inspector_routes
 from chunkd.gateway.listing import MAX_PAGE, Listings
 from chunkd.gateway.metrics import Metrics
 from chunkd.gateway.names import validate_prefix
@@ -129,6 +130,7 @@ def build_app(config: Config, *, metrics: Metrics, tls: PeerTLS | None) -> web.A
     app.router.add_get(r"/v1/list/{backend}/{prefix:[\s\S]*}", _list)
     app.router.add_get("/v1/peer/chunks/{backend}/{id}", _peer_chunk)
     app.router.add_get(r"/v1/peer/objects/{backend}/{key:[\s\S]*}", _peer_object_chunk)
+    add_inspector_routes(app)
     return app
 
 

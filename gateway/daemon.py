@@ -12,6 +12,7 @@ and closes them in the reverse order however the start or the run ends::
     datasets      backends + read path + cache (the registry of [datasets])
     checkpoints   cache + backends + peers + the datasets' GC roots; resumes journaled saves
     local socket  read path + checkpoints + datasets + listings + prefetcher
+    inspector     worker processes that decode for /inspect, clients of the local socket
 
 The HTTP routes (:mod:`chunkd.gateway.api`) reach the parts through the app's keys,
 which :func:`build_app` sets from the node inside the app's ``cleanup_ctx``.
@@ -47,6 +48,7 @@ from chunkd.gateway.backends import Backends
 from chunkd.gateway.checkpoints import Checkpoints
 from chunkd.gateway.config import Config, load_config
 from chunkd.gateway.datasets import Datasets
+from chunkd.gateway.inspector import INSPECTOR, InspectorPool
 from chunkd.gateway.listing import Listings
 from chunkd.gateway.localsock import LocalServer
 from chunkd.gateway.logs import MalformedRequestLog, configure_logging
@@ -103,6 +105,7 @@ class Node:
     checkpoints: Checkpoints
     datasets: Datasets
     local: LocalServer
+    inspector: InspectorPool
 
 
 @contextlib.asynccontextmanager
@@ -174,6 +177,14 @@ async def open_node(
         )
         parts.push_async_callback(local.close)
         await local.start()
+        # Its workers are clients of the local socket: closed before it.
+        inspector = InspectorPool(
+            config.server.socket,
+            workers=config.server.inspect_workers,
+            timeout=config.server.inspect_timeout,
+            memory=config.server.inspect_memory,
+        )
+        parts.push_async_callback(inspector.close)
         yield Node(
             config=config,
             metrics=metrics,
@@ -186,6 +197,7 @@ async def open_node(
             checkpoints=checkpoints,
             datasets=datasets,
             local=local,
+            inspector=inspector,
         )
 
 
@@ -217,6 +229,7 @@ def build_app(
             app[api.LISTINGS] = node.listings
             app[api.PREFETCHER] = node.prefetcher
             app[api.CHECKPOINTS] = node.checkpoints
+            app[INSPECTOR] = node.inspector
             yield
 
     app.cleanup_ctx.append(node_context)

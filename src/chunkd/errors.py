@@ -30,11 +30,15 @@ __all__ = [
     "DatasetFormatError",
     "DatasetNotFoundError",
     "IndexSchemaError",
+    "InspectCrashedError",
+    "InspectError",
+    "InspectTimeoutError",
     "IntegrityError",
     "InvalidChunkIdError",
     "InvalidKeyError",
     "InvalidRangeError",
     "InvalidRequestError",
+    "MalformedFileError",
     "ManifestError",
     "ObjectNotFoundError",
     "OwnerSilentError",
@@ -200,6 +204,24 @@ class DatasetFormatError(DatasetError, ValueError):
 
 class ResumeStateError(DatasetError, ValueError):
     """A loader state is corrupted, or belongs to another snapshot, seed or order."""
+
+
+class InspectError(ChunkdError, RuntimeError):
+    """The inspector could not show an object or a sample."""
+
+
+class MalformedFileError(InspectError, ValueError):
+    """A file cannot be read as its format (a truncated Parquet footer, a bad JSON line,
+    a broken tar header, a corrupt image); the message names the file and the fault."""
+
+
+class InspectTimeoutError(InspectError, TimeoutError):
+    """An inspector request ran past ``server.inspect_timeout``; its worker was killed."""
+
+
+class InspectCrashedError(InspectError):
+    """An inspector worker died on a request (out of memory, or a crash in native code
+    on a hostile file); it was replaced, and only that request failed."""
 
 
 def _family(root: type[ChunkdError]) -> dict[str, type[ChunkdError]]:

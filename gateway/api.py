@@ -33,33 +33,44 @@ import json
 import logging
 import re
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable
-from dataclasses import asdict, dataclass, field
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict
 from typing import Any, Final
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 import chunkd
-from chunkd.cache import ChunkCache, ChunkId
+from chunkd.cache import ChunkId
 from chunkd.errors import (
     BackendUnavailableError,
     ChunkdError,
     InvalidRequestError,
 )
-from chunkd.gateway.backends import Backends
-from chunkd.gateway.checkpoints import Checkpoints
+from chunkd.gateway.appkeys import (
+    BACKENDS,
+    CACHE,
+    CHECKPOINTS,
+    CONFIG,
+    LISTINGS,
+    METRICS,
+    PEER_TLS,
+    PEERS,
+    PREFETCHER,
+    READ_PATH,
+    STATE,
+    STREAMING,
+    DaemonState,
+)
 from chunkd.gateway.config import Config
 from chunkd.gateway.inspector import add_routes as add_inspector_routes
-from chunkd.gateway.listing import MAX_PAGE, Listings
+from chunkd.gateway.listing import MAX_PAGE
 from chunkd.gateway.metrics import Metrics
 from chunkd.gateway.names import validate_prefix
-from chunkd.gateway.peers import Peers
-from chunkd.gateway.prefetch import Prefetcher
-from chunkd.gateway.readpath import ReadPath
+from chunkd.gateway.objectbody import send_object
 from chunkd.gateway.status import http_status
 from chunkd.gateway.tls import PeerTLS
-from chunkd.ranges import RangeNotSatisfiableError, parse_range, resolve
+from chunkd.ranges import RangeNotSatisfiableError
 
 __all__ = [
     "BACKENDS",
@@ -78,30 +89,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("chunkd.gateway.api")
-
-
-@dataclass
-class DaemonState:
-    """What /readyz and /v1/stats report about the process itself."""
-
-    started: float = field(default_factory=time.time)
-    ready: bool = False
-    stopping: bool = False
-
-
-CONFIG: Final = web.AppKey("config", Config)
-METRICS: Final = web.AppKey("metrics", Metrics)
-STATE: Final = web.AppKey("state", DaemonState)
-CACHE: Final = web.AppKey("cache", ChunkCache)
-BACKENDS: Final = web.AppKey("backends", Backends)
-READ_PATH: Final = web.AppKey("read_path", ReadPath)
-CHECKPOINTS: Final = web.AppKey("checkpoints", Checkpoints)
-LISTINGS: Final = web.AppKey("listings", Listings)
-PREFETCHER: Final = web.AppKey("prefetcher", Prefetcher)
-PEERS: Final[web.AppKey[Peers | None]] = web.AppKey("peers")
-PEER_TLS: Final[web.AppKey[PeerTLS | None]] = web.AppKey("peer_tls")
-#: set on a request once its response headers are sent
-STREAMING: Final = "chunkd.streaming"
 
 
 def build_app(config: Config, *, metrics: Metrics, tls: PeerTLS | None) -> web.Application:
@@ -347,34 +334,12 @@ async def _peer_object_chunk(request: web.Request) -> web.Response:
 
 async def _object(request: web.Request) -> web.StreamResponse:
     app = request.app
-    read_path = app[READ_PATH]
     started = time.perf_counter()
-    wanted = parse_range(request.headers.get("Range"))
-    stat = await read_path.stat(request.match_info["backend"], request.match_info["key"])
-    etag = stat.meta.version if stat.meta.version.startswith('"') else f'"{stat.meta.version}"'
-    if_range = request.headers.get("If-Range")
-    if wanted is not None and if_range is not None and if_range.strip() != etag:
-        wanted = None  # the client's partial copy is of another version: send it whole
-    start, end = resolve(wanted, stat.size)
-    headers = {
-        "ETag": etag,
-        "Accept-Ranges": "bytes",
-        "Content-Type": "application/octet-stream",
-        "Content-Length": str(end - start),
-    }
-    if stat.stale is not None:  # stale-if-error (RFC 5861): the backend could not re-check it
-        headers["Warning"] = '111 chunkd "Revalidation Failed"'
-        headers["X-Chunkd-Stale"] = str(int(stat.stale))
-    status = 200
-    if wanted is not None:
-        status = 206
-        headers["Content-Range"] = f"bytes {start}-{end - 1}/{stat.size}"
-    if request.method == "HEAD":
-        return web.Response(status=status, headers=headers)
-    response = web.StreamResponse(status=status, headers=headers)
-    served = await _send(request, response, read_path.read(stat, start, end), bytes)
-    app[METRICS].read_seconds.observe(time.perf_counter() - started)
-    app[METRICS].read_bytes.labels("chunkd").inc(served)
+    stat = await app[READ_PATH].stat(request.match_info["backend"], request.match_info["key"])
+    response, served = await send_object(request, stat)
+    if request.method != "HEAD":
+        app[METRICS].read_seconds.observe(time.perf_counter() - started)
+        app[METRICS].read_bytes.labels("chunkd").inc(served)
     return response
 
 
@@ -455,34 +420,3 @@ async def _list(request: web.Request) -> web.Response:
     )
     body = {"backend": page.backend, "prefix": prefix, "entries": page.to_json(), "next": page.next}
     return web.json_response(body, dumps=lambda obj: json.dumps(obj, ensure_ascii=False))
-
-
-async def _send(
-    request: web.Request,
-    response: web.StreamResponse,
-    pieces: AsyncGenerator[memoryview, None],
-    encode: Callable[[memoryview], bytes | memoryview],
-    *,
-    eof: bool = True,
-) -> int:
-    """Stream ``pieces`` as the body of ``response``; returns the bytes read from them.
-
-    The first piece is fetched before the headers go out, so a backend failure on a
-    cold read is still a proper error status. After that an error can only cut the
-    connection: the client sees a body shorter than Content-Length (or a broken
-    chunked stream), never an error page spliced into a success.
-    """
-    total = 0
-    try:
-        piece = await anext(pieces, None)
-        await response.prepare(request)
-        request[STREAMING] = True
-        while piece is not None:
-            await response.write(encode(piece))
-            total += piece.nbytes
-            piece = await anext(pieces, None)
-        if eof:
-            await response.write_eof()
-    finally:
-        await pieces.aclose()
-    return total

@@ -1,27 +1,371 @@
-"""A bounded pool of inspector worker processes (``docs/inspector.md``)."""
+"""A bounded pool of inspector worker processes (``docs/inspector.md``).
+
+The daemon never decodes a file: each inspector request goes to one of ``workers``
+processes of ``python -m chunkd.client.inspect.worker``, ordinary clients of the local
+socket. The protocol, one JSON object a line::
+
+    daemon -> worker (stdin)    {"n": N, "op": OP, "args": {...}}
+    worker -> daemon (stdout)   {"n": N, "ok": true, "result": {...}}
+                                {"n": N, "ok": false, "error": KIND, "message": TEXT}
+
+A worker serves one request at a time. The pool:
+
+1. starts nothing until the first request (a daemon that is never inspected spawns no
+   process), then at most ``workers`` processes, each as it is first needed;
+2. queues a request while every worker is busy, at most :data:`MAX_WAITING` of them;
+   one more is refused at once (``BackendUnavailableError``, a 503 with Retry-After);
+3. writes the request line and waits ``timeout`` seconds for the answer line. Past it
+   the worker is killed (its whole process group) and the request fails with
+   ``InspectTimeoutError``; a worker that dies, closes its stdout, sends a line over
+   :data:`MAX_ANSWER_BYTES` or one that is not an answer to the request fails it with
+   ``InspectCrashedError``. Either way the next request gets a fresh worker;
+4. raises an error answer as the chunkd error its kind names
+   (:func:`chunkd.errors.error_class`), so the HTTP edge maps it like any other.
+
+A worker's environment holds what Python needs (``PATH``, the locale, ``HOME``,
+``PYTHONPATH``) and ``CHUNKD_SOCKET``: never the daemon's own, which holds backend
+credentials and the server token. Its stderr is read all the time (a full pipe would
+stall it) and logged, each line cut to :data:`STDERR_LINE_CHARS`, at most
+:data:`STDERR_LINES` lines a minute for the whole pool.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import collections
+import contextlib
+import json
+import logging
+import os
+import signal
+import sys
+import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
-__all__ = ["InspectorPool"]
+from chunkd.errors import (
+    BackendUnavailableError,
+    CacheClosedError,
+    InspectCrashedError,
+    InspectError,
+    InspectTimeoutError,
+    error_class,
+)
+
+__all__ = ["MAX_ANSWER_BYTES", "MAX_WAITING", "InspectorPool"]
+
+log = logging.getLogger("chunkd.gateway.inspector")
+
+#: requests that may wait for a busy pool; one more is refused with a 503
+MAX_WAITING: Final = 64
+#: the longest answer line a worker may send (a page of rows is at most 16 MiB of JSON)
+MAX_ANSWER_BYTES: Final = 64 << 20
+#: worker stderr lines logged a minute, for the whole pool; the rest are counted
+STDERR_LINES: Final = 30
+#: a worker stderr line is cut to this many characters in the log
+STDERR_LINE_CHARS: Final = 2000
+_STDERR_WINDOW: Final = 60.0
+#: the last stderr lines of each worker, logged when it dies on a request
+_LAST_WORDS: Final = 8
+#: answers longer than this are parsed in a thread, off the event loop
+_PARSE_IN_THREAD: Final = 256 << 10
+#: how long a worker that closed its stdout gets to exit before it is killed
+_EXIT_GRACE: Final = 2.0
+#: what a worker keeps of the daemon's environment: what Python needs to start
+_ENVIRONMENT: Final = ("PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "PYTHONPATH")
+_WORKER_MODULE: Final = "chunkd.client.inspect.worker"
 
 
 class InspectorPool:
     """``workers`` processes of ``python -m chunkd.client.inspect.worker``, each reading
     through the daemon's local socket ``socket``, limited to ``memory`` bytes of address
-    space and ``timeout`` seconds a request."""
+    space and ``timeout`` seconds a request.
+
+    Args:
+        socket: The daemon's local socket, which the workers read through.
+        workers: How many processes decode at once.
+        timeout: Seconds one request may take before its worker is killed.
+        memory: Bytes of address space each worker may map (``--memory``).
+    """
 
     def __init__(self, socket: Path, *, workers: int, timeout: float, memory: int) -> None:
         self.socket = socket
         self.workers = workers
         self.timeout = timeout
         self.memory = memory
+        self._slots = asyncio.Semaphore(workers)
+        self._waiting = 0
+        self._idle: list[_Worker] = []
+        self._live: set[_Worker] = set()
+        self._reaping: set[asyncio.Task[None]] = set()
+        self._stderr = _StderrLog()
+        self._closed = False
+
+    @property
+    def started(self) -> int:
+        """Worker processes running now."""
+        return len(self._live)
 
     async def call(self, op: str, args: dict[str, str]) -> dict[str, Any]:
-        """Run ``op`` with ``args`` in a worker; its result."""
-        raise NotImplementedError(op)
+        """Run ``op`` with ``args`` in a worker; its result.
+
+        Raises:
+            InspectTimeoutError: The request ran past ``timeout``; its worker was killed.
+            InspectCrashedError: The worker died on the request (out of memory, a crash
+                in native code) or broke the protocol; it was replaced.
+            BackendUnavailableError: :data:`MAX_WAITING` requests are already waiting.
+            CacheClosedError: The daemon is stopping.
+            ChunkdError: The worker's error answer, as the class its kind names
+                (``MalformedFileError``, ``ObjectNotFoundError``, ...).
+        """
+        self._check_open()
+        if self._slots.locked() and self._waiting >= MAX_WAITING:
+            raise BackendUnavailableError(
+                f"the inspector is busy: {self._waiting} requests are waiting for its "
+                f"{self.workers} workers; try again shortly (or raise server.inspect_workers)"
+            )
+        self._waiting += 1
+        try:
+            await self._slots.acquire()
+        finally:
+            self._waiting -= 1
+        try:
+            self._check_open()
+            worker = await self._take()
+            try:
+                answer = await worker.ask(op, args)
+            finally:
+                if worker.broken or self._closed:
+                    self._retire(worker)
+                else:
+                    self._idle.append(worker)
+        finally:
+            self._slots.release()
+        if answer.get("ok") is True:
+            result = answer.get("result")
+            if not isinstance(result, dict):
+                raise InspectCrashedError(
+                    f"the inspector worker answered {op!r} without a result object"
+                )
+            return result
+        kind = answer.get("error")
+        message = answer.get("message")
+        raise error_class(kind)(message if isinstance(message, str) else f"{kind}")
 
     async def close(self) -> None:
-        """Stop every worker."""
+        """Stop every worker: kill each, and wait until each is reaped."""
+        self._closed = True
+        self._idle.clear()
+        for worker in list(self._live):
+            self._retire(worker)
+        while self._reaping:
+            await asyncio.gather(*self._reaping, return_exceptions=True)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise CacheClosedError("the daemon is stopping: the inspector takes no more requests")
+
+    async def _take(self) -> _Worker:
+        """An idle worker that is still alive, or a new one."""
+        while self._idle:
+            worker = self._idle.pop()
+            if worker.process.returncode is None:
+                return worker
+            self._retire(worker)  # died while idle: killed from outside, say
+        return await self._spawn()
+
+    async def _spawn(self) -> _Worker:
+        env = {name: os.environ[name] for name in _ENVIRONMENT if name in os.environ}
+        env["CHUNKD_SOCKET"] = str(self.socket)
+        env["PYTHONUNBUFFERED"] = "1"
+        command = [sys.executable, "-m", _WORKER_MODULE]
+        command += ["--socket", str(self.socket), "--memory", str(self.memory)]
+        try:
+            process = await asyncio.create_subprocess_exec(
+                *command,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                env=env,
+                limit=MAX_ANSWER_BYTES,
+                # Its own process group: a terminal's Ctrl-C goes to the daemon alone,
+                # and a kill reaches whatever the worker started.
+                start_new_session=True,
+                close_fds=True,
+            )
+        except OSError as exc:
+            raise InspectError(
+                f"cannot start an inspector worker ({' '.join(command[:3])}): {exc}"
+            ) from exc
+        worker = _Worker(process, self._stderr, timeout=self.timeout)
+        self._live.add(worker)
+        log.info("inspector worker started", extra={"pid": process.pid})
+        if self._closed:  # close() ran while it started
+            self._retire(worker)
+            self._check_open()
+        return worker
+
+    def _retire(self, worker: _Worker) -> None:
+        """Kill ``worker`` now; it is reaped in a task that :meth:`close` waits for."""
+        if worker not in self._live:
+            return
+        self._live.discard(worker)
+        worker.kill()
+        task = asyncio.ensure_future(worker.reap())
+        self._reaping.add(task)
+        task.add_done_callback(self._reaping.discard)
+
+
+class _Worker:
+    """One worker process, serving one request at a time."""
+
+    def __init__(
+        self, process: asyncio.subprocess.Process, stderr: _StderrLog, *, timeout: float
+    ) -> None:
+        self.process = process
+        #: seconds a request may take
+        self.timeout = timeout
+        self.pid = process.pid
+        #: it must not serve again: it timed out, died, or left an answer unread
+        self.broken = False
+        self.last_words: collections.deque[str] = collections.deque(maxlen=_LAST_WORDS)
+        self._n = 0
+        assert process.stderr is not None
+        self._drain = asyncio.ensure_future(stderr.drain(process.stderr, self))
+
+    async def ask(self, op: str, args: dict[str, str]) -> dict[str, Any]:
+        """Send one request and read its answer line."""
+        assert self.process.stdin is not None
+        assert self.process.stdout is not None
+        timeout = self.timeout
+        # Broken until a whole answer is in: a timeout, a crash or a cancelled request
+        # leaves an answer unread, and the next request would read it as its own.
+        self.broken = True
+        self._n += 1
+        line = json.dumps({"n": self._n, "op": op, "args": args}).encode() + b"\n"
+        try:
+            async with asyncio.timeout(timeout):
+                self.process.stdin.write(line)
+                await self.process.stdin.drain()
+                answer = await self.process.stdout.readline()
+        except TimeoutError:
+            self.kill()
+            log.warning(
+                "inspector worker killed: a request ran past server.inspect_timeout",
+                extra={"pid": self.pid, "op": op, "timeout_s": timeout},
+            )
+            raise InspectTimeoutError(
+                f"inspect {op} {_describe(args)} ran past server.inspect_timeout "
+                f"({timeout:g}s); its worker was killed and replaced. Ask for less (a "
+                "smaller count, fewer columns) or raise server.inspect_timeout"
+            ) from None
+        except ValueError:  # the line ran past the stream's limit
+            raise self._crashed(
+                op, args, f"sent an answer over {MAX_ANSWER_BYTES >> 20} MiB"
+            ) from None
+        except (ConnectionError, BrokenPipeError):
+            raise self._crashed(op, args, await self._exit_status()) from None
+        if not answer.endswith(b"\n"):
+            raise self._crashed(op, args, await self._exit_status())
+        parsed = await _parse(answer)
+        if not isinstance(parsed, dict) or parsed.get("n") != self._n:
+            raise self._crashed(op, args, "sent a line that is not the answer to its request")
+        if parsed.get("ok") is not True and parsed.get("error") == "InspectCrashedError":
+            return parsed  # it ran out of memory, say: answered, but not to serve again
+        self.broken = False
+        return parsed
+
+    def kill(self) -> None:
+        """SIGKILL the worker's process group (it started it as its session leader)."""
+        if self.process.returncode is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.pid, signal.SIGKILL)
+
+    async def reap(self) -> None:
+        """Wait for the killed worker to be reaped and its stderr drained."""
+        try:
+            await self.process.wait()
+            await self._drain
+        except Exception:  # the reap of one worker must not fail close()
+            log.exception("inspector worker %d: reaping failed", self.pid)
+
+    async def _exit_status(self) -> str:
+        try:
+            async with asyncio.timeout(_EXIT_GRACE):
+                code = await self.process.wait()
+        except TimeoutError:
+            self.kill()
+            return "closed its output"
+        if code < 0:
+            name = signal.Signals(-code).name if -code in signal.valid_signals() else str(-code)
+            return f"was killed by {name}" + (
+                " (out of memory?)" if -code in (signal.SIGKILL, signal.SIGABRT) else ""
+            )
+        return f"exited with status {code}"
+
+    def _crashed(self, op: str, args: dict[str, str], why: str) -> InspectCrashedError:
+        self.kill()
+        log.warning(
+            "inspector worker %s on a request",
+            why,
+            extra={"pid": self.pid, "op": op, "stderr": " | ".join(self.last_words)},
+        )
+        return InspectCrashedError(
+            f"inspect {op} {_describe(args)} failed: its worker {why}. The worker was "
+            "replaced and only this request failed; the file may be hostile or need more "
+            "than server.inspect_memory to decode"
+        )
+
+
+class _StderrLog:
+    """Worker stderr into the daemon's log: cut, and rate-limited for the whole pool."""
+
+    def __init__(self) -> None:
+        self._window = 0.0
+        self._logged = 0
+        self._dropped = 0
+
+    async def drain(self, stream: asyncio.StreamReader, worker: _Worker) -> None:
+        """Read ``stream`` to its end, logging each line within the rate."""
+        partial = b""
+        try:
+            while piece := await stream.read(64 << 10):
+                lines = (partial + piece).split(b"\n")
+                partial = lines.pop()[: STDERR_LINE_CHARS * 4]
+                for line in lines:
+                    self._line(worker, line)
+            if partial:
+                self._line(worker, partial)
+        except Exception:  # a broken pipe ends the drain, never the daemon
+            log.debug("inspector worker %d: stderr ended", worker.pid, exc_info=True)
+
+    def _line(self, worker: _Worker, raw: bytes) -> None:
+        text = raw.decode("utf-8", "replace").rstrip()[:STDERR_LINE_CHARS]
+        if not text:
+            return
+        worker.last_words.append(text)
+        now = time.monotonic()
+        if now - self._window >= _STDERR_WINDOW:
+            if self._dropped:
+                log.warning("%d more inspector worker stderr lines dropped", self._dropped)
+            self._window, self._logged, self._dropped = now, 0, 0
+        if self._logged >= STDERR_LINES:
+            self._dropped += 1
+            return
+        self._logged += 1
+        log.info("inspector worker stderr: %s", text, extra={"pid": worker.pid})
+
+
+async def _parse(line: bytes) -> Any:
+    try:
+        if len(line) > _PARSE_IN_THREAD:
+            return await asyncio.to_thread(json.loads, line)
+        return json.loads(line)
+    except ValueError:
+        return None
+
+
+def _describe(args: dict[str, str]) -> str:
+    """The request's arguments for a message, each cut short."""
+    shown = ", ".join(f"{k}={v[:200]!r}" for k, v in list(args.items())[:6])
+    return f"({shown})"

@@ -58,3 +58,475 @@ def test_kind_of_unknown_types() -> None:
     assert kind_of("image/svg+xml") is None
     assert kind_of("text/html") is None
     assert len(MEDIA_TYPES) == 10
+
+
+# ---------------------------------------------------------------------------
+# the worker process, on a real daemon
+# ---------------------------------------------------------------------------
+
+import base64  # noqa: E402
+import io  # noqa: E402
+import json  # noqa: E402
+import random  # noqa: E402
+import struct  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import tarfile  # noqa: E402
+import zlib  # noqa: E402
+from collections.abc import Iterator  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+from .conftest import Daemon, wait_for_socket  # noqa: E402
+
+pa = pytest.importorskip("pyarrow")
+pq = pytest.importorskip("pyarrow.parquet")
+
+
+def png(width: int, height: int, seed: int = 0) -> bytes:
+    """A real PNG of random pixels (the browser decodes it)."""
+    rng = random.Random(seed)
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        crc = zlib.crc32(kind + body) & 0xFFFFFFFF
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", crc)
+
+    raw = b"".join(b"\0" + rng.randbytes(3 * width) for _ in range(height))
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", header)
+        + chunk(b"IDAT", zlib.compress(raw))
+        + chunk(b"IEND", b"")
+    )
+
+
+class Worker:
+    """A real ``python -m chunkd.client.inspect.worker`` on the daemon's socket."""
+
+    def __init__(self, socket: Path, log: Path, memory: int = 2 << 30) -> None:
+        self.log = log.open("wb")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "chunkd.client.inspect.worker", "--socket", str(socket),
+             "--memory", str(memory)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.log,
+        )  # fmt: skip
+        self.n = 0
+
+    def send(self, line: bytes) -> dict[str, Any]:
+        assert self.process.stdin is not None
+        assert self.process.stdout is not None
+        self.process.stdin.write(line + b"\n")
+        self.process.stdin.flush()
+        answer = self.process.stdout.readline()
+        assert answer, "the worker died"
+        parsed: dict[str, Any] = json.loads(answer)
+        return parsed
+
+    def call(self, op: str, **args: Any) -> dict[str, Any]:
+        self.n += 1
+        line = json.dumps({"n": self.n, "op": op, "args": {k: str(v) for k, v in args.items()}})
+        answer = self.send(line.encode())
+        assert answer["n"] == self.n
+        return answer
+
+    def ok(self, op: str, **args: Any) -> dict[str, Any]:
+        answer = self.call(op, **args)
+        assert answer["ok"], answer
+        result: dict[str, Any] = answer["result"]
+        return result
+
+    def fails(self, op: str, kind: str, **args: Any) -> str:
+        answer = self.call(op, **args)
+        assert not answer["ok"], answer
+        assert answer["error"] == kind, answer
+        message: str = answer["message"]
+        return message
+
+    def close(self) -> None:
+        assert self.process.stdin is not None
+        assert self.process.stdout is not None
+        self.process.stdin.close()
+        code = self.process.wait(timeout=30)
+        self.process.stdout.close()
+        self.log.close()
+        assert code == 0
+
+
+class Node:
+    """A daemon on the embedded default config, its data folder, and a worker."""
+
+    def __init__(self, daemon: Daemon, worker: Worker) -> None:
+        self.daemon = daemon
+        self.worker = worker
+        self.data = daemon.cwd / "chunkd-data"
+        self.socket = daemon.cwd / "chunkd.sock"
+
+    def put(self, key: str, data: bytes) -> str:
+        path = self.data / key
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+        return f"local/{key}"
+
+
+@pytest.fixture
+def node(start_daemon: Any, tmp_path: Path) -> Iterator[Node]:
+    daemon: Daemon = start_daemon()
+    assert wait_for_socket(tmp_path / "chunkd.sock", 10)
+    worker = Worker(tmp_path / "chunkd.sock", tmp_path / "worker.log")
+    try:
+        yield Node(daemon, worker)
+    finally:
+        worker.close()
+
+
+def parquet_bytes(table: Any, row_group_size: int) -> bytes:
+    sink = io.BytesIO()
+    pq.write_table(table, sink, row_group_size=row_group_size)
+    return sink.getvalue()
+
+
+def image_table(rows: int) -> tuple[Any, list[bytes]]:
+    images = [png(4, 4, seed=i) for i in range(rows)]
+    table = pa.table(
+        {
+            "id": pa.array(range(rows), pa.int64()),
+            "text": [f"row {i} <script>alert({i})</script>" for i in range(rows)],
+            "score": [float("nan") if i % 7 == 0 else i / 2 for i in range(rows)],
+            "image": pa.array(images, pa.binary()),
+        }
+    )
+    return table, images
+
+
+def test_parquet_open_pages_and_last_row(node: Node) -> None:
+    table, images = image_table(500)
+    name = node.put("pq/images.parquet", parquet_bytes(table, 100))
+    w = node.worker
+    opened = w.ok("open", name=name)
+    assert opened["kind"] == "parquet"
+    assert opened["num_rows"] == 500
+    assert [c["name"] for c in opened["schema"]] == ["id", "text", "score", "image"]
+    assert opened["schema"][3]["type"] == "binary"
+    groups = opened["row_groups"]
+    assert opened["row_groups_total"] == 5
+    assert [(g["index"], g["rows"], g["first_row"]) for g in groups] == [
+        (i, 100, 100 * i) for i in range(5)
+    ]
+    stats = {c["name"]: c for c in groups[2]["columns"]}
+    assert (stats["id"]["min"], stats["id"]["max"], stats["id"]["nulls"]) == (200, 299, 0)
+    assert stats["image"]["compressed_bytes"] > 0
+    assert opened["rl"] is None
+
+    first = w.ok("rows", name=name)
+    assert first["total"] == 500
+    assert [r["index"] for r in first["rows"]] == list(range(20))
+    assert first["next"] == 20
+    row = first["rows"][3]["value"]
+    assert row["id"] == 3
+    assert row["text"] == "row 3 <script>alert(3)</script>"  # sent as it is
+    assert row["image"]["media_type"] == "image/png"
+    assert row["image"]["$bytes"] == len(images[3])
+    assert base64.b64decode(row["image"]["b64"]) == images[3]
+    assert first["rows"][0]["value"]["score"] == {"$float": "nan"}
+    assert first["rows"][1]["value"]["score"] == 0.5
+
+    across = w.ok("rows", name=name, start=95, count=10)  # two row groups
+    assert [r["value"]["id"] for r in across["rows"]] == list(range(95, 105))
+
+    last = w.ok("rows", name=name, start=499)
+    assert [r["value"]["id"] for r in last["rows"]] == [499]
+    assert last["next"] is None
+
+    narrow = w.ok("rows", name=name, start=250, count=5, columns="id,text")
+    assert [set(r["value"]) for r in narrow["rows"]] == [{"id", "text"}] * 5
+
+    sample = w.ok("sample", id=f"{name}#321")
+    assert sample["kind"] == "parquet"
+    assert sample["value"]["id"] == 321
+    assert base64.b64decode(sample["value"]["image"]["b64"]) == images[321]
+
+    assert "holds 500 rows" in w.fails("rows", "InvalidRequestError", name=name, start=500)
+    assert "no column 'nope'" in w.fails("rows", "InvalidRequestError", name=name, columns="nope")
+    assert "count" in w.fails("rows", "InvalidRequestError", name=name, count=501)
+
+
+def test_a_page_stops_before_16_mib_of_json(node: Node) -> None:
+    big = [bytes([i]) * (900 << 10) for i in range(40)]  # 900 KiB each: sent inline
+    name = node.put("pq/big.parquet", parquet_bytes(pa.table({"blob": big}), 10))
+    page = node.worker.ok("rows", name=name, count=40)
+    assert 10 < len(page["rows"]) < 40
+    assert page["next"] == len(page["rows"])
+    got = base64.b64decode(page["rows"][-1]["value"]["blob"]["b64"])
+    assert got == big[len(page["rows"]) - 1]
+
+
+def test_jsonl_values_whole_and_text_paging(node: Node) -> None:
+    long = "x" * 100_000
+    records = [
+        {"i": i, "nested": {"list": [1, 2.5, None, True], "deep": {"a": "ü"}}, "html": "<script>"}
+        for i in range(50)
+    ]
+    records[7]["long"] = long
+    name = node.put("j/data.jsonl", b"".join(json.dumps(r).encode() + b"\n" for r in records))
+    w = node.worker
+    opened = w.ok("open", name=name)
+    assert (opened["kind"], opened["lines"], opened["encoding"]) == ("jsonl", 50, "utf-8")
+    page = w.ok("rows", name=name, start=5, count=10)
+    assert [r["value"] for r in page["rows"]] == records[5:15]
+    assert page["rows"][2]["value"]["long"] == long  # a 100 KB field, whole
+    assert page["next"] == 15
+    assert w.ok("rows", name=name, start=45, count=10)["next"] is None
+
+    lines = [f"line {i}: " + "ab" * (i % 17) for i in range(1000)]
+    text = node.put("t/notes.txt", ("\n".join(lines)).encode())  # no newline at the end
+    opened = w.ok("open", name=text)
+    assert (opened["kind"], opened["lines"]) == ("text", 1000)
+    start, seen = 0, []
+    while start is not None:
+        page = w.ok("rows", name=text, start=start, count=300)
+        seen += [r["value"] for r in page["rows"]]
+        start = page["next"]
+    assert seen == lines
+
+    # a text object too big to count at open: lines are found as pages go
+    many = [f"{i:08d}" for i in range(1_200_000)]
+    huge = node.put("t/huge.log", ("\n".join(many) + "\n").encode())
+    opened = w.ok("open", name=huge)
+    assert opened["lines"] is None
+    far = w.ok("rows", name=huge, start=1_000_000, count=3)
+    assert [r["value"] for r in far["rows"]] == many[1_000_000:1_000_003]
+    assert far["next"] == 1_000_003
+    back = w.ok("rows", name=huge, start=12, count=2)
+    assert [r["value"] for r in back["rows"]] == many[12:14]
+    end = w.ok("rows", name=huge, start=1_199_999, count=5)
+    assert [r["value"] for r in end["rows"]] == [many[-1]]
+    assert end["next"] is None
+
+
+def wds_tar(samples: int) -> tuple[bytes, list[dict[str, bytes]]]:
+    sink = io.BytesIO()
+    written = []
+    with tarfile.open(fileobj=sink, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for i in range(samples):
+            files = {
+                "png": png(3, 3, seed=100 + i),
+                "txt": f"caption {i} <script>".encode(),
+                "json": json.dumps({"label": i}).encode(),
+            }
+            for ext, data in files.items():
+                info = tarfile.TarInfo(f"shard/s{i:04d}.{ext}")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+            written.append(files)
+    return sink.getvalue(), written
+
+
+def test_webdataset_members_are_media_ranges(node: Node) -> None:
+    data, written = wds_tar(30)
+    name = node.put("wds/shard-000.tar", data)
+    w = node.worker
+    opened = w.ok("open", name=name)
+    assert opened["kind"] == "wds"
+    assert opened["samples_total"] == 30
+    assert len(opened["samples"]) == 20
+    first = opened["samples"][0]
+    assert first["key"] == "shard/s0000"
+    exts = {m["ext"]: m for m in first["members"]}
+    assert exts["png"]["media_type"] == "image/png"
+    assert data[exts["png"]["offset"] :][: exts["png"]["length"]] == written[0]["png"]
+
+    page = w.ok("rows", name=name, start=25, count=10)
+    assert [r["index"] for r in page["rows"]] == list(range(25, 30))
+    value = page["rows"][1]["value"]
+    assert value["__key__"] == "shard/s0026"
+    media = value["png"]["$media"]
+    assert media["name"] == name
+    assert media["media_type"] == "image/png"
+    assert data[media["offset"] : media["offset"] + media["length"]] == written[26]["png"]
+    assert value["txt"] == "caption 26 <script>"
+    assert value["json"] == {"label": 26}
+    assert w.ok("sample", id=f"{name}#4")["value"]["json"] == {"label": 4}
+
+
+def test_mds_shard_is_read_with_its_index(node: Node) -> None:
+    from .test_dataset_formats import MDS_COLUMNS, mds_samples, mds_shard
+
+    samples = mds_samples(40)
+    shard, entry = mds_shard(MDS_COLUMNS, samples, "shard.00000.mds", None)
+    name = node.put("mds/shard.00000.mds", shard)
+    node.put("mds/index.json", json.dumps({"version": 2, "shards": [entry]}).encode())
+    w = node.worker
+    opened = w.ok("open", name=name)
+    assert opened["kind"] == "mds"
+    assert opened["samples_total"] == 40
+    assert {"name": "text", "encoding": "str"} in opened["columns"]
+    assert opened["shards"] == [{"name": name, "samples": 40}]
+    page = w.ok("rows", name=name, start=38)
+    assert [r["index"] for r in page["rows"]] == [38, 39]
+    value = page["rows"][0]["value"]
+    want = samples[38]
+    assert value["text"] == want["text"]
+    assert value["meta"] == want["meta"]
+    assert value["big"] == want["big"]
+    assert value["vec"] == want["vec"].tolist()
+    assert value["grid"] == want["grid"].tolist()
+    assert value["image"]["media_type"] == "image/jpeg"
+    assert base64.b64decode(value["image"]["b64"]) == want["image"]
+    assert value["obj"]["$bytes"] > 0  # a pickle: its bytes, never unpickled
+
+
+def test_rollouts_grouped_sorted_and_never_cut(node: Node) -> None:
+    rng = random.Random(9)
+    rows = []
+    for g in range(5):
+        for k in range(4):
+            rows.append(
+                {
+                    "prompt": f"prompt {g} <b>",
+                    "completion": f"answer {g}.{k}",
+                    "reward": rng.random(),
+                    "group": f"g{g}",
+                    "logprobs": [-0.5, -1.25],
+                    "extra": k,
+                }
+            )
+    name = node.put("rl/rollouts.jsonl", b"".join(json.dumps(r).encode() + b"\n" for r in rows))
+    w = node.worker
+    assert w.ok("open", name=name)["rl"] == "rollouts"
+    page = w.ok("rl", name=name, start=0, count=6)  # the page ends inside group g1
+    assert page["kind"] == "rollouts"
+    assert [g["group"] for g in page["groups"]] == ["g0", "g1"]
+    assert [len(g["rollouts"]) for g in page["groups"]] == [4, 4]  # g1 completed
+    assert page["next"] == 8
+    for group in page["groups"]:
+        rewards = [r["reward"] for r in group["rollouts"]]
+        assert rewards == sorted(rewards, reverse=True)
+        assert group["prompt"] == f"prompt {group['group'][1:]} <b>"
+    top = page["groups"][1]["rollouts"][0]
+    assert top["logprobs"] == [-0.5, -1.25]
+    assert rows[top["index"]]["completion"] == top["completion"]
+    assert top["fields"] == {"extra": rows[top["index"]]["extra"]}
+    rest = w.ok("rl", name=name, start=page["next"], count=100)
+    assert [g["group"] for g in rest["groups"]] == ["g2", "g3", "g4"]
+    assert rest["next"] is None
+
+    renamed = [
+        {"question": r["prompt"], "answer": r["completion"], "score": r["reward"]} for r in rows
+    ]
+    other = node.put("rl/other.jsonl", b"".join(json.dumps(r).encode() + b"\n" for r in renamed))
+    assert w.ok("open", name=other)["rl"] is None
+    mapping = "prompt:question,completion:answer,reward:score"
+    mapped = w.ok("rl", name=other, count=4, map=mapping)
+    assert [len(g["rollouts"]) for g in mapped["groups"]] == [4]  # grouped by the prompt
+    assert "map" in w.fails("rl", "InvalidRequestError", name=other, map="bogus:x")
+
+
+def test_episodes_step_by_step(node: Node) -> None:
+    steps = []
+    for e in range(3):
+        for s in range(5):
+            steps.append(
+                {
+                    "episode": e,
+                    "step": s,
+                    "observation": [e, s],
+                    "action": s % 2,
+                    "reward": 1.0,
+                    "done": s == 4,
+                }
+            )
+    table = pa.Table.from_pylist(steps)
+    name = node.put("rl/episodes.parquet", parquet_bytes(table, 4))
+    w = node.worker
+    assert w.ok("open", name=name)["rl"] == "episodes"
+    page = w.ok("rl", name=name, start=0, count=7)  # ends inside episode 1
+    assert [(e["episode"], e["length"], e["return"]) for e in page["episodes"]] == [
+        (0, 5, 5.0),
+        (1, 5, 5.0),
+    ]
+    assert page["next"] == 10
+    last = page["episodes"][1]["steps"][-1]
+    assert (last["index"], last["step"], last["done"], last["observation"]) == (9, 4, True, [1, 4])
+
+    records = [
+        {
+            "episode_id": f"ep{e}",
+            "steps": [
+                {"obs": s, "action": "left", "reward": s, "terminated": s == 2} for s in range(3)
+            ],
+        }
+        for e in range(2)
+    ]
+    per = node.put(
+        "rl/per-episode.jsonl", b"".join(json.dumps(r).encode() + b"\n" for r in records)
+    )
+    answer = w.ok("rl", name=per)
+    assert [(e["episode"], e["length"], e["return"]) for e in answer["episodes"]] == [
+        ("ep0", 3, 3.0),
+        ("ep1", 3, 3.0),
+    ]
+    assert [s["done"] for s in answer["episodes"][0]["steps"]] == [False, False, True]
+
+
+def test_malformed_files_fail_alone(node: Node) -> None:
+    w = node.worker
+    table, _ = image_table(50)
+    whole = parquet_bytes(table, 10)
+    cut = node.put("bad/truncated.parquet", whole[:-100])
+    assert "PAR1" in w.fails("open", "MalformedFileError", name=cut)
+
+    lines = b'{"a": 1}\n{"a": 2}\n{"a": oops}\n{"a": 4}\n'
+    bad_json = node.put("bad/lines.jsonl", lines)
+    message = w.fails("rows", "MalformedFileError", name=bad_json)
+    assert "line 2" in message
+    bad_at = lines.index(b'{"a": oops')
+    assert f"byte {bad_at}" in message
+    assert [r["value"] for r in w.ok("rows", name=bad_json, count=2)["rows"]] == [
+        {"a": 1},
+        {"a": 2},
+    ]
+    as_text = w.ok("rows", name=bad_json, format="text")
+    assert as_text["rows"][2]["value"] == '{"a": oops}'
+
+    image = png(8, 8)
+    corrupt = node.put("bad/broken.png", image[:40] + b"\0garbage" * 10)
+    opened = w.ok("open", name=corrupt)
+    assert (opened["kind"], opened["media_type"]) == ("image", "image/png")
+    assert opened["media"]["$media"] == {
+        "name": corrupt, "offset": 0, "length": 40 + 80, "media_type": "image/png"
+    }  # fmt: skip
+
+    data, _ = wds_tar(3)
+    damaged = bytearray(data)
+    second = data.index(b"shard/s0000.txt") - 0  # the header of the second file
+    header_at = second - second % 512
+    damaged[header_at + 148 : header_at + 156] = b"0000000\0"  # a wrong checksum
+    broken = node.put("bad/broken.tar", bytes(damaged))
+    message = w.fails("open", "MalformedFileError", name=broken)
+    assert f"byte {header_at}" in message
+    assert "checksum" in message
+
+    assert "ObjectNotFound" in w.call("open", name="local/nope.parquet")["error"]
+    assert w.call("open", name="nobackend/x")["error"] == "UnknownBackendError"
+    assert w.ok("rows", name=node.put("ok.jsonl", b'{"fine": true}\n'))["rows"][0]["value"] == {
+        "fine": True
+    }
+
+
+def test_requests_that_are_not_requests(node: Node) -> None:
+    w = node.worker
+    answer = w.send(b"this is not json")
+    assert (answer["n"], answer["error"]) == (None, "InvalidRequestError")
+    assert "no inspector op" in w.fails("explode", "InvalidRequestError")
+    assert "takes no argument 'bogus'" in w.fails("open", "InvalidRequestError", bogus="1")
+    assert "needs the argument 'name'" in w.fails("open", "InvalidRequestError")
+    answer = w.send(json.dumps({"n": 99, "op": "open", "args": {"name": 5}}).encode())
+    assert (answer["n"], answer["error"]) == (99, "InvalidRequestError")
+    binary = node.put("blob.bin", bytes(range(256)) * 40)
+    opened = w.ok("open", name=binary)
+    assert opened["kind"] == "binary"
+    assert opened["hex"] == (bytes(range(256)) * 16).hex()
+    assert "no rows" in w.fails("rows", "InvalidRequestError", name=binary)

@@ -1,0 +1,964 @@
+"""Views of one object version, by format: what ``open``, ``rows`` and ``sample`` read.
+
+Every view reads through the worker's :class:`~chunkd.client.Client` only, pinned to
+the version it was opened on, and only the ranges it needs:
+
+- :class:`ParquetView`: the footer once (kept in a bounded LRU of views); a page decodes
+  only the row groups that hold its rows, and of them only the asked columns, each
+  column chunk one ranged read; decoded groups are kept in a bounded LRU.
+- :class:`LinesView`: text and JSON lines, by line number (:mod:`.lines`); a
+  ``.jsonl.zst`` object is read by the dataset code's JSON lines format.
+- :class:`TarView`: a WebDataset tar, one sample per key, from its headers alone;
+  members go as ``$media`` ranges of the tar.
+- :class:`MdsView`: an MDS shard, with the ``index.json`` beside it, read by the
+  dataset code's MDS format.
+- :class:`MediaView` and :class:`BinaryView`: an image, audio or video object (the
+  whole object as ``$media``), anything else (its first bytes).
+
+A file that cannot be read as its format raises :class:`~chunkd.errors.MalformedFileError`
+naming the object and the fault.
+"""
+
+from __future__ import annotations
+
+import importlib
+import io
+import json
+import posixpath
+import struct
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Iterator
+from typing import TYPE_CHECKING, Any, Final, Protocol
+
+from chunkd.client.datasets.formats import DECODED_CACHE_BYTES, DecodedLRU, detect
+from chunkd.client.datasets.source import PinnedSource
+from chunkd.client.inspect.lines import LineIndex
+from chunkd.client.inspect.values import INLINE_BYTES, binary, encode, media
+from chunkd.errors import (
+    DatasetFormatError,
+    InvalidRequestError,
+    MalformedFileError,
+    SnapshotDriftError,
+)
+from chunkd.mediatype import SNIFF_BYTES, kind_of, sniff
+from chunkd.snapshot import Member
+
+if TYPE_CHECKING:
+    from _typeshed import WriteableBuffer
+
+    from chunkd.client.core import Client
+    from chunkd.client.results import ObjectStat
+
+__all__ = [
+    "FORMATS",
+    "BinaryView",
+    "LinesView",
+    "MdsView",
+    "MediaView",
+    "ParquetView",
+    "TarView",
+    "View",
+    "Views",
+]
+
+#: the formats ``open`` takes (``format=``)
+FORMATS: Final = ("parquet", "jsonl", "text", "wds", "mds", "image", "audio", "video", "binary")
+#: the first bytes read to detect a format and shown for a binary object
+HEAD_BYTES: Final = 4096
+#: open views (footers, line indexes, tar indexes) kept per worker
+VIEWS: Final = 32
+#: decoded Parquet row groups kept per worker, by their bytes in memory
+ROW_GROUP_BYTES: Final = DECODED_CACHE_BYTES
+#: ``open`` lists at most this many row groups ...
+MAX_ROW_GROUPS: Final = 10_000
+#: ... and at most this many column statistics over them
+_MAX_COLUMN_STATS: Final = 200_000
+#: a footer metadata value is cut to this many bytes
+_METADATA_BYTES: Final = 4096
+#: a column statistic bigger than this goes as its size and type, not its value
+_STAT_BYTES: Final = 1024
+#: a tar is indexed up to this many samples
+MAX_TAR_SAMPLES: Final = 200_000
+#: the first page of a tar's samples in ``open``
+_TAR_FIRST_PAGE: Final = 20
+#: an index.json bigger than this is not read
+_MAX_INDEX_JSON: Final = 64 << 20
+#: objects of at most this many bytes have their lines counted at ``open``
+_COUNT_LINES_BYTES: Final = 8 << 20
+#: rows converted from Arrow at a time
+_ARROW_BATCH: Final = 64
+#: a view's field names are looked for in this many first records (JSON lines)
+_FIELD_LINES: Final = 8
+
+_TEXT_SUFFIXES: Final = (
+    ".txt", ".text", ".log", ".md", ".rst", ".csv", ".tsv", ".json", ".yaml", ".yml",
+    ".toml", ".ini", ".cfg", ".py", ".sh", ".xml", ".html", ".htm", ".svg",
+)  # fmt: skip
+
+
+class View(Protocol):
+    """One object version, read as one format."""
+
+    #: the format (one of :data:`FORMATS`)
+    kind: str
+    #: the object, ``BACKEND/KEY``
+    name: str
+
+    @property
+    def total(self) -> int | None:
+        """Its rows (samples, lines), or None while unknown."""
+        ...
+
+    @property
+    def nbytes(self) -> int:
+        """About the memory the view holds."""
+        ...
+
+    def describe(self) -> dict[str, Any]:
+        """The fields of its ``open`` answer that are particular to its kind."""
+        ...
+
+    def fields(self) -> list[str] | None:
+        """The names of its records' fields (for RL detection), or None."""
+        ...
+
+    def rows(self, start: int, columns: list[str] | None) -> Iterator[tuple[int, Any]]:
+        """``(index, value)`` of rows ``start``, ``start + 1``, ... to the end; values as
+        :func:`~chunkd.client.inspect.values.encode` sends them.
+
+        Raises:
+            InvalidRequestError: ``start`` is past the end, or the view has no rows.
+            MalformedFileError: a row cannot be decoded.
+        """
+        ...
+
+
+def malformed(exc: BaseException) -> MalformedFileError:
+    """The inspector's error for a dataset format's refusal (its message names the file)."""
+    return MalformedFileError(str(exc))
+
+
+def _past_end(name: str, start: int, total: int | None) -> InvalidRequestError:
+    return InvalidRequestError(
+        f"row {start} of {name}, which holds {total} rows: ask for a start below that"
+    )
+
+
+def _split_name(name: str) -> tuple[str, str]:
+    backend, _, key = name.partition("/")
+    return backend, key
+
+
+class _Pinned:
+    """Reads of one object version through the client (a changed object raises)."""
+
+    def __init__(self, client: Client, stat: ObjectStat) -> None:
+        self.client = client
+        self.stat = stat
+
+    def __call__(self, offset: int, length: int) -> memoryview:
+        if length <= 0 or offset >= self.stat.size:
+            return memoryview(b"")
+        return self.client.read(self.stat.name, offset, length, version=self.stat.version)
+
+
+# -- Parquet -----------------------------------------------------------------------------
+
+_ROW_GROUPS = DecodedLRU(ROW_GROUP_BYTES, 64)
+_PYARROW_READY = False
+
+
+def _pyarrow() -> tuple[Any, Any]:
+    global _PYARROW_READY  # once per process, before pyarrow's pools start
+    pa = importlib.import_module("pyarrow")
+    pq = importlib.import_module("pyarrow.parquet")
+    if not _PYARROW_READY:
+        # A worker lives under an address-space limit: a thread pool sized to a big
+        # machine's cores would reserve stacks and arenas for nothing.
+        pa.set_cpu_count(2)
+        pa.set_io_thread_count(2)
+        _PYARROW_READY = True
+    return pa, pq
+
+
+class _Window(io.RawIOBase):
+    """A read-only file over an object that answers from ranges already read (a row
+    group's column chunks); anything else is read through the client."""
+
+    def __init__(self, read: _Pinned, pieces: list[tuple[int, memoryview]]) -> None:
+        super().__init__()
+        self._read = read
+        self._pieces = pieces
+        self._position = 0
+        self._size = read.stat.size
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._position
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._position, io.SEEK_END: self._size}[whence]
+        self._position = max(0, base + offset)
+        return self._position
+
+    def readinto(self, buffer: WriteableBuffer) -> int:
+        target = memoryview(buffer).cast("B")
+        n = min(len(target), self._size - self._position)
+        if n <= 0:
+            return 0
+        for start, view in self._pieces:
+            inside = self._position - start
+            if inside >= 0 and inside + n <= len(view):
+                target[:n] = view[inside : inside + n]
+                break
+        else:
+            got = self._read(self._position, n)
+            n = len(got)
+            target[:n] = got
+        self._position += n
+        return n
+
+
+class ParquetView:
+    """A Parquet object (see the module docstring)."""
+
+    kind = "parquet"
+
+    def __init__(self, client: Client, stat: ObjectStat) -> None:
+        self.name = stat.name
+        self._read = _Pinned(client, stat)
+        self._stat = stat
+        self.metadata = self._footer()
+        try:
+            self.schema = self.metadata.schema.to_arrow_schema()
+            groups = [self.metadata.row_group(g) for g in range(self.metadata.num_row_groups)]
+            self._starts = [0]
+            for group in groups:
+                self._starts.append(self._starts[-1] + group.num_rows)
+        except Exception as exc:  # pyarrow's own errors: ArrowInvalid, OSError, ...
+            raise MalformedFileError(
+                f"{self.name} has a Parquet footer pyarrow cannot read ({exc}): it is damaged; "
+                "write it again"
+            ) from None
+        self._footer_bytes = int(self.metadata.serialized_size)
+
+    @property
+    def total(self) -> int | None:
+        return self._starts[-1]
+
+    @property
+    def nbytes(self) -> int:
+        return self._footer_bytes * 4 + 8 * len(self._starts)
+
+    def fields(self) -> list[str] | None:
+        return [f.name for f in self.schema]
+
+    def _footer(self) -> Any:
+        pa, pq = _pyarrow()
+        name, size = self.name, self._stat.size
+        if size < 12:
+            raise MalformedFileError(
+                f"{name} holds {size} bytes: too few for a Parquet file (at least 12)"
+            )
+        tail_offset = max(0, size - (64 << 10))
+        tail = bytes(self._read(tail_offset, size - tail_offset))
+        magic = tail[-4:]
+        if magic == b"PARE":
+            raise MalformedFileError(
+                f"{name} is an encrypted Parquet file: the inspector reads plaintext footers only"
+            )
+        if magic != b"PAR1":
+            raise MalformedFileError(
+                f"{name} is not a Parquet file, or its footer is truncated: it does not end "
+                f"with b'PAR1' (it ends with {magic!r}); write it again, or open it with "
+                "another format"
+            )
+        (length,) = struct.unpack("<I", tail[-8:-4])
+        offset = size - 8 - length
+        if offset < 4:
+            raise MalformedFileError(
+                f"{name}: its Parquet footer claims {length} bytes, more than the file's "
+                f"{size}: the footer is damaged or the file is truncated; write it again"
+            )
+        if offset >= tail_offset:
+            body = tail[offset - tail_offset : size - 8 - tail_offset]
+        else:
+            body = bytes(self._read(offset, length))
+        try:
+            stub = b"PAR1" + body + struct.pack("<I", len(body)) + b"PAR1"
+            return pq.ParquetFile(pa.BufferReader(stub)).metadata
+        except MemoryError:
+            raise
+        except Exception as exc:
+            raise MalformedFileError(
+                f"{name} has a Parquet footer pyarrow cannot read ({exc}): it is damaged or "
+                "truncated; write it again"
+            ) from None
+
+    def describe(self) -> dict[str, Any]:
+        metadata = self.metadata
+        schema = [{"name": f.name, "type": str(f.type)} for f in self.schema]
+        total = metadata.num_row_groups
+        columns = max(1, metadata.num_columns)
+        shown = min(total, MAX_ROW_GROUPS, max(1, _MAX_COLUMN_STATS // columns))
+        groups = []
+        for g in range(shown):
+            group = metadata.row_group(g)
+            stats = []
+            for c in range(group.num_columns):
+                column = group.column(c)
+                st: Any = column.statistics if column.is_stats_set else None
+                has = st is not None and st.has_min_max
+                stats.append(
+                    {
+                        "name": column.path_in_schema,
+                        "min": _stat(st.min) if has else None,
+                        "max": _stat(st.max) if has else None,
+                        "nulls": st.null_count if st is not None and st.has_null_count else None,
+                        "compressed_bytes": int(column.total_compressed_size),
+                    }
+                )
+            groups.append(
+                {
+                    "index": g,
+                    "rows": group.num_rows,
+                    "first_row": self._starts[g],
+                    "bytes": int(group.total_byte_size),
+                    "columns": stats,
+                }
+            )
+        kv: dict[str, str] = {}
+        for key, value in (metadata.metadata or {}).items():
+            text = key.decode("utf-8", "replace")
+            kv[text] = value[:_METADATA_BYTES].decode("utf-8", "replace")
+        return {
+            "num_rows": metadata.num_rows,
+            "schema": schema,
+            "row_groups": groups,
+            "row_groups_total": total,
+            "metadata": kv,
+            "created_by": metadata.created_by,
+        }
+
+    def check_columns(self, columns: list[str] | None) -> list[str] | None:
+        """``columns``, if the schema has each.
+
+        Raises:
+            InvalidRequestError: it has not.
+        """
+        if columns is None:
+            return None
+        known = set(self.schema.names)
+        missing = [c for c in columns if c not in known]
+        if missing:
+            raise InvalidRequestError(
+                f"{self.name} has no column {missing[0]!r}; its columns are "
+                f"{', '.join(self.schema.names)[:2000]}"
+            )
+        return columns
+
+    def rows(self, start: int, columns: list[str] | None) -> Iterator[tuple[int, Any]]:
+        import bisect
+
+        columns = self.check_columns(columns)
+        total = self._starts[-1]
+        if not 0 <= start < total:
+            raise _past_end(self.name, start, total)
+        group = bisect.bisect_right(self._starts, start) - 1
+        row = start - self._starts[group]
+        while group < self.metadata.num_row_groups:
+            table = self.group(group, columns)
+            while row < table.num_rows:
+                batch = table.slice(row, _ARROW_BATCH).to_pylist()
+                for k, value in enumerate(batch):
+                    index = self._starts[group] + row + k
+                    yield index, encode(value, {"sample": f"{self.name}#{index}"})
+                row += len(batch)
+            group, row = group + 1, 0
+
+    def group(self, group: int, columns: list[str] | None) -> Any:
+        """Row group ``group``'s ``columns`` (all: None), decoded (and kept a while)."""
+        key: Hashable = (self.name, self._stat.version, group, tuple(columns or ()))
+        table = _ROW_GROUPS.get(key)
+        if table is not None:
+            return table
+        pa, pq = _pyarrow()
+        meta = self.metadata.row_group(group)
+        spans = []
+        for c in range(meta.num_columns):
+            column = meta.column(c)
+            path = column.path_in_schema
+            if columns is not None and not any(
+                path == want or path.startswith(f"{want}.") for want in columns
+            ):
+                continue
+            first = int(column.data_page_offset)
+            if column.has_dictionary_page and 0 < int(column.dictionary_page_offset) < first:
+                first = int(column.dictionary_page_offset)
+            spans.append((first, first + int(column.total_compressed_size)))
+        pieces = [(begin, self._read(begin, end - begin)) for begin, end in _merged(spans)]
+        window = _Window(self._read, pieces)
+        try:
+            parquet = pq.ParquetFile(pa.PythonFile(window, mode="r"), metadata=self.metadata)
+            table = parquet.read_row_group(group, columns=columns)
+        except (SnapshotDriftError, MemoryError):
+            raise
+        except Exception as exc:
+            if type(exc).__module__.startswith("chunkd"):
+                raise
+            raise MalformedFileError(
+                f"{self.name}: row group {group} cannot be decoded ({exc}): the file is "
+                "damaged; write it again"
+            ) from None
+        _ROW_GROUPS.put(key, table, int(table.nbytes))
+        return table
+
+
+def _merged(spans: list[tuple[int, int]], gap: int = 1 << 20) -> list[tuple[int, int]]:
+    """Byte spans, those less than ``gap`` apart joined (one read each)."""
+    out: list[tuple[int, int]] = []
+    for begin, end in sorted(spans):
+        if out and begin - out[-1][1] < gap:
+            out[-1] = (out[-1][0], max(out[-1][1], end))
+        else:
+            out.append((begin, end))
+    return out
+
+
+def _stat(value: Any) -> Any:
+    """A column statistic: its value, or its size and type where it is big (a binary
+    column's statistics are often whole images)."""
+    if isinstance(value, bytes) and len(value) > 64:
+        return {"$bytes": len(value), "media_type": sniff(value[:SNIFF_BYTES])}
+    if isinstance(value, str) and len(value) > _STAT_BYTES:
+        data = value.encode("utf-8", "surrogatepass")
+        return {"$bytes": len(data), "media_type": None}
+    return encode(value)
+
+
+# -- lines -------------------------------------------------------------------------------
+
+
+class LinesView:
+    """Text or JSON lines, paged by line (see :mod:`chunkd.client.inspect.lines`)."""
+
+    def __init__(self, client: Client, stat: ObjectStat, kind: str) -> None:
+        self.kind = kind
+        self.name = stat.name
+        self._stat = stat
+        self._read = _Pinned(client, stat)
+        self.index = LineIndex(stat.name, stat.size, self._read)
+        head = bytes(self._read(0, HEAD_BYTES))
+        self.encoding = _encoding(head)
+        if stat.size <= _COUNT_LINES_BYTES:
+            self.index.scan()
+
+    @property
+    def total(self) -> int | None:
+        return self.index.lines
+
+    @property
+    def nbytes(self) -> int:
+        return 256 + self.index.nbytes
+
+    def describe(self) -> dict[str, Any]:
+        return {"lines": self.index.lines, "encoding": self.encoding}
+
+    def fields(self) -> list[str] | None:
+        if self.kind != "jsonl":
+            return None
+        found: dict[str, None] = {}
+        try:
+            for _, _, line in _first(self.index.lines_from(0), _FIELD_LINES):
+                try:
+                    doc = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(doc, dict):
+                    found.update(dict.fromkeys(doc))
+        except InvalidRequestError:
+            return None  # an empty object, or a first line too long
+        return list(found) or None
+
+    def rows(self, start: int, columns: list[str] | None) -> Iterator[tuple[int, Any]]:
+        for number, offset, line in self.index.lines_from(start):
+            if self.kind == "text":
+                yield number, line.decode("utf-8", "replace")
+                continue
+            yield number, _select(encode(_json_line(self.name, number, offset, line)), columns)
+
+
+def _json_line(name: str, number: int, offset: int, line: bytes) -> Any:
+    try:
+        return json.loads(line)
+    except (ValueError, RecursionError) as exc:
+        raise MalformedFileError(
+            f"{name}: line {number} (at byte {offset}) is not JSON ({exc}); open it with "
+            "format=text to see it as it is"
+        ) from None
+
+
+def _select(value: Any, columns: list[str] | None) -> Any:
+    if columns is None or not isinstance(value, dict):
+        return value
+    return {k: v for k, v in value.items() if k in columns}
+
+
+def _encoding(head: bytes) -> str:
+    try:
+        head.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        if exc.start < len(head) - 4:  # not merely a character cut at the end of the head
+            return "utf-8 (invalid bytes shown as U+FFFD)"
+    return "utf-8"
+
+
+def _first(items: Iterator[Any], n: int) -> Iterator[Any]:
+    for i, item in enumerate(items):
+        if i >= n:
+            return
+        yield item
+
+
+class ZstdLinesView:
+    """A ``.jsonl.zst`` object, read by the dataset code's JSON lines format (its scan
+    decompresses the object once, to index its lines)."""
+
+    kind = "jsonl"
+
+    def __init__(self, client: Client, stat: ObjectStat) -> None:
+        from chunkd.client.datasets.formats import format_of
+
+        self.name = stat.name
+        backend, key = _split_name(stat.name)
+        self._source = PinnedSource(client, backend)
+        self._format = format_of("jsonl")
+        try:
+            self._member = self._format.scan(
+                self._source, Member(key, stat.size, stat.version, "jsonl"), {}
+            )
+        except DatasetFormatError as exc:
+            raise malformed(exc) from None
+
+    @property
+    def total(self) -> int | None:
+        return self._member.samples
+
+    @property
+    def nbytes(self) -> int:
+        return 256 + 64 * len(self._member.meta.get("index", ()))
+
+    def describe(self) -> dict[str, Any]:
+        return {"lines": self._member.samples, "encoding": "utf-8", "compression": "zstd"}
+
+    def fields(self) -> list[str] | None:
+        found: dict[str, None] = {}
+        for i in range(min(_FIELD_LINES, self._member.samples)):
+            try:
+                doc = json.loads(self._line(i))
+            except (ValueError, MalformedFileError):
+                continue
+            if isinstance(doc, dict):
+                found.update(dict.fromkeys(doc))
+        return list(found) or None
+
+    def _line(self, i: int) -> bytes:
+        try:
+            line: bytes = self._format.read(self._source, self._member, i)
+        except DatasetFormatError as exc:
+            raise malformed(exc) from None
+        return line
+
+    def rows(self, start: int, columns: list[str] | None) -> Iterator[tuple[int, Any]]:
+        if not 0 <= start < self._member.samples:
+            raise _past_end(self.name, start, self._member.samples)
+        for i in range(start, self._member.samples):
+            # the offset of a line in a compressed object is of its decompressed bytes
+            yield i, _select(encode(_json_line(self.name, i, -1, self._line(i))), columns)
+
+
+# -- WebDataset --------------------------------------------------------------------------
+
+
+class TarView:
+    """A WebDataset tar: one sample per key, its files as ranges of the tar."""
+
+    kind = "wds"
+
+    def __init__(self, client: Client, stat: ObjectStat) -> None:
+        from chunkd.client.datasets.formats import wds
+
+        self.name = stat.name
+        self._read = _Pinned(client, stat)
+        backend, key = _split_name(stat.name)
+        source = PinnedSource(client, backend)
+        member = Member(key, stat.size, stat.version, "wds")
+        index: list[list[Any]] = []
+        current: list[Any] | None = None
+        exts: set[str] = set()
+        self.complete = True
+        try:
+            # The dataset format's header walk; grouped here, so that a huge tar is
+            # indexed only as far as the bound.
+            for path, offset, size in wds._files(source, member):
+                parts = wds.split_name(path)
+                if parts is None:
+                    continue
+                name, ext = parts
+                if current is None or name != current[0] or ext in exts:
+                    if len(index) >= MAX_TAR_SAMPLES:
+                        self.complete = False
+                        break
+                    current = [name, []]
+                    exts = set()
+                    index.append(current)
+                current[1].append((ext, offset, size))
+                exts.add(ext)
+        except DatasetFormatError as exc:
+            raise malformed(exc) from None
+        self.index = index
+
+    @property
+    def total(self) -> int | None:
+        return len(self.index) if self.complete else None
+
+    @property
+    def nbytes(self) -> int:
+        return 256 + sum(120 + 100 * len(files) for _, files in self.index)
+
+    def fields(self) -> list[str] | None:
+        found: dict[str, None] = {}
+        for _, files in self.index[:_FIELD_LINES]:
+            found.update(dict.fromkeys(ext for ext, _, _ in files))
+        return list(found) or None
+
+    def describe(self) -> dict[str, Any]:
+        samples = []
+        for i, (key, files) in enumerate(self.index[:_TAR_FIRST_PAGE]):
+            members = []
+            for ext, offset, size in files:
+                head = bytes(self._read(offset, min(size, SNIFF_BYTES)))
+                members.append(
+                    {"ext": ext, "offset": offset, "length": size, "media_type": sniff(head)}
+                )
+            samples.append({"key": key, "index": i, "members": members})
+        return {
+            "samples_total": self.total,
+            "samples_indexed": len(self.index),
+            "samples": samples,
+        }
+
+    def rows(self, start: int, columns: list[str] | None) -> Iterator[tuple[int, Any]]:
+        if not 0 <= start < len(self.index):
+            if not self.complete and start >= len(self.index):
+                raise InvalidRequestError(
+                    f"sample {start} of {self.name}: the inspector indexes a tar's first "
+                    f"{MAX_TAR_SAMPLES} samples only; split the tar, or register it as a dataset"
+                )
+            raise _past_end(self.name, start, self.total)
+        for i in range(start, len(self.index)):
+            key, files = self.index[i]
+            value: dict[str, Any] = {"__key__": key}
+            for ext, offset, size in files:
+                if columns is None or ext in columns:
+                    value[ext] = self._file(ext, offset, size)
+            yield i, value
+
+    def _file(self, ext: str, offset: int, size: int) -> Any:
+        head = bytes(self._read(offset, min(size, SNIFF_BYTES)))
+        media_type = sniff(head)
+        if media_type is not None:
+            return media(self.name, offset, size, media_type)
+        ref = {"name": self.name, "offset": offset, "length": size}
+        if size > INLINE_BYTES:
+            return {"$bytes": size, "media_type": None, "ref": ref}
+        data = bytes(self._read(offset, size))
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError:
+            return binary(data, ref)
+        if ext.endswith("json"):
+            try:
+                return encode(json.loads(text))
+            except (ValueError, RecursionError):
+                return text
+        return text
+
+
+# -- MDS ---------------------------------------------------------------------------------
+
+
+class MdsView:
+    """An MDS shard, read by the dataset code's MDS format with the ``index.json``
+    beside it (or one folder up)."""
+
+    kind = "mds"
+
+    def __init__(self, client: Client, stat: ObjectStat) -> None:
+        from chunkd.client.datasets.formats import format_of
+
+        self.name = stat.name
+        backend, key = _split_name(stat.name)
+        self._source = PinnedSource(client, backend)
+        self._format = format_of("mds")
+        found = _mds_index(client, backend, key)
+        if found is None:
+            raise MalformedFileError(
+                f"{stat.name}: an MDS shard is read with its dataset's index.json, and none "
+                "lies beside it (or one folder up); open it as binary, or register its folder"
+            )
+        index_name, index, basename = found
+        self.index_name = index_name
+        folder = posixpath.dirname(index_name.partition("/")[2])
+        self.shards = [
+            {
+                "name": f"{backend}/{posixpath.join(folder, _basename(s))}",
+                "samples": s.get("samples"),
+            }
+            for s in index.get("shards", [])[:1000]
+            if isinstance(s, dict)
+        ]
+        member = Member(key, stat.size, stat.version, "mds")
+        try:
+            self._member = self._format.scan(
+                self._source, member, {"mds_index": index, "mds_basename": basename}
+            )
+        except DatasetFormatError as exc:
+            raise malformed(exc) from None
+
+    @property
+    def total(self) -> int | None:
+        return self._member.samples
+
+    @property
+    def nbytes(self) -> int:
+        return 4096 + 16 * len(self._member.meta.get("offsets", ()))
+
+    def fields(self) -> list[str] | None:
+        return [str(c[0]) for c in self._member.meta["columns"]]
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "samples_total": self._member.samples,
+            "columns": [
+                {"name": str(c[0]), "encoding": str(c[1])} for c in self._member.meta["columns"]
+            ],
+            "shards": self.shards,
+            "index": self.index_name,
+            "compression": self._member.meta.get("compression"),
+        }
+
+    def rows(self, start: int, columns: list[str] | None) -> Iterator[tuple[int, Any]]:
+        if not 0 <= start < self._member.samples:
+            raise _past_end(self.name, start, self._member.samples)
+        for i in range(start, self._member.samples):
+            try:
+                sample = self._format.read(self._source, self._member, i)
+            except DatasetFormatError as exc:
+                raise malformed(exc) from None
+            yield i, encode(_select(sample, columns), {"sample": f"{self.name}#{i}"})
+
+
+def _basename(entry: dict[str, Any]) -> str:
+    zipped = entry.get("zip_data") or {}
+    raw = entry.get("raw_data") or {}
+    return str(zipped.get("basename") or raw.get("basename") or "")
+
+
+def _mds_index(client: Client, backend: str, key: str) -> tuple[str, dict[str, Any], str] | None:
+    """The ``index.json`` that lists the shard ``key``: its name, its contents and the
+    shard's basename in it (the path from the index's folder)."""
+    folder = posixpath.dirname(key)
+    for _ in range(2):
+        index_key = posixpath.join(folder, "index.json") if folder else "index.json"
+        name = f"{backend}/{index_key}"
+        try:
+            stat = client.stat(name)
+        except FileNotFoundError:
+            stat = None
+        if stat is not None:
+            if stat.size > _MAX_INDEX_JSON:
+                raise MalformedFileError(
+                    f"{name} is {stat.size} bytes, more than the {_MAX_INDEX_JSON} an MDS "
+                    "index.json may be here"
+                )
+            try:
+                doc = json.loads(bytes(client.read(name, 0, stat.size)) if stat.size else b"")
+            except ValueError as exc:
+                raise MalformedFileError(f"{name} is not JSON ({exc})") from None
+            basename = key[len(folder) + 1 :] if folder else key
+            if isinstance(doc, dict):
+                return name, doc, basename
+        if not folder:
+            return None
+        folder = posixpath.dirname(folder)
+    return None
+
+
+# -- media and binary --------------------------------------------------------------------
+
+
+class MediaView:
+    """An image, audio or video object: the browser decodes it from ranges."""
+
+    def __init__(self, stat: ObjectStat, kind: str, media_type: str | None) -> None:
+        self.kind = kind
+        self.name = stat.name
+        self._stat = stat
+        self.media_type = media_type
+
+    total = 1
+    nbytes = 256
+
+    def fields(self) -> list[str] | None:
+        return None
+
+    def describe(self) -> dict[str, Any]:
+        return {"media": self._media()}
+
+    def _media(self) -> dict[str, Any]:
+        return media(self.name, 0, self._stat.size, self.media_type)
+
+    def rows(self, start: int, columns: list[str] | None) -> Iterator[tuple[int, Any]]:
+        if start != 0:
+            raise _past_end(self.name, start, 1)
+        yield 0, self._media()
+
+
+class BinaryView:
+    """Any other object: its first bytes, as hex and as text."""
+
+    kind = "binary"
+
+    def __init__(self, stat: ObjectStat, head: bytes) -> None:
+        self.name = stat.name
+        self._head = head
+
+    total = None
+    nbytes = 256 + HEAD_BYTES
+
+    def fields(self) -> list[str] | None:
+        return None
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "head_bytes": len(self._head),
+            "hex": self._head.hex(),
+            "text": self._head.decode("utf-8", "replace"),
+        }
+
+    def rows(self, start: int, columns: list[str] | None) -> Iterator[tuple[int, Any]]:
+        raise InvalidRequestError(
+            f"{self.name} is opened as binary, which has no rows: open it with a format "
+            f"({', '.join(FORMATS[:-1])}), or fetch its bytes as media"
+        )
+
+
+# -- detection and the views' cache ------------------------------------------------------
+
+
+def detect_format(key: str, head: bytes) -> str:
+    """The format of an object from its key and its first bytes."""
+    by_key = detect(key)
+    if by_key is not None:
+        return by_key
+    found = kind_of(sniff(head))
+    if found is not None:
+        return found
+    if head.startswith(b"PAR1"):
+        return "parquet"
+    if len(head) >= 263 and head[257:262] == b"ustar":
+        return "wds"
+    if key.lower().endswith(_TEXT_SUFFIXES):
+        return "text"
+    if b"\0" in head:
+        return "binary"
+    if _encoding(head) != "utf-8":
+        return "binary"
+    first = head.split(b"\n", 1)[0].strip()
+    if first.startswith(b"{") and b"\n" in head:
+        try:
+            json.loads(first)
+        except ValueError:
+            return "text"
+        return "jsonl"
+    return "text"
+
+
+class Views:
+    """The views a worker has open, by object version and format: an LRU bounded by
+    count (:data:`VIEWS`) and by their bytes.
+
+    Args:
+        client: the worker's client.
+        max_bytes: the most bytes of views kept.
+    """
+
+    def __init__(self, client: Client, max_bytes: int = 256 << 20) -> None:
+        self.client = client
+        self.max_bytes = max_bytes
+        self._views: OrderedDict[tuple[str, str, str], View] = OrderedDict()
+
+    def clear(self) -> None:
+        """Drop every view (and the decoded row groups)."""
+        self._views.clear()
+        _ROW_GROUPS.clear()
+
+    def open(self, name: str, fmt: str | None = None) -> tuple[View, ObjectStat, str | None]:
+        """The view of ``name``'s current version as ``fmt`` (detected: None), its stat,
+        and the media type its first bytes have.
+
+        Raises:
+            InvalidRequestError: ``fmt`` is not one of :data:`FORMATS`.
+            MalformedFileError: the object cannot be read as the format.
+            ObjectNotFoundError, UnknownBackendError, InvalidKeyError: as the client has them.
+        """
+        if fmt is not None and fmt not in FORMATS:
+            raise InvalidRequestError(f"format {fmt!r} is not one of {', '.join(FORMATS)}")
+        stat = self.client.stat(name)
+        head = (
+            bytes(self.client.read(name, 0, HEAD_BYTES, version=stat.version)) if stat.size else b""
+        )
+        media_type = sniff(head)
+        chosen = fmt or detect_format(_split_name(name)[1], head)
+        key = (name, stat.version, chosen)
+        view = self._views.get(key)
+        if view is None:
+            view = self._make(stat, chosen, head, media_type)
+            self._views[key] = view
+            self._trim()
+        else:
+            self._views.move_to_end(key)
+        return view, stat, media_type
+
+    def _make(self, stat: ObjectStat, fmt: str, head: bytes, media_type: str | None) -> View:
+        makers: dict[str, Callable[[], View]] = {
+            "parquet": lambda: ParquetView(self.client, stat),
+            "jsonl": lambda: (
+                ZstdLinesView(self.client, stat)
+                if stat.name.lower().endswith((".zst", ".zstd"))
+                else LinesView(self.client, stat, "jsonl")
+            ),
+            "text": lambda: LinesView(self.client, stat, "text"),
+            "wds": lambda: TarView(self.client, stat),
+            "mds": lambda: MdsView(self.client, stat),
+            "binary": lambda: BinaryView(stat, head),
+        }
+        maker = makers.get(fmt)
+        if maker is None:  # image, audio, video
+            return MediaView(stat, fmt, media_type)
+        try:
+            return maker()
+        except DatasetFormatError as exc:
+            raise malformed(exc) from None
+
+    def _trim(self) -> None:
+        total = sum(v.nbytes for v in self._views.values())
+        while len(self._views) > VIEWS or (total > self.max_bytes and len(self._views) > 1):
+            _, dropped = self._views.popitem(last=False)
+            total -= dropped.nbytes

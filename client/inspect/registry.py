@@ -1,0 +1,375 @@
+"""The dataset registry as the inspector shows it: ``datasets``, ``dataset``,
+``snapshot``, ``diff``, ``step`` and a snapshot's samples (``DATASET@VERSION#INDEX``).
+
+Everything goes through the client side of the registry: the ``ds_list``,
+``ds_versions`` and ``ds_resolve`` socket ops, :func:`chunkd.client.datasets.resolve`,
+:class:`~chunkd.client.datasets.Dataset` and
+:func:`~chunkd.client.datasets.step_sample_ids` (what ``chunkd dataset ls``, ``show``,
+``diff`` and ``replay`` use), so the inspector's answers are the CLI's.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+from typing import TYPE_CHECKING, Any, Final
+
+from chunkd.client.datasets import Dataset, resolve, step_sample_ids
+from chunkd.client.datasets.source import PinnedSource
+from chunkd.client.inspect.values import INLINE_BYTES, binary, encode, media
+from chunkd.errors import (
+    DatasetFormatError,
+    InvalidRequestError,
+    MalformedFileError,
+    ResumeStateError,
+)
+from chunkd.mediatype import SNIFF_BYTES, sniff
+from chunkd.snapshot import Snapshot, parse_ref
+
+if TYPE_CHECKING:
+    from chunkd.client.core import Client
+
+__all__ = ["Registry"]
+
+#: snapshots kept resolved (immutable references only: ids and ``NAME@N``)
+_RESOLVED: Final = 8
+#: ``dataset`` lists at most this many versions ...
+MAX_VERSIONS: Final = 10_000
+#: ... and gives samples and bytes for the newest this many (each is resolved)
+_SIZED_VERSIONS: Final = 32
+#: ``diff`` lists at most this many keys of each kind
+MAX_DIFF: Final = 1000
+#: ``snapshot`` lists at most this many members a page, and of its excluded files
+MAX_MEMBERS: Final = 1000
+#: the most datasets one ``datasets`` page lists (each costs one request for its tags)
+MAX_DATASETS: Final = 200
+
+
+class Registry:
+    """The registry views of one worker.
+
+    Args:
+        client: the worker's client.
+    """
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+        self._resolved: OrderedDict[str, Dataset] = OrderedDict()
+
+    def clear(self) -> None:
+        """Drop the snapshots kept resolved."""
+        self._resolved.clear()
+
+    def dataset_of(self, ref: str) -> Dataset:
+        """The snapshot ``ref`` names, opened (kept a while when ``ref`` cannot change).
+
+        Raises:
+            DatasetNotFoundError, ManifestError, InvalidRequestError: as ``resolve``.
+        """
+        parsed = parse_ref(ref)
+        fixed = parsed.id is not None or parsed.version is not None
+        if fixed and ref in self._resolved:
+            self._resolved.move_to_end(ref)
+            return self._resolved[ref]
+        snapshot, header, source = resolve(self.client, ref)
+        dataset = Dataset(snapshot, source, header)
+        if fixed:
+            self._resolved[ref] = dataset
+            while len(self._resolved) > _RESOLVED:
+                self._resolved.popitem(last=False)
+        return dataset
+
+    # -- ops -------------------------------------------------------------------------
+
+    def datasets(self, start_after: str | None, limit: int) -> dict[str, Any]:
+        """One page of the registered datasets, each with its latest version's tags."""
+        limit = min(limit, MAX_DATASETS)
+        with self.client.request("ds_list", {"start_after": start_after, "limit": limit}) as reply:
+            entries = list(json.loads(reply.payload or b"[]"))
+            token = reply.header.get("next")
+        out = []
+        for entry in entries:
+            latest = entry.get("latest")
+            tags: list[str] = []
+            if isinstance(latest, int):
+                fields: dict[str, Any] = {"name": entry["name"], "limit": 1}
+                if latest > 1:
+                    fields["start_after"] = latest - 1
+                with self.client.request("ds_versions", fields) as reply:
+                    versions = list(json.loads(reply.payload or b"[]"))
+                tags = list(versions[0].get("tags", [])) if versions else []
+            out.append(
+                {
+                    "name": entry.get("name"),
+                    "latest": latest,
+                    "snapshot": entry.get("snapshot"),
+                    "created": entry.get("created"),
+                    "tags": tags,
+                }
+            )
+        return {"datasets": out, "next": token}
+
+    def dataset(self, name: str) -> dict[str, Any]:
+        """A dataset's versions, oldest first; the newest are sized (samples, bytes)."""
+        versions: list[dict[str, Any]] = []
+        token: int | None = None
+        more = False
+        while True:
+            fields: dict[str, Any] = {"name": name, "start_after": token}
+            with self.client.request("ds_versions", fields) as reply:
+                page = list(json.loads(reply.payload or b"[]"))
+                token = reply.header.get("next")
+            versions += page
+            if token is None:
+                break
+            if len(versions) >= MAX_VERSIONS:
+                more = True
+                break
+        versions = versions[:MAX_VERSIONS]
+        out = []
+        for i, entry in enumerate(versions):
+            samples = size = None
+            if i >= len(versions) - _SIZED_VERSIONS:
+                snapshot = self.dataset_of(str(entry["snapshot"])).snapshot
+                samples, size = len(snapshot), snapshot.total_bytes
+            out.append(
+                {
+                    "version": entry.get("version"),
+                    "snapshot": entry.get("snapshot"),
+                    "created": entry.get("created"),
+                    "samples": samples,
+                    "bytes": size,
+                    "tags": list(entry.get("tags", [])),
+                }
+            )
+        return {"name": name, "versions": out, "more": more}
+
+    def snapshot(self, ref: str, start: int, count: int) -> dict[str, Any]:
+        """A snapshot's summary and one page of its members."""
+        dataset = self.dataset_of(ref)
+        snapshot, header = dataset.snapshot, dataset.registry
+        count = min(count, MAX_MEMBERS)
+        members = [
+            {
+                "key": m.key,
+                "size": m.size,
+                "samples": m.samples,
+                "first": snapshot.start_of(i),
+                "format": m.format,
+            }
+            for i, m in enumerate(snapshot.members[start : start + count], start)
+        ]
+        following = start + count if start + count < len(snapshot.members) else None
+        return {
+            "ref": ref,
+            "snapshot": snapshot.id,
+            "name": header.get("name"),
+            "version": header.get("version"),
+            "tags": list(header.get("tags", [])),
+            "created": header.get("created"),
+            "backend": snapshot.backend,
+            "prefix": snapshot.prefix,
+            "format": snapshot.format,
+            "samples": len(snapshot),
+            "bytes": snapshot.total_bytes,
+            "members_total": len(snapshot.members),
+            "start": start,
+            "members": members,
+            "next": following,
+            "schema": encode(snapshot.schema_of),
+            "excluded": [dict(e) for e in snapshot.excluded[:MAX_MEMBERS]],
+            "excluded_total": len(snapshot.excluded),
+            "frozen": bool(header.get("frozen")),
+        }
+
+    def diff(self, a: str, b: str) -> dict[str, Any]:
+        """What differs between two snapshots, members matched by their key below each
+        snapshot's prefix (as ``chunkd dataset diff`` has it)."""
+        left_snapshot = self.dataset_of(a).snapshot
+        right_snapshot = self.dataset_of(b).snapshot
+        left = {m.relative(left_snapshot.prefix): m for m in left_snapshot.members}
+        right = {m.relative(right_snapshot.prefix): m for m in right_snapshot.members}
+        changed = []
+        same = 0
+        for key in sorted(left.keys() & right.keys()):
+            x, y = left[key], right[key]
+            fields = [
+                f
+                for f, u, v in (
+                    ("size", x.size, y.size),
+                    ("format", x.format, y.format),
+                    ("samples", x.samples, y.samples),
+                    ("meta", x.meta, y.meta),
+                )
+                if u != v
+            ]
+            if fields:
+                changed.append({"key": key, "fields": fields, "samples": [x.samples, y.samples]})
+            else:
+                same += 1
+        added = sorted(right.keys() - left.keys())
+        removed = sorted(left.keys() - right.keys())
+        return {
+            "a": a,
+            "b": b,
+            "snapshots": [left_snapshot.id, right_snapshot.id],
+            "added": added[:MAX_DIFF],
+            "removed": removed[:MAX_DIFF],
+            "changed": changed[:MAX_DIFF],
+            "more": {
+                "added": max(0, len(added) - MAX_DIFF),
+                "removed": max(0, len(removed) - MAX_DIFF),
+                "changed": max(0, len(changed) - MAX_DIFF),
+            },
+            "same": same,
+            "samples": [len(left_snapshot), len(right_snapshot)],
+            "bytes": [left_snapshot.total_bytes, right_snapshot.total_bytes],
+            "schema_changed": left_snapshot.schema_of != right_snapshot.schema_of,
+        }
+
+    def step(
+        self,
+        ref: str,
+        *,
+        state: str | None,
+        step: int,
+        batch_size: int,
+        world_size: int,
+        rank: int | None,
+        seed: int | None,
+        epoch: int,
+        shuffle: bool,
+        window: int | None,
+        window_bytes: int | None,
+        tail: str,
+    ) -> dict[str, Any]:
+        """The sample ids step ``step`` read, per rank (as ``chunkd dataset replay``)."""
+        from chunkd.client.datasets.order import DEFAULT_WINDOW, DEFAULT_WINDOW_BYTES
+        from chunkd.client.datasets.state import LoaderState
+
+        if state is not None:
+            loaded = LoaderState.parse(state)
+            dataset = self.dataset_of(ref or loaded.snapshot)
+        else:
+            if seed is None:
+                raise InvalidRequestError("step needs seed (or state: a saved loader state)")
+            dataset = self.dataset_of(ref)
+            loaded = LoaderState(
+                dataset.id,
+                seed,
+                epoch,
+                0,
+                shuffle=shuffle,
+                window=(DEFAULT_WINDOW if window is None else window) or None,
+                window_bytes=(DEFAULT_WINDOW_BYTES if window_bytes is None else window_bytes)
+                or None,
+            )
+        try:
+            found = step_sample_ids(
+                dataset,
+                loaded,
+                step=step,
+                batch_size=batch_size,
+                world_size=world_size,
+                rank=rank,
+                tail=tail,  # type: ignore[arg-type]  # checked by the caller
+            )
+        except ResumeStateError:
+            raise
+        except (ValueError, IndexError) as exc:  # a step past the epoch, a rank outside it
+            raise InvalidRequestError(f"step {step} of {ref}: {exc}") from None
+        group = batch_size * world_size
+        first = loaded.cursor + step * group
+        return {
+            "ref": ref,
+            "snapshot": dataset.id,
+            "backend": dataset.snapshot.backend,
+            "step": step,
+            "seed": loaded.seed,
+            "epoch": loaded.epoch,
+            "cursor": loaded.cursor,
+            "positions": [first, min(len(dataset), first + group)],
+            "ranks": {
+                str(r): {"ids": list(ids.ids), "padding": ids.padding}
+                for r, ids in sorted(found.items())
+            },
+        }
+
+    def sample(self, sample_id: str, ref: str, index: int) -> dict[str, Any]:
+        """Sample ``index`` (global, in the snapshot) of ``ref``."""
+        dataset = self.dataset_of(ref)
+        snapshot = dataset.snapshot
+        if not 0 <= index < len(snapshot):
+            raise InvalidRequestError(
+                f"sample {index} of {ref}, which holds {len(snapshot)} samples: ask for an "
+                "index below that"
+            )
+        member_index, local = snapshot.locate(index)
+        member = snapshot.members[member_index]
+        name = dataset.source.name(member)
+        try:
+            value = self._value(dataset, snapshot, member_index, local, name)
+        except DatasetFormatError as exc:
+            raise MalformedFileError(str(exc)) from None
+        header = dataset.registry
+        return {
+            "id": sample_id,
+            "name": name,
+            "index": local,
+            "kind": member.format,
+            "value": value,
+            "member": member.key,
+            "dataset": {
+                "ref": ref,
+                "name": header.get("name"),
+                "version": header.get("version"),
+                "snapshot": snapshot.id,
+                "index": index,
+                "sample": dataset.sample_id(member_index, local),
+            },
+        }
+
+    def _value(
+        self, dataset: Dataset, snapshot: Snapshot, member_index: int, local: int, name: str
+    ) -> Any:
+        member = snapshot.members[member_index]
+        ref = {"sample": f"{snapshot.id}#{snapshot.start_of(member_index) + local}"}
+        if member.format == "wds" and isinstance(dataset.source, PinnedSource):
+            # read in place: each file as a range of the tar, as the object's view has it
+            key, files = member.meta["index"][local]
+            value: dict[str, Any] = {"__key__": key}
+            for ext, offset, size in files:
+                head = bytes(dataset.source.read(member, int(offset), min(int(size), SNIFF_BYTES)))
+                media_type = sniff(head)
+                if media_type is not None:
+                    value[ext] = media(name, int(offset), int(size), media_type)
+                elif int(size) > INLINE_BYTES:
+                    where = {"name": name, "offset": int(offset), "length": int(size)}
+                    value[ext] = {"$bytes": int(size), "media_type": None, "ref": where}
+                else:
+                    data = bytes(dataset.source.read(member, int(offset), int(size)))
+                    value[ext] = _text_or_bytes(ext, data, name, int(offset))
+            return value
+        raw = dataset.read(member_index, local)
+        if member.format == "jsonl":
+            try:
+                return encode(json.loads(bytes(raw)))
+            except (ValueError, RecursionError) as exc:
+                raise MalformedFileError(
+                    f"{name}: line {local} is not JSON ({exc}); open the object with "
+                    "format=text to see it as it is"
+                ) from None
+        return encode(raw, ref)
+
+
+def _text_or_bytes(ext: str, data: bytes, name: str, offset: int) -> Any:
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return binary(data, {"name": name, "offset": offset, "length": len(data)})
+    if ext.endswith("json"):
+        try:
+            return encode(json.loads(text))
+        except (ValueError, RecursionError):
+            return text
+    return text

@@ -1,0 +1,142 @@
+"""Values as the inspector sends them: JSON as it is, and ``$``-objects for the rest.
+
+``docs/inspector.md`` ("Values") is the contract. A value is never cut short: a long
+string or a deep list goes whole. What JSON cannot hold becomes an object with a ``$``
+key:
+
+- ``{"$bytes": N, "media_type": T | null, "b64": ...}``: binary, its type sniffed from
+  its first bytes (:func:`chunkd.mediatype.sniff`); ``b64`` holds the bytes when N is at
+  most :data:`INLINE_BYTES`, else ``"ref"`` says how to fetch them (a range of an
+  object, or a sample and its field).
+- ``{"$media": {"name", "offset", "length", "media_type"}}``: media that lies as one
+  range of an object (:func:`media`).
+- ``{"$float": "nan" | "inf" | "-inf"}``, ``{"$datetime": ISO}``, ``{"$decimal": TEXT}``.
+
+numpy scalars and arrays (MDS columns, Arrow tensors) become plain numbers and lists.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import decimal
+import json
+import math
+import uuid
+from collections.abc import Mapping
+from typing import Any, Final
+
+from chunkd.mediatype import SNIFF_BYTES, sniff
+
+__all__ = [
+    "INLINE_BYTES",
+    "MAX_ANSWER_BYTES",
+    "PAGE_BYTES",
+    "dumps",
+    "encode",
+    "json_bytes",
+    "media",
+]
+
+#: binary values up to this size are sent inline (``b64``)
+INLINE_BYTES: Final = 1 << 20
+#: a page of rows stops early before its JSON passes this size (at least one row)
+PAGE_BYTES: Final = 16 << 20
+#: no answer is larger: one sample or row that would be is refused, with what to do
+MAX_ANSWER_BYTES: Final = 64 << 20
+#: values nested deeper are refused (JSON decoders have limits too)
+_MAX_DEPTH: Final = 200
+#: numpy arrays of more elements than this go as their raw bytes
+_MAX_ARRAY_ITEMS: Final = 1 << 20
+
+
+def media(name: str, offset: int, length: int, media_type: str | None) -> dict[str, Any]:
+    """The ``$media`` value of bytes ``offset .. offset + length`` of object ``name``."""
+    return {"$media": {"name": name, "offset": offset, "length": length, "media_type": media_type}}
+
+
+def binary(data: bytes | bytearray | memoryview, ref: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The ``$bytes`` value of ``data``; ``ref`` says where the bytes lie, for a value too
+    big to send inline."""
+    view = memoryview(data).cast("B")
+    out: dict[str, Any] = {"$bytes": view.nbytes, "media_type": sniff(bytes(view[:SNIFF_BYTES]))}
+    if view.nbytes <= INLINE_BYTES:
+        out["b64"] = base64.b64encode(view).decode("ascii")
+    elif ref is not None:
+        out["ref"] = dict(ref)
+    return out
+
+
+def encode(value: Any, ref: Mapping[str, Any] | None = None, _depth: int = 0) -> Any:
+    """``value`` as the inspector sends it (see the module docstring).
+
+    Args:
+        value: a decoded value: what pyarrow's ``to_pylist``, ``json.loads`` or an MDS
+            decoder gives.
+        ref: where the value lies (``{"sample": ID}``): a binary value too big to
+            send inline gets it as its ``ref``, with the field's path added.
+
+    Raises:
+        ValueError: the value is nested deeper than JSON decoders take.
+    """
+    if value is None or isinstance(value, bool | str):
+        return value
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        if math.isnan(value):
+            return {"$float": "nan"}
+        if math.isinf(value):
+            return {"$float": "inf" if value > 0 else "-inf"}
+        return value
+    if _depth > _MAX_DEPTH:
+        raise ValueError(f"a value nested more than {_MAX_DEPTH} deep")
+    if isinstance(value, bytes | bytearray | memoryview):
+        return binary(value, ref)
+    if isinstance(value, Mapping):
+        if "$media" in value and len(value) == 1:
+            return dict(value)  # made by media(): already a value
+        return {str(k): encode(v, _child(ref, str(k)), _depth + 1) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [encode(v, _child(ref, i), _depth + 1) for i, v in enumerate(value)]
+    if isinstance(value, dt.datetime | dt.date | dt.time):
+        return {"$datetime": value.isoformat()}
+    if isinstance(value, dt.timedelta):
+        return {"$decimal": str(value.total_seconds())}
+    if isinstance(value, decimal.Decimal):
+        return {"$decimal": str(value)}
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    return _other(value, ref, _depth)
+
+
+def _other(value: Any, ref: Mapping[str, Any] | None, depth: int) -> Any:
+    """numpy scalars and arrays, and anything else as its text."""
+    module = type(value).__module__
+    if module == "numpy":
+        import numpy as np
+
+        if isinstance(value, np.ndarray):
+            if value.dtype.kind in "biuf" and value.size <= _MAX_ARRAY_ITEMS:
+                return encode(value.tolist(), ref, depth + 1)
+            return binary(np.ascontiguousarray(value).tobytes(), ref)
+        if isinstance(value, np.generic):
+            return encode(value.item(), ref, depth + 1)
+    return str(value)
+
+
+def _child(ref: Mapping[str, Any] | None, key: str | int) -> Mapping[str, Any] | None:
+    if ref is None or "sample" not in ref:
+        return ref
+    return {**ref, "field": [*ref.get("field", []), key]}
+
+
+def dumps(doc: Any) -> str:
+    """One line of ASCII JSON, no NaN (values are encoded first). ASCII, so that a
+    string holding a lone surrogate (JSON allows one) still makes valid UTF-8."""
+    return json.dumps(doc, allow_nan=False, separators=(",", ":"))
+
+
+def json_bytes(doc: Any) -> int:
+    """The bytes ``doc`` takes as the worker writes it."""
+    return len(dumps(doc))

@@ -202,7 +202,7 @@ class DiskTier(Tier):
         # docstring inherited
         self._check_open()
         data = await self._run(self.read_sync, cid)
-        return None if data is None else BytesLease(cid, data)
+        return None if data is None else BytesLease(cid, data, "disk")
 
     async def put(
         self, chunk: Chunk, *, sync: bool | None = None, compress: bool | None = None

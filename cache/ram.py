@@ -78,7 +78,7 @@ class RamLease(ChunkLease):
     __slots__ = ("_entry", "_map", "_tier")
 
     def __init__(self, tier: RamTier, cid: ChunkId, entry: _Entry) -> None:
-        super().__init__(cid, entry.size)
+        super().__init__(cid, entry.size, "ram")
         self._tier = tier
         self._entry = entry
         self._map: mmap.mmap | None = None

@@ -116,11 +116,14 @@ class ChunkLease(ABC):
     harmless).
     """
 
-    __slots__ = ("_released", "id", "size")
+    __slots__ = ("_released", "id", "origin", "size")
 
-    def __init__(self, cid: ChunkId, size: int) -> None:
+    def __init__(self, cid: ChunkId, size: int, origin: str = "") -> None:
         self.id = cid
         self.size = size
+        #: the tier whose copy the bytes come from ("ram", "disk"; "" when none):
+        #: a chunk the RAM tier took from the disk tier on this get is "disk"
+        self.origin = origin
         self._released = False
 
     def fileno(self) -> int | None:
@@ -179,9 +182,14 @@ class BytesLease(ChunkLease):
 
     __slots__ = ("_data",)
 
-    def __init__(self, cid: ChunkId, data: bytes | bytearray | mmap.mmap | memoryview) -> None:
+    def __init__(
+        self,
+        cid: ChunkId,
+        data: bytes | bytearray | mmap.mmap | memoryview,
+        origin: str = "",
+    ) -> None:
         super().__init__(
-            cid, memoryview(data).nbytes if isinstance(data, memoryview) else len(data)
+            cid, memoryview(data).nbytes if isinstance(data, memoryview) else len(data), origin
         )
         self._data = data
 

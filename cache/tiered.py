@@ -142,6 +142,7 @@ class TieredCache(Tier):
         if promoted is None:
             return lower, False
         lower.release()
+        promoted.origin = lower.origin  # this reader's bytes came from the lower tier
         return promoted, True
 
     async def _get_lower(self, cid: ChunkId) -> ChunkLease | None:

@@ -10,13 +10,20 @@ Routes::
     GET      /v1/stats                     JSON: config (no secrets), tiers, backends
     GET      /healthz                      the process answers
     GET      /readyz                       the index is open and the sites are bound
-    GET      /                             a short page pointing at the above
+
+The pages (``/``, ``/inspect/``, ``/login``), the dashboard's data and the assets are
+:mod:`chunkd.gateway.dashboard`'s routes; ``/v1/inspect/...`` are
+:mod:`chunkd.gateway.inspector`'s.
 
 Exposure: the daemon holds backend credentials and must never become a public read
 proxy. A client that is not on loopback gets only ``/healthz``, ``/readyz``,
-``/metrics`` and ``/`` without more ado; every data route wants
-``Authorization: Bearer <server.token>`` from it (403 when no token is configured,
-401 when it sends a wrong one). Peer routes (``/v1/peer/...``) want the peer token
+``/metrics``, ``/login`` and ``/static/...`` without more ado; every data route (the
+pages and the dashboard's data included: they show object names, errors, samples)
+wants ``Authorization: Bearer <server.token>`` from it (403 when no token is
+configured, 401 when it sends a wrong one), or, on GET and HEAD, the session cookie
+``/login`` gives a browser for that token (:mod:`chunkd.gateway.dashboard.session`).
+A request a browser sends from another site's page is refused from every client,
+loopback included. Peer routes (``/v1/peer/...``) want the peer token
 from every client, and with ``[peers]`` TLS also a client certificate that chains to
 ``tls_ca`` (401 otherwise); see :mod:`chunkd.gateway.tls`.
 
@@ -36,6 +43,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict
 from typing import Any, Final
+from urllib.parse import quote
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -63,6 +71,8 @@ from chunkd.gateway.appkeys import (
     DaemonState,
 )
 from chunkd.gateway.config import Config
+from chunkd.gateway.dashboard import add_routes as add_dashboard_routes
+from chunkd.gateway.dashboard.session import browser_refusal, valid_session
 from chunkd.gateway.inspector import add_routes as add_inspector_routes
 from chunkd.gateway.listing import MAX_PAGE
 from chunkd.gateway.metrics import Metrics
@@ -104,7 +114,6 @@ def build_app(config: Config, *, metrics: Metrics, tls: PeerTLS | None) -> web.A
     app[PEER_TLS] = tls
     app[METRICS] = metrics
     app[STATE] = DaemonState()
-    app.router.add_get("/", _index)
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/readyz", _readyz)
     app.router.add_get("/metrics", _metrics)
@@ -117,6 +126,7 @@ def build_app(config: Config, *, metrics: Metrics, tls: PeerTLS | None) -> web.A
     app.router.add_get(r"/v1/list/{backend}/{prefix:[\s\S]*}", _list)
     app.router.add_get("/v1/peer/chunks/{backend}/{id}", _peer_chunk)
     app.router.add_get(r"/v1/peer/objects/{backend}/{key:[\s\S]*}", _peer_object_chunk)
+    add_dashboard_routes(app)
     add_inspector_routes(app)
     return app
 
@@ -164,7 +174,11 @@ async def _count(request: web.Request, handler: Handler) -> web.StreamResponse:
     return response
 
 
-_OPEN_PATHS: Final = frozenset({"/", "/healthz", "/readyz", "/metrics"})
+#: open to every client: health, metrics, the login form and the assets (no data)
+_OPEN_PATHS: Final = frozenset({"/healthz", "/readyz", "/metrics", "/login", "/logout"})
+_OPEN_PREFIX: Final = "/static/"
+#: pages a browser loads: without a session they go to the login form
+_PAGES: Final = re.compile(r"/(inspect(/.*)?)?")
 
 
 @web.middleware
@@ -185,7 +199,10 @@ async def _guard(request: web.Request, handler: Handler) -> web.StreamResponse:
                 401, "Unauthorized", "peer routes want 'Authorization: Bearer <peer token>'"
             )
         return await handler(request)
-    if request.path in _OPEN_PATHS or _is_loopback(request.remote):
+    loopback = _is_loopback(request.remote)
+    if (refusal := browser_refusal(request, loopback=loopback)) is not None:
+        return _error_response(403, "Forbidden", refusal)
+    if request.path in _OPEN_PATHS or request.path.startswith(_OPEN_PREFIX) or loopback:
         return await handler(request)
     token = request.app[CONFIG].server.token
     if token is None:
@@ -193,15 +210,23 @@ async def _guard(request: web.Request, handler: Handler) -> web.StreamResponse:
             403,
             "Forbidden",
             f"{request.path} answers clients on this host only; set server.token (or "
-            "CHUNKD_SERVER_TOKEN) to serve other hosts that present it",
+            "CHUNKD_SERVER_TOKEN) to serve other hosts that present it, or reach this "
+            "one through an ssh tunnel (ssh -L 8470:127.0.0.1:8470 NODE)",
         )
     sent = request.headers.get("Authorization", "")
     wanted = f"Bearer {token.reveal()}".encode()
-    if not hmac.compare_digest(sent.encode("utf-8", "surrogateescape"), wanted):
-        return _error_response(
-            401, "Unauthorized", "send 'Authorization: Bearer <server.token>' to use data routes"
-        )
-    return await handler(request)
+    if hmac.compare_digest(sent.encode("utf-8", "surrogateescape"), wanted):
+        return await handler(request)
+    if not sent and valid_session(request, token.reveal()):
+        return await handler(request)
+    if not sent and request.method == "GET" and _PAGES.fullmatch(request.path):
+        raise web.HTTPSeeOther(f"/login?next={quote(request.path_qs, safe='/')}")
+    return _error_response(
+        401,
+        "Unauthorized",
+        "send 'Authorization: Bearer <server.token>' to use data routes (a browser: sign "
+        "in at /login)",
+    )
 
 
 def _has_client_certificate(request: web.Request) -> bool:
@@ -233,22 +258,6 @@ def _error_response(status: int, kind: str, message: str) -> web.Response:
 
 
 # -- handlers --------------------------------------------------------------------------
-
-
-async def _index(request: web.Request) -> web.Response:
-    config = request.app[CONFIG]
-    names = ", ".join(b.name for b in config.backends) or "none"
-    text = (
-        f"chunkd {chunkd.__version__}\n\n"
-        f"backends: {names}\n"
-        "GET /v1/objects/BACKEND/KEY   read an object through the cache (Range honoured)\n"
-        "GET /v1/chunks/ID             a cached chunk by its blake3 id\n"
-        "GET /v1/list/BACKEND/PREFIX   a page of a listing (?recursive=&start_after=&limit=)\n"
-        "GET /v1/stats                 JSON stats\n"
-        "GET /metrics                  Prometheus metrics\n"
-        "GET /healthz, /readyz         health\n"
-    )
-    return web.Response(text=text)
 
 
 async def _healthz(request: web.Request) -> web.Response:
@@ -305,7 +314,7 @@ async def _peer_chunk(request: web.Request) -> web.Response:
     lease = await request.app[CHECKPOINTS].chunk(request.match_info["backend"], cid, local=True)
     with lease:
         body = lease.read()
-    request.app[METRICS].peer_bytes.labels("out").inc(len(body))
+    _served_to_peer(request, len(body))
     return web.Response(body=body, headers={"Content-Type": "application/octet-stream"})
 
 
@@ -327,9 +336,15 @@ async def _peer_object_chunk(request: web.Request) -> web.Response:
     lease = await read_path.chunk(stat, index, local=True)
     with lease:
         body = lease.read()
-    request.app[METRICS].peer_bytes.labels("out").inc(len(body))
+    _served_to_peer(request, len(body))
     headers = {"Content-Type": "application/octet-stream", "X-Chunkd-Chunk": str(lease.id)}
     return web.Response(body=body, headers=headers)
+
+
+def _served_to_peer(request: web.Request, nbytes: int) -> None:
+    peers = request.app[PEERS]
+    if peers is not None:
+        peers.served(request.headers.get("X-Chunkd-Peer"), nbytes)
 
 
 async def _object(request: web.Request) -> web.StreamResponse:

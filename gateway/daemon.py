@@ -13,6 +13,7 @@ and closes them in the reverse order however the start or the run ends::
     checkpoints   cache + backends + peers + the datasets' GC roots; resumes journaled saves
     local socket  read path + checkpoints + datasets + listings + prefetcher
     inspector     worker processes that decode for /inspect, clients of the local socket
+    telemetry     the dashboard's samples, once a second, of all the above
 
 The HTTP routes (:mod:`chunkd.gateway.api`) reach the parts through the app's keys,
 which :func:`build_app` sets from the node inside the app's ``cleanup_ctx``.
@@ -47,6 +48,7 @@ from chunkd.gateway import api
 from chunkd.gateway.backends import Backends
 from chunkd.gateway.checkpoints import Checkpoints
 from chunkd.gateway.config import Config, load_config
+from chunkd.gateway.dashboard import TELEMETRY, Telemetry
 from chunkd.gateway.datasets import Datasets
 from chunkd.gateway.inspector import INSPECTOR, InspectorPool
 from chunkd.gateway.listing import Listings
@@ -106,6 +108,7 @@ class Node:
     datasets: Datasets
     local: LocalServer
     inspector: InspectorPool
+    telemetry: Telemetry
 
 
 @contextlib.asynccontextmanager
@@ -185,6 +188,17 @@ async def open_node(
             memory=config.server.inspect_memory,
         )
         parts.push_async_callback(inspector.close)
+        telemetry = Telemetry(
+            metrics,
+            cache,
+            backends,
+            checkpoints,
+            read_path.hot,
+            peers=peers,
+            listen=config.server.listen,
+        )
+        parts.push_async_callback(telemetry.close)
+        await telemetry.start()
         yield Node(
             config=config,
             metrics=metrics,
@@ -198,6 +212,7 @@ async def open_node(
             datasets=datasets,
             local=local,
             inspector=inspector,
+            telemetry=telemetry,
         )
 
 
@@ -230,6 +245,7 @@ def build_app(
             app[api.PREFETCHER] = node.prefetcher
             app[api.CHECKPOINTS] = node.checkpoints
             app[INSPECTOR] = node.inspector
+            app[TELEMETRY] = node.telemetry
             yield
 
     app.cleanup_ctx.append(node_context)

@@ -137,6 +137,29 @@ class Metrics:
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
             registry=r,
         )
+        self.read_chunks = Counter(
+            "chunkd_read_chunks",
+            "Chunks the read path looked up for a reader, by where it found them: ram, disk "
+            "(already cached there), fetched (from a peer or the backend, or waited on a "
+            "fetch in flight)",
+            ["source"],
+            registry=r,
+        )
+        self.read_chunk_bytes = Counter(
+            "chunkd_read_chunk_bytes",
+            "Bytes of the chunks the read path found cached, by tier (ram, disk); bytes "
+            "fetched are chunkd_peer_bytes_total{direction=\"in\"} and "
+            "chunkd_backend_read_bytes_total",
+            ["source"],
+            registry=r,
+        )
+        self.peer_member_bytes = Counter(
+            "chunkd_peer_member_bytes",
+            "Bytes exchanged with each member of the cluster: in (received from it), out "
+            "(served to it)",
+            ["peer", "direction"],
+            registry=r,
+        )
         self.readahead_chunks = Counter(
             "chunkd_readahead_chunks", "Chunks fetched ahead of sequential readers", registry=r
         )

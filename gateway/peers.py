@@ -121,7 +121,8 @@ class Peers:
     async def start(self) -> None:
         """Open the HTTP session and start probing."""
         self._session = aiohttp.ClientSession(
-            headers={"Authorization": f"Bearer {self.token}"},
+            # X-Chunkd-Peer: the owner counts what it serves to each member.
+            headers={"Authorization": f"Bearer {self.token}", "X-Chunkd-Peer": self.address},
             # A request may wait on its owner's own backend fetch: it waits as long
             # as the owner stays healthy (see _ask), within [peers] request_timeout.
             timeout=aiohttp.ClientTimeout(
@@ -315,6 +316,7 @@ class Peers:
                 continue
             self._count(owner, "ok")
             self.metrics.peer_bytes.labels("in").inc(data.nbytes)
+            self.metrics.peer_member_bytes.labels(owner, "in").inc(data.nbytes)
             return data
         return None
 
@@ -343,6 +345,7 @@ class Peers:
                 continue
             self._count(owner, "ok")
             self.metrics.peer_bytes.labels("in").inc(data.nbytes)
+            self.metrics.peer_member_bytes.labels(owner, "in").inc(data.nbytes)
             return owner, stated, data
         return None
 
@@ -451,6 +454,13 @@ class Peers:
         """Whether an ``Authorization`` header carries the peer token (constant time)."""
         wanted = f"Bearer {self.token}".encode()
         return hmac.compare_digest((header or "").encode("utf-8", "surrogateescape"), wanted)
+
+    def served(self, member: str | None, nbytes: int) -> None:
+        """Count ``nbytes`` served to ``member`` (its ``X-Chunkd-Peer``); only members
+        are counted, so a made-up name adds no series."""
+        self.metrics.peer_bytes.labels("out").inc(nbytes)
+        if member is not None and member in self._members and member != self.address:
+            self.metrics.peer_member_bytes.labels(member, "out").inc(nbytes)
 
     def stats(self) -> dict[str, Any]:
         """For /v1/stats and ``chunkd stats``."""

@@ -51,6 +51,7 @@ from chunkd.errors import (
     VersionChangedError,
 )
 from chunkd.gateway.backends import Backend, Backends, ObjectMeta
+from chunkd.gateway.hot import HotSet
 from chunkd.gateway.names import validate_key
 from chunkd.ranges import ByteRange
 
@@ -177,6 +178,8 @@ class ReadPath:
         self._next_chunk: dict[tuple[str, str, str], int] = {}
         self._ahead = asyncio.Semaphore(_READAHEAD_IN_FLIGHT)
         self._background: set[asyncio.Future[None]] = set()
+        #: the hottest objects (and datasets, as the registry names their prefixes)
+        self.hot = HotSet()
 
     def _waited(self) -> None:
         self.metrics.singleflight_waiters.inc()
@@ -300,20 +303,32 @@ class ReadPath:
     # -- chunks -----------------------------------------------------------------------
 
     async def chunk(
-        self, stat: Stat, index: int, *, own: bool = False, local: bool = False
+        self,
+        stat: Stat,
+        index: int,
+        *,
+        own: bool = False,
+        local: bool = False,
+        ahead: bool = False,
     ) -> ChunkLease:
         """Lease chunk ``index`` of ``stat``'s version, fetching it if no tier has it.
 
         ``own`` marks a reader that claimed the chunk's fetch itself (a span): it
         waits on it without being counted as a single-flight waiter. ``local``
         fetches from the backend only, never from a peer (a peer's own request).
+        ``ahead``: readahead, not a reader (not counted in ``chunkd_read_chunks``).
         """
         locator = stat.locator(index)
         ref = self.cache.resolve(locator)
         if ref is not None:
             lease = await self.cache.find(ref.id)
             if lease is not None:
+                if not ahead:
+                    self.metrics.read_chunks.labels(lease.origin).inc()
+                    self.metrics.read_chunk_bytes.labels(lease.origin).inc(lease.size)
                 return lease
+        if not ahead:
+            self.metrics.read_chunks.labels("fetched").inc()
         flight = self._fetches.join(locator) if own else None
         try:
             if flight is not None:
@@ -583,7 +598,9 @@ class ReadPath:
                 # The next span's GET starts while this one's bytes are being served.
                 if index + self.span_chunks <= last:
                     await self._claim_span(stat, index + self.span_chunks, last)
-                yield await pending.pop(index)
+                lease = await pending.pop(index)
+                self.hot.add(stat.backend, stat.meta.key, lease.size)
+                yield lease
         finally:
             for task in pending.values():
                 task.cancel()
@@ -611,7 +628,7 @@ class ReadPath:
             return  # enough is in flight already; readahead is a hint
         async with self._ahead:
             try:
-                lease = await self.chunk(stat, index)
+                lease = await self.chunk(stat, index, ahead=True)
             except Exception as exc:
                 log.debug(
                     "readahead of %s/%s chunk %d failed: %s",

@@ -293,6 +293,9 @@ class SaveJob:
     error: ChunkdError | None = None
     logical: int = 0
     new: int = 0
+    #: bytes of the part's distinct chunks, and of those how many are in the backend
+    unique_bytes: int = 0
+    remote_bytes: int = 0
     manifest_id: str | None = None
     started: float = field(default_factory=time.time)
     finished: float | None = None
@@ -338,6 +341,9 @@ class SaveJob:
             "logical_bytes": self.logical,
             "new_bytes": self.new,
             "dedup_bytes": self.logical - self.new,
+            "unique_bytes": self.unique_bytes,
+            "remote_bytes": self.remote_bytes,
+            "age_s": round(time.time() - self.started, 1),
             "manifest_id": self.manifest_id,
         }
         if self.error is not None:

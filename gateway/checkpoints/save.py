@@ -343,9 +343,15 @@ class Saver:
         # may have missed this intent is over: see _await_collections.
         await self._await_collections(job, backend)
         job.state = "uploading"
-        uploaded = await asyncio.gather(
-            *(retrying(job, functools.partial(self._upload, job, backend, c)) for c in unique)
-        )
+        job.unique_bytes = sum(unique.values())
+        job.remote_bytes = 0
+
+        async def upload(cid: ChunkId) -> bool:
+            sent = await retrying(job, functools.partial(self._upload, job, backend, cid))
+            job.remote_bytes += unique[cid]  # in the backend now, sent or found there
+            return sent
+
+        uploaded = await asyncio.gather(*(upload(c) for c in unique))
         sizes = unique.values()
         job.new = sum(size for size, sent in zip(sizes, uploaded, strict=True) if sent)
         self.metrics.ckpt_bytes.labels("logical").inc(job.logical)

@@ -50,6 +50,7 @@ class Datasets:
     ) -> None:
         self.registry = Registry(backends, config.registry)
         self.metrics = metrics
+        self._hot = read_path.hot
         self._freezer = Freezer(
             self.registry,
             read_path,
@@ -75,6 +76,9 @@ class Datasets:
         with self.registry.reaching(f"resolving {ref}"):
             resolved = await self.registry.resolve(ref)
             frozen = await self._freezer.frozen(resolved.snapshot)
+        snapshot = resolved.snapshot
+        # Readers of this snapshot read its members next: the dashboard names the dataset.
+        self._hot.dataset(snapshot.backend, snapshot.prefix, resolved.name or snapshot.id[:12])
         return resolved, frozen
 
     async def tag(self, name: str, tag: str, ref: str) -> dict[str, Any]:

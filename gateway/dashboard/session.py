@@ -1,0 +1,120 @@
+"""Browser sessions for the pages, and the checks that keep a browser from being used
+against the daemon (``docs/inspector.md``, "Access").
+
+A browser cannot send ``Authorization: Bearer`` on a page load, an ``EventSource`` or
+an ``<audio>`` range request, so ``POST /login`` exchanges ``server.token`` for a
+cookie. The cookie is ``EXPIRY.MAC``, MAC the HMAC-SHA256 of ``chunkd-session:EXPIRY``
+under the token: no state in the daemon, valid across restarts, void once the token
+changes. It is honoured on GET and HEAD only, so no cross-site form can make the daemon
+change anything with it (and SameSite=Strict keeps it off cross-site requests anyway).
+
+:func:`browser_refusal` is the other half, for every request: a browser's own
+``Sec-Fetch-Site`` and ``Origin`` headers say when a page of another site sent it, and
+a browser request to a loopback daemon under a name that is not loopback is DNS
+rebinding (a page whose name now points at 127.0.0.1).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import ipaddress
+import time
+from typing import Final
+from urllib.parse import urlsplit
+
+from aiohttp import web
+
+__all__ = [
+    "COOKIE",
+    "SESSION_SECONDS",
+    "browser_refusal",
+    "clear_cookie",
+    "session_cookie",
+    "valid_session",
+]
+
+COOKIE: Final = "chunkd_session"
+SESSION_SECONDS: Final = 12 * 3600
+_SAFE: Final = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+def _mac(token: str, expiry: int) -> str:
+    message = f"chunkd-session:{expiry}".encode()
+    return hmac.new(token.encode(), message, hashlib.sha256).hexdigest()
+
+
+def session_cookie(response: web.StreamResponse, token: str, *, secure: bool) -> None:
+    """Set a new session cookie for ``token`` on ``response``."""
+    expiry = int(time.time()) + SESSION_SECONDS
+    response.set_cookie(
+        COOKIE,
+        f"{expiry}.{_mac(token, expiry)}",
+        max_age=SESSION_SECONDS,
+        path="/",
+        httponly=True,
+        secure=secure,
+        samesite="Strict",
+    )
+
+
+def clear_cookie(response: web.StreamResponse, *, secure: bool) -> None:
+    """Clear the session cookie on ``response``."""
+    response.set_cookie(
+        COOKIE, "", max_age=0, path="/", httponly=True, secure=secure, samesite="Strict"
+    )
+
+
+def valid_session(request: web.Request, token: str) -> bool:
+    """Whether ``request`` carries an unexpired session cookie made with ``token``, on a
+    safe method (GET, HEAD)."""
+    if request.method not in _SAFE:
+        return False
+    value = request.cookies.get(COOKIE, "")
+    expiry_text, _, mac = value.partition(".")
+    if not expiry_text.isdigit() or len(expiry_text) > 12:
+        return False
+    expiry = int(expiry_text)
+    if expiry < time.time():
+        return False
+    return hmac.compare_digest(mac.encode(), _mac(token, expiry).encode())
+
+
+def browser_refusal(request: web.Request, *, loopback: bool) -> str | None:
+    """Why a browser's request must be refused, or None.
+
+    - ``Sec-Fetch-Site: cross-site``: a page of another site sent it;
+    - a state-changing method whose ``Origin`` is not this daemon's own;
+    - from loopback, a browser request (it has ``Sec-Fetch-Mode``) under a ``Host``
+      that is neither a loopback name nor a loopback address: DNS rebinding.
+    """
+    headers = request.headers
+    if headers.get("Sec-Fetch-Site", "").lower() == "cross-site":
+        return "a page of another site sent this request; open the daemon's own page"
+    origin = headers.get("Origin")
+    if (
+        request.method not in _SAFE
+        and origin is not None
+        and (origin == "null" or urlsplit(origin).netloc.lower() != request.host.lower())
+    ):
+        return f"a state-changing request from {origin!r}, not from this daemon's pages"
+    if loopback and "Sec-Fetch-Mode" in headers and not _loopback_host(request.host):
+        return (
+            f"a browser reached this loopback daemon as {request.host!r}; use "
+            "http://127.0.0.1:PORT/ or http://localhost:PORT/ (or an ssh tunnel)"
+        )
+    return None
+
+
+def _loopback_host(host: str) -> bool:
+    name = host.lower()
+    if name.startswith("["):
+        name = name[1 : name.find("]")] if "]" in name else name
+    elif name.count(":") == 1:
+        name = name.rsplit(":", 1)[0]
+    if name == "localhost" or name.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False

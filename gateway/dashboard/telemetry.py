@@ -1,0 +1,464 @@
+"""The node's figures, once a second: the one source the dashboard, ``chunkd top`` and
+anything else that shows the node live read (``docs/dashboard.md`` lists every field).
+
+A :class:`Telemetry` reads the daemon's counters (the same prometheus-client objects
+``/metrics`` exports, and the cache's own stats) once every ``interval`` seconds,
+turns the difference from the reading before into a **sample** (rates per second,
+ratios, latency percentiles over the last 10 s), keeps the last ``history`` samples,
+and hands each new one to every stream that follows it. A view formats a sample; it
+never computes a figure of its own.
+
+Streams: at most ``max_streams`` follow at once (:class:`TooManyStreamsError` past
+that); each has a queue of at most ``_QUEUE`` samples, and a stream that falls that far
+behind (a client that does not read) is ended. A stream that resumes with
+``Last-Event-ID: BOOT:SEQ`` of this boot first gets the samples it missed that are
+still in the history; of another boot, a ``restarted`` event.
+
+Errors: a logging handler on the ``chunkd`` loggers keeps the last
+:data:`ERRORS_KEPT` warnings and errors (their time, level, logger and first
+:data:`MESSAGE_CHARS` characters); it is removed when the telemetry closes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import math
+import secrets
+import time
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Final
+
+import chunkd
+from chunkd.errors import BackendUnavailableError
+
+if TYPE_CHECKING:
+    from prometheus_client.metrics import MetricWrapperBase
+
+    from chunkd.cache import ChunkCache
+    from chunkd.gateway.backends import Backends
+    from chunkd.gateway.checkpoints import Checkpoints
+    from chunkd.gateway.hot import HotSet
+    from chunkd.gateway.metrics import Metrics
+    from chunkd.gateway.peers import Peers
+
+__all__ = ["ERRORS_KEPT", "SCHEMA", "Event", "Telemetry", "TooManyStreamsError"]
+
+SCHEMA: Final = 1
+#: warnings and errors a sample carries (the newest)
+ERRORS_KEPT: Final = 20
+MESSAGE_CHARS: Final = 500
+#: seconds of history the latency percentiles are taken over
+LATENCY_WINDOW: Final = 10
+#: saves in flight a sample lists (the oldest first)
+CHECKPOINTS_SHOWN: Final = 50
+_QUEUE: Final = 60
+
+
+class TooManyStreamsError(BackendUnavailableError):
+    """Every stream slot is taken; try again later (503)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One server-sent event: its name, its id (``BOOT:SEQ``, or "") and its data."""
+
+    name: str
+    id: str
+    data: dict[str, Any]
+
+
+class _ErrorTail(logging.Handler):
+    """The last warnings and errors logged, bounded; safe from any thread."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.kept: collections.deque[dict[str, Any]] = collections.deque(maxlen=ERRORS_KEPT)
+        self.total = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            message = record.getMessage()
+        except Exception:
+            message = str(record.msg)
+        if record.exc_info and record.exc_info[1] is not None:
+            message += f" ({type(record.exc_info[1]).__name__}: {record.exc_info[1]})"
+        self.kept.append(
+            {
+                "t": round(record.created, 3),
+                "level": record.levelname.lower(),
+                "logger": record.name,
+                "message": message[:MESSAGE_CHARS],
+            }
+        )
+        self.total += 1
+
+
+@dataclass
+class _Reading:
+    """Cumulative counters at one moment."""
+
+    at: float
+    chunks: dict[str, float] = field(default_factory=dict)
+    chunk_bytes: dict[str, float] = field(default_factory=dict)
+    peer_in: float = 0.0
+    backends: dict[str, dict[str, float]] = field(default_factory=dict)
+    waits: float = 0.0
+    http: float = 0.0
+    local: float = 0.0
+    members: dict[tuple[str, str], float] = field(default_factory=dict)
+    #: backend latency: cumulative count per bucket bound (seconds; inf last)
+    latency: list[tuple[float, float]] = field(default_factory=list)
+
+
+@dataclass(eq=False)
+class _Stream:
+    queue: asyncio.Queue[Event | None] = field(
+        default_factory=lambda: asyncio.Queue(maxsize=_QUEUE)
+    )
+
+
+class Telemetry:
+    """Samples the node's figures every ``interval`` seconds (see the module docstring)."""
+
+    def __init__(
+        self,
+        metrics: Metrics,
+        cache: ChunkCache,
+        backends: Backends,
+        checkpoints: Checkpoints,
+        hot: HotSet,
+        *,
+        peers: Peers | None,
+        listen: str,
+        interval: float = 1.0,
+        history: int = 300,
+        max_streams: int = 64,
+    ) -> None:
+        self.metrics = metrics
+        self.cache = cache
+        self.backends = backends
+        self.checkpoints = checkpoints
+        self.hot = hot
+        self.peers = peers
+        self.interval = interval
+        self.max_streams = max_streams
+        self.boot = secrets.token_hex(8)
+        self.started = time.time()
+        self.node = {
+            "version": chunkd.__version__,
+            "boot": self.boot,
+            "started": round(self.started, 3),
+            "listen": listen,
+            "backends": [b.name for b in backends],
+            "self": peers.address if peers is not None else None,
+        }
+        self.history: collections.deque[dict[str, Any]] = collections.deque(maxlen=history)
+        self._streams: set[_Stream] = set()
+        self._errors = _ErrorTail()
+        self._readings: collections.deque[_Reading] = collections.deque(maxlen=LATENCY_WINDOW + 1)
+        self._seq = 0
+        self._task: asyncio.Task[None] | None = None
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Start sampling, and keeping the warnings and errors of the ``chunkd`` loggers."""
+        logging.getLogger("chunkd").addHandler(self._errors)
+        self._readings.append(self._read())
+        self._task = asyncio.create_task(self._run())
+
+    def end_streams(self) -> None:
+        """End every stream now (the daemon is stopping: they must not hold it up)."""
+        for stream in list(self._streams):
+            _offer(stream, None)
+
+    async def close(self) -> None:
+        """Stop sampling; end every stream; remove the logging handler."""
+        self.end_streams()
+        logging.getLogger("chunkd").removeHandler(self._errors)
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        next_at = loop.time() + self.interval
+        while True:
+            await asyncio.sleep(max(0.0, next_at - loop.time()))
+            # A stalled loop does not make a burst of samples: the next is one interval on.
+            next_at = max(next_at + self.interval, loop.time() + self.interval / 2)
+            try:
+                sample = self.sample()
+            except Exception:
+                logging.getLogger("chunkd.gateway.dashboard").exception("a sample failed")
+                continue
+            event = Event("sample", f"{self.boot}:{sample['seq']}", sample)
+            for stream in list(self._streams):
+                if not _offer(stream, event):
+                    self._streams.discard(stream)  # it fell behind: ended
+
+    # -- what views read ----------------------------------------------------------------
+
+    def snapshot(self) -> dict[str, Any]:
+        """The node and its history: what a view loads once before following the stream."""
+        return {
+            "schema": SCHEMA,
+            "node": self.node,
+            "interval_s": self.interval,
+            "history": list(self.history),
+        }
+
+    @contextlib.asynccontextmanager
+    async def follow(self, last_event_id: str | None = None) -> AsyncIterator[_Follower]:
+        """A stream of events for one view, ended when the context exits.
+
+        Raises:
+            TooManyStreamsError: ``max_streams`` streams are open already.
+        """
+        if len(self._streams) >= self.max_streams:
+            raise TooManyStreamsError(
+                f"{self.max_streams} dashboard streams are open already; close one, or "
+                "read /v1/dashboard instead"
+            )
+        stream = _Stream()
+        for event in self._resume(last_event_id):
+            _offer(stream, event)
+        self._streams.add(stream)
+        try:
+            yield _Follower(stream)
+        finally:
+            self._streams.discard(stream)
+
+    def _resume(self, last_event_id: str | None) -> list[Event]:
+        if not last_event_id:
+            return []
+        boot, _, seq_text = last_event_id.partition(":")
+        if boot != self.boot:
+            return [Event("restarted", "", self.node)]
+        try:
+            seq = int(seq_text)
+        except ValueError:
+            return []
+        missed = [s for s in self.history if s["seq"] > seq][-(_QUEUE - 1) :]
+        return [Event("sample", f"{self.boot}:{s['seq']}", s) for s in missed]
+
+    # -- sampling -----------------------------------------------------------------------
+
+    def sample(self) -> dict[str, Any]:
+        """Take a reading and make the sample of the time since the one before; it goes
+        into the history. Runs on the loop: it only reads counters."""
+        now = self._read()
+        before = self._readings[-1]
+        oldest = self._readings[0]
+        self._readings.append(now)
+        seconds = max(now.at - before.at, 1e-3)
+
+        def rate(value: float, previous: float) -> float:
+            return round(max(0.0, value - previous) / seconds, 3)
+
+        gets = {s: rate(now.chunks.get(s, 0), before.chunks.get(s, 0)) for s in _SOURCES}
+        all_gets = sum(gets.values())
+        backends = []
+        for backend in self.backends:
+            mine = now.backends.get(backend.name, {})
+            theirs = before.backends.get(backend.name, {})
+            entry: dict[str, Any] = {"name": backend.name}
+            entry |= {k: rate(mine.get(k, 0), theirs.get(k, 0)) for k in _BACKEND_FIELDS}
+            entry["circuit_open"] = backend.circuit_open
+            backends.append(entry)
+        sample: dict[str, Any] = {
+            "seq": self._seq,
+            "t": round(time.time(), 3),
+            "throughput": {
+                "ram": rate(now.chunk_bytes.get("ram", 0), before.chunk_bytes.get("ram", 0)),
+                "disk": rate(now.chunk_bytes.get("disk", 0), before.chunk_bytes.get("disk", 0)),
+                "peer": rate(now.peer_in, before.peer_in),
+                "backend": round(sum(b["bytes"] for b in backends), 3),
+            },
+            "hits": {"ram": gets["ram"], "disk": gets["disk"], "miss": gets["fetched"]},
+            "hit_ratio": {
+                tier: (round(gets[tier] / all_gets, 4) if all_gets else None)
+                for tier in ("ram", "disk")
+            },
+            "backend": {
+                **{k: round(sum(b[k] for b in backends), 3) for k in _BACKEND_FIELDS},
+                "latency_ms": _percentiles(oldest.latency, now.latency),
+            },
+            "backends": backends,
+            "singleflight_waits": rate(now.waits, before.waits),
+            "requests": {
+                "http": rate(now.http, before.http),
+                "local": rate(now.local, before.local),
+            },
+            "local_clients": int(_gauge(self.metrics.local_clients)),
+            "tiers": self._tiers(),
+            "peers": self._peers(now, before, seconds),
+            "hot": self.hot.tick(seconds),
+            "errors": list(self._errors.kept),
+            "errors_total": self._errors.total,
+        }
+        sample |= self._checkpoints()
+        self._seq += 1
+        self.history.append(sample)
+        return sample
+
+    def _read(self) -> _Reading:
+        m = self.metrics
+        reading = _Reading(at=time.monotonic())
+        reading.chunks = _by_label(m.read_chunks, "source")
+        reading.chunk_bytes = _by_label(m.read_chunk_bytes, "source")
+        reading.peer_in = _by_label(m.peer_bytes, "direction").get("in", 0.0)
+        for name, value in _by_label(m.backend_requests, "backend").items():
+            reading.backends.setdefault(name, {})["requests"] = value
+        for name, value in _by_label(m.backend_errors, "backend").items():
+            reading.backends.setdefault(name, {})["errors"] = value
+        for name, value in _by_label(m.backend_read_bytes, "backend").items():
+            reading.backends.setdefault(name, {})["bytes"] = value
+        reading.waits = sum(v for _, v in _totals(m.singleflight_waiters))
+        reading.http = sum(v for _, v in _totals(m.http_requests))
+        reading.local = sum(v for _, v in _totals(m.local_requests))
+        for labels, value in _totals(m.peer_member_bytes):
+            reading.members[(labels["peer"], labels["direction"])] = value
+        reading.latency = _buckets(m.backend_seconds)
+        return reading
+
+    def _tiers(self) -> list[dict[str, Any]]:
+        if self.cache.closed:
+            return []
+        return [
+            {
+                "name": tier.name,
+                "bytes": tier.bytes,
+                "budget_bytes": tier.budget_bytes,
+                "chunks": tier.chunks,
+                "degraded": tier.degraded,
+            }
+            for tier in self.cache.stats().tiers
+        ]
+
+    def _peers(self, now: _Reading, before: _Reading, seconds: float) -> dict[str, Any] | None:
+        if self.peers is None:
+            return None
+        stats = self.peers.stats()
+        members = []
+        for member in stats["members"]:
+            address = member["address"]
+            flows = {}
+            for direction in ("in", "out"):
+                moved = now.members.get((address, direction), 0.0)
+                moved -= before.members.get((address, direction), 0.0)
+                flows[direction] = round(max(0.0, moved) / seconds, 3)
+            members.append({"address": address, "healthy": member["healthy"], **flows})
+        return {"self": stats["self"], "healthy": stats["healthy"], "members": members}
+
+    def _checkpoints(self) -> dict[str, Any]:
+        jobs = self.checkpoints.stats()["jobs"]
+        shown = [
+            {
+                "name": job["name"],
+                "rank": job["rank"],
+                "world_size": job["world_size"],
+                "state": job["state"],
+                "durability": job["durability"],
+                "logical_bytes": job["logical_bytes"],
+                "unique_bytes": job.get("unique_bytes", 0),
+                "remote_bytes": job.get("remote_bytes", 0),
+                "age_s": job.get("age_s"),
+            }
+            for job in jobs[:CHECKPOINTS_SHOWN]
+        ]
+        return {"checkpoints": shown, "checkpoints_total": len(jobs)}
+
+
+class _Follower:
+    """The events of one stream, in order; ``None`` from :meth:`next` ends it."""
+
+    def __init__(self, stream: _Stream) -> None:
+        self._stream = stream
+
+    async def next(self) -> Event | None:
+        """The next event (wait for it under ``asyncio.timeout``)."""
+        return await self._stream.queue.get()
+
+
+_SOURCES: Final = ("ram", "disk", "fetched")
+_BACKEND_FIELDS: Final = ("requests", "errors", "bytes")
+
+
+def _offer(stream: _Stream, event: Event | None) -> bool:
+    """Queue ``event`` (None: the end); False (and the stream ended) when its queue is
+    full: the client stopped reading."""
+    queue = stream.queue
+    if queue.full():
+        while not queue.empty():
+            queue.get_nowait()
+        queue.put_nowait(None)  # room now: the stream ends here
+        return False
+    queue.put_nowait(event)
+    return True
+
+
+def _totals(metric: MetricWrapperBase) -> Iterable[tuple[dict[str, str], float]]:
+    """The (labels, value) of each series of a counter."""
+    for family in metric.collect():
+        for sample in family.samples:
+            if sample.name.endswith("_total"):
+                yield sample.labels, sample.value
+
+
+def _by_label(metric: MetricWrapperBase, label: str) -> dict[str, float]:
+    """A counter's series summed by one label."""
+    out: dict[str, float] = {}
+    for labels, value in _totals(metric):
+        out[labels[label]] = out.get(labels[label], 0.0) + value
+    return out
+
+
+def _gauge(metric: MetricWrapperBase) -> float:
+    return sum(s.value for family in metric.collect() for s in family.samples)
+
+
+def _buckets(metric: MetricWrapperBase) -> list[tuple[float, float]]:
+    """A histogram's cumulative bucket counts, summed over its series, by bound."""
+    counts: dict[float, float] = {}
+    for family in metric.collect():
+        for sample in family.samples:
+            if sample.name.endswith("_bucket"):
+                bound = float(sample.labels["le"])
+                counts[bound] = counts.get(bound, 0.0) + sample.value
+    return sorted(counts.items())
+
+
+def _percentiles(
+    old: list[tuple[float, float]], new: list[tuple[float, float]]
+) -> dict[str, float | None]:
+    """p50, p90, p99 in milliseconds of the observations between two bucket readings
+    (linear inside a bucket, as Prometheus's histogram_quantile); None without any."""
+    before = dict(old)
+    window = [(bound, count - before.get(bound, 0.0)) for bound, count in new]
+    total = window[-1][1] if window else 0.0
+    out: dict[str, float | None] = {}
+    for name, q in (("p50", 0.5), ("p90", 0.9), ("p99", 0.99)):
+        if total <= 0:
+            out[name] = None
+            continue
+        rank = q * total
+        lower_bound, lower_count = 0.0, 0.0
+        value = None
+        for bound, count in window:
+            if count >= rank:
+                if math.isinf(bound):
+                    value = lower_bound  # past the last finite bucket: its bound
+                else:
+                    inside = count - lower_count
+                    share = (rank - lower_count) / inside if inside > 0 else 1.0
+                    value = lower_bound + (bound - lower_bound) * share
+                break
+            lower_bound, lower_count = bound, count
+        out[name] = None if value is None else round(value * 1000, 3)
+    return out

@@ -77,7 +77,7 @@ from collections.abc import Iterator  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
-from .conftest import Daemon, wait_for_socket  # noqa: E402
+from .conftest import BIN, Daemon, wait_for_socket  # noqa: E402
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
@@ -530,3 +530,83 @@ def test_requests_that_are_not_requests(node: Node) -> None:
     assert opened["kind"] == "binary"
     assert opened["hex"] == (bytes(range(256)) * 16).hex()
     assert "no rows" in w.fails("rows", "InvalidRequestError", name=binary)
+    limits = Path(f"/proc/{w.process.pid}/limits").read_text()
+    # the worker limited its own address space (--memory), and still reads Parquet under it
+    (address,) = [line.split()[3:5] for line in limits.splitlines() if "address space" in line]
+    assert address == [str(2 << 30), str(2 << 30)]
+
+
+def test_registered_dataset_views_match_the_cli(node: Node, tmp_path: Path) -> None:
+    from chunkd.client import Client
+    from chunkd.client.datasets import Dataset
+    from chunkd.client.datasets.register import commit, scan_prefix
+
+    tables = []
+    for part in range(3):
+        table = pa.table(
+            {"id": pa.array(range(part * 40, part * 40 + 40), pa.int64()), "part": [part] * 40}
+        )
+        node.put(f"ds/web/part-{part}.parquet", parquet_bytes(table, 16))
+        tables.append(table)
+    with Client(node.socket) as client:
+        commit(client, "web", scan_prefix(client, "local/ds/web/"))
+        node.put("ds/web/part-3.parquet", parquet_bytes(pa.table({"id": [999], "part": [3]}), 16))
+        commit(client, "web", scan_prefix(client, "local/ds/web/"))
+        with Dataset.open("web@1", client) as dataset:
+            want = [dataset[i] for i in (0, 57, 119)]
+            snapshot_id = dataset.id
+    w = node.worker
+    listed = w.ok("datasets")
+    assert [(d["name"], d["latest"]) for d in listed["datasets"]] == [("web", 2)]
+    assert listed["next"] is None
+    versions = w.ok("dataset", name="web")["versions"]
+    assert [(v["version"], v["samples"]) for v in versions] == [(1, 120), (2, 121)]
+    assert versions[0]["snapshot"] == snapshot_id
+    assert "nope" in w.fails("dataset", "DatasetNotFoundError", name="nope")
+
+    shown = w.ok("snapshot", ref="web@1", count=2)
+    assert (shown["snapshot"], shown["name"], shown["version"]) == (snapshot_id, "web", 1)
+    assert (shown["format"], shown["samples"], shown["members_total"]) == ("parquet", 120, 3)
+    assert [(m["key"], m["first"], m["samples"]) for m in shown["members"]] == [
+        ("ds/web/part-0.parquet", 0, 40),
+        ("ds/web/part-1.parquet", 40, 40),
+    ]
+    assert shown["next"] == 2
+    assert shown["schema"] == [["id", "int64"], ["part", "int64"]]
+    assert shown["frozen"] is False
+
+    diff = w.ok("diff", a="web@1", b="web@2")
+    assert (diff["added"], diff["removed"], diff["changed"], diff["same"]) == (
+        ["part-3.parquet"], [], [], 3
+    )  # fmt: skip
+
+    for index, value in zip((0, 57, 119), want, strict=True):
+        sample = w.ok("sample", id=f"web@1#{index}")
+        assert sample["value"] == value
+        assert sample["dataset"]["index"] == index
+        assert sample["dataset"]["snapshot"] == snapshot_id
+        assert sample["member"] == f"ds/web/part-{index // 40}.parquet"
+        assert sample["index"] == index % 40
+    assert "holds 120" in w.fails("sample", "InvalidRequestError", id="web@1#120")
+    assert w.call("sample", id="nope@1#0")["error"] == "DatasetNotFoundError"
+
+    step = w.ok("step", ref="web@1", step=3, batch_size=4, world_size=2, seed=7)
+    replay = subprocess.run(
+        [str(BIN / "chunkd"), "dataset", "replay", "web@1", "--seed", "7", "--step", "3",
+         "--batch-size", "4", "--world-size", "2", "--json", "--socket", str(node.socket)],
+        capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    report = json.loads(replay.stdout)
+    assert step["snapshot"] == report["snapshot"] == snapshot_id
+    assert {r: v["ids"] for r, v in step["ranks"].items()} == {
+        str(r["rank"]): [s["id"] for s in r["samples"]] for r in report["ranks"]
+    }
+    one = w.ok("step", ref="web@1", step=3, batch_size=4, world_size=2, seed=7, rank=1)
+    assert list(one["ranks"]) == ["1"]
+    assert one["ranks"]["1"] == step["ranks"]["1"]
+    plain = w.ok("step", ref="web@1", step=0, batch_size=5, world_size=1, seed=0, shuffle="false")
+    assert plain["ranks"]["0"]["ids"] == [f"ds/web/part-0.parquet#{i}" for i in range(5)]
+    past = w.fails(
+        "step", "InvalidRequestError", ref="web@1", step=99, batch_size=4, world_size=2, seed=7
+    )
+    assert "step 99" in past

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from types import ModuleType
 
 import chunkd
-from chunkd.gateway.cli import ckpt, dataset, gc, selfcheck, serve, stats, warm
+from chunkd.gateway.cli import ckpt, dataset, gc, inspect, selfcheck, serve, stats, top, warm
 
 __all__ = ["build_parser", "main"]
 
@@ -25,6 +25,8 @@ COMMANDS: dict[str, ModuleType] = {
     "ckpt": ckpt,
     "gc": gc,
     "dataset": dataset,
+    "inspect": inspect,
+    "top": top,
 }
 
 

@@ -168,7 +168,8 @@ _ROW_GROUPS = DecodedLRU(ROW_GROUP_BYTES, 64)
 _PYARROW_READY = False
 
 
-def _pyarrow() -> tuple[Any, Any]:
+def pyarrow_modules() -> tuple[Any, Any]:
+    """``pyarrow`` and ``pyarrow.parquet``, set up for a worker on first use."""
     global _PYARROW_READY  # once per process, before pyarrow's pools start
     pa = importlib.import_module("pyarrow")
     pq = importlib.import_module("pyarrow.parquet")
@@ -259,7 +260,7 @@ class ParquetView:
         return [f.name for f in self.schema]
 
     def _footer(self) -> Any:
-        pa, pq = _pyarrow()
+        pa, pq = pyarrow_modules()
         name, size = self.name, self._stat.size
         if size < 12:
             raise MalformedFileError(
@@ -387,7 +388,7 @@ class ParquetView:
         table = _ROW_GROUPS.get(key)
         if table is not None:
             return table
-        pa, pq = _pyarrow()
+        pa, pq = pyarrow_modules()
         meta = self.metadata.row_group(group)
         spans = []
         for c in range(meta.num_columns):

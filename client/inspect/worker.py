@@ -502,6 +502,19 @@ def _requests(stdin: BinaryIO) -> Iterator[bytes | None]:
             yield line
 
 
+def _warm_up() -> None:
+    """Import what the ops use now, not in the first request's time (pyarrow alone
+    takes a few hundred milliseconds to import)."""
+    import chunkd.client.inspect.objects as objects
+    import chunkd.client.inspect.registry
+    import chunkd.client.inspect.rl  # noqa: F401
+
+    try:
+        objects.pyarrow_modules()
+    except ImportError:  # no pyarrow: Parquet objects fail alone, with a clear message
+        log.warning("pyarrow is not installed: Parquet objects cannot be inspected")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run a worker on stdin and stdout until stdin ends."""
     parser = argparse.ArgumentParser(
@@ -525,6 +538,8 @@ def main(argv: list[str] | None = None) -> int:
     sys.stdout = sys.stderr
     limit_memory(options.memory)
     from chunkd.client.inspect.values import dumps
+
+    _warm_up()
 
     worker = Worker(options.socket, options.memory)
     try:

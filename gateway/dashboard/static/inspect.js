@@ -608,9 +608,9 @@ async function viewSnapshot(ref) {
       ]));
     }
     body.append(frag);
-    const next = (page.start ?? 0) + (page.members ?? []).length;
+    const next = typeof page.next === "number" ? page.next : (page.start ?? 0) + (page.members ?? []).length;
     const total = page.members_total ?? 0;
-    more.hidden = next >= total || (page.members ?? []).length === 0;
+    more.hidden = page.next === null || next >= total || (page.members ?? []).length === 0;
     more.dataset.next = String(next);
     count.textContent = `${fmtCount(Math.min(next, total))} of ${fmtCount(total)} members`;
   };
@@ -1036,6 +1036,8 @@ function episodeView(ep) {
     const nav = el("div", "pager");
     const p = button("‹ step", () => select(current - 1));
     const n = button("step ›", () => select(current + 1));
+    p.dataset.go = "prev";
+    n.dataset.go = "next";
     p.disabled = i === 0;
     n.disabled = i === steps.length - 1;
     add(nav, p, el("span", "status", `step ${st.step ?? i} (${i + 1} of ${steps.length})`), n);
@@ -1099,13 +1101,17 @@ function sampleCard(s, full) {
   box.classList.add("sample");
   box.dataset.index = String(s.index);
   const start = typeof s.index === "number" ? Math.floor(s.index / PAGE_ROWS) * PAGE_ROWS : undefined;
-  const member = s.member && typeof s.member === "object" ? s.member : null;
+  // A snapshot's sample: `dataset` says which snapshot and its global index there.
+  const ds = s.dataset && typeof s.dataset === "object" ? s.dataset : null;
+  if (ds && typeof ds.index === "number") box.dataset.global = String(ds.index);
+  const dsRef = ds ? (ds.ref ?? `${ds.name}@${ds.version}`) : (typeof s.dataset === "string" ? s.dataset : null);
   add(box, facts([
     ["object", s.name ? link(s.name, { open: s.name, start: start || undefined, row: s.index }) : null],
-    ["index", fmtCount(s.index)],
+    ["index in the object", fmtCount(s.index)],
     ["kind", s.kind],
-    ["dataset", s.dataset === undefined ? undefined : (typeof s.dataset === "string" ? link(s.dataset, { snapshot: s.dataset }) : JSON.stringify(s.dataset))],
-    ["member", member === null ? (s.member === undefined ? undefined : String(s.member)) : JSON.stringify(member)],
+    ["dataset", dsRef === null ? undefined : link(dsRef, { snapshot: dsRef })],
+    ["sample in the snapshot", ds && typeof ds.index === "number" ? fmtCount(ds.index) : undefined],
+    ["member", s.member === undefined || s.member === null ? undefined : (typeof s.member === "string" ? s.member : JSON.stringify(s.member))],
   ]));
   if (!full) box.classList.add("compact");
   box.append(renderJson(s.value));

@@ -66,6 +66,7 @@ def test_kind_of_unknown_types() -> None:
 
 import base64  # noqa: E402
 import io  # noqa: E402
+import itertools  # noqa: E402
 import json  # noqa: E402
 import random  # noqa: E402
 import struct  # noqa: E402
@@ -76,6 +77,8 @@ import zlib  # noqa: E402
 from collections.abc import Iterator  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
+
+from chunkd.errors import InvalidRequestError  # noqa: E402
 
 from .conftest import BIN, Daemon, wait_for_socket  # noqa: E402
 
@@ -610,3 +613,30 @@ def test_registered_dataset_views_match_the_cli(node: Node, tmp_path: Path) -> N
         "step", "InvalidRequestError", ref="web@1", step=99, batch_size=4, world_size=2, seed=7
     )
     assert "step 99" in past
+
+
+@pytest.mark.parametrize("ending", [b"\n", b""])
+def test_line_index_stays_bounded_and_exact(monkeypatch: pytest.MonkeyPatch, ending: bytes) -> None:
+    from chunkd.client.inspect import lines as lines_module
+
+    monkeypatch.setattr(lines_module, "MAX_MARKS", 8)  # the stride doubles many times
+    rng = random.Random(2)
+    want = [rng.randbytes(rng.randrange(0, 40)).replace(b"\n", b".") for _ in range(5000)]
+    data = b"\n".join(want) + ending
+    reads: list[tuple[int, int]] = []
+
+    def read(offset: int, length: int) -> memoryview:
+        reads.append((offset, length))
+        return memoryview(data[offset : offset + length])
+
+    index = lines_module.LineIndex("local/x.txt", len(data), read)
+    for start in [0, 4999, 17, 2500, 1, 4000, 3999, 256, 255]:
+        got = list(itertools.islice(index.lines_from(start), 3))
+        assert [line for _, _, line in got] == want[start : start + 3]
+        assert [n for n, _, _ in got] == list(range(start, min(start + 3, 5000)))
+        for _, offset, line in got:
+            assert data[offset : offset + len(line)] == line
+    assert index.lines == 5000
+    assert len(index._marks) <= 8
+    with pytest.raises(InvalidRequestError, match="holds 5000 lines"):
+        next(index.lines_from(5000))

@@ -86,7 +86,7 @@ class LineIndex:
                 for offset in (ends[wanted] + self._scanned + 1).tolist():
                     self._marks.append(int(offset))
                 self._newlines += len(ends)
-                if len(self._marks) > MAX_MARKS:
+                while len(self._marks) > MAX_MARKS:
                     self._marks = self._marks[::2]
                     self._stride *= 2
             self._last = int(data[-1])

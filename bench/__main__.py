@@ -22,6 +22,7 @@ from . import (
     dataset_bench,
     fanout_bench,
     gateway_bench,
+    inspector_bench,
     listing_bench,
     ttfb_bench,
 )
@@ -52,6 +53,7 @@ def main() -> int:
             "fanout",
             "ttfb",
             "datasets",
+            "inspector",
         ),
         help="run only this scenario (repeatable)",
     )
@@ -85,6 +87,9 @@ def main() -> int:
         if only is None or "datasets" in only:
             print("datasets: registration, and the read order's locality", flush=True)
             dataset_bench.run(report, work / "datasets", quick=args.quick)
+        if only is None or "inspector" in only:
+            print("inspector: first page and last row in Chromium, against pyarrow", flush=True)
+            inspector_bench.run(report, work / "inspector", quick=args.quick)
         # Not in the quick run of every scenario (the test suite's): its Streaming
         # baseline needs a venv of its own, which only a full run builds.
         if (only is None and not args.quick) or (only is not None and "ttfb" in only):

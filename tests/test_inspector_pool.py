@@ -99,6 +99,12 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
+def cpu_ticks(pid: int) -> int:
+    """The CPU time a process has used so far, in clock ticks."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return int(fields[11]) + int(fields[12])  # utime and stime
+
+
 def jsonl(tmp_path: Path, key: str, records: int) -> list[dict[str, Any]]:
     rows = [{"id": i, "text": f"record {i}"} for i in range(records)]
     put(tmp_path, key, b"".join(json.dumps(r).encode() + b"\n" for r in rows))
@@ -136,6 +142,48 @@ def test_workers_start_on_first_use_and_concurrent_calls_queue(
         assert status == 200, body
         assert [r["value"] for r in body["rows"]] == rows[start : start + 3]
     assert len(workers_of(daemon)) <= 2
+
+
+def test_past_64_waiting_requests_more_are_refused_with_503(
+    start_daemon: Any, tmp_path: Path
+) -> None:
+    huge_sparse_text(tmp_path, "huge.txt", 1 << 40)
+    rows = jsonl(tmp_path, "small.jsonl", 3)
+    daemon = node(start_daemon, tmp_path, workers=1, timeout="110s")
+    assert get_json(daemon, "/v1/inspect/open?name=local/small.jsonl")[0] == 200
+    [busy] = workers_of(daemon)
+    small = "/v1/inspect/rows?name=local/small.jsonl"
+    with concurrent.futures.ThreadPoolExecutor(100) as pool:
+        # The one worker scans a terabyte of text for a line: the rest must wait.
+        slow = pool.submit(
+            get_json,
+            daemon,
+            "/v1/inspect/rows?name=local/huge.txt&format=text&start=1000000000000&count=1",
+        )
+        used = cpu_ticks(busy)
+        deadline = time.monotonic() + 60
+        while cpu_ticks(busy) < used + 30:  # it is scanning: it is busy
+            assert time.monotonic() < deadline, "the worker never began the scan"
+            time.sleep(0.05)
+        waiting = [pool.submit(get_json, daemon, small) for _ in range(96)]
+        # At most 64 wait: at least 32 are refused, at once, while the worker is busy.
+        refused = []
+        for future in concurrent.futures.as_completed(waiting, timeout=100):
+            status, body = future.result()
+            assert status == 503, body
+            assert body["error"] == "BackendUnavailableError"
+            assert "busy" in body["message"]
+            refused.append(future)
+            if len(refused) == 32:
+                break
+        os.kill(busy, signal.SIGKILL)  # the slow request fails; the waiting ones go on
+        assert slow.result(timeout=100)[0] == 422
+        answers = [f.result(timeout=100) for f in waiting]
+    served = [body for status, body in answers if status == 200]
+    assert len(served) + sum(1 for status, _ in answers if status == 503) == len(answers)
+    assert len(served) >= 64  # every request that waited was served
+    for body in served:
+        assert [r["value"] for r in body["rows"]] == rows
 
 
 def test_unknown_op_is_404_naming_the_ops(start_daemon: Any, tmp_path: Path) -> None:
@@ -179,7 +227,11 @@ def test_a_worker_killed_mid_request_is_replaced(start_daemon: Any, tmp_path: Pa
             daemon,
             "/v1/inspect/rows?name=local/huge.txt&format=text&start=1000000000000&count=1",
         )
-        time.sleep(1.0)  # let it get going (not a timing assertion: any moment will do)
+        used = cpu_ticks(first)
+        deadline = time.monotonic() + 60
+        while cpu_ticks(first) < used + 30:  # it is scanning
+            assert time.monotonic() < deadline, "the worker never began the scan"
+            time.sleep(0.05)
         os.kill(first, signal.SIGKILL)
         status, body = slow.result(timeout=60)
     assert status == 422, body

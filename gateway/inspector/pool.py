@@ -134,6 +134,9 @@ class InspectorPool:
             worker = await self._take()
             try:
                 answer = await worker.ask(op, args)
+            except InspectCrashedError:
+                self._check_open()  # killed by close(): the daemon is stopping
+                raise
             finally:
                 if worker.broken or self._closed:
                     self._retire(worker)

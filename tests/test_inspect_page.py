@@ -46,6 +46,8 @@ BIN = Path(sys.executable).parent
 PAGE_ROWS = 20
 #: rows of the Parquet fixture: three row groups, the last one short
 PARQUET_ROWS = 45
+#: the width of its pictures
+PICTURE_WIDTH = 64
 HOSTILE = {
     "script": "<script>window.__pwned=1</script>",
     "img": '<img src=x onerror="window.__pwned=1">',
@@ -63,6 +65,21 @@ def _png(width: int, height: int, color: tuple[int, int, int]) -> bytes:
 
     out = io.BytesIO()
     Image.new("RGB", (width, height), color).save(out, format="PNG")
+    return out.getvalue()
+
+
+def _picture(i: int) -> bytes:
+    """Row ``i``'s 64x40 PNG: a hue of its own, a disc that moves along the rows."""
+    import colorsys
+
+    from PIL import Image, ImageDraw
+
+    r, g, b = (int(255 * c) for c in colorsys.hsv_to_rgb(i / PARQUET_ROWS, 0.55, 0.95))
+    image = Image.new("RGB", (PICTURE_WIDTH, 40), (r, g, b))
+    x = 4 + i % 10 * 5
+    ImageDraw.Draw(image).ellipse([x, 12, x + 14, 26], fill=(255, 255, 255))
+    out = io.BytesIO()
+    image.save(out, format="PNG")
     return out.getvalue()
 
 
@@ -84,9 +101,7 @@ def _images_parquet(path: Path) -> None:
         {
             "id": list(range(PARQUET_ROWS)),
             "caption": captions,
-            "image": [
-                _png(24, 16, (i * 5 % 256, 80, 255 - i * 5 % 256)) for i in range(PARQUET_ROWS)
-            ],
+            "image": [_picture(i) for i in range(PARQUET_ROWS)],
             "score": [i / 10 for i in range(PARQUET_ROWS)],
         },
     )
@@ -277,7 +292,7 @@ def test_parquet_rows_page_to_the_last_and_images_load(tab: Tab) -> None:
     assert _row_indexes(page) == list(range(PAGE_ROWS))
     assert f"of {PARQUET_ROWS}" in tab.text(".rows-panel .status")
     # an image cell is an <img> from the cell's bytes, and it decodes
-    assert _loaded_image(page, ".rows-table tr[data-index='0'] img.cell-media") == 24
+    assert _loaded_image(page, ".rows-table tr[data-index='0'] img.cell-media") == PICTURE_WIDTH
     assert page.eval_on_selector(
         ".rows-table img.cell-media", "i => i.src.startsWith('data:image/png;base64,')"
     )
@@ -288,7 +303,8 @@ def test_parquet_rows_page_to_the_last_and_images_load(tab: Tab) -> None:
     assert "start=40" in page.url
     assert page.is_disabled("button[data-page='next']")
     assert (
-        _loaded_image(page, f".rows-table tr[data-index='{PARQUET_ROWS - 1}'] img.cell-media") == 24
+        _loaded_image(page, f".rows-table tr[data-index='{PARQUET_ROWS - 1}'] img.cell-media")
+        == PICTURE_WIDTH
     )
 
     # "go to row N" computes the page's start and marks the row
@@ -350,11 +366,18 @@ def test_a_malformed_parquet_file_shows_its_error_and_the_page_stays_usable(tab:
     box = page.locator("#error")
     assert box.is_visible()
     assert tab.text("#error-kind") == "MalformedFileError"
-    assert (
-        "bad.parquet" in tab.text("#error-message")
-        or "parquet" in tab.text("#error-message").lower()
-    )
-    # the rest of the page still works: back to the listing of the backend
+    # the daemon's message, whole: what it read and what is wrong
+    assert "local/bad.parquet" in tab.text("#error-message")
+    assert "footer" in tab.text("#error-message")
+    # the file can still be looked at as bytes
+    page.click("section.failed a[href*='format=binary']")
+    page.wait_for_selector("pre.hex")
+    assert "PAR1" in tab.text("pre.hex")
+    assert not box.is_visible()
+    # and the rest of the page works: back to the listing of the backend
+    page.go_back()
+    page.wait_for_selector("section.failed")
+    assert box.is_visible()
     page.click("section.failed a[href*='list=']")
     page.wait_for_selector("table.listing a[href*='x.parquet']")
     assert not box.is_visible()
@@ -565,19 +588,30 @@ def test_a_registered_dataset_its_versions_members_samples_and_a_step(tab: Tab) 
         )
     env = {k: v for k, v in os.environ.items() if not k.startswith("CHUNKD_")}
     env["CHUNKD_SOCKET"] = str(tab.daemon.cwd / "chunkd.sock")
-    done = subprocess.run(
-        [str(BIN / "chunkd"), "dataset", "register", "pets", "local/ds/"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=110,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
+
+    def register() -> None:
+        done = subprocess.run(
+            [str(BIN / "chunkd"), "dataset", "register", "pets", "local/ds/"],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=110,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+
+    register()
+    _write_parquet(root / "ds" / "part-2.parquet", {"id": list(range(20, 25))})
+    register()
 
     tab.open("view=datasets")
     page.click("a[href$='dataset=pets']")
     page.wait_for_selector("a[href*='snapshot=pets%401']")
+    # version 2 added a member: its diff with version 1 says so
+    page.click("a[href*='diff=pets%401..pets%402']")
+    page.wait_for_selector("ul.diff-added li")
+    assert "part-2.parquet" in tab.text("ul.diff-added")
+    page.go_back()
     page.click("a[href*='snapshot=pets%401']")
     members = page.locator("table.members tbody tr")
     members.first.wait_for()

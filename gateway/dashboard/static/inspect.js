@@ -668,11 +668,12 @@ async function viewOpen(name, q) {
   // A row-like file's first page is asked for beside `open`, not after it: one round
   // trip to the first rows (the speed target), one request for the whole page.
   const start = Math.max(0, Number.parseInt(q.get("start") ?? "0", 10) || 0);
-  const early = ROW_SUFFIX.test(name) && (q.get("tab") ?? "rows") === "rows"
-    ? inspect("rows", { name, start, count: PAGE_ROWS }, signal)
+  const format = q.get("format") ?? undefined;
+  const early = (format ? ROW_KINDS.has(format) : ROW_SUFFIX.test(name)) && (q.get("tab") ?? "rows") === "rows"
+    ? inspect("rows", { name, start, count: PAGE_ROWS, format }, signal)
     : null;
   early?.catch(() => {});
-  const info = await inspect("open", { name });
+  const info = await inspect("open", { name, format });
   const frag = document.createDocumentFragment();
   const head = section(String(info.name ?? name));
   head.classList.add("object-head");
@@ -680,7 +681,7 @@ async function viewOpen(name, q) {
     ["kind", info.kind],
     ["size", fmtBytes(info.size)],
     ["version", info.version],
-    ["media type", info.media_type ?? null],
+    ["media type", info.media_type ?? undefined],
     ["rows", info.num_rows !== undefined ? fmtCount(info.num_rows)
       : info.samples_total !== undefined ? fmtCount(info.samples_total)
         : info.lines !== undefined ? (info.lines === null ? "not counted yet" : fmtCount(info.lines)) : undefined],
@@ -711,7 +712,7 @@ async function viewOpen(name, q) {
   const bar = el("div", "tabbar");
   for (const t of tabs) {
     const label = t === "rl" ? `RL ${info.rl}` : t;
-    const a = link(label, { open: name, tab: t === "rows" ? undefined : t }, t === tab ? "active" : "");
+    const a = link(label, { open: name, format, tab: t === "rows" ? undefined : t }, t === tab ? "active" : "");
     a.dataset.tab = t;
     bar.append(a);
   }
@@ -887,7 +888,7 @@ async function rowsPanel(name, info, start, q, early) {
     const answer = await (ready ?? inspect("rows", { name, start: at, count: PAGE_ROWS, format: info.kind }));
     page = { ...answer, start: answer.start ?? at };
     render(page, focus);
-    remember({ open: name, start: page.start || undefined, row: focus }, { replace });
+    remember({ open: name, format: q.get("format") ?? undefined, start: page.start || undefined, row: focus }, { replace });
   };
 
   const turn = async (id) => {
@@ -952,9 +953,10 @@ function renderRollouts(name, answer) {
       const card = el("div", "rollout");
       card.dataset.reward = String(r.reward);
       card.dataset.index = String(r.index);
+      if (rank === 0) card.classList.add("best");
       const line = el("div", "rollout-head");
       add(line,
-        el("span", "rank", `#${rank + 1}`),
+        el("span", "rollout-rank", `#${rank + 1}`),
         el("span", "", " reward "), el("strong", "reward mono", fmtNumber(r.reward)),
         r.advantage !== undefined && r.advantage !== null ? add(el("span"), " advantage ", el("span", "advantage mono", fmtNumber(r.advantage))) : null,
         el("span", "muted", " · row "), link(String(r.index), { sample: `${name}#${r.index}` }));
@@ -1271,6 +1273,7 @@ async function route() {
       const [backend, key] = splitName(q.get("open"));
       const parent = key.includes("/") ? `${backend}/${key.slice(0, key.lastIndexOf("/"))}` : backend;
       add(fallback, " · ", link(`the listing of ${parent}/`, { list: parent }));
+      if (q.get("format") !== "binary") add(fallback, " · ", link("its first bytes", { open: q.get("open"), format: "binary" }));
     }
     view.replaceChildren(fallback);
   } finally {

@@ -161,6 +161,13 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         return 1
     except _Refused as exc:
         print(f"{_PROG}: {exc.message}", file=sys.stderr)
+        if exc.status in (401, 403):
+            print(
+                f"{_PROG}: give server.token with --token-file PATH or CHUNKD_TOKEN",
+                file=sys.stderr,
+            )
+        elif exc.kind == "DatasetNotFoundError" and args.target and "/" not in args.target:
+            print(f"{_PROG}: a backend's listing is {args.target}/", file=sys.stderr)
         return 1
 
 

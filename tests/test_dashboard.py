@@ -232,3 +232,30 @@ def test_assets_are_only_the_shipped_files(start_daemon) -> None:
     status, headers, _ = daemon.get("/static/login.js")
     assert status == 200
     assert headers["Content-Type"].startswith("text/javascript")
+
+
+def test_a_save_waiting_for_its_backend_shows_in_flight_with_its_progress(
+    start_daemon, tmp_path: Path, bucket: str, s3_proxy
+) -> None:
+    torch = pytest.importorskip("torch")
+    from chunkd.client import Client
+    from chunkd.client import checkpoint as ckpt
+    from tests.test_checkpoint import s3_toml
+
+    daemon: Daemon = start_daemon(s3_toml(tmp_path, bucket, s3_proxy), cwd=tmp_path / "node")
+    with Client(daemon.cwd / "chunkd.sock") as client:
+        s3_proxy.down()
+        state = {"w": torch.randn(512, 512)}
+        handle = ckpt.async_save(state, "ckpt/seen/step-1", durability="local", client=client)
+        assert handle.wait(30)  # durable on the node; the backend is down
+        waiting = wait_sample(daemon, lambda s: s["checkpoints_total"] > 0)
+        (job,) = waiting["checkpoints"]
+        assert job["name"] == "ckpt/seen/step-1"
+        assert (job["rank"], job["world_size"]) == (0, 1)
+        assert job["durability"] == "local"
+        assert job["logical_bytes"] >= 512 * 512 * 4
+        assert job["age_s"] >= 0
+        s3_proxy.up()
+        assert handle.wait(60, level="remote")
+        done = wait_sample(daemon, lambda s: s["seq"] > waiting["seq"] and not s["checkpoints"])
+        assert done["checkpoints_total"] == 0

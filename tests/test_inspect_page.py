@@ -172,6 +172,19 @@ def _wds_tar(path: Path, samples: int) -> None:
                 tar.addfile(info, io.BytesIO(data))
 
 
+def _mds(folder: Path, samples: int) -> None:
+    """One MDS shard and its ``index.json``, as Streaming's MDSWriter lays them out."""
+    from .test_dataset_formats import mds_shard
+
+    folder.mkdir(parents=True, exist_ok=True)
+    rows = [{"id": i, "text": f"mds sample {i}", "image": _picture(i)} for i in range(samples)]
+    data, entry = mds_shard(
+        {"id": "int", "text": "str", "image": "png"}, rows, "shard.00000.mds", None
+    )
+    (folder / "shard.00000.mds").write_bytes(data)
+    (folder / "index.json").write_text(json.dumps({"version": 2, "shards": [entry]}))
+
+
 def _long_wav(path: Path, seconds: int) -> None:
     """A WAV long enough that Chromium cannot have it all from its first range."""
     rate = 16_000
@@ -203,6 +216,7 @@ def _fill(root: Path) -> None:
     (root / "notes.jsonl").write_text("".join(json.dumps(n) + "\n" for n in notes))
     (root / "poem.txt").write_text("".join(f"line {i}: the quick brown fox\n" for i in range(50)))
     _wds_tar(root / "wds" / "shard-000000.tar", 5)
+    _mds(root / "mds", 30)
     shutil.copytree(MEDIA, root / "media")
     many = root / "many"
     many.mkdir()
@@ -426,6 +440,18 @@ def test_webdataset_samples_show_their_image_from_the_media_route(tab: Tab) -> N
     tab.assert_clean()
 
 
+def test_mds_rows_show_columns_and_images(tab: Tab) -> None:
+    page = tab.page
+    tab.open("open=" + quote("local/mds/shard.00000.mds", safe=""))
+    assert _row_indexes(page) == list(range(PAGE_ROWS))
+    assert "of 30" in tab.text(".rows-panel .status")
+    assert "mds sample 7" in tab.text(".rows-table tr[data-index='7']")
+    assert _loaded_image(page, ".rows-table tr[data-index='7'] img.cell-media") == PICTURE_WIDTH
+    page.click("button[data-page='last']")
+    page.wait_for_selector(".rows-table tr[data-index='29']")
+    tab.assert_clean()
+
+
 # -- media -----------------------------------------------------------------------------
 
 
@@ -433,9 +459,8 @@ def test_webdataset_samples_show_their_image_from_the_media_route(tab: Tab) -> N
 def test_an_image_file_shows_inline(tab: Tab, name: str) -> None:
     tab.open(f"open=local/media/{name}")
     assert _loaded_image(tab.page, "img.media.whole") == 48
-    assert tab.page.get_attribute("img.media.whole", "src", timeout=WAIT_MS).startswith(
-        f"/v1/inspect/media/local/media/{name}"
-    )
+    src = tab.page.get_attribute("img.media.whole", "src") or ""
+    assert src.startswith(f"/v1/inspect/media/local/media/{name}")
     tab.assert_clean()
 
 
@@ -576,6 +601,12 @@ def test_browse_a_backend_and_page_a_long_listing(tab: Tab) -> None:
     page.click("table.listing a[href*='f0249.txt']")
     page.wait_for_selector(".rows-table tr[data-index='0']")
     assert "249" in tab.text(".rows-table")
+    # a recursive listing shows the keys below the folders too
+    tab.open("list=local")
+    assert page.locator("a[href$='open=local%2Fmany%2Ff0000.txt']").count() == 0
+    page.check("label.recursive input")
+    page.wait_for_selector("table.listing a[href$='open=local%2Fmany%2Ff0000.txt']")
+    assert "recursive=true" in page.url
     tab.assert_clean()
 
 

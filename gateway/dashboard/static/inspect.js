@@ -489,7 +489,7 @@ function tagsText(tags) {
   return String(tags);
 }
 
-async function viewList(target) {
+async function viewList(target, recursive) {
   const [backend, rawPrefix] = splitName(target);
   const prefix = rawPrefix.replace(/\/+$/, "");
   const s = section("Objects");
@@ -507,7 +507,7 @@ async function viewList(target) {
   const base = prefix ? `${backend}/${prefix}/` : `${backend}/`;
   const load = async (startAfter) => {
     const path = prefix ? `/v1/list/${namePath(backend)}/${namePath(prefix)}` : `/v1/list/${namePath(backend)}`;
-    const page = await api(path, { limit: LIST_PAGE, start_after: startAfter });
+    const page = await api(path, { limit: LIST_PAGE, start_after: startAfter, recursive: recursive ? "true" : undefined });
     const frag = document.createDocumentFragment();
     for (const e of page.entries ?? []) {
       const name = String(e.name);
@@ -523,7 +523,13 @@ async function viewList(target) {
     more.dataset.next = page.next ?? "";
   };
   await load(undefined);
-  add(s, crumbs, t, add(el("p", "pager"), more, " ", count));
+  const deep = el("label", "recursive");
+  const box = el("input");
+  box.type = "checkbox";
+  box.checked = recursive;
+  box.addEventListener("change", () => navigate(pageUrl({ list: target, recursive: box.checked ? "true" : undefined })));
+  add(deep, box, " every key below (recursive)");
+  add(s, add(crumbs, " ", deep), t, add(el("p", "pager"), more, " ", count));
   return s;
 }
 
@@ -1156,11 +1162,9 @@ async function viewStep(q) {
   if (!q.get("step") || !q.get("ref")) return frag;
   const args = {};
   for (const k of STEP_ARGS) if (q.get(k) !== null && q.get(k) !== "") args[k] = q.get(k);
-  const [answer, snap] = await Promise.all([
-    inspect("step", args),
-    inspect("snapshot", { ref: q.get("ref"), start: 0, count: 1 }),
-  ]);
-  const backend = answer.backend ?? snap.backend;
+  const answer = await inspect("step", args);
+  // The ids are keys in the snapshot's backend; an answer without it is asked again.
+  const backend = answer.backend ?? (await inspect("snapshot", { ref: q.get("ref"), start: 0, count: 1 })).backend;
   const head = section(`Step ${answer.step} of ${answer.ref ?? q.get("ref")}`);
   add(head, facts([["snapshot", answer.snapshot], ["backend", backend], ["ranks", Object.keys(answer.ranks ?? {}).length]]));
   frag.append(head);
@@ -1249,7 +1253,7 @@ async function route() {
     nav = "step";
     work = () => viewStep(q);
   } else if (q.has("list")) {
-    work = () => viewList(q.get("list"));
+    work = () => viewList(q.get("list"), q.get("recursive") === "true");
   } else if (q.get("view") === "datasets") {
     nav = "datasets";
     work = () => viewDatasets();

@@ -217,6 +217,13 @@ def _fill(root: Path) -> None:
     (root / "poem.txt").write_text("".join(f"line {i}: the quick brown fox\n" for i in range(50)))
     _wds_tar(root / "wds" / "shard-000000.tar", 5)
     _mds(root / "mds", 30)
+    _write_parquet(
+        root / "sounds.parquet",
+        {
+            "name": ["tone.wav", "tone.ogg"],
+            "audio": [(MEDIA / "tone.wav").read_bytes(), (MEDIA / "tone.ogg").read_bytes()],
+        },
+    )
     shutil.copytree(MEDIA, root / "media")
     many = root / "many"
     many.mkdir()
@@ -496,6 +503,26 @@ def test_audio_and_video_files_load_with_their_duration(tab: Tab, name: str, tag
     assert abs(state["duration"] - 1.0) < 0.05, state
     if name.startswith("clip"):
         assert state["width"] == 64
+    tab.assert_clean()
+
+
+def test_audio_cells_play_from_their_bytes(tab: Tab) -> None:
+    page = tab.page
+    tab.open("open=local/sounds.parquet")
+    page.wait_for_function(
+        "() => { const a = [...document.querySelectorAll('audio.cell-media')];"
+        " return a.length === 2 && a.every(m => m.readyState >= 1 || m.error) }"
+    )
+    for state in page.eval_on_selector_all(
+        "audio.cell-media",
+        "ms => ms.map(m => ({src: m.src, duration: m.duration,"
+        " error: m.error && m.error.message}))",
+    ):
+        assert state["error"] is None, state
+        assert state["src"].startswith(
+            "blob:"
+        )  # built from the cell's bytes (CSP: media-src blob:)
+        assert abs(state["duration"] - 1.0) < 0.05, state
     tab.assert_clean()
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import ssl
@@ -121,6 +122,11 @@ def _fit(text: str, width: int) -> str:
     return text if len(text) <= width else text[: max(width - 1, 0)] + "…"
 
 
+def _fit_left(text: str, width: int) -> str:
+    """``text`` cut from the left: the end of a key tells objects apart."""
+    return text if len(text) <= width else "…" + text[len(text) - width + 1 :]
+
+
 # -- the sections: the same text for the live panels and --once -----------------------
 
 
@@ -137,10 +143,11 @@ def throughput_text(history: Iterable[Sample], width: int, *, sparklines: bool =
         ("peer", "peer", "cyan"),
         ("backend", "backend", "yellow"),
     ):
-        head = f"{label:<8}{byte_rate(latest.get(key)):>13} "
-        line = (
-            spark((s["throughput"][key] for s in samples), width - len(head)) if sparklines else ""
-        )
+        head = f"{label:<8}{byte_rate(latest.get(key)):>13}"
+        line = ""
+        if sparklines:
+            head += " "
+            line = spark((s["throughput"][key] for s in samples), width - len(head))
         out.append(head)
         out.append(line, style=style)
         out.append("\n")
@@ -300,10 +307,11 @@ def hot_text(sample: Sample | None, width: int, rows: int) -> Text:
     lines: list[tuple[str, str]] = []
     for kind in ("datasets", "objects"):
         for item in sample["hot"][kind]:
-            tail = f" {byte_rate(item['bytes']):>12} {per_second(item['reads']):>7}"
-            lines.append(
-                (_fit(item["name"], width - len(tail)).ljust(width - len(tail)) + tail, "")
-            )
+            tail = f" {byte_rate(item['bytes']):>12}"
+            if width >= 60:  # narrow: the name before the reads
+                tail += f" {per_second(item['reads']):>7}"
+            room = max(width - len(tail), 8)
+            lines.append((_fit_left(item["name"], room).ljust(room) + tail, ""))
     if not lines:
         out.append("no reads in the last minute", style="dim")
         return out
@@ -421,6 +429,8 @@ def _no_answer(endpoint: Endpoint, exc: BaseException) -> str:
         ssl.SSLCertVerificationError,
     ):
         return unreachable(endpoint.url, getattr(exc, "certificate_error", exc))
+    if isinstance(exc, TimeoutError):
+        return f"{endpoint.url} went silent (nothing for {STREAM_SILENCE_S:.0f}s, not even a ping)"
     detail = str(exc) or type(exc).__name__
     return f"no answer from {endpoint.url} ({detail}); is the daemon running (chunkd serve)?"
 
@@ -435,32 +445,42 @@ class Event:
 
 
 async def read_events(reply: aiohttp.ClientResponse) -> AsyncIterator[Event]:
-    """The events of a ``text/event-stream`` reply, as they come (comments skipped)."""
-    name, event_id, data = "message", None, []
+    """The events of a ``text/event-stream`` reply, as they come (comments skipped).
+
+    Raises:
+        DaemonUnanswered: a line or an event over 1 MiB.
+        TimeoutError: nothing came for ``STREAM_SILENCE_S`` (not even a ping).
+    """
+    name, event_id = "message", None
+    data: list[str] = []
     size = 0
+    pending = bytearray()
     while True:
-        raw = await asyncio.wait_for(reply.content.readline(), STREAM_SILENCE_S)
-        if not raw:
+        chunk = await asyncio.wait_for(reply.content.readany(), STREAM_SILENCE_S)
+        if not chunk:
             return
-        if len(raw) > _MAX_LINE or size > _MAX_LINE:
-            raise DaemonUnanswered(f"the stream sent a line over {_MAX_LINE} bytes")
-        line = raw.decode("utf-8", "replace").rstrip("\r\n")
-        if not line:
-            if data:
-                yield Event(name, event_id, "\n".join(data))
-            name, event_id, data, size = "message", None, [], 0
-            continue
-        if line.startswith(":"):
-            continue
-        key, _, value = line.partition(":")
-        value = value.removeprefix(" ")
-        if key == "event":
-            name = value
-        elif key == "data":
-            data.append(value)
-            size += len(value)
-        elif key == "id":
-            event_id = value
+        pending += chunk
+        while (end := pending.find(b"\n")) >= 0:
+            line = pending[:end].decode("utf-8", "replace").removesuffix("\r")
+            del pending[: end + 1]
+            if not line:
+                if data:
+                    yield Event(name, event_id, "\n".join(data))
+                name, event_id, data, size = "message", None, [], 0
+                continue
+            if line.startswith(":"):
+                continue
+            key, _, value = line.partition(":")
+            value = value.removeprefix(" ")
+            if key == "event":
+                name = value
+            elif key == "data":
+                data.append(value)
+                size += len(value)
+            elif key == "id":
+                event_id = value
+        if len(pending) > _MAX_LINE or size > _MAX_LINE:
+            raise DaemonUnanswered(f"the stream sent an event over {_MAX_LINE} bytes")
 
 
 def _boot_seq(event_id: str | None) -> tuple[str, int] | None:
@@ -504,6 +524,9 @@ class DashboardFeed:
                     reason = str(exc)
                 except (aiohttp.ClientError, OSError, TimeoutError) as exc:
                     reason = _no_answer(self.endpoint, exc)
+                except (ValueError, KeyError, TypeError) as exc:
+                    # a sample this view cannot read: say so and start again
+                    reason = f"{self.endpoint.url} sent what is not a dashboard sample ({exc!r})"
                 wait = self._retry_s
                 self._retry_s = min(self._retry_s * 2, RETRY_MAX_S)
                 self.post(Connection(False, f"disconnected, retrying in {wait:.0f}s: {reason}"))
@@ -661,7 +684,9 @@ def live(endpoint: Endpoint) -> int:
     """Run the live view until ``q`` or Ctrl-C; returns the exit status."""
     from chunkd.gateway.cli.topview import TopApp
 
-    TopApp(endpoint).run()
+    # SIGINT (Ctrl-C before the screen takes the keyboard, or `kill -INT`) quits as q does
+    with contextlib.suppress(KeyboardInterrupt):
+        TopApp(endpoint).run()
     return 0
 
 

@@ -165,7 +165,13 @@ class StatusBar(Widget):
 
     def render(self) -> RenderableType:
         out = Text(no_wrap=True, overflow="ellipsis")
-        out.append(node_text(self.node) if self.node else "chunkd", style="bold")
+        if self.node is None:
+            out.append("chunkd", style="bold")
+        elif self.restarted:
+            # the restart's time is the start's: say it once, so it fits in 80 columns
+            out.append(f"chunkd {self.node['version']} {self.node['listen']}", style="bold")
+        else:
+            out.append(node_text(self.node), style="bold")
         out.append("  ")
         out.append(self.connection, style="green" if self.live else "bold red")
         if self.restarted:

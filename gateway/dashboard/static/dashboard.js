@@ -78,8 +78,9 @@ function svg(name, attrs = {}) {
 // A multi-line chart of the last HISTORY samples: one <path> per series, three grid
 // lines with their labels, drawn again from the history on each sample.
 class LineChart {
-  constructor(container, series, { format, fixedMax = null, height = 160 }) {
+  constructor(container, series, { format, fixedMax = null, height = 160, base = 10 }) {
     this.series = series;
+    this.base = base;
     this.format = format;
     this.fixedMax = fixedMax;
     this.height = height;
@@ -134,7 +135,7 @@ class LineChart {
           if (v !== null && v > max) max = v;
         }
       }
-      max = niceCeiling(max);
+      max = niceCeiling(max, this.base);
     }
     this.grid.forEach(({ line, label }, i) => {
       const fraction = (3 - i) / 3;
@@ -167,8 +168,14 @@ class LineChart {
   }
 }
 
-function niceCeiling(value) {
+// A round top for a chart's scale; `base` 1024 rounds in KiB, MiB, ... as bytes() prints.
+function niceCeiling(value, base = 10) {
   if (!(value > 0)) return 1;
+  if (base === 1024) {
+    const unit = 1024 ** Math.max(0, Math.floor(Math.log(value) / Math.log(1024)));
+    const top = niceCeiling(value / unit);
+    return (top >= 1000 ? 1024 : top) * unit; // 1.0 GiB, not 1000.0 MiB
+  }
   const magnitude = 10 ** Math.floor(Math.log10(value));
   for (const m of [1, 2, 2.5, 5, 10]) {
     if (value <= m * magnitude) return m * magnitude;
@@ -195,7 +202,8 @@ class Rows {
     this.body.append(this.empty);
   }
 
-  update(items, emptyText = "none") {
+  // `total`: how many there are when the daemon sent only the first of them
+  update(items, emptyText = "none", total = items.length) {
     const shown = items.slice(0, this.limit);
     while (this.rows.length < shown.length) {
       const row = document.createElement("tr");
@@ -212,10 +220,9 @@ class Rows {
       entry.row.hidden = i >= shown.length;
       if (i < shown.length) this.render(entry, shown[i]);
     });
-    this.empty.hidden = shown.length > 0;
-    this.empty.cells[0].textContent =
-      items.length > shown.length ? `and ${items.length - shown.length} more` : emptyText;
-    if (items.length > shown.length) this.empty.hidden = false;
+    const more = Math.max(total, items.length) - shown.length;
+    this.empty.hidden = shown.length > 0 && more <= 0;
+    this.empty.cells[0].textContent = more > 0 && shown.length > 0 ? `and ${more} more` : emptyText;
   }
 }
 
@@ -254,8 +261,8 @@ function fillDurability(extra, job) {
   const reached = DURABILITY.indexOf(job.durability);
   extra.segments.forEach((fill, i) => {
     let width = i <= reached ? 48 : 0;
-    if (i === 2 && reached < 2 && reached >= 1 && job.new_bytes > 0) {
-      width = 48 * Math.min(1, job.uploaded_bytes / job.new_bytes);
+    if (i === 2 && reached === 1 && job.unique_bytes > 0) {
+      width = 48 * Math.min(1, job.remote_bytes / job.unique_bytes);
     }
     fill.setAttribute("width", width.toFixed(1));
   });
@@ -332,6 +339,7 @@ function redraw() {
 }
 
 function showSample(s) {
+  text("updated", `sample ${s.seq} at ${clock(s.t)}`);
   text("tp-ram", byteRate(s.throughput.ram));
   text("tp-disk", byteRate(s.throughput.disk));
   text("tp-peer", byteRate(s.throughput.peer));
@@ -345,7 +353,7 @@ function showSample(s) {
   text("sf-waits", rate(s.singleflight_waits));
   text("req-http", rate(s.requests.http));
   text("req-local", rate(s.requests.local));
-  text("req-clients", count(s.requests.local_clients));
+  text("req-clients", count(s.local_clients));
 
   text("be-requests", rate(s.backend.requests));
   text("be-errors", rate(s.backend.errors));
@@ -365,7 +373,7 @@ function showSample(s) {
     text("peers-summary", `${s.peers.healthy} of ${members.length} up · self ${s.peers.self}`);
     tables.peers.update(members, "no members");
   }
-  tables.checkpoints.update(s.checkpoints, "no saves in flight");
+  tables.checkpoints.update(s.checkpoints, "no saves in flight", s.checkpoints_total);
   tables.hotObjects.update(s.hot.objects, "no reads in the last minute");
   tables.hotDatasets.update(s.hot.datasets, "no dataset reads in the last minute");
   text("errors-total", `${count(s.errors_total)} since the start`);
@@ -385,13 +393,13 @@ function setupTables() {
     setCells(cells, [p.address, p.healthy ? "up" : "down", byteRate(p.in), byteRate(p.out)]);
     row.classList.toggle("bad", !p.healthy);
   });
-  tables.checkpoints = new Rows("checkpoints", 6, 32, ({ cells, extra }, c) => {
+  tables.checkpoints = new Rows("checkpoints", 6, 50, ({ cells, extra }, c) => {
     setCells(cells, [
       c.name,
       `${c.rank} of ${c.world_size}`,
       c.state,
       "",
-      `${bytes(c.uploaded_bytes)} of ${bytes(c.new_bytes)} new · ${bytes(c.logical_bytes)} logical`,
+      `${bytes(c.remote_bytes)} of ${bytes(c.unique_bytes)} in the backend · ${bytes(c.logical_bytes)} logical`,
       seconds(c.age_s),
     ]);
     const bar = durabilityBar(extra);
@@ -424,12 +432,12 @@ function setupCharts() {
       cls: `series-${key}`,
       value: (s) => nonNull(s.throughput[key]),
     })),
-    { format: byteRate, height: 200 },
+    { format: byteRate, height: 170, base: 1024 },
   );
   charts.ratio = new LineChart(
     document.getElementById("ratio-chart"),
     ["ram", "disk"].map((key) => ({ cls: `series-${key}`, value: (s) => nonNull(s.hit_ratio[key]) })),
-    { format: ratio, fixedMax: 1, height: 90 },
+    { format: ratio, fixedMax: 1, height: 80 },
   );
   charts.latency = new LineChart(
     document.getElementById("latency-chart"),
@@ -437,7 +445,7 @@ function setupCharts() {
       cls: `series-${key}`,
       value: (s) => nonNull(s.backend.latency_ms ? s.backend.latency_ms[key] : null),
     })),
-    { format: millis, height: 90 },
+    { format: millis, height: 80 },
   );
 }
 

@@ -451,9 +451,12 @@ function setupCharts() {
 
 async function loadSnapshot() {
   const response = await fetch("/v1/dashboard", { cache: "no-store", credentials: "same-origin" });
-  if (response.status === 401 || response.status === 403) {
-    throw new Error(`the daemon wants its token (HTTP ${response.status}): sign in at /login`);
+  if (response.status === 401) {
+    // from another host the daemon wants its token: the login page trades it for a cookie
+    window.location.assign(`/login?next=${encodeURIComponent(window.location.pathname)}`);
+    throw new Error("the daemon wants its token: signing in at /login");
   }
+  if (response.status === 403) throw new Error("the daemon refused this page (HTTP 403)");
   if (!response.ok) throw new Error(`/v1/dashboard answered HTTP ${response.status}`);
   const snapshot = await response.json();
   if (!snapshot.node || !Array.isArray(snapshot.history)) {

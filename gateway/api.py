@@ -82,21 +82,7 @@ from chunkd.gateway.status import http_status
 from chunkd.gateway.tls import PeerTLS
 from chunkd.ranges import RangeNotSatisfiableError
 
-__all__ = [
-    "BACKENDS",
-    "CACHE",
-    "CHECKPOINTS",
-    "CONFIG",
-    "LISTINGS",
-    "METRICS",
-    "PEERS",
-    "PEER_TLS",
-    "PREFETCHER",
-    "READ_PATH",
-    "STATE",
-    "DaemonState",
-    "build_app",
-]
+__all__ = ["build_app"]
 
 log = logging.getLogger("chunkd.gateway.api")
 
@@ -200,7 +186,8 @@ async def _guard(request: web.Request, handler: Handler) -> web.StreamResponse:
             )
         return await handler(request)
     loopback = _is_loopback(request.remote)
-    if (refusal := browser_refusal(request, loopback=loopback)) is not None:
+    listen = request.app[CONFIG].server.listen
+    if (refusal := browser_refusal(request, loopback=loopback, listen=listen)) is not None:
         return _error_response(403, "Forbidden", refusal)
     if request.path in _OPEN_PATHS or request.path.startswith(_OPEN_PREFIX) or loopback:
         return await handler(request)

@@ -44,7 +44,7 @@ from aiohttp import web
 import chunkd
 from chunkd.cache import ChunkCache
 from chunkd.errors import ChunkdError, ConfigError
-from chunkd.gateway import api
+from chunkd.gateway import api, appkeys
 from chunkd.gateway.backends import Backends
 from chunkd.gateway.checkpoints import Checkpoints
 from chunkd.gateway.config import Config, load_config
@@ -236,14 +236,14 @@ def build_app(
     app = api.build_app(config, metrics=metrics or Metrics(), tls=tls)
 
     async def node_context(app: web.Application) -> AsyncIterator[None]:
-        async with open_node(config, app[api.METRICS], tls=tls) as node:
-            app[api.BACKENDS] = node.backends
-            app[api.PEERS] = node.peers
-            app[api.CACHE] = node.cache
-            app[api.READ_PATH] = node.read_path
-            app[api.LISTINGS] = node.listings
-            app[api.PREFETCHER] = node.prefetcher
-            app[api.CHECKPOINTS] = node.checkpoints
+        async with open_node(config, app[appkeys.METRICS], tls=tls) as node:
+            app[appkeys.BACKENDS] = node.backends
+            app[appkeys.PEERS] = node.peers
+            app[appkeys.CACHE] = node.cache
+            app[appkeys.READ_PATH] = node.read_path
+            app[appkeys.LISTINGS] = node.listings
+            app[appkeys.PREFETCHER] = node.prefetcher
+            app[appkeys.CHECKPOINTS] = node.checkpoints
             app[INSPECTOR] = node.inspector
             app[TELEMETRY] = node.telemetry
             yield
@@ -265,10 +265,10 @@ async def run(
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     app = build_app(config, tls=tls)
-    tls = app[api.PEER_TLS]
+    tls = app[appkeys.PEER_TLS]
     # Malformed requests are anyone's to send: counted, and logged a few lines a minute.
     server_log = MalformedRequestLog(
-        logging.getLogger("aiohttp.server"), app[api.METRICS].malformed_http.inc
+        logging.getLogger("aiohttp.server"), app[appkeys.METRICS].malformed_http.inc
     )
     runner = web.AppRunner(
         app,
@@ -296,7 +296,7 @@ async def run(
         await runner.cleanup()
         server_log.close()
         return 1
-    app[api.STATE].ready = True
+    app[appkeys.STATE].ready = True
     where = f"{'http' if tls is None else 'https'}://{config.server.listen}"
     notifier.ready(f"serving on {where}")
     log.info(
@@ -315,7 +315,7 @@ async def run(
     await stop.wait()
     log.info("stopping: finishing in-flight requests (up to %ss)", config.server.shutdown_timeout)
     notifier.stopping("finishing in-flight requests, flushing the index")
-    app[api.STATE].stopping = True
+    app[appkeys.STATE].stopping = True
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.remove_signal_handler(sig)
         # A second signal must not cut the index flush short.

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import socket
 import subprocess
 import sys
 import textwrap
@@ -210,8 +211,48 @@ def test_a_browser_cannot_be_made_to_use_a_loopback_daemon(start_daemon) -> None
     assert _local(daemon, "/v1/warm/local/ok.bin", method="POST", headers=evil, body="") == 403
     own = {"Origin": f"http://127.0.0.1:{daemon.port}"}
     assert _local(daemon, "/v1/warm/local/ok.bin", method="POST", headers=own, body="") == 200
-    # DNS rebinding: a browser that reached 127.0.0.1 under another site's name.
-    rebound = {"Host": f"evil.example:{daemon.port}", "Sec-Fetch-Mode": "navigate"}
+    # DNS rebinding: a browser that reached 127.0.0.1 under another site's name. Over
+    # plain HTTP to such a name it sends no Sec-Fetch-* headers: the Host alone tells.
+    rebound = {"Host": f"evil.example:{daemon.port}"}
     assert _local(daemon, "/v1/objects/local/ok.bin", headers=rebound) == 403
+    assert _local(daemon, "/v1/dashboard", headers=rebound) == 403
+    evil_origin = {
+        "Host": f"evil.example:{daemon.port}",
+        "Origin": f"http://evil.example:{daemon.port}",
+    }
+    assert (
+        _local(daemon, "/v1/warm/local/ok.bin", method="POST", headers=evil_origin, body="") == 403
+    )
+    assert (
+        _local(daemon, "/v1/objects/local/ok.bin", headers={"Host": "127.0.0.1.evil.example"})
+        == 403
+    )
+    # The node's own names are its own.
+    node_name = socket.gethostname()
+    assert _local(daemon, "/v1/objects/local/ok.bin", headers={"Host": node_name}) == 200
     for host in (f"localhost:{daemon.port}", f"127.0.0.1:{daemon.port}"):
         assert _local(daemon, "/", headers={"Host": host, "Sec-Fetch-Mode": "navigate"}) == 200
+
+
+def test_a_login_sends_the_browser_on_to_this_daemon_s_pages_only(start_daemon) -> None:
+    daemon: Daemon = start_daemon(env={"CHUNKD_SERVER_TOKEN": TOKEN})
+    form = {"Content-Type": "application/x-www-form-urlencoded"}
+    cases = {
+        "/inspect/?open=local/x.parquet": "/inspect/?open=local/x.parquet",
+        "/": "/",
+        "//evil.example/": "/",
+        "/%09/evil.example": "/",  # a tab, dropped on the way into Location: "//evil..."
+        "/%0a/evil.example": "/",
+        "/\\evil.example": "/",
+        "https://evil.example/": "/",
+        "/v1/objects/local/x": "/",  # not a page
+    }
+    for sent, wanted in cases.items():
+        body = f"token={TOKEN}&next={sent}" if "%" in sent else None
+        if body is None:
+            body = f"token={TOKEN}&next={urllib.parse.quote(sent, safe='')}"
+        status, headers, _ = _request(
+            None, daemon.url + "/login", method="POST", headers=form, body=body
+        )
+        assert status == 303, sent
+        assert headers["Location"] == [wanted], sent

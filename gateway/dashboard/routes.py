@@ -20,12 +20,12 @@ as text. Who may load them is :mod:`chunkd.gateway.api`'s guard (with
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hmac
 import json
 import re
 from pathlib import Path
 from typing import Final
+from urllib.parse import quote
 
 from aiohttp import web
 
@@ -118,9 +118,15 @@ async def _asset(request: web.Request) -> web.StreamResponse:
     return _file(request.match_info["name"])
 
 
+#: where a login may send the browser on: a path of this daemon's pages, printable
+#: ASCII only (a tab or a newline would be dropped on the way into Location, and
+#: "/\t/evil.example" would turn into "//evil.example", another site)
+_NEXT: Final = re.compile(r"/(inspect/[\x21-\x7e]*)?(\?[\x21-\x7e]*)?")
+
+
 def _next_page(text: str | None) -> str:
-    """Where to go after the login: a path of this daemon only (never another site)."""
-    if text and text.startswith("/") and not text.startswith("//") and "\\" not in text:
+    """Where to go after the login: one of this daemon's pages (never another site)."""
+    if text and _NEXT.fullmatch(text) and "\\" not in text and "//" not in text:
         return text
     return "/"
 
@@ -141,7 +147,7 @@ async def _login(request: web.Request) -> web.StreamResponse:
         sent.strip().encode("utf-8", "surrogateescape"), token.reveal().encode()
     ):
         await asyncio.sleep(0.5)  # a wrong guess costs the guesser time
-        raise web.HTTPSeeOther(f"/login?failed=1&next={_quote(goto)}")
+        raise web.HTTPSeeOther(f"/login?failed=1&next={quote(goto, safe='/')}")
     response = web.HTTPSeeOther(goto)
     session_cookie(response, token.reveal(), secure=secure)
     raise response
@@ -151,12 +157,6 @@ async def _logout(request: web.Request) -> web.StreamResponse:
     response = web.HTTPSeeOther("/login")
     clear_cookie(response, secure=request.app[PEER_TLS] is not None)
     raise response
-
-
-def _quote(text: str) -> str:
-    from urllib.parse import quote
-
-    return quote(text, safe="/")
 
 
 async def _snapshot(request: web.Request) -> web.Response:
@@ -189,7 +189,7 @@ async def _stream(request: web.Request) -> web.StreamResponse:
         await response.prepare(request)
         request[STREAMING] = True
         hello = f"retry: 1000\n: chunkd {telemetry.boot}\n\n".encode()
-        with contextlib.suppress(ConnectionError, TimeoutError):
+        try:
             await asyncio.wait_for(response.write(hello), SEND_SECONDS)
             while True:
                 try:
@@ -201,4 +201,12 @@ async def _stream(request: web.Request) -> web.StreamResponse:
                 if event is None:
                     break  # ended: the daemon is stopping, or this client fell behind
                 await asyncio.wait_for(response.write(_encode(event)), SEND_SECONDS)
+            await asyncio.wait_for(response.write_eof(), SEND_SECONDS)
+        except TimeoutError:
+            # The client takes nothing: drop the connection, or finishing the response
+            # would wait on it as well.
+            if request.transport is not None:
+                request.transport.abort()
+        except ConnectionError:
+            pass  # it went away
     return response

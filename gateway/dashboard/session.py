@@ -10,15 +10,17 @@ change anything with it (and SameSite=Strict keeps it off cross-site requests an
 
 :func:`browser_refusal` is the other half, for every request: a browser's own
 ``Sec-Fetch-Site`` and ``Origin`` headers say when a page of another site sent it, and
-a browser request to a loopback daemon under a name that is not loopback is DNS
-rebinding (a page whose name now points at 127.0.0.1).
+a request to a loopback daemon under a name that is not the daemon's is DNS rebinding
+(a page whose name now points at 127.0.0.1).
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import ipaddress
+import socket
 import time
 from typing import Final
 from urllib.parse import urlsplit
@@ -80,13 +82,15 @@ def valid_session(request: web.Request, token: str) -> bool:
     return hmac.compare_digest(mac.encode(), _mac(token, expiry).encode())
 
 
-def browser_refusal(request: web.Request, *, loopback: bool) -> str | None:
+def browser_refusal(request: web.Request, *, loopback: bool, listen: str) -> str | None:
     """Why a browser's request must be refused, or None.
 
     - ``Sec-Fetch-Site: cross-site``: a page of another site sent it;
     - a state-changing method whose ``Origin`` is not this daemon's own;
-    - from loopback, a browser request (it has ``Sec-Fetch-Mode``) under a ``Host``
-      that is neither a loopback name nor a loopback address: DNS rebinding.
+    - from loopback, a ``Host`` that is none of this daemon's names (a loopback name or
+      address, the node's host name, the host of ``listen``): DNS rebinding, a page
+      whose name now points at 127.0.0.1. Browsers send no ``Sec-Fetch-*`` headers to
+      such a page's plain-HTTP origin, so every loopback request is checked.
     """
     headers = request.headers
     if headers.get("Sec-Fetch-Site", "").lower() == "cross-site":
@@ -98,23 +102,42 @@ def browser_refusal(request: web.Request, *, loopback: bool) -> str | None:
         and (origin == "null" or urlsplit(origin).netloc.lower() != request.host.lower())
     ):
         return f"a state-changing request from {origin!r}, not from this daemon's pages"
-    if loopback and "Sec-Fetch-Mode" in headers and not _loopback_host(request.host):
+    if loopback and not _own_host(request.host, listen):
         return (
-            f"a browser reached this loopback daemon as {request.host!r}; use "
-            "http://127.0.0.1:PORT/ or http://localhost:PORT/ (or an ssh tunnel)"
+            f"this daemon answers loopback clients under its own names only, not as "
+            f"{request.host!r}; use http://127.0.0.1:PORT/ or http://localhost:PORT/ "
+            "(or an ssh tunnel)"
         )
     return None
 
 
-def _loopback_host(host: str) -> bool:
-    name = host.lower()
-    if name.startswith("["):
-        name = name[1 : name.find("]")] if "]" in name else name
-    elif name.count(":") == 1:
-        name = name.rsplit(":", 1)[0]
+@functools.cache
+def _node_names() -> frozenset[str]:
+    """The node's own host name, short and as set (no DNS: it must not block)."""
+    name = socket.gethostname().lower()
+    return frozenset({name, name.split(".", 1)[0]})
+
+
+def _own_host(host: str, listen: str) -> bool:
+    """Whether ``host`` (a Host header) names this daemon for a loopback client."""
+    name = _host_name(host)
+    if not name:
+        return True  # HTTP/1.0 sends none: no browser page does that
     if name == "localhost" or name.endswith(".localhost"):
+        return True
+    if name in _node_names() or name == _host_name(listen):
         return True
     try:
         return ipaddress.ip_address(name).is_loopback
     except ValueError:
         return False
+
+
+def _host_name(host: str) -> str:
+    """The name of ``host:port`` (``[v6]:port`` too), lowercased, without the port."""
+    name = host.strip().lower()
+    if name.startswith("["):
+        return name[1 : name.find("]")] if "]" in name else name
+    if name.count(":") == 1:
+        return name.rsplit(":", 1)[0]
+    return name

@@ -599,34 +599,50 @@ class TarView:
         backend, key = _split_name(stat.name)
         source = PinnedSource(client, backend)
         member = Member(key, stat.size, stat.version, "wds")
-        index: list[list[Any]] = []
-        current: list[Any] | None = None
-        exts: set[str] = set()
-        self.complete = True
-        try:
-            # The dataset format's header walk; grouped here, so that a huge tar is
-            # indexed only as far as the bound.
-            for path, offset, size in wds._files(source, member):
-                parts = wds.split_name(path)
-                if parts is None:
-                    continue
-                name, ext = parts
-                if current is None or name != current[0] or ext in exts:
-                    if len(index) >= MAX_TAR_SAMPLES:
-                        self.complete = False
-                        break
-                    current = [name, []]
-                    exts = set()
-                    index.append(current)
-                current[1].append((ext, offset, size))
-                exts.add(ext)
-        except DatasetFormatError as exc:
-            raise malformed(exc) from None
-        self.index = index
+        self._split = wds.split_name
+        # The dataset format's header walk, taken only as far as the pages asked for: a
+        # tar's headers lie all along it, and reading them is reading the tar.
+        self._walk = wds._files(source, member)
+        self.index: list[list[Any]] = []
+        self._exts: set[str] = set()
+        self.walked = False  # every header read
+        self.bounded = False  # stopped at MAX_TAR_SAMPLES
+        self._grow(_TAR_FIRST_PAGE)
+
+    def _grow(self, upto: int) -> None:
+        """Index samples until sample ``upto`` is whole (the next one has begun), the
+        tar ends, or :data:`MAX_TAR_SAMPLES` are indexed."""
+        while not (self.walked or self.bounded) and len(self.index) <= upto + 1:
+            try:
+                path, offset, size = next(self._walk)
+            except StopIteration:
+                self.walked = True
+                break
+            except DatasetFormatError as exc:
+                raise malformed(exc) from None
+            parts = self._split(path)
+            if parts is None:
+                continue
+            name, ext = parts
+            current = self.index[-1] if self.index else None
+            if current is None or name != current[0] or ext in self._exts:
+                if len(self.index) >= MAX_TAR_SAMPLES:
+                    self.bounded = True
+                    break
+                current = [name, []]
+                self._exts = set()
+                self.index.append(current)
+            current[1].append((ext, offset, size))
+            self._exts.add(ext)
+
+    def _whole(self) -> int:
+        """How many samples are indexed whole."""
+        done = self.walked or self.bounded
+        return len(self.index) if done else max(0, len(self.index) - 1)
 
     @property
     def total(self) -> int | None:
-        return len(self.index) if self.complete else None
+        return len(self.index) if self.walked else None
 
     @property
     def nbytes(self) -> int:
@@ -640,7 +656,7 @@ class TarView:
 
     def describe(self) -> dict[str, Any]:
         samples = []
-        for i, (key, files) in enumerate(self.index[:_TAR_FIRST_PAGE]):
+        for i, (key, files) in enumerate(self.index[: min(_TAR_FIRST_PAGE, self._whole())]):
             members = []
             for ext, offset, size in files:
                 head = bytes(self._read(offset, min(size, SNIFF_BYTES)))
@@ -655,20 +671,26 @@ class TarView:
         }
 
     def rows(self, start: int, columns: list[str] | None) -> Iterator[tuple[int, Any]]:
-        if not 0 <= start < len(self.index):
-            if not self.complete and start >= len(self.index):
+        self._grow(start)
+        if not 0 <= start < self._whole():
+            if self.bounded and start >= len(self.index):
                 raise InvalidRequestError(
                     f"sample {start} of {self.name}: the inspector indexes a tar's first "
                     f"{MAX_TAR_SAMPLES} samples only; split the tar, or register it as a dataset"
                 )
-            raise _past_end(self.name, start, self.total)
-        for i in range(start, len(self.index)):
+            raise _past_end(self.name, start, len(self.index))
+        i = start
+        while True:
+            self._grow(i)
+            if i >= self._whole():
+                return
             key, files = self.index[i]
             value: dict[str, Any] = {"__key__": key}
             for ext, offset, size in files:
                 if columns is None or ext in columns:
                     value[ext] = self._file(ext, offset, size)
             yield i, value
+            i += 1
 
     def _file(self, ext: str, offset: int, size: int) -> Any:
         head = bytes(self._read(offset, min(size, SNIFF_BYTES)))

@@ -13,8 +13,9 @@ The kind is detected from field names (:func:`detect`), with ``map`` overrides
   such steps.
 
 A page is rows ``start`` to ``start + count``; the group or episode its last row
-belongs to is completed from the rows after it (up to :data:`MAX_COMPLETION` of them),
-so no group is shown cut, and ``next`` is the first row after it. Rows of one group
+belongs to is completed from the rows after it (up to :data:`MAX_COMPLETION` of them,
+and while the answer stays under twice the page's byte bound; a row whose group is null
+starts none), so no group is shown cut, and ``next`` is the first row after it. Rows of one group
 are expected next to each other (as rollouts are written); a group scattered over a
 file shows as a group per page it appears in.
 """
@@ -137,20 +138,28 @@ def page(
     taken: list[tuple[int, dict[str, Any]]] = []
     used = 0
     next_row: int | None = None
+    page_end: int | None = None  # the last row of the page proper, once it is full
     for index, value in rows:
         record = value if isinstance(value, dict) else {}
-        if len(taken) < count and (used < PAGE_BYTES or not taken):
+        if page_end is None and len(taken) < count and (used < PAGE_BYTES or not taken):
             taken.append((index, record))
             used += json_bytes(record)
             continue
-        # past the page: complete the last group (an episode record is whole already)
-        extra = index - taken[-1][0]
+        if page_end is None:
+            page_end = taken[-1][0]
+        # Past the page: complete its last group (an episode record is whole already),
+        # with at most MAX_COMPLETION more rows and within the page's byte bound; a row
+        # with no group (a null) starts none.
+        held = taken[-1][1].get(group) if group is not None else None
+        last = _key(held)
         if (
-            group is not None
-            and extra <= MAX_COMPLETION
-            and _key(record.get(group)) == _key(taken[-1][1].get(group))
+            held is not None
+            and index - page_end <= MAX_COMPLETION
+            and used < 2 * PAGE_BYTES
+            and _key(record.get(group)) == last
         ):
             taken.append((index, record))
+            used += json_bytes(record)
             continue
         next_row = index
         break

@@ -16,7 +16,8 @@ The protocol, one JSON object a line:
    space, so ``RLIMIT_DATA`` is not needed.
 2. It reads requests on stdin: ``{"n": N, "op": OP, "args": {NAME: TEXT, ...}}``.
 3. For each, in order, it writes one answer line on stdout:
-   ``{"n": N, "ok": true, "result": {...}}`` or
+   ``{"n": N, "ok": true, "result": {...}}`` (compact ASCII JSON, its keys in that
+   order: the daemon passes the result on without parsing it) or
    ``{"n": N, "ok": false, "error": KIND, "message": TEXT}``, KIND a class name of
    :mod:`chunkd.errors` (``MalformedFileError`` for a file that cannot be read as its
    format, ``InvalidRequestError`` for bad args, ``ObjectNotFoundError``,
@@ -234,6 +235,8 @@ class Worker:
             n = request.get("n")
             op, args = _checked(request)
             result = self.call(op, args)
+            # In this order: the pool finds the result by this prefix and passes it on
+            # unparsed (gateway/inspector/pool.py).
             answer = {"n": n, "ok": True, "result": result}
             size = len(dumps(answer))
             if size > MAX_ANSWER_BYTES:

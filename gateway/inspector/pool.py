@@ -37,6 +37,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import signal
 import sys
 import time
@@ -46,6 +47,7 @@ from typing import Any, Final
 from chunkd.errors import (
     BackendUnavailableError,
     CacheClosedError,
+    ChunkdError,
     InspectCrashedError,
     InspectError,
     InspectTimeoutError,
@@ -67,8 +69,10 @@ STDERR_LINE_CHARS: Final = 2000
 _STDERR_WINDOW: Final = 60.0
 #: the last stderr lines of each worker, logged when it dies on a request
 _LAST_WORDS: Final = 8
-#: answers longer than this are parsed in a thread, off the event loop
-_PARSE_IN_THREAD: Final = 256 << 10
+#: a worker's error answers are small; one longer than this is not one
+_MAX_ERROR_BYTES: Final = 1 << 20
+#: how a worker's success answer starts (its keys in this order: see the worker)
+_RESULT: Final = re.compile(rb'\{"n":([0-9]{1,18}),"ok":true,"result":')
 #: how long a worker that closed its stdout gets to exit before it is killed
 _EXIT_GRACE: Final = 2.0
 #: what a worker keeps of the daemon's environment: what Python needs to start
@@ -98,6 +102,7 @@ class InspectorPool:
         self._idle: list[_Worker] = []
         self._live: set[_Worker] = set()
         self._reaping: set[asyncio.Task[None]] = set()
+        self._warming: set[asyncio.Task[None]] = set()
         self._stderr = _StderrLog()
         self._closed = False
 
@@ -106,8 +111,10 @@ class InspectorPool:
         """Worker processes running now."""
         return len(self._live)
 
-    async def call(self, op: str, args: dict[str, str]) -> dict[str, Any]:
-        """Run ``op`` with ``args`` in a worker; its result.
+    async def call(self, op: str, args: dict[str, str]) -> bytes:
+        """Run ``op`` with ``args`` in a worker; its result, as the worker wrote it: a
+        JSON object in ASCII, passed on without being parsed (a page of rows may be
+        megabytes, and parsing holds the GIL however it is threaded).
 
         Raises:
             InspectTimeoutError: The request ran past ``timeout``; its worker was killed.
@@ -138,19 +145,14 @@ class InspectorPool:
                 self._check_open()  # killed by close(): the daemon is stopping
                 raise
             finally:
-                if worker.broken or self._closed:
+                if worker.broken or self._closed or len(self._live) > self.workers:
                     self._retire(worker)
                 else:
                     self._idle.append(worker)
         finally:
             self._slots.release()
-        if answer.get("ok") is True:
-            result = answer.get("result")
-            if not isinstance(result, dict):
-                raise InspectCrashedError(
-                    f"the inspector worker answered {op!r} without a result object"
-                )
-            return result
+        if isinstance(answer, bytes):
+            return answer
         kind = answer.get("error")
         message = answer.get("message")
         raise error_class(kind)(message if isinstance(message, str) else f"{kind}")
@@ -158,6 +160,8 @@ class InspectorPool:
     async def close(self) -> None:
         """Stop every worker: kill each, and wait until each is reaped."""
         self._closed = True
+        # A worker being started comes to the pool closed, and retires itself.
+        await asyncio.gather(*self._warming, return_exceptions=True)
         self._idle.clear()
         for worker in list(self._live):
             self._retire(worker)
@@ -175,7 +179,32 @@ class InspectorPool:
             if worker.process.returncode is None:
                 return worker
             self._retire(worker)  # died while idle: killed from outside, say
+        if not self._live and not self._warming:
+            # The first request: the others start now, beside it. A page asks for a
+            # file's summary and its first rows at once, and a worker takes ~0.5 s to start.
+            for _ in range(self.workers - 1):
+                task = asyncio.ensure_future(self._spare())
+                self._warming.add(task)
+                task.add_done_callback(self._warming.discard)
+        elif self._warming:
+            # One is starting already: take it rather than start one more than the bound.
+            await asyncio.wait(set(self._warming), return_when=asyncio.FIRST_COMPLETED)
+            return await self._take()
         return await self._spawn()
+
+    async def _spare(self) -> None:
+        """Start a worker ahead of the requests that will want it."""
+        try:
+            worker = await self._spawn()
+        except CacheClosedError:
+            return  # the daemon is stopping
+        except ChunkdError as exc:
+            log.warning("an inspector worker did not start: %s", exc)
+            return
+        if len(self._live) > self.workers:
+            self._retire(worker)  # the requests started their own meanwhile
+        else:
+            self._idle.append(worker)
 
     async def _spawn(self) -> _Worker:
         env = {name: os.environ[name] for name in _ENVIRONMENT if name in os.environ}
@@ -236,7 +265,7 @@ class _Worker:
         assert process.stderr is not None
         self._drain = asyncio.ensure_future(stderr.drain(process.stderr, self))
 
-    async def ask(self, op: str, args: dict[str, str]) -> dict[str, Any]:
+    async def ask(self, op: str, args: dict[str, str]) -> bytes | dict[str, Any]:
         """Send one request and read its answer line."""
         assert self.process.stdin is not None
         assert self.process.stdout is not None
@@ -270,7 +299,15 @@ class _Worker:
             raise self._crashed(op, args, await self._exit_status()) from None
         if not answer.endswith(b"\n"):
             raise self._crashed(op, args, await self._exit_status())
-        parsed = await _parse(answer)
+        found = _RESULT.match(answer)
+        if found is not None:
+            # {"n":N,"ok":true,"result":{...}}\n: the result is what lies between.
+            result = answer[found.end() : -2]
+            if int(found[1]) != self._n or not answer.endswith(b"}\n") or result[:1] != b"{":
+                raise self._crashed(op, args, "sent a line that is not the answer to its request")
+            self.broken = False
+            return result
+        parsed = _parse(answer) if len(answer) <= _MAX_ERROR_BYTES else None
         if not isinstance(parsed, dict) or parsed.get("n") != self._n:
             raise self._crashed(op, args, "sent a line that is not the answer to its request")
         if parsed.get("ok") is not True and parsed.get("error") == "InspectCrashedError":
@@ -359,10 +396,8 @@ class _StderrLog:
         log.info("inspector worker stderr: %s", text, extra={"pid": worker.pid})
 
 
-async def _parse(line: bytes) -> Any:
+def _parse(line: bytes) -> Any:
     try:
-        if len(line) > _PARSE_IN_THREAD:
-            return await asyncio.to_thread(json.loads, line)
         return json.loads(line)
     except ValueError:
         return None

@@ -689,7 +689,7 @@ async function viewOpen(name, q) {
     ["version", info.version],
     ["media type", info.media_type ?? undefined],
     ["rows", info.num_rows !== undefined ? fmtCount(info.num_rows)
-      : info.samples_total !== undefined ? fmtCount(info.samples_total)
+      : info.samples_total !== undefined ? (info.samples_total === null ? `${fmtCount(info.samples_indexed ?? 0)}+ (indexed as far as read)` : fmtCount(info.samples_total))
         : info.lines !== undefined ? (info.lines === null ? "not counted yet" : fmtCount(info.lines)) : undefined],
     ["encoding", info.encoding],
     ["RL data", info.rl ?? undefined],
@@ -940,15 +940,11 @@ async function rlPanel(name, info, q) {
   return s;
 }
 
-function rewardOf(r) {
-  return typeof r.reward === "number" ? r.reward : Number.NEGATIVE_INFINITY;
-}
-
 function renderRollouts(name, answer) {
   const frag = document.createDocumentFragment();
   for (const g of answer.groups ?? []) {
     const box = el("article", "rl-group");
-    const rollouts = [...(g.rollouts ?? [])].sort((a, b) => rewardOf(b) - rewardOf(a));
+    const rollouts = g.rollouts ?? []; // sorted by reward by the daemon's worker
     const head = el("header", "rl-group-head");
     add(head, el("strong", "", g.group === null || g.group === undefined ? "group (by prompt)" : `group ${typeof g.group === "string" ? g.group : JSON.stringify(g.group)}`),
       el("span", "muted", ` · ${rollouts.length} rollouts`));

@@ -148,7 +148,7 @@ class Metrics:
         self.read_chunk_bytes = Counter(
             "chunkd_read_chunk_bytes",
             "Bytes of the chunks the read path found cached, by tier (ram, disk); bytes "
-            "fetched are chunkd_peer_bytes_total{direction=\"in\"} and "
+            'fetched are chunkd_peer_bytes_total{direction="in"} and '
             "chunkd_backend_read_bytes_total",
             ["source"],
             registry=r,

@@ -562,8 +562,8 @@ class DashboardFeed:
             self.post(Connection(True, "live"))
             async for event in read_events(reply):
                 if event.name == "restarted":
-                    # another boot: its history starts again, so does ours
-                    self.post(Restarted(json.loads(event.data)))
+                    # another boot: its history starts again, so does ours (the snapshot
+                    # sees the new boot and says so)
                     await self._snapshot(session)
                     continue
                 if event.name != "sample":

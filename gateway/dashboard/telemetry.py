@@ -254,8 +254,8 @@ class Telemetry:
         into the history. Runs on the loop: it only reads counters."""
         now = self._read()
         before = self._readings[-1]
-        oldest = self._readings[0]
         self._readings.append(now)
+        oldest = self._readings[0]  # LATENCY_WINDOW samples before this one
         seconds = max(now.at - before.at, 1e-3)
 
         def rate(value: float, previous: float) -> float:
@@ -324,7 +324,8 @@ class Telemetry:
         reading.local = sum(v for _, v in _totals(m.local_requests))
         for labels, value in _totals(m.peer_member_bytes):
             reading.members[(labels["peer"], labels["direction"])] = value
-        reading.latency = _buckets(m.backend_seconds)
+        # Requests only: a streamed GET also observes each piece ("stream").
+        reading.latency = _buckets(m.backend_seconds, skip_op="stream")
         return reading
 
     def _tiers(self) -> list[dict[str, Any]]:
@@ -357,7 +358,8 @@ class Telemetry:
         return {"self": stats["self"], "healthy": stats["healthy"], "members": members}
 
     def _checkpoints(self) -> dict[str, Any]:
-        jobs = self.checkpoints.stats()["jobs"]
+        # In flight: a failed save stays in the daemon's jobs for a while, not here.
+        jobs = [j for j in self.checkpoints.stats()["jobs"] if j["state"] != "failed"]
         shown = [
             {
                 "name": job["name"],
@@ -423,12 +425,13 @@ def _gauge(metric: MetricWrapperBase) -> float:
     return sum(s.value for family in metric.collect() for s in family.samples)
 
 
-def _buckets(metric: MetricWrapperBase) -> list[tuple[float, float]]:
-    """A histogram's cumulative bucket counts, summed over its series, by bound."""
+def _buckets(metric: MetricWrapperBase, *, skip_op: str) -> list[tuple[float, float]]:
+    """A histogram's cumulative bucket counts, summed over its series (but those of op
+    ``skip_op``), by bound."""
     counts: dict[float, float] = {}
     for family in metric.collect():
         for sample in family.samples:
-            if sample.name.endswith("_bucket"):
+            if sample.name.endswith("_bucket") and sample.labels.get("op") != skip_op:
                 bound = float(sample.labels["le"])
                 counts[bound] = counts.get(bound, 0.0) + sample.value
     return sorted(counts.items())

@@ -852,7 +852,7 @@ def test_migrate_never_overwrites_other_bytes_nor_its_own_source(
 async def test_a_copy_of_a_dataset_at_a_backend_root_matches_it_key_for_key(
     inproc: Node, tmp_path: Path
 ) -> None:
-    from chunkd.gateway.cli.dataset import diff_snapshots
+    from chunkd.snapshot import diff as diff_snapshots
 
     # Backend 'root' is a folder holding only the dataset: its prefix is "".
     files = {"a.bin": os.urandom(3 * 4096 + 16), "sub/c.bin": os.urandom(RECORD * 4)}

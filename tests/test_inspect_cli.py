@@ -239,10 +239,12 @@ def test_in_a_terminal_a_table_and_an_image_preview(node: Daemon, tmp_path: Path
     pytest.importorskip("PIL")
     parquet(tmp_path, "table.parquet", 30)
     put(tmp_path, "picture.png", (MEDIA / "picture.png").read_bytes())
-    server = f"chunkd-test-{os.getpid()}-{time.monotonic_ns()}"
     chunkd = f"{BIN / 'chunkd'} inspect --url {node.url}"
 
     def screen(command: str, until: str) -> str:
+        # A tmux server of its own each time: a killed server may still be exiting when
+        # the next one would start under the same name.
+        server = f"chunkd-test-{os.getpid()}-{time.monotonic_ns()}"
         subprocess.run(
             ["tmux", "-L", server, "new-session", "-d", "-x", "100", "-y", "30",
              f"{command}; sleep 30"],

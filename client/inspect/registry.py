@@ -25,6 +25,7 @@ from chunkd.errors import (
 )
 from chunkd.mediatype import SNIFF_BYTES, sniff
 from chunkd.snapshot import Snapshot, parse_ref
+from chunkd.snapshot import diff as snapshot_diff
 
 if TYPE_CHECKING:
     from chunkd.client.core import Client
@@ -187,44 +188,18 @@ class Registry:
         snapshot's prefix (as ``chunkd dataset diff`` has it)."""
         left_snapshot = self.dataset_of(a).snapshot
         right_snapshot = self.dataset_of(b).snapshot
-        left = {m.relative(left_snapshot.prefix): m for m in left_snapshot.members}
-        right = {m.relative(right_snapshot.prefix): m for m in right_snapshot.members}
-        changed = []
-        same = 0
-        for key in sorted(left.keys() & right.keys()):
-            x, y = left[key], right[key]
-            fields = [
-                f
-                for f, u, v in (
-                    ("size", x.size, y.size),
-                    ("format", x.format, y.format),
-                    ("samples", x.samples, y.samples),
-                    ("meta", x.meta, y.meta),
-                )
-                if u != v
-            ]
-            if fields:
-                changed.append({"key": key, "fields": fields, "samples": [x.samples, y.samples]})
-            else:
-                same += 1
-        added = sorted(right.keys() - left.keys())
-        removed = sorted(left.keys() - right.keys())
-        return {
+        found = snapshot_diff(left_snapshot, right_snapshot)
+        more = {}
+        for part in ("added", "removed", "changed"):
+            more[part] = max(0, len(found[part]) - MAX_DIFF)
+            found[part] = found[part][:MAX_DIFF]
+        same = found.pop("unchanged")  # here: how many members are the same
+        return found | {
             "a": a,
             "b": b,
             "snapshots": [left_snapshot.id, right_snapshot.id],
-            "added": added[:MAX_DIFF],
-            "removed": removed[:MAX_DIFF],
-            "changed": changed[:MAX_DIFF],
-            "more": {
-                "added": max(0, len(added) - MAX_DIFF),
-                "removed": max(0, len(removed) - MAX_DIFF),
-                "changed": max(0, len(changed) - MAX_DIFF),
-            },
+            "more": more,
             "same": same,
-            "samples": [len(left_snapshot), len(right_snapshot)],
-            "bytes": [left_snapshot.total_bytes, right_snapshot.total_bytes],
-            "schema_changed": left_snapshot.schema_of != right_snapshot.schema_of,
         }
 
     def step(

@@ -19,13 +19,14 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from chunkd.errors import ChunkdError
 from chunkd.gateway.cli.options import human_size, socket_option
+from chunkd.snapshot import diff as snapshot_diff
 
 if TYPE_CHECKING:
     from chunkd.client import Client
     from chunkd.client.datasets.register import Progress
     from chunkd.snapshot import Snapshot
 
-__all__ = ["add_parser", "diff_snapshots", "run"]
+__all__ = ["add_parser", "run"]
 
 _PROG = "chunkd dataset"
 
@@ -320,49 +321,12 @@ def _describe(snapshot: Snapshot, header: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def diff_snapshots(a: Snapshot, b: Snapshot) -> dict[str, Any]:
-    """What differs between two snapshots' logical contents.
-
-    Members are matched by their key below each snapshot's prefix, so a migrated copy
-    (another backend, another prefix, new version tokens) shows no difference. A member
-    differs when its size, format, sample count or format metadata does.
-    """
-    left = {m.relative(a.prefix): m for m in a.members}
-    right = {m.relative(b.prefix): m for m in b.members}
-    changed = []
-    for key in sorted(left.keys() & right.keys()):
-        x, y = left[key], right[key]
-        fields = [
-            f
-            for f, u, v in (
-                ("size", x.size, y.size),
-                ("format", x.format, y.format),
-                ("samples", x.samples, y.samples),
-                ("meta", x.meta, y.meta),
-            )
-            if u != v
-        ]
-        if fields:
-            changed.append({"key": key, "fields": fields, "samples": [x.samples, y.samples]})
-    return {
-        "a": a.id,
-        "b": b.id,
-        "added": sorted(right.keys() - left.keys()),
-        "removed": sorted(left.keys() - right.keys()),
-        "changed": changed,
-        "samples": [len(a), len(b)],
-        "bytes": [a.total_bytes, b.total_bytes],
-        "schema_changed": a.schema_of != b.schema_of,
-        "same": (left.keys() == right.keys() and not changed and a.schema_of == b.schema_of),
-    }
-
-
 def _diff(client: Client, args: argparse.Namespace, out: TextIO) -> int:
     from chunkd.client.datasets import resolve
 
     a = resolve(client, args.a)[0]
     b = resolve(client, args.b)[0]
-    report = diff_snapshots(a, b)
+    report = snapshot_diff(a, b)
     if args.json:
         _dump(report, out)
         return 0

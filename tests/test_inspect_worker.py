@@ -644,3 +644,22 @@ def test_line_index_stays_bounded_and_exact(monkeypatch: pytest.MonkeyPatch, end
     assert len(index._marks) <= 8
     with pytest.raises(InvalidRequestError, match="holds 5000 lines"):
         next(index.lines_from(5000))
+
+
+def test_a_page_of_rollouts_completes_its_group_within_bounds(node: Node) -> None:
+    from chunkd.client.inspect.rl import MAX_COMPLETION
+
+    # One huge group, then rows with no group at all: neither reads on to the end.
+    rows = [
+        {"prompt": "p", "completion": f"c{i}", "reward": i % 7, "group": "g"}
+        for i in range(MAX_COMPLETION + 500)
+    ]
+    rows += [{"prompt": "q", "completion": "x", "reward": 0, "group": None} for _ in range(50)]
+    name = node.put("rl/long.jsonl", b"".join(json.dumps(r).encode() + b"\n" for r in rows))
+    page = node.worker.ok("rl", name=name, start=0, count=5)
+    (group,) = page["groups"]
+    assert len(group["rollouts"]) == 5 + MAX_COMPLETION
+    assert page["next"] == 5 + MAX_COMPLETION
+    nulls = node.worker.ok("rl", name=name, start=MAX_COMPLETION + 500, count=5)
+    assert sum(len(g["rollouts"]) for g in nulls["groups"]) == 5  # a null group completes nothing
+    assert nulls["next"] == MAX_COMPLETION + 505

@@ -411,3 +411,39 @@ def test_media_of_a_missing_object_is_404(start_daemon: Any, tmp_path: Path) -> 
     assert body["error"] == "ObjectNotFoundError"
     status, body = get_json(daemon, "/v1/inspect/media/nobackend/x.png")
     assert status == 404
+
+
+def test_a_lone_surrogate_in_a_sample_is_served_as_valid_json(
+    start_daemon: Any, tmp_path: Path
+) -> None:
+    # JSON may hold a lone surrogate (web-scraped text does): it must reach the page.
+    put(tmp_path, "odd.jsonl", b'{"text": "half \\ud800 a pair"}\n{"text": "fine"}\n')
+    daemon = node(start_daemon, tmp_path)
+    status, headers, body = daemon.get("/v1/inspect/rows?name=local/odd.jsonl")
+    assert status == 200, body
+    assert headers["Content-Type"].startswith("application/json")
+    body.decode("utf-8")  # valid UTF-8 on the wire
+    rows = json.loads(body)["rows"]
+    assert rows[0]["value"]["text"] == "half \ud800 a pair"
+    assert rows[1]["value"]["text"] == "fine"
+
+
+def test_the_first_request_starts_every_worker_and_no_more(
+    start_daemon: Any, tmp_path: Path
+) -> None:
+    rows = jsonl(tmp_path, "small.jsonl", 3)
+    daemon = node(start_daemon, tmp_path, workers=2)
+    with concurrent.futures.ThreadPoolExecutor(6) as pool:
+        answers = list(
+            pool.map(
+                lambda _: get_json(daemon, "/v1/inspect/rows?name=local/small.jsonl"), range(6)
+            )
+        )
+    assert all(status == 200 for status, _ in answers)
+    assert all([r["value"] for r in body["rows"]] == rows for _, body in answers)
+    deadline = time.monotonic() + 30
+    while len(workers_of(daemon)) != 2:
+        assert time.monotonic() < deadline, workers_of(daemon)
+        time.sleep(0.1)
+    time.sleep(1)
+    assert len(workers_of(daemon)) == 2  # never more than inspect_workers

@@ -23,7 +23,7 @@ from textual.reactive import reactive
 from textual.widget import Widget
 from textual.widgets import Footer
 
-from chunkd.gateway.cli.top import (
+from chunkd.gateway.cli.topfeed import (
     HISTORY,
     Connection,
     DashboardFeed,

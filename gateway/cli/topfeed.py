@@ -1,0 +1,616 @@
+"""What ``chunkd top`` shows, apart from how it shows it: the daemon's endpoint, the
+dashboard's stream read and followed through restarts (:class:`DashboardFeed`), the
+messages it posts, and the text of each panel (a view formats what the sample says).
+
+``chunkd top --once`` and the live view (:mod:`chunkd.gateway.cli.topview`) both use
+it; neither needs the other, and only the live view imports textual.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import ssl
+import time
+from collections.abc import AsyncIterator, Callable, Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Final
+
+from chunkd.gateway.cli.options import human_size
+
+if TYPE_CHECKING:
+    import aiohttp
+    from rich.text import Text
+
+__all__ = [
+    "HISTORY",
+    "Connection",
+    "DaemonUnanswered",
+    "DashboardFeed",
+    "Endpoint",
+    "Restarted",
+    "Sample",
+    "SampleArrived",
+    "Snapshot",
+    "backends_text",
+    "checkpoints_text",
+    "clock",
+    "errors_text",
+    "fetch_snapshot",
+    "hot_text",
+    "node_text",
+    "peers_text",
+    "throughput_text",
+    "tiers_text",
+]
+
+Sample = dict[str, Any]
+
+#: samples kept, as the daemon keeps: five minutes at 1 s
+HISTORY: Final = 300
+#: reconnect waits: 1 s, doubling up to 5 s
+RETRY_MIN_S: Final = 1.0
+RETRY_MAX_S: Final = 5.0
+#: the daemon pings every 15 s; a stream silent for longer than this is dead
+STREAM_SILENCE_S: Final = 40.0
+#: one SSE line, and one event's data, at most (a sample is a few KiB)
+_MAX_LINE: Final = 1 << 20
+_SPARK: Final = "▁▂▃▄▅▆▇█"
+
+
+# -- formatting: a view formats what the sample says ------------------------------------
+
+
+def byte_rate(value: float | None) -> str:
+    """``value`` bytes per second for a person, ``-`` for none."""
+    return "-" if value is None else f"{human_size(value)}/s"
+
+
+def per_second(value: float | None) -> str:
+    """A count per second, ``-`` for none."""
+    if value is None:
+        return "-"
+    return f"{value:.0f}/s" if value >= 100 else f"{value:.1f}/s"
+
+
+def percent(value: float | None) -> str:
+    """A ratio (0 to 1) as a percentage, ``-`` for none."""
+    return "-" if value is None else f"{value * 100:.1f}%"
+
+
+def millis(value: float | None) -> str:
+    """Milliseconds, ``-`` for none."""
+    if value is None:
+        return "-"
+    return f"{value / 1000:.2f}s" if value >= 1000 else f"{value:.1f}ms"
+
+
+def clock(unix: float) -> str:
+    """``HH:MM:SS`` of a wall time, in local time."""
+    return time.strftime("%H:%M:%S", time.localtime(unix))
+
+
+def spark(values: Iterable[float | None], width: int) -> str:
+    """The last ``width`` values as a sparkline scaled to their own maximum."""
+    tail = list(values)[-width:] if width > 0 else []
+    top = max((v for v in tail if v is not None), default=0.0)
+    cells = []
+    for v in tail:
+        if v is None:
+            cells.append(" ")
+        elif top <= 0:
+            cells.append(_SPARK[0])
+        else:
+            cells.append(_SPARK[min(len(_SPARK) - 1, int(v / top * (len(_SPARK) - 1) + 0.5))])
+    return "".join(cells).rjust(max(width, 0))
+
+
+def durability_bar(job: dict[str, Any], width: int = 12) -> str:
+    """staged → local → remote as a bar of three parts; the last fills as bytes upload."""
+    levels = ("staged", "local", "remote")
+    reached = levels.index(job["durability"]) if job.get("durability") in levels else -1
+    part = max(width // 3, 1)
+    cells = []
+    for i in range(3):
+        if i <= reached:
+            cells.append("█" * part)
+        elif i == 2 and reached == 1 and job.get("unique_bytes"):
+            done = int(part * min(1.0, job["remote_bytes"] / job["unique_bytes"]))
+            cells.append("▓" * done + "░" * (part - done))
+        else:
+            cells.append("░" * part)
+    return "".join(cells)
+
+
+def _fit(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: max(width - 1, 0)] + "…"
+
+
+def _fit_left(text: str, width: int) -> str:
+    """``text`` cut from the left: the end of a key tells objects apart."""
+    return text if len(text) <= width else "…" + text[len(text) - width + 1 :]
+
+
+# -- the sections: the same text for the live panels and --once -----------------------
+
+
+def throughput_text(history: Iterable[Sample], width: int, *, sparklines: bool = True) -> Text:
+    """Bytes per second by source, each with a sparkline of its history."""
+    from rich.text import Text
+
+    samples = list(history)
+    out = Text(no_wrap=True, overflow="crop")
+    latest = samples[-1]["throughput"] if samples else {}
+    for key, label, style in (
+        ("ram", "RAM", "blue"),
+        ("disk", "disk", "magenta"),
+        ("peer", "peer", "cyan"),
+        ("backend", "backend", "yellow"),
+    ):
+        head = f"{label:<8}{byte_rate(latest.get(key)):>13}"
+        line = ""
+        if sparklines:
+            head += " "
+            line = spark((s["throughput"][key] for s in samples), width - len(head))
+        out.append(head)
+        out.append(line, style=style)
+        out.append("\n")
+    out.rstrip()
+    return out
+
+
+def tiers_text(sample: Sample | None, width: int, rows: int) -> Text:
+    """Each tier's bytes of budget and hit ratio, then misses, waits and requests."""
+    from rich.text import Text
+
+    out = Text(no_wrap=True, overflow="crop")
+    if sample is None:
+        return out
+    ratio = sample["hit_ratio"]
+    hits = sample["hits"]
+    lines: list[tuple[str, str]] = []
+    wide = width >= 60
+    for tier in sample["tiers"]:
+        name = tier["name"]
+        held = f"{human_size(tier['bytes'])}/{human_size(tier['budget_bytes'])}"
+        line = f"{name:<5}{held:>19}"
+        if tier.get("degraded"):
+            # the reason matters more than the ratio on a narrow screen
+            lines.append((f"{line} DEGRADED: {tier['degraded']}", "bold red"))
+            continue
+        line += f" {percent(ratio.get(name)):>6} hit"
+        if wide:
+            line += f" {per_second(hits.get(name))}"
+        lines.append((line, ""))
+    lines.append(
+        (
+            f"miss {per_second(hits['miss'])}  single-flight waits "
+            f"{per_second(sample['singleflight_waits'])}",
+            "",
+        )
+    )
+    requests = sample["requests"]
+    lines.append(
+        (
+            f"http {per_second(requests['http'])}  local {per_second(requests['local'])}"
+            f" ({sample['local_clients']} clients)",
+            "",
+        )
+    )
+    _emit(out, lines, width, rows)
+    return out
+
+
+def backends_text(sample: Sample | None, width: int, rows: int) -> Text:
+    """All backends together (rates, latency), then one line per backend."""
+    from rich.text import Text
+
+    out = Text(no_wrap=True, overflow="crop")
+    if sample is None:
+        return out
+    total = sample["backend"]
+    latency = total.get("latency_ms") or {}
+    lines = [
+        (
+            f"all {per_second(total['requests'])} err {per_second(total['errors'])} "
+            f"{byte_rate(total['bytes'])}",
+            "bold red" if total["errors"] else "",
+        ),
+        (
+            ("latency " if width >= 50 else "")
+            + f"p50 {millis(latency.get('p50'))} p90 {millis(latency.get('p90'))} "
+            f"p99 {millis(latency.get('p99'))}",
+            "",
+        ),
+    ]
+    for backend in sample["backends"]:
+        circuit = "OPEN" if backend["circuit_open"] else "ok"
+        line = (
+            f"{_fit(backend['name'], 10):<10} {per_second(backend['requests']):>7} "
+            f"err {per_second(backend['errors']):>6} "
+        )
+        if width >= 50:  # narrow: the circuit before the bytes
+            line += f"{byte_rate(backend['bytes']):>12} "
+        lines.append((line + circuit, "bold red" if backend["circuit_open"] else ""))
+    _emit(out, lines, width, rows)
+    return out
+
+
+def peers_text(sample: Sample | None, width: int, rows: int) -> Text:
+    """Peers up and down, with bytes per second from and to each."""
+    from rich.text import Text
+
+    out = Text(no_wrap=True, overflow="crop")
+    if sample is None:
+        return out
+    peers = sample["peers"]
+    if peers is None:
+        out.append("no [peers] in the config", style="dim")
+        return out
+    members = peers["members"]
+    wide = width >= 60
+    head = f"{peers['healthy']} of {len(members)} up, self {peers['self']}"
+    if not wide:
+        head = f"{peers['healthy']} of {len(members)} up; in, out per s"
+    lines = [(head, "")]
+    for member in members:
+        state = "up" if member["healthy"] else "DOWN"
+        if wide:
+            flows = f" in {byte_rate(member['in']):>12} out {byte_rate(member['out']):>12}"
+        else:
+            flows = f" {human_size(member['in']):>9} {human_size(member['out']):>9}"
+        room = max(width - len(flows) - 5, 13)
+        lines.append(
+            (
+                f"{_fit(member['address'], room):<{room}} {state:<4}{flows}",
+                "" if member["healthy"] else "bold red",
+            )
+        )
+    _emit(out, lines, width, rows)
+    return out
+
+
+def checkpoints_text(sample: Sample | None, width: int, rows: int) -> Text:
+    """Saves in flight, each with its durability bar and bytes uploaded."""
+    from rich.text import Text
+
+    out = Text(no_wrap=True, overflow="crop")
+    if sample is None:
+        return out
+    jobs = sample["checkpoints"]
+    if not jobs:
+        out.append("no saves in flight", style="dim")
+        return out
+    lines = []
+    for job in jobs:
+        level = job["durability"] or "-"
+        tail = (
+            f" {job['rank']}/{job['world_size']} {job['state']:<9} {durability_bar(job)} "
+            f"{level:<6} {human_size(job['remote_bytes'])}/{human_size(job['unique_bytes'])}"
+        )
+        extra = f" up, {human_size(job['logical_bytes'])} logical"
+        if job["age_s"] is not None:
+            extra += f", {job['age_s']:.0f}s"
+        if width - len(tail) - len(extra) >= 16:  # room for the name with the details
+            tail += extra
+        lines.append((_fit(job["name"], max(width - len(tail), 12)) + tail, ""))
+    more = sample.get("checkpoints_total", len(jobs)) - len(jobs)
+    if more > 0:
+        lines.append((f"… and {more} more saves in flight", "dim"))
+    _emit(out, lines, width, rows)
+    return out
+
+
+def hot_text(sample: Sample | None, width: int, rows: int) -> Text:
+    """The hottest objects, then the hottest datasets (bytes and reads per second)."""
+    from rich.text import Text
+
+    out = Text(no_wrap=True, overflow="crop")
+    if sample is None:
+        return out
+    lines: list[tuple[str, str]] = []
+    for kind in ("datasets", "objects"):
+        for item in sample["hot"][kind]:
+            tail = f" {byte_rate(item['bytes']):>12}"
+            if width >= 60:  # narrow: the name before the reads
+                tail += f" {per_second(item['reads']):>7}"
+            room = max(width - len(tail), 8)
+            lines.append((_fit_left(item["name"], room).ljust(room) + tail, ""))
+    if not lines:
+        out.append("no reads in the last minute", style="dim")
+        return out
+    _emit(out, lines, width, rows)
+    return out
+
+
+def errors_text(sample: Sample | None, width: int, rows: int) -> Text:
+    """The latest warnings and errors, newest first."""
+    from rich.text import Text
+
+    out = Text(no_wrap=True, overflow="crop")
+    if sample is None:
+        return out
+    entries = list(reversed(sample["errors"]))
+    if not entries:
+        out.append(f"none ({sample['errors_total']} since the start)", style="dim")
+        return out
+    lines = []
+    for entry in entries:
+        level = str(entry["level"]).upper()
+        style = "bold red" if level in ("ERROR", "CRITICAL") else "yellow"
+        line = f"{clock(entry['t'])} {level[:4]} {entry['logger']}: {entry['message']}"
+        lines.append((_fit(" ".join(line.split()), width), style))
+    _emit(out, lines, width, rows)
+    return out
+
+
+def _emit(out: Text, lines: list[tuple[str, str]], width: int, rows: int) -> None:
+    """``lines`` into ``out``, at most ``rows`` of them; the last says how many are left."""
+    if rows > 0 and len(lines) > rows:
+        hidden = len(lines) - rows + 1
+        lines = [*lines[: rows - 1], (f"… {hidden} more", "dim")]
+    for i, (line, style) in enumerate(lines):
+        out.append(_fit(line, width) if width > 0 else line, style=style)
+        if i < len(lines) - 1:
+            out.append("\n")
+
+
+def node_text(node: dict[str, Any]) -> str:
+    """The header: which daemon this is."""
+    text = f"chunkd {node['version']} {node['listen']}, started {clock(node['started'])}"
+    if node.get("self"):
+        text += f", peer {node['self']}"
+    return text
+
+
+# -- the feed: the snapshot and the stream --------------------------------------------
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where the daemon is and how to talk to it."""
+
+    url: str
+    token: str | None = None
+    ssl: ssl.SSLContext | None = None
+
+    def headers(self) -> dict[str, str]:
+        """The request headers: the token as a Bearer header when there is one."""
+        return {} if self.token is None else {"Authorization": f"Bearer {self.token}"}
+
+    def session(self) -> aiohttp.ClientSession:
+        """A client session for this daemon."""
+        import aiohttp
+
+        return aiohttp.ClientSession(
+            base_url=self.url.rstrip("/") + "/",
+            headers=self.headers(),
+            connector=aiohttp.TCPConnector(ssl=self.ssl if self.ssl is not None else True),
+        )
+
+
+class DaemonUnanswered(Exception):
+    """The daemon gave no usable answer; the message says what was asked and why."""
+
+
+async def fetch_snapshot(session: aiohttp.ClientSession, endpoint: Endpoint) -> dict[str, Any]:
+    """``GET /v1/dashboard``.
+
+    Raises:
+        DaemonUnanswered: no answer, an HTTP error, or not a snapshot.
+    """
+    import aiohttp
+
+    try:
+        async with session.get("v1/dashboard", timeout=aiohttp.ClientTimeout(total=10)) as reply:
+            if reply.status != 200:
+                raise DaemonUnanswered(_refused(endpoint, reply.status, await reply.text()))
+            body = await reply.json(content_type=None)
+    except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as exc:
+        raise DaemonUnanswered(_no_answer(endpoint, exc)) from exc
+    if not isinstance(body, dict) or not isinstance(body.get("node"), dict):
+        raise DaemonUnanswered(f"{endpoint.url}/v1/dashboard did not answer a dashboard snapshot")
+    return body
+
+
+def _refused(endpoint: Endpoint, status: int, body: str) -> str:
+    try:
+        message = json.loads(body).get("message") or body
+    except (ValueError, AttributeError):
+        message = body
+    message = " ".join(str(message).split())[:300]
+    hint = ""
+    if status in (401, 403):
+        hint = "; give the daemon's server.token with --token-file PATH or $CHUNKD_TOKEN"
+    return f"{endpoint.url} answered HTTP {status} ({message}){hint}"
+
+
+def _no_answer(endpoint: Endpoint, exc: BaseException) -> str:
+    from chunkd.gateway.tls import unreachable
+
+    if isinstance(exc, ssl.SSLCertVerificationError) or isinstance(
+        getattr(exc, "os_error", None) or getattr(exc, "certificate_error", None),
+        ssl.SSLCertVerificationError,
+    ):
+        return unreachable(endpoint.url, getattr(exc, "certificate_error", exc))
+    if isinstance(exc, TimeoutError):
+        return f"{endpoint.url} went silent (nothing for {STREAM_SILENCE_S:.0f}s, not even a ping)"
+    detail = str(exc) or type(exc).__name__
+    return f"no answer from {endpoint.url} ({detail}); is the daemon running (chunkd serve)?"
+
+
+@dataclass(frozen=True)
+class Event:
+    """One server-sent event."""
+
+    name: str
+    id: str | None
+    data: str
+
+
+async def read_events(reply: aiohttp.ClientResponse) -> AsyncIterator[Event]:
+    """The events of a ``text/event-stream`` reply, as they come (comments skipped).
+
+    Raises:
+        DaemonUnanswered: a line or an event over 1 MiB.
+        TimeoutError: nothing came for ``STREAM_SILENCE_S`` (not even a ping).
+    """
+    name, event_id = "message", None
+    data: list[str] = []
+    size = 0
+    pending = bytearray()
+    while True:
+        chunk = await asyncio.wait_for(reply.content.readany(), STREAM_SILENCE_S)
+        if not chunk:
+            return
+        pending += chunk
+        while (end := pending.find(b"\n")) >= 0:
+            line = pending[:end].decode("utf-8", "replace").removesuffix("\r")
+            del pending[: end + 1]
+            if not line:
+                if data:
+                    yield Event(name, event_id, "\n".join(data))
+                name, event_id, data, size = "message", None, [], 0
+                continue
+            if line.startswith(":"):
+                continue
+            key, _, value = line.partition(":")
+            value = value.removeprefix(" ")
+            if key == "event":
+                name = value
+            elif key == "data":
+                data.append(value)
+                size += len(value)
+            elif key == "id":
+                event_id = value
+        if len(pending) > _MAX_LINE or size > _MAX_LINE:
+            raise DaemonUnanswered(f"the stream sent an event over {_MAX_LINE} bytes")
+
+
+def _boot_seq(event_id: str | None) -> tuple[str, int] | None:
+    if not event_id:
+        return None
+    boot, _, seq = event_id.partition(":")
+    try:
+        return boot, int(seq)
+    except ValueError:
+        return None
+
+
+@dataclass
+class DashboardFeed:
+    """Follows the daemon's dashboard and says what happens through ``post``.
+
+    It calls ``post`` with a :class:`Snapshot` (at the start and after a restart), a
+    :class:`SampleArrived` for each sample, a :class:`Restarted` when the daemon came
+    back as another boot, and :class:`Connection` when the stream goes up or down.
+    It runs until cancelled, reconnecting with backoff.
+    """
+
+    endpoint: Endpoint
+    post: Callable[[Any], object]
+    boot: str | None = None
+    last_seq: int | None = None
+    _retry_s: float = field(default=RETRY_MIN_S, init=False)
+
+    async def run(self) -> None:
+        """Follow the stream until cancelled."""
+        import aiohttp
+
+        async with self.endpoint.session() as session:
+            while True:
+                try:
+                    if self.boot is None:
+                        await self._snapshot(session)
+                    await self.follow(session)
+                    reason = "the daemon closed the stream"
+                except DaemonUnanswered as exc:
+                    reason = str(exc)
+                except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+                    reason = _no_answer(self.endpoint, exc)
+                except (ValueError, KeyError, TypeError) as exc:
+                    # a sample this view cannot read: say so and start again
+                    reason = f"{self.endpoint.url} sent what is not a dashboard sample ({exc!r})"
+                wait = self._retry_s
+                self._retry_s = min(self._retry_s * 2, RETRY_MAX_S)
+                self.post(Connection(False, f"disconnected, retrying in {wait:.0f}s: {reason}"))
+                await asyncio.sleep(wait)
+
+    async def _snapshot(self, session: aiohttp.ClientSession) -> None:
+        snapshot = await fetch_snapshot(session, self.endpoint)
+        node = snapshot["node"]
+        if self.boot is not None and node["boot"] != self.boot:
+            self.post(Restarted(node))
+        self.boot = node["boot"]
+        history = [s for s in snapshot.get("history", []) if isinstance(s, dict)][-HISTORY:]
+        self.last_seq = history[-1]["seq"] if history else None
+        self.post(Snapshot(node, history))
+
+    async def follow(self, session: aiohttp.ClientSession) -> None:
+        """Read one connection of the stream, from ``Last-Event-ID`` when there is one.
+
+        Raises:
+            DaemonUnanswered: an HTTP error or a malformed stream.
+            aiohttp.ClientError: the connection failed or dropped.
+        """
+        import aiohttp
+
+        headers = {"Accept": "text/event-stream"}
+        if self.boot is not None and self.last_seq is not None:
+            headers["Last-Event-ID"] = f"{self.boot}:{self.last_seq}"
+        timeout = aiohttp.ClientTimeout(total=None, connect=10, sock_read=STREAM_SILENCE_S)
+        async with session.get("v1/dashboard/stream", headers=headers, timeout=timeout) as reply:
+            if reply.status != 200:
+                raise DaemonUnanswered(_refused(self.endpoint, reply.status, await reply.text()))
+            self._retry_s = RETRY_MIN_S
+            self.post(Connection(True, "live"))
+            async for event in read_events(reply):
+                if event.name == "restarted":
+                    # another boot: its history starts again, so does ours (the snapshot
+                    # sees the new boot and says so)
+                    await self._snapshot(session)
+                    continue
+                if event.name != "sample":
+                    continue
+                ident = _boot_seq(event.id)
+                if ident is not None and ident[0] != self.boot:
+                    await self._snapshot(session)  # another boot without a restarted event
+                    continue
+                sample = json.loads(event.data)
+                if self.last_seq is not None and sample["seq"] <= self.last_seq:
+                    continue  # already had it (the snapshot and the stream overlap)
+                self.last_seq = sample["seq"]
+                self.post(SampleArrived(sample))
+
+
+# -- messages ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The daemon's node and history: the views start again from it."""
+
+    node: dict[str, Any]
+    history: list[Sample]
+
+
+@dataclass(frozen=True)
+class SampleArrived:
+    """One new sample from the stream."""
+
+    sample: Sample
+
+
+@dataclass(frozen=True)
+class Restarted:
+    """The daemon came back as another boot."""
+
+    node: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Connection:
+    """The stream went up (``live``) or down (``detail`` says why, and the retry)."""
+
+    live: bool
+    detail: str

@@ -69,6 +69,8 @@ STDERR_LINE_CHARS: Final = 2000
 _STDERR_WINDOW: Final = 60.0
 #: the last stderr lines of each worker, logged when it dies on a request
 _LAST_WORDS: Final = 8
+#: subjects a worker remembers having served (for the next request about them)
+_SERVED: Final = 32
 #: a worker's error answers are small; one longer than this is not one
 _MAX_ERROR_BYTES: Final = 1 << 20
 #: how a worker's success answer starts (its keys in this order: see the worker)
@@ -138,7 +140,10 @@ class InspectorPool:
             self._waiting -= 1
         try:
             self._check_open()
-            worker = await self._take()
+            subject = _subject(op, args)
+            worker = await self._take(subject)
+            if subject is not None and subject not in worker.served:
+                worker.served.append(subject)
             try:
                 answer = await worker.ask(op, args)
             except InspectCrashedError:
@@ -172,8 +177,16 @@ class InspectorPool:
         if self._closed:
             raise CacheClosedError("the daemon is stopping: the inspector takes no more requests")
 
-    async def _take(self) -> _Worker:
-        """An idle worker that is still alive, or a new one."""
+    async def _take(self, subject: str | None = None) -> _Worker:
+        """An idle worker that is still alive, or a new one: the one that served
+        ``subject`` (an object or a snapshot) lately, if it is idle, since it holds what
+        it decoded of it (a Parquet footer, a row group)."""
+        if subject is not None:
+            for worker in reversed(self._idle):
+                if subject in worker.served:
+                    self._idle.remove(worker)
+                    self._idle.append(worker)
+                    break
         while self._idle:
             worker = self._idle.pop()
             if worker.process.returncode is None:
@@ -189,7 +202,7 @@ class InspectorPool:
         elif self._warming:
             # One is starting already: take it rather than start one more than the bound.
             await asyncio.wait(set(self._warming), return_when=asyncio.FIRST_COMPLETED)
-            return await self._take()
+            return await self._take(subject)
         return await self._spawn()
 
     async def _spare(self) -> None:
@@ -261,6 +274,8 @@ class _Worker:
         #: it must not serve again: it timed out, died, or left an answer unread
         self.broken = False
         self.last_words: collections.deque[str] = collections.deque(maxlen=_LAST_WORDS)
+        #: what it served lately (objects, snapshots): requests for them come back here
+        self.served: collections.deque[str] = collections.deque(maxlen=_SERVED)
         self._n = 0
         assert process.stderr is not None
         self._drain = asyncio.ensure_future(stderr.drain(process.stderr, self))
@@ -394,6 +409,15 @@ class _StderrLog:
             return
         self._logged += 1
         log.info("inspector worker stderr: %s", text, extra={"pid": worker.pid})
+
+
+def _subject(op: str, args: dict[str, str]) -> str | None:
+    """What a request reads: an object's name, a sample's object or snapshot, a ref."""
+    if "name" in args:
+        return args["name"]
+    if "id" in args:
+        return args["id"].rpartition("#")[0] or args["id"]
+    return args.get("ref")
 
 
 def _parse(line: bytes) -> Any:

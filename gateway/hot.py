@@ -9,7 +9,8 @@ weighs about 5%) and returns the top entries.
 
 Bounds: at most ``capacity`` objects and ``capacity`` datasets are tracked; past that
 the coldest are dropped at the next tick, and one that goes cold (under 1 byte/s) is
-dropped too; within one second at most four times ``capacity`` new names are taken.
+dropped too; within one second at most four times ``capacity`` names are held (past
+that the half with the fewest bytes goes, so a scan cannot crowd out a hot object).
 An add is two dict updates plus one lookup per ``/`` of the key.
 """
 
@@ -85,10 +86,22 @@ def _bump(rates: dict[str, _Rate], name: str, nbytes: int, most: int) -> None:
     rate = rates.get(name)
     if rate is None:
         if len(rates) >= most:
-            return  # a scan of many objects within one second: the tick trims them
+            _compact(rates, most // 2)  # a scan of many objects within one second
         rate = rates[name] = _Rate()
     rate.bytes_now += nbytes
     rate.reads_now += 1
+
+
+def _compact(rates: dict[str, _Rate], keep: int) -> None:
+    """Keep the ``keep`` entries with the most bytes (decayed, and of this second).
+
+    Dropping the newest names instead would let a scan that fills the table early in a
+    second lock out an object read hard later in it; halving keeps an add amortized
+    O(log n).
+    """
+    ranked = sorted(rates.items(), key=lambda item: item[1].bytes + item[1].bytes_now)
+    for name, _ in ranked[: len(rates) - keep]:
+        del rates[name]
 
 
 def _tick(rates: dict[str, _Rate], seconds: float, top: int, capacity: int) -> list[dict[str, Any]]:

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 from chunkd.client.datasets.formats import DECODED_CACHE_BYTES, DecodedLRU, detect
 from chunkd.client.datasets.source import PinnedSource
 from chunkd.client.inspect.lines import LineIndex
-from chunkd.client.inspect.values import INLINE_BYTES, binary, encode, media
+from chunkd.client.inspect.values import encode, media, tar_file
 from chunkd.errors import (
     DatasetFormatError,
     InvalidRequestError,
@@ -693,24 +693,7 @@ class TarView:
             i += 1
 
     def _file(self, ext: str, offset: int, size: int) -> Any:
-        head = bytes(self._read(offset, min(size, SNIFF_BYTES)))
-        media_type = sniff(head)
-        if media_type is not None:
-            return media(self.name, offset, size, media_type)
-        ref = {"name": self.name, "offset": offset, "length": size}
-        if size > INLINE_BYTES:
-            return {"$bytes": size, "media_type": None, "ref": ref}
-        data = bytes(self._read(offset, size))
-        try:
-            text = data.decode("utf-8")
-        except UnicodeDecodeError:
-            return binary(data, ref)
-        if ext.endswith("json"):
-            try:
-                return encode(json.loads(text))
-            except (ValueError, RecursionError):
-                return text
-        return text
+        return tar_file(self._read, self.name, ext, offset, size)
 
 
 # -- MDS ---------------------------------------------------------------------------------

@@ -16,14 +16,13 @@ from typing import TYPE_CHECKING, Any, Final
 
 from chunkd.client.datasets import Dataset, resolve, step_sample_ids
 from chunkd.client.datasets.source import PinnedSource
-from chunkd.client.inspect.values import INLINE_BYTES, binary, encode, media
+from chunkd.client.inspect.values import encode, tar_file
 from chunkd.errors import (
     DatasetFormatError,
     InvalidRequestError,
     MalformedFileError,
     ResumeStateError,
 )
-from chunkd.mediatype import SNIFF_BYTES, sniff
 from chunkd.snapshot import Snapshot, parse_ref
 from chunkd.snapshot import diff as snapshot_diff
 
@@ -313,17 +312,11 @@ class Registry:
             # read in place: each file as a range of the tar, as the object's view has it
             key, files = member.meta["index"][local]
             value: dict[str, Any] = {"__key__": key}
+            source = dataset.source
             for ext, offset, size in files:
-                head = bytes(dataset.source.read(member, int(offset), min(int(size), SNIFF_BYTES)))
-                media_type = sniff(head)
-                if media_type is not None:
-                    value[ext] = media(name, int(offset), int(size), media_type)
-                elif int(size) > INLINE_BYTES:
-                    where = {"name": name, "offset": int(offset), "length": int(size)}
-                    value[ext] = {"$bytes": int(size), "media_type": None, "ref": where}
-                else:
-                    data = bytes(dataset.source.read(member, int(offset), int(size)))
-                    value[ext] = _text_or_bytes(ext, data, name, int(offset))
+                value[ext] = tar_file(
+                    lambda o, n: source.read(member, o, n), name, ext, int(offset), int(size)
+                )
             return value
         raw = dataset.read(member_index, local)
         if member.format == "jsonl":
@@ -335,16 +328,3 @@ class Registry:
                     "format=text to see it as it is"
                 ) from None
         return encode(raw, ref)
-
-
-def _text_or_bytes(ext: str, data: bytes, name: str, offset: int) -> Any:
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        return binary(data, {"name": name, "offset": offset, "length": len(data)})
-    if ext.endswith("json"):
-        try:
-            return encode(json.loads(text))
-        except (ValueError, RecursionError):
-            return text
-    return text

@@ -23,7 +23,7 @@ import decimal
 import json
 import math
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 from chunkd.mediatype import SNIFF_BYTES, sniff
@@ -65,6 +65,36 @@ def binary(data: bytes | bytearray | memoryview, ref: Mapping[str, Any] | None) 
     elif ref is not None:
         out["ref"] = dict(ref)
     return out
+
+
+def tar_file(
+    read: Callable[[int, int], bytes | memoryview],
+    name: str,
+    ext: str,
+    offset: int,
+    size: int,
+) -> Any:
+    """The value of a tar member (a WebDataset sample's file ``ext``) lying at ``offset``
+    of object ``name``, read with ``read(offset, length)``: ``$media`` when its first
+    bytes are a media type, ``$bytes`` with a range ``ref`` when it is big, else its text
+    (JSON parsed for a ``json`` extension) or its bytes."""
+    media_type = sniff(bytes(read(offset, min(size, SNIFF_BYTES))))
+    if media_type is not None:
+        return media(name, offset, size, media_type)
+    ref = {"name": name, "offset": offset, "length": size}
+    if size > INLINE_BYTES:
+        return {"$bytes": size, "media_type": None, "ref": ref}
+    data = bytes(read(offset, size))
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return binary(data, ref)
+    if ext.endswith("json"):
+        try:
+            return encode(json.loads(text))
+        except (ValueError, RecursionError):
+            return text
+    return text
 
 
 def encode(value: Any, ref: Mapping[str, Any] | None = None, _depth: int = 0) -> Any:

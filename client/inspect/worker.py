@@ -223,8 +223,8 @@ class Worker:
             self._registry.clear()
         gc.collect()
 
-    def answer(self, line: bytes) -> dict[str, Any]:
-        """The answer to one request line."""
+    def answer(self, line: bytes) -> str:
+        """The answer to one request line, as the JSON line to write (ASCII, no newline)."""
         from chunkd.client.inspect.values import MAX_ANSWER_BYTES, dumps
 
         n: Any = None
@@ -237,16 +237,17 @@ class Worker:
             result = self.call(op, args)
             # In this order: the pool finds the result by this prefix and passes it on
             # unparsed (gateway/inspector/pool.py).
-            answer = {"n": n, "ok": True, "result": result}
-            size = len(dumps(answer))
-            if size > MAX_ANSWER_BYTES:
-                answer = _error(
-                    n,
-                    "InvalidRequestError",
-                    f"the answer to {op} would be {size} bytes of JSON, more than the "
-                    f"{MAX_ANSWER_BYTES} the inspector sends: ask for fewer rows or columns, "
-                    "or read the object with the client",
-                )
+            text = dumps({"n": n, "ok": True, "result": result})
+            if len(text) <= MAX_ANSWER_BYTES:
+                log.debug("%s answered in %.1f ms", op, 1000 * (time.perf_counter() - started))
+                return text  # encoded once: a page may be megabytes
+            answer = _error(
+                n,
+                "InvalidRequestError",
+                f"the answer to {op} would be {len(text)} bytes of JSON, more than the "
+                f"{MAX_ANSWER_BYTES} the inspector sends: ask for fewer rows or columns, "
+                "or read the object with the client",
+            )
         except MemoryError:
             self.forget()
             answer = _error(
@@ -267,7 +268,7 @@ class Worker:
                 n, "InspectError", f"{op} failed in the worker ({type(exc).__name__}: {exc})"
             )
         log.debug("%s answered in %.1f ms", op, 1000 * (time.perf_counter() - started))
-        return answer
+        return dumps(answer)
 
     def call(self, op: str, raw: dict[str, str]) -> dict[str, Any]:
         """Run ``op`` with its arguments; its result."""
@@ -548,14 +549,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for line in _requests(sys.stdin.buffer):
             if line is None:
-                answer = _error(
-                    None,
-                    "InvalidRequestError",
-                    f"a request line is longer than {MAX_REQUEST_BYTES} bytes",
+                text = dumps(
+                    _error(
+                        None,
+                        "InvalidRequestError",
+                        f"a request line is longer than {MAX_REQUEST_BYTES} bytes",
+                    )
                 )
             else:
-                answer = worker.answer(line)
-            out.write(dumps(answer).encode("ascii") + b"\n")
+                text = worker.answer(line)
+            out.write(text.encode("ascii") + b"\n")
             out.flush()
     except (BrokenPipeError, KeyboardInterrupt):
         return 0

@@ -56,6 +56,8 @@ from chunkd.gateway.names import validate_key
 from chunkd.ranges import ByteRange
 
 if TYPE_CHECKING:
+    from prometheus_client import Counter
+
     from chunkd.gateway.metrics import Metrics
     from chunkd.gateway.peers import Peers
 
@@ -180,9 +182,21 @@ class ReadPath:
         self._background: set[asyncio.Future[None]] = set()
         #: the hottest objects (and datasets, as the registry names their prefixes)
         self.hot = HotSet()
+        self._read_counters: dict[str, tuple[Counter, Counter]] = {}
 
     def _waited(self) -> None:
         self.metrics.singleflight_waiters.inc()
+
+    def _count_read(self, source: str, nbytes: int) -> None:
+        """Count a reader's chunk lookup by where it was found (``chunkd_read_chunks``)."""
+        counters = self._read_counters.get(source)
+        if counters is None:  # a handful of sources: the labelled children, kept
+            m = self.metrics
+            counters = (m.read_chunks.labels(source), m.read_chunk_bytes.labels(source))
+            self._read_counters[source] = counters
+        counters[0].inc()
+        if nbytes:
+            counters[1].inc(nbytes)
 
     # -- versions ---------------------------------------------------------------------
 
@@ -324,11 +338,10 @@ class ReadPath:
             lease = await self.cache.find(ref.id)
             if lease is not None:
                 if not ahead:
-                    self.metrics.read_chunks.labels(lease.origin).inc()
-                    self.metrics.read_chunk_bytes.labels(lease.origin).inc(lease.size)
+                    self._count_read(lease.origin, lease.size)
                 return lease
         if not ahead:
-            self.metrics.read_chunks.labels("fetched").inc()
+            self._count_read("fetched", 0)
         flight = self._fetches.join(locator) if own else None
         try:
             if flight is not None:

@@ -259,3 +259,13 @@ def test_a_save_waiting_for_its_backend_shows_in_flight_with_its_progress(
         assert handle.wait(60, level="remote")
         done = wait_sample(daemon, lambda s: s["seq"] > waiting["seq"] and not s["checkpoints"])
         assert done["checkpoints_total"] == 0
+
+
+def test_a_malformed_last_event_id_gets_the_stream_from_now(start_daemon) -> None:
+    daemon: Daemon = start_daemon()
+    for bad in ("garbage", "x:y", ":", "0" * 400, "a" * 16 + ":-5"):
+        stream = events(daemon, last=bad)
+        first = next(stream)
+        stream.close()
+        # another boot's id (or none that parses): said once, then samples go on
+        assert first["event"] in ("restarted", "sample"), bad

@@ -24,6 +24,7 @@ from . import (
     gateway_bench,
     inspector_bench,
     listing_bench,
+    s3front_bench,
     ttfb_bench,
 )
 from .report import Report
@@ -54,6 +55,7 @@ def main() -> int:
             "ttfb",
             "datasets",
             "inspector",
+            "s3front",
         ),
         help="run only this scenario (repeatable)",
     )
@@ -90,6 +92,9 @@ def main() -> int:
         if only is None or "inspector" in only:
             print("inspector: first page and last row in Chromium, against pyarrow", flush=True)
             inspector_bench.run(report, work / "inspector", quick=args.quick)
+        if only is None or "s3front" in only:
+            print("s3front: the S3 front, against the other doors and the S3 server", flush=True)
+            s3front_bench.run(report, work / "s3front", quick=args.quick)
         # Not in the quick run of every scenario (the test suite's): its Streaming
         # baseline needs a venv of its own, which only a full run builds.
         if (only is None and not args.quick) or (only is not None and "ttfb" in only):

@@ -58,6 +58,8 @@ from chunkd.gateway.metrics import Metrics
 from chunkd.gateway.peers import Peers
 from chunkd.gateway.prefetch import Prefetcher
 from chunkd.gateway.readpath import ReadPath
+from chunkd.gateway.s3front import S3Front, S3FrontRunner
+from chunkd.gateway.s3front.keys import AccessKeys
 from chunkd.gateway.sdnotify import SystemdNotifier
 from chunkd.gateway.tls import PeerTLS
 
@@ -80,6 +82,12 @@ def serve(config_path: str | None) -> int:
         return 2
     try:
         tls = PeerTLS.from_config(config)  # after the logging: it may warn
+    except ConfigError as exc:
+        print(f"chunkd: bad configuration: {exc}", file=sys.stderr)
+        return 2
+    try:
+        if config.s3_front.enabled:
+            AccessKeys(config.s3_front)  # a keys file that cannot be read fails here
     except ConfigError as exc:
         print(f"chunkd: bad configuration: {exc}", file=sys.stderr)
         return 2
@@ -252,6 +260,44 @@ def build_app(
     return app
 
 
+async def _start_s3_front(
+    config: Config, app: web.Application, server_log: MalformedRequestLog
+) -> S3FrontRunner | bool | None:
+    """Serve ``[s3_front]`` over the node ``app`` opened; None when it is off, False
+    when its port cannot be bound (said in the log)."""
+    settings = config.s3_front
+    if not settings.enabled:
+        return None
+    front = S3Front(
+        config,
+        read_path=app[appkeys.READ_PATH],
+        listings=app[appkeys.LISTINGS],
+        backends=app[appkeys.BACKENDS],
+        metrics=app[appkeys.METRICS],
+    )
+    runner = S3FrontRunner(
+        front.build_app(),
+        shutdown_timeout=config.server.shutdown_timeout,
+        access_log=None,
+        logger=server_log,
+    )
+    await runner.setup()
+    site = web.TCPSite(runner, settings.host, settings.port, reuse_address=True)
+    try:
+        await site.start()
+    except OSError as exc:
+        log.error(  # noqa: TRY400 - a bind failure needs no traceback
+            "cannot listen on %s for [s3_front]: %s; set s3_front.listen "
+            "(or CHUNKD_S3_FRONT_LISTEN)",
+            settings.listen,
+            exc.strerror or exc,
+        )
+        await runner.cleanup()
+        return False
+    log.info("S3 front serving on http://%s", settings.listen)
+    return runner
+
+
 async def run(
     config: Config, *, stop: asyncio.Event | None = None, tls: PeerTLS | None = None
 ) -> int:
@@ -296,6 +342,11 @@ async def run(
         await runner.cleanup()
         server_log.close()
         return 1
+    front = await _start_s3_front(config, app, server_log)
+    if front is False:
+        await runner.cleanup()
+        server_log.close()
+        return 1
     app[appkeys.STATE].ready = True
     where = f"{'http' if tls is None else 'https'}://{config.server.listen}"
     notifier.ready(f"serving on {where}")
@@ -307,6 +358,7 @@ async def run(
             "config": config.source,
             "cache_dir": str(config.cache.dir),
             "backends": [b.name for b in config.backends],
+            "s3_front": config.s3_front.listen,
         },
     )
     # The watchdog keeps pinging through the shutdown: flushing may take a while.
@@ -321,6 +373,8 @@ async def run(
         # A second signal must not cut the index flush short.
         loop.add_signal_handler(sig, lambda: log.info("already stopping"))
     try:
+        if isinstance(front, S3FrontRunner):
+            await front.cleanup()  # its requests are the node's: finished first
         await runner.cleanup()
     finally:
         stopped.set()

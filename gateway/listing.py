@@ -7,9 +7,11 @@ however many objects the backend has (obstore's ``list_with_delimiter`` reads a
 whole level at once).
 
 The page token
-    A page that may not be the last carries ``next``: give it back as
-    ``start_after`` for the following page (a full page may be followed by an empty
-    last one). It is a key of the backend: the last object key of the
+    A page that is not the last carries ``next``: give it back as
+    ``start_after`` for the following page. A page has one only when an entry follows
+    it, as S3's ``IsTruncated``, except a recursive page that ends with a full batch
+    of the backend's listing, which does not look further: the page after it may be
+    empty. It is a key of the backend: the last object key of the
     page, or, when the page ends on a directory, that directory's key followed by
     ``/`` (everything under it was folded into the one entry, and is skipped). Any
     key serves as ``start_after``: a listing resumes after it, in key order (the
@@ -131,7 +133,8 @@ class ListPage:
         }
 
 
-_Key = tuple[str, str, bool, str | None, int, int]
+#: (backend, prefix, delimiter, start_after, limit, max_bytes)
+_Key = tuple[str, str, str | None, str | None, int, int]
 
 
 class Listings:
@@ -179,11 +182,44 @@ class Listings:
         Raises:
             UnknownBackendError, BackendForbiddenError, BackendUnavailableError
         """
-        backend = self.backends.get(backend_name)
         base = prefix.strip("/")
-        top = f"{base}/" if base else ""
+        return await self.page_of(
+            backend_name,
+            f"{base}/" if base else "",
+            delimiter=None if recursive else "/",
+            start_after=start_after,
+            limit=limit,
+            max_bytes=max_bytes,
+            fresh=fresh,
+        )
+
+    async def page_of(
+        self,
+        backend_name: str,
+        prefix: str,
+        *,
+        delimiter: str | None,
+        start_after: str | None = None,
+        limit: int = 1000,
+        max_bytes: int = 1 << 24,
+        fresh: bool = False,
+    ) -> ListPage:
+        """One page of the keys that start with ``prefix``, as S3 lists them.
+
+        ``prefix`` is any string (``data/sh`` holds ``data/shards/x`` and
+        ``data/sh.txt``); ``delimiter`` groups the keys that hold it after the prefix
+        into one ``directory`` entry each (the key up to, not including, the
+        delimiter), and None lists every key. A directory's token (``next``) is its key
+        followed by the delimiter. :meth:`page` is the directory listing of the other
+        doors: ``prefix`` ending in ``/``, delimiter ``/`` or None.
+
+        Raises:
+            UnknownBackendError, BackendForbiddenError, BackendUnavailableError
+        """
+        backend = self.backends.get(backend_name)
+        top = prefix
         limit = max(1, min(limit, MAX_PAGE))
-        key: _Key = (backend.name, top, recursive, start_after, limit, max_bytes)
+        key: _Key = (backend.name, top, delimiter or None, start_after, limit, max_bytes)
         ttl = backend.config.list_revalidate
         cached = None if fresh else self._cache.get(key)
         if fresh:
@@ -200,9 +236,7 @@ class Listings:
                 return page
             self._forget(key)
         joined = key in self._ahead_keys
-        page = await self._flights.run(
-            key, lambda: self._read(backend, top, recursive, start_after, limit, max_bytes)
-        )
+        page = await self._flights.run(key, lambda: self._read(backend, *key[1:]))
         if joined and ttl <= 0:  # the read-ahead's one reader: nothing of it is kept
             if key in self._ahead_keys:
                 self._served.add(key)  # it has not stored the page yet: it will not
@@ -218,8 +252,8 @@ class Listings:
         """Start reading the page after ``page`` in the background (see the module)."""
         if page.next is None or len(self._ahead) >= _AHEAD_TASKS:
             return
-        name, top, recursive, _, limit, max_bytes = key
-        after = (name, top, recursive, page.next, limit, max_bytes)
+        name, top, delimiter, _, limit, max_bytes = key
+        after = (name, top, delimiter, page.next, limit, max_bytes)
         if after in self._cache or after in self._flights:
             return
         task = asyncio.create_task(self._fetch_ahead(backend, after))
@@ -228,13 +262,10 @@ class Listings:
         task.add_done_callback(self._ahead.discard)
 
     async def _fetch_ahead(self, backend: Backend, key: _Key) -> None:
-        _, top, recursive, start_after, limit, max_bytes = key
         try:
-            page = await self._flights.run(
-                key, lambda: self._read(backend, top, recursive, start_after, limit, max_bytes)
-            )
+            page = await self._flights.run(key, lambda: self._read(backend, *key[1:]))
         except ChunkdError as exc:  # the reader asks again, and gets the error then
-            log.debug("listing read-ahead of %s/%s failed: %s", backend.name, top, exc)
+            log.debug("listing read-ahead of %s/%s failed: %s", backend.name, key[1], exc)
             return
         finally:
             self._ahead_keys.discard(key)
@@ -258,28 +289,47 @@ class Listings:
         self,
         backend: Backend,
         top: str,
-        recursive: bool,
+        delimiter: str | None,
         start_after: str | None,
         limit: int,
         max_bytes: int,
     ) -> ListPage:
         entries: list[ListEntry] = []
         used = 0
+        # The backend lists whole path segments: the prefix's own directory is scanned,
+        # from just before the prefix, and the scan ends at the first key past it.
+        root = top[: top.rfind("/") + 1]
+        start = _before(top) if top != root else None
         after = start_after
-        if after is not None and after < top:
-            after = None  # the token lies before the prefix: start at its beginning
-        if not recursive and after is not None and after.endswith("/"):
-            after += _PAST  # the page ended on a directory: skip everything under it
+        if after is None or (start is not None and after < start) or after < root:
+            after = start  # the token lies before the prefix: start at its beginning
+        rest = after[len(top) :] if after is not None and after.startswith(top) else ""
+        if (
+            delimiter
+            and rest.endswith(delimiter)
+            and rest.find(delimiter) == len(rest) - len(delimiter)
+        ):
+            after = f"{after}{_PAST}"  # the page ended on a directory: skip it whole
         folded: str | None = None  # the directory whose keys are being skipped
         skipped = 0
+        # A full page looks on for one more entry, so that only a page that has one after
+        # it says so (as S3's IsTruncated does).
+        full = False
         # A recursive page reads what it returns; one level may fold many keys.
-        size = min(limit, SCAN_BATCH) if recursive else SCAN_BATCH
+        size = min(limit + 1, SCAN_BATCH) if delimiter is None else SCAN_BATCH
         while True:
             restart = None
-            scan = backend.scan(top, start_after=after, batch=size)
+            scan = backend.scan(root, start_after=after, batch=size)
             async with contextlib.aclosing(scan):
                 async for batch in scan:
-                    if recursive:  # the common case of a long listing: a batch at once
+                    ended = False
+                    more = len(batch) >= size  # a full batch: the backend may have more
+                    if top != root:  # the keys before the prefix go, and the scan ends past it
+                        ended = bool(batch) and not batch[-1].key.startswith(top)
+                        batch = [m for m in batch if m.key.startswith(top)]
+                    if delimiter is None:  # the common case of a long listing: a batch at once
+                        if full and batch:
+                            return ListPage(backend.name, tuple(entries), entries[-1].key)
                         take = batch[: limit - len(entries)]
                         need = sum([_cost(m.key, m.version) for m in take])
                         if used + need <= max_bytes:
@@ -289,33 +339,39 @@ class Listings:
                             ]
                             used += need
                             if len(entries) >= limit:
-                                return ListPage(backend.name, tuple(entries), entries[-1].token)
-                            continue
+                                # Past a full batch the page does not look: that would
+                                # cost a backend request per page (the next page may be
+                                # empty, when the keys end right there).
+                                if len(take) < len(batch) or (more and not ended):
+                                    return ListPage(backend.name, tuple(entries), entries[-1].key)
+                                full = True
+                            batch = []
                     for meta in batch:
                         key = meta.key
-                        slash = -1 if recursive else key.find("/", len(top))
-                        if slash < 0:
+                        cut = -1 if delimiter is None else key.find(delimiter, len(top))
+                        if cut < 0:
                             when = meta.modified or None
                             entry = ListEntry(key, "file", meta.size, meta.version, when)
                         else:
-                            name = key[:slash]
+                            name = key[:cut]
                             if name == folded:
                                 skipped += 1
                                 if skipped > SCAN_BATCH:
-                                    restart = name + "/" + _PAST
+                                    restart = f"{name}{delimiter}{_PAST}"
                                     break
                                 continue
                             folded, skipped = name, 0
                             entry = ListEntry(name, "directory")
                         cost = _cost(entry.key, entry.version)
-                        if entries and used + cost > max_bytes:
-                            return ListPage(backend.name, tuple(entries), entries[-1].token)
+                        if full or (entries and used + cost > max_bytes):  # more follows
+                            return ListPage(
+                                backend.name, tuple(entries), _token(entries, delimiter)
+                            )
                         entries.append(entry)
                         used += cost
-                        if len(entries) >= limit:  # more may follow: the next page says
-                            return ListPage(backend.name, tuple(entries), entry.token)
-                    if restart is not None:
-                        break
+                        full = len(entries) >= limit
+                    if restart is not None or ended:
+                        break  # past the folded directory, or past the prefix
             if restart is None:
                 return ListPage(backend.name, tuple(entries), None)
             after, skipped = restart, 0
@@ -334,6 +390,23 @@ class Listings:
         if dropped is not None:
             self._cached -= len(dropped[1].entries)
             self.metrics.list_cached_entries.set(self._cached)
+
+
+def _token(entries: list[ListEntry], delimiter: str | None) -> str:
+    """The ``next`` of a page that ends with ``entries[-1]``."""
+    last = entries[-1]
+    return f"{last.key}{delimiter}" if last.type == "directory" else last.key
+
+
+def _before(prefix: str) -> str:
+    """A string that sorts before ``prefix`` and after every key that does (but no key
+    that starts with ``prefix``): where a scan for ``prefix`` starts."""
+    code = ord(prefix[-1]) - 1
+    if code < 0:
+        return prefix[:-1]
+    if 0xD800 <= code <= 0xDFFF:  # no surrogates: the backends send keys as UTF-8
+        code = 0xD7FF
+    return f"{prefix[:-1]}{chr(code)}{_PAST}"
 
 
 def _cost(key: str, version: str | None) -> int:

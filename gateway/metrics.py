@@ -214,6 +214,12 @@ class Metrics:
             "HTTP requests refused before routing (bad request line, headers or framing)",
             registry=r,
         )
+        self.s3_requests = Counter(
+            "chunkd_s3_requests",
+            "Requests the S3 front answered, by operation and S3 error code (OK: none)",
+            ["op", "code"],
+            registry=r,
+        )
         self.gc_barrier_waits = Counter(
             "chunkd_checkpoint_gc_barrier_waits",
             "Saves that waited for a garbage collection in progress before deduplicating",

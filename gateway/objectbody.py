@@ -8,12 +8,13 @@ serves a window of an object (a tar member, say) as a resource of its own.
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Mapping
+from typing import Literal
 
 from aiohttp import web
 
 from chunkd.gateway.appkeys import READ_PATH, STREAMING
 from chunkd.gateway.readpath import Stat
-from chunkd.ranges import parse_range, resolve
+from chunkd.ranges import RequestRange, parse_range, resolve
 
 __all__ = ["etag_of", "send_object"]
 
@@ -30,6 +31,7 @@ async def send_object(
     *,
     window: tuple[int, int] | None = None,
     headers: Mapping[str, str] | None = None,
+    byte_range: RequestRange | Literal["header"] | None = "header",
 ) -> tuple[web.StreamResponse, int]:
     """Answer ``request`` with the bytes of ``stat``; returns the response and the bytes
     sent.
@@ -37,16 +39,22 @@ async def send_object(
     ``window``: ``(offset, length)`` of the object to serve as if it were the whole
     resource (a ``Range`` is taken inside it; the window is cut at the object's end).
     ``headers``: more headers (a ``Content-Type``, say; octet-stream otherwise).
+    ``byte_range``: the range to serve, as the caller read it from the request;
+    ``"header"``: parsed here from ``Range`` (and dropped when ``If-Range`` names
+    another version).
     """
     base, size = 0, stat.size
     if window is not None:
         base = min(window[0], stat.size)
         size = min(window[1], stat.size - base)
     etag = etag_of(stat)
-    wanted = parse_range(request.headers.get("Range"))
-    if_range = request.headers.get("If-Range")
-    if wanted is not None and if_range is not None and if_range.strip() != etag:
-        wanted = None  # the client's partial copy is of another version: send it whole
+    if byte_range == "header":
+        wanted = parse_range(request.headers.get("Range"))
+        if_range = request.headers.get("If-Range")
+        if wanted is not None and if_range is not None and if_range.strip() != etag:
+            wanted = None  # the client's partial copy is of another version: send it whole
+    else:
+        wanted = byte_range
     start, end = resolve(wanted, size)
     out = {
         "ETag": etag,

@@ -7,6 +7,7 @@ the cache or the client imports it.
 - :mod:`chunkd.testing.ports`: free loopback ports, waiting for a server;
 - :mod:`chunkd.testing.process`: a server subprocess started, waited for and stopped;
 - :mod:`chunkd.testing.s3`: a moto S3 server in a subprocess, ``[[backends]]`` tables for it;
+- :mod:`chunkd.testing.s3front`: the S3 front's test keys, its table, clients of it;
 - :mod:`chunkd.testing.proxy`: a counting TCP proxy that can go down and up;
 - :mod:`chunkd.testing.netlab`: nodes in network namespaces behind shaped links (root).
 """

@@ -272,3 +272,63 @@ def other_host() -> Iterator[tuple[str, str]]:
     finally:
         subprocess.run(["ip", "netns", "del", ns], capture_output=True, check=False)
         subprocess.run(["ip", "link", "del", host_if], capture_output=True, check=False)
+
+
+@dataclass
+class FrontNode:
+    """A daemon that serves ``[s3_front]``: bucket ``data`` is the moto bucket ``name``
+    (through ``proxy``, which counts the backend's bytes), ``local`` a file backend at
+    ``files``."""
+
+    daemon: Daemon
+    endpoint: str
+    port: int
+    name: str
+    proxy: CountingProxy
+    files: Path
+
+    def client(self, **config: Any) -> Any:
+        from chunkd.testing.s3front import front_client
+
+        return front_client(self.endpoint, **config)
+
+
+@pytest.fixture
+def s3_front(
+    start_daemon: Callable[..., Daemon], tmp_path: Path, bucket: str, s3_proxy: CountingProxy
+) -> Callable[..., FrontNode]:
+    """Factory: ``s3_front(**front_keys)`` starts a daemon with ``[s3_front]`` on a free
+    port over bucket ``data`` (moto, counted) and ``local`` (files); ``toml`` adds
+    more config."""
+    from chunkd.testing import s3_backend
+    from chunkd.testing.s3front import front_section
+
+    def factory(*, toml: str = "", **front: str | bool) -> FrontNode:
+        port = free_port()
+        files = tmp_path / "files"
+        files.mkdir(exist_ok=True)
+        backend = s3_backend("data", f"s3://{bucket}", s3_proxy.endpoint, timeout="5s", retries=1)
+        config = f"""
+[server]
+shutdown_timeout = "5s"
+
+[cache]
+dir = "{tmp_path / f"cache-{port}"}"
+ram_bytes = "512MiB"
+disk_bytes = "2GiB"
+disk_min_free_bytes = 0
+fsync = "never"
+
+{front_section(port, **front)}
+{toml}
+{backend}
+[[backends]]
+name = "local"
+url = "file://{files}"
+writable = true
+revalidate = "1s"
+"""
+        daemon = start_daemon(config)
+        return FrontNode(daemon, f"http://127.0.0.1:{port}", port, bucket, s3_proxy, files)
+
+    return factory

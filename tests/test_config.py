@@ -249,7 +249,7 @@ def test_the_reference_in_the_module_docstring_is_a_config_of_the_defaults(
     assert set(uncommented["cache"]) == {f.name for f in dataclasses.fields(CacheConfig)} - {
         "reconcile"
     }
-    assert set(uncommented) == {"server", "cache", "backends", "peers", "datasets"}
+    assert set(uncommented) == {"server", "cache", "backends", "peers", "datasets", "s3_front"}
     assert config.datasets == DatasetsConfig()
     for name in ("CHUNKD_SERVER_<KEY>", "CHUNKD_CACHE_<KEY>", "CHUNKD_BACKENDS_<NAME>_<KEY>"):
         assert name in doc

@@ -479,3 +479,54 @@ async def test_a_read_ahead_joined_by_its_reader_is_not_served_again() -> None:
     again = await listings.page("mem", "k", start_after=first.next, limit=10)
     assert "k/10a" in [e.key for e in again.entries]  # not the page read ahead before
     await listings.close()
+
+
+def s3_model(keys: list[str], prefix: str, delimiter: str | None) -> list[str]:
+    """What S3 lists for ``prefix`` and ``delimiter``: keys and common prefixes, in order."""
+    out: list[str] = []
+    for key in sorted(keys, key=lambda k: k.encode()):
+        if not key.startswith(prefix):
+            continue
+        rest = key[len(prefix) :]
+        if delimiter and delimiter in rest:
+            common = prefix + rest[: rest.index(delimiter) + len(delimiter)]
+            if not out or out[-1] != common:
+                out.append(common)
+        else:
+            out.append(key)
+    return out
+
+
+async def test_s3_pages_match_the_model_for_any_prefix_and_delimiter() -> None:
+    """``page_of`` (the S3 front's listing) against a model of S3, over random keys,
+    raw prefixes (not directories), delimiters and page sizes."""
+    rng = random.Random(20261201)
+    alphabet = ["a", "b", "ab", "a.b", "a-b", "b+", "é", "1"]
+    keys = set()
+    while len(keys) < 600:
+        depth = rng.randint(1, 4)
+        keys.add("/".join(rng.choice(alphabet) for _ in range(depth)))
+    backend = memory_backend(list_revalidate=0)
+    for key in keys:
+        await backend.put(key, b"x")
+    listings = Listings(Backends([backend]), Metrics())
+    prefixes = ["", "a", "a/", "ab", "a/b", "a.b/", "b+/é", "é", "zz", "a/a/a/a/"]
+    for prefix in prefixes:
+        for delimiter in (None, "/", "b", "+/"):
+            for limit in (1, 3, 1000):
+                got: list[str] = []
+                token = None
+                for _ in range(5000):
+                    page = await listings.page_of(
+                        "mem", prefix, delimiter=delimiter, start_after=token, limit=limit
+                    )
+                    assert len(page.entries) <= limit
+                    got += [
+                        f"{e.key}{delimiter}" if e.type == "directory" else e.key
+                        for e in page.entries
+                    ]
+                    token = page.next
+                    if token is None:
+                        break
+                assert got == s3_model(list(keys), prefix, delimiter), (prefix, delimiter, limit)
+    await listings.close()

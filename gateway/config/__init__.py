@@ -122,6 +122,24 @@ Every key, with its default (a key left out takes the default)::
     # and frozen chunks live; every node with the same registry sees the same names
     registry = "local/datasets"
 
+    # an S3-compatible endpoint: the backends as buckets, for unchanged S3 clients
+    # (docs/s3.md)
+    [s3_front]
+    # the S3 endpoint's own host:port, what AWS_ENDPOINT_URL names; unset: no front
+    # listen = "127.0.0.1:8471"
+    # a file of access keys, 'ACCESS_KEY_ID SECRET' a line ('#' comments), chmod 600
+    # keys_file = "/etc/chunkd/s3-front.keys"
+    # one more access key, with secret_access_key (both from the environment, say)
+    # access_key_id = "chunkd"
+    # the secret of access_key_id (CHUNKD_S3_FRONT_SECRET_ACCESS_KEY)
+    # secret_access_key = "..."
+    # answer unsigned requests from this host (never from another)
+    # unsigned_from_loopback = false
+    # most a signed request's time may differ from this node's clock (S3's 15 minutes)
+    # max_skew = "15m"
+    # the region GetBucketLocation and HeadBucket answer
+    # region = "us-east-1"
+
     # one table per backend; at least one
     [[backends]]
     # required: [a-z0-9][a-z0-9_-]{0,62}; users name objects NAME/KEY
@@ -183,6 +201,8 @@ Environment overrides, applied on top of the file (or of the embedded default):
 * ``CHUNKD_PEERS_<KEY>`` sets one key of ``[peers]``: ``CHUNKD_PEERS_TLS_CA=/etc/chunkd/ca.pem``.
 * ``CHUNKD_DATASETS_<KEY>`` sets one key of ``[datasets]``:
   ``CHUNKD_DATASETS_REGISTRY=data/registry``.
+* ``CHUNKD_S3_FRONT_<KEY>`` sets one key of ``[s3_front]``:
+  ``CHUNKD_S3_FRONT_SECRET_ACCESS_KEY=...``.
 * ``CHUNKD_BACKENDS_<NAME>_<KEY>`` sets one key of the backend named NAME (upper-cased,
   ``-`` written as ``_``): ``CHUNKD_BACKENDS_DATA_SECRET_ACCESS_KEY=...``.
 
@@ -204,6 +224,7 @@ from chunkd.gateway.config.schema import (
     Config,
     DatasetsConfig,
     PeersConfig,
+    S3FrontConfig,
     ServerConfig,
 )
 from chunkd.gateway.config.values import (
@@ -219,6 +240,7 @@ __all__ = [
     "Config",
     "DatasetsConfig",
     "PeersConfig",
+    "S3FrontConfig",
     "Secret",
     "ServerConfig",
     "embedded_default",

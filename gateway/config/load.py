@@ -24,11 +24,13 @@ from chunkd.gateway.config.schema import (
     CACHE,
     DATASETS,
     PEERS,
+    S3_FRONT,
     SERVER,
     BackendConfig,
     Config,
     DatasetsConfig,
     PeersConfig,
+    S3FrontConfig,
     ServerConfig,
     backend_rules,
 )
@@ -58,6 +60,7 @@ class _Document:
     backends: list[tuple[str, dict[str, _Setting]]]
     peers: dict[str, _Setting] = field(default_factory=dict)
     datasets: dict[str, _Setting] = field(default_factory=dict)
+    s3_front: dict[str, _Setting] = field(default_factory=dict)
 
 
 def _did_you_mean(word: str, options: Iterable[str]) -> str:
@@ -107,6 +110,7 @@ def _document_from_toml(doc: Mapping[str, Any], source: str) -> _Document:
         "backends": BACKENDS.keys,
         "peers": PEERS.keys,
         "datasets": DATASETS.keys,
+        "s3_front": S3_FRONT.keys,
     }
     for key, value in doc.items():
         if key in sections:
@@ -114,7 +118,7 @@ def _document_from_toml(doc: Mapping[str, Any], source: str) -> _Document:
         if isinstance(value, dict | list):
             raise ConfigError(
                 f"{source}: unknown section [{key}]{_did_you_mean(key, sections)} "
-                "(the sections: [server], [cache], [[backends]], [peers], [datasets])"
+                "(the sections: [server], [cache], [[backends]], [peers], [datasets], [s3_front])"
             )
         homes = [
             "[[backends]]" if name == "backends" else f"[{name}]"
@@ -166,6 +170,7 @@ def _document_from_toml(doc: Mapping[str, Any], source: str) -> _Document:
         backends,
         _section(doc, "peers", PEERS.keys, source),
         _section(doc, "datasets", DATASETS.keys, source),
+        _section(doc, "s3_front", S3_FRONT.keys, source),
     )
 
 
@@ -215,6 +220,7 @@ _SECTION_PREFIXES: Final = {
     "CHUNKD_CACHE_": ("cache", CACHE.keys),
     "CHUNKD_PEERS_": ("peers", PEERS.keys),
     "CHUNKD_DATASETS_": ("datasets", DATASETS.keys),
+    "CHUNKD_S3_FRONT_": ("s3_front", S3_FRONT.keys),
 }
 _BACKENDS_PREFIX: Final = "CHUNKD_BACKENDS_"
 
@@ -357,6 +363,7 @@ def _build(doc: _Document, cwd: Path) -> Config:
         source=doc.source,
         peers=PeersConfig(**peers),
         datasets=DatasetsConfig(**_convert(doc.datasets, DATASETS.keys, cwd)),
+        s3_front=S3FrontConfig(**_convert(doc.s3_front, S3_FRONT.keys, cwd)),
     )
 
 

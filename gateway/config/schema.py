@@ -61,12 +61,14 @@ __all__ = [
     "DATASETS",
     "NOT_CACHE_KEYS",
     "PEERS",
+    "S3_FRONT",
     "SECTIONS",
     "SERVER",
     "BackendConfig",
     "Config",
     "DatasetsConfig",
     "PeersConfig",
+    "S3FrontConfig",
     "ServerConfig",
 ]
 
@@ -389,6 +391,86 @@ class DatasetsConfig:
 
 
 @dataclass(frozen=True)
+class S3FrontConfig:
+    """The ``[s3_front]`` section. Every field has the default shown; no ``listen``: no front.
+
+    The front serves the backends as buckets to unchanged S3 clients (docs/s3.md).
+    Every request is signed with one of its access keys (SigV4, header or presigned
+    query), unless ``unsigned_from_loopback`` lets this host's unsigned requests in.
+    """
+
+    listen: str | None = field(
+        default=None,
+        metadata=key(
+            LISTEN,
+            "the S3 endpoint's own host:port, what AWS_ENDPOINT_URL names; unset: no front",
+            example='"127.0.0.1:8471"',
+        ),
+    )
+    keys_file: Path | None = field(
+        default=None,
+        metadata=key(
+            PATH,
+            "a file of access keys, 'ACCESS_KEY_ID SECRET' a line ('#' comments), chmod 600",
+            example='"/etc/chunkd/s3-front.keys"',
+        ),
+    )
+    access_key_id: str | None = field(
+        default=None,
+        metadata=key(
+            TEXT,
+            "one more access key, with secret_access_key (both from the environment, say)",
+            example='"chunkd"',
+        ),
+    )
+    secret_access_key: Secret | None = field(
+        default=None,
+        metadata=key(
+            SECRET,
+            "the secret of access_key_id (CHUNKD_S3_FRONT_SECRET_ACCESS_KEY)",
+            example='"..."',
+        ),
+    )
+    unsigned_from_loopback: bool = field(
+        default=False,
+        metadata=key(BOOL, "answer unsigned requests from this host (never from another)"),
+    )
+    max_skew: float = field(
+        default=900.0,
+        metadata=key(
+            POSITIVE_DURATION,
+            "most a signed request's time may differ from this node's clock (S3's 15 minutes)",
+        ),
+    )
+    region: str = field(
+        default="us-east-1",
+        metadata=key(TEXT, "the region GetBucketLocation and HeadBucket answer"),
+    )
+
+    def __post_init__(self) -> None:
+        normalize(self, S3_FRONT.keys, "S3FrontConfig")
+        if (self.access_key_id is None) != (self.secret_access_key is None):
+            raise ConfigError(
+                "[s3_front] access_key_id and secret_access_key go together; set both or neither"
+            )
+
+    @property
+    def enabled(self) -> bool:
+        """Whether the node serves the S3 front."""
+        return self.listen is not None
+
+    @property
+    def host(self) -> str:
+        """The host of :attr:`listen`."""
+        return split_listen(self.listen or "")[0]
+
+    @property
+    def port(self) -> int:
+        """The port of :attr:`listen`."""
+        return split_listen(self.listen or "")[1]
+
+
+@dataclass(frozen=True)
 class BackendConfig:
     """One ``[[backends]]`` table. Every field but ``name`` and ``url`` has the default shown.
 
@@ -620,11 +702,18 @@ DATASETS: Final = Section(
     "the dataset registry: named, versioned snapshots (docs/datasets.md)",
     keys_of(DatasetsConfig),
 )
+S3_FRONT: Final = Section(
+    "s3_front",
+    "[s3_front]",
+    "an S3-compatible endpoint: the backends as buckets, for unchanged S3 clients (docs/s3.md)",
+    keys_of(S3FrontConfig),
+    commented=True,
+)
 BACKENDS: Final = Section(
     "backends", "[[backends]]", "one table per backend; at least one", keys_of(BackendConfig)
 )
 #: every section, in the order the docs list them
-SECTIONS: Final = (SERVER, CACHE, PEERS, DATASETS, BACKENDS)
+SECTIONS: Final = (SERVER, CACHE, PEERS, DATASETS, S3_FRONT, BACKENDS)
 
 
 # -- the whole config ---------------------------------------------------------------
@@ -646,6 +735,8 @@ class Config:
     peers: PeersConfig = PeersConfig()
     #: the [datasets] section
     datasets: DatasetsConfig = DatasetsConfig()
+    #: the [s3_front] section (disabled when absent)
+    s3_front: S3FrontConfig = S3FrontConfig()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "backends", tuple(self.backends))
@@ -693,6 +784,7 @@ class Config:
             "backends": backends,
             "peers": _plain(self.peers),
             "datasets": _plain(self.datasets),
+            "s3_front": _plain(self.s3_front),
         }
 
 

@@ -154,11 +154,11 @@ class SigV4Verifier:
         max_expires: float = 604800.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self._keys = dict(keys)
+        self._keys = keys  # looked up per request: a live mapping may change
         self._max_skew = max_skew
         self._max_expires = max_expires
         self._clock = clock
-        self._signing_keys: OrderedDict[tuple[str, str, str], bytes] = OrderedDict()
+        self._signing_keys: OrderedDict[tuple[str, str, str, str], bytes] = OrderedDict()
 
     @property
     def signing_keys_cached(self) -> int:
@@ -416,7 +416,8 @@ class SigV4Verifier:
 
     def _signing_key(self, scope: _Scope, secret: Secret) -> bytes:
         """The key of ``scope``: four HMACs, once per access key, day and region."""
-        cache_key = (scope.access_key, scope.date, scope.region)
+        # The secret is part of the key: an access key given a new secret derives anew.
+        cache_key = (scope.access_key, scope.date, scope.region, secret.reveal())
         key = self._signing_keys.get(cache_key)
         if key is not None:
             self._signing_keys.move_to_end(cache_key)

@@ -1,0 +1,19 @@
+"""The S3 front: an S3-compatible endpoint on the node, so that code that reads
+``s3://`` gets the cache by setting ``AWS_ENDPOINT_URL`` (docs/s3.md).
+
+One more door onto the read path and the listings (single flight, tiers, peers,
+pinned versions); it parses, checks the signature, maps errors and formats, and
+holds no caching of its own. Rooms:
+
+- :mod:`~chunkd.gateway.s3front.front`: the door (routes, conditions, listings);
+- :mod:`~chunkd.gateway.s3front.sigv4`: the AWS Signature Version 4 check;
+- :mod:`~chunkd.gateway.s3front.keys`: the front's access keys;
+- :mod:`~chunkd.gateway.s3front.xml`: the documents S3 answers with;
+- :mod:`~chunkd.gateway.s3front.errors`: S3's error codes.
+"""
+
+from __future__ import annotations
+
+from chunkd.gateway.s3front.front import S3Front, S3FrontRunner
+
+__all__ = ["S3Front", "S3FrontRunner"]

@@ -1,0 +1,597 @@
+"""The S3 front's door: S3 requests in, the read path and the listings behind.
+
+Path-style addressing on a port of its own (``[s3_front] listen``)::
+
+    GET  /                          ListBuckets: the configured backends
+    HEAD /BUCKET                    HeadBucket
+    GET  /BUCKET?location           GetBucketLocation
+    GET  /BUCKET?list-type=2&...    ListObjectsV2 (prefix, delimiter, continuation-token,
+                                    start-after, max-keys, fetch-owner, encoding-type)
+    GET  /BUCKET?prefix=...         ListObjects (v1: marker, prefix, delimiter, max-keys)
+    HEAD /BUCKET/KEY                HeadObject
+    GET  /BUCKET/KEY                GetObject: Range, If-Match, If-None-Match,
+                                    If-Modified-Since, If-Unmodified-Since, response-*
+
+Each request is checked in this order: the header section's size, the signature
+(:mod:`chunkd.gateway.s3front.sigv4`; unsigned ones only from loopback and only with
+``unsigned_from_loopback``), the bucket (a configured backend: the allowlist), the
+operation, the key. Writes are refused: ``AccessDenied`` under chunkd's own prefixes
+(``chunks/``, ``checkpoints/``, ``intents/``, the dataset registry), ``NotImplemented``
+elsewhere (with status 405, so that no client takes it for a server fault to retry).
+
+A key chunkd cannot hold (``dir/``, ``a//b``, ``..``) is a key no object has: GET
+answers ``NoSuchKey`` and HEAD a bare 404, as S3 does for a missing key, never 400.
+Listings leave such keys out, so what a listing shows, a GET finds.
+
+Every answer carries ``x-amz-request-id`` (also in the log line of a failure); the
+front never redirects.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import email.utils
+import ipaddress
+import logging
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Final
+from urllib.parse import unquote
+
+from aiohttp import web
+from aiohttp.http_exceptions import LineTooLong
+from aiohttp.web_protocol import RequestHandler
+
+from chunkd.errors import ChunkdError, InvalidKeyError, InvalidRangeError
+from chunkd.gateway.appkeys import READ_PATH, STREAMING
+from chunkd.gateway.checkpoints.model import CHECKPOINTS, CHUNKS, INTENTS
+from chunkd.gateway.names import validate_key
+from chunkd.gateway.objectbody import etag_of, send_object
+from chunkd.gateway.s3front import xml
+from chunkd.gateway.s3front.errors import S3Error, s3_error, s3_error_of
+from chunkd.gateway.s3front.keys import AccessKeys
+from chunkd.gateway.s3front.sigv4 import SigV4Verifier
+from chunkd.ranges import RequestRange, parse_range
+
+if TYPE_CHECKING:
+    from chunkd.gateway.backends import Backends
+    from chunkd.gateway.config import Config
+    from chunkd.gateway.listing import Listings
+    from chunkd.gateway.metrics import Metrics
+    from chunkd.gateway.readpath import ReadPath, Stat
+
+__all__ = ["S3Front", "S3FrontRunner"]
+
+log = logging.getLogger("chunkd.gateway.s3front")
+
+#: S3's own bound on a request's header section
+MAX_HEADER_BYTES: Final = 8192
+#: what the front's HTTP parser takes before it gives up (a bigger section is answered
+#: RequestHeaderSectionTooLarge by the front, in XML; past this, by the parser)
+PARSER_LIMIT: Final = 65536
+#: S3's cap on one listing page
+MAX_KEYS: Final = 1000
+#: subresources of a bucket or an object the front does not serve
+_UNSERVED: Final = frozenset(
+    {
+        "accelerate", "acl", "analytics", "attributes", "cors", "delete", "encryption",
+        "intelligent-tiering", "inventory", "legal-hold", "lifecycle", "logging",
+        "metrics", "notification", "object-lock", "ownershipControls", "policy",
+        "policyStatus", "publicAccessBlock", "replication", "requestPayment", "restore",
+        "retention", "select", "tagging", "torrent", "uploadId", "uploads", "versioning",
+        "versions", "website",
+    }
+)  # fmt: skip
+#: the response-* query overrides of GetObject, and the header each one sets
+_OVERRIDES: Final = {
+    "response-content-type": "Content-Type",
+    "response-content-language": "Content-Language",
+    "response-expires": "Expires",
+    "response-cache-control": "Cache-Control",
+    "response-content-disposition": "Content-Disposition",
+    "response-content-encoding": "Content-Encoding",
+}
+_TOKEN_MARK: Final = b"chunkd1:"
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class S3Front:
+    """The S3 front over one node's read path and listings. See the module docstring.
+
+    Args:
+        config: the daemon's config (``[s3_front]``, and ``[datasets]`` for the
+            registry's prefix that writes may not touch).
+        read_path: the node's read path: single flight, tiers, peers.
+        listings: the node's listings, in pages.
+        backends: the configured backends: the buckets.
+        metrics: ``chunkd_s3_requests_total`` and the read counters.
+        keys: the front's access keys (made from ``config`` when not given).
+
+    Raises:
+        ConfigError: the access keys cannot be read (see :class:`AccessKeys`).
+    """
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        read_path: ReadPath,
+        listings: Listings,
+        backends: Backends,
+        metrics: Metrics,
+        keys: AccessKeys | None = None,
+    ) -> None:
+        self.config = config.s3_front
+        self.read_path = read_path
+        self.listings = listings
+        self.backends = backends
+        self.metrics = metrics
+        self.keys = keys if keys is not None else AccessKeys(self.config)
+        self.verifier = SigV4Verifier(self.keys, max_skew=self.config.max_skew)
+        self.started = time.time()
+        registry = config.datasets
+        self._reserved = {
+            b.name: (CHUNKS, CHECKPOINTS, INTENTS)
+            + ((f"{registry.prefix}/",) if b.name == registry.backend else ())
+            for b in config.backends
+        }
+
+    def build_app(self) -> web.Application:
+        """The front's aiohttp application: one route, every method, every path."""
+        app = web.Application(middlewares=[self._answer_errors])
+        app[READ_PATH] = self.read_path  # what send_object streams from
+        app.router.add_route("*", r"/{path:[\s\S]*}", self._dispatch)
+        return app
+
+    # -- the edge --------------------------------------------------------------------
+
+    @web.middleware
+    async def _answer_errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        request_id = secrets.token_hex(8).upper()
+        request["s3_request_id"] = request_id
+        request["s3_op"] = "Unknown"
+        try:
+            response = await handler(request)
+        except web.HTTPException as exc:  # aiohttp's own, before a handler ran
+            if exc.status < 400:
+                raise
+            failure = s3_error("InvalidRequest", exc.reason)
+        except ChunkdError as exc:
+            if request.get(STREAMING):
+                log.warning(
+                    "S3 %s %s failed mid-body (request %s): %s",
+                    request.method,
+                    request.path,
+                    request_id,
+                    exc,
+                )
+                raise  # the headers are out: aiohttp cuts the connection short
+            failure = s3_error_of(exc, bucket=request.get("s3_bucket", ""), key=None)
+        except Exception as exc:  # a fault of ours: logged whole, answered as S3 would
+            if request.get(STREAMING):
+                raise
+            log.exception("S3 %s %s failed (request %s)", request.method, request.path, request_id)
+            failure = s3_error("InternalError", f"chunkd failed: {type(exc).__name__}")
+        else:
+            response.headers["x-amz-request-id"] = request_id
+            self.metrics.s3_requests.labels(request["s3_op"], "OK").inc()
+            return response
+        self.metrics.s3_requests.labels(request["s3_op"], failure.code).inc()
+        if failure.status >= 500:
+            log.warning(
+                "S3 %s %s: %s %s (request %s)",
+                request.method,
+                request.path,
+                failure.code,
+                failure.message,
+                request_id,
+            )
+        return error_response(failure, request_id, head=request.method == "HEAD")
+
+    async def _dispatch(self, request: web.Request) -> web.StreamResponse:
+        raw_path, _, raw_query = request.raw_path.partition("?")
+        if sum(len(k) + len(v) + 4 for k, v in request.raw_headers) > MAX_HEADER_BYTES:
+            raise s3_error(
+                "RequestHeaderSectionTooLarge",
+                f"Your request header section exceeds the maximum size ({MAX_HEADER_BYTES} bytes)",
+            )
+        identity = self.verifier.verify(request.method, raw_path, raw_query, request.headers)
+        if identity is None and not (
+            self.config.unsigned_from_loopback and _is_loopback(request.remote)
+        ):
+            raise s3_error(
+                "AccessDenied",
+                "Anonymous access is refused: sign the request (SigV4) with an access key "
+                "of [s3_front] (unsigned requests are answered from this host only, with "
+                "unsigned_from_loopback = true)",
+            )
+        raw_bucket, _, raw_key = raw_path.lstrip("/").partition("/")
+        query = request.query
+        method = request.method
+        if not raw_bucket:
+            if method != "GET":
+                raise _not_allowed(method, "the service")
+            request["s3_op"] = "ListBuckets"
+            return self._xml(xml.bucket_list((b.name for b in self.backends), self.started))
+        if not raw_key and method in ("PUT", "POST", "DELETE"):
+            request["s3_op"] = "BucketWrite"
+            raise s3_error(
+                "NotImplemented",
+                "chunkd's S3 front serves the configured backends as they are; buckets "
+                "are made, changed and removed in the config",
+            )
+        bucket = _unquoted(raw_bucket) or "\0"  # undecodable: no backend has that name
+        request["s3_bucket"] = bucket
+        backend = self.backends.get(bucket)  # UnknownBackendError: NoSuchBucket
+        if not raw_key:  # the bucket itself
+            return await self._bucket(request, backend.name, method)
+        key = _unquoted(raw_key) or ""  # undecodable: no object has that key
+        if method in ("PUT", "POST", "DELETE"):
+            request["s3_op"] = {"PUT": "PutObject", "POST": "PostObject"}.get(
+                method, "DeleteObject"
+            )
+            raise self._refused_write(backend.name, key)
+        if method not in ("GET", "HEAD"):
+            raise _not_allowed(method, "an object")
+        unserved = _UNSERVED.intersection(query)
+        if unserved:
+            raise s3_error(
+                "NotImplemented", f"chunkd's S3 front does not serve ?{min(unserved)} on objects"
+            )
+        request["s3_op"] = "GetObject" if method == "GET" else "HeadObject"
+        return await self._object(request, backend.name, key)
+
+    def _xml(self, body: bytes, status: int = 200) -> web.Response:
+        return web.Response(body=body, status=status, content_type="application/xml")
+
+    def _refused_write(self, bucket: str, key: str) -> S3Error:
+        if any(key.startswith(prefix) for prefix in self._reserved.get(bucket, ())):
+            return s3_error(
+                "AccessDenied",
+                f"{key!r} is under a prefix chunkd keeps for itself (chunks/, checkpoints/, "
+                "intents/, the dataset registry): the S3 front never writes there",
+            )
+        return s3_error(
+            "NotImplemented",
+            "chunkd's S3 front serves reads; write through the backend itself, or save "
+            "checkpoints with chunkd.client.checkpoint",
+        )
+
+    # -- buckets ---------------------------------------------------------------------
+
+    async def _bucket(self, request: web.Request, bucket: str, method: str) -> web.StreamResponse:
+        query = request.query
+        if method == "HEAD":
+            request["s3_op"] = "HeadBucket"
+            return web.Response(headers={"x-amz-bucket-region": self.config.region})
+        if method != "GET":
+            raise _not_allowed(method, "a bucket")
+        if "location" in query:
+            request["s3_op"] = "GetBucketLocation"
+            return self._xml(xml.location(self.config.region))
+        unserved = _UNSERVED.intersection(query)
+        if unserved:
+            request["s3_op"] = "Bucket" + min(unserved).capitalize()
+            raise s3_error(
+                "NotImplemented", f"chunkd's S3 front does not serve ?{min(unserved)} on buckets"
+            )
+        list_type = query.get("list-type")
+        if list_type == "2":
+            request["s3_op"] = "ListObjectsV2"
+            return await self._list_v2(request, bucket)
+        if list_type is not None:
+            raise s3_error("InvalidArgument", f"list-type must be 2 (or absent); got {list_type!r}")
+        request["s3_op"] = "ListObjects"
+        return await self._list_v1(request, bucket)
+
+    async def _list_v2(self, request: web.Request, bucket: str) -> web.Response:
+        query = request.query
+        prefix, delimiter, max_keys, url = _listing_params(query)
+        token = query.get("continuation-token")
+        start_after = query.get("start-after") or None
+        after = start_after
+        if token is not None:
+            after = _decode_token(token)
+        contents, prefixes, next_after = await self._page(
+            bucket, prefix, delimiter, after, max_keys
+        )
+        body = xml.listing_v2(
+            bucket=bucket,
+            prefix=prefix,
+            delimiter=delimiter,
+            max_keys=max_keys,
+            contents=contents,
+            prefixes=prefixes,
+            continuation=token,
+            next_continuation=None if next_after is None else _encode_token(next_after),
+            start_after=start_after,
+            url=url,
+            owner=query.get("fetch-owner", "false").lower() == "true",
+        )
+        return self._xml(body)
+
+    async def _list_v1(self, request: web.Request, bucket: str) -> web.Response:
+        query = request.query
+        prefix, delimiter, max_keys, url = _listing_params(query)
+        marker = query.get("marker", "")
+        contents, prefixes, next_after = await self._page(
+            bucket, prefix, delimiter, marker or None, max_keys
+        )
+        body = xml.listing_v1(
+            bucket=bucket,
+            prefix=prefix,
+            delimiter=delimiter,
+            max_keys=max_keys,
+            contents=contents,
+            prefixes=prefixes,
+            marker=marker,
+            next_marker=next_after,
+            url=url,
+        )
+        return self._xml(body)
+
+    async def _page(
+        self, bucket: str, prefix: str, delimiter: str | None, after: str | None, max_keys: int
+    ) -> tuple[list[xml.Content], list[str], str | None]:
+        """One page of S3 listing: (objects, common prefixes, the key to resume after)."""
+        if max_keys == 0:
+            return [], [], None
+        page = await self.listings.page_of(
+            bucket, prefix, delimiter=delimiter, start_after=after, limit=max_keys
+        )
+        contents: list[xml.Content] = []
+        prefixes: list[str] = []
+        for entry in page.entries:
+            if entry.type == "directory":
+                prefixes.append(f"{entry.key}{delimiter}")
+            elif _holdable(entry.key):
+                etag = entry.version or ""
+                contents.append(
+                    xml.Content(
+                        entry.key,
+                        entry.size,
+                        etag if etag.startswith('"') else f'"{etag}"',
+                        entry.modified or 0.0,
+                    )
+                )
+        return contents, prefixes, page.next
+
+    # -- objects ---------------------------------------------------------------------
+
+    async def _object(self, request: web.Request, bucket: str, key: str) -> web.StreamResponse:
+        query = request.query
+        if not _holdable(key):
+            raise s3_error("NoSuchKey", "The specified key does not exist.")
+        started = time.perf_counter()
+        stat = await self.read_path.stat(bucket, key)
+        part = query.get("partNumber")
+        if part is not None and part != "1":
+            raise s3_error(
+                "InvalidPartNumber" if part.isdigit() else "InvalidArgument",
+                "The requested partnumber is not satisfiable (objects here have one part)",
+            )
+        headers = _object_headers(stat)
+        _check_conditions(request, stat, headers)
+        for name, header in _OVERRIDES.items():
+            if name in query:
+                headers[header] = query[name]
+        try:
+            wanted: RequestRange | None = parse_range(request.headers.get("Range"))
+        except InvalidRangeError:
+            wanted = None  # S3 serves the whole object for a Range it cannot read
+        response, served = await send_object(request, stat, headers=headers, byte_range=wanted)
+        if request.method == "GET":
+            self.metrics.read_seconds.observe(time.perf_counter() - started)
+            self.metrics.read_bytes.labels("s3").inc(served)
+        return response
+
+
+# -- the parts of a request ----------------------------------------------------------
+
+
+def _listing_params(query: Any) -> tuple[str, str | None, int, bool]:
+    """(prefix, delimiter, max-keys, encoding-type=url) of a listing request."""
+    prefix = query.get("prefix", "")
+    delimiter = query.get("delimiter") or None
+    text = query.get("max-keys", str(MAX_KEYS))
+    if not text.isdigit() or len(text) > 10:
+        raise s3_error("InvalidArgument", f"max-keys must be a whole number; got {text!r}")
+    encoding = query.get("encoding-type")
+    if encoding not in (None, "url"):
+        raise s3_error(
+            "InvalidArgument", f"Invalid Encoding Method specified in Request: {encoding!r}"
+        )
+    for name, value in (("prefix", prefix), ("delimiter", delimiter or "")):
+        if len(value.encode("utf-8", "surrogatepass")) > 1024:
+            raise s3_error("InvalidArgument", f"{name} is longer than a key can be")
+    return prefix, delimiter, min(int(text), MAX_KEYS), encoding == "url"
+
+
+def _encode_token(after: str) -> str:
+    raw = _TOKEN_MARK + after.encode("utf-8", "surrogatepass")
+    return base64.urlsafe_b64encode(raw).decode()
+
+
+def _decode_token(token: str) -> str:
+    try:
+        raw = base64.urlsafe_b64decode(token.encode("ascii"))
+        after = raw[len(_TOKEN_MARK) :].decode("utf-8")
+    except (ValueError, UnicodeError, binascii.Error):
+        raw = b""
+    if not raw.startswith(_TOKEN_MARK):
+        raise s3_error("InvalidArgument", "The continuation token provided is incorrect")
+    return after
+
+
+def _unquoted(raw: str) -> str | None:
+    """A path part percent-decoded as UTF-8 (``+`` stays ``+``); None if it is not UTF-8."""
+    try:
+        return unquote(raw, errors="strict")
+    except UnicodeDecodeError:
+        return None
+
+
+def _holdable(key: str) -> bool:
+    """Whether chunkd can hold ``key`` (see :func:`~chunkd.gateway.names.validate_key`)."""
+    try:
+        validate_key(key)
+    except InvalidKeyError:
+        return False
+    return True
+
+
+def _object_headers(stat: Stat) -> dict[str, str]:
+    headers = {
+        "ETag": etag_of(stat),
+        "Content-Type": "binary/octet-stream",
+        "Accept-Ranges": "bytes",
+    }
+    if stat.meta.modified:
+        headers["Last-Modified"] = email.utils.formatdate(stat.meta.modified, usegmt=True)
+    return headers
+
+
+def _http_date(text: str | None) -> float | None:
+    if text is None:
+        return None
+    try:
+        when = email.utils.parsedate_to_datetime(text)
+    except (TypeError, ValueError):
+        return None  # S3 ignores a date it cannot read
+    return when.timestamp() if when.tzinfo is not None else None
+
+
+def _etag_matches(header: str, etag: str) -> bool:
+    wanted = [tag.strip() for tag in header.split(",")]
+    bare = etag.strip('"')
+    return any(tag == "*" or tag.removeprefix("W/").strip('"') == bare for tag in wanted)
+
+
+def _check_conditions(request: web.Request, stat: Stat, headers: dict[str, str]) -> None:
+    """RFC 9110's order, as S3 applies it: If-Match, else If-Unmodified-Since; then
+    If-None-Match, else If-Modified-Since (a 304 carries the object's validators)."""
+    etag = headers["ETag"]
+    modified = int(stat.meta.modified)  # HTTP dates have whole seconds
+    if_match = request.headers.get("If-Match")
+    if if_match is not None:
+        if not _etag_matches(if_match, etag):
+            raise s3_error(
+                "PreconditionFailed",
+                "At least one of the pre-conditions you specified did not hold",
+                fields={"Condition": "If-Match"},
+            )
+    else:
+        since = _http_date(request.headers.get("If-Unmodified-Since"))
+        if since is not None and stat.meta.modified and modified > since:
+            raise s3_error(
+                "PreconditionFailed",
+                "At least one of the pre-conditions you specified did not hold",
+                fields={"Condition": "If-Unmodified-Since"},
+            )
+    if_none = request.headers.get("If-None-Match")
+    not_modified = False
+    if if_none is not None:
+        not_modified = _etag_matches(if_none, etag)
+    else:
+        since = _http_date(request.headers.get("If-Modified-Since"))
+        not_modified = since is not None and bool(stat.meta.modified) and modified <= since
+    if not_modified:
+        keep = {k: v for k, v in headers.items() if k in ("ETag", "Last-Modified")}
+        raise S3Error("NotModified", 304, "Not Modified", headers=keep)
+
+
+def _not_allowed(method: str, what: str) -> S3Error:
+    return S3Error(
+        "MethodNotAllowed",
+        405,
+        f"The specified method is not allowed against this resource ({method} on {what})",
+        headers={"Allow": "GET, HEAD"},
+    )
+
+
+def error_response(failure: S3Error, request_id: str, *, head: bool = False) -> web.Response:
+    """``failure`` as S3 answers it: XML (no body on a HEAD or a 304)."""
+    headers = {"x-amz-request-id": request_id, **failure.headers}
+    if head or failure.status == 304:
+        return web.Response(status=failure.status, headers=headers)
+    body = xml.error_document(failure.code, failure.message, request_id, failure.fields)
+    return web.Response(
+        status=failure.status, body=body, headers=headers, content_type="application/xml"
+    )
+
+
+def _is_loopback(address: str | None) -> bool:
+    if not address:
+        return False
+    try:
+        ip = ipaddress.ip_address(address.split("%")[0])
+    except ValueError:
+        return False
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped.is_loopback
+    return ip.is_loopback
+
+
+# -- what the HTTP parser refuses ------------------------------------------------------
+
+
+class _S3RequestHandler(RequestHandler):
+    """aiohttp's connection handler, answering what its parser refuses (a header line
+    past :data:`PARSER_LIMIT`, a malformed request line) in S3 XML, not plain text."""
+
+    def handle_error(
+        self,
+        request: Any,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        if status != 400:
+            return super().handle_error(request, status, exc, message)
+        text = f"{message or ''} {exc or ''}".strip() or "bad request"
+        too_large = isinstance(exc, LineTooLong) or any(
+            word in text.lower() for word in ("too long", "too many", "overflow", "too large")
+        )
+        failure = s3_error(
+            "RequestHeaderSectionTooLarge" if too_large else "InvalidRequest",
+            "Your request header section exceeds the maximum size"
+            if too_large
+            else f"The request could not be read as HTTP: {text[:200]}",
+        )
+        self.log_debug("S3 front refused a request before routing: %s", text[:200])
+        response = error_response(failure, secrets.token_hex(8).upper())
+        response.force_close()
+        return response
+
+
+class _S3Server(web.Server):
+    def __call__(self) -> RequestHandler:
+        return _S3RequestHandler(self, loop=self._loop, **self._kwargs)
+
+
+class S3FrontRunner(web.AppRunner):
+    """The front's runner: aiohttp's, with the parser's limits raised to
+    :data:`PARSER_LIMIT` (the front answers an oversized header section itself) and
+    the connection handler of :class:`_S3RequestHandler`.
+
+    aiohttp has no public hook for how its parser's refusals are answered, so the
+    server it makes is given that handler's class; ``tests/test_s3front.py`` checks
+    the answer, and so an aiohttp that changes this.
+    """
+
+    def __init__(self, app: web.Application, **kwargs: Any) -> None:
+        super().__init__(
+            app,
+            max_line_size=PARSER_LIMIT,
+            max_field_size=PARSER_LIMIT,
+            max_headers=256,
+            **kwargs,
+        )
+
+    async def _make_server(self) -> web.Server:
+        server = await super()._make_server()
+        server.__class__ = _S3Server
+        return server

@@ -35,6 +35,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+import ssl
 import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -61,7 +62,7 @@ from chunkd.gateway.readpath import ReadPath
 from chunkd.gateway.s3front import S3Front, S3FrontRunner
 from chunkd.gateway.s3front.keys import AccessKeys
 from chunkd.gateway.sdnotify import SystemdNotifier
-from chunkd.gateway.tls import PeerTLS
+from chunkd.gateway.tls import PeerTLS, server_context
 
 __all__ = ["Node", "build_app", "open_node", "run", "serve"]
 
@@ -88,6 +89,7 @@ def serve(config_path: str | None) -> int:
     try:
         if config.s3_front.enabled:
             AccessKeys(config.s3_front)  # a keys file that cannot be read fails here
+            _front_tls(config)
     except ConfigError as exc:
         print(f"chunkd: bad configuration: {exc}", file=sys.stderr)
         return 2
@@ -282,7 +284,9 @@ async def _start_s3_front(
         logger=server_log,
     )
     await runner.setup()
-    site = web.TCPSite(runner, settings.host, settings.port, reuse_address=True)
+    site = web.TCPSite(
+        runner, settings.host, settings.port, reuse_address=True, ssl_context=_front_tls(config)
+    )
     try:
         await site.start()
     except OSError as exc:
@@ -294,8 +298,16 @@ async def _start_s3_front(
         )
         await runner.cleanup()
         return False
-    log.info("S3 front serving on http://%s", settings.listen)
+    scheme = "http" if settings.tls_cert is None else "https"
+    log.info("S3 front serving on %s://%s", scheme, settings.listen)
     return runner
+
+
+def _front_tls(config: Config) -> ssl.SSLContext | None:
+    settings = config.s3_front
+    if settings.tls_cert is None or settings.tls_key is None:
+        return None
+    return server_context(settings.tls_cert, settings.tls_key, "[s3_front]")
 
 
 async def run(

@@ -37,7 +37,7 @@ from chunkd.errors import ConfigError
 if TYPE_CHECKING:
     from chunkd.gateway.config import Config
 
-__all__ = ["PeerTLS", "cacert_context", "unreachable"]
+__all__ = ["PeerTLS", "cacert_context", "server_context", "unreachable"]
 
 log = logging.getLogger("chunkd.gateway.tls")
 
@@ -158,6 +158,32 @@ class PeerTLS:
             if len(done) == len(sides):
                 return None
         return "(its handshake with itself did not finish)"  # pragma: no cover
+
+
+def server_context(cert: Path, key: Path, where: str) -> ssl.SSLContext:
+    """A TLS server context (TLS 1.2 or newer) of ``cert`` and ``key``, no client
+    certificates asked: what the S3 front serves HTTPS with. ``where`` names the
+    section in messages (``"[s3_front]"``).
+
+    Raises:
+        ConfigError: a file cannot be read, holds no PEM, or the key is not the
+            certificate's (or is encrypted).
+    """
+    places = {"tls_cert": f"{where} tls_cert {cert}", "tls_key": f"{where} tls_key {key}"}
+    cert_pem = _read(cert, places["tls_cert"])
+    key_pem = _read(key, places["tls_key"])
+    if _CERTIFICATE not in cert_pem:
+        raise ConfigError(f"{places['tls_cert']} holds no PEM certificate; give it in PEM")
+    _parse_certificates(cert_pem, places["tls_cert"])
+    if _ENCRYPTED.search(key_pem) or not _PRIVATE_KEY.search(key_pem):
+        raise ConfigError(
+            f"{places['tls_key']} is not an unencrypted PEM private key; give the key of "
+            "tls_cert unencrypted (openssl pkey -in KEY -out PLAIN), chmod 600"
+        )
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    _load_chain(context, cert, key, places)
+    return context
 
 
 def _read(path: Path, where: str) -> bytes:

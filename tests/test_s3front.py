@@ -678,3 +678,30 @@ def test_quoted_keys_round_trip_through_the_signature(front: FrontNode) -> None:
     status, _, body = raw(front, "GET", "/local/" + quote(key, safe="/~"))
     assert (status, body) == (200, b"quoted")
     assert front.client().get_object(Bucket="local", Key=key)["Body"].read() == b"quoted"
+
+
+def test_https_with_the_front_certificate(
+    s3_front: Callable[..., FrontNode], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With tls_cert and tls_key the front serves HTTPS only; a client that trusts the
+    CA (AWS_CA_BUNDLE) reads, one that does not refuses the certificate."""
+    from tests.test_peers_tls import Authority
+
+    authority = Authority(tmp_path / "pki", "front")
+    cert, key = authority.issue("s3-front")
+    node = s3_front(tls_cert=str(cert), tls_key=str(key))
+    (node.files / "tls.bin").write_bytes(b"over tls")
+    endpoint = node.endpoint.replace("http://", "https://")
+    monkeypatch.setenv("AWS_CA_BUNDLE", str(authority.pem))
+    assert front_client(endpoint).get_object(Bucket="local", Key="tls.bin")["Body"].read() == (
+        b"over tls"
+    )
+    monkeypatch.delenv("AWS_CA_BUNDLE")
+    from botocore.exceptions import SSLError
+
+    with pytest.raises(SSLError):
+        front_client(endpoint, retries={"max_attempts": 1}).head_object(
+            Bucket="local", Key="tls.bin"
+        )
+    with pytest.raises((ConnectionError, http.client.HTTPException, OSError)):
+        raw(node, "GET", "/local/tls.bin")  # plain HTTP gets no answer

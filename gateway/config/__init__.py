@@ -139,6 +139,11 @@ Every key, with its default (a key left out takes the default)::
     # max_skew = "15m"
     # the region GetBucketLocation and HeadBucket answer
     # region = "us-east-1"
+    # HTTPS (with tls_key): the front's certificate chain, PEM; clients get its CA
+    # (AWS_CA_BUNDLE)
+    # tls_cert = "/etc/chunkd/s3-front.pem"
+    # the private key of tls_cert, PEM, unencrypted
+    # tls_key = "/etc/chunkd/s3-front.key"
 
     # one table per backend; at least one
     [[backends]]

@@ -446,9 +446,30 @@ class S3FrontConfig:
         default="us-east-1",
         metadata=key(TEXT, "the region GetBucketLocation and HeadBucket answer"),
     )
+    tls_cert: Path | None = field(
+        default=None,
+        metadata=key(
+            PATH,
+            "HTTPS (with tls_key): the front's certificate chain, PEM; clients get its CA "
+            "(AWS_CA_BUNDLE)",
+            example='"/etc/chunkd/s3-front.pem"',
+        ),
+    )
+    tls_key: Path | None = field(
+        default=None,
+        metadata=key(
+            PATH,
+            "the private key of tls_cert, PEM, unencrypted",
+            example='"/etc/chunkd/s3-front.key"',
+        ),
+    )
 
     def __post_init__(self) -> None:
         normalize(self, S3_FRONT.keys, "S3FrontConfig")
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ConfigError(
+                "[s3_front] tls_cert and tls_key go together; set both for HTTPS, or neither"
+            )
         if (self.access_key_id is None) != (self.secret_access_key is None):
             raise ConfigError(
                 "[s3_front] access_key_id and secret_access_key go together; set both or neither"

@@ -47,11 +47,12 @@ typecheck: $(STAMP)
 pytest: $(STAMP) emulators tools
 	$(BIN)/pytest
 
-# What the page and terminal tests drive: Debian's chromium, tmux, ffmpeg (media fixtures).
+# What the page and terminal tests drive: Debian's chromium, tmux, ffmpeg (media fixtures),
+# and the AWS CLI (the S3 front's client tests), as COMMAND:PACKAGE.
 # Installed with apt-get when missing and we are root; otherwise those tests skip, saying why.
-TOOLS := chromium tmux ffmpeg
+TOOLS := chromium:chromium tmux:tmux ffmpeg:ffmpeg aws:awscli
 tools:
-	@missing=""; for t in $(TOOLS); do command -v $$t >/dev/null || missing="$$missing $$t"; done; \
+	@missing=""; for t in $(TOOLS); do command -v $${t%%:*} >/dev/null || missing="$$missing $${t#*:}"; done; \
 	if [ -n "$$missing" ]; then \
 		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 			echo "installing$$missing"; \

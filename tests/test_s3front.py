@@ -365,6 +365,22 @@ def test_start_after_inside_a_prefix_and_v1_pages(front: FrontNode, s3_server: S
     )
 
 
+def test_folder_markers_are_no_objects(front: FrontNode, s3_server: S3Server) -> None:
+    """Zero-byte ``m/`` markers (S3 consoles make them) are not listed as objects ``m``
+    that a GET could not find; a real empty object is."""
+    direct = s3_server.client()
+    for key in ("m/", "m/x", "n/o/", "empty", "n/_SUCCESS"):
+        direct.put_object(Bucket=front.name, Key=key, Body=b"x" if key == "m/x" else b"")
+    s3 = front.client()
+    keys = [c["Key"] for c in s3.list_objects_v2(Bucket="data")["Contents"]]
+    assert keys == ["empty", "m/x", "n/_SUCCESS"]
+    level = s3.list_objects_v2(Bucket="data", Delimiter="/")
+    assert [c["Key"] for c in level["Contents"]] == ["empty"]
+    assert [p["Prefix"] for p in level["CommonPrefixes"]] == ["m/", "n/"]
+    assert error_code(lambda: s3.head_object(Bucket="data", Key="m/")) == "404"
+    assert error_code(lambda: s3.head_object(Bucket="data", Key="m")) == "404"
+
+
 def test_listing_at_scale(front: FrontNode) -> None:
     """20,000 keys in 200 directories: every key once, in order, in pages of at most
     1,000; a directory level pages its 200 prefixes; max-keys is capped at 1,000."""

@@ -83,6 +83,7 @@ _BODY_DEADLINE: Final = 3600.0  # seconds one response may take in all, a span G
 _OBJECT_OPS: Final = frozenset({"head", "get", "put", "delete"})
 # A version read again when it changed between a ranged get's HEAD and its GET.
 _UNPINNED_TRIES: Final = 2
+_MARKER_HEADS: Final = 16  # HEADs at once that tell a folder marker from an empty object
 
 
 class StoreBackend(Backend):
@@ -288,12 +289,35 @@ class StoreBackend(Backend):
                 for m in metas
                 if (start_after is None or m.key > start_after) and m.key.startswith(top)
             ]
+            if any(m.size == 0 for m in got):
+                got = await self._without_markers(got)
             if got:
                 yield got
             if metas:
                 last = metas[-1].key
             if len(raw) < batch:
                 return
+
+    async def _without_markers(self, metas: list[ObjectMeta]) -> list[ObjectMeta]:
+        """``metas`` without folder markers.
+
+        A folder marker is a zero-byte object named ``a/b/`` (S3 consoles and many tools
+        make them). obstore lists it as ``a/b``, a key no object has: a listing would show
+        a file that a GET cannot find, and pyarrow would try to read it as one. So each
+        zero-byte entry is asked for with a HEAD (at most :data:`_MARKER_HEADS` at once),
+        and one that is not there goes. Zero-byte objects are few in data; each costs
+        one HEAD per listing that meets it.
+        """
+        empty = [m for m in metas if m.size == 0]
+        limit = asyncio.Semaphore(_MARKER_HEADS)
+
+        async def there(meta: ObjectMeta) -> bool:
+            async with limit:
+                return await self.head(meta.key) is not None
+
+        found = await asyncio.gather(*(there(m) for m in empty))
+        gone = {m.key for m, present in zip(empty, found, strict=True) if not present}
+        return [m for m in metas if m.key not in gone] if gone else metas
 
     def _list_stream(self, prefix: str, after: str | None, batch: int) -> Any:
         try:

@@ -242,6 +242,13 @@ class S3Front:
                 "NotImplemented", f"chunkd's S3 front does not serve ?{min(unserved)} on objects"
             )
         request["s3_op"] = "GetObject" if method == "GET" else "HeadObject"
+        if query.get("versionId", "null") != "null":
+            # Served as the current version, it could be other bytes than those asked for.
+            raise s3_error(
+                "NotImplemented",
+                "chunkd's S3 front serves the current version of an object only (versionId "
+                "'null'); read older versions from the backend itself",
+            )
         return await self._object(request, backend.name, key)
 
     def _xml(self, body: bytes, status: int = 200) -> web.Response:

@@ -805,3 +805,56 @@ def test_random_requests_never_get_a_5xx(s3_front: Callable[..., FrontNode]) -> 
         if status >= 400 and method != "HEAD":
             assert code_of(body), where
     alive(node)
+
+
+def test_three_nodes_fronts_read_one_cold_object_once_from_the_backend(
+    start_daemon: Callable[..., Any],
+    tmp_path: Path,
+    bucket: str,
+    s3_proxy: Any,
+    s3_server: S3Server,
+) -> None:
+    """The front is a door onto the read path, peers included: three nodes' fronts
+    reading one cold object at once cost the backend about one read of it."""
+    import os
+
+    from chunkd.testing import free_port
+    from chunkd.testing.s3front import front_section
+    from tests.test_peers import node_toml
+
+    data = os.urandom(16 << 20)
+    s3_server.client().put_object(Bucket=bucket, Key="pre/shards/000.bin", Body=data)
+    ports = [free_port() for _ in range(3)]
+    fronts = [free_port() for _ in range(3)]
+    nodes = [
+        start_daemon(
+            node_toml(tmp_path, bucket, s3_proxy, f"n{i}", port, ports)
+            + "\n"
+            + front_section(fronts[i]),
+            cwd=tmp_path / f"n{i}",
+            env={"CHUNKD_SERVER_LISTEN": f"127.0.0.1:{port}"},
+            port=port,
+        )
+        for i, port in enumerate(ports)
+    ]
+    deadline = time.monotonic() + 20
+    while any(n.metric("chunkd_peer_healthy") < 3 for n in nodes):
+        assert time.monotonic() < deadline, "the nodes never all saw each other up"
+        time.sleep(0.1)
+    s3_proxy.reset()
+    results: list[bytes | None] = [None] * 3
+
+    def read(i: int) -> None:
+        client = front_client(f"http://127.0.0.1:{fronts[i]}")
+        results[i] = client.get_object(Bucket="ckpt", Key="shards/000.bin")["Body"].read()
+
+    threads = [threading.Thread(target=read, args=(i,)) for i in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=100)
+    assert results == [data, data, data]
+    logs = [n.log.read_text() for n in nodes]
+    broken = sum(text.count("a span GET failed") + text.count("; retry ") for text in logs)
+    assert len(data) <= s3_proxy.bytes_down <= 1.05 * len(data) + broken * (4 << 20)
+    assert sum(n.metric("chunkd_peer_bytes_total", direction="in") for n in nodes) > 0

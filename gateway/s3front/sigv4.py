@@ -1,9 +1,9 @@
-"""AWS Signature Version 4 verification for the S3 front.
+"""AWS Signature Version 4 verification for the S3 front, and the door to SigV2's.
 
 Every signed request is checked against the secret of the access key that signed
 it: the verifier rebuilds the canonical request from what came over the wire,
 derives the signing key from the configured secret and compares signatures in
-constant time. Two forms are accepted, as S3 accepts them:
+constant time. Two SigV4 forms are accepted, as S3 accepts them:
 
 1. The ``Authorization`` header: ``AWS4-HMAC-SHA256 Credential=AKID/YYYYMMDD/
    REGION/s3/aws4_request, SignedHeaders=host;x-amz-date, Signature=<hex>``, with
@@ -27,6 +27,14 @@ served is what was signed.
 
 The payload hash (``x-amz-content-sha256``) goes into the canonical request as
 sent; checking it against the body is the business of whoever reads a body.
+
+SigV2 (HMAC-SHA1) is checked too, against the same keys, by
+:mod:`chunkd.gateway.s3front.sigv2`: an ``Authorization: AWS AKID:signature``
+header, and a presigned URL with ``AWSAccessKeyId``, ``Signature`` and ``Expires``
+(what boto3's ``generate_presigned_url`` makes with its default config).
+:meth:`SigV4Verifier.verify` tells the four forms apart; a request that carries
+more than one (a header and a signed query, or both query forms) is refused with
+``InvalidArgument``.
 """
 
 from __future__ import annotations
@@ -42,6 +50,7 @@ from email.utils import parsedate_to_datetime
 from typing import TYPE_CHECKING, Final
 from urllib.parse import quote_from_bytes, unquote, unquote_to_bytes
 
+from chunkd.gateway.s3front import sigv2
 from chunkd.gateway.s3front.errors import S3Error, s3_error
 
 if TYPE_CHECKING:
@@ -130,11 +139,13 @@ class _Scope:
 
 
 class SigV4Verifier:
-    """Checks the SigV4 signature of S3 requests against configured secrets.
+    """Checks the SigV4 (and SigV2) signature of S3 requests against configured secrets.
 
     One instance serves every request; it holds the keys and a bounded cache of
     derived signing keys, and does no I/O, so :meth:`verify` is called on the
-    event loop.
+    event loop. A SigV2 request is handed to a
+    :class:`~chunkd.gateway.s3front.sigv2.SigV2Verifier` that shares the keys,
+    the clock and the limits.
 
     Args:
         keys: access key id -> secret access key.
@@ -142,7 +153,8 @@ class SigV4Verifier:
             the server's (S3's own is 15 minutes); a presigned URL may be dated
             at most this far in the future.
         max_expires: the longest ``X-Amz-Expires`` accepted, in seconds (S3's is
-            a week).
+            a week); a SigV2 URL's ``Expires`` may be at most this far (and
+            ``max_skew``) ahead.
         clock: the current time, in seconds since the epoch.
     """
 
@@ -159,6 +171,9 @@ class SigV4Verifier:
         self._max_expires = max_expires
         self._clock = clock
         self._signing_keys: OrderedDict[tuple[str, str, str, str], bytes] = OrderedDict()
+        self._v2 = sigv2.SigV2Verifier(
+            self._secret, max_skew=max_skew, max_expires=max_expires, clock=clock
+        )
 
     @property
     def signing_keys_cached(self) -> int:
@@ -185,29 +200,49 @@ class SigV4Verifier:
 
         Returns:
             Who signed, or None when the request carries no signature at all (no
-            ``Authorization`` header, no ``X-Amz-Algorithm``, ``X-Amz-Credential``
-            or ``X-Amz-Signature`` query parameter): whether anonymous requests
-            are allowed is the door's decision.
+            ``Authorization`` header, no ``X-Amz-Algorithm``, ``X-Amz-Credential``,
+            ``X-Amz-Signature``, ``AWSAccessKeyId`` or ``Signature`` query
+            parameter): whether anonymous requests are allowed is the door's
+            decision.
 
         Raises:
             S3Error: the request is signed, and the signature is malformed,
-                unknown, expired, skewed or wrong (``SignatureDoesNotMatch``).
+                unknown, expired, skewed or wrong (``SignatureDoesNotMatch``), or
+                it is signed in more than one way (``InvalidArgument``).
         """
         by_name = _headers_by_name(headers.items())
         authorization = by_name.get("authorization")
         query = _parse_query(raw_query) if raw_query else []
-        query_signed = any(name in _QUERY_SIGNS for name, _, _ in query)
+        v4_query = v2_query = False
+        for name, _, _ in query:
+            v4_query = v4_query or name in _QUERY_SIGNS
+            v2_query = v2_query or name in sigv2.QUERY_SIGNS
         if authorization is not None:
-            if query_signed:
+            if v4_query or v2_query:
+                raise _mixed("Authorization")
+            if len(authorization) != 1:
                 raise s3_error(
-                    "InvalidArgument",
-                    "Only one auth mechanism allowed; only the X-Amz-Algorithm query "
-                    "parameter, Signature query string parameter or the Authorization "
-                    "header should be specified",
-                    fields={"ArgumentName": "Authorization"},
+                    "AuthorizationHeaderMalformed",
+                    "The authorization header is malformed; a request carries one "
+                    "Authorization header, this one has several.",
                 )
-            return self._verify_header(method, raw_path, query, by_name, authorization)
-        if query_signed:
+            if len(authorization[0]) > MAX_AUTHORIZATION_LENGTH:
+                raise _header_error(
+                    f"it is {len(authorization[0])} characters long, more than the "
+                    f"{MAX_AUTHORIZATION_LENGTH} any client sends."
+                )
+            if authorization[0].startswith(sigv2.HEADER_PREFIX):
+                access_key = self._v2.verify_header(
+                    method, raw_path, raw_query, by_name, authorization[0]
+                )
+                return Identity(access_key, presigned=False)
+            return self._verify_header(method, raw_path, query, by_name, authorization[0])
+        if v4_query and v2_query:
+            raise _mixed("X-Amz-Algorithm")
+        if v2_query:
+            access_key = self._v2.verify_query(method, raw_path, raw_query, by_name)
+            return Identity(access_key, presigned=True)
+        if v4_query:
             return self._verify_query(method, raw_path, query, by_name)
         return None
 
@@ -219,15 +254,9 @@ class SigV4Verifier:
         raw_path: str,
         query: list[tuple[str, str, str]],
         by_name: dict[str, list[str]],
-        authorization: list[str],
+        authorization: str,
     ) -> Identity:
-        if len(authorization) != 1:
-            raise s3_error(
-                "AuthorizationHeaderMalformed",
-                "The authorization header is malformed; a request carries one "
-                "Authorization header, this one has several.",
-            )
-        scope, signed_names, signature = _parse_authorization(authorization[0])
+        scope, signed_names, signature = _parse_authorization(authorization)
         if "x-amz-security-token" in by_name:
             raise _invalid_token()
         amz_date, request_time = _request_time(by_name)
@@ -448,11 +477,6 @@ def _single(by_name: dict[str, list[str]], name: str) -> str | None:
 
 def _parse_authorization(value: str) -> tuple[_Scope, str, str]:
     """The credential scope, signed header names and signature of the header."""
-    if len(value) > MAX_AUTHORIZATION_LENGTH:
-        raise _header_error(
-            f"it is {len(value)} characters long, more than the {MAX_AUTHORIZATION_LENGTH} "
-            "any client sends."
-        )
     algorithm, _, rest = value.strip().partition(" ")
     if algorithm != ALGORITHM:
         raise s3_error("InvalidRequest", _UNSUPPORTED_MECHANISM)
@@ -633,6 +657,16 @@ def _canonical_headers(signed_names: str, by_name: dict[str, list[str]]) -> str:
 def _header_error(what: str) -> S3Error:
     return s3_error(
         "AuthorizationHeaderMalformed", f"The authorization header is malformed; {what}"
+    )
+
+
+def _mixed(argument: str) -> S3Error:
+    return s3_error(
+        "InvalidArgument",
+        "Only one auth mechanism allowed; only the X-Amz-Algorithm query "
+        "parameter, Signature query string parameter or the Authorization "
+        "header should be specified",
+        fields={"ArgumentName": argument},
     )
 
 

@@ -193,7 +193,7 @@ def tiers_text(sample: Sample | None, width: int, rows: int) -> Text:
     lines.append(
         (
             f"http {per_second(requests['http'])}  local {per_second(requests['local'])}"
-            f" ({sample['local_clients']} clients)",
+            f" ({sample['local_clients']} clients)  s3 {per_second(requests.get('s3', 0.0))}",
             "",
         )
     )

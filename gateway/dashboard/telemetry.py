@@ -109,6 +109,7 @@ class _Reading:
     waits: float = 0.0
     http: float = 0.0
     local: float = 0.0
+    s3: float = 0.0
     members: dict[tuple[str, str], float] = field(default_factory=dict)
     #: backend latency: cumulative count per bucket bound (seconds; inf last)
     latency: list[tuple[float, float]] = field(default_factory=list)
@@ -294,6 +295,7 @@ class Telemetry:
             "requests": {
                 "http": rate(now.http, before.http),
                 "local": rate(now.local, before.local),
+                "s3": rate(now.s3, before.s3),
             },
             "local_clients": int(_gauge(self.metrics.local_clients)),
             "tiers": self._tiers(),
@@ -322,6 +324,7 @@ class Telemetry:
         reading.waits = sum(v for _, v in _totals(m.singleflight_waiters))
         reading.http = sum(v for _, v in _totals(m.http_requests))
         reading.local = sum(v for _, v in _totals(m.local_requests))
+        reading.s3 = sum(v for _, v in _totals(m.s3_requests))
         for labels, value in _totals(m.peer_member_bytes):
             reading.members[(labels["peer"], labels["direction"])] = value
         # Requests only: a streamed GET also observes each piece ("stream").

@@ -353,6 +353,7 @@ function showSample(s) {
   text("sf-waits", rate(s.singleflight_waits));
   text("req-http", rate(s.requests.http));
   text("req-local", rate(s.requests.local));
+  text("req-s3", rate(s.requests.s3));
   text("req-clients", count(s.local_clients));
 
   text("be-requests", rate(s.backend.requests));

@@ -204,9 +204,9 @@ class S3Front:
         ):
             raise s3_error(
                 "AccessDenied",
-                "Anonymous access is refused: sign the request (SigV4) with an access key "
-                "of [s3_front] (unsigned requests are answered from this host only, with "
-                "unsigned_from_loopback = true)",
+                "Anonymous access is refused: sign the request (SigV4, or SigV2) with an "
+                "access key of [s3_front] (unsigned requests are answered from this host "
+                "only, with unsigned_from_loopback = true)",
             )
         raw_bucket, _, raw_key = raw_path.lstrip("/").partition("/")
         query = request.query

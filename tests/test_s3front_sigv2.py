@@ -18,10 +18,10 @@ import subprocess
 import time
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from email.utils import formatdate
 from typing import Any
-from urllib.parse import quote, urlsplit
+from urllib.parse import urlsplit
 
 import boto3
 import pytest
@@ -31,52 +31,28 @@ from botocore.config import Config
 from botocore.credentials import Credentials
 from multidict import CIMultiDict
 
-from chunkd.gateway.config.values import Secret
-from chunkd.gateway.s3front.errors import S3Error
-from chunkd.gateway.s3front.sigv4 import Identity, SigV4Verifier
+from chunkd.gateway.s3front.refusals import MAX_SHOWN, MAX_SIGNED_TEXT
+from chunkd.gateway.s3front.sigv4 import Identity
+from chunkd.gateway.s3front.xml import error_document
 from chunkd.testing.s3front import FRONT_KEY, FRONT_SECRET
 from tests.conftest import FrontNode
+from tests.test_s3front_sigv4 import (
+    AWKWARD_KEYS,
+    ENDPOINT,
+    KEY,
+    OTHER_KEY,
+    OTHER_SECRET,
+    SECRET,
+    Wire,
+    object_target,
+    passes,
+    refuse,
+    verifier,
+    with_header,
+    with_query,
+)
 
 pytestmark = pytest.mark.timeout(120)
-
-KEY = "AKIDCHUNKDTEST01"
-SECRET = "wJalrXUtnFEMI/K7MDENG+bPxRfiCY=chunkd-test-secret"
-OTHER_KEY = "AKIDCHUNKDTEST02"
-OTHER_SECRET = "an0ther/secret+for=the-second-key"
-ENDPOINT = "http://127.0.0.1:9000"
-
-#: S3 keys whose paths clients encode in every way S3 allows
-AWKWARD_KEYS = [
-    "plain.txt",
-    "with space/and  two  spaces",
-    "unicode/é/日本語/🙂.bin",
-    "plus+sign+key",
-    "percent%41%literal%",
-    "tilde~key",
-    "equals=and&amp",
-    "double//slash///x",
-    "semi;colon,comma!*'()$@:[]",
-    "question?mark#hash",
-]
-
-
-@dataclass(frozen=True)
-class Wire:
-    """One request as the front receives it."""
-
-    method: str
-    path: str
-    query: str
-    headers: CIMultiDict[str] = field(default_factory=CIMultiDict)
-
-
-def verifier(clock: Callable[[], float] = time.time) -> SigV4Verifier:
-    return SigV4Verifier({KEY: Secret(SECRET), OTHER_KEY: Secret(OTHER_SECRET)}, clock=clock)
-
-
-def object_target(key: str, bucket: str = "bkt") -> str:
-    # As botocore's rest-xml serializer writes a greedy label.
-    return f"/{bucket}/{quote(key, safe='/~')}"
 
 
 def sign(
@@ -129,48 +105,11 @@ def default_presigned(params: dict[str, str], expires: int = 300) -> Wire:
     return Wire("GET", url.path, url.query, CIMultiDict({"Host": url.netloc}))
 
 
-def passes(wire: Wire, v: SigV4Verifier | None = None, key: str = KEY) -> Identity:
-    identity = (v or verifier()).verify(wire.method, wire.path, wire.query, wire.headers)
-    assert identity is not None
-    assert identity.access_key == key
-    return identity
-
-
-def refuse(wire: Wire, code: str, v: SigV4Verifier | None = None) -> S3Error:
-    """The S3Error of ``wire``, checked to be ``code`` and to hold no secret."""
-    with pytest.raises(S3Error) as caught:
-        (v or verifier()).verify(wire.method, wire.path, wire.query, wire.headers)
-    error = caught.value
-    assert error.code == code, (error.code, error.message)
-    shown = " ".join(
-        [error.message, str(error), repr(error), *error.fields.values(), *error.headers.values()]
-    )
-    for secret in (SECRET, OTHER_SECRET):
-        assert secret not in shown
-    return error
-
-
 def query_param(wire: Wire, name: str) -> str:
     for pair in wire.query.split("&"):
         if pair.partition("=")[0] == name:
             return pair.partition("=")[2]
     raise AssertionError(f"{name} not in {wire.query}")
-
-
-def with_query(wire: Wire, name: str, value: str | None) -> Wire:
-    """``wire`` with query parameter ``name`` set to ``value`` (raw), or dropped."""
-    pairs = [p for p in wire.query.split("&") if p.partition("=")[0] != name]
-    if value is not None:
-        pairs.append(f"{name}={value}")
-    return replace(wire, query="&".join(pairs))
-
-
-def with_header(wire: Wire, name: str, value: str | None) -> Wire:
-    headers = wire.headers.copy()
-    headers.popall(name, None)
-    if value is not None:
-        headers[name] = value
-    return replace(wire, headers=headers)
 
 
 def signed_by_hand(string_to_sign: str, secret: str = SECRET) -> str:
@@ -407,6 +346,41 @@ def test_more_than_one_auth_mechanism_is_refused() -> None:
 def test_a_request_with_no_signature_is_still_anonymous() -> None:
     v = verifier()
     assert v.verify("GET", "/bkt/k", "Expires=123&prefix=a", CIMultiDict({"Host": "h"})) is None
+
+
+@pytest.mark.parametrize("presigned", [False, True])
+def test_what_a_mismatch_tells_back_is_capped_at_both_ends(presigned: bool) -> None:
+    # CanonicalizedAmzHeaders hold every x-amz-* header, and a presigned URL's x-amz-*
+    # parameters: as long as the request makes them.
+    big = "m" * 50000
+    if presigned:
+        wire = with_query(presign("GET", "/bkt/k"), "x-amz-meta-big", big)
+    else:
+        wire = sign("GET", "/bkt/k", headers={"x-amz-meta-big": big}, secret="wrong")
+    error = refuse(wire, "SignatureDoesNotMatch")
+    string_to_sign = error.fields["StringToSign"]
+    assert len(string_to_sign) <= MAX_SHOWN + 64
+    assert string_to_sign.startswith("GET\n\n\n")
+    assert "characters left out]..." in string_to_sign
+    assert string_to_sign.endswith("m\n/bkt/k")
+    document = error_document(error.code, error.message, "REQUESTID", error.fields)
+    assert len(document) < 2 * MAX_SHOWN + 2048
+
+
+def test_a_string_to_sign_longer_than_the_cap_is_refused_unhashed() -> None:
+    wire = with_query(presign("GET", "/bkt/k"), "x-amz-meta-big", "m" * (MAX_SIGNED_TEXT + 1))
+    error = refuse(wire, "InvalidRequest")
+    assert "StringToSign" in error.message
+    header = sign("GET", "/bkt/k", headers={"x-amz-meta-big": "m" * (MAX_SIGNED_TEXT + 1)})
+    refuse(header, "InvalidRequest")
+
+
+def test_a_signature_or_expiry_of_any_length_is_told_back_capped() -> None:
+    wire = presign("GET", "/bkt/k")
+    error = refuse(with_query(wire, "Signature", "A" * 60000), "SignatureDoesNotMatch")
+    assert len(error.fields["SignatureProvided"]) <= MAX_SHOWN + 64
+    error = refuse(with_query(wire, "Expires", "9" * 60000), "AccessDenied")
+    assert len(error.message) < MAX_SHOWN + 256
 
 
 # -- over a real socket --------------------------------------------------------------

@@ -37,7 +37,15 @@ from yarl import URL
 
 from chunkd.gateway.config.values import Secret
 from chunkd.gateway.s3front.errors import STATUS, S3Error
-from chunkd.gateway.s3front.sigv4 import SIGNING_KEY_CACHE_SIZE, Identity, SigV4Verifier
+from chunkd.gateway.s3front.querystring import decoded_query
+from chunkd.gateway.s3front.refusals import MAX_SHOWN, MAX_SIGNED_TEXT
+from chunkd.gateway.s3front.sigv4 import (
+    MAX_SIGNED_HEADERS,
+    SIGNING_KEY_CACHE_SIZE,
+    Identity,
+    SigV4Verifier,
+)
+from chunkd.gateway.s3front.xml import error_document
 
 KEY = "AKIDCHUNKDTEST01"
 SECRET = "wJalrXUtnFEMI/K7MDENG+bPxRfiCY=chunkd-test-secret"
@@ -45,6 +53,7 @@ OTHER_KEY = "AKIDCHUNKDTEST02"
 OTHER_SECRET = "an0ther/secret+for=the-second-key"
 ALL_SECRETS = (SECRET, OTHER_SECRET)
 HOST = "127.0.0.1:9000"
+EMPTY_SHA256 = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
 ENDPOINT = f"http://{HOST}"
 
 #: S3 keys that clients encode in every way S3 allows
@@ -582,6 +591,130 @@ def test_two_authorization_headers_are_refused() -> None:
     headers = wire.headers.copy()
     headers.add("Authorization", wire.headers["Authorization"])
     refuse(replace(wire, headers=headers), "AuthorizationHeaderMalformed")
+
+
+# -- what one request can make the verifier do ---------------------------------------
+
+
+def error_document_of(error: S3Error) -> bytes:
+    """The ``<Error>`` document the front writes for ``error``."""
+    return error_document(error.code, error.message, "REQUESTID", error.fields)
+
+
+def test_a_presigned_url_signing_host_thirteen_thousand_times_is_refused_at_once() -> None:
+    # 13,000 "host" fit in a 64 KiB request line; with a 7 KiB Host, each would be a
+    # 7 KiB line of a 91 MB canonical request, told back in the error.
+    wire = presign("GET", "/bkt/k")
+    wire = with_header(wire, "Host", "h" * 7000)
+    wire = with_query(wire, "X-Amz-SignedHeaders", ";".join(["host"] * 13000))
+    started = time.perf_counter()
+    error = refuse(wire, "AuthorizationQueryParametersError")
+    document = error_document_of(error)
+    # Generous for a loaded machine: refusing it unread takes well under a millisecond.
+    assert time.perf_counter() - started < 1.0
+    assert "13000 headers" in error.message
+    assert len(document) < 4096
+
+
+@pytest.mark.parametrize(
+    "signed_headers",
+    [
+        "host;host",
+        "host;range;range",
+        "x-amz-date;host",
+        "host;x-amz-date;range",
+        "Host;x-amz-date",
+        "host;X-Amz-Date",
+    ],
+)
+def test_signed_headers_that_repeat_are_unsorted_or_not_lowercase_are_refused(
+    signed_headers: str,
+) -> None:
+    wire = sign("GET", object_target("k"), headers={"Range": "bytes=0-1"})
+    signed = _authorization(wire).replace(
+        "SignedHeaders=host;range;x-amz-content-sha256;x-amz-date",
+        f"SignedHeaders={signed_headers}",
+    )
+    assert signed != _authorization(wire)
+    error = refuse(with_header(wire, "Authorization", signed), "AuthorizationHeaderMalformed")
+    assert "lowercase, sorted, each once" in error.message
+    presigned = with_header(presign("GET", "/b/k"), "Range", "bytes=0-1")
+    error = refuse(
+        with_query(presigned, "X-Amz-SignedHeaders", signed_headers),
+        "AuthorizationQueryParametersError",
+    )
+    assert "lowercase, sorted, each once" in error.message
+
+
+def test_at_most_64_headers_may_be_signed() -> None:
+    # botocore signs host, x-amz-content-sha256, x-amz-date and every header given.
+    def signed_with(count: int) -> Wire:
+        metadata = {f"x-amz-meta-m{n:03d}": "v" for n in range(count - 3)}
+        return sign("GET", object_target("k"), headers=metadata)
+
+    wire = signed_with(MAX_SIGNED_HEADERS)
+    assert _authorization(wire).count(";") == MAX_SIGNED_HEADERS - 1
+    passes(wire)
+    error = refuse(signed_with(MAX_SIGNED_HEADERS + 1), "AuthorizationHeaderMalformed")
+    assert f"more than the {MAX_SIGNED_HEADERS}" in error.message
+
+
+def test_a_query_the_front_takes_verifies_and_a_longer_canonical_request_is_refused() -> None:
+    # 10,000 "é" are 60,000 characters once encoded: within the front's 64 KiB line.
+    long = sign("GET", "/bkt?" + percent_encode_sequence({"list-type": "2", "prefix": "é" * 10000}))
+    assert 60000 < len(long.query) < 65536
+    passes(long)
+    # Each "+" is a space, "%20" in the canonical request: 100,000 of them are more
+    # than MAX_SIGNED_TEXT, and refused before any hashing.
+    huge = replace(long, query="prefix=" + "+" * 100_000)
+    error = refuse(huge, "InvalidRequest")
+    assert "canonical request" in error.message
+    assert str(MAX_SIGNED_TEXT) in error.message
+
+
+def test_what_a_mismatch_tells_back_is_capped_at_both_ends() -> None:
+    target = "/bkt?" + percent_encode_sequence({"list-type": "2", "prefix": "p" * 50000})
+    short = refuse(sign("GET", "/bkt/k", secret="wrong"), "SignatureDoesNotMatch")
+    assert "left out" not in " ".join(short.fields.values())
+    error = refuse(sign("GET", target, secret="wrong"), "SignatureDoesNotMatch")
+    for name in ("CanonicalRequest", "StringToSign", "SignatureProvided", "AWSAccessKeyId"):
+        assert len(error.fields[name]) <= MAX_SHOWN + 64, name
+    canonical = error.fields["CanonicalRequest"]
+    assert canonical.startswith("GET\n/bkt\nlist-type=2&prefix=ppp")
+    assert "characters left out]..." in canonical
+    # The end, where the signed headers and the payload hash are, is kept.
+    assert canonical.endswith("\nhost;x-amz-content-sha256;x-amz-date\n" + EMPTY_SHA256)
+    assert len(error_document_of(error)) < 3 * MAX_SHOWN + 2048
+    # A signature of any length is told back capped too.
+    wire = presign("GET", "/b/k")
+    error = refuse(with_query(wire, "X-Amz-Signature", "f" * 60000), "SignatureDoesNotMatch")
+    assert len(error.fields["SignatureProvided"]) <= MAX_SHOWN + 64
+
+
+def test_an_unknown_key_of_any_length_is_told_back_capped() -> None:
+    error = refuse(presign("GET", "/b/k", key="K" * 60000), "InvalidAccessKeyId")
+    assert len(error.fields["AWSAccessKeyId"]) <= MAX_SHOWN + 64
+    assert len(error_document_of(error)) < 4096
+
+
+def test_the_query_is_read_as_the_verifier_signs_it() -> None:
+    assert decoded_query("a+b=c%20d&flag&x=&=v&&k=%zz&k=%C3%A9+%2B") == [
+        ("a b", "c d"),
+        ("flag", ""),
+        ("x", ""),
+        ("", "v"),
+        ("k", "%zz"),
+        ("k", "é +"),
+    ]
+    params = {"prefix": "a b/+c%/é", "list-type": "2", "start-after": "~x=y&z"}
+    wire = sign("GET", "/bkt?" + percent_encode_sequence(params))
+    passes(wire)
+    assert decoded_query(wire.query) == list(params.items())
+    # object_store's form of the same query reads the same.
+    obstore_form = wire.query.replace("%20", "+")
+    assert obstore_form != wire.query
+    passes(replace(wire, query=obstore_form))
+    assert decoded_query(obstore_form) == list(params.items())
 
 
 # -- properties --------------------------------------------------------------------

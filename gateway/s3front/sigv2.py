@@ -34,25 +34,41 @@ botocore carries the signed ``x-amz-*``, ``content-type`` and ``content-md5``
 Parameters other than the sub-resources (``prefix``, ``list-type``...) are not
 signed in SigV2, at S3 as here; that is the scheme's weakness, and why SigV4
 replaced it. Whoever reads the query must decode names and values as this
-module does (``+`` as a space), so that a sub-resource that is served was signed.
+module does (``+`` as a space, :func:`chunkd.gateway.s3front.querystring.decoded_query`),
+so that a sub-resource that is served was signed.
+
+A StringToSign past :data:`~chunkd.gateway.s3front.refusals.MAX_SIGNED_TEXT` (its
+CanonicalizedAmzHeaders are as long as the request makes them) is refused unhashed,
+and what a ``SignatureDoesNotMatch`` tells back is capped.
 """
 
 from __future__ import annotations
 
 import base64
-import calendar
 import hashlib
 import hmac
-import time
 from collections.abc import Callable
-from email.utils import parsedate_to_datetime
 from typing import TYPE_CHECKING, Final
 from urllib.parse import unquote
 
-from chunkd.gateway.s3front.errors import S3Error, s3_error
+from chunkd.gateway.s3front.errors import s3_error
+from chunkd.gateway.s3front.refusals import (
+    capped,
+    check_signed_text,
+    invalid_token,
+    signature_mismatch,
+)
+from chunkd.gateway.s3front.requesttime import (
+    NO_DATE,
+    check_skew,
+    iso8601,
+    parse_expires,
+    parse_request_time,
+)
 
 if TYPE_CHECKING:
     from chunkd.gateway.config.values import Secret
+    from chunkd.gateway.s3front.querystring import QueryParameter
 
 __all__ = ["HEADER_PREFIX", "QUERY_SIGNS", "SUBRESOURCES", "SigV2Verifier"]
 
@@ -79,13 +95,6 @@ SUBRESOURCES: Final = frozenset(
         "response-content-type", "response-expires",
     }
 )  # fmt: skip
-
-_DIGITS: Final = frozenset("0123456789")
-_NO_DATE: Final = "AWS authentication requires a valid Date or x-amz-date header"
-_MISMATCH: Final = (
-    "The request signature we calculated does not match the signature you provided. "
-    "Check your key and signing method."
-)
 
 
 class SigV2Verifier:
@@ -123,7 +132,7 @@ class SigV2Verifier:
         self,
         method: str,
         raw_path: str,
-        raw_query: str,
+        query: list[QueryParameter],
         by_name: dict[str, list[str]],
         authorization: str,
     ) -> str:
@@ -132,7 +141,7 @@ class SigV2Verifier:
         Args:
             method: the HTTP method, as sent.
             raw_path: the path exactly as sent, without the query.
-            raw_query: the raw query string ('' if none).
+            query: the parameters of the query string.
             by_name: the headers, lowercased name -> every value sent.
             authorization: the one ``Authorization`` header's value.
 
@@ -150,27 +159,15 @@ class SigV2Verifier:
                 fields={"ArgumentName": "Authorization"},
             )
         if "x-amz-security-token" in by_name:
-            raise _invalid_token()
+            raise invalid_token()
         secret = self._secret_of(access_key)
         amz_date = _joined(by_name, "x-amz-date")
         date = _joined(by_name, "date")
         stamp = amz_date if amz_date is not None else date
-        if stamp is None:
-            raise s3_error("AccessDenied", _NO_DATE)
-        request_time = _parse_time(stamp)
-        if request_time is None:
-            raise s3_error("AccessDenied", _NO_DATE)
-        now = self._clock()
-        if abs(now - request_time) > self._max_skew:
-            raise s3_error(
-                "RequestTimeTooSkewed",
-                "The difference between the request time and the current time is too large.",
-                fields={
-                    "RequestTime": stamp,
-                    "ServerTime": _iso8601(now),
-                    "MaxAllowedSkewMilliseconds": str(round(self._max_skew * 1000)),
-                },
-            )
+        request_time = None if stamp is None else parse_request_time(stamp)
+        if stamp is None or request_time is None:
+            raise s3_error("AccessDenied", NO_DATE)
+        check_skew(request_time, stamp, now=self._clock(), max_skew=self._max_skew)
         amz_headers = _canonical_amz_headers(by_name, [])
         head = f"{method}\n{_header(by_name, 'content-md5')}\n{_header(by_name, 'content-type')}\n"
         # S3 signs an empty Date when x-amz-date is sent; botocore signs its Date anyway.
@@ -180,7 +177,7 @@ class SigV2Verifier:
         strings = [
             f"{head}{date_line}\n{amz_headers}{resource}"
             for date_line in dates
-            for resource in _canonical_resources(raw_path, raw_query)
+            for resource in _canonical_resources(raw_path, query)
         ]
         _check(access_key, secret, strings, signature)
         return access_key
@@ -189,7 +186,7 @@ class SigV2Verifier:
         self,
         method: str,
         raw_path: str,
-        raw_query: str,
+        query: list[QueryParameter],
         by_name: dict[str, list[str]],
     ) -> str:
         """Verify a presigned URL's ``AWSAccessKeyId``, ``Signature`` and ``Expires``.
@@ -197,7 +194,7 @@ class SigV2Verifier:
         Args:
             method: the HTTP method, as sent.
             raw_path: the path exactly as sent, without the query.
-            raw_query: the raw query string.
+            query: the parameters of the query string.
             by_name: the headers, lowercased name -> every value sent.
 
         Returns:
@@ -210,8 +207,8 @@ class SigV2Verifier:
         params: dict[str, str] = {}
         # What botocore moves from headers into a presigned URL's query.
         moved: list[tuple[str, str]] = []
-        for raw_name, _, raw_value in _pairs(raw_query):
-            name = _decode(raw_name)
+        for parameter in query:
+            name = parameter.name
             if name in QUERY_AUTH_PARAMS:
                 if name in params:
                     raise s3_error(
@@ -219,11 +216,13 @@ class SigV2Verifier:
                         f"{name} is given more than once; give it once.",
                     )
                 # base64 has "+" but no space: a "+" sent raw is one of its own.
-                params[name] = unquote(raw_value) if name == "Signature" else _decode(raw_value)
+                params[name] = (
+                    unquote(parameter.raw_value) if name == "Signature" else parameter.value
+                )
             else:
                 lowered = name.lower()
                 if lowered.startswith("x-amz-") or lowered in ("content-type", "content-md5"):
-                    moved.append((lowered, _decode(raw_value)))
+                    moved.append((lowered, parameter.value))
         missing = [name for name in QUERY_AUTH_PARAMS if name not in params]
         if missing:
             raise s3_error(
@@ -232,22 +231,21 @@ class SigV2Verifier:
                 f"AWSAccessKeyId parameters; missing: {', '.join(missing)}",
             )
         access_key, signature, expires_text = (params[name] for name in QUERY_AUTH_PARAMS)
-        # Ten digits are more than any expiry; more are not read (int() of thousands
-        # of digits is slow, and refused past 4300).
-        if not expires_text or len(expires_text) > 10 or not set(expires_text) <= _DIGITS:
+        expires = parse_expires(expires_text)
+        if expires is None:
             raise s3_error(
-                "AccessDenied", f"Invalid date (should be seconds since epoch): {expires_text}"
+                "AccessDenied",
+                f"Invalid date (should be seconds since epoch): {capped(expires_text)}",
             )
         if "x-amz-security-token" in by_name or any(n == "x-amz-security-token" for n, _ in moved):
-            raise _invalid_token()
+            raise invalid_token()
         secret = self._secret_of(access_key)
-        expires = int(expires_text)
         now = self._clock()
         if now > expires:
             raise s3_error(
                 "AccessDenied",
                 "Request has expired",
-                fields={"Expires": _iso8601(expires), "ServerTime": _iso8601(now)},
+                fields={"Expires": iso8601(expires), "ServerTime": iso8601(now)},
             )
         if expires - now > self._max_expires + self._max_skew:
             raise s3_error(
@@ -264,13 +262,15 @@ class SigV2Verifier:
             f"{method}\n{content_md5}\n{content_type}\n{expires_text}\n"
             + _canonical_amz_headers(by_name, moved)
         )
-        strings = [head + resource for resource in _canonical_resources(raw_path, raw_query)]
+        strings = [head + resource for resource in _canonical_resources(raw_path, query)]
         _check(access_key, secret, strings, signature)
         return access_key
 
 
 def _check(access_key: str, secret: Secret, strings: list[str], signature: str) -> None:
     """Pass if ``signature`` signs one of ``strings``; the error shows the first."""
+    for string_to_sign in strings:
+        check_signed_text(string_to_sign, "StringToSign")
     provided = signature.encode("utf-8", "surrogateescape")
     key = secret.reveal().encode("utf-8")
     for string_to_sign in strings:
@@ -279,15 +279,7 @@ def _check(access_key: str, secret: Secret, strings: list[str], signature: str) 
         ).digest()
         if hmac.compare_digest(base64.b64encode(digest), provided):
             return
-    raise s3_error(
-        "SignatureDoesNotMatch",
-        _MISMATCH,
-        fields={
-            "AWSAccessKeyId": access_key,
-            "StringToSign": strings[0],
-            "SignatureProvided": signature,
-        },
-    )
+    raise signature_mismatch(access_key, signature, StringToSign=strings[0])
 
 
 # -- canonical forms ---------------------------------------------------------------
@@ -308,7 +300,7 @@ def _canonical_amz_headers(by_name: dict[str, list[str]], moved: list[tuple[str,
     )
 
 
-def _canonical_resources(raw_path: str, raw_query: str) -> list[str]:
+def _canonical_resources(raw_path: str, query: list[QueryParameter]) -> list[str]:
     """The CanonicalizedResource: the path as sent, and ``?`` and the sub-resources
     if the query has any.
 
@@ -320,29 +312,20 @@ def _canonical_resources(raw_path: str, raw_query: str) -> list[str]:
     if path.count("/") == 1 and path != "/":
         paths.insert(0, path + "/")
     subresources = []
-    for raw_name, equals, raw_value in _pairs(raw_query):
-        name = _decode(raw_name)
+    for parameter in query:
+        name = parameter.name
         if name in SUBRESOURCES:
-            subresources.append((name, f"{name}={_decode(raw_value)}" if equals else name))
+            text = f"{name}={parameter.value}" if parameter.has_value else name
+            subresources.append((name, text))
     if not subresources:
         return paths
     # Sorted by name alone, repeats kept in the order sent, as botocore sorts them.
     subresources.sort(key=lambda pair: pair[0])
-    query = "?" + "&".join(text for _, text in subresources)
-    return [path + query for path in paths]
+    suffix = "?" + "&".join(text for _, text in subresources)
+    return [path + suffix for path in paths]
 
 
 # -- parsing -----------------------------------------------------------------------
-
-
-def _pairs(raw_query: str) -> list[tuple[str, str, str]]:
-    """(raw name, ``=`` or '', raw value) of each parameter of ``raw_query``."""
-    return [pair.partition("=") for pair in raw_query.split("&") if pair]
-
-
-def _decode(raw: str) -> str:
-    # As sigv4 and the front read a query: "+" is a space.
-    return unquote(raw.replace("+", " "))
 
 
 def _joined(by_name: dict[str, list[str]], name: str) -> str | None:
@@ -354,34 +337,3 @@ def _header(by_name: dict[str, list[str]], name: str) -> str:
     """A standard header's line: its value stripped, '' when it is not sent."""
     values = by_name.get(name)
     return "" if values is None else ",".join(v.strip() for v in values)
-
-
-def _parse_time(value: str) -> float | None:
-    """The time of an HTTP date (``Tue, 27 Mar 2007 19:36:42 +0000``) or of an
-    ISO 8601 basic one (``20070327T193642Z``, as some clients send ``x-amz-date``)."""
-    if len(value) == 16 and value[8] == "T" and value[15] == "Z":
-        try:
-            return float(calendar.timegm(time.strptime(value, "%Y%m%dT%H%M%SZ")))
-        except ValueError:
-            return None
-    try:
-        parsed = parsedate_to_datetime(value)
-        # An RFC 7231 date is GMT; "-0000" parses as naive.
-        return float(calendar.timegm(parsed.utctimetuple()))
-    except (TypeError, ValueError, OverflowError, IndexError):
-        return None
-
-
-# -- errors ------------------------------------------------------------------------
-
-
-def _invalid_token() -> S3Error:
-    return s3_error(
-        "InvalidToken",
-        "The provided token is malformed or otherwise invalid: this endpoint issues no "
-        "session tokens; sign with an access key and secret alone.",
-    )
-
-
-def _iso8601(seconds: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))

@@ -22,11 +22,19 @@ normalisation, since S3 keys may hold them. In the query a ``+`` is a space, as
 S3 reads it and as object_store (obstore, polars) sends one; botocore and the AWS
 C++ SDK (pyarrow) send ``%20`` and ``%2B`` and canonicalise the same either way.
 Whoever reads the request's key and query parameters must decode them the same
-way (the path with ``+`` kept, the query with ``+`` as a space), so that what is
-served is what was signed.
+way (the path with ``+`` kept, the query with ``+`` as a space: the verifier's own
+reading is :func:`chunkd.gateway.s3front.querystring.decoded_query`), so that what
+is served is what was signed.
 
 The payload hash (``x-amz-content-sha256``) goes into the canonical request as
 sent; checking it against the body is the business of whoever reads a body.
+
+What a request can make the verifier do is bounded: ``SignedHeaders`` must be as
+signers write it (lowercase, sorted, each name once, at most
+:data:`MAX_SIGNED_HEADERS`), a canonical request past
+:data:`~chunkd.gateway.s3front.refusals.MAX_SIGNED_TEXT` is refused unhashed, and
+what a ``SignatureDoesNotMatch`` tells back is capped
+(:mod:`chunkd.gateway.s3front.refusals`).
 
 SigV2 (HMAC-SHA1) is checked too, against the same keys, by
 :mod:`chunkd.gateway.s3front.sigv2`: an ``Authorization: AWS AKID:signature``
@@ -39,19 +47,34 @@ more than one (a header and a signed query, or both query forms) is refused with
 
 from __future__ import annotations
 
-import calendar
 import hashlib
 import hmac
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from email.utils import parsedate_to_datetime
+from itertools import pairwise
 from typing import TYPE_CHECKING, Final
-from urllib.parse import quote_from_bytes, unquote, unquote_to_bytes
+from urllib.parse import quote_from_bytes, unquote_to_bytes
 
 from chunkd.gateway.s3front import sigv2
 from chunkd.gateway.s3front.errors import S3Error, s3_error
+from chunkd.gateway.s3front.querystring import QueryParameter, parse_query
+from chunkd.gateway.s3front.refusals import (
+    capped,
+    check_signed_text,
+    invalid_token,
+    signature_mismatch,
+)
+from chunkd.gateway.s3front.requesttime import (
+    NO_DATE,
+    amz_date_of,
+    check_skew,
+    iso8601,
+    parse_amz_date,
+    parse_expires,
+    parse_http_date,
+)
 
 if TYPE_CHECKING:
     from chunkd.gateway.config.values import Secret
@@ -93,8 +116,11 @@ SIGNING_KEY_CACHE_SIZE: Final = 256
 #: an Authorization header longer than this is refused unread
 MAX_AUTHORIZATION_LENGTH: Final = 8192
 
+#: the most headers one request may sign: a client signs a dozen, and each name
+#: signed is a line of the canonical request
+MAX_SIGNED_HEADERS: Final = 64
+
 _HEX: Final = frozenset("0123456789abcdefABCDEF")
-_DIGITS: Final = frozenset("0123456789")
 
 _UNSUPPORTED_MECHANISM: Final = (
     "The authorization mechanism you have provided is not supported. Please use AWS4-HMAC-SHA256."
@@ -102,11 +128,6 @@ _UNSUPPORTED_MECHANISM: Final = (
 _THREE_COMPONENTS: Final = (
     "The authorization header is malformed; the authorization header requires "
     "three components: Credential, SignedHeaders, and Signature."
-)
-_NO_DATE: Final = "AWS authentication requires a valid Date or x-amz-date header"
-_MISMATCH: Final = (
-    "The request signature we calculated does not match the signature you provided. "
-    "Check your key and signing method."
 )
 
 
@@ -212,11 +233,11 @@ class SigV4Verifier:
         """
         by_name = _headers_by_name(headers.items())
         authorization = by_name.get("authorization")
-        query = _parse_query(raw_query) if raw_query else []
+        query = parse_query(raw_query)
         v4_query = v2_query = False
-        for name, _, _ in query:
-            v4_query = v4_query or name in _QUERY_SIGNS
-            v2_query = v2_query or name in sigv2.QUERY_SIGNS
+        for parameter in query:
+            v4_query = v4_query or parameter.name in _QUERY_SIGNS
+            v2_query = v2_query or parameter.name in sigv2.QUERY_SIGNS
         if authorization is not None:
             if v4_query or v2_query:
                 raise _mixed("Authorization")
@@ -233,14 +254,14 @@ class SigV4Verifier:
                 )
             if authorization[0].startswith(sigv2.HEADER_PREFIX):
                 access_key = self._v2.verify_header(
-                    method, raw_path, raw_query, by_name, authorization[0]
+                    method, raw_path, query, by_name, authorization[0]
                 )
                 return Identity(access_key, presigned=False)
             return self._verify_header(method, raw_path, query, by_name, authorization[0])
         if v4_query and v2_query:
             raise _mixed("X-Amz-Algorithm")
         if v2_query:
-            access_key = self._v2.verify_query(method, raw_path, raw_query, by_name)
+            access_key = self._v2.verify_query(method, raw_path, query, by_name)
             return Identity(access_key, presigned=True)
         if v4_query:
             return self._verify_query(method, raw_path, query, by_name)
@@ -252,13 +273,14 @@ class SigV4Verifier:
         self,
         method: str,
         raw_path: str,
-        query: list[tuple[str, str, str]],
+        query: list[QueryParameter],
         by_name: dict[str, list[str]],
         authorization: str,
     ) -> Identity:
         scope, signed_names, signature = _parse_authorization(authorization)
+        names = _check_signed_names(signed_names, _header_error)
         if "x-amz-security-token" in by_name:
-            raise _invalid_token()
+            raise invalid_token()
         amz_date, request_time = _request_time(by_name)
         payload_hash = _single(by_name, "x-amz-content-sha256")
         if payload_hash is None:
@@ -281,27 +303,9 @@ class SigV4Verifier:
                 f"Date {scope.date} is not the same as X-Amz-Date {amz_date[:8]}.",
             )
         secret = self._secret(scope.access_key)
-        now = self._clock()
-        if abs(now - request_time) > self._max_skew:
-            raise s3_error(
-                "RequestTimeTooSkewed",
-                "The difference between the request time and the current time is too large.",
-                fields={
-                    "RequestTime": amz_date,
-                    "ServerTime": _iso8601(now),
-                    "MaxAllowedSkewMilliseconds": str(round(self._max_skew * 1000)),
-                },
-            )
-        canonical_headers = _canonical_headers(signed_names, by_name)
-        canonical_request = "\n".join(
-            (
-                method,
-                _canonical_uri(raw_path),
-                _canonical_query(query, drop_signature=False),
-                canonical_headers,
-                signed_names,
-                payload_hash,
-            )
+        check_skew(request_time, amz_date, now=self._clock(), max_skew=self._max_skew)
+        canonical_request = _canonical_request(
+            method, raw_path, query, by_name, names, payload_hash, presigned=False
         )
         self._check(scope, secret, amz_date, canonical_request, signature)
         return Identity(scope.access_key, presigned=False)
@@ -312,17 +316,17 @@ class SigV4Verifier:
         self,
         method: str,
         raw_path: str,
-        query: list[tuple[str, str, str]],
+        query: list[QueryParameter],
         by_name: dict[str, list[str]],
     ) -> Identity:
         params: dict[str, str] = {}
         token = False
-        for name, _, raw_value in query:
-            if name in QUERY_AUTH_PARAMS:
-                if name in params:
-                    raise _query_error(f"{name} is given more than once; give it once.")
-                params[name] = _decode(raw_value)
-            elif name == "X-Amz-Security-Token":
+        for parameter in query:
+            if parameter.name in QUERY_AUTH_PARAMS:
+                if parameter.name in params:
+                    raise _query_error(f"{parameter.name} is given more than once; give it once.")
+                params[parameter.name] = parameter.value
+            elif parameter.name == "X-Amz-Security-Token":
                 token = True
         missing = [name for name in QUERY_AUTH_PARAMS if name not in params]
         if missing:
@@ -335,31 +339,28 @@ class SigV4Verifier:
             raise _query_error('X-Amz-Algorithm only supports "AWS4-HMAC-SHA256"')
         scope = _parse_credential(params["X-Amz-Credential"], _query_error)
         amz_date = params["X-Amz-Date"]
-        request_time = _parse_amz_date(amz_date)
+        request_time = parse_amz_date(amz_date)
         if request_time is None:
             raise _query_error(
                 "X-Amz-Date must be in the ISO8601 Long Format \"yyyyMMdd'T'HHmmss'Z'\""
             )
         expires_text = params["X-Amz-Expires"]
-        # Ten digits are more than any expiry; more are not read (int() of thousands
-        # of digits is slow, and refused past 4300).
-        if not expires_text or len(expires_text) > 10 or not set(expires_text) <= _DIGITS:
+        expires = parse_expires(expires_text)
+        if expires is None:
             raise _query_error("X-Amz-Expires should be a number")
-        expires = int(expires_text)
         if not 1 <= expires <= self._max_expires:
             raise _query_error(
                 f"X-Amz-Expires must be between 1 and {int(self._max_expires)} seconds "
                 f"(S3's limit is a week); it is {expires}"
             )
         if token:
-            raise _invalid_token()
+            raise invalid_token()
         if scope.date != amz_date[:8]:
             raise _query_error(
                 f"Invalid credential date. Date {scope.date} is not the same as "
                 f"X-Amz-Date {amz_date[:8]}."
             )
-        signed_names = params["X-Amz-SignedHeaders"]
-        _check_signed_names(signed_names, _query_error)
+        names = _check_signed_names(params["X-Amz-SignedHeaders"], _query_error)
         secret = self._secret(scope.access_key)
         now = self._clock()
         if request_time - now > self._max_skew:
@@ -370,28 +371,21 @@ class SigV4Verifier:
                 "Request has expired",
                 fields={
                     "X-Amz-Expires": expires_text,
-                    "Expires": _iso8601(request_time + expires),
-                    "ServerTime": _iso8601(now),
+                    "Expires": iso8601(request_time + expires),
+                    "ServerTime": iso8601(now),
                 },
             )
         payload_hash = UNSIGNED_PAYLOAD
-        for name, _, raw_value in query:
-            if name == "X-Amz-Content-Sha256":
-                payload_hash = _decode(raw_value)
+        for parameter in query:
+            if parameter.name == "X-Amz-Content-Sha256":
+                payload_hash = parameter.value
                 break
         else:
             header_hash = _single(by_name, "x-amz-content-sha256")
-            if header_hash is not None and "x-amz-content-sha256" in _lower_names(signed_names):
+            if header_hash is not None and "x-amz-content-sha256" in names:
                 payload_hash = header_hash
-        canonical_request = "\n".join(
-            (
-                method,
-                _canonical_uri(raw_path),
-                _canonical_query(query, drop_signature=True),
-                _canonical_headers(signed_names, by_name),
-                signed_names,
-                payload_hash,
-            )
+        canonical_request = _canonical_request(
+            method, raw_path, query, by_name, names, payload_hash, presigned=True
         )
         self._check(scope, secret, amz_date, canonical_request, params["X-Amz-Signature"])
         return Identity(scope.access_key, presigned=True)
@@ -404,7 +398,7 @@ class SigV4Verifier:
             raise s3_error(
                 "InvalidAccessKeyId",
                 "The AWS Access Key Id you provided does not exist in our records.",
-                fields={"AWSAccessKeyId": access_key},
+                fields={"AWSAccessKeyId": capped(access_key)},
             )
         return secret
 
@@ -432,15 +426,11 @@ class SigV4Verifier:
         if not hmac.compare_digest(
             expected.encode("ascii"), signature.encode("utf-8", "surrogateescape")
         ):
-            raise s3_error(
-                "SignatureDoesNotMatch",
-                _MISMATCH,
-                fields={
-                    "AWSAccessKeyId": scope.access_key,
-                    "StringToSign": string_to_sign,
-                    "SignatureProvided": signature,
-                    "CanonicalRequest": canonical_request,
-                },
+            raise signature_mismatch(
+                scope.access_key,
+                signature,
+                StringToSign=string_to_sign,
+                CanonicalRequest=canonical_request,
             )
 
     def _signing_key(self, scope: _Scope, secret: Secret) -> bytes:
@@ -490,9 +480,11 @@ def _parse_authorization(value: str) -> tuple[_Scope, str, str]:
         parts[name] = part_value.strip()
     if len(parts) != 3:
         raise s3_error("AuthorizationHeaderMalformed", _THREE_COMPONENTS)
-    scope = _parse_credential(parts["Credential"], _header_error)
-    _check_signed_names(parts["SignedHeaders"], _header_error)
-    return scope, parts["SignedHeaders"], parts["Signature"]
+    return (
+        _parse_credential(parts["Credential"], _header_error),
+        parts["SignedHeaders"],
+        parts["Signature"],
+    )
 
 
 def _parse_credential(credential: str, error: Callable[[str], S3Error]) -> _Scope:
@@ -503,69 +495,59 @@ def _parse_credential(credential: str, error: Callable[[str], S3Error]) -> _Scop
             'SERVICE/aws4_request".'
         )
     access_key, date, region, service, terminator = parts
-    if len(date) != 8 or not set(date) <= _DIGITS:
-        raise error(f"Invalid credential date {date!r}; expecting YYYYMMDD.")
+    if len(date) != 8 or not (date.isascii() and date.isdigit()):
+        raise error(f"Invalid credential date {capped(date)!r}; expecting YYYYMMDD.")
     if service != SERVICE:
-        raise error(f"incorrect service {service!r}. This endpoint belongs to 's3'.")
+        raise error(f"incorrect service {capped(service)!r}. This endpoint belongs to 's3'.")
     if terminator != TERMINATOR:
-        raise error(f"incorrect terminal {terminator!r}. This endpoint uses 'aws4_request'.")
+        raise error(
+            f"incorrect terminal {capped(terminator)!r}. This endpoint uses 'aws4_request'."
+        )
     return _Scope(access_key, date, region)
 
 
-def _check_signed_names(signed_names: str, error: Callable[[str], S3Error]) -> None:
-    names = _lower_names(signed_names)
+def _check_signed_names(signed_names: str, error: Callable[[str], S3Error]) -> list[str]:
+    """The names of ``SignedHeaders``, checked to be as SigV4 signers write them.
+
+    Each is lowercase, named once, and the list is sorted: the canonical request
+    holds them in this order, one line each. Anything else is refused before it is
+    built, so a list that repeats a name thousands of times costs no canonical
+    request of thousands of lines (of what could be a long header each).
+    """
+    names = signed_names.split(";")
+    if len(names) > MAX_SIGNED_HEADERS:
+        raise error(
+            f"SignedHeaders names {len(names)} headers, more than the {MAX_SIGNED_HEADERS} "
+            "this endpoint takes; sign fewer headers."
+        )
     if not all(names):
-        raise error(f"SignedHeaders {signed_names!r} holds an empty header name.")
+        raise error(f"SignedHeaders {capped(signed_names)!r} holds an empty header name.")
+    if signed_names != signed_names.lower() or any(a >= b for a, b in pairwise(names)):
+        raise error(
+            f"SignedHeaders {capped(signed_names)!r} is not as SigV4 signs it: header "
+            "names in lowercase, sorted, each once, separated by ';'."
+        )
     if "host" not in names:
         raise s3_error(
             "AccessDenied",
             "The host header must be signed: SignedHeaders does not name it.",
         )
-
-
-def _lower_names(signed_names: str) -> list[str]:
-    return signed_names.lower().split(";")
+    return names
 
 
 def _request_time(by_name: dict[str, list[str]]) -> tuple[str, float]:
     """The ``x-amz-date`` (or ``Date`` made one) of the request, and its time."""
     amz_date = _single(by_name, "x-amz-date")
     if amz_date is not None:
-        request_time = _parse_amz_date(amz_date)
+        request_time = parse_amz_date(amz_date)
         if request_time is None:
-            raise s3_error("AccessDenied", _NO_DATE)
+            raise s3_error("AccessDenied", NO_DATE)
         return amz_date, request_time
     date = _single(by_name, "date")
-    if date is None:
-        raise s3_error("AccessDenied", _NO_DATE)
-    try:
-        parsed = parsedate_to_datetime(date)
-        # An RFC 7231 date is GMT; "-0000" (as botocore writes it) parses as naive.
-        request_time = float(calendar.timegm(parsed.utctimetuple()))
-    except (TypeError, ValueError, OverflowError, IndexError):
-        raise s3_error("AccessDenied", _NO_DATE) from None
-    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(request_time)), request_time
-
-
-def _parse_amz_date(value: str) -> float | None:
-    """The time of ``YYYYMMDDTHHMMSSZ``, None if ``value`` is not one."""
-    if len(value) != 16 or value[8] != "T" or value[15] != "Z":
-        return None
-    digits = value[:8] + value[9:15]
-    if not set(digits) <= _DIGITS:
-        return None
-    fields = (
-        int(value[0:4]),
-        int(value[4:6]),
-        int(value[6:8]),
-        int(value[9:11]),
-        int(value[11:13]),
-        int(value[13:15]),
-    )
-    year, month, day, hour, minute, second = fields
-    if not (1 <= month <= 12 and 1 <= day <= 31 and hour < 24 and minute < 60 and second < 61):
-        return None
-    return float(calendar.timegm((year, month, day, hour, minute, second, 0, 0, 0)))
+    request_time = None if date is None else parse_http_date(date)
+    if request_time is None:
+        raise s3_error("AccessDenied", NO_DATE)
+    return amz_date_of(request_time), request_time
 
 
 def _is_sha256_hex(value: str) -> bool:
@@ -573,6 +555,36 @@ def _is_sha256_hex(value: str) -> bool:
 
 
 # -- canonical forms ---------------------------------------------------------------
+
+
+def _canonical_request(
+    method: str,
+    raw_path: str,
+    query: list[QueryParameter],
+    by_name: dict[str, list[str]],
+    names: list[str],
+    payload_hash: str,
+    *,
+    presigned: bool,
+) -> str:
+    """The canonical request: what the signature signs (through its hash).
+
+    Raises:
+        S3Error: ``InvalidRequest`` if it is longer than ``MAX_SIGNED_TEXT``.
+    """
+    canonical_request = "\n".join(
+        (
+            method,
+            _canonical_uri(raw_path),
+            # A presigned URL's signature is in the query it signs: left out.
+            _canonical_query(query, drop_signature=presigned),
+            _canonical_headers(names, by_name),
+            ";".join(names),
+            payload_hash,
+        )
+    )
+    check_signed_text(canonical_request, "canonical request")
+    return canonical_request
 
 
 def _canonical_uri(raw_path: str) -> str:
@@ -586,37 +598,22 @@ def _canonical_uri(raw_path: str) -> str:
     return quote_from_bytes(unquote_to_bytes(raw_path.encode("utf-8", "surrogateescape")), safe="/")
 
 
-def _parse_query(raw_query: str) -> list[tuple[str, str, str]]:
-    """Each parameter of ``raw_query``: (decoded name, raw name, raw value)."""
-    query = []
-    for pair in raw_query.split("&"):
-        if not pair:
-            continue
-        raw_name, _, raw_value = pair.partition("=")
-        query.append((_decode(raw_name), raw_name, raw_value))
-    return query
-
-
-def _decode(raw: str) -> str:
-    return unquote(raw.replace("+", " "))
-
-
 def _encode_component(raw: str) -> str:
     return quote_from_bytes(
         unquote_to_bytes(raw.replace("+", " ").encode("utf-8", "surrogateescape")), safe=""
     )
 
 
-def _canonical_query(query: list[tuple[str, str, str]], *, drop_signature: bool) -> str:
+def _canonical_query(query: list[QueryParameter], *, drop_signature: bool) -> str:
     pairs = sorted(
-        (_encode_component(raw_name), _encode_component(raw_value))
-        for name, raw_name, raw_value in query
-        if not (drop_signature and name == "X-Amz-Signature")
+        (_encode_component(parameter.raw_name), _encode_component(parameter.raw_value))
+        for parameter in query
+        if not (drop_signature and parameter.name == "X-Amz-Signature")
     )
     return "&".join(f"{name}={value}" for name, value in pairs)
 
 
-def _canonical_headers(signed_names: str, by_name: dict[str, list[str]]) -> str:
+def _canonical_headers(names: list[str], by_name: dict[str, list[str]]) -> str:
     """``name:value`` lines of the signed headers, each ending in a newline.
 
     A signed header the request does not carry has no line: S3 takes such a
@@ -627,7 +624,6 @@ def _canonical_headers(signed_names: str, by_name: dict[str, list[str]]) -> str:
     breaking the signature. ``x-amz-content-sha256`` alone may ride unsigned, as
     S3 allows: it is the payload hash line of a header-signed request anyway.
     """
-    names = _lower_names(signed_names)
     if "host" not in by_name:
         raise s3_error("AccessDenied", "The host header is signed but the request has none.")
     signed = set(names)
@@ -672,15 +668,3 @@ def _mixed(argument: str) -> S3Error:
 
 def _query_error(what: str) -> S3Error:
     return s3_error("AuthorizationQueryParametersError", what)
-
-
-def _invalid_token() -> S3Error:
-    return s3_error(
-        "InvalidToken",
-        "The provided token is malformed or otherwise invalid: this endpoint issues no "
-        "session tokens; sign with an access key and secret alone.",
-    )
-
-
-def _iso8601(seconds: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))

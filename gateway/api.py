@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import ipaddress
 import json
 import logging
 import re
@@ -71,6 +70,7 @@ from chunkd.gateway.appkeys import (
     DaemonState,
 )
 from chunkd.gateway.config import Config
+from chunkd.gateway.config.addresses import is_loopback
 from chunkd.gateway.dashboard import add_routes as add_dashboard_routes
 from chunkd.gateway.dashboard.session import browser_refusal, valid_session
 from chunkd.gateway.inspector import add_routes as add_inspector_routes
@@ -185,7 +185,7 @@ async def _guard(request: web.Request, handler: Handler) -> web.StreamResponse:
                 401, "Unauthorized", "peer routes want 'Authorization: Bearer <peer token>'"
             )
         return await handler(request)
-    loopback = _is_loopback(request.remote)
+    loopback = is_loopback(request.remote)
     listen = request.app[CONFIG].server.listen
     if (refusal := browser_refusal(request, loopback=loopback, listen=listen)) is not None:
         return _error_response(403, "Forbidden", refusal)
@@ -225,18 +225,6 @@ def _has_client_certificate(request: web.Request) -> bool:
     """
     transport = request.transport
     return transport is not None and bool(transport.get_extra_info("peercert"))
-
-
-def _is_loopback(address: str | None) -> bool:
-    if not address:
-        return False  # no peer address (not TCP): refuse rather than guess
-    try:
-        ip = ipaddress.ip_address(address.split("%")[0])
-    except ValueError:
-        return False
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        return ip.ipv4_mapped.is_loopback
-    return ip.is_loopback
 
 
 def _error_response(status: int, kind: str, message: str) -> web.Response:

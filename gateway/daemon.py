@@ -354,7 +354,11 @@ async def run(
         await runner.cleanup()
         server_log.close()
         return 1
-    front = await _start_s3_front(config, app, server_log)
+    try:
+        front = await _start_s3_front(config, app, server_log)
+    except ConfigError as exc:  # the keys or TLS files changed since the check at start
+        log.error("[s3_front] cannot start: %s", exc)  # noqa: TRY400 - the message says it
+        front = False
     if front is False:
         await runner.cleanup()
         server_log.close()
@@ -385,9 +389,11 @@ async def run(
         # A second signal must not cut the index flush short.
         loop.add_signal_handler(sig, lambda: log.info("already stopping"))
     try:
-        if isinstance(front, S3FrontRunner):
-            await front.cleanup()  # its requests are the node's: finished first
-        await runner.cleanup()
+        try:
+            if isinstance(front, S3FrontRunner):
+                await front.cleanup()  # its requests are the node's: finished first
+        finally:
+            await runner.cleanup()  # the index flush, whatever the front's end
     finally:
         stopped.set()
         await watchdog

@@ -49,8 +49,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, Literal, NamedTuple
 
 from chunkd.cache.singleflight import SingleFlight
-from chunkd.errors import ChunkdError
+from chunkd.errors import ChunkdError, InvalidKeyError
 from chunkd.gateway.backends import SCAN_BATCH, ObjectMeta
+from chunkd.gateway.names import MAX_KEY_BYTES, validate_key
 
 if TYPE_CHECKING:
     from chunkd.gateway.backends import Backend, Backends
@@ -68,6 +69,8 @@ CACHE_ENTRIES: Final = 1 << 16
 _PAST: Final = "\U0010ffff"
 #: pages read ahead at once, all listings together
 _AHEAD_TASKS: Final = 64
+#: pages of fewer entries than this are not read ahead: a page of one is a probe
+_AHEAD_LIMIT: Final = 2
 #: seconds a page read ahead waits for its reader when listings are not cached
 _AHEAD_TTL: Final = 10.0
 
@@ -250,9 +253,11 @@ class Listings:
 
     def _read_ahead(self, backend: Backend, key: _Key, page: ListPage) -> None:
         """Start reading the page after ``page`` in the background (see the module)."""
-        if page.next is None or len(self._ahead) >= _AHEAD_TASKS:
-            return
         name, top, delimiter, _, limit, max_bytes = key
+        # A page of one entry is a probe (s3fs and pyarrow ask for one key to tell a
+        # directory from a file): nobody reads the page after it.
+        if page.next is None or limit < _AHEAD_LIMIT or len(self._ahead) >= _AHEAD_TASKS:
+            return
         after = (name, top, delimiter, page.next, limit, max_bytes)
         if after in self._cache or after in self._flights:
             return
@@ -299,17 +304,25 @@ class Listings:
         # The backend lists whole path segments: the prefix's own directory is scanned,
         # from just before the prefix, and the scan ends at the first key past it.
         root = top[: top.rfind("/") + 1]
-        start = _before(top) if top != root else None
+        if not _possible(top):  # "/", "a//", "a/./": no key chunkd can hold starts so
+            return ListPage(backend.name, (), None)
+        start = _floor(_before(top)) if top != root else None
         after = start_after
         if after is None or (start is not None and after < start) or after < root:
             after = start  # the token lies before the prefix: start at its beginning
+        # A backend takes only keys as the place to start; past any other string
+        # ("a/./b", "a//"), the scan starts at the greatest key before it, and what
+        # is not after it goes.
+        past = after
         rest = after[len(top) :] if after is not None and after.startswith(top) else ""
         if (
             delimiter
             and rest.endswith(delimiter)
             and rest.find(delimiter) == len(rest) - len(delimiter)
         ):
-            after = f"{after}{_PAST}"  # the page ended on a directory: skip it whole
+            past = after = f"{after}{_PAST}"  # the page ended on a directory: skip it whole
+        if after is not None and _floor(after) != after:
+            after = _floor(after)
         folded: str | None = None  # the directory whose keys are being skipped
         skipped = 0
         # A full page looks on for one more entry, so that only a page that has one after
@@ -327,6 +340,8 @@ class Listings:
                     if top != root:  # the keys before the prefix go, and the scan ends past it
                         ended = bool(batch) and not batch[-1].key.startswith(top)
                         batch = [m for m in batch if m.key.startswith(top)]
+                    if past != after and past is not None:
+                        batch = [m for m in batch if m.key > past]
                     if delimiter is None:  # the common case of a long listing: a batch at once
                         if full and batch:
                             return ListPage(backend.name, tuple(entries), entries[-1].key)
@@ -377,10 +392,11 @@ class Listings:
             after, skipped = restart, 0
 
     def _keep(self, key: _Key, expires: float, page: ListPage, *, once: bool = False) -> None:
-        if len(page.entries) > self.cache_entries:
+        if _charge(page) > self.cache_entries:
             return
+        self._forget(key)
         self._cache[key] = (expires, page, once)
-        self._cached += len(page.entries)
+        self._cached += _charge(page)
         while self._cached > self.cache_entries:
             self._forget(next(iter(self._cache)))
         self.metrics.list_cached_entries.set(self._cached)
@@ -388,7 +404,7 @@ class Listings:
     def _forget(self, key: _Key) -> None:
         dropped = self._cache.pop(key, None)
         if dropped is not None:
-            self._cached -= len(dropped[1].entries)
+            self._cached -= _charge(dropped[1])
             self.metrics.list_cached_entries.set(self._cached)
 
 
@@ -396,6 +412,45 @@ def _token(entries: list[ListEntry], delimiter: str | None) -> str:
     """The ``next`` of a page that ends with ``entries[-1]``."""
     last = entries[-1]
     return f"{last.key}{delimiter}" if last.type == "directory" else last.key
+
+
+def _charge(page: ListPage) -> int:
+    """What a kept page counts against :data:`CACHE_ENTRIES`: its entries, and one for
+    itself, so that empty pages are bounded too."""
+    return len(page.entries) + 1
+
+
+def _possible(prefix: str) -> bool:
+    """Whether a key chunkd can hold may start with ``prefix`` (``a/b`` may, ``a//``,
+    ``/a`` or ``a/./`` may not)."""
+    if not prefix:
+        return True
+    try:
+        validate_key(prefix + "x")  # "x" completes a last segment that is "", "." or ".."
+    except InvalidKeyError:
+        return len(prefix.encode("utf-8", "surrogatepass")) >= MAX_KEY_BYTES and _valid(prefix)
+    return True
+
+
+def _valid(key: str) -> bool:
+    try:
+        validate_key(key)
+    except InvalidKeyError:
+        return False
+    return True
+
+
+def _floor(text: str) -> str | None:
+    """``text`` if it is a key chunkd can hold, else the longest run of its leading
+    segments that is one (a string no greater than ``text``), else None."""
+    if _valid(text):
+        return text
+    segments = text.split("/")
+    for end in range(len(segments) - 1, 0, -1):
+        head = "/".join(segments[:end])
+        if _valid(head):
+            return head
+    return None
 
 
 def _before(prefix: str) -> str:
@@ -406,6 +461,8 @@ def _before(prefix: str) -> str:
         return prefix[:-1]
     if 0xD800 <= code <= 0xDFFF:  # no surrogates: the backends send keys as UTF-8
         code = 0xD7FF
+    if code == ord("/"):  # "a/0" would start at "a//...", no key: "a/." sorts just below
+        code = ord(".")
     return f"{prefix[:-1]}{chr(code)}{_PAST}"
 
 

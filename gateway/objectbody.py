@@ -16,12 +16,16 @@ from chunkd.gateway.appkeys import READ_PATH, STREAMING
 from chunkd.gateway.readpath import Stat
 from chunkd.ranges import RequestRange, parse_range, resolve
 
-__all__ = ["etag_of", "send_object"]
+__all__ = ["etag_of", "quoted_etag", "send_object"]
 
 
 def etag_of(stat: Stat) -> str:
     """The object version's ETag, quoted."""
-    version = stat.meta.version
+    return quoted_etag(stat.meta.version)
+
+
+def quoted_etag(version: str) -> str:
+    """A version token as an ETag: quoted, as HTTP writes entity tags."""
     return version if version.startswith('"') else f'"{version}"'
 
 

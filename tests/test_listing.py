@@ -15,7 +15,6 @@ from obstore.store import LocalStore
 
 from chunkd.client import Client
 from chunkd.client.protocol import VERSION, recv_frame, send_frame
-from chunkd.errors import InvalidKeyError
 from chunkd.gateway.backends import Backend, Backends, FileLister, make_backend
 from chunkd.gateway.config import BackendConfig
 from chunkd.gateway.listing import ListEntry, Listings
@@ -431,19 +430,24 @@ def test_s3_directory_markers_list_as_directories_in_fsspec(
         ]
 
 
-def test_a_start_after_no_key_can_be_is_refused_and_the_backend_stays_up(
+def test_a_start_after_no_key_can_be_lists_after_it_and_the_backend_stays_up(
     start_daemon, tmp_path: Path, s3_server
 ) -> None:
+    """A start point that is no key (S3's start-after may be any string) lists what
+    follows it in key order; the backend, which takes only keys, is never asked with
+    it, so it is no outage either."""
     daemon = s3_daemon(start_daemon, tmp_path, s3_server)
     for key in ("pre/k/a", "pre/k b"):
         s3_server.client().put_object(Bucket=daemon.bucket, Key=key, Body=b"1")  # type: ignore[attr-defined]
+    wanted = {"a//b": ["data/k b", "data/k/a"], "./x": ["data/k b", "data/k/a"]}
+    wanted["k/../a"] = ["data/k/a"]
     for _ in range(4):  # more than the circuit takes, were each an outage
-        for token in ("a//b", "./x", "k/../a"):
+        for token, names in wanted.items():
             status, _, body = daemon.get(f"/v1/list/data?recursive=true&start_after={token}")
-            assert status == 400, body
-            assert json.loads(body)["error"] == "InvalidKeyError"
-        with Client(daemon.cwd / "chunkd.sock") as raw, pytest.raises(InvalidKeyError):
-            raw.ls_page("data", start_after="a//b")
+            assert status == 200, body
+            assert [e["name"] for e in json.loads(body)["entries"]] == names, token
+        with Client(daemon.cwd / "chunkd.sock") as raw:
+            assert raw.ls_page("data", start_after="a//b") is not None
     status, _, body = daemon.get("/v1/list/data?limit=%C2%B2")  # "²" is a digit to Python
     assert status == 400, body
     assert daemon.metric("chunkd_backend_circuit_open", backend="data") == 0
@@ -529,4 +533,41 @@ async def test_s3_pages_match_the_model_for_any_prefix_and_delimiter() -> None:
                     if token is None:
                         break
                 assert got == s3_model(list(keys), prefix, delimiter), (prefix, delimiter, limit)
+    await listings.close()
+
+
+async def test_s3_pages_of_prefixes_no_key_can_start_with_or_odd_start_points() -> None:
+    """Prefixes whose natural start point is no key ("0" would start at "/...",
+    "data/0" at "data//..."), prefixes no key can have ("/", "data//", "data/./"), and
+    start points that are no key ("data/./x"): each lists what S3 would, never fails."""
+    keys = ["0001", "0/x", "0a", "data/0a", "data/0/b", "data/1", "data/.hidden", "data/..x", "z"]
+    backend = memory_backend(list_revalidate=0)
+    for key in keys:
+        await backend.put(key, b"x")
+    listings = Listings(Backends([backend]), Metrics())
+
+    async def listed(prefix: str, delimiter: str | None, after: str | None = None) -> list[str]:
+        page = await listings.page_of(
+            "mem", prefix, delimiter=delimiter, start_after=after, limit=1000
+        )
+        return [f"{e.key}{delimiter}" if e.type == "directory" else e.key for e in page.entries]
+
+    for prefix in ("0", "data/0", "data/.", "data/..", "d", ""):
+        for delimiter in (None, "/"):
+            assert await listed(prefix, delimiter) == s3_model(keys, prefix, delimiter), prefix
+    for prefix in ("/", "data//", "data/./", "//", "data/../"):
+        assert await listed(prefix, None) == [], prefix
+    for after in ("data/./x", "data/.", "data//", "0/", "/"):
+        wanted = [k for k in s3_model(keys, "", None) if k > after]
+        assert await listed("", None, after) == wanted, after
+    await listings.close()
+
+
+async def test_the_cache_of_pages_is_bounded_for_empty_pages_too() -> None:
+    backend = memory_backend(list_revalidate=60)
+    await backend.put("a/b", b"x")
+    listings = Listings(Backends([backend]), Metrics(), cache_entries=100)
+    for n in range(3000):
+        await listings.page_of("mem", f"nothing-{n}", delimiter="/")
+    assert len(listings._cache) <= 100
     await listings.close()

@@ -168,6 +168,9 @@ def test_conditional_requests(front: FrontNode, s3_server: S3Server) -> None:
     # A 304 carries the validators, and no body; so does a HEAD's.
     status, headers, body = raw(front, "GET", "/data/c.bin", headers={"If-None-Match": etag})
     assert (status, headers["ETag"], body) == (304, etag, b"")
+    # If-Match compares strongly (a weak tag never matches), If-None-Match weakly.
+    assert error_code(lambda: get(IfMatch=f"W/{etag}")) == "PreconditionFailed"
+    assert error_code(lambda: get(IfNoneMatch=f"W/{etag}")) == "304"
     assert error_code(lambda: s3.head_object(Bucket="data", Key="c.bin", IfMatch='"x"')) == "412"
 
 
@@ -358,6 +361,9 @@ def test_start_after_inside_a_prefix_and_v1_pages(front: FrontNode, s3_server: S
     # The keys after a/b roll up into a/ again, as S3 lists them.
     after = s3.list_objects_v2(Bucket="data", StartAfter="a/b", Delimiter="/")
     assert [p["Prefix"] for p in after["CommonPrefixes"]][:2] == ["a/", "ab/"]
+    # v1 says where to go on whenever it is truncated, with a delimiter or without.
+    first = s3.list_objects(Bucket="data", MaxKeys=2)
+    assert (first["IsTruncated"], first["NextMarker"]) == (True, "a-b/x")
     # v1 with a delimiter pages keys and prefixes together, NextMarker the last of either.
     rows = _listing_v1(s3, "data", Delimiter="/", PaginationConfig={"PageSize": 2})
     pages = [i for i, row in enumerate(rows) if row == ("page",)]
@@ -580,6 +586,19 @@ def test_bad_requests_get_s3_errors_never_a_5xx(front: FrontNode) -> None:
     cases: list[tuple[str, str, str, dict[str, str], int, str]] = [
         ("GET", "/local", "list-type=2&max-keys=abc", {}, 400, "InvalidArgument"),
         ("GET", "/local", "list-type=2&max-keys=-1", {}, 400, "InvalidArgument"),
+        ("GET", "/local", "list-type=2&max-keys=%C2%B2", {}, 400, "InvalidArgument"),
+        ("GET", "/local", "list-type=2&start-after=" + "s" * 1100, {}, 400, "InvalidArgument"),
+        ("GET", "/local", "marker=" + "m" * 1100, {}, 400, "InvalidArgument"),
+        (
+            "GET",
+            "/local",
+            "list-type=2&continuation-token=" + "A" * 3000,
+            {},
+            400,
+            "InvalidArgument",
+        ),
+        ("GET", "/local/x", "response-content-type=a%0Db", {}, 400, "InvalidArgument"),
+        ("GET", "/local/x", "response-cache-control=%7F", {}, 400, "InvalidArgument"),
         ("GET", "/local", "list-type=3", {}, 400, "InvalidArgument"),
         ("GET", "/local", "list-type=2&encoding-type=base64", {}, 400, "InvalidArgument"),
         ("GET", "/local", "list-type=2&continuation-token=garbage", {}, 400, "InvalidArgument"),
@@ -626,6 +645,10 @@ def test_what_the_parser_refuses_is_s3_xml(front: FrontNode) -> None:
     head, _, body = answer.partition(b"\r\n\r\n")
     assert head.split(b" ")[1] == b"400"
     assert code_of(body) == "RequestHeaderSectionTooLarge"
+    many = b"".join(b"X-H%d: v\r\n" % n for n in range(300))
+    answer = _send_raw(front.port, b"GET /local/x HTTP/1.1\r\nHost: x\r\n" + many + b"\r\n")
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert (head.split(b" ")[1], code_of(body)) == (b"400", "RequestHeaderSectionTooLarge")
     answer = _send_raw(front.port, b"GET /\x00\x01 HTTP/9.9\r\n\r\n")
     head, _, body = answer.partition(b"\r\n\r\n")
     assert (head.split(b" ")[1], code_of(body)) == (b"400", "InvalidRequest")
@@ -745,6 +768,9 @@ def test_a_dead_backend_is_service_unavailable_then_heals(
         assert headers["Retry-After"] == "5"
         status, _, body = raw(front, "GET", "/data", query="list-type=2&prefix=c")
         assert (status, code_of(body)) == (503, "ServiceUnavailable")
+        # The answer names no endpoint or bucket of the backend; the log does.
+        assert front.name.encode() not in body
+        assert str(front.proxy.port).encode() not in body
         alive(front)
     finally:
         front.proxy.up()
@@ -858,3 +884,22 @@ def test_three_nodes_fronts_read_one_cold_object_once_from_the_backend(
     broken = sum(text.count("a span GET failed") + text.count("; retry ") for text in logs)
     assert len(data) <= s3_proxy.bytes_down <= 1.05 * len(data) + broken * (4 << 20)
     assert sum(n.metric("chunkd_peer_bytes_total", direction="in") for n in nodes) > 0
+
+
+def test_a_bucket_key_the_client_cannot_name_fails_only_its_listings(
+    front: FrontNode, s3_server: S3Server
+) -> None:
+    """An S3 key with an empty segment ("a//b") stops a listing that reaches it, with
+    an error that says so; other prefixes list, reads work, and the backend is not
+    counted as failing (its circuit stays closed)."""
+    direct = s3_server.client()
+    for key in ("a/1", "a//b", "b/2"):
+        direct.put_object(Bucket=front.name, Key=key, Body=b"x")
+    s3 = front.client(retries={"max_attempts": 1})
+    status, _, body = raw(front, "GET", "/data", query="list-type=2")
+    assert (status, code_of(body)) == (500, "InternalError")
+    assert b"empty, '.' or '..' segment" in body
+    assert [c["Key"] for c in s3.list_objects_v2(Bucket="data", Prefix="b/")["Contents"]] == ["b/2"]
+    for _ in range(6):  # more than the failures that would open the circuit
+        raw(front, "GET", "/data", query="list-type=2")
+    assert s3.get_object(Bucket="data", Key="b/2")["Body"].read() == b"x"

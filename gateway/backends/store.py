@@ -523,6 +523,16 @@ class StoreBackend(Backend):
     def _refused_key(self, exc: BaseException, key: str, op: str) -> Exception | None:
         if isinstance(exc, InvalidKeyError):  # the attempt found the request's own key bad
             return exc
+        if op == "list" and (
+            isinstance(exc, InvalidPathError) or (type(exc) is ValueError and "path" in str(exc))
+        ):
+            # A key the listing met, not the request's: S3 allows "a//b" and "a/./b",
+            # object_store cannot name them, and fails the whole page that holds one.
+            return InvalidKeyError(
+                f"backend {self.name!r} holds an object under {shown(key)} whose key has an "
+                "empty, '.' or '..' segment (S3 allows them; chunkd's object store client "
+                "cannot name them), and a listing cannot go past it: rename that object"
+            )
         if type(exc) is ValueError and "parse path" in str(exc):  # obstore's path parser
             return InvalidKeyError(
                 f"backend {self.name!r} cannot hold the key {shown(key)}: it is not a path "

@@ -14,7 +14,16 @@ from urllib.parse import urlsplit
 
 from chunkd.gateway.config.values import Kind, Origin, parse_text
 
-__all__ = ["CLOUD_SCHEMES", "ENDPOINT", "LISTEN", "MEMBERS", "NAME", "URL", "split_listen"]
+__all__ = [
+    "CLOUD_SCHEMES",
+    "ENDPOINT",
+    "LISTEN",
+    "MEMBERS",
+    "NAME",
+    "URL",
+    "is_loopback",
+    "split_listen",
+]
 
 _HOST_RE: Final = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9._-]*[A-Za-z0-9_])?\.?")
 _LISTEN_HINT: Final = "write host:port, like '127.0.0.1:8470', '0.0.0.0:8470' or '[::1]:8470'"
@@ -180,3 +189,18 @@ ENDPOINT: Final = Kind(_endpoint)
 NAME: Final = Kind(_name)
 #: a list of host:port (from the environment: comma-separated)
 MEMBERS: Final = Kind(_members)
+
+
+def is_loopback(address: str | None) -> bool:
+    """Whether a client's address (``request.remote``) is this host's loopback; an
+    IPv4-mapped IPv6 address counts as its IPv4 one, and no address (not TCP) never
+    does: a door refuses rather than guess."""
+    if not address:
+        return False
+    try:
+        ip = ipaddress.ip_address(address.split("%")[0])
+    except ValueError:
+        return False
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped.is_loopback
+    return ip.is_loopback

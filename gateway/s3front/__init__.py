@@ -6,7 +6,11 @@ pinned versions); it parses, checks the signature, maps errors and formats, and
 holds no caching of its own. Rooms:
 
 - :mod:`~chunkd.gateway.s3front.front`: the door (routes, conditions, listings);
-- :mod:`~chunkd.gateway.s3front.sigv4`: the AWS Signature Version 4 check;
+- :mod:`~chunkd.gateway.s3front.sigv4`: the AWS Signature Version 4 check (and the door to
+  :mod:`~chunkd.gateway.s3front.sigv2`, Version 2, which boto3 presigns with by default);
+- :mod:`~chunkd.gateway.s3front.requesttime`, :mod:`~chunkd.gateway.s3front.querystring`,
+  :mod:`~chunkd.gateway.s3front.refusals`: what both signature checks share (a request's
+  time, the query as signed and as served, bounded refusals);
 - :mod:`~chunkd.gateway.s3front.keys`: the front's access keys;
 - :mod:`~chunkd.gateway.s3front.xml`: the documents S3 answers with;
 - :mod:`~chunkd.gateway.s3front.errors`: S3's error codes.

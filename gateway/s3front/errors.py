@@ -108,15 +108,16 @@ def s3_error_of(exc: ChunkdError, *, bucket: str, key: str | None) -> S3Error:
         )
     if isinstance(exc, VersionChangedError):
         # The object changed under a read that had begun: the client reads it again.
-        return s3_error("ServiceUnavailable", f"{exc}; retry the request")
+        return s3_error("ServiceUnavailable", "The object changed while it was read; retry")
+    # What the backend said (its endpoint, its bucket) stays in the daemon's log.
     if isinstance(exc, BackendForbiddenError):
-        return s3_error("AccessDenied", f"the backend refused chunkd's credentials: {exc}")
+        return s3_error("AccessDenied", f"the backend behind bucket {bucket} refused chunkd")
     if isinstance(exc, BackendUnavailableError):
         return s3_error(
             "ServiceUnavailable",
-            f"the backend behind bucket {bucket} is unavailable: {exc}",
+            f"the backend behind bucket {bucket} is unavailable; retry later",
             headers={"Retry-After": "5"},
         )
     if isinstance(exc, IntegrityError):
-        return s3_error("InternalError", f"no verified copy of the bytes could be read: {exc}")
-    return s3_error("InternalError", f"{type(exc).__name__}: {exc}")
+        return s3_error("InternalError", "no verified copy of the bytes could be read; retry")
+    return s3_error("InternalError", f"chunkd failed ({type(exc).__name__}); see its log")

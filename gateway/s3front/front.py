@@ -32,7 +32,6 @@ from __future__ import annotations
 import base64
 import binascii
 import email.utils
-import ipaddress
 import logging
 import secrets
 import time
@@ -43,15 +42,18 @@ from urllib.parse import unquote
 from aiohttp import web
 from aiohttp.http_exceptions import LineTooLong
 from aiohttp.web_protocol import RequestHandler
+from multidict import MultiDict
 
-from chunkd.errors import ChunkdError, InvalidKeyError, InvalidRangeError
+from chunkd.errors import BackendError, ChunkdError, InvalidKeyError, InvalidRangeError
 from chunkd.gateway.appkeys import READ_PATH, STREAMING
 from chunkd.gateway.checkpoints.model import CHECKPOINTS, CHUNKS, INTENTS
+from chunkd.gateway.config.addresses import is_loopback
 from chunkd.gateway.names import validate_key
-from chunkd.gateway.objectbody import etag_of, send_object
+from chunkd.gateway.objectbody import etag_of, quoted_etag, send_object
 from chunkd.gateway.s3front import xml
 from chunkd.gateway.s3front.errors import S3Error, s3_error, s3_error_of
 from chunkd.gateway.s3front.keys import AccessKeys
+from chunkd.gateway.s3front.querystring import decoded_query
 from chunkd.gateway.s3front.sigv4 import SigV4Verifier
 from chunkd.ranges import RequestRange, parse_range
 
@@ -66,11 +68,12 @@ __all__ = ["S3Front", "S3FrontRunner"]
 
 log = logging.getLogger("chunkd.gateway.s3front")
 
-#: S3's own bound on a request's header section
+#: S3's own bound on a request's header section (aiohttp's parser refuses one header
+#: line past it; the front refuses a section past it; both in XML)
 MAX_HEADER_BYTES: Final = 8192
-#: what the front's HTTP parser takes before it gives up (a bigger section is answered
-#: RequestHeaderSectionTooLarge by the front, in XML; past this, by the parser)
-PARSER_LIMIT: Final = 65536
+#: the longest start-after, marker (a key) or continuation token taken
+_MAX_AFTER_BYTES: Final = 1024
+_MAX_TOKEN_CHARS: Final = 2048
 #: S3's cap on one listing page
 MAX_KEYS: Final = 1000
 #: subresources of a bucket or an object the front does not serve
@@ -94,6 +97,10 @@ _OVERRIDES: Final = {
     "response-content-encoding": "Content-Encoding",
 }
 _TOKEN_MARK: Final = b"chunkd1:"
+#: what a 304 carries of the headers a 200 would (RFC 9110 15.4.5)
+_NOT_MODIFIED_HEADERS: Final = frozenset(
+    {"ETag", "Last-Modified", "Cache-Control", "Expires", "Content-Location"}
+)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -170,6 +177,11 @@ class S3Front:
                 )
                 raise  # the headers are out: aiohttp cuts the connection short
             failure = s3_error_of(exc, bucket=request.get("s3_bucket", ""), key=None)
+            if failure.status >= 500 or isinstance(exc, BackendError):
+                # What the backend said stays in the log: the answer names no endpoint.
+                log.warning(
+                    "S3 %s %s: %s (request %s)", request.method, request.path, exc, request_id
+                )
         except Exception as exc:  # a fault of ours: logged whole, answered as S3 would
             if request.get(STREAMING):
                 raise
@@ -180,15 +192,6 @@ class S3Front:
             self.metrics.s3_requests.labels(request["s3_op"], "OK").inc()
             return response
         self.metrics.s3_requests.labels(request["s3_op"], failure.code).inc()
-        if failure.status >= 500:
-            log.warning(
-                "S3 %s %s: %s %s (request %s)",
-                request.method,
-                request.path,
-                failure.code,
-                failure.message,
-                request_id,
-            )
         return error_response(failure, request_id, head=request.method == "HEAD")
 
     async def _dispatch(self, request: web.Request) -> web.StreamResponse:
@@ -200,7 +203,7 @@ class S3Front:
             )
         identity = self.verifier.verify(request.method, raw_path, raw_query, request.headers)
         if identity is None and not (
-            self.config.unsigned_from_loopback and _is_loopback(request.remote)
+            self.config.unsigned_from_loopback and is_loopback(request.remote)
         ):
             raise s3_error(
                 "AccessDenied",
@@ -209,7 +212,8 @@ class S3Front:
                 "only, with unsigned_from_loopback = true)",
             )
         raw_bucket, _, raw_key = raw_path.lstrip("/").partition("/")
-        query = request.query
+        # The parameters as the signature check read them: one reading for both.
+        query = request["s3_query"] = MultiDict(decoded_query(raw_query))
         method = request.method
         if not raw_bucket:
             if method != "GET":
@@ -270,7 +274,7 @@ class S3Front:
     # -- buckets ---------------------------------------------------------------------
 
     async def _bucket(self, request: web.Request, bucket: str, method: str) -> web.StreamResponse:
-        query = request.query
+        query = request["s3_query"]
         if method == "HEAD":
             request["s3_op"] = "HeadBucket"
             return web.Response(headers={"x-amz-bucket-region": self.config.region})
@@ -295,10 +299,10 @@ class S3Front:
         return await self._list_v1(request, bucket)
 
     async def _list_v2(self, request: web.Request, bucket: str) -> web.Response:
-        query = request.query
+        query = request["s3_query"]
         prefix, delimiter, max_keys, url = _listing_params(query)
         token = query.get("continuation-token")
-        start_after = query.get("start-after") or None
+        start_after = _key_param(query, "start-after")
         after = start_after
         if token is not None:
             after = _decode_token(token)
@@ -321,9 +325,9 @@ class S3Front:
         return self._xml(body)
 
     async def _list_v1(self, request: web.Request, bucket: str) -> web.Response:
-        query = request.query
+        query = request["s3_query"]
         prefix, delimiter, max_keys, url = _listing_params(query)
-        marker = query.get("marker", "")
+        marker = _key_param(query, "marker") or ""
         contents, prefixes, next_after = await self._page(
             bucket, prefix, delimiter, marker or None, max_keys
         )
@@ -346,30 +350,26 @@ class S3Front:
         """One page of S3 listing: (objects, common prefixes, the key to resume after)."""
         if max_keys == 0:
             return [], [], None
-        page = await self.listings.page_of(
-            bucket, prefix, delimiter=delimiter, start_after=after, limit=max_keys
-        )
+        try:
+            page = await self.listings.page_of(
+                bucket, prefix, delimiter=delimiter, start_after=after, limit=max_keys
+            )
+        except InvalidKeyError as exc:  # a key in the backend it cannot list past
+            raise s3_error("InternalError", str(exc)) from exc
         contents: list[xml.Content] = []
         prefixes: list[str] = []
         for entry in page.entries:
             if entry.type == "directory":
                 prefixes.append(f"{entry.key}{delimiter}")
             elif _holdable(entry.key):
-                etag = entry.version or ""
-                contents.append(
-                    xml.Content(
-                        entry.key,
-                        entry.size,
-                        etag if etag.startswith('"') else f'"{etag}"',
-                        entry.modified or 0.0,
-                    )
-                )
+                etag = quoted_etag(entry.version or "")
+                contents.append(xml.Content(entry.key, entry.size, etag, entry.modified or 0.0))
         return contents, prefixes, page.next
 
     # -- objects ---------------------------------------------------------------------
 
     async def _object(self, request: web.Request, bucket: str, key: str) -> web.StreamResponse:
-        query = request.query
+        query = request["s3_query"]
         if not _holdable(key):
             raise s3_error("NoSuchKey", "The specified key does not exist.")
         started = time.perf_counter()
@@ -381,10 +381,10 @@ class S3Front:
                 "The requested partnumber is not satisfiable (objects here have one part)",
             )
         headers = _object_headers(stat)
-        _check_conditions(request, stat, headers)
         for name, header in _OVERRIDES.items():
             if name in query:
-                headers[header] = query[name]
+                headers[header] = _header_value(name, query[name])
+        _check_conditions(request, stat, headers)
         try:
             wanted: RequestRange | None = parse_range(request.headers.get("Range"))
         except InvalidRangeError:
@@ -404,7 +404,7 @@ def _listing_params(query: Any) -> tuple[str, str | None, int, bool]:
     prefix = query.get("prefix", "")
     delimiter = query.get("delimiter") or None
     text = query.get("max-keys", str(MAX_KEYS))
-    if not text.isdigit() or len(text) > 10:
+    if not (text.isascii() and text.isdigit()) or len(text) > 10:
         raise s3_error("InvalidArgument", f"max-keys must be a whole number; got {text!r}")
     encoding = query.get("encoding-type")
     if encoding not in (None, "url"):
@@ -417,12 +417,22 @@ def _listing_params(query: Any) -> tuple[str, str | None, int, bool]:
     return prefix, delimiter, min(int(text), MAX_KEYS), encoding == "url"
 
 
+def _key_param(query: Any, name: str) -> str | None:
+    """A listing parameter that is a key (``start-after``, ``marker``), bounded."""
+    value: str | None = query.get(name) or None
+    if value is not None and len(value.encode("utf-8", "surrogatepass")) > _MAX_AFTER_BYTES:
+        raise s3_error("InvalidArgument", f"{name} is longer than a key can be")
+    return value
+
+
 def _encode_token(after: str) -> str:
     raw = _TOKEN_MARK + after.encode("utf-8", "surrogatepass")
     return base64.urlsafe_b64encode(raw).decode()
 
 
 def _decode_token(token: str) -> str:
+    if len(token) > _MAX_TOKEN_CHARS:
+        raise s3_error("InvalidArgument", "The continuation token provided is incorrect")
     try:
         raw = base64.urlsafe_b64decode(token.encode("ascii"))
         after = raw[len(_TOKEN_MARK) :].decode("utf-8")
@@ -431,6 +441,16 @@ def _decode_token(token: str) -> str:
     if not raw.startswith(_TOKEN_MARK):
         raise s3_error("InvalidArgument", "The continuation token provided is incorrect")
     return after
+
+
+def _header_value(name: str, value: str) -> str:
+    """A ``response-*`` override as a header value: printable, no line breaks."""
+    if len(value) > 1024 or any((c < " " and c != "\t") or "\x7f" <= c <= "\x9f" for c in value):
+        raise s3_error(
+            "InvalidArgument",
+            f"{name} holds a control character or is too long for a header value",
+        )
+    return value
 
 
 def _unquoted(raw: str) -> str | None:
@@ -471,10 +491,20 @@ def _http_date(text: str | None) -> float | None:
     return when.timestamp() if when.tzinfo is not None else None
 
 
-def _etag_matches(header: str, etag: str) -> bool:
-    wanted = [tag.strip() for tag in header.split(",")]
+def _etag_matches(header: str, etag: str, *, weak: bool) -> bool:
+    """Whether ``etag`` is in an If-Match (strong comparison: a ``W/`` tag never
+    matches) or an If-None-Match (``weak``) list, RFC 9110 8.8.3.2."""
     bare = etag.strip('"')
-    return any(tag == "*" or tag.removeprefix("W/").strip('"') == bare for tag in wanted)
+    for tag in (tag.strip() for tag in header.split(",")):
+        if tag == "*":
+            return True
+        if tag.startswith("W/"):
+            if not weak:
+                continue
+            tag = tag[2:]
+        if tag.strip('"') == bare:
+            return True
+    return False
 
 
 def _check_conditions(request: web.Request, stat: Stat, headers: dict[str, str]) -> None:
@@ -484,7 +514,7 @@ def _check_conditions(request: web.Request, stat: Stat, headers: dict[str, str])
     modified = int(stat.meta.modified)  # HTTP dates have whole seconds
     if_match = request.headers.get("If-Match")
     if if_match is not None:
-        if not _etag_matches(if_match, etag):
+        if not _etag_matches(if_match, etag, weak=False):
             raise s3_error(
                 "PreconditionFailed",
                 "At least one of the pre-conditions you specified did not hold",
@@ -501,12 +531,12 @@ def _check_conditions(request: web.Request, stat: Stat, headers: dict[str, str])
     if_none = request.headers.get("If-None-Match")
     not_modified = False
     if if_none is not None:
-        not_modified = _etag_matches(if_none, etag)
+        not_modified = _etag_matches(if_none, etag, weak=True)
     else:
         since = _http_date(request.headers.get("If-Modified-Since"))
         not_modified = since is not None and bool(stat.meta.modified) and modified <= since
     if not_modified:
-        keep = {k: v for k, v in headers.items() if k in ("ETag", "Last-Modified")}
+        keep = {k: v for k, v in headers.items() if k in _NOT_MODIFIED_HEADERS}
         raise S3Error("NotModified", 304, "Not Modified", headers=keep)
 
 
@@ -530,24 +560,13 @@ def error_response(failure: S3Error, request_id: str, *, head: bool = False) -> 
     )
 
 
-def _is_loopback(address: str | None) -> bool:
-    if not address:
-        return False
-    try:
-        ip = ipaddress.ip_address(address.split("%")[0])
-    except ValueError:
-        return False
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        return ip.ipv4_mapped.is_loopback
-    return ip.is_loopback
-
-
 # -- what the HTTP parser refuses ------------------------------------------------------
 
 
 class _S3RequestHandler(RequestHandler):
     """aiohttp's connection handler, answering what its parser refuses (a header line
-    past :data:`PARSER_LIMIT`, a malformed request line) in S3 XML, not plain text."""
+    past :data:`MAX_HEADER_BYTES`, too many headers, a malformed request line) in S3
+    XML, not plain text."""
 
     def handle_error(
         self,
@@ -580,23 +599,13 @@ class _S3Server(web.Server):
 
 
 class S3FrontRunner(web.AppRunner):
-    """The front's runner: aiohttp's, with the parser's limits raised to
-    :data:`PARSER_LIMIT` (the front answers an oversized header section itself) and
-    the connection handler of :class:`_S3RequestHandler`.
+    """The front's runner: aiohttp's, with its parser's own limits (a header line of
+    8 KiB, 128 headers), and the connection handler of :class:`_S3RequestHandler`.
 
     aiohttp has no public hook for how its parser's refusals are answered, so the
     server it makes is given that handler's class; ``tests/test_s3front.py`` checks
     the answer, and so an aiohttp that changes this.
     """
-
-    def __init__(self, app: web.Application, **kwargs: Any) -> None:
-        super().__init__(
-            app,
-            max_line_size=PARSER_LIMIT,
-            max_field_size=PARSER_LIMIT,
-            max_headers=256,
-            **kwargs,
-        )
 
     async def _make_server(self) -> web.Server:
         server = await super()._make_server()

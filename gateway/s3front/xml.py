@@ -168,13 +168,14 @@ def listing_v1(
     next_marker: str | None,
     url: bool,
 ) -> bytes:
-    """A ``ListBucketResult`` of ListObjects (v1): ``NextMarker`` only with a delimiter,
-    as S3 does (without one, a client resumes after the last key)."""
+    """A ``ListBucketResult`` of ListObjects (v1), with ``NextMarker`` whenever it is
+    truncated (S3 sends it only with a delimiter, and clients resume after the last
+    key otherwise; a page whose keys were all left out has no last key)."""
     parts = [
         f"{_HEAD}<ListBucketResult {_NS}><Name>{escape(bucket)}</Name>",
         f"<Prefix>{_text(prefix, url=url)}</Prefix>",
         f"<Marker>{_text(marker, url=url)}</Marker>",
-        _optional("NextMarker", next_marker if delimiter else None, url=url),
+        _optional("NextMarker", next_marker, url=url),
         f"<MaxKeys>{max_keys}</MaxKeys>",
         _optional("Delimiter", delimiter, url=url),
         f"<IsTruncated>{'true' if next_marker else 'false'}</IsTruncated>",

@@ -168,6 +168,10 @@ def test_conditional_requests(front: FrontNode, s3_server: S3Server) -> None:
     # A 304 carries the validators, and no body; so does a HEAD's.
     status, headers, body = raw(front, "GET", "/data/c.bin", headers={"If-None-Match": etag})
     assert (status, headers["ETag"], body) == (304, etag, b"")
+    # The three HTTP date forms, asctime (no zone: GMT) among them.
+    asctime = after.astimezone(datetime.UTC).strftime("%a %b %d %H:%M:%S %Y")
+    status, _, _ = raw(front, "GET", "/data/c.bin", headers={"If-Modified-Since": asctime})
+    assert status == 304
     # If-Match compares strongly (a weak tag never matches), If-None-Match weakly.
     assert error_code(lambda: get(IfMatch=f"W/{etag}")) == "PreconditionFailed"
     assert error_code(lambda: get(IfNoneMatch=f"W/{etag}")) == "304"

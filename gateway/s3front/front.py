@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import datetime
 import email.utils
 import logging
 import secrets
@@ -488,7 +489,9 @@ def _http_date(text: str | None) -> float | None:
         when = email.utils.parsedate_to_datetime(text)
     except (TypeError, ValueError):
         return None  # S3 ignores a date it cannot read
-    return when.timestamp() if when.tzinfo is not None else None
+    if when.tzinfo is None:  # asctime has no zone: HTTP dates are GMT (RFC 9110 5.6.7)
+        when = when.replace(tzinfo=datetime.UTC)
+    return when.timestamp()
 
 
 def _etag_matches(header: str, etag: str, *, weak: bool) -> bool:

@@ -301,71 +301,45 @@ class S3Front:
 
     async def _list_v2(self, request: web.Request, bucket: str) -> web.Response:
         query = request["s3_query"]
-        prefix, delimiter, max_keys, url = _listing_params(query)
         token = query.get("continuation-token")
         start_after = _key_param(query, "start-after")
-        after = start_after
-        if token is not None:
-            after = _decode_token(token)
-        contents, prefixes, next_after = await self._page(
-            bucket, prefix, delimiter, after, max_keys
-        )
+        after = start_after if token is None else _decode_token(token)
+        page = await self._page(bucket, query, after)
         body = xml.listing_v2(
-            bucket=bucket,
-            prefix=prefix,
-            delimiter=delimiter,
-            max_keys=max_keys,
-            contents=contents,
-            prefixes=prefixes,
+            page,
             continuation=token,
-            next_continuation=None if next_after is None else _encode_token(next_after),
+            next_continuation=None if page.after is None else _encode_token(page.after),
             start_after=start_after,
-            url=url,
             owner=query.get("fetch-owner", "false").lower() == "true",
         )
         return self._xml(body)
 
     async def _list_v1(self, request: web.Request, bucket: str) -> web.Response:
         query = request["s3_query"]
-        prefix, delimiter, max_keys, url = _listing_params(query)
         marker = _key_param(query, "marker") or ""
-        contents, prefixes, next_after = await self._page(
-            bucket, prefix, delimiter, marker or None, max_keys
-        )
-        body = xml.listing_v1(
-            bucket=bucket,
-            prefix=prefix,
-            delimiter=delimiter,
-            max_keys=max_keys,
-            contents=contents,
-            prefixes=prefixes,
-            marker=marker,
-            next_marker=next_after,
-            url=url,
-        )
-        return self._xml(body)
+        page = await self._page(bucket, query, marker or None)
+        return self._xml(xml.listing_v1(page, marker=marker))
 
-    async def _page(
-        self, bucket: str, prefix: str, delimiter: str | None, after: str | None, max_keys: int
-    ) -> tuple[list[xml.Content], list[str], str | None]:
-        """One page of S3 listing: (objects, common prefixes, the key to resume after)."""
+    async def _page(self, bucket: str, query: Any, after: str | None) -> xml.Listing:
+        """One page of an S3 listing of ``bucket`` after ``after``, as ``query`` asks."""
+        prefix, delimiter, max_keys, url = _listing_params(query)
+        contents: list[xml.Content] = []
+        prefixes: list[str] = []
         if max_keys == 0:
-            return [], [], None
+            return xml.Listing(bucket, prefix, delimiter, 0, contents, prefixes, None, url)
         try:
             page = await self.listings.page_of(
                 bucket, prefix, delimiter=delimiter, start_after=after, limit=max_keys
             )
         except InvalidKeyError as exc:  # a key in the backend it cannot list past
             raise s3_error("InternalError", str(exc)) from exc
-        contents: list[xml.Content] = []
-        prefixes: list[str] = []
         for entry in page.entries:
             if entry.type == "directory":
                 prefixes.append(f"{entry.key}{delimiter}")
             elif _holdable(entry.key):
                 etag = quoted_etag(entry.version or "")
                 contents.append(xml.Content(entry.key, entry.size, etag, entry.modified or 0.0))
-        return contents, prefixes, page.next
+        return xml.Listing(bucket, prefix, delimiter, max_keys, contents, prefixes, page.next, url)
 
     # -- objects ---------------------------------------------------------------------
 

@@ -18,6 +18,7 @@ from xml.sax.saxutils import escape
 
 __all__ = [
     "Content",
+    "Listing",
     "bucket_list",
     "error_document",
     "iso8601",
@@ -123,65 +124,74 @@ def _optional(name: str, value: str | None, *, url: bool = False) -> str:
     return "" if value is None else f"<{name}>{_text(value, url=url)}</{name}>"
 
 
+@dataclass(frozen=True, slots=True)
+class Listing:
+    """One page of a listing as both ListObjects versions answer it."""
+
+    bucket: str
+    prefix: str
+    delimiter: str | None
+    max_keys: int
+    contents: list[Content]
+    #: common prefixes, each ending with the delimiter
+    prefixes: list[str]
+    #: the key (or common prefix) to resume after; None: the last page
+    after: str | None
+    #: ``encoding-type=url``
+    url: bool
+
+    def _head(self) -> str:
+        return (
+            f"{_HEAD}<ListBucketResult {_NS}><Name>{escape(self.bucket)}</Name>"
+            f"<Prefix>{_text(self.prefix, url=self.url)}</Prefix>"
+        )
+
+    def _body(self, *, owner: bool) -> str:
+        return (
+            ("<EncodingType>url</EncodingType>" if self.url else "")
+            + _contents(self.contents, url=self.url, owner=owner)
+            + _prefixes(self.prefixes, url=self.url)
+            + "</ListBucketResult>"
+        )
+
+    def _truncated(self) -> str:
+        return f"<IsTruncated>{'true' if self.after is not None else 'false'}</IsTruncated>"
+
+
 def listing_v2(
+    page: Listing,
     *,
-    bucket: str,
-    prefix: str,
-    delimiter: str | None,
-    max_keys: int,
-    contents: list[Content],
-    prefixes: list[str],
     continuation: str | None,
     next_continuation: str | None,
     start_after: str | None,
-    url: bool,
     owner: bool,
 ) -> bytes:
     """A ``ListBucketResult`` of ListObjectsV2."""
     parts = [
-        f"{_HEAD}<ListBucketResult {_NS}><Name>{escape(bucket)}</Name>",
-        f"<Prefix>{_text(prefix, url=url)}</Prefix>",
-        _optional("Delimiter", delimiter, url=url),
-        f"<MaxKeys>{max_keys}</MaxKeys>",
-        f"<KeyCount>{len(contents) + len(prefixes)}</KeyCount>",
-        f"<IsTruncated>{'true' if next_continuation else 'false'}</IsTruncated>",
+        page._head(),
+        _optional("Delimiter", page.delimiter, url=page.url),
+        f"<MaxKeys>{page.max_keys}</MaxKeys>",
+        f"<KeyCount>{len(page.contents) + len(page.prefixes)}</KeyCount>",
+        page._truncated(),
         _optional("ContinuationToken", continuation),
         _optional("NextContinuationToken", next_continuation),
-        _optional("StartAfter", start_after, url=url),
-        "<EncodingType>url</EncodingType>" if url else "",
-        _contents(contents, url=url, owner=owner),
-        _prefixes(prefixes, url=url),
-        "</ListBucketResult>",
+        _optional("StartAfter", start_after, url=page.url),
+        page._body(owner=owner),
     ]
     return "".join(parts).encode()
 
 
-def listing_v1(
-    *,
-    bucket: str,
-    prefix: str,
-    delimiter: str | None,
-    max_keys: int,
-    contents: list[Content],
-    prefixes: list[str],
-    marker: str,
-    next_marker: str | None,
-    url: bool,
-) -> bytes:
+def listing_v1(page: Listing, *, marker: str) -> bytes:
     """A ``ListBucketResult`` of ListObjects (v1), with ``NextMarker`` whenever it is
     truncated (S3 sends it only with a delimiter, and clients resume after the last
     key otherwise; a page whose keys were all left out has no last key)."""
     parts = [
-        f"{_HEAD}<ListBucketResult {_NS}><Name>{escape(bucket)}</Name>",
-        f"<Prefix>{_text(prefix, url=url)}</Prefix>",
-        f"<Marker>{_text(marker, url=url)}</Marker>",
-        _optional("NextMarker", next_marker, url=url),
-        f"<MaxKeys>{max_keys}</MaxKeys>",
-        _optional("Delimiter", delimiter, url=url),
-        f"<IsTruncated>{'true' if next_marker else 'false'}</IsTruncated>",
-        "<EncodingType>url</EncodingType>" if url else "",
-        _contents(contents, url=url, owner=True),
-        _prefixes(prefixes, url=url),
-        "</ListBucketResult>",
+        page._head(),
+        f"<Marker>{_text(marker, url=page.url)}</Marker>",
+        _optional("NextMarker", page.after, url=page.url),
+        f"<MaxKeys>{page.max_keys}</MaxKeys>",
+        _optional("Delimiter", page.delimiter, url=page.url),
+        page._truncated(),
+        page._body(owner=True),
     ]
     return "".join(parts).encode()

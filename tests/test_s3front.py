@@ -907,3 +907,47 @@ def test_a_bucket_key_the_client_cannot_name_fails_only_its_listings(
     for _ in range(6):  # more than the failures that would open the circuit
         raw(front, "GET", "/data", query="list-type=2")
     assert s3.get_object(Bucket="data", Key="b/2")["Body"].read() == b"x"
+
+
+def test_unsigned_requests_from_another_host_are_refused_even_when_allowed(
+    s3_front: Callable[..., FrontNode], other_host: tuple[str, str]
+) -> None:
+    """unsigned_from_loopback lets in this host's unsigned requests only: from another
+    host (a network namespace) an unsigned GET is AccessDenied, a presigned one reads."""
+    import sys
+
+    from chunkd.testing import free_port
+
+    ns, host_ip = other_host
+    port = free_port()
+    node = s3_front(listen=f"{host_ip}:{port}", unsigned_from_loopback=True)
+    (node.files / "far.bin").write_bytes(b"far away")
+    endpoint = f"http://{host_ip}:{port}"
+    presigned = front_client(endpoint, signature_version="s3v4").generate_presigned_url(
+        "get_object", Params={"Bucket": "local", "Key": "far.bin"}, ExpiresIn=60
+    )
+    probe = (
+        "import sys, urllib.request, urllib.error\n"
+        "try:\n"
+        "    r = urllib.request.urlopen(sys.argv[1], timeout=20)\n"
+        "    print(r.status, r.read().decode())\n"
+        "except urllib.error.HTTPError as e:\n"
+        "    print(e.code, e.read().decode())\n"
+    )
+
+    def from_there(url: str) -> tuple[int, str]:
+        done = subprocess.run(
+            ["ip", "netns", "exec", ns, sys.executable, "-c", probe, url],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        status, _, body = done.stdout.strip().partition(" ")
+        return int(status), body
+
+    status, body = from_there(f"{endpoint}/local/far.bin")
+    assert status == 403
+    assert "<Code>AccessDenied</Code>" in body
+    assert from_there(presigned) == (200, "far away")

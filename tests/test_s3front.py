@@ -951,3 +951,27 @@ def test_unsigned_requests_from_another_host_are_refused_even_when_allowed(
     assert status == 403
     assert "<Code>AccessDenied</Code>" in body
     assert from_there(presigned) == (200, "far away")
+
+
+def test_sigv2_can_be_turned_off_and_a_readable_keys_file_is_warned_of(
+    s3_front: Callable[..., FrontNode], tmp_path: Path
+) -> None:
+    keys = tmp_path / "loose.keys"
+    keys.write_text("loose-key loose-secret-123\n")
+    keys.chmod(0o644)
+    node = s3_front(sigv2=False, keys_file=str(keys))
+    (node.files / "v2.bin").write_bytes(b"v2")
+    v2_url = node.client().generate_presigned_url(
+        "get_object", Params={"Bucket": "local", "Key": "v2.bin"}, ExpiresIn=60
+    )
+    assert "AWSAccessKeyId=" in v2_url  # boto3's default for us-east-1
+    status, body = _curl(v2_url)
+    assert (status, code_of(body)) == (400, "InvalidRequest")
+    assert b"sigv2 = false" in body
+    v4_url = front_client(node.endpoint, signature_version="s3v4").generate_presigned_url(
+        "get_object", Params={"Bucket": "local", "Key": "v2.bin"}, ExpiresIn=60
+    )
+    assert _curl(v4_url) == (200, b"v2")
+    log = node.daemon.log.read_text()
+    assert "other users may read it (mode 0644)" in log
+    assert "loose-secret-123" not in log

@@ -137,6 +137,8 @@ Every key, with its default (a key left out takes the default)::
     # unsigned_from_loopback = false
     # most a signed request's time may differ from this node's clock (S3's 15 minutes)
     # max_skew = "15m"
+    # also take SigV2 signatures (boto3's default presigned URLs); false: SigV4 only
+    # sigv2 = true
     # the region GetBucketLocation and HeadBucket answer
     # region = "us-east-1"
     # HTTPS (with tls_key): the front's certificate chain, PEM; clients get its CA

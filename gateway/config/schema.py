@@ -442,6 +442,13 @@ class S3FrontConfig:
             "most a signed request's time may differ from this node's clock (S3's 15 minutes)",
         ),
     )
+    sigv2: bool = field(
+        default=True,
+        metadata=key(
+            BOOL,
+            "also take SigV2 signatures (boto3's default presigned URLs); false: SigV4 only",
+        ),
+    )
     region: str = field(
         default="us-east-1",
         metadata=key(TEXT, "the region GetBucketLocation and HeadBucket answer"),

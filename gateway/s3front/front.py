@@ -138,7 +138,9 @@ class S3Front:
         self.backends = backends
         self.metrics = metrics
         self.keys = keys if keys is not None else AccessKeys(self.config)
-        self.verifier = SigV4Verifier(self.keys, max_skew=self.config.max_skew)
+        self.verifier = SigV4Verifier(
+            self.keys, max_skew=self.config.max_skew, sigv2_allowed=self.config.sigv2
+        )
         self.started = time.time()
         registry = config.datasets
         self._reserved = {

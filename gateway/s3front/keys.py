@@ -111,9 +111,17 @@ def _read(path: Path) -> dict[str, Secret]:
     its secret)."""
     try:
         text = path.read_text(encoding="utf-8")
+        mode = os.stat(path).st_mode
     except (OSError, UnicodeDecodeError) as exc:
         why = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
         raise ConfigError(f"[s3_front] keys_file {path}: cannot read it ({why})") from None
+    if mode & 0o077:
+        log.warning(
+            "[s3_front] keys_file %s holds secrets but other users may read it (mode %04o); "
+            "chmod 600 it, owned by the daemon's user",
+            path,
+            mode & 0o777,
+        )
     keys: dict[str, Secret] = {}
     for number, line in enumerate(text.splitlines(), 1):
         line = line.strip()

@@ -186,8 +186,10 @@ class SigV4Verifier:
         max_skew: float = 900.0,
         max_expires: float = 604800.0,
         clock: Callable[[], float] = time.time,
+        sigv2_allowed: bool = True,
     ) -> None:
         self._keys = keys  # looked up per request: a live mapping may change
+        self._sigv2_allowed = sigv2_allowed
         self._max_skew = max_skew
         self._max_expires = max_expires
         self._clock = clock
@@ -253,6 +255,7 @@ class SigV4Verifier:
                     f"{MAX_AUTHORIZATION_LENGTH} any client sends."
                 )
             if authorization[0].startswith(sigv2.HEADER_PREFIX):
+                self._check_sigv2_allowed()
                 access_key = self._v2.verify_header(
                     method, raw_path, query, by_name, authorization[0]
                 )
@@ -261,11 +264,20 @@ class SigV4Verifier:
         if v4_query and v2_query:
             raise _mixed("X-Amz-Algorithm")
         if v2_query:
+            self._check_sigv2_allowed()
             access_key = self._v2.verify_query(method, raw_path, query, by_name)
             return Identity(access_key, presigned=True)
         if v4_query:
             return self._verify_query(method, raw_path, query, by_name)
         return None
+
+    def _check_sigv2_allowed(self) -> None:
+        if not self._sigv2_allowed:
+            raise s3_error(
+                "InvalidRequest",
+                "SigV2 signatures are turned off on this front ([s3_front] sigv2 = false); "
+                "sign with AWS4-HMAC-SHA256 (boto3: Config(signature_version='s3v4'))",
+            )
 
     # -- the Authorization header --------------------------------------------
 

@@ -48,9 +48,9 @@ pytest: $(STAMP) emulators tools
 	$(BIN)/pytest
 
 # What the page and terminal tests drive: Debian's chromium, tmux, ffmpeg (media fixtures),
-# and the AWS CLI (the S3 front's client tests), as COMMAND:PACKAGE.
+# the AWS CLI and curl (the S3 front's client and presigned-URL tests), as COMMAND:PACKAGE.
 # Installed with apt-get when missing and we are root; otherwise those tests skip, saying why.
-TOOLS := chromium:chromium tmux:tmux ffmpeg:ffmpeg aws:awscli
+TOOLS := chromium:chromium tmux:tmux ffmpeg:ffmpeg aws:awscli curl:curl
 tools:
 	@missing=""; for t in $(TOOLS); do command -v $${t%%:*} >/dev/null || missing="$$missing $${t#*:}"; done; \
 	if [ -n "$$missing" ]; then \

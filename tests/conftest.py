@@ -274,6 +274,35 @@ def other_host() -> Iterator[tuple[str, str]]:
         subprocess.run(["ip", "link", "del", host_if], capture_output=True, check=False)
 
 
+_PROBE = """
+import sys, urllib.request, urllib.error
+url, auth = sys.argv[1], sys.argv[2]
+request = urllib.request.Request(url, headers={"Authorization": auth} if auth else {})
+try:
+    with urllib.request.urlopen(request, timeout=20) as r:
+        print(r.status, r.read().decode())
+except urllib.error.HTTPError as e:
+    print(e.code, e.read().decode())
+"""
+
+
+def get_from_namespace(ns: str, url: str, auth: str = "") -> tuple[int, str]:
+    """GET ``url`` from inside the network namespace ``ns`` (another host, as
+    ``other_host`` builds it): (status, body as text)."""
+    import subprocess
+
+    done = subprocess.run(
+        ["ip", "netns", "exec", ns, sys.executable, "-c", _PROBE, url, auth],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    status, _, body = done.stdout.strip().partition(" ")
+    return int(status), body
+
+
 @dataclass
 class FrontNode:
     """A daemon that serves ``[s3_front]``: bucket ``data`` is the moto bucket ``name``

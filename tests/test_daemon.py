@@ -8,7 +8,6 @@ import json
 import os
 import signal
 import socket
-import textwrap
 import time
 import urllib.parse
 from pathlib import Path
@@ -19,7 +18,7 @@ from hypothesis import strategies as st
 
 from chunkd.testing import refused_backend, s3_backend
 
-from .conftest import CountingProxy, Daemon, S3Server, free_port
+from .conftest import CountingProxy, Daemon, S3Server, free_port, get_from_namespace
 
 MiB = 1 << 20
 
@@ -497,8 +496,6 @@ disk_min_free_bytes = 0
 
 
 def test_other_hosts_need_the_token_for_data(start_daemon, tmp_path: Path, other_host) -> None:
-    import subprocess
-    import sys
 
     ns, host_ip = other_host
     work = tmp_path / "work"
@@ -510,31 +507,9 @@ def test_other_hosts_need_the_token_for_data(start_daemon, tmp_path: Path, other
         env={"CHUNKD_SERVER_LISTEN": f"{host_ip}:{port}", "CHUNKD_SERVER_TOKEN": "s3cret-token"},
         port=port,
     )
-    probe = textwrap.dedent(
-        """
-        import sys, urllib.request, urllib.error
-        url, auth = sys.argv[1], sys.argv[2]
-        request = urllib.request.Request(url, headers={"Authorization": auth} if auth else {})
-        try:
-            with urllib.request.urlopen(request, timeout=20) as r:
-                print(r.status, r.read().decode())
-        except urllib.error.HTTPError as e:
-            print(e.code, e.read().decode())
-        """
-    )
 
     def from_other_host(path: str, auth: str = "", target: Daemon | None = None) -> tuple[int, str]:
-        url = (target or daemon).url + path
-        done = subprocess.run(
-            ["ip", "netns", "exec", ns, sys.executable, "-c", probe, url, auth],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
-        assert done.returncode == 0, done.stderr
-        status, _, body = done.stdout.strip().partition(" ")
-        return int(status), body
+        return get_from_namespace(ns, (target or daemon).url + path, auth)
 
     assert from_other_host("/healthz")[0] == 200
     assert from_other_host("/metrics")[0] == 200

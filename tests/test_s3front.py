@@ -30,7 +30,7 @@ from botocore.exceptions import ClientError
 
 from chunkd.testing import S3Server
 from chunkd.testing.s3front import FRONT_KEY, FRONT_SECRET, front_client
-from tests.conftest import FrontNode
+from tests.conftest import FrontNode, get_from_namespace
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -914,7 +914,6 @@ def test_unsigned_requests_from_another_host_are_refused_even_when_allowed(
 ) -> None:
     """unsigned_from_loopback lets in this host's unsigned requests only: from another
     host (a network namespace) an unsigned GET is AccessDenied, a presigned one reads."""
-    import sys
 
     from chunkd.testing import free_port
 
@@ -926,26 +925,9 @@ def test_unsigned_requests_from_another_host_are_refused_even_when_allowed(
     presigned = front_client(endpoint, signature_version="s3v4").generate_presigned_url(
         "get_object", Params={"Bucket": "local", "Key": "far.bin"}, ExpiresIn=60
     )
-    probe = (
-        "import sys, urllib.request, urllib.error\n"
-        "try:\n"
-        "    r = urllib.request.urlopen(sys.argv[1], timeout=20)\n"
-        "    print(r.status, r.read().decode())\n"
-        "except urllib.error.HTTPError as e:\n"
-        "    print(e.code, e.read().decode())\n"
-    )
 
     def from_there(url: str) -> tuple[int, str]:
-        done = subprocess.run(
-            ["ip", "netns", "exec", ns, sys.executable, "-c", probe, url],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
-        assert done.returncode == 0, done.stderr
-        status, _, body = done.stdout.strip().partition(" ")
-        return int(status), body
+        return get_from_namespace(ns, url)
 
     status, body = from_there(f"{endpoint}/local/far.bin")
     assert status == 403

@@ -42,6 +42,7 @@ import blake3
 import lmdb
 import zstandard
 
+from chunkd import faults
 from chunkd.cache.chunkid import HEX_CHARS, ChunkId, hash_threads
 from chunkd.cache.index import ChunkRecord, Codec, Index, TierSet
 from chunkd.cache.singleflight import SingleFlight
@@ -319,6 +320,7 @@ class DiskTier(Tier):
             return None
         path = self.path_of(cid)
         try:
+            faults.point("disk.read")
             raw = _read_exact(path, record.stored_size)
         except FileNotFoundError:
             if self._drop(cid, record) is not None:
@@ -392,6 +394,7 @@ class DiskTier(Tier):
                 # Name and record together: nothing that unlinks under this lock can
                 # see the file without its record. The name is durable before the
                 # record can be committed (file first, then index).
+                faults.point("disk.rename")
                 os.rename(tmp, final)
                 if sync:
                     _fsync_dir(final.parent)
@@ -413,6 +416,7 @@ class DiskTier(Tier):
             done = 0
             while done < view.nbytes:
                 done += os.write(fd, view[done:])
+            faults.point("disk.write")
             if sync:
                 os.fdatasync(fd)
         finally:
@@ -527,7 +531,7 @@ class DiskTier(Tier):
                     break
                 self.index.delete_chunks(take)
                 for cid in take:
-                    _unlink_quietly(self.path_of(cid))
+                    _unlink_quietly(self.path_of(cid), "disk.evict")
                 self._bump("evictions", len(take))
             fits_budget = self.index.disk_bytes + need <= self._budget
             fits_floor = not self._min_free or self._free_bytes() - need >= self._min_free
@@ -684,8 +688,10 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _unlink_quietly(path: Path) -> None:
+def _unlink_quietly(path: Path, fault: str | None = None) -> None:
     try:
+        if fault is not None:
+            faults.point(fault)
         os.unlink(path)
     except FileNotFoundError:
         pass

@@ -59,6 +59,7 @@ from typing import Any, Final, NamedTuple
 import blake3
 import lmdb
 
+from chunkd import faults
 from chunkd.cache.chunkid import DIGEST_BYTES, ChunkId
 from chunkd.errors import CacheClosedError, IndexSchemaError
 
@@ -715,6 +716,7 @@ class Index:
         committed = False
         try:
             if chunks or maps or objects or names or lru_add or lru_del:
+                faults.point("index.commit", _lmdb_error)
                 with self._env.begin(write=True) as txn:
                     for key in lru_del - lru_add:
                         txn.delete(key, db=self._lru)
@@ -776,6 +778,11 @@ class Index:
                     self.flush()
                 except lmdb.Error:  # pragma: no cover - retried on the next round
                     time.sleep(self._flush_interval)
+
+
+def _lmdb_error(code: int, message: str) -> lmdb.Error:
+    """What a failed commit raises (for :func:`chunkd.faults.point`)."""
+    return lmdb.Error(f"[Errno {code}] {message}")
 
 
 def _namekey(backend: str, key: str) -> bytes:

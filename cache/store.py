@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from chunkd import faults
 from chunkd.cache.chunkid import ChunkId
 from chunkd.cache.disk import DiskTier, FsyncPolicy
 from chunkd.cache.index import (
@@ -244,7 +245,12 @@ class ChunkCache:
                 raise IntegrityError(
                     f"chunk {expected} failed verification: its {view.nbytes} bytes hash to {cid}"
                 )
+            faults.point("cache.insert")
             await self.tiers.put(chunk)
+        except OSError as exc:
+            # The caller has the bytes: a tier that fails to take them (no memory for
+            # a memfd, a failing disk) costs a later read, never this one.
+            log.warning("chunk %s could not be cached (%s); served without keeping it", cid, exc)
         finally:
             chunk.close_staged_fd()
         return cid

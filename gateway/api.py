@@ -48,6 +48,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 import chunkd
+from chunkd import faults
 from chunkd.cache import ChunkId
 from chunkd.errors import (
     BackendUnavailableError,
@@ -267,6 +268,8 @@ async def _stats(request: web.Request) -> web.Response:
         ],
         "checkpoints": app[CHECKPOINTS].stats(),
         "peers": peers.stats() if (peers := app[PEERS]) is not None else None,
+        # Fault injection (tests only): what is armed and how often each was reached.
+        "faults": {"armed": faults.armed(), "hits": faults.hits()} if faults.armed() else None,
     }
     return web.json_response(body, dumps=lambda obj: json.dumps(obj, default=str))
 
@@ -317,6 +320,7 @@ async def _peer_object_chunk(request: web.Request) -> web.Response:
 
 
 def _served_to_peer(request: web.Request, nbytes: int) -> None:
+    faults.point("peer.send")
     peers = request.app[PEERS]
     if peers is not None:
         peers.served(request.headers.get("X-Chunkd-Peer"), nbytes)

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from aiohttp import web
 
 import chunkd
+from chunkd import faults
 from chunkd.cache import ChunkCache
 from chunkd.errors import ChunkdError, ConfigError
 from chunkd.gateway import api, appkeys
@@ -69,8 +70,11 @@ __all__ = ["Node", "build_app", "open_node", "run", "serve"]
 log = logging.getLogger("chunkd.gateway.daemon")
 
 
-def serve(config_path: str | None) -> int:
-    """Run the daemon until SIGTERM; returns the process exit status."""
+def serve(config_path: str | None, *, enable_faults: bool = False) -> int:
+    """Run the daemon until SIGTERM; returns the process exit status.
+
+    ``enable_faults``: honour ``CHUNKD_FAULTS`` (:mod:`chunkd.faults`; for tests).
+    """
     try:
         config = load_config(config_path)
     except ConfigError as exc:
@@ -80,6 +84,11 @@ def serve(config_path: str | None) -> int:
         configure_logging(config.server.log_level, config.server.log_format)
     except ValueError as exc:
         print(f"chunkd: bad configuration: {exc}", file=sys.stderr)
+        return 2
+    try:
+        faults.arm_from_environment(enable_faults)  # after the logging: it says so loudly
+    except ConfigError as exc:
+        print(f"chunkd: bad fault injection: {exc}", file=sys.stderr)
         return 2
     try:
         tls = PeerTLS.from_config(config)  # after the logging: it may warn

@@ -51,6 +51,7 @@ from urllib.parse import quote
 import aiohttp
 import blake3
 
+from chunkd import faults
 from chunkd.cache import ChunkId
 from chunkd.cache.singleflight import SingleFlight
 from chunkd.errors import ConfigError, OwnerSilentError
@@ -386,6 +387,7 @@ class Peers:
                             pieces.append(piece)
                             hear()
                         body = memoryview(pieces[0] if len(pieces) == 1 else b"".join(pieces))
+                        faults.point("peer.receive")
                         return response.status, dict(response.headers), body
                 except aiohttp.ServerDisconnectedError:
                     # A kept-alive connection the owner closed as it was reused: once

@@ -149,6 +149,7 @@ def start_daemon(tmp_path: Path) -> Iterator[Callable[..., Daemon]]:
     """Factory: ``start_daemon(toml_text)`` runs ``chunkd serve`` and waits for /readyz.
 
     ``tls_ca``: the daemon serves HTTPS; its helpers check it against this CA bundle.
+    ``extra_args``: more ``chunkd serve`` arguments (``--enable-faults``).
     """
     started: list[Daemon] = []
 
@@ -161,6 +162,7 @@ def start_daemon(tmp_path: Path) -> Iterator[Callable[..., Daemon]]:
         notify: bool = False,
         wait: bool = True,
         tls_ca: Path | None = None,
+        extra_args: tuple[str, ...] = (),
     ) -> Daemon:
         port = port or free_port()
         run_dir = cwd or tmp_path
@@ -170,6 +172,7 @@ def start_daemon(tmp_path: Path) -> Iterator[Callable[..., Daemon]]:
         if toml is not None:
             config.write_text(toml)
             args += ["--config", str(config)]
+        args += extra_args
         environ = {k: v for k, v in os.environ.items() if not k.startswith("CHUNKD_")}
         environ.update(env or {})
         environ.setdefault("CHUNKD_SERVER_LISTEN", f"127.0.0.1:{port}")

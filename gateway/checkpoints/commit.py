@@ -18,7 +18,7 @@ from chunkd.errors import (
     CheckpointExistsError,
     InvalidRequestError,
 )
-from chunkd.gateway.checkpoints.jobs import each, polling, retrying
+from chunkd.gateway.checkpoints.jobs import backend_fault, each, polling, retrying
 from chunkd.gateway.checkpoints.model import (
     MANIFEST_KEYS,
     SCHEMA,
@@ -104,7 +104,12 @@ class Committer:
         key = manifest_key(path)
         if job is not None:
             job.state = "committing"
-        wrote = await retrying(job, lambda: backend.put(key, body, if_absent=not overwrite))
+
+        async def put_manifest() -> bool:
+            backend_fault("ckpt.manifest")
+            return await backend.put(key, body, if_absent=not overwrite)
+
+        wrote = await retrying(job, put_manifest)
         if not wrote:
             ours = await self._committed_id(backend, key, save_id)
             if ours is not None:  # a retried PUT, or a resumed job: it went in before

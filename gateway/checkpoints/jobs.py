@@ -9,11 +9,12 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from typing import Any, Final, TypeVar
 
+from chunkd import faults
 from chunkd.backoff import Backoff
 from chunkd.errors import BackendUnavailableError
 from chunkd.gateway.checkpoints.model import Durability, SaveJob
 
-__all__ = ["RETRY", "Jobs", "each", "polling", "retrying"]
+__all__ = ["RETRY", "Jobs", "backend_fault", "each", "polling", "retrying"]
 
 log = logging.getLogger(__name__)
 
@@ -117,3 +118,10 @@ async def retrying(job: SaveJob | None, step: Callable[[], Awaitable[T]]) -> T:
             pause = next(pauses)
             log.info("checkpoint step failed (%s); retrying in %.1fs", exc, pause)
             await asyncio.sleep(pause)
+
+
+def backend_fault(point: str) -> None:
+    """Fault point ``point`` before a backend request. An injected I/O error is what
+    a failed request raises (:class:`BackendUnavailableError`), so it is waited out
+    like one."""
+    faults.point(point, lambda _code, message: BackendUnavailableError(message))

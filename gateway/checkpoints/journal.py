@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Final
 
 import chunkd.errors
+from chunkd import faults
 from chunkd.cache import ChunkId
 from chunkd.errors import CheckpointError, ChunkdError
 from chunkd.gateway.checkpoints.model import SaveJob, SaveRequest, dumps
@@ -65,6 +66,7 @@ class Journal:
 
     def write(self, job: SaveJob) -> None:
         """Journal ``job`` durably (fsynced, and its directory too)."""
+        faults.point("ckpt.journal")
         doc = {
             "job": job.id,
             "request": job.request.to_json(),
@@ -75,6 +77,7 @@ class Journal:
 
     def remove(self, job: SaveJob) -> None:
         """Drop ``job``'s journal (it is over), if there is one."""
+        faults.point("ckpt.cleanup")
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path(job))
 

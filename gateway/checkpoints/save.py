@@ -37,6 +37,7 @@ backoff); one that refuses it (403, read-only, name taken) fails it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import mmap
@@ -47,6 +48,7 @@ from typing import TYPE_CHECKING, Final, TypeVar
 
 import blake3
 
+from chunkd import faults
 from chunkd.cache import BytesLease, Chunk, ChunkCache, ChunkId, ChunkLease
 from chunkd.cache.singleflight import SingleFlight
 from chunkd.errors import (
@@ -58,7 +60,7 @@ from chunkd.errors import (
 )
 from chunkd.gateway.checkpoints.barrier import await_collections
 from chunkd.gateway.checkpoints.commit import Committer
-from chunkd.gateway.checkpoints.jobs import Jobs, retrying
+from chunkd.gateway.checkpoints.jobs import Jobs, backend_fault, retrying
 from chunkd.gateway.checkpoints.journal import Journal, syncfs
 from chunkd.gateway.checkpoints.model import (
     CHUNKS,
@@ -206,6 +208,7 @@ class Saver:
                     f"checkpoint {request.name} exists; pass overwrite=True to replace it"
                 )
         self.jobs.prune()
+        faults.point("ckpt.stage")
         job = SaveJob(id=uuid.uuid4().hex, request=request, data=data)
         job.logical = sum(n for _, n in request.segments)
         job.reach(Durability.STAGED, "staged")
@@ -292,13 +295,28 @@ class Saver:
                 job.where.setdefault(cid, (offset + i * chunk_bytes, size))
         declined = sum(1 for _, kept in stored if not kept)
         del data, pieces, stored
+        failed: OSError | None = None
         if not declined:
-            await asyncio.to_thread(self._make_durable)
-            # A put that found its chunk present may have raced an eviction that
-            # chose it before the pin landed: count what the index holds now.
-            declined = sum(1 for cid in job.unique if self.cache.index.lookup(cid) is None)
-        if not declined:
-            await asyncio.to_thread(self.journal.write, job)
+            try:
+                await asyncio.to_thread(self._make_durable)
+                # A put that found its chunk present may have raced an eviction that
+                # chose it before the pin landed: count what the index holds now.
+                declined = sum(1 for cid in job.unique if self.cache.index.lookup(cid) is None)
+                if not declined:
+                    await asyncio.to_thread(self.journal.write, job)
+            except OSError as exc:  # the disk failed the sync or the journal
+                failed = exc
+                with contextlib.suppress(OSError):
+                    self.journal.remove(job)  # a journal that is not known whole: none
+        if failed is not None:
+            log.warning(
+                "checkpoint %s: it could not be made durable on this node's disk (%s); "
+                "it is durable once it is in the backend",
+                job.request.name,
+                failed,
+            )
+            job.state = "uploading"
+        elif not declined:
             log.info(
                 "checkpoint %s rank %d is local: %d bytes hashed and written in %.2fs, "
                 "synced in %.2fs",
@@ -329,6 +347,7 @@ class Saver:
         name to the disk with one syncfs, whatever the cache's own fsync policy
         (cached copies can be fetched again; these cannot)."""
         self.cache.index.flush()
+        faults.point("ckpt.sync")
         syncfs(self.journal.root)
 
     async def _finish(self, job: SaveJob) -> None:
@@ -338,7 +357,12 @@ class Saver:
         unique = job.unique
         intent = {"save_id": request.save_id, "name": request.name, "created": time.time()}
         intent["chunks"] = [str(cid) for cid in unique]
-        await retrying(job, lambda: backend.put(request.intent_key, dumps(intent)))
+
+        async def put_intent() -> bool:
+            backend_fault("ckpt.intent")
+            return await backend.put(request.intent_key, dumps(intent))
+
+        await retrying(job, put_intent)
         # No dedup decision (the HEADs of _send_chunk) before every collection that
         # may have missed this intent is over: see _await_collections.
         await self._await_collections(job, backend)
@@ -357,9 +381,14 @@ class Saver:
         self.metrics.ckpt_bytes.labels("logical").inc(job.logical)
         self.metrics.ckpt_bytes.labels("new").inc(job.new)
         part = dumps(job.part_doc())
+
         # If absent: a job resumed after its part went in must not change it (the
         # manifest may already name its hash).
-        await retrying(job, lambda: backend.put(request.part_key, part, if_absent=True))
+        async def put_part() -> bool:
+            backend_fault("ckpt.part")
+            return await backend.put(request.part_key, part, if_absent=True)
+
+        await retrying(job, put_part)
         if request.commit == "auto" and request.rank == 0:
             await self.committer.write_manifest(
                 job, backend, request.world_size, request.overwrite, {}
@@ -373,7 +402,10 @@ class Saver:
         # manifests without this one, and reads the intents after its barrier is up.
         # `chunkd gc` deletes intents older than a day.
         self._unpin(job)
-        await asyncio.to_thread(self.journal.remove, job)
+        try:
+            await asyncio.to_thread(self.journal.remove, job)
+        except OSError as exc:  # committed all the same; a restart finds it so and drops it
+            log.warning("checkpoint %s: its journal could not be removed (%s)", request.name, exc)
         job.release_data()
         job.finished = time.time()
         job.reach(Durability.REMOTE, "done")
@@ -418,6 +450,7 @@ class Saver:
                 return False
             lease = await self._source(job, cid)
             with lease:
+                backend_fault("ckpt.upload")
                 return await backend.put(f"{CHUNKS}{cid}", lease.view(), if_absent=True)
 
     async def _source(self, job: SaveJob, cid: ChunkId) -> ChunkLease:

@@ -21,10 +21,18 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     serve.add_argument(
         "--config", metavar="PATH", help="TOML config (e.g. /etc/chunkd/chunkd.toml)"
     )
+    serve.add_argument(
+        "--enable-faults",
+        action="store_true",
+        help=(
+            "honour CHUNKD_FAULTS: make the named fault points crash or fail on purpose "
+            "(for tests; never on a node whose data you need)"
+        ),
+    )
 
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Run the daemon until SIGTERM; returns the exit status."""
     from chunkd.gateway.daemon import serve
 
-    return serve(args.config)
+    return serve(args.config, enable_faults=args.enable_faults)

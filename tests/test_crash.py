@@ -12,10 +12,8 @@ import textwrap
 import time
 from pathlib import Path
 
-import blake3
-import zstandard
-
-from chunkd.cache import CacheConfig, ChunkCache, ChunkId, Codec, Index
+from chunkd.cache import CacheConfig, ChunkCache, ChunkId
+from chunkd.testing.soundness import assert_cache_sound
 
 WRITER = textwrap.dedent(
     """
@@ -44,42 +42,9 @@ WRITER = textwrap.dedent(
 )
 
 
-def _file_matches_name(path: Path) -> bool:
-    raw = path.read_bytes()
-    cid = ChunkId.parse(path.name)
-    if blake3.blake3(raw).digest() == cid:
-        return True
-    try:
-        data = zstandard.ZstdDecompressor().decompress(raw)
-    except zstandard.ZstdError:
-        return False
-    return blake3.blake3(data).digest() == cid
-
-
 def _check_sound(root: Path) -> int:
     """Every indexed chunk verifies; no file sits under a wrong name. Returns chunks seen."""
-    files = list((root / "chunks").glob("*/*/*"))
-    for path in files:
-        assert _file_matches_name(path), f"{path.name} does not hash to its name"
-    index = Index(root / "index", chunk_bytes=256 << 10)
-    try:
-        after: bytes | None = None
-        while page := index.scan_chunks(after, 500):
-            for cid, record in page:
-                after = cid
-                path = root / "chunks" / str(cid)[:2] / str(cid)[2:4] / str(cid)
-                assert path.exists(), f"index claims {cid} but its file is missing"
-                raw = path.read_bytes()
-                assert len(raw) == record.stored_size
-                data = (
-                    zstandard.ZstdDecompressor().decompress(raw)
-                    if record.codec == Codec.ZSTD
-                    else raw
-                )
-                assert blake3.blake3(data).digest() == cid
-    finally:
-        index.close()
-    return len(files)
+    return assert_cache_sound(root, 256 << 10)[0]
 
 
 def test_sigkill_at_random_points_leaves_a_sound_cache(tmp_path: Path) -> None:

@@ -10,14 +10,17 @@ AZURITE_VERSION ?= 3.35.0
 EMULATORS := .emulators
 AZURITE := $(EMULATORS)/node_modules/.bin/azurite-blob
 
-.PHONY: run test lint typecheck pytest bench clean emulators tools
+.PHONY: run test lint typecheck pytest bench clean emulators tools build-deps
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml | build-deps
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	# torch exactly so: a CPU build lies on this disk; any other spec pulls gigabytes
 	$(BIN)/python -m pip install --quiet torch==2.13.0
 	$(BIN)/python -m pip install --quiet -e '.[daemon,client,arrow,torch,dev]'
+	# The failing-disk kit (pyfuse3) builds against libfuse 3; without it those tests skip.
+	$(BIN)/python -m pip install --quiet -e '.[faultyfs]' || \
+		echo "pyfuse3 did not build (it needs libfuse3-dev and pkg-config): the failing-disk tests will skip"
 	@touch $(STAMP)
 
 # Azurite for the az:// tests; without npm they skip and say why.
@@ -50,7 +53,8 @@ pytest: $(STAMP) emulators tools
 # What the page and terminal tests drive: Debian's chromium, tmux, ffmpeg (media fixtures),
 # the AWS CLI and curl (the S3 front's client and presigned-URL tests), as COMMAND:PACKAGE.
 # Installed with apt-get when missing and we are root; otherwise those tests skip, saying why.
-TOOLS := chromium:chromium tmux:tmux ffmpeg:ffmpeg aws:awscli curl:curl
+# fusermount3 (fuse3) mounts and unmounts the failing-disk tests' FUSE file system.
+TOOLS := chromium:chromium tmux:tmux ffmpeg:ffmpeg aws:awscli curl:curl fusermount3:fuse3
 tools:
 	@missing=""; for t in $(TOOLS); do command -v $${t%%:*} >/dev/null || missing="$$missing $${t#*:}"; done; \
 	if [ -n "$$missing" ]; then \
@@ -58,6 +62,18 @@ tools:
 			echo "installing$$missing"; \
 			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq$$missing >/dev/null; \
 		else echo "not installed:$$missing (the tests that need them will skip)"; fi; \
+	fi
+
+# What pip builds a test dependency against, as FILE:PACKAGE (pyfuse3: libfuse 3's
+# headers, found with pkg-config); installed like TOOLS, before the venv.
+BUILD_DEPS := /usr/include/fuse3/fuse.h:libfuse3-dev /usr/bin/pkg-config:pkg-config
+build-deps:
+	@missing=""; for t in $(BUILD_DEPS); do test -e $${t%%:*} || missing="$$missing $${t#*:}"; done; \
+	if [ -n "$$missing" ]; then \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+			echo "installing$$missing"; \
+			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq$$missing >/dev/null; \
+		else echo "not installed:$$missing (pyfuse3 will not build; the failing-disk tests will skip)"; fi; \
 	fi
 
 ## bench: every benchmark, side by side with the baselines; report in bench/out/

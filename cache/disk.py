@@ -17,6 +17,36 @@ file is counted, its record and file are dropped, and the read is a miss: the
 caller goes on to the source. ENOSPC and EIO are counted and degrade the tier
 (no new writes for ``retry_after`` seconds); they never fail a caller's read.
 
+A stalled disk (a device that stops answering: every ``read(2)`` and ``write(2)``
+blocks, and a thread blocked in one cannot be cancelled) must not stall the reads
+RAM or the backend can serve. The tier's file I/O runs on ``workers`` threads, and:
+
+* Admission: an operation runs only on a free worker; one that finds none waits
+  for one on the loop, never in the executor's queue, so a stalled disk holds at
+  most ``workers`` threads and nothing piles up behind them.
+* Detection: the tier is *stalled* while an operation has been outstanding for
+  ``stall_after`` seconds (0.5 by default) and none has completed for as long. A
+  slow disk that still completes operations is not stalled; one that completes
+  none is, within ``stall_after``.
+* While stalled, :attr:`DiskTier.degraded` says so (``/v1/stats``, the
+  ``chunkd_cache_degraded`` gauge), every ``get`` is a miss and every ``put``
+  declines at once, without a worker, and every caller waiting for a worker or an
+  operation stops waiting (a get is a miss, a put is declined). A get also stops
+  waiting for its own operation after ``stall_after`` seconds, stalled or not: the
+  source is always there, and a read must not wait on one bad file.
+* An operation nobody waits for any more goes on in its thread: a late read is
+  dropped, a late write still lands under its name with its record (file first,
+  then index, as always), so a stall loses nothing from the index.
+* Recovery needs no probe: the stall ends as soon as a stuck operation completes
+  (a disk that comes back completes them first), and the tier takes reads and
+  writes again at once. Each stall is counted once (``errors["stall"]``), each
+  operation given up on too (``errors["gave_up"]``).
+
+The index can stall as well (see :mod:`chunkd.cache.index`): when its commits fall
+so far behind that its queue of batched writes is full, the tier declines writes
+(a record it could not queue would leave a file the index does not know) and says
+why in :attr:`DiskTier.degraded` until the queue drains.
+
 Startup does no scan: budget totals live in the index. :meth:`DiskTier.reconcile`
 runs in the background to remove stale temporary files, drop records whose file is
 gone, and adopt (after verifying) or delete files the index does not know.
@@ -36,7 +66,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from enum import StrEnum
 from pathlib import Path
-from typing import Final, TypeVar
+from typing import Any, Final, TypeVar
 
 import blake3
 import lmdb
@@ -67,6 +97,20 @@ _SAMPLES: Final = 4
 _MIN_COMPRESS_BYTES: Final = 4096
 #: the oldest chunks read from the index at a time while the tier evicts to its budget
 _EVICT_BATCH: Final = 256
+#: seconds an operation may be outstanding, with none completing, before the disk
+#: counts as stalled; also the longest a get waits for its own operation. Half a
+#: second: a healthy disk reads a chunk in milliseconds, and a reader that gives up
+#: still has time to fetch from the source within its second.
+STALL_AFTER: Final = 0.5
+#: how often a caller waiting on the disk looks again whether it has stalled
+_STALL_CHECK: Final = 0.05
+
+
+class _GaveUp:
+    """What :meth:`DiskTier._run` returns when the caller stopped waiting."""
+
+
+_GAVE_UP: Final = _GaveUp()
 
 
 class FsyncPolicy(StrEnum):
@@ -95,8 +139,11 @@ class DiskTier(Tier):
         compress_ratio: the largest compressed/raw ratio worth keeping (7/8).
         verify: check each chunk read against its id (on by default).
         max_chunk_bytes: largest chunk accepted.
-        workers: threads for file I/O.
-        retry_after: seconds a degraded tier waits before writing again.
+        workers: threads for file I/O, and the most operations outstanding at once.
+        retry_after: seconds a degraded tier waits before writing again (after
+            ENOSPC or EIO; a stall ends when the disk answers again).
+        stall_after: seconds an operation may be outstanding, with none completing,
+            before the disk counts as stalled (see the module docstring).
     """
 
     name = "disk"
@@ -116,6 +163,7 @@ class DiskTier(Tier):
         max_chunk_bytes: int = 64 << 20,
         workers: int = 4,
         retry_after: float = 30.0,
+        stall_after: float = STALL_AFTER,
     ) -> None:
         self.root = Path(root)
         self.index = index
@@ -133,6 +181,15 @@ class DiskTier(Tier):
         self._max_chunk = max_chunk_bytes
         self._retry_after = retry_after
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="chunkd-disk")
+        # Admission (on the loop): one slot per worker, released when the thread is
+        # done, not when its caller stops waiting.
+        self._slots = asyncio.Semaphore(workers)
+        self._stall_after = stall_after
+        self._ops_lock = threading.Lock()
+        self._running: dict[int, float] = {}  # operation -> when it started (monotonic)
+        self._last_done = time.monotonic()
+        self._stalled_since: float | None = None
+        self._op_serial = itertools.count()
         self._codecs = threading.local()
         self._token = secrets.token_hex(6)  # names this process's temporary files
         self._serial = itertools.count()
@@ -202,7 +259,10 @@ class DiskTier(Tier):
     async def get(self, cid: ChunkId) -> BytesLease | None:
         # docstring inherited
         self._check_open()
-        data = await self._run(self.read_sync, cid)
+        data = await self._run(self.read_sync, cid, patience=self._stall_after)
+        if isinstance(data, _GaveUp):
+            self._bump("misses")
+            return None
         return None if data is None else BytesLease(cid, data, "disk")
 
     async def put(
@@ -222,11 +282,22 @@ class DiskTier(Tier):
                 f"chunk {chunk.id} is {chunk.size} bytes; the disk tier accepts at most "
                 f"{self._max_chunk} (raise cache.chunk_bytes or split the data)"
             )
+        if self._stall() is not None:
+            # Declined without a worker; a chunk already stored is still stored.
+            if self.index.lookup(chunk.id) is not None:
+                return True
+            self._bump("rejected")
+            return False
         # One write per chunk id, run as a task of its own: a caller that is
         # cancelled stops waiting, while the write and its other waiters go on.
-        return await self._writing.run(
-            chunk.id, lambda: self._run(self.write_sync, chunk, sync, compress)
-        )
+        return await self._writing.run(chunk.id, lambda: self._put(chunk, sync, compress))
+
+    async def _put(self, chunk: Chunk, sync: bool | None, compress: bool | None) -> bool:
+        done = await self._run(self.write_sync, chunk, sync, compress, patience=None)
+        if isinstance(done, _GaveUp):
+            self._bump("rejected")  # the write goes on, and its record with it
+            return False
+        return done
 
     async def contains(self, cid: ChunkId) -> bool:
         # docstring inherited
@@ -236,7 +307,8 @@ class DiskTier(Tier):
     async def discard(self, cid: ChunkId) -> bool:
         # docstring inherited
         self._check_open()
-        return await self._run(self._drop, cid) is not None
+        gone = await self._run(self._drop, cid, patience=None)
+        return gone is not None and not isinstance(gone, _GaveUp)
 
     def stats(self) -> TierStats:
         # docstring inherited
@@ -265,10 +337,52 @@ class DiskTier(Tier):
     @property
     def degraded(self) -> str | None:
         """Why the tier declines writes now, or ``None`` when it is healthy."""
+        stalled = self._stall()
+        if stalled is not None:
+            return stalled
+        if self.index.backlog_full:
+            return (
+                f"index commits stalled: {self.index.backlog} writes wait "
+                f"(at most {self.index.max_pending})"
+            )
         with self._stats_lock:
             if self._stats.degraded and time.monotonic() >= self._degraded_until:
                 self._stats.degraded = None
             return self._stats.degraded
+
+    def _stall(self) -> str | None:
+        """Why the disk counts as stalled now (see the module docstring), or ``None``."""
+        with self._ops_lock:
+            now = time.monotonic()
+            oldest = min(self._running.values(), default=now)
+            stuck = now - oldest >= self._stall_after and now - self._last_done >= self._stall_after
+            if not stuck:
+                if self._stalled_since is not None:
+                    log.warning(
+                        "disk tier at %s: the disk answers again after a %.1f s stall",
+                        self.root,
+                        now - self._stalled_since,
+                    )
+                    self._stalled_since = None
+                return None
+            outstanding = len(self._running)
+            first = self._stalled_since is None
+            if first:
+                self._stalled_since = now
+        if first:
+            with self._stats_lock:
+                self._stats.errors["stall"] = self._stats.errors.get("stall", 0) + 1
+            log.warning(
+                "disk tier at %s stalled: %d operations outstanding, none done for %.1f s; "
+                "reads go to the source and writes are declined until it answers",
+                self.root,
+                outstanding,
+                now - oldest,
+            )
+        return (
+            f"disk stalled: {outstanding} operations outstanding for more than "
+            f"{self._stall_after:g} s, none completing"
+        )
 
     def _degrade(self, reason: str) -> None:
         with self._stats_lock:
@@ -377,7 +491,7 @@ class DiskTier(Tier):
         if self.index.lookup(chunk.id) is not None:
             self.index.touch(chunk.id)
             return True
-        if self.degraded:
+        if self.degraded or self.index.backlog_full:
             self._bump("rejected")
             return False
         payload, codec = self._encode(chunk.data) if compress else (chunk.data, Codec.RAW)
@@ -633,8 +747,77 @@ class DiskTier(Tier):
         if self._closed:
             raise CacheClosedError(f"the disk tier at {self.root} is closed; open a new cache")
 
-    async def _run(self, fn: Callable[..., T], *args: object) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+    async def _run(
+        self, fn: Callable[..., T], *args: object, patience: float | None
+    ) -> T | _GaveUp:
+        """``fn(*args)`` on a worker, or :data:`_GAVE_UP` when the caller stopped waiting:
+        the disk stalled, or ``fn`` ran for ``patience`` seconds (``None``: no limit).
+
+        The operation itself is never abandoned: it holds its worker until it returns.
+        """
+        if self._stall() is not None:
+            self._gave_up()
+            return _GAVE_UP
+        while self._slots.locked():  # wait for a free worker, or a stall
+            try:
+                await asyncio.wait_for(self._slots.acquire(), _STALL_CHECK)
+                break
+            except TimeoutError:
+                if self._stall() is not None:
+                    self._gave_up()
+                    return _GAVE_UP
+        else:
+            await self._slots.acquire()  # free: returns at once
+        loop = asyncio.get_running_loop()
+        op = next(self._op_serial)
+        with self._ops_lock:
+            self._running[op] = time.monotonic()
+        try:
+            future = loop.run_in_executor(self._pool, self._tracked, op, fn, args)
+        except BaseException:
+            self._finished(op)
+            self._slots.release()
+            raise
+        future.add_done_callback(lambda _: self._slots.release())
+        deadline = None if patience is None else loop.time() + patience
+        taken = False
+        try:
+            while True:
+                done, _ = await asyncio.wait({future}, timeout=_STALL_CHECK)
+                if done:
+                    taken = True
+                    return future.result()
+                if self._stall() is not None or (deadline is not None and loop.time() >= deadline):
+                    self._gave_up()
+                    return _GAVE_UP
+        finally:
+            if not taken:  # cancelled or given up: nobody will take the late result
+                future.add_done_callback(_discard_late_result)
+
+    def _tracked(self, op: int, fn: Callable[..., T], args: tuple[object, ...]) -> T:
+        try:
+            return fn(*args)
+        finally:
+            self._finished(op)
+
+    def _finished(self, op: int) -> None:
+        with self._ops_lock:
+            self._running.pop(op, None)
+            self._last_done = time.monotonic()
+
+    def _gave_up(self) -> None:
+        with self._stats_lock:
+            self._stats.errors["gave_up"] = self._stats.errors.get("gave_up", 0) + 1
+
+
+def _discard_late_result(future: asyncio.Future[Any]) -> None:
+    """Retrieve what an operation nobody waits for returned (a late read's bytes are
+    dropped; an exception is logged, not left unretrieved)."""
+    if future.cancelled():
+        return
+    exc = future.exception()
+    if exc is not None and not isinstance(exc, CacheClosedError):
+        log.warning("a disk operation given up on failed late: %r", exc)
 
 
 def _candidate_records(raw: bytearray, max_chunk: int) -> list[ChunkRecord]:

@@ -32,6 +32,21 @@ chunk records commit at once, because a deleted record must be durable before it
 file is unlinked (the index never claims a chunk that is not on disk: file first,
 then index).
 
+A stalled index disk: reads are lmdb page reads through its memory map (on the
+loop, for single lookups), so they keep going from pages the kernel has cached and
+a read of a page it must fetch waits for the disk (the index is small and hot, so
+this is rare; chunkd does not guard the loop against it). Commits run on the
+flusher thread (and in :meth:`Index.delete_chunks`, on the disk tier's threads); a
+stalled commit stalls that thread, never the loop, and the overlay keeps serving
+every write queued since. The overlay is bounded: once ``max_pending`` writes wait
+(:attr:`Index.backlog_full`), writes that are re-learnt are dropped and counted in
+:attr:`Index.dropped` (chunk-map entries, object sizes, uses of a chunk), and a
+newly validated version of a name is queued as a forget instead (the next read asks
+the backend, never a stale version), while the writes whose absence would lose data
+are always queued: chunk records (the disk tier stops writing chunks while the
+overlay is full, so these stay few) and deletes (committed at once). When commits
+succeed again the overlay drains and the bound lifts.
+
 Every method is thread-safe and blocking; an asyncio caller runs them in a thread
 (single lookups are cheap enough to call on the loop).
 
@@ -263,6 +278,8 @@ class Index:
         flush_interval: most seconds a batched write waits before it is committed.
         flush_ops: batched operations that trigger an early commit.
         touch_interval: a chunk's last use is rewritten at most this often (seconds).
+        max_pending: batched writes queued before those that are re-learnt are
+            dropped (commits stalled or failing; see the module docstring).
         schema_version, migrations: for tests of the migration hook.
         clock: the time source for last use (seconds).
     """
@@ -277,6 +294,7 @@ class Index:
         flush_interval: float = 0.05,
         flush_ops: int = 4096,
         touch_interval: float = 60,
+        max_pending: int = 100_000,
         schema_version: int = SCHEMA_VERSION,
         migrations: Mapping[int, Migration] = MIGRATIONS,
         clock: Callable[[], float] = time.time,
@@ -287,6 +305,10 @@ class Index:
         self._flush_interval = flush_interval
         self._flush_ops = flush_ops
         self._touch_interval_ms = int(touch_interval * 1000)
+        self.max_pending = max_pending
+        #: writes dropped because commits fell ``max_pending`` behind
+        self.dropped = 0
+        self._commit_started: float | None = None
         self._clock = clock
         self._env = lmdb.open(
             str(self.path),
@@ -414,6 +436,9 @@ class Index:
             old = self._lookup_locked(cid)
             if old is None or now - old.last_use < self._touch_interval_ms:
                 return
+            if self._full_locked():
+                self.dropped += 1  # LRU order only: the chunk ages a little early
+                return
             self._pend_lru_add.discard(_lru_key(old.last_use, cid))
             self._pend_lru_del.add(_lru_key(old.last_use, cid))
             self._pend_lru_add.add(_lru_key(now, cid))
@@ -494,6 +519,9 @@ class Index:
         key = self.objkey(locator.object) + _BE32.pack(locator.index)
         with self._lock:
             self._check_open()
+            if self._full_locked() and key not in self._pend_maps:
+                self.dropped += 1  # the next read of the locator learns it again
+                return
             self._pend_maps[key] = bytes(cid) + _LE32.pack(length)
             self._enqueued()
 
@@ -525,9 +553,13 @@ class Index:
         body = json.dumps(
             {"backend": info.backend, "key": info.key, "version": info.version, "size": info.size}
         ).encode()
+        key = self.objkey(version)
         with self._lock:
             self._check_open()
-            self._pend_objects[self.objkey(version)] = body
+            if self._full_locked() and key not in self._pend_objects:
+                self.dropped += 1  # the next stat of the object learns it again
+                return
+            self._pend_objects[key] = body
             self._enqueued()
 
     def get_object(self, version: ObjectVersion) -> ObjectInfo | None:
@@ -551,7 +583,13 @@ class Index:
         key = _namekey(record.backend, record.key)
         with self._lock:
             self._check_open()
-            self._pend_names[key] = record.pack()
+            if self._full_locked() and key not in self._pend_names:
+                # Dropped, an older validation would show through: forget instead,
+                # so the next read asks the backend.
+                self.dropped += 1
+                self._pend_names[key] = None
+            else:
+                self._pend_names[key] = record.pack()
             self._enqueued()
 
     def get_validated(self, backend: str, key: str) -> ValidatedVersion | None:
@@ -609,6 +647,29 @@ class Index:
     def closed(self) -> bool:
         """Whether :meth:`close` was called."""
         return self._closed
+
+    @property
+    def backlog(self) -> int:
+        """Batched writes waiting for a commit (the batch being committed aside)."""
+        return (
+            len(self._pend_chunks)
+            + len(self._pend_maps)
+            + len(self._pend_objects)
+            + len(self._pend_names)
+        )
+
+    @property
+    def backlog_full(self) -> bool:
+        """Whether ``max_pending`` writes wait: commits are stalled or failing, and
+        writes that are re-learnt are being dropped."""
+        return self.backlog >= self.max_pending
+
+    @property
+    def commit_running_for(self) -> float:
+        """Seconds the commit in progress has run (0 when none is): a stalled index
+        disk shows here first."""
+        started = self._commit_started
+        return 0.0 if started is None else time.monotonic() - started
 
     def stat(self) -> dict[str, int]:
         """lmdb's own counters (entries per database, map use)."""
@@ -687,6 +748,10 @@ class Index:
             self._disk_bytes += sign * record.stored_size
             self._disk_chunks += sign
 
+    def _full_locked(self) -> bool:
+        # called with _lock held
+        return self.backlog >= self.max_pending
+
     def _enqueued(self) -> None:
         self._pending_ops += 1
         if self._pending_ops >= self._flush_ops:
@@ -714,6 +779,7 @@ class Index:
         # called with _write_lock held
         chunks, maps, objects, names, lru_add, lru_del, totals = batch
         committed = False
+        self._commit_started = time.monotonic()
         try:
             if chunks or maps or objects or names or lru_add or lru_del:
                 faults.point("index.commit", _lmdb_error)
@@ -741,6 +807,7 @@ class Index:
                 self.commits += 1
             committed = True
         finally:
+            self._commit_started = None
             with self._lock:
                 if not committed:
                     self._requeue(batch)  # before leaving _flushing: readers must see it

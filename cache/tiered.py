@@ -11,6 +11,14 @@ usual stack is RAM over disk:
 * ``put`` follows the :class:`WritePolicy`: by default write-through (the call
   returns once both tiers hold the chunk, or at least one could). The lower tier
   is written from the upper tier's copy whenever there is one.
+
+A slow or failing lower tier never holds a reader up for long: the disk tier bounds
+its own reads and declines writes while its disk is stalled (see
+:mod:`chunkd.cache.disk`), and a write-through ``put`` that the upper tier took
+waits at most ``through_wait`` seconds for the lower tier; past that the lower
+write goes on in the background (:meth:`TieredCache.drain` waits for it, as for
+write-behind), so a reader whose chunk is in RAM is never kept waiting by one disk
+write that hangs.
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from enum import StrEnum
+from typing import Final
 
 from chunkd.cache.chunkid import ChunkId
 from chunkd.cache.singleflight import SingleFlight
@@ -27,6 +36,11 @@ from chunkd.errors import ChunkTooLargeError
 __all__ = ["TieredCache", "WritePolicy"]
 
 log = logging.getLogger("chunkd.cache.tiered")
+
+#: seconds a write-through put waits for the lower tier once the upper one holds the
+#: chunk: a disk write takes milliseconds; one that takes a second is hanging, and
+#: the reader it would hold up has its bytes already
+THROUGH_WAIT: Final = 1.0
 
 
 def _release_result(future: asyncio.Future[tuple[ChunkLease | None, bool]]) -> None:
@@ -56,6 +70,8 @@ class TieredCache(Tier):
         write_policy: where new chunks go.
         name: the name in stats.
         max_behind: most write-behind copies queued; ``put`` waits beyond that.
+        through_wait: most seconds a write-through ``put`` waits for the lower tier
+            once the upper tier holds the chunk (``None``: as long as it takes).
     """
 
     def __init__(
@@ -66,6 +82,7 @@ class TieredCache(Tier):
         write_policy: WritePolicy | str = WritePolicy.THROUGH,
         name: str = "tiered",
         max_behind: int = 64,
+        through_wait: float | None = THROUGH_WAIT,
     ) -> None:
         self.name = name
         self.upper = upper
@@ -73,6 +90,7 @@ class TieredCache(Tier):
         self.write_policy = WritePolicy(write_policy)
         self._background: set[asyncio.Task[bool]] = set()
         self._behind_slots = asyncio.Semaphore(max_behind)
+        self.through_wait = through_wait
         # Single flight: one read and promotion of a chunk from the lower tier at a time.
         self._loads: SingleFlight[ChunkId, tuple[ChunkLease | None, bool]] = SingleFlight()
         self._misses = 0
@@ -172,8 +190,30 @@ class TieredCache(Tier):
             self._background.add(task)
             task.add_done_callback(self._background.discard)
             return True
-        await self.lower.put(source)
+        if self.through_wait is None:
+            await self.lower.put(source)
+            return True
+        # A task of its own: past through_wait it goes on without this caller.
+        lower = asyncio.create_task(self.lower.put(source))
+        try:
+            await asyncio.wait_for(asyncio.shield(lower), self.through_wait)
+        except TimeoutError:
+            log.info(
+                "chunk %s: the %s tier took more than %s s; its write goes on in the background",
+                chunk.id,
+                self.lower.name,
+                self.through_wait,
+            )
+        finally:
+            if not lower.done():
+                self._background.add(lower)
+                lower.add_done_callback(self._background.discard)
+                lower.add_done_callback(self._late_put_done)
         return True
+
+    def _late_put_done(self, task: asyncio.Future[bool]) -> None:
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            log.error("a late write to the %s tier failed: %r", self.lower.name, exc)
 
     async def _put_lower(self, chunk: Chunk) -> bool:
         try:

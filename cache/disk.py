@@ -55,6 +55,8 @@ gone, and adopt (after verifying) or delete files the index does not know.
 from __future__ import annotations
 
 import asyncio
+import collections
+import contextlib
 import errno
 import itertools
 import logging
@@ -181,9 +183,10 @@ class DiskTier(Tier):
         self._max_chunk = max_chunk_bytes
         self._retry_after = retry_after
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="chunkd-disk")
-        # Admission (on the loop): one slot per worker, released when the thread is
-        # done, not when its caller stops waiting.
-        self._slots = asyncio.Semaphore(workers)
+        # Admission (on the loop): one slot per worker, freed when the thread is done,
+        # not when its caller stops waiting; callers queue here, in order.
+        self._free_workers = workers
+        self._worker_waiters: collections.deque[asyncio.Future[None]] = collections.deque()
         self._stall_after = stall_after
         self._ops_lock = threading.Lock()
         self._running: dict[int, float] = {}  # operation -> when it started (monotonic)
@@ -758,16 +761,9 @@ class DiskTier(Tier):
         if self._stall() is not None:
             self._gave_up()
             return _GAVE_UP
-        while self._slots.locked():  # wait for a free worker, or a stall
-            try:
-                await asyncio.wait_for(self._slots.acquire(), _STALL_CHECK)
-                break
-            except TimeoutError:
-                if self._stall() is not None:
-                    self._gave_up()
-                    return _GAVE_UP
-        else:
-            await self._slots.acquire()  # free: returns at once
+        if not await self._admit():
+            self._gave_up()
+            return _GAVE_UP
         loop = asyncio.get_running_loop()
         op = next(self._op_serial)
         with self._ops_lock:
@@ -776,9 +772,9 @@ class DiskTier(Tier):
             future = loop.run_in_executor(self._pool, self._tracked, op, fn, args)
         except BaseException:
             self._finished(op)
-            self._slots.release()
+            self._free_worker()
             raise
-        future.add_done_callback(lambda _: self._slots.release())
+        future.add_done_callback(lambda _: self._free_worker())
         deadline = None if patience is None else loop.time() + patience
         taken = False
         try:
@@ -793,6 +789,40 @@ class DiskTier(Tier):
         finally:
             if not taken:  # cancelled or given up: nobody will take the late result
                 future.add_done_callback(_discard_late_result)
+
+    async def _admit(self) -> bool:
+        """Take a free worker, waiting for one in order; ``False`` if the disk stalls first."""
+        if self._free_workers > 0 and not self._worker_waiters:
+            self._free_workers -= 1
+            return True
+        waiter = asyncio.get_running_loop().create_future()
+        self._worker_waiters.append(waiter)
+        handed = False
+        try:
+            while True:
+                await asyncio.wait({waiter}, timeout=_STALL_CHECK)
+                if waiter.done():
+                    handed = True
+                    return True
+                if self._stall() is not None:
+                    return False
+        finally:
+            if not handed:
+                if waiter.done() and not waiter.cancelled():
+                    self._free_worker()  # handed a worker just as this caller left
+                else:
+                    waiter.cancel()
+                    with contextlib.suppress(ValueError):
+                        self._worker_waiters.remove(waiter)
+
+    def _free_worker(self) -> None:
+        """A worker's thread is done: hand it to the first caller still waiting."""
+        while self._worker_waiters:
+            waiter = self._worker_waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+        self._free_workers += 1
 
     def _tracked(self, op: int, fn: Callable[..., T], args: tuple[object, ...]) -> T:
         try:

@@ -18,7 +18,10 @@ answers those from its caches while the device is gone. Files are opened with
 ``direct_io``, so every read and write reaches the server (and its faults), as they
 reach a device, whatever the page cache holds; lmdb's files (``*.mdb``) are the
 exception, because lmdb maps them and a mapping needs the page cache: their pages
-are read from the server once, then from the cache while the kernel keeps them.
+are read from the server once, then from the cache while the kernel keeps them, and
+their writes land in the page cache and are written back later (the writeback cache),
+as on a block device: a stall then blocks writeback and ``fsync``, not each
+``write(2)`` with its pages locked, which would block readers of those pages too.
 
 The control channel is a Unix socket beside the mount (one JSON line each way), so
 commands never pass through the file system they change. :meth:`FaultyDisk.counts`
@@ -341,6 +344,11 @@ def _serve(backing: Path, mount: Path, control: Path) -> None:
     class Passthrough(pyfuse3.Operations):
         """Inode numbers are the backing files' own (the root's is ROOT_INODE)."""
 
+        # Writes to files with the page cache (lmdb's) land in it and are written
+        # back later, as on a block device: a stalled disk then stalls writeback and
+        # fsync, not every write(2) with its pages locked (which a device never does).
+        enable_writeback_cache = True
+
         def __init__(self, root: Path, faults: _Faults) -> None:
             super().__init__()
             self.faults = faults
@@ -438,16 +446,24 @@ def _serve(backing: Path, mount: Path, control: Path) -> None:
             # reach a device. lmdb's files map their pages, which needs the page cache.
             return pyfuse3.FileInfo(fh=fd, direct_io=not path.endswith(".mdb"))
 
+        @staticmethod
+        def _flags(flags: int) -> int:
+            # With the writeback cache the kernel reads pages of write-only files and
+            # does appends itself.
+            if flags & os.O_ACCMODE == os.O_WRONLY:
+                flags = (flags & ~os.O_ACCMODE) | os.O_RDWR
+            return flags & ~os.O_APPEND
+
         @passes_errno
         async def open(self, inode: int, flags: int, ctx: Any) -> Any:
             path = self.paths[inode]
-            return self._info(path, os.open(path, flags & ~os.O_CREAT))
+            return self._info(path, os.open(path, self._flags(flags) & ~os.O_CREAT))
 
         @passes_errno
         async def create(self, parent: int, name: bytes, mode: int, flags: int, ctx: Any) -> Any:
             await self.faults.gate(write=True)
             path = self._join(parent, name)
-            fd = os.open(path, flags | os.O_CREAT, mode)
+            fd = os.open(path, self._flags(flags) | os.O_CREAT, mode)
             return self._info(path, fd), self._attr(path)
 
         @passes_errno

@@ -85,7 +85,7 @@ ram_bytes = "64MiB"
 disk_bytes = "1GiB"
 disk_min_free_bytes = 0
 chunk_bytes = "{CHUNK // 1024}KiB"
-fsync = "never"
+fsync = "{"always" if index_on_faulty_disk else "never"}"
 disk_retry_after = "1s"
 
 [[backends]]
@@ -119,6 +119,12 @@ def disk_stats(daemon: Daemon) -> dict[str, Any]:
     tiers = json.loads(body)["cache"]["tiers"]
     found: dict[str, Any] = next(t for t in tiers if t["name"] == "disk")
     return found
+
+
+def index_commits(daemon: Daemon) -> int:
+    status, _, body = daemon.get("/v1/stats")
+    assert status == 200
+    return int(json.loads(body)["cache"]["index_commits"])
 
 
 def wait_for(what: Callable[[], Any], timeout: float, message: str) -> Any:
@@ -263,7 +269,8 @@ async def test_a_stalled_index_disk_keeps_the_loop_answering(
     await asyncio.sleep(0.2)  # the index commits what it has batched
     cold = {f"cold-{i}": node.put_object(f"cold-{i}") for i in range(3)}
 
-    node.disk.stall(reads=False)  # commits block in write(2); mapped pages still read
+    # Commits and chunk files block in fdatasync (fsync "always"); mapped pages still read.
+    node.disk.stall(reads=False)
     took: list[float] = []
     for name, body in {"hot": hot, **cold}.items():
         for i in range(CHUNKS_PER_OBJECT):
@@ -276,9 +283,13 @@ async def test_a_stalled_index_disk_keeps_the_loop_answering(
     assert max(took) <= 1.0, took
     wait_for(lambda: node.disk.counts().stalled >= 1, 5, "nothing reached the stalled disk")
     assert disk_stats(daemon)["degraded"] is not None  # its chunk writes stall too
+    stalled_at = index_commits(daemon)
+    await asyncio.sleep(0.3)
+    assert index_commits(daemon) == stalled_at, "a commit went through a stalled disk"
 
     node.disk.unstall()
     wait_for(lambda: disk_stats(daemon)["degraded"] is None, 5, "the tier did not recover")
+    wait_for(lambda: index_commits(daemon) > stalled_at, 5, "commits did not resume")
     assert daemon.stop() == 0
     assert await assert_index_sound(node.cache) >= CHUNKS_PER_OBJECT
 
@@ -290,7 +301,8 @@ async def test_the_index_overlay_is_bounded_while_commits_stall(tmp_path: Path) 
     from chunkd.cache.index import Locator, ObjectInfo
 
     with FaultyDisk.start(tmp_path / "backing", tmp_path / "mnt") as disk:
-        index = Index(disk.mount / "index", sync=False, max_pending=100, flush_interval=0.01)
+        # Each commit fsyncs: a stalled disk stalls it there (writes land in the page cache).
+        index = Index(disk.mount / "index", sync=True, max_pending=100, flush_interval=0.01)
         try:
             kept = [ChunkId.of(os.urandom(16)) for _ in range(20)]
             disk.stall(reads=False)

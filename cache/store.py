@@ -105,6 +105,10 @@ class CacheStats:
     misses: int
     index_commits: int
     index_commit_errors: int
+    #: index writes waiting for a commit (a stalled index disk shows here first)
+    index_backlog: int = 0
+    #: re-learnt index writes dropped because commits fell that far behind
+    index_dropped: int = 0
     #: what the last background reconciliation did (empty while it runs)
     reconciled: dict[str, int] = field(default_factory=dict)
 
@@ -338,6 +342,8 @@ class ChunkCache:
             misses=self.tiers.stats().misses,
             index_commits=self.index.commits,
             index_commit_errors=self.index.commit_errors,
+            index_backlog=self.index.backlog,
+            index_dropped=self.index.dropped,
             reconciled=dict(self._reconciled),
         )
 

@@ -86,9 +86,21 @@ def _check_text(field: Field, value: object) -> str:
     if not isinstance(value, str):
         raise field._fail("a string", value)
     limit = int(field.high)
-    if len(value) > limit or len(value.encode("utf-8", "surrogatepass")) > limit:
+    if len(value) > limit or _utf8_size(field, value) > limit:
         raise field.error(f"{field.name} is longer than {limit} bytes")
     return value
+
+
+def _utf8_size(field: Field, value: str) -> int:
+    """The UTF-8 bytes of ``value``; a lone surrogate (JSON can escape one, "\\ud800")
+    is refused here, once, rather than wherever the daemon would encode it."""
+    try:
+        return len(value.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise field.error(
+            f"{field.name} holds a lone surrogate, which is not text: {_show(value)}; "
+            "send valid Unicode (a pair of surrogates, or the character itself)"
+        ) from None
 
 
 def _is_whole(value: object) -> bool:
@@ -134,6 +146,8 @@ def _check_texts(field: Field, value: object) -> list[str]:
         raise field._fail("a list of strings", value)
     if len(value) > field.high:
         raise field.error(f"{field.name} holds {len(value)} items; at most {int(field.high)}")
+    for item in value:
+        _utf8_size(field, item)
     return value
 
 
@@ -154,6 +168,7 @@ def _check_ranges(field: Field, value: object) -> list[tuple[str, int, int]]:
                 f"each of {field.name} is [name, offset, length] with whole numbers >= 0; "
                 f"got {_show(item)}"
             )
+        _utf8_size(field, item[0])
         out.append((item[0], int(item[1]), int(item[2])))
     return out
 

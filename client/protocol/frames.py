@@ -68,7 +68,13 @@ class Frame(NamedTuple):
 
 def encode_frame(header: dict[str, Any], payload: bytes | memoryview = b"") -> bytes:
     """One frame: prefix, JSON header, payload."""
-    body = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
+    text = json.dumps(header, separators=(",", ":"), ensure_ascii=False)
+    try:
+        body = text.encode()
+    except UnicodeEncodeError:
+        # A lone surrogate, which a request may carry escaped ("\ud800") and its answer
+        # echoes (its id, a name in a message): escaped again, so the header stays UTF-8.
+        body = json.dumps(header, separators=(",", ":")).encode()
     if len(body) > MAX_HEADER:
         raise ProtocolError(f"header of {len(body)} bytes exceeds {MAX_HEADER}")
     if len(payload) > MAX_PAYLOAD:
@@ -93,13 +99,17 @@ def decode_header(raw: bytes) -> dict[str, Any]:
 
 
 def loads(raw: bytes) -> Any:
-    """JSON as chunkd takes it: numbers are finite (no ``NaN``, ``Infinity``, ``1e400``).
+    """JSON as chunkd takes it: UTF-8, and numbers are finite (no ``NaN``, ``Infinity``,
+    ``1e400``).
 
     Raises:
         ProtocolError: ``raw`` is not such JSON (or nests deeper than the parser goes).
     """
     try:
-        return json.loads(raw, parse_constant=_no_constant, parse_float=_finite)
+        # Decoded here, strictly: json.loads would take bytes in UTF-16 or UTF-32, and
+        # UTF-8 with surrogates encoded in it, which is not UTF-8.
+        text = raw.decode("utf-8")
+        return json.loads(text, parse_constant=_no_constant, parse_float=_finite)
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise ProtocolError(f"not JSON chunkd takes: {exc}") from None
 

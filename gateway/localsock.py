@@ -40,6 +40,7 @@ from chunkd.client.protocol import (
     INLINE_MAX,
     MAX_FDS,
     MAX_HEADER,
+    MAX_ID_BYTES,
     MAX_PAYLOAD,
     OPS,
     VERSION,
@@ -271,14 +272,20 @@ class LocalServer:
             header = decode_header(raw.header)
         except ProtocolError as exc:
             return InvalidRequestError(f"the request is not one chunkd takes: {exc}"), None
+        request_id = header.get("id")
+        if len(json.dumps(request_id)) > MAX_ID_BYTES:
+            return InvalidRequestError(
+                f"the request's id is over {MAX_ID_BYTES} bytes of JSON; use a short one "
+                "(the answer echoes it)"
+            ), None
         problem = None
         if raw.fds_cut:
             problem = f"more than {MAX_FDS} fds came with a request"
         elif raw.payload:
             problem = "requests carry no payload"
         if problem is not None:  # counted as malformed when it is answered
-            return ProtocolError(problem, in_sync=True), header.get("id")
-        return header, header.get("id")
+            return ProtocolError(problem, in_sync=True), request_id
+        return header, request_id
 
     async def _answer(
         self,
@@ -314,7 +321,10 @@ class LocalServer:
                 response = error_answer(
                     ChunkdError(f"the daemon's answer to this request is too large ({exc})")
                 ) | {"id": request_id, "fds": 0}
-                frame = encode_frame(response)
+                try:
+                    frame = encode_frame(response)
+                except ProtocolError:  # the id itself is too long to echo twice
+                    frame = encode_frame(response | {"id": None})
             await send_frame_async(conn, frame, answer.fds, stall_limit=self.send_timeout)
         finally:
             for lease in answer.leases:
@@ -330,7 +340,8 @@ class LocalServer:
     ) -> dict[str, Any]:
         if isinstance(header, ChunkdError):
             raise header
-        spec = OPS.get(header.get("op"))  # type: ignore[arg-type]
+        op = header.get("op")
+        spec = OPS.get(op) if isinstance(op, str) else None  # a list or object is no op
         if spec is None:
             raise InvalidRequestError(f"unknown op {_op_of(header)!r}")
         low, high = spec.fds

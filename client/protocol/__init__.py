@@ -28,7 +28,9 @@ File descriptors travel with SCM_RIGHTS on the ``sendmsg`` that carries a frame'
 first byte; the receiver takes them with the ``recvmsg`` that reads the 8-byte
 prefix. A response names how many it carries (``"fds": n``); at most MAX_FDS.
 
-Every request has ``"op"`` and a client-chosen ``"id"`` that its response echoes.
+Every request has ``"op"`` and a client-chosen ``"id"`` that its response echoes
+(any JSON value of at most :data:`MAX_ID_BYTES` bytes; a longer one is refused with
+``InvalidRequestError`` and an ``"id"`` of ``null``).
 A connection carries one request at a time, and starts with ``hello``: a daemon
 answers nothing else before it, and refuses a client of another version (whose
 requests it might otherwise answer differently than that client expects, for
@@ -95,6 +97,7 @@ from chunkd.client.protocol.ops import (
     FIRST_BATCH_PHASES,
     INLINE_MAX,
     LIST_PAGE,
+    MAX_ID_BYTES,
     MAX_LAYOUT,
     MAX_LIST_PAGE,
     MAX_NAME_BYTES,
@@ -121,6 +124,7 @@ __all__ = [
     "MAX_DEPTH",
     "MAX_FDS",
     "MAX_HEADER",
+    "MAX_ID_BYTES",
     "MAX_LAYOUT",
     "MAX_LIST_PAGE",
     "MAX_NAME_BYTES",

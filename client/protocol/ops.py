@@ -29,6 +29,7 @@ __all__ = [
     "FIRST_BATCH_PHASES",
     "INLINE_MAX",
     "LIST_PAGE",
+    "MAX_ID_BYTES",
     "MAX_LAYOUT",
     "MAX_LIST_PAGE",
     "MAX_NAME_BYTES",
@@ -62,6 +63,8 @@ MAX_PREFETCH_RANGES: Final = 4096
 FIRST_BATCH_PHASES: Final = ("metadata", "worker_start", "first_chunk", "decode", "total")
 #: ranks of one checkpoint save
 MAX_WORLD_SIZE: Final = 1 << 16
+#: the request's ``id``, as JSON: the answer echoes it, so it must leave the answer room
+MAX_ID_BYTES: Final = 1024
 #: a name a request carries: a backend name, a slash and a key of at most 1024 bytes
 MAX_NAME_BYTES: Final = 1200
 #: the largest layout or JSON fd a checkpoint request may carry

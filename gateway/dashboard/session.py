@@ -99,7 +99,7 @@ def browser_refusal(request: web.Request, *, loopback: bool, listen: str) -> str
     if (
         request.method not in _SAFE
         and origin is not None
-        and (origin == "null" or urlsplit(origin).netloc.lower() != request.host.lower())
+        and _origin_host(origin) != request.host.lower()
     ):
         return f"a state-changing request from {origin!r}, not from this daemon's pages"
     if loopback and not _own_host(request.host, listen):
@@ -109,6 +109,17 @@ def browser_refusal(request: web.Request, *, loopback: bool, listen: str) -> str
             "(or an ssh tunnel)"
         )
     return None
+
+
+def _origin_host(origin: str) -> str | None:
+    """The host (and port) an ``Origin`` names; None for ``null`` or one that is not a URL
+    (``http://[``), which no page of this daemon sends."""
+    if origin == "null":
+        return None
+    try:
+        return urlsplit(origin).netloc.lower()
+    except ValueError:
+        return None
 
 
 @functools.cache

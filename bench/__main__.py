@@ -21,6 +21,7 @@ from . import (
     client_bench,
     dataset_bench,
     fanout_bench,
+    faults_bench,
     gateway_bench,
     inspector_bench,
     listing_bench,
@@ -56,6 +57,7 @@ def main() -> int:
             "datasets",
             "inspector",
             "s3front",
+            "faults",
         ),
         help="run only this scenario (repeatable)",
     )
@@ -95,6 +97,9 @@ def main() -> int:
         if only is None or "s3front" in only:
             print("s3front: the S3 front, against the other doors and the S3 server", flush=True)
             s3front_bench.run(report, work / "s3front", quick=args.quick)
+        if only is None or "faults" in only:
+            print("faults: what the fault points cost when none is armed", flush=True)
+            faults_bench.run(report, work / "faults", quick=args.quick)
         # Not in the quick run of every scenario (the test suite's): its Streaming
         # baseline needs a venv of its own, which only a full run builds.
         if (only is None and not args.quick) or (only is not None and "ttfb" in only):

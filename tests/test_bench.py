@@ -29,6 +29,8 @@ def test_bench_quick_run_writes_a_complete_report(tmp_path: Path) -> None:
         "RAM hit: id -> leased fd -> release (sync)",
         "index lookup, one id per call",
         "open index of 0.02M chunks + first lookup",
+        "insert 64 KiB, RAM over disk: fault points unset vs removed",
+        "a disarmed fault point, per call",
     ):
         assert expected in scenarios
     assert all(row["chunkd"] > 0 and row["baseline"] > 0 for row in rows)

@@ -53,8 +53,9 @@ pytest: $(STAMP) emulators tools
 # What the page and terminal tests drive: Debian's chromium, tmux, ffmpeg (media fixtures),
 # the AWS CLI and curl (the S3 front's client and presigned-URL tests), as COMMAND:PACKAGE.
 # Installed with apt-get when missing and we are root; otherwise those tests skip, saying why.
-# fusermount3 (fuse3) mounts and unmounts the failing-disk tests' FUSE file system.
-TOOLS := chromium:chromium tmux:tmux ffmpeg:ffmpeg aws:awscli curl:curl fusermount3:fuse3
+# fusermount3 (fuse3) mounts and unmounts the failing-disk tests' FUSE file system; nft
+# (nftables) drops and partitions the network-chaos tests' links.
+TOOLS := chromium:chromium tmux:tmux ffmpeg:ffmpeg aws:awscli curl:curl fusermount3:fuse3 nft:nftables
 tools:
 	@missing=""; for t in $(TOOLS); do command -v $${t%%:*} >/dev/null || missing="$$missing $${t#*:}"; done; \
 	if [ -n "$$missing" ]; then \

@@ -17,6 +17,19 @@ The daemon is protected from every client:
 * a client that dies mid-request leaks nothing: leases are released whether or not
   the answer was sent, and the fds in a message the kernel could not deliver are
   closed with it;
+* a client holds at most **one answer with fds** it has not read, per connection
+  (the bound is written down in :mod:`chunkd.client.protocol`, "What a client can
+  make the node hold"). The fds of an answer sent keep their chunks' pages alive
+  while they wait in the client's socket, evicted or not, and the kernel gives a
+  sender no way to take them back: so after an answer with fds, the daemon handles
+  the connection's next request only once the client has read everything sent to it
+  (``SIOCOUTQ`` is 0, which a client that waits for each answer always has done). A
+  client that sent the request first is waited for at most ``send_timeout``, woken
+  by the kernel when it reads (an edge-triggered epoll on the socket's writability,
+  which fires as the client takes each message), then served no more: the daemon
+  shuts the connection down, and the connection keeps its place among the
+  ``max_clients`` until the client has read that answer or closed its socket, so
+  the unread fds of every client together stay within ``max_clients`` answers;
 * peer credentials (SO_PEERCRED) are logged and counted per uid.
 """
 
@@ -24,13 +37,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import grp
 import json
 import logging
 import os
+import select
 import socket
 import stat as statmod
 import struct
+import termios
 from collections.abc import Awaitable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, TypeVar
@@ -83,6 +99,7 @@ log = logging.getLogger("chunkd.gateway.local")
 T = TypeVar("T")
 
 _CREDS: Final = struct.Struct("3i")  # pid, uid, gid
+_INT: Final = struct.Struct("i")  # what SIOCOUTQ answers
 #: what a listing page's entries may take of the payload (the rest is slack)
 _LIST_BYTES: Final = MAX_PAYLOAD - 4096
 #: what the entries of a readv answer may take of its header, and the longest
@@ -97,6 +114,8 @@ class _Connection:
     def __init__(self, peer: dict[str, int]) -> None:
         self.peer = peer
         self.greeted = False
+        #: an answer that carried fds went out, and the client may not have read it
+        self.fds_unread = False
 
 
 class LocalServer:
@@ -112,8 +131,11 @@ class LocalServer:
         datasets: the daemon's dataset registry (the ``ds_*`` ops).
         mode: the socket's permissions (0660 by default).
         group: the group that owns the socket, or None.
-        send_timeout: seconds a send may make no progress before the client is dropped.
-        max_clients: connections served at once; more wait in the listen backlog.
+        send_timeout: seconds a send may make no progress, and a client may leave an
+            answer with fds unread while it sends its next request, before it is
+            dropped.
+        max_clients: connections served at once; more wait in the listen backlog. A
+            dropped connection whose answer with fds is unread still counts.
     """
 
     def __init__(
@@ -237,13 +259,24 @@ class LocalServer:
         log.info("local client connected", extra=client.peer)
         self._connected.inc()
         try:
+            await self._requests_of(conn, client)
+            if client.fds_unread:  # not when cancelled: the daemon is stopping
+                await self._hold_until_read(conn, client)
+        finally:
+            self._connected.dec()
+            conn.close()
+            self._slots.release()
+
+    async def _requests_of(self, conn: socket.socket, client: _Connection) -> None:
+        """Answer a connection's requests until it ends; why it ended is logged."""
+        try:
             while True:
                 raw = await recv_raw_async(conn)
                 if raw is None:
                     return
                 header, request_id = self._request_of(raw)
                 op = str(header.get("op")) if isinstance(header, dict) else "malformed"
-                self._requests.labels(str(uid), op if op in OPS else "unknown").inc()
+                self._requests.labels(str(client.peer["uid"]), op if op in OPS else "unknown").inc()
                 await self._answer(conn, client, header, request_id, raw.fds)
         except ProtocolError as exc:  # the stream is lost: no answer can be framed
             self._malformed.inc()
@@ -256,10 +289,26 @@ class LocalServer:
             # Never a task exception left unretrieved: a bug is logged, and only this
             # client's connection pays for it.
             log.exception("local client: the daemon failed; closing the connection")
-        finally:
-            self._connected.dec()
-            conn.close()
-            self._slots.release()
+
+    async def _hold_until_read(self, conn: socket.socket, client: _Connection) -> None:
+        """Keep a connection that is served no more until its client has read what was
+        sent to it, or closed its socket.
+
+        Closing it would free its place among ``max_clients`` while the answer with
+        fds waits in the client's socket all the same (its pages with it): a client
+        could then pile up one answer per connection it opens. Shut down instead, the
+        client reads what it has and then the end of the stream, and its sends fail.
+        """
+        if not _unread_bytes(conn):
+            return  # read, or the client closed its end (which drops what it held)
+        log.warning(
+            "local client left an answer with fds unread; it is served no more, and its "
+            "connection counts against socket_max_clients until it reads or closes it",
+            extra=client.peer,
+        )
+        with contextlib.suppress(OSError):
+            conn.shutdown(socket.SHUT_RDWR)
+        await _until_read(conn, None)
 
     def _request_of(self, raw: RawFrame) -> tuple[dict[str, Any] | ChunkdError, object]:
         """The request a whole frame holds, or the error to answer it with; its id.
@@ -297,6 +346,18 @@ class LocalServer:
     ) -> None:
         answer = Answer(request_fds)
         try:
+            if client.fds_unread:
+                # A client that waits for each answer has read it all before it asked
+                # again: this costs it one ioctl. One that did not waits, or is dropped.
+                try:
+                    await _until_read(conn, self.send_timeout)
+                except TimeoutError:
+                    raise TimeoutError(
+                        f"it sent a request and did not read, for {self.send_timeout:g}s, "
+                        "the answer before it, which carried fds (a connection carries one "
+                        "request at a time); it is served no more"
+                    ) from None
+                client.fds_unread = False
             try:
                 response = await self._respond(conn, client, header, answer)
             except ChunkdError as exc:
@@ -325,6 +386,7 @@ class LocalServer:
                     frame = encode_frame(response)
                 except ProtocolError:  # the id itself is too long to echo twice
                     frame = encode_frame(response | {"id": None})
+            client.fds_unread = bool(answer.fds)
             await send_frame_async(conn, frame, answer.fds, stall_limit=self.send_timeout)
         finally:
             for lease in answer.leases:
@@ -565,6 +627,43 @@ class LocalServer:
             page.columns(), ensure_ascii=False, separators=(",", ":")
         ).encode()
         return {"ok": True, "count": len(page.entries), "next": page.next}
+
+
+def _unread_bytes(conn: socket.socket) -> int:
+    """Bytes sent on ``conn`` that its peer has not read yet (``SIOCOUTQ``).
+
+    On a Unix stream socket a message stays charged to its sender until the receiver
+    has read all of it, so 0 means the peer took every frame, and the fds on them.
+    """
+    got = fcntl.ioctl(conn.fileno(), termios.TIOCOUTQ, bytes(_INT.size))
+    return int(_INT.unpack(got)[0])
+
+
+async def _until_read(conn: socket.socket, limit: float | None) -> None:
+    """Return once the peer has read everything sent on ``conn``, or closed its end;
+    :class:`TimeoutError` after ``limit`` seconds (None: no limit).
+
+    Woken by the kernel, not by polling: a Unix socket signals "writable" to an
+    edge-triggered epoll each time its peer takes a message off its queue (the last one
+    included), and when the peer closes.
+    """
+    if not _unread_bytes(conn):
+        return
+    loop = asyncio.get_running_loop()
+    woken = asyncio.Event()
+    with select.epoll(1) as watch:
+        watch.register(conn.fileno(), select.EPOLLOUT | select.EPOLLET)
+        loop.add_reader(watch.fileno(), woken.set)
+        try:
+            async with asyncio.timeout(limit):
+                while True:
+                    woken.clear()
+                    watch.poll(0)  # the edges seen so far: the next wait is for a new one
+                    if not _unread_bytes(conn):
+                        return
+                    await woken.wait()
+        finally:
+            loop.remove_reader(watch.fileno())
 
 
 def _op_of(header: object) -> str:

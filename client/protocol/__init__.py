@@ -36,6 +36,38 @@ answers nothing else before it, and refuses a client of another version (whose
 requests it might otherwise answer differently than that client expects, for
 example a listing cut to its first page).
 
+What a client can make the node hold. The fds of an answer are the client's from
+the moment they are sent: a chunk's sealed memfd keeps its pages while the client has
+it open, mapped, or still unread in its socket, even after the daemon evicted the
+chunk from its RAM tier (``cache.ram_bytes``). Beyond that budget, a client holds:
+
+* **the chunks it keeps**, open or mapped: its own choice (this package's client keeps
+  at most ``cache_bytes`` of them, and the views its user keeps hold theirs);
+* **at most one answer with fds it has not read, per connection**: at most
+  :data:`MAX_FDS` chunks (``MAX_FDS * chunk_bytes`` bytes), or one JSON memfd (a
+  manifest, a snapshot, a collection's report). After an answer with fds, the daemon
+  takes up the connection's next request only once the client has read everything
+  sent to it, so the chunks it leases for an answer and the answer left unread are
+  never both there. A client that sent its next request first is waited for at most
+  ``server.socket_send_timeout``, then served no more: the daemon shuts the
+  connection down (the client reads what it has, then the end of the stream), and
+  keeps it among its ``server.socket_max_clients`` connections until the client has
+  read that answer or closed its socket. Every client together thus leaves at most
+  ``socket_max_clients`` answers unread. A client that reads each answer before it
+  sends its next request, as this package's does, is never held;
+* **the staged bytes of its checkpoint saves**: the data memfd of each ``ckpt_save``,
+  which the client wrote (its pages are charged to the client's memory cgroup),
+  held by the daemon until the save is on the node's disk and in the backend (only
+  until it is on disk while the backend is down), whether or not the client is still
+  there; the daemon does not limit how many saves a client has in progress. A layout
+  or JSON fd (at most :data:`MAX_LAYOUT` bytes) is read and closed while its request
+  is answered.
+
+A client that dies leaves nothing behind: the kernel closes its fds, unmaps its
+mappings and drops what was unread in its socket; the daemon releases what it leased
+for an answer whether or not the answer could be sent; a save it had handed over goes
+on to its commit, then gives its bytes back.
+
 Each op, with its request's fields (type, bounds, whether required), its answer and
 its errors, is declared once in :data:`OPS`; the list of ops at the end of this
 docstring is generated from it (:func:`~chunkd.client.protocol.ops.describe_ops`).

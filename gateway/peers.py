@@ -11,6 +11,16 @@ Placement is rendezvous (HRW) hashing: a key's owners are the healthy members
 (this node included) ordered by ``blake3(member, key)``. Each key has one owner;
 when a member comes or goes, only the keys it owned move.
 
+Rejoining. A node is *apart* when more than half of the other members it has seen
+up are down in its view (its link failed: a partition, a pulled cable). Meanwhile
+the others put its keys on the member ranked next after it, which fetched and kept
+them. So for ``_HANDOFF_WINDOW`` after it rejoins, a chunk this node owns but lacks
+is asked of the member ranked next after it (a *handoff*) before the backend. A
+handoff waits only while that member sends: one that has the chunk at hand answers
+at once, and one silent for ``timeout`` (it is fetching the chunk itself, or is
+waiting on this very node for it) is left without being counted as failed, and the
+backend is read.
+
 Peer protocol (on the HTTP port; every request carries ``Authorization: Bearer
 <token>`` from ``token_file``, compared in constant time; 401 otherwise). With
 ``tls_cert``/``tls_key``/``tls_ca`` set it is HTTPS, both ends verified against
@@ -68,6 +78,15 @@ log = logging.getLogger("chunkd.gateway.peers")
 # A probe waits at most this long (and never longer than [peers] timeout): /healthz
 # answers from memory, so a peer that takes longer is in trouble whatever the setting.
 _HEALTH_TIMEOUT: Final = 2.0
+# How long after rejoining the cluster this node asks the member ranked next for the
+# chunks it owns: the others read those through that member while this node was
+# apart, and a job that lost a node restarts from its checkpoint within minutes.
+_HANDOFF_WINDOW: Final = 600.0
+
+
+class _NotAtHand(Exception):
+    """A handoff's member did not have the chunk at hand (it sent nothing for
+    ``timeout``): not a failure of that member."""
 
 
 def rank_owners(members: list[str], key: bytes) -> list[str]:
@@ -115,6 +134,11 @@ class Peers:
         self._task: asyncio.Task[None] | None = None
         self._probes: SingleFlight[str, bool] = SingleFlight()  # one probe per peer at a time
         self._heard: dict[str, float] = {}  # when each peer last sent us anything
+        # Members seen up (a passed probe while healthy): only those count towards this
+        # node being apart (members that never came up, at a cold start, do not).
+        self._seen_up: set[str] = set()
+        self._apart = False
+        self._rejoined_at: float | None = None  # monotonic; see handing_off()
         self._set_members(self._listed())
 
     # -- lifecycle ------------------------------------------------------------------
@@ -267,6 +291,11 @@ class Peers:
             if not peer.healthy and peer.passes >= self.config.up_after:
                 peer.healthy, peer.last_change = True, time.time()
                 log.info("peer %s is up", address)
+            if peer.healthy:
+                # Up by its probes, not by the start's assumption: at a cold start a
+                # member that passes its first probe is still down, and must not make
+                # this node look apart.
+                self._seen_up.add(address)
         else:
             peer.passes = 0
             peer.misses += 1
@@ -278,7 +307,50 @@ class Peers:
                     peer.misses,
                     why or "no reason given",
                 )
+        self._track_apart()
         self._export()
+
+    def _track_apart(self) -> None:
+        """Note when this node falls apart from the cluster and when it rejoins."""
+        seen = [p for a, p in self._members.items() if a != self.address and a in self._seen_up]
+        down = sum(not p.healthy for p in seen)
+        apart = down * 2 > len(seen)
+        if apart and not self._apart:
+            log.warning(
+                "peers: this node is apart from the cluster: %d of the %d others are down",
+                down,
+                len(seen),
+            )
+        elif self._apart and not apart:
+            self._rejoined_at = time.monotonic()
+            log.info(
+                "peers: this node rejoined the cluster; for %.0f s it asks the member "
+                "ranked next for the chunks it owns before the backend",
+                _HANDOFF_WINDOW,
+            )
+        self._apart = apart
+
+    def handing_off(self) -> bool:
+        """Whether this node rejoined the cluster within ``_HANDOFF_WINDOW``: the
+        chunks it owns may be with the member ranked next after it."""
+        return (
+            not self._apart
+            and self._rejoined_at is not None
+            and time.monotonic() - self._rejoined_at < _HANDOFF_WINDOW
+        )
+
+    def _sources(self, key: bytes) -> list[tuple[str, bool]]:
+        """Whom to ask for ``key``, in order: the owners ranked before this node, then
+        (when :meth:`handing_off`) the one ranked next after it, as a handoff."""
+        owners = self.owners(key)
+        asked: list[tuple[str, bool]] = []
+        for rank, owner in enumerate(owners):
+            if self.is_self(owner):
+                if self.handing_off() and rank + 1 < len(owners):
+                    asked.append((owners[rank + 1], True))
+                break
+            asked.append((owner, False))
+        return asked
 
     def _export(self) -> None:
         self.metrics.peer_members.set(len(self._members))
@@ -290,15 +362,16 @@ class Peers:
         """Chunk ``cid`` from its owner (or the next ones), verified; None: fetch it
         yourself (this node owns it, or every owner before it failed)."""
         assert self._session is not None
-        for owner in self.owners(bytes(cid)):
-            if self.is_self(owner):
-                return None
+        for owner, handoff in self._sources(bytes(cid)):
             url = f"{self._scheme}://{owner}/v1/peer/chunks/{backend}/{cid}"
             try:
-                answer = await self._ask(owner, url, {})
+                answer = await self._ask(owner, url, {}, handoff=handoff)
                 if answer is None:
                     continue
                 _, data = answer
+            except _NotAtHand:
+                self._count(owner, "not_at_hand")
+                continue
             except (aiohttp.ClientError, TimeoutError, OSError) as exc:
                 self._failed(owner, exc, "a chunk request")
                 log.info("peer %s did not give chunk %s (%s); trying the next", owner, cid, exc)
@@ -315,7 +388,7 @@ class Peers:
                     got,
                 )
                 continue
-            self._count(owner, "ok")
+            self._count(owner, "handoff" if handoff else "ok")
             self.metrics.peer_bytes.labels("in").inc(data.nbytes)
             self.metrics.peer_member_bytes.labels(owner, "in").inc(data.nbytes)
             return data
@@ -330,28 +403,29 @@ class Peers:
         The caller checks the bytes against the stated id before it keeps them.
         """
         assert self._session is not None
-        for owner in self.owners(placement):
-            if self.is_self(owner):
-                return None
+        for owner, handoff in self._sources(placement):
             url = f"{self._scheme}://{owner}/v1/peer/objects/{backend}/{quote(key)}"
             params = {"version": version, "index": str(index)}
             try:
-                answer = await self._ask(owner, url, params)
+                answer = await self._ask(owner, url, params, handoff=handoff)
                 if answer is None:
                     continue
                 stated, data = ChunkId.parse(answer[0].get("X-Chunkd-Chunk", "")), answer[1]
+            except _NotAtHand:
+                self._count(owner, "not_at_hand")
+                continue
             except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
                 self._failed(owner, exc, "an object request")
                 log.info("peer %s did not give %s/%s#%d (%s)", owner, backend, key, index, exc)
                 continue
-            self._count(owner, "ok")
+            self._count(owner, "handoff" if handoff else "ok")
             self.metrics.peer_bytes.labels("in").inc(data.nbytes)
             self.metrics.peer_member_bytes.labels(owner, "in").inc(data.nbytes)
             return owner, stated, data
         return None
 
     async def _ask(
-        self, owner: str, url: str, params: dict[str, str]
+        self, owner: str, url: str, params: dict[str, str], *, handoff: bool = False
     ) -> tuple[dict[str, str], memoryview] | None:
         """GET ``url`` from ``owner``: (headers, body) on 200, None on another status.
 
@@ -362,11 +436,18 @@ class Peers:
         ends the wait, so does the owner being marked down, and the hard cap. A
         refused or reset connection ends it at once.
 
+        A ``handoff`` (the member ranked after this node, which may hold a chunk
+        this node owns) is waited on only while it sends for this request: after
+        ``timeout`` with nothing, it does not have the chunk at hand.
+
         Raises:
             aiohttp.ClientError, OSError: the owner failed.
             OwnerSilentError: the owner went silent and failed its probe (already
                 counted as a failed probe).
             TimeoutError: the owner is marked down, or the hard cap passed.
+            _NotAtHand: a handoff's member sent nothing for ``timeout``. It may be
+                fetching the chunk from the backend, or waiting on this node for it
+                (it reads it through this node, its owner): this node must not wait.
         """
         assert self._session is not None
         session = self._session
@@ -401,6 +482,9 @@ class Peers:
         def silent() -> float:
             # Bytes from the owner for any request (or a passed probe) show it alive:
             # busy with a slow backend for every node, it still sends what it has.
+            # A handoff asks whether it has this chunk: only this request's bytes tell.
+            if handoff:
+                return time.monotonic() - heard[0]
             return time.monotonic() - max(heard[0], self._heard.get(owner, 0.0))
 
         task = asyncio.ensure_future(call())
@@ -413,6 +497,8 @@ class Peers:
                     raise TimeoutError(f"peer {owner} went down while it was asked")
                 if silent() < timeout:
                     continue  # bytes came meanwhile
+                if handoff:
+                    raise _NotAtHand(f"peer {owner} sent nothing for {timeout:g}s")
                 # Silent for a whole timeout: busy with a slow backend for every node
                 # (so wait on), or hung? Ask it directly rather than wait for
                 # down_after probe rounds.

@@ -7,11 +7,29 @@ that builds it reaches them all from 198.18.80.254. Every link is shaped with
 backend's egress is the bottleneck, as it is where object storage gives a cluster
 less than its nodes' NICs add up to. Everything is removed on exit.
 
+Network chaos, on one node's link at a time (this kernel has no netem: its qdiscs
+are fifo, htb, tbf and ingress). Each is a table of nftables rules in the node's
+own namespace, so the others' links stay clean:
+
+- :meth:`Lab.lose`: random loss, both directions (``numgen random mod 100 < P``
+  drops), table ``inet chunkd_chaos``;
+- :meth:`Lab.partition`: the node cut off from the other nodes, and from S3 unless
+  told otherwise (a pulled cable: see the method), same table;
+- :meth:`Lab.delay`: latency ± jitter, from :class:`chunkd.testing.relay.LatencyRelay`
+  in the node's namespace; table ``ip chunkd_relay`` redirects the node's TCP to it
+  (inbound to port 8470, outbound to every lab address);
+- :meth:`Lab.heal`: removes the node's tables and stops its relay.
+
+The process that builds the lab is the observer, not a part of the cluster: its
+address (:data:`ROOT_IP`) is never dropped nor delayed, so that the metrics and
+``/readyz`` of a cut-off node can still be read.
+
 Part of :mod:`chunkd.testing`; the daemon never imports it.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -21,15 +39,23 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Final
 
 from chunkd.testing import BIN, S3Server, s3_backend
+from chunkd.testing.relay import RELAY_MARK, LatencyRelay, RelayStats
 
-__all__ = ["NET", "ROOT_IP", "S3_IP", "Lab", "LabUnavailable", "lab"]
+__all__ = ["NET", "RELAY_PORT", "ROOT_IP", "S3_IP", "Chaos", "Lab", "LabUnavailable", "lab"]
 
 NET = "198.18.80"
 ROOT_IP = f"{NET}.254"
 S3_IP = f"{NET}.5"
 TOKEN = "a-shared-secret-for-the-namespaces"
+#: the daemons' HTTP (and peer) port
+PORT: Final = 8470
+#: where a node's latency relay accepts, in its namespace
+RELAY_PORT: Final = 8479
+_CHAOS_TABLE: Final = "chunkd_chaos"
+_RELAY_TABLE: Final = "chunkd_relay"
 
 
 class LabUnavailable(RuntimeError):
@@ -44,14 +70,62 @@ def _in(ns: str, *args: str) -> None:
     _ip("netns", "exec", ns, *args)
 
 
+def _nft(ns: str, *args: str, script: str | None = None) -> str:
+    """Run ``nft ARGS`` in namespace ``ns``, or the nft ``script`` (one transaction:
+    all of it or none); its output.
+
+    Raises:
+        LabUnavailable: no ``nft`` here (only the chaos needs it).
+    """
+    if shutil.which("nft") is None:
+        raise LabUnavailable("the network chaos needs nft (make tools installs nftables)")
+    argv = ["ip", "netns", "exec", ns, "nft", *args, *(["-f", "-"] if script else [])]
+    done = subprocess.run(argv, input=(script or "").encode(), capture_output=True, check=False)
+    if done.returncode != 0:
+        what = script or " ".join(args)
+        raise RuntimeError(f"nft in {ns} refused:\n{what}\n{done.stderr.decode().strip()}")
+    return done.stdout.decode()
+
+
+@dataclass
+class Chaos:
+    """What one node's chaos did, from the rules' counters and its relay."""
+
+    #: packets the loss rule dropped (both directions)
+    lost_packets: int = 0
+    #: packets the partition rules dropped (both directions)
+    cut_packets: int = 0
+    #: what the node's latency relay carried (None: no relay)
+    relay: RelayStats | None = None
+
+
+@dataclass
+class _NodeChaos:
+    """The chaos applied to one node now: what its tables are made from."""
+
+    loss_percent: int = 0
+    cut_from: tuple[str, ...] = ()
+    relay: LatencyRelay | None = None
+
+
 @dataclass
 class Lab:
-    """The namespaces, and the processes started in them."""
+    """The namespaces, and the processes started in them.
+
+    Args:
+        work: where the nodes' directories, configs and logs go.
+        nodes: the nodes' namespaces, node 1 first.
+        s3_ns: S3's namespace.
+        chunk_bytes: the nodes' ``[cache] chunk_bytes`` (None: the default, 4 MiB);
+            a checkpoint is chunked at the saving daemon's size.
+    """
 
     work: Path
     nodes: list[str]
     s3_ns: str
+    chunk_bytes: int | None = None
     processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    _chaos: dict[int, _NodeChaos] = field(default_factory=dict)
 
     def start_s3(self) -> None:
         """moto's server in the S3 namespace, with a bucket ``fanout``."""
@@ -125,6 +199,177 @@ class Lab:
                 process.wait()
         del self.processes[1:]
 
+    def address(self, i: int) -> str:
+        """Node ``i``'s address."""
+        return f"{NET}.{i}"
+
+    # -- chaos on one node's link ----------------------------------------------------
+
+    def lose(self, i: int, percent: int) -> None:
+        """Drop ``percent`` % of node ``i``'s packets at random, both directions.
+
+        Every packet on its link (to and from the other nodes and S3) is dropped with
+        that chance, independently: ``numgen random mod 100 < percent``, in the
+        node's namespace. TCP sees loss (retransmits, timeouts); loopback and the
+        observer do not.
+        """
+        if not 0 <= percent <= 100:
+            raise ValueError(f"loss is a percentage, not {percent}")
+        self._node_chaos(i).loss_percent = percent
+        self._write_chaos(i)
+
+    def partition(self, i: int, *, backend: bool = True) -> None:
+        """Cut node ``i`` off from the other nodes, and from S3 unless ``backend`` is
+        False; the cluster sees it vanish without a word (packets dropped, not
+        refused), as when its cable is pulled or its switch port dies.
+
+        ``backend=True`` (the default) is that pulled cable: one NIC carries both the
+        peers and the object store, so a node cut off from its peers cannot read the
+        backend either, and what it does meanwhile costs the backend nothing. With
+        ``backend=False`` only the peer fabric is cut: the node then reads every
+        chunk from the backend itself, which is correct but not a fan-out.
+        """
+        others = [self.address(n) for n in range(1, len(self.nodes) + 1) if n != i]
+        self._node_chaos(i).cut_from = (*others, *([S3_IP] if backend else []))
+        self._write_chaos(i)
+
+    def delay(self, i: int, latency: float, jitter: float = 0.0, *, seed: int = 0) -> None:
+        """Delay node ``i``'s TCP by ``latency`` ± ``jitter`` seconds each way.
+
+        A :class:`~chunkd.testing.relay.LatencyRelay` starts in the node's namespace,
+        and nftables ``redirect`` rules there send it the node's connections: inbound
+        ones to port 8470 (peers asking it, not the observer) and outbound ones to
+        every other lab address (its peers and S3). The relay finds where each was
+        going (``SO_ORIGINAL_DST``) and connects on with ``SO_MARK``
+        :data:`~chunkd.testing.relay.RELAY_MARK`, which the rules pass. Connections
+        opened before this call keep their path; the daemons' configs do not change.
+        """
+        chaos = self._node_chaos(i)
+        if chaos.relay is not None:
+            raise RuntimeError(f"node {i} has a relay already; heal it first")
+        ns = self.nodes[i - 1]
+        chaos.relay = LatencyRelay.start(
+            latency=latency,
+            jitter=jitter,
+            listen=f"0.0.0.0:{RELAY_PORT}",
+            mark=RELAY_MARK,
+            netns=ns,
+            seed=seed,
+        )
+        # Outbound: to every lab address but this node and the observer. The relay's
+        # own connections onwards carry its mark and go out as they are.
+        _nft(
+            ns,
+            script=f"""
+table ip {_RELAY_TABLE} {{
+  chain prerouting {{
+    type nat hook prerouting priority dstnat; policy accept;
+    iifname != "lo" ip saddr != {ROOT_IP} tcp dport {PORT} redirect to :{RELAY_PORT}
+  }}
+  chain output {{
+    type nat hook output priority -100; policy accept;
+    meta mark {RELAY_MARK:#x} return
+    ip daddr {NET}.0/24 ip daddr != {{ {self.address(i)}, {ROOT_IP} }} meta l4proto tcp \
+      redirect to :{RELAY_PORT}
+  }}
+}}
+""",
+        )
+
+    def chaos(self, i: int) -> Chaos:
+        """What node ``i``'s chaos did so far (dropped packets, the relay's figures)."""
+        chaos = self._chaos.get(i)
+        if chaos is None:
+            return Chaos()
+        lost, cut = self._dropped(i)
+        relay = chaos.relay.stats() if chaos.relay is not None else None
+        return Chaos(lost_packets=lost, cut_packets=cut, relay=relay)
+
+    def heal(self, i: int) -> Chaos:
+        """Remove node ``i``'s chaos: its tables go and its relay stops (connections
+        through it are cut, as a restarted middlebox cuts them). Returns what the
+        chaos did."""
+        chaos = self._chaos.pop(i, None)
+        if chaos is None:
+            return Chaos()
+        ns = self.nodes[i - 1]
+        try:
+            lost, cut = self._dropped(i)
+        except RuntimeError:
+            lost = cut = 0
+        try:
+            # Added, then deleted: a table that was not there is no error (nft 1.0.6
+            # has no "destroy").
+            _nft(
+                ns,
+                script="".join(
+                    f"table {family} {name} {{}}\ndelete table {family} {name}\n"
+                    for family, name in (("inet", _CHAOS_TABLE), ("ip", _RELAY_TABLE))
+                ),
+            )
+        finally:
+            relay = chaos.relay.close() if chaos.relay is not None else None
+        return Chaos(lost_packets=lost, cut_packets=cut, relay=relay)
+
+    def heal_all(self) -> None:
+        """Heal every node (the lab's teardown does it too)."""
+        for i in list(self._chaos):
+            self.heal(i)
+
+    def _node_chaos(self, i: int) -> _NodeChaos:
+        if not 1 <= i <= len(self.nodes):
+            raise ValueError(f"no node {i}: the lab has nodes 1-{len(self.nodes)}")
+        return self._chaos.setdefault(i, _NodeChaos())
+
+    def _write_chaos(self, i: int) -> None:
+        """Replace node ``i``'s chaos table with one made from its settings, in one
+        transaction (add, delete, add: a table that was not there is no error)."""
+        chaos = self._chaos[i]
+        rules: dict[str, list[str]] = {"input": [], "output": []}
+        for chain, way in (("input", "saddr"), ("output", "daddr")):
+            hook = "iifname" if chain == "input" else "oifname"
+            rules[chain] += [f'{hook} "lo" accept', f"ip {way} {ROOT_IP} accept"]
+            if chaos.cut_from:
+                rules[chain].append(
+                    f'ip {way} {{ {", ".join(chaos.cut_from)} }} counter name "cut" drop'
+                )
+            if chaos.loss_percent:
+                rules[chain].append(
+                    f'numgen random mod 100 < {chaos.loss_percent} counter name "lost" drop'
+                )
+        chains = "".join(
+            f"  chain {chain} {{\n    type filter hook {chain} priority filter - 10; "
+            f"policy accept;\n" + "".join(f"    {rule}\n" for rule in body) + "  }\n"
+            for chain, body in rules.items()
+        )
+        # The counters outlive a rewrite: the drops of a loss and a later partition add up.
+        lost, cut = self._dropped(i)
+        _nft(
+            self.nodes[i - 1],
+            script=f"table inet {_CHAOS_TABLE} {{}}\ndelete table inet {_CHAOS_TABLE}\n"
+            f"table inet {_CHAOS_TABLE} {{\n"
+            f"  counter lost {{ packets {lost} bytes 0 }}\n"
+            f"  counter cut {{ packets {cut} bytes 0 }}\n{chains}}}\n",
+        )
+
+    def _has_chaos_table(self, i: int) -> bool:
+        listing = _nft(self.nodes[i - 1], "list", "tables")
+        return f"inet {_CHAOS_TABLE}" in listing
+
+    def _dropped(self, i: int) -> tuple[int, int]:
+        """Packets node ``i``'s loss and partition rules dropped: (lost, cut)."""
+        if not self._has_chaos_table(i):
+            return 0, 0
+        listing = json.loads(
+            _nft(self.nodes[i - 1], "-j", "list", "counters", "table", "inet", _CHAOS_TABLE)
+        )
+        counters = {
+            item["counter"]["name"]: int(item["counter"]["packets"])
+            for item in listing["nftables"]
+            if "counter" in item
+        }
+        return counters.get("lost", 0), counters.get("cut", 0)
+
     def _toml(self, i: int, peers: bool) -> str:
         token = self.work / "token"
         token.write_text(TOKEN)
@@ -137,6 +382,7 @@ class Lab:
             else ""
         )
         node = self.work / f"n{i}"
+        chunk = f"chunk_bytes = {self.chunk_bytes}\n" if self.chunk_bytes else ""
         return f"""
 [server]
 listen = "{NET}.{i}:8470"
@@ -144,7 +390,7 @@ socket = "{node / "chunkd.sock"}"
 
 [cache]
 dir = "{node / "cache"}"
-ram_bytes = "2GiB"
+{chunk}ram_bytes = "2GiB"
 disk_bytes = "4GiB"
 disk_min_free_bytes = 0
 fsync = "never"
@@ -154,8 +400,21 @@ fsync = "never"
 
 
 @contextmanager
-def lab(work: Path, *, node_rate: str = "400mbit", s3_rate: str = "80mbit") -> Iterator[Lab]:
-    """Build the namespaces; remove them, and stop what runs in them, on exit.
+def lab(
+    work: Path,
+    *,
+    node_rate: str = "400mbit",
+    s3_rate: str = "80mbit",
+    chunk_bytes: int | None = None,
+) -> Iterator[Lab]:
+    """Build the namespaces; remove them, and stop what runs in them (relays too),
+    on exit.
+
+    Args:
+        work: the nodes' directories go here.
+        node_rate: each node's link, both ways (tc tbf rate).
+        s3_rate: S3's link.
+        chunk_bytes: the nodes' chunk size (None: the daemon's default).
 
     Raises:
         LabUnavailable: not root, or iproute2/tc missing, or the kernel refuses.
@@ -168,7 +427,7 @@ def lab(work: Path, *, node_rate: str = "400mbit", s3_rate: str = "80mbit") -> I
     s3_ns = f"ck{tag}s3"
     made: list[str] = []
     links: list[str] = []
-    built = Lab(work, nodes, s3_ns)
+    built = Lab(work, nodes, s3_ns, chunk_bytes=chunk_bytes)
     try:
         try:
             _ip("netns", "add", switch)
@@ -226,6 +485,10 @@ def lab(work: Path, *, node_rate: str = "400mbit", s3_rate: str = "80mbit") -> I
             ) from exc
         yield built
     finally:
+        for chaos in built._chaos.values():  # the relays; the rules go with the namespaces
+            if chaos.relay is not None:
+                chaos.relay.close()
+        built._chaos.clear()
         for process in built.processes:
             process.terminate()
         for process in built.processes:

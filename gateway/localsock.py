@@ -169,6 +169,7 @@ class LocalServer:
         self._requests: Counter = metrics.local_requests
         self._connected: Gauge = metrics.local_clients
         self._malformed: Counter = metrics.local_malformed
+        self._stuck: Counter = metrics.local_stuck
 
     async def start(self) -> None:
         """Bind the socket (replacing a stale one) and start accepting."""
@@ -283,7 +284,10 @@ class LocalServer:
             log.warning(
                 "local client sent a malformed frame: %s; closing it", exc, extra=client.peer
             )
-        except (ConnectionError, TimeoutError) as exc:
+        except TimeoutError as exc:  # a stuck reader: it took no bytes, or left fds unread
+            self._stuck.inc()
+            log.warning("local client dropped: %s", exc, extra=client.peer)
+        except ConnectionError as exc:
             log.info("local client went away: %s", exc, extra=client.peer)
         except Exception:
             # Never a task exception left unretrieved: a bug is logged, and only this

@@ -103,6 +103,12 @@ class Metrics:
             "Local connections closed for a malformed frame",
             registry=r,
         )
+        self.local_stuck = Counter(
+            "chunkd_local_stuck_clients",
+            "Local connections dropped after socket_send_timeout: the client took no bytes, "
+            "or asked again without reading an answer that carried fds",
+            registry=r,
+        )
         self.ckpt_saves = Counter(
             "chunkd_checkpoint_saves",
             "Checkpoint save jobs (one per rank), by outcome",

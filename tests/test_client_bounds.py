@@ -332,6 +332,7 @@ def test_a_client_that_never_reads_holds_one_answer_and_is_dropped(
         dropped_after = time.monotonic() - asked
         assert dropped_after >= send_timeout - 0.05
         assert eventually(lambda: node.daemon.metric("chunkd_local_clients") == 1, 5)
+        assert node.daemon.metric("chunkd_local_stuck_clients_total") == 1
         held = memfds_of(node.pid)
         shmem_stuck = shmem() - shmem_before
 
@@ -395,6 +396,7 @@ def test_a_slow_reader_gets_its_bytes_and_holds_one_answer(node: Node) -> None:
         header, fds, _ = recv_slowly(slow, 0.0)
         assert assemble(header, fds) == body[:ANSWER]
     assert node.daemon.metric("chunkd_local_clients") <= 1
+    assert node.daemon.metric("chunkd_local_stuck_clients_total") == 0  # slow is not stuck
 
 
 # -- clients killed mid-read and mid-save ------------------------------------------------------

@@ -27,9 +27,12 @@ Every key, with its default (a key left out takes the default)::
     socket_mode = "0660"
     # group owning the socket; unset: the daemon's own
     # socket_group = "train"
-    # local socket connections served at once; more wait to be accepted
+    # local socket connections served at once; more wait to be accepted (a dropped one
+    # still counts until its client reads or closes what it was sent)
     socket_max_clients = 1024
-    # a local client whose socket takes no bytes this long is dropped (a stuck reader)
+    # a local client whose socket takes no bytes this long, or that asks again and leaves
+    # an answer with fds unread this long, is dropped (a stuck reader;
+    # chunkd_local_stuck_clients_total)
     socket_send_timeout = "30s"
     # how long a stop waits for requests in flight
     shutdown_timeout = "10s"

@@ -151,14 +151,18 @@ class ServerConfig:
     socket_max_clients: int = field(
         default=1024,
         metadata=key(
-            POSITIVE_COUNT, "local socket connections served at once; more wait to be accepted"
+            POSITIVE_COUNT,
+            "local socket connections served at once; more wait to be accepted (a dropped "
+            "one still counts until its client reads or closes what it was sent)",
         ),
     )
     socket_send_timeout: float = field(
         default=30.0,
         metadata=key(
             POSITIVE_DURATION,
-            "a local client whose socket takes no bytes this long is dropped (a stuck reader)",
+            "a local client whose socket takes no bytes this long, or that asks again and "
+            "leaves an answer with fds unread this long, is dropped (a stuck reader; "
+            "chunkd_local_stuck_clients_total)",
         ),
     )
     shutdown_timeout: float = field(

@@ -179,9 +179,12 @@ class LocalServer:
             sock.bind(str(self.path))
             os.chmod(self.path, self.mode)  # the unit's UMask would leave it 0750
             if self.group is not None:
-                os.chown(self.path, -1, grp.getgrnam(self.group).gr_gid)
+                self._give_to_group(self.group)
             sock.listen(1024)
             sock.setblocking(False)
+        except ChunkdError:
+            sock.close()
+            raise
         except OSError as exc:
             sock.close()
             raise ChunkdError(
@@ -189,11 +192,6 @@ class LocalServer:
                 "server.socket (or CHUNKD_SERVER_SOCKET) to a path in a directory chunkd "
                 "can write"
             ) from exc
-        except KeyError:
-            sock.close()
-            raise ChunkdError(
-                f"server.socket_group {self.group!r} is not a group on this host"
-            ) from None
         self._sock = sock
         self._accepting = asyncio.create_task(self._accept())
         log.info("local socket ready", extra={"socket": str(self.path)})
@@ -216,6 +214,25 @@ class LocalServer:
         finally:
             probe.close()
         raise ChunkdError(f"another chunkd already serves {self.path}; stop it first")
+
+
+    def _give_to_group(self, group: str) -> None:
+        """Give the bound socket to ``group``: a name, or a numeric GID (a container's)."""
+        try:
+            gid = int(group) if group.isdecimal() else grp.getgrnam(group).gr_gid
+        except KeyError:
+            raise ChunkdError(
+                f"server.socket_group {group!r} is not a group on this host; name one that "
+                "is, or give its numeric GID"
+            ) from None
+        try:
+            os.chown(self.path, -1, gid)
+        except OSError as exc:
+            raise ChunkdError(
+                f"cannot give the local socket {self.path} to group {group!r} (GID {gid}): "
+                f"{exc.strerror or exc}; the daemon's user must be a member of that group "
+                "(SupplementaryGroups= under systemd, runAsGroup or supplementalGroups in a pod)"
+            ) from exc
 
     async def close(self) -> None:
         """Stop accepting, drop every client, and remove the socket."""

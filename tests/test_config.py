@@ -358,6 +358,29 @@ def test_os_environ_is_the_default_source_of_overrides(
     assert config.cache.disk_bytes == 3 * GiB
 
 
+def test_kubernetes_service_variables_are_not_overrides(tmp_path: Path) -> None:
+    # What a pod gets for Services named chunkd-server and chunkd-backends in its
+    # namespace: no key of chunkd's, and no reason for the daemon not to start.
+    environ = {
+        "CHUNKD_SERVER_SERVICE_HOST": "10.0.0.7",
+        "CHUNKD_SERVER_SERVICE_PORT": "8470",
+        "CHUNKD_SERVER_SERVICE_PORT_HTTP": "8470",
+        "CHUNKD_SERVER_PORT": "tcp://10.0.0.7:8470",
+        "CHUNKD_SERVER_PORT_8470_TCP": "tcp://10.0.0.7:8470",
+        "CHUNKD_SERVER_PORT_8470_TCP_PROTO": "tcp",
+        "CHUNKD_SERVER_PORT_8470_TCP_PORT": "8470",
+        "CHUNKD_SERVER_PORT_8470_TCP_ADDR": "10.0.0.7",
+        "CHUNKD_BACKENDS_SERVICE_HOST": "10.0.0.8",
+        "CHUNKD_BACKENDS_PORT_443_TCP": "tcp://10.0.0.8:443",
+    }
+    config = load_config(write(tmp_path, FULL), environ=environ, cwd=tmp_path)
+    assert config.server.listen == load_config(write(tmp_path, FULL), cwd=tmp_path).server.listen
+    # A misspelled key is still refused: only the shapes Kubernetes writes are passed over.
+    for typo in ("CHUNKD_SERVER_SERVICE", "CHUNKD_SERVER_PORTS", "CHUNKD_SERVER_PORT_X_TCP"):
+        with pytest.raises(ConfigError, match=f"environment {typo}: \\[server\\] has no key"):
+            load_config(write(tmp_path, FULL), environ={typo: "1"}, cwd=tmp_path)
+
+
 def test_an_empty_override_unsets_an_optional_key(tmp_path: Path) -> None:
     path = write(tmp_path, FULL)
     environ = {

@@ -615,3 +615,25 @@ def test_if_range_and_empty_objects(shared: Daemon) -> None:
     )
     assert (status, len(body)) == (200, 1000)  # another version: the whole object
     assert shared.metric("chunkd_http_requests_total", status="416") >= 1
+
+
+def test_socket_group_takes_a_name_or_a_numeric_gid(start_daemon, tmp_path: Path) -> None:
+    import grp
+
+    group = grp.getgrgid(os.getgid() if os.getgid() else 1)  # one that exists here
+    for named in (group.gr_name, str(group.gr_gid)):
+        run = tmp_path / f"run-{named}"
+        daemon: Daemon = start_daemon(
+            f'[server]\nsocket_group = "{named}"\n[cache]\ndir = "{run / "cache"}"\n'
+            f'[[backends]]\nname = "local"\nurl = "file://{run}"\n',
+            cwd=run,
+        )
+        assert os.stat(run / "chunkd.sock").st_gid == group.gr_gid
+        assert daemon.stop() == 0
+    missing = start_daemon(
+        f'[server]\nsocket_group = "no-such-group-x"\n[cache]\ndir = "{tmp_path / "c"}"\n'
+        f'[[backends]]\nname = "local"\nurl = "file://{tmp_path}"\n',
+        wait=False,
+    )
+    assert missing.process.wait(timeout=30) != 0
+    assert "socket_group 'no-such-group-x' is not a group on this host" in missing.log.read_text()

@@ -25,7 +25,7 @@ Every key, with its default (a key left out takes the default)::
     socket = "/run/chunkd/chunkd.sock"
     # its permissions: a string "0660" or TOML octal 0o660 (a plain integer is a number)
     socket_mode = "0660"
-    # group owning the socket; unset: the daemon's own
+    # group owning the socket, a name or a numeric GID; unset: the daemon's own
     # socket_group = "train"
     # local socket connections served at once; more wait to be accepted (a dropped one
     # still counts until its client reads or closes what it was sent)

@@ -225,6 +225,14 @@ _SECTION_PREFIXES: Final = {
 _BACKENDS_PREFIX: Final = "CHUNKD_BACKENDS_"
 
 
+#: the variables Kubernetes sets in a pod for each Service of its namespace
+#: (``<NAME>_SERVICE_HOST``, ``<NAME>_PORT_8470_TCP_ADDR``, ...): a Service named
+#: ``chunkd-server`` makes ``CHUNKD_SERVER_SERVICE_HOST``, which is no key of chunkd's
+_SERVICE_LINK: Final = re.compile(
+    r"service_host|service_port(_[a-z0-9_]+)?|port(_\d+_(tcp|udp|sctp)(_(proto|port|addr))?)?"
+)
+
+
 def _env_name(backend: str) -> str:
     return backend.upper().replace("-", "_")
 
@@ -237,6 +245,8 @@ def _apply_environment(doc: _Document, environ: Mapping[str, str]) -> None:
         for prefix, (section, keys) in _SECTION_PREFIXES.items():
             if var.startswith(prefix):
                 key = var[len(prefix) :].lower()
+                if key not in keys and _SERVICE_LINK.fullmatch(key):
+                    continue  # Kubernetes' own, for a Service named chunkd-server, say
                 if key not in keys:
                     raise ConfigError(
                         f"environment {var}: [{section}] has no key {key!r}"
@@ -245,6 +255,8 @@ def _apply_environment(doc: _Document, environ: Mapping[str, str]) -> None:
                     )
                 _set(getattr(doc, section), keys[key], _Setting(value, origin))
         if var.startswith(_BACKENDS_PREFIX):
+            if _SERVICE_LINK.fullmatch(var[len(_BACKENDS_PREFIX) :].lower()):
+                continue
             table, key = _backend_target(doc, var)
             _set(table, BACKENDS.keys[key], _Setting(value, origin))
 

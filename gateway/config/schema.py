@@ -146,7 +146,11 @@ class ServerConfig:
     )
     socket_group: str | None = field(
         default=None,
-        metadata=key(TEXT, "group owning the socket; unset: the daemon's own", example='"train"'),
+        metadata=key(
+            TEXT,
+            "group owning the socket, a name or a numeric GID; unset: the daemon's own",
+            example='"train"',
+        ),
     )
     socket_max_clients: int = field(
         default=1024,

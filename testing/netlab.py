@@ -125,7 +125,7 @@ class Lab:
     s3_ns: str
     chunk_bytes: int | None = None
     processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
-    _chaos: dict[int, _NodeChaos] = field(default_factory=dict)
+    _chaos: dict[int, _NodeChaos] = field(default_factory=dict, init=False, repr=False)
 
     def start_s3(self) -> None:
         """moto's server in the S3 namespace, with a bucket ``fanout``."""

@@ -1,7 +1,7 @@
 """Network chaos on one node's link while four cold nodes restore a checkpoint.
 
 Root only, in network namespaces (:mod:`chunkd.testing.netlab`; skipped otherwise,
-saying why). One 32 MiB checkpoint of 64 chunks is saved once; every scenario
+saying why). One 32 MiB checkpoint of 128 chunks is saved once; every scenario
 starts four cold daemons with peers and hurts node 4's link only:
 
 - random loss (nftables ``numgen`` drops, both directions);
@@ -39,7 +39,7 @@ from chunkd.client import checkpoint as ckpt
 from chunkd.testing import netlab
 from chunkd.testing.relay import PIECE, WINDOW, LatencyRelay, allowed
 
-CHUNK = 512 * 1024
+CHUNK = 256 * 1024
 NAME = "ckpt/chaos/step-1"
 #: a second checkpoint, which nobody reads before the partition heals
 LATER = "ckpt/chaos/step-2"

@@ -54,7 +54,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import IO, Any, Final, Self
 
-__all__ = ["PIECE", "RELAY_MARK", "WINDOW", "LatencyRelay", "RelayStats"]
+__all__ = ["PIECE", "RELAY_MARK", "WINDOW", "LatencyRelay", "RelayStats", "allowed"]
 
 #: the most bytes read (and passed on after one delay) at a time
 PIECE: Final = 64 * 1024
@@ -117,14 +117,16 @@ class _Relay:
     upstream: tuple[str, int] | None
     mark: int | None
     max_connections: int
-    stats: RelayStats = field(default_factory=RelayStats)
-    _held: int = 0
-    _open: int = 0
-    _delayed: float = 0.0
-    _sequence: itertools.count[int] = field(default_factory=itertools.count)
-    _last_sent: int = -1
-    _writers: set[asyncio.StreamWriter] = field(default_factory=set)
-    _tasks: set[asyncio.Task[None]] = field(default_factory=set)
+    stats: RelayStats = field(default_factory=RelayStats, init=False)
+    _held: int = field(default=0, init=False)  # bytes held back now, every connection
+    _open: int = field(default=0, init=False)  # connections now
+    _delayed: float = field(default=0.0, init=False)  # seconds, every piece passed on
+    # Each piece's arrival order, across connections: a piece that leaves after one
+    # that arrived later was overtaken.
+    _sequence: itertools.count[int] = field(default_factory=itertools.count, init=False)
+    _last_sent: int = field(default=-1, init=False)
+    _writers: set[asyncio.StreamWriter] = field(default_factory=set, init=False)
+    _tasks: set[asyncio.Task[None]] = field(default_factory=set, init=False)
     _random: random.Random = field(init=False)
 
     def __post_init__(self) -> None:

@@ -289,7 +289,13 @@ async def _peer_chunk(request: web.Request) -> web.Response:
     """A chunk for a peer: from this node's cache, or fetched here from the backend
     (single flight), never passed on to another peer."""
     cid = ChunkId.parse(request.match_info["id"])
-    lease = await request.app[CHECKPOINTS].chunk(request.match_info["backend"], cid, local=True)
+    if _held_only(request):
+        held = await request.app[CACHE].find(cid)
+        if held is None:
+            return _not_held(cid)
+        lease = held
+    else:
+        lease = await request.app[CHECKPOINTS].chunk(request.match_info["backend"], cid, local=True)
     with lease:
         body = lease.read()
     _served_to_peer(request, len(body))
@@ -311,12 +317,27 @@ async def _peer_object_chunk(request: web.Request) -> web.Response:
         return _error_response(
             409, "VersionChanged", f"this node has version {stat.meta.version!r} of the object"
         )
-    lease = await read_path.chunk(stat, index, local=True)
+    if _held_only(request):
+        held = await read_path.held_chunk(stat, index)
+        if held is None:
+            return _not_held(f"chunk {index} of {stat.meta.key}")
+        lease = held
+    else:
+        lease = await read_path.chunk(stat, index, local=True)
     with lease:
         body = lease.read()
     _served_to_peer(request, len(body))
     headers = {"Content-Type": "application/octet-stream", "X-Chunkd-Chunk": str(lease.id)}
     return web.Response(body=body, headers=headers)
+
+
+def _held_only(request: web.Request) -> bool:
+    """``held=1``: a rejoined node's handoff, answered from this node's tiers only."""
+    return request.query.get("held") == "1"
+
+
+def _not_held(what: object) -> web.Response:
+    return _error_response(404, "NotHeld", f"this node does not hold {what}; fetch it yourself")
 
 
 def _served_to_peer(request: web.Request, nbytes: int) -> None:

@@ -215,7 +215,6 @@ class LocalServer:
             probe.close()
         raise ChunkdError(f"another chunkd already serves {self.path}; stop it first")
 
-
     def _give_to_group(self, group: str) -> None:
         """Give the bound socket to ``group``: a name, or a numeric GID (a container's)."""
         try:

@@ -16,10 +16,9 @@ up are down in its view (its link failed: a partition, a pulled cable). Meanwhil
 the others put its keys on the member ranked next after it, which fetched and kept
 them. So for ``_HANDOFF_WINDOW`` after it rejoins, a chunk this node owns but lacks
 is asked of the member ranked next after it (a *handoff*) before the backend. A
-handoff waits only while that member sends: one that has the chunk at hand answers
-at once, and one silent for ``timeout`` (it is fetching the chunk itself, or is
-waiting on this very node for it) is left without being counted as failed, and the
-backend is read.
+handoff asks for what that member holds (``held=1``): it answers from its own tiers
+or 404 at once, never fetching the chunk for this node nor asking this node for it,
+so a handoff costs one round trip at most and never a second backend read.
 
 Peer protocol (on the HTTP port; every request carries ``Authorization: Bearer
 <token>`` from ``token_file``, compared in constant time; 401 otherwise). With
@@ -33,6 +32,9 @@ Peer protocol (on the HTTP port; every request carries ``Authorization: Bearer
                                          chunk I of that object version (409 if the
                                          owner sees another version); the owner
                                          states the id in X-Chunkd-Chunk
+    ...?held=1 (either route)            only what the node holds in its tiers, or
+                                         404 NotHeld at once: never fetched for the
+                                         asker (a rejoined node's handoff)
 
 The receiver verifies every chunk against its id before it uses or caches it; a
 peer that sends wrong bytes is counted, logged and skipped, and the reader tries
@@ -82,11 +84,8 @@ _HEALTH_TIMEOUT: Final = 2.0
 # chunks it owns: the others read those through that member while this node was
 # apart, and a job that lost a node restarts from its checkpoint within minutes.
 _HANDOFF_WINDOW: Final = 600.0
-
-
-class _NotAtHand(Exception):
-    """A handoff's member did not have the chunk at hand (it sent nothing for
-    ``timeout``): not a failure of that member."""
+# A handoff's query: answer from what you hold, or 404 at once (see the module docstring).
+_HELD: Final = {"held": "1"}
 
 
 def rank_owners(members: list[str], key: bytes) -> list[str]:
@@ -365,13 +364,10 @@ class Peers:
         for owner, handoff in self._sources(bytes(cid)):
             url = f"{self._scheme}://{owner}/v1/peer/chunks/{backend}/{cid}"
             try:
-                answer = await self._ask(owner, url, {}, handoff=handoff)
+                answer = await self._ask(owner, url, _HELD if handoff else {})
                 if answer is None:
                     continue
                 _, data = answer
-            except _NotAtHand:
-                self._count(owner, "not_at_hand")
-                continue
             except (aiohttp.ClientError, TimeoutError, OSError) as exc:
                 self._failed(owner, exc, "a chunk request")
                 log.info("peer %s did not give chunk %s (%s); trying the next", owner, cid, exc)
@@ -405,15 +401,12 @@ class Peers:
         assert self._session is not None
         for owner, handoff in self._sources(placement):
             url = f"{self._scheme}://{owner}/v1/peer/objects/{backend}/{quote(key)}"
-            params = {"version": version, "index": str(index)}
+            params = {"version": version, "index": str(index)} | (_HELD if handoff else {})
             try:
-                answer = await self._ask(owner, url, params, handoff=handoff)
+                answer = await self._ask(owner, url, params)
                 if answer is None:
                     continue
                 stated, data = ChunkId.parse(answer[0].get("X-Chunkd-Chunk", "")), answer[1]
-            except _NotAtHand:
-                self._count(owner, "not_at_hand")
-                continue
             except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
                 self._failed(owner, exc, "an object request")
                 log.info("peer %s did not give %s/%s#%d (%s)", owner, backend, key, index, exc)
@@ -425,7 +418,7 @@ class Peers:
         return None
 
     async def _ask(
-        self, owner: str, url: str, params: dict[str, str], *, handoff: bool = False
+        self, owner: str, url: str, params: dict[str, str]
     ) -> tuple[dict[str, str], memoryview] | None:
         """GET ``url`` from ``owner``: (headers, body) on 200, None on another status.
 
@@ -436,18 +429,11 @@ class Peers:
         ends the wait, so does the owner being marked down, and the hard cap. A
         refused or reset connection ends it at once.
 
-        A ``handoff`` (the member ranked after this node, which may hold a chunk
-        this node owns) is waited on only while it sends for this request: after
-        ``timeout`` with nothing, it does not have the chunk at hand.
-
         Raises:
             aiohttp.ClientError, OSError: the owner failed.
             OwnerSilentError: the owner went silent and failed its probe (already
                 counted as a failed probe).
             TimeoutError: the owner is marked down, or the hard cap passed.
-            _NotAtHand: a handoff's member sent nothing for ``timeout``. It may be
-                fetching the chunk from the backend, or waiting on this node for it
-                (it reads it through this node, its owner): this node must not wait.
         """
         assert self._session is not None
         session = self._session
@@ -482,9 +468,6 @@ class Peers:
         def silent() -> float:
             # Bytes from the owner for any request (or a passed probe) show it alive:
             # busy with a slow backend for every node, it still sends what it has.
-            # A handoff asks whether it has this chunk: only this request's bytes tell.
-            if handoff:
-                return time.monotonic() - heard[0]
             return time.monotonic() - max(heard[0], self._heard.get(owner, 0.0))
 
         task = asyncio.ensure_future(call())
@@ -497,8 +480,6 @@ class Peers:
                     raise TimeoutError(f"peer {owner} went down while it was asked")
                 if silent() < timeout:
                     continue  # bytes came meanwhile
-                if handoff:
-                    raise _NotAtHand(f"peer {owner} sent nothing for {timeout:g}s")
                 # Silent for a whole timeout: busy with a slow backend for every node
                 # (so wait on), or hung? Ask it directly rather than wait for
                 # down_after probe rounds.

@@ -358,6 +358,12 @@ class ReadPath:
         # fetched bytes, verified on the way in, serve this reader anyway.
         return lease if lease is not None else BytesLease(cid, bytes(data))
 
+    async def held_chunk(self, stat: Stat, index: int) -> ChunkLease | None:
+        """Chunk ``index`` of ``stat``'s version if a tier holds it; never fetched (a
+        peer's handoff, ``held=1``)."""
+        ref = self.cache.resolve(stat.locator(index))
+        return None if ref is None else await self.cache.find(ref.id)
+
     async def _fetch_once(
         self, stat: Stat, index: int, locator: Locator, known: ChunkId | None, *, local: bool
     ) -> tuple[ChunkId, memoryview]:
@@ -369,11 +375,13 @@ class ReadPath:
         )
 
     def _owned_elsewhere(self, stat: Stat, index: int) -> bool:
-        """Whether another healthy node owns this chunk's locator."""
+        """Whether another node may hold this chunk: another healthy node owns its
+        locator, or this node rejoined the cluster and the next-ranked one may hold it
+        (a handoff). Such chunks go through :meth:`_fetch`, which asks, not a span."""
         if self.peers is None:
             return False
         owners = self.peers.owners(_locator_key(stat, index))
-        return not self.peers.is_self(owners[0])
+        return not self.peers.is_self(owners[0]) or (self.peers.handing_off() and len(owners) > 1)
 
     async def _fetch(
         self, backend: Backend, stat: Stat, index: int, known: ChunkId | None, *, local: bool

@@ -9,6 +9,7 @@ import signal
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -464,6 +465,49 @@ def test_peer_routes_want_the_token(
         assert json.loads(body)["error"] == "Unauthorized"
     status, _, _ = node.get(path, {"Authorization": f"Bearer {TOKEN}"})
     assert status == 404  # authorized: the chunk is in no cache and not in the backend
+
+
+def test_a_held_only_peer_request_answers_from_the_tiers_and_never_fetches(
+    start_daemon: Callable[..., Daemon],
+    tmp_path: Path,
+    bucket: str,
+    s3_server: S3Server,
+    s3_proxy: CountingProxy,
+) -> None:
+    # What a rejoined node's handoff asks (held=1): the chunk if this node holds it,
+    # else 404 NotHeld at once, with no backend read made on the asker's behalf.
+    port = free_port()
+    node = start_daemon(
+        node_toml(tmp_path, bucket, s3_proxy, "solo", port, [port]),
+        cwd=tmp_path / "solo",
+        env={"CHUNKD_SERVER_LISTEN": f"127.0.0.1:{port}"},
+        port=port,
+    )
+    data = bytes(range(256)) * 4096  # 1 MiB, one chunk
+    s3_server.client().put_object(Bucket=bucket, Key="pre/held.bin", Body=data)
+    status, headers, _ = node.get("/v1/objects/ckpt/held.bin", {"Range": "bytes=0-0"})
+    assert status == 206
+    version = headers["ETag"]  # an S3 version is its quoted ETag: the same token
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    s3_proxy.reset()
+    missing = "/v1/peer/chunks/ckpt/" + "ab" * 32 + "?held=1"
+    status, _, body = node.get(missing, auth)
+    assert (status, json.loads(body)["error"]) == (404, "NotHeld")
+    query = f"version={urllib.parse.quote(version)}&index=0"
+    status, headers, body = node.get(f"/v1/peer/objects/ckpt/held.bin?{query}&held=1", auth)
+    assert (status, body) == (200, data)
+    cid = headers["X-Chunkd-Chunk"]
+    status, _, body = node.get(f"/v1/peer/chunks/ckpt/{cid}?held=1", auth)
+    assert (status, body) == (200, data)
+    assert s3_proxy.bytes_down == 0  # all of it from the tiers
+    s3_server.client().put_object(Bucket=bucket, Key="pre/cold.bin", Body=data[::-1])
+    head = urllib.request.Request(f"{node.url}/v1/objects/ckpt/cold.bin", method="HEAD")
+    with urllib.request.urlopen(head, timeout=30) as response:  # a HEAD reads no chunk
+        cold = f"version={urllib.parse.quote(response.headers['ETag'])}&index=0"
+    s3_proxy.reset()
+    status, _, body = node.get(f"/v1/peer/objects/ckpt/cold.bin?{cold}&held=1", auth)
+    assert (status, json.loads(body)["error"]) == (404, "NotHeld")
+    assert s3_proxy.bytes_down == 0  # not fetched for the asker
 
 
 def test_a_rewritten_members_file_is_used_without_a_restart(

@@ -141,6 +141,18 @@ def _rows(
             ),
         )
     )
+    report.add(
+        Result(
+            "soak: RAM tier's memfds peak, of ram_bytes",
+            peak.cache_memfd_bytes / MiB,
+            full.ram_bytes / MiB,
+            "MiB",
+            "ram_bytes",
+            target_max=(full.ram_bytes + n * MiB) / MiB,
+            note="allowed: ram_bytes plus 1 MiB a client, chunks that reads in flight hold "
+            "after their eviction",
+        )
+    )
     early, late = full.settled("process_bytes")
     report.add(
         Result(
@@ -183,6 +195,17 @@ def _rows(
             "the daemon at rest before the load",
             target_max=THREAD_CAP,
             note="obstore's tokio runtime keeps up to 512 blocking threads, each for 10 s idle",
+        )
+    )
+    report.add(
+        Result(
+            f"soak: daemon's event loop CPU, {n} clients vs 1",
+            full.cpu_rate("loop_cpu_s"),
+            solo.cpu_rate("loop_cpu_s"),
+            "s/s",
+            "one client alone",
+            note=f"the whole daemon: {full.cpu_rate('cpu_s'):.2f} s/s vs "
+            f"{solo.cpu_rate('cpu_s'):.2f} s/s; 1.00 is a core: the loop serves every request",
         )
     )
     rate = ops / full.seconds
@@ -238,12 +261,19 @@ def _svg(result: LoadResult) -> str:
         f'<text x="{left + 16 + i * 130}" y="14" font-size="12">{name}</text>'
         for i, (name, (color, _)) in enumerate(lines.items())
     )
+    axes = "".join(
+        f'<line x1="{left}" x2="{left + width}" y1="{base + height}" y2="{base + height}" '
+        f'stroke="#999"/><text x="{left - 14}" y="{base + height + 4}" font-size="11">0</text>'
+        for base in (20, fd_base)
+    )
     return (
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{left + width + 20}" '
-        f'height="{2 * height + 90}">{legend}'
-        f'<text x="2" y="30" font-size="11">{top:.0f} MiB</text>'
-        f'<text x="2" y="{limit_y:.0f}" font-size="11">limit</text>'
-        f'<text x="2" y="{fd_base + 10}" font-size="11">{fd_top:.0f} fds</text>'
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{left + width + 110}" '
+        f'height="{2 * height + 90}">{legend}{axes}'
+        f'<text x="2" y="30" font-size="11">{top:.0f}</text>'
+        f'<text x="2" y="{20 + height // 2}" font-size="11">MiB</text>'
+        f'<text x="{left + width + 4}" y="{limit_y + 4:.0f}" font-size="11">ram + epsilon</text>'
+        f'<text x="2" y="{fd_base + 10}" font-size="11">{fd_top:.0f}</text>'
+        f'<text x="2" y="{fd_base + height // 2}" font-size="11">fds</text>'
         f'<text x="{left}" y="{2 * height + 85}" font-size="11">0 s</text>'
         f'<text x="{left + width - 40}" y="{2 * height + 85}" font-size="11">{end:.0f} s</text>'
         f"{''.join(parts)}</svg>\n"

@@ -38,13 +38,19 @@ The budget and its ε
     The footprint stays under ``ram_bytes + ε``, where ε (:meth:`SoakConfig.epsilon`)
     is what the daemon needs apart from its RAM tier:
 
-    - :data:`PROCESS_ALLOWANCE`, 160 MiB, whatever the load: the interpreter and the
-      daemon's imports (about 45 MiB of PSS idle, measured); the lmdb index's pages it
-      has touched (under 8 MiB for this dataset, measured); the caches bounded by
-      entries, which fill over minutes: listings (65,536 entries, about 20 MiB: a page
-      is kept per ``start_after``, so one key sits in many pages) and the versions of
-      objects known (65,536); thread stacks (obstore's tokio runtime keeps up to 512
-      blocking threads); and what malloc holds on to after a burst;
+    - :data:`PROCESS_ALLOWANCE`, 272 MiB, whatever the number of clients: the
+      interpreter and the daemon's imports (45 MiB of PSS idle, measured); the lmdb
+      index's pages it has touched (under 8 MiB here, measured: 16); what the daemon
+      keeps in memory bounded by entries, which fills over minutes: listing pages
+      (65,536 entries, about 20 MiB: a page is kept per ``start_after``, so one key sits
+      in many pages: 24), the versions of objects it knows (65,536, every checkpoint
+      file included: 16), the hot set, the dashboard's samples and the metrics (8);
+      thread stacks (obstore's tokio runtime keeps up to 512 blocking threads, each
+      touching tens of KiB: 32); what glibc's arenas and Python's object arenas hold
+      after the bursts (50 to 60 MiB over a 15-minute run, measured: 64); and what the
+      daemon keeps of each finished save for an hour, whatever their number (about
+      8 KiB a save of this state, measured with tracemalloc; 64 clients save about 4 a
+      second: 56 MiB in 30 minutes, so 64; not an hour at any rate);
     - :data:`CLIENT_ALLOWANCE` per client, 1 MiB: a connection's buffers (a frame's
       payload is at most 1 MiB) and the chunks pinned by its reads in flight after
       their eviction;
@@ -121,7 +127,7 @@ MiB: Final = 1 << 20
 GiB: Final = 1 << 30
 
 #: ε's part for the daemon process itself, whatever the load (see the module docstring)
-PROCESS_ALLOWANCE: Final = 160 * MiB
+PROCESS_ALLOWANCE: Final = 272 * MiB
 #: ε's part per client, besides its staged save (see the module docstring)
 CLIENT_ALLOWANCE: Final = 1 * MiB
 #: error messages kept per report (every error is counted)
@@ -776,6 +782,8 @@ class Sample:
     threads: int = 0
     #: the daemon's CPU time so far (user + system), seconds
     cpu_s: float = 0.0
+    #: of that, its main thread's: the event loop, which serves every request
+    loop_cpu_s: float = 0.0
     #: the node's ``Shmem`` and ``MemAvailable`` (``/proc/meminfo``)
     node_shmem: int = 0
     node_available: int = 0
@@ -786,7 +794,7 @@ class Sample:
     clients_pss: int = 0
 
     #: fields merged by their latest value when samples are merged; the rest by max
-    LATEST: ClassVar[frozenset[str]] = frozenset({"t", "cpu_s"})
+    LATEST: ClassVar[frozenset[str]] = frozenset({"t", "cpu_s", "loop_cpu_s"})
 
     def merged(self, other: Sample) -> Sample:
         """One sample for two neighbours: the later time, the larger of each gauge."""
@@ -812,6 +820,13 @@ def _kib_fields(path: str, wanted: tuple[str, ...]) -> dict[str, int]:
     return found
 
 
+def _cpu_seconds(stat_path: str) -> float:
+    """User plus system time of a process or thread (its ``stat`` file), seconds."""
+    with open(stat_path) as f:
+        fields_after_name = f.read().rpartition(")")[2].split()
+    return (int(fields_after_name[11]) + int(fields_after_name[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _memfd_name(link: str) -> str | None:
     """``chunkd`` for ``/memfd:chunkd (deleted)``; None for anything else."""
     if not link.startswith("/memfd:"):
@@ -833,8 +848,8 @@ def sample_process(pid: int) -> Sample:
     try:
         rollup = _kib_fields(f"{proc}/smaps_rollup", ("Pss", "Pss_Shmem", "Rss"))
         threads = _kib_fields(f"{proc}/status", ("Threads",))["Threads"] // KiB
-        with open(f"{proc}/stat") as f:
-            ticks = f.read().rpartition(")")[2].split()
+        cpu_s = _cpu_seconds(f"{proc}/stat")
+        loop_cpu_s = _cpu_seconds(f"{proc}/task/{pid}/stat")
     except FileNotFoundError:
         raise ProcessLookupError(f"process {pid} is gone") from None
     sample = Sample(
@@ -842,7 +857,8 @@ def sample_process(pid: int) -> Sample:
         pss_shmem=rollup.get("Pss_Shmem", 0),
         rss=rollup["Rss"],
         threads=threads,
-        cpu_s=(int(ticks[11]) + int(ticks[12])) / os.sysconf("SC_CLK_TCK"),
+        cpu_s=cpu_s,
+        loop_cpu_s=loop_cpu_s,
     )
     held: dict[tuple[int, int], tuple[str, int]] = {}  # (dev, inode) -> (name, bytes)
     with contextlib.suppress(FileNotFoundError):
@@ -1216,6 +1232,14 @@ class LoadResult:
         fifth = max(1, len(after) // 5)
         return after[:fifth], after[-fifth:]
 
+    def cpu_rate(self, counter: str) -> float:
+        """CPU seconds per second over the phase of ``cpu_s`` or ``loop_cpu_s``."""
+        samples = self.series.samples
+        if len(samples) < 2 or samples[-1].t <= samples[0].t:
+            return 0.0
+        spent = getattr(samples[-1], counter) - getattr(samples[0], counter)
+        return float(spent / (samples[-1].t - samples[0].t))
+
     def settled(self, gauge: str) -> tuple[float, float]:
         """The medians of ``gauge`` (a :class:`Sample` field) over the first and the
         last fifth of the samples after the warm-up."""
@@ -1257,6 +1281,8 @@ class LoadResult:
             "peak_clients_pss": peak.clients_pss,
             "peak_fds": peak.fds,
             "peak_threads": peak.threads,
+            "cpu_per_second": self.cpu_rate("cpu_s"),
+            "loop_cpu_per_second": self.cpu_rate("loop_cpu_s"),
             "fd_drift": self.drift("fds"),
             "other_fd_drift": self.drift("other_fds"),
             "socket_fd_drift": self.drift("socket_fds"),
@@ -1290,6 +1316,8 @@ class LoadResult:
             f"tier's chunks: {s['untiered_fd_drift']:+.0f}, peak {s['peak_untiered_fds']}); "
             f"threads peak {s['peak_threads']}; own pages (PSS - Pss_Shmem) peak "
             f"{s['peak_process_bytes'] / MiB:.0f} MiB, drift {s['process_drift'] / MiB:+.1f} MiB",
+            f"- daemon CPU {s['cpu_per_second']:.2f} s/s, of which its event loop "
+            f"{s['loop_cpu_per_second']:.2f} s/s",
             "",
             "| op | count | errors | p50 ms | p99 ms | max ms |",
             "| --- | ---: | ---: | ---: | ---: | ---: |",

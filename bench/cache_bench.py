@@ -39,7 +39,7 @@ from chunkd.cache import (
 from chunkd.cache.index import Codec, TierSet
 from chunkd.cache.ram import seal_memfd
 
-from .report import Report, Result, interleave, median_rate
+from .report import Report, Result, Rounds, interleave, median_rate, rates_of
 
 MiB = 1 << 20
 CHUNK = 4 * MiB
@@ -170,6 +170,7 @@ async def ram_insert(report: Report, work: Path, count: int, rounds: int) -> Non
             "GB/s",
             "memcpy into per-chunk buffers",
             target_ratio=0.25,
+            samples=rates.pair("conc", "memcpy"),
             note=(
                 "ChunkCache.insert with 4 inserts in flight, as the daemon's readers and "
                 "readahead keep several; each copies into its memfd on one thread while "
@@ -185,6 +186,7 @@ async def ram_insert(report: Report, work: Path, count: int, rounds: int) -> Non
             "GB/s",
             "memcpy into per-chunk buffers",
             target_ratio=0.25,
+            samples=rates.pair("seq", "memcpy"),
             note="the same call awaited one chunk at a time: hash and copy still overlap",
         )
     )
@@ -195,6 +197,7 @@ async def ram_insert(report: Report, work: Path, count: int, rounds: int) -> Non
             gb["memcpy"],
             "GB/s",
             "memcpy into per-chunk buffers",
+            samples=rates.pair("tier", "memcpy"),
             note="hash, then copy and seal, one after the other (no overlap)",
         )
     )
@@ -205,6 +208,7 @@ async def ram_insert(report: Report, work: Path, count: int, rounds: int) -> Non
             gb["fresh"],
             "GB/s",
             "mmap a new 4 MiB region, copy into it",
+            samples=rates.pair("conc", "fresh"),
             note="a copy that needs new pages, as each memfd does; shows what the pages cost",
         )
     )
@@ -215,6 +219,7 @@ async def ram_insert(report: Report, work: Path, count: int, rounds: int) -> Non
             gb["memcpy"],
             "GB/s",
             "memcpy into per-chunk buffers",
+            samples=rates.pair("floor", "memcpy"),
             note="one thread, no hashing: the most a memfd-per-chunk RAM tier can insert here",
         )
     )
@@ -225,6 +230,7 @@ async def ram_insert(report: Report, work: Path, count: int, rounds: int) -> Non
             gb["hot"],
             "GB/s",
             "memcpy into one reused 4 MiB buffer",
+            samples=rates.pair("conc", "hot"),
             note="the strictest baseline: the destination stays in the CPU cache",
         )
     )
@@ -309,6 +315,7 @@ async def disk_insert(report: Report, work: Path, count: int, rounds: int) -> No
                 "GB/s",
                 f"open/write/rename in Python, {label}",
                 target_ratio=0.7,
+                samples=rates.pair("seq", "plain"),
                 note=(
                     "DiskTier.put: temp file, rename, batched lmdb record, a zstd probe "
                     "(random data stays raw); the same file layout on both sides"
@@ -324,6 +331,7 @@ async def disk_insert(report: Report, work: Path, count: int, rounds: int) -> No
                 gb["plain"],
                 "GB/s",
                 f"open/write/rename in Python, {label}",
+                samples=rates.pair("conc", "plain"),
             )
         )
 
@@ -378,6 +386,7 @@ async def disk_read(report: Report, work: Path, count: int, rounds: int) -> None
             gb["hash"],
             "GB/s",
             "open().read() + blake3 in Python",
+            samples=rates.pair("get", "hash"),
             note=(
                 "DiskTier.get: index lookup, read into a buffer, blake3 check, a thread hop; "
                 "the files are in the page cache on both sides"
@@ -391,6 +400,7 @@ async def disk_read(report: Report, work: Path, count: int, rounds: int) -> None
             gb["read"],
             "GB/s",
             "open().read() in Python, no check",
+            samples=rates.pair("get", "read"),
             note="what verification costs: a reader that skips it trusts whatever is on disk",
         )
     )
@@ -399,7 +409,7 @@ async def disk_read(report: Report, work: Path, count: int, rounds: int) -> None
 # -- 3. RAM hits -----------------------------------------------------------------------
 
 
-async def ram_hits(report: Report, lookups: int) -> None:
+async def ram_hits(report: Report, lookups: int, rounds: int) -> None:
     tier = RamTier(256 * MiB)
     ids = []
     for i in range(64):
@@ -411,7 +421,7 @@ async def ram_hits(report: Report, lookups: int) -> None:
     sync_rounds: list[tuple[float, float]] = []
     async_rounds: list[tuple[float, float]] = []
     dict_rounds: list[tuple[float, float]] = []
-    for _ in range(5):
+    for _ in range(rounds):
         start = time.perf_counter()
         for cid in keys:
             lease = tier.lease(cid)
@@ -439,6 +449,7 @@ async def ram_hits(report: Report, lookups: int) -> None:
             base,
             "ops/s",
             "a bare dict.get of an fd",
+            samples=Rounds.of(rates_of(sync_rounds), rates_of(dict_rounds)),
             note="lock, pin, policy update, lease object, unpin; no syscall",
         )
     )
@@ -449,6 +460,7 @@ async def ram_hits(report: Report, lookups: int) -> None:
             base,
             "ops/s",
             "a bare dict.get of an fd",
+            samples=Rounds.of(rates_of(async_rounds), rates_of(dict_rounds)),
         )
     )
 
@@ -469,7 +481,9 @@ def _fill_index(path: Path, ids: list[ChunkId]) -> None:
         index.close()
 
 
-async def index_lookups(report: Report, work: Path, entries: int, lookups: int) -> None:
+async def index_lookups(
+    report: Report, work: Path, entries: int, lookups: int, rounds: int
+) -> None:
     ids = _ids(entries)
     root = work / "index-lookups"
     shutil.rmtree(root, ignore_errors=True)
@@ -484,7 +498,7 @@ async def index_lookups(report: Report, work: Path, entries: int, lookups: int) 
     raw_keys = [bytes(k) for k in keys]
     batch = 64
     single, raw_single, many, raw_many = [], [], [], []
-    for _ in range(5):
+    for _ in range(rounds):
         start = time.perf_counter()
         for cid in keys:
             index.lookup(cid)
@@ -522,6 +536,7 @@ async def index_lookups(report: Report, work: Path, entries: int, lookups: int) 
             "ops/s",
             "raw lmdb: begin(); get(); per key",
             target_ratio=0.5,
+            samples=Rounds.of(rates_of(single), rates_of(raw_single)),
             note=note,
         )
     )
@@ -533,6 +548,7 @@ async def index_lookups(report: Report, work: Path, entries: int, lookups: int) 
             "ops/s",
             f"raw lmdb: one txn, get() x {batch}",
             target_ratio=0.5,
+            samples=Rounds.of(rates_of(many), rates_of(raw_many)),
         )
     )
 
@@ -540,7 +556,7 @@ async def index_lookups(report: Report, work: Path, entries: int, lookups: int) 
 # -- 5. Opening a big index ------------------------------------------------------------
 
 
-async def index_open(report: Report, work: Path, entries: int) -> None:
+async def index_open(report: Report, work: Path, entries: int, rounds: int) -> None:
     root = work / "index-open"
     shutil.rmtree(root, ignore_errors=True)
     ids = _ids(entries)
@@ -558,7 +574,7 @@ async def index_open(report: Report, work: Path, entries: int) -> None:
 
     opens, scans, cache_opens = [], [], []
     probe = ids[entries // 2]
-    for _ in range(3):
+    for _ in range(rounds):
         start = time.perf_counter()
         index = Index(root / "index", chunk_bytes=CHUNK)
         assert index.lookup(probe) is not None
@@ -593,6 +609,7 @@ async def index_open(report: Report, work: Path, entries: int) -> None:
             "s",
             "a start-up scan of every record",
             target_max=1.0,
+            samples=Rounds.of(opens, scans),
             note=(
                 "totals live in the index, so opening reads no records; the baseline is "
                 "what a scan at start-up (to learn sizes and budgets) would cost"
@@ -607,6 +624,7 @@ async def index_open(report: Report, work: Path, entries: int) -> None:
             "s",
             "a start-up scan of every record",
             target_max=1.0,
+            samples=Rounds.of(cache_opens, scans),
             note=(
                 "ChunkCache.open (lock, lmdb, tiers; background reconciliation off so it "
                 "does not sweep the 1M records that have no file) and get(): read 4 MiB, "
@@ -622,8 +640,11 @@ SCENARIOS = ("ram_insert", "disk_insert", "disk_read", "ram_hits", "index_lookup
 async def run(report: Report, work: Path, *, quick: bool, only: set[str] | None = None) -> None:
     """Every cache scenario (or ``only`` those named); ``quick`` shrinks them."""
     count = 8 if quick else 48
-    # Rounds are cheap and this VM's outliers are not: take the median of many.
-    rounds = 2 if quick else 9
+    # Rounds are cheap and this VM's outliers are not: take the median of many (the
+    # inserts are saves: at least 5).
+    rounds = report.rounds_for(2 if quick else 9)
+    # the loops below are short: 5 rounds cost little more than 3
+    loops = report.rounds_for(3 if quick else 5)
 
     def wanted(name: str) -> bool:
         if only is None or name in only:
@@ -638,9 +659,9 @@ async def run(report: Report, work: Path, *, quick: bool, only: set[str] | None 
     if wanted("disk_read"):
         await disk_read(report, work, count, rounds)
     if wanted("ram_hits"):
-        await ram_hits(report, 20_000 if quick else 200_000)
+        await ram_hits(report, 20_000 if quick else 200_000, loops)
     if wanted("index_lookups"):
         size = 20_000 if quick else 200_000
-        await index_lookups(report, work, size, size)
+        await index_lookups(report, work, size, size, loops)
     if wanted("index_open"):
-        await index_open(report, work, 20_000 if quick else 1_000_000)
+        await index_open(report, work, 20_000 if quick else 1_000_000, report.rounds_for(3))

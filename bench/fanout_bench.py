@@ -2,9 +2,9 @@
 
 Runs in network namespaces (:mod:`chunkd.testing.netlab`, root only; skipped
 otherwise) with every link shaped by tc and S3's egress the bottleneck. Reports the
-backend bytes per checkpoint byte and the wall time, side by side, and draws the
-bytes each node got from each source (its own cache, peers, the backend) as
-``fanout.svg`` next to the report.
+backend bytes per checkpoint byte and the wall time, side by side, over 3 rounds
+(``--quick``: 1) of every setup in a rotating order, and gives the report the bytes
+each node got from each source (its own cache, peers, the backend) for its plot.
 """
 
 from __future__ import annotations
@@ -12,15 +12,17 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import statistics
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from chunkd.client import Client
 from chunkd.client import checkpoint as ckpt
 from chunkd.testing import netlab
 
-from .report import Report, Result
+from .report import Report, Result, Rounds
 
 NODES = 4
 
@@ -97,50 +99,13 @@ def _round(
     return took, sources
 
 
-def _svg(rows: dict[str, list[dict[str, float]]], size: int) -> str:
-    """Stacked bars: per setup and node, the MiB from each source."""
-    colors = {"local": "#6a9955", "peer": "#4f81bd", "backend": "#c0504d"}
-    bar, gap, height = 36, 14, 220
-    top = max(sum(s[k] for k in colors) for nodes in rows.values() for s in nodes) or 1
-    parts = []
-    x = 60
-    for setup, nodes in rows.items():
-        for n, sources in enumerate(nodes, start=1):
-            y = height + 20
-            for source in ("local", "peer", "backend"):
-                h = sources[source] / top * height
-                y -= h
-                parts.append(
-                    f'<rect x="{x}" y="{y:.1f}" width="{bar}" height="{h:.1f}" '
-                    f'fill="{colors[source]}"><title>{setup} node {n} {source}: '
-                    f"{sources[source] / 2**20:.0f} MiB</title></rect>"
-                )
-            parts.append(f'<text x="{x + 4}" y="{height + 36}" font-size="11">n{n}</text>')
-            x += bar + gap
-        parts.append(
-            f'<text x="{x - len(nodes) * (bar + gap) + 20}" y="{height + 54}" '
-            f'font-size="12">{setup}</text>'
-        )
-        x += 40
-    legend = "".join(
-        f'<rect x="{60 + i * 110}" y="4" width="12" height="12" fill="{c}"/>'
-        f'<text x="{76 + i * 110}" y="14" font-size="12">{s}</text>'
-        for i, (s, c) in enumerate(colors.items())
-    )
-    return (
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{x + 20}" height="{height + 70}">'
-        f'<text x="4" y="{height // 2}" font-size="11">MiB</text>'
-        f'<text x="4" y="30" font-size="11">{top / 2**20:.0f}</text>'
-        f"{legend}{''.join(parts)}</svg>\n"
-    )
-
-
 def run(report: Report, work: Path, out: Path, *, quick: bool) -> None:
     """The fan-out scenario; skipped (with a line saying why) without root."""
     import torch
 
     work.mkdir(parents=True, exist_ok=True)
     tensors, side = (4, 1024) if quick else (64, 2048)  # 16 MiB or 1 GiB of fp32
+    rounds = report.rounds_for(1 if quick else 3)
     g = torch.Generator().manual_seed(11)
     state = {f"w{i}": torch.randn(side, side, generator=g) for i in range(tensors)}
     size = sum(t.numel() * 4 for t in state.values())
@@ -152,50 +117,78 @@ def run(report: Report, work: Path, out: Path, *, quick: bool) -> None:
                 ckpt.save(state, "ckpt/fanout/step-1", client=client)
             del state
             name, logs = "ckpt/fanout/step-1", out / "fanout-logs"
-            with_peers, sources_peers = _round(lab, name, peers=True, logs=logs)
-            without, sources_alone = _round(lab, name, peers=False, logs=logs)
-            hung, sources_hung = _round(lab, name, peers=True, hang=NODES, logs=logs)
-            dead, sources_dead = _round(
-                lab, name, peers=True, hang=NODES, how=signal.SIGKILL, logs=logs
-            )
+            setups: dict[str, dict[str, Any]] = {
+                "with peers": {"peers": True},
+                "without": {"peers": False},
+                "n4 hung": {"peers": True, "hang": NODES},
+                "n4 dead": {"peers": True, "hang": NODES, "how": signal.SIGKILL},
+            }
+            runs: dict[str, list[tuple[float, list[dict[str, float]]]]] = {s: [] for s in setups}
+            order = list(setups)
+            for r in range(rounds):
+                # every setup starts its nodes cold; the order rotates so none always
+                # follows another's teardown
+                for setup in order[r % len(order) :] + order[: r % len(order)]:
+                    runs[setup].append(_round(lab, name, logs=logs, **setups[setup]))
     except netlab.LabUnavailable as exc:
         print(f"fanout: skipped ({exc})", flush=True)
         return
-    backend_peers = sum(s["backend_read"] for s in sources_peers) / size
-    backend_alone = sum(s["backend_read"] for s in sources_alone) / size
     label = f"{size / 2**30:.2f} GiB" if size >= 2**28 else f"{size / 2**20:.0f} MiB"
     shaping = "S3 egress 400 Mbit/s, nodes 2 Gbit/s (tc tbf), 4 namespaces"
+
+    def backend(setup: str) -> list[float]:
+        """Backend bytes over the checkpoint's, per round."""
+        return [sum(s["backend_read"] for s in sources) / size for _, sources in runs[setup]]
+
+    def rate(setup: str, readers: int) -> list[float]:
+        """GB/s restored, per round."""
+        return [readers * size / took / 1e9 for took, _ in runs[setup]]
+
+    def wall(setup: str) -> float:
+        return statistics.median(took for took, _ in runs[setup])
+
+    figure = f"fan-out: what each node restored of a {label} checkpoint, by source"
+    for setup, per_round in runs.items():
+        # the round of median wall time stands for the setup
+        _, sources = sorted(per_round, key=lambda run: run[0])[len(per_round) // 2]
+        for node, got in enumerate(sources, start=1):
+            parts = {source: got[source] / 2**20 for source in ("local", "peer", "backend")}
+            report.stack(figure, f"{setup}: node {node}", parts, "MiB")
+    med = statistics.median
     report.add(
         Result(
             f"fan-out of a {label} checkpoint to 4 nodes: backend bytes / checkpoint",
-            backend_peers,
-            backend_alone,
+            med(backend("with peers")),
+            med(backend("without")),
             "x",
             "the same 4 nodes without peers",
             target_max=1.05,
-            note=f"{shaping}; cold caches; per node and source in fanout.svg",
+            samples=Rounds.of(backend("with peers"), backend("without")),
+            note=f"{shaping}; cold caches; per node and source in the plot",
         )
     )
     report.add(
         Result(
             f"fan-out of a {label} checkpoint to 4 nodes: restore rate",
-            NODES * size / with_peers / 1e9,
-            NODES * size / without / 1e9,
+            med(rate("with peers", NODES)),
+            med(rate("without", NODES)),
             "GB/s",
             "the same 4 nodes without peers",
             target_ratio=2.0,
-            note=f"wall time {with_peers:.1f} s with peers, {without:.1f} s without "
-            "(target: at most 0.5x the time)",
+            samples=Rounds.of(rate("with peers", NODES), rate("without", NODES)),
+            note=f"wall time {wall('with peers'):.1f} s with peers, {wall('without'):.1f} s "
+            "without (target: at most 0.5x the time)",
         )
     )
     readers = NODES - 1
     report.add(
         Result(
             f"fan-out of a {label} checkpoint, node 4 of 4 hung: backend bytes / checkpoint",
-            sum(s["backend_read"] for s in sources_hung) / size,
-            sum(s["backend_read"] for s in sources_dead) / size,
+            med(backend("n4 hung")),
+            med(backend("n4 dead")),
             "x",
             "node 4 dead instead (SIGKILL: refused at once)",
+            samples=Rounds.of(backend("n4 hung"), backend("n4 dead")),
             note="SIGSTOP on node 4 as nodes 1-3 restore: its chunks go to their next "
             "owner, read once (it had fetched none yet)",
         )
@@ -203,23 +196,13 @@ def run(report: Report, work: Path, out: Path, *, quick: bool) -> None:
     report.add(
         Result(
             f"fan-out of a {label} checkpoint, node 4 of 4 hung: restore rate",
-            readers * size / hung / 1e9,
-            readers * size / dead / 1e9,
+            med(rate("n4 hung", readers)),
+            med(rate("n4 dead", readers)),
             "GB/s",
             "node 4 dead instead (SIGKILL: refused at once)",
-            note=f"wall time {hung:.1f} s with node 4 hung, {dead:.1f} s with it dead: what "
-            "a hang costs beyond a crash ([peers] timeout plus a probe, per reader)",
-        )
-    )
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "fanout.svg").write_text(
-        _svg(
-            {
-                "with peers": sources_peers,
-                "without": sources_alone,
-                "n4 hung": sources_hung,
-                "n4 dead": sources_dead,
-            },
-            size,
+            samples=Rounds.of(rate("n4 hung", readers), rate("n4 dead", readers)),
+            note=f"wall time {wall('n4 hung'):.1f} s with node 4 hung, {wall('n4 dead'):.1f} s "
+            "with it dead: what a hang costs beyond a crash ([peers] timeout plus a probe, per "
+            "reader)",
         )
     )

@@ -76,7 +76,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .daemon import BenchDaemon
-from .report import Report, Result
+from .report import Report, Result, Rounds
 
 if TYPE_CHECKING:
     from playwright.sync_api import Browser
@@ -493,7 +493,7 @@ def _warm(daemon: BenchDaemon, fixture: Fixture) -> float:
 def _measure(report: Report, daemon: BenchDaemon, fixture: Fixture, *, quick: bool) -> None:
     from chunkd.testing.browser import chromium
 
-    rounds = 1 if quick else 3
+    rounds = report.rounds_for(1 if quick else 3)
     warmed = _warm(daemon, fixture)
     load_before = os.getloadavg()[0]
     # Row groups no other run touches (neither the first nor the last): pages that a
@@ -601,6 +601,7 @@ def _rows(
             "ms",
             "pyarrow ParquetFile + read_row_group(0).slice(0, 20).to_pylist(), fresh process",
             target_max=FIRST_PAGE_TARGET_MS,
+            samples=Rounds.of(ours, theirs),
             note=(
                 f"Chromium headless, a fresh context a run, navigation start to rows 0-"
                 f"{PAGE_ROWS - 1} in the DOM with all {first[0].images} images loaded, the "
@@ -626,6 +627,7 @@ def _rows(
             "ms",
             "pyarrow ParquetFile + read_row_group(last).slice(n - 1).to_pylist(), fresh process",
             target_max=JUMP_TARGET_MS,
+            samples=Rounds.of(jumps, theirs_last),
             note=(
                 f"the page's own 'last »' button, from the click to row {fixture.rows - 1:,} "
                 f"in the DOM with its page's images loaded; chunkd {_spread(jumps)}, of which "
@@ -648,6 +650,7 @@ def _rows(
             median(theirs_fresh),
             "ms",
             "pyarrow read_row_group(g).slice(0, 20).to_pylist() of the same groups",
+            samples=Rounds.of(ours_fresh, theirs_fresh),
             note=(
                 f"row groups {', '.join(map(str, fresh[1:]))} ({warm_up}): the worker reads "
                 f"and decodes the whole "

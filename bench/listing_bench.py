@@ -8,7 +8,8 @@
 3. 1,000,000 keys (1,000 folders of 1,000): the peak memory of the daemon and of a
    client reading every page, against obstore collecting the same listing.
 
-Every round rotates the order of the two contenders; the figure is the median.
+Every scenario runs 3 rounds (``--quick``: 1), each rotating the order of the two
+contenders; a row gives the medians and the spread of the per-round ratio.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from chunkd.testing import S3Server
 
 from .daemon import BenchDaemon
 from .gateway_bench import ACCESS_KEY, SECRET_KEY, s3_store
-from .report import Report, Result
+from .report import Report, Result, Rounds
 
 _CLIENT = textwrap.dedent(
     """
@@ -117,8 +118,8 @@ def _keys(count: int) -> str:
     return f"{count // 1000}k" if count >= 1000 else str(count)
 
 
-def _rounds(quick: bool) -> int:
-    return 1 if quick else 3
+def _rounds(report: Report, quick: bool) -> int:
+    return report.rounds_for(1 if quick else 3)
 
 
 async def _file_rows(report: Report, work: Path, *, quick: bool) -> None:
@@ -127,7 +128,7 @@ async def _file_rows(report: Report, work: Path, *, quick: bool) -> None:
     _files(data / "flat", 1, count)
     backend = f'[[backends]]\nname = "local"\nurl = "file://{data}"'
     chunkd_s, direct_s = [], []
-    for r in range(_rounds(quick)):
+    for r in range(_rounds(report, quick)):
         daemon = BenchDaemon(work / f"d{r}", {}, _config(work, backend, list_revalidate="0"))
         try:
             order = ["chunkd", "direct"] if r % 2 == 0 else ["direct", "chunkd"]
@@ -149,6 +150,7 @@ async def _file_rows(report: Report, work: Path, *, quick: bool) -> None:
             "keys/s",
             "obstore list of a LocalStore",
             target_ratio=0.5,
+            samples=Rounds.of([count / s for s in chunkd_s], [count / s for s in direct_s]),
             note=(
                 "one folder, listed recursively in pages of 1,000 over the local socket, by a "
                 "daemon that caches no listings; obstore walks the folder in Rust and returns "
@@ -191,7 +193,7 @@ async def _s3_rows(report: Report, work: Path, *, quick: bool) -> None:
             """
         )
         cold_s, direct_s, warm_s = [], [], []
-        for r in range(_rounds(quick)):
+        for r in range(_rounds(report, quick)):
             config = _config(work, backend, list_revalidate="5m")
             daemon = BenchDaemon(work / f"s{r}", {}, config)
             try:
@@ -218,6 +220,7 @@ async def _s3_rows(report: Report, work: Path, *, quick: bool) -> None:
                 "keys/s",
                 "obstore list of the same bucket",
                 target_ratio=0.5,
+                samples=Rounds.of([count / s for s in cold_s], [count / s for s in direct_s]),
                 note="the same ListObjectsV2 pages; chunkd adds the local socket and its pages",
             )
         )
@@ -229,6 +232,7 @@ async def _s3_rows(report: Report, work: Path, *, quick: bool) -> None:
                 "keys/s",
                 "obstore list of the same bucket",
                 target_ratio=10,
+                samples=Rounds.of([count / s for s in warm_s], [count / s for s in direct_s]),
                 note="answered from the daemon's listing cache, within list_revalidate",
             )
         )
@@ -241,56 +245,64 @@ async def _memory_rows(report: Report, work: Path, *, quick: bool) -> None:
     data = work / "million"
     count = await asyncio.to_thread(_files, data / "keys", folders, 1000)
     backend = f'[[backends]]\nname = "local"\nurl = "file://{data}"'
-    daemon = BenchDaemon(work / "m", {}, _config(work, backend, list_revalidate="30s"))
-    try:
-        before = _vm(daemon.process.pid, "VmRSS")
-        started = time.perf_counter()
-        listed = await asyncio.to_thread(
+    daemon_mib, client_mib, direct_mib, took = [], [], [], []
+    for r in range(_rounds(report, quick)):
+        # a fresh daemon each round: its growth is measured from its start
+        daemon = BenchDaemon(work / f"m{r}", {}, _config(work, backend, list_revalidate="30s"))
+        try:
+            before = _vm(daemon.process.pid, "VmRSS")
+            started = time.perf_counter()
+            listed = await asyncio.to_thread(
+                subprocess.run,
+                [sys.executable, "-c", _CLIENT, daemon.socket, "local/keys"],
+                capture_output=True,
+                text=True,
+                timeout=1800,
+                check=True,
+            )
+            took.append(time.perf_counter() - started)
+            got, client_kib = (int(x) for x in listed.stdout.split())
+            assert got == count, got
+            # RSS counts whole pages: a growth below one page shows as one page.
+            daemon_mib.append(max(4, _vm(daemon.process.pid, "VmHWM") - before) / 1024)
+            client_mib.append(client_kib / 1024)
+        finally:
+            daemon.stop()
+        direct = await asyncio.to_thread(
             subprocess.run,
-            [sys.executable, "-c", _CLIENT, daemon.socket, "local/keys"],
+            [sys.executable, "-c", _OBSTORE, str(data), "keys"],
             capture_output=True,
             text=True,
             timeout=1800,
             check=True,
         )
-        took = time.perf_counter() - started
-        got, client_kib = (int(x) for x in listed.stdout.split())
+        got, direct_kib = (int(x) for x in direct.stdout.split())
         assert got == count, got
-        # RSS counts whole pages: a growth below one page shows as one page.
-        daemon_kib = max(4, _vm(daemon.process.pid, "VmHWM") - before)
-    finally:
-        daemon.stop()
-    direct = await asyncio.to_thread(
-        subprocess.run,
-        [sys.executable, "-c", _OBSTORE, str(data), "keys"],
-        capture_output=True,
-        text=True,
-        timeout=1800,
-        check=True,
-    )
-    got, direct_kib = (int(x) for x in direct.stdout.split())
-    assert got == count, got
+        direct_mib.append(direct_kib / 1024)
     keys = _keys(count)
     report.add(
         Result(
             f"list {keys} keys: the daemon's peak memory growth",
-            daemon_kib / 1024,
-            direct_kib / 1024,
+            statistics.median(daemon_mib),
+            statistics.median(direct_mib),
             "MiB",
             "peak RSS of a reader holding obstore's list().collect()",
+            samples=Rounds.of(daemon_mib, direct_mib),
             note=(
-                f"lower is better; the listing took {took:.1f}s; the daemon holds one page "
-                "and its caches: 65,536 listing entries and 262,144 names at most"
+                f"lower is better; the listing took {statistics.median(took):.1f}s; the "
+                "daemon holds one page and its caches: 65,536 listing entries and 262,144 "
+                "names at most"
             ),
         )
     )
     report.add(
         Result(
             f"list {keys} keys: a reader's peak RSS (iter_ls)",
-            client_kib / 1024,
-            direct_kib / 1024,
+            statistics.median(client_mib),
+            statistics.median(direct_mib),
             "MiB",
             "peak RSS of a reader holding obstore's list().collect()",
+            samples=Rounds.of(client_mib, direct_mib),
             note="lower is better; the reader holds one page at a time (its imports included)",
         )
     )

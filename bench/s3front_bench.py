@@ -45,7 +45,7 @@ from chunkd.testing import CountingProxy, S3Server, free_port
 from chunkd.testing.s3front import FRONT_KEY, FRONT_SECRET, front_client, front_section
 
 from .daemon import BenchDaemon
-from .report import Report, Result
+from .report import Report, Result, Rounds
 
 MiB = 1 << 20
 #: the S3 server's keys (what :meth:`S3Server.client` signs with)
@@ -204,7 +204,7 @@ def run(report: Report, work: Path, *, quick: bool) -> None:
     shared_size = (4 if quick else 32) * MiB
     shared_count = 2 if quick else 4
     processes = 2 if quick else 8
-    rounds = 1 if quick else 3
+    rounds = report.rounds_for(1 if quick else 3)
     work.mkdir(parents=True, exist_ok=True)
     server = S3Server.start()
     proxy = CountingProxy(server.port)
@@ -318,6 +318,7 @@ def _warm(
                 median[alternative],
                 "GB/s",
                 baseline_name,
+                samples=Rounds.of(rates["get_object"], rates[alternative]),
                 note=(
                     f"boto3 get_object()['Body'].read(), default config, the object in the "
                     f"daemon's RAM tier; GB/s, median (min-max): front "
@@ -332,6 +333,7 @@ def _warm(
             median["http"],
             "GB/s",
             alternatives["http"][1],
+            samples=Rounds.of(rates["download_fileobj"], rates["http"]),
             note=(
                 "s3transfer with its default TransferConfig (8 MiB ranged GETs, 10 threads) "
                 "into a BytesIO, through the front; GB/s, median (min-max): front "
@@ -385,6 +387,7 @@ def _cold(
             statistics.median(direct_rates),
             "GB/s",
             "boto3 get_object of the same object from the S3 server (through the proxy)",
+            samples=Rounds.of(front_rates, direct_rates),
             note=(
                 f"a fresh object each run; GB/s, median (min-max): front "
                 f"{_spread(front_rates)}, direct {_spread(direct_rates)}; backend bytes / "
@@ -442,6 +445,7 @@ def _shared(
             "x",
             baseline_name,
             target_max=1.05,
+            samples=Rounds.of(fetched["front"], fetched["direct"]),
             note=(
                 f"bytes the S3 server sent, counted by a proxy in front of it, over the "
                 f"objects' bytes; fresh objects each run, read by both sides; median "
@@ -458,6 +462,7 @@ def _shared(
             statistics.median(took["direct"]),
             "s",
             baseline_name,
+            samples=Rounds.of(took["front"], took["direct"]),
             note=(
                 f"lower is better: ratio below 1 means the front finished first; from the go "
                 f"to the last exit; s, median (min-max): front {_spread(took['front'])}, direct "

@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .report import Report, Result
+from .report import Report, Result, Rounds
 from .streaming_side import StreamingVenv, Unavailable, ensure_venv
 
 __all__ = ["Job", "Layout", "RankTimes", "chunkd_side", "run"]
@@ -163,7 +163,9 @@ class Job:
         return ", ".join(f"{name} {s:.2f}s" for name, s in self.phases().items())
 
 
-def chunkd_side(layout: Layout, work: Path, *, quick: bool) -> dict[str, Job] | None:
+def chunkd_side(
+    layout: Layout, work: Path, *, quick: bool, rounds: int = 3
+) -> dict[str, Job] | None:
     """chunkd's side: the same job shape as the baselines over a registered snapshot.
 
     The Parquet files of ``layout`` are registered once (``chunkd dataset register``,
@@ -178,12 +180,17 @@ def chunkd_side(layout: Layout, work: Path, *, quick: bool) -> dict[str, Job] | 
     - ``"peer"``: a cold daemon whose peer (the warm daemon, restarted on its disk
       cache) holds the epoch: the chunks the peer owns come from it, not from S3.
 
+    Each case runs ``rounds`` times (``quick``: the cold case not at all, the epoch's job
+    stands for it; the others once).
+
     Returns:
-        The jobs by case, and ``"epoch"`` (the cold job that read the whole epoch).
+        The jobs by case (the median of its rounds by time to first batch), every round
+        as ``"cold/0"``, ``"warm/1"``..., and ``"epoch"`` (the cold job that read the whole
+        epoch).
     """
     from .daemon import BenchDaemon
 
-    rounds = 0 if quick else 3
+    rounds = 0 if quick else rounds
     ttfb_batches = 4
     registry = work / "registry"
     registry.mkdir(parents=True, exist_ok=True)
@@ -266,30 +273,38 @@ def chunkd_side(layout: Layout, work: Path, *, quick: bool) -> dict[str, Job] | 
         finally:
             daemon.stop()
     daemon = start("a", fresh=True)
+    warm: list[Job] = []
     try:
         epoch = job(daemon, "chunkd-epoch", max_batches=0, full_epoch=True)
-        warm = job(daemon, "chunkd-warm", max_batches=ttfb_batches, full_epoch=False)
+        for r in range(max(rounds, 1)):
+            warm.append(job(daemon, f"chunkd-warm{r}", max_batches=ttfb_batches, full_epoch=False))
     finally:
         daemon.stop()
     # The peer: node a, warm on its disk cache, and node b, cold, as a cluster of two.
+    peer: list[Job] = []
     peer_node = start("a", fresh=False, peers=True)
     try:
-        cold_node = start("b", fresh=True, peers=True)
-        try:
-            time.sleep(1.0)  # both see the other up (health_interval 200ms, up_after 1)
-            peer = job(cold_node, "chunkd-peer", max_batches=ttfb_batches, full_epoch=False)
-            _REGISTERED["peer_bytes"] = _metric(cold_node.url, "chunkd_peer_bytes_total", "in")
-            _REGISTERED["backend_bytes"] = _metric(cold_node.url, "chunkd_backend_read_bytes_total")
-        finally:
-            cold_node.stop()
+        for r in range(max(rounds, 1)):
+            cold_node = start("b", fresh=True, peers=True)
+            try:
+                time.sleep(1.0)  # both see the other up (health_interval 200ms, up_after 1)
+                peer.append(
+                    job(cold_node, f"chunkd-peer{r}", max_batches=ttfb_batches, full_epoch=False)
+                )
+                if r == 0:
+                    _REGISTERED["peer_bytes"] = _metric(
+                        cold_node.url, "chunkd_peer_bytes_total", "in"
+                    )
+                    _REGISTERED["backend_bytes"] = _metric(
+                        cold_node.url, "chunkd_backend_read_bytes_total"
+                    )
+            finally:
+                cold_node.stop()
     finally:
         peer_node.stop()
-    return {
-        "cold": _median_job(cold) if cold else epoch,
-        "warm": warm,
-        "peer": peer,
-        "epoch": epoch,
-    }
+    rounds_of = {"cold": cold or [epoch], "warm": warm, "peer": peer}
+    every = {f"{case}/{r}": j for case, jobs in rounds_of.items() for r, j in enumerate(jobs)}
+    return every | {case: _median_job(jobs) for case, jobs in rounds_of.items()} | {"epoch": epoch}
 
 
 #: what chunkd_side learned of the registration and the peer job, for the notes
@@ -799,6 +814,7 @@ def _row(
     unavailable: str = "",
     target_ratio: float | None = None,
     target_max: float | None = None,
+    rounds: tuple[list[float], list[float]] | None = None,
 ) -> None:
     """A row; ``None`` for a side that did not run (the chunkd side while it is pending,
     a baseline that is unavailable here), and the note says which."""
@@ -815,6 +831,7 @@ def _row(
             baseline_name,
             target_ratio=target_ratio if chunkd is not None and baseline is not None else None,
             target_max=target_max if chunkd is not None else None,
+            samples=Rounds.of(*rounds) if rounds and rounds[0] else None,
             note=prefix + note,
         )
     )
@@ -942,6 +959,7 @@ def _measure(
         layout, work / "pq-epoch", recorder, max_batches=0, full_epoch=True
     )
     streaming_epoch = streaming_warm = None
+    streaming_warm_jobs: list[Job] = []
     cache_note = ""
     if isinstance(streaming, StreamingVenv):
         cache = work / "st-epoch" / "cache"
@@ -956,23 +974,45 @@ def _measure(
             f"{converted['zip_bytes'] / MiB:.0f} MiB MDS, converted in "
             f"{converted['seconds']:.1f}s, a one-off)"
         )
-        streaming_warm = _streaming_job(
-            streaming,
-            layout,
-            work / "st-warm",
-            cache,
-            recorder,
-            max_batches=ttfb_batches,
-            full_epoch=False,
-        )
+        streaming_warm_jobs = [
+            _streaming_job(
+                streaming,
+                layout,
+                work / f"st-warm{r}",
+                cache,
+                recorder,
+                max_batches=ttfb_batches,
+                full_epoch=False,
+            )
+            for r in range(max(rounds, 1))
+        ]
+        streaming_warm = _median_job(streaming_warm_jobs)
     if not rounds:
         parquet_cold.append(parquet_epoch)
         streaming_cold += [streaming_epoch] if streaming_epoch else []
     why = streaming.reason if isinstance(streaming, Unavailable) else ""
     pq_cold = _median_job(parquet_cold)
     st_cold = _median_job(streaming_cold) if streaming_cold else None
-    figures = chunkd_side(layout, work / "chunkd", quick=quick)
+    figures = chunkd_side(layout, work / "chunkd", quick=quick, rounds=rounds)
     chunkd_cold = figures["cold"] if figures else None
+
+    def ttfbs(case: str) -> list[float]:
+        """chunkd's time to first batch in every round of ``case``."""
+        return [j.ttfb for k, j in (figures or {}).items() if k.startswith(case + "/")]
+
+    st_cold_s = [j.ttfb for j in streaming_cold]
+    _breakdown(
+        report,
+        shape,
+        {
+            "chunkd, cold node": chunkd_cold,
+            "chunkd, cold node, warm peer": figures["peer"] if figures else None,
+            "chunkd, warm node": figures["warm"] if figures else None,
+            "Streaming, cold": st_cold,
+            "Streaming, cache dir full": streaming_warm,
+            "pyarrow + s3fs": pq_cold,
+        },
+    )
 
     def described(name: str, job: Job | None) -> str:
         if job is None:
@@ -1018,6 +1058,7 @@ def _measure(
         "needs" + registered,
         unavailable=why,
         target_max=0.5 * st_cold.ttfb if st_cold else None,
+        rounds=(ttfbs("cold"), st_cold_s),
     )
     _row(
         report,
@@ -1027,6 +1068,7 @@ def _measure(
         "s",
         "pyarrow + s3fs straight from S3",
         "lower is better; s3fs reads the footer, then the row groups of each worker's file",
+        rounds=(ttfbs("cold"), [j.ttfb for j in parquet_cold]),
     )
     chunkd_warm = figures["warm"] if figures else None
     _row(
@@ -1039,6 +1081,7 @@ def _measure(
         "lower is better; " + described("Streaming", streaming_warm),
         unavailable=why,
         target_max=1.0,
+        rounds=(ttfbs("warm"), [j.ttfb for j in streaming_warm_jobs]),
     )
     chunkd_peer = figures["peer"] if figures else None
     _row(
@@ -1058,6 +1101,7 @@ def _measure(
         ),
         unavailable=why,
         target_max=0.5 * st_cold.ttfb if st_cold else None,
+        rounds=(ttfbs("peer"), st_cold_s),
     )
     chunkd_steady = figures["epoch"].steady if figures else None
     _row(
@@ -1067,7 +1111,8 @@ def _measure(
         streaming_epoch.steady if streaming_epoch else None,
         "samples/s",
         "MosaicML Streaming 0.13, cold, one epoch",
-        "every rank to the end of its epoch; every id read and its text checked" + cache_note,
+        "every rank to the end of its epoch (one epoch each: a rate over every sample of "
+        "it); every id read and its text checked" + cache_note,
         unavailable=why,
         target_ratio=1.0,
     )
@@ -1080,6 +1125,15 @@ def _measure(
         "pyarrow + s3fs straight from S3, one epoch",
         f"every id read and its text checked; {parquet_epoch.gets} GETs under parquet/",
     )
+
+
+def _breakdown(report: Report, shape: str, jobs: dict[str, Job | None]) -> None:
+    """The plot of where each contender's slowest rank spent its time to first batch
+    (the median job of each case), imports included as the first segment."""
+    figure = f"time to first batch, {shape}: the slowest rank's phases"
+    for label, job in jobs.items():
+        if job is not None:
+            report.stack(figure, label, job.phases(), "s")
 
 
 def main() -> None:

@@ -1,28 +1,51 @@
-"""The benchmarks still run (tiny sizes). Their figures are not checked here: speed is
-measured by `make bench`, never by a timed test."""
+"""The benchmarks still run (tiny sizes), and their report says what it should. Their
+figures are not checked here: speed is measured by `make bench`, never by a timed test."""
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parent.parent
+# bench/ is not installed: it runs from the checkout as `python -m bench`, so its modules
+# are imported from there (pytest's importlib mode puts no folder on sys.path)
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from bench import history  # noqa: E402
+from bench.report import Report, Result, Rounds, interleave  # noqa: E402
+
+FAULT_ROW = "a disarmed fault point, per call"
 
 
+@pytest.mark.timeout(300)  # every scenario at tiny sizes: about two minutes on 2 cores
 def test_bench_quick_run_writes_a_complete_report(tmp_path: Path) -> None:
+    # A previous run on this machine whose spread for one row is far above anything a
+    # disarmed fault point reaches (Mcall/s against an empty call: about 1x): the new
+    # run's ratio falls below it, and the report must say so, as worse.
+    probe = Report(quick=True)
+    meta = history.run_meta(probe) | {"started": probe.started - 3600}
+    previous = Result(
+        FAULT_ROW, 500.0, 1.0, "Mcall/s", "x", samples=Rounds.of([400, 500, 600], [1, 1, 1])
+    )
+    history.save(tmp_path / "history", meta, [previous.row()], keep=50)
+
     result = subprocess.run(
         [sys.executable, "-m", "bench", "--quick", "--out", str(tmp_path)],
         cwd=REPO,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=280,
         check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     rows = json.loads((tmp_path / "results.json").read_text())
-    scenarios = {row["scenario"] for row in rows}
+    by_name = {row["scenario"]: row for row in rows}
     for expected in (
         "RAM insert 4 MiB, 4 in flight (hash, memfd, seal)",
         "disk insert 4 MiB, one at a time, no fsync",
@@ -30,13 +53,178 @@ def test_bench_quick_run_writes_a_complete_report(tmp_path: Path) -> None:
         "index lookup, one id per call",
         "open index of 0.02M chunks + first lookup",
         "insert 64 KiB, RAM over disk: fault points unset vs removed",
-        "a disarmed fault point, per call",
+        FAULT_ROW,
     ):
-        assert expected in scenarios
+        assert expected in by_name
     assert all(row["chunkd"] > 0 and row["baseline"] > 0 for row in rows)
+    # rows built on interleave carry their rounds and the spread of the ratio
+    insert = by_name["RAM insert 4 MiB, 4 in flight (hash, memfd, seal)"]
+    assert insert["rounds"] >= 2
+    assert insert["spread"][0] <= insert["ratio"] <= insert["spread"][1]
+    assert insert["area"] == "cache"
+    assert by_name[FAULT_ROW]["area"] == "faults"
+
     report = (tmp_path / "report.md").read_text()
-    assert "| scenario | chunkd | baseline |" in report
+    assert "## cache" in report
+    assert "| scenario | chunkd | baseline | unit | ratio | spread | rounds |" in report
+    fault_line = next(line for line in report.splitlines() if line.startswith(f"| {FAULT_ROW}"))
+    assert "WORSE: below the previous spread 400-600x" in fault_line
+
+    page = (tmp_path / "report.html").read_text()
+    assert page.startswith("<!doctype html>")
+    assert "<script" not in page
+    assert "Content-Security-Policy" in page
+    assert '<h2 id="cache">cache</h2>' in page
+    assert '<tr class="worse"><td>a disarmed fault point, per call</td>' in page
+    plots = sorted(p.name for p in tmp_path.glob("plot-*.svg"))
+    assert plots, "no plot was drawn"
+    for name in plots:
+        assert (tmp_path / name).read_text().lstrip().startswith("<?xml")
+    # each plot is inside the page too: it opens alone, from anywhere
+    assert page.count('<img src="data:image/svg+xml;base64,') == len(plots)
+
+    kept = sorted((tmp_path / "history").glob("*.json"))
+    assert len(kept) == 2
+    latest = max((json.loads(p.read_text()) for p in kept), key=lambda d: d["started"])
+    assert latest["quick"] is True
+    assert latest["machine"]["cpus"] >= 1
+    assert re.fullmatch(r"[0-9a-f]{40}", latest["commit"])
+    assert {row["scenario"] for row in latest["rows"]} == set(by_name)
     assert not (tmp_path / "work").exists()  # scratch space is cleaned up
+
+
+def _row(scenario: str, figures: list[float], unit: str = "GB/s", **kw: object) -> Result:
+    """A row whose baseline is 1 every round: its ratio is its figure."""
+    samples = Rounds.of(figures, [1.0] * len(figures))
+    return Result(
+        scenario, sorted(figures)[len(figures) // 2], 1.0, unit, "b", samples=samples, **kw
+    )  # type: ignore[arg-type]
+
+
+def _runs(tmp_path: Path, *runs: list[Result], quick: bool = False) -> list[dict[str, object]]:
+    """Save ``runs`` (oldest first) as history, and load them as a new run would."""
+    report = Report(quick=quick)
+    meta = history.run_meta(report)
+    for age, rows in enumerate(reversed(runs), start=1):
+        old = meta | {"started": report.started - 60 * age}
+        history.save(tmp_path, old, [r.row() for r in rows], keep=50)
+    return history.load(tmp_path, meta)
+
+
+def test_a_figure_outside_the_previous_spread_is_marked_better_or_worse(tmp_path: Path) -> None:
+    previous = _runs(
+        tmp_path,
+        [
+            _row("rate", [1.0, 1.2, 1.4]),
+            _row("time", [1.0, 1.2, 1.4], unit="s"),
+            _row("steady", [1.0, 1.2, 1.4]),
+            _row("once", [1.0]),
+        ],
+    )
+    now = [
+        _row("rate", [1.5, 1.6, 1.7]),  # above a rate's spread: better
+        _row("time", [1.5, 1.6, 1.7], unit="s"),  # above a time's spread: worse
+        _row("steady", [1.35, 1.39, 1.5]),  # the median is inside: not marked
+        _row("once", [3.0, 3.0, 3.0]),  # the previous row had one round: no spread
+        _row("new", [1.0, 2.0, 3.0]),  # no previous row: no change
+    ]
+    changes = history.compare(now, previous)
+    assert {s: c.verdict for s, c in changes.items()} == {
+        "rate": "better",
+        "time": "worse",
+        "steady": "within",
+        "once": "no spread",
+    }
+    assert changes["rate"].text() == f"BETTER: above the previous spread 1-1.4x ({_today()})"
+    assert changes["time"].text().startswith("WORSE: above the previous spread 1-1.4x")
+    assert changes["steady"].text() == "within the previous spread 1-1.4x"
+    assert not changes["once"].marked
+
+
+def test_the_comparison_is_with_the_newest_run_that_has_the_row(tmp_path: Path) -> None:
+    previous = _runs(
+        tmp_path,
+        [_row("a", [1.0, 1.1]), _row("b", [5.0, 5.1])],  # the oldest
+        [_row("a", [2.0, 2.1])],  # newer, without "b"
+    )
+    changes = history.compare([_row("a", [1.05, 1.05]), _row("b", [5.05, 5.05])], previous)
+    assert changes["a"].verdict == "worse"  # against 2.0-2.1, not 1.0-1.1
+    assert changes["b"].verdict == "within"
+
+
+def test_quick_runs_and_full_runs_are_not_compared(tmp_path: Path) -> None:
+    _runs(tmp_path, [_row("a", [1.0, 1.1])], quick=True)
+    full = history.load(tmp_path, history.run_meta(Report(quick=False)))
+    assert full == []
+    assert history.compare([_row("a", [9.0, 9.0])], full) == {}
+
+
+def test_a_row_without_a_baseline_is_compared_on_its_own_figure(tmp_path: Path) -> None:
+    def alone(figures: list[float]) -> Result:
+        return Result("p99", figures[1], float("nan"), "ms", "none", samples=Rounds.of(figures))
+
+    previous = _runs(tmp_path, [alone([10.0, 11.0, 12.0])])
+    change = history.compare([alone([5.0, 6.0, 7.0])], previous)["p99"]
+    assert change.verdict == "better"  # a time, lower
+    assert change.text().startswith("BETTER: below the previous spread 10-12 ms")
+
+
+def test_history_keeps_the_newest_runs_only(tmp_path: Path) -> None:
+    report = Report()
+    meta = history.run_meta(report)
+    for i in range(7):
+        history.save(tmp_path, meta | {"started": 1000.0 + i}, [], keep=5)
+    (tmp_path / "notes.txt").write_text("not a run: left alone")
+    kept = [json.loads(p.read_text())["started"] for p in tmp_path.glob("*.json")]
+    assert sorted(kept) == [1002.0, 1003.0, 1004.0, 1005.0, 1006.0]
+    assert (tmp_path / "notes.txt").exists()
+
+
+def test_spread_of_rounds_that_do_not_pair_up() -> None:
+    paired = Rounds.of([2.0, 4.0], [1.0, 2.0])
+    assert paired.ratio_spread() == (2.0, 2.0)
+    unpaired = Rounds.of([2.0, 4.0, 3.0], [1.0, 2.0])  # the widest the sides allow
+    assert unpaired.ratio_spread() == (1.0, 4.0)
+    assert Result("x", 3.0, 1.5, "GB/s", "b", samples=unpaired).spread_text() == "1-4x"
+    assert Result("x", 3.0, 1.5, "GB/s", "b").spread is None  # one round
+    with pytest.raises(ValueError, match="1 to 64 rounds"):
+        Rounds.of([1.0] * 65)
+
+
+async def test_interleave_keeps_every_rounds_rate() -> None:
+    times = iter([1.0, 2.0, 4.0, 2.0, 1.0, 1.0, 3.0, 3.0])  # warm-ups, then 3 rounds
+
+    async def fast() -> tuple[float, float]:
+        return 8.0, next(times)
+
+    async def slow() -> tuple[float, float]:
+        return 8.0, next(times)
+
+    rates = await interleave(3, {"fast": fast, "slow": slow})
+    # round 0: fast then slow; round 1: slow then fast; round 2: fast then slow
+    assert rates.per_round == {"fast": [2.0, 8.0, 8 / 3], "slow": [4.0, 8.0, 8 / 3]}
+    assert rates["fast"] == 8 / 3  # the median, as before: a dict of floats
+    assert rates.pair("fast", "slow", 1e-3).ratio_spread() == (0.5, 1.0)
+
+
+def test_the_page_escapes_what_the_rows_say(tmp_path: Path) -> None:
+    report = Report()
+    report.area = "cache <b>"
+    report.add(Result("<img src=x onerror=alert(1)>", 2.0, 1.0, "GB/s", "a & b", note="<i>"))
+    report.latencies("latency <svg>", "<x>", [0.001, 0.002, 0.003])
+    report.write(tmp_path)
+    page = (tmp_path / "report.html").read_text()
+    assert "<img src=x" not in page
+    assert "&lt;img src=x onerror=alert(1)&gt;" in page
+    assert "<i>" not in page
+    assert '<h2 id="cache-b">cache &lt;b&gt;</h2>' in page
+    assert (tmp_path / "plot-latency-svg.svg").exists()
+
+
+def _today() -> str:
+    import time
+
+    return time.strftime("%Y-%m-%d", time.gmtime())
 
 
 def test_ttfb_streaming_baseline_is_unavailable_where_its_venv_cannot_be_built(tmp_path: Path):

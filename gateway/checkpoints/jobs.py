@@ -28,8 +28,10 @@ _READS_AT_ONCE: Final = 16
 RETRY: Final = Backoff(base=0.5, cap=30.0, jitter="equal")
 #: the first pause of a poll
 _FIRST_POLL: Final = 0.05
-#: how long a finished job is remembered (its waiters have had their answer)
+#: how long a finished job is remembered (its waiters have had their answer), and how
+#: many at most: a node saving fast forgets the oldest first
 _FINISHED_KEPT: Final = 3600.0
+_FINISHED_MOST: Final = 4096
 
 
 class Jobs:
@@ -59,10 +61,22 @@ class Jobs:
         return task
 
     def prune(self) -> None:
-        """Forget finished jobs after an hour (their waiters have had their answer)."""
+        """Forget finished jobs after an hour, and all but the newest
+        ``_FINISHED_MOST`` (their waiters have had their answer); keep only what the
+        answer needs of the others."""
         old = time.time() - _FINISHED_KEPT
+        finished = []
         for job in list(self._jobs.values()):
-            if job.finished is not None and job.finished < old:
+            if job.finished is None:
+                continue
+            if job.finished < old:
+                del self._jobs[job.id]
+                continue
+            job.forget_parts()
+            finished.append(job)
+        if len(finished) > _FINISHED_MOST:
+            finished.sort(key=lambda j: j.finished or 0.0)
+            for job in finished[: len(finished) - _FINISHED_MOST]:
                 del self._jobs[job.id]
 
     async def close(self) -> None:

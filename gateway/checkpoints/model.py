@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import mmap
 import re
@@ -326,6 +327,15 @@ class SaveJob:
         self.state = "failed"
         self.changed.set()
         self.changed = asyncio.Event()
+
+    def forget_parts(self) -> None:
+        """Drop what only a job in flight needs (the state tree, its segments, its
+        chunks and where they lay): a finished job is remembered for its waiters'
+        answer, :meth:`describe`, which needs none of it."""
+        if self.request.tree is not None or self.request.segments:
+            self.request = dataclasses.replace(self.request, tree=None, segments=[])
+        self.chunks = []
+        self.where = {}
 
     def describe(self) -> dict[str, Any]:
         """What a waiter is told."""

@@ -186,6 +186,53 @@ class BackendTests:
                 await backend.get("obj/empty", byte_range)
         assert [p async for p in backend.stream_range(meta, None, piece_bytes=10)] == []
 
+    # -- a first read: the version and the bytes in one -------------------------------
+
+    async def test_open_first_answers_the_version_and_the_bytes(self, backend: Backend) -> None:
+        await self.write(backend, "obj/first.bin", _DATA)
+        meta = await self._head(backend, "obj/first.bin")
+        for start, end in ((0, 100), (0, 4096), (1000, 1024), (1000, 5000)):
+            first = await backend.open_first("obj/first.bin", start, end, piece_bytes=64)
+            assert first is not None
+            assert (first.meta.version, first.meta.size) == (meta.version, meta.size)
+            assert (first.start, first.end) == (start, min(end, len(_DATA)))
+            assert first.pieces is not None
+            assert b"".join([bytes(p) async for p in first.pieces]) == _DATA[start:end]
+        # A stream the caller stops early is closed, not read to its end.
+        first = await backend.open_first("obj/first.bin", 0, 1024, piece_bytes=64)
+        assert first is not None
+        assert first.pieces is not None
+        assert len(bytes(await anext(aiter(first.pieces)))) >= 1
+        await first.pieces.aclose()  # type: ignore[attr-defined]
+
+    async def test_open_first_of_a_known_version_sends_no_bytes(self, backend: Backend) -> None:
+        await self.write(backend, "obj/known.bin", _DATA)
+        meta = await self._head(backend, "obj/known.bin")
+        first = await backend.open_first("obj/known.bin", 0, 100, piece_bytes=64, known=meta)
+        assert first is not None
+        assert first.meta.version == meta.version
+        if "conditional_get" not in self.lacks:  # a server that ignores If-None-Match
+            assert first.pieces is None  # sends the bytes of the same version: correct
+        elif first.pieces is not None:
+            assert b"".join([bytes(p) async for p in first.pieces]) == _DATA[:100]
+        await self.write(backend, "obj/known.bin", _DATA[::-1])  # changed: its bytes come
+        first = await backend.open_first("obj/known.bin", 0, 100, piece_bytes=64, known=meta)
+        assert first is not None
+        assert first.meta.version != meta.version
+        assert first.pieces is not None
+        assert b"".join([bytes(p) async for p in first.pieces]) == _DATA[::-1][:100]
+
+    async def test_open_first_past_the_end_absent_and_empty(self, backend: Backend) -> None:
+        assert await backend.open_first("no/such/object", 0, 10, piece_bytes=64) is None
+        await self.write(backend, "obj/short.bin", _DATA)
+        past = await backend.open_first("obj/short.bin", len(_DATA), 2000, piece_bytes=64)
+        assert past is not None
+        assert (past.meta.size, past.pieces) == (len(_DATA), None)
+        await self.write(backend, "obj/empty-first", b"")
+        empty = await backend.open_first("obj/empty-first", 0, 10, piece_bytes=64)
+        assert empty is not None
+        assert (empty.meta.size, empty.pieces) == (0, None)
+
     # -- versions -----------------------------------------------------------------------
 
     async def test_versions_change_with_content(self, backend: Backend) -> None:

@@ -21,10 +21,17 @@ The contract, for each method:
 3. :meth:`Backend.stream_range` ``(meta, byte_range, piece_bytes=)``: the same bytes
    as a pinned :meth:`get`, in pieces; it raises :class:`ObjectNotFoundError` when the
    object is gone (an iterator has no ``None`` to give).
-4. :meth:`Backend.scan` ``(prefix, start_after=, batch=)``: every object under
+4. :meth:`Backend.open_first` ``(key, start, end, piece_bytes=, known=)``: a read of
+   an object whose version the caller does not know (or knows, and wants confirmed)
+   in one request: the object's current :class:`ObjectMeta` and, unless that is
+   ``known``'s version, a stream of its bytes from ``start`` (cut at its end).
+   ``None`` when there is no object. By default a :meth:`head` and a
+   :meth:`stream_range`; a store that answers a GET with the version (every obstore
+   kind) does it in one round trip.
+5. :meth:`Backend.scan` ``(prefix, start_after=, batch=)``: every object under
    ``prefix`` in key order (UTF-8 bytes, as S3 lists), after ``start_after``, in
    batches of at most ``batch``.
-5. :meth:`Backend.put` ``(key, data, if_absent=)`` and :meth:`Backend.delete`
+6. :meth:`Backend.put` ``(key, data, if_absent=)`` and :meth:`Backend.delete`
    ``(key)``: only where :attr:`Backend.supports_writes`; a put with ``if_absent``
    returns ``False`` when an object was there already.
 
@@ -38,19 +45,36 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import AsyncGenerator, AsyncIterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
 from chunkd.errors import ObjectNotFoundError, ReadOnlyBackendError
+from chunkd.ranges import ByteRange
 
 if TYPE_CHECKING:
     from chunkd.gateway.backends.meta import ObjectMeta
     from chunkd.gateway.config import BackendConfig
     from chunkd.ranges import RequestRange
 
-__all__ = ["SCAN_BATCH", "Backend"]
+__all__ = ["SCAN_BATCH", "Backend", "FirstRead"]
 
 #: objects one listing request asks for (S3's own page size)
 SCAN_BATCH: Final = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class FirstRead:
+    """What :meth:`Backend.open_first` found: the object's current version, and the
+    first bytes of it the caller asked for."""
+
+    meta: ObjectMeta
+    #: the bytes ``start`` to ``end`` of ``meta``'s version, in pieces; None when the
+    #: version is the one the caller knew (nothing sent), or ``start`` is at or past
+    #: the end of the object
+    pieces: AsyncIterator[memoryview] | None
+    start: int
+    #: where the bytes stop: the end asked for, cut at the object's end
+    end: int
 
 
 class Backend(ABC):
@@ -128,6 +152,35 @@ class Backend(ABC):
             ObjectNotFoundError, VersionChangedError, RangeNotSatisfiableError,
             BackendForbiddenError, BackendUnavailableError
         """
+
+    async def open_first(
+        self,
+        key: str,
+        start: int,
+        end: int,
+        *,
+        piece_bytes: int,
+        known: ObjectMeta | None = None,
+    ) -> FirstRead | None:
+        """The current version of ``key`` and its bytes ``start`` to ``end``, in one
+        request where the store allows; ``None`` when there is no such object.
+
+        ``known``: a version the caller holds; when it is still current, no bytes
+        come (``pieces`` is None) and ``meta`` is the backend's confirmation of it.
+        The stream is pinned to ``meta``'s version as :meth:`stream_range` is; the
+        caller that stops early closes it (``aclose``).
+
+        Raises:
+            InvalidKeyError, BackendForbiddenError, BackendUnavailableError
+        """
+        meta = await self.head(key)
+        if meta is None:
+            return None
+        if (known is not None and known.version == meta.version) or start >= meta.size:
+            return FirstRead(meta, None, start, start)
+        end = min(end, meta.size)
+        pieces = self.stream_range(meta, ByteRange(start, end), piece_bytes=piece_bytes)
+        return FirstRead(meta, pieces, start, end)
 
     @abstractmethod
     def scan(

@@ -78,7 +78,7 @@ from chunkd.gateway.inspector import add_routes as add_inspector_routes
 from chunkd.gateway.listing import MAX_PAGE
 from chunkd.gateway.metrics import Metrics
 from chunkd.gateway.names import validate_prefix
-from chunkd.gateway.objectbody import send_object
+from chunkd.gateway.objectbody import reading_of, send_object
 from chunkd.gateway.status import http_status
 from chunkd.gateway.tls import PeerTLS
 from chunkd.ranges import RangeNotSatisfiableError
@@ -278,7 +278,7 @@ async def _chunk(request: web.Request) -> web.Response:
     cid = ChunkId.parse(request.match_info["id"])
     lease = await request.app[CACHE].get(cid)
     with lease:
-        body = lease.read()
+        body = lease.view()  # no copy: the view maps the chunk on its own
     return web.Response(
         body=body,
         headers={"ETag": f'"{cid}"', "Content-Type": "application/octet-stream"},
@@ -297,7 +297,7 @@ async def _peer_chunk(request: web.Request) -> web.Response:
     else:
         lease = await request.app[CHECKPOINTS].chunk(request.match_info["backend"], cid, local=True)
     with lease:
-        body = lease.read()
+        body = lease.view()  # no copy: the view maps the chunk on its own
     _served_to_peer(request, len(body))
     return web.Response(body=body, headers={"Content-Type": "application/octet-stream"})
 
@@ -325,7 +325,7 @@ async def _peer_object_chunk(request: web.Request) -> web.Response:
     else:
         lease = await read_path.chunk(stat, index, local=True)
     with lease:
-        body = lease.read()
+        body = lease.view()  # no copy: the view maps the chunk on its own
     _served_to_peer(request, len(body))
     headers = {"Content-Type": "application/octet-stream", "X-Chunkd-Chunk": str(lease.id)}
     return web.Response(body=body, headers=headers)
@@ -350,7 +350,9 @@ def _served_to_peer(request: web.Request, nbytes: int) -> None:
 async def _object(request: web.Request) -> web.StreamResponse:
     app = request.app
     started = time.perf_counter()
-    stat = await app[READ_PATH].stat(request.match_info["backend"], request.match_info["key"])
+    stat = await app[READ_PATH].stat(
+        request.match_info["backend"], request.match_info["key"], reading=reading_of(request)
+    )
     response, served = await send_object(request, stat)
     if request.method != "HEAD":
         app[METRICS].read_seconds.observe(time.perf_counter() - started)

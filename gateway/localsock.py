@@ -80,7 +80,7 @@ from chunkd.gateway.checkpoint_ops import CKPT_OPS, Answer
 from chunkd.gateway.dataset_ops import DS_OPS
 from chunkd.gateway.names import split_name, split_prefix
 from chunkd.memfd import close_all
-from chunkd.ranges import from_offset, resolve
+from chunkd.ranges import from_offset, reading, resolve
 
 if TYPE_CHECKING:
     from prometheus_client import Counter, Gauge
@@ -535,7 +535,11 @@ class LocalServer:
 
     async def _read(self, args: Mapping[str, Any], answer: Answer) -> dict[str, Any]:
         offset, length = args["offset"], args["length"]
-        stat = await self.read_path.stat(*split_name(args["name"]), expect=args["version"])
+        stat = await self.read_path.stat(
+            *split_name(args["name"]),
+            expect=args["version"],
+            reading=reading(from_offset(offset, length)),
+        )
         offset, end = resolve(from_offset(offset, length), stat.size)
         response = self._describe(stat) | {"offset": offset, "length": end - offset, "spans": []}
         if end - offset <= INLINE_MAX and args["inline"]:
@@ -568,7 +572,10 @@ class LocalServer:
     async def _readv(self, args: Mapping[str, Any], answer: Answer) -> dict[str, Any]:
         asked: list[tuple[str, int, int]] = args["ranges"]
         stats = await asyncio.gather(
-            *(self.read_path.stat(*split_name(name)) for name, _, _ in asked),
+            *(
+                self.read_path.stat(*split_name(name), reading=(offset, offset + length))
+                for name, offset, length in asked
+            ),
             return_exceptions=True,
         )
         planned: list[tuple[Stat, int, int] | BaseException] = []

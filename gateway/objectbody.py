@@ -12,11 +12,12 @@ from typing import Literal
 
 from aiohttp import web
 
+from chunkd.errors import InvalidRangeError
 from chunkd.gateway.appkeys import READ_PATH, STREAMING
 from chunkd.gateway.readpath import Stat
-from chunkd.ranges import RequestRange, parse_range, resolve
+from chunkd.ranges import RequestRange, parse_range, reading, resolve
 
-__all__ = ["etag_of", "quoted_etag", "send_object"]
+__all__ = ["etag_of", "quoted_etag", "reading_of", "send_object"]
 
 
 def etag_of(stat: Stat) -> str:
@@ -27,6 +28,18 @@ def etag_of(stat: Stat) -> str:
 def quoted_etag(version: str) -> str:
     """A version token as an ETag: quoted, as HTTP writes entity tags."""
     return version if version.startswith('"') else f'"{version}"'
+
+
+def reading_of(request: web.Request) -> tuple[int, int | None] | None:
+    """The bytes a GET's ``Range`` asks for, before the object's size is known (a hint
+    for the read path's first GET: :meth:`~chunkd.gateway.readpath.ReadPath.stat`);
+    None for a HEAD, a suffix or a ``Range`` that :func:`send_object` refuses later."""
+    if request.method != "GET":
+        return None
+    try:
+        return reading(parse_range(request.headers.get("Range")))
+    except InvalidRangeError:
+        return None
 
 
 async def send_object(
@@ -99,8 +112,10 @@ async def _send(
         await response.prepare(request)
         request[STREAMING] = True
         while piece is not None:
-            # A copy: the view is the lease's, released before aiohttp's buffer drains.
-            await response.write(bytes(piece))
+            # No copy: a view maps its chunk on its own (cache.tier.ChunkLease.view),
+            # so it stays valid in aiohttp's buffer after the read path moves on and
+            # releases the lease, even if the chunk is evicted meanwhile.
+            await response.write(piece)
             total += piece.nbytes
             piece = await anext(pieces, None)
         await response.write_eof()

@@ -9,8 +9,13 @@ For each chunk index of a range (chunks sit at ``index * chunk_bytes``)::
          hashed, verified against the chunk map when the id was known, stored,
          and recorded in the chunk map
 
-An object's version comes from a HEAD, kept per the backend's revalidation policy:
-``immutable`` keeps it for good, a duration re-checks after that long. What a HEAD
+An object's version comes from the backend, kept per its revalidation policy:
+``immutable`` keeps it for good, a duration re-checks after that long. A read asks it
+with its own first GET where it can (the GET's answer names the version, and its
+bytes settle the first chunks: one round trip where a HEAD and a GET make two), a
+re-check with the same GET made conditional (``If-None-Match``: no bytes when the
+version is current); with peers, whose placement depends on the version, and for
+``stat`` alone, a HEAD. What a HEAD
 validated is kept in memory (the ``known_objects`` most recently used names) and
 in the cache's index (:class:`~chunkd.cache.ValidatedVersion`), so that it
 outlives the daemon: after a restart an ``immutable`` backend's cached objects are
@@ -33,11 +38,12 @@ read and by a global cap on chunks in flight.
 from __future__ import annotations
 
 import asyncio
+import collections
 import functools
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
@@ -75,6 +81,52 @@ _SETTLING: Final = 4  # chunks of one span being hashed and stored at once
 # chunk it was in is kept, and a backend client drops what it buffered towards a
 # piece when the body breaks, so smaller pieces lose less.
 _PIECE_BYTES: Final = 1 << 20
+
+
+class _Pieces:
+    """Pieces of a streamed body not cut into chunks yet, in order."""
+
+    __slots__ = ("nbytes", "views")
+
+    def __init__(self) -> None:
+        self.views: collections.deque[memoryview] = collections.deque()
+        self.nbytes = 0
+
+    def add(self, piece: memoryview) -> None:
+        self.views.append(piece)
+        self.nbytes += piece.nbytes
+
+    def take(self, need: int) -> memoryview:
+        """The next ``need`` bytes (there are that many): a slice of the first piece
+        when it holds them all, else one copy of the pieces they span."""
+        self.nbytes -= need
+        first = self.views[0]
+        if first.nbytes >= need:
+            if first.nbytes == need:
+                self.views.popleft()
+            else:
+                self.views[0] = first[need:]
+            return first[:need]
+        parts: list[memoryview] = []
+        left = need
+        while left:
+            view = self.views[0]
+            if view.nbytes <= left:
+                parts.append(self.views.popleft())
+                left -= view.nbytes
+            else:
+                parts.append(view[:left])
+                self.views[0] = view[left:]
+                left = 0
+        return memoryview(b"".join(parts))
+
+
+async def _close_stream(pieces: AsyncIterator[memoryview]) -> None:
+    """Close a backend stream that may not have been read to its end (its connection
+    goes, rather than being drained)."""
+    close = getattr(pieces, "aclose", None)
+    if close is not None:
+        await close()
 
 
 def _cancel_unsettled(futures: list[asyncio.Future[Any]], _task: asyncio.Future[None]) -> None:
@@ -200,13 +252,27 @@ class ReadPath:
 
     # -- versions ---------------------------------------------------------------------
 
-    async def stat(self, backend_name: str, key: str, *, expect: str | None = None) -> Stat:
+    async def stat(
+        self,
+        backend_name: str,
+        key: str,
+        *,
+        expect: str | None = None,
+        reading: tuple[int, int | None] | None = None,
+    ) -> Stat:
         """The current version of ``backend_name/key``, per the revalidation policy.
 
         ``expect``: the version a reader wants (a pinned read). When what is known is
         another version, the object is checked again whatever the policy says (a
         backend configured immutable, or a version not due for a check, would else
         answer the old one for ever), and the answer is what the backend says now.
+
+        ``reading``: the bytes (start, end or None for the rest) a read is about to
+        ask for. When the version must be asked and no peer places chunks by it, the
+        asking is that read's own first GET (:meth:`_first_read`): one round trip to
+        the backend, where a HEAD and then a GET make two. A version known but due
+        for a check is checked by the same GET, conditional (``If-None-Match``): a
+        version still current sends no bytes.
 
         Raises:
             UnknownBackendError, InvalidKeyError, ObjectNotFoundError,
@@ -223,8 +289,12 @@ class ReadPath:
             and (revalidate is None or time.monotonic() - known.checked < revalidate)
         ):
             return Stat(backend.name, known.meta, self.chunk_bytes)
+        if reading is not None and self._first_reads():
+            ask = functools.partial(self._first_read, backend, key, reading, known)
+        else:
+            ask = functools.partial(self._head, backend, key)
         try:
-            meta = await self._heads.run(ident, lambda: self._head(backend, key))
+            meta = await self._heads.run(ident, ask)
         except BackendUnavailableError as exc:
             return self._stale(backend, key, known, exc)
         except ObjectNotFoundError:
@@ -246,13 +316,106 @@ class ReadPath:
         meta = await backend.head(key)
         if meta is None:
             raise backend.not_found(key)
+        self._validated(backend, key, meta)
+        return meta
+
+    def _validated(self, backend: Backend, key: str, meta: ObjectMeta) -> None:
+        """Keep ``meta`` as what the backend just said of ``key``, in memory and in
+        the index."""
         self._remember((backend.name, key), _Known(meta, time.monotonic()))
         self.cache.record_validated(
             ValidatedVersion(
                 backend.name, key, meta.version, meta.etag, meta.size, meta.modified, time.time()
             )
         )
-        return meta
+
+    def _first_reads(self) -> bool:
+        """Whether a read may learn an object's version from its own first GET: not
+        when other nodes share the work, since which node fetches a chunk depends on
+        the version (its locator); that takes the HEAD first."""
+        return self.peers is None or len(self.peers.healthy()) <= 1
+
+    async def _first_read(
+        self,
+        backend: Backend,
+        key: str,
+        reading: tuple[int, int | None],
+        known: _Known | None,
+    ) -> ObjectMeta:
+        """Ask the version of ``key`` with the first GET of the read to come (once for
+        every reader that waits on it): the bytes it brings settle the chunks it
+        covers, as a span's do (:meth:`_start_first_span`)."""
+        size = self.chunk_bytes
+        first = reading[0] // size
+        stop = (first + self.span_chunks) * size
+        if reading[1] is not None:
+            stop = max((first + 1) * size, min(stop, -(-reading[1] // size) * size))
+        if known is None and backend.config.revalidate is not None:
+            # After a restart or an eviction from memory: the index's version, to be
+            # confirmed rather than read again.
+            record = self.cache.validated(backend.name, key)
+            known = _known_from(record) if record is not None else None
+        opened = await backend.open_first(
+            key,
+            first * size,
+            stop,
+            piece_bytes=min(size, _PIECE_BYTES),
+            known=known.meta if known is not None else None,
+        )
+        if opened is None:
+            raise backend.not_found(key)
+        self._validated(backend, key, opened.meta)
+        if opened.pieces is not None:
+            stat = Stat(backend.name, opened.meta, size)
+            await self._start_first_span(backend, stat, first, opened.end, opened.pieces)
+        return opened.meta
+
+    async def _start_first_span(
+        self,
+        backend: Backend,
+        stat: Stat,
+        first: int,
+        end: int,
+        pieces: AsyncIterator[memoryview],
+    ) -> None:
+        """Claim the chunks a first read's GET holds (from chunk ``first`` to byte
+        ``end``), up to the first one cached or in flight, and settle them from its
+        stream in the background; a stream nobody claims is closed."""
+        futures: list[asyncio.Future[tuple[ChunkId, memoryview]]] = []
+        index = first
+        try:
+            while index * self.chunk_bytes < end:
+                locator = stat.locator(index)
+                if locator in self._fetches:
+                    break
+                ref = self.cache.resolve(locator)
+                if ref is not None and (
+                    ref.id in self._fetches or await self.cache.contains(ref.id)
+                ):
+                    break
+                future = self._fetches.claim(locator)
+                if future is None:
+                    break
+                futures.append(future)
+                index += 1
+        except BaseException as exc:
+            for future in futures:
+                if isinstance(exc, Exception):
+                    future.set_exception(exc)
+                else:
+                    future.cancel()
+            await _close_stream(pieces)
+            raise
+        if not futures:
+            await _close_stream(pieces)
+            return
+        known: list[ChunkId | None] = [None] * len(futures)
+        task = asyncio.ensure_future(
+            self._fetch_span(backend, stat, first, futures, known, opened=pieces)
+        )
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        task.add_done_callback(functools.partial(_cancel_unsettled, futures))
 
     def _stale(
         self, backend: Backend, key: str, known: _Known | None, error: BackendUnavailableError
@@ -467,7 +630,11 @@ class ReadPath:
         first: int,
         futures: list[asyncio.Future[tuple[ChunkId, memoryview]]],
         known: list[ChunkId | None],
+        opened: AsyncIterator[memoryview] | None = None,
     ) -> None:
+        """Settle ``futures`` (chunks ``first`` on) from one streamed GET: ``opened``
+        when the caller's first read already started it (its bytes from chunk
+        ``first`` on, perhaps past the span), else a new one."""
         size = self.chunk_bytes
         count = len(futures)
         index = first  # the next chunk to settle
@@ -476,22 +643,25 @@ class ReadPath:
         resumes = max(0, backend.config.retries)
         settling: set[asyncio.Future[None]] = set()
         try:
-            buffer = bytearray()  # bytes of chunk `index` (and on) not settled yet
+            # The bytes of chunk `index` (and on) not settled yet, as the pieces came:
+            # a chunk is cut from them with one copy at most (none when one piece
+            # holds it), never appended to and sliced out of one growing buffer.
+            held = _Pieces()
             while offset < end:
                 began = offset
+                pieces = opened or backend.stream_range(
+                    stat.meta, ByteRange(offset, end), piece_bytes=min(size, _PIECE_BYTES)
+                )
+                opened = None
                 try:
-                    pieces = backend.stream_range(
-                        stat.meta, ByteRange(offset, end), piece_bytes=min(size, _PIECE_BYTES)
-                    )
                     async for piece in pieces:
                         offset += piece.nbytes
-                        buffer += piece
+                        held.add(piece)
                         while index < first + count:
                             need = min(size, stat.size - index * size)
-                            if len(buffer) < need:
+                            if held.nbytes < need:
                                 break
-                            data = bytes(buffer[:need])
-                            del buffer[:need]
+                            data = held.take(need)
                             # Hash and store in the background while the stream goes
                             # on; a few at most, so a fast backend cannot run away
                             # with memory.
@@ -505,6 +675,8 @@ class ReadPath:
                             settling.add(task)
                             task.add_done_callback(settling.discard)
                             index += 1
+                        if index == first + count:
+                            break  # a first read's GET may run past the span: not needed
                 except (ObjectNotFoundError, BackendForbiddenError, VersionChangedError) as exc:
                     # Will not heal by asking again: every chunk left fails the same way.
                     for future in futures[index - first :]:
@@ -536,6 +708,8 @@ class ReadPath:
                         exc,
                     )
                     break
+                finally:
+                    await _close_stream(pieces)
             if settling:
                 await asyncio.wait(settling)
             # Whatever the span did not deliver: one chunk at a time, each with retries.
@@ -558,7 +732,7 @@ class ReadPath:
         self,
         stat: Stat,
         index: int,
-        data: bytes,
+        data: memoryview,
         known: ChunkId | None,
         future: asyncio.Future[tuple[ChunkId, memoryview]],
     ) -> None:
@@ -667,7 +841,9 @@ class ReadPath:
     ) -> tuple[Stat, int]:
         """Load the chunks of an object (or of a range of it: ``offset``, ``length``, cut at
         the end) into the cache; returns the stat and bytes loaded."""
-        stat = await self.stat(backend_name, key)
+        stat = await self.stat(
+            backend_name, key, reading=(offset, None if length is None else offset + length)
+        )
         start = min(offset, stat.size)
         end = stat.size if length is None else min(stat.size, start + length)
         loaded = 0

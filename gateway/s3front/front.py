@@ -50,7 +50,7 @@ from chunkd.gateway.appkeys import READ_PATH, STREAMING
 from chunkd.gateway.checkpoints.model import CHECKPOINTS, CHUNKS, INTENTS
 from chunkd.gateway.config.addresses import is_loopback
 from chunkd.gateway.names import validate_key
-from chunkd.gateway.objectbody import etag_of, quoted_etag, send_object
+from chunkd.gateway.objectbody import etag_of, quoted_etag, reading_of, send_object
 from chunkd.gateway.s3front import xml
 from chunkd.gateway.s3front.errors import S3Error, s3_error, s3_error_of
 from chunkd.gateway.s3front.keys import AccessKeys
@@ -350,7 +350,7 @@ class S3Front:
         if not _holdable(key):
             raise s3_error("NoSuchKey", "The specified key does not exist.")
         started = time.perf_counter()
-        stat = await self.read_path.stat(bucket, key)
+        stat = await self.read_path.stat(bucket, key, reading=reading_of(request))
         part = query.get("partNumber")
         if part is not None and part != "1":
             raise s3_error(

@@ -36,6 +36,7 @@ __all__ = [
     "SuffixRange",
     "from_offset",
     "parse_range",
+    "reading",
     "resolve",
 ]
 
@@ -122,6 +123,18 @@ def from_offset(offset: int, length: int | None) -> RequestRange | None:
     if length < 0:
         raise InvalidRangeError(f"a length of {length} bytes; it must be >= 0")
     return ByteRange(offset, offset + length)
+
+
+def reading(request: RequestRange | None) -> tuple[int, int | None] | None:
+    """Where a read of ``request`` starts and ends (None: at the end) before the
+    object's size is known; None for a suffix, which needs the size first."""
+    if request is None:
+        return 0, None
+    if isinstance(request, ByteRange):
+        return request.start, request.end
+    if isinstance(request, OffsetRange):
+        return request.start, None
+    return None
 
 
 def resolve(request: RequestRange | None, size: int) -> tuple[int, int]:

@@ -251,7 +251,7 @@ class Saver:
         log.warning("checkpoint %s (rank %d) failed: %s", job.request.name, job.request.rank, exc)
         self.metrics.ckpt_saves.labels("failed").inc()
         job.fail(exc)
-        job.release_data()
+        self._release(job)
         self._unpin(job)
         await asyncio.to_thread(self.journal.set_aside, self.journal.path(job), exc)
 
@@ -282,8 +282,13 @@ class Saver:
                     self.cache.disk.pin([cid])
                 # No fsync per file: _make_durable syncs the filesystem once at the end.
                 # No zstd: it cost 15-25% of the write time and saved about 10%.
+                # Direct: the sealed pages go to the device without a copy into the page
+                # cache (0.85 s against 2.84 s for 1.25 GiB on the development VM); a load
+                # soon after reads them from the disk, not from cached pages.
                 chunk = Chunk.trusted(cid, piece)
-                return cid, await self.cache.disk.put(chunk, sync=False, compress=False)
+                return cid, await self.cache.disk.put(
+                    chunk, sync=False, compress=False, direct=True
+                )
 
         started = time.perf_counter()
         stored = await asyncio.gather(*(store(p) for seg in pieces for p in seg))
@@ -337,6 +342,14 @@ class Saver:
                 declined,
             )
             job.state = "uploading"
+
+    def _release(self, job: SaveJob) -> None:
+        """Give up the job's staged bytes off the event loop: unmapping a big memfd and
+        freeing its pages (the last reference to them) took 0.33-0.48 s for 1.25 GiB on
+        the development VM, a stall of every request the daemon serves meanwhile."""
+        data, job.data = job.data, None
+        if data is not None:
+            self.jobs.spawn(asyncio.to_thread(_close_quietly, data))
 
     def _unpin(self, job: SaveJob) -> None:
         pinned, job.pinned = job.pinned, set()
@@ -406,7 +419,7 @@ class Saver:
             await asyncio.to_thread(self.journal.remove, job)
         except OSError as exc:  # committed all the same; a restart finds it so and drops it
             log.warning("checkpoint %s: its journal could not be removed (%s)", request.name, exc)
-        job.release_data()
+        self._release(job)
         job.finished = time.time()
         job.reach(Durability.REMOTE, "done")
         self.metrics.ckpt_saves.labels("committed").inc()
@@ -466,6 +479,11 @@ class Saver:
                 "the save cannot complete"
             )
         return lease
+
+
+def _close_quietly(data: mmap.mmap) -> None:
+    with contextlib.suppress(BufferError):  # a view still in use: unmapped with the last one
+        data.close()
 
 
 async def _never() -> bool:  # pragma: no cover - only run() on a key already running

@@ -3,10 +3,12 @@
 The state is a synthetic model with realistic tensor sizes: an embedding table, N
 transformer layers (qkv, proj, mlp up/down in bf16, layer norms as small tensors),
 and Adam moments (exp_avg, exp_avg_sq in fp32) with their step counters. Full size
-is ~1.24 GiB; ``--quick`` uses a few MiB. Before every timed save a byte in every
-64 KiB of every tensor changes, so no chunk of an earlier save can be deduplicated
-(a trainer's state changes every step); background work of one round (the daemon's
-upload, DCP's writer thread, dirty pages) is finished and synced before the next.
+is ~1.24 GiB; ``--quick`` uses a few MiB and 2 rounds. Before every timed save a byte
+in every 64 KiB of every tensor changes, so no chunk of an earlier save can be
+deduplicated (a trainer's state changes every step); background work of one round
+(the daemon's upload, DCP's writer thread, dirty pages) is finished and synced before
+the next. The saves, the noisy rows, run 5 rounds (``--rounds`` overrides), the others
+3; every row gives its median and the spread of its rounds.
 
 1. Trainer blocking time: ``async_save`` until it returns, against ``torch.save`` to a
    local file (closed, not fsynced: page cache) and DCP ``async_save`` with a
@@ -19,6 +21,10 @@ upload, DCP's writer thread, dirty pages) is finished and synced before the next
 4. A step that changes 25% of the big tensors' bytes: bytes uploaded against a full save.
 5. ``load_into`` existing tensors from the daemon's warm RAM cache against
    ``torch.load`` of a page-cached file and DCP ``load`` from page-cached files.
+6. Only where CUDA is available (skipped, saying so, elsewhere): 1. with the state's
+   tensors on the GPU: ``async_save`` (device-to-host copies straight into the staged
+   memfd, registered as pinned memory) against ``torch.save`` and DCP ``async_save``
+   of the same CUDA tensors.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import multiprocessing
 import os
 import random
 import shutil
+import statistics
 import time
 import urllib.request
 import uuid
@@ -40,7 +47,7 @@ from chunkd.client import Client, checkpoint
 from chunkd.testing import free_port
 
 from .daemon import BenchDaemon
-from .report import Phase, Report, Result, interleave
+from .report import Phase, Rates, Report, Result, Rounds, interleave
 
 try:
     import torch
@@ -57,7 +64,19 @@ _RANKS = 4
 
 __all__ = ["FULL", "QUICK", "SCENARIOS", "ModelShape", "model_state", "run"]
 
-SCENARIOS = ("ckpt_blocking", "ckpt_durable", "ckpt_ranks", "ckpt_delta", "ckpt_load")
+SCENARIOS = (
+    "ckpt_blocking",
+    "ckpt_durable",
+    "ckpt_ranks",
+    "ckpt_delta",
+    "ckpt_load",
+    "ckpt_blocking_cuda",
+)
+#: rounds of the save rows (the noisy ones) and of the others, in a full run
+_SAVE_ROUNDS = 5
+_OTHER_ROUNDS = 3
+#: rounds of every row in a --quick run (enough for a spread)
+_QUICK_ROUNDS = 2
 
 
 # -- the state -------------------------------------------------------------------------
@@ -185,6 +204,12 @@ def _dir_bytes(root: Path) -> int:
     return sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
 
 
+def _ms(rates: Rates, name: str, size: float) -> str:
+    """The median time of phase ``name`` and its spread over the rounds, in ms."""
+    times = sorted(size / rate * 1e3 for rate in rates.per_round[name])
+    return f"{size / rates[name] * 1e3:.0f} ms ({times[0]:.0f}-{times[-1]:.0f})"
+
+
 @dataclass
 class _Bench:
     """What the scenarios share: the daemon, a client, the state and a scratch dir."""
@@ -193,6 +218,9 @@ class _Bench:
     client: Client
     state: dict[str, Any]
     files: Path
+    #: timed rounds of the save rows
+    save_rounds: int
+    #: timed rounds of the other rows
     rounds: int
 
     @property
@@ -204,7 +232,11 @@ class _Bench:
 
 
 async def blocking(report: Report, b: _Bench) -> None:
-    state, size = b.state, b.nbytes
+    await _blocking(report, b, b.state, "")
+
+
+async def _blocking(report: Report, b: _Bench, state: dict[str, Any], where: str) -> None:
+    size = _nbytes(state)
     pt = b.files / "blocking.pt"
     dcp_dir = b.files / "blocking-dcp"
 
@@ -236,11 +268,10 @@ async def blocking(report: Report, b: _Bench) -> None:
         return size, took
 
     rates = await interleave(
-        b.rounds,
+        b.save_rounds,
         {"chunkd": _phase(chunkd), "torch": _phase(torch_save), "dcp": _phase(dcp_async)},
     )
-    ms = {name: size / rate * 1e3 for name, rate in rates.items()}
-    label = _size(size)
+    label = f"{_size(size)}{where}"
     report.add(
         Result(
             f"trainer blocked by a {label} save: async_save",
@@ -249,10 +280,12 @@ async def blocking(report: Report, b: _Bench) -> None:
             "GB/s",
             "torch.save to a local file (closed; page cache, no fsync)",
             target_ratio=10.0,
+            samples=rates.pair("chunkd", "torch", 1e-9),
             note=(
                 f"GB/s here is state size / time the trainer is blocked, so 10x means blocked "
-                f"a tenth as long: async_save {ms['chunkd']:.0f} ms (copy into a sealed memfd, "
-                f"hand-off to the daemon), torch.save {ms['torch']:.0f} ms"
+                f"a tenth as long: async_save {_ms(rates, 'chunkd', size)} (a copy into "
+                f"memory made ready after the previous save, the seal, the hand-off to the "
+                f"daemon), torch.save {_ms(rates, 'torch', size)}; median (min-max)"
             ),
         )
     )
@@ -263,9 +296,11 @@ async def blocking(report: Report, b: _Bench) -> None:
             rates["dcp"] / 1e9,
             "GB/s",
             "DCP async_save, FileSystemWriter, until it returns",
+            target_ratio=1.0,
+            samples=rates.pair("chunkd", "dcp", 1e-9),
             note=(
                 f"DCP async_save returns after copying the state into new CPU tensors "
-                f"({ms['dcp']:.0f} ms); its writer thread then competes with training"
+                f"({_ms(rates, 'dcp', size)}); its writer thread then competes with training"
             ),
         )
     )
@@ -296,7 +331,7 @@ async def durable(report: Report, b: _Bench) -> None:
         dcp.save(state, storage_writer=writer, no_dist=True)
         return size, time.perf_counter() - start
 
-    rates = await interleave(b.rounds, {"chunkd": _phase(chunkd), "dcp": _phase(dcp_save)})
+    rates = await interleave(b.save_rounds, {"chunkd": _phase(chunkd), "dcp": _phase(dcp_save)})
     report.add(
         Result(
             f"durable save {_size(b.nbytes)} (durability=local)",
@@ -305,10 +340,13 @@ async def durable(report: Report, b: _Bench) -> None:
             "GB/s",
             "DCP save, FileSystemWriter (sync_files=True), local disk",
             target_ratio=1.0,
+            samples=rates.pair("chunkd", "dcp", 1e-9),
             note=(
-                "save() until every chunk is hashed, written and fsynced to the disk tier "
-                "(default cache settings: fsync always, zstd when it saves 1/8) and the "
-                "job journal is fsynced; the upload to the backend that follows is not timed"
+                f"save() until every chunk is hashed, written to the disk tier (raw, "
+                f"O_DIRECT from the sealed memfd's pages) and synced (syncfs), and the job "
+                f"journal is fsynced: {_ms(rates, 'chunkd', size)}; DCP "
+                f"{_ms(rates, 'dcp', size)}; the upload to the backend that follows is not "
+                f"timed"
             ),
         )
     )
@@ -381,34 +419,42 @@ def _together(target: Callable[..., None], args: tuple[Any, ...]) -> float:
 
 async def ranks(report: Report, b: _Bench) -> None:
     state, size = b.state, b.nbytes
-    _perturb(state)
-    name = _name("ranks")
-    os.sync()
-    before = _backend_bytes(b.daemon)
-    chunkd_s = _together(_chunkd_rank, (state, b.daemon.socket, name, uuid.uuid4().hex))
-    chunkd_bytes = _backend_bytes(b.daemon) - before
-    parts = checkpoint.manifest(name, client=b.client)
-    root = b.files / "ranks-dcp"
-    os.sync()
-    dcp_s = _together(_dcp_rank, (state, free_port(), str(root)))
-    dcp_bytes = _dir_bytes(root)
-    shutil.rmtree(root, ignore_errors=True)
+    chunkd_x: list[float] = []
+    dcp_x: list[float] = []
+    chunkd_s: list[float] = []
+    dcp_s: list[float] = []
+    parts: dict[str, Any] = {}
+    for _ in range(b.rounds):
+        _perturb(state)
+        name = _name("ranks")
+        os.sync()
+        before = _backend_bytes(b.daemon)
+        chunkd_s.append(_together(_chunkd_rank, (state, b.daemon.socket, name, uuid.uuid4().hex)))
+        chunkd_x.append((_backend_bytes(b.daemon) - before) / size)
+        parts = checkpoint.manifest(name, client=b.client)
+        root = b.files / "ranks-dcp"
+        os.sync()
+        dcp_s.append(_together(_dcp_rank, (state, free_port(), str(root))))
+        dcp_x.append(_dir_bytes(root) / size)
+        shutil.rmtree(root, ignore_errors=True)
     report.add(
         Result(
             f"{_RANKS} ranks, same {_size(size)} state: bytes written / state",
-            chunkd_bytes / size,
-            dcp_bytes / size,
+            statistics.median(chunkd_x),
+            statistics.median(dcp_x),
             "x",
             f"DCP save, {_RANKS} gloo ranks, FileSystemWriter: bytes of its files",
             target_max=1.05,
+            samples=Rounds.of(chunkd_x, dcp_x),
             note=(
                 f"{_RANKS} processes save identical replicated state under one save id, "
                 f"at once, to one daemon; chunkd's figure is its chunkd_backend_write_bytes_total "
-                f"delta (chunks, intents, parts, manifest); the manifest counts "
+                f"delta (chunks, intents, parts, manifest); the last manifest counts "
                 f"{parts['new_bytes'] / MiB:.0f} MiB new of {parts['logical_bytes'] / MiB:.0f} "
                 f"MiB logical. DCP's default planner also writes a replicated tensor on one "
-                f"rank only. Wall time: chunkd {chunkd_s:.1f} s to remote, DCP {dcp_s:.1f} s "
-                f"(fsynced). The ranks are forked and share the state's pages copy-on-write"
+                f"rank only. Wall time: chunkd {statistics.median(chunkd_s):.1f} s to remote, "
+                f"DCP {statistics.median(dcp_s):.1f} s (fsynced). The ranks are forked and "
+                f"share the state's pages copy-on-write"
             ),
         )
     )
@@ -430,27 +476,33 @@ async def delta(report: Report, b: _Bench) -> None:
             changed.append(tensor)
             changed_bytes += n
 
-    _perturb(state)
-    checkpoint.save(state, _name("step-a"), client=b.client)
-    for tensor in changed:
-        tensor.mul_(0.9)  # every value of these moves (a decayed weight, a moment)
-    for moments in state["optim"]["state"].values():
-        moments["step"].add_(1)
-    state["step"] += 1
-    os.sync()
-    before = _backend_bytes(b.daemon)
-    done = checkpoint.save(state, _name("step-b"), client=b.client).result()
-    written = _backend_bytes(b.daemon) - before
-    full = done.logical_bytes
+    written: list[float] = []
+    new: list[float] = []
+    full = dedup = 0
+    for _ in range(b.rounds):
+        _perturb(state)
+        checkpoint.save(state, _name("step-a"), client=b.client)
+        for tensor in changed:
+            tensor.mul_(0.9)  # every value of these moves (a decayed weight, a moment)
+        for moments in state["optim"]["state"].values():
+            moments["step"].add_(1)
+        state["step"] += 1
+        os.sync()
+        before = _backend_bytes(b.daemon)
+        done = checkpoint.save(state, _name("step-b"), client=b.client).result()
+        written.append((_backend_bytes(b.daemon) - before) / MiB)
+        new.append(done.new_bytes / MiB)
+        full, dedup = done.logical_bytes, done.dedup_bytes
     share = changed_bytes / big_bytes
     report.add(
         Result(
             f"{share:.0%} of the big tensors changed: bytes written for the step",
-            written / MiB,
+            statistics.median(written),
             full / MiB,
             "MiB",
             "a full save (torch.save and DCP write everything each step)",
             target_max=round((changed_bytes + 4 * MiB) * 1.05 / MiB, 1),
+            samples=Rounds.of(written, [full / MiB]),
             note=(
                 f"{len(changed)} of {len(big)} tensors >= 256 KiB changed, "
                 f"{changed_bytes / MiB:.0f} MiB ({changed_bytes / full:.1%} of the state); "
@@ -463,11 +515,12 @@ async def delta(report: Report, b: _Bench) -> None:
     report.add(
         Result(
             f"{share:.0%} of the big tensors changed: new_bytes the save reported",
-            done.new_bytes / MiB,
+            statistics.median(new),
             full / MiB,
             "MiB",
             "a full save",
-            note=f"SaveResult.new_bytes; dedup_bytes {done.dedup_bytes / MiB:.0f} MiB",
+            samples=Rounds.of(new, [full / MiB]),
+            note=f"SaveResult.new_bytes; dedup_bytes {dedup / MiB:.0f} MiB",
         )
     )
 
@@ -506,7 +559,7 @@ async def load(report: Report, b: _Bench) -> None:
 
     # interleave's untimed first round is the warm-up: the daemon's RAM cache, the page cache
     rates = await interleave(
-        b.rounds + 2,
+        b.rounds,
         {"chunkd": _phase(chunkd), "torch": _phase(torch_load), "dcp": _phase(dcp_load)},
     )
     checkpoint.load_into(target, name, client=b.client)
@@ -521,6 +574,7 @@ async def load(report: Report, b: _Bench) -> None:
             "GB/s",
             "torch.load of a page-cached file (into new tensors)",
             target_ratio=5.0,
+            samples=rates.pair("chunkd", "torch", 1e-9),
             note=(
                 "load_into copies from the chunks' memfds (daemon RAM tier) into the "
                 "tensors in place; torch.load allocates new tensors, as it always does"
@@ -535,8 +589,37 @@ async def load(report: Report, b: _Bench) -> None:
             "GB/s",
             "DCP load, FileSystemReader, page-cached files, in place",
             target_ratio=3.0,
+            samples=rates.pair("chunkd", "dcp", 1e-9),
         )
     )
+
+
+# -- 6. blocking time with the state on the GPU ----------------------------------------
+
+
+async def blocking_cuda(report: Report, b: _Bench) -> None:
+    if not torch.cuda.is_available():
+        print("ckpt: blocking_cuda skipped, this machine has no CUDA device", flush=True)
+        return
+    state = _to(b.state, torch.device("cuda"))
+    try:
+        await _blocking(report, b, state, " CUDA")
+    finally:
+        del state
+        torch.cuda.empty_cache()
+
+
+def _to(state: Any, device: torch.device) -> Any:
+    """The same structure with its tensors copied to ``device``."""
+    if isinstance(state, torch.Tensor):
+        return state.to(device)
+    if isinstance(state, dict):
+        return {key: _to(value, device) for key, value in state.items()}
+    if isinstance(state, list):
+        return [_to(value, device) for value in state]
+    if isinstance(state, tuple):
+        return tuple(_to(value, device) for value in state)
+    return state
 
 
 # -- all of them -----------------------------------------------------------------------
@@ -548,6 +631,7 @@ _SCENARIOS = {
     "ckpt_ranks": ranks,
     "ckpt_delta": delta,
     "ckpt_load": load,
+    "ckpt_blocking_cuda": blocking_cuda,
 }
 
 
@@ -561,24 +645,29 @@ async def run(report: Report, work: Path, *, quick: bool, only: set[str] | None 
         return
     files = work / "files"
     files.mkdir(parents=True, exist_ok=True)
-    daemon = BenchDaemon(
-        work / "daemon",
-        {
-            "CHUNKD_CACHE_RAM_BYTES": "4GiB",
-            "CHUNKD_CACHE_DISK_BYTES": "40GiB",
-        },
-    )
-    client = Client(daemon.socket)
+    shape = QUICK if quick else FULL
+    state = model_state(shape, 1)
+    save_rounds = report.rounds_for(_QUICK_ROUNDS if quick else _SAVE_ROUNDS)
+    rounds = report.rounds_for(_QUICK_ROUNDS if quick else _OTHER_ROUNDS)
     try:
-        shape = QUICK if quick else FULL
-        bench = _Bench(daemon, client, model_state(shape, 1), files, 1 if quick else 3)
         with warnings.catch_warnings():
             # DCP without a process group says that it assumes a single process: it does
             warnings.filterwarnings("ignore", r"torch\.distributed is (disabled, )?unavailable")
             for scenario in wanted:
                 print(f"ckpt: {scenario.removeprefix('ckpt_')}", flush=True)
-                await _SCENARIOS[scenario](report, bench)
+                # A daemon (and a backend directory) per scenario, removed after it: a
+                # full run saves some 25 GiB, which no one disk should have to hold at once.
+                home = work / scenario
+                daemon = BenchDaemon(
+                    home, {"CHUNKD_CACHE_RAM_BYTES": "4GiB", "CHUNKD_CACHE_DISK_BYTES": "40GiB"}
+                )
+                client = Client(daemon.socket)
+                try:
+                    bench = _Bench(daemon, client, state, files, save_rounds, rounds)
+                    await _SCENARIOS[scenario](report, bench)
+                finally:
+                    client.close()
+                    daemon.stop()
+                    shutil.rmtree(home, ignore_errors=True)
     finally:
-        client.close()
-        daemon.stop()
         shutil.rmtree(work, ignore_errors=True)

@@ -13,6 +13,7 @@ import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from chunkd.client.checkpoint.cudastaging import check_cuda
 from chunkd.errors import UnsupportedStateError
 
 if TYPE_CHECKING:
@@ -36,6 +37,7 @@ class Encoder:
     def __init__(self) -> None:
         self.blobs: list[Blob] = []
         self._seen: dict[tuple[Any, ...], int] = {}
+        self._cuda_checked = False
         self._torch = sys.modules.get("torch")
         self._np = sys.modules.get("numpy")
 
@@ -90,6 +92,9 @@ class Encoder:
             raise _unsupported(path, tensor, f"{tensor.layout} or quantized tensors")
         if tensor.device.type == "meta":
             raise _unsupported(path, tensor, "tensors on the meta device (they hold no data)")
+        if tensor.device.type == "cuda" and not self._cuda_checked:
+            check_cuda(tensor.device, path)
+            self._cuda_checked = True  # once a state: the answer is the process's
         key = (
             tensor.untyped_storage().data_ptr(),
             tensor.device,

@@ -13,6 +13,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Final
 
+from chunkd.client.checkpoint.cudastaging import is_cuda
 from chunkd.client.checkpoint.encode import Encoder
 from chunkd.client.checkpoint.process import client_or_default, distributed
 from chunkd.client.checkpoint.staging import SPARE, plan, sealed_json, stage
@@ -178,7 +179,6 @@ def async_save(
     chunk_bytes = chunkd.chunk_bytes
     segments, total = plan(encoder.blobs, chunk_bytes)
     data_fd = stage(encoder.blobs, segments, total)
-    SPARE.prepare(total)
     try:
         layout_fd = sealed_json({"segments": [[*s] for s in segments], "tree": tree})
         try:
@@ -200,6 +200,9 @@ def async_save(
             os.close(layout_fd)
     finally:
         os.close(data_fd)
+        # Only now: making the next save's memory ready takes a core for a while, and
+        # must not slow the hand-off the trainer waits for.
+        SPARE.prepare(total, pin=any(is_cuda(b.source) for b in encoder.blobs))
     return SaveHandle(chunkd, name, reply, durability)
 
 

@@ -30,6 +30,13 @@ def blob_bytes(source: Any) -> memoryview:
     return array.reshape(-1).view(np.uint8).data
 
 
+def view_address(view: memoryview) -> int:
+    """The address of the first byte of a C-contiguous ``view`` (read-only or not)."""
+    import numpy as np
+
+    return int(np.frombuffer(view, dtype=np.uint8).ctypes.data)
+
+
 def flat_bytes(tensor: Any) -> memoryview | None:
     """A writable byte view of a contiguous CPU tensor's elements, or None."""
     import torch

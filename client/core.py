@@ -68,6 +68,7 @@ from chunkd.memfd import close_all
 
 if TYPE_CHECKING:
     from _typeshed import WriteableBuffer
+    from torch import Tensor
 
 __all__ = [
     "DEFAULT_CACHE_BYTES",
@@ -297,19 +298,28 @@ class Client:
             )
         return located.view()
 
-    def read_into(self, name: str, buf: WriteableBuffer, offset: int = 0) -> int:
+    def read_into(self, name: str, buf: WriteableBuffer | Tensor, offset: int = 0) -> int:
         """Copy bytes of an object into a writable buffer (e.g. a pinned tensor's memory).
+
+        Each byte is copied once, from the chunk the daemon holds straight into
+        ``buf`` (``preadv`` from the chunk's memfd, or from its mapping if the client
+        already mapped it); a range of 32 MiB or more is copied by up to four threads
+        (at most half the CPUs).
+        A CPU torch tensor, pinned or not, is filled in its own memory: read into a
+        pinned tensor, then ``tensor.to("cuda", non_blocking=True)``.
 
         Args:
             name: the object, ``BACKEND/KEY``.
-            buf: any writable, C-contiguous buffer; it is filled from its start.
+            buf: any writable, C-contiguous buffer, or a contiguous CPU torch tensor;
+                it is filled from its start, byte for byte (the object's bytes are
+                taken as the tensor's raw bytes, whatever its dtype).
             offset: the object's byte that lands at ``buf[0]``.
 
         Returns:
             Bytes copied: ``len(buf)`` in bytes, or fewer where the object ends first.
 
         Raises:
-            TypeError: ``buf`` is read-only.
+            TypeError: ``buf`` is read-only, or a tensor on a device or not contiguous.
             ObjectNotFoundError, UnknownBackendError, InvalidKeyError, ChunkdError,
             DaemonUnavailableError: as for :meth:`read`.
         """

@@ -1,5 +1,7 @@
 """Decoding a part's tree: new values (:class:`Decoder`) or values filled in place
-(:func:`fill_into`), their bytes planned on a :class:`~.reader.PartReader`."""
+(:func:`fill_into`), their bytes planned on a :class:`~.reader.PartReader`: CPU
+tensors and arrays read into directly, CUDA tensors through the staging ring
+(:mod:`.device`)."""
 
 from __future__ import annotations
 
@@ -7,8 +9,10 @@ import base64
 import struct
 import sys
 from collections.abc import Iterator
+from functools import partial
 from typing import Any
 
+from chunkd.client.checkpoint.device import device_bytes
 from chunkd.client.checkpoint.reader import PartReader
 from chunkd.client.checkpoint.views import flat_bytes
 from chunkd.errors import CheckpointError
@@ -38,16 +42,23 @@ class Decoder:
     """Nodes into new values, their bytes planned on ``reader``.
 
     ``by_id`` holds the tensor nodes that ``ref`` nodes may point at, for a ref
-    decoded without its owner.
+    decoded without its owner. ``ring_cpu``: CPU tensors too go through the reader's
+    staging ring (with its stand-in link: the GPU path's logic, tested on a CPU).
     """
 
     def __init__(
-        self, reader: PartReader, map_location: Any, by_id: dict[int, dict[str, Any]] | None = None
+        self,
+        reader: PartReader,
+        map_location: Any,
+        by_id: dict[int, dict[str, Any]] | None = None,
+        *,
+        ring_cpu: bool = False,
     ) -> None:
         self.reader = reader
         self.map_location = map_location
         self.tensors: dict[int, Any] = {}
         self.by_id = by_id or {}
+        self.ring_cpu = ring_cpu
 
     def decode(self, node: Any) -> Any:
         if not isinstance(node, dict):
@@ -105,8 +116,19 @@ class Decoder:
 
     def fill(self, tensor: Any, node: dict[str, Any]) -> None:
         """Have the reader fill ``tensor`` (same shape and dtype) with ``node``'s bytes."""
+        kind = tensor.device.type
+        if kind == "cuda" or (self.ring_cpu and kind == "cpu"):
+            flat = device_bytes(tensor)
+            if flat is not None:  # into the tensor's own memory, through the ring
+                self.reader.plan_device(node, flat)
+                return
+            # A strided view on the device: a contiguous tensor beside it is filled,
+            # then copied over on the device (memory: that one tensor, for a moment).
+            dense = self.new_tensor(node, tensor.device)
+            self.reader.after(partial(_copy, tensor, dense))
+            return
         direct = (
-            tensor.device.type == "cpu"
+            kind == "cpu"
             and tensor.is_contiguous()
             and not tensor.is_conj()
             and not tensor.is_neg()
@@ -115,15 +137,15 @@ class Decoder:
         if flat is not None:  # straight from the chunks into the tensor's own memory
             self.reader.plan(node, flat)
             return
-        staging = self.new_tensor(node)  # CUDA, strided views: through a CPU copy
+        # CPU strided views, other devices: through a CPU copy
+        self.reader.after(partial(_copy, tensor, self.new_tensor(node)))
 
-        def copy() -> None:
-            import torch
 
-            with torch.no_grad():
-                tensor.copy_(staging)
+def _copy(target: Any, source: Any) -> None:
+    import torch
 
-        self.reader.after(copy)
+    with torch.no_grad():
+        target.copy_(source)
 
 
 def fill_into(

@@ -1,15 +1,24 @@
-"""Reading a part's bytes: planned copies from the daemon's chunks into their targets."""
+"""Reading a part's bytes: planned copies from the daemon's chunks into their targets,
+host memory directly and device memory through the staging ring (:mod:`.device`)."""
 
 from __future__ import annotations
 
-import os
 import socket
 import zlib
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
+from functools import partial
 from typing import Any, Final
 
 from chunkd import memfd
+from chunkd.client.checkpoint.device import (
+    CudaLink,
+    DeviceLink,
+    DeviceRead,
+    StagingRing,
+    pack,
+    read_exact,
+)
 from chunkd.client.checkpoint.process import COPY_THREADS
 from chunkd.client.core import Client
 from chunkd.errors import CheckpointError, ChunkdError, IntegrityError
@@ -27,9 +36,17 @@ class PartReader:
     and reads each piece straight from the chunk's sealed memfd into its target
     with ``preadv``, on a few threads: no mapping of the chunk is set up (that
     costs more than the copy), and at most one batch of fds is open at once.
+
+    Device targets (:meth:`plan_device`) are read the same way into the host
+    buffers of a :class:`~.device.StagingRing`, whose copies to the device run on a
+    side stream while the threads read on; :meth:`run` returns once those copies
+    have finished. ``link`` is the way to the device: a :class:`~.device.CudaLink`
+    unless given (tests give a :class:`~.device.ThreadLink`, the CPU stand-in).
     """
 
-    def __init__(self, client: Client, name: str, part: dict[str, Any]) -> None:
+    def __init__(
+        self, client: Client, name: str, part: dict[str, Any], link: DeviceLink | None = None
+    ) -> None:
         self.client = client
         self.name = name
         self.backend = name.split("/", 1)[0]
@@ -39,7 +56,10 @@ class PartReader:
         self._owners: dict[str, list[str]] = {}
         # chunk id -> (start, stop, target) pieces to read from it
         self._planned: dict[str, list[tuple[int, int, memoryview]]] = {}
+        # chunk id -> (start, stop, flat uint8 device tensor, offset in it) pieces
+        self._device: dict[str, list[tuple[int, int, Any, int]]] = {}
         self._after: list[Callable[[], None]] = []
+        self.link = link
 
     def note_owner(self, node: dict[str, Any], path: str) -> None:
         for cid, _, _ in self._pieces(node["seg"], node["off"], node["len"]):
@@ -59,6 +79,21 @@ class PartReader:
         if at != node["len"]:
             raise CheckpointError(f"checkpoint {self.name}: a value's bytes are incomplete")
 
+    def plan_device(self, node: dict[str, Any], flat: Any) -> None:
+        """Have :meth:`run` fill ``flat`` (a flat ``uint8`` tensor, on a device) with
+        the bytes of ``node``, through the staging ring."""
+        if flat.numel() != node["len"]:
+            raise CheckpointError(
+                f"checkpoint {self.name}: a value of {node['len']} bytes has a "
+                f"{flat.numel()}-byte target on {flat.device}"
+            )
+        at = 0
+        for cid, lo, hi in self._pieces(node["seg"], node["off"], node["len"]):
+            self._device.setdefault(cid, []).append((lo, hi, flat, at))
+            at += hi - lo
+        if at != node["len"]:
+            raise CheckpointError(f"checkpoint {self.name}: a value's bytes are incomplete")
+
     def after(self, step: Callable[[], None]) -> None:
         """Run ``step`` once every planned copy is done (e.g. a copy to a GPU)."""
         self._after.append(step)
@@ -66,21 +101,42 @@ class PartReader:
     def run(self) -> None:
         """Do every planned copy, then every step given to :meth:`after`."""
         planned, self._planned = self._planned, {}
-        wanted = list(planned)
+        to_device, self._device = self._device, {}
+        wanted = list(dict.fromkeys([*planned, *to_device]))
         if wanted:  # each host starts at its own place: N nodes restoring one
             # checkpoint spread their requests over the chunks' owners (docs/peers.md)
             turn = zlib.crc32(socket.gethostname().encode()) % len(wanted)
             wanted = wanted[turn:] + wanted[:turn]
-        with ThreadPoolExecutor(COPY_THREADS, thread_name_prefix="chunkd-load") as pool:
-            for start in range(0, len(wanted), _CHUNKS_PER_REQUEST):
-                batch = wanted[start : start + _CHUNKS_PER_REQUEST]
-                fds = self._chunks(batch)
-                try:
-                    jobs = [(fd, planned[cid]) for cid, fd in zip(batch, fds, strict=True)]
-                    for _ in pool.map(_read_pieces, jobs):
-                        pass
-                finally:
-                    memfd.close_all(fds)
+        ring = StagingRing(self.link or CudaLink()) if to_device else None
+        try:
+            if ring is not None:
+                ring.link.begin({d.device for pieces in to_device.values() for *_, d, _ in pieces})
+            with ThreadPoolExecutor(COPY_THREADS, thread_name_prefix="chunkd-load") as pool:
+                for start in range(0, len(wanted), _CHUNKS_PER_REQUEST):
+                    batch = wanted[start : start + _CHUNKS_PER_REQUEST]
+                    fds = self._chunks(batch)
+                    try:
+                        jobs: list[Callable[[], None]] = [
+                            partial(_read_pieces, fd, planned[cid])
+                            for cid, fd in zip(batch, fds, strict=True)
+                            if cid in planned
+                        ]
+                        if ring is not None:
+                            reads = [
+                                DeviceRead(fd, lo, hi, dest, at)
+                                for cid, fd in zip(batch, fds, strict=True)
+                                for lo, hi, dest, at in to_device.get(cid, ())
+                            ]
+                            jobs += [partial(ring.stage, job) for job in pack(reads, ring.nbytes)]
+                        running = [pool.submit(job) for job in jobs]
+                        wait(running)  # every job, even after one failed: they read these fds
+                        for job in running:
+                            job.result()
+                    finally:
+                        memfd.close_all(fds)
+        finally:
+            if ring is not None:  # every copy finished, also after a failure: no buffer
+                ring.link.finish()  # goes back to the allocator under a copy in flight
         steps, self._after = self._after, []
         for step in steps:
             step()
@@ -121,12 +177,6 @@ class PartReader:
                 return
 
 
-def _read_pieces(job: tuple[int, list[tuple[int, int, memoryview]]]) -> None:
-    fd, pieces = job
+def _read_pieces(fd: int, pieces: list[tuple[int, int, memoryview]]) -> None:
     for lo, _, target in pieces:
-        at = 0
-        while at < target.nbytes:
-            got = os.preadv(fd, [target[at:]], lo + at)
-            if got <= 0:
-                raise CheckpointError("a chunk from the daemon is shorter than its size")
-            at += got
+        read_exact(fd, target, lo)

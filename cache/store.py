@@ -177,6 +177,8 @@ class ChunkCache:
                     max_chunk_bytes=config.chunk_bytes,
                     workers=config.disk_workers,
                     retry_after=config.disk_retry_after,
+                    # RAM holds the chunks read soon; the page cache need not too
+                    direct_writes=config.ram_bytes > 0,
                 )
             except BaseException:
                 index.close()

@@ -103,7 +103,9 @@ async def test_eio_on_write_is_counted_and_the_insert_still_succeeds(
 ) -> None:
     cache = await open_cache()
 
-    def failing_write(self: disk.DiskTier, path: Path, payload: object, sync: bool) -> None:
+    def failing_write(
+        self: disk.DiskTier, path: Path, payload: object, sync: bool, *, direct: bool = False
+    ) -> None:
         path.write_bytes(b"partial")
         raise OSError(errno.EIO, "Input/output error", str(path))
 
@@ -124,11 +126,13 @@ async def test_degraded_tier_recovers_after_the_retry_interval(
     calls = {"n": 0}
     real = disk.DiskTier._write_file
 
-    def flaky(self: disk.DiskTier, path: Path, payload: object, sync: bool) -> None:
+    def flaky(
+        self: disk.DiskTier, path: Path, payload: object, sync: bool, *, direct: bool = False
+    ) -> None:
         calls["n"] += 1
         if calls["n"] == 1:
             raise OSError(errno.ENOSPC, "No space left on device", str(path))
-        real(self, path, payload, sync)  # type: ignore[arg-type]
+        real(self, path, payload, sync, direct=direct)  # type: ignore[arg-type]
 
     monkeypatch.setattr(disk.DiskTier, "_write_file", flaky)
     first = await cache.insert(os.urandom(10_000))

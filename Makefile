@@ -5,10 +5,13 @@ PYTHON ?= python3.11
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
-# The Azure Blob emulator the backend suite runs az:// against (npm, project-local).
+# The Azure Blob emulator the backend suite runs az:// against, and s3rver, the S3
+# server the cold-read bench reads over a shaped link (npm, project-local).
 AZURITE_VERSION ?= 3.35.0
+S3RVER_VERSION ?= 3.7.1
 EMULATORS := .emulators
 AZURITE := $(EMULATORS)/node_modules/.bin/azurite-blob
+S3RVER := $(EMULATORS)/node_modules/.bin/s3rver
 
 .PHONY: run test lint typecheck pytest bench clean emulators tools build-deps
 
@@ -31,7 +34,14 @@ $(AZURITE): Makefile
 		touch $(AZURITE); \
 	else echo "npm not found: the az:// backend tests will skip (install Node.js to run them)"; fi
 
-emulators: $(AZURITE)
+$(S3RVER): Makefile
+	@if command -v npm >/dev/null; then \
+		mkdir -p $(EMULATORS) && \
+		npm install --silent --no-audit --no-fund --prefix $(EMULATORS) s3rver@$(S3RVER_VERSION) && \
+		touch $(S3RVER); \
+	else echo "npm not found: the cold-read bench falls back to moto (install Node.js for s3rver)"; fi
+
+emulators: $(AZURITE) $(S3RVER)
 
 ## run: the daemon on its embedded default (./chunkd-data, ./chunkd-cache, 127.0.0.1:8470)
 run: $(STAMP)
@@ -78,7 +88,7 @@ build-deps:
 	fi
 
 ## bench: every benchmark, side by side with the baselines; report in bench/out/
-bench: $(STAMP)
+bench: $(STAMP) emulators
 	$(BIN)/python -m bench
 
 clean:

@@ -28,6 +28,7 @@ from . import (
     cache_bench,
     ckpt_bench,
     client_bench,
+    coldlink_bench,
     dataset_bench,
     fanout_bench,
     faults_bench,
@@ -83,6 +84,7 @@ def main() -> int:
             "ckpt",
             *ckpt_bench.SCENARIOS,
             "fanout",
+            "coldlink",
             "ttfb",
             "datasets",
             "inspector",
@@ -134,6 +136,12 @@ def main() -> int:
             asyncio.run(ckpt_bench.run(report, work / "ckpt", quick=args.quick, only=only))
         if wanted("fanout", "fan-out", "fanout: 4 nodes in network namespaces"):
             fanout_bench.run(report, work / "fanout", args.out, quick=args.quick)
+        if wanted(
+            "coldlink",
+            "cold reads at link speed",
+            "coldlink: cold reads over a shaped link with added latency, against obstore",
+        ):
+            coldlink_bench.run(report, work / "coldlink", quick=args.quick)
         if wanted(
             "datasets",
             "datasets and time to first batch",

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import re
+import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -107,7 +108,8 @@ def draw(series: Sequence[Series], out: Path) -> list[Plot]:
 
 def _axes(figure: Figure, title: str) -> Axes:
     ax = figure.add_subplot()
-    ax.set_title(title, loc="left", color=INK)
+    # a long title on two lines rather than cut at the figure's edge
+    ax.set_title("\n".join(textwrap.wrap(title, 72)), loc="left", color=INK)
     ax.grid(True, color=LINE, linewidth=0.6)
     ax.set_axisbelow(True)
     for side in ("top", "right"):

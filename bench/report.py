@@ -172,7 +172,7 @@ class Result:
         if self.target_ratio is not None:
             return f">= {self.target_ratio:g}x"
         if self.target_max is not None:
-            return f"<= {self.target_max:g} {self.unit}"
+            return f"<= {_num(self.target_max)} {self.unit}"
         return ""
 
     @property

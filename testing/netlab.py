@@ -39,10 +39,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 from chunkd.testing import BIN, S3Server, s3_backend
 from chunkd.testing.relay import RELAY_MARK, LatencyRelay, RelayStats
+from chunkd.testing.s3rver import KEY as S3RVER_KEY
+from chunkd.testing.s3rver import S3rverServer, s3rver_binary
 
 __all__ = ["NET", "RELAY_PORT", "ROOT_IP", "S3_IP", "Chaos", "Lab", "LabUnavailable", "lab"]
 
@@ -126,12 +128,48 @@ class Lab:
     chunk_bytes: int | None = None
     processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
     _chaos: dict[int, _NodeChaos] = field(default_factory=dict, init=False, repr=False)
+    #: the access key and secret of the S3 server started (moto's by default)
+    s3_keys: tuple[str, str] = ("testing", "testing-secret")
+    #: S3's end of its link, in its namespace (what :meth:`shape_s3` shapes)
+    s3_link: str = ""
 
-    def start_s3(self) -> None:
-        """moto's server in the S3 namespace, with a bucket ``fanout``."""
-        server = S3Server.start(host=S3_IP, port=9000, netns=self.s3_ns)
-        self.processes.append(server.process)
-        server.client().create_bucket(Bucket="fanout")
+    def start_s3(self, *, server: str = "moto") -> None:
+        """An S3 server in the S3 namespace on port 9000, with a bucket ``fanout``:
+        ``"moto"``, or ``"s3rver"`` (:mod:`chunkd.testing.s3rver`), which serves a
+        range of a large object without reading all of it.
+
+        Raises:
+            LabUnavailable: ``"s3rver"`` is not installed (``make emulators``).
+        """
+        if server == "s3rver":
+            binary = s3rver_binary()
+            if binary is None:
+                raise LabUnavailable("s3rver is not installed (make emulators; it needs npm)")
+            s3rver = S3rverServer.start(
+                binary, self.work / "s3rver", ["fanout"], host=S3_IP, port=9000, netns=self.s3_ns
+            )
+            self.processes.insert(0, s3rver.process)  # stop_nodes() keeps processes[0]
+            self.s3_keys = (S3RVER_KEY, S3RVER_KEY)
+            return
+        moto = S3Server.start(host=S3_IP, port=9000, netns=self.s3_ns)
+        self.processes.insert(0, moto.process)
+        moto.client().create_bucket(Bucket="fanout")
+
+    def s3_client(self) -> Any:
+        """A boto3 client of the lab's S3 server, from the observer."""
+        import boto3
+
+        return boto3.client(
+            "s3",
+            endpoint_url=f"http://{S3_IP}:9000",
+            aws_access_key_id=self.s3_keys[0],
+            aws_secret_access_key=self.s3_keys[1],
+            region_name="us-east-1",
+        )
+
+    def shape_s3(self, rate: str) -> None:
+        """Set S3's link (its egress) to ``rate`` (a tc rate: ``"500mbit"``)."""
+        _in(self.s3_ns, "tc", "qdisc", "change", "dev", self.s3_link, "root", "tbf", *_tbf(rate))
 
     def start_node(self, i: int, *, peers: bool) -> subprocess.Popen[bytes]:
         """Daemon ``i`` (1-4) in its namespace, with an empty cache."""
@@ -396,7 +434,22 @@ disk_min_free_bytes = 0
 fsync = "never"
 
 {section}
-{s3_backend("ckpt", "s3://fanout/pre", f"http://{S3_IP}:9000", writable=True, retries=2)}"""
+{
+            s3_backend(
+                "ckpt",
+                "s3://fanout/pre",
+                f"http://{S3_IP}:9000",
+                writable=True,
+                retries=2,
+                access_key_id=self.s3_keys[0],
+                secret_access_key=self.s3_keys[1],
+            )
+        }"""
+
+
+def _tbf(rate: str) -> tuple[str, ...]:
+    """A tbf qdisc's settings for a link of ``rate``."""
+    return ("rate", rate, "burst", "256kb", "latency", "200ms")
 
 
 @contextmanager
@@ -466,13 +519,10 @@ def lab(
                     inner,
                     "root",
                     "tbf",
-                    "rate",
-                    rate,
-                    "burst",
-                    "256kb",
-                    "latency",
-                    "200ms",
+                    *_tbf(rate),
                 )
+                if ns == s3_ns:
+                    built.s3_link = inner
             root_if, root_peer = f"r{tag}x0", f"b{tag}x0"
             _ip("link", "add", root_if, "type", "veth", "peer", "name", root_peer, "netns", switch)
             links.append(root_if)

@@ -367,7 +367,10 @@ class LatencyRelay:
             netns: run it in this network namespace (``ip netns exec``; root).
             seed: the delays' random seed, so that a run can be repeated.
         """
-        argv = [sys.executable, "-m", "chunkd.testing.relay", "--listen", listen]
+        # -c, not -m: chunkd.testing imports this module, and runpy warns when the
+        # module it runs as __main__ is already in sys.modules
+        argv = [sys.executable, "-c", "from chunkd.testing.relay import _main; _main()"]
+        argv += ["--listen", listen]
         argv += ["--latency", str(latency), "--jitter", str(jitter), "--seed", str(seed)]
         if upstream is not None:
             argv += ["--upstream", upstream]

@@ -4,6 +4,7 @@ figures are not checked here: speed is measured by `make bench`, never by a time
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -19,6 +20,7 @@ if str(REPO) not in sys.path:
 
 from bench import history  # noqa: E402
 from bench.report import Report, Result, Rounds, interleave  # noqa: E402
+from chunkd.testing.s3rver import s3rver_binary  # noqa: E402
 
 FAULT_ROW = "a disarmed fault point, per call"
 
@@ -56,6 +58,13 @@ def test_bench_quick_run_writes_a_complete_report(tmp_path: Path) -> None:
         FAULT_ROW,
     ):
         assert expected in by_name
+    if os.geteuid() == 0 and s3rver_binary() is not None:  # the cold-read lab can run
+        cold = [row for row in rows if row["area"] == "cold reads at link speed"]
+        assert {row["scenario"].split(",")[0] for row in cold} == {
+            "headroom: s3rver unshaped (a direct GET) over the link the rows share",
+            "cold read of one 16 MiB object",
+            "cold read of 50 objects of 256 KiB",
+        }
     assert all(row["chunkd"] > 0 and row["baseline"] > 0 for row in rows)
     # rows built on interleave carry their rounds and the spread of the ratio
     insert = by_name["RAM insert 4 MiB, 4 in flight (hash, memfd, seal)"]
@@ -257,3 +266,24 @@ def test_ttfb_streaming_baseline_is_unavailable_where_its_venv_cannot_be_built(t
     assert failed == "Unavailable False"  # the half-built venv is gone: the next run retries
     assert "torch==0.0.1" in reason
     assert "install.log" in reason
+
+
+def test_the_soak_summaries_become_latency_plots(tmp_path: Path) -> None:
+    from bench.__main__ import _soak_latencies
+
+    ops = {
+        "read_range": {"count": 10, "p50": 0.001, "p99": 0.01, "max": 0.1},
+        "gc": {"count": 0, "p50": 0.0, "p99": 0.0, "max": 0.0},  # never came up: no row
+    }
+    (tmp_path / "soak-full.json").write_text(json.dumps({"clients": 64, "ops": ops}))
+    report = Report()
+    report.area = "soak"
+    _soak_latencies(report, tmp_path)  # no soak-solo.json: that plot is left out
+    assert [(s.figure, s.label, s.x, s.y) for s in report.series] == [
+        (
+            "soak: latency per op, 64 clients at once",
+            "read_range",
+            (50, 99, 100),
+            (0.001, 0.01, 0.1),
+        )
+    ]

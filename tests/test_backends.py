@@ -15,6 +15,7 @@ import pytest
 
 from chunkd.errors import ConfigError
 from chunkd.gateway.backends import AzureBackend, Backend, make_backend
+from chunkd.gateway.backends.store import past_the_end
 from chunkd.gateway.config import BackendConfig
 from chunkd.gateway.metrics import Metrics
 from chunkd.testing import S3Server
@@ -163,3 +164,29 @@ def test_an_azure_backend_without_an_account_is_a_config_error(tmp_path: Path) -
     # obstore refuses it with its own error; the daemon says which backend and what to set.
     with pytest.raises(ConfigError, match=r"backend 'b' \(az://c\) cannot be set up.*Account"):
         make_backend(BackendConfig(name="b", url="az://c"), Metrics())
+
+
+async def test_only_a_416_reads_as_a_range_past_the_end(s3_server: S3Server) -> None:
+    # obstore's text of a failed GET holds the URL, the key and the elapsed time: a
+    # "416" among them (a key like this one) must not read as a 416 answer, which
+    # would hide the failure from the retries and the circuit.
+    import obstore
+    from obstore.store import S3Store
+
+    bucket = f"chunkd-{uuid.uuid4().hex[:12]}"
+    s3_server.client().create_bucket(Bucket=bucket)
+    s3_server.client().put_object(Bucket=bucket, Key="shards/00416.tar", Body=b"x" * 100)
+    options = {"allow_http": True, "timeout": "2s"}
+    keys = {"access_key_id": "testing", "secret_access_key": "testing-secret"}
+    live = S3Store(bucket, endpoint=s3_server.endpoint, client_options=options, **keys)
+    dead = S3Store(bucket, endpoint="http://127.0.0.1:9", client_options=options, **keys)
+    failures = []
+    for store, start in ((live, 100), (dead, 0)):
+        try:
+            await obstore.get_async(store, "shards/00416.tar", options={"range": (start, 200)})
+        except Exception as exc:  # the store's own error, whatever it is
+            failures.append(exc)
+    refused, unreachable = failures
+    assert "416" in str(unreachable)  # the key, in the text of a failure to connect
+    assert past_the_end(refused)
+    assert not past_the_end(unreachable)

@@ -87,14 +87,20 @@ _OBJECT_OPS: Final = frozenset({"head", "get", "put", "delete"})
 _UNPINNED_TRIES: Final = 2
 _MARKER_HEADS: Final = 16  # HEADs at once that tell a folder marker from an empty object
 # How each store says a range starts at or past the end of the object (an empty one
-# included): S3 and GCS answer 416; obstore says so itself for Azure and for its local
-# and in-memory stores.
+# included): S3 and GCS answer 416 (as the status line reads: a bare "416" also
+# matches a port, a key or a timing in obstore's text); obstore says so itself for
+# Azure and for its local and in-memory stores.
 _PAST_THE_END: Final = (
-    "416",
+    "416 Range Not Satisfiable",
     "Requested range was invalid",
     "Invalid range",
     "Wanted range starting at",
 )
+
+
+def past_the_end(exc: Exception) -> bool:
+    """Whether ``exc``, a store's refusal of a GET, says its range starts at or past the end."""
+    return any(sign in str(exc) for sign in _PAST_THE_END)
 
 
 class StoreBackend(Backend):
@@ -234,7 +240,7 @@ class StoreBackend(Backend):
             except NotModifiedError:
                 return known
             except GenericError as exc:
-                if any(sign in str(exc) for sign in _PAST_THE_END):
+                if past_the_end(exc):
                     return None
                 raise
 

@@ -557,6 +557,9 @@ class DiskTier(Tier):
                     # operator may also have removed it since): a makedirs before
                     # every rename cost 7-17% of the daemon's samples in a cold read.
                     os.makedirs(final.parent, exist_ok=True)
+                    if sync:  # the new directories' names are durable too
+                        _fsync_dir(final.parent.parent)
+                        _fsync_dir(self._chunks_dir)
                     os.rename(tmp, final)
                 if sync:
                     _fsync_dir(final.parent)

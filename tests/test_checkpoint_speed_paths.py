@@ -26,7 +26,7 @@ from chunkd.cache.disk import DiskTier
 from chunkd.cache.index import Index
 from chunkd.client import Client
 from chunkd.client import checkpoint as ckpt
-from chunkd.client.checkpoint import cudastaging
+from chunkd.client.checkpoint import cudastaging, staging
 from chunkd.client.checkpoint.staging import SPARE
 from chunkd.errors import UnsupportedStateError
 from tests.conftest import Daemon
@@ -341,3 +341,21 @@ def test_cuda_tensors_are_copied_straight_into_the_staged_memfd(
     cuda["w"].copy_(cpu["w"].cuda())
     ckpt.save(cuda, "local/cuda/b", durability="local", client=client)
     _same(ckpt.load("local/cuda/b", client=client), cpu | {"host": cpu["w"]})
+
+
+def test_a_spare_far_larger_than_a_save_stays_for_a_save_of_its_size() -> None:
+    # Taking it would make the trainer unmap and free the surplus on its blocking path.
+    spare = staging._Spare()
+    spare.prepare(256 << 20)
+    deadline = time.monotonic() + 60
+    while spare.ready() is None:
+        assert time.monotonic() < deadline, "no spare was made"
+        time.sleep(0.01)
+    assert spare.take(0) is None
+    assert spare.take(1 << 20) is None  # 1 MiB: 255 MiB would be unmapped for it
+    assert spare.ready() is not None
+    taken = spare.take(200 << 20)  # within twice the size plus the slack
+    assert taken is not None
+    assert taken.size == 256 << 20
+    assert spare.ready() is None
+    taken.close()

@@ -16,6 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from chunkd.cache import ChunkId
 from chunkd.testing import refused_backend, s3_backend
 
 from .conftest import CountingProxy, Daemon, S3Server, free_port, get_from_namespace
@@ -63,6 +64,23 @@ def test_embedded_default_serves_local_files(start_daemon, tmp_path: Path) -> No
     assert status == 206
     assert body == payload[4194300:4194311]
     assert daemon.metric("chunkd_cache_hits_total", tier="ram") >= 2
+    assert daemon.stop() == 0
+
+
+def test_a_whole_chunk_is_served_where_warnings_are_errors(start_daemon, tmp_path: Path) -> None:
+    # A chunk's answer is written from its own view; aiohttp's Response would wrap the
+    # view in a payload that warns above 1 MiB, a 500 under -W error.
+    env = {"PYTHONWARNINGS": "error::ResourceWarning"}
+    daemon: Daemon = start_daemon(cwd=tmp_path / "work", env=env)
+    payload = os.urandom(5 * MiB)
+    (tmp_path / "work" / "chunkd-data" / "w.bin").write_bytes(payload)
+    assert daemon.get("/v1/objects/local/w.bin")[2] == payload
+    first = ChunkId.of(payload[: 4 * MiB])
+    status, headers, body = daemon.get(f"/v1/chunks/{first}")
+    assert status == 200
+    assert body == payload[: 4 * MiB]
+    assert headers["ETag"] == f'"{first}"'
+    assert headers["Content-Length"] == str(4 * MiB)
     assert daemon.stop() == 0
 
 

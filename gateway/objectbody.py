@@ -8,7 +8,7 @@ serves a window of an object (a tar member, say) as a resource of its own.
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Mapping
-from typing import Literal
+from typing import Final, Literal
 
 from aiohttp import web
 
@@ -30,11 +30,25 @@ def quoted_etag(version: str) -> str:
     return version if version.startswith('"') else f'"{version}"'
 
 
+#: headers that can make a GET's answer a 304 or a 412, or the whole object (If-Range)
+_CONDITIONS: Final = (
+    "If-Match",
+    "If-None-Match",
+    "If-Modified-Since",
+    "If-Unmodified-Since",
+    "If-Range",
+)
+
+
 def reading_of(request: web.Request) -> tuple[int, int | None] | None:
     """The bytes a GET's ``Range`` asks for, before the object's size is known (a hint
     for the read path's first GET: :meth:`~chunkd.gateway.readpath.ReadPath.stat`);
-    None for a HEAD, a suffix or a ``Range`` that :func:`send_object` refuses later."""
-    if request.method != "GET":
+    None for a HEAD, a suffix or a ``Range`` that :func:`send_object` refuses later,
+    and for a GET that may be answered without a body (a condition, an S3
+    ``partNumber``): the first GET's span would fetch bytes nobody reads."""
+    if request.method != "GET" or any(h in request.headers for h in _CONDITIONS):
+        return None
+    if "partNumber" in request.query:
         return None
     try:
         return reading(parse_range(request.headers.get("Range")))

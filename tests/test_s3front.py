@@ -109,6 +109,20 @@ def test_buckets_are_the_configured_backends(front: FrontNode) -> None:
 # -- objects: ranges, conditions, overrides --------------------------------------------
 
 
+def test_a_conditional_get_of_a_version_not_seen_here_reads_no_span(
+    front: FrontNode, s3_server: S3Server
+) -> None:
+    # A cold GET learns the version from its own first GET, whose span reads ahead; a
+    # GET that may be answered 304 asks with a HEAD, and reads nothing it won't send.
+    s3_server.client().put_object(Bucket=front.name, Key="cond/big.bin", Body=bytes(12 << 20))
+    etag = s3_server.client().head_object(Bucket=front.name, Key="cond/big.bin")["ETag"]
+    before = front.proxy.bytes_down
+    status, _, body = raw(front, "GET", "/data/cond/big.bin", headers={"If-None-Match": etag})
+    assert (status, body) == (304, b"")
+    time.sleep(0.5)  # a span started in the background would be reading by now
+    assert front.proxy.bytes_down - before < 64 << 10  # a HEAD's answer, no object bytes
+
+
 def test_ranges_at_the_edges(front: FrontNode) -> None:
     (front.files / "ten").write_bytes(b"0123456789")
     (front.files / "empty").write_bytes(b"")

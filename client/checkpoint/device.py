@@ -184,14 +184,23 @@ class CudaLink(DeviceLink):
         for copy in copies:
             by_device.setdefault(copy[2].device.index, []).append(copy)
         events = []
-        for index, group in by_device.items():
-            stream = self._streams[index]
-            with torch.cuda.stream(stream):  # the current stream is per thread
-                for start, stop, dest, at in group:
-                    dest[at : at + stop - start].copy_(buffer[start:stop], non_blocking=True)
-            event = torch.cuda.Event()
-            event.record(stream)
-            events.append(event)
+        used = []
+        try:
+            for index, group in by_device.items():
+                stream = self._streams[index]
+                used.append(stream)
+                with torch.cuda.stream(stream):  # the current stream is per thread
+                    for start, stop, dest, at in group:
+                        dest[at : at + stop - start].copy_(buffer[start:stop], non_blocking=True)
+                event = torch.cuda.Event()
+                event.record(stream)
+                events.append(event)
+        except BaseException:
+            # The copies queued before the failure must be done before the buffer
+            # goes back to the ring (with no fence, the next job would overwrite it).
+            for stream in used:
+                stream.synchronize()
+            raise
         return _Events(events)
 
     def finish(self) -> None:

@@ -62,7 +62,7 @@ GiB = 1 << 30
 _PERTURB_STRIDE = 64 * 1024
 _RANKS = 4
 
-__all__ = ["FULL", "QUICK", "SCENARIOS", "ModelShape", "model_state", "run"]
+__all__ = ["FULL", "QUICK", "SCENARIOS", "ModelShape", "model_state", "run", "tensors"]
 
 SCENARIOS = (
     "ckpt_blocking",
@@ -130,15 +130,15 @@ def model_state(shape: ModelShape, seed: int) -> dict[str, Any]:
     return {"model": model, "optim": {"state": moments, "param_groups": [group]}, "step": 1000}
 
 
-def _tensors(state: Any) -> Iterator[torch.Tensor]:
+def tensors(state: Any) -> Iterator[torch.Tensor]:
     if isinstance(state, torch.Tensor):
         yield state
     elif isinstance(state, dict):
         for value in state.values():
-            yield from _tensors(value)
+            yield from tensors(value)
     elif isinstance(state, list | tuple):
         for value in state:
-            yield from _tensors(value)
+            yield from tensors(value)
 
 
 def _like(state: Any) -> Any:
@@ -155,17 +155,17 @@ def _like(state: Any) -> Any:
 
 
 def _nbytes(state: Any) -> int:
-    return sum(t.nbytes for t in _tensors(state))
+    return sum(t.nbytes for t in tensors(state))
 
 
 def _perturb(state: Any) -> None:
     """A new step: one byte in every 64 KiB of every tensor changes (every chunk is new)."""
-    for tensor in _tensors(state):
+    for tensor in tensors(state):
         tensor.reshape(-1).view(torch.uint8)[::_PERTURB_STRIDE].add_(1)
 
 
 def _same(a: Any, b: Any) -> bool:
-    return all(torch.equal(x, y) for x, y in zip(_tensors(a), _tensors(b), strict=True))
+    return all(torch.equal(x, y) for x, y in zip(tensors(a), tensors(b), strict=True))
 
 
 # -- helpers ---------------------------------------------------------------------------
@@ -465,7 +465,7 @@ async def ranks(report: Report, b: _Bench) -> None:
 
 async def delta(report: Report, b: _Bench) -> None:
     state = b.state
-    big = [t for t in _tensors(state) if t.nbytes >= checkpoint.OWN_SEGMENT_BYTES]
+    big = [t for t in tensors(state) if t.nbytes >= checkpoint.OWN_SEGMENT_BYTES]
     big_bytes = sum(t.nbytes for t in big)
     random.Random(4).shuffle(big)
     changed: list[torch.Tensor] = []

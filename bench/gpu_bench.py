@@ -68,7 +68,7 @@ import time
 import urllib.request
 import uuid
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -79,7 +79,7 @@ _SRC = _ROOT / "src"
 if importlib.util.find_spec("chunkd") is None:  # the device runs this tree uninstalled
     sys.path.insert(0, str(_SRC))
 
-from bench.ckpt_bench import ModelShape, model_state  # noqa: E402
+from bench.ckpt_bench import ModelShape, model_state, tensors  # noqa: E402
 from chunkd import memfd  # noqa: E402
 from chunkd.client import Client, checkpoint  # noqa: E402
 from chunkd.client.checkpoint.device import (  # noqa: E402
@@ -266,19 +266,6 @@ class LocalDaemon:
 
 
 # -- the state ---------------------------------------------------------------------------
-
-
-def tensors(state: Any) -> Iterator[Any]:
-    import torch
-
-    if isinstance(state, torch.Tensor):
-        yield state
-    elif isinstance(state, dict):
-        for value in state.values():
-            yield from tensors(value)
-    elif isinstance(state, list | tuple):
-        for value in state:
-            yield from tensors(value)
 
 
 def like(state: Any, device: Any) -> Any:
@@ -936,21 +923,8 @@ class _Libc:
     _HUGE = 2 * MiB
 
     def __init__(self) -> None:
-        libc = ctypes.CDLL(None, use_errno=True)
-        self._mmap = libc.mmap
-        self._mmap.restype = ctypes.c_void_p
-        self._mmap.argtypes = [
-            ctypes.c_void_p,
-            ctypes.c_size_t,
-            ctypes.c_int,
-            ctypes.c_int,
-            ctypes.c_int,
-            ctypes.c_long,
-        ]
-        self._munmap = libc.munmap
-        self._munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-        self._madvise = libc.madvise
-        self._madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        bound = memfd.libc()  # the package's one binding
+        self._mmap, self._munmap, self._madvise = bound.mmap, bound.munmap, bound.madvise
 
     def map(self, fd: int, size: int, address: int | None = None) -> int:
         """``fd`` mapped read-only and shared (at ``address``, replacing what is there)."""

@@ -32,7 +32,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, NamedTuple, cast
 
 from chunkd.client import protocol
-from chunkd.memfd import sealed_size
+from chunkd.memfd import Libc, sealed_size
+from chunkd.memfd import libc as bound_libc
 
 if TYPE_CHECKING:
     from _typeshed import WriteableBuffer
@@ -183,37 +184,10 @@ _PROT_NONE: Final = 0
 _MAP_FIXED: Final = 0x10  # Linux, every architecture chunkd runs on
 
 
-class _Libc:
-    """``mmap``/``munmap`` through ctypes (Linux only; the memfds are Linux too)."""
-
-    def __init__(self) -> None:
-        if not sys.platform.startswith("linux"):
-            raise OSError("contiguous chunk views need Linux")
-        libc = ctypes.CDLL(None, use_errno=True)
-        self.mmap = libc.mmap
-        self.mmap.restype = ctypes.c_void_p
-        self.mmap.argtypes = [
-            ctypes.c_void_p,
-            ctypes.c_size_t,
-            ctypes.c_int,
-            ctypes.c_int,
-            ctypes.c_int,
-            ctypes.c_long,
-        ]
-        self.munmap = libc.munmap
-        self.munmap.restype = ctypes.c_int
-        self.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-        self.failed = ctypes.c_void_p(-1).value
-
-
-_LIBC: _Libc | None = None
-
-
-def _libc() -> _Libc:
-    global _LIBC
-    if _LIBC is None:
-        _LIBC = _Libc()
-    return _LIBC
+def _libc() -> Libc:
+    if not sys.platform.startswith("linux"):
+        raise OSError("contiguous chunk views need Linux")
+    return bound_libc()
 
 
 class Span(NamedTuple):
@@ -232,7 +206,7 @@ def _contiguous(spans: list[Span]) -> bool:
     )
 
 
-def _map_fixed(libc: _Libc, address: int, chunk: Chunk) -> None:
+def _map_fixed(libc: Libc, address: int, chunk: Chunk) -> None:
     """Map ``chunk`` read-only at ``address``, replacing what is mapped there."""
     flags = mmap.MAP_SHARED | _MAP_FIXED
     got = libc.mmap(address, chunk.size, mmap.PROT_READ, flags, chunk.fd, 0)

@@ -31,10 +31,12 @@ from typing import Final
 __all__ = [
     "IMMUTABLE",
     "SEALS",
+    "Libc",
     "WritableMapping",
     "close_all",
     "close_fd_result",
     "create",
+    "libc",
     "seal",
     "sealed",
     "sealed_off_loop",
@@ -139,11 +141,12 @@ _MADV_DONTFORK: Final = 10
 _MADV_HUGEPAGE: Final = 14
 
 
-class _Libc:
-    """``mmap``, ``munmap`` and ``madvise`` through ctypes, bound once."""
+class Libc:
+    """``mmap``, ``munmap`` and ``madvise`` through ctypes, bound once (:func:`libc`);
+    ``failed`` is what ``mmap`` returns on failure (``MAP_FAILED``)."""
 
     _lock = threading.Lock()
-    _bound: _Libc | None = None
+    _bound: Libc | None = None
 
     def __init__(self) -> None:
         libc = ctypes.CDLL(None, use_errno=True)
@@ -166,11 +169,16 @@ class _Libc:
         self.failed = ctypes.c_void_p(-1).value
 
     @classmethod
-    def get(cls) -> _Libc:
+    def get(cls) -> Libc:
         with cls._lock:
             if cls._bound is None:
                 cls._bound = cls()
             return cls._bound
+
+
+def libc() -> Libc:
+    """The process's ctypes binding of ``mmap``, ``munmap`` and ``madvise``."""
+    return Libc.get()
 
 
 class WritableMapping:
@@ -199,7 +207,7 @@ class WritableMapping:
     def __init__(self, fd: int, size: int, *, populate: bool = False) -> None:
         if size <= 0:
             raise ValueError(f"a mapping needs at least one byte; got {size}")
-        libc = _Libc.get()
+        libc = Libc.get()
         address = libc.mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED, fd, 0)
         if address in (None, libc.failed):
             err = ctypes.get_errno()

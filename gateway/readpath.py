@@ -129,6 +129,15 @@ async def _close_stream(pieces: AsyncIterator[memoryview]) -> None:
         await close()
 
 
+def _settle_claims(futures: list[asyncio.Future[Any]], exc: BaseException) -> None:
+    """Fail claimed chunks with ``exc`` (cancel them if it is no Exception)."""
+    for future in futures:
+        if isinstance(exc, Exception):
+            future.set_exception(exc)
+        else:
+            future.cancel()
+
+
 def _cancel_unsettled(futures: list[asyncio.Future[Any]], _task: asyncio.Future[None]) -> None:
     for future in futures:
         if not future.done():
@@ -381,35 +390,15 @@ class ReadPath:
         """Claim the chunks a first read's GET holds (from chunk ``first`` to byte
         ``end``), up to the first one cached or in flight, and settle them from its
         stream in the background; a stream nobody claims is closed."""
-        futures: list[asyncio.Future[tuple[ChunkId, memoryview]]] = []
-        index = first
         try:
-            while index * self.chunk_bytes < end:
-                locator = stat.locator(index)
-                if locator in self._fetches:
-                    break
-                ref = self.cache.resolve(locator)
-                if ref is not None and (
-                    ref.id in self._fetches or await self.cache.contains(ref.id)
-                ):
-                    break
-                future = self._fetches.claim(locator)
-                if future is None:
-                    break
-                futures.append(future)
-                index += 1
-        except BaseException as exc:
-            for future in futures:
-                if isinstance(exc, Exception):
-                    future.set_exception(exc)
-                else:
-                    future.cancel()
+            stop = -(-end // self.chunk_bytes)  # the chunk after the GET's last one
+            futures, known = await self._claim_run(stat, first, stop, stop - first)
+        except BaseException:
             await _close_stream(pieces)
             raise
         if not futures:
             await _close_stream(pieces)
             return
-        known: list[ChunkId | None] = [None] * len(futures)
         task = asyncio.ensure_future(
             self._fetch_span(backend, stat, first, futures, known, opened=pieces)
         )
@@ -583,15 +572,17 @@ class ReadPath:
 
     # -- spans: one backend GET for a run of cold chunks ---------------------------------
 
-    async def _claim_span(self, stat: Stat, first: int, last: int) -> None:
-        """Claim the run of cold chunks from ``first`` (at most ``span_chunks``, up to
-        ``last``) and fetch them with one streamed GET. Does nothing if ``first`` is
-        cached or already in flight."""
+    async def _claim_run(
+        self, stat: Stat, first: int, stop: int, most: int
+    ) -> tuple[list[asyncio.Future[tuple[ChunkId, memoryview]]], list[ChunkId | None]]:
+        """Claim chunks ``first``, ``first + 1``, ... before ``stop`` (at most ``most``)
+        up to the first one cached, in flight or a peer's to fetch; with each, the id
+        it must have if the chunk map knows it. A failure settles what was claimed."""
         futures: list[asyncio.Future[tuple[ChunkId, memoryview]]] = []
         known: list[ChunkId | None] = []
         index = first
         try:
-            while index <= last and len(futures) < self.span_chunks:
+            while index < stop and len(futures) < most:
                 locator = stat.locator(index)
                 if locator in self._fetches or self._owned_elsewhere(stat, index):
                     break
@@ -606,16 +597,23 @@ class ReadPath:
                 futures.append(future)
                 known.append(ref.id if ref else None)
                 index += 1
-            if not futures:
-                return
-            backend = self.backends.get(stat.backend)
         except BaseException as exc:
             # Claimed chunks must never stay claimed: their readers would wait forever.
-            for future in futures:
-                if isinstance(exc, Exception):
-                    future.set_exception(exc)
-                else:
-                    future.cancel()
+            _settle_claims(futures, exc)
+            raise
+        return futures, known
+
+    async def _claim_span(self, stat: Stat, first: int, last: int) -> None:
+        """Claim the run of cold chunks from ``first`` (at most ``span_chunks``, up to
+        ``last``) and fetch them with one streamed GET. Does nothing if ``first`` is
+        cached or already in flight."""
+        futures, known = await self._claim_run(stat, first, last + 1, self.span_chunks)
+        if not futures:
+            return
+        try:
+            backend = self.backends.get(stat.backend)
+        except BaseException as exc:
+            _settle_claims(futures, exc)
             raise
         task = asyncio.ensure_future(self._fetch_span(backend, stat, first, futures, known))
         self._background.add(task)

@@ -163,6 +163,18 @@ class ReadOnlyBackendError(ChunkdError, PermissionError):
     """A write was asked of a backend that is not configured ``writable = true``."""
 
 
+class ReservedKeyError(ChunkdError, PermissionError):
+    """A write that would land under a prefix chunkd keeps for its own layout in a
+    backend (``chunks/``, ``checkpoints/``, ``intents/``, ``gc/``, the dataset
+    registry); the message names the key and the prefix. Nothing was written."""
+
+
+class AccessDeniedError(ChunkdError, PermissionError):
+    """The caller may not change or remove this thing: it was made by another user, and
+    the caller is neither root, the daemon's own user, nor in ``server.admin_group``
+    (docs/security.md, "Who may do what")."""
+
+
 class CheckpointError(ChunkdError, RuntimeError):
     """A checkpoint could not be saved, committed or loaded."""
 

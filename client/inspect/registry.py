@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from collections import OrderedDict
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Final
 
 from chunkd.client.datasets import Dataset, resolve, step_sample_ids
@@ -43,6 +44,8 @@ MAX_DIFF: Final = 1000
 MAX_MEMBERS: Final = 1000
 #: the most datasets one ``datasets`` page lists (each costs one request for its tags)
 MAX_DATASETS: Final = 200
+#: ``open`` of a dataset lists its first this many members (``snapshot`` pages the rest)
+_OPEN_MEMBERS: Final = 100
 
 
 class Registry:
@@ -181,6 +184,51 @@ class Registry:
             "excluded_total": len(snapshot.excluded),
             "frozen": bool(header.get("frozen")),
         }
+
+    def opened(self, name: str, ref: str, overrides: dict[str, str]) -> dict[str, Any]:
+        """``open`` of a dataset reference: its snapshot's summary and first page of
+        members (as ``snapshot`` answers), as kind ``snapshot``, ``total`` its samples."""
+        from chunkd.client.inspect import rl
+
+        summary = self.snapshot(ref, 0, _OPEN_MEMBERS)
+        schema = self.dataset_of(ref).snapshot.schema_of
+        fields = [
+            str(f[0]) if isinstance(f, list | tuple) and f else str(f)
+            for f in (schema if isinstance(schema, list) else [])
+        ]
+        return summary | {
+            "name": name,
+            "dataset": summary["name"],
+            "kind": "snapshot",
+            "size": summary["bytes"],
+            "total": summary["samples"],
+            "media_type": None,
+            "rl": rl.detect(fields, overrides) if fields else None,
+        }
+
+    def rows(
+        self, ref: str, start: int, columns: list[str] | None
+    ) -> tuple[int, Iterator[tuple[int, Any]]]:
+        """The snapshot's sample count, and its samples from global index ``start`` on,
+        each as ``sample`` gives its value (only ``columns`` of a record, if given).
+
+        Raises:
+            InvalidRequestError: ``start`` is past the last sample.
+        """
+        total = len(self.dataset_of(ref).snapshot)
+        if not 0 <= start < total:
+            raise InvalidRequestError(
+                f"sample {start} of {ref}, which holds {total} samples: ask for a start below that"
+            )
+
+        def samples() -> Iterator[tuple[int, Any]]:
+            for index in range(start, total):
+                value = self.sample(f"{ref}#{index}", ref, index)["value"]
+                if columns is not None and isinstance(value, dict):
+                    value = {k: v for k, v in value.items() if k in columns}
+                yield index, value
+
+        return total, samples()
 
     def diff(self, a: str, b: str) -> dict[str, Any]:
         """What differs between two snapshots, members matched by their key below each

@@ -281,10 +281,41 @@ class Worker:
 
     # -- object ops ----------------------------------------------------------------------
 
+    def _dataset_ref(self, name: str, fmt: str | None) -> str | None:
+        """``name`` as a dataset reference, where it is one, else None (an object).
+
+        A snapshot id, and a name without ``/`` (``NAME``, ``NAME@N``, ``NAME@TAG``), are
+        datasets': an object's name is always ``BACKEND/KEY``. A name with both ``/`` and
+        ``@`` (``text/web@2``) is a dataset's where no object has that name.
+        """
+        from chunkd.snapshot import parse_ref
+
+        if fmt is not None or ("/" in name and "@" not in name):
+            return None
+        try:
+            parse_ref(name)
+        except InvalidRequestError:
+            if "/" in name:
+                return None  # BACKEND/KEY with an '@' in the key
+            raise InvalidRequestError(
+                f"{name[:200]!r} is neither an object (BACKEND/KEY) nor a dataset (NAME, "
+                "NAME@VERSION, NAME@TAG or a snapshot id)"
+            ) from None
+        if "/" in name and not _ID_RE.fullmatch(name):
+            try:
+                self.client.stat(name)
+            except (FileNotFoundError, LookupError, ValueError):
+                return name  # no such object (or backend): the dataset's
+            return None
+        return name
+
     def _op_open(self, args: Args) -> dict[str, Any]:
         from chunkd.client.inspect import rl
 
         name = args.need("name")
+        ref = self._dataset_ref(name, args.text("format"))
+        if ref is not None:
+            return self.registry.opened(name, ref, rl.parse_map(args.text("map")))
         view, stat, media_type = self.views.open(name, args.text("format"))
         described = view.describe()
         return {
@@ -306,13 +337,19 @@ class Worker:
         assert start is not None
         count = args.count("count", ROWS_COUNT)
         columns = args.columns()
-        view, _, _ = self.views.open(name, args.text("format"))
+        ref = self._dataset_ref(name, args.text("format"))
+        total: int | None
+        if ref is not None:
+            total, found = self.registry.rows(ref, start, columns)
+        else:
+            view, _, _ = self.views.open(name, args.text("format"))
+            total = view.total
+            if total == 0 and start == 0:
+                return {"name": name, "start": 0, "total": 0, "rows": [], "next": None}
+            found = view.rows(start, columns)
         rows: list[dict[str, Any]] = []
         following: int | None = None
-        if view.total == 0 and start == 0:
-            return {"name": name, "start": 0, "total": 0, "rows": [], "next": None}
         used = 0
-        found = view.rows(start, columns)
         for index, value in found:
             row = {"index": index, "value": value}
             size = json_bytes(row)
@@ -322,9 +359,9 @@ class Worker:
             rows.append(row)
             used += size
             if len(rows) == count:
-                following = _following(found, view.total, index)
+                following = _following(found, total, index)
                 break
-        return {"name": name, "start": start, "total": view.total, "rows": rows, "next": following}
+        return {"name": name, "start": start, "total": total, "rows": rows, "next": following}
 
     def _op_sample(self, args: Args) -> dict[str, Any]:
         sample_id = args.need("id")

@@ -20,7 +20,10 @@ A worker serves one request at a time. The pool:
    :data:`MAX_ANSWER_BYTES` or one that is not an answer to the request fails it with
    ``InspectCrashedError``. Either way the next request gets a fresh worker;
 4. raises an error answer as the chunkd error its kind names
-   (:func:`chunkd.errors.error_class`), so the HTTP edge maps it like any other.
+   (:func:`chunkd.errors.error_class`), so the HTTP edge maps it like any other;
+5. gives up a call that is cancelled (its client left: the route cancels it): a waiting
+   one leaves the queue, a running one's worker is killed and replaced, since its
+   answer would be left unread.
 
 A worker's environment holds what Python needs (``PATH``, the locale, ``HOME``,
 ``PYTHONPATH``) and ``CHUNKD_SOCKET``: never the daemon's own, which holds backend

@@ -5,7 +5,12 @@ Both are doors and nothing more (``docs/inspector.md``):
 - ``GET /v1/inspect/{op}?ARGS`` forwards the query, as strings, to op ``{op}`` of a
   worker of the pool and answers its result as JSON. The worker checks the arguments;
   its error answers arrive here as chunkd errors and leave through the app's error
-  middleware (a malformed file 422, a timeout 504, a crashed worker 422).
+  middleware (a malformed file 422, a timeout 504, a crashed worker 422). A request
+  whose client leaves is given up: every :data:`GONE_POLL_S` the route looks at its
+  connection, and once it has closed, the call is cancelled, so the request leaves the
+  pool's queue, or its worker is killed and replaced (:meth:`InspectorPool.call`). This
+  route alone is cancelled so: it changes nothing, where aiohttp's global
+  ``handler_cancellation`` would also stop state-changing handlers halfway.
 - ``GET|HEAD /v1/inspect/media/{backend}/{key}?offset=O&length=N`` serves bytes ``O``
   to ``O+N`` of an object through the cache as a resource of its own (``Range`` is
   taken inside the window, so ``<audio>`` and ``<video>`` seek). Its type is sniffed
@@ -19,7 +24,9 @@ The daemon never decodes here: the media route reads at most
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import logging
 import re
 import time
 from typing import Final
@@ -33,7 +40,9 @@ from chunkd.gateway.objectbody import send_object
 from chunkd.gateway.readpath import ReadPath, Stat
 from chunkd.mediatype import MEDIA_TYPES, SNIFF_BYTES, sniff
 
-__all__ = ["INSPECTOR", "MEDIA_HEADERS", "OPS", "add_routes"]
+__all__ = ["GONE_POLL_S", "INSPECTOR", "MEDIA_HEADERS", "OPS", "add_routes"]
+
+log = logging.getLogger("chunkd.gateway.inspector")
 
 INSPECTOR: Final = web.AppKey("inspector", InspectorPool)
 
@@ -51,6 +60,11 @@ _MAX_ARGS: Final = 32
 _MAX_ARG_CHARS: Final = 64 << 10
 # An offset or a length: a whole number an object's size can be (S3's 5 TiB fits).
 _WHOLE: Final = re.compile(r"[0-9]{1,16}")
+#: how often a waiting inspector request looks whether its client is still there
+GONE_POLL_S: Final = 0.25
+#: the status logged (and counted) for a request whose client left: nginx's, and no
+#: client reads it
+_CLIENT_GONE: Final = 499
 
 
 def add_routes(app: web.Application) -> None:
@@ -79,9 +93,30 @@ async def _op(request: web.Request) -> web.Response:
         args[name] = value
     if len(args) > _MAX_ARGS:
         raise InvalidRequestError(f"inspect {op}: {len(args)} arguments, at most {_MAX_ARGS}")
+    call = asyncio.ensure_future(request.app[INSPECTOR].call(op, args))
+    try:
+        while not call.done():
+            await asyncio.wait((call,), timeout=GONE_POLL_S)
+            if not call.done() and _gone(request):
+                call.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await call  # it leaves the queue, or its worker is killed
+                log.info(
+                    "inspector request given up: its client left",
+                    extra={"op": op, "peer": request.remote},
+                )
+                return web.Response(status=_CLIENT_GONE, reason="Client Closed Request")
+    finally:
+        call.cancel()  # the handler itself was cancelled: the daemon is stopping
     # The worker's JSON as it wrote it (ASCII, so a lone surrogate is still valid UTF-8).
-    body = await request.app[INSPECTOR].call(op, args)
-    return web.Response(body=body, content_type="application/json")
+    return web.Response(body=call.result(), content_type="application/json")
+
+
+def _gone(request: web.Request) -> bool:
+    """Whether the request's client has closed its connection: aiohttp reads the socket
+    while a handler runs, and drops the transport when the peer closes it."""
+    transport = request.transport
+    return transport is None or transport.is_closing()
 
 
 async def _media(request: web.Request) -> web.StreamResponse:

@@ -9,15 +9,18 @@ Path-style addressing on a port of its own (``[s3_front] listen``)::
                                     start-after, max-keys, fetch-owner, encoding-type)
     GET  /BUCKET?prefix=...         ListObjects (v1: marker, prefix, delimiter, max-keys)
     HEAD /BUCKET/KEY                HeadObject
-    GET  /BUCKET/KEY                GetObject: Range, If-Match, If-None-Match,
-                                    If-Modified-Since, If-Unmodified-Since, response-*
+    GET  /BUCKET/KEY                GetObject: Range, If-Range, If-Match, If-None-Match,
+                                    If-Modified-Since, If-Unmodified-Since, partNumber,
+                                    response-*
 
 Each request is checked in this order: the header section's size, the signature
-(:mod:`chunkd.gateway.s3front.sigv4`; unsigned ones only from loopback and only with
-``unsigned_from_loopback``), the bucket (a configured backend: the allowlist), the
-operation, the key. Writes are refused: ``AccessDenied`` under chunkd's own prefixes
-(``chunks/``, ``checkpoints/``, ``intents/``, the dataset registry), ``NotImplemented``
-elsewhere (with status 405, so that no client takes it for a server fault to retry).
+(:mod:`chunkd.gateway.s3front.sigv4`; unsigned ones only from loopback, only with
+``unsigned_from_loopback``, and only under the front's own names and not from a page of
+another site: the HTTP port's rule against DNS rebinding), the bucket (a configured
+backend: the allowlist), the operation, the key. Writes are refused: ``AccessDenied``
+under chunkd's own prefixes (``chunks/``, ``checkpoints/``, ``intents/``, the dataset
+registry), ``NotImplemented`` elsewhere (with status 405, so that no client takes it for
+a server fault to retry).
 
 A key chunkd cannot hold (``dir/``, ``a//b``, ``..``) is a key no object has: GET
 answers ``NoSuchKey`` and HEAD a bare 404, as S3 does for a missing key, never 400.
@@ -31,7 +34,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import datetime
 import email.utils
 import logging
 import secrets
@@ -49,12 +51,14 @@ from chunkd.errors import BackendError, ChunkdError, InvalidKeyError, InvalidRan
 from chunkd.gateway.appkeys import READ_PATH, STREAMING
 from chunkd.gateway.checkpoints.model import CHECKPOINTS, CHUNKS, INTENTS
 from chunkd.gateway.config.addresses import is_loopback
+from chunkd.gateway.dashboard.session import browser_refusal
 from chunkd.gateway.names import validate_key
 from chunkd.gateway.objectbody import etag_of, quoted_etag, reading_of, send_object
 from chunkd.gateway.s3front import xml
 from chunkd.gateway.s3front.errors import S3Error, s3_error, s3_error_of
 from chunkd.gateway.s3front.keys import AccessKeys
 from chunkd.gateway.s3front.querystring import decoded_query
+from chunkd.gateway.s3front.requesttime import parse_http_date
 from chunkd.gateway.s3front.sigv4 import SigV4Verifier
 from chunkd.ranges import RequestRange, parse_range
 
@@ -205,15 +209,8 @@ class S3Front:
                 f"Your request header section exceeds the maximum size ({MAX_HEADER_BYTES} bytes)",
             )
         identity = self.verifier.verify(request.method, raw_path, raw_query, request.headers)
-        if identity is None and not (
-            self.config.unsigned_from_loopback and is_loopback(request.remote)
-        ):
-            raise s3_error(
-                "AccessDenied",
-                "Anonymous access is refused: sign the request (SigV4, or SigV2) with an "
-                "access key of [s3_front] (unsigned requests are answered from this host "
-                "only, with unsigned_from_loopback = true)",
-            )
+        if identity is None:
+            self._admit_unsigned(request)
         raw_bucket, _, raw_key = raw_path.lstrip("/").partition("/")
         # The parameters as the signature check read them: one reading for both.
         query = request["s3_query"] = MultiDict(decoded_query(raw_query))
@@ -257,6 +254,33 @@ class S3Front:
                 "'null'); read older versions from the backend itself",
             )
         return await self._object(request, backend.name, key)
+
+    def _admit_unsigned(self, request: web.Request) -> None:
+        """Let an unsigned request in, or raise ``AccessDenied`` saying why not.
+
+        Unsigned requests come from this host only, with ``unsigned_from_loopback``,
+        and only as the HTTP port takes a loopback client's: under one of the front's
+        own names, and not sent by a page of another site. A page whose name was made
+        to point at 127.0.0.1 (DNS rebinding) sends its own name as ``Host``, and a
+        browser sends no ``Sec-Fetch-*`` headers to such a plain-HTTP origin, so every
+        unsigned request is checked. A signed request is not: its signature binds the
+        host it was made for, and no page holds the secret.
+        """
+        if not (self.config.unsigned_from_loopback and is_loopback(request.remote)):
+            raise s3_error(
+                "AccessDenied",
+                "Anonymous access is refused: sign the request (SigV4, or SigV2) with an "
+                "access key of [s3_front] (unsigned requests are answered from this host "
+                "only, with unsigned_from_loopback = true)",
+            )
+        refusal = browser_refusal(request, loopback=True, listen=self.config.listen or "")
+        if refusal is not None:
+            raise s3_error(
+                "AccessDenied",
+                f"An unsigned request is refused: {refusal}. Sign the request (SigV4, or "
+                "SigV2) with an access key of [s3_front]: a signed request is served "
+                "under any Host",
+            )
 
     def _xml(self, body: bytes, status: int = 200) -> web.Response:
         return web.Response(body=body, status=status, content_type="application/xml")
@@ -366,6 +390,8 @@ class S3Front:
             wanted: RequestRange | None = parse_range(request.headers.get("Range"))
         except InvalidRangeError:
             wanted = None  # S3 serves the whole object for a Range it cannot read
+        if not _range_applies(request.headers.get("If-Range"), headers["ETag"], stat):
+            wanted = None
         response, served = await send_object(request, stat, headers=headers, byte_range=wanted)
         if request.method == "GET":
             self.metrics.read_seconds.observe(time.perf_counter() - started)
@@ -459,15 +485,27 @@ def _object_headers(stat: Stat) -> dict[str, str]:
 
 
 def _http_date(text: str | None) -> float | None:
-    if text is None:
-        return None
-    try:
-        when = email.utils.parsedate_to_datetime(text)
-    except (TypeError, ValueError):
-        return None  # S3 ignores a date it cannot read
-    if when.tzinfo is None:  # asctime has no zone: HTTP dates are GMT (RFC 9110 5.6.7)
-        when = when.replace(tzinfo=datetime.UTC)
-    return when.timestamp()
+    """The time of a condition's HTTP date; None for none, and for one that is no date
+    or out of any calendar's range: S3 (and RFC 9110 13.1.3) ignore such a condition."""
+    return None if text is None else parse_http_date(text)
+
+
+def _range_applies(if_range: str | None, etag: str, stat: Stat) -> bool:
+    """Whether a ``Range`` is served under ``If-Range`` (RFC 9110 13.1.5): its entity
+    tag matches strongly, or its date is exactly the object's ``Last-Modified`` and that
+    is a strong validator (a second or more old). Anything else, a date no calendar
+    holds among them, is no match: the whole object, never a range of another version.
+    """
+    if if_range is None:
+        return True
+    value = if_range.strip()
+    if value.startswith(('"', "W/")):
+        return value == etag  # a weak tag never matches
+    when = parse_http_date(value)
+    modified = int(stat.meta.modified)
+    return (
+        when is not None and modified > 0 and int(when) == modified and modified <= time.time() - 1
+    )
 
 
 def _etag_matches(header: str, etag: str, *, weak: bool) -> bool:

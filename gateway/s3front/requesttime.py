@@ -32,13 +32,17 @@ __all__ = [
 #: S3's message for a header-signed request with no time it can read
 NO_DATE: Final = "AWS authentication requires a valid Date or x-amz-date header"
 
+#: the longest HTTP date read: the longest form (RFC 850's, with its weekday in full)
+#: is 38 characters; anything longer is no date, and is not given to a parser
+_MAX_HTTP_DATE_CHARS: Final = 64
 #: the most digits an expiry is read with: ten are more than any expiry, and int()
 #: of thousands of digits is slow (and refused past 4300)
 _MAX_EXPIRES_DIGITS: Final = 10
 
 
 def parse_amz_date(value: str) -> float | None:
-    """The time of ``YYYYMMDDTHHMMSSZ``, None if ``value`` is not one."""
+    """The time of ``YYYYMMDDTHHMMSSZ``, None if ``value`` is not one (a day the
+    calendar has not, year 0000 among them: no clock holds it)."""
     if len(value) != 16 or value[8] != "T" or value[15] != "Z":
         return None
     digits = value[:8] + value[9:15]
@@ -46,17 +50,22 @@ def parse_amz_date(value: str) -> float | None:
         return None
     year, month, day = int(value[0:4]), int(value[4:6]), int(value[6:8])
     hour, minute, second = int(value[9:11]), int(value[11:13]), int(value[13:15])
-    if not (1 <= month <= 12 and 1 <= day <= 31 and hour < 24 and minute < 60 and second < 61):
+    if not (year >= 1 and 1 <= month <= 12 and hour < 24 and minute < 60 and second < 61):
+        return None
+    if not 1 <= day <= calendar.monthrange(year, month)[1]:
         return None
     return float(calendar.timegm((year, month, day, hour, minute, second, 0, 0, 0)))
 
 
 def parse_http_date(value: str) -> float | None:
-    """The time of an HTTP date (``Tue, 27 Mar 2007 19:36:42 +0000``), None if
-    ``value`` is not one."""
+    """The time of an HTTP date (``Tue, 27 Mar 2007 19:36:42 +0000``, RFC 850 and
+    asctime's forms too), None if ``value`` is not one: a date out of the calendar's
+    range (a year of 23 digits, a zone of 99999 hours) is none either, never an error.
+    A date without a zone (asctime's form, ``-0000``) is GMT (RFC 9110 5.6.7)."""
+    if len(value) > _MAX_HTTP_DATE_CHARS:
+        return None
     try:
         parsed = parsedate_to_datetime(value)
-        # An RFC 7231 date is GMT; "-0000" (as botocore writes it) parses as naive.
         return float(calendar.timegm(parsed.utctimetuple()))
     except (TypeError, ValueError, OverflowError, IndexError):
         return None

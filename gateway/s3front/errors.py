@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Final
 
 from chunkd.errors import (
+    BackendError,
     BackendForbiddenError,
     BackendUnavailableError,
     ChunkdError,
@@ -96,6 +97,11 @@ def s3_error_of(exc: ChunkdError, *, bucket: str, key: str | None) -> S3Error:
     if isinstance(exc, S3Error):
         return exc
     if isinstance(exc, UnknownBackendError):
+        return s3_error("NoSuchBucket", f"The specified bucket does not exist: {bucket}")
+    if isinstance(exc, BackendError) and isinstance(exc, FileNotFoundError):
+        # The backend's own bucket is gone (chunkd.errors.BucketNotFoundError): S3 says
+        # so for every object and listing of it. The answer names the front's bucket,
+        # never the backend's.
         return s3_error("NoSuchBucket", f"The specified bucket does not exist: {bucket}")
     if isinstance(exc, ObjectNotFoundError | InvalidKeyError):
         # A key chunkd cannot hold is one no object has: S3 answers NoSuchKey, never 400.

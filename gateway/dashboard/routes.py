@@ -29,9 +29,11 @@ from urllib.parse import quote
 
 from aiohttp import web
 
+from chunkd.errors import ChunkdError
 from chunkd.gateway.appkeys import CONFIG, PEER_TLS, STREAMING
-from chunkd.gateway.dashboard.session import clear_cookie, session_cookie
+from chunkd.gateway.dashboard.session import clear_cookie, login_form, session_cookie
 from chunkd.gateway.dashboard.telemetry import Event, Telemetry
+from chunkd.gateway.status import http_status
 
 __all__ = ["CSP", "PAGE_HEADERS", "STATIC", "TELEMETRY", "add_routes"]
 
@@ -46,7 +48,11 @@ CSP: Final = (
 PAGE_HEADERS: Final = {
     "Content-Security-Policy": CSP,
     "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "no-referrer",
+    # same-origin, not no-referrer: under no-referrer a browser posts a form with
+    # "Origin: null" (Fetch, "append a request Origin header"), which browser_refusal
+    # refuses as it must; same-origin keeps the real Origin on the daemon's own posts
+    # and sends other sites no Referer at all.
+    "Referrer-Policy": "same-origin",
     "Cache-Control": "no-cache",
 }
 _TYPES: Final = {
@@ -134,23 +140,51 @@ def _next_page(text: str | None) -> str:
 async def _login(request: web.Request) -> web.StreamResponse:
     """Exchange ``server.token`` (a form field) for a session cookie."""
     token = request.app[CONFIG].server.token
-    form = await request.post()
-    sent = form.get("token")
-    goto = _next_page(str(form.get("next") or "/"))
-    secure = request.app[PEER_TLS] is not None
     if token is None:
         raise web.HTTPForbidden(
             reason="this daemon has no server.token: it answers pages on its own host only "
             "(use an ssh tunnel: ssh -L 8470:127.0.0.1:8470 NODE)"
         )
-    if not isinstance(sent, str) or not hmac.compare_digest(
-        sent.strip().encode("utf-8", "surrogateescape"), token.reveal().encode()
-    ):
+    try:
+        form = await login_form(request)
+    except (web.HTTPClientError, ChunkdError) as refusal:
+        if request.content.is_eof():
+            raise
+        return await _refuse_unread(request, refusal)
+    sent = form.get("token", "")
+    goto = _next_page(form.get("next") or "/")
+    secure = request.app[PEER_TLS] is not None
+    if not hmac.compare_digest(sent.strip().encode(), token.reveal().encode()):
         await asyncio.sleep(0.5)  # a wrong guess costs the guesser time
         raise web.HTTPSeeOther(f"/login?failed=1&next={quote(goto, safe='/')}")
     response = web.HTTPSeeOther(goto)
     session_cookie(response, token.reveal(), secure=secure)
     raise response
+
+
+async def _refuse_unread(
+    request: web.Request, refusal: web.HTTPClientError | ChunkdError
+) -> web.StreamResponse:
+    """Answer a login form refused before its body was read, and close the connection.
+
+    Otherwise aiohttp would read the rest of the body once the answer is out (for up
+    to its lingering time, 10 s), which a refusal for size must not cost, and a body
+    that does not decompress fails there as an unhandled exception with a traceback.
+    The answer is the error body of every other route (``chunkd.gateway.api``).
+    """
+    if isinstance(refusal, web.HTTPClientError):
+        status, message = refusal.status, refusal.reason
+    else:
+        status, message = http_status(refusal), str(refusal)
+    body = {"error": type(refusal).__name__, "message": message, "status": status}
+    response = web.json_response(body, status=status)
+    response.force_close()
+    await response.prepare(request)
+    await response.write_eof()
+    # The answer is in the transport's buffer: closing it sends that first, and a
+    # connection marked closed is not read on (no lingering).
+    request.protocol.force_close()
+    return response
 
 
 async def _logout(request: web.Request) -> web.StreamResponse:

@@ -20,7 +20,7 @@ from chunkd.cache.index import (
 )
 from chunkd.cache.policy import EvictionPolicy, LruPolicy, S3FifoPolicy
 from chunkd.cache.ram import RamLease, RamTier
-from chunkd.cache.store import CacheConfig, CacheStats, ChunkCache
+from chunkd.cache.store import CacheConfig, CacheStats, ChunkCache, lock_holder
 from chunkd.cache.tier import BytesLease, Chunk, ChunkLease, Tier, TierStats
 from chunkd.cache.tiered import TieredCache, WritePolicy
 
@@ -53,5 +53,6 @@ __all__ = [
     "ValidatedVersion",
     "WritePolicy",
     "chunk_count",
+    "lock_holder",
     "split_chunks",
 ]

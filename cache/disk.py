@@ -277,12 +277,13 @@ class DiskTier(Tier):
 
     # -- Tier -----------------------------------------------------------------------
 
-    async def get(self, cid: ChunkId) -> BytesLease | None:
+    async def get(self, cid: ChunkId, *, count: bool = True) -> BytesLease | None:
         # docstring inherited
         self._check_open()
-        data = await self._run(self.read_sync, cid, patience=self._stall_after)
+        data = await self._run(self.read_sync, cid, count, patience=self._stall_after)
         if isinstance(data, _GaveUp):
-            self._bump("misses")
+            if count:
+                self._bump("misses")
             return None
         return None if data is None else BytesLease(cid, data, "disk")
 
@@ -447,24 +448,26 @@ class DiskTier(Tier):
 
     # -- blocking work (run in the tier's threads) ----------------------------------
 
-    def read_sync(self, cid: ChunkId) -> bytearray | None:
+    def read_sync(self, cid: ChunkId, count: bool = True) -> bytearray | None:
         """Read and verify chunk ``cid``; ``None`` (after dropping it) if absent or damaged.
 
         Never raises for the tier's own trouble (I/O errors, a failing index): the
-        caller gets a miss and goes on to the source.
+        caller gets a miss and goes on to the source. ``count``: a lookup, counted as
+        a hit or a miss (see :meth:`Tier.get`).
         """
         try:
-            return self._read(cid)
+            data = self._read(cid)
         except lmdb.Error as exc:
             self._count_error(exc)
             log.warning("reading chunk %s: the index failed (%s); treated as a miss", cid, exc)
-            self._bump("misses")
-            return None
+            data = None
+        if count:
+            self._bump("misses" if data is None else "hits")
+        return data
 
     def _read(self, cid: ChunkId) -> bytearray | None:
         record = self.index.lookup(cid)
         if record is None:
-            self._bump("misses")
             return None
         path = self.path_of(cid)
         try:
@@ -474,13 +477,11 @@ class DiskTier(Tier):
             if self._drop(cid, record) is not None:
                 self._bump("missing")
                 log.warning("chunk %s was indexed but its file is gone; dropped", cid)
-            self._bump("misses")
             return None
         except OSError as exc:
             self._count_error(exc)
             log.warning("reading chunk %s failed (%s); dropped", cid, exc)
             self._drop(cid, record)
-            self._bump("misses")
             return None
         if len(raw) != record.stored_size:
             log.warning(
@@ -495,10 +496,8 @@ class DiskTier(Tier):
         if data is None:
             self._bump("integrity_failures")
             self._drop(cid, record)
-            self._bump("misses")
             return None
         self.index.touch(cid)
-        self._bump("hits")
         return data
 
     def write_sync(

@@ -163,21 +163,23 @@ class RamTier(Tier):
 
     # -- Tier -----------------------------------------------------------------------
 
-    async def get(self, cid: ChunkId) -> RamLease | None:
+    async def get(self, cid: ChunkId, *, count: bool = True) -> RamLease | None:
         # docstring inherited
-        return self.lease(cid)
+        return self.lease(cid, count=count)
 
-    def lease(self, cid: ChunkId) -> RamLease | None:
+    def lease(self, cid: ChunkId, *, count: bool = True) -> RamLease | None:
         """Synchronous :meth:`get`: cheap enough to call on the event loop."""
         with self._lock:
             self._check_open()
             entry = self._entries.get(cid)
             if entry is None:
-                self._stats.misses += 1
+                if count:
+                    self._stats.misses += 1
                 return None
             self._pin(entry)
             self._policy.access(cid)
-            self._stats.hits += 1
+            if count:
+                self._stats.hits += 1
         return RamLease(self, cid, entry)
 
     async def put(self, chunk: Chunk) -> bool:

@@ -3,6 +3,12 @@
 :class:`ChunkCache` owns one cache directory (exclusively: a second process gets
 a clear error), opens the lmdb index and both tiers, starts the background
 reconciliation, and exposes the few operations the read and write paths need.
+
+Hits and misses (:meth:`ChunkCache.stats`) count readers' lookups, each once: a hit
+of the tier whose copy the reader got, or a miss. A reader looks a chunk up by locator
+(:meth:`ChunkCache.lookup`, the read path) or by id (:meth:`ChunkCache.get`);
+:meth:`ChunkCache.find` is the daemon's own lease (a chunk it has just stored, or
+fetched for a reader whose miss was counted, or checks) and counts as neither.
 """
 
 from __future__ import annotations
@@ -45,7 +51,7 @@ from chunkd.errors import (
 if TYPE_CHECKING:
     from typing_extensions import Buffer
 
-__all__ = ["CacheConfig", "CacheStats", "ChunkCache"]
+__all__ = ["CacheConfig", "CacheStats", "ChunkCache", "lock_holder"]
 
 log = logging.getLogger("chunkd.cache")
 
@@ -100,8 +106,10 @@ class CacheConfig:
 class CacheStats:
     """A snapshot of the whole cache."""
 
+    #: each tier's counters; a tier's ``hits`` are the readers' lookups it answered
     tiers: list[TierStats]
-    #: gets no tier could answer
+    #: lookups no tier could answer, a locator the chunk map did not know included:
+    #: each lookup is one hit (of one tier) or one miss
     misses: int
     index_commits: int
     index_commit_errors: int
@@ -129,6 +137,8 @@ class ChunkCache:
         self._stop = threading.Event()
         self._reconciled: dict[str, int] = {}
         self._reconcile_task: asyncio.Task[None] | None = None
+        # Lookups of a locator the chunk map did not know: misses no tier was asked.
+        self._unmapped_misses = 0
 
     @classmethod
     async def open(cls, config: CacheConfig) -> ChunkCache:
@@ -267,17 +277,39 @@ class ChunkCache:
         return await self.tiers.put(chunk)
 
     async def find(self, cid: ChunkId) -> ChunkLease | None:
-        """Lease ``cid`` from the fastest tier that holds it, or ``None``."""
+        """Lease ``cid`` from the fastest tier that holds it, or ``None``.
+
+        Not counted as a hit or a miss: a reader's lookup is :meth:`lookup` (by
+        locator) or :meth:`get` (by id). This is the daemon's own lease (a chunk it
+        has just stored, or fetched for a reader whose miss was counted, or checks).
+        """
         self._check_open()
-        return await self.tiers.get(cid)
+        return await self.tiers.get(cid, count=False)
+
+    async def lookup(self, locator: Locator) -> tuple[ChunkRef | None, ChunkLease | None]:
+        """A reader's lookup of the chunk at ``locator``: its chunk map entry (if the
+        index knows it) and a lease from the fastest tier that holds it (if any).
+
+        Counted once (:meth:`stats`): a hit of the tier whose copy the lease is
+        (``disk`` for a chunk promoted into RAM by this lookup), else a miss, also
+        when the chunk map does not know the locator yet (a first read).
+        """
+        self._check_open()
+        ref = self.index.resolve(locator)
+        if ref is None:
+            self._unmapped_misses += 1
+            return None, None
+        return ref, await self.tiers.get(ref.id)
 
     async def get(self, cid: ChunkId) -> ChunkLease:
-        """Lease ``cid``.
+        """A reader's lookup of ``cid`` by id (``GET /v1/chunks/{id}``): a lease from the
+        fastest tier that holds it, counted as :meth:`lookup` is.
 
         Raises:
             ChunkNotFoundError: no tier holds it.
         """
-        lease = await self.find(cid)
+        self._check_open()
+        lease = await self.tiers.get(cid)
         if lease is None:
             raise ChunkNotFoundError(
                 f"chunk {cid} is not cached on this node; read it through its object "
@@ -341,7 +373,7 @@ class ChunkCache:
         """Per-tier counters and index health."""
         return CacheStats(
             tiers=self.tiers.tier_stats(),
-            misses=self.tiers.stats().misses,
+            misses=self.tiers.stats().misses + self._unmapped_misses,
             index_commits=self.index.commits,
             index_commit_errors=self.index.commit_errors,
             index_backlog=self.index.backlog,
@@ -377,13 +409,42 @@ class ChunkCache:
             raise CacheClosedError(f"the cache at {self.config.dir} is closed; open it again")
 
 
+def lock_holder(root: Path) -> str | None:
+    """Who holds the cache directory ``root`` open: the pid its holder wrote into
+    ``LOCK`` (``"unknown"`` when it wrote none), or ``None`` when no process does.
+
+    Creates nothing and keeps no lock: a look, for a command that must not touch a
+    cache in use (``chunkd selfcheck``). A process opening the cache meanwhile
+    finds it free again at once.
+
+    Raises:
+        OSError: ``LOCK`` exists but cannot be opened (another user's cache).
+    """
+    try:
+        fd = os.open(root / "LOCK", os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return _holder(fd)
+        return None  # closing the fd lets go of the shared lock
+    finally:
+        os.close(fd)
+
+
+def _holder(fd: int) -> str:
+    return os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+
+
 def _lock_dir(root: Path) -> int:
     """Hold ``root/LOCK`` exclusively for this process's lifetime."""
     fd = os.open(root / "LOCK", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o640)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+        holder = _holder(fd)
         os.close(fd)
         raise ChunkdError(
             f"the cache directory {root} is in use by another chunkd (pid {holder}); "

@@ -130,6 +130,21 @@ class TierTests:
         assert after.misses >= before.misses + 1
         assert after.bytes == tier.used_bytes > 0
 
+    async def test_a_lease_that_is_no_lookup_counts_neither_hit_nor_miss(self, tier: Tier) -> None:
+        (chunk,) = self.chunks(1)
+        leased = await tier.put_leased(chunk)  # stored and leased: no hit
+        assert leased is not None
+        leased.release()
+        before = tier.stats()
+        lease = await tier.get(chunk.id, count=False)
+        assert lease is not None
+        assert lease.read() == bytes(chunk.data)
+        lease.release()
+        assert await tier.get(ChunkId.of(b"absent"), count=False) is None
+        after = tier.stats()
+        assert (after.hits, after.misses) == (before.hits, before.misses)
+        assert before.hits == 0
+
     # -- leases and budgets -------------------------------------------------------------
 
     async def test_lease_outlives_discard(self, tier: Tier) -> None:

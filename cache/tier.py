@@ -11,6 +11,12 @@ Contract, modelled on zarr's ``Store``:
   failures of the caller's request (a closed tier). A damaged or unreadable copy
   is counted, dropped, and reported as absent: a tier never returns bytes that do
   not hash to their id.
+* ``get`` is a lookup, and counts as one: a hit when the tier answers, a miss when
+  it does not (:class:`TierStats`). ``get(cid, count=False)`` leases without
+  counting, for a caller that is not looking a chunk up: one that has just stored
+  it, or waited on another caller's fetch of it, or reads it back for its own work
+  (an upload). So a chunk fetched from the source and then leased to its reader is
+  one miss, never a miss and a hit.
 * ``put`` takes a :class:`Chunk`, whose bytes are known to match its id, and
   returns whether the tier now holds it. A tier may decline (budget full of pinned
   chunks, disk degraded); declining is not an error.
@@ -203,9 +209,9 @@ class TierStats:
     """A snapshot of one tier's counters. Counters only grow; gauges are current."""
 
     name: str
-    #: gets answered from this tier
+    #: lookups (``get``) answered from this tier
     hits: int = 0
-    #: gets this tier could not answer
+    #: lookups this tier could not answer
     misses: int = 0
     #: chunks stored by ``put``
     inserts: int = 0
@@ -258,8 +264,15 @@ class Tier(ABC):
         return False
 
     @abstractmethod
-    async def get(self, cid: ChunkId) -> ChunkLease | None:
-        """Lease the chunk ``cid``, or return ``None`` when the tier does not hold it."""
+    async def get(self, cid: ChunkId, *, count: bool = True) -> ChunkLease | None:
+        """Lease the chunk ``cid``, or return ``None`` when the tier does not hold it.
+
+        Args:
+            cid: the chunk.
+            count: a lookup, counted as a hit or a miss in :meth:`stats`; ``False``
+                for a lease that is no lookup (a chunk the caller just stored, or
+                waited on another's fetch of).
+        """
 
     @abstractmethod
     async def put(self, chunk: Chunk) -> bool:
@@ -279,7 +292,7 @@ class Tier(ABC):
         """
         if not await self.put(chunk):
             return None
-        return await self.get(chunk.id)
+        return await self.get(chunk.id, count=False)
 
     @abstractmethod
     async def contains(self, cid: ChunkId) -> bool:

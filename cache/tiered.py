@@ -122,9 +122,11 @@ class TieredCache(Tier):
         """The two tiers, upper first."""
         return (self.upper, self.lower)
 
-    async def get(self, cid: ChunkId) -> ChunkLease | None:
+    async def get(self, cid: ChunkId, *, count: bool = True) -> ChunkLease | None:
         # docstring inherited
-        lease = await self.upper.get(cid)
+        # Each lookup counts once in all: a hit in the tier whose copy it got, or a
+        # miss here (the tiers' own misses say which tier was asked, not the verdict).
+        lease = await self.upper.get(cid, count=count)
         if lease is not None:
             return lease
         # Single flight: concurrent readers of a chunk that is only in the lower tier
@@ -134,23 +136,25 @@ class TieredCache(Tier):
             self.coalesced += 1
             found, promoted = await asyncio.shield(load)
             if found is None:
-                self._misses += 1
+                if count:
+                    self._misses += 1
                 return None
-            if promoted and (again := await self.upper.get(cid)) is not None:
+            if promoted and (again := await self.upper.get(cid, count=count)) is not None:
                 return again
-            return await self._get_lower(cid)  # the upper tier could not keep it
-        load = self._loads.start(cid, lambda: self._load(cid))
+            return await self._get_lower(cid, count)  # the upper tier could not keep it
+        load = self._loads.start(cid, lambda: self._load(cid, count))
         try:
             return (await asyncio.shield(load))[0]
         except asyncio.CancelledError:
             load.add_done_callback(_release_result)  # the lease nobody will take
             raise
 
-    async def _load(self, cid: ChunkId) -> tuple[ChunkLease | None, bool]:
+    async def _load(self, cid: ChunkId, count: bool) -> tuple[ChunkLease | None, bool]:
         """Read ``cid`` from the lower tier and promote it: (a lease, promoted?)."""
-        lower = await self.lower.get(cid)
+        lower = await self.lower.get(cid, count=count)
         if lower is None:
-            self._misses += 1
+            if count:
+                self._misses += 1
             return None, False
         # The lower tier verified these bytes on the way up.
         try:
@@ -163,9 +167,9 @@ class TieredCache(Tier):
         promoted.origin = lower.origin  # this reader's bytes came from the lower tier
         return promoted, True
 
-    async def _get_lower(self, cid: ChunkId) -> ChunkLease | None:
-        lease = await self.lower.get(cid)
-        if lease is None:
+    async def _get_lower(self, cid: ChunkId, count: bool) -> ChunkLease | None:
+        lease = await self.lower.get(cid, count=count)
+        if lease is None and count:
             self._misses += 1
         return lease
 

@@ -2,7 +2,38 @@
 
 Counters that the gateway updates as it works live here as prometheus-client
 objects; the cache's counters are read from :meth:`ChunkCache.stats` at scrape time
-by :class:`CacheCollector`, so the cache library needs no metrics dependency.
+by :class:`CacheCollector`, so the cache library needs no metrics dependency. Every
+metric's help text (``# HELP`` in ``/metrics``) says what it counts. The ones an
+operator reads first, and what they do not count:
+
+``chunkd_cache_hits_total{tier}``, ``chunkd_cache_misses_total``
+    Chunks of objects looked up for a reader, each once: a hit of the tier whose
+    copy the reader got (``ram``; ``disk``, promoted into RAM on the way), or a
+    miss: no tier held it, so it was fetched from a peer or the backend, or the
+    reader waited on a fetch already in flight. A first read of an object is a
+    miss per chunk; the lease on a chunk just fetched and stored is no hit. Readers
+    are every door's object reads (HTTP, the local socket, the S3 front, a peer
+    asking for a chunk it places here, a dataset's members, a freeze, prefetch and
+    ``chunkd warm``) and ``GET /v1/chunks/{id}`` (a miss there is a 404); readahead
+    is none. Checkpoint loads are counted by
+    ``chunkd_checkpoint_restored_bytes_total{source}``.
+``chunkd_read_chunks_total{source}``
+    The same lookups for object reads, counted by the read path: ``ram`` and
+    ``disk`` are the cache's hits of that tier, ``fetched`` its misses, one for one
+    (the cache's counters differ from these only by ``GET /v1/chunks``). The
+    dashboard's and ``chunkd top``'s hit ratios are these.
+``chunkd_backend_requests_total{backend,op}``
+    Requests sent to a backend, each attempt of a retried one included.
+``chunkd_backend_errors_total{backend,kind}``
+    Requests the backend failed, by chunkd's error kind: ``BackendUnavailableError``
+    (5xx, timeouts, refused connections; retried), ``BackendForbiddenError``
+    (credentials), ``VersionChangedError`` (an object changed under a pinned read).
+    Not an absent object, which is an answer (the next counter), nor a key the
+    store cannot hold (``chunkd_backend_rejected_keys_total``).
+``chunkd_backend_not_found_total{backend}``
+    Requests answered "no such object": a HEAD or GET of a key that is not there,
+    as asked (opening a dataset asks whether its frozen record exists; a checkpoint
+    save asks whether each chunk is already uploaded).
 """
 
 from __future__ import annotations
@@ -32,7 +63,17 @@ class Metrics:
             "chunkd_backend_requests", "Requests sent to backends", ["backend", "op"], registry=r
         )
         self.backend_errors = Counter(
-            "chunkd_backend_errors", "Backend requests that failed", ["backend", "kind"], registry=r
+            "chunkd_backend_errors",
+            "Backend requests that failed (an absent object is an answer, not counted here)",
+            ["backend", "kind"],
+            registry=r,
+        )
+        self.backend_not_found = Counter(
+            "chunkd_backend_not_found",
+            "Backend requests answered 'no such object' (an answer to what was asked, "
+            "not a backend error)",
+            ["backend"],
+            registry=r,
         )
         self.backend_read_bytes = Counter(
             "chunkd_backend_read_bytes", "Bytes read from backends", ["backend"], registry=r
@@ -146,8 +187,8 @@ class Metrics:
         self.read_chunks = Counter(
             "chunkd_read_chunks",
             "Chunks the read path looked up for a reader, by where it found them: ram, disk "
-            "(already cached there), fetched (from a peer or the backend, or waited on a "
-            "fetch in flight)",
+            "(already cached there: cache hits), fetched (from a peer or the backend, or "
+            "waited on a fetch in flight: cache misses)",
             ["source"],
             registry=r,
         )
@@ -249,7 +290,10 @@ class CacheCollector(Collector):
             return
         stats = self.cache.stats()
         hits = CounterMetricFamily(
-            "chunkd_cache_hits", "Chunk gets answered by a tier", labels=["tier"]
+            "chunkd_cache_hits",
+            "Chunks of objects looked up for readers and answered from a tier (a chunk "
+            "just fetched is no hit); chunkd_read_chunks_total{source=TIER} counts the same",
+            labels=["tier"],
         )
         evictions = CounterMetricFamily(
             "chunkd_cache_evictions", "Chunks evicted to make room", labels=["tier"]
@@ -280,6 +324,11 @@ class CacheCollector(Collector):
             chunks.add_metric([tier.name], tier.chunks)
             budget.add_metric([tier.name], tier.budget_bytes)
             degraded.add_metric([tier.name], 1 if tier.degraded else 0)
-        misses = CounterMetricFamily("chunkd_cache_misses", "Chunk gets no tier could answer")
+        misses = CounterMetricFamily(
+            "chunkd_cache_misses",
+            "Chunks of objects looked up for readers that no tier held: fetched from a "
+            "peer or the backend, or waited on such a fetch; "
+            'chunkd_read_chunks_total{source="fetched"} counts the same',
+        )
         misses.add_metric([], stats.misses)
         yield from (hits, misses, evictions, integrity, errors, size, chunks, budget, degraded)

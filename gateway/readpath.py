@@ -33,6 +33,13 @@ Past that window the read fails as it would without a cache.
 Sequential readers (a read that starts where the previous one of the same object
 ended) trigger readahead of the next chunks, bounded by ``readahead_chunks`` per
 read and by a global cap on chunks in flight.
+
+Each chunk a reader asks for is counted once, by where it was found:
+``chunkd_read_chunks_total{source}`` (``ram``, ``disk``, ``fetched``) here, and the
+same lookup in the cache's ``chunkd_cache_hits_total{tier}`` or
+``chunkd_cache_misses_total`` (:meth:`ChunkCache.lookup`). A chunk fetched from a
+peer or the backend, or waited on while another reader fetched it, is a miss; the
+lease on it once stored is no second lookup. Readahead counts in neither.
 """
 
 from __future__ import annotations
@@ -482,16 +489,21 @@ class ReadPath:
         ``own`` marks a reader that claimed the chunk's fetch itself (a span): it
         waits on it without being counted as a single-flight waiter. ``local``
         fetches from the backend only, never from a peer (a peer's own request).
-        ``ahead``: readahead, not a reader (not counted in ``chunkd_read_chunks``).
+        ``ahead``: readahead, not a reader (counted neither in ``chunkd_read_chunks``
+        nor as a cache hit or miss).
         """
         locator = stat.locator(index)
-        ref = self.cache.resolve(locator)
-        if ref is not None:
-            lease = await self.cache.find(ref.id)
-            if lease is not None:
-                if not ahead:
-                    self._count_read(lease.origin, lease.size)
-                return lease
+        if ahead:  # no reader's lookup: counted neither here nor in the cache
+            ref = self.cache.resolve(locator)
+            lease = None if ref is None else await self.cache.find(ref.id)
+        else:
+            # The cache counts this lookup as the read path does: a hit of the tier
+            # whose copy it is, or a miss (the chunk map not knowing it included).
+            ref, lease = await self.cache.lookup(locator)
+        if lease is not None:
+            if not ahead:
+                self._count_read(lease.origin, lease.size)
+            return lease
         if not ahead:
             self._count_read("fetched", 0)
         flight = self._fetches.join(locator) if own else None
@@ -505,6 +517,7 @@ class ReadPath:
         except VersionChangedError:
             self.forget(stat.backend, stat.meta.key)  # the next read HEADs the new version
             raise
+        # The fetched chunk, leased back (find: not counted): this reader's miss, no hit.
         lease = await self.cache.find(cid)
         # No tier could keep it (RAM full of pinned chunks, disk degraded): the
         # fetched bytes, verified on the way in, serve this reader anyway.

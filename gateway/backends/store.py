@@ -10,7 +10,8 @@ request through to probe. obstore's own retries are off, so every attempt is vis
 in the metrics.
 
 Errors are mapped once, here: a missing object is ``None`` (or
-:class:`ObjectNotFoundError` from a stream), a refusal
+:class:`ObjectNotFoundError` from a stream: an answer, counted in
+``chunkd_backend_not_found_total`` and never as a backend error), a refusal
 :class:`BackendForbiddenError`, a failed ``If-Match`` :class:`VersionChangedError`, a
 key the store cannot hold :class:`InvalidKeyError`, and everything that may heal (5xx,
 timeouts, refused connections, an open circuit) :class:`BackendUnavailableError`. A
@@ -291,8 +292,8 @@ class StoreBackend(Backend):
                 )
             except Exception as exc:
                 error = self._translate(exc, key)
-                self._metrics.backend_errors.labels(self.name, type(error).__name__).inc()
-                self._failed()
+                if self._count_error(error):
+                    self._failed()
                 raise error from exc
             finally:
                 self._metrics.backend_seconds.labels(self.name, "stream").observe(
@@ -472,8 +473,7 @@ class StoreBackend(Backend):
                     self._probing = False
                     self._metrics.rejected_keys.labels(self.name).inc()
                     raise error from exc
-                kind = type(error).__name__
-                self._metrics.backend_errors.labels(self.name, kind).inc()
+                self._count_error(error)
                 if not isinstance(error, BackendUnavailableError):
                     self._succeeded()  # the backend answered: it is up
                     raise error from exc
@@ -500,6 +500,18 @@ class StoreBackend(Backend):
             self._succeeded()
             return result
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _count_error(self, error: Exception) -> bool:
+        """Count a request's outcome other than success; return whether the backend
+        failed it. "No such object" is the backend's answer to a question the caller
+        asked (a HEAD or a GET that the interface answers with ``None``, a stream whose
+        object is gone): counted in ``chunkd_backend_not_found_total``, never as a
+        backend error. Every other error is one (``chunkd_backend_errors_total``)."""
+        if isinstance(error, ObjectNotFoundError):
+            self._metrics.backend_not_found.labels(self.name).inc()
+            return False
+        self._metrics.backend_errors.labels(self.name, type(error).__name__).inc()
+        return True
 
     def _check_circuit(self, key: str) -> None:
         now = time.monotonic()

@@ -33,6 +33,7 @@ from chunkd.gateway.checkpoints import Durability, SaveRequest
 from chunkd.gateway.names import checkpoint_name
 
 if TYPE_CHECKING:
+    from chunkd.gateway.authority import Caller
     from chunkd.gateway.checkpoints import Checkpoints
 
 __all__ = ["CKPT_OPS", "Answer", "handle"]
@@ -51,8 +52,11 @@ class Answer:
     """What one answer carries besides its header: leases to release, fds to send,
     fds to close once sent (the request's own among them), and a payload."""
 
-    def __init__(self, request_fds: list[int]) -> None:
+    def __init__(self, request_fds: list[int], caller: Caller | None = None) -> None:
         self.request_fds = request_fds
+        #: who sent the request (the kernel's word): the ops that change or remove
+        #: what someone made check it (docs/security.md); None: the daemon itself
+        self.caller = caller
         self.leases: list[ChunkLease] = []
         self.fds: list[int] = []
         self.owned: list[int] = list(request_fds)
@@ -79,7 +83,7 @@ async def handle(
         ChunkdError: what the checkpoint store raised.
     """
     if op == "ckpt_save":
-        return await _save(store, args, answer.request_fds)
+        return await _save(store, args, answer)
     if op == "ckpt_wait":
         job = await store.wait(
             args["job"],
@@ -97,7 +101,12 @@ async def handle(
             if not isinstance(extra, dict):
                 raise InvalidRequestError("ckpt_commit's fd must hold a JSON object")
         manifest_id = await store.commit(
-            args["name"], args["save_id"], args["world_size"], args["overwrite"], extra
+            args["name"],
+            args["save_id"],
+            args["world_size"],
+            args["overwrite"],
+            extra,
+            caller=answer.caller,
         )
         return {"ok": True, "manifest_id": manifest_id}
     if op == "ckpt_manifest":
@@ -123,18 +132,28 @@ async def handle(
         answer.payload = json.dumps(entries).encode()
         return {"ok": True, "count": len(entries), "next": token}
     if op == "ckpt_delete":
-        return {"ok": True, "removed": await store.delete(args["name"])}
+        return {"ok": True, "removed": await store.delete(args["name"], caller=answer.caller)}
     if op == "ckpt_gc":
         report = await store.gc(
             args["target"],
             keep_last=args["keep_last"],
             grace=args["grace"],
             dry_run=args["dry_run"],
+            caller=answer.caller,
         )
         # The names retired are not bounded: the whole report goes in a sealed memfd.
         _send_json(answer, await asyncio.to_thread(_sealed_json, report))
         answer.payload = json.dumps({k: v for k, v in report.items() if k != "retired"}).encode()
         return {"ok": True, "fds": 1}
+    if op == "ckpt_scrub":
+        page = await store.scrub(
+            args["backend"],
+            start_after=args["start_after"],
+            limit=args["limit"],
+            remove=args["remove"],
+            caller=answer.caller,
+        )
+        return {"ok": True} | page.to_json()
     raise InvalidRequestError(f"unknown op {op!r}")
 
 
@@ -167,10 +186,8 @@ def _asked_save(args: Mapping[str, Any]) -> SaveRequest | None:
     )
 
 
-async def _save(
-    store: Checkpoints, args: Mapping[str, Any], request_fds: list[int]
-) -> dict[str, Any]:
-    layout_fd, data_fd = request_fds  # two: the op table says so, and the server checked
+async def _save(store: Checkpoints, args: Mapping[str, Any], answer: Answer) -> dict[str, Any]:
+    layout_fd, data_fd = answer.request_fds  # two: the op table says so, and the server checked
     if args["rank"] >= args["world_size"]:
         raise InvalidRequestError(f"rank {args['rank']} is outside world_size {args['world_size']}")
     layout = await asyncio.to_thread(_load_json_fd, layout_fd)
@@ -186,7 +203,7 @@ async def _save(
     # An empty state still gets a mapping (mmap cannot map 0 bytes of a file).
     data = mmap.mmap(data_fd, size, prot=mmap.PROT_READ) if size else mmap.mmap(-1, 1)
     try:
-        job = await store.save(request, data, size)
+        job = await store.save(request, data, size, caller=answer.caller)
     except BaseException:
         data.close()
         raise

@@ -47,6 +47,7 @@ from chunkd import faults
 from chunkd.cache import ChunkCache
 from chunkd.errors import ChunkdError, ConfigError
 from chunkd.gateway import api, appkeys
+from chunkd.gateway.authority import Authority, group_id
 from chunkd.gateway.backends import Backends
 from chunkd.gateway.checkpoints import Checkpoints
 from chunkd.gateway.config import Config, load_config
@@ -172,6 +173,10 @@ async def open_node(
             parts.push_async_callback(peers.close)
             await peers.start()
         datasets = Datasets(config.datasets, backends, read_path, cache, metrics)
+        admin_group = config.server.admin_group
+        authority = Authority(
+            None if admin_group is None else group_id(admin_group, "server.admin_group")
+        )
         checkpoints = Checkpoints(
             cache,
             backends,
@@ -179,6 +184,7 @@ async def open_node(
             config.cache.dir / "checkpoints",
             peers=peers,
             gc_roots=datasets.roots,  # frozen snapshots' chunks are roots of the mark
+            authority=authority,
         )
         parts.push_async_callback(checkpoints.close)
         resumed = await checkpoints.start()

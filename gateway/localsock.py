@@ -38,7 +38,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
-import grp
 import json
 import logging
 import os
@@ -76,6 +75,7 @@ from chunkd.errors import (
     RangeNotSatisfiableError,
 )
 from chunkd.gateway import checkpoint_ops, dataset_ops
+from chunkd.gateway.authority import Caller, group_id, peer_groups
 from chunkd.gateway.checkpoint_ops import CKPT_OPS, Answer
 from chunkd.gateway.dataset_ops import DS_OPS
 from chunkd.gateway.names import split_name, split_prefix
@@ -111,8 +111,9 @@ _RANGE_MESSAGE: Final = 300
 class _Connection:
     """What the server knows of one client connection."""
 
-    def __init__(self, peer: dict[str, int]) -> None:
+    def __init__(self, peer: dict[str, int], caller: Caller) -> None:
         self.peer = peer
+        self.caller = caller
         self.greeted = False
         #: an answer that carried fds went out, and the client may not have read it
         self.fds_unread = False
@@ -217,13 +218,7 @@ class LocalServer:
 
     def _give_to_group(self, group: str) -> None:
         """Give the bound socket to ``group``: a name, or a numeric GID (a container's)."""
-        try:
-            gid = int(group) if group.isdecimal() else grp.getgrnam(group).gr_gid
-        except KeyError:
-            raise ChunkdError(
-                f"server.socket_group {group!r} is not a group on this host; name one that "
-                "is, or give its numeric GID"
-            ) from None
+        gid = group_id(group, "server.socket_group")
         try:
             os.chown(self.path, -1, gid)
         except OSError as exc:
@@ -272,7 +267,8 @@ class LocalServer:
         pid, uid, gid = _CREDS.unpack(
             conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CREDS.size)
         )
-        client = _Connection({"pid": pid, "uid": uid, "gid": gid})
+        caller = Caller(uid=uid, gid=gid, pid=pid, groups=peer_groups(conn))
+        client = _Connection({"pid": pid, "uid": uid, "gid": gid}, caller)
         log.info("local client connected", extra=client.peer)
         self._connected.inc()
         try:
@@ -364,7 +360,7 @@ class LocalServer:
         request_id: object,
         request_fds: list[int],
     ) -> None:
-        answer = Answer(request_fds)
+        answer = Answer(request_fds, client.caller)
         try:
             if client.fds_unread:
                 # A client that waits for each answer has read it all before it asked

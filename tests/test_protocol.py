@@ -43,6 +43,7 @@ def test_every_op_and_field_is_written_down_in_the_module_docs() -> None:
         "ckpt_list",
         "ckpt_delete",
         "ckpt_gc",
+        "ckpt_scrub",
     }
 
 

@@ -36,6 +36,7 @@ __all__ = [
     "MAX_PREFETCH_QUEUED",
     "MAX_PREFETCH_RANGES",
     "MAX_RANGES",
+    "MAX_SCRUB_PAGE",
     "MAX_SECONDS",
     "MAX_STEP",
     "MAX_WORLD_SIZE",
@@ -63,6 +64,8 @@ MAX_PREFETCH_RANGES: Final = 4096
 FIRST_BATCH_PHASES: Final = ("metadata", "worker_start", "first_chunk", "decode", "total")
 #: ranks of one checkpoint save
 MAX_WORLD_SIZE: Final = 1 << 16
+#: chunks one ``ckpt_scrub`` request reads (up to a GiB at 4 MiB chunks)
+MAX_SCRUB_PAGE: Final = 256
 #: the request's ``id``, as JSON: the answer echoes it, so it must leave the answer room
 MAX_ID_BYTES: Final = 1024
 #: a name a request carries: a backend name, a slash and a key of at most 1024 bytes
@@ -524,6 +527,37 @@ OPS: Final[Mapping[str, Op]] = {
             "whatever the number of checkpoints it retired; payload: the report without "
             'the names (``"retired"``).',
             ("ReadOnlyBackendError", "UnknownBackendError", "BackendUnavailableError"),
+            waits=True,
+        ),
+        Op(
+            "ckpt_scrub",
+            "Read a page of a backend's chunk store (``chunks/<id>``) and check each chunk "
+            "against its name; with ``remove``, delete the damaged ones (the next save or "
+            "freeze holding their bytes sends them again). Only an admin may remove.",
+            (
+                Field("backend", "text", "the backend", high=MAX_NAME_BYTES),
+                Field(
+                    "start_after",
+                    "text",
+                    "the key to go on after (the ``next`` of the page before)",
+                    high=MAX_NAME_BYTES,
+                    default=None,
+                ),
+                Field(
+                    "limit",
+                    "whole",
+                    "chunks read in this page",
+                    low=1,
+                    high=MAX_SCRUB_PAGE,
+                    default=MAX_SCRUB_PAGE,
+                ),
+                Field("remove", "flag", "delete the damaged chunks found", default=False),
+            ),
+            '``{"ok": true, "checked": N, "bytes": N, "damaged": [{"key", "problem"}], '
+            '"removed": N, "next": KEY|null}``: ``next`` is the key to send back as '
+            "``start_after``, null once the store is done. A key under ``chunks/`` that is no "
+            "chunk id is reported, never removed.",
+            ("UnknownBackendError", "AccessDeniedError: remove, asked by a non-admin"),
             waits=True,
         ),
         Op(

@@ -14,6 +14,7 @@ from chunkd.gateway.backends.file import FileBackend
 from chunkd.gateway.backends.gcs import GCSBackend
 from chunkd.gateway.backends.memory import MemoryBackend
 from chunkd.gateway.backends.s3 import S3Backend
+from chunkd.gateway.chunkstore import DamagedChunks
 
 if TYPE_CHECKING:
     from chunkd.gateway.backends.base import Backend
@@ -63,6 +64,9 @@ class Backends:
 
     def __init__(self, backends: Iterable[Backend]) -> None:
         self._by_name = {b.name: b for b in backends}
+        #: the chunks this node read damaged from the backends' chunk stores, which the
+        #: next save or freeze holding their bytes writes again (chunkd.gateway.chunkstore)
+        self.damaged = DamagedChunks()
 
     @classmethod
     def from_config(cls, configs: Iterable[BackendConfig], metrics: Metrics) -> Backends:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from typing import TYPE_CHECKING, Any, Final
 
 from chunkd.errors import CheckpointNotFoundError
@@ -170,16 +170,25 @@ class Catalog:
                     if summary is not None:
                         yield summary
 
-    async def delete(self, name: str, *, save_id: str | None = None) -> int:
+    async def delete(
+        self,
+        name: str,
+        *,
+        save_id: str | None = None,
+        may_delete: Callable[[dict[str, Any]], None] | None = None,
+    ) -> int:
         """Delete checkpoint ``name``: its manifest first, then the parts it names.
 
         Returns the objects removed. Its chunks stay until ``chunkd gc`` finds them
         unreferenced; parts of other saves under the same name are left alone.
         ``save_id``: delete only the checkpoint that save committed (retention, which
         decided on a listing: a save may have committed another one there since).
+        ``may_delete``: called with the manifest (``{}`` when torn) before anything is
+        deleted; it raises to refuse (the caller's authority, docs/security.md).
 
         Raises:
             CheckpointNotFoundError: no checkpoint of that name (or of that save).
+            AccessDeniedError: what ``may_delete`` raised.
         """
         backend_name, path = checkpoint_name(name)
         backend = self.backends.get(backend_name)
@@ -198,6 +207,8 @@ class Catalog:
                 f"checkpoint {name} was committed again (save {doc.get('save_id')!r}) after it "
                 "was listed for retention; it is kept"
             )
+        if may_delete is not None:
+            may_delete(doc if isinstance(doc, dict) else {})
         await backend.delete(key)  # the checkpoint is gone from here on
         for part in parts:
             await backend.delete(part)
@@ -218,4 +229,5 @@ def _summary(backend: str, key: str, doc: dict[str, Any], meta: ObjectMeta) -> d
         "world_size": doc.get("world_size"),
         "created": doc.get("created", meta.modified),
         "save_id": doc.get("save_id"),
+        "owner": doc.get("owner"),
     }

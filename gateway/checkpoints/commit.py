@@ -14,6 +14,7 @@ import blake3
 
 from chunkd.client.protocol import MAX_WORLD_SIZE
 from chunkd.errors import (
+    AccessDeniedError,
     CheckpointError,
     CheckpointExistsError,
     InvalidRequestError,
@@ -62,10 +63,21 @@ class Committer:
         *,
         path: str | None = None,
         save_id: str | None = None,
+        owner: int | None = None,
+        admin: bool = False,
     ) -> str:
-        """Wait for every part, then write the manifest; returns its id (blake3)."""
+        """Wait for every part, then write the manifest; returns its id (blake3).
+
+        ``owner``: the uid the manifest records (a job's own request's); with
+        ``overwrite``, a checkpoint there that another uid made is replaced only when
+        ``admin`` (docs/security.md).
+
+        Raises:
+            AccessDeniedError: ``overwrite`` of another user's checkpoint, by a non-admin.
+        """
         if job is not None:
             path, save_id = job.request.path, job.request.save_id
+            owner, admin = job.request.uid, job.request.admin
             job.state = "waiting for parts"
         assert path is not None
         assert save_id is not None
@@ -98,12 +110,17 @@ class Committer:
                 for p in parts
             ],
         }
+        if owner is not None:
+            manifest["owner"] = owner
         assert not set(extra) & set(manifest)
         manifest |= extra
         body = dumps(manifest)
         key = manifest_key(path)
         if job is not None:
             job.state = "committing"
+
+        if overwrite and not admin and owner is not None:  # None: journaled before owners
+            await self.may_replace(backend, key, save_id, owner)
 
         async def put_manifest() -> bool:
             backend_fault("ckpt.manifest")
@@ -124,6 +141,35 @@ class Committer:
         if job is not None:
             job.manifest_id = manifest_id
         return manifest_id
+
+    async def may_replace(
+        self, backend: Backend, key: str, save_id: str, owner: int | None
+    ) -> None:
+        """Raise unless the checkpoint at ``key`` (if any) may be replaced by ``owner``
+        (a non-admin): none there, this save's own, or one ``owner`` made.
+
+        Raises:
+            AccessDeniedError: another user's checkpoint (or one that records no owner).
+        """
+        raw = await backend.get(key)
+        if raw is None:
+            return
+        try:
+            doc = json.loads(bytes(raw))
+        except ValueError:
+            doc = None
+        if not isinstance(doc, dict):
+            return  # torn: no checkpoint (a put-if-absent would not take its place)
+        if doc.get("save_id") == save_id:
+            return
+        there = doc.get("owner")
+        if there != owner:
+            name = doc.get("name", key)
+            made = "records no owner" if there is None else f"was made by uid {there}"
+            raise AccessDeniedError(
+                f"uid {owner} may not overwrite checkpoint {name}: it {made}; only its owner, "
+                "root, the daemon's own user and members of server.admin_group may"
+            )
 
     async def _committed_id(self, backend: Backend, key: str, save_id: str) -> str | None:
         """The id of the manifest at ``key`` if it commits ``save_id``, else None."""
@@ -188,11 +234,21 @@ class Committer:
             await asyncio.sleep(next(pauses))
 
     async def commit(
-        self, name: str, save_id: str, world_size: int, overwrite: bool, extra: dict[str, Any]
+        self,
+        name: str,
+        save_id: str,
+        world_size: int,
+        overwrite: bool,
+        extra: dict[str, Any],
+        *,
+        owner: int | None = None,
+        admin: bool = False,
     ) -> str:
-        """Commit a save made with ``commit="none"`` once all its parts are in.
+        """Commit a save made with ``commit="none"`` once all its parts are in;
+        ``owner`` and ``admin`` as :meth:`write_manifest` takes them.
 
         Raises:
+            AccessDeniedError: ``overwrite`` of another user's checkpoint, by a non-admin.
             InvalidRequestError: ``save_id`` or ``world_size`` is malformed or out of
                 bounds, or ``extra`` would replace a field of chunkd's.
             CheckpointExistsError: another save committed the name meanwhile.
@@ -213,5 +269,13 @@ class Committer:
         backend = self.backends.get(backend_name)
         backend.check_writable()
         return await self.write_manifest(
-            None, backend, world_size, overwrite, extra, path=path, save_id=save_id
+            None,
+            backend,
+            world_size,
+            overwrite,
+            extra,
+            path=path,
+            save_id=save_id,
+            owner=owner,
+            admin=admin,
         )

@@ -65,8 +65,12 @@ class Collector:
         dry_run: bool,
         pending_ttl: float = 7 * 86400,
         intent_ttl: float = 86400,
+        may_retire: Callable[[dict[str, Any]], None] | None = None,
     ) -> dict[str, Any]:
         """Retention under ``BACKEND[/PREFIX]``, then mark and sweep the backend's chunks.
+
+        ``may_retire`` is called with each checkpoint retention would retire (its
+        listing entry, ``owner`` included) before any is; it raises to refuse them all.
 
         Mark: every chunk named by the parts of a committed manifest anywhere in the
         backend, by a part of a save not yet committed (younger than ``pending_ttl``;
@@ -90,6 +94,9 @@ class Collector:
             listed = [e async for e in self.catalog.committed(backend, path)]
             listed.sort(key=lambda e: (e["step"] if e["step"] is not None else -1, e["created"]))
             doomed = listed[: max(0, len(listed) - keep_last)]
+            if may_retire is not None:
+                for entry in doomed:  # every one, before any is retired
+                    may_retire(entry)
             gone: list[str] = []
 
             async def retire(entry: dict[str, Any]) -> None:

@@ -28,6 +28,7 @@ from chunkd.cache import ChunkId
 from chunkd.client.protocol import COMMIT_MODES, DURABILITY_LEVELS, MAX_STEP, MAX_WORLD_SIZE
 from chunkd.errors import ChunkdError, InvalidRequestError
 from chunkd.gateway import arguments as arg
+from chunkd.gateway.chunkstore import CHUNKS
 from chunkd.gateway.names import checkpoint_name
 
 __all__ = [
@@ -57,7 +58,6 @@ __all__ = [
 ]
 
 SCHEMA: Final = 1
-CHUNKS: Final = "chunks/"
 CHECKPOINTS: Final = "checkpoints/"
 INTENTS: Final = "intents/"
 MANIFEST: Final = "manifest.json"
@@ -75,6 +75,7 @@ MANIFEST_KEYS: Final = frozenset(
         "logical_bytes",
         "new_bytes",
         "parts",
+        "owner",
     }
 )
 #: the key of a part, from its ``/parts/`` on
@@ -176,6 +177,12 @@ class SaveRequest:
     segments: list[tuple[int, int]]
     #: the state tree (opaque to the daemon; the client encodes and decodes it)
     tree: Any
+    #: the uid of the process that asked for the save (the kernel's word, never the
+    #: client's): the manifest's ``owner``; None for a save journaled before owners
+    uid: int | None = None
+    #: whether that process was an admin (docs/security.md): it may replace a
+    #: checkpoint another user made
+    admin: bool = False
 
     @property
     def name(self) -> str:
@@ -216,6 +223,8 @@ class SaveRequest:
             "step": self.step,
             "segments": [list(s) for s in self.segments],
             "tree": self.tree,
+            "uid": self.uid,
+            "admin": self.admin,
         }
 
     @classmethod
@@ -254,6 +263,11 @@ class SaveRequest:
             else arg.whole(doc, "step", low=-MAX_STEP - 1, high=MAX_STEP),
             segments=_segments(doc.get("segments")),
             tree=doc.get("tree"),
+            # Only the journal holds these: the local socket sets them from the kernel.
+            uid=None
+            if doc.get("uid") is None
+            else arg.whole(doc, "uid", low=0, high=(1 << 32) - 1),
+            admin=arg.flag(doc, "admin"),
         )
 
 

@@ -176,10 +176,15 @@ class Restorer:
             got = await asyncio.to_thread(ChunkId.of, raw)
             if got != cid:
                 self.metrics.ckpt_integrity_failures.inc()
+                # The next save or freeze on this node that holds these bytes writes
+                # them again (chunkd.gateway.chunkstore).
+                self.backends.damaged.note(backend_name, cid)
                 raise _chunk_error(
                     IntegrityError(
                         f"chunk {cid} in backend {backend_name!r} is damaged: its "
-                        f"{raw.nbytes} bytes hash to {got}; it was not cached"
+                        f"{raw.nbytes} bytes hash to {got}; it was not cached. The next "
+                        "save or freeze that holds its bytes writes it again; `chunkd gc "
+                        f"{backend_name} --scrub` finds every damaged chunk of the backend"
                     ),
                     cid,
                 )

@@ -14,7 +14,9 @@ Commit protocol (one save job per rank; ``docs/checkpoints.md`` has the format):
     4. intent   intents/<save_id>.<rank>.json names every chunk id, so that a
                 concurrent `chunkd gc` keeps them (it stays a day)
     5. barrier  list gc/: wait until every collection whose barrier is there is over
-    6. upload   per chunk: HEAD chunks/<id>; PUT it (if absent) only when missing
+    6. upload   per chunk: HEAD chunks/<id>; PUT it (if absent) only when missing; one
+                there of the wrong size, or read damaged on this node before, is
+                read back and replaced when its bytes do not match (chunkstore.py)
     7. part     checkpoints/<PATH>/parts/<save_id>/<rank>.json
     8. commit   the coordinator (rank 0) waits for every part, then writes
                 checkpoints/<PATH>/manifest.json (if absent, unless overwrite):
@@ -63,12 +65,12 @@ from chunkd.gateway.checkpoints.commit import Committer
 from chunkd.gateway.checkpoints.jobs import Jobs, backend_fault, retrying
 from chunkd.gateway.checkpoints.journal import Journal, syncfs
 from chunkd.gateway.checkpoints.model import (
-    CHUNKS,
     Durability,
     SaveJob,
     SaveRequest,
     dumps,
 )
+from chunkd.gateway.chunkstore import put_chunk
 
 if TYPE_CHECKING:
     from chunkd.gateway.backends import Backend, Backends
@@ -176,7 +178,8 @@ class Saver:
 
         Raises:
             UnknownBackendError, ReadOnlyBackendError, BackendForbiddenError,
-            CheckpointExistsError, CheckpointError
+            CheckpointExistsError, CheckpointError, AccessDeniedError (``overwrite`` of
+            another user's checkpoint)
         """
         backend = self.backends.get(request.backend)
         backend.check_writable()
@@ -206,6 +209,13 @@ class Saver:
             if await self._exists_unless_down(backend, request.manifest_key):
                 raise CheckpointExistsError(
                     f"checkpoint {request.name} exists; pass overwrite=True to replace it"
+                )
+        uid = request.uid
+        if request.overwrite and request.rank == 0 and not request.admin and uid is not None:
+            # Refused before anything is staged; the commit checks again.
+            with contextlib.suppress(BackendUnavailableError):
+                await self.committer.may_replace(
+                    backend, request.manifest_key, request.save_id, uid
                 )
         self.jobs.prune()
         faults.point("ckpt.stage")
@@ -384,7 +394,9 @@ class Saver:
         job.remote_bytes = 0
 
         async def upload(cid: ChunkId) -> bool:
-            sent = await retrying(job, functools.partial(self._upload, job, backend, cid))
+            sent = await retrying(
+                job, functools.partial(self._upload, job, backend, cid, unique[cid])
+            )
             job.remote_bytes += unique[cid]  # in the backend now, sent or found there
             return sent
 
@@ -449,22 +461,25 @@ class Saver:
         )
         job.state = state
 
-    async def _upload(self, job: SaveJob, backend: Backend, cid: ChunkId) -> bool:
-        """Put chunk ``cid`` in the backend unless it is there; True if this job sent it."""
+    async def _upload(self, job: SaveJob, backend: Backend, cid: ChunkId, size: int) -> bool:
+        """Put chunk ``cid`` (``size`` bytes) in the backend unless it is there, or
+        repair it (:func:`~chunkd.gateway.chunkstore.put_chunk`); True if this job sent it."""
         key = (backend.name, cid)
         if self._uploads.join(key) is not None:
             await self._uploads.run(key, _never)  # another job sends it: a dedup
             return False
-        return await self._uploads.run(key, lambda: self._send_chunk(job, backend, cid))
+        return await self._uploads.run(key, lambda: self._send_chunk(job, backend, cid, size))
 
-    async def _send_chunk(self, job: SaveJob, backend: Backend, cid: ChunkId) -> bool:
+    async def _send_chunk(self, job: SaveJob, backend: Backend, cid: ChunkId, size: int) -> bool:
         async with self._upload_slots:
-            if await self._exists(backend, f"{CHUNKS}{cid}"):
-                return False
-            lease = await self._source(job, cid)
-            with lease:
-                backend_fault("ckpt.upload")
-                return await backend.put(f"{CHUNKS}{cid}", lease.view(), if_absent=True)
+            return await put_chunk(
+                backend,
+                cid,
+                size,
+                lambda: self._source(job, cid),
+                self.backends.damaged,
+                before_put=lambda: backend_fault("ckpt.upload"),
+            )
 
     async def _source(self, job: SaveJob, cid: ChunkId) -> ChunkLease:
         """The bytes of ``cid``: from the staged memfd while the job holds it, else

@@ -5,11 +5,14 @@ state they share, the jobs this daemon knows."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import mmap
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from chunkd.cache import ChunkCache, ChunkId, ChunkLease
+from chunkd.gateway.authority import Authority, Caller
 from chunkd.gateway.checkpoints.catalog import Catalog
 from chunkd.gateway.checkpoints.commit import Committer
 from chunkd.gateway.checkpoints.gc import Collector, Roots
@@ -19,6 +22,7 @@ from chunkd.gateway.checkpoints.model import Durability, SaveJob, SaveRequest
 from chunkd.gateway.checkpoints.restore import Restorer
 from chunkd.gateway.checkpoints.save import Saver
 from chunkd.gateway.checkpoints.wait import Waiter
+from chunkd.gateway.chunkstore import ScrubPage, scrub
 
 if TYPE_CHECKING:
     from chunkd.gateway.backends import Backends
@@ -42,6 +46,8 @@ class Checkpoints:
             chunk's owner before it reads the backend.
         gc_roots: the chunk ids other stores keep in a backend (the dataset registry's
             frozen snapshots), which garbage collection marks live.
+        authority: who may replace and delete what (docs/security.md); the methods
+            that take a ``caller`` check it (None: a request of the daemon's own).
     """
 
     def __init__(
@@ -55,7 +61,9 @@ class Checkpoints:
         poll_interval: float = 2.0,
         peers: Peers | None = None,
         gc_roots: Roots | None = None,
+        authority: Authority | None = None,
     ) -> None:
+        self.authority = authority if authority is not None else Authority()
         self.cache = cache
         self.backends = backends
         self.metrics = metrics
@@ -94,15 +102,38 @@ class Checkpoints:
         """Stop every job (journaled ones resume on the next start)."""
         await self._jobs.close()
 
-    async def save(self, request: SaveRequest, data: mmap.mmap, size: int) -> SaveJob:
-        """Take one rank's staged part (:meth:`.Saver.save`); the job goes on in the background."""
+    async def save(
+        self, request: SaveRequest, data: mmap.mmap, size: int, *, caller: Caller | None = None
+    ) -> SaveJob:
+        """Take one rank's staged part (:meth:`.Saver.save`); the job goes on in the
+        background, owned by ``caller`` (who may replace only their own checkpoints)."""
+        if caller is not None:
+            request = dataclasses.replace(
+                request, uid=caller.uid, admin=self.authority.is_admin(caller)
+            )
         return await self._saver.save(request, data, size)
 
     async def commit(
-        self, name: str, save_id: str, world_size: int, overwrite: bool, extra: dict[str, Any]
+        self,
+        name: str,
+        save_id: str,
+        world_size: int,
+        overwrite: bool,
+        extra: dict[str, Any],
+        *,
+        caller: Caller | None = None,
     ) -> str:
-        """Commit a save made with ``commit="none"`` (:meth:`.Committer.commit`)."""
-        return await self._committer.commit(name, save_id, world_size, overwrite, extra)
+        """Commit a save made with ``commit="none"`` (:meth:`.Committer.commit`), owned
+        by ``caller``."""
+        return await self._committer.commit(
+            name,
+            save_id,
+            world_size,
+            overwrite,
+            extra,
+            owner=None if caller is None else caller.uid,
+            admin=caller is None or self.authority.is_admin(caller),
+        )
 
     async def wait(
         self,
@@ -140,9 +171,56 @@ class Checkpoints:
         """Every checkpoint under ``BACKEND[/PREFIX]`` (:meth:`.Catalog.entries`)."""
         return await self._catalog.entries(prefix)
 
-    async def delete(self, name: str, *, save_id: str | None = None) -> int:
-        """Delete checkpoint ``name``; its chunks stay for gc (:meth:`.Catalog.delete`)."""
-        return await self._catalog.delete(name, save_id=save_id)
+    async def delete(
+        self, name: str, *, save_id: str | None = None, caller: Caller | None = None
+    ) -> int:
+        """Delete checkpoint ``name``; its chunks stay for gc (:meth:`.Catalog.delete`).
+
+        Raises:
+            AccessDeniedError: ``caller`` is neither its owner nor an admin.
+        """
+        return await self._catalog.delete(
+            name, save_id=save_id, may_delete=self._owner_check(caller, "delete")
+        )
+
+    def _owner_check(
+        self, caller: Caller | None, action: str
+    ) -> Callable[[dict[str, Any]], None] | None:
+        """What refuses ``caller`` ``action`` on a checkpoint (by its manifest or
+        listing entry) unless they own it or are an admin; None: no check."""
+        if caller is None:
+            return None
+        authority = self.authority
+
+        def check(doc: dict[str, Any]) -> None:
+            what = f"checkpoint {doc.get('name', '(torn)')}"
+            authority.require_owner(caller, doc.get("owner"), what, action)
+
+        return check
+
+    async def scrub(
+        self,
+        backend_name: str,
+        *,
+        start_after: str | None,
+        limit: int,
+        remove: bool,
+        caller: Caller | None = None,
+    ) -> ScrubPage:
+        """Check one page of a backend's chunk store against the chunks' names
+        (:func:`chunkd.gateway.chunkstore.scrub`); only an admin may ``remove``.
+
+        Raises:
+            UnknownBackendError, ReadOnlyBackendError (``remove``), AccessDeniedError
+        """
+        backend = self.backends.get(backend_name)
+        if remove:
+            if caller is not None:
+                self.authority.require_admin(caller, f"remove chunks from {backend_name}")
+            backend.check_writable()
+        return await scrub(
+            backend, self.backends.damaged, start_after=start_after, limit=limit, remove=remove
+        )
 
     async def gc(
         self,
@@ -153,8 +231,15 @@ class Checkpoints:
         dry_run: bool,
         pending_ttl: float = 7 * 86400,
         intent_ttl: float = 86400,
+        caller: Caller | None = None,
     ) -> dict[str, Any]:
-        """Retention, then mark and sweep of the chunks (:meth:`.Collector.gc`)."""
+        """Retention, then mark and sweep of the chunks (:meth:`.Collector.gc`).
+        Retention retires only checkpoints ``caller`` may delete (all or none).
+
+        Raises:
+            AccessDeniedError: retention would retire a checkpoint ``caller`` may not
+                delete (nothing is retired or swept).
+        """
         return await self._collector.gc(
             target,
             keep_last=keep_last,
@@ -162,6 +247,7 @@ class Checkpoints:
             dry_run=dry_run,
             pending_ttl=pending_ttl,
             intent_ttl=intent_ttl,
+            may_retire=self._owner_check(caller, "retire"),
         )
 
     def stats(self) -> dict[str, Any]:

@@ -27,6 +27,10 @@ Every key, with its default (a key left out takes the default)::
     socket_mode = "0660"
     # group owning the socket, a name or a numeric GID; unset: the daemon's own
     # socket_group = "train"
+    # group, a name or a numeric GID, whose members may change and delete every user's
+    # checkpoints and datasets on the local socket, as root and the daemon's own user may
+    # (docs/security.md); unset: none
+    # admin_group = "chunkd-admin"
     # local socket connections served at once; more wait to be accepted (a dropped one
     # still counts until its client reads or closes what it was sent)
     socket_max_clients = 1024

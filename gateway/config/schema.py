@@ -152,6 +152,16 @@ class ServerConfig:
             example='"train"',
         ),
     )
+    admin_group: str | None = field(
+        default=None,
+        metadata=key(
+            TEXT,
+            "group, a name or a numeric GID, whose members may change and delete every "
+            "user's checkpoints and datasets on the local socket, as root and the daemon's "
+            "own user may (docs/security.md); unset: none",
+            example='"chunkd-admin"',
+        ),
+    )
     socket_max_clients: int = field(
         default=1024,
         metadata=key(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import time
@@ -30,6 +31,7 @@ from chunkd.errors import (
 from chunkd.gateway.checkpoints.barrier import await_collections
 from chunkd.gateway.checkpoints.jobs import each
 from chunkd.gateway.checkpoints.model import CHUNKS, INTENTS
+from chunkd.gateway.chunkstore import put_chunk
 from chunkd.gateway.datasets.layout import INTENT_CHUNKS, SCHEMA
 from chunkd.gateway.datasets.pinned import drifted, first_failure, member_leases, pinned_stat
 
@@ -57,16 +59,29 @@ def _dumps(doc: Any) -> bytes:
 
 
 def parse_frozen(
-    raw: bytes | memoryview, key: str, snapshot: Snapshot | None = None
+    raw: bytes | memoryview,
+    key: str,
+    *,
+    expect_id: str,
+    backend: str,
+    snapshot: Snapshot | None = None,
 ) -> dict[str, Any]:
-    """A frozen record, checked (against ``snapshot``'s members when given).
+    """A frozen record, checked: the one written for snapshot ``expect_id`` (the id in
+    its key) with its chunks in ``backend`` (the registry's), and, when ``snapshot``
+    is given, one chunk list per member of the member's size.
+
+    What that proves, and what it does not: the record names this snapshot and this
+    registry's chunk store, so a record copied from another snapshot, or one naming
+    another backend's chunks, is refused. It does not prove who wrote it: whoever can
+    write the registry's backend directly can write a record (docs/security.md).
+    Every chunk it names is still checked against its id when read.
 
     Raises:
-        ManifestError: the record is damaged, or does not fit the snapshot.
+        ManifestError: the record is damaged, or is not this snapshot's.
     """
     try:
         doc = json.loads(bytes(raw))
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
         doc = None
     members = doc.get("members") if isinstance(doc, dict) else None
     if (
@@ -75,10 +90,18 @@ def parse_frozen(
         or not isinstance(members, list)
         or not all(isinstance(m, list) and all(isinstance(c, str) for c in m) for m in members)
         or not isinstance(doc.get("chunk_bytes"), int)
+        or isinstance(doc.get("chunk_bytes"), bool)
+        or doc["chunk_bytes"] <= 0
     ):
         raise ManifestError(
             f"the frozen record {key} is damaged (not the JSON chunkd wrote); freeze the "
             "snapshot again"
+        )
+    if doc.get("id") != expect_id or doc.get("backend") != backend:
+        raise ManifestError(
+            f"the frozen record {key} is not snapshot {expect_id}'s in backend {backend!r}: "
+            f"it names snapshot {str(doc.get('id'))[:64]!r} in backend "
+            f"{str(doc.get('backend'))[:64]!r}; freeze the snapshot again (it is written anew)"
         )
     if snapshot is not None:
         size = doc["chunk_bytes"]
@@ -214,10 +237,20 @@ class Freezer:
             ManifestError: the record is damaged.
         """
         key = self.registry.layout.frozen(snapshot.id)
-        raw = await self.registry.backend.get(key)
+        backend = self.registry.backend
+        raw = await backend.get(key)
         if raw is None:
             return None
-        return await asyncio.to_thread(parse_frozen, raw, key, snapshot)
+        return await asyncio.to_thread(
+            functools.partial(
+                parse_frozen,
+                raw,
+                key,
+                expect_id=snapshot.id,
+                backend=backend.name,
+                snapshot=snapshot,
+            )
+        )
 
     async def freeze(self, snapshot: Snapshot, *, what: str | None = None) -> dict[str, Any]:
         """Copy every member's chunks into the registry, then write the frozen record.
@@ -350,6 +383,11 @@ class Freezer:
         return [cid for cid, there in zip(ids, await each(ids, present), strict=True) if not there]
 
     async def _all_present(self, backend: Backend, record: dict[str, Any]) -> bool:
+        """Whether every chunk of ``record`` is in ``backend`` and none was read damaged
+        on this node (a freeze again then writes those again)."""
+        damaged = self.registry.backends.damaged
+        if any((backend.name, c) in damaged for member in record["members"] for c in member):
+            return False
         return not await self._missing(backend, record["members"])
 
     async def _send(
@@ -386,17 +424,19 @@ class Freezer:
 
         async def upload(item: tuple[ChunkId, tuple[int, Stat, int, int]]) -> None:
             cid, (index, stat, chunk, size) = item
-            key = f"{CHUNKS}{cid}"
-            with intents.reach():
-                if await backend.head(key) is not None:
-                    return
-            lease = await self._lease(snapshot, index, cid, stat, chunk)
-            with lease, intents.reach():
+
+            async def lease_of() -> ChunkLease:
+                lease = await self._lease(snapshot, index, cid, stat, chunk)
                 if lease.id != cid:  # pragma: no cover - the read path verifies by the map
+                    lease.release()
                     raise DatasetError(f"chunk {chunk} of {stat.meta.key} is not {cid}")
-                if await backend.put(key, lease.view(), if_absent=True):
-                    report.uploaded += 1
-                    report.uploaded_bytes += size
+                return lease
+
+            with intents.reach():
+                sent = await put_chunk(backend, cid, size, lease_of, self.registry.backends.damaged)
+            if sent:
+                report.uploaded += 1
+                report.uploaded_bytes += size
 
         await each(list(batch.where.items()), upload)
 
@@ -435,14 +475,24 @@ async def frozen_chunk_ids(registry: Registry, backend: Backend) -> AsyncGenerat
     layout = registry.layout
     async with contextlib.aclosing(backend.scan(layout.frozen_prefix)) as batches:
         async for batch in batches:
-            keys = [m.key for m in batch if layout.parse_frozen_key(m.key) is not None]
+            records = [(m.key, layout.parse_frozen_key(m.key)) for m in batch]
+            keys = [(key, sid) for key, sid in records if sid is not None]
 
-            async def read(key: str) -> list[str]:
+            async def read(item: tuple[str, str]) -> list[str]:
+                key, sid = item
                 raw = await backend.get(key)
                 if raw is None:
                     return []  # deleted meanwhile
                 try:
-                    doc = await asyncio.to_thread(parse_frozen, raw, f"{backend.name}/{key}")
+                    doc = await asyncio.to_thread(
+                        functools.partial(
+                            parse_frozen,
+                            raw,
+                            f"{backend.name}/{key}",
+                            expect_id=sid,
+                            backend=backend.name,
+                        )
+                    )
                 except ManifestError as exc:
                     raise DatasetError(
                         f"garbage collection stopped before deleting anything: {exc}. Its "

@@ -7,6 +7,10 @@ For each member, in turn (a few at once, bounded by bytes in flight)::
        against its id), else through the read path at the recorded version (a member
        that drifted is a SnapshotDriftError naming it); their chunk ids are noted
     2. the destination key: PREFIX + the member's key below the snapshot's prefix.
+       Every destination key is checked before anything is copied: a valid key, and
+       none under a prefix chunkd keeps for itself (:mod:`chunkd.gateway.reserved`:
+       ``chunks/``, ``checkpoints/``, ``intents/``, ``gc/``, the registry's), however
+       it was reached (the destination prefix, or a member's own relative key).
        An object there already whose chunks hash to the source's chunk ids is kept as
        it is (migrating twice is harmless; nothing is rewritten, so no version token
        changes); one with other bytes is never overwritten: the migration fails
@@ -44,7 +48,8 @@ from chunkd.errors import (
 )
 from chunkd.gateway.checkpoints.model import CHUNKS
 from chunkd.gateway.datasets.pinned import first_failure, member_leases
-from chunkd.gateway.names import split_prefix
+from chunkd.gateway.names import split_prefix, validate_key
+from chunkd.gateway.reserved import ReservedPrefixes
 from chunkd.snapshot import Member, Snapshot
 
 if TYPE_CHECKING:
@@ -95,6 +100,7 @@ class Migrator:
         self.registry = registry
         self.read_path = read_path
         self.backends = backends
+        self.reserved = ReservedPrefixes(registry.registry)
 
     def destination(self, to: str) -> tuple[Backend, str]:
         """The destination backend (writable) and prefix of ``to`` (``BACKEND/PREFIX``).
@@ -119,7 +125,8 @@ class Migrator:
         Returns the snapshot of the copy (not committed yet) and what was done.
 
         Raises:
-            ReadOnlyBackendError, SnapshotDriftError, IntegrityError, ChunkNotFoundError
+            ReadOnlyBackendError, ReservedKeyError, InvalidKeyError, SnapshotDriftError,
+            IntegrityError, ChunkNotFoundError
         """
         dest, prefix = self.destination(to)
         if dest.name == snapshot.backend:
@@ -139,6 +146,15 @@ class Migrator:
         # backend's root), so each member's key below it is the same as below the
         # source's (a source at its backend's root included): diff shows no change.
         new_prefix = f"{prefix}/" if prefix else ""
+        if new_prefix:
+            self.reserved.check(dest.name, new_prefix, door="ds_migrate")
+        # Every final key, checked before anything is copied.
+        keys = [
+            self.reserved.check(
+                dest.name, validate_key(_dest_key(new_prefix, snapshot, m)), door="ds_migrate"
+            )
+            for m in snapshot.members
+        ]
         budget = _ByteBudget(BYTES_IN_FLIGHT)
         slots = asyncio.Semaphore(_MEMBERS_AT_ONCE)
         counts = {"members": len(snapshot.members), "bytes": 0, "copied": 0, "kept": 0}
@@ -148,8 +164,9 @@ class Migrator:
             async with slots:
                 await budget.take(member.size)
                 try:
-                    key = _dest_key(new_prefix, snapshot, member)
-                    return await self._copy_member(snapshot, index, dest, key, frozen, counts)
+                    return await self._copy_member(
+                        snapshot, index, dest, keys[index], frozen, counts
+                    )
                 finally:
                     await budget.give(member.size)
 
@@ -225,6 +242,7 @@ class Migrator:
                     f"{cid} is missing from {backend.name}/{CHUNKS}; freeze it again"
                 )
             if await asyncio.to_thread(ChunkId.of, raw) != cid:
+                self.backends.damaged.note(backend.name, cid)
                 raise IntegrityError(
                     f"member {snapshot.name_of(index)} of frozen snapshot {snapshot.id}: chunk "
                     f"{cid} in {backend.name} is damaged; nothing was copied from it"

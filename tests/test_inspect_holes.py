@@ -5,7 +5,10 @@ files that made 500s, and datasets opened by name."""
 from __future__ import annotations
 
 import concurrent.futures
+import io
+import json
 import socket
+import struct
 import time
 from pathlib import Path
 from typing import Any
@@ -13,7 +16,7 @@ from typing import Any
 import pytest
 
 from .conftest import Daemon
-from .test_inspector_pool import get_json, huge_sparse_text, jsonl, node, workers_of
+from .test_inspector_pool import get_json, huge_sparse_text, jsonl, node, put, workers_of
 
 #: the slow request: line 10^12 of a sparse file with no newline, scanned until killed
 SLOW = "/v1/inspect/rows?name=local/huge.txt&format=text&start=1000000000000&count=1"
@@ -144,3 +147,167 @@ def test_open_takes_a_dataset_name_version_tag_or_snapshot_id(
     status, body = get_json(daemon, "/v1/inspect/open?name=web@1.5")
     assert (status, body["error"]) == (400, "InvalidRequestError"), body
     assert "neither an object" in body["message"]
+
+
+# -- 3. hostile files are 422s, never 500s -------------------------------------------------
+
+
+def mds_folder(tmp_path: Path, folder: str, spoil: Any = None, column: str = "bytes") -> str:
+    """An MDS shard of 3 samples of one column of 2,000 bytes and its index.json in
+    ``folder``, the entry made ``column`` and spoiled by ``spoil(index)``; the shard's
+    name."""
+    from .test_dataset_formats import mds_shard
+
+    samples = [{"n": bytes([7 + i]) * 2000} for i in range(3)]
+    shard, entry = mds_shard({"n": "bytes"}, samples, "shard.00000.mds", None)
+    entry["column_encodings"] = [column]
+    index = {"version": 2, "shards": [entry]}
+    if spoil is not None:
+        spoil(index)
+    put(tmp_path, f"{folder}/shard.00000.mds", shard)
+    put(tmp_path, f"{folder}/index.json", json.dumps(index).encode())
+    return f"local/{folder}/shard.00000.mds"
+
+
+def nested(depth: int) -> bytes:
+    return b'{"deep": ' + b"[" * depth + b"]" * depth + b"}\n"
+
+
+def hostile(tmp_path: Path) -> dict[str, tuple[str, str]]:
+    """Each hostile file: its name, and what its 422's message says."""
+    files = {}
+    for depth in (201, 500, 990):
+        put(tmp_path, f"deep-{depth}.jsonl", b'{"fine": 1}\n' + nested(depth))
+        files[f"json {depth} deep"] = (f"local/deep-{depth}.jsonl", "nested")
+    files["an MDS int of 4,800 digits"] = (
+        mds_folder(tmp_path, "mds-int", column="int"),
+        "digits",
+    )
+
+    def shards_dict(index: dict[str, Any]) -> None:
+        index["shards"] = {"0": index["shards"][0]}
+
+    def sizes_zz(index: dict[str, Any]) -> None:
+        index["shards"][0]["column_sizes"] = ["zz"]
+
+    def zip_string(index: dict[str, Any]) -> None:
+        index["shards"][0]["zip_data"] = "shard.00000.mds.zstd"
+
+    def shards_null(index: dict[str, Any]) -> None:
+        index["shards"] = None
+
+    def raw_string(index: dict[str, Any]) -> None:
+        index["shards"][0]["raw_data"] = "shard.00000.mds"
+
+    # Found by fuzzing each view (500s before): a Parquet column of invalid UTF-8 (its
+    # statistics too), compressed JSON lines nested deep.
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    zstandard = pytest.importorskip("zstandard")
+    offsets = pa.py_buffer(struct.pack("<3i", 0, 2, 4))
+    text = pa.StringArray.from_buffers(2, offsets, pa.py_buffer(b"ok\xff\xfe"))
+    sink = io.BytesIO()
+    pq.write_table(pa.table({"text": text}), sink)
+    put(tmp_path, "utf8.parquet", sink.getvalue())
+    files["Parquet footer: text of invalid UTF-8"] = ("local/utf8.parquet", "utf-8")
+    put(
+        tmp_path,
+        "deep.jsonl.zst",
+        zstandard.ZstdCompressor().compress(b'{"fine": 1}\n' + nested(600)),
+    )
+    files["zstd JSON 600 deep"] = ("local/deep.jsonl.zst", "nested")
+    files["MDS index: shards null"] = (
+        mds_folder(tmp_path, "mds-null", shards_null),
+        "'shards' is null",
+    )
+    files["MDS index: raw_data a string"] = (
+        mds_folder(tmp_path, "mds-raw", raw_string),
+        "raw_data is a string",
+    )
+    files["MDS index: shards a dict"] = (
+        mds_folder(tmp_path, "mds-dict", shards_dict),
+        "'shards' is an object",
+    )
+    files["MDS index: column_sizes zz"] = (
+        mds_folder(tmp_path, "mds-zz", sizes_zz),
+        'column_sizes holds "zz"',
+    )
+    files["MDS index: zip_data a string"] = (
+        mds_folder(tmp_path, "mds-zip", zip_string),
+        "zip_data is a string",
+    )
+    return files
+
+
+@pytest.mark.timeout(60)
+def test_hostile_files_are_422_with_a_message_and_no_traceback(
+    start_daemon: Any, tmp_path: Path
+) -> None:
+    pytest.importorskip("pyarrow")
+    files = hostile(tmp_path)
+    daemon = node(start_daemon, tmp_path, workers=2)
+    wrong = []
+    for what, (name, says) in files.items():
+        # open reads no record: a file whose records are bad opens, and its rows fail
+        for op in ("open", "rows") if "index" in what or "footer" in what else ("rows",):
+            page = "&start=1" if op == "rows" else ""
+            status, body = get_json(daemon, f"/v1/inspect/{op}?name={name}{page}")
+            # the message names the file at fault (a shard's index.json, say)
+            folder = name.rpartition("/")[0]
+            if (
+                (status, body.get("error")) != (422, "MalformedFileError")
+                or folder not in body["message"]
+                or says not in body["message"]
+            ):
+                wrong.append((what, op, status, body.get("message", body)))
+    assert not wrong, "\n".join(map(str, wrong))
+    # The good rows of a file are shown around a bad one, and the workers lived.
+    status, body = get_json(daemon, "/v1/inspect/rows?name=local/deep-500.jsonl&count=1")
+    assert (status, body["rows"][0]["value"]) == (200, {"fine": 1})
+    log = daemon.log.read_text(errors="replace")
+    assert "Traceback" not in log, log[-3000:]
+    assert "InspectError" not in log
+
+
+# -- 2. a Parquet row group bigger than a worker's memory --------------------------------
+
+
+@pytest.mark.timeout(90)
+def test_a_row_group_bigger_than_the_worker_shows_its_pages(
+    start_daemon: Any, tmp_path: Path
+) -> None:
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    np = pytest.importorskip("numpy")
+    # pyarrow's defaults: one row group, here of 600,000 rows and 65 MB (random text
+    # does not compress). Read whole it takes a worker over 768 MiB; the limit is 512.
+    rows, width = 600_000, 100
+    rng = np.random.default_rng(0)
+    letters = rng.integers(97, 123, size=rows * width, dtype=np.uint8)
+    offsets = np.arange(0, (rows + 1) * width, width, dtype=np.int32)
+    text = pa.StringArray.from_buffers(rows, pa.py_buffer(offsets), pa.py_buffer(letters))
+    (tmp_path / "data").mkdir()
+    pq.write_table(pa.table({"id": np.arange(rows), "text": text}), tmp_path / "data/one.parquet")
+    assert pq.ParquetFile(tmp_path / "data/one.parquet").metadata.num_row_groups == 1
+
+    def row(i: int) -> dict[str, Any]:
+        return {"id": i, "text": letters[i * width : (i + 1) * width].tobytes().decode()}
+
+    daemon = node(start_daemon, tmp_path, workers=1, memory="512MiB")
+    name = "local/one.parquet"
+    status, body = get_json(daemon, f"/v1/inspect/rows?name={name}&count=1")
+    assert status == 200, body
+    assert (body["total"], body["next"]) == (rows, 1)
+    assert [r["value"] for r in body["rows"]] == [row(0)]
+    # The next pages go on from there; one deep in the group, and the last, are found.
+    for start, count in ((1, 500), (501, 500), (300_000, 20), (rows - 5, 20)):
+        status, body = get_json(daemon, f"/v1/inspect/rows?name={name}&start={start}&count={count}")
+        assert status == 200, (start, body)
+        got = [r["value"] for r in body["rows"]]
+        assert got == [row(i) for i in range(start, min(rows, start + count))], start
+    status, body = get_json(daemon, f"/v1/inspect/rows?name={name}&start=7&count=2&columns=id")
+    assert (status, [r["value"] for r in body["rows"]]) == (200, [{"id": 7}, {"id": 8}])
+    status, body = get_json(daemon, f"/v1/inspect/sample?id={name}%23123456")
+    assert (status, body["value"]) == (200, row(123456))
+    status, body = get_json(daemon, f"/v1/inspect/open?name={name}")
+    assert (status, body["num_rows"], len(body["row_groups"])) == (200, rows, 1)

@@ -21,6 +21,8 @@ naming the object and the fault.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import importlib
 import io
 import json
@@ -33,12 +35,12 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 from chunkd.client.datasets.formats import DECODED_CACHE_BYTES, DecodedLRU, detect
 from chunkd.client.datasets.source import PinnedSource
 from chunkd.client.inspect.lines import LineIndex
-from chunkd.client.inspect.values import encode, media, tar_file
+from chunkd.client.inspect.values import MAX_DEPTH, encode, media, tar_file
 from chunkd.errors import (
+    ChunkdError,
     DatasetFormatError,
     InvalidRequestError,
     MalformedFileError,
-    SnapshotDriftError,
 )
 from chunkd.mediatype import SNIFF_BYTES, kind_of, sniff
 from chunkd.snapshot import Member
@@ -87,8 +89,19 @@ _MAX_INDEX_JSON: Final = 64 << 20
 _COUNT_LINES_BYTES: Final = 8 << 20
 #: rows converted from Arrow at a time
 _ARROW_BATCH: Final = 64
+#: a row group whose asked columns hold at most this many bytes (as its footer says) is
+#: decoded whole and kept; a bigger one is read page by page
+WHOLE_GROUP_BYTES: Final = 32 << 20
+#: the buffer each column chunk of a row group read page by page is read through
+PAGE_BUFFER: Final = 1 << 20
+#: a batch of a row group read page by page holds about this many bytes of rows ...
+PAGE_BATCH_BYTES: Final = 4 << 20
+#: ... and at most this many rows
+_MAX_BATCH_ROWS: Final = 8192
 #: a view's field names are looked for in this many first records (JSON lines)
 _FIELD_LINES: Final = 8
+#: a decoder's own words on a fault are cut to this many characters
+_FAULT_CHARS: Final = 500
 
 _TEXT_SUFFIXES: Final = (
     ".txt", ".text", ".log", ".md", ".rst", ".csv", ".tsv", ".json", ".yaml", ".yml",
@@ -136,6 +149,84 @@ class View(Protocol):
 def malformed(exc: BaseException) -> MalformedFileError:
     """The inspector's error for a dataset format's refusal (its message names the file)."""
     return MalformedFileError(str(exc))
+
+
+def out_of_memory(exc: BaseException) -> bool:
+    """Whether ``exc`` is the worker's address-space limit at work (an allocation, a
+    mapping or a thread refused), not a fault of the file."""
+    if isinstance(exc, MemoryError):
+        return True
+    if isinstance(exc, OSError) and exc.errno == errno.ENOMEM:
+        return True
+    text = str(exc)
+    return "Cannot allocate memory" in text or "Failed to launch worker thread" in text
+
+
+@contextlib.contextmanager
+def file_errors(name: str, what: str) -> Iterator[None]:
+    """What a decoder raises on the bytes of ``name``, as the file's fault.
+
+    chunkd's own errors pass as they are (they say what they are), and so does running
+    out of memory (an ``ENOMEM`` from a mapping or a thread is made a MemoryError).
+    Anything else a decoder raised on the file's bytes (a ValueError, a TypeError on a
+    value of the wrong type, pyarrow's errors, a RecursionError) is
+    :class:`~chunkd.errors.MalformedFileError` naming the file, ``what`` failed and the
+    fault: a malformed file is a 422, never a 500.
+    """
+    try:
+        yield
+    except (ChunkdError, MemoryError):
+        raise
+    except RecursionError:
+        raise MalformedFileError(
+            f"{name}: {what}: it holds a value nested too deep to read; read it with the client"
+        ) from None
+    except Exception as exc:
+        if out_of_memory(exc):
+            raise MemoryError(f"{name}: {exc}") from None
+        raise MalformedFileError(
+            f"{name}: {what} ({type(exc).__name__}: {str(exc)[:_FAULT_CHARS]}): the file is "
+            "damaged, or not of its format"
+        ) from None
+
+
+class _Guarded:
+    """A view whose every read of the file goes through :func:`file_errors`: what a
+    view is asked (its description, fields and rows) fails as the file's fault, or as
+    chunkd's own error, never as a bug of the worker's."""
+
+    def __init__(self, view: View) -> None:
+        self.view = view
+        self.kind = view.kind
+        self.name = view.name
+
+    @property
+    def total(self) -> int | None:
+        return self.view.total
+
+    @property
+    def nbytes(self) -> int:
+        return self.view.nbytes
+
+    def describe(self) -> dict[str, Any]:
+        with file_errors(self.name, f"its {self.kind} structure cannot be shown"):
+            return self.view.describe()
+
+    def fields(self) -> list[str] | None:
+        with file_errors(self.name, "its fields cannot be read"):
+            return self.view.fields()
+
+    def rows(self, start: int, columns: list[str] | None) -> Iterator[tuple[int, Any]]:
+        rows = self.view.rows(start, columns)
+        at = start
+        while True:
+            with file_errors(self.name, f"row {at} cannot be read as {self.kind}"):
+                try:
+                    index, value = next(rows)
+                except StopIteration:
+                    return
+            yield index, value
+            at = index + 1
 
 
 def _past_end(name: str, start: int, total: int | None) -> InvalidRequestError:
@@ -247,6 +338,8 @@ class ParquetView:
                 "write it again"
             ) from None
         self._footer_bytes = int(self.metadata.serialized_size)
+        #: the row group being read page by page, where the last page left it
+        self._pages: _GroupPages | None = None
 
     @property
     def total(self) -> int | None:
@@ -254,7 +347,8 @@ class ParquetView:
 
     @property
     def nbytes(self) -> int:
-        return self._footer_bytes * 4 + 8 * len(self._starts)
+        pages = self._pages.nbytes if self._pages is not None else 0
+        return self._footer_bytes * 4 + 8 * len(self._starts) + pages
 
     def fields(self) -> list[str] | None:
         return [f.name for f in self.schema]
@@ -373,14 +467,43 @@ class ParquetView:
         group = bisect.bisect_right(self._starts, start) - 1
         row = start - self._starts[group]
         while group < self.metadata.num_row_groups:
+            for at, value in self._group_rows(group, row, columns):
+                index = self._starts[group] + at
+                yield index, encode(value, {"sample": f"{self.name}#{index}"})
+            group, row = group + 1, 0
+
+    def _group_rows(
+        self, group: int, row: int, columns: list[str] | None
+    ) -> Iterator[tuple[int, Any]]:
+        """``(row in the group, value)`` of row group ``group`` from ``row`` on: from the
+        group decoded whole when it is small, else page by page (:class:`_GroupPages`)."""
+        if self._asked_bytes(group, columns) <= WHOLE_GROUP_BYTES:
             table = self.group(group, columns)
             while row < table.num_rows:
-                batch = table.slice(row, _ARROW_BATCH).to_pylist()
-                for k, value in enumerate(batch):
-                    index = self._starts[group] + row + k
-                    yield index, encode(value, {"sample": f"{self.name}#{index}"})
-                row += len(batch)
-            group, row = group + 1, 0
+                for value in table.slice(row, _ARROW_BATCH).to_pylist():
+                    yield row, value
+                    row += 1
+            return
+        pages = self._pages
+        if pages is None or not pages.serves(group, columns, row):
+            self._pages = None  # its buffers go before the new reader's come
+            pages = self._pages = _GroupPages(self, group, columns)
+        try:
+            yield from pages.rows_from(row)
+        except Exception:
+            self._pages = None  # its reader failed: the next page starts afresh
+            raise
+
+    def _asked_bytes(self, group: int, columns: list[str] | None) -> int:
+        """The bytes the asked columns of row group ``group`` hold, as its footer says
+        (uncompressed or compressed, the larger)."""
+        meta = self.metadata.row_group(group)
+        size = 0
+        for c in range(meta.num_columns):
+            column = meta.column(c)
+            if _asked(column.path_in_schema, columns):
+                size += max(int(column.total_uncompressed_size), int(column.total_compressed_size))
+        return size
 
     def group(self, group: int, columns: list[str] | None) -> Any:
         """Row group ``group``'s ``columns`` (all: None), decoded (and kept a while)."""
@@ -393,10 +516,7 @@ class ParquetView:
         spans = []
         for c in range(meta.num_columns):
             column = meta.column(c)
-            path = column.path_in_schema
-            if columns is not None and not any(
-                path == want or path.startswith(f"{want}.") for want in columns
-            ):
+            if not _asked(column.path_in_schema, columns):
                 continue
             first = int(column.data_page_offset)
             if column.has_dictionary_page and 0 < int(column.dictionary_page_offset) < first:
@@ -404,20 +524,79 @@ class ParquetView:
             spans.append((first, first + int(column.total_compressed_size)))
         pieces = [(begin, self._read(begin, end - begin)) for begin, end in _merged(spans)]
         window = _Window(self._read, pieces)
-        try:
+        with _decoding(self.name, group):
             parquet = pq.ParquetFile(pa.PythonFile(window, mode="r"), metadata=self.metadata)
             table = parquet.read_row_group(group, columns=columns)
-        except (SnapshotDriftError, MemoryError):
-            raise
-        except Exception as exc:
-            if type(exc).__module__.startswith("chunkd"):
-                raise
-            raise MalformedFileError(
-                f"{self.name}: row group {group} cannot be decoded ({exc}): the file is "
-                "damaged; write it again"
-            ) from None
         _ROW_GROUPS.put(key, table, int(table.nbytes))
         return table
+
+
+class _GroupPages:
+    """One row group's asked columns read page by page: each column chunk through a
+    buffered stream of :data:`PAGE_BUFFER` bytes (pyarrow's ``buffer_size``, without
+    ``pre_buffer``, which would read the whole group first), decoded a batch of rows at
+    a time (``iter_batches``). A page of rows costs the column pages and the batches
+    that hold it, never the group; the next page of the same group goes on from where
+    this one stopped, and an earlier one starts the group again."""
+
+    def __init__(self, view: ParquetView, group: int, columns: list[str] | None) -> None:
+        pa, pq = pyarrow_modules()
+        self.name = view.name
+        self.group = group
+        self.columns = columns
+        rows = max(1, view.metadata.row_group(group).num_rows)
+        per_row = max(1, view._asked_bytes(group, columns) // rows)
+        #: rows a batch holds: about PAGE_BATCH_BYTES of them, as the footer sizes them
+        self.batch_rows = min(_MAX_BATCH_ROWS, max(1, PAGE_BATCH_BYTES // per_row))
+        with _decoding(self.name, group):
+            parquet = pq.ParquetFile(
+                pa.PythonFile(_Window(view._read, []), mode="r"),
+                metadata=view.metadata,
+                buffer_size=PAGE_BUFFER,
+                pre_buffer=False,
+            )
+            self._batches = parquet.iter_batches(
+                batch_size=self.batch_rows, row_groups=[group], columns=columns, use_threads=False
+            )
+        #: the current batch, and the row (in the group) it starts at
+        self.batch: Any = None
+        self.first = 0
+
+    @property
+    def nbytes(self) -> int:
+        """About the memory its buffers and its batch hold."""
+        batch = int(self.batch.nbytes) if self.batch is not None else 0
+        return batch + PAGE_BUFFER * (len(self.columns) if self.columns else 8)
+
+    def serves(self, group: int, columns: list[str] | None, row: int) -> bool:
+        """Whether it can go on to ``row`` of ``group`` without starting again."""
+        return (group, columns) == (self.group, self.columns) and row >= self.first
+
+    def rows_from(self, row: int) -> Iterator[tuple[int, Any]]:
+        """``(row in the group, value)`` from ``row`` (at or past :attr:`first`) on."""
+        while True:
+            if self.batch is None or row >= self.first + self.batch.num_rows:
+                if self.batch is not None:
+                    self.first += self.batch.num_rows
+                    self.batch = None
+                with _decoding(self.name, self.group):
+                    self.batch = next(self._batches, None)
+                if self.batch is None:
+                    return
+                continue
+            for value in self.batch.slice(row - self.first, _ARROW_BATCH).to_pylist():
+                yield row, value
+                row += 1
+
+
+def _asked(path: str, columns: list[str] | None) -> bool:
+    """Whether the column chunk at ``path`` is one of ``columns`` (or inside one)."""
+    return columns is None or any(path == want or path.startswith(f"{want}.") for want in columns)
+
+
+def _decoding(name: str, group: int) -> contextlib.AbstractContextManager[None]:
+    """pyarrow's errors on row group ``group`` of ``name`` as the file's."""
+    return file_errors(name, f"row group {group} cannot be decoded")
 
 
 def _merged(spans: list[tuple[int, int]], gap: int = 1 << 20) -> list[tuple[int, int]]:
@@ -491,17 +670,27 @@ class LinesView:
             if self.kind == "text":
                 yield number, line.decode("utf-8", "replace")
                 continue
-            yield number, _select(encode(_json_line(self.name, number, offset, line)), columns)
+            yield number, _select(_json_line(self.name, number, offset, line), columns)
 
 
 def _json_line(name: str, number: int, offset: int, line: bytes) -> Any:
+    """Line ``number`` (at byte ``offset``; -1: unknown) of ``name``, parsed and encoded."""
+    where = f"line {number}" + (f" (at byte {offset})" if offset >= 0 else "")
     try:
-        return json.loads(line)
-    except (ValueError, RecursionError) as exc:
+        value = json.loads(line)
+    except RecursionError:
         raise MalformedFileError(
-            f"{name}: line {number} (at byte {offset}) is not JSON ({exc}); open it with "
-            "format=text to see it as it is"
+            f"{name}: {where} holds a value nested too deep to read, past the {MAX_DEPTH} "
+            "levels the inspector shows; open it with format=text to see it as it is"
         ) from None
+    except ValueError as exc:
+        raise MalformedFileError(
+            f"{name}: {where} is not JSON ({exc}); open it with format=text to see it as it is"
+        ) from None
+    try:
+        return encode(value)
+    except MalformedFileError as exc:
+        raise MalformedFileError(f"{name}: {where} {exc}") from None
 
 
 def _select(value: Any, columns: list[str] | None) -> Any:
@@ -580,7 +769,7 @@ class ZstdLinesView:
             raise _past_end(self.name, start, self._member.samples)
         for i in range(start, self._member.samples):
             # the offset of a line in a compressed object is of its decompressed bytes
-            yield i, _select(encode(_json_line(self.name, i, -1, self._line(i))), columns)
+            yield i, _select(_json_line(self.name, i, -1, self._line(i)), columns)
 
 
 # -- WebDataset --------------------------------------------------------------------------
@@ -719,14 +908,15 @@ class MdsView:
                 "lies beside it (or one folder up); open it as binary, or register its folder"
             )
         index_name, index, basename = found
+        _check_mds_index(index_name, index, basename)
         self.index_name = index_name
         folder = posixpath.dirname(index_name.partition("/")[2])
         self.shards = [
             {
                 "name": f"{backend}/{posixpath.join(folder, _basename(s))}",
-                "samples": s.get("samples"),
+                "samples": _whole_or_none(s.get("samples")),
             }
-            for s in index.get("shards", [])[:1000]
+            for s in index["shards"][:1000]
             if isinstance(s, dict)
         ]
         member = Member(key, stat.size, stat.version, "mds")
@@ -774,6 +964,59 @@ def _basename(entry: dict[str, Any]) -> str:
     zipped = entry.get("zip_data") or {}
     raw = entry.get("raw_data") or {}
     return str(zipped.get("basename") or raw.get("basename") or "")
+
+
+def _whole_or_none(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _check_mds_index(name: str, index: dict[str, Any], basename: str) -> None:
+    """Refuse an ``index.json`` whose parts the MDS reader takes are of the wrong type:
+    ``shards`` a list, each shard's ``raw_data`` and ``zip_data`` objects (or null), and
+    the shard's own ``column_sizes`` whole numbers (or null).
+
+    Raises:
+        MalformedFileError: naming ``name`` and the part.
+    """
+    shards = index.get("shards")
+    if not isinstance(shards, list):
+        raise MalformedFileError(
+            f"{name}: its 'shards' is {_json_type(shards)}, not a list of shard entries: it "
+            "is not an MDS index; write the dataset again"
+        )
+    for i, entry in enumerate(shards):
+        if not isinstance(entry, dict):
+            continue
+        for part in ("raw_data", "zip_data"):
+            found = entry.get(part)
+            if found is not None and not isinstance(found, dict):
+                raise MalformedFileError(
+                    f"{name}: shard {i}'s {part} is {_json_type(found)}, not an object "
+                    "with basename, bytes and hashes: the index is damaged"
+                )
+            if isinstance(found, dict) and not isinstance(found.get("basename", ""), str):
+                raise MalformedFileError(f"{name}: shard {i}'s {part}.basename is not text")
+        names = [(entry.get(part) or {}).get("basename") for part in ("raw_data", "zip_data")]
+        if basename not in names:
+            continue
+        sizes = entry.get("column_sizes")
+        for size in sizes if isinstance(sizes, list) else ():
+            if size is not None and (_whole_or_none(size) is None or size < 0):
+                raise MalformedFileError(
+                    f"{name}: shard {i}'s column_sizes holds {json.dumps(size)[:40]}, not a "
+                    "size in bytes (a whole number, or null for a column of varying size)"
+                )
+
+
+def _json_type(value: Any) -> str:
+    """What JSON calls the type of ``value``, with an article."""
+    if value is None:
+        return "null"
+    for kind, name in ((bool, "a boolean"), (int, "a number"), (float, "a number"),
+                       (str, "a string"), (list, "a list"), (dict, "an object")):  # fmt: skip
+        if isinstance(value, kind):
+            return name
+    return type(value).__name__
 
 
 def _mds_index(client: Client, backend: str, key: str) -> tuple[str, dict[str, Any], str] | None:
@@ -935,12 +1178,13 @@ class Views:
         key = (name, stat.version, chosen)
         view = self._views.get(key)
         if view is None:
-            view = self._make(stat, chosen, head, media_type)
+            with file_errors(name, f"it cannot be opened as {chosen}"):
+                view = self._make(stat, chosen, head, media_type)
             self._views[key] = view
             self._trim()
         else:
             self._views.move_to_end(key)
-        return view, stat, media_type
+        return _Guarded(view), stat, media_type
 
     def _make(self, stat: ObjectStat, fmt: str, head: bytes, media_type: str | None) -> View:
         makers: dict[str, Callable[[], View]] = {

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from chunkd.client.datasets import Dataset, resolve, step_sample_ids
 from chunkd.client.datasets.source import PinnedSource
+from chunkd.client.inspect.objects import file_errors
 from chunkd.client.inspect.values import encode, tar_file
 from chunkd.errors import (
     DatasetFormatError,
@@ -330,7 +331,8 @@ class Registry:
         member = snapshot.members[member_index]
         name = dataset.source.name(member)
         try:
-            value = self._value(dataset, snapshot, member_index, local, name)
+            with file_errors(name, f"sample {local} cannot be read as {member.format}"):
+                value = self._value(dataset, snapshot, member_index, local, name)
         except DatasetFormatError as exc:
             raise MalformedFileError(str(exc)) from None
         header = dataset.registry
@@ -369,10 +371,11 @@ class Registry:
         raw = dataset.read(member_index, local)
         if member.format == "jsonl":
             try:
-                return encode(json.loads(bytes(raw)))
+                value = json.loads(bytes(raw))
             except (ValueError, RecursionError) as exc:
                 raise MalformedFileError(
                     f"{name}: line {local} is not JSON ({exc}); open the object with "
                     "format=text to see it as it is"
                 ) from None
+            return encode(value, ref)
         return encode(raw, ref)

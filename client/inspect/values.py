@@ -22,15 +22,18 @@ import datetime as dt
 import decimal
 import json
 import math
+import sys
 import uuid
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
+from chunkd.errors import MalformedFileError
 from chunkd.mediatype import SNIFF_BYTES, sniff
 
 __all__ = [
     "INLINE_BYTES",
     "MAX_ANSWER_BYTES",
+    "MAX_DEPTH",
     "PAGE_BYTES",
     "dumps",
     "encode",
@@ -45,7 +48,9 @@ PAGE_BYTES: Final = 16 << 20
 #: no answer is larger: one sample or row that would be is refused, with what to do
 MAX_ANSWER_BYTES: Final = 64 << 20
 #: values nested deeper are refused (JSON decoders have limits too)
-_MAX_DEPTH: Final = 200
+MAX_DEPTH: Final = 200
+#: an integer of at most this many bits has fewer digits than Python's limit (4,300)
+_SAFE_INT_BITS: Final = 14_000
 #: numpy arrays of more elements than this go as their raw bytes
 _MAX_ARRAY_ITEMS: Final = 1 << 20
 
@@ -107,11 +112,15 @@ def encode(value: Any, ref: Mapping[str, Any] | None = None, _depth: int = 0) ->
             send inline gets it as its ``ref``, with the field's path added.
 
     Raises:
-        ValueError: the value is nested deeper than JSON decoders take.
+        MalformedFileError: the value is nested more than :data:`MAX_DEPTH` deep, or is
+            an integer of more digits than Python writes as text (4,300): a page could
+            not be written with it. ``ref``'s sample is named.
     """
     if value is None or isinstance(value, bool | str):
         return value
     if isinstance(value, int):
+        if value.bit_length() > _SAFE_INT_BITS:
+            _check_digits(value, ref)
         return value
     if isinstance(value, float):
         if math.isnan(value):
@@ -119,8 +128,11 @@ def encode(value: Any, ref: Mapping[str, Any] | None = None, _depth: int = 0) ->
         if math.isinf(value):
             return {"$float": "inf" if value > 0 else "-inf"}
         return value
-    if _depth > _MAX_DEPTH:
-        raise ValueError(f"a value nested more than {_MAX_DEPTH} deep")
+    if _depth > MAX_DEPTH:
+        raise MalformedFileError(
+            f"{_where(ref)}holds a value nested more than {MAX_DEPTH} deep, deeper than the "
+            "inspector shows; read it with the client"
+        )
     if isinstance(value, bytes | bytearray | memoryview):
         return binary(value, ref)
     if isinstance(value, Mapping):
@@ -138,6 +150,25 @@ def encode(value: Any, ref: Mapping[str, Any] | None = None, _depth: int = 0) ->
     if isinstance(value, uuid.UUID):
         return str(value)
     return _other(value, ref, _depth)
+
+
+def _check_digits(value: int, ref: Mapping[str, Any] | None) -> None:
+    """Refuse an integer Python will not write as decimal text (``sys.int_info``'s
+    limit, 4,300 digits by default, which guards against quadratic conversions)."""
+    try:
+        str(value)  # the limit is checked before any conversion work
+    except ValueError:
+        raise MalformedFileError(
+            f"{_where(ref)}holds an integer of about {int(value.bit_length() * 0.30103)} "
+            f"digits, more than the {sys.get_int_max_str_digits()} the inspector writes; "
+            "read it with the client"
+        ) from None
+
+
+def _where(ref: Mapping[str, Any] | None) -> str:
+    """``SAMPLE `` for a message, where ``ref`` names one."""
+    sample = ref.get("sample") if ref is not None else None
+    return f"{sample} " if isinstance(sample, str) else ""
 
 
 def _other(value: Any, ref: Mapping[str, Any] | None, depth: int) -> Any:

@@ -262,11 +262,24 @@ class Worker:
             answer = _error(n, _kind(exc), str(exc))
         except RecursionError:
             answer = _error(n, "MalformedFileError", f"{op}: a value is nested too deep to show")
-        except Exception as exc:  # a bug, or a library's error on a hostile file
-            log.exception("inspector %s failed", op)
-            answer = _error(
-                n, "InspectError", f"{op} failed in the worker ({type(exc).__name__}: {exc})"
-            )
+        except Exception as exc:
+            from chunkd.client.inspect.objects import out_of_memory
+
+            if out_of_memory(exc):  # an mmap or a thread refused under the limit
+                self.forget()
+                answer = _error(
+                    n,
+                    "InspectCrashedError",
+                    f"{op} ran out of the worker's {self.memory} bytes of address space "
+                    f"({exc}); the worker dropped its caches. Ask for fewer rows or columns",
+                )
+            else:
+                # A fault of ours: a file's faults are MalformedFileError by now (the
+                # views and samples pass every decoder's error through file_errors).
+                log.exception("inspector %s failed", op)
+                answer = _error(
+                    n, "InspectError", f"{op} failed in the worker ({type(exc).__name__}: {exc})"
+                )
         log.debug("%s answered in %.1f ms", op, 1000 * (time.perf_counter() - started))
         return dumps(answer)
 

@@ -26,10 +26,11 @@ A worker serves one request at a time. The pool:
    answer would be left unread.
 
 A worker's environment holds what Python needs (``PATH``, the locale, ``HOME``,
-``PYTHONPATH``) and ``CHUNKD_SOCKET``: never the daemon's own, which holds backend
-credentials and the server token. Its stderr is read all the time (a full pipe would
-stall it) and logged, each line cut to :data:`STDERR_LINE_CHARS`, at most
-:data:`STDERR_LINES` lines a minute for the whole pool.
+``PYTHONPATH``), ``CHUNKD_SOCKET`` and its allocators' settings: never the daemon's
+own, which holds backend credentials and the server token. Its stderr is read all the
+time (a full pipe would stall it) and logged, each line cut to
+:data:`STDERR_LINE_CHARS`, at most :data:`STDERR_LINES` lines a minute for the whole
+pool.
 """
 
 from __future__ import annotations
@@ -83,6 +84,10 @@ _EXIT_GRACE: Final = 2.0
 #: what a worker keeps of the daemon's environment: what Python needs to start
 _ENVIRONMENT: Final = ("PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "PYTHONPATH")
 _WORKER_MODULE: Final = "chunkd.client.inspect.worker"
+#: what a worker's allocators are told: under RLIMIT_AS, address space reserved ahead
+#: counts as used, and glibc's per-thread arenas (64 MiB each) and mimalloc's reserve
+#: (128 MiB at its first allocation) would spend a quarter of a 512 MiB limit on nothing
+_ALLOCATOR: Final = {"MALLOC_ARENA_MAX": "2", "MIMALLOC_ARENA_RESERVE": "0"}
 
 
 class InspectorPool:
@@ -226,6 +231,7 @@ class InspectorPool:
         env = {name: os.environ[name] for name in _ENVIRONMENT if name in os.environ}
         env["CHUNKD_SOCKET"] = str(self.socket)
         env["PYTHONUNBUFFERED"] = "1"
+        env |= _ALLOCATOR
         command = [sys.executable, "-m", _WORKER_MODULE]
         command += ["--socket", str(self.socket), "--memory", str(self.memory)]
         try:

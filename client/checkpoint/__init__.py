@@ -39,7 +39,7 @@ The rooms, each one job, none importing a room after it in this list:
 - :mod:`.encode`: a state dict into a tree and the arrays to stage, checked;
 - :mod:`.staging`: the layout of the staged memfd, the copy into it, the spare memfd;
 - :mod:`.saving`: :func:`async_save`, :func:`save`, :func:`commit`, :class:`SaveHandle`;
-- :mod:`.catalog`: :func:`manifest`, :func:`list`, :func:`pages`, :func:`gc`,
+- :mod:`.catalog`: :func:`manifest`, :func:`list`, :func:`pages`, :func:`gc`, :func:`scrub`,
   :func:`delete`;
 - :mod:`.reader`: a part's bytes, copied out of the daemon's chunks;
 - :mod:`.decode`: a part's tree into new values or into a state dict in place;
@@ -52,7 +52,7 @@ the function :func:`save` or :func:`load`.)
 
 from __future__ import annotations
 
-from chunkd.client.checkpoint.catalog import delete, gc, list, manifest, pages
+from chunkd.client.checkpoint.catalog import delete, gc, list, manifest, pages, scrub
 from chunkd.client.checkpoint.loading import CheckpointReader, load, load_into
 from chunkd.client.checkpoint.saving import (
     SaveHandle,
@@ -78,4 +78,5 @@ __all__ = [
     "manifest",
     "pages",
     "save",
+    "scrub",
 ]

@@ -105,3 +105,38 @@ def delete(name: str, *, client: Client | None = None) -> int:
         "ckpt_delete", {"name": name}, what=f"deleting {name}"
     ) as answer:
         return int(answer.header.get("removed", 0))
+
+
+def scrub(
+    backend: str,
+    *,
+    remove: bool = False,
+    start_after: str | None = None,
+    limit: int | None = None,
+    client: Client | None = None,
+) -> Iterator[dict[str, Any]]:
+    """Check every chunk of ``backend``'s chunk store against its name, in the daemon,
+    page by page (``chunkd gc BACKEND --scrub``); yields each page's answer:
+    ``checked``, ``bytes``, ``damaged`` (``[{"key", "problem"}]``), ``removed``,
+    ``next``. With ``remove`` the damaged chunks are deleted (an admin's request:
+    docs/security.md); the next save or freeze holding their bytes sends them again.
+    """
+    connection = client_or_default(client)
+    fields: dict[str, Any] = {"backend": backend, "remove": remove}
+    if limit is not None:
+        fields["limit"] = limit
+    after = start_after
+    while True:
+        with connection.request(
+            "ckpt_scrub",
+            fields | {"start_after": after},
+            timeout=_GC_TIMEOUT,
+            what=f"scrubbing the chunks of {backend}",
+        ) as answer:
+            page = dict(answer.header)
+        page.pop("ok", None)
+        page.pop("id", None)
+        yield page
+        after = page.get("next")
+        if after is None:
+            return

@@ -1,4 +1,5 @@
-"""``chunkd gc``: retention and mark-and-sweep of checkpoint chunks, run by the daemon.
+"""``chunkd gc``: retention and mark-and-sweep of checkpoint chunks, run by the daemon;
+``chunkd gc BACKEND --scrub [--remove]``: every chunk of a store checked against its name.
 
 It talks to the running daemon over its local socket, so it uses its backends and
 credentials and never needs its own.
@@ -13,7 +14,7 @@ from typing import TextIO
 from chunkd.errors import ChunkdError
 from chunkd.gateway.cli.options import human_size, socket_option
 
-__all__ = ["add_parser", "gc", "run"]
+__all__ = ["add_parser", "gc", "run", "scrub"]
 
 
 def gc(
@@ -49,6 +50,40 @@ def gc(
     return 0
 
 
+def scrub(backend: str, *, remove: bool, socket: str | None, out: TextIO = sys.stdout) -> int:
+    """Check every chunk of ``backend``'s chunk store in the daemon; print each problem.
+
+    Returns 0 when every chunk matches its name, 1 when some do not (or could not be
+    checked), 2 on an error.
+    """
+    from chunkd.client import Client
+    from chunkd.client import checkpoint as ckpt
+
+    checked = size = removed = problems = 0
+    try:
+        with Client(socket) as client:
+            for page in ckpt.scrub(backend, remove=remove, client=client):
+                checked += page["checked"]
+                size += page["bytes"]
+                removed += page["removed"]
+                for item in page["damaged"]:
+                    problems += 1
+                    print(f"{backend}/{item['key']}: {item['problem']}", file=out, flush=True)
+    except ChunkdError as exc:
+        print(f"chunkd gc --scrub: {exc}", file=sys.stderr)
+        return 2
+    verdict = f"{problems} problems" if problems else "no problems"
+    tail = f"; removed {removed} damaged chunks" if remove else ""
+    print(f"checked {checked} chunks ({human_size(size)}) of {backend}: {verdict}{tail}", file=out)
+    if problems and not remove:
+        print(
+            "a damaged chunk is sent again by the next save or freeze that holds its bytes; "
+            f"`chunkd gc {backend} --scrub --remove` deletes them now",
+            file=out,
+        )
+    return 1 if problems else 0
+
+
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Declare ``chunkd gc``."""
     gc = sub.add_parser(
@@ -69,6 +104,19 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="sweep only chunks older than this (default: %(default)s)",
     )
     gc.add_argument("--dry-run", action="store_true", help="report, delete nothing")
+    gc.add_argument(
+        "--scrub",
+        action="store_true",
+        help=(
+            "instead of collecting: read every chunk of BACKEND's chunk store and report "
+            "those whose bytes do not hash to their names (exit status 1 if any)"
+        ),
+    )
+    gc.add_argument(
+        "--remove",
+        action="store_true",
+        help="with --scrub: delete the damaged chunks (an admin: docs/security.md)",
+    )
     socket_option(gc)
 
 
@@ -77,6 +125,13 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from chunkd.errors import ConfigError
     from chunkd.gateway.config import parse_duration
 
+    if args.remove and not args.scrub:
+        parser.error("--remove goes with --scrub")
+    if args.scrub:
+        if args.keep_last is not None or args.dry_run:
+            parser.error("--scrub takes neither --keep-last nor --dry-run")
+        backend = args.target.partition("/")[0]
+        return scrub(backend, remove=args.remove, socket=args.socket)
     if args.keep_last is not None and args.keep_last < 0:
         parser.error("--keep-last must be 0 or more")
     try:

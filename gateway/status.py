@@ -18,6 +18,7 @@ from chunkd.errors import (
     DatasetFormatError,
     DatasetNotFoundError,
     InspectCrashedError,
+    InspectError,
     InspectTimeoutError,
     IntegrityError,
     InvalidChunkIdError,
@@ -69,6 +70,8 @@ STATUS: Final[list[tuple[type[BaseException], int]]] = [
     (BackendUnavailableError, 503),
     (IntegrityError, 502),
     (CacheClosedError, 503),
+    # The inspector's own fault (a file's is MalformedFileError by then, 422): a bug.
+    (InspectError, 500),
 ]
 
 

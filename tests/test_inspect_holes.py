@@ -83,6 +83,11 @@ def test_abandoned_requests_leave_the_queue_and_free_their_workers(
     # The two that ran were killed (their scans would have run 10 s), and replaced.
     assert not before & set(workers_of(daemon))
     assert len(workers_of(daemon)) <= 2
+    # Every abandoned request was given up, and counted so (nginx's 499).
+    deadline = time.monotonic() + 5
+    while daemon.metric("chunkd_http_requests_total", status="499") < 64:
+        assert time.monotonic() < deadline, daemon.metric("chunkd_http_requests_total")
+        time.sleep(0.2)
     log = daemon.log.read_text(errors="replace")
     assert "Traceback" not in log
 

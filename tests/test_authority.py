@@ -1,0 +1,188 @@
+"""The local socket's authority model (docs/security.md) with real uids.
+
+Each request is made by a forked child of the test that gives up root for a plain
+uid (and groups) before it connects, so the daemon learns who asks from the kernel
+(``SO_PEERCRED``, ``SO_PEERGROUPS``), as it does from trainers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from chunkd.client import Client
+from chunkd.client import checkpoint as ckpt
+from tests.conftest import Daemon
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as other uids")
+
+OWNER, OTHER, ADMIN_GID = 20001, 20002, 20042
+STATE = {"w": np.arange(4096, dtype=np.float32)}
+
+
+@pytest.fixture
+def node(start_daemon: Callable[..., Daemon], tmp_path: Path) -> Iterator[tuple[Daemon, Path]]:
+    # Every uid must reach the socket: a world-searchable directory, a 0666 socket.
+    public = Path(tempfile.mkdtemp(prefix="chunkd-authority-"))
+    public.chmod(0o755)
+    (tmp_path / "data").mkdir()
+    toml = f"""
+[server]
+socket_mode = "0666"
+admin_group = "{ADMIN_GID}"
+
+[cache]
+dir = "{tmp_path / "cache"}"
+ram_bytes = "64MiB"
+disk_bytes = "256MiB"
+disk_min_free_bytes = 0
+fsync = "never"
+
+[[backends]]
+name = "local"
+url = "file://{tmp_path / "data"}"
+writable = true
+revalidate = "1s"
+"""
+    socket = public / "chunkd.sock"
+    daemon = start_daemon(toml, env={"CHUNKD_SERVER_SOCKET": str(socket)})
+    # Everything a child needs is imported by the test process first: once it is
+    # another uid it cannot read root's interpreter files.
+    with Client(socket) as client:
+        ckpt.save(STATE, "local/warm/step-0", client=client, world_size=1, timeout=60)
+        ckpt.load("local/warm/step-0", client=client)
+    yield daemon, socket
+    shutil.rmtree(public, ignore_errors=True)
+
+
+def as_user(
+    socket: Path,
+    uid: int,
+    work: Callable[[Client], Any],
+    *,
+    gid: int | None = None,
+    groups: tuple[int, ...] = (),
+) -> dict[str, Any]:
+    """Run ``work(client)`` in a child that is ``uid`` (primary group ``gid``, default
+    ``uid``; supplementary ``groups``) and connected as it; its result or its error."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        status = 0
+        try:
+            os.close(read_end)
+            os.setgroups(list(groups))
+            os.setgid(uid if gid is None else gid)
+            os.setuid(uid)
+            try:
+                with Client(socket) as client:
+                    out = {"ok": True, "result": work(client)}
+            except Exception as exc:
+                out = {"ok": False, "kind": type(exc).__name__, "message": str(exc)}
+            os.write(write_end, json.dumps(out, default=str).encode())
+        except BaseException:
+            status = 1
+        finally:
+            os._exit(status)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as pipe:
+        data = pipe.read()
+    _, status = os.waitpid(pid, 0)
+    assert status == 0, f"the child as uid {uid} failed before it could answer"
+    assert data, f"the child as uid {uid} sent no answer"
+    answer: dict[str, Any] = json.loads(data)
+    return answer
+
+
+def refused(answer: dict[str, Any], *words: str) -> None:
+    assert not answer["ok"], answer
+    assert answer["kind"] == "AccessDeniedError", answer
+    for word in words:
+        assert word in answer["message"], answer
+
+
+def save(name: str, **options: Any) -> Callable[[Client], Any]:
+    def work(client: Client) -> Any:
+        ckpt.save(STATE, name, client=client, world_size=1, timeout=60, **options)
+        return ckpt.manifest(name, client=client).get("owner")
+
+    return work
+
+
+def delete(name: str) -> Callable[[Client], Any]:
+    return lambda client: ckpt.delete(name, client=client)
+
+
+@pytest.mark.timeout(90)
+def test_checkpoints_are_changed_and_removed_by_their_owner_or_an_admin(
+    node: tuple[Daemon, Path], tmp_path: Path
+) -> None:
+    _, socket = node
+    name = "local/ckpt/run/step-1"
+    assert as_user(socket, OWNER, save(name)) == {"ok": True, "result": OWNER}
+    # Anyone reads it.
+    loaded = as_user(socket, OTHER, lambda c: ckpt.load(name, client=c)["w"].sum().item())
+    assert loaded == {"ok": True, "result": float(STATE["w"].sum())}
+    # Another user may not delete it, overwrite it, retire it, or scrub-remove chunks.
+    refused(as_user(socket, OTHER, delete(name)), f"uid {OTHER} may not delete", f"uid {OWNER}")
+    refused(as_user(socket, OTHER, save(name, overwrite=True)), "may not overwrite")
+    retire = as_user(
+        socket,
+        OTHER,
+        lambda c: ckpt.gc("local/ckpt/run", keep_last=0, grace=3600, client=c)["retired"],
+    )
+    refused(retire, "may not retire")
+    scrub = as_user(socket, OTHER, lambda c: list(ckpt.scrub("local", remove=True, client=c)))
+    refused(scrub, "may not remove chunks")
+    # Nothing of it changed.
+    with Client(socket) as client:
+        manifest = ckpt.manifest(name, client=client)
+        assert manifest["owner"] == OWNER
+        assert [e["name"] for e in ckpt.list("local/ckpt/run", client=client)] == [name]
+    # The owner may overwrite and delete; the owner's own gc retires.
+    assert as_user(socket, OWNER, save(name, overwrite=True)) == {"ok": True, "result": OWNER}
+    assert as_user(socket, OWNER, save("local/ckpt/run/step-2"))["ok"]
+    retired = as_user(
+        socket,
+        OWNER,
+        lambda c: ckpt.gc("local/ckpt/run", keep_last=1, grace=3600, client=c)["retired"],
+    )
+    assert retired == {"ok": True, "result": [name]}
+    assert as_user(socket, OWNER, delete("local/ckpt/run/step-2")) == {"ok": True, "result": 2}
+    # An admin, by the admin group (primary or supplementary), may do it all.
+    assert as_user(socket, OWNER, save("local/ckpt/run/step-3"))["ok"]
+    assert as_user(socket, OTHER, delete("local/ckpt/run/step-3"), groups=(ADMIN_GID,))["ok"]
+    assert as_user(socket, OWNER, save("local/ckpt/run/step-4"))["ok"]
+    assert as_user(socket, OTHER, delete("local/ckpt/run/step-4"), gid=ADMIN_GID)["ok"]
+    admin_scrub = as_user(
+        socket,
+        OTHER,
+        lambda c: list(ckpt.scrub("local", remove=True, client=c)),
+        groups=(ADMIN_GID,),
+    )
+    assert admin_scrub["ok"], admin_scrub
+
+
+@pytest.mark.timeout(60)
+def test_a_checkpoint_that_records_no_owner_is_an_admins_alone(
+    node: tuple[Daemon, Path], tmp_path: Path
+) -> None:
+    _, socket = node
+    name = "local/ckpt/old/step-1"
+    assert as_user(socket, OWNER, save(name))["ok"]
+    # As chunkd wrote it before it recorded owners.
+    path = tmp_path / "data/checkpoints/ckpt/old/step-1/manifest.json"
+    doc = json.loads(path.read_bytes())
+    del doc["owner"]
+    path.write_text(json.dumps(doc))
+    refused(as_user(socket, OWNER, delete(name)), "records no owner")
+    with Client(socket) as root:  # root is an admin
+        assert ckpt.delete(name, client=root) >= 1

@@ -20,6 +20,7 @@ import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 from botocore import UNSIGNED
@@ -352,4 +353,60 @@ def test_a_bucket_deleted_behind_the_front_is_no_such_bucket(
     assert s3.get_object(Bucket="doomed", Key="k")["Body"].read() == b"back"
     assert [c["Key"] for c in s3.list_objects_v2(Bucket="doomed")["Contents"]] == ["k"]
     assert "Traceback" not in node.daemon.log.read_text()
+    alive(node)
+
+
+# -- keys ending in "/" with a body --------------------------------------------------------
+
+#: S3 keys that end in "/" and hold bytes, next to keys the front serves
+SLASHED = {
+    "a": b"a",
+    "a/b": b"b",
+    "both": b"the file both",
+    "both/": b"a folder object with a body",
+    "both/c": b"c",
+    "dir/": b"a body under a key ending in /",
+    "dir/x": b"x",
+}
+
+
+@pytest.mark.timeout(40)
+def test_a_key_ending_in_a_slash_is_never_listed_as_another(
+    s3_front: Callable[..., FrontNode], s3_server: S3Server
+) -> None:
+    """obstore names ``dir/`` as ``dir``, a key no object has; the front lists no key a
+    GET cannot find, and a delimiter listing shows ``dir/`` as S3 does: a CommonPrefix."""
+    node = s3_front()
+    direct = s3_server.client()
+    for key, body in SLASHED.items():
+        direct.put_object(Bucket=node.name, Key=key, Body=body)
+    s3 = node.client()
+
+    def found(listed: list[dict[str, Any]]) -> None:
+        for entry in listed:
+            got = s3.get_object(Bucket="data", Key=entry["Key"])
+            assert got["Body"].read() == SLASHED[entry["Key"]]
+            assert (got["ETag"], got["ContentLength"]) == (entry["ETag"], entry["Size"])
+
+    flat = s3.list_objects_v2(Bucket="data")["Contents"]
+    assert [c["Key"] for c in flat] == ["a", "a/b", "both", "both/c", "dir/x"]
+    found(flat)
+    found(s3.list_objects(Bucket="data")["Contents"])
+    level = s3.list_objects_v2(Bucket="data", Delimiter="/")
+    theirs = direct.list_objects_v2(Bucket=node.name, Delimiter="/")
+    assert [c["Key"] for c in level["Contents"]] == [c["Key"] for c in theirs["Contents"]]
+    assert level["CommonPrefixes"] == theirs["CommonPrefixes"]  # dir/ among them
+    found(level["Contents"])
+    # Pages of one key (a client's probe) and of two: still no phantom, none twice.
+    paged: list[str] = []
+    for page in s3.get_paginator("list_objects_v2").paginate(
+        Bucket="data", PaginationConfig={"PageSize": 2}
+    ):
+        paged += [c["Key"] for c in page.get("Contents", [])]
+    assert paged == ["a", "a/b", "both", "both/c", "dir/x"]
+    # Under dir/, S3 also lists the object dir/ itself: chunkd cannot read it (below).
+    under = s3.list_objects_v2(Bucket="data", Prefix="dir/", Delimiter="/")
+    assert [c["Key"] for c in under["Contents"]] == ["dir/x"]
+    for key in ("dir", "dir/"):
+        assert error_code(lambda key=key: s3.get_object(Bucket="data", Key=key)) == "NoSuchKey"
     alive(node)

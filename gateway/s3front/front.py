@@ -24,7 +24,10 @@ a server fault to retry).
 
 A key chunkd cannot hold (``dir/``, ``a//b``, ``..``) is a key no object has: GET
 answers ``NoSuchKey`` and HEAD a bare 404, as S3 does for a missing key, never 400.
-Listings leave such keys out, so what a listing shows, a GET finds.
+Listings leave such keys out, and an object that obstore names without its trailing
+``/`` (``dir/`` holding bytes, listed as ``dir``) is checked with a HEAD where the page
+gives cause (:meth:`S3Front._as_named`), so what a listing shows, a GET finds (docs/s3.md
+says where it cannot tell).
 
 Every answer carries ``x-amz-request-id`` (also in the log line of a failure); the
 front never redirects.
@@ -32,13 +35,16 @@ front never redirects.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
+import bisect
 import email.utils
 import logging
 import secrets
 import time
-from collections.abc import Awaitable, Callable
+from collections import Counter
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import unquote
 
@@ -47,7 +53,13 @@ from aiohttp.http_exceptions import LineTooLong
 from aiohttp.web_protocol import RequestHandler
 from multidict import MultiDict
 
-from chunkd.errors import BackendError, ChunkdError, InvalidKeyError, InvalidRangeError
+from chunkd.errors import (
+    BackendError,
+    ChunkdError,
+    InvalidKeyError,
+    InvalidRangeError,
+    ObjectNotFoundError,
+)
 from chunkd.gateway.appkeys import READ_PATH, STREAMING
 from chunkd.gateway.checkpoints.model import CHECKPOINTS, CHUNKS, INTENTS
 from chunkd.gateway.config.addresses import is_loopback
@@ -65,7 +77,7 @@ from chunkd.ranges import RequestRange, parse_range
 if TYPE_CHECKING:
     from chunkd.gateway.backends import Backends
     from chunkd.gateway.config import Config
-    from chunkd.gateway.listing import Listings
+    from chunkd.gateway.listing import ListEntry, Listings
     from chunkd.gateway.metrics import Metrics
     from chunkd.gateway.readpath import ReadPath, Stat
 
@@ -81,6 +93,8 @@ _MAX_AFTER_BYTES: Final = 1024
 _MAX_TOKEN_CHARS: Final = 2048
 #: S3's cap on one listing page
 MAX_KEYS: Final = 1000
+#: HEADs at once that tell an object from one obstore named without its trailing "/"
+_NAME_CHECKS: Final = 16
 #: subresources of a bucket or an object the front does not serve
 _UNSERVED: Final = frozenset(
     {
@@ -359,13 +373,67 @@ class S3Front:
             )
         except InvalidKeyError as exc:  # a key in the backend it cannot list past
             raise s3_error("InternalError", str(exc)) from exc
-        for entry in page.entries:
+        for entry in await self._as_named(bucket, page.entries, more=page.next is not None):
             if entry.type == "directory":
                 prefixes.append(f"{entry.key}{delimiter}")
             elif _holdable(entry.key):
                 etag = quoted_etag(entry.version or "")
                 contents.append(xml.Content(entry.key, entry.size, etag, entry.modified or 0.0))
         return xml.Listing(bucket, prefix, delimiter, max_keys, contents, prefixes, page.next, url)
+
+    async def _as_named(
+        self, bucket: str, entries: Sequence[ListEntry], *, more: bool
+    ) -> list[ListEntry]:
+        """``entries`` without an object listed under a name it does not have.
+
+        S3 keys may end in ``/`` and hold bytes (``dir/``), and object_store, under
+        every cloud backend, names such an object without its ``/``: ``dir``, a key no
+        object has (or the key of another object: ``both`` and ``both/`` list as
+        ``both`` twice). A listing would show a key a GET cannot find. Such a name has
+        the keys under ``dir/`` next to it, in the page; so each object entry that
+        has, or that is listed twice, is asked for with a HEAD through the read path
+        (its version kept, so a later listing or GET asks again only as the backend's
+        ``revalidate`` says), at most :data:`_NAME_CHECKS` at once: one that is not
+        there goes, and of two entries of one name the one of the version there stays.
+        The keys under the last object of a page that ``more`` follows may be on the
+        next page, so that object is asked for too. A file and a folder of one name are
+        rare in data: a page costs a HEAD for each such pair, and one for its last key.
+        """
+        tokens = sorted(entry.token for entry in entries)
+        named = Counter(entry.key for entry in entries if entry.type == "file")
+        last = entries[-1].key if more and entries and entries[-1].type == "file" else None
+        doubtful = sorted(
+            key
+            for key, count in named.items()
+            if _holdable(key) and (count > 1 or key == last or _has_keys_under(tokens, key))
+        )
+        if not doubtful:
+            return list(entries)
+        limit = asyncio.Semaphore(_NAME_CHECKS)
+
+        async def version_of(key: str) -> str | None:
+            async with limit:
+                try:
+                    return (await self.read_path.stat(bucket, key)).meta.version
+                except ObjectNotFoundError:
+                    return None
+
+        versions = await asyncio.gather(*map(version_of, doubtful))
+        # Of each doubtful name, the entry of the version there (or, when the object
+        # changed since it was listed, the first entry, as the listing said); none of
+        # a name that is not there.
+        keep: set[int] = set()
+        for key, version in zip(doubtful, versions, strict=True):
+            if version is None:
+                continue
+            same = [e for e in entries if e.type == "file" and e.key == key]
+            keep.add(id(next((e for e in same if e.version == version), same[0])))
+        chosen = set(doubtful)
+        return [
+            entry
+            for entry in entries
+            if entry.type != "file" or entry.key not in chosen or id(entry) in keep
+        ]
 
     # -- objects ---------------------------------------------------------------------
 
@@ -462,6 +530,14 @@ def _unquoted(raw: str) -> str | None:
         return unquote(raw, errors="strict")
     except UnicodeDecodeError:
         return None
+
+
+def _has_keys_under(tokens: Sequence[str], key: str) -> bool:
+    """Whether sorted ``tokens`` (a page's keys, and its folders' with their delimiter)
+    hold one under ``key/``."""
+    under = f"{key}/"
+    at = bisect.bisect_left(tokens, under)
+    return at < len(tokens) and tokens[at].startswith(under)
 
 
 def _holdable(key: str) -> bool:

@@ -99,8 +99,9 @@ async def _op(request: web.Request) -> web.Response:
             await asyncio.wait((call,), timeout=GONE_POLL_S)
             if not call.done() and _gone(request):
                 call.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await call  # it leaves the queue, or its worker is killed
+                await asyncio.wait((call,))  # it leaves the queue, or its worker is killed
+                if not call.cancelled():
+                    call.exception()  # it ended as the client left: retrieved, unread
                 log.info(
                     "inspector request given up: its client left",
                     extra={"op": op, "peer": request.remote},

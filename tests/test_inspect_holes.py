@@ -51,7 +51,7 @@ def timed_get(daemon: Daemon, path: str) -> tuple[float, int, Any]:
 FRESH_BOUND_S = 5.0
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(30)
 def test_abandoned_requests_leave_the_queue_and_free_their_workers(
     start_daemon: Any, tmp_path: Path
 ) -> None:
@@ -95,7 +95,7 @@ def test_abandoned_requests_leave_the_queue_and_free_their_workers(
 # -- 4. a dataset opened by its name -----------------------------------------------------
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(30)
 def test_open_takes_a_dataset_name_version_tag_or_snapshot_id(
     start_daemon: Any, tmp_path: Path
 ) -> None:
@@ -244,7 +244,7 @@ def hostile(tmp_path: Path) -> dict[str, tuple[str, str]]:
     return files
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(30)
 def test_hostile_files_are_422_with_a_message_and_no_traceback(
     start_daemon: Any, tmp_path: Path
 ) -> None:
@@ -277,7 +277,7 @@ def test_hostile_files_are_422_with_a_message_and_no_traceback(
 # -- 2. a Parquet row group bigger than a worker's memory --------------------------------
 
 
-@pytest.mark.timeout(90)
+@pytest.mark.timeout(45)
 def test_a_row_group_bigger_than_the_worker_shows_its_pages(
     start_daemon: Any, tmp_path: Path
 ) -> None:

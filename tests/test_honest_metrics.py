@@ -260,7 +260,7 @@ writable = true
     with Client(daemon.cwd / "chunkd.sock") as client:
         for _ in range(5):
             dataset = Dataset.open("recs@1", client)
-            assert len(dataset) == 300
+            assert len(dataset) == 300, dataset
             assert not dataset.registry.get("frozen")
     # Each open asked whether the snapshot is frozen: the registry answered "no such
     # record", an answer (counted as one), not a backend failing.
@@ -269,13 +269,15 @@ writable = true
     assert daemon.metric("chunkd_backend_not_found_total", backend="local") >= answered + 5
 
     # A missing object is a 404 for its reader, and no error of the backend's.
-    assert daemon.get("/v1/objects/local/no/such.bin")[0] == 404
+    status, _, answer = daemon.get("/v1/objects/local/no/such.bin")
+    assert status == 404, answer
     assert not_found_errors() == 0
-    assert daemon.metric("chunkd_backend_errors_total", backend="local") == 0
+    errors = daemon.metric("chunkd_backend_errors_total", backend="local")
+    assert errors == 0, daemon.log.read_text()[-3000:]
 
     # A backend that cannot be reached is a backend error still.
-    status, _, _ = daemon.get("/v1/objects/down/x.bin")
-    assert status == 503
+    status, _, answer = daemon.get("/v1/objects/down/x.bin")
+    assert status == 503, answer
     assert (
         daemon.metric("chunkd_backend_errors_total", backend="down", kind="BackendUnavailableError")
         >= 1

@@ -683,6 +683,11 @@ def test_a_registered_dataset_its_versions_members_samples_and_a_step(tab: Tab) 
     assert '"id": 10' in sample.inner_text()
     assert "local/ds/part-1.parquet" in sample.inner_text()
 
+    # A link that opens the dataset by its name shows the snapshot, as its own link does.
+    tab.open("open=pets%401")
+    page.locator("table.members tbody tr").first.wait_for()
+    assert page.locator("table.members tbody tr").count() == 2
+
     tab.open("step=0&ref=pets%401&seed=3&batch_size=4&world_size=2")
     ranks = page.locator("section.rank")
     assert ranks.count() == 2

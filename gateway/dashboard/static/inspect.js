@@ -680,6 +680,7 @@ async function viewOpen(name, q) {
     : null;
   early?.catch(() => {});
   const info = await inspect("open", { name, format });
+  if (info.kind === "snapshot") return viewSnapshot(name);
   const frag = document.createDocumentFragment();
   const head = section(String(info.name ?? name));
   head.classList.add("object-head");

@@ -938,6 +938,14 @@ async def test_a_freeze_names_the_member_that_changed_and_the_registry_that_is_d
     async def nothing_cached(cid: Any) -> None:
         return None
 
+    lookup = inproc.cache.lookup
+
+    async def nothing_leased(locator: Any) -> tuple[Any, None]:
+        ref, lease = await lookup(locator)
+        if lease is not None:
+            lease.release()
+        return ref, None
+
     async def rewriting_put(key: str, *args: Any, **kwargs: Any) -> bool:
         if key.startswith("intents/"):  # the member changes between its read and upload
             path = root / "data/v/a.bin"
@@ -949,6 +957,7 @@ async def test_a_freeze_names_the_member_that_changed_and_the_registry_that_is_d
     # The chunks read must be read again to be sent (none is cached any more), and
     # the member changed meanwhile.
     monkeypatch.setattr(inproc.cache, "find", nothing_cached)
+    monkeypatch.setattr(inproc.cache, "lookup", nothing_leased)
     monkeypatch.setattr(backend, "put", rewriting_put)
     with pytest.raises(
         SnapshotDriftError,

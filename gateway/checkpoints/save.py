@@ -487,7 +487,7 @@ class Saver:
         if job.data is not None and cid in job.where:
             start, size = job.where[cid]
             return BytesLease(cid, memoryview(job.data)[start : start + size])
-        lease = await self.cache.disk.get(cid)
+        lease = await self.cache.disk.get(cid, count=False)  # no reader's lookup
         if lease is None:
             raise CheckpointError(
                 f"checkpoint {job.request.name}: chunk {cid} is no longer on this node's disk; "

@@ -5,15 +5,18 @@ Each op, its fields, bounds, answer and errors are written down once, in
 :func:`handle` gets its arguments. What is left here: the manifest fd of ``ds_commit``
 (a sealed memfd of at most :data:`~chunkd.client.protocol.MAX_LAYOUT` bytes), and the
 fds and payloads of the answers. The registry's protocols are in
-:mod:`chunkd.gateway.datasets.layout`.
+:mod:`chunkd.gateway.datasets.layout`, and what a commit may cost the daemon in
+:mod:`chunkd.gateway.datasets.registry`: the manifest's memfd is mapped, not read into
+the daemon's heap, and a large one is checked by a worker that reads the fd itself.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
-import os
-from collections.abc import Mapping
+import mmap
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
 from chunkd import memfd
@@ -43,8 +46,9 @@ async def handle(
         ChunkdError: what the registry raised.
     """
     if op == "ds_commit":
-        data = await asyncio.to_thread(_read_manifest_fd, answer.request_fds[0])
-        return {"ok": True} | await datasets.commit(data, args["name"])
+        fd = answer.request_fds[0]
+        with _mapped_manifest(fd) as data:
+            return {"ok": True} | await datasets.commit(data, args["name"], fd=fd)
     if op == "ds_resolve":
         resolved, frozen = await datasets.resolve(args["ref"])
         snapshot = resolved.snapshot
@@ -107,7 +111,10 @@ def _sealed_json(doc: Any) -> int:
     return memfd.sealed(json.dumps(doc, separators=(",", ":")).encode())
 
 
-def _read_manifest_fd(fd: int) -> bytes:
+@contextlib.contextmanager
+def _mapped_manifest(fd: int) -> Iterator[memoryview]:
+    """The bytes of ``ds_commit``'s memfd, mapped read-only: the client's pages, not a
+    copy in the daemon's heap (and none is touched before the commit's turn comes)."""
     size = memfd.sealed_size(fd)
     if size is None:
         raise InvalidRequestError(
@@ -115,8 +122,20 @@ def _read_manifest_fd(fd: int) -> bytes:
             "F_SEAL_SHRINK, F_SEAL_GROW): its bytes could otherwise change after they were hashed"
         )
     if size > MAX_LAYOUT:
-        raise InvalidRequestError(f"a manifest of {size} bytes exceeds {MAX_LAYOUT}")
-    data = os.pread(fd, size, 0)
-    if len(data) != size:  # pragma: no cover - a sealed memfd reads whole
-        raise InvalidRequestError("ds_commit's fd could not be read whole")
-    return data
+        raise InvalidRequestError(
+            f"a manifest of {size} bytes exceeds {MAX_LAYOUT} ({MAX_LAYOUT >> 20} MiB), the "
+            "most the registry takes: register the dataset's folders as datasets of their own"
+        )
+    if not size:
+        yield memoryview(b"")
+        return
+    mapping = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ)
+    view = memoryview(mapping)
+    try:
+        yield view
+    finally:
+        try:
+            view.release()
+            mapping.close()
+        except BufferError:  # a put or hash given up still holds it: unmapped when it ends
+            pass

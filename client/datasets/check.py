@@ -59,8 +59,11 @@ Warnings
     ``excluded``
         a file registration left out (``--skip-bad``), with the reason it gave.
 
-At most :data:`MAX_PER_CODE` findings of one code name members; one more says how
-many members the rest are.
+Findings are counted right, and grouped: the same warning (or error) of the same
+code found in many members is **one** finding with its ``count`` and a few
+``examples`` (at most :data:`EXAMPLES` of the members' keys). At most
+:data:`MAX_PER_CODE` distinct findings of one code are listed; one more (member
+``None``) stands for the rest, with their count. A summary adds up the counts.
 """
 
 from __future__ import annotations
@@ -69,7 +72,7 @@ import hashlib
 import statistics
 from collections import Counter, defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, Literal
 
 import numpy as np
@@ -82,6 +85,7 @@ if TYPE_CHECKING:
     from chunkd.snapshot import Member, Snapshot
 
 __all__ = [
+    "EXAMPLES",
     "MAX_PER_CODE",
     "ROW_GROUP_MAX_BYTES",
     "ROW_GROUP_MIN_BYTES",
@@ -89,6 +93,7 @@ __all__ = [
     "TINY_FILES",
     "Finding",
     "check",
+    "summarize",
 ]
 
 #: more members than this ...
@@ -99,8 +104,10 @@ TINY_BYTES: Final = 1 << 20
 ROW_GROUP_MAX_BYTES: Final = parquet.ROW_GROUP_CACHE_BYTES
 #: row groups whose median is smaller than this (uncompressed) are too small
 ROW_GROUP_MIN_BYTES: Final = 1 << 20
-#: findings of one code that name a member; the rest are counted in one more
+#: distinct findings of one code listed; the rest are counted in one more
 MAX_PER_CODE: Final = 20
+#: the members a grouped finding names as examples
+EXAMPLES: Final = 3
 
 Level = Literal["error", "warning"]
 
@@ -111,15 +118,20 @@ class Finding:
 
     Attributes:
         level: ``"error"`` (samples are wrong or unreadable) or ``"warning"``.
-        member: the member's key, or None for the dataset as a whole.
+        member: the member's key (the first of ``examples``), or None for the dataset
+            as a whole, or for the rest of a code's findings.
         code: the rule (see the module docstring).
         message: what was found, and what to do.
+        count: how many times it was found (members that carry it).
+        examples: a few of those members' keys (at most :data:`EXAMPLES`).
     """
 
     level: Level
     member: str | None
     code: str
     message: str
+    count: int = 1
+    examples: tuple[str, ...] = ()
 
 
 def check(snapshot: Snapshot, source: Source, *, deep: bool = False) -> list[Finding]:
@@ -353,24 +365,66 @@ def _hash(key: str) -> int:
 # -- findings ----------------------------------------------------------------------------
 
 
+def summarize(findings: Iterable[Finding]) -> list[Finding]:
+    """``findings`` grouped and sorted, as :func:`check` answers them (the module
+    docstring): the same finding of many members once, with their count; at most
+    :data:`MAX_PER_CODE` distinct ones a code, then one for the rest. The counts add up
+    to the findings given (a finding's ``count`` counts as that many)."""
+    found = _Findings()
+    for f in findings:
+        found.add(f.level, f.member, f.code, f.message, count=f.count, examples=f.examples)
+    return found.sorted()
+
+
+@dataclass(slots=True)
+class _Group:
+    """One finding found one or more times."""
+
+    count: int = 0
+    examples: list[str] = field(default_factory=list)
+    #: whether it was found in a member (not only of the dataset as a whole)
+    named: bool = False
+
+
 class _Findings:
-    """Findings as they are found, at most :data:`MAX_PER_CODE` of a code naming members."""
+    """Findings as they are found, grouped by (level, code, message)."""
 
     def __init__(self) -> None:
-        self._found: list[Finding] = []
-        self._counts: Counter[tuple[Level, str]] = Counter()
+        self._groups: dict[tuple[Level, str, str], _Group] = {}  # in the order found
 
-    def add(self, level: Level, member: str | None, code: str, message: str) -> None:
-        self._counts[level, code] += 1
-        if member is None or self._counts[level, code] <= MAX_PER_CODE:
-            self._found.append(Finding(level, member, code, message))
+    def add(
+        self,
+        level: Level,
+        member: str | None,
+        code: str,
+        message: str,
+        *,
+        count: int = 1,
+        examples: Iterable[str] = (),
+    ) -> None:
+        group = self._groups.setdefault((level, code, message), _Group())
+        group.count += count
+        group.named = group.named or member is not None
+        for key in (member, *examples):
+            if key is not None and len(group.examples) < EXAMPLES and key not in group.examples:
+                group.examples.append(key)
 
     def sorted(self) -> list[Finding]:
-        out = list(self._found)
-        for (level, code), count in self._counts.items():
-            if count > MAX_PER_CODE:
+        by_code: dict[tuple[Level, str], list[Finding]] = defaultdict(list)
+        for (level, code, message), group in self._groups.items():
+            member = group.examples[0] if group.named and group.examples else None
+            by_code[level, code].append(
+                Finding(level, member, code, message, group.count, tuple(group.examples))
+            )
+        out: list[Finding] = []
+        for (level, code), listed in by_code.items():
+            out += listed[:MAX_PER_CODE]
+            rest = listed[MAX_PER_CODE:]
+            if rest:
+                count = sum(f.count for f in rest)
+                keys = tuple(k for f in rest for k in f.examples)[:EXAMPLES]
                 out.append(
-                    Finding(level, None, code, f"... and {count - MAX_PER_CODE} more like these")
+                    Finding(level, None, code, f"... and {count} more like these", count, keys)
                 )
         rank = {"error": 0, "warning": 1}
         return sorted(out, key=lambda f: (rank[f.level], f.code, f.member is None, f.member or ""))

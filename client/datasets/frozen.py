@@ -4,10 +4,11 @@
 content-addressed chunk store and writes the snapshot's frozen record last (see
 :mod:`chunkd.gateway.datasets`)::
 
-    {"chunk_bytes": N, "members": [[CHUNK_ID, ...], ...]}
+    {"chunk_bytes": N, "members": [[CHUNK_ID, ...], ...], "content": [HEX|null, ...]}
 
 one list per member, in the manifest's member order: member ``m``'s byte ``b`` is in
-its chunk ``b // N``. The daemon verifies each chunk against its id before it sends
+its chunk ``b // N``; ``content`` (where the freeze recorded it) the blake3 of each
+member's whole bytes. The daemon verifies each chunk against its id before it sends
 it (``ckpt_chunks``), so a frozen snapshot reads bit-exact whatever became of its
 source objects.
 """
@@ -15,7 +16,6 @@ source objects.
 from __future__ import annotations
 
 import io
-import json
 from typing import TYPE_CHECKING, Any, BinaryIO, Final
 
 from chunkd.client.files import ChunkdFile
@@ -23,6 +23,7 @@ from chunkd.client.results import ObjectStat
 from chunkd.client.views import Chunk, ChunkLRU, Located, Span, check_chunk_fd
 from chunkd.errors import ManifestError
 from chunkd.memfd import close_all
+from chunkd.snapshot import load_json
 
 if TYPE_CHECKING:
     from chunkd.client.core import Client
@@ -34,6 +35,8 @@ __all__ = ["FrozenSource"]
 _MAPPED_CHUNKS: Final = 64
 #: chunks asked for in one request
 _CHUNKS_AT_ONCE: Final = 16
+#: how deep a frozen record nests (its chunk lists: 2)
+_RECORD_DEPTH: Final = 4
 
 
 class FrozenSource:
@@ -70,6 +73,9 @@ class FrozenSource:
         self.snapshot = snapshot
         self._chunks = {m.key: ids for m, ids in zip(snapshot.members, chunks, strict=True)}
         self._mapped = ChunkLRU(max_bytes=_MAPPED_CHUNKS * max(1, chunk_bytes), max_chunks=64)
+        #: the frozen record as ``ds_resolve`` sent it (what ``diff`` learns of each
+        #: member's bytes: :func:`chunkd.snapshot.content_evidence`)
+        self.record: dict[str, Any] = {"chunk_bytes": chunk_bytes, "members": chunks}
 
     @classmethod
     def from_record(
@@ -80,21 +86,19 @@ class FrozenSource:
         Raises:
             ManifestError: the record is malformed or does not match the manifest.
         """
+        what = f"the frozen record of snapshot {snapshot.id}"
         try:
-            record = json.loads(data)
+            record = load_json(data, what, max_depth=_RECORD_DEPTH)
             chunk_bytes = int(record["chunk_bytes"])
             chunks = [[str(c) for c in ids] for ids in record["members"]]
             backend = str(record.get("backend") or header.get("chunks_backend") or "")
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise ManifestError(
-                f"the frozen record of snapshot {snapshot.id} is malformed ({exc}); freeze it again"
-            ) from None
+            raise ManifestError(f"{what} is malformed ({exc}); freeze it again") from None
         if not backend:
-            raise ManifestError(
-                f"the frozen record of snapshot {snapshot.id} names no chunk backend; "
-                "freeze it again"
-            )
-        return cls(client, backend, chunk_bytes, chunks, snapshot)
+            raise ManifestError(f"{what} names no chunk backend; freeze it again")
+        source = cls(client, backend, chunk_bytes, chunks, snapshot)
+        source.record = record
+        return source
 
     #: a loader warms nothing ahead for a frozen snapshot (see the class docstring)
     prefetchable = False

@@ -219,10 +219,12 @@ class LoaderState:
                 window_bytes, or its cursor is past the epoch's ``total`` samples.
         """
         if self.snapshot != snapshot:
+            # Whole ids: two snapshots may share any prefix, and the state's is the id
+            # to open it by.
             raise ResumeStateError(
-                f"this loader state is of snapshot {self.snapshot[:16]}…, not of the "
-                f"dataset being read ({snapshot[:16]}…): resume with the snapshot that "
-                "saved it (open it by its id), or start the epoch afresh"
+                f"this loader state is of snapshot {self.snapshot}, not of the dataset "
+                f"being read (snapshot {snapshot}): resume with the snapshot that saved it "
+                "(open it by its id), or start the epoch afresh"
             )
         if self.seed != seed:
             raise ResumeStateError(

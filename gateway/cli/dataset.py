@@ -247,6 +247,15 @@ def _ls(client: Client, args: argparse.Namespace, out: TextIO) -> int:
         for entry in entries:
             if args.json:
                 out.write(("," if shown else "") + "\n  " + json.dumps(entry))
+            elif entry.get("damaged"):
+                # Listed around: the rest of the listing goes on (docs/datasets.md).
+                damaged = entry["damaged"]
+                print(
+                    f"{_PROG} ls: warning: dataset {entry.get('name')} is damaged: "
+                    f"{damaged.get('error') if isinstance(damaged, dict) else damaged}",
+                    file=sys.stderr,
+                )
+                continue
             else:
                 if not shown:
                     print(f"{'NAME':<40} {'LATEST':>6}  {'SNAPSHOT':<16}  CREATED", file=out)
@@ -307,6 +316,7 @@ def _show(client: Client, args: argparse.Namespace, out: TextIO) -> int:
 def _describe(snapshot: Snapshot, header: dict[str, Any]) -> dict[str, Any]:
     return {
         "id": snapshot.id,
+        "snapshot": snapshot.id,
         "name": header.get("name"),
         "version": header.get("version"),
         "tags": header.get("tags", []),
@@ -323,19 +333,29 @@ def _describe(snapshot: Snapshot, header: dict[str, Any]) -> dict[str, Any]:
 
 def _diff(client: Client, args: argparse.Namespace, out: TextIO) -> int:
     from chunkd.client.datasets import resolve
+    from chunkd.client.datasets.frozen import FrozenSource
 
-    a = resolve(client, args.a)[0]
-    b = resolve(client, args.b)[0]
-    report = snapshot_diff(a, b)
+    a, _, source_a = resolve(client, args.a)
+    b, _, source_b = resolve(client, args.b)
+    records = tuple(s.record if isinstance(s, FrozenSource) else None for s in (source_a, source_b))
+    report = snapshot_diff(a, b, frozen=(records[0], records[1]))
     if args.json:
         _dump(report, out)
         return 0
+    by = report["same_by"]
+    known = f"{by['content']} by content hash, {by['version']} by version token"
     if report["same"]:
-        print(f"{args.a} and {args.b}: the same contents ({len(a)} samples)", file=out)
+        print(
+            f"{args.a} and {args.b}: the same contents ({len(a)} samples; "
+            f"{report['unchanged']} members the same: {known})",
+            file=out,
+        )
         return 0
+    unknown = report["unknown"]
     print(
         f"{args.a} -> {args.b}: {len(report['added'])} added, {len(report['removed'])} "
-        f"removed, {len(report['changed'])} changed; samples {len(a)} -> {len(b)}",
+        f"removed, {len(report['changed'])} changed, {len(unknown)} unknown, "
+        f"{report['unchanged']} the same ({known}); samples {len(a)} -> {len(b)}",
         file=out,
     )
     for key in report["added"][:50]:
@@ -344,8 +364,17 @@ def _diff(client: Client, args: argparse.Namespace, out: TextIO) -> int:
         print(f"  - {key}", file=out)
     for entry in report["changed"][:50]:
         print(f"  ~ {entry['key']} ({', '.join(entry['fields'])})", file=out)
+    for key in unknown[:50]:
+        print(f"  ? {key}", file=out)
     if report["schema_changed"]:
         print("  the schema changed", file=out)
+    if unknown:
+        print(
+            f"  ?: {len(unknown)} members are not known to be the same: each side reads "
+            "another object and no content hash of both is known (a migrated copy records "
+            "one; freezing both snapshots compares their chunks)",
+            file=out,
+        )
     return 0
 
 
@@ -361,7 +390,7 @@ def _tag(client: Client, args: argparse.Namespace, out: TextIO) -> int:
         )
     answer = _ask(client, "ds_tag", {"name": ref.name, "tag": args.tag, "ref": args.ref})
     if args.json:
-        _dump(answer, out)
+        _dump(_documented(answer, _TAG_FIELDS), out)
     else:
         print(f"{ref.name}@{args.tag} -> version {answer.get('version')}", file=out)
     return 0
@@ -369,21 +398,27 @@ def _tag(client: Client, args: argparse.Namespace, out: TextIO) -> int:
 
 def _check(client: Client, args: argparse.Namespace, out: TextIO) -> int:
     from chunkd.client.datasets import resolve
-    from chunkd.client.datasets.check import check
+    from chunkd.client.datasets.check import check, summarize
 
     snapshot, header, source = resolve(client, args.ref)
     findings = check(snapshot, source, deep=args.deep)
     if not header.get("frozen"):
-        findings = _drifted(client, snapshot) + [f for f in findings if f.code != "drift"]
-    errors = [f for f in findings if f.level == "error"]
+        others = [f for f in findings if f.code != "drift"]
+        findings = summarize(_drifted(client, snapshot) + others)
+    errors = sum(f.count for f in findings if f.level == "error")
+    warnings = sum(f.count for f in findings if f.level == "warning")
     if args.json:
         _dump([_finding(f) for f in findings], out)
     else:
         for f in findings:
-            where = f" {f.member}" if f.member else ""
-            print(f"{f.level}{where}: {f.message} [{f.code}]", file=out)
+            if f.count > 1 and f.member is not None:
+                shown = ", ".join(f.examples) + (", ..." if f.count > len(f.examples) else "")
+                print(f"{f.level}: {f.message} [{f.code}] ({f.count} files: {shown})", file=out)
+            else:
+                where = f" {f.member}" if f.member else ""
+                print(f"{f.level}{where}: {f.message} [{f.code}]", file=out)
         print(
-            f"{args.ref}: {len(errors)} errors, {len(findings) - len(errors)} warnings "
+            f"{args.ref}: {errors} errors, {warnings} warnings "
             f"({len(snapshot.members)} files checked)",
             file=out,
         )
@@ -436,13 +471,20 @@ def _gone(member: Any, finding: Any) -> Any:
 
 
 def _finding(f: Any) -> dict[str, Any]:
-    return {"level": f.level, "member": f.member, "code": f.code, "message": f.message}
+    return {
+        "level": f.level,
+        "member": f.member,
+        "code": f.code,
+        "message": f.message,
+        "count": f.count,
+        "examples": list(f.examples),
+    }
 
 
 def _freeze(client: Client, args: argparse.Namespace, out: TextIO) -> int:
     answer = _ask(client, "ds_freeze", {"ref": args.ref}, timeout=_LONG)
     if args.json:
-        _dump(answer, out)
+        _dump(_documented(answer, _FREEZE_FIELDS), out)
     else:
         print(
             f"froze {args.ref}: {answer.get('members')} files in {answer.get('chunks')} chunks "
@@ -455,7 +497,7 @@ def _freeze(client: Client, args: argparse.Namespace, out: TextIO) -> int:
 def _migrate(client: Client, args: argparse.Namespace, out: TextIO) -> int:
     answer = _ask(client, "ds_migrate", {"ref": args.ref, "to": args.to}, timeout=_LONG)
     if args.json:
-        _dump(answer, out)
+        _dump(_documented(answer, _MIGRATE_FIELDS), out)
     else:
         print(
             f"migrated {args.ref} to {args.to}: version {answer.get('version')} "
@@ -579,6 +621,34 @@ _COMMANDS: dict[str, Callable[[Client, argparse.Namespace, TextIO], int]] = {
 
 #: how long a freeze or a migration may take (the daemon does the work; it may be TBs)
 _LONG = 24 * 3600.0
+#: what ``--json`` prints of each answer (docs/datasets.md): the answer's documented
+#: fields only, never the socket's own (the request's ``id``, its ``fds``)
+_TAG_FIELDS = ("name", "tag", "seq", "version", "snapshot")
+_FREEZE_FIELDS = (
+    "snapshot",
+    "members",
+    "chunks",
+    "bytes",
+    "uploaded",
+    "uploaded_bytes",
+    "already",
+)
+_MIGRATE_FIELDS = (
+    "snapshot",
+    "name",
+    "version",
+    "created",
+    "from",
+    "frozen",
+    "members",
+    "bytes",
+    "copied",
+    "kept",
+)
+
+
+def _documented(answer: dict[str, Any], fields: tuple[str, ...]) -> dict[str, Any]:
+    return {f: answer.get(f) for f in fields}
 
 
 def _ask(

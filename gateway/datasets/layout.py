@@ -26,8 +26,10 @@ UTF-8 with sorted keys and no spaces. Other keys (a file backend's temporary fil
 
 Commit (``ds_commit``): a version is committed as a checkpoint is.
 
-1. The daemon parses the manifest (:meth:`Snapshot.parse`) and takes its id from its
-   bytes, never from the client.
+1. The daemon checks the manifest whole (:meth:`.Registry.check_manifest`: its shape
+   before anything is parsed, then the parse :meth:`Snapshot.parse` does, in a thread or
+   a worker process by its size) and takes its id from its bytes, never from the
+   client. What that may cost is bounded: :mod:`.registry`.
 2. ``manifests/<id>.json`` is put if absent. If one is there it is read and must hash
    to the id; one that does not (torn, or altered) is replaced by these bytes.
 3. The highest version of NAME is listed. If its pointer names the same id, that
@@ -83,11 +85,20 @@ protocol (docs/checkpoints.md, "Why a save and a collection never lose a chunk")
 The frozen record::
 
     {"format": "chunkd-dataset-frozen", "schema": 1, "id": ID, "chunk_bytes": N,
-     "backend": B, "created": T, "members": [[chunk id, ...], ...]}
+     "backend": B, "created": T, "members": [[chunk id, ...], ...],
+     "content": [blake3 hex | null, ...]}
 
 ``members[i]`` are member i's chunks in order (every one but the last exactly
 ``chunk_bytes`` long), in the chunk store of backend ``B``; a reader checks each
-chunk's blake3. Freezing again is harmless (chunks present are not sent again, and
+chunk's blake3. ``content`` (optional; absent in records written before it) is the
+blake3 of each member's whole bytes: ``chunkd dataset diff`` compares members by it, and
+by the chunk ids (:func:`chunkd.snapshot.content_evidence`).
+
+Pointers and tag entries are read bounded (at most
+:data:`~chunkd.gateway.datasets.registry.DOCUMENT_BYTES`, their shape checked before
+they are parsed: :func:`~chunkd.gateway.datasets.registry.read_document`,
+:func:`~chunkd.gateway.datasets.registry.load_document`); a damaged one is named by a
+listing, which goes on around it. Freezing again is harmless (chunks present are not sent again, and
 the record is the same but its time); a damaged record, or one that does not fit the
 snapshot, is written anew. ``chunkd gc`` on the registry's backend marks
 every chunk a frozen record names (the roots :class:`.FrozenRoots` gives the

@@ -1,6 +1,24 @@
 """The registry's names: commits of versions, tags, resolving a reference, listings.
 
 The layout and the commit and tag protocols are written down in :mod:`.layout`.
+
+What a request may cost the daemon, bounded before the work starts:
+
+* **a manifest to commit** (``ds_commit``, and a migration's commit): at most
+  :data:`COMMIT_CHECKS` are checked at once; the others wait their turn in arrival
+  order, holding their request's fd and nothing else (a client that leaves while it
+  waits is dropped from the line). A check refuses a shape no manifest has before it
+  parses anything (:func:`chunkd.snapshot.check_manifest_shape`). A manifest of up to
+  :data:`IN_PROCESS_BYTES` is then parsed in a thread; a larger one in a worker process
+  (``python -m chunkd.snapshot``) under an address-space limit of
+  :data:`WORKER_BASE` + :data:`WORKER_RATIO` times its size and a time limit of
+  :data:`WORKER_SECONDS`: the daemon's heap and event loop never carry its parse;
+* **a version pointer or a tag entry** (a few hundred bytes as chunkd writes them):
+  at most :data:`DOCUMENT_BYTES` are read (:func:`read_document`, a ranged read, or
+  the size a listing gave, before any read) and parsed, after a shape check
+  (:func:`load_document`). One over the bound, or not the JSON chunkd writes, is
+  *damaged*: resolving it says so, and a listing names it and goes on
+  (``"damaged"`` in its entry) rather than failing the page.
 """
 
 from __future__ import annotations
@@ -9,35 +27,55 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
+from chunkd import memfd
 from chunkd.errors import (
     BackendUnavailableError,
     DatasetError,
     DatasetNotFoundError,
     ManifestError,
+    RangeNotSatisfiableError,
     ReadOnlyBackendError,
     UnknownBackendError,
+    VersionChangedError,
 )
 from chunkd.gateway.checkpoints.jobs import each
 from chunkd.gateway.datasets.layout import COMMIT_TRIES, MAX_NUMBER, Layout
+from chunkd.ranges import ByteRange
 from chunkd.snapshot import (
     Ref,
     Snapshot,
     check_dataset_name,
+    check_json_shape,
     check_snapshot_id,
     check_tag,
+    load_json,
     parse_ref,
     snapshot_id,
 )
 
 if TYPE_CHECKING:
-    from chunkd.gateway.backends import Backend, Backends
+    from chunkd.gateway.backends import Backend, Backends, ObjectMeta
 
-__all__ = ["MAX_TAGS", "Registry", "Resolved"]
+__all__ = [
+    "COMMIT_CHECKS",
+    "DOCUMENT_BYTES",
+    "IN_PROCESS_BYTES",
+    "MAX_TAGS",
+    "WORKER_BASE",
+    "WORKER_RATIO",
+    "WORKER_SECONDS",
+    "Registry",
+    "Resolved",
+    "load_document",
+    "read_document",
+]
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +83,23 @@ log = logging.getLogger(__name__)
 MAX_TAGS: Final = 1000
 #: listing batches one page of names reads at most (more only to finish one name)
 _PAGE_BATCHES: Final = 10
+#: the most bytes of a version pointer or tag entry read (chunkd writes 200-600)
+DOCUMENT_BYTES: Final = 4096
+#: how deep a pointer or tag entry may nest (chunkd writes flat objects)
+_DOCUMENT_DEPTH: Final = 4
+#: manifests checked at once; more commits wait their turn
+COMMIT_CHECKS: Final = 2
+#: a manifest up to this size is parsed in a thread of the daemon (about 10-40 ms of
+#: its GIL, measured at 50-170 ms a MiB on a loaded node); a larger one in a worker
+IN_PROCESS_BYTES: Final = 256 << 10
+#: a worker's address-space limit: this ...
+WORKER_BASE: Final = 256 << 20
+#: ... plus this many times the manifest's size (a real manifest's parse peaks at
+#: about 11.5 times its size, measured on Parquet, JSON lines, WebDataset and MDS
+#: registrations of 55-60 MiB; the bytes themselves and their text add 2)
+WORKER_RATIO: Final = 20
+#: the longest a worker's check may take, in seconds
+WORKER_SECONDS: Final = 600.0
 
 
 def _dumps(doc: Any) -> bytes:
@@ -79,6 +134,8 @@ class Registry:
         self.registry = registry
         self.backend_name, _, prefix = registry.partition("/")
         self.layout = Layout(prefix)
+        #: the manifest checks running (COMMIT_CHECKS at once; the rest wait in line)
+        self._checks = asyncio.Semaphore(COMMIT_CHECKS)
 
     # -- the backend ----------------------------------------------------------------
 
@@ -148,28 +205,65 @@ class Registry:
         # Hashing and parsing a large manifest is CPU work: off the loop.
         return await asyncio.to_thread(Snapshot.parse, raw, ident)
 
-    async def _store_manifest(self, backend: Backend, snapshot: Snapshot) -> None:
+    async def check_manifest(self, data: bytes | memoryview, *, fd: int | None = None) -> str:
+        """The id of manifest ``data``, once it is checked whole as :meth:`Snapshot.parse`
+        checks it: its shape first, then a full parse (see the module docstring for
+        where, and what it may cost). At most :data:`COMMIT_CHECKS` run at once; a
+        call waits its turn, in order.
+
+        Args:
+            data: the manifest's bytes.
+            fd: a sealed memfd holding the same bytes, if the caller has one (a worker
+                reads it without a copy; otherwise one is made for a large manifest).
+
+        Raises:
+            ManifestError: ``data`` is not a manifest (refused by its shape before it
+                is parsed, by its parse, or by the memory its parse took).
+            DatasetError: the worker failed (its exit status and last words are logged).
+        """
+        async with self._checks:
+            if len(data) <= IN_PROCESS_BYTES:
+                snapshot = await asyncio.to_thread(Snapshot.parse, bytes(data))
+                return snapshot.id
+            owned: int | None = None
+            if fd is None:
+                fd = owned = await asyncio.to_thread(memfd.sealed, data, "chunkd-manifest")
+            try:
+                return await _check_in_worker(fd, len(data))
+            finally:
+                if owned is not None:
+                    os.close(owned)
+
+    async def _store_manifest(self, backend: Backend, ident: str, data: bytes | memoryview) -> None:
         """Step 2 of a commit: the manifest, put if absent (a torn one replaced)."""
-        key = self.layout.manifest(snapshot.id)
-        if await backend.put(key, snapshot.data, if_absent=True):
+        key = self.layout.manifest(ident)
+        if await backend.put(key, data, if_absent=True):
             return
         there = await backend.get(key)
-        if there is not None and snapshot_id(there) == snapshot.id:
+        if there is not None and await asyncio.to_thread(snapshot_id, there) == ident:
             return
         log.warning(
             "dataset registry: %s/%s does not hash to its id (torn or altered); replaced",
             backend.name,
             key,
         )
-        await backend.put(key, snapshot.data)
+        await backend.put(key, data)
 
     # -- versions -------------------------------------------------------------------
 
-    async def _pointer(self, name: str, number: int) -> dict[str, Any] | None:
-        """Version ``number`` of ``name``'s pointer (None: there is none)."""
+    async def _pointer(
+        self, name: str, number: int, meta: ObjectMeta | None = None
+    ) -> dict[str, Any] | None:
+        """Version ``number`` of ``name``'s pointer (None: there is none); ``meta``:
+        what a listing said of it.
+
+        Raises:
+            ManifestError: it is damaged (over :data:`DOCUMENT_BYTES`, or not the JSON
+                chunkd writes).
+        """
         key = self.layout.version(name, number)
-        raw = await self.backend.get(key)
-        return None if raw is None else _document(raw, key, ("id",))
+        raw = await read_document(self.backend, key, meta=meta)
+        return None if raw is None else load_document(raw, key, ("id",))
 
     async def _highest_version(self, name: str) -> int:
         """The highest version number of ``name`` (0: none), from one listing."""
@@ -182,10 +276,15 @@ class Registry:
                         highest = max(highest, parsed[1])
         return highest
 
-    async def commit(self, data: bytes, name: str) -> tuple[Snapshot, int, bool]:
+    async def commit(
+        self, data: bytes | memoryview, name: str, *, fd: int | None = None
+    ) -> tuple[str, int, bool]:
         """Register manifest ``data`` as the next version of ``name`` (:mod:`.layout`).
 
-        Returns the snapshot, its version number, and whether a version was made
+        ``fd``: a sealed memfd of the same bytes, if the caller has one
+        (:meth:`check_manifest`).
+
+        Returns the snapshot's id, its version number, and whether a version was made
         (False: the latest version was this snapshot already).
 
         Raises:
@@ -195,10 +294,10 @@ class Registry:
                 the numbers this one tried.
         """
         check_dataset_name(name)
+        backend = self.writable()  # before the manifest's check costs anything
         # The id is the daemon's own hash of the bytes, never the client's word.
-        snapshot = await asyncio.to_thread(Snapshot.parse, data)
-        backend = self.writable()
-        await self._store_manifest(backend, snapshot)
+        ident = await self.check_manifest(data, fd=fd)
+        await self._store_manifest(backend, ident, data)
         highest = await self._highest_version(name)
         if highest:
             try:
@@ -208,8 +307,8 @@ class Registry:
                 # it says so), and this commit takes the next number.
                 log.warning("dataset %s: %s; this commit takes the next version", name, exc)
                 latest = None
-            if latest is not None and latest.get("id") == snapshot.id:
-                return snapshot, highest, False
+            if latest is not None and latest.get("id") == ident:
+                return ident, highest, False
         number = highest + 1
         for _ in range(COMMIT_TRIES):
             if number > MAX_NUMBER:
@@ -219,14 +318,14 @@ class Registry:
                 "schema": 1,
                 "name": name,
                 "version": number,
-                "id": snapshot.id,
+                "id": ident,
                 "created": time.time(),
             }
             if await backend.put(
                 self.layout.version(name, number), _dumps(pointer), if_absent=True
             ):
-                log.info("dataset %s@%d registered: snapshot %s", name, number, snapshot.id)
-                return snapshot, number, True
+                log.info("dataset %s@%d registered: snapshot %s", name, number, ident)
+                return ident, number, True
             number += 1  # a concurrent registration took it
         raise DatasetError(
             f"registering {name}: {COMMIT_TRIES} version numbers from {highest + 1} on were "
@@ -313,10 +412,10 @@ class Registry:
         if not highest:
             return None
         key = self.layout.tag_entry(name, tag, highest)
-        raw = await self.backend.get(key)
+        raw = await read_document(self.backend, key)
         if raw is None:  # pragma: no cover - tag entries are never deleted
             return None
-        return highest, _document(raw, key, ("version", "id"))
+        return highest, load_document(raw, key, ("version", "id"))
 
     async def _tagged(self, ref: Ref) -> int:
         assert ref.name is not None
@@ -336,7 +435,7 @@ class Registry:
 
         One listing of the tags' histories; one read per tag.
         """
-        heads: dict[str, int] = {}
+        heads: dict[str, tuple[int, ObjectMeta]] = {}
         async with contextlib.aclosing(self.backend.scan(self.layout.tags(name))) as batches:
             async for batch in batches:
                 for meta in batch:
@@ -349,17 +448,21 @@ class Registry:
                             f"dataset {name} has more than {MAX_TAGS} tags; chunkd shows at "
                             "most that many"
                         )
-                    heads[tag] = max(heads.get(tag, 0), seq)
+                    if seq > heads.get(tag, (0, meta))[0]:
+                        heads[tag] = (seq, meta)
 
-        async def read(item: tuple[str, int]) -> tuple[str, tuple[int, dict[str, Any]] | None]:
-            tag, seq = item
+        async def read(
+            item: tuple[str, tuple[int, ObjectMeta]],
+        ) -> tuple[str, tuple[int, dict[str, Any]] | None]:
+            tag, (seq, meta) = item
             key = self.layout.tag_entry(name, tag, seq)
-            raw = await self.backend.get(key)
-            if raw is None:  # pragma: no cover - tag entries are never deleted
-                return tag, None
             try:
-                return tag, (seq, _document(raw, key, ("version", "id")))
+                raw = await read_document(self.backend, key, meta=meta)
+                if raw is None:  # pragma: no cover - tag entries are never deleted
+                    return tag, None
+                return tag, (seq, load_document(raw, key, ("version", "id")))
             except ManifestError as exc:
+                # A damaged head hides its tag (resolving the tag names the file).
                 log.warning("dataset %s: %s", name, exc)
                 return tag, None
 
@@ -421,15 +524,17 @@ class Registry:
     ) -> tuple[list[dict[str, Any]], int | None]:
         """One page of ``name``'s versions, oldest first, with the tags at each.
 
-        Returns the entries (``{"version", "snapshot", "created", "tags"}``) and the number
-        to pass as ``start_after`` for the next page (None: the last page).
+        Returns the entries (``{"version", "snapshot", "created", "tags"}``, and
+        ``"damaged": {"key", "error"}`` for a version whose pointer is damaged: its
+        snapshot and time are then null) and the number to pass as ``start_after`` for
+        the next page (None: the last page). A damaged pointer never fails the page.
 
         Raises:
             DatasetNotFoundError: ``name`` has no versions.
         """
         check_dataset_name(name)
         after = self.layout.version(name, start_after) if start_after else None
-        numbers: list[int] = []
+        numbers: list[tuple[int, ObjectMeta]] = []
         more = False
         scan = self.backend.scan(self.layout.versions(name), start_after=after)
         async with contextlib.aclosing(scan) as batches:
@@ -441,7 +546,7 @@ class Registry:
                     if len(numbers) == limit:
                         more = True
                         break
-                    numbers.append(parsed[1])
+                    numbers.append((parsed[1], meta))
                 if more:
                     break
         if not numbers and not start_after:
@@ -451,17 +556,13 @@ class Registry:
         for tag, (_, entry) in sorted(tags.items()):
             at.setdefault(entry.get("version"), []).append(tag)  # type: ignore[arg-type]
 
-        async def read(number: int) -> dict[str, Any]:
-            pointer = await self._pointer(name, number)
-            return {
-                "version": number,
-                "snapshot": None if pointer is None else pointer.get("id"),
-                "created": None if pointer is None else _number(pointer.get("created")),
-                "tags": at.get(number, []),
-            }
+        async def read(item: tuple[int, ObjectMeta]) -> dict[str, Any]:
+            number, meta = item
+            entry = {"version": number, "tags": at.get(number, [])}
+            return entry | await self._listed_pointer(name, number, meta)
 
         entries = await each(numbers, read)
-        return entries, numbers[-1] if more else None
+        return entries, numbers[-1][0] if more else None
 
     async def names_page(
         self, prefix: str = "", *, start_after: str | None = None, limit: int = 1000
@@ -469,16 +570,19 @@ class Registry:
         """One page of the dataset names under ``prefix`` (whole name segments), in
         key order, each with its latest version and that version's snapshot id.
 
-        Returns the entries (``{"name", "latest", "snapshot", "created"}``) and the token to
-        pass as ``start_after`` for the next page (None: the last page). A page reads
-        at most a few listing batches; it may hold fewer than ``limit`` names (it
-        holds at least one unless the listing is over).
+        Returns the entries (``{"name", "latest", "snapshot", "created"}``, and
+        ``"damaged": {"key", "error"}`` for a name whose latest pointer is damaged: its
+        snapshot and time are then null) and the token to pass as ``start_after`` for
+        the next page (None: the last page). A page reads at most a few listing
+        batches; it may hold fewer than ``limit`` names (it holds at least one unless
+        the listing is over). A damaged pointer never fails the page.
         """
         if prefix.strip("/"):
             check_dataset_name(prefix.strip("/"))
-        found: list[tuple[str, int]] = []
+        found: list[tuple[str, int, ObjectMeta]] = []
         token: str | None = None
-        run: tuple[str, int] | None = None  # the name whose versions are being listed
+        # the name whose versions are being listed: its highest number and pointer
+        run: tuple[str, int, ObjectMeta] | None = None
         before_run = start_after  # the key listed just before the run's first
         last_key = start_after
         batches_read = 0
@@ -492,14 +596,15 @@ class Registry:
                     if parsed is not None:
                         name, number = parsed
                         if run is not None and run[0] == name:
-                            run = (name, max(run[1], number))
+                            if number > run[1]:
+                                run = (name, number, meta)
                         else:
                             if run is not None:
                                 found.append(run)
                                 if len(found) == limit:
                                     token, done = last_key, False
                                     break
-                            run, before_run = (name, number), last_key
+                            run, before_run = (name, number, meta), last_key
                     last_key = meta.key
                 if not done:
                     break
@@ -511,24 +616,93 @@ class Registry:
         if done and run is not None:
             found.append(run)
 
-        async def read(item: tuple[str, int]) -> dict[str, Any]:
-            name, number = item
-            pointer = await self._pointer(name, number)
-            return {
-                "name": name,
-                "latest": number,
-                "snapshot": None if pointer is None else pointer.get("id"),
-                "created": None if pointer is None else _number(pointer.get("created")),
-            }
+        async def read(item: tuple[str, int, ObjectMeta]) -> dict[str, Any]:
+            name, number, meta = item
+            entry = {"name": name, "latest": number}
+            return entry | await self._listed_pointer(name, number, meta)
 
         return await each(found, read), None if done else token
 
+    async def _listed_pointer(self, name: str, number: int, meta: ObjectMeta) -> dict[str, Any]:
+        """A listing's fields of pointer ``number`` of ``name``: ``snapshot`` and
+        ``created``, or, for a damaged one, those null and ``damaged`` (which file, and
+        why): a listing goes on around it."""
+        try:
+            pointer = await self._pointer(name, number, meta)
+        except ManifestError as exc:
+            key = self.layout.version(name, number)
+            log.warning("dataset %s: %s (listed as damaged)", name, exc)
+            return {"snapshot": None, "created": None, "damaged": {"key": key, "error": str(exc)}}
+        return {
+            "snapshot": None if pointer is None else pointer.get("id"),
+            "created": None if pointer is None else _number(pointer.get("created")),
+        }
 
-def _document(raw: memoryview | bytes, key: str, required: tuple[str, ...]) -> dict[str, Any]:
-    """A registry document (a pointer, a tag entry) that must hold ``required``."""
+
+async def read_document(
+    backend: Backend, key: str, *, limit: int = DOCUMENT_BYTES, meta: ObjectMeta | None = None
+) -> memoryview | None:
+    """The bytes of a registry document of at most ``limit`` bytes (None: there is no
+    such object), never more: one over the bound is refused without being read whole.
+
+    ``meta``: what a listing said of the object; one over the bound is then refused
+    before any read, and one within it is read at that version (one request). Without
+    it, the first ``limit + 1`` bytes are read (a ranged read).
+
+    Raises:
+        ManifestError: the object holds more than ``limit`` bytes.
+        BackendUnavailableError, BackendForbiddenError
+    """
+    if meta is not None and meta.size > limit:
+        raise _oversized(key, f"{meta.size} bytes", limit)
+    if meta is not None:
+        try:
+            raw = await backend.get(key, version=meta)
+        except VersionChangedError:
+            raw = None  # rewritten since it was listed: read it again, by range
+        if raw is not None:
+            return raw
     try:
-        doc = json.loads(bytes(raw))
-    except (ValueError, UnicodeDecodeError):
+        raw = await backend.get(key, ByteRange(0, limit + 1))
+    except RangeNotSatisfiableError:  # an empty object
+        return memoryview(b"")
+    if raw is not None and len(raw) > limit:
+        raise _oversized(key, f"more than {limit} bytes", limit)
+    return raw
+
+
+def _oversized(key: str, held: str, limit: int) -> ManifestError:
+    return ManifestError(
+        f"the registry's {key} is damaged: it holds {held}, and a registry document is "
+        f"at most {limit} (chunkd writes a few hundred); it was not read: register or "
+        "tag again"
+    )
+
+
+def load_document(
+    raw: memoryview | bytes,
+    key: str,
+    required: tuple[str, ...] = (),
+    *,
+    max_depth: int = _DOCUMENT_DEPTH,
+) -> dict[str, Any]:
+    """A registry document's JSON object, which must hold ``required``: its shape
+    checked before it is parsed (an object, nested at most ``max_depth`` deep: no
+    ``RecursionError``, whatever the bytes), and any failure a
+    :class:`~chunkd.errors.ManifestError` naming ``key``.
+
+    The caller bounds the bytes first (:func:`read_document`). For a frozen record,
+    whose chunk lists nest 2 deep: ``load_document(raw, key, ("members",),
+    max_depth=4)``, in a thread (it may be megabytes).
+
+    Raises:
+        ManifestError: it is not the JSON object chunkd writes.
+    """
+    data = bytes(raw)
+    try:
+        check_json_shape(data, f"the registry's {key}", max_depth=max_depth, top=b"{")
+        doc = load_json(data, f"the registry's {key}", max_depth=max_depth, checked=True)
+    except ManifestError:
         doc = None
     if not isinstance(doc, dict) or any(k not in doc for k in required):
         raise ManifestError(
@@ -538,6 +712,64 @@ def _document(raw: memoryview | bytes, key: str, required: tuple[str, ...]) -> d
     if "id" in doc and not (isinstance(doc["id"], str) and len(doc["id"]) == 64):
         raise ManifestError(f"the registry's {key} names no snapshot id; register again")
     return doc
+
+
+async def _check_in_worker(fd: int, size: int) -> str:
+    """The id of the manifest in memfd ``fd`` (``size`` bytes), checked by a worker
+    process (:func:`chunkd.snapshot.manifest_check_main`), which is killed if the
+    check is given up (the client left, the daemon stops) or takes too long."""
+    limit = WORKER_BASE + WORKER_RATIO * size
+    started = time.monotonic()
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-P",  # the working directory is not on its import path
+        "-m",
+        "chunkd.snapshot",
+        "--memory",
+        str(limit),
+        stdin=fd,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        out, err = await asyncio.wait_for(process.communicate(), WORKER_SECONDS)
+    except TimeoutError:
+        raise ManifestError(
+            f"checking a manifest of {size} bytes took more than {WORKER_SECONDS:g}s; "
+            "it was given up (nothing was registered)"
+        ) from None
+    finally:
+        if process.returncode is None:
+            process.kill()
+            with contextlib.suppress(ProcessLookupError, asyncio.CancelledError):
+                await asyncio.shield(process.wait())
+    try:
+        answer = json.loads(out.splitlines()[-1]) if out.strip() else None
+    except ValueError:
+        answer = None
+    if process.returncode != 0 or not isinstance(answer, dict):
+        log.warning(
+            "the check of a manifest of %d bytes failed (worker exit status %s): %s",
+            size,
+            process.returncode,
+            err[-2000:].decode(errors="replace").strip(),
+        )
+        raise DatasetError(
+            f"the check of a manifest of {size} bytes failed (its worker exited with status "
+            f"{process.returncode}); nothing was registered: the daemon's log says more"
+        )
+    log.info(
+        "manifest of %d bytes checked in a worker in %.2fs, peak %.0f MiB",
+        size,
+        time.monotonic() - started,
+        float(answer.get("peak_bytes") or 0) / 2**20,
+    )
+    if "error" in answer:
+        raise ManifestError(str(answer.get("message")))
+    ident = answer.get("id")
+    if not isinstance(ident, str):  # pragma: no cover - the worker is chunkd's own
+        raise DatasetError(f"the check of a manifest answered no id: {answer!r:.200}")
+    return check_snapshot_id(ident)
 
 
 def _number(value: object) -> float | None:

@@ -61,15 +61,18 @@ class Datasets:
         )
         self._migrator = Migrator(self.registry, read_path, backends)
 
-    async def commit(self, data: bytes, name: str) -> dict[str, Any]:
-        """Register manifest ``data`` as the next version of ``name``.
+    async def commit(
+        self, data: bytes | memoryview, name: str, *, fd: int | None = None
+    ) -> dict[str, Any]:
+        """Register manifest ``data`` as the next version of ``name`` (``fd``: a sealed
+        memfd of the same bytes, if the caller has one: :meth:`.Registry.commit`).
 
         Returns ``{"snapshot", "name", "version", "created"}``; ``created`` is False when
         the latest version was this snapshot already (no new version is made).
         """
         with self.registry.reaching(f"registering {name}"):
-            snapshot, version, created = await self.registry.commit(data, name)
-        return {"snapshot": snapshot.id, "name": name, "version": version, "created": created}
+            ident, version, created = await self.registry.commit(data, name, fd=fd)
+        return {"snapshot": ident, "name": name, "version": version, "created": created}
 
     async def resolve(self, ref: str) -> tuple[Resolved, dict[str, Any] | None]:
         """The snapshot ``ref`` refers to, and its frozen record (None: not frozen)."""

@@ -35,9 +35,19 @@ A snapshot
         samples     how many samples it holds
         meta        per format (the format's module documents its fields), e.g. Parquet's
                     row groups with their rows and byte ranges
+        content     (optional) the blake3 of the member's whole bytes, 64 hex digits,
+                    where chunkd read every byte (a migrated copy); absent when
+                    unknown, so that a manifest without it keeps its id
 
     A member's **samples** are numbered from 0 in the member, and a snapshot's samples
     from 0 over its members in order (:meth:`Snapshot.locate`).
+
+    Its **shape** is checked before it is parsed (:func:`check_manifest_shape`): one
+    JSON object, nested at most :data:`MAX_DEPTH` deep, with at most one object or list
+    in :data:`CONTAINER_BYTES` bytes. What a parse costs grows with the count of JSON
+    values, not with the bytes: ``[{}, {}, ...]`` takes 26 times its size in Python
+    objects, a real manifest about 11 (measured on Parquet, JSON lines, WebDataset and
+    MDS registrations), so a shape no manifest has is refused before it costs that.
 
 Names
     ``NAME`` is one or more ``/``-separated segments of letters, digits, ``.``, ``_`` and
@@ -60,7 +70,9 @@ import blake3
 from chunkd.errors import InvalidRequestError, ManifestError
 
 __all__ = [
+    "CONTAINER_BYTES",
     "FORMATS",
+    "MAX_DEPTH",
     "MAX_NAME_BYTES",
     "SCHEMA",
     "Member",
@@ -68,9 +80,13 @@ __all__ = [
     "Snapshot",
     "canonical",
     "check_dataset_name",
+    "check_json_shape",
+    "check_manifest_shape",
     "check_snapshot_id",
     "check_tag",
+    "content_evidence",
     "diff",
+    "load_json",
     "parse_ref",
     "snapshot_id",
     "upgrade",
@@ -91,6 +107,13 @@ _NAME_RE: Final = re.compile(rf"{_SEGMENT}(?:/{_SEGMENT})*")
 _TAG_RE: Final = re.compile(r"[A-Za-z][A-Za-z0-9._-]*")
 _ID_RE: Final = re.compile(r"[0-9a-f]{64}")
 _LATEST: Final = "latest"
+#: the deepest a manifest's JSON may nest (registered ones nest 8 deep at most: a
+#: WebDataset member's index of samples, each a list of its files)
+MAX_DEPTH: Final = 32
+#: the fewest bytes a manifest may spend on each JSON object or list, over its whole
+#: length (registered ones spend 17 or more; the densest entry of any, a JSON-lines
+#: index's first ``[0,0],``, spends 6; ``[{},{},...]`` spends 3)
+CONTAINER_BYTES: Final = 6
 
 
 # -- names -------------------------------------------------------------------------------
@@ -193,6 +216,110 @@ def parse_ref(text: str) -> Ref:
     return Ref(name, tag=check_tag(after))
 
 
+# -- a JSON document's shape, before it is parsed -----------------------------------------
+
+#: every byte but JSON's brackets and the quote, for ``bytes.translate`` to delete
+_NOT_STRUCTURE: Final = bytes(c for c in range(256) if c not in b'[]{}"')
+#: an opening bracket as "(", a closing one as ")"
+_PAIRS: Final = bytes.maketrans(b"[{]}", b"(())")
+_QUOTED: Final = re.compile(rb'"[^"]*"')
+
+
+def check_json_shape(
+    data: bytes, what: str, *, max_depth: int, container_bytes: int = 1, top: bytes = b""
+) -> None:
+    """Refuse, before it is parsed, JSON whose shape no document of its kind has.
+
+    A cheap pass over the bytes (counts, translations and replacements that run at
+    memory speed, no Python object per value): at most one object or list per
+    ``container_bytes`` bytes over the whole document, nesting at most ``max_depth``
+    deep (strings' contents left out), and, with ``top``, a first byte that is one of
+    ``top`` (``b"{"``: an object). Brackets inside strings count as objects or lists in
+    the first rule: it can only refuse more, never less.
+
+    Args:
+        data: the document's bytes.
+        what: what the document is, for the error (``"the manifest"``).
+        max_depth: the deepest nesting allowed.
+        container_bytes: the fewest bytes per object or list.
+        top: the bytes the document may start with (after white space); empty: any.
+
+    Raises:
+        ManifestError: the shape is not one of a document of this kind; nothing was
+            parsed.
+    """
+    size = len(data)
+    start = data[:256].lstrip()[:1]
+    if top and (not start or start not in top):
+        raise ManifestError(
+            f"{what} is not JSON, or not a JSON {'object' if top == b'{' else 'document'} "
+            f"(it starts with {start!r}); refused before it was parsed"
+        )
+    containers = data.count(b"{") + data.count(b"[")
+    if containers > size // container_bytes + 8:
+        raise ManifestError(
+            f"{what} holds {containers} JSON objects and lists in {size} bytes, more than "
+            f"one in {container_bytes} bytes, which no such document has (parsing it would "
+            "cost far more memory than its size); refused before it was parsed"
+        )
+    text = data
+    if b"\\" in text:  # escapes: a quote inside a string never ends it
+        text = text.replace(b"\\\\", b"").replace(b'\\"', b"")
+    skeleton = text.translate(None, _NOT_STRUCTURE).replace(b'""', b"")
+    if b'"' in skeleton:  # strings that hold brackets
+        skeleton = _QUOTED.sub(b"", skeleton)
+    skeleton = skeleton.translate(_PAIRS)
+    deep = b"(" * (max_depth + 1)
+    for _ in range(max_depth):
+        if not skeleton or deep in skeleton:
+            break
+        shorter = skeleton.replace(b"()", b"")  # one level of nesting, everywhere
+        if len(shorter) == len(skeleton):
+            break
+        skeleton = shorter
+    if skeleton:
+        raise ManifestError(
+            f"{what} nests its JSON more than {max_depth} deep, or its brackets do not "
+            "pair up: no such document does; refused before it was parsed"
+        )
+
+
+def check_manifest_shape(data: bytes) -> None:
+    """Refuse, before it is parsed, what cannot be a manifest: anything but one JSON
+    object, nested more than :data:`MAX_DEPTH` deep, or with more than one object or
+    list per :data:`CONTAINER_BYTES` bytes (see the module docstring).
+
+    Raises:
+        ManifestError: it is not a manifest's shape.
+    """
+    check_json_shape(
+        data,
+        "the manifest",
+        max_depth=MAX_DEPTH,
+        container_bytes=CONTAINER_BYTES,
+        top=b"{",
+    )
+
+
+def load_json(data: bytes, what: str, *, max_depth: int, checked: bool = False) -> Any:
+    """``json.loads`` of a document whose nesting is bounded: its shape checked first
+    (:func:`check_json_shape`, unless ``checked``: the caller did), and any failure
+    to parse a :class:`~chunkd.errors.ManifestError` that names ``what``, never a
+    ``RecursionError``.
+
+    Raises:
+        ManifestError: the document is not JSON, or nests more than ``max_depth`` deep.
+    """
+    if not checked:
+        check_json_shape(data, what, max_depth=max_depth)
+    try:
+        return json.loads(data)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ManifestError(f"{what} is not JSON: {exc}") from None
+    except RecursionError:  # pragma: no cover - the shape check refuses it first
+        raise ManifestError(f"{what} nests its JSON too deep") from None
+
+
 # -- the manifest ------------------------------------------------------------------------
 
 
@@ -218,10 +345,13 @@ class Member:
     format: str
     samples: int = 0
     meta: Mapping[str, Any] = field(default_factory=dict)
+    #: the blake3 of the member's whole bytes (64 hex digits); None: not known
+    content: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        """The member's entry in a manifest."""
-        return {
+        """The member's entry in a manifest (``content`` only where it is known, so that
+        a manifest written before the field existed keeps its bytes and its id)."""
+        entry = {
             "key": self.key,
             "size": self.size,
             "version": self.version,
@@ -229,6 +359,9 @@ class Member:
             "samples": self.samples,
             "meta": dict(self.meta),
         }
+        if self.content is not None:
+            entry["content"] = self.content
+        return entry
 
     @classmethod
     def from_json(cls, doc: object, where: str = "a member") -> Member:
@@ -244,6 +377,9 @@ class Member:
         meta = entry.get("meta", {})
         if not isinstance(meta, dict):
             raise ManifestError(f"{where}: 'meta' must be an object")
+        content = entry.get("content")
+        if content is not None and not (isinstance(content, str) and _ID_RE.fullmatch(content)):
+            raise ManifestError(f"{where}: 'content' must be a blake3 digest (64 hex digits)")
         return cls(
             key=_text(entry, "key", where),
             size=_whole(entry, "size", where),
@@ -251,6 +387,7 @@ class Member:
             format=fmt,
             samples=_whole(entry, "samples", where),
             meta=meta,
+            content=content,
         )
 
     def relative(self, prefix: str) -> str:
@@ -313,7 +450,9 @@ class Snapshot:
 
         Raises:
             ManifestError: the bytes do not hash to ``expect_id`` (torn or forged), are
-                not a manifest, or are of a newer schema than this code reads.
+                not a manifest (a shape no manifest has is refused before it is parsed:
+                :func:`check_manifest_shape`), or are of a newer schema than this code
+                reads.
         """
         data = bytes(data)
         got = snapshot_id(data)
@@ -322,10 +461,8 @@ class Snapshot:
                 f"the manifest stored as snapshot {expect_id} hashes to {got}: it is torn "
                 "or was altered; register the dataset again (nothing was read from it)"
             )
-        try:
-            doc = json.loads(data)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise ManifestError(f"snapshot {got} is not JSON: {exc}") from None
+        check_manifest_shape(data)
+        doc = load_json(data, f"snapshot {got}", max_depth=MAX_DEPTH, checked=True)
         doc = upgrade(_object(doc, "a manifest"))
         source = _object(doc.get("source"), "the manifest's source")
         raw_members = doc.get("members")
@@ -452,23 +589,89 @@ def _whole(doc: Mapping[str, Any], key: str, where: str) -> int:
     return value
 
 
-def diff(a: Snapshot, b: Snapshot) -> dict[str, Any]:
-    """What differs between two snapshots' logical contents (``chunkd dataset diff`` and
-    the inspector's ``diff``).
+def content_evidence(
+    snapshot: Snapshot, frozen: Mapping[str, Any] | None = None
+) -> list[dict[str, str]]:
+    """What is known of each member's bytes, in member order, by kind of evidence.
 
-    Members are matched by their key below each snapshot's prefix, so a migrated copy
-    (another backend, another prefix, new version tokens) shows no difference. A member
-    differs when its size, format, sample count or format metadata does. The answer:
-    ``a`` and ``b`` (the ids), ``added`` and ``removed`` (keys), ``changed``
-    (``[{"key", "fields", "samples"}]``), ``unchanged`` (how many members are the same),
-    ``samples`` and ``bytes`` (``[a's, b's]``), ``schema_changed``, and ``same`` (nothing
-    differs at all).
+    ``{"blake3": HEX}``: the blake3 of the member's whole bytes, from its ``content``
+    field (a migrated copy's) or from the frozen record's ``"content"`` list (one hash
+    or null per member). ``{"chunks/N": DIGEST}``: from the frozen record's chunk ids
+    at chunk size N (each id is its chunk's blake3, so the same ids at the same size
+    are the same bytes); DIGEST stands for the whole list. A record that does not fit
+    the snapshot gives nothing.
+
+    Args:
+        snapshot: the snapshot.
+        frozen: its frozen record (as ``ds_resolve`` sends it), if it is frozen.
     """
-    left = {m.relative(a.prefix): m for m in a.members}
-    right = {m.relative(b.prefix): m for m in b.members}
-    changed = []
+    found: list[dict[str, str]] = [
+        {"blake3": m.content} if m.content is not None else {} for m in snapshot.members
+    ]
+    if not isinstance(frozen, Mapping):
+        return found
+    count = len(found)
+    contents = frozen.get("content")
+    if isinstance(contents, list) and len(contents) == count:
+        for known, digest in zip(found, contents, strict=True):
+            if isinstance(digest, str) and _ID_RE.fullmatch(digest):
+                known.setdefault("blake3", digest)
+    chunks, size = frozen.get("members"), frozen.get("chunk_bytes")
+    if isinstance(chunks, list) and len(chunks) == count and isinstance(size, int):
+        for known, ids in zip(found, chunks, strict=True):
+            if isinstance(ids, list) and all(isinstance(c, str) for c in ids):
+                known[f"chunks/{size}"] = blake3.blake3("\n".join(ids).encode()).hexdigest()
+    return found
+
+
+def diff(
+    a: Snapshot,
+    b: Snapshot,
+    *,
+    frozen: tuple[Mapping[str, Any] | None, Mapping[str, Any] | None] = (None, None),
+) -> dict[str, Any]:
+    """What differs between two snapshots (``chunkd dataset diff`` and the inspector's
+    ``diff``).
+
+    Members are matched by their key below each snapshot's prefix (so a migrated copy,
+    at another backend and prefix, is matched member for member). Each member present
+    in both is one of three:
+
+    * **different**: its size, format, sample count or format metadata differ, or
+      both sides know its bytes' hash (:func:`content_evidence`: a ``content`` field,
+      a frozen record) and the hashes differ, or both sides read the same object
+      (same backend and key) and their version tokens differ;
+    * **the same**: none of those differ, and either both sides know its hash and the
+      hashes are equal, or both read the same object at the same version token;
+    * **unknown**: nothing says: the sides read different objects (another backend or
+      key, a copy) and one of them knows no hash of its bytes. Never "the same".
+
+    A ``file://`` version token is the file's inode, mtime and size: a rewrite that
+    keeps all three (``cp -p``, ``rsync -t`` onto the same inode) is not seen by it.
+
+    Args:
+        a, b: the snapshots.
+        frozen: their frozen records (as ``ds_resolve`` sends them), where frozen.
+
+    Returns:
+        ``a`` and ``b`` (the ids), ``added`` and ``removed`` (keys), ``changed``
+        (``[{"key", "fields", "samples"}]``: ``fields`` names what differs, among
+        ``size``, ``format``, ``samples``, ``meta``, ``content`` and ``version``),
+        ``unknown`` (keys), ``unchanged`` (how many members are known to be the same)
+        and ``same_by`` (``{"content": N, "version": N}``: how each was known),
+        ``samples`` and ``bytes`` (``[a's, b's]``), ``schema_changed``, and ``same``:
+        true only when no member was added, removed, changed or unknown and the schema
+        is the same.
+    """
+    left = {m.relative(a.prefix): i for i, m in enumerate(a.members)}
+    right = {m.relative(b.prefix): i for i, m in enumerate(b.members)}
+    known_a, known_b = content_evidence(a, frozen[0]), content_evidence(b, frozen[1])
+    changed: list[dict[str, Any]] = []
+    unknown: list[str] = []
+    same_by = {"content": 0, "version": 0}
     for key in sorted(left.keys() & right.keys()):
-        x, y = left[key], right[key]
+        i, j = left[key], right[key]
+        x, y = a.members[i], b.members[j]
         fields = [
             f
             for f, u, v in (
@@ -479,17 +682,90 @@ def diff(a: Snapshot, b: Snapshot) -> dict[str, Any]:
             )
             if u != v
         ]
+        kinds = known_a[i].keys() & known_b[j].keys()
+        basis: str | None = None
+        if kinds:
+            if any(known_a[i][k] != known_b[j][k] for k in kinds):
+                fields.append("content")
+            else:
+                basis = "content"
+        elif a.backend == b.backend and x.key == y.key:
+            if x.version != y.version:
+                fields.append("version")
+            else:
+                basis = "version"
         if fields:
             changed.append({"key": key, "fields": fields, "samples": [x.samples, y.samples]})
+        elif basis is None:
+            unknown.append(key)
+        else:
+            same_by[basis] += 1
+    added = sorted(right.keys() - left.keys())
+    removed = sorted(left.keys() - right.keys())
+    schema_changed = a.schema_of != b.schema_of
     return {
         "a": a.id,
         "b": b.id,
-        "added": sorted(right.keys() - left.keys()),
-        "removed": sorted(left.keys() - right.keys()),
+        "added": added,
+        "removed": removed,
         "changed": changed,
-        "unchanged": len(left.keys() & right.keys()) - len(changed),
+        "unknown": unknown,
+        "unchanged": sum(same_by.values()),
+        "same_by": same_by,
         "samples": [len(a), len(b)],
         "bytes": [a.total_bytes, b.total_bytes],
-        "schema_changed": a.schema_of != b.schema_of,
-        "same": left.keys() == right.keys() and not changed and a.schema_of == b.schema_of,
+        "schema_changed": schema_changed,
+        "same": not (added or removed or changed or unknown or schema_changed),
     }
+
+
+# -- a large manifest's check, in a process of its own -----------------------------------
+
+
+def manifest_check_main(argv: Sequence[str] | None = None) -> int:
+    """``python -m chunkd.snapshot --memory BYTES``: check the manifest on fd 0 as
+    :meth:`Snapshot.parse` does, under an address-space limit of BYTES.
+
+    The daemon runs it for a manifest too large to parse in its own process
+    (``ds_commit``; docs/datasets.md, "What a registration may cost the daemon"): the
+    parse's Python objects, about 11 times a real manifest's size, then live and die
+    in this process, and the daemon's event loop never waits on its GIL. fd 0 is a
+    regular file or a memfd, read whole from offset 0. One JSON line goes to stdout:
+    ``{"id": ID, "members": N, "samples": N, "peak_bytes": N}``, or ``{"error": KIND,
+    "message": TEXT}``; the exit status is 0 either way (anything else is a crash).
+    """
+    import argparse
+    import os
+    import resource
+    import sys
+
+    parser = argparse.ArgumentParser(prog="python -m chunkd.snapshot")
+    parser.add_argument("--memory", type=int, required=True, help="RLIMIT_AS, bytes")
+    args = parser.parse_args(argv)
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    limit = args.memory if hard == resource.RLIM_INFINITY else min(args.memory, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+    answer: dict[str, Any]
+    size = 0
+    try:
+        size = os.fstat(0).st_size
+        data = os.pread(0, size, 0) if size else b""
+        snapshot = Snapshot.parse(data)
+        answer = {"id": snapshot.id, "members": len(snapshot.members), "samples": len(snapshot)}
+    except ManifestError as exc:
+        answer = {"error": "ManifestError", "message": str(exc)}
+    except MemoryError:
+        answer = {
+            "error": "ManifestError",
+            "message": (
+                f"checking the manifest of {size} bytes needed more than {limit >> 20} MiB "
+                "of memory, more than a manifest of its size takes: it is not one"
+            ),
+        }
+    answer["peak_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    sys.stdout.write(json.dumps(answer) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(manifest_check_main())

@@ -1,0 +1,189 @@
+"""``chunkd dataset diff`` never calls two contents the same when it does not know it
+(issue 24): each member is the same, different or unknown.
+
+A real daemon on the embedded default config (a writable file backend ``local`` at
+``./chunkd-data``, the registry at ``local/datasets``), datasets registered and frozen
+with the command line as users run it, and snapshots that carry content hashes
+committed through the local socket.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import blake3
+import pytest
+
+from chunkd import memfd
+from chunkd.client import Client
+from chunkd.client.datasets import resolve
+from chunkd.snapshot import Member, Snapshot, diff
+
+from .conftest import BIN, Daemon
+
+
+def cli(daemon: Daemon, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CHUNKD_")}
+    env["CHUNKD_SOCKET"] = str(daemon.cwd / "chunkd.sock")
+    done = subprocess.run(
+        [str(BIN / "chunkd"), "dataset", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+    if check:
+        assert done.returncode == 0, done.stderr
+    return done
+
+
+def lines(seed: int, count: int = 50) -> bytes:
+    return b"".join(b'{"i": %06d, "seed": %03d}\n' % (i, seed) for i in range(count))
+
+
+@pytest.fixture
+def node(start_daemon: Callable[..., Daemon], tmp_path: Path) -> Daemon:
+    daemon = start_daemon(cwd=tmp_path / "node")
+    root = daemon.cwd / "chunkd-data" / "js"
+    root.mkdir(parents=True)
+    for i in range(3):
+        (root / f"part-{i}.jsonl").write_bytes(lines(i))
+    return daemon
+
+
+def diff_of(daemon: Daemon, a: str, b: str) -> tuple[dict[str, Any], str]:
+    as_json = json.loads(cli(daemon, "diff", a, b, "--json").stdout)
+    return as_json, cli(daemon, "diff", a, b).stdout
+
+
+@pytest.mark.timeout(60)
+def test_a_line_rewritten_at_the_same_length_is_a_changed_member(node: Daemon) -> None:
+    cli(node, "register", "js", "local/js/", "--format", "jsonl")
+    path = node.cwd / "chunkd-data" / "js" / "part-1.jsonl"
+    before = path.read_bytes()
+    after = before.replace(b'{"i": 000007, "seed": 001}', b'{"i": 000007, "seed": 999}')
+    assert after != before
+    assert len(after) == len(before)
+    path.write_bytes(after)
+    stat = path.stat()
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
+    assert json.loads(cli(node, "register", "js", "local/js/", "--json").stdout)["version"] == 2
+
+    report, text = diff_of(node, "js@1", "js@2")
+    assert report["same"] is False
+    assert report["changed"] == [
+        {"key": "part-1.jsonl", "fields": ["version"], "samples": [50, 50]}
+    ]
+    assert report["unknown"] == []
+    assert (report["unchanged"], report["same_by"]) == (2, {"content": 0, "version": 2})
+    # The keys the inspector's page shows are all there still.
+    for key in ("a", "b", "added", "removed", "samples", "bytes", "schema_changed"):
+        assert key in report
+    assert "the same contents" not in text
+    assert "1 changed" in text
+    assert "~ part-1.jsonl (version)" in text
+
+    # The same snapshot under two names: the same objects at the same versions.
+    cli(node, "register", "twin", "local/js/", "--format", "jsonl")
+    report, text = diff_of(node, "js@2", "twin@1")
+    assert report["same"] is True
+    assert report["same_by"] == {"content": 0, "version": 3}
+    assert "the same contents" in text
+    assert "3 by version token" in text
+
+
+@pytest.mark.timeout(60)
+def test_copies_are_unknown_until_hashes_on_both_sides_decide(node: Daemon) -> None:
+    data = node.cwd / "chunkd-data"
+    shutil.copytree(data / "js", data / "copy")
+    (data / "other").mkdir()
+    for i in range(3):
+        body = lines(i) if i != 2 else lines(77)  # same length, other bytes
+        (data / "other" / f"part-{i}.jsonl").write_bytes(body)
+    for name in ("js", "copy", "other"):
+        cli(node, "register", name, f"local/{name}/", "--format", "jsonl")
+
+    # Other objects, no hash of their bytes: unknown, never "the same".
+    report, text = diff_of(node, "js", "copy")
+    assert report["same"] is False
+    assert report["unknown"] == ["part-0.jsonl", "part-1.jsonl", "part-2.jsonl"]
+    assert (report["changed"], report["unchanged"]) == ([], 0)
+    assert "the same contents" not in text
+    assert "3 unknown" in text
+    assert "? part-0.jsonl" in text
+    assert "not known to be the same" in text
+
+    # Frozen on both sides: their chunk ids decide.
+    for name in ("js", "copy", "other"):
+        cli(node, "freeze", name)
+    report, text = diff_of(node, "js", "copy")
+    assert report["same"] is True
+    assert report["same_by"] == {"content": 3, "version": 0}
+    assert "3 by content hash" in text
+    report, _ = diff_of(node, "js", "other")
+    assert report["changed"] == [
+        {"key": "part-2.jsonl", "fields": ["content"], "samples": [50, 50]}
+    ]
+    assert report["unchanged"] == 2
+
+
+@pytest.mark.timeout(60)
+def test_a_members_content_hash_is_compared_and_absent_from_the_canonical_json(
+    node: Daemon,
+) -> None:
+    plain = Member("k", 1, "v", "fixed", 1, {"record_bytes": 1})
+    assert "content" not in plain.to_json()  # existing manifests keep their ids
+    data = node.cwd / "chunkd-data"
+    shutil.copytree(data / "js", data / "copy")
+
+    def snapshot(prefix: str, hashed: bool, wrong: str | None = None) -> Snapshot:
+        snap = resolve(client, prefix)[0]
+        members = []
+        for m in snap.members:
+            digest = blake3.blake3((data / m.key).read_bytes()).hexdigest()
+            if wrong is not None and m.key.endswith(wrong):
+                digest = "0" * 64
+            members.append(Member(m.key, m.size, m.version, m.format, m.samples, m.meta, digest))
+        keep = members if hashed else list(snap.members)
+        return Snapshot.build(
+            backend="local", prefix=f"{prefix}/", format="jsonl", members=keep, schema_of=None
+        )
+
+    def commit(snap: Snapshot, name: str) -> None:
+        fd = memfd.sealed(snap.data)
+        try:
+            client.request("ds_commit", {"name": name}, fds=[fd], timeout=30)
+        finally:
+            os.close(fd)
+
+    for name in ("js", "copy"):
+        cli(node, "register", name, f"local/{name}/", "--format", "jsonl")
+    with Client(node.cwd / "chunkd.sock") as client:
+        commit(snapshot("js", hashed=True), "hashed-js")
+        commit(snapshot("copy", hashed=True), "hashed-copy")
+        commit(snapshot("copy", hashed=True, wrong="part-1.jsonl"), "wrong-copy")
+        commit(snapshot("copy", hashed=False), "bare-copy")
+        # A hash decides where both sides have one ...
+        report, text = diff_of(node, "hashed-js", "hashed-copy")
+        assert report["same"] is True
+        assert report["same_by"] == {"content": 3, "version": 0}
+        report, text = diff_of(node, "hashed-js", "wrong-copy")
+        assert [(c["key"], c["fields"]) for c in report["changed"]] == [
+            ("part-1.jsonl", ["content"])
+        ]
+        assert "~ part-1.jsonl (content)" in text
+        # ... and one side's hash alone says nothing.
+        report, _ = diff_of(node, "hashed-js", "bare-copy")
+        assert report["same"] is False
+        assert len(report["unknown"]) == 3
+        # The same answer in process, from the snapshots themselves.
+        a = resolve(client, "hashed-js")[0]
+        b = resolve(client, "bare-copy")[0]
+        assert diff(a, b)["unknown"] == report["unknown"]

@@ -633,6 +633,8 @@ def test_bad_requests_get_s3_errors_never_a_5xx(front: FrontNode) -> None:
         ("PUT", "/local/checkpoints/run/step-1/manifest.json", "", {}, 403, "AccessDenied"),
         ("DELETE", "/local/intents/a.json", "", {}, 403, "AccessDenied"),
         ("PUT", "/local/datasets/names/x", "", {}, 403, "AccessDenied"),
+        ("PUT", "/local/gc/x.json", "", {}, 403, "AccessDenied"),
+        ("PUT", "/local/gcx", "", {}, 405, "NotImplemented"),
         ("POST", "/local/x", "uploads", {}, 405, "NotImplemented"),
         ("DELETE", "/local/x", "", {}, 405, "NotImplemented"),
         ("PUT", "/newbucket", "", {}, 405, "NotImplemented"),

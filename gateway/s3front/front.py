@@ -59,13 +59,14 @@ from chunkd.errors import (
     InvalidKeyError,
     InvalidRangeError,
     ObjectNotFoundError,
+    ReservedKeyError,
 )
 from chunkd.gateway.appkeys import READ_PATH, STREAMING
-from chunkd.gateway.checkpoints.model import CHECKPOINTS, CHUNKS, INTENTS
 from chunkd.gateway.config.addresses import is_loopback
 from chunkd.gateway.dashboard.session import browser_refusal
 from chunkd.gateway.names import validate_key
 from chunkd.gateway.objectbody import etag_of, quoted_etag, reading_of, send_object
+from chunkd.gateway.reserved import ReservedPrefixes
 from chunkd.gateway.s3front import xml
 from chunkd.gateway.s3front.errors import S3Error, s3_error, s3_error_of
 from chunkd.gateway.s3front.keys import AccessKeys
@@ -160,12 +161,7 @@ class S3Front:
             self.keys, max_skew=self.config.max_skew, sigv2_allowed=self.config.sigv2
         )
         self.started = time.time()
-        registry = config.datasets
-        self._reserved = {
-            b.name: (CHUNKS, CHECKPOINTS, INTENTS)
-            + ((f"{registry.prefix}/",) if b.name == registry.backend else ())
-            for b in config.backends
-        }
+        self._reserved = ReservedPrefixes(config.datasets.registry)
 
     def build_app(self) -> web.Application:
         """The front's aiohttp application: one route, every method, every path."""
@@ -300,12 +296,11 @@ class S3Front:
         return web.Response(body=body, status=status, content_type="application/xml")
 
     def _refused_write(self, bucket: str, key: str) -> S3Error:
-        if any(key.startswith(prefix) for prefix in self._reserved.get(bucket, ())):
-            return s3_error(
-                "AccessDenied",
-                f"{key!r} is under a prefix chunkd keeps for itself (chunks/, checkpoints/, "
-                "intents/, the dataset registry): the S3 front never writes there",
-            )
+        # Every write is refused; the one rule for chunkd's own prefixes picks the error.
+        try:
+            self._reserved.check(bucket, key, door="the S3 front")
+        except ReservedKeyError as exc:
+            return s3_error("AccessDenied", f"{exc}: the S3 front never writes there")
         return s3_error(
             "NotImplemented",
             "chunkd's S3 front serves reads; write through the backend itself, or save "

@@ -59,6 +59,7 @@ from chunkd.cache.singleflight import SingleFlight
 from chunkd.errors import (
     BackendForbiddenError,
     BackendUnavailableError,
+    BucketNotFoundError,
     IntegrityError,
     ObjectNotFoundError,
     VersionChangedError,
@@ -313,7 +314,7 @@ class ReadPath:
             meta = await self._heads.run(ident, ask)
         except BackendUnavailableError as exc:
             return self._stale(backend, key, known, exc)
-        except ObjectNotFoundError:
+        except (ObjectNotFoundError, BucketNotFoundError):
             self.forget(backend.name, key)  # gone: nothing of it may be served later
             raise
         if known is not None and known.meta.version != meta.version:

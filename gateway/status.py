@@ -11,6 +11,7 @@ from typing import Final
 from chunkd.errors import (
     BackendForbiddenError,
     BackendUnavailableError,
+    BucketNotFoundError,
     CacheClosedError,
     CheckpointExistsError,
     CheckpointNotFoundError,
@@ -57,6 +58,7 @@ STATUS: Final[list[tuple[type[BaseException], int]]] = [
     (ReadOnlyBackendError, 403),
     (UnsupportedStateError, 400),
     (ObjectNotFoundError, 404),
+    (BucketNotFoundError, 404),
     (ChunkNotFoundError, 404),
     (InvalidKeyError, 400),
     (InvalidChunkIdError, 400),

@@ -26,7 +26,6 @@ import pytest
 from botocore import UNSIGNED
 from botocore.exceptions import ClientError
 
-import chunkd.errors
 from chunkd.testing import S3Server, s3_backend
 from chunkd.testing.s3front import front_client
 from tests.conftest import FrontNode
@@ -317,12 +316,6 @@ def doomed_bucket(s3_server: S3Server) -> Iterator[str]:
 
 
 @pytest.mark.timeout(40)
-@pytest.mark.xfail(
-    not hasattr(chunkd.errors, "BucketNotFoundError"),
-    reason="the backends say a missing bucket with chunkd.errors.BucketNotFoundError "
-    "(gateway/backends/store.py; the change is the lead's to make)",
-    strict=True,
-)
 def test_a_bucket_deleted_behind_the_front_is_no_such_bucket(
     s3_front: Callable[..., FrontNode], s3_server: S3Server, doomed_bucket: str
 ) -> None:

@@ -46,6 +46,7 @@ from chunkd.backoff import Backoff
 from chunkd.errors import (
     BackendForbiddenError,
     BackendUnavailableError,
+    BucketNotFoundError,
     ConfigError,
     InvalidKeyError,
     ObjectNotFoundError,
@@ -552,6 +553,13 @@ class StoreBackend(Backend):
     # -- errors -------------------------------------------------------------------------
 
     def _translate(self, exc: BaseException, key: str, op: str = "get") -> Exception:
+        if _missing_bucket(exc, key):
+            # The backend answered (no retry, no failure for the circuit): its bucket is
+            # gone, which is no missing key (a HEAD's 404 has no body: that one is).
+            return BucketNotFoundError(
+                f"backend {self.name!r}: its bucket does not exist (deleted, or never "
+                f"made), reading {shown(key)}; make it again, or fix the backend's url"
+            )
         if isinstance(exc, NotFoundError | FileNotFoundError):
             return self.not_found(key)
         refused = self._refused_key(exc, key, op)
@@ -707,6 +715,21 @@ def _version_of(meta: Any) -> str:
         return etag
     stamp = meta["last_modified"]
     return f"{meta['size']}-{stamp.timestamp():.9f}"
+
+
+#: how each store says the bucket (or container) itself does not exist, in the error
+#: document it sends: S3's and GCS's XML API, Azure's
+_NO_BUCKET: Final = ("<Code>NoSuchBucket</Code>", "<Code>ContainerNotFound</Code>")
+
+
+def _missing_bucket(exc: BaseException, key: str) -> bool:
+    """Whether ``exc``, a store's refusal of a request for ``key``, says the bucket itself
+    does not exist (the key's own text, which obstore's message repeats, left out)."""
+    if not isinstance(exc, NotFoundError | FileNotFoundError | GenericError):
+        return False
+    text = str(exc)
+    repeated = text.count(key) if key else 0
+    return any(text.count(sign) > key.count(sign) * repeated for sign in _NO_BUCKET)
 
 
 def shown(key: str) -> str:

@@ -17,6 +17,7 @@ __all__ = [
     "BackendError",
     "BackendForbiddenError",
     "BackendUnavailableError",
+    "BucketNotFoundError",
     "CacheClosedError",
     "CheckpointError",
     "CheckpointExistsError",
@@ -109,6 +110,11 @@ class BackendUnavailableError(BackendError, ConnectionError):
 
 class BackendForbiddenError(BackendError, PermissionError):
     """The backend refused chunkd's credentials for this object (403/401)."""
+
+
+class BucketNotFoundError(BackendError, FileNotFoundError):
+    """The backend's own bucket (or container) does not exist: deleted behind chunkd, or
+    never made. No object of the backend can be read or listed until it is back."""
 
 
 class VersionChangedError(BackendError):

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Final
 
 from chunkd.errors import (
+    AccessDeniedError,
     BackendForbiddenError,
     BackendUnavailableError,
     BucketNotFoundError,
@@ -33,6 +34,7 @@ from chunkd.errors import (
     ProtocolVersionError,
     RangeNotSatisfiableError,
     ReadOnlyBackendError,
+    ReservedKeyError,
     ResumeStateError,
     SnapshotDriftError,
     UnknownBackendError,
@@ -56,6 +58,8 @@ STATUS: Final[list[tuple[type[BaseException], int]]] = [
     (InspectCrashedError, 422),
     (ResumeStateError, 400),
     (ReadOnlyBackendError, 403),
+    (ReservedKeyError, 403),
+    (AccessDeniedError, 403),
     (UnsupportedStateError, 400),
     (ObjectNotFoundError, 404),
     (BucketNotFoundError, 404),

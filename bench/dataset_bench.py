@@ -13,6 +13,12 @@ locality against a full random permutation.
    of 8 row groups, chunkd's windowed order against a full random permutation: the
    row groups (and files) a reader holds open over 100,000 rows, and the mean distance
    between adjacent samples in the snapshot; one seed a round (3 seeds).
+3. **What a large manifest's commit costs** (issue 24): ``ds_commit`` of a legitimate
+   WebDataset-like manifest (the densest kind: an entry per sample) of 64 and 240 MiB
+   (``--quick``: 4 MiB) through a real daemon, which checks it in a worker process,
+   against the same bytes parsed in one process with ``Snapshot.parse`` (what the daemon
+   did on its own heap and event loop before). The note gives the daemon's RSS growth,
+   the worker's peak, and ``/healthz``'s slowest answer meanwhile.
 """
 
 from __future__ import annotations
@@ -24,7 +30,9 @@ import shutil
 import statistics
 import subprocess
 import sys
+import threading
 import time
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -203,11 +211,168 @@ def _locality(report: Report, *, quick: bool) -> None:
     )
 
 
+def _manifest_fd(target: int) -> tuple[int, int]:
+    """A sealed memfd holding a valid manifest of about ``target`` bytes, written member
+    by member (never whole in this process's heap): WebDataset-like members of 200
+    samples of two files each. Returns the fd and the member count."""
+    from chunkd import memfd
+
+    def member(i: int) -> bytes:
+        index = [
+            [
+                f"shard/sample{j:06d}",
+                [["jpg", 1024 + j * 4096, 1578 + j], ["cls", 3584 + j * 4096, 1]],
+            ]
+            for j in range(200)
+        ]
+        entry = {
+            "format": "wds",
+            "key": f"wds/{i // 1000:04d}/part-{i:06d}.tar",
+            "meta": {"index": index},
+            "samples": 200,
+            "size": 819_200,
+            "version": f'"{i:x}-5f3a1c2b-c8000"',
+        }
+        return json.dumps(entry, sort_keys=True, separators=(",", ":")).encode()
+
+    one = len(member(0)) + 1
+    count = max(1, target // one)
+    head = b'{"excluded":[],"format":"wds","members":['
+    tail = (
+        f'],"schema":1,"schema_of":null,"source":{{"backend":"local","prefix":"wds/"}},'
+        f'"totals":{{"bytes":{count * 819_200},"members":{count},"samples":{count * 200}}}}}'
+    ).encode()
+    fd = memfd.create("bench-manifest")
+    at = 0
+    pieces = [head]
+    for i in range(count):
+        pieces.append(member(i) + (b"," if i + 1 < count else b""))
+        if len(pieces) >= 512 or i + 1 == count:
+            block = b"".join(pieces)
+            memfd.write_at(fd, block, at)
+            at += len(block)
+            pieces = []
+    memfd.write_at(fd, tail, at)
+    memfd.seal(fd)
+    return fd, count
+
+
+def _in_one_process(fd: int) -> tuple[float, int]:
+    """``Snapshot.parse`` of the manifest in ``fd`` in a fresh process: its seconds and
+    its memory growth (VmHWM), what the daemon paid on its own before issue 24."""
+    code = (
+        "import os, re, sys, time\n"
+        "from chunkd.snapshot import Snapshot\n"
+        "data = os.pread(0, os.fstat(0).st_size, 0)\n"
+        "status = lambda: open('/proc/self/status').read()\n"
+        "base = int(re.search(r'VmRSS:\\s+(\\d+)', status()).group(1))\n"
+        "started = time.perf_counter()\n"
+        "Snapshot.parse(data)\n"
+        "took = time.perf_counter() - started\n"
+        "hwm = int(re.search(r'VmHWM:\\s+(\\d+)', status()).group(1))\n"
+        "print(took, (hwm - base) * 1024)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], stdin=fd, capture_output=True, text=True, check=True
+    )
+    took, grew = done.stdout.split()
+    return float(took), int(grew)
+
+
+def _commit_cost(report: Report, work: Path, *, quick: bool) -> None:
+    from chunkd.client import Client
+
+    sizes = [4] if quick else [64, 240]
+    for size in sizes:
+        fd, members = _manifest_fd(size << 20)
+        try:
+            total = os.fstat(fd).st_size
+            ours, theirs, grown, own, peaks, slowest, held = [], [], [], [], [], [], []
+            for r in range(report.rounds_for(1)):
+                shutil.rmtree(work / "chunkd-data" / "datasets", ignore_errors=True)
+                daemon = BenchDaemon(work, {})
+                watch = _Watch(daemon)
+                try:
+                    with Client(daemon.socket) as client:
+                        started = time.perf_counter()
+                        client.request("ds_commit", {"name": f"bench/m{r}"}, fds=[fd], timeout=None)
+                        ours.append(time.perf_counter() - started)
+                finally:
+                    watch.stop()
+                    daemon.stop()
+                log = (work / "daemon.log").read_text(errors="replace")
+                found = re.findall(r"checked in a worker in [\d.]+s, peak (\d+) MiB", log)
+                peaks.append(int(found[-1]) if found else 0)
+                grown.append(max(0, watch.peak - watch.base))
+                own.append(max(0, watch.anon_peak - watch.anon_base))
+                slowest.append(watch.slowest)
+                took, grew = _in_one_process(fd)
+                theirs.append(took)
+                held.append(grew)
+        finally:
+            os.close(fd)
+        samples = Rounds.of(ours, theirs)
+        report.add(
+            Result(
+                f"commit a {total / 2**20:.0f} MiB manifest ({members:,} WebDataset-like members)",
+                statistics.median(ours),
+                statistics.median(theirs),
+                "s",
+                "Snapshot.parse of the same bytes in one process (the daemon's own, before)",
+                samples=samples,
+                better="lower",
+                note=(
+                    f"while it committed, the daemon's own memory (RssAnon) grew "
+                    f"{max(own) / 2**20:.0f} MiB, its RSS {max(grown) / 2**20:.0f} MiB (the "
+                    f"client's memfd pages, mapped while they were stored), and /healthz's "
+                    f"slowest answer was {max(slowest):.2f}s; the worker's peak: {max(peaks)} "
+                    f"MiB ({max(peaks) * 2**20 / total:.1f}x the manifest). A parse in one "
+                    f"process grew it {max(held) / 2**20:.0f} MiB ({max(held) / total:.1f}x): "
+                    "the daemon's own heap and GIL paid that before"
+                ),
+            )
+        )
+
+
+class _Watch:
+    """In a thread, a daemon's peak RSS and ``/healthz``'s slowest answer, every 50 ms."""
+
+    def __init__(self, daemon: BenchDaemon) -> None:
+        self.daemon = daemon
+        self.base = self.peak = _rss(daemon.process.pid)
+        self.anon_base = self.anon_peak = _rss(daemon.process.pid, "RssAnon")
+        self.slowest = 0.0
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._done.is_set():
+            started = time.monotonic()
+            with urllib.request.urlopen(f"{self.daemon.url}/healthz", timeout=30):
+                pass
+            self.slowest = max(self.slowest, time.monotonic() - started)
+            self.peak = max(self.peak, _rss(self.daemon.process.pid))
+            self.anon_peak = max(self.anon_peak, _rss(self.daemon.process.pid, "RssAnon"))
+            self._done.wait(0.05)
+
+    def stop(self) -> None:
+        self._done.set()
+        self._thread.join(60)
+
+
+def _rss(pid: int, field: str = "VmRSS") -> int:
+    status = Path(f"/proc/{pid}/status").read_text()
+    found = re.search(rf"{field}:\s+(\d+) kB", status)
+    return int(found.group(1)) * 1024 if found else 0
+
+
 def run(report: Report, work: Path, *, quick: bool) -> None:
-    """Both scenarios (see the module docstring)."""
+    """The scenarios (see the module docstring)."""
     work.mkdir(parents=True, exist_ok=True)
     try:
         _registration(report, work, quick=quick)
         _locality(report, quick=quick)
+        _commit_cost(report, work / "commit", quick=quick)
     finally:
         shutil.rmtree(work, ignore_errors=True)

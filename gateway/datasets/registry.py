@@ -94,9 +94,9 @@ COMMIT_CHECKS: Final = 2
 IN_PROCESS_BYTES: Final = 256 << 10
 #: a worker's address-space limit: this ...
 WORKER_BASE: Final = 256 << 20
-#: ... plus this many times the manifest's size (a real manifest's parse peaks at
-#: about 11.5 times its size, measured on Parquet, JSON lines, WebDataset and MDS
-#: registrations of 55-60 MiB; the bytes themselves and their text add 2)
+#: ... plus this many times the manifest's size (a worker checking a real manifest
+#: peaks at 13.3-13.6 times its size: WebDataset-like manifests of 64 and 240 MiB, the
+#: densest kind, in bench/dataset_bench.py)
 WORKER_RATIO: Final = 20
 #: the longest a worker's check may take, in seconds
 WORKER_SECONDS: Final = 600.0

@@ -235,7 +235,7 @@ def _register(client: Client, args: argparse.Namespace, out: TextIO) -> int:
 
 def _ls(client: Client, args: argparse.Namespace, out: TextIO) -> int:
     # Page by page: a registry of a million names is never held whole.
-    shown = 0
+    shown = damaged_count = 0
     token: str | None = None
     if args.json:
         out.write("[")
@@ -255,6 +255,7 @@ def _ls(client: Client, args: argparse.Namespace, out: TextIO) -> int:
                     f"{damaged.get('error') if isinstance(damaged, dict) else damaged}",
                     file=sys.stderr,
                 )
+                damaged_count += 1
                 continue
             else:
                 if not shown:
@@ -269,7 +270,7 @@ def _ls(client: Client, args: argparse.Namespace, out: TextIO) -> int:
             break
     if args.json:
         out.write("\n]\n" if shown else "]\n")
-    elif not shown:
+    elif not shown and not damaged_count:
         print("(no datasets registered)", file=out)
     return 0
 

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
 from chunkd import memfd
+from chunkd.client.protocol import MAX_LAYOUT
 from chunkd.errors import (
     BackendUnavailableError,
     DatasetError,
@@ -199,7 +200,8 @@ class Registry:
                 not a manifest this code reads.
         """
         check_snapshot_id(ident)
-        raw = await self.backend.get(self.layout.manifest(ident))
+        # No manifest is larger than a commit takes: a bigger object is not read whole.
+        raw = await read_document(self.backend, self.layout.manifest(ident), limit=MAX_LAYOUT)
         if raw is None:
             raise DatasetNotFoundError(f"no snapshot {ident} in the dataset registry")
         # Hashing and parsing a large manifest is CPU work: off the loop.
@@ -239,7 +241,10 @@ class Registry:
         key = self.layout.manifest(ident)
         if await backend.put(key, data, if_absent=True):
             return
-        there = await backend.get(key)
+        try:
+            there = await read_document(backend, key, limit=MAX_LAYOUT)
+        except ManifestError:  # over any manifest's size: not this one
+            there = None
         if there is not None and await asyncio.to_thread(snapshot_id, there) == ident:
             return
         log.warning(
@@ -673,9 +678,8 @@ async def read_document(
 
 def _oversized(key: str, held: str, limit: int) -> ManifestError:
     return ManifestError(
-        f"the registry's {key} is damaged: it holds {held}, and a registry document is "
-        f"at most {limit} (chunkd writes a few hundred); it was not read: register or "
-        "tag again"
+        f"the registry's {key} is damaged: it holds {held}, and no document chunkd writes "
+        f"there is over {limit}; it was not read: register (or tag) again"
     )
 
 

@@ -174,7 +174,7 @@ def node(start_daemon: Callable[..., Daemon], tmp_path: Path) -> Iterator[tuple[
 # -- ds_commit ---------------------------------------------------------------------------
 
 
-@pytest.mark.timeout(90)
+@pytest.mark.timeout(60)
 def test_hostile_manifests_up_to_the_layout_limit_are_refused_before_a_full_parse(
     node: tuple[Daemon, Client],
 ) -> None:
@@ -227,7 +227,7 @@ def test_hostile_manifests_up_to_the_layout_limit_are_refused_before_a_full_pars
     assert commit(client, good, "hostile")["version"] == 1
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(60)
 def test_concurrent_commits_are_checked_a_few_at_a_time_in_workers(
     node: tuple[Daemon, Client],
 ) -> None:
@@ -277,7 +277,7 @@ def cli(daemon: Daemon, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-@pytest.mark.timeout(90)
+@pytest.mark.timeout(60)
 def test_damaged_registry_documents_are_bounded_named_and_listed_around(
     node: tuple[Daemon, Client],
 ) -> None:

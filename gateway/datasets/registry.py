@@ -90,8 +90,9 @@ DOCUMENT_BYTES: Final = 4096
 _DOCUMENT_DEPTH: Final = 4
 #: manifests checked at once; more commits wait their turn
 COMMIT_CHECKS: Final = 2
-#: a manifest up to this size is parsed in a thread of the daemon (about 10-40 ms of
-#: its GIL, measured at 50-170 ms a MiB on a loaded node); a larger one in a worker
+#: a manifest up to this size is parsed in a thread of the daemon: json.loads, which
+#: holds the GIL throughout, took 3 ms for 148 KiB of a real manifest (about 5 ms at
+#: this size; 3-10 times that on a loaded node); a larger one goes to a worker
 IN_PROCESS_BYTES: Final = 256 << 10
 #: a worker's address-space limit: this ...
 WORKER_BASE: Final = 256 << 20

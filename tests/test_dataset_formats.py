@@ -855,7 +855,7 @@ def test_a_member_that_changed_after_its_scan_fails_its_reads(store: Store) -> N
 # -- check -------------------------------------------------------------------------------
 
 from chunkd.client.datasets import check as check_module  # noqa: E402
-from chunkd.client.datasets.check import MAX_PER_CODE, Finding, check  # noqa: E402
+from chunkd.client.datasets.check import MAX_PER_CODE, Finding, check, summarize  # noqa: E402
 from chunkd.snapshot import Snapshot  # noqa: E402
 
 
@@ -931,17 +931,20 @@ def test_check_json_lines_first_lines_or_every_line(store: Store) -> None:
         ("warning", "zst-not-seekable", "packed.jsonl.zst"),
     ]
     deep = check(snapshot, store.source, deep=True)
+    # The same lines, broken the same way, in three members: one finding each, of 3.
     assert codes(deep) == [
         ("error", "jsonl-not-json", "first.jsonl"),
         ("error", "jsonl-not-json", "late.jsonl"),
-        ("error", "jsonl-not-json", "packed.jsonl.zst"),
-        ("error", "jsonl-not-json", "seekable.jsonl.zst"),
         ("error", "jsonl-not-utf8", "late.jsonl"),
-        ("error", "jsonl-not-utf8", "packed.jsonl.zst"),
-        ("error", "jsonl-not-utf8", "seekable.jsonl.zst"),
         ("warning", "empty-member", "empty.jsonl"),
         ("warning", "jsonl-blank-line", "blank.jsonl"),
         ("warning", "zst-not-seekable", "packed.jsonl.zst"),
+    ]
+    assert [f.count for f in deep[1:3]] == [3, 3]
+    assert [k.rsplit("/", 1)[-1] for k in deep[1].examples] == [
+        "late.jsonl",
+        "packed.jsonl.zst",
+        "seekable.jsonl.zst",
     ]
     not_json = next(f for f in deep if f.code == "jsonl-not-json" and "late" in str(f.member))
     assert not_json.message.startswith("line 3001: not JSON")
@@ -980,10 +983,19 @@ def test_check_mds_columns_and_the_dataset_as_a_whole(store: Store) -> None:
         excluded=[{"key": "t/bad.bin", "error": "not a whole number of records"}],
     )
     found = check(snapshot, store.source)
-    assert [(f.level, f.code, f.member) for f in found] == [
-        *[("warning", "empty-member", f"t/{i:05d}.bin") for i in range(MAX_PER_CODE)],
-        ("warning", "empty-member", None),
-        ("warning", "excluded", "t/bad.bin"),
-        ("warning", "many-tiny-files", None),
+    # The same warning of 30 members is one finding that counts them all.
+    assert [(f.level, f.code, f.member, f.count) for f in found] == [
+        ("warning", "empty-member", "t/00000.bin", 30),
+        ("warning", "excluded", "t/bad.bin", 1),
+        ("warning", "many-tiny-files", None, 1),
     ]
-    assert found[MAX_PER_CODE].message == "... and 10 more like these"
+    assert found[0].examples == ("t/00000.bin", "t/00001.bin", "t/00002.bin")
+    # Findings that differ are listed up to MAX_PER_CODE a code; one more counts the rest.
+    drifted = [
+        Finding("error", f"t/{i:05d}.bin", "drift", f"t/{i:05d}.bin changed")
+        for i in range(MAX_PER_CODE + 10)
+    ]
+    summed = summarize(drifted)
+    assert [f.member for f in summed] == [f"t/{i:05d}.bin" for i in range(MAX_PER_CODE)] + [None]
+    assert (summed[-1].message, summed[-1].count) == ("... and 10 more like these", 10)
+    assert sum(f.count for f in summed) == MAX_PER_CODE + 10

@@ -897,9 +897,12 @@ def test_damaged_pointers_tags_and_frozen_records_are_repaired_by_writing_again(
     assert resolve(client, "fix")[0]["snapshot"] == second.id
     with pytest.raises(ManifestError, match=r"000000000002\.json is damaged"):
         resolve(client, "fix@2")
-    # Listing the versions names the damaged one too (its own error, not a group's).
-    with pytest.raises(ManifestError, match=r"000000000002\.json is damaged"):
-        client.request("ds_versions", {"name": "fix"})
+    # Listing the versions names the damaged one, and lists the others around it.
+    with client.request("ds_versions", {"name": "fix"}) as reply:
+        versions = listing(reply)
+    assert [v["version"] for v in versions] == [1, 2, 3]
+    assert versions[1]["snapshot"] is None
+    assert "000000000002.json is damaged" in versions[1]["damaged"]["error"]
     # The head of a tag damaged: the tag moves past it.
     client.request("ds_tag", {"name": "fix", "tag": "prod", "ref": "1"})
     (names / "_tags" / "prod" / "000000000001.json").write_bytes(b"\x00garbage")

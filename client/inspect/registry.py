@@ -109,6 +109,7 @@ class Registry:
                     "snapshot": entry.get("snapshot"),
                     "created": entry.get("created"),
                     "tags": tags,
+                    "damaged": entry.get("damaged"),
                 }
             )
         return {"datasets": out, "next": token}
@@ -234,11 +235,13 @@ class Registry:
     def diff(self, a: str, b: str) -> dict[str, Any]:
         """What differs between two snapshots, members matched by their key below each
         snapshot's prefix (as ``chunkd dataset diff`` has it)."""
-        left_snapshot = self.dataset_of(a).snapshot
-        right_snapshot = self.dataset_of(b).snapshot
-        found = snapshot_diff(left_snapshot, right_snapshot)
+        left, right = self.dataset_of(a), self.dataset_of(b)
+        left_snapshot, right_snapshot = left.snapshot, right.snapshot
+        # A frozen snapshot's record tells its members' hashes (as chunkd dataset diff).
+        frozen = (getattr(left.source, "record", None), getattr(right.source, "record", None))
+        found = snapshot_diff(left_snapshot, right_snapshot, frozen=frozen)
         more = {}
-        for part in ("added", "removed", "changed"):
+        for part in ("added", "removed", "changed", "unknown"):
             more[part] = max(0, len(found[part]) - MAX_DIFF)
             found[part] = found[part][:MAX_DIFF]
         same = found.pop("unchanged")  # here: how many members are the same

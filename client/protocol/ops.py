@@ -570,7 +570,8 @@ OPS: Final[Mapping[str, Op]] = {
             '``"created": false`` when the latest version was this snapshot already (no '
             "new version is made).",
             (
-                "ManifestError: the bytes are not a manifest this daemon reads",
+                "ManifestError: the bytes are not a manifest this daemon reads (a shape no "
+                "manifest has is refused before it is parsed)",
                 "DatasetError: concurrent registrations took every number tried",
                 *_REGISTRY_WRITES,
             ),
@@ -620,7 +621,9 @@ OPS: Final[Mapping[str, Op]] = {
                 ),
             ),
             '``{"ok": true, "count": N, "next": TOKEN|null}``, payload: a JSON array of '
-            '``{"name": NAME, "latest": N, "snapshot": ID, "created": T}``. A page may hold fewer '
+            '``{"name": NAME, "latest": N, "snapshot": ID, "created": T}``; a name whose latest '
+            'pointer is damaged has ``"damaged": {"key": KEY, "error": TEXT}`` and null '
+            "``snapshot`` and ``created`` (the page goes on around it). A page may hold fewer "
             "than ``limit`` names, to bound the work of one request; ``next`` is null on "
             "the last page.",
             ("BackendUnavailableError", "UnknownBackendError"),
@@ -649,7 +652,9 @@ OPS: Final[Mapping[str, Op]] = {
                 ),
             ),
             '``{"ok": true, "count": N, "next": N|null}``, payload: a JSON array of '
-            '``{"version": N, "snapshot": ID, "created": T, "tags": [TAG, ...]}``.',
+            '``{"version": N, "snapshot": ID, "created": T, "tags": [TAG, ...]}``; a version '
+            'whose pointer is damaged has ``"damaged": {"key": KEY, "error": TEXT}`` and null '
+            "``snapshot`` and ``created`` (the page goes on around it).",
             ("DatasetNotFoundError", "BackendUnavailableError"),
             waits=True,
         ),

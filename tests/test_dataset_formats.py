@@ -821,6 +821,10 @@ def test_mds_that_does_not_match_its_index_is_refused_by_name(store: Store) -> N
         "not-listed": (data, entry, {**options, "mds_basename": "shard.99999.mds"}),
         "brotli": (data, {**as_brotli, "compression": "br"}, options),
         "encoding": (data, {**entry, "column_encodings": ["bytes"] * 14 + ["pil2"]}, options),
+        # a hostile index: parts that are no objects, sizes that are no numbers
+        "raw-text": (data, {**entry, "raw_data": "shard.00000.mds"}, options),
+        "zip-text": (data, {**entry, "zip_data": "x"}, options),
+        "size-zz": (data, {**entry, "column_sizes": ["zz"] * 15}, options),
     }
     for case, (content, shard, case_options) in cases.items():
         key = f"mds/{case}/{basename}"

@@ -216,7 +216,7 @@ class MdsShards:
         name = source.name(member)
         entry = _entry(name, options)
         columns = _columns(name, entry)
-        raw, zipped = entry.get("raw_data") or {}, entry.get("zip_data") or {}
+        raw, zipped = _part(name, entry, "raw_data"), _part(name, entry, "zip_data")
         basename = options["mds_basename"]
         packed = bool(zipped) and zipped.get("basename") == basename
         recorded = (zipped if packed else raw).get("bytes")
@@ -262,7 +262,7 @@ class MdsShards:
                 raise DatasetFormatError(f"{name} ends inside sample {index}")
         try:
             return decode_sample(member.meta["columns"], data)
-        except ValueError as exc:
+        except (ValueError, KeyError, IndexError) as exc:  # an ndarray's unknown dtype code
             raise DatasetFormatError(
                 f"{name}: sample {index} cannot be decoded ({exc}): the shard is damaged"
             ) from None
@@ -346,8 +346,8 @@ def _entry(name: str, options: Mapping[str, Any]) -> dict[str, Any]:
     for entry in index["shards"]:
         if not isinstance(entry, dict):
             continue
-        if basename in ((entry.get("raw_data") or {}).get("basename"),
-                        (entry.get("zip_data") or {}).get("basename")):  # fmt: skip
+        if basename in (_part(name, entry, "raw_data").get("basename"),
+                        _part(name, entry, "zip_data").get("basename")):  # fmt: skip
             if entry.get("format") != "mds" or entry.get("version") != 2:
                 raise DatasetFormatError(
                     f"{name}: its index.json entry is of format {entry.get('format')!r}, "
@@ -358,6 +358,16 @@ def _entry(name: str, options: Mapping[str, Any]) -> dict[str, Any]:
         f"{name}: the index.json beside it does not list {basename!r}; it is not a shard "
         "of that dataset (leave it out of the prefix, or register with --skip-bad)"
     )
+
+
+def _part(name: str, entry: Mapping[str, Any], part: str) -> Mapping[str, Any]:
+    """``raw_data`` or ``zip_data`` of an index entry: an object, or {} for null."""
+    found = entry.get(part) or {}
+    if not isinstance(found, dict):
+        raise DatasetFormatError(
+            f"{name}: its index.json entry's {part} is not an object: the index is damaged"
+        )
+    return found
 
 
 def _columns(name: str, entry: Mapping[str, Any]) -> list[list[Any]]:
@@ -373,6 +383,12 @@ def _columns(name: str, entry: Mapping[str, Any]) -> list[list[Any]]:
             f"{name}: its index.json entry lacks matching column_names, column_encodings "
             "and column_sizes"
         )
+    for column, size in zip(names, sizes, strict=True):
+        if size is not None and (type(size) is not int or size < 0):
+            raise DatasetFormatError(
+                f"{name}: column {column!r} has the size {size!r:.40} in its index.json "
+                "entry, not a whole number of bytes (or null)"
+            )
     for column, encoding in zip(names, encodings, strict=True):
         try:
             decoder(str(encoding))

@@ -187,3 +187,52 @@ def test_a_members_content_hash_is_compared_and_absent_from_the_canonical_json(
         a = resolve(client, "hashed-js")[0]
         b = resolve(client, "bare-copy")[0]
         assert diff(a, b)["unknown"] == report["unknown"]
+
+
+@pytest.mark.timeout(90)
+def test_a_verified_copy_compares_by_content_with_its_origin_and_every_copy(
+    node: Daemon,
+) -> None:
+    data = node.cwd / "chunkd-data"
+    cli(node, "register", "js", "local/js/", "--format", "jsonl")
+    # Migrate reads every byte of the original at its recorded versions: the copy's
+    # members carry their hashes, and the copy names the original as its origin.
+    cli(node, "migrate", "js@1", "--to", "local/moved")
+    report, text = diff_of(node, "js@1", "js@2")
+    assert report["same"] is True, report
+    assert report["same_by"] == {"content": 3, "version": 0}
+    assert "3 by content hash" in text
+    with Client(node.cwd / "chunkd.sock") as client:
+        copy = resolve(client, "js@2")[0]
+        original = resolve(client, "js@1")[0]
+    assert copy.origin == original.id
+    for member in copy.members:
+        assert member.content == blake3.blake3((data / member.key).read_bytes()).hexdigest()
+    # A second copy of the copy: their hashes decide, both ways.
+    cli(node, "migrate", "js@2", "--to", "local/again")
+    assert diff_of(node, "js@2", "js@3")[0]["same_by"] == {"content": 3, "version": 0}
+    # The original changes at the same length and is registered again: the new version
+    # is no copy, and reads the same objects as js@1 (version tokens decide there), but
+    # other objects than the copies (unknown, until it is frozen).
+    path = data / "js" / "part-1.jsonl"
+    path.write_bytes(path.read_bytes().replace(b'"seed": 001}', b'"seed": 777}'))
+    stat = path.stat()
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
+    cli(node, "register", "js", "local/js/", "--format", "jsonl")  # js@4
+    assert diff_of(node, "js@1", "js@4")[0]["changed"] == [
+        {"key": "part-1.jsonl", "fields": ["version"], "samples": [50, 50]}
+    ]
+    assert diff_of(node, "js@2", "js@4")[0]["unknown"] == [
+        "part-0.jsonl",
+        "part-1.jsonl",
+        "part-2.jsonl",
+    ]
+    # A freeze records each member's hash in the frozen record: now content decides.
+    cli(node, "freeze", "js@4")
+    frozen = json.loads(next((data / "datasets" / "frozen").glob("*.json")).read_bytes())
+    assert len(frozen["content"]) == 3
+    report, _ = diff_of(node, "js@2", "js@4")
+    assert report["changed"] == [
+        {"key": "part-1.jsonl", "fields": ["content"], "samples": [50, 50]}
+    ]
+    assert report["same_by"] == {"content": 2, "version": 0}

@@ -21,6 +21,9 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
+import blake3
+
+from chunkd.client.protocol import MAX_LAYOUT
 from chunkd.errors import (
     ChunkdError,
     DatasetError,
@@ -34,6 +37,7 @@ from chunkd.gateway.checkpoints.model import CHUNKS, INTENTS
 from chunkd.gateway.chunkstore import put_chunk
 from chunkd.gateway.datasets.layout import INTENT_CHUNKS, SCHEMA
 from chunkd.gateway.datasets.pinned import drifted, first_failure, member_leases, pinned_stat
+from chunkd.gateway.datasets.registry import load_document, read_document
 
 if TYPE_CHECKING:
     from chunkd.cache import ChunkCache, ChunkId, ChunkLease
@@ -58,6 +62,15 @@ def _dumps(doc: Any) -> bytes:
     return json.dumps(doc, separators=(",", ":"), sort_keys=True).encode()
 
 
+def record_bound(snapshot: Snapshot) -> int:
+    """The most bytes ``snapshot``'s frozen record can hold (at the smallest chunk size,
+    a page), up to :data:`~chunkd.client.protocol.MAX_LAYOUT`: a record read is never
+    larger, so a planted one is refused unread."""
+    per_chunk = 64 + 3  # an id, its quotes and a comma
+    size = 4096 + sum(-(-m.size // 4096) * per_chunk + 160 for m in snapshot.members)
+    return min(size, MAX_LAYOUT)
+
+
 def parse_frozen(
     raw: bytes | memoryview,
     key: str,
@@ -80,8 +93,10 @@ def parse_frozen(
         ManifestError: the record is damaged, or is not this snapshot's.
     """
     try:
-        doc = json.loads(bytes(raw))
-    except (ValueError, UnicodeDecodeError, RecursionError):
+        # Its shape is checked before it is parsed: nested too deep is damaged, never a
+        # RecursionError.
+        doc: Any = load_document(raw, key, ("members",), max_depth=4)
+    except ManifestError:
         doc = None
     members = doc.get("members") if isinstance(doc, dict) else None
     if (
@@ -238,7 +253,7 @@ class Freezer:
         """
         key = self.registry.layout.frozen(snapshot.id)
         backend = self.registry.backend
-        raw = await backend.get(key)
+        raw = await read_document(backend, key, limit=record_bound(snapshot))
         if raw is None:
             return None
         return await asyncio.to_thread(
@@ -303,8 +318,8 @@ class Freezer:
         )
         refresher = asyncio.create_task(intents.keep_fresh())
         try:  # the intents are kept fresh until the record is written
-            report, members = await self._copy(backend, snapshot, intents)
-            await self._commit(backend, snapshot, members, intents)
+            report, members, contents = await self._copy(backend, snapshot, intents)
+            await self._commit(backend, snapshot, members, contents, intents)
         finally:
             refresher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -319,7 +334,12 @@ class Freezer:
         return report.to_json() | {"already": False}
 
     async def _commit(
-        self, backend: Backend, snapshot: Snapshot, members: list[list[str]], intents: _Intents
+        self,
+        backend: Backend,
+        snapshot: Snapshot,
+        members: list[list[str]],
+        contents: list[str],
+        intents: _Intents,
     ) -> None:
         """Step 3: every chunk looked up once more, then the frozen record written."""
         # An intent protects its chunks only while it is younger than the collections'
@@ -342,6 +362,7 @@ class Freezer:
             "chunk_bytes": self.read_path.chunk_bytes,
             "created": time.time(),
             "members": members,
+            "content": contents,
         }
         data = await asyncio.to_thread(_dumps, record)
         with intents.reach():
@@ -349,17 +370,20 @@ class Freezer:
 
     async def _copy(
         self, backend: Backend, snapshot: Snapshot, intents: _Intents
-    ) -> tuple[_Report, list[list[str]]]:
+    ) -> tuple[_Report, list[list[str]], list[str]]:
         """Every member's chunks into ``backend``, batch by batch; their ids per member."""
         run = uuid.uuid4().hex
         report = _Report(members=len(snapshot.members))
         members: list[list[str]] = []
+        contents: list[str] = []
         batch = _Batch()
         batches = 0
         for index in range(len(snapshot.members)):
             ids: list[str] = []
+            hasher = blake3.blake3()  # the member's whole bytes: the record's "content"
             async for chunk, stat, lease in member_leases(self.read_path, snapshot, index):
                 with lease:
+                    await asyncio.to_thread(hasher.update, lease.view())
                     ids.append(str(lease.id))
                     batch.add(lease.id, index, stat, chunk, lease.size)
                     report.chunks += 1
@@ -369,9 +393,10 @@ class Freezer:
                     batches += 1
                     batch = _Batch()
             members.append(ids)
+            contents.append(hasher.hexdigest())
         if batch.where:
             await self._send(backend, snapshot, intents, run, batches, batch, report)
-        return report, members
+        return report, members, contents
 
     async def _missing(self, backend: Backend, members: list[list[str]]) -> list[str]:
         """The chunks of ``members`` that ``backend`` lacks, in id order."""
@@ -480,7 +505,14 @@ async def frozen_chunk_ids(registry: Registry, backend: Backend) -> AsyncGenerat
 
             async def read(item: tuple[str, str]) -> list[str]:
                 key, sid = item
-                raw = await backend.get(key)
+                try:
+                    raw = await read_document(backend, key, limit=MAX_LAYOUT)
+                except ManifestError as exc:
+                    raise DatasetError(
+                        f"garbage collection stopped before deleting anything: {exc}. Its "
+                        "chunks cannot be told from garbage; freeze that snapshot again or "
+                        "delete the record"
+                    ) from None
                 if raw is None:
                     return []  # deleted meanwhile
                 try:

@@ -19,7 +19,9 @@ For each member, in turn (a few at once, bounded by bytes in flight)::
        then HEAD (the new version token), then a GET pinned to that version,
        straight from the destination backend (never the cache): each chunk of what
        came back must hash to the source's chunk id (IntegrityError otherwise)
-    4. the member again, with the destination key and version token
+    4. the member again, with the destination key and version token, and the blake3
+       of its whole bytes (``content``); the copy's ``origin`` is the source snapshot,
+       so ``diff`` compares the two by content (chunkd.snapshot)
 
 Then ``snapshot.with_source(backend, prefix, members)`` is committed as the next
 version of the dataset's name. A destination on the source's backend whose prefix
@@ -37,6 +39,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from typing import TYPE_CHECKING, Any, Final
+
+import blake3
 
 from chunkd.cache import ChunkId
 from chunkd.errors import (
@@ -198,6 +202,14 @@ class Migrator:
                 with lease:
                     ids.append(lease.id)
                     data += lease.view()
+        # The hash of the member's whole bytes, as read at its recorded version (or from
+        # its verified chunks): the copy's content, and its origin's (chunkd.snapshot).
+        digest = await asyncio.to_thread(_content_of, data)
+        if member.content is not None and member.content != digest:
+            raise IntegrityError(
+                f"member {snapshot.name_of(index)} of snapshot {snapshot.id} read as other "
+                f"bytes than its recorded content {member.content}; nothing was registered"
+            )
         name = f"{dest.name}/{key}"
         there = await dest.head(key)
         if there is None and await dest.put(key, memoryview(data), if_absent=True):
@@ -228,6 +240,7 @@ class Migrator:
             format=member.format,
             samples=member.samples,
             meta=member.meta,
+            content=digest,
         )
 
     async def _from_chunks(self, snapshot: Snapshot, index: int, ids: list[ChunkId]) -> bytearray:
@@ -284,6 +297,10 @@ class Migrator:
                 "destination hashes differently; nothing was registered: migrate again"
             )
         return False
+
+
+def _content_of(data: bytes | bytearray) -> str:
+    return blake3.blake3(data, max_threads=blake3.blake3.AUTO).hexdigest()
 
 
 def _dest_key(prefix: str, snapshot: Snapshot, member: Member) -> str:

@@ -24,6 +24,10 @@ A snapshot
         excluded    [{"key": K, "error": TEXT}, ...]: files registration could not read,
                     left out with --skip-bad
         members     [member, ...], in key order
+        origin      (optional) the id of the snapshot this one is a verified copy of
+                    (``migrate``): each member's ``content`` is then also the hash of
+                    the origin's member of the same relative key, at its recorded
+                    version; absent otherwise
 
     A member::
 
@@ -409,6 +413,8 @@ class Snapshot:
     members: tuple[Member, ...]
     schema_of: Any = None
     excluded: tuple[Mapping[str, str], ...] = ()
+    #: the snapshot this one is a verified copy of (``migrate``), or None
+    origin: str | None = None
     data: bytes = field(default=b"", repr=False, compare=False)
     id: str = ""
     _starts: tuple[int, ...] = field(default=(), repr=False, compare=False)
@@ -423,6 +429,7 @@ class Snapshot:
         members: Iterable[Member],
         schema_of: Any = None,
         excluded: Iterable[Mapping[str, str]] = (),
+        origin: str | None = None,
     ) -> Snapshot:
         """A snapshot of ``members`` (sorted by key here), with its bytes and id."""
         ordered = tuple(sorted(members, key=lambda m: m.key.encode()))
@@ -442,6 +449,8 @@ class Snapshot:
             "excluded": sorted((dict(e) for e in excluded), key=lambda e: e.get("key", "")),
             "members": [m.to_json() for m in ordered],
         }
+        if origin is not None:
+            doc["origin"] = check_snapshot_id(origin)
         return cls.parse(canonical(doc))
 
     @classmethod
@@ -475,6 +484,9 @@ class Snapshot:
         if not isinstance(excluded, list) or not all(isinstance(e, dict) for e in excluded):
             raise ManifestError("the manifest's 'excluded' must be a list of objects")
         fmt = _text(doc, "format", "the manifest")
+        origin = doc.get("origin")
+        if origin is not None and not (isinstance(origin, str) and _ID_RE.fullmatch(origin)):
+            raise ManifestError("the manifest's 'origin' must be a snapshot id (64 hex digits)")
         starts = [0]
         for member in members:
             starts.append(starts[-1] + member.samples)
@@ -488,6 +500,7 @@ class Snapshot:
             members=members,
             schema_of=doc.get("schema_of"),
             excluded=tuple(excluded),
+            origin=origin,
             data=data,
             id=got,
             _starts=tuple(starts),
@@ -528,7 +541,8 @@ class Snapshot:
         return f"{self.backend}/{self.members[member].key}"
 
     def with_source(self, backend: str, prefix: str, members: Sequence[Member]) -> Snapshot:
-        """The same dataset at another place (``migrate``): ``members`` in the same order."""
+        """The same dataset at another place (``migrate``): ``members`` in the same order,
+        each with the ``content`` hash of the bytes copied; its ``origin`` is this one."""
         return Snapshot.build(
             backend=backend,
             prefix=prefix,
@@ -536,6 +550,7 @@ class Snapshot:
             members=members,
             schema_of=self.schema_of,
             excluded=self.excluded,
+            origin=self.id,
         )
 
 
@@ -639,7 +654,8 @@ def diff(
 
     * **different**: its size, format, sample count or format metadata differ, or
       both sides know its bytes' hash (:func:`content_evidence`: a ``content`` field,
-      a frozen record) and the hashes differ, or both sides read the same object
+      a frozen record; and a verified copy's ``content`` is its ``origin``'s too) and
+      the hashes differ, or both sides read the same object
       (same backend and key) and their version tokens differ;
     * **the same**: none of those differ, and either both sides know its hash and the
       hashes are equal, or both read the same object at the same version token;
@@ -666,6 +682,17 @@ def diff(
     left = {m.relative(a.prefix): i for i, m in enumerate(a.members)}
     right = {m.relative(b.prefix): i for i, m in enumerate(b.members)}
     known_a, known_b = content_evidence(a, frozen[0]), content_evidence(b, frozen[1])
+    # A verified copy's hashes are its origin's too (the bytes it copied, read at the
+    # origin's recorded versions).
+    for origin, copy, known_origin, known_copy, at_origin, at_copy in (
+        (a, b, known_a, known_b, left, right),
+        (b, a, known_b, known_a, right, left),
+    ):
+        if copy.origin == origin.id:
+            for key in at_origin.keys() & at_copy.keys():
+                digest = known_copy[at_copy[key]].get("blake3")
+                if digest is not None:
+                    known_origin[at_origin[key]].setdefault("blake3", digest)
     changed: list[dict[str, Any]] = []
     unknown: list[str] = []
     same_by = {"content": 0, "version": 0}

@@ -48,7 +48,9 @@ async def handle(
     if op == "ds_commit":
         fd = answer.request_fds[0]
         with _mapped_manifest(fd) as data:
-            return {"ok": True} | await datasets.commit(data, args["name"], fd=fd)
+            return {"ok": True} | await datasets.commit(
+                data, args["name"], fd=fd, caller=answer.caller
+            )
     if op == "ds_resolve":
         resolved, frozen = await datasets.resolve(args["ref"])
         snapshot = resolved.snapshot
@@ -78,18 +80,20 @@ async def handle(
         )
         return _page(answer, entries, after)
     if op == "ds_tag":
-        entry = await datasets.tag(args["name"], args["tag"], args["ref"])
+        entry = await datasets.tag(args["name"], args["tag"], args["ref"], caller=answer.caller)
         shown = {k: entry[k] for k in ("name", "tag", "seq", "version")}
         return {"ok": True, "snapshot": entry["id"]} | shown
     if op == "ds_freeze":
-        return {"ok": True} | await datasets.freeze(args["ref"])
+        return {"ok": True} | await datasets.freeze(args["ref"], caller=answer.caller)
     if op == "ds_first_batch":
         for phase in FIRST_BATCH_PHASES:
             if args[phase] is not None:
                 datasets.metrics.dataset_first_batch.labels(phase).observe(args[phase])
         return {"ok": True}
     if op == "ds_migrate":
-        return {"ok": True} | await datasets.migrate(args["ref"], args["to"], args["name"])
+        return {"ok": True} | await datasets.migrate(
+            args["ref"], args["to"], args["name"], caller=answer.caller
+        )
     raise InvalidRequestError(f"unknown op {op!r}")
 
 

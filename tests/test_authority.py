@@ -18,8 +18,10 @@ from typing import Any
 import numpy as np
 import pytest
 
+from chunkd import memfd
 from chunkd.client import Client
 from chunkd.client import checkpoint as ckpt
+from chunkd.snapshot import Member, Snapshot
 from tests.conftest import Daemon
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as other uids")
@@ -186,3 +188,68 @@ def test_a_checkpoint_that_records_no_owner_is_an_admins_alone(
     refused(as_user(socket, OWNER, delete(name)), "records no owner")
     with Client(socket) as root:  # root is an admin
         assert ckpt.delete(name, client=root) >= 1
+
+
+def commit(snapshot_data: bytes, name: str) -> Callable[[Client], Any]:
+    def work(client: Client) -> Any:
+        fd = memfd.sealed(snapshot_data)
+        try:
+            return client.request("ds_commit", {"name": name}, fds=[fd], timeout=60).header[
+                "version"
+            ]
+        finally:
+            os.close(fd)
+
+    return work
+
+
+def request(op: str, fields: dict[str, Any], answer: str) -> Callable[[Client], Any]:
+    return lambda client: client.request(op, fields, timeout=60).header[answer]
+
+
+@pytest.mark.timeout(90)
+def test_a_dataset_name_is_written_by_its_owner_or_an_admin(
+    node: tuple[Daemon, Path], tmp_path: Path
+) -> None:
+    _, socket = node
+    (tmp_path / "data/web").mkdir()
+    (tmp_path / "data/web/a.bin").write_bytes(os.urandom(64 * 16))
+    with Client(socket) as root:
+        stat = root.stat("local/web/a.bin")
+    member = Member("web/a.bin", stat.size, stat.version, "fixed", 64, {"record_bytes": 16})
+    snap = Snapshot.build(backend="local", prefix="web/", format="fixed", members=[member])
+    other = Snapshot.build(
+        backend="local", prefix="web/", format="fixed", members=[member], schema_of=["x"]
+    )
+    assert as_user(socket, OWNER, commit(snap.data, "web")) == {"ok": True, "result": 1}
+    version_1 = json.loads(
+        (tmp_path / "data/datasets/names/web/_versions/000000000001.json").read_bytes()
+    )
+    assert version_1["uid"] == OWNER
+    # Another user reads it, but may not write its name in any way.
+    resolved = as_user(socket, OTHER, request("ds_resolve", {"ref": "web"}, "snapshot"))
+    assert resolved == {"ok": True, "result": snap.id}
+    refused(as_user(socket, OTHER, commit(other.data, "web")), "register a new version of")
+    tag = {"name": "web", "tag": "prod", "ref": "1"}
+    refused(as_user(socket, OTHER, request("ds_tag", tag, "seq")), "may not move a tag of")
+    refused(as_user(socket, OTHER, request("ds_freeze", {"ref": "web@1"}, "uploaded")), "freeze")
+    moved = {"ref": "web@1", "to": "local/copy", "name": None}
+    refused(as_user(socket, OTHER, request("ds_migrate", moved, "version")), f"uid {OWNER}")
+    assert not (tmp_path / "data/copy").exists()  # refused before anything was copied
+    by_id = {"ref": snap.id}
+    refused(as_user(socket, OTHER, request("ds_freeze", by_id, "uploaded")), "by its id alone")
+    assert not (tmp_path / "data/datasets/names/web/_tags").exists()
+    assert not (tmp_path / "data/datasets/frozen").exists()
+    # A name of one's own; and the owner may do all of it.
+    assert as_user(socket, OTHER, commit(snap.data, "theirs")) == {"ok": True, "result": 1}
+    assert as_user(socket, OWNER, commit(other.data, "web")) == {"ok": True, "result": 2}
+    assert as_user(socket, OWNER, request("ds_tag", tag, "version")) == {"ok": True, "result": 1}
+    assert as_user(socket, OWNER, request("ds_freeze", {"ref": "web@1"}, "snapshot"))["ok"]
+    assert as_user(socket, OWNER, request("ds_migrate", moved, "version")) == {
+        "ok": True,
+        "result": 3,
+    }
+    # Root is an admin: anyone's name, and a freeze by id.
+    with Client(socket) as root:
+        assert root.request("ds_tag", {"name": "theirs", "tag": "x", "ref": "1"}).header["seq"] == 1
+        assert root.request("ds_freeze", {"ref": snap.id}, timeout=60).header["snapshot"] == snap.id

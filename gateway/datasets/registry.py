@@ -30,7 +30,7 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
@@ -282,13 +282,41 @@ class Registry:
                         highest = max(highest, parsed[1])
         return highest
 
+    async def has_versions(self, name: str) -> bool:
+        """Whether ``name`` has a version (one listing request of at most one key)."""
+        scan = self.backend.scan(self.layout.versions(name), batch=1)
+        async with contextlib.aclosing(scan) as batches:
+            async for batch in batches:
+                if any(self.layout.parse_version_key(m.key) is not None for m in batch):
+                    return True
+        return False
+
+    async def owner(self, name: str) -> int | None:
+        """The uid that owns ``name``: the one its version 1 records (docs/security.md).
+        None when it records none (made before chunkd recorded owners), is damaged or
+        gone, or ``name`` has no version yet."""
+        try:
+            first = await self._pointer(name, 1)
+        except ManifestError:
+            return None
+        uid = None if first is None else first.get("uid")
+        return uid if isinstance(uid, int) and not isinstance(uid, bool) else None
+
     async def commit(
-        self, data: bytes | memoryview, name: str, *, fd: int | None = None
+        self,
+        data: bytes | memoryview,
+        name: str,
+        *,
+        fd: int | None = None,
+        uid: int | None = None,
+        may_write: Callable[[int | None], None] | None = None,
     ) -> tuple[str, int, bool]:
         """Register manifest ``data`` as the next version of ``name`` (:mod:`.layout`).
 
         ``fd``: a sealed memfd of the same bytes, if the caller has one
-        (:meth:`check_manifest`).
+        (:meth:`check_manifest`). ``uid``: who asks; version 1 records it as the name's
+        owner. ``may_write``: called with the name's :meth:`owner` before any version
+        after the first is written; it raises to refuse (docs/security.md).
 
         Returns the snapshot's id, its version number, and whether a version was made
         (False: the latest version was this snapshot already).
@@ -298,6 +326,7 @@ class Registry:
             InvalidRequestError: ``name`` is not a dataset name.
             ReadOnlyBackendError, DatasetError: too many concurrent registrations won
                 the numbers this one tried.
+            AccessDeniedError: what ``may_write`` raised.
         """
         check_dataset_name(name)
         backend = self.writable()  # before the manifest's check costs anything
@@ -305,6 +334,10 @@ class Registry:
         ident = await self.check_manifest(data, fd=fd)
         await self._store_manifest(backend, ident, data)
         highest = await self._highest_version(name)
+        checked = False
+        if highest and may_write is not None:
+            may_write(await self.owner(name))
+            checked = True
         if highest:
             try:
                 latest = await self._pointer(name, highest)
@@ -319,6 +352,9 @@ class Registry:
         for _ in range(COMMIT_TRIES):
             if number > MAX_NUMBER:
                 break
+            if number > 1 and may_write is not None and not checked:
+                may_write(await self.owner(name))  # a concurrent first commit won: its name
+                checked = True
             pointer = {
                 "format": "chunkd-dataset-version",
                 "schema": 1,
@@ -327,6 +363,8 @@ class Registry:
                 "id": ident,
                 "created": time.time(),
             }
+            if uid is not None:
+                pointer["uid"] = uid
             if await backend.put(
                 self.layout.version(name, number), _dumps(pointer), if_absent=True
             ):
@@ -475,15 +513,25 @@ class Registry:
         found = await each(sorted(heads.items()), read)
         return {tag: entry for tag, entry in found if entry is not None}
 
-    async def tag(self, name: str, tag: str, target: str) -> dict[str, Any]:
+    async def tag(
+        self,
+        name: str,
+        tag: str,
+        target: str,
+        *,
+        uid: int | None = None,
+        may_write: Callable[[int | None], None] | None = None,
+    ) -> dict[str, Any]:
         """Point tag ``tag`` of ``name`` at the version ``target`` refers to.
 
         ``target`` is a reference to a version of ``name`` (``NAME@N``, ``NAME@TAG``,
         ``NAME``) or a bare version number. The new entry is put if absent at the
-        tag's highest seq + 1 (:mod:`.layout`).
+        tag's highest seq + 1 (:mod:`.layout`). ``uid``: who moves it (recorded);
+        ``may_write``: called with the name's :meth:`owner` first, to refuse.
 
         Raises:
-            InvalidRequestError, DatasetNotFoundError, ReadOnlyBackendError, DatasetError
+            InvalidRequestError, DatasetNotFoundError, ReadOnlyBackendError, DatasetError,
+            AccessDeniedError
         """
         check_dataset_name(name)
         check_tag(tag)
@@ -497,6 +545,8 @@ class Registry:
             )
         backend = self.writable()
         resolved = await self.resolve(target)
+        if may_write is not None:
+            may_write(await self.owner(name))
         # Only the number of the tag's head counts here, not its contents: a damaged
         # head does not block moving the tag past it.
         seq = await self._tag_highest(name, tag) + 1
@@ -513,6 +563,8 @@ class Registry:
                 "id": resolved.snapshot.id,
                 "created": time.time(),
             }
+            if uid is not None:
+                entry["uid"] = uid
             key = self.layout.tag_entry(name, tag, seq)
             if await backend.put(key, _dumps(entry), if_absent=True):
                 log.info("dataset %s@%s -> version %s", name, tag, resolved.version)

@@ -3,10 +3,11 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from typing import TYPE_CHECKING, Any
 
 from chunkd.errors import InvalidRequestError
+from chunkd.gateway.authority import Authority, Caller
 from chunkd.gateway.datasets.freeze import INTENT_REFRESH, Freezer, frozen_chunk_ids
 from chunkd.gateway.datasets.migrate import Migrator
 from chunkd.gateway.datasets.registry import Registry, Resolved
@@ -35,6 +36,8 @@ class Datasets:
             garbage collections (a freeze waits for the ones running).
         intent_refresh: seconds after which a running freeze writes an intent of its
             own again (:data:`.freeze.INTENT_REFRESH`, an hour).
+        authority: who may write what (docs/security.md); the methods that take a
+            ``caller`` check it (None: a request of the daemon's own).
     """
 
     def __init__(
@@ -47,7 +50,9 @@ class Datasets:
         *,
         poll_interval: float = 2.0,
         intent_refresh: float = INTENT_REFRESH,
+        authority: Authority | None = None,
     ) -> None:
+        self.authority = authority if authority is not None else Authority()
         self.registry = Registry(backends, config.registry)
         self.metrics = metrics
         self._hot = read_path.hot
@@ -61,17 +66,48 @@ class Datasets:
         )
         self._migrator = Migrator(self.registry, read_path, backends)
 
+    def _may_write(
+        self, caller: Caller | None, name: str, action: str
+    ) -> Callable[[int | None], None] | None:
+        """What refuses ``caller`` to ``action`` dataset ``name`` (given its owner)
+        unless they own it or are an admin; None: no check."""
+        if caller is None:
+            return None
+        authority = self.authority
+
+        def check(owner: int | None) -> None:
+            authority.require_owner(caller, owner, f"dataset {name}", action)
+
+        return check
+
     async def commit(
-        self, data: bytes | memoryview, name: str, *, fd: int | None = None
+        self,
+        data: bytes | memoryview,
+        name: str,
+        *,
+        fd: int | None = None,
+        caller: Caller | None = None,
     ) -> dict[str, Any]:
         """Register manifest ``data`` as the next version of ``name`` (``fd``: a sealed
-        memfd of the same bytes, if the caller has one: :meth:`.Registry.commit`).
+        memfd of the same bytes, if the caller has one: :meth:`.Registry.commit`); a
+        name that exists only by its owner or an admin.
 
         Returns ``{"snapshot", "name", "version", "created"}``; ``created`` is False when
         the latest version was this snapshot already (no new version is made).
         """
+        may_write = self._may_write(caller, name, "register a new version of")
         with self.registry.reaching(f"registering {name}"):
-            ident, version, created = await self.registry.commit(data, name, fd=fd)
+            if may_write is not None and await self.registry.has_versions(name):
+                # Refused before the manifest is checked (the costly part); the commit
+                # checks again before it writes.
+                may_write(await self.registry.owner(name))
+            ident, version, created = await self.registry.commit(
+                data,
+                name,
+                fd=fd,
+                uid=None if caller is None else caller.uid,
+                may_write=may_write,
+            )
         return {"snapshot": ident, "name": name, "version": version, "created": created}
 
     async def resolve(self, ref: str) -> tuple[Resolved, dict[str, Any] | None]:
@@ -84,10 +120,19 @@ class Datasets:
         self._hot.dataset(snapshot.backend, snapshot.prefix, resolved.name or snapshot.id[:12])
         return resolved, frozen
 
-    async def tag(self, name: str, tag: str, ref: str) -> dict[str, Any]:
-        """Point tag ``tag`` of ``name`` at the version ``ref`` names."""
+    async def tag(
+        self, name: str, tag: str, ref: str, *, caller: Caller | None = None
+    ) -> dict[str, Any]:
+        """Point tag ``tag`` of ``name`` at the version ``ref`` names (its owner or an
+        admin)."""
         with self.registry.reaching(f"tagging {name}@{tag}"):
-            return await self.registry.tag(name, tag, ref)
+            return await self.registry.tag(
+                name,
+                tag,
+                ref,
+                uid=None if caller is None else caller.uid,
+                may_write=self._may_write(caller, name, "move a tag of"),
+            )
 
     async def names_page(
         self, prefix: str, *, start_after: str | None, limit: int
@@ -103,17 +148,30 @@ class Datasets:
         with self.registry.reaching(f"listing the versions of {name}"):
             return await self.registry.versions_page(name, start_after=start_after, limit=limit)
 
-    async def freeze(self, ref: str) -> dict[str, Any]:
-        """Freeze the snapshot ``ref`` refers to (:meth:`.Freezer.freeze`)."""
+    async def freeze(self, ref: str, *, caller: Caller | None = None) -> dict[str, Any]:
+        """Freeze the snapshot ``ref`` refers to (:meth:`.Freezer.freeze`): a version of
+        a name by its owner or an admin, a bare snapshot id by an admin."""
         self.registry.writable()  # before any work
         with self.registry.reaching(f"freezing {ref}"):
             resolved = await self.registry.resolve(ref)
+            if caller is not None:
+                if resolved.name is None:
+                    self.authority.require_admin(
+                        caller, f"freeze snapshot {resolved.snapshot.id} by its id alone"
+                    )
+                else:
+                    check = self._may_write(caller, resolved.name, "freeze")
+                    assert check is not None
+                    check(await self.registry.owner(resolved.name))
         report = await self._freezer.freeze(resolved.snapshot, what=f"freezing {ref}")
         return {"snapshot": resolved.snapshot.id} | report
 
-    async def migrate(self, ref: str, to: str, name: str | None = None) -> dict[str, Any]:
+    async def migrate(
+        self, ref: str, to: str, name: str | None = None, *, caller: Caller | None = None
+    ) -> dict[str, Any]:
         """Copy the snapshot ``ref`` refers to to ``to`` (``BACKEND/PREFIX``), verified,
-        and register the copy as the next version of its name (or of ``name``)."""
+        and register the copy as the next version of its name (or of ``name``): a name
+        that exists, by its owner or an admin (checked before anything is copied)."""
         self.registry.writable()
         self._migrator.destination(to)
         with self.registry.reaching(f"migrating {ref}"):
@@ -125,8 +183,13 @@ class Datasets:
                 f"migrating snapshot {ref}: a snapshot id names no dataset; give the name to "
                 "register the copy under"
             )
+        may_write = self._may_write(caller, target, "register a new version of")
+        if may_write is not None:
+            with self.registry.reaching(f"migrating {ref}"):
+                if await self.registry.has_versions(target):
+                    may_write(await self.registry.owner(target))
         copy, counts = await self._migrator.copy(resolved.snapshot, to, frozen)
-        committed = await self.commit(copy.data, target)
+        committed = await self.commit(copy.data, target, caller=caller)
         return committed | {"from": resolved.snapshot.id, "frozen": frozen is not None} | counts
 
     def roots(self, backend: Backend) -> AsyncGenerator[str, None]:

@@ -167,6 +167,7 @@ _REF = Field(
     high=MAX_DATASET_NAME + 80,
 )
 _REGISTRY_WRITES = (
+    "AccessDeniedError: the name is another user's (docs/security.md)",
     "ReadOnlyBackendError: the registry's backend takes no writes",
     "BackendUnavailableError: the registry cannot be reached",
     "UnknownBackendError",
@@ -376,6 +377,7 @@ OPS: Final[Mapping[str, Op]] = {
                 "InvalidRequestError: a rank outside world_size, a layout that is not sealed "
                 "JSON or names more than the staged bytes",
                 "CheckpointExistsError",
+                "AccessDeniedError: overwrite of another user's checkpoint",
                 *_NAMING,
             ),
             fds=(2, 2),
@@ -450,7 +452,12 @@ OPS: Final[Mapping[str, Op]] = {
                 _OVERWRITE,
             ),
             '``{"ok": true, "manifest_id": ID}``, once committed.',
-            ("CheckpointError: a rank's part is missing", "CheckpointExistsError", *_NAMING),
+            (
+                "CheckpointError: a rank's part is missing",
+                "CheckpointExistsError",
+                "AccessDeniedError: overwrite of another user's checkpoint",
+                *_NAMING,
+            ),
             fds=(0, 1),
             waits=True,
         ),
@@ -500,7 +507,12 @@ OPS: Final[Mapping[str, Op]] = {
             "Delete a committed checkpoint (its manifest; gc sweeps its chunks).",
             (_CKPT_NAME,),
             '``{"ok": true, "removed": N}``',
-            ("ReadOnlyBackendError", "UnknownBackendError", "InvalidKeyError"),
+            (
+                "AccessDeniedError: another user's checkpoint (docs/security.md)",
+                "ReadOnlyBackendError",
+                "UnknownBackendError",
+                "InvalidKeyError",
+            ),
         ),
         Op(
             "ckpt_gc",
@@ -526,7 +538,12 @@ OPS: Final[Mapping[str, Op]] = {
             '``{"ok": true, "fds": 1}``, the fd a sealed memfd with the JSON report, '
             "whatever the number of checkpoints it retired; payload: the report without "
             'the names (``"retired"``).',
-            ("ReadOnlyBackendError", "UnknownBackendError", "BackendUnavailableError"),
+            (
+                "AccessDeniedError: retention would retire another user's checkpoint",
+                "ReadOnlyBackendError",
+                "UnknownBackendError",
+                "BackendUnavailableError",
+            ),
             waits=True,
         ),
         Op(
@@ -717,6 +734,8 @@ OPS: Final[Mapping[str, Op]] = {
                 "SnapshotDriftError",
                 "IntegrityError: a copy read back does not match its source",
                 "DatasetNotFoundError",
+                "ReservedKeyError: a destination key under chunkd's own prefixes",
+                "InvalidKeyError: a destination key that is no key",
                 *_REGISTRY_WRITES,
             ),
             waits=True,

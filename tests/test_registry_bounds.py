@@ -332,6 +332,13 @@ def test_damaged_registry_documents_are_bounded_named_and_listed_around(
         assert status == 200, body[:500]
         shown = {d["name"] for d in json.loads(body)["datasets"]}
         assert {"alpha", "mid", "zeta"} <= shown
+        # One dataset's page shows its damaged version as damaged, not a failure.
+        status, _, body = daemon.get("/v1/inspect/dataset?name=deep")
+        assert status == 200, body[:500]
+        pages = json.loads(body)["versions"]
+        assert [v["version"] for v in pages] == [1, 2]
+        assert pages[1]["snapshot"] is None
+        assert "000000000002.json" in pages[1]["damaged"]["key"]
     assert watch.slowest < HEALTHZ_SECONDS, f"/healthz took {watch.slowest:.2f}s"
     assert DOCUMENT_BYTES == 4096
     log = daemon.log.read_text(errors="replace")

@@ -134,19 +134,21 @@ class Registry:
         out = []
         for i, entry in enumerate(versions):
             samples = size = None
-            if i >= len(versions) - _SIZED_VERSIONS:
+            # A damaged version (its pointer unreadable) has no snapshot: shown as such.
+            if i >= len(versions) - _SIZED_VERSIONS and entry.get("snapshot"):
                 snapshot = self.dataset_of(str(entry["snapshot"])).snapshot
                 samples, size = len(snapshot), snapshot.total_bytes
-            out.append(
-                {
-                    "version": entry.get("version"),
-                    "snapshot": entry.get("snapshot"),
-                    "created": entry.get("created"),
-                    "samples": samples,
-                    "bytes": size,
-                    "tags": list(entry.get("tags", [])),
-                }
-            )
+            shown = {
+                "version": entry.get("version"),
+                "snapshot": entry.get("snapshot"),
+                "created": entry.get("created"),
+                "samples": samples,
+                "bytes": size,
+                "tags": list(entry.get("tags", [])),
+            }
+            if entry.get("damaged"):
+                shown["damaged"] = entry["damaged"]
+            out.append(shown)
         return {"name": name, "versions": out, "more": more}
 
     def snapshot(self, ref: str, start: int, count: int) -> dict[str, Any]:

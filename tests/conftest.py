@@ -222,6 +222,24 @@ def wait_for_socket(path: Path, timeout: float) -> bool:
     return False
 
 
+def dataset_cli(daemon: Daemon, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    """``chunkd dataset ARGS`` as a user runs it, against ``daemon``'s socket; with
+    ``check``, it must exit 0."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CHUNKD_")}
+    env["CHUNKD_SOCKET"] = str(daemon.cwd / "chunkd.sock")
+    done = subprocess.run(
+        [str(BIN / "chunkd"), "dataset", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+    if check:
+        assert done.returncode == 0, done.stderr
+    return done
+
+
 def wait_ready(daemon: Daemon, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

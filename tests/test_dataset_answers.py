@@ -21,25 +21,13 @@ from chunkd.client import Client
 from chunkd.client.datasets import Dataset, Loader
 from chunkd.errors import ResumeStateError
 
-from .conftest import BIN, Daemon
+from .conftest import Daemon, dataset_cli
 
 RECORD = 16
 
 
 def cli(daemon: Daemon, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CHUNKD_")}
-    env["CHUNKD_SOCKET"] = str(daemon.cwd / "chunkd.sock")
-    done = subprocess.run(
-        [str(BIN / "chunkd"), "dataset", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-        check=False,
-    )
-    if check:
-        assert done.returncode == 0, done.stderr
-    return done
+    return dataset_cli(daemon, *args, check=check)
 
 
 @pytest.fixture

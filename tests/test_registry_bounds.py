@@ -35,7 +35,7 @@ from chunkd.errors import InvalidRequestError, ManifestError
 from chunkd.gateway.datasets.registry import COMMIT_CHECKS, DOCUMENT_BYTES
 from chunkd.snapshot import Member, Snapshot
 
-from .conftest import BIN, Daemon
+from .conftest import Daemon, dataset_cli
 
 #: how much the daemon's resident memory may grow while hostile manifests of up to
 #: 256 MiB each are refused (their pages are the client's memfd's, mapped, and a large
@@ -265,16 +265,7 @@ def test_concurrent_commits_are_checked_a_few_at_a_time_in_workers(
 
 
 def cli(daemon: Daemon, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CHUNKD_")}
-    env["CHUNKD_SOCKET"] = str(daemon.cwd / "chunkd.sock")
-    return subprocess.run(
-        [str(BIN / "chunkd"), "dataset", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-        check=False,
-    )
+    return dataset_cli(daemon, *args, check=False)
 
 
 @pytest.mark.timeout(60)

@@ -507,15 +507,8 @@ async def frozen_chunk_ids(registry: Registry, backend: Backend) -> AsyncGenerat
                 key, sid = item
                 try:
                     raw = await read_document(backend, key, limit=MAX_LAYOUT)
-                except ManifestError as exc:
-                    raise DatasetError(
-                        f"garbage collection stopped before deleting anything: {exc}. Its "
-                        "chunks cannot be told from garbage; freeze that snapshot again or "
-                        "delete the record"
-                    ) from None
-                if raw is None:
-                    return []  # deleted meanwhile
-                try:
+                    if raw is None:
+                        return []  # deleted meanwhile
                     doc = await asyncio.to_thread(
                         functools.partial(
                             parse_frozen,

@@ -222,6 +222,29 @@ def wait_for_socket(path: Path, timeout: float) -> bool:
     return False
 
 
+def small_node_toml(cache: Path, *backends: tuple[str, Path], chunk_bytes: str = "4MiB") -> str:
+    """A daemon's config for a test: a small cache at ``cache``, no fsync, and a writable
+    ``file://`` backend for each (name, directory) of ``backends``."""
+    text = f"""
+[cache]
+dir = "{cache}"
+ram_bytes = "64MiB"
+disk_bytes = "256MiB"
+disk_min_free_bytes = 0
+chunk_bytes = "{chunk_bytes}"
+fsync = "never"
+"""
+    for name, root in backends:
+        text += f"""
+[[backends]]
+name = "{name}"
+url = "file://{root}"
+writable = true
+revalidate = "1s"
+"""
+    return text
+
+
 def dataset_cli(daemon: Daemon, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     """``chunkd dataset ARGS`` as a user runs it, against ``daemon``'s socket; with
     ``check``, it must exit 0."""

@@ -22,7 +22,7 @@ from chunkd import memfd
 from chunkd.client import Client
 from chunkd.client import checkpoint as ckpt
 from chunkd.snapshot import Member, Snapshot
-from tests.conftest import Daemon
+from tests.conftest import Daemon, small_node_toml
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as other uids")
 
@@ -40,20 +40,7 @@ def node(start_daemon: Callable[..., Daemon], tmp_path: Path) -> Iterator[tuple[
 [server]
 socket_mode = "0666"
 admin_group = "{ADMIN_GID}"
-
-[cache]
-dir = "{tmp_path / "cache"}"
-ram_bytes = "64MiB"
-disk_bytes = "256MiB"
-disk_min_free_bytes = 0
-fsync = "never"
-
-[[backends]]
-name = "local"
-url = "file://{tmp_path / "data"}"
-writable = true
-revalidate = "1s"
-"""
+""" + small_node_toml(tmp_path / "cache", ("local", tmp_path / "data"))
     socket = public / "chunkd.sock"
     daemon = start_daemon(toml, env={"CHUNKD_SERVER_SOCKET": str(socket)})
     # Everything a child needs is imported by the test process first: once it is

@@ -24,31 +24,22 @@ from chunkd.client import Client
 from chunkd.client import checkpoint as ckpt
 from chunkd.errors import IntegrityError
 from chunkd.snapshot import Member, Snapshot
-from tests.conftest import Daemon
+from tests.conftest import Daemon, small_node_toml
 
 CHUNK = 1 << 20
 BIN = Path(sys.executable).parent
 
 
 def config(tmp_path: Path, node: str) -> str:
-    return f"""
-[cache]
-dir = "{tmp_path / node / "cache"}"
-ram_bytes = "64MiB"
-disk_bytes = "256MiB"
-disk_min_free_bytes = 0
-chunk_bytes = "1MiB"
-fsync = "never"
-
-[[backends]]
-name = "shared"
-url = "file://{tmp_path / "shared"}"
-writable = true
-revalidate = "1s"
-
+    return (
+        small_node_toml(
+            tmp_path / node / "cache", ("shared", tmp_path / "shared"), chunk_bytes="1MiB"
+        )
+        + """
 [datasets]
 registry = "shared/datasets"
 """
+    )
 
 
 @pytest.fixture

@@ -23,26 +23,15 @@ from chunkd.client import checkpoint as ckpt
 from chunkd.errors import InvalidKeyError, ReservedKeyError
 from chunkd.gateway.reserved import EVERY_BACKEND, ReservedPrefixes
 from chunkd.snapshot import Member, Snapshot
-from tests.conftest import Daemon
+from tests.conftest import Daemon, small_node_toml
 
 RECORD = 16
 
 
 def config(tmp_path: Path) -> str:
-    return f"""
-[cache]
-dir = "{tmp_path / "cache"}"
-ram_bytes = "64MiB"
-disk_bytes = "256MiB"
-disk_min_free_bytes = 0
-fsync = "never"
-
-[[backends]]
-name = "local"
-url = "file://{tmp_path / "local"}"
-writable = true
-revalidate = "1s"
-
+    return (
+        small_node_toml(tmp_path / "cache", ("local", tmp_path / "local"))
+        + f"""
 [[backends]]
 name = "src"
 url = "file://{tmp_path / "src"}"
@@ -51,6 +40,7 @@ revalidate = "1s"
 [datasets]
 registry = "local/datasets"
 """
+    )
 
 
 @pytest.fixture

@@ -21,6 +21,7 @@ import pytest
 from chunkd import memfd
 from chunkd.client import Client
 from chunkd.client import checkpoint as ckpt
+from chunkd.errors import CheckpointNotFoundError
 from chunkd.snapshot import Member, Snapshot
 from tests.conftest import Daemon, small_node_toml
 
@@ -240,3 +241,68 @@ def test_a_dataset_name_is_written_by_its_owner_or_an_admin(
     with Client(socket) as root:
         assert root.request("ds_tag", {"name": "theirs", "tag": "x", "ref": "1"}).header["seq"] == 1
         assert root.request("ds_freeze", {"ref": snap.id}, timeout=60).header["snapshot"] == snap.id
+
+
+@pytest.mark.timeout(90)
+def test_a_save_id_gives_no_one_another_users_checkpoint(node: tuple[Daemon, Path]) -> None:
+    _, socket = node
+    name = "local/ckpt/sid/step-1"
+    assert as_user(socket, OWNER, save(name))["ok"]
+    with Client(socket) as root:
+        save_id = ckpt.manifest(name, client=root)["save_id"]  # anyone may read it
+    # Committing the owner's parts again, as one's own, with the owner's save id.
+    for world in (1, 2):
+        again = as_user(
+            socket,
+            OTHER,
+            lambda c, w=world: ckpt.commit(name, save_id, w, overwrite=True, client=c),
+        )
+        refused(again, f"uid {OTHER} may not", f"uid {OWNER}")
+    with Client(socket) as root:
+        manifest = ckpt.manifest(name, client=root)
+    assert (manifest["owner"], manifest["world_size"]) == (OWNER, 1)
+    refused(as_user(socket, OTHER, delete(name)), "may not delete")
+
+    # A two-rank save whose rank 1 another user planted under its save id: never
+    # committed with the planted tensors, and the owner's rank 1 is not mistaken for it.
+    evil = {"w": np.full(4096, 666, dtype=np.float32)}
+    target, sid = "local/ckpt/sid/step-2", "victim-save-2"
+
+    def plant(client: Client) -> Any:
+        ckpt.save(evil, target, rank=1, world_size=2, save_id=sid, _commit="none", client=client)
+        return "planted"
+
+    assert as_user(socket, OTHER, plant) == {"ok": True, "result": "planted"}
+
+    def rank(r: int) -> Callable[[Client], Any]:
+        def work(client: Client) -> Any:
+            ckpt.save(STATE, target, rank=r, world_size=2, save_id=sid, timeout=30, client=client)
+            return r
+
+        return work
+
+    refused(as_user(socket, OWNER, rank(1)), "rank 1's part of save", f"uid {OTHER}")
+    zero = as_user(socket, OWNER, rank(0))
+    assert not zero["ok"], zero
+    assert "several users" in zero["message"], zero
+    with Client(socket) as root, pytest.raises(CheckpointNotFoundError):
+        ckpt.manifest(target, client=root)  # nothing was committed
+
+    # A save committed apart (as DCP does): only its saver (or an admin) commits it.
+    parts, sid3 = "local/ckpt/sid/step-3", "owner-save-3"
+    for r in (0, 1):
+
+        def part(client: Client, r: int = r) -> Any:
+            ckpt.save(
+                STATE, parts, rank=r, world_size=2, save_id=sid3, _commit="none", client=client
+            )
+            return r
+
+        assert as_user(socket, OWNER, part)["ok"]
+    for world in (1, 2):
+        stolen = as_user(socket, OTHER, lambda c, w=world: ckpt.commit(parts, sid3, w, client=c))
+        refused(stolen, f"uid {OTHER} may not commit", f"saved by uid {OWNER}")
+    assert as_user(socket, OWNER, lambda c: bool(ckpt.commit(parts, sid3, 2, client=c)))["ok"]
+    with Client(socket) as root:
+        manifest = ckpt.manifest(parts, client=root)
+    assert (manifest["owner"], manifest["world_size"]) == (OWNER, 2)

@@ -12,18 +12,20 @@ from typing import TYPE_CHECKING, Any
 
 import blake3
 
-from chunkd.client.protocol import MAX_WORLD_SIZE
+from chunkd.client.protocol import MAX_LAYOUT, MAX_WORLD_SIZE, ProtocolError, loads
 from chunkd.errors import (
     AccessDeniedError,
     CheckpointError,
     CheckpointExistsError,
     InvalidRequestError,
+    RangeNotSatisfiableError,
 )
 from chunkd.gateway.checkpoints.jobs import backend_fault, each, polling, retrying
 from chunkd.gateway.checkpoints.model import (
     MANIFEST_KEYS,
     SCHEMA,
     SaveJob,
+    SaveRequest,
     check_save_id,
     dumps,
     manifest_key,
@@ -31,6 +33,7 @@ from chunkd.gateway.checkpoints.model import (
     parts_prefix,
 )
 from chunkd.gateway.names import checkpoint_name
+from chunkd.ranges import ByteRange
 
 if TYPE_CHECKING:
     from chunkd.gateway.backends import Backend, Backends
@@ -68,12 +71,16 @@ class Committer:
     ) -> str:
         """Wait for every part, then write the manifest; returns its id (blake3).
 
-        ``owner``: the uid the manifest records (a job's own request's); with
-        ``overwrite``, a checkpoint there that another uid made is replaced only when
-        ``admin`` (docs/security.md).
+        ``owner``: the uid that commits (a job's own request's, or ``ckpt_commit``'s
+        caller), an admin when ``admin``. Every part records the uid that saved it; they
+        must all be one uid, the manifest's ``owner``, and a non-admin commits only
+        their own parts. With ``overwrite``, a checkpoint there that another uid made is
+        replaced only by an admin (docs/security.md).
 
         Raises:
-            AccessDeniedError: ``overwrite`` of another user's checkpoint, by a non-admin.
+            AccessDeniedError: the parts are another user's, or ``overwrite`` of another
+                user's checkpoint, by a non-admin.
+            CheckpointError: the parts were saved by several users.
         """
         if job is not None:
             path, save_id = job.request.path, job.request.save_id
@@ -82,6 +89,11 @@ class Committer:
         assert path is not None
         assert save_id is not None
         prefix = parts_prefix(path, save_id)
+        if job is None and owner is not None and not admin:
+            # Another user's commit of these parts is refused before it waits for them.
+            saver = await self._a_savers_uid(backend, prefix)
+            if saver is not None and saver != owner:
+                raise _not_their_parts(owner, f"{backend.name}/{path}", save_id, saver)
         deadline = time.monotonic() + self.part_timeout
         pauses = polling(self.poll_interval).delays()
         while True:
@@ -94,6 +106,10 @@ class Committer:
                     f"saved its part within {self.part_timeout:g}s; nothing was committed"
                 )
             await asyncio.sleep(next(pauses))
+        saver = _saver_of(parts, f"{backend.name}/{path}", save_id)
+        if saver is not None and owner is not None and saver != owner and not admin:
+            raise _not_their_parts(owner, f"{backend.name}/{path}", save_id, saver)
+        owner = saver if saver is not None else owner
         logical = sum(p["logical_bytes"] for p in parts)
         manifest = {
             "format": "chunkd-checkpoint",
@@ -120,7 +136,7 @@ class Committer:
             job.state = "committing"
 
         if overwrite and not admin and owner is not None:  # None: journaled before owners
-            await self.may_replace(backend, key, save_id, owner)
+            await self.may_replace(backend, key, owner)
 
         async def put_manifest() -> bool:
             backend_fault("ckpt.manifest")
@@ -128,7 +144,7 @@ class Committer:
 
         wrote = await retrying(job, put_manifest)
         if not wrote:
-            ours = await self._committed_id(backend, key, save_id)
+            ours = await self._committed_id(backend, key, manifest)
             if ours is not None:  # a retried PUT, or a resumed job: it went in before
                 if job is not None:
                     job.manifest_id = ours
@@ -142,25 +158,16 @@ class Committer:
             job.manifest_id = manifest_id
         return manifest_id
 
-    async def may_replace(
-        self, backend: Backend, key: str, save_id: str, owner: int | None
-    ) -> None:
+    async def may_replace(self, backend: Backend, key: str, owner: int) -> None:
         """Raise unless the checkpoint at ``key`` (if any) may be replaced by ``owner``
-        (a non-admin): none there, this save's own, or one ``owner`` made.
+        (a non-admin): none there (or a torn one, which is no checkpoint), or one
+        ``owner`` made.
 
         Raises:
             AccessDeniedError: another user's checkpoint (or one that records no owner).
         """
-        raw = await backend.get(key)
-        if raw is None:
-            return
-        try:
-            doc = json.loads(bytes(raw))
-        except ValueError:
-            doc = None
-        if not isinstance(doc, dict):
-            return  # torn: no checkpoint (a put-if-absent would not take its place)
-        if doc.get("save_id") == save_id:
+        doc = await self._manifest_at(backend, key)
+        if doc is None:
             return
         there = doc.get("owner")
         if there != owner:
@@ -171,17 +178,75 @@ class Committer:
                 "root, the daemon's own user and members of server.admin_group may"
             )
 
-    async def _committed_id(self, backend: Backend, key: str, save_id: str) -> str | None:
-        """The id of the manifest at ``key`` if it commits ``save_id``, else None."""
+    async def _manifest_at(self, backend: Backend, key: str) -> dict[str, Any] | None:
+        """The manifest at ``key`` as a JSON object, bounded and parsed off the loop;
+        None when there is none or it is torn (no checkpoint)."""
+        try:
+            raw = await backend.get(key, ByteRange(0, MAX_LAYOUT + 1))
+        except RangeNotSatisfiableError:  # empty: torn
+            return None
+        if raw is None or raw.nbytes > MAX_LAYOUT:
+            return None
+        try:
+            doc = await asyncio.to_thread(loads, bytes(raw))
+        except ProtocolError:
+            return None
+        return doc if isinstance(doc, dict) else None
+
+    async def _committed_id(self, backend: Backend, key: str, ours: dict[str, Any]) -> str | None:
+        """The id of the manifest at ``key`` if it is this commit's (``ours``, but for
+        its time): the same save, owner and parts, hash for hash; else None. One made
+        from this save's id by another commit (another world size, other parts, another
+        owner) is not this one's."""
         raw = await backend.get(key)
         if raw is None:
             return None
         try:
-            if json.loads(bytes(raw)).get("save_id") == save_id:
-                return blake3.blake3(raw).hexdigest()
-        except (ValueError, AttributeError):
-            pass
+            doc = json.loads(bytes(raw))
+        except (ValueError, RecursionError):
+            return None
+        if isinstance(doc, dict) and all(
+            doc.get(field) == ours.get(field)
+            for field in ("save_id", "owner", "world_size", "parts")
+        ):
+            return blake3.blake3(raw).hexdigest()
         return None
+
+    async def _a_savers_uid(self, backend: Backend, prefix: str) -> int | None:
+        """The uid the first part under ``prefix`` records (None: no part yet, or one
+        that records none)."""
+        async with contextlib.aclosing(backend.scan(prefix.rstrip("/"), batch=16)) as batches:
+            async for batch in batches:
+                for meta in batch:
+                    raw = await backend.get(meta.key, ByteRange(0, MAX_LAYOUT + 1))
+                    try:
+                        doc = None if raw is None else loads(bytes(raw))
+                    except ProtocolError:
+                        continue
+                    uid = doc.get("uid") if isinstance(doc, dict) else None
+                    return uid if isinstance(uid, int) and not isinstance(uid, bool) else None
+        return None
+
+    async def check_own_part(self, backend: Backend, request: SaveRequest) -> None:
+        """A part found at ``request``'s key when this job put its own (put if absent):
+        this save's, by the same uid (a job resumed after its part went in), or refused.
+
+        Raises:
+            AccessDeniedError: another user's part under this save's id and rank.
+        """
+        raw = await backend.get(request.part_key)
+        try:
+            doc = None if raw is None else json.loads(bytes(raw))
+        except (ValueError, RecursionError):
+            doc = None
+        there = doc.get("uid") if isinstance(doc, dict) else None
+        if request.uid is not None and there != request.uid:
+            raise AccessDeniedError(
+                f"checkpoint {request.name}: rank {request.rank}'s part of save "
+                f"{request.save_id} is there already, saved by "
+                f"{'no recorded user' if there is None else f'uid {there}'}, not by this "
+                f"save's uid {request.uid}; save again under another save id"
+            )
 
     async def _parts(
         self, backend: Backend, prefix: str, world_size: int
@@ -279,3 +344,29 @@ class Committer:
             owner=owner,
             admin=admin,
         )
+
+
+def _saver_of(parts: list[dict[str, Any]], name: str, save_id: str) -> int | None:
+    """The one uid the parts of a save record (None: they record none: saved before
+    chunkd recorded owners).
+
+    Raises:
+        CheckpointError: they record several (or some do and some do not).
+    """
+    uids = {p.get("uid") for p in parts}
+    if len(uids) > 1:
+        raise CheckpointError(
+            f"checkpoint {name}: the parts of save {save_id} were saved by several users "
+            f"({sorted(str(u) for u in uids)}); nothing was committed: save again, every "
+            "rank as one user"
+        )
+    uid = uids.pop() if uids else None
+    return uid if isinstance(uid, int) and not isinstance(uid, bool) else None
+
+
+def _not_their_parts(owner: int, name: str, save_id: str, saver: int) -> AccessDeniedError:
+    return AccessDeniedError(
+        f"uid {owner} may not commit checkpoint {name}: the parts of save {save_id} were "
+        f"saved by uid {saver}; only that user, root, the daemon's own user and members of "
+        "server.admin_group may commit them"
+    )

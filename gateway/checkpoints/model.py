@@ -394,7 +394,7 @@ class SaveJob:
             "logical_bytes": self.logical,
             "new_bytes": self.new,
             "tree": request.tree,
-        }
+        } | ({} if request.uid is None else {"uid": request.uid})
 
     def release_data(self) -> None:
         """Give up the staged bytes (unless a view of them is still in use)."""

@@ -214,9 +214,7 @@ class Saver:
         if request.overwrite and request.rank == 0 and not request.admin and uid is not None:
             # Refused before anything is staged; the commit checks again.
             with contextlib.suppress(BackendUnavailableError):
-                await self.committer.may_replace(
-                    backend, request.manifest_key, request.save_id, uid
-                )
+                await self.committer.may_replace(backend, request.manifest_key, uid)
         self.jobs.prune()
         faults.point("ckpt.stage")
         job = SaveJob(id=uuid.uuid4().hex, request=request, data=data)
@@ -413,7 +411,10 @@ class Saver:
             backend_fault("ckpt.part")
             return await backend.put(request.part_key, part, if_absent=True)
 
-        await retrying(job, put_part)
+        if not await retrying(job, put_part):
+            # There already: this job's own, put before a restart, or another user's
+            # planted under this save's id (refused: its tensors would be loaded as ours).
+            await self.committer.check_own_part(backend, request)
         if request.commit == "auto" and request.rank == 0:
             await self.committer.write_manifest(
                 job, backend, request.world_size, request.overwrite, {}

@@ -29,6 +29,11 @@ from every client, and with ``[peers]`` TLS also a client certificate that chain
 
 Errors are mapped to HTTP status here and nowhere else, with a JSON body that says
 what went wrong and what to do: ``{"error": KIND, "message": TEXT, "status": N}``.
+
+Connections: before any route runs, every connection is held to the bounds of
+:mod:`chunkd.gateway.connections` (caps per address and in all, a budget of their own
+for the peers' addresses, header, idle and body timeouts, the size of a request head);
+a head too large is answered there, ``431`` with the same error body.
 """
 
 from __future__ import annotations

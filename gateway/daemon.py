@@ -21,7 +21,11 @@ which :func:`build_app` sets from the node inside the app's ``cleanup_ctx``.
 Start: load the config (or the embedded default), set up structured logging, load
 the ``[peers]`` TLS files if any, run on uvloop, set up the aiohttp runner (the
 ``cleanup_ctx`` opens the node), bind the HTTP site (HTTPS with TLS), then tell
-systemd READY=1 and start the watchdog.
+systemd READY=1 and start the watchdog. Both ports' runners are
+:class:`~chunkd.gateway.connections.GuardedRunner` objects over one
+:class:`~chunkd.gateway.connections.ConnectionGuard`: the caps on connections (a budget
+of their own for the peers' addresses), the header, idle, body and send timeouts, and
+the bounds of a request head, before any route runs.
 
 Stop (SIGTERM or SIGINT): STOPPING=1, /readyz turns 503, the site stops taking
 connections, in-flight requests get ``server.shutdown_timeout`` seconds to finish,
@@ -51,6 +55,12 @@ from chunkd.gateway.authority import Authority, group_id
 from chunkd.gateway.backends import Backends
 from chunkd.gateway.checkpoints import Checkpoints
 from chunkd.gateway.config import Config, load_config
+from chunkd.gateway.connections import (
+    ACCEPT_BACKLOG,
+    ConnectionGuard,
+    ConnectionLimits,
+    GuardedRunner,
+)
 from chunkd.gateway.dashboard import TELEMETRY, Telemetry
 from chunkd.gateway.datasets import Datasets
 from chunkd.gateway.inspector import INSPECTOR, InspectorPool
@@ -278,7 +288,7 @@ def build_app(
 
 
 async def _start_s3_front(
-    config: Config, app: web.Application, server_log: MalformedRequestLog
+    config: Config, app: web.Application, server_log: MalformedRequestLog, guard: ConnectionGuard
 ) -> S3FrontRunner | bool | None:
     """Serve ``[s3_front]`` over the node ``app`` opened; None when it is off, False
     when its port cannot be bound (said in the log)."""
@@ -294,13 +304,15 @@ async def _start_s3_front(
     )
     runner = S3FrontRunner(
         front.build_app(),
+        guard=guard,
+        tls=_front_tls(config),  # the handshake is the connection handler's
         shutdown_timeout=config.server.shutdown_timeout,
         access_log=None,
         logger=server_log,
     )
     await runner.setup()
     site = web.TCPSite(
-        runner, settings.host, settings.port, reuse_address=True, ssl_context=_front_tls(config)
+        runner, settings.host, settings.port, reuse_address=True, backlog=ACCEPT_BACKLOG
     )
     try:
         await site.start()
@@ -343,8 +355,17 @@ async def run(
     server_log = MalformedRequestLog(
         logging.getLogger("aiohttp.server"), app[appkeys.METRICS].malformed_http.inc
     )
-    runner = web.AppRunner(
+    # Both ports' connections, under one set of bounds (chunkd.gateway.connections).
+    guard = ConnectionGuard(
+        ConnectionLimits.of(config.server),
+        app[appkeys.METRICS],
+        lambda ip: (peers := app.get(appkeys.PEERS)) is not None and peers.trusts(ip),
+    )
+    runner = GuardedRunner(
         app,
+        guard=guard,
+        port="http",
+        tls=None if tls is None else tls.server,  # the handshake is the connection handler's
         shutdown_timeout=config.server.shutdown_timeout,
         access_log=None,
         logger=server_log,
@@ -352,11 +373,7 @@ async def run(
     notifier.status("opening the cache")
     await runner.setup()
     site = web.TCPSite(
-        runner,
-        config.server.host,
-        config.server.port,
-        reuse_address=True,
-        ssl_context=None if tls is None else tls.server,
+        runner, config.server.host, config.server.port, reuse_address=True, backlog=ACCEPT_BACKLOG
     )
     try:
         await site.start()
@@ -370,7 +387,7 @@ async def run(
         server_log.close()
         return 1
     try:
-        front = await _start_s3_front(config, app, server_log)
+        front = await _start_s3_front(config, app, server_log, guard)
     except ConfigError as exc:  # the keys or TLS files changed since the check at start
         log.error("[s3_front] cannot start: %s", exc)  # noqa: TRY400 - the message says it
         front = False

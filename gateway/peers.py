@@ -36,6 +36,12 @@ Peer protocol (on the HTTP port; every request carries ``Authorization: Bearer
                                          404 NotHeld at once: never fetched for the
                                          asker (a rejoined node's handoff)
 
+A connection from a member's address (an IP literal, a ``dns`` record, or what a
+member's host name resolves to, looked up again every ``_HOST_LOOKUP_INTERVAL``) counts
+against the peers' connection budget of the HTTP port, which anonymous clients cannot
+take (:meth:`Peers.trusts`, :mod:`chunkd.gateway.connections`); trusted for the
+budget only, never for data.
+
 The receiver verifies every chunk against its id before it uses or caches it; a
 peer that sends wrong bytes is counted, logged and skipped, and the reader tries
 the next owner, then the backend. A request waits on its owner only while the
@@ -51,6 +57,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import ipaddress
 import logging
 import os
 import socket
@@ -67,6 +74,7 @@ from chunkd import faults
 from chunkd.cache import ChunkId
 from chunkd.cache.singleflight import SingleFlight
 from chunkd.errors import ConfigError, OwnerSilentError
+from chunkd.gateway.config.addresses import split_listen
 
 if TYPE_CHECKING:
     from chunkd.gateway.config import PeersConfig
@@ -86,6 +94,9 @@ _HEALTH_TIMEOUT: Final = 2.0
 _HANDOFF_WINDOW: Final = 600.0
 # A handoff's query: answer from what you hold, or 404 at once (see the module docstring).
 _HELD: Final = {"held": "1"}
+# How often a member named by a host name is looked up again for the addresses it
+# connects from (the peers' connection budget); its A/AAAA records rarely change.
+_HOST_LOOKUP_INTERVAL: Final = 30.0
 
 
 def rank_owners(members: list[str], key: bytes) -> list[str]:
@@ -138,6 +149,10 @@ class Peers:
         self._seen_up: set[str] = set()
         self._apart = False
         self._rejoined_at: float | None = None  # monotonic; see handing_off()
+        # The IP addresses of the other members, and of each member host name when it
+        # was last looked up: connections from them get the peers' budget (trusts()).
+        self._member_ips: frozenset[str] = frozenset()
+        self._looked_up: dict[str, tuple[float, frozenset[str]]] = {}
         self._set_members(self._listed())
 
     # -- lifecycle ------------------------------------------------------------------
@@ -185,6 +200,7 @@ class Peers:
     def _set_members(self, addresses: list[str]) -> None:
         old = set(self._members)
         self._members = {a: self._members.get(a) or Peer(a) for a in addresses}
+        self._note_member_ips()
         if set(addresses) != old and old:
             log.info("peers: membership is now %s", ", ".join(addresses))
         self._export()
@@ -236,6 +252,67 @@ class Peers:
         """Whether ``address`` is this node."""
         return address == self.address
 
+    def trusts(self, ip: str) -> bool:
+        """Whether a connection from ``ip`` comes from another member's address: it
+        then counts against the peers' connection budget, not the anonymous one
+        (:mod:`chunkd.gateway.connections`). Trust for a budget only, never for data:
+        every peer route still wants the token (and the certificate, with TLS).
+
+        Members are known by the addresses they listen on (IP literals, the ``dns``
+        records, and host names looked up every ``_HOST_LOOKUP_INTERVAL``); a member
+        that connects from another address of its host is an anonymous client.
+        """
+        return _normal_ip(ip) in self._member_ips
+
+    def _member_hosts(self) -> set[str]:
+        """The host parts of the other members' addresses."""
+        hosts = set()
+        for member in self._members:
+            if member != self.address:
+                with contextlib.suppress(ValueError):
+                    hosts.add(split_listen(member)[0])
+        return hosts
+
+    def _note_member_ips(self) -> None:
+        """Set :meth:`trusts`' addresses: the members' IP literals, and what the last
+        lookup of each member host name found."""
+        ips: set[str] = set()
+        for host in self._member_hosts():
+            literal = _normal_ip(host)
+            if literal:
+                ips.add(literal)
+            else:
+                ips |= self._looked_up.get(host, (0.0, frozenset[str]()))[1]
+        self._member_ips = frozenset(ips)
+
+    async def _look_up_members(self) -> None:
+        """Look up the member host names not looked up for ``_HOST_LOOKUP_INTERVAL``
+        (a failed lookup keeps what the last one found), then :meth:`_note_member_ips`."""
+        hosts = {host for host in self._member_hosts() if not _normal_ip(host)}
+        for gone in set(self._looked_up) - hosts:
+            del self._looked_up[gone]
+        now = time.monotonic()
+        stale = [
+            host
+            for host in hosts
+            if now - self._looked_up.get(host, (-_HOST_LOOKUP_INTERVAL, None))[0]
+            >= _HOST_LOOKUP_INTERVAL
+        ]
+        loop = asyncio.get_running_loop()
+
+        async def look_up(host: str) -> None:
+            try:
+                infos = await loop.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+            except OSError as exc:
+                log.warning("peers: cannot look up member %s (%s)", host, exc)
+                return
+            found = frozenset(_normal_ip(str(info[4][0])) for info in infos) - {""}
+            self._looked_up[host] = (time.monotonic(), found)
+
+        if stale:
+            await asyncio.gather(*map(look_up, stale))
+        self._note_member_ips()
+
     # -- health ---------------------------------------------------------------------
 
     async def _watch(self) -> None:
@@ -243,6 +320,7 @@ class Peers:
             try:
                 await self._resolve()
                 self._reload_if_changed()
+                await self._look_up_members()
                 others = [p for p in self._members.values() if p.address != self.address]
                 await asyncio.gather(*(self._probe(p) for p in others))
                 self._export()
@@ -551,6 +629,18 @@ def _reason(exc: BaseException) -> str:
         cause = cause.__cause__
     text = str(cause).strip().splitlines()
     return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
+def _normal_ip(text: str) -> str:
+    """``text`` as an IP address in its usual spelling (an IPv4-mapped IPv6 one as
+    IPv4, no zone); ``""`` when it is none."""
+    try:
+        ip = ipaddress.ip_address(text.split("%")[0])
+    except ValueError:
+        return ""
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return str(ip)
 
 
 def _parse_members(text: str) -> list[str]:

@@ -40,6 +40,24 @@ Every key, with its default (a key left out takes the default)::
     socket_send_timeout = "30s"
     # how long a stop waits for requests in flight
     shutdown_timeout = "10s"
+    # HTTP port and S3 front: a new connection's first request head (and its TLS
+    # handshake), or a later head from its first byte, must arrive whole within this; else
+    # the connection is closed
+    header_timeout = "10s"
+    # HTTP port and S3 front: a kept-alive connection that starts no next request within
+    # this is closed
+    idle_timeout = "1m"
+    # HTTP port and S3 front: a request body must arrive whole within this of its head;
+    # else the connection is closed
+    body_timeout = "1m"
+    # connections from non-peers, both ports together (at most a quarter of the fd limit);
+    # past it the one idle longest is closed, or the new one (docs/security.md)
+    max_connections = 1024
+    # of those, from one client address (loopback has no cap of its own)
+    max_connections_per_address = 128
+    # connections from [peers] members' addresses: a budget of their own that non-peers
+    # cannot take (at most a quarter of the fd limit)
+    peer_connections = 1024
     # "json" (one object a line) or "text"
     log_format = "json"
     # "debug", "info", "warning", "error" or "critical"

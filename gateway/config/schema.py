@@ -182,6 +182,54 @@ class ServerConfig:
     shutdown_timeout: float = field(
         default=10.0, metadata=key(DURATION, "how long a stop waits for requests in flight")
     )
+    header_timeout: float = field(
+        default=10.0,
+        metadata=key(
+            POSITIVE_DURATION,
+            "HTTP port and S3 front: a new connection's first request head (and its TLS "
+            "handshake), or a later head from its first byte, must arrive whole within this; "
+            "else the connection is closed",
+        ),
+    )
+    idle_timeout: float = field(
+        default=60.0,
+        metadata=key(
+            POSITIVE_DURATION,
+            "HTTP port and S3 front: a kept-alive connection that starts no next request "
+            "within this is closed",
+        ),
+    )
+    body_timeout: float = field(
+        default=60.0,
+        metadata=key(
+            POSITIVE_DURATION,
+            "HTTP port and S3 front: a request body must arrive whole within this of its "
+            "head; else the connection is closed",
+        ),
+    )
+    max_connections: int = field(
+        default=1024,
+        metadata=key(
+            POSITIVE_COUNT,
+            "connections from non-peers, both ports together (at most a quarter of the fd "
+            "limit); past it the one idle longest is closed, or the new one (docs/security.md)",
+        ),
+    )
+    max_connections_per_address: int = field(
+        default=128,
+        metadata=key(
+            POSITIVE_COUNT,
+            "of those, from one client address (loopback has no cap of its own)",
+        ),
+    )
+    peer_connections: int = field(
+        default=1024,
+        metadata=key(
+            POSITIVE_COUNT,
+            "connections from [peers] members' addresses: a budget of their own that "
+            "non-peers cannot take (at most a quarter of the fd limit)",
+        ),
+    )
     log_format: str = field(
         default="json", metadata=key(choice("json", "text"), '"json" (one object a line) or "text"')
     )

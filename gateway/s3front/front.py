@@ -49,8 +49,7 @@ from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import unquote
 
 from aiohttp import web
-from aiohttp.http_exceptions import LineTooLong
-from aiohttp.web_protocol import RequestHandler
+from aiohttp.http_exceptions import HttpProcessingError
 from multidict import MultiDict
 
 from chunkd.errors import (
@@ -63,6 +62,7 @@ from chunkd.errors import (
 )
 from chunkd.gateway.appkeys import READ_PATH, STREAMING
 from chunkd.gateway.config.addresses import is_loopback
+from chunkd.gateway.connections import GuardedHandler, GuardedRunner, HeadLimits, head_too_large
 from chunkd.gateway.dashboard.session import browser_refusal
 from chunkd.gateway.names import validate_key
 from chunkd.gateway.objectbody import etag_of, quoted_etag, reading_of, send_object
@@ -650,11 +650,19 @@ def error_response(failure: S3Error, request_id: str, *, head: bool = False) -> 
 
 # -- what the HTTP parser refuses ------------------------------------------------------
 
+#: the front's request heads: S3's 8 KiB of headers, counted as they arrive
+S3_HEAD: Final = HeadLimits(section=MAX_HEADER_BYTES)
 
-class _S3RequestHandler(RequestHandler):
-    """aiohttp's connection handler, answering what its parser refuses (a header line
-    past :data:`MAX_HEADER_BYTES`, too many headers, a malformed request line) in S3
-    XML, not plain text."""
+
+class _S3RequestHandler(GuardedHandler):
+    """The front's connection handler (:class:`~chunkd.gateway.connections.GuardedHandler`,
+    under the daemon's connection bounds), answering what its parser refuses in S3 XML,
+    not plain text: a head over its bounds (a line past 8 KiB, more than 128 headers,
+    more than :data:`S3_HEAD` bytes in all) is ``RequestHeaderSectionTooLarge``, a
+    ``Content-Length`` that is no length (not digits, past 2^64, given twice, or with a
+    ``Transfer-Encoding``) is ``InvalidArgument``, anything else ``InvalidRequest``."""
+
+    __slots__ = ()
 
     def handle_error(
         self,
@@ -666,36 +674,39 @@ class _S3RequestHandler(RequestHandler):
         if status != 400:
             return super().handle_error(request, status, exc, message)
         text = f"{message or ''} {exc or ''}".strip() or "bad request"
-        too_large = isinstance(exc, LineTooLong) or any(
-            word in text.lower() for word in ("too long", "too many", "overflow", "too large")
-        )
-        failure = s3_error(
-            "RequestHeaderSectionTooLarge" if too_large else "InvalidRequest",
-            "Your request header section exceeds the maximum size"
-            if too_large
-            else f"The request could not be read as HTTP: {text[:200]}",
-        )
-        self.log_debug("S3 front refused a request before routing: %s", text[:200])
+        if head_too_large(exc):
+            failure = s3_error(
+                "RequestHeaderSectionTooLarge",
+                "Your request header section exceeds the maximum size",
+            )
+        elif "content-length" in text.lower():
+            failure = s3_error(
+                "InvalidArgument",
+                "The Content-Length header is not a length this endpoint can read",
+                fields={"ArgumentName": "Content-Length"},
+            )
+        else:
+            failure = s3_error(
+                "InvalidRequest", f"The request could not be read as HTTP: {text[:200]}"
+            )
+        if isinstance(exc, HttpProcessingError):
+            # As the HTTP port's are: counted, a line each (rate limited), no traceback.
+            self.log_exception("Error handling request from %s", request.remote, exc_info=exc)
         response = error_response(failure, secrets.token_hex(8).upper())
         response.force_close()
         return response
 
 
-class _S3Server(web.Server):
-    def __call__(self) -> RequestHandler:
-        return _S3RequestHandler(self, loop=self._loop, **self._kwargs)
-
-
-class S3FrontRunner(web.AppRunner):
-    """The front's runner: aiohttp's, with its parser's own limits (a header line of
-    8 KiB, 128 headers), and the connection handler of :class:`_S3RequestHandler`.
+class S3FrontRunner(GuardedRunner):
+    """The front's runner: a :class:`~chunkd.gateway.connections.GuardedRunner` with
+    the heads of :data:`S3_HEAD` and the connection handler of :class:`_S3RequestHandler`.
 
     aiohttp has no public hook for how its parser's refusals are answered, so the
     server it makes is given that handler's class; ``tests/test_s3front.py`` checks
     the answer, and so an aiohttp that changes this.
     """
 
-    async def _make_server(self) -> web.Server:
-        server = await super()._make_server()
-        server.__class__ = _S3Server
-        return server
+    handler_class = _S3RequestHandler
+
+    def __init__(self, app: web.Application, **kwargs: Any) -> None:
+        super().__init__(app, port="s3", head=S3_HEAD, **kwargs)

@@ -293,8 +293,7 @@ class StoreBackend(Backend):
                 )
             except Exception as exc:
                 error = self._translate(exc, key)
-                if self._count_error(error):
-                    self._failed()
+                self._settle(error)
                 raise error from exc
             finally:
                 self._metrics.backend_seconds.labels(self.name, "stream").observe(
@@ -468,17 +467,9 @@ class StoreBackend(Backend):
                 raise
             except Exception as exc:
                 error = self._translate(exc, key, op)
-                if isinstance(error, InvalidKeyError):
-                    # The request's own key: said at once, and neither a failure nor a
-                    # success of the backend (a probe is over, the circuit unchanged).
-                    self._probing = False
-                    self._metrics.rejected_keys.labels(self.name).inc()
-                    raise error from exc
-                self._count_error(error)
+                self._settle(error)
                 if not isinstance(error, BackendUnavailableError):
-                    self._succeeded()  # the backend answered: it is up
                     raise error from exc
-                self._failed()
                 if n == retries or self.circuit_open:
                     raise error from exc
                 delay = RETRY_BACKOFF.delay(n)
@@ -502,17 +493,36 @@ class StoreBackend(Backend):
             return result
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _count_error(self, error: Exception) -> bool:
-        """Count a request's outcome other than success; return whether the backend
-        failed it. "No such object" is the backend's answer to a question the caller
-        asked (a HEAD or a GET that the interface answers with ``None``, a stream whose
-        object is gone): counted in ``chunkd_backend_not_found_total``, never as a
-        backend error. Every other error is one (``chunkd_backend_errors_total``)."""
+    def _settle(self, error: Exception) -> None:
+        """Count a request's error and tell the circuit breaker, one way for every
+        path (a request, and a body read in pieces).
+
+        A key the store cannot hold is the request's own (said at once, neither a
+        failure nor a success: a probe is over, the circuit unchanged). A failure that
+        may heal (:class:`BackendUnavailableError`) counts towards opening the circuit.
+        Any other error is the backend's answer (no such object, no such bucket, a
+        refusal, a changed version): it is up.
+        """
+        if isinstance(error, InvalidKeyError):
+            self._probing = False
+            self._metrics.rejected_keys.labels(self.name).inc()
+            return
+        self._count_error(error)
+        if isinstance(error, BackendUnavailableError):
+            self._failed()
+        else:
+            self._succeeded()
+
+    def _count_error(self, error: Exception) -> None:
+        """Count a request's outcome other than success. "No such object" is the
+        backend's answer to a question the caller asked (a HEAD or a GET that the
+        interface answers with ``None``, a stream whose object is gone): counted in
+        ``chunkd_backend_not_found_total``, never as a backend error. Every other error
+        is one (``chunkd_backend_errors_total``)."""
         if isinstance(error, ObjectNotFoundError):
             self._metrics.backend_not_found.labels(self.name).inc()
-            return False
+            return
         self._metrics.backend_errors.labels(self.name, type(error).__name__).inc()
-        return True
 
     def _check_circuit(self, key: str) -> None:
         now = time.monotonic()

@@ -1,11 +1,16 @@
 """The barrier between garbage collections and saves: ``gc/<run>.json``.
 
 A collection writes its barrier before it reads the intents and removes it after its
-last delete (:class:`Barrier`, the collection's side); a save lists the barriers
-after its intent is written and before its first dedup decision, and waits for the
-ones it saw (:func:`await_collections`: step 5 in :mod:`chunkd.gateway.checkpoints.save`,
-and the same step of a dataset freeze). ``docs/checkpoints.md`` has the argument
-that together they never lose a chunk.
+last delete (:class:`Barrier`, the collection's side; :func:`intent_chunks`,
+:func:`remove_barrier`); a save lists the barriers after its intent is written and
+before its first dedup decision, and waits for the ones it saw
+(:func:`await_collections`: step 5 in :mod:`chunkd.gateway.checkpoints.save`, and the
+same step of a dataset freeze). ``docs/checkpoints.md`` has the argument that together
+they never lose a chunk.
+
+Whatever deletes chunks a save might find present takes the collection's side whole:
+``chunkd gc``'s sweep (:mod:`.gc`) and ``chunkd gc --scrub --remove``
+(:func:`chunkd.gateway.chunkstore.scrub`).
 """
 
 from __future__ import annotations
@@ -19,9 +24,9 @@ import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any, Final
 
-from chunkd.errors import CheckpointError
-from chunkd.gateway.checkpoints.jobs import polling
-from chunkd.gateway.checkpoints.model import GC_BARRIERS, dumps
+from chunkd.errors import CheckpointError, ChunkdError
+from chunkd.gateway.checkpoints.jobs import each, polling
+from chunkd.gateway.checkpoints.model import GC_BARRIERS, INTENTS, dumps
 
 if TYPE_CHECKING:
     from chunkd.gateway.backends import Backend, ObjectMeta
@@ -30,9 +35,12 @@ __all__ = [
     "BARRIER_EXPIRY",
     "BARRIER_EXPIRY_CAP",
     "Barrier",
+    "Spawn",
     "await_collections",
     "declared_expiry",
+    "intent_chunks",
     "list_barriers",
+    "remove_barrier",
 ]
 
 log = logging.getLogger(__name__)
@@ -40,6 +48,8 @@ log = logging.getLogger(__name__)
 #: how a writer sends one backend request: ``attempt(step)`` awaits ``step()``, with
 #: whatever retries it wants (a save job waits out a backend that is down)
 Attempt = Callable[[Callable[[], Awaitable[Any]]], Awaitable[Any]]
+#: runs work in the background, beyond the request that starts it (``Jobs.spawn``)
+Spawn = Callable[[Awaitable[Any]], "asyncio.Future[Any]"]
 
 #: the shortest expiry of a collection's barrier (longer where one backend request
 #: may take longer): how long saves wait for a collection that died
@@ -143,6 +153,82 @@ class Barrier:
             if _clock() + self.request_bound + self.expiry / 4 <= self._safe_until():
                 return True
             await self.write()  # the last write itself was slow: start afresh
+
+
+async def remove_barrier(barrier: Barrier, spawn: Spawn, what: str = "gc") -> None:
+    """Remove ``barrier``, however the collection (or scrub) that wrote it ended.
+
+    The delete runs as work of its own (``spawn``), so a collection cancelled (its
+    client went away) still removes its barrier. If the collection ended with a
+    request of its own maybe still on its way (a delete cancelled or failed
+    mid-flight: :attr:`Barrier.unsettled`), the barrier stays until that request is
+    surely over (:attr:`Barrier.request_bound`), in the background: a save must not
+    look for a chunk that delete may yet remove. If even the removal fails, saves take
+    the barrier for abandoned once it has not changed for its expiry.
+    """
+    delay = barrier.request_bound if barrier.unsettled else 0.0
+
+    async def remove() -> None:
+        await asyncio.sleep(delay)
+        try:
+            await barrier.backend.delete(barrier.key)
+        except ChunkdError as exc:
+            log.warning(
+                "%s: could not remove barrier %s/%s (%s); saves pass it once it has "
+                "been unchanged for %.0fs",
+                what,
+                barrier.backend.name,
+                barrier.key,
+                exc,
+                barrier.expiry,
+            )
+
+    removal = spawn(remove())
+    if not delay:
+        await asyncio.shield(removal)
+
+
+async def intent_chunks(
+    backend: Backend,
+    *,
+    expire_after: float | None,
+    barrier: Barrier | None = None,
+    wanted: set[str] | None = None,
+) -> set[str]:
+    """The chunk ids the intents in ``backend`` name (saves and freezes in flight, and
+    saves committed less than the intents' lifetime ago).
+
+    Intents older than ``expire_after`` seconds are deleted (None: none is, and every
+    intent counts). ``barrier`` is kept fresh meanwhile (there may be many intents to
+    read). ``wanted``: only those ids are kept (a scrub asks about a few chunks, and
+    holds no more than them whatever the intents name).
+    """
+    keep: set[str] = set()
+    now = time.time()
+
+    async def read(key: str) -> list[Any]:
+        raw = await backend.get(key)
+        if raw is None:
+            return []
+        try:
+            chunks = json.loads(bytes(raw))["chunks"]
+        except (ValueError, KeyError, TypeError):
+            return []
+        return chunks if isinstance(chunks, list) else []
+
+    async with contextlib.aclosing(backend.scan(INTENTS.rstrip("/"))) as batches:
+        async for batch in batches:
+            expired = [
+                m.key for m in batch if expire_after is not None and now - m.modified > expire_after
+            ]
+            await each(expired, backend.delete)  # their saves committed or died long ago
+            gone = set(expired)
+            for chunks in await each([m.key for m in batch if m.key not in gone], read):
+                named = (str(c) for c in chunks)
+                keep.update(named if wanted is None else (c for c in named if c in wanted))
+            if barrier is not None:
+                await barrier.keep_fresh()
+    return keep
 
 
 def _clock() -> float:

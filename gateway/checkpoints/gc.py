@@ -3,7 +3,6 @@ against the saves running meanwhile by the barrier protocol (:mod:`.barrier`).""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import functools
 import json
@@ -12,14 +11,13 @@ import time
 from collections.abc import AsyncGenerator, Callable
 from typing import TYPE_CHECKING, Any, Final
 
-from chunkd.errors import CheckpointNotFoundError, ChunkdError
-from chunkd.gateway.checkpoints.barrier import Barrier
+from chunkd.errors import CheckpointNotFoundError
+from chunkd.gateway.checkpoints.barrier import Barrier, intent_chunks, remove_barrier
 from chunkd.gateway.checkpoints.catalog import Catalog
 from chunkd.gateway.checkpoints.jobs import Jobs, each
 from chunkd.gateway.checkpoints.model import (
     CHECKPOINTS,
     CHUNKS,
-    INTENTS,
     PART_RE,
     is_manifest,
     manifest_key,
@@ -132,11 +130,11 @@ class Collector:
             if barrier is not None:
                 await barrier.write()  # before the intents are read: the protocol's pivot
             expire = None if dry_run else intent_ttl
-            live |= await self._intent_chunks(backend, expire_after=expire, barrier=barrier)
+            live |= await intent_chunks(backend, expire_after=expire, barrier=barrier)
             report |= await self._sweep(backend, live, now - grace, barrier)
         finally:
             if barrier is not None:
-                await self._drop_barrier(barrier)
+                await remove_barrier(barrier, self.jobs.spawn)
                 report["barrier_refreshes"] = barrier.refreshes - 1
                 report["intent_rereads"] = barrier.rereads
         log.info(
@@ -216,9 +214,7 @@ class Collector:
                             # The barrier may have looked dead to saves for a while:
                             # one of them may have written its intent and gone on.
                             barrier.rereads += 1
-                            live |= await self._intent_chunks(
-                                backend, expire_after=None, barrier=barrier
-                            )
+                            live |= await intent_chunks(backend, expire_after=None, barrier=barrier)
                         kept = [m for m in group if m.key[len(CHUNKS) :] in live]
                         counts["referenced"] += len(kept)
                         group = [m for m in group if m.key[len(CHUNKS) :] not in live]
@@ -230,37 +226,6 @@ class Collector:
                     await barrier.keep_fresh()
         return counts
 
-    async def _drop_barrier(self, barrier: Barrier) -> None:
-        """Remove a collection's barrier, however the collection ended.
-
-        The delete runs as a task of its own, so a collection cancelled (its client
-        went away) still removes its barrier. If the collection ended with a request
-        of its own maybe still on its way (a delete cancelled or failed mid-flight),
-        the barrier stays until that request is surely over (its bound), in the
-        background: a save must not look for a chunk that delete may yet remove. If
-        even the removal fails, saves take the barrier for abandoned once it has not
-        changed for its expiry.
-        """
-        delay = barrier.request_bound if barrier.unsettled else 0.0
-
-        async def remove() -> None:
-            await asyncio.sleep(delay)
-            try:
-                await barrier.backend.delete(barrier.key)
-            except ChunkdError as exc:
-                log.warning(
-                    "gc: could not remove barrier %s/%s (%s); saves pass it once it has "
-                    "been unchanged for %.0fs",
-                    barrier.backend.name,
-                    barrier.key,
-                    exc,
-                    barrier.expiry,
-                )
-
-        removal = self.jobs.spawn(remove())
-        if not delay:
-            await asyncio.shield(removal)
-
     async def _part_chunks(self, backend: Backend, key: str) -> set[str]:
         """The chunk ids a part names (none if it is gone or unreadable)."""
         raw = await backend.get(key)
@@ -271,38 +236,3 @@ class Collector:
             return {str(c) for seg in part["segments"] for c, _ in seg["chunks"]}
         except (ValueError, KeyError, TypeError):
             return set()
-
-    async def _intent_chunks(
-        self, backend: Backend, *, expire_after: float | None, barrier: Barrier | None = None
-    ) -> set[str]:
-        """Chunk ids named by intents; intents older than ``expire_after`` are deleted.
-
-        ``barrier`` is kept fresh meanwhile (there may be many intents to read).
-        """
-        keep: set[str] = set()
-        now = time.time()
-
-        async def read(key: str) -> list[Any]:
-            raw = await backend.get(key)
-            if raw is None:
-                return []
-            try:
-                chunks = json.loads(bytes(raw))["chunks"]
-            except (ValueError, KeyError, TypeError):
-                return []
-            return chunks if isinstance(chunks, list) else []
-
-        async with contextlib.aclosing(backend.scan(INTENTS.rstrip("/"))) as batches:
-            async for batch in batches:
-                expired = [
-                    m.key
-                    for m in batch
-                    if expire_after is not None and now - m.modified > expire_after
-                ]
-                await each(expired, backend.delete)  # their saves committed or died long ago
-                gone = set(expired)
-                for chunks in await each([m.key for m in batch if m.key not in gone], read):
-                    keep.update(str(c) for c in chunks)
-                if barrier is not None:
-                    await barrier.keep_fresh()
-        return keep

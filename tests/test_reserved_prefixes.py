@@ -4,6 +4,8 @@
 reserved prefix is reached both ways (the destination prefix, and a member's own
 relative key migrated to the backend's root), and each is refused before anything is
 written, with what the planted object would have done checked not to happen.
+Backends that share a store (one inside the other's bucket prefix or directory) keep
+each other's prefixes: a key of one that lands in the other's chunk store is refused.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from chunkd import memfd
 from chunkd.client import Client
 from chunkd.client import checkpoint as ckpt
 from chunkd.errors import InvalidKeyError, ReservedKeyError
+from chunkd.gateway.config import BackendConfig
 from chunkd.gateway.reserved import EVERY_BACKEND, ReservedPrefixes
 from chunkd.snapshot import Member, Snapshot
 from tests.conftest import Daemon, small_node_toml
@@ -190,3 +193,112 @@ def test_migrate_elsewhere_on_the_backend_still_works(node: tuple[Client, Path])
     got = client.request("ds_migrate", {"ref": "fine", "to": "local"}, timeout=60).header
     assert (got["copied"], got["kept"]) == (2, 0)
     assert (root / "local/chunks-of-mine/a.bin").read_bytes() == data
+
+
+def test_backends_that_share_a_store_keep_each_others_prefixes(tmp_path: Path) -> None:
+    real = tmp_path / "real"
+    (real / "team").mkdir(parents=True)
+    (tmp_path / "link").symlink_to(real)
+    configs = [
+        BackendConfig("raw", "s3://b"),
+        BackendConfig("ckpt", "s3://b/team"),
+        BackendConfig("alias", "s3://b/team/"),  # the same place under another name
+        BackendConfig("deep", "s3://b/team/chunks/x"),  # inside ckpt's chunk store
+        BackendConfig("other", "s3://c"),  # another bucket
+        BackendConfig("gcs", "gs://b"),  # another service
+        BackendConfig("fs", f"file://{tmp_path / 'link'}"),  # the same directory, by a link
+        BackendConfig("fsteam", f"file://{real / 'team'}"),
+        BackendConfig("m1", "memory://"),
+        BackendConfig("m2", "memory://"),
+    ]
+    rule = ReservedPrefixes("ckpt/datasets", configs)
+    # raw holds ckpt (and alias) under team/: ckpt's prefixes, its registry's included.
+    for key in (
+        "team/chunks/abc",
+        "team/chunks",
+        "team/checkpoints/run/step-9/manifest.json",
+        "team/intents/x.0.json",
+        "team/gc/x.json",
+        "team/datasets/frozen/x.json",
+    ):
+        with pytest.raises(ReservedKeyError, match=r"raw/team/.*which is ckpt/"):
+            rule.check("raw", key, door="ds_migrate")
+    for key in ("team/data/a", "teamx/chunks/a", "datasets/a", "team/chunksx"):
+        assert rule.check("raw", key, door="ds_migrate") == key
+    with pytest.raises(ReservedKeyError):
+        rule.check("raw", "chunks/abc", door="ds_migrate")  # its own, as before
+    # Two names for one place keep each other's prefixes: alias keeps the registry's.
+    with pytest.raises(ReservedKeyError):
+        rule.check("alias", "datasets/names/a/_versions/1.json", door="ds_migrate")
+    assert "datasets/" in rule.of("ckpt")
+    # A backend inside another's reserved prefix is reserved whole.
+    for key in ("a", "data/part-0.parquet"):
+        with pytest.raises(ReservedKeyError, match=r"all of backend 'deep' lies inside"):
+            rule.check("deep", key, door="ds_migrate")
+    # Other buckets, services and memory stores are stores of their own.
+    for name in ("other", "gcs", "m1", "m2"):
+        assert rule.of(name) == EVERY_BACKEND, name
+        assert rule.check(name, "team/chunks/a", door="ds_migrate") == "team/chunks/a"
+    # Directories: compared after symbolic links are resolved.
+    with pytest.raises(ReservedKeyError, match=r"fs/team/chunks/a.*which is fsteam/chunks/"):
+        rule.check("fs", "team/chunks/a", door="ds_migrate")
+    assert rule.check("fsteam", "team/chunks/a", door="ds_migrate") == "team/chunks/a"
+    # Without the backends' places, each backend is a store of its own (as before).
+    alone = ReservedPrefixes("ckpt/datasets")
+    assert alone.check("raw", "team/chunks/abc", door="ds_migrate") == "team/chunks/abc"
+
+
+def nested_config(tmp_path: Path) -> str:
+    """``raw`` at a directory, ``ckpt`` (the registry's backend) at its ``team/``."""
+    root = tmp_path / "root"
+    return (
+        small_node_toml(
+            tmp_path / "cache",
+            ("raw", root),
+            ("ckpt", root / "team"),
+            ("src", tmp_path / "src"),
+        )
+        + """
+[datasets]
+registry = "ckpt/datasets"
+"""
+    )
+
+
+@pytest.mark.timeout(60)
+def test_migrate_into_another_backend_s_reserved_prefix_by_a_shared_directory_is_refused(
+    start_daemon: Callable[..., Daemon], tmp_path: Path
+) -> None:
+    for name in ("root/team", "src"):
+        (tmp_path / name).mkdir(parents=True)
+    daemon = start_daemon(nested_config(tmp_path), cwd=tmp_path / "run")
+    root, src = tmp_path / "root", tmp_path / "src"
+    with Client(daemon.cwd / "chunkd.sock") as client:
+        state = {"w": np.arange(4096, dtype=np.float32)}
+        ckpt.save(state, "ckpt/run/step-1", client=client, world_size=1, timeout=60)
+        victim = next(p.name for p in (root / "team/chunks").iterdir())
+        evil = os.urandom(RECORD * 4)
+        plant(src, {"m.bin": evil, f"x/team/chunks/{victim}": evil, "x/team/gc/x.json": evil})
+        register(client, "one", "src", "", ["m.bin"])
+        register(client, "two", "src", "x/", [f"x/team/chunks/{victim}"])
+        register(client, "three", "src", "x/", ["x/team/gc/x.json"])
+        before = tree(root)
+        # Way 1: the destination prefix is ckpt's chunk store (or its registry), by raw.
+        for to in ("raw/team/chunks", "raw/team/datasets/frozen", "raw/team/gc"):
+            with pytest.raises(ReservedKeyError, match=rf"ds_migrate would write {to}/"):
+                client.request("ds_migrate", {"ref": "one", "to": to})
+        # Way 2: a member's own key lands there from raw's root.
+        with pytest.raises(ReservedKeyError, match=f"raw/team/chunks/{victim}.*ckpt/chunks/"):
+            client.request("ds_migrate", {"ref": "two", "to": "raw"})
+        with pytest.raises(ReservedKeyError, match=r"raw/team/gc/x\.json"):
+            client.request("ds_migrate", {"ref": "three", "to": "raw"})
+        assert tree(root) == before  # nothing written
+        # The chunk is ckpt's own still, and a save finishes at once (no planted barrier).
+        started = time.monotonic()
+        ckpt.save(state, "ckpt/run/step-2", client=client, world_size=1, timeout=30)
+        assert time.monotonic() - started < 20
+        np.testing.assert_array_equal(ckpt.load("ckpt/run/step-2", client=client)["w"], state["w"])
+        # raw's keys outside ckpt's prefixes are still raw's to fill.
+        got = client.request("ds_migrate", {"ref": "one", "to": "raw/team/data"}, timeout=60)
+        assert got.header["copied"] == 1
+        assert (root / "team/data/m.bin").read_bytes() == evil

@@ -1,7 +1,8 @@
 """Migrating: a snapshot's members copied to another backend, verified, and registered as
 a new version of the same dataset with the same logical contents.
 
-For each member, in turn (a few at once, bounded by bytes in flight)::
+For each member, in turn (:data:`_MEMBERS_AT_ONCE` tasks take the members one after
+another, whatever their number, bounded by bytes in flight)::
 
     1. its bytes: from the frozen chunks when the snapshot is frozen (each chunk checked
        against its id), else through the read path at the recorded version (a member
@@ -10,7 +11,11 @@ For each member, in turn (a few at once, bounded by bytes in flight)::
        Every destination key is checked before anything is copied: a valid key, and
        none under a prefix chunkd keeps for itself (:mod:`chunkd.gateway.reserved`:
        ``chunks/``, ``checkpoints/``, ``intents/``, ``gc/``, the registry's), however
-       it was reached (the destination prefix, or a member's own relative key).
+       it was reached (the destination prefix, or a member's own relative key), and
+       wherever it lands: a destination backend whose place holds another backend's
+       (``s3://b`` holds ``s3://b/team``) keeps the other's prefixes too. The checks
+       run in a thread, not on the event loop (microseconds a member: seconds at a
+       million members).
        An object there already whose chunks hash to the source's chunk ids is kept as
        it is (migrating twice is harmless; nothing is rewritten, so no version token
        changes); one with other bytes is never overwritten: the migration fails
@@ -31,7 +36,9 @@ source, or be listed with it by the next registration.
 
 A member is held whole in memory while it is copied (the Backend interface puts
 whole objects); :data:`BYTES_IN_FLIGHT` bounds how many bytes are held at once, and
-a member larger than that is copied alone.
+a member larger than that is copied alone. A frozen member's chunk is read only when
+its object is no larger than the frozen record's chunk size (a larger one is damaged,
+unread).
 """
 
 from __future__ import annotations
@@ -51,6 +58,7 @@ from chunkd.errors import (
     ReadOnlyBackendError,
 )
 from chunkd.gateway.checkpoints.model import CHUNKS
+from chunkd.gateway.chunkstore import ByteBudget
 from chunkd.gateway.datasets.pinned import first_failure, member_leases
 from chunkd.gateway.names import split_prefix, validate_key
 from chunkd.gateway.reserved import ReservedPrefixes
@@ -71,26 +79,6 @@ BYTES_IN_FLIGHT: Final = 512 << 20
 _MEMBERS_AT_ONCE: Final = 8
 
 
-class _ByteBudget:
-    """At most ``limit`` bytes taken at once; a request larger than the limit waits
-    until nothing else is taken, then runs alone."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.taken = 0
-        self._changed = asyncio.Condition()
-
-    async def take(self, size: int) -> None:
-        async with self._changed:
-            await self._changed.wait_for(lambda: self.taken == 0 or self.taken + size <= self.limit)
-            self.taken += size
-
-    async def give(self, size: int) -> None:
-        async with self._changed:
-            self.taken -= size
-            self._changed.notify_all()
-
-
 class Migrator:
     """Copies snapshots to other backends and registers the copies.
 
@@ -104,7 +92,9 @@ class Migrator:
         self.registry = registry
         self.read_path = read_path
         self.backends = backends
-        self.reserved = ReservedPrefixes(registry.registry)
+        # Where every backend lies: a backend inside another's place keeps the other's
+        # reserved prefixes too (``raw = s3://b`` holds ``ckpt = s3://b/team``'s chunks).
+        self.reserved = ReservedPrefixes(registry.registry, (b.config for b in backends))
 
     def destination(self, to: str) -> tuple[Backend, str]:
         """The destination backend (writable) and prefix of ``to`` (``BACKEND/PREFIX``).
@@ -152,34 +142,47 @@ class Migrator:
         new_prefix = f"{prefix}/" if prefix else ""
         if new_prefix:
             self.reserved.check(dest.name, new_prefix, door="ds_migrate")
-        # Every final key, checked before anything is copied.
-        keys = [
-            self.reserved.check(
-                dest.name, validate_key(_dest_key(new_prefix, snapshot, m)), door="ds_migrate"
-            )
-            for m in snapshot.members
-        ]
-        budget = _ByteBudget(BYTES_IN_FLIGHT)
-        slots = asyncio.Semaphore(_MEMBERS_AT_ONCE)
+        # Every final key, checked before anything is copied: in a thread, as the
+        # checks cost microseconds a member, seconds at a million members.
+        keys = await asyncio.to_thread(self._destination_keys, dest.name, new_prefix, snapshot)
+        budget = ByteBudget(BYTES_IN_FLIGHT)
         counts = {"members": len(snapshot.members), "bytes": 0, "copied": 0, "kept": 0}
+        copied: dict[int, Member] = {}
+        indexes = iter(range(len(snapshot.members)))
 
-        async def one(index: int) -> Member:
-            member = snapshot.members[index]
-            async with slots:
-                await budget.take(member.size)
+        async def copier() -> None:
+            # A few copiers take the members in turn: the tasks in flight are
+            # _MEMBERS_AT_ONCE, whatever the number of members.
+            for index in indexes:
+                size = snapshot.members[index].size
+                await budget.take(size)
                 try:
-                    return await self._copy_member(
+                    copied[index] = await self._copy_member(
                         snapshot, index, dest, keys[index], frozen, counts
                     )
                 finally:
-                    await budget.give(member.size)
+                    await budget.give(size)
 
         with first_failure():
             async with asyncio.TaskGroup() as group:
-                tasks = [group.create_task(one(i)) for i in range(len(snapshot.members))]
-        members = [task.result() for task in tasks]
+                for _ in range(min(_MEMBERS_AT_ONCE, len(snapshot.members))):
+                    group.create_task(copier())
+        members = [copied[i] for i in range(len(snapshot.members))]
         copy = await asyncio.to_thread(snapshot.with_source, dest.name, new_prefix, members)
         return copy, counts
+
+    def _destination_keys(self, dest: str, prefix: str, snapshot: Snapshot) -> list[str]:
+        """Every member's final key in backend ``dest`` below ``prefix``, each a valid
+        key outside the reserved prefixes (run in a thread).
+
+        Raises:
+            InvalidKeyError, ReservedKeyError: the first member whose key is not.
+        """
+        check = self.reserved.check
+        return [
+            check(dest, validate_key(_dest_key(prefix, snapshot, m)), door="ds_migrate")
+            for m in snapshot.members
+        ]
 
     async def _copy_member(
         self,
@@ -194,7 +197,7 @@ class Migrator:
         if frozen is not None:
             chunk_bytes = int(frozen["chunk_bytes"])
             ids = [ChunkId.parse(c) for c in frozen["members"][index]]
-            data = await self._from_chunks(snapshot, index, ids)
+            data = await self._from_chunks(snapshot, index, ids, chunk_bytes)
         else:
             chunk_bytes = self.read_path.chunk_bytes
             ids, data = [], bytearray()
@@ -243,18 +246,29 @@ class Migrator:
             content=digest,
         )
 
-    async def _from_chunks(self, snapshot: Snapshot, index: int, ids: list[ChunkId]) -> bytearray:
-        """A frozen member's bytes, each chunk checked against its id."""
+    async def _from_chunks(
+        self, snapshot: Snapshot, index: int, ids: list[ChunkId], chunk_bytes: int
+    ) -> bytearray:
+        """A frozen member's bytes, each chunk (at most ``chunk_bytes``) checked against
+        its id."""
         backend = self.registry.backend
         data = bytearray()
         for cid in ids:
-            raw = await backend.get(f"{CHUNKS}{cid}")
-            if raw is None:
+            key = f"{CHUNKS}{cid}"
+            meta = await backend.head(key)
+            # A chunk is at most the record's chunk size: a larger object is damaged
+            # and is not read (a planted one may be of any size).
+            raw = (
+                None
+                if meta is None or meta.size > chunk_bytes
+                else await backend.get(key, version=meta)
+            )
+            if meta is None or (raw is None and meta.size <= chunk_bytes):
                 raise ChunkNotFoundError(
                     f"member {snapshot.name_of(index)} of frozen snapshot {snapshot.id}: chunk "
                     f"{cid} is missing from {backend.name}/{CHUNKS}; freeze it again"
                 )
-            if await asyncio.to_thread(ChunkId.of, raw) != cid:
+            if raw is None or await asyncio.to_thread(ChunkId.of, raw) != cid:
                 self.backends.damaged.note(backend.name, cid)
                 raise IntegrityError(
                     f"member {snapshot.name_of(index)} of frozen snapshot {snapshot.id}: chunk "

@@ -23,6 +23,7 @@ import pytest
 from chunkd import memfd
 from chunkd.client import Client
 from chunkd.client.datasets import resolve
+from chunkd.errors import ManifestError
 from chunkd.snapshot import Member, Snapshot, diff
 
 from .conftest import Daemon, dataset_cli
@@ -115,11 +116,12 @@ def test_copies_are_unknown_until_hashes_on_both_sides_decide(node: Daemon) -> N
     assert report["same"] is True
     assert report["same_by"] == {"content": 3, "version": 0}
     assert "3 by content hash" in text
-    report, _ = diff_of(node, "js", "other")
+    report, text = diff_of(node, "js", "other")
     assert report["changed"] == [
         {"key": "part-2.jsonl", "fields": ["content"], "samples": [50, 50]}
     ]
     assert report["unchanged"] == 2
+    assert "~ part-2.jsonl (content)" in text
 
 
 @pytest.mark.timeout(60)
@@ -144,37 +146,30 @@ def test_a_members_content_hash_is_compared_and_absent_from_the_canonical_json(
             backend="local", prefix=f"{prefix}/", format="jsonl", members=keep, schema_of=None
         )
 
-    def commit(snap: Snapshot, name: str) -> None:
-        fd = memfd.sealed(snap.data)
-        try:
-            client.request("ds_commit", {"name": name}, fds=[fd], timeout=30)
-        finally:
-            os.close(fd)
-
     for name in ("js", "copy"):
         cli(node, "register", name, f"local/{name}/", "--format", "jsonl")
     with Client(node.cwd / "chunkd.sock") as client:
-        commit(snapshot("js", hashed=True), "hashed-js")
-        commit(snapshot("copy", hashed=True), "hashed-copy")
-        commit(snapshot("copy", hashed=True, wrong="part-1.jsonl"), "wrong-copy")
-        commit(snapshot("copy", hashed=False), "bare-copy")
-        # A hash decides where both sides have one ...
-        report, text = diff_of(node, "hashed-js", "hashed-copy")
-        assert report["same"] is True
-        assert report["same_by"] == {"content": 3, "version": 0}
-        report, text = diff_of(node, "hashed-js", "wrong-copy")
-        assert [(c["key"], c["fields"]) for c in report["changed"]] == [
-            ("part-1.jsonl", ["content"])
-        ]
-        assert "~ part-1.jsonl (content)" in text
-        # ... and one side's hash alone says nothing.
-        report, _ = diff_of(node, "hashed-js", "bare-copy")
-        assert report["same"] is False
-        assert len(report["unknown"]) == 3
-        # The same answer in process, from the snapshots themselves.
-        a = resolve(client, "hashed-js")[0]
-        b = resolve(client, "bare-copy")[0]
-        assert diff(a, b)["unknown"] == report["unknown"]
+        hashed_js, hashed_copy = snapshot("js", hashed=True), snapshot("copy", hashed=True)
+        wrong_copy = snapshot("copy", hashed=True, wrong="part-1.jsonl")
+        bare_copy = snapshot("copy", hashed=False)
+        # Only chunkd records hashes (migrate, freeze): a client's manifest that carries
+        # them is refused (tests/test_dataset_claims.py has the rest).
+        fd = memfd.sealed(hashed_js.data)
+        try:
+            with pytest.raises(ManifestError, match="chunkd records"):
+                client.request("ds_commit", {"name": "hashed-js"}, fds=[fd], timeout=30)
+        finally:
+            os.close(fd)
+    # A hash decides where both sides have one ...
+    report = diff(hashed_js, hashed_copy)
+    assert report["same"] is True
+    assert report["same_by"] == {"content": 3, "version": 0}
+    report = diff(hashed_js, wrong_copy)
+    assert [(c["key"], c["fields"]) for c in report["changed"]] == [("part-1.jsonl", ["content"])]
+    # ... and one side's hash alone says nothing.
+    report = diff(hashed_js, bare_copy)
+    assert report["same"] is False
+    assert report["unknown"] == ["part-0.jsonl", "part-1.jsonl", "part-2.jsonl"]
 
 
 @pytest.mark.timeout(90)

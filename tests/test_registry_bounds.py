@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import blake3
 import pytest
 
 from chunkd import memfd
@@ -338,3 +339,93 @@ def test_damaged_registry_documents_are_bounded_named_and_listed_around(
     # Registering again repairs each: the next number is taken.
     for name in planted:
         assert commit(client, good, name)["version"] == 3
+
+
+# -- resolving ---------------------------------------------------------------------------
+
+#: how much the daemon may grow while 16 clients resolve one 16 MiB manifest at once: the
+#: one parse it makes and keeps (about 15 times the manifest's size), with room to spare;
+#: a parse per request would take several times that
+RESOLVE_RSS_BOUND = 400 << 20
+#: what a tag move or a hostile manifest's refusal may cost the daemon: neither is parsed
+UNPARSED_RSS_BOUND = 48 << 20
+
+
+def parses_of(daemon: Daemon, ident: str) -> int:
+    """How many times the daemon's log says it parsed snapshot ``ident``'s manifest."""
+    return daemon.log.read_text(errors="replace").count(f"snapshot {ident} parsed")
+
+
+@pytest.mark.timeout(60)
+def test_concurrent_resolves_of_a_large_manifest_parse_it_once(
+    node: tuple[Daemon, Client],
+) -> None:
+    daemon, client = node
+    wide = large_snapshot(client, 16 << 20, "wide")
+    assert commit(client, wide, "wide")["version"] == 1
+    answers: list[str] = []
+    errors: list[BaseException] = []
+
+    def open_it() -> None:
+        try:
+            with (
+                Client(daemon.cwd / "chunkd.sock") as own,
+                own.request("ds_resolve", {"ref": "wide"}, timeout=50) as reply,
+            ):
+                answers.append(reply.header["snapshot"])
+                assert os.fstat(reply.fds[0]).st_size == len(wide.data)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=open_it) for _ in range(16)]
+    with Watch(daemon) as watch:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(50)
+    assert not errors, errors
+    assert answers == [wide.id] * 16
+    assert parses_of(daemon, wide.id) == 1
+    assert not watch.failures, watch.failures
+    assert watch.slowest < HEALTHZ_SECONDS, f"/healthz took {watch.slowest:.2f}s"
+    grew = watch.peak - watch.base
+    assert grew < RESOLVE_RSS_BOUND, f"the daemon grew {grew >> 20} MiB"
+    # Kept: the next resolve parses nothing.
+    assert client.request("ds_resolve", {"ref": "wide@1"}).header["snapshot"] == wide.id
+    assert parses_of(daemon, wide.id) == 1
+
+    # A tag move reads the version pointer, never the manifest.
+    other = large_snapshot(client, 16 << 20, "other")
+    assert commit(client, other, "other")["version"] == 1
+    with Watch(daemon) as watch:
+        moved = client.request("ds_tag", {"name": "other", "tag": "prod", "ref": "1"}).header
+    assert (moved["snapshot"], moved["version"]) == (other.id, 1)
+    assert parses_of(daemon, other.id) == 0
+    assert watch.peak - watch.base < UNPARSED_RSS_BOUND, (watch.peak - watch.base) >> 20
+
+
+@pytest.mark.timeout(60)
+def test_a_hostile_manifest_in_the_registry_is_refused_by_a_worker_when_resolved(
+    node: tuple[Daemon, Client],
+) -> None:
+    daemon, client = node
+    # Planted straight into the registry's files under its own hash (as a writer of the
+    # backend, or a daemon before the shape check, could): 64 MiB of [{}, ...].
+    size = 64 << 20
+    body = b'{"members":[' + b"{}," * ((size - 16) // 3) + b"{}]}"
+    ident = blake3.blake3(body).hexdigest()
+    manifests = daemon.cwd / "chunkd-data" / "datasets" / "manifests"
+    manifests.mkdir(parents=True, exist_ok=True)
+    (manifests / f"{ident}.json").write_bytes(body)
+    del body
+    with (
+        Watch(daemon) as watch,
+        pytest.raises(ManifestError, match="refused before it was parsed"),
+    ):
+        client.request("ds_resolve", {"ref": ident}, timeout=50)
+    assert watch.slowest < HEALTHZ_SECONDS, f"/healthz took {watch.slowest:.2f}s"
+    grew = watch.peak - watch.base
+    assert grew < UNPARSED_RSS_BOUND, f"the daemon grew {grew >> 20} MiB"
+    log = daemon.log.read_text(errors="replace")
+    assert "checked in a worker" in log
+    assert "Traceback" not in log

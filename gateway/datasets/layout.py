@@ -29,7 +29,9 @@ Commit (``ds_commit``): a version is committed as a checkpoint is.
 1. The daemon checks the manifest whole (:meth:`.Registry.check_manifest`: its shape
    before anything is parsed, then the parse :meth:`Snapshot.parse` does, in a thread or
    a worker process by its size) and takes its id from its bytes, never from the
-   client. What that may cost is bounded: :mod:`.registry`.
+   client. What that may cost is bounded: :mod:`.registry`. A client's manifest may
+   not carry a member's ``content`` or an ``origin`` (``diff`` trusts them): chunkd
+   records those itself, and only the daemon's own migrate commits them.
 2. ``manifests/<id>.json`` is put if absent. If one is there it is read and must hash
    to the id; one that does not (torn, or altered) is replaced by these bytes.
 3. The highest version of NAME is listed. If its pointer names the same id, that
@@ -58,10 +60,13 @@ shows only the current value of each tag).
 
 Resolve (``ds_resolve``): ``NAME@N`` reads pointer N; ``NAME`` and ``NAME@latest`` the
 highest pointer; ``NAME@TAG`` the tag's highest entry; a snapshot id reads
-``manifests/<id>.json`` directly. The manifest is checked against the id (its blake3):
-a torn or forged one is a :class:`~chunkd.errors.ManifestError`, and nothing else is
-touched. A name, version or tag that does not exist, or one whose manifest is
-missing, is a :class:`~chunkd.errors.DatasetNotFoundError`.
+``manifests/<id>.json`` directly. The manifest is checked against the id (its blake3)
+when it is parsed: a torn or forged one is a :class:`~chunkd.errors.ManifestError`, and
+nothing else is touched. Parsed snapshots are kept by id (immutable: the id names the
+bytes), within the bounds of :mod:`.registry`. A tag move reads the version's pointer
+for the snapshot id and HEADs its manifest; it never parses the manifest. A name,
+version or tag that does not exist, or one whose manifest is missing, is a
+:class:`~chunkd.errors.DatasetNotFoundError`.
 
 Freeze (``ds_freeze``): the members' bytes go into the registry backend's
 content-addressed ``chunks/``, as checkpoint chunks do, by the checkpoints' GC-safe

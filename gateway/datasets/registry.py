@@ -12,7 +12,22 @@ What a request may cost the daemon, bounded before the work starts:
   :data:`IN_PROCESS_BYTES` is then parsed in a thread; a larger one in a worker process
   (``python -m chunkd.snapshot``) under an address-space limit of
   :data:`WORKER_BASE` + :data:`WORKER_RATIO` times its size and a time limit of
-  :data:`WORKER_SECONDS`: the daemon's heap and event loop never carry its parse;
+  :data:`WORKER_SECONDS`: the daemon's heap and event loop never carry its parse. A
+  client's manifest may not carry ``content`` or ``origin`` (:attr:`Snapshot.claims`):
+  chunkd records those itself, and only the daemon's own migrate commits them;
+* **a manifest to resolve** (``ds_resolve``, ``ds_freeze``, ``ds_migrate``, the
+  inspector's open): parsed snapshots are kept by id, the most recently used first, up
+  to :data:`PARSED_BYTES` of manifest bytes and :data:`PARSED_COUNT` manifests (a
+  snapshot is immutable and its id names its bytes, so a kept one is always right).
+  Concurrent resolves of one id share one load. A load takes a turn of the same
+  :data:`COMMIT_CHECKS` as commits: one of up to :data:`IN_PROCESS_BYTES` is read and
+  parsed in a thread; a larger one is read into a sealed memfd :data:`READ_PIECE`
+  bytes at a time, its hash and shape are checked by a worker process first (a
+  hostile one costs the daemon nothing more), and only then is it parsed in a thread
+  of the daemon. That parse is the bound left: a legitimate manifest of 256 MiB holds
+  the GIL for seconds (``json.loads``), once per id while it is kept (one larger than
+  :data:`PARSED_BYTES` is not kept). ``ds_tag`` reads the version pointer only, never
+  the manifest;
 * **a version pointer or a tag entry** (a few hundred bytes as chunkd writes them):
   at most :data:`DOCUMENT_BYTES` are read (:func:`read_document`, a ranged read, or
   the size a listing gave, before any read) and parsed, after a shape check
@@ -25,11 +40,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import os
 import sys
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
@@ -69,6 +86,9 @@ __all__ = [
     "DOCUMENT_BYTES",
     "IN_PROCESS_BYTES",
     "MAX_TAGS",
+    "PARSED_BYTES",
+    "PARSED_COUNT",
+    "READ_PIECE",
     "WORKER_BASE",
     "WORKER_RATIO",
     "WORKER_SECONDS",
@@ -102,6 +122,14 @@ WORKER_BASE: Final = 256 << 20
 WORKER_RATIO: Final = 20
 #: the longest a worker's check may take, in seconds
 WORKER_SECONDS: Final = 600.0
+#: the parsed manifests kept, by their bytes (a parsed one takes about 14 times its
+#: bytes in Python objects: up to about 900 MiB of the daemon's memory) ...
+PARSED_BYTES: Final = 64 << 20
+#: ... and by count
+PARSED_COUNT: Final = 64
+#: the most bytes of a large manifest the daemon holds in its heap while it reads it
+#: into a memfd for its worker
+READ_PIECE: Final = 8 << 20
 
 
 def _dumps(doc: Any) -> bytes:
@@ -136,8 +164,14 @@ class Registry:
         self.registry = registry
         self.backend_name, _, prefix = registry.partition("/")
         self.layout = Layout(prefix)
-        #: the manifest checks running (COMMIT_CHECKS at once; the rest wait in line)
+        #: the manifest checks and loads running (COMMIT_CHECKS at once; the rest wait
+        #: in line)
         self._checks = asyncio.Semaphore(COMMIT_CHECKS)
+        #: parsed snapshots by id, least recently used first, and their bytes together
+        self._parsed: OrderedDict[str, Snapshot] = OrderedDict()
+        self._parsed_bytes = 0
+        #: the loads in flight, by id: every concurrent resolve of one id awaits one
+        self._loading: dict[str, asyncio.Future[Snapshot]] = {}
 
     # -- the backend ----------------------------------------------------------------
 
@@ -193,22 +227,99 @@ class Registry:
     # -- manifests ------------------------------------------------------------------
 
     async def manifest(self, ident: str) -> Snapshot:
-        """The snapshot whose id is ``ident``, checked against it.
+        """The snapshot whose id is ``ident``, checked against it: a kept one, or the
+        load in flight for it, or a new load (see the module docstring for what one
+        may cost).
 
         Raises:
             DatasetNotFoundError: no manifest has that id.
-            ManifestError: the stored bytes do not hash to it (torn or forged), or are
-                not a manifest this code reads.
+            ManifestError: the stored bytes do not hash to it (torn or forged), are
+                not a manifest this code reads, or are larger than any manifest.
         """
         check_snapshot_id(ident)
-        # No manifest is larger than a commit takes: a bigger object is not read whole.
-        raw = await read_document(self.backend, self.layout.manifest(ident), limit=MAX_LAYOUT)
+        kept = self._parsed.get(ident)
+        if kept is not None:
+            self._parsed.move_to_end(ident)
+            return kept
+        loading = self._loading.get(ident)
+        if loading is None:
+            loading = asyncio.ensure_future(self._load(ident))
+            self._loading[ident] = loading
+            loading.add_done_callback(functools.partial(self._loaded, ident))
+        # A caller that leaves (its client closed) does not cancel the others' load.
+        return await asyncio.shield(loading)
+
+    def _loaded(self, ident: str, loading: asyncio.Future[Snapshot]) -> None:
+        self._loading.pop(ident, None)
+        if loading.cancelled() or loading.exception() is not None:
+            return  # its waiters got the error (retrieved here: none may be left)
+        snapshot = loading.result()
+        size = len(snapshot.data)
+        if size > PARSED_BYTES or ident in self._parsed:
+            return
+        self._parsed[ident] = snapshot
+        self._parsed_bytes += size
+        while len(self._parsed) > PARSED_COUNT or self._parsed_bytes > PARSED_BYTES:
+            _, dropped = self._parsed.popitem(last=False)
+            self._parsed_bytes -= len(dropped.data)
+
+    async def _load(self, ident: str) -> Snapshot:
+        """Read and parse manifest ``ident``, in its turn."""
+        key = self.layout.manifest(ident)
+        backend = self.backend
+        started = time.monotonic()
+        # The first read is bounded by IN_PROCESS_BYTES: not worth a turn.
+        try:
+            raw = await backend.get(key, ByteRange(0, IN_PROCESS_BYTES + 1))
+        except RangeNotSatisfiableError:  # an empty object: no manifest
+            raw = memoryview(b"")
         if raw is None:
             raise DatasetNotFoundError(f"no snapshot {ident} in the dataset registry")
-        # Hashing and parsing a large manifest is CPU work: off the loop.
-        return await asyncio.to_thread(Snapshot.parse, raw, ident)
+        async with self._checks:
+            if len(raw) <= IN_PROCESS_BYTES:
+                snapshot = await asyncio.to_thread(Snapshot.parse, raw, ident)
+            else:
+                del raw
+                snapshot = await self._load_large(backend, key, ident)
+            log.info(
+                "snapshot %s parsed: %d bytes in %.2fs",
+                ident,
+                len(snapshot.data),
+                time.monotonic() - started,
+            )
+            return snapshot
 
-    async def check_manifest(self, data: bytes | memoryview, *, fd: int | None = None) -> str:
+    async def _load_large(self, backend: Backend, key: str, ident: str) -> Snapshot:
+        """A manifest over :data:`IN_PROCESS_BYTES`: into a sealed memfd piece by piece,
+        its hash and shape checked by a worker, then parsed here."""
+        meta = await backend.head(key)
+        if meta is None:
+            raise DatasetNotFoundError(f"no snapshot {ident} in the dataset registry")
+        if meta.size > MAX_LAYOUT:  # no commit takes one: not read at all
+            raise _oversized(key, f"{meta.size} bytes", MAX_LAYOUT)
+        size = meta.size
+        fd = memfd.create("chunkd-manifest", size)
+        try:
+            for start in range(0, size, READ_PIECE):
+                piece = await backend.get(key, ByteRange(start, min(size, start + READ_PIECE)))
+                if piece is None:
+                    raise DatasetNotFoundError(f"no snapshot {ident} in the dataset registry")
+                if len(piece) != min(READ_PIECE, size - start):
+                    raise _torn(ident, "it changed while it was read")
+                await asyncio.to_thread(memfd.write_at, fd, piece, start)
+                del piece
+            memfd.seal(fd)
+            answer = await _check_in_worker(fd, size, shape_only=True)
+            if answer.get("id") != ident:
+                raise _torn(ident, f"it hashes to {answer.get('id')}")
+            data = await asyncio.to_thread(os.pread, fd, size, 0)
+        finally:
+            os.close(fd)
+        return await asyncio.to_thread(functools.partial(Snapshot.parse, data, ident, checked=True))
+
+    async def check_manifest(
+        self, data: bytes | memoryview, *, fd: int | None = None, verified_copy: bool = False
+    ) -> str:
         """The id of manifest ``data``, once it is checked whole as :meth:`Snapshot.parse`
         checks it: its shape first, then a full parse (see the module docstring for
         where, and what it may cost). At most :data:`COMMIT_CHECKS` run at once; a
@@ -218,24 +329,35 @@ class Registry:
             data: the manifest's bytes.
             fd: a sealed memfd holding the same bytes, if the caller has one (a worker
                 reads it without a copy; otherwise one is made for a large manifest).
+            verified_copy: the manifest is the daemon's own migrate's, whose members'
+                ``content`` and ``origin`` it recorded itself; otherwise a manifest
+                that carries either (:attr:`Snapshot.claims`) is refused.
 
         Raises:
             ManifestError: ``data`` is not a manifest (refused by its shape before it
-                is parsed, by its parse, or by the memory its parse took).
+                is parsed, by its parse, or by the memory its parse took), or claims
+                what only chunkd records.
             DatasetError: the worker failed (its exit status and last words are logged).
         """
         async with self._checks:
             if len(data) <= IN_PROCESS_BYTES:
                 snapshot = await asyncio.to_thread(Snapshot.parse, bytes(data))
-                return snapshot.id
-            owned: int | None = None
-            if fd is None:
-                fd = owned = await asyncio.to_thread(memfd.sealed, data, "chunkd-manifest")
-            try:
-                return await _check_in_worker(fd, len(data))
-            finally:
-                if owned is not None:
-                    os.close(owned)
+                ident, claims = snapshot.id, snapshot.claims
+            else:
+                owned: int | None = None
+                if fd is None:
+                    fd = owned = await asyncio.to_thread(memfd.sealed, data, "chunkd-manifest")
+                try:
+                    answer = await _check_in_worker(fd, len(data))
+                finally:
+                    if owned is not None:
+                        os.close(owned)
+                ident = check_snapshot_id(str(answer.get("id")))
+                found = answer.get("claims")
+                claims = tuple(str(c) for c in found) if isinstance(found, list) else ()
+        if claims and not verified_copy:
+            raise _claimed(claims)
+        return ident
 
     async def _store_manifest(self, backend: Backend, ident: str, data: bytes | memoryview) -> None:
         """Step 2 of a commit: the manifest, put if absent (a torn one replaced)."""
@@ -310,6 +432,7 @@ class Registry:
         fd: int | None = None,
         uid: int | None = None,
         may_write: Callable[[int | None], None] | None = None,
+        verified_copy: bool = False,
     ) -> tuple[str, int, bool]:
         """Register manifest ``data`` as the next version of ``name`` (:mod:`.layout`).
 
@@ -317,12 +440,15 @@ class Registry:
         (:meth:`check_manifest`). ``uid``: who asks; version 1 records it as the name's
         owner. ``may_write``: called with the name's :meth:`owner` before any version
         after the first is written; it raises to refuse (docs/security.md).
+        ``verified_copy``: the manifest is the daemon's own migrate's, which may carry
+        ``content`` and ``origin`` (:meth:`check_manifest`); a client's may not.
 
         Returns the snapshot's id, its version number, and whether a version was made
         (False: the latest version was this snapshot already).
 
         Raises:
-            ManifestError: ``data`` is not a manifest.
+            ManifestError: ``data`` is not a manifest, or claims ``content`` or
+                ``origin`` and is not a verified copy.
             InvalidRequestError: ``name`` is not a dataset name.
             ReadOnlyBackendError, DatasetError: too many concurrent registrations won
                 the numbers this one tried.
@@ -331,7 +457,7 @@ class Registry:
         check_dataset_name(name)
         backend = self.writable()  # before the manifest's check costs anything
         # The id is the daemon's own hash of the bytes, never the client's word.
-        ident = await self.check_manifest(data, fd=fd)
+        ident = await self.check_manifest(data, fd=fd, verified_copy=verified_copy)
         await self._store_manifest(backend, ident, data)
         highest = await self._highest_version(name)
         checked = False
@@ -376,9 +502,25 @@ class Registry:
             "taken by concurrent registrations; nothing was registered: register again"
         )
 
-    async def _resolve_version(
-        self, name: str, number: int, what: str
-    ) -> tuple[dict[str, Any], Snapshot]:
+    async def _version(self, ref: Ref) -> tuple[int, dict[str, Any], str]:
+        """The version of a name ``ref`` refers to: its number, its pointer, and how to
+        name it in an error.
+
+        Raises:
+            DatasetNotFoundError: no such name, version or tag.
+            ManifestError: the pointer or tag entry is damaged.
+        """
+        assert ref.name is not None
+        name = ref.name
+        if ref.version is not None:
+            number = ref.version
+        elif ref.latest:
+            number = await self._highest_version(name)
+            if not number:
+                raise DatasetNotFoundError(f"no dataset named {name} in the registry")
+        else:
+            number = await self._tagged(ref)
+        what = f"{name}@{number}" if ref.version is not None else f"{ref} (version {number})"
         pointer = await self._pointer(name, number)
         if pointer is None:
             highest = await self._highest_version(name)
@@ -387,21 +529,17 @@ class Registry:
             raise DatasetNotFoundError(
                 f"dataset {name} has no version {number}; its versions go from 1 to {highest}"
             )
-        return pointer, await self._snapshot_of(pointer, what)
+        return number, pointer, what
 
-    async def _snapshot_of(self, pointer: dict[str, Any], what: str) -> Snapshot:
-        ident = str(pointer["id"])
-        try:
-            return await self.manifest(ident)
-        except DatasetNotFoundError:
-            raise DatasetNotFoundError(
-                f"{what} names snapshot {ident}, whose manifest is missing from the registry "
-                f"({self.registry}); register the dataset again"
-            ) from None
+    def _missing_manifest(self, what: str, ident: str) -> DatasetNotFoundError:
+        return DatasetNotFoundError(
+            f"{what} names snapshot {ident}, whose manifest is missing from the registry "
+            f"({self.registry}); register the dataset again"
+        )
 
     async def resolve(self, text: str) -> Resolved:
         """The snapshot ``text`` (``NAME``, ``NAME@N``, ``NAME@latest``, ``NAME@TAG`` or
-        an id) refers to, its manifest checked against its id.
+        an id) refers to, its manifest checked against its id (:meth:`manifest`).
 
         Raises:
             InvalidRequestError: ``text`` is not a reference.
@@ -414,16 +552,12 @@ class Registry:
             return Resolved(await self.manifest(ref.id))
         assert ref.name is not None
         name = ref.name
-        if ref.version is not None:
-            number = ref.version
-        elif ref.latest:
-            number = await self._highest_version(name)
-            if not number:
-                raise DatasetNotFoundError(f"no dataset named {name} in the registry")
-        else:
-            number = await self._tagged(ref)
-        what = f"{name}@{number}" if ref.version is not None else f"{ref} (version {number})"
-        pointer, snapshot = await self._resolve_version(name, number, what)
+        number, pointer, what = await self._version(ref)
+        ident = str(pointer["id"])
+        try:
+            snapshot = await self.manifest(ident)
+        except DatasetNotFoundError:
+            raise self._missing_manifest(what, ident) from None
         tags = await self.tags_of(name)
         return Resolved(
             snapshot,
@@ -544,7 +678,11 @@ class Registry:
                 f"version of its own dataset ({name}@N)"
             )
         backend = self.writable()
-        resolved = await self.resolve(target)
+        # The pointer names the snapshot: its manifest need only be there, not parsed.
+        number, pointer, what = await self._version(ref)
+        ident = str(pointer["id"])
+        if await backend.head(self.layout.manifest(ident)) is None:
+            raise self._missing_manifest(what, ident)
         if may_write is not None:
             may_write(await self.owner(name))
         # Only the number of the tag's head counts here, not its contents: a damaged
@@ -559,15 +697,15 @@ class Registry:
                 "name": name,
                 "tag": tag,
                 "seq": seq,
-                "version": resolved.version,
-                "id": resolved.snapshot.id,
+                "version": number,
+                "id": ident,
                 "created": time.time(),
             }
             if uid is not None:
                 entry["uid"] = uid
             key = self.layout.tag_entry(name, tag, seq)
             if await backend.put(key, _dumps(entry), if_absent=True):
-                log.info("dataset %s@%s -> version %s", name, tag, resolved.version)
+                log.info("dataset %s@%s -> version %s", name, tag, number)
                 return entry
             seq += 1
         raise DatasetError(
@@ -771,10 +909,16 @@ def load_document(
     return doc
 
 
-async def _check_in_worker(fd: int, size: int) -> str:
-    """The id of the manifest in memfd ``fd`` (``size`` bytes), checked by a worker
-    process (:func:`chunkd.snapshot.manifest_check_main`), which is killed if the
-    check is given up (the client left, the daemon stops) or takes too long."""
+async def _check_in_worker(fd: int, size: int, *, shape_only: bool = False) -> dict[str, Any]:
+    """The answer of a worker process (:func:`chunkd.snapshot.manifest_check_main`)
+    that checked the manifest in memfd ``fd`` (``size`` bytes): ``"id"``, and
+    ``"claims"`` unless ``shape_only`` (its hash and shape alone). The worker is killed
+    if the check is given up (the client left, the daemon stops) or takes too long.
+
+    Raises:
+        ManifestError: the manifest is refused (the worker's message).
+        DatasetError: the worker failed.
+    """
     limit = WORKER_BASE + WORKER_RATIO * size
     started = time.monotonic()
     process = await asyncio.create_subprocess_exec(
@@ -784,6 +928,7 @@ async def _check_in_worker(fd: int, size: int) -> str:
         "chunkd.snapshot",
         "--memory",
         str(limit),
+        *(["--shape-only"] if shape_only else []),
         stdin=fd,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
@@ -816,8 +961,9 @@ async def _check_in_worker(fd: int, size: int) -> str:
             f"{process.returncode}); nothing was registered: the daemon's log says more"
         )
     log.info(
-        "manifest of %d bytes checked in a worker in %.2fs, peak %.0f MiB",
+        "manifest of %d bytes checked in a worker%s in %.2fs, peak %.0f MiB",
         size,
+        " (hash and shape)" if shape_only else "",
         time.monotonic() - started,
         float(answer.get("peak_bytes") or 0) / 2**20,
     )
@@ -826,7 +972,26 @@ async def _check_in_worker(fd: int, size: int) -> str:
     ident = answer.get("id")
     if not isinstance(ident, str):  # pragma: no cover - the worker is chunkd's own
         raise DatasetError(f"the check of a manifest answered no id: {answer!r:.200}")
-    return check_snapshot_id(ident)
+    check_snapshot_id(ident)
+    return answer
+
+
+def _torn(ident: str, why: str) -> ManifestError:
+    return ManifestError(
+        f"the manifest stored as snapshot {ident} is torn or was altered ({why}); "
+        "register the dataset again (nothing was read from it)"
+    )
+
+
+def _claimed(claims: tuple[str, ...]) -> ManifestError:
+    said = {"content": "a content hash of its members ('content')", "origin": "an 'origin'"}
+    return ManifestError(
+        f"the manifest claims {' and '.join(said.get(c, repr(c)) for c in claims)}: "
+        "chunkd records those itself, from the bytes it reads (chunkd dataset migrate "
+        "writes both into the copy it registers; a freeze writes the hashes into its "
+        "frozen record), and never takes them from a client, since diff trusts them; "
+        "leave them out of the manifest (nothing was registered)"
+    )
 
 
 def _number(value: object) -> float | None:

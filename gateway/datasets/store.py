@@ -92,9 +92,24 @@ class Datasets:
         memfd of the same bytes, if the caller has one: :meth:`.Registry.commit`); a
         name that exists only by its owner or an admin.
 
+        A client's manifest may not carry ``content`` or ``origin``
+        (:meth:`.Registry.check_manifest`: a ``ManifestError``): chunkd records those
+        itself, and only :meth:`migrate` commits them.
+
         Returns ``{"snapshot", "name", "version", "created"}``; ``created`` is False when
         the latest version was this snapshot already (no new version is made).
         """
+        return await self._commit(data, name, fd=fd, caller=caller, verified_copy=False)
+
+    async def _commit(
+        self,
+        data: bytes | memoryview,
+        name: str,
+        *,
+        fd: int | None = None,
+        caller: Caller | None,
+        verified_copy: bool,
+    ) -> dict[str, Any]:
         may_write = self._may_write(caller, name, "register a new version of")
         with self.registry.reaching(f"registering {name}"):
             if may_write is not None and await self.registry.has_versions(name):
@@ -107,6 +122,7 @@ class Datasets:
                 fd=fd,
                 uid=None if caller is None else caller.uid,
                 may_write=may_write,
+                verified_copy=verified_copy,
             )
         return {"snapshot": ident, "name": name, "version": version, "created": created}
 
@@ -150,18 +166,19 @@ class Datasets:
 
     async def freeze(self, ref: str, *, caller: Caller | None = None) -> dict[str, Any]:
         """Freeze the snapshot ``ref`` refers to (:meth:`.Freezer.freeze`): a version of
-        a name by its owner or an admin, a bare snapshot id by an admin."""
+        a name by its owner or an admin; a bare snapshot id by anyone.
+
+        A freeze writes only what the daemon itself reads at the recorded versions and
+        verifies (chunks named by their hashes, a record under the snapshot's id), so
+        it changes no snapshot's meaning, whoever asks it (and anyone may register a
+        snapshot's manifest under a name of their own and freeze that). Freezing a
+        version *of a name* stays its owner's, as every other write to a name is."""
         self.registry.writable()  # before any work
         with self.registry.reaching(f"freezing {ref}"):
             resolved = await self.registry.resolve(ref)
-            if caller is not None:
-                if resolved.name is None:
-                    self.authority.require_admin(
-                        caller, f"freeze snapshot {resolved.snapshot.id} by its id alone"
-                    )
-                else:
-                    check = self._may_write(caller, resolved.name, "freeze")
-                    assert check is not None
+            if resolved.name is not None:
+                check = self._may_write(caller, resolved.name, "freeze")
+                if check is not None:
                     check(await self.registry.owner(resolved.name))
         report = await self._freezer.freeze(resolved.snapshot, what=f"freezing {ref}")
         return {"snapshot": resolved.snapshot.id} | report
@@ -189,7 +206,8 @@ class Datasets:
                 if await self.registry.has_versions(target):
                     may_write(await self.registry.owner(target))
         copy, counts = await self._migrator.copy(resolved.snapshot, to, frozen)
-        committed = await self.commit(copy.data, target, caller=caller)
+        # The copy's content and origin are the daemon's own record of what it read.
+        committed = await self._commit(copy.data, target, caller=caller, verified_copy=True)
         return committed | {"from": resolved.snapshot.id, "frozen": frozen is not None} | counts
 
     def roots(self, backend: Backend) -> AsyncGenerator[str, None]:

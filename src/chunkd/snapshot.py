@@ -27,7 +27,8 @@ A snapshot
         origin      (optional) the id of the snapshot this one is a verified copy of
                     (``migrate``): each member's ``content`` is then also the hash of
                     the origin's member of the same relative key, at its recorded
-                    version; absent otherwise
+                    version; absent otherwise. Only the daemon's own migrate writes
+                    it: a client's ``ds_commit`` that carries it is refused
 
     A member::
 
@@ -41,7 +42,9 @@ A snapshot
                     row groups with their rows and byte ranges
         content     (optional) the blake3 of the member's whole bytes, 64 hex digits,
                     where chunkd read every byte (a migrated copy); absent when
-                    unknown, so that a manifest without it keeps its id
+                    unknown, so that a manifest without it keeps its id. Like
+                    ``origin``, chunkd's own record (:attr:`Snapshot.claims`): a
+                    client's ``ds_commit`` that carries it is refused
 
     A member's **samples** are numbered from 0 in the member, and a snapshot's samples
     from 0 over its members in order (:meth:`Snapshot.locate`).
@@ -63,9 +66,12 @@ Names
 from __future__ import annotations
 
 import bisect
+import contextlib
+import gc
 import json
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -326,6 +332,119 @@ def load_json(data: bytes, what: str, *, max_depth: int, checked: bool = False) 
 
 # -- the manifest ------------------------------------------------------------------------
 
+_DECODER: Final = json.JSONDecoder()
+#: the parses running that paused the cyclic garbage collector, and whether it ran before
+_paused = {"parses": 0, "was_enabled": True}
+_paused_lock: Final = threading.Lock()
+
+
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """The cyclic garbage collector off while a manifest's objects are made.
+
+    A parse makes millions of containers; every few hundred thousand of them start a
+    full collection, which walks every object of the process holding the GIL (measured
+    0.2-1 s each for a 16 MiB manifest, several per parse). A manifest's objects hold
+    no reference cycles, and reference counting frees them as usual; a collection after
+    the parse finds whatever cycles other code made meanwhile.
+    """
+    with _paused_lock:
+        if not _paused["parses"]:
+            _paused["was_enabled"] = gc.isenabled()
+            gc.disable()
+        _paused["parses"] += 1
+    try:
+        yield
+    finally:
+        with _paused_lock:
+            _paused["parses"] -= 1
+            if not _paused["parses"] and _paused["was_enabled"]:
+                gc.enable()
+
+
+_SPACE: Final = re.compile(r"[ \t\n\r]*")
+
+
+def _load_manifest_doc(data: bytes, what: str) -> dict[str, Any]:
+    """The JSON object of a manifest whose shape was checked, parsed as ``json.loads``
+    parses it, but its ``members`` list one entry at a time.
+
+    ``json.loads`` holds the GIL from the first byte to the last: over a second for
+    16 MiB of manifest, during which a daemon that parses it in a thread answers
+    nothing. Parsed entry by entry, the parse lets other threads (the event loop) run
+    between entries, so it holds the GIL for about one member's entry at a time.
+
+    Raises:
+        ManifestError: it is not a JSON object.
+    """
+    try:
+        text = data.decode()
+        return _object_by_members(text)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ManifestError(f"{what} is not JSON: {exc}") from None
+    except RecursionError:  # pragma: no cover - the shape check refuses it first
+        raise ManifestError(f"{what} nests its JSON too deep") from None
+
+
+def _skip_space(text: str, at: int) -> int:
+    """The index of the first character at or after ``at`` that is not JSON's space."""
+    found = _SPACE.match(text, at)
+    return at if found is None else found.end()
+
+
+def _object_by_members(text: str) -> dict[str, Any]:
+    decode = _DECODER.raw_decode
+    at = _skip_space(text, 0)
+    if text[at : at + 1] != "{":
+        raise ValueError("a manifest is a JSON object")
+    doc: dict[str, Any] = {}
+    at = _skip_space(text, at + 1)
+    if text[at : at + 1] == "}":
+        at += 1
+    else:
+        while True:
+            if text[at : at + 1] != '"':
+                raise ValueError(f"expecting a property name in double quotes (char {at})")
+            key, at = decode(text, at)
+            at = _skip_space(text, at)
+            if text[at : at + 1] != ":":
+                raise ValueError(f"expecting ':' delimiter (char {at})")
+            at = _skip_space(text, at + 1)
+            if key == "members" and text[at : at + 1] == "[":
+                doc[key], at = _list_by_entries(text, at)
+            else:
+                doc[key], at = decode(text, at)
+            at = _skip_space(text, at)
+            delimiter = text[at : at + 1]
+            at = _skip_space(text, at + 1)
+            if delimiter == "}":
+                break
+            if delimiter != ",":
+                raise ValueError(f"expecting ',' delimiter (char {at})")
+    if at != len(text):
+        raise ValueError(f"extra data (char {at})")
+    return doc
+
+
+def _list_by_entries(text: str, at: int) -> tuple[list[Any], int]:
+    """The JSON list at ``text[at]`` (a ``[``), each entry parsed apart, and the
+    index after it."""
+    decode = _DECODER.raw_decode
+    entries: list[Any] = []
+    at = _skip_space(text, at + 1)
+    if text[at : at + 1] == "]":
+        return entries, at + 1
+    while True:
+        entry, at = decode(text, at)
+        entries.append(entry)
+        at = _skip_space(text, at)
+        delimiter = text[at : at + 1]
+        if delimiter == "]":
+            return entries, at + 1
+        if delimiter != ",":
+            raise ValueError(f"expecting ',' delimiter (char {at})")
+        at = _skip_space(text, at + 1)
+
 
 def canonical(doc: Any) -> bytes:
     """The canonical bytes of a JSON document: sorted keys, no spaces, UTF-8."""
@@ -454,8 +573,14 @@ class Snapshot:
         return cls.parse(canonical(doc))
 
     @classmethod
-    def parse(cls, data: bytes | memoryview, expect_id: str | None = None) -> Snapshot:
+    def parse(
+        cls, data: bytes | memoryview, expect_id: str | None = None, *, checked: bool = False
+    ) -> Snapshot:
         """A snapshot from its stored bytes; ``expect_id``: the id it was stored under.
+
+        ``checked``: the caller has hashed these very bytes to ``expect_id`` and checked
+        their shape already (a worker process did, reading the same sealed memfd), so
+        neither is done again.
 
         Raises:
             ManifestError: the bytes do not hash to ``expect_id`` (torn or forged), are
@@ -464,22 +589,25 @@ class Snapshot:
                 reads.
         """
         data = bytes(data)
-        got = snapshot_id(data)
-        if expect_id is not None and got != expect_id:
-            raise ManifestError(
-                f"the manifest stored as snapshot {expect_id} hashes to {got}: it is torn "
-                "or was altered; register the dataset again (nothing was read from it)"
+        if checked and expect_id is not None:
+            got = expect_id
+        else:
+            got = snapshot_id(data)
+            if expect_id is not None and got != expect_id:
+                raise ManifestError(
+                    f"the manifest stored as snapshot {expect_id} hashes to {got}: it is torn "
+                    "or was altered; register the dataset again (nothing was read from it)"
+                )
+            check_manifest_shape(data)
+        with _collector_paused():
+            doc = upgrade(_load_manifest_doc(data, f"snapshot {got}"))
+            source = _object(doc.get("source"), "the manifest's source")
+            raw_members = doc.get("members")
+            if not isinstance(raw_members, list):
+                raise ManifestError("the manifest's 'members' must be a list")
+            members = tuple(
+                Member.from_json(entry, f"member {i}") for i, entry in enumerate(raw_members)
             )
-        check_manifest_shape(data)
-        doc = load_json(data, f"snapshot {got}", max_depth=MAX_DEPTH, checked=True)
-        doc = upgrade(_object(doc, "a manifest"))
-        source = _object(doc.get("source"), "the manifest's source")
-        raw_members = doc.get("members")
-        if not isinstance(raw_members, list):
-            raise ManifestError("the manifest's 'members' must be a list")
-        members = tuple(
-            Member.from_json(entry, f"member {i}") for i, entry in enumerate(raw_members)
-        )
         excluded = doc.get("excluded", [])
         if not isinstance(excluded, list) or not all(isinstance(e, dict) for e in excluded):
             raise ManifestError("the manifest's 'excluded' must be a list of objects")
@@ -515,6 +643,19 @@ class Snapshot:
     def total_bytes(self) -> int:
         """The members' bytes together."""
         return sum(m.size for m in self.members)
+
+    @property
+    def claims(self) -> tuple[str, ...]:
+        """The fields of chunkd's own records this manifest carries: ``"content"`` (a
+        member's hash) and ``"origin"``, in that order; empty for a registration's.
+        Only the daemon's migrate writes them (a client's ``ds_commit`` of a manifest
+        that claims either is refused), since ``diff`` trusts them."""
+        found: tuple[str, ...] = ()
+        if any(m.content is not None for m in self.members):
+            found += ("content",)
+        if self.origin is not None:
+            found += ("origin",)
+        return found
 
     @property
     def counts(self) -> list[int]:
@@ -605,7 +746,7 @@ def _whole(doc: Mapping[str, Any], key: str, where: str) -> int:
 
 
 def content_evidence(
-    snapshot: Snapshot, frozen: Mapping[str, Any] | None = None
+    snapshot: Snapshot, frozen: Mapping[str, Any] | None = None, *, claims: bool = True
 ) -> list[dict[str, str]]:
     """What is known of each member's bytes, in member order, by kind of evidence.
 
@@ -614,14 +755,17 @@ def content_evidence(
     or null per member). ``{"chunks/N": DIGEST}``: from the frozen record's chunk ids
     at chunk size N (each id is its chunk's blake3, so the same ids at the same size
     are the same bytes); DIGEST stands for the whole list. A record that does not fit
-    the snapshot gives nothing.
+    the snapshot gives nothing. Every hash is of the bytes chunkd read at the member's
+    recorded version (a freeze, a migrate).
 
     Args:
         snapshot: the snapshot.
         frozen: its frozen record (as ``ds_resolve`` sends it), if it is frozen.
+        claims: whether the manifest's own ``content`` fields count (False: only the
+            frozen record, which the daemon writes apart from any manifest).
     """
     found: list[dict[str, str]] = [
-        {"blake3": m.content} if m.content is not None else {} for m in snapshot.members
+        {"blake3": m.content} if claims and m.content is not None else {} for m in snapshot.members
     ]
     if not isinstance(frozen, Mapping):
         return found
@@ -639,6 +783,15 @@ def content_evidence(
     return found
 
 
+def _agree(x: Mapping[str, str], y: Mapping[str, str]) -> bool | None:
+    """Whether two members' evidence says their bytes are equal (True), differ
+    (False), or nothing (None: no kind of evidence on both sides)."""
+    kinds = x.keys() & y.keys()
+    if not kinds:
+        return None
+    return all(x[k] == y[k] for k in kinds)
+
+
 def diff(
     a: Snapshot,
     b: Snapshot,
@@ -649,21 +802,31 @@ def diff(
     ``diff``).
 
     Members are matched by their key below each snapshot's prefix (so a migrated copy,
-    at another backend and prefix, is matched member for member). Each member present
-    in both is one of three:
+    at another backend and prefix, is matched member for member). A member present in
+    both is "different" only when it is known to differ, "the same" only when it is
+    known to be, and otherwise "unknown". What is known of its bytes is their hash
+    (:func:`content_evidence`: a member's ``content``, which only migrate writes, and
+    a copy's hashes are its ``origin``'s too; a frozen record's hashes and chunk ids),
+    always of the bytes chunkd read at the recorded version.
 
-    * **different**: its size, format, sample count or format metadata differ, or
-      both sides know its bytes' hash (:func:`content_evidence`: a ``content`` field,
-      a frozen record; and a verified copy's ``content`` is its ``origin``'s too) and
-      the hashes differ, or both sides read the same object
-      (same backend and key) and their version tokens differ;
-    * **the same**: none of those differ, and either both sides know its hash and the
-      hashes are equal, or both read the same object at the same version token;
-    * **unknown**: nothing says: the sides read different objects (another backend or
-      key, a copy) and one of them knows no hash of its bytes. Never "the same".
+    * Its size, format, sample count or format metadata differ: **different**.
+    * Both sides read **the same object** (same backend and key): the version tokens
+      decide.
+
+      - The same token: **the same** (``version``), unless hashes on both sides differ
+        (then the token was faked: **different**, ``content``).
+      - Other tokens: the object was rewritten in between: **different**
+        (``version``; with ``content`` too where hashes on both sides differ). Only
+        the frozen records of both sides, the daemon's own reads at each version,
+        can show that the rewrite kept the bytes: equal there, **the same**
+        (``content``). A manifest's ``content`` claim never outweighs the tokens.
+    * Other objects (a copy at another backend or key): hashes on both sides decide:
+      equal, **the same** (``content``); not, **different** (``content``); none on
+      one side, **unknown**. Never "the same".
 
     A ``file://`` version token is the file's inode, mtime and size: a rewrite that
-    keeps all three (``cp -p``, ``rsync -t`` onto the same inode) is not seen by it.
+    keeps all three (``cp -p``, ``rsync -t`` onto the same inode) is not seen by it,
+    nor by a hash recorded after it (read at the same, faked token).
 
     Args:
         a, b: the snapshots.
@@ -682,6 +845,9 @@ def diff(
     left = {m.relative(a.prefix): i for i, m in enumerate(a.members)}
     right = {m.relative(b.prefix): i for i, m in enumerate(b.members)}
     known_a, known_b = content_evidence(a, frozen[0]), content_evidence(b, frozen[1])
+    # The daemon's own reads at each recorded version, apart from any manifest's claim.
+    read_a = content_evidence(a, frozen[0], claims=False)
+    read_b = content_evidence(b, frozen[1], claims=False)
     # A verified copy's hashes are its origin's too (the bytes it copied, read at the
     # origin's recorded versions).
     for origin, copy, known_origin, known_copy, at_origin, at_copy in (
@@ -709,18 +875,19 @@ def diff(
             )
             if u != v
         ]
-        kinds = known_a[i].keys() & known_b[j].keys()
+        agree = _agree(known_a[i], known_b[j])
+        if agree is False:
+            fields.append("content")
         basis: str | None = None
-        if kinds:
-            if any(known_a[i][k] != known_b[j][k] for k in kinds):
-                fields.append("content")
-            else:
-                basis = "content"
-        elif a.backend == b.backend and x.key == y.key:
-            if x.version != y.version:
-                fields.append("version")
-            else:
+        if a.backend == b.backend and x.key == y.key:
+            if x.version == y.version:
                 basis = "version"
+            elif agree is not False and _agree(read_a[i], read_b[j]):
+                basis = "content"
+            else:
+                fields.append("version")
+        elif agree:
+            basis = "content"
         if fields:
             changed.append({"key": key, "fields": fields, "samples": [x.samples, y.samples]})
         elif basis is None:
@@ -750,16 +917,22 @@ def diff(
 
 
 def manifest_check_main(argv: Sequence[str] | None = None) -> int:
-    """``python -m chunkd.snapshot --memory BYTES``: check the manifest on fd 0 as
-    :meth:`Snapshot.parse` does, under an address-space limit of BYTES.
+    """``python -m chunkd.snapshot --memory BYTES [--shape-only]``: check the manifest
+    on fd 0 as :meth:`Snapshot.parse` does, under an address-space limit of BYTES.
 
     The daemon runs it for a manifest too large to parse in its own process
     (``ds_commit``; docs/datasets.md, "What a registration may cost the daemon"): the
     parse's Python objects, about 11 times a real manifest's size, then live and die
     in this process, and the daemon's event loop never waits on its GIL. fd 0 is a
     regular file or a memfd, read whole from offset 0. One JSON line goes to stdout:
-    ``{"id": ID, "members": N, "samples": N, "peak_bytes": N}``, or ``{"error": KIND,
-    "message": TEXT}``; the exit status is 0 either way (anything else is a crash).
+    ``{"id": ID, "members": N, "samples": N, "claims": [FIELD, ...], "peak_bytes": N}``
+    (``claims``: :attr:`Snapshot.claims`, the fields of chunkd's own records the
+    manifest carries), or ``{"error": KIND, "message": TEXT}``; the exit status is 0
+    either way (anything else is a crash).
+
+    With ``--shape-only`` (the daemon resolving a large manifest it is about to parse
+    itself): only its hash and shape (:func:`check_manifest_shape`), nothing parsed;
+    the answer is ``{"id": ID, "peak_bytes": N}`` or the error.
     """
     import argparse
     import os
@@ -768,6 +941,7 @@ def manifest_check_main(argv: Sequence[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog="python -m chunkd.snapshot")
     parser.add_argument("--memory", type=int, required=True, help="RLIMIT_AS, bytes")
+    parser.add_argument("--shape-only", action="store_true", help="hash and shape only")
     args = parser.parse_args(argv)
     _, hard = resource.getrlimit(resource.RLIMIT_AS)
     limit = args.memory if hard == resource.RLIM_INFINITY else min(args.memory, hard)
@@ -777,8 +951,18 @@ def manifest_check_main(argv: Sequence[str] | None = None) -> int:
     try:
         size = os.fstat(0).st_size
         data = os.pread(0, size, 0) if size else b""
-        snapshot = Snapshot.parse(data)
-        answer = {"id": snapshot.id, "members": len(snapshot.members), "samples": len(snapshot)}
+        if args.shape_only:
+            ident = snapshot_id(data)
+            check_manifest_shape(data)
+            answer = {"id": ident}
+        else:
+            snapshot = Snapshot.parse(data)
+            answer = {
+                "id": snapshot.id,
+                "members": len(snapshot.members),
+                "samples": len(snapshot),
+                "claims": list(snapshot.claims),
+            }
     except ManifestError as exc:
         answer = {"error": "ManifestError", "message": str(exc)}
     except MemoryError:

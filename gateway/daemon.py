@@ -182,10 +182,12 @@ async def open_node(
         if peers is not None:
             parts.push_async_callback(peers.close)
             await peers.start()
-        datasets = Datasets(config.datasets, backends, read_path, cache, metrics)
         admin_group = config.server.admin_group
         authority = Authority(
             None if admin_group is None else group_id(admin_group, "server.admin_group")
+        )
+        datasets = Datasets(
+            config.datasets, backends, read_path, cache, metrics, authority=authority
         )
         checkpoints = Checkpoints(
             cache,

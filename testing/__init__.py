@@ -12,6 +12,8 @@ the cache or the client imports it.
 - :mod:`chunkd.testing.relay`: a TCP relay that delays every piece by latency ± jitter;
 - :mod:`chunkd.testing.netlab`: nodes in network namespaces behind shaped links, and
   chaos on one node's link: loss, partitions, latency (root).
+- :mod:`chunkd.testing.crowd`: a crowd of slow HTTP clients (slowloris), a process of
+  its own;
 - :mod:`chunkd.testing.soak`: a daemon under many client processes for a while, its
   memory, fds and threads sampled (import it by name: it pulls in numpy).
 """

@@ -25,7 +25,7 @@ __all__ = [
 ]
 
 #: the longest SigV4 canonical request or SigV2 StringToSign verified. A request the
-#: S3 front's parser takes (a request line of 64 KiB, each byte of it at most three
+#: S3 front's parser takes (a request line of 8,190 bytes, each byte of it at most three
 #: once percent-encoded, and 8 KiB of headers) makes a shorter one.
 MAX_SIGNED_TEXT: Final = 256 * 1024
 

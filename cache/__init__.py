@@ -5,7 +5,7 @@ A pure library: no networking, no HTTP, no imports from the gateway or client.
 
 from __future__ import annotations
 
-from chunkd.cache.chunkid import ChunkId, chunk_count, split_chunks
+from chunkd.cache.chunkid import MAX_CHUNK_BYTES, ChunkId, chunk_count, split_chunks
 from chunkd.cache.disk import DiskTier, FsyncPolicy
 from chunkd.cache.index import (
     ChunkRecord,
@@ -25,6 +25,7 @@ from chunkd.cache.tier import BytesLease, Chunk, ChunkLease, Tier, TierStats
 from chunkd.cache.tiered import TieredCache, WritePolicy
 
 __all__ = [
+    "MAX_CHUNK_BYTES",
     "BytesLease",
     "CacheConfig",
     "CacheStats",

@@ -19,6 +19,7 @@ from chunkd.errors import InvalidChunkIdError
 __all__ = [
     "DIGEST_BYTES",
     "HEX_CHARS",
+    "MAX_CHUNK_BYTES",
     "ChunkId",
     "chunk_count",
     "hash_threads",
@@ -27,6 +28,9 @@ __all__ = [
 
 DIGEST_BYTES: Final = 32
 HEX_CHARS: Final = 2 * DIGEST_BYTES
+#: the largest chunk chunkd writes (``cache.chunk_bytes`` is at most this): an object
+#: in a chunk store that is larger is no chunk, and is never read whole
+MAX_CHUNK_BYTES: Final = 64 << 20
 _HEX_DIGITS: Final = frozenset("0123456789abcdefABCDEF")
 
 # blake3 hashes one buffer on several threads (it releases the GIL). Below this

@@ -46,7 +46,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
-from chunkd.cache import ChunkId
+from chunkd.cache import MAX_CHUNK_BYTES, ChunkId
 from chunkd.client.protocol import MAX_SCRUB_PAGE
 from chunkd.errors import IntegrityError, InvalidChunkIdError, VersionChangedError
 
@@ -75,7 +75,6 @@ CHUNKS: Final = "chunks/"
 #: the largest chunk chunkd writes (``cache.chunk_bytes`` is at most this; the tiers
 #: refuse larger chunks at the same size): an object under ``chunks/`` that is larger
 #: is no chunk of chunkd's, and is damaged without being read
-MAX_CHUNK_BYTES: Final = 64 << 20
 #: chunks a node remembers it saw damaged (the oldest is forgotten first)
 MAX_DAMAGED: Final = 65_536
 #: chunk bytes one scrub request holds at once (read, not yet hashed)

@@ -124,12 +124,14 @@ def test_checkpoints_are_changed_and_removed_by_their_owner_or_an_admin(
     # Another user may not delete it, overwrite it, retire it, or scrub-remove chunks.
     refused(as_user(socket, OTHER, delete(name)), f"uid {OTHER} may not delete", f"uid {OWNER}")
     refused(as_user(socket, OTHER, save(name, overwrite=True)), "may not overwrite")
+    # Retention counts and retires only one's own: the owner's are kept.
     retire = as_user(
         socket,
         OTHER,
-        lambda c: ckpt.gc("local/ckpt/run", keep_last=0, grace=3600, client=c)["retired"],
+        lambda c: ckpt.gc("local/ckpt/run", keep_last=0, grace=3600, client=c),
     )
-    refused(retire, "may not retire")
+    assert retire["ok"], retire
+    assert (retire["result"]["retired"], retire["result"]["others_kept"]) == ([], 1)
     scrub = as_user(socket, OTHER, lambda c: list(ckpt.scrub("local", remove=True, client=c)))
     refused(scrub, "may not remove chunks")
     # Nothing of it changed.
@@ -140,12 +142,16 @@ def test_checkpoints_are_changed_and_removed_by_their_owner_or_an_admin(
     # The owner may overwrite and delete; the owner's own gc retires.
     assert as_user(socket, OWNER, save(name, overwrite=True)) == {"ok": True, "result": OWNER}
     assert as_user(socket, OWNER, save("local/ckpt/run/step-2"))["ok"]
+    # Another user's checkpoint planted in the owner's run does not block its retention.
+    assert as_user(socket, OTHER, save("local/ckpt/run/step-0"))["ok"]
     retired = as_user(
         socket,
         OWNER,
-        lambda c: ckpt.gc("local/ckpt/run", keep_last=1, grace=3600, client=c)["retired"],
+        lambda c: ckpt.gc("local/ckpt/run", keep_last=1, grace=3600, client=c),
     )
-    assert retired == {"ok": True, "result": [name]}
+    assert retired["ok"], retired
+    assert (retired["result"]["retired"], retired["result"]["others_kept"]) == ([name], 1)
+    assert as_user(socket, OTHER, delete("local/ckpt/run/step-0"))["ok"]
     assert as_user(socket, OWNER, delete("local/ckpt/run/step-2")) == {"ok": True, "result": 2}
     # An admin, by the admin group (primary or supplementary), may do it all.
     assert as_user(socket, OWNER, save("local/ckpt/run/step-3"))["ok"]

@@ -426,3 +426,24 @@ async def test_a_scrub_that_ends_mid_delete_removes_its_barrier(tmp_path: Path) 
     finally:
         await backend.close()
     assert (store / "chunks" / cid).exists()
+
+
+@pytest.mark.timeout(60)
+def test_a_load_never_reads_an_object_larger_than_any_chunk(
+    nodes: tuple[Client, Client], tmp_path: Path
+) -> None:
+    a, b = nodes
+    store = tmp_path / "shared"
+    state = {"w": np.arange(CHUNK // 4, dtype=np.float32)}
+    ckpt.save(state, "shared/big/step-1", client=a, world_size=1, timeout=60)
+    (cid,) = chunk_ids(a, "shared/big/step-1")
+    path = store / "chunks" / cid
+    good = path.read_bytes()
+    with path.open("r+b") as f:
+        f.truncate(MAX_CHUNK_BYTES + (1 << 20))  # sparse: 65 MiB that take no disk
+    with pytest.raises(IntegrityError, match="more than any chunk"):
+        ckpt.load("shared/big/step-1", client=b)
+    # Written again by the next save that holds it (b noted it): b loads it then.
+    ckpt.save(state, "shared/big/step-2", client=b, world_size=1, timeout=60)
+    assert path.read_bytes() == good
+    np.testing.assert_array_equal(ckpt.load("shared/big/step-1", client=b)["w"], state["w"])

@@ -547,6 +547,11 @@ def test_structure_errors_name_the_file(tmp_path: Path, text: str, expected: str
             "[cache] chunk_bytes = '1000' is not a positive multiple",
         ),
         ("cache", "chunk_bytes = 0", "[cache] chunk_bytes = 0 is not a positive multiple"),
+        (
+            "cache",
+            "chunk_bytes = '128MiB'",
+            "[cache] chunk_bytes = '128MiB' is larger than 64MiB, the largest chunk",
+        ),
         ("cache", "fsync = 'sometimes'", "[cache] fsync = 'sometimes' is not one of 'always'"),
         ("cache", "compress = 'yes'", "[cache] compress = 'yes' is not true or false"),
         ("cache", "write_policy = 'through'", "[cache] write_policy = 'through' is not one of"),

@@ -63,12 +63,14 @@ class Collector:
         dry_run: bool,
         pending_ttl: float = 7 * 86400,
         intent_ttl: float = 86400,
-        may_retire: Callable[[dict[str, Any]], None] | None = None,
+        may_retire: Callable[[dict[str, Any]], bool] | None = None,
     ) -> dict[str, Any]:
         """Retention under ``BACKEND[/PREFIX]``, then mark and sweep the backend's chunks.
 
-        ``may_retire`` is called with each checkpoint retention would retire (its
-        listing entry, ``owner`` included) before any is; it raises to refuse them all.
+        ``may_retire`` says of each checkpoint under ``target`` (its listing entry,
+        ``owner`` included) whether retention may retire it (the caller's own): only
+        those count towards ``keep_last`` and are retired; the others are kept, and
+        the report counts them (``others_kept``).
 
         Mark: every chunk named by the parts of a committed manifest anywhere in the
         backend, by a part of a save not yet committed (younger than ``pending_ttl``;
@@ -91,10 +93,11 @@ class Collector:
         if keep_last is not None:
             listed = [e async for e in self.catalog.committed(backend, path)]
             listed.sort(key=lambda e: (e["step"] if e["step"] is not None else -1, e["created"]))
-            doomed = listed[: max(0, len(listed) - keep_last)]
             if may_retire is not None:
-                for entry in doomed:  # every one, before any is retired
-                    may_retire(entry)
+                mine = [e for e in listed if may_retire(e)]
+                report["others_kept"] = len(listed) - len(mine)
+                listed = mine
+            doomed = listed[: max(0, len(listed) - keep_last)]
             gone: list[str] = []
 
             async def retire(entry: dict[str, Any]) -> None:

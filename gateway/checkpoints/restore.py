@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import blake3
 
-from chunkd.cache import BytesLease, Chunk, ChunkCache, ChunkId, ChunkLease
+from chunkd.cache import MAX_CHUNK_BYTES, BytesLease, Chunk, ChunkCache, ChunkId, ChunkLease
 from chunkd.cache.singleflight import SingleFlight
 from chunkd.errors import (
     CheckpointError,
@@ -17,6 +17,7 @@ from chunkd.errors import (
     ChunkdError,
     ChunkNotFoundError,
     IntegrityError,
+    VersionChangedError,
 )
 from chunkd.gateway.checkpoints.jobs import Jobs
 from chunkd.gateway.checkpoints.model import (
@@ -167,7 +168,29 @@ class Restorer:
                 if shared is not None:
                     await self.cache.put(Chunk.trusted(cid, shared))
                     return "peer", shared
-            raw = await backend.get(f"{CHUNKS}{cid}")
+            key = f"{CHUNKS}{cid}"
+            raw = meta = None
+            for _ in range(2):  # once more if it was rewritten (a repair) meanwhile
+                meta = await backend.head(key)
+                if meta is None or meta.size > MAX_CHUNK_BYTES:
+                    break
+                try:
+                    raw = await backend.get(key, version=meta)
+                    break
+                except VersionChangedError:
+                    continue
+            if meta is not None and meta.size > MAX_CHUNK_BYTES:
+                # No chunk is this big: damaged, and never read whole.
+                self.metrics.ckpt_integrity_failures.inc()
+                self.backends.damaged.note(backend_name, cid)
+                raise _chunk_error(
+                    IntegrityError(
+                        f"chunk {cid} in backend {backend_name!r} is damaged: it holds "
+                        f"{meta.size} bytes, more than any chunk ({MAX_CHUNK_BYTES}); it was "
+                        f"not read. `chunkd gc {backend_name} --scrub` finds every damaged chunk"
+                    ),
+                    cid,
+                )
             if raw is None:
                 raise _chunk_error(
                     ChunkNotFoundError(f"chunk {cid} is missing from backend {backend_name!r}"),

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import mmap
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from chunkd.cache import ChunkCache, ChunkId, ChunkLease
+from chunkd.errors import AccessDeniedError
 from chunkd.gateway.authority import Authority, Caller
 from chunkd.gateway.checkpoints.catalog import Catalog
 from chunkd.gateway.checkpoints.commit import Committer
@@ -198,6 +200,14 @@ class Checkpoints:
 
         return check
 
+    def _may_retire(self, caller: Caller, entry: dict[str, Any]) -> bool:
+        """Whether ``caller`` may retire the checkpoint of listing ``entry``."""
+        try:
+            self.authority.require_owner(caller, entry.get("owner"), "", "retire")
+        except AccessDeniedError:
+            return False
+        return True
+
     async def scrub(
         self,
         backend_name: str,
@@ -211,7 +221,9 @@ class Checkpoints:
         (:func:`chunkd.gateway.chunkstore.scrub`); only an admin may ``remove``.
 
         Raises:
-            UnknownBackendError, ReadOnlyBackendError (``remove``), AccessDeniedError
+            UnknownBackendError, ReadOnlyBackendError (``remove``), AccessDeniedError,
+            CheckpointError (``remove``: a barrier could not be written or a collection
+            did not end in time)
         """
         backend = self.backends.get(backend_name)
         if remove:
@@ -219,7 +231,12 @@ class Checkpoints:
                 self.authority.require_admin(caller, f"remove chunks from {backend_name}")
             backend.check_writable()
         return await scrub(
-            backend, self.backends.damaged, start_after=start_after, limit=limit, remove=remove
+            backend,
+            self.backends.damaged,
+            start_after=start_after,
+            limit=limit,
+            remove=remove,
+            spawn=self._jobs.spawn,
         )
 
     async def gc(
@@ -234,12 +251,8 @@ class Checkpoints:
         caller: Caller | None = None,
     ) -> dict[str, Any]:
         """Retention, then mark and sweep of the chunks (:meth:`.Collector.gc`).
-        Retention retires only checkpoints ``caller`` may delete (all or none).
-
-        Raises:
-            AccessDeniedError: retention would retire a checkpoint ``caller`` may not
-                delete (nothing is retired or swept).
-        """
+        Retention counts and retires only checkpoints ``caller`` may delete (theirs,
+        or every one for an admin); others' are kept (``others_kept`` in the report)."""
         return await self._collector.gc(
             target,
             keep_last=keep_last,
@@ -247,7 +260,7 @@ class Checkpoints:
             dry_run=dry_run,
             pending_ttl=pending_ttl,
             intent_ttl=intent_ttl,
-            may_retire=self._owner_check(caller, "retire"),
+            may_retire=None if caller is None else functools.partial(self._may_retire, caller),
         )
 
     def stats(self) -> dict[str, Any]:

@@ -41,6 +41,12 @@ def gc(
     verb = "would remove" if dry_run else "removed"
     for name in report.get("retired", []):
         print(f"{verb} checkpoint {name} (keep_last {keep_last})", file=out)
+    if report.get("others_kept"):
+        print(
+            f"kept {report['others_kept']} checkpoints of other users (retention counts and "
+            "retires only yours; docs/security.md)",
+            file=out,
+        )
     print(
         f"chunks: {report['chunks']} in the backend, {report['referenced']} referenced, "
         f"{report['kept_young']} unreferenced but younger than the grace period; "

@@ -20,6 +20,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any, Final, final
 
+from chunkd.cache import MAX_CHUNK_BYTES
 from chunkd.errors import ConfigError
 
 __all__ = [
@@ -364,6 +365,12 @@ def _chunk_size(value: object, origin: Origin) -> int:
             value,
             f"is not a positive multiple of the page size ({format_size(mmap.PAGESIZE)}), "
             "which chunks need to be mapped side by side; write it like '4MiB'",
+        )
+    if size > MAX_CHUNK_BYTES:
+        raise origin.error(
+            value,
+            f"is larger than {format_size(MAX_CHUNK_BYTES)}, the largest chunk chunkd writes "
+            "(a chunk store's object larger than that is taken as damaged); write it like '4MiB'",
         )
     return size
 

@@ -161,7 +161,7 @@ class S3Front:
             self.keys, max_skew=self.config.max_skew, sigv2_allowed=self.config.sigv2
         )
         self.started = time.time()
-        self._reserved = ReservedPrefixes(config.datasets.registry)
+        self._reserved = ReservedPrefixes(config.datasets.registry, config.backends)
 
     def build_app(self) -> web.Application:
         """The front's aiohttp application: one route, every method, every path."""

@@ -168,7 +168,8 @@ def test_migrate_refuses_every_reserved_prefix_reached_either_way(
         assert not (local / key).exists() or key.startswith("datasets/manifests/")
     assert (local / payloads["manifests"]).read_bytes() == victim.data
     assert not (local / "datasets/names/victim/_versions/000000000002.json").exists()
-    header = client.request("ds_resolve", {"ref": victim.id}).header
+    with client.request("ds_resolve", {"ref": victim.id}) as reply:  # its fds closed
+        header = reply.header
     assert header["frozen"] is False
     assert header["snapshot"] == victim.id
     assert [e["name"] for e in ckpt.list("local/ckpt/run", client=client)] == [

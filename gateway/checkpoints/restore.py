@@ -181,15 +181,8 @@ class Restorer:
                     continue
             if meta is not None and meta.size > MAX_CHUNK_BYTES:
                 # No chunk is this big: damaged, and never read whole.
-                self.metrics.ckpt_integrity_failures.inc()
-                self.backends.damaged.note(backend_name, cid)
-                raise _chunk_error(
-                    IntegrityError(
-                        f"chunk {cid} in backend {backend_name!r} is damaged: it holds "
-                        f"{meta.size} bytes, more than any chunk ({MAX_CHUNK_BYTES}); it was "
-                        f"not read. `chunkd gc {backend_name} --scrub` finds every damaged chunk"
-                    ),
-                    cid,
+                raise self._damaged(
+                    backend_name, cid, f"it holds {meta.size} bytes, more than any chunk"
                 )
             if raw is None:
                 raise _chunk_error(
@@ -198,19 +191,7 @@ class Restorer:
                 )
             got = await asyncio.to_thread(ChunkId.of, raw)
             if got != cid:
-                self.metrics.ckpt_integrity_failures.inc()
-                # The next save or freeze on this node that holds these bytes writes
-                # them again (chunkd.gateway.chunkstore).
-                self.backends.damaged.note(backend_name, cid)
-                raise _chunk_error(
-                    IntegrityError(
-                        f"chunk {cid} in backend {backend_name!r} is damaged: its "
-                        f"{raw.nbytes} bytes hash to {got}; it was not cached. The next "
-                        "save or freeze that holds its bytes writes it again; `chunkd gc "
-                        f"{backend_name} --scrub` finds every damaged chunk of the backend"
-                    ),
-                    cid,
-                )
+                raise self._damaged(backend_name, cid, f"its {raw.nbytes} bytes hash to {got}")
             await self.cache.put(Chunk.trusted(cid, raw))
             return "backend", raw
 
@@ -225,6 +206,21 @@ class Restorer:
         if not local:
             self.metrics.ckpt_restored_bytes.labels(source).inc(lease.size)
         return lease
+
+    def _damaged(self, backend_name: str, cid: ChunkId, why: str) -> ChunkdError:
+        """The error of chunk ``cid`` read damaged from ``backend_name`` (``why``),
+        counted and noted: the next save or freeze on this node that holds its bytes
+        writes it again (chunkd.gateway.chunkstore)."""
+        self.metrics.ckpt_integrity_failures.inc()
+        self.backends.damaged.note(backend_name, cid)
+        return _chunk_error(
+            IntegrityError(
+                f"chunk {cid} in backend {backend_name!r} is damaged: {why}; it was not "
+                "cached. The next save or freeze that holds its bytes writes it again; "
+                f"`chunkd gc {backend_name} --scrub` finds every damaged chunk of the backend"
+            ),
+            cid,
+        )
 
 
 def _chunk_error(exc: ChunkdError, cid: ChunkId) -> ChunkdError:

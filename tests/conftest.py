@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -280,42 +281,57 @@ def wait_ready(daemon: Daemon, timeout: float = 60.0) -> None:
     raise AssertionError(f"chunkd not ready after {timeout}s:\n{daemon.log.read_text()}")
 
 
+@contextlib.contextmanager
+def veth_namespace(
+    name: str, host: tuple[str, ...], inside: tuple[str, ...], prefix_len: int
+) -> Iterator[str]:
+    """A network namespace ``chunkd-NAME-PID`` on a veth pair: ``host`` addresses on the
+    host's side, ``inside`` ones in the namespace (each ``/prefix_len``, from
+    198.18.0.0/15 only); yields the namespace's name and removes everything afterwards.
+    Skips the test where it cannot be built (not root, no iproute2)."""
+    import shutil
+
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        pytest.skip("network namespaces need root and iproute2; they show another host")
+    tag = f"{name}{os.getpid() % 100000}"
+    ns, host_if, ns_if = f"chunkd-{tag}", f"ck{tag}h", f"ck{tag}n"
+
+    def ip(*args: str) -> None:
+        subprocess.run(["ip", *args], check=True, capture_output=True)
+
+    def remove() -> None:
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True, check=False)
+        subprocess.run(["ip", "link", "del", host_if], capture_output=True, check=False)
+
+    try:
+        ip("netns", "add", ns)
+        ip("link", "add", host_if, "type", "veth", "peer", "name", ns_if)
+        ip("link", "set", ns_if, "netns", ns)
+        for address in host:
+            ip("addr", "add", f"{address}/{prefix_len}", "dev", host_if)
+        ip("link", "set", host_if, "up")
+        for address in inside:
+            ip("netns", "exec", ns, "ip", "addr", "add", f"{address}/{prefix_len}", "dev", ns_if)
+        ip("netns", "exec", ns, "ip", "link", "set", ns_if, "up")
+        ip("netns", "exec", ns, "ip", "link", "set", "lo", "up")
+    except subprocess.CalledProcessError as exc:
+        remove()
+        pytest.skip(f"cannot build a network namespace here: {exc.stderr.decode().strip()}")
+    try:
+        yield ns
+    finally:
+        remove()
+
+
 @pytest.fixture
 def other_host() -> Iterator[tuple[str, str]]:
     """A network namespace on a veth pair: (the namespace, the host side's address).
 
     Addresses come from 198.18.0.0/15 only; everything is removed afterwards.
     """
-    import shutil
-    import subprocess
-
-    if os.geteuid() != 0 or shutil.which("ip") is None:
-        pytest.skip("network namespaces need root and iproute2; they show another host")
-    tag = f"{os.getpid() % 100000}"
-    ns, host_if, ns_if = f"chunkd-t{tag}", f"ckh{tag}", f"ckn{tag}"
     host_ip, ns_ip = "198.18.77.1", "198.18.77.2"
-
-    def ip(*args: str) -> None:
-        subprocess.run(["ip", *args], check=True, capture_output=True)
-
-    try:
-        ip("netns", "add", ns)
-        ip("link", "add", host_if, "type", "veth", "peer", "name", ns_if)
-        ip("link", "set", ns_if, "netns", ns)
-        ip("addr", "add", f"{host_ip}/30", "dev", host_if)
-        ip("link", "set", host_if, "up")
-        ip("netns", "exec", ns, "ip", "addr", "add", f"{ns_ip}/30", "dev", ns_if)
-        ip("netns", "exec", ns, "ip", "link", "set", ns_if, "up")
-        ip("netns", "exec", ns, "ip", "link", "set", "lo", "up")
-    except subprocess.CalledProcessError as exc:
-        subprocess.run(["ip", "netns", "del", ns], capture_output=True, check=False)
-        subprocess.run(["ip", "link", "del", host_if], capture_output=True, check=False)
-        pytest.skip(f"cannot build a network namespace here: {exc.stderr.decode().strip()}")
-    try:
+    with veth_namespace("t", (host_ip,), (ns_ip,), 30) as ns:
         yield ns, host_ip
-    finally:
-        subprocess.run(["ip", "netns", "del", ns], capture_output=True, check=False)
-        subprocess.run(["ip", "link", "del", host_if], capture_output=True, check=False)
 
 
 _PROBE = """

@@ -14,10 +14,8 @@ from __future__ import annotations
 import contextlib
 import http.client
 import json
-import os
 import resource
 import select
-import shutil
 import socket
 import ssl
 import subprocess
@@ -36,7 +34,7 @@ from chunkd.client import Client
 from chunkd.testing import free_port
 from chunkd.testing.s3front import front_section
 
-from .conftest import Daemon, wait_ready
+from .conftest import Daemon, veth_namespace, wait_ready
 
 HEADER_TIMEOUT = 2.0
 IDLE_TIMEOUT = 3.0
@@ -804,35 +802,10 @@ class CrowdNet:
 def crowd_net() -> Iterator[CrowdNet]:
     """A namespace with 8 addresses for a crowd, and two on the host side; everything
     is removed afterwards."""
-    if os.geteuid() != 0 or shutil.which("ip") is None:
-        pytest.skip("network namespaces need root and iproute2; they make other hosts")
-    tag = f"{os.getpid() % 100000}"
-    ns, host_if, ns_if = f"chunkd-c{tag}", f"ckc{tag}h", f"ckc{tag}n"
-    net = CrowdNet(ns, "198.19.23.1", "198.19.23.5", tuple(f"198.19.23.{n}" for n in range(10, 18)))
-
-    def ip(*args: str) -> None:
-        subprocess.run(["ip", *args], check=True, capture_output=True)
-
-    try:
-        ip("netns", "add", ns)
-        ip("link", "add", host_if, "type", "veth", "peer", "name", ns_if)
-        ip("link", "set", ns_if, "netns", ns)
-        for address in (net.host, net.probe):
-            ip("addr", "add", f"{address}/24", "dev", host_if)
-        ip("link", "set", host_if, "up")
-        for address in net.crowd:
-            ip("netns", "exec", ns, "ip", "addr", "add", f"{address}/24", "dev", ns_if)
-        ip("netns", "exec", ns, "ip", "link", "set", ns_if, "up")
-        ip("netns", "exec", ns, "ip", "link", "set", "lo", "up")
-    except subprocess.CalledProcessError as exc:
-        subprocess.run(["ip", "netns", "del", ns], capture_output=True, check=False)
-        subprocess.run(["ip", "link", "del", host_if], capture_output=True, check=False)
-        pytest.skip(f"cannot build a network namespace here: {exc.stderr.decode().strip()}")
-    try:
-        yield net
-    finally:
-        subprocess.run(["ip", "netns", "del", ns], capture_output=True, check=False)
-        subprocess.run(["ip", "link", "del", host_if], capture_output=True, check=False)
+    host, probe = "198.19.23.1", "198.19.23.5"
+    crowd = tuple(f"198.19.23.{n}" for n in range(10, 18))
+    with veth_namespace("c", (host, probe), crowd, 24) as ns:
+        yield CrowdNet(ns, host, probe, crowd)
 
 
 @pytest.mark.timeout(60)

@@ -17,7 +17,7 @@ from chunkd.errors import (
     ChunkdError,
     ChunkNotFoundError,
     IntegrityError,
-    VersionChangedError,
+    RangeNotSatisfiableError,
 )
 from chunkd.gateway.checkpoints.jobs import Jobs
 from chunkd.gateway.checkpoints.model import (
@@ -27,6 +27,7 @@ from chunkd.gateway.checkpoints.model import (
     manifest_key,
 )
 from chunkd.gateway.names import checkpoint_name
+from chunkd.ranges import ByteRange
 
 if TYPE_CHECKING:
     from chunkd.gateway.backends import Backends
@@ -168,21 +169,15 @@ class Restorer:
                 if shared is not None:
                     await self.cache.put(Chunk.trusted(cid, shared))
                     return "peer", shared
-            key = f"{CHUNKS}{cid}"
-            raw = meta = None
-            for _ in range(2):  # once more if it was rewritten (a repair) meanwhile
-                meta = await backend.head(key)
-                if meta is None or meta.size > MAX_CHUNK_BYTES:
-                    break
-                try:
-                    raw = await backend.get(key, version=meta)
-                    break
-                except VersionChangedError:
-                    continue
-            if meta is not None and meta.size > MAX_CHUNK_BYTES:
-                # No chunk is this big: damaged, and never read whole.
+            # One request, never more than a chunk can be (and a byte): an object
+            # larger than any chunk is damaged, and is not read whole.
+            try:
+                raw = await backend.get(f"{CHUNKS}{cid}", ByteRange(0, MAX_CHUNK_BYTES + 1))
+            except RangeNotSatisfiableError:  # an empty object
+                raw = memoryview(b"")
+            if raw is not None and raw.nbytes > MAX_CHUNK_BYTES:
                 raise self._damaged(
-                    backend_name, cid, f"it holds {meta.size} bytes, more than any chunk"
+                    backend_name, cid, f"it holds more than any chunk ({MAX_CHUNK_BYTES} bytes)"
                 )
             if raw is None:
                 raise _chunk_error(

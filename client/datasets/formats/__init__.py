@@ -28,12 +28,16 @@ MDS shard's raw size; 0 for every unit read in place. The order's windows hold a
 
 from __future__ import annotations
 
+import bisect
 import importlib
+import importlib.metadata
+import itertools
 import os
+import re
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Hashable
-from typing import TYPE_CHECKING, Any, Final, Protocol
+from collections.abc import Callable, Hashable, Sequence
+from typing import TYPE_CHECKING, Any, Final, Protocol, cast, runtime_checkable
 
 from chunkd.errors import DatasetFormatError
 
@@ -45,14 +49,21 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DECODED_CACHE_BYTES",
+    "ENTRY_POINTS",
+    "MAX_UNIT_BYTES",
+    "UNIT_BYTES",
     "DecodedLRU",
     "Format",
+    "FormatBase",
     "detect",
     "format_of",
+    "names",
+    "register",
     "settle",
     "snapshot_unit_bytes",
     "snapshot_units",
     "unit_bytes_of",
+    "unit_starts",
     "units_of",
 ]
 
@@ -61,11 +72,39 @@ __all__ = [
 DECODED_CACHE_BYTES: Final = 256 << 20
 
 
-class Format(Protocol):
-    """One member format."""
+#: a unit's decoded bytes are at most this (:meth:`Format.units`): a huge row group or
+#: a 4 GB tar is split into units of whole samples below it
+MAX_UNIT_BYTES: Final = 128 << 20
+#: the decoded bytes a format aims its units at where it chooses their bounds freely
+#: (fixed records, JSON lines, WebDataset samples, MDS samples)
+UNIT_BYTES: Final = 8 << 20
 
-    #: the format's name in manifests (one of :data:`chunkd.snapshot.FORMATS`)
+
+@runtime_checkable
+class Format(Protocol):
+    """One member format: a plug-in (:func:`register`).
+
+    Required: :attr:`name`, :attr:`version`, :attr:`suffixes`, :meth:`scan`,
+    :meth:`schema`, :meth:`units`, :meth:`unit_bytes`, :meth:`unit_ranges`,
+    :meth:`decode` and :meth:`sample`. :class:`FormatBase` gives the rest
+    (:meth:`settle`, :meth:`locate`, :meth:`read`, :meth:`ranges`) from those.
+
+    A member's samples are cut into **units**: runs of whole samples the format decodes
+    at once (a Parquet row group or a part of a huge one, a block of JSON lines, a run
+    of records, of tar samples, of MDS samples), each of at most
+    :data:`MAX_UNIT_BYTES` decoded. :meth:`decode` turns one unit into an Arrow table
+    of one row per sample; a batch is taken from such tables by index
+    (:mod:`chunkd.client.datasets.columns`), and :meth:`sample` gives one row as the
+    per-sample value (``Dataset[i]``, ``Batch.samples``).
+    """
+
+    #: the format's name in manifests
     name: str
+    #: its decoder's version: part of the key of every unit it decodes (bump it whenever
+    #: :meth:`decode` would give another table for the same bytes)
+    version: int
+    #: the ends of a key ``--format auto`` takes for this format (lowercase)
+    suffixes: tuple[str, ...]
 
     def scan(self, source: Source, member: Member, options: Mapping[str, Any]) -> Member:
         """``member`` (key, size, version and format set) with its ``samples`` and ``meta``.
@@ -81,94 +120,254 @@ class Format(Protocol):
         """
         ...
 
+    def schema(self, members: list[Member]) -> Any:
+        """The dataset's schema from its scanned members (the manifest's ``schema_of``)."""
+        ...
+
+    def settle(self, members: list[Member], schema: Any) -> list[Member]:
+        """``members`` as the manifest holds them, once the dataset's ``schema`` is known
+        (a format may drop from a member what repeats the schema)."""
+        ...
+
+    def units(self, member: Member) -> list[int]:
+        """The sample counts of ``member``'s units, in order, from the manifest alone
+        (no I/O); they add up to ``member.samples``. The read order shuffles units
+        (:mod:`chunkd.client.datasets.order`)."""
+        ...
+
+    def unit_bytes(self, member: Member) -> list[int]:
+        """Each unit's **decoded bytes**, from the manifest alone: about what its decoded
+        table holds (a Parquet row group's uncompressed size; the bytes of the records,
+        lines or files). The read order's windows hold at most ``window_bytes`` of them,
+        and decode caches are charged by them."""
+        ...
+
+    def unit_ranges(self, member: Member, unit: int) -> list[tuple[int, int]]:
+        """The byte ranges ``(offset, length)`` of ``member`` that :meth:`decode` of
+        ``unit`` reads, from the manifest alone (for prefetching, and the decoded
+        entry's key)."""
+        ...
+
+    def decode(
+        self, source: Source, member: Member, unit: int, columns: Sequence[str] | None
+    ) -> Any:
+        """Unit ``unit`` of ``member`` as a ``pyarrow.Table``: one row per sample, in
+        order; only ``columns`` (in the order given; None: all), each decoded only if
+        asked for.
+
+        Raises:
+            DatasetFormatError: the bytes are not what was registered (damaged or
+                truncated), or a column asked for is not the member's.
+            SnapshotDriftError: the object changed.
+        """
+        ...
+
+    def sample(self, table: Any, row: int) -> Any:
+        """Row ``row`` of a table :meth:`decode` made (or a batch taken from such tables)
+        as the per-sample value: what ``Dataset[i]`` gives."""
+        ...
+
+    def locate(self, member: Member, index: int) -> tuple[int, int]:
+        """The unit that holds sample ``index`` and its row in it.
+
+        Raises:
+            IndexError: ``index`` is outside the member.
+        """
+        ...
+
     def read(self, source: Source, member: Member, index: int) -> Any:
         """Sample ``index`` of ``member`` (``0 <= index < member.samples``)."""
         ...
 
     def ranges(self, member: Member, index: int) -> list[tuple[int, int]]:
-        """The byte ranges ``(offset, length)`` of ``member`` that :meth:`read` of sample
-        ``index`` reads (for prefetching): from the manifest alone, no I/O."""
-        ...
-
-    def schema(self, members: list[Member]) -> Any:
-        """The dataset's schema from its scanned members (the manifest's ``schema_of``)."""
-        ...
-
-    def units(self, member: Member) -> list[int] | None:
-        """The sample counts of ``member``'s **units**, in order: the runs of its samples
-        this format decodes whole (a Parquet member's row groups), from the manifest
-        alone; None: the member is one unit of ``member.samples``. The read order
-        shuffles units (:mod:`chunkd.client.datasets.order`). Optional: a format without
-        it is one unit per member (:func:`units_of`)."""
-        ...
-
-    def unit_bytes(self, member: Member) -> list[int] | None:
-        """Each of ``member``'s units' **decoded bytes** (one per unit of :meth:`units`),
-        from the manifest alone: what reading the unit keeps in this format's decode
-        cache; 0 for a unit read in place. None: 0 for every unit. The read order's
-        windows hold at most ``window_bytes`` of them. Optional: a format without it
-        decodes nothing whole (:func:`unit_bytes_of`)."""
+        """The byte ranges reading sample ``index`` reads: its unit's."""
         ...
 
 
-_MODULES = {
+class FormatBase:
+    """What every format gets from its required methods (see :class:`Format`).
+
+    :meth:`read` decodes the sample's unit (all columns) and keeps it in a per-process
+    :class:`DecodedLRU` of :data:`DECODED_CACHE_BYTES`, so reading the neighbouring
+    samples decodes nothing again.
+    """
+
+    name: str
+    version: int
+
+    def units(self, member: Member) -> list[int]:
+        raise NotImplementedError
+
+    def unit_ranges(self, member: Member, unit: int) -> list[tuple[int, int]]:
+        raise NotImplementedError
+
+    def unit_bytes(self, member: Member) -> list[int]:
+        raise NotImplementedError
+
+    def decode(
+        self, source: Source, member: Member, unit: int, columns: Sequence[str] | None
+    ) -> Any:
+        raise NotImplementedError
+
+    def sample(self, table: Any, row: int) -> Any:
+        raise NotImplementedError
+
+    def settle(self, members: list[Member], schema: Any) -> list[Member]:
+        return members
+
+    def locate(self, member: Member, index: int) -> tuple[int, int]:
+        starts = unit_starts(cast("Format", self), member)
+        if not 0 <= index < starts[-1]:
+            raise IndexError(f"sample {index} of {member.key}, which holds {starts[-1]}")
+        unit = bisect.bisect_right(starts, index) - 1
+        return unit, index - starts[unit]
+
+    def read(self, source: Source, member: Member, index: int) -> Any:
+        unit, row = self.locate(member, index)
+        key = (source.name(member), member.version, self.name, self.version, unit)
+        table = _UNITS.get(key)
+        if table is None:
+            table = self.decode(source, member, unit, None)
+            _UNITS.put(key, table, self.unit_bytes(member)[unit] or int(table.nbytes))
+        return self.sample(table, row)
+
+    def ranges(self, member: Member, index: int) -> list[tuple[int, int]]:
+        return self.unit_ranges(member, self.locate(member, index)[0])
+
+
+def unit_starts(fmt: Format, member: Member) -> list[int]:
+    """Each unit's first sample in ``member``, and ``member.samples`` last (cached)."""
+    key = (fmt.name, member.key, member.version, member.size, member.samples)
+    starts: list[int] | None = _STARTS.get(key)
+    if starts is None:
+        starts = [0, *itertools.accumulate(fmt.units(member))]
+        _STARTS.put(key, starts, 8 * len(starts))
+    return starts
+
+
+#: the formats chunkd ships, by name: the module under this package that holds each
+_BUILTIN: Final = {
     "parquet": "parquet",
     "jsonl": "jsonl",
     "fixed": "fixed",
     "wds": "wds",
     "mds": "mds",
 }
+#: the entry-point group a package names its formats in (``name = "pkg.module:FORMAT"``)
+ENTRY_POINTS: Final = "chunkd.formats"
 _FORMATS: dict[str, Format] = {}
+_FORMATS_LOCK = threading.Lock()
+_NAME = re.compile(r"[a-z][a-z0-9_.-]{0,31}")
 
-#: the formats ``--format auto`` recognises, by the end of a key
-_SUFFIXES = (
-    (".parquet", "parquet"),
-    (".jsonl", "jsonl"),
-    (".jsonl.zst", "jsonl"),
-    (".json.zst", "jsonl"),
-    (".ndjson", "jsonl"),
-    (".ndjson.zst", "jsonl"),
-    (".tar", "wds"),
-    (".mds", "mds"),
-    (".mds.zstd", "mds"),
-    (".mds.gz", "mds"),
-    (".mds.bz2", "mds"),
+
+def register(fmt: Format) -> Format:
+    """Make ``fmt`` the format of its :attr:`~Format.name` in this process (a plug-in:
+    see :class:`Format` for what it must have); returns it.
+
+    Raises:
+        DatasetFormatError: it lacks a required member, or its name is not a format
+            name (lowercase letters, digits, ``_``, ``.``, ``-``; at most 32).
+    """
+    missing = [m for m in _REQUIRED if not hasattr(fmt, m)]
+    if missing:
+        raise DatasetFormatError(
+            f"format {getattr(fmt, 'name', fmt)!r} lacks {', '.join(missing)}: see "
+            "chunkd.client.datasets.formats.Format for what a format has"
+        )
+    if not isinstance(fmt.name, str) or not _NAME.fullmatch(fmt.name):
+        raise DatasetFormatError(f"a format's name is [a-z][a-z0-9_.-]*; got {fmt.name!r}")
+    with _FORMATS_LOCK:
+        _FORMATS[fmt.name] = fmt
+    return fmt
+
+
+_REQUIRED: Final = (
+    "name",
+    "version",
+    "suffixes",
+    "scan",
+    "schema",
+    "units",
+    "unit_bytes",
+    "unit_ranges",
+    "decode",
+    "sample",
+    "settle",
+    "locate",
+    "read",
+    "ranges",
 )
 
 
 def format_of(name: str) -> Format:
-    """The format called ``name``.
+    """The format called ``name``: one chunkd ships, one :func:`register` ed, or one a
+    package names in the ``chunkd.formats`` entry points.
 
     Raises:
         DatasetFormatError: no format has that name.
     """
     fmt = _FORMATS.get(name)
-    if fmt is None:
-        module = _MODULES.get(name)
-        if module is None:
-            raise DatasetFormatError(
-                f"unknown member format {name!r}; known: {', '.join(_MODULES)}"
-            )
-        fmt = _FORMATS[name] = importlib.import_module(f"{__name__}.{module}").FORMAT
-    return fmt
+    if fmt is not None:
+        return fmt
+    module = _BUILTIN.get(name)
+    if module is not None:
+        # chunkd's own formats are held to the contract by the conformance suite
+        fmt = cast("Format", importlib.import_module(f"{__name__}.{module}").FORMAT)
+        with _FORMATS_LOCK:
+            _FORMATS[name] = fmt
+        return fmt
+    plugged = _plugins().get(name)
+    if plugged is not None:
+        return register(plugged.load())
+    raise DatasetFormatError(f"unknown member format {name!r}; known: {', '.join(names())}")
+
+
+def names() -> list[str]:
+    """The names of every format known here: chunkd's, then plug-ins'."""
+    return list(dict.fromkeys([*_BUILTIN, *_FORMATS, *_plugins()]))
+
+
+#: ``--format auto``'s suffixes of chunkd's formats written before they named their own
+_SUFFIXES: Final[dict[str, tuple[str, ...]]] = {
+    "parquet": (".parquet",),
+    "jsonl": (".jsonl", ".jsonl.zst", ".json.zst", ".ndjson", ".ndjson.zst"),
+    "wds": (".tar",),
+    "mds": (".mds", ".mds.zstd", ".mds.gz", ".mds.bz2"),
+}
+
+
+def _plugins() -> dict[str, Any]:
+    try:
+        found = importlib.metadata.entry_points(group=ENTRY_POINTS)
+    except Exception:  # a broken distribution's metadata: no plug-ins from it
+        return {}
+    return {point.name: point for point in found if point.name not in _BUILTIN}
 
 
 def detect(key: str) -> str | None:
-    """The format a key's name says it holds (``--format auto``), or None."""
+    """The format a key's name says it holds (``--format auto``), or None: the longest
+    suffix of any format's :attr:`~Format.suffixes` that ends it."""
     lowered = key.lower()
-    return next((fmt for suffix, fmt in _SUFFIXES if lowered.endswith(suffix)), None)
+    best: tuple[int, str] | None = None
+    for name in names():
+        try:
+            fmt = format_of(name)
+        except DatasetFormatError:
+            continue
+        for suffix in getattr(fmt, "suffixes", None) or _SUFFIXES.get(name, ()):
+            if lowered.endswith(suffix) and (best is None or len(suffix) > best[0]):
+                best = (len(suffix), name)
+    return None if best is None else best[1]
 
 
 def units_of(fmt: Format, member: Member) -> list[int] | None:
-    """``member``'s units' sample counts (:meth:`Format.units`), or None where the member
-    is one unit (every format without a ``units`` of its own)."""
+    """``member``'s units' sample counts (:meth:`Format.units`)."""
     split = getattr(fmt, "units", None)
     return None if split is None else split(member)
 
 
 def unit_bytes_of(fmt: Format, member: Member) -> list[int] | None:
-    """``member``'s units' decoded bytes (:meth:`Format.unit_bytes`), or None where they
-    are all 0 (every format without a ``unit_bytes`` of its own)."""
+    """``member``'s units' decoded bytes (:meth:`Format.unit_bytes`)."""
     cost = getattr(fmt, "unit_bytes", None)
     return None if cost is None else cost(member)
 
@@ -265,3 +464,8 @@ class DecodedLRU:
         with self._lock:
             self._pieces.clear()
             self._bytes = 0
+
+
+#: decoded units :meth:`FormatBase.read` keeps, per process
+_UNITS = DecodedLRU(DECODED_CACHE_BYTES, 4096)
+_STARTS = DecodedLRU(64 << 20, 4096)

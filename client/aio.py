@@ -102,7 +102,7 @@ class AsyncClient:
         """See :meth:`Client.read`."""
         client = await self._sync()
         check_range(offset, length)
-        located = client._reader.from_cache(name, offset, length, time.monotonic())
+        located = client.reader.from_cache(name, offset, length, time.monotonic())
         if located is not None:
             return located.view()
         return await asyncio.to_thread(client.read, name, offset, length)
@@ -112,7 +112,7 @@ class AsyncClient:
         client = await self._sync()
         target = byte_target(buf)
         check_range(offset, None)
-        located = client._reader.from_cache(name, offset, len(target), time.monotonic())
+        located = client.reader.from_cache(name, offset, len(target), time.monotonic())
         if located is None:
             return await asyncio.to_thread(client.read_into, name, target, offset)
         if located.length <= _LOOP_COPY_BYTES:
@@ -122,7 +122,7 @@ class AsyncClient:
     async def stat(self, name: str) -> ObjectStat:
         """See :meth:`Client.stat`."""
         client = await self._sync()
-        known = client._reader.fresh(name)
+        known = client.reader.fresh(name)
         if known is not None:
             return known.stat(name)
         return await asyncio.to_thread(client.stat, name)

@@ -291,7 +291,7 @@ class Client:
             hit = self._reader.hit(name, offset, length)
             if hit is not None:
                 return hit
-        located = self._locate(name, offset, length, version)
+        located = self.locate(name, offset, length, version)
         if version is not None and located.version != version:
             raise VersionChangedError(
                 f"{name} is at version {located.version!r}, not {version!r} as asked"
@@ -324,7 +324,7 @@ class Client:
             DaemonUnavailableError: as for :meth:`read`.
         """
         target = byte_target(buf)
-        return self._locate(name, offset, len(target)).copy_into(target)
+        return self.locate(name, offset, len(target)).copy_into(target)
 
     def stat(self, name: str) -> ObjectStat:
         """Size, version and chunking of an object (from the client cache while fresh).
@@ -554,11 +554,24 @@ class Client:
 
     # -- the seams: the reader and the connection ---------------------------------------
 
-    def _locate(
+    @property
+    def reader(self) -> Reader:
+        """The client's reader: its mapped chunks and what it knows of objects (what
+        the file objects, the async client and the dataset sources read through)."""
+        return self._reader
+
+    def locate(
         self, name: str, offset: int, length: int | None, version: str | None = None
     ) -> Located:
-        """A range as the pieces that hold it (what a :class:`ChunkdFile` reads);
-        ``version``: the version it must be of (the daemon re-checks one it doubts)."""
+        """Bytes ``offset .. offset + length`` of ``name`` (``length`` None: to its end)
+        as the pieces that hold them, without a copy (what a :class:`ChunkdFile` and a
+        dataset source read); ``version``: the version they must be of (the daemon
+        re-checks one it doubts).
+
+        Raises:
+            ObjectNotFoundError, RangeNotSatisfiableError, VersionChangedError: as
+                :meth:`read`.
+        """
         return self._reader.locate(name, offset, length, version)
 
     def _prefetch(self, names: list[str]) -> int:

@@ -23,7 +23,7 @@ __all__ = ["ChunkdFile", "RangeSource"]
 class RangeSource(Protocol):
     """What a :class:`ChunkdFile` needs of its client (a :class:`~chunkd.client.Client`)."""
 
-    def _locate(self, name: str, offset: int, length: int | None) -> Located:
+    def locate(self, name: str, offset: int, length: int | None) -> Located:
         """A byte range of the object's current version, as the pieces that hold it."""
         ...
 
@@ -117,7 +117,7 @@ class ChunkdFile(io.RawIOBase):
         return self.read(-1)
 
     def _located(self, n: int) -> Located:
-        located = self._client._locate(self.name, self._position, n)
+        located = self._client.locate(self.name, self._position, n)
         if located.version != self.version:
             raise VersionChangedError(
                 f"{self.name} changed from version {self.version} to {located.version} "

@@ -97,9 +97,9 @@ class _Pinned:
         self._client = client
         self._version = version
 
-    def _locate(self, name: str, offset: int, length: int | None) -> Located:
+    def locate(self, name: str, offset: int, length: int | None) -> Located:
         try:
-            located = self._client._locate(name, offset, length, self._version)
+            located = self._client.locate(name, offset, length, self._version)
         except (ObjectNotFoundError, RangeNotSatisfiableError) as exc:
             raise drift(name, self._version, exc) from None
         if located.version != self._version:

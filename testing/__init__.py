@@ -16,14 +16,24 @@ the cache or the client imports it.
   its own;
 - :mod:`chunkd.testing.soak`: a daemon under many client processes for a while, its
   memory, fds and threads sampled (import it by name: it pulls in numpy).
+- :mod:`chunkd.testing.backends`: the backends' conformance suite;
+- :mod:`chunkd.testing.formats`: the dataset formats' conformance suite (it imports
+  neither the daemon nor a server).
+
+The names below are imported when first used (PEP 562), so importing one module of the
+kit (``chunkd.testing.formats``) does not import the daemon's config with the others.
 """
 
 from __future__ import annotations
 
-from chunkd.testing.ports import BIN, free_port, wait_for_port
-from chunkd.testing.proxy import CountingProxy
-from chunkd.testing.relay import LatencyRelay
-from chunkd.testing.s3 import S3Server, refused_backend, s3_backend
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from chunkd.testing.ports import BIN, free_port, wait_for_port
+    from chunkd.testing.proxy import CountingProxy
+    from chunkd.testing.relay import LatencyRelay
+    from chunkd.testing.s3 import S3Server, refused_backend, s3_backend
 
 __all__ = [
     "BIN",
@@ -35,3 +45,24 @@ __all__ = [
     "s3_backend",
     "wait_for_port",
 ]
+
+#: each name's module
+_LAZY = {
+    "BIN": "ports",
+    "free_port": "ports",
+    "wait_for_port": "ports",
+    "CountingProxy": "proxy",
+    "LatencyRelay": "relay",
+    "S3Server": "s3",
+    "refused_backend": "s3",
+    "s3_backend": "s3",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value

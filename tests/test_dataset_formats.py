@@ -197,7 +197,7 @@ def assert_covered(reads: list[tuple[int, int]], ranges: list[tuple[int, int]]) 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
 
-from chunkd.client.datasets.formats import parquet as parquet_format  # noqa: E402
+from chunkd.client.datasets import formats as formats_module  # noqa: E402
 
 
 def parquet_bytes(table: Any, row_group_size: int) -> bytes:
@@ -243,7 +243,8 @@ def test_parquet_rows_read_back_from_their_row_group_only(
     ]
 
     # Every row is its dict; the decoded row group serves its neighbours.
-    monkeypatch.setattr(parquet_format, "_ROW_GROUPS", DecodedLRU(64 << 20, 4))
+    # decoded row groups are FormatBase's per-process units (issue 25)
+    monkeypatch.setattr(formats_module, "_UNITS", DecodedLRU(64 << 20, 4))
     expected = table.to_pylist()
     fmt = format_of("parquet")
     source.clear()
@@ -256,7 +257,7 @@ def test_parquet_rows_read_back_from_their_row_group_only(
         source.clear()
         assert fmt.read(source, member, index) == expected[index]
         assert_covered(source.reads, fmt.ranges(member, index))
-        assert len(parquet_format._ROW_GROUPS) <= 4
+        assert len(formats_module._UNITS) <= 4
     assert [fmt.read(store.source, member, i) for i in range(0, 10_000, 97)] == expected[::97]
 
 

@@ -1,20 +1,25 @@
 """Parquet members: one sample per row, as a dict ``{column: value}``.
 
-A sample is its row as ``pyarrow`` gives it (``Table.to_pylist``). Reading one fetches
-and decodes only the row group that holds it, with one ranged read; decoded row groups
-are kept in a per-process :class:`~chunkd.client.datasets.formats.DecodedLRU` of at most
-:data:`ROW_GROUP_CACHE_BYTES` and :data:`ROW_GROUP_CACHE_ITEMS`, so that reading the
-neighbouring rows decodes nothing again. A row group bigger than the whole bound is
-decoded again for every row read of it (``chunkd dataset check`` warns of such groups).
-A member's units (:meth:`~chunkd.client.datasets.formats.Format.units`) are its row
-groups, so the read order mixes rows within windows of row groups
-(:mod:`chunkd.client.datasets.order`), and a unit's decoded bytes
-(:meth:`~chunkd.client.datasets.formats.Format.unit_bytes`) are its group's
-uncompressed size, so that a window holds at most the cache's bound of them: reading an
-epoch in order decodes each group once.
+A member's **units** are its row groups: :meth:`~ParquetRows.decode` reads one with one
+ranged read (the group's column chunks) and decodes it into an Arrow table, the file's
+columns with their Arrow types as stored (pyarrow's ``read_row_group``). A row group
+of more than :data:`~chunkd.client.datasets.formats.MAX_UNIT_BYTES` uncompressed is
+split into ``ceil(bytes / MAX_UNIT_BYTES)`` units (more where its rows do not divide
+evenly) of whole rows, its rows shared evenly; such a unit reads the group's column
+chunks and decodes only its rows (``iter_batches``), so no decode holds more than about
+a unit and a batch of rows. A unit's decoded bytes
+(:meth:`~ParquetRows.unit_bytes`) are its group's uncompressed size (its share of it,
+for a split group).
+
+Decoding only some columns reads only their column chunks (a ranged read each) and
+decodes only them. A sample (:meth:`~ParquetRows.sample`) is its row as
+``Table.to_pylist`` gives it: nulls are None, lists are lists, structs dicts, decimals
+:class:`decimal.Decimal`, timestamps :class:`datetime.datetime` and dictionary-encoded
+columns their values.
 
 A scan reads only the footer: the 8-byte trailer, then the footer itself (one read of
-the file's last 64 KiB answers both when the footer is that small).
+the file's last 64 KiB answers both when the footer is that small). Parsed footers are
+kept per process (64 of them), so decoding a unit reads its row group only.
 
 Member ``meta``:
 
@@ -35,32 +40,36 @@ pyarrow is imported when a Parquet member is first scanned or read.
 
 from __future__ import annotations
 
-import bisect
 import importlib
 import io
-import itertools
+import math
 import struct
 from collections import Counter
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Final
 
-from chunkd.client.datasets.formats import DECODED_CACHE_BYTES, DecodedLRU
+from chunkd.client.datasets.formats import (
+    DECODED_CACHE_BYTES,
+    MAX_UNIT_BYTES,
+    DecodedLRU,
+    FormatBase,
+)
 from chunkd.errors import DatasetFormatError, SnapshotDriftError
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Mapping, Sequence
 
     from _typeshed import WriteableBuffer
 
     from chunkd.client.datasets.source import Source
     from chunkd.snapshot import Member
 
-__all__ = ["FORMAT", "ROW_GROUP_CACHE_BYTES", "ROW_GROUP_CACHE_ITEMS", "ParquetRows"]
+__all__ = ["FORMAT", "ROW_GROUP_CACHE_BYTES", "ParquetRows"]
 
-#: decoded row groups kept per process, by their bytes in memory ...
+#: the bound of the per-process cache of decoded units (row groups), in bytes
+#: (:data:`~chunkd.client.datasets.formats.DECODED_CACHE_BYTES`; ``chunkd dataset
+#: check`` warns of groups larger than it)
 ROW_GROUP_CACHE_BYTES: Final = DECODED_CACHE_BYTES
-#: ... and by their count
-ROW_GROUP_CACHE_ITEMS: Final = 64
 #: parsed footers kept per process
 _FOOTERS: Final = 64
 #: a scan reads this much of the file's end at once: the footer of most files fits
@@ -69,7 +78,6 @@ _TAIL_BYTES: Final = 64 << 10
 _MAX_FOOTER_BYTES: Final = 256 << 20
 _MAGIC: Final = b"PAR1"
 
-_ROW_GROUPS = DecodedLRU(ROW_GROUP_CACHE_BYTES, ROW_GROUP_CACHE_ITEMS)
 _METADATA = DecodedLRU(64 << 20, _FOOTERS)
 
 
@@ -82,10 +90,12 @@ def schema_of(arrow_schema: Any) -> list[list[str]]:
     return [[field.name, str(field.type)] for field in arrow_schema]
 
 
-class ParquetRows:
+class ParquetRows(FormatBase):
     """The ``parquet`` format (see the module docstring)."""
 
     name = "parquet"
+    version = 1
+    suffixes = (".parquet",)
 
     def scan(self, source: Source, member: Member, options: Mapping[str, Any]) -> Member:
         name = source.name(member)
@@ -109,37 +119,9 @@ class ParquetRows:
                     f"outside the data before the footer at {offset}: the file is damaged; "
                     "write it again"
                 )
+        _METADATA.put((name, member.version), metadata, length)
         meta = {"footer": [offset, length], "row_groups": groups, "schema": schema_of(arrow_schema)}
         return replace(member, samples=sum(g[0] for g in groups), meta=meta)
-
-    def read(self, source: Source, member: Member, index: int) -> dict[str, Any]:
-        group, row = self._locate(member, index)
-        key = (source.name(member), member.version, group)
-        table = _ROW_GROUPS.get(key)
-        if table is None:
-            table = self._decode(source, member, group)
-            # Charged at the size the read order counts (the manifest's uncompressed
-            # size), so that a window of row groups, cut to the cache's bound, fits the
-            # cache: Arrow's figure for the same group (dictionaries decoded) is often
-            # larger, and two 128 MiB groups would else overflow 256 MiB and thrash.
-            charged = int(member.meta["row_groups"][group][3]) or int(table.nbytes)
-            _ROW_GROUPS.put(key, table, charged)
-        rows: list[dict[str, Any]] = table.slice(row, 1).to_pylist()
-        return rows[0]
-
-    def ranges(self, member: Member, index: int) -> list[tuple[int, int]]:
-        group, _ = self._locate(member, index)
-        _, start, size, _ = member.meta["row_groups"][group]
-        offset, length = member.meta["footer"]
-        return [(int(start), int(size)), (int(offset), int(length))]
-
-    def units(self, member: Member) -> list[int] | None:
-        # a row group is what a read decodes whole
-        return [int(g[0]) for g in member.meta.get("row_groups", ())]
-
-    def unit_bytes(self, member: Member) -> list[int] | None:
-        # a row group decodes to about its uncompressed size
-        return [int(g[3]) for g in member.meta.get("row_groups", ())]
 
     def schema(self, members: list[Member]) -> Any:
         schemas = Counter(_frozen(m.meta["schema"]) for m in members if "schema" in m.meta)
@@ -163,33 +145,69 @@ class ParquetRows:
             for m in members
         ]
 
-    # -- reading -----------------------------------------------------------------------
+    # -- units -------------------------------------------------------------------------
 
-    def _locate(self, member: Member, index: int) -> tuple[int, int]:
-        groups = member.meta["row_groups"]
-        starts = _starts(member, groups)
-        if not 0 <= index < starts[-1]:
-            raise IndexError(f"row {index} of {member.key}, which holds {starts[-1]} rows")
-        group = bisect.bisect_right(starts, index) - 1
-        return group, index - starts[group]
+    def units(self, member: Member) -> list[int]:
+        return [rows for _, _, rows, _ in _units(member)]
 
-    def _decode(self, source: Source, member: Member, group: int) -> Any:
+    def unit_bytes(self, member: Member) -> list[int]:
+        return [size for _, _, _, size in _units(member)]
+
+    def unit_ranges(self, member: Member, unit: int) -> list[tuple[int, int]]:
+        group = _units(member)[unit][0]
+        _, start, size, _ = member.meta["row_groups"][group]
+        offset, length = member.meta["footer"]
+        return [(int(start), int(size)), (int(offset), int(length))]
+
+    def decode(
+        self, source: Source, member: Member, unit: int, columns: Sequence[str] | None
+    ) -> Any:
         _, pq = _pyarrow()
         pa = importlib.import_module("pyarrow")
         name = source.name(member)
+        group, first, rows, _ = _units(member)[unit]
         metadata = self._metadata(source, member)
+        known = metadata.schema.to_arrow_schema().names
+        if columns is not None:
+            unknown = [c for c in columns if c not in known]
+            if unknown:
+                raise DatasetFormatError(
+                    f"{name} has no column {unknown[0]!r}; its columns: {', '.join(known)}"
+                )
+        asked = None if columns is None else list(dict.fromkeys(columns))
+        if asked == []:  # no column: the rows alone
+            return pa.table({"": pa.nulls(rows)}).select([])
         _, start, size, _ = member.meta["row_groups"][group]
-        window = _Window(source, member, int(start), source.read(member, int(start), int(size)))
+        # All columns: the group's chunks in one read. Some: each asked column's chunk
+        # as pyarrow asks for it, so the others are neither read nor decoded.
+        whole = asked is None or len(asked) == len(known)
+        view = source.read(member, int(start), int(size)) if whole else memoryview(b"")
+        window = _Window(source, member, int(start), view)
         try:
             parquet = pq.ParquetFile(pa.PythonFile(window, mode="r"), metadata=metadata)
-            return parquet.read_row_group(group)
-        except Exception as exc:
-            if isinstance(exc, SnapshotDriftError):
-                raise
+            if rows == int(member.meta["row_groups"][group][0]):
+                table = parquet.read_row_group(group, columns=asked)
+            else:
+                table = _rows(parquet, group, first, rows, asked)
+        except SnapshotDriftError:
+            raise
+        except Exception as exc:  # pyarrow's errors of damaged bytes: OSError, ArrowInvalid
             raise DatasetFormatError(
                 f"{name}: row group {group} cannot be decoded ({exc}); the file is damaged: "
                 "write it again"
             ) from None
+        if table.num_rows != rows:
+            raise DatasetFormatError(
+                f"{name}: row group {group} decoded to {table.num_rows} rows where its "
+                f"footer says {rows}; the file is damaged: write it again"
+            )
+        return table if columns is None else table.select(list(columns))
+
+    def sample(self, table: Any, row: int) -> dict[str, Any]:
+        rows: list[dict[str, Any]] = table.slice(row, 1).to_pylist()
+        return rows[0]
+
+    # -- reading -----------------------------------------------------------------------
 
     def _metadata(self, source: Source, member: Member) -> Any:
         key = (source.name(member), member.version)
@@ -234,6 +252,52 @@ class ParquetRows:
         return offset, length + 8, _parse_footer(name, footer, trailer=False)
 
 
+def _rows(parquet: Any, group: int, first: int, rows: int, columns: list[str] | None) -> Any:
+    """Rows ``first .. first + rows`` of row group ``group``: ``iter_batches`` decodes the
+    group a batch of ``rows`` at a time, and the rows before ``first`` are dropped batch
+    by batch, so no more than two batches and the result are held at once."""
+    pa = importlib.import_module("pyarrow")
+    pieces, seen = [], 0
+    for batch in parquet.iter_batches(batch_size=rows, row_groups=[group], columns=columns):
+        stop = seen + batch.num_rows
+        if stop > first:
+            pieces.append(batch.slice(max(0, first - seen), first + rows - max(seen, first)))
+        seen = stop
+        if seen >= first + rows:
+            break
+    if not pieces:  # the group holds fewer rows than its footer says
+        return pa.table({"": pa.nulls(0)}).select([])
+    # a copy of the unit's rows alone: a slice would hold its whole batch
+    return pa.Table.from_batches(pieces).combine_chunks()
+
+
+def _units(member: Member) -> list[tuple[int, int, int, int]]:
+    """``member``'s units: ``(row group, first row in it, rows, decoded bytes)`` each
+    (cached): a row group each, a group of more than ``MAX_UNIT_BYTES`` cut into
+    runs of its rows shared evenly, each of at most ``MAX_UNIT_BYTES``."""
+    groups = member.meta.get("row_groups", ())
+    key = (member.key, member.version, member.size, member.samples, len(groups), MAX_UNIT_BYTES)
+    found: list[tuple[int, int, int, int]] | None = _SPLITS.get(key)
+    if found is not None:
+        return found
+    found = []
+    for g, (rows, _, _, size) in enumerate(groups):
+        rows, size = int(rows), int(size)
+        pieces = max(1, math.ceil(size / MAX_UNIT_BYTES))
+        # rows shared evenly: a piece holds at most ceil(rows / pieces) of them
+        while pieces < rows and math.ceil(rows / pieces) * size > MAX_UNIT_BYTES * rows:
+            pieces += 1
+        pieces = min(pieces, max(1, rows))
+        share, extra = divmod(rows, pieces)
+        first = 0
+        for p in range(pieces):
+            count = share + (p < extra)
+            found.append((g, first, count, size if pieces == 1 else -(-size * count // rows)))
+            first += count
+    _SPLITS.put(key, found, 64 * len(found))
+    return found
+
+
 def _parse_footer(name: str, data: memoryview | bytes, *, trailer: bool = True) -> Any:
     """The ``FileMetaData`` of a footer's bytes (``trailer``: they end with the length
     and ``PAR1``)."""
@@ -267,17 +331,7 @@ def _frozen(schema: Any) -> tuple[tuple[str, ...], ...]:
     return tuple(tuple(column) for column in schema)
 
 
-_STARTS = DecodedLRU(64 << 20, 4096)
-
-
-def _starts(member: Member, groups: list[list[int]]) -> list[int]:
-    """Each row group's first row, and the member's row count last."""
-    cache_key = (member.key, member.version, member.size, member.samples, len(groups))
-    starts: list[int] | None = _STARTS.get(cache_key)
-    if starts is None:
-        starts = [0, *itertools.accumulate(int(g[0]) for g in groups)]
-        _STARTS.put(cache_key, starts, 8 * len(starts))
-    return starts
+_SPLITS = DecodedLRU(64 << 20, 4096)
 
 
 class _Window(io.RawIOBase):

@@ -1,0 +1,145 @@
+"""chunkd's own formats against the conformance suite (:class:`chunkd.testing.formats.FormatTests`).
+
+Each class writes real files with the format's own writer (pyarrow's Parquet, Arrow IPC
+and Feather writers; plain bytes for fixed records) and reads them back with that
+writer's reader as the reference. The JSON-lines, WebDataset and MDS subclasses live in
+their own module.
+"""
+
+from __future__ import annotations
+
+import datetime
+import decimal
+import io
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from chunkd.client.datasets import formats
+from chunkd.client.datasets.formats import format_of, parquet
+from chunkd.errors import DatasetFormatError
+from chunkd.testing.formats import FileSource, FormatTests
+
+pa = pytest.importorskip("pyarrow")
+pq = pytest.importorskip("pyarrow.parquet")
+
+
+def typed_table(rows: int, seed: int) -> Any:
+    """Nulls, nested lists and structs, decimals, timestamps and a dictionary column."""
+    rng = random.Random(seed)
+    base = datetime.datetime(2024, 1, 1, tzinfo=datetime.UTC)
+    return pa.table(
+        {
+            "id": pa.array([seed * 100_000 + i for i in range(rows)], pa.int64()),
+            "text": pa.array(
+                [None if i % 11 == 0 else f"r{i}-" + rng.randbytes(8).hex() for i in range(rows)],
+                pa.string(),
+            ),
+            "score": pa.array([None if i % 7 == 0 else i / 3 for i in range(rows)], pa.float64()),
+            "tags": pa.array(
+                [None if i % 13 == 0 else [f"t{i % 5}"] * (i % 3) for i in range(rows)],
+                pa.list_(pa.string()),
+            ),
+            "point": pa.array(
+                [{"x": i, "y": None if i % 2 else f"y{i}"} for i in range(rows)],
+                pa.struct([("x", pa.int32()), ("y", pa.string())]),
+            ),
+            "price": pa.array(
+                [
+                    None if i % 5 == 0 else decimal.Decimal(f"{i}.{i % 100:02d}")
+                    for i in range(rows)
+                ],
+                pa.decimal128(12, 2),
+            ),
+            "at": pa.array(
+                [base + datetime.timedelta(seconds=37 * i) for i in range(rows)],
+                pa.timestamp("us", tz="UTC"),
+            ),
+            "kind": pa.array(
+                [["cat", "dog", None][i % 3] for i in range(rows)]
+            ).dictionary_encode(),
+        }
+    )
+
+
+class TestParquet(FormatTests):
+    format = "parquet"
+
+    @pytest.fixture
+    def files(self, tmp_path: Path) -> list[Path]:
+        paths = []
+        for i, (rows, group) in enumerate([(300, 100), (250, 250), (1, 10)]):
+            path = tmp_path / f"part-{i}.parquet"
+            pq.write_table(typed_table(rows, seed=i + 1), path, row_group_size=group)
+            paths.append(path)
+        return paths
+
+    def reference(self, path: Path) -> list[Any]:
+        rows: list[Any] = pq.ParquetFile(path).read().to_pylist()
+        return rows
+
+
+class TestParquetSplitGroups(TestParquet):
+    """Row groups above the unit bound are cut into units of whole rows (the bound is
+    lowered here instead of writing 128 MiB groups)."""
+
+    @pytest.fixture(autouse=True)
+    def small_bound(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setattr(parquet, "MAX_UNIT_BYTES", 4096)
+
+    def max_unit_bytes(self) -> int:
+        return 4096
+
+    @pytest.mark.timeout(30)
+    def test_a_big_row_group_is_split_evenly(self, source: FileSource, members: list[Any]) -> None:
+        fmt = format_of("parquet")
+        member = members[1]  # one row group of 250 rows
+        (group,) = member.meta["row_groups"]
+        counts = fmt.units(member)
+        assert len(counts) >= -(-group[3] // 4096) > 1
+        assert max(counts) - min(counts) <= 1
+        assert sum(fmt.unit_bytes(member)) >= group[3]
+        # every unit reads the group's chunks and the footer
+        assert {tuple(map(tuple, fmt.unit_ranges(member, u))) for u in range(len(counts))} == {
+            ((group[1], group[2]), tuple(member.meta["footer"]))
+        }
+
+
+def test_parquet_decodes_only_the_columns_asked(tmp_path: Path) -> None:
+    path = tmp_path / "wide.parquet"
+    pq.write_table(typed_table(2000, seed=9), path, row_group_size=2000)
+    source = FileSource(tmp_path)
+    fmt = format_of("parquet")
+    member = fmt.scan(source, source.member(path, "parquet"), {})
+    from chunkd.testing.formats import RangeSource
+
+    counting = RangeSource(source, fmt.unit_ranges(member, 0))
+    table = fmt.decode(counting, member, 0, ["score"])
+    assert table.column_names == ["score"]
+    chunk = pq.ParquetFile(path).metadata.row_group(0).column(2)
+    assert chunk.path_in_schema == "score"
+    # the score column's chunk alone (the footer is cached from the scan)
+    assert sum(n for _, n in counting.reads) <= chunk.total_compressed_size
+    assert sum(n for _, n in counting.reads) < member.meta["row_groups"][0][2] // 4
+
+
+def test_parquet_units_of_an_old_manifest(tmp_path: Path) -> None:
+    # a member as registered before units: its row groups are its units
+    path = tmp_path / "old.parquet"
+    pq.write_table(typed_table(100, seed=4), path, row_group_size=30)
+    source = FileSource(tmp_path)
+    fmt = format_of("parquet")
+    member = fmt.scan(source, source.member(path, "parquet"), {})
+    assert fmt.units(member) == [30, 30, 30, 10]
+    assert fmt.unit_bytes(member) == [g[3] for g in member.meta["row_groups"]]
+    assert formats.unit_starts(fmt, member) == [0, 30, 60, 90, 100]
+    with pytest.raises(DatasetFormatError, match="no column 'nope'"):
+        fmt.decode(source, member, 0, ["nope"])
+
+
+def parquet_bytes(table: Any) -> bytes:
+    sink = io.BytesIO()
+    pq.write_table(table, sink)
+    return sink.getvalue()

@@ -9,13 +9,28 @@ itself open.
 
 Charges against the budget are page-rounded, since that is what the kernel
 really holds for a memfd.
+
+Where shared memory may use transparent huge pages
+(``/sys/kernel/mm/transparent_hugepage/shmem_enabled`` set to ``advise``,
+``within_size``, ``always`` or ``force``), a chunk of at least 2 MiB has its pages
+allocated through a 2 MiB aligned mapping advised ``MADV_HUGEPAGE`` before its bytes
+are written: the kernel gives a shared memory file huge pages only on a fault in such
+a mapping (``write(2)`` and ``fallocate(2)`` give it 4 KiB pages under ``advise``). A
+reader that maps the chunk 2 MiB aligned then takes one fault per 2 MiB, not one per
+4 KiB (:mod:`chunkd.client.views` does). Where they may not (``never``, this
+kernel's default), chunks are written with ``pwrite`` as before: filling through a
+mapping costs more there (measured: 2.1 ms per 4 MiB chunk against 1.5).
 """
 
 from __future__ import annotations
 
+import asyncio
+import ctypes
+import errno
 import mmap
 import os
 import threading
+from pathlib import Path
 from typing import Final
 
 from chunkd import memfd
@@ -26,6 +41,7 @@ from chunkd.errors import CacheClosedError, ChunkTooLargeError
 from chunkd.memfd import SEALS, close_fd_result
 
 __all__ = [
+    "HUGE_PAGE",
     "MEMFD_NAME",
     "SEALS",
     "RamLease",
@@ -33,6 +49,7 @@ __all__ = [
     "close_fd_result",
     "seal_memfd",
     "seal_memfd_off_loop",
+    "shmem_huge_pages",
 ]
 
 #: the name every RAM-tier memfd carries (``/proc/PID/fd`` shows ``/memfd:chunkd``)
@@ -42,23 +59,116 @@ _PAGE: Final = mmap.PAGESIZE
 # Below this size the copy is cheaper than a hop to a worker thread.
 _INLINE_COPY_BYTES: Final = 256 * 1024
 
+#: a PMD-mapped transparent huge page (x86-64, and arm64 with 4 KiB base pages)
+HUGE_PAGE: Final = 2 << 20
+_THP: Final = Path("/sys/kernel/mm/transparent_hugepage")
+#: the shmem_enabled modes under which a fault in an advised mapping gets a huge page
+_HUGE_MODES: Final = frozenset({"always", "within_size", "advise", "force"})
+_MADV_HUGEPAGE: Final = 14
+_MADV_POPULATE_WRITE: Final = 23
+_MAP_FIXED: Final = 0x10
+
 
 def _page_round(size: int) -> int:
     return max(_PAGE, -(-size // _PAGE) * _PAGE)
 
 
+def _selected(path: Path) -> str | None:
+    """The bracketed choice of a THP sysfs file (``always [advise] never``)."""
+    try:
+        text = path.read_text()
+    except OSError:
+        return None
+    start, end = text.find("["), text.find("]")
+    return text[start + 1 : end] if 0 <= start < end else None
+
+
+def shmem_huge_pages() -> bool:
+    """Whether shared memory may use 2 MiB pages now, for a mapping advised
+    ``MADV_HUGEPAGE``.
+
+    Read from sysfs on every call (a few microseconds, against a millisecond to fill a
+    chunk), so a change of the setting counts from the next chunk on. The per-size
+    setting (``hugepages-2048kB/shmem_enabled``), where the kernel has one and it is
+    not ``inherit``, overrides the global one.
+    """
+    mode = _selected(_THP / f"hugepages-{HUGE_PAGE >> 10}kB" / "shmem_enabled")
+    if mode is None or mode == "inherit":
+        mode = _selected(_THP / "shmem_enabled")
+    return mode in _HUGE_MODES
+
+
+def _allocate_huge(fd: int, size: int) -> None:
+    """Allocate the first ``size`` bytes of memfd ``fd`` as huge pages where the kernel
+    allows them: map them shared and writable at a 2 MiB aligned address, advise
+    ``MADV_HUGEPAGE``, fault every page in (``MADV_POPULATE_WRITE``), and unmap (a
+    seal needs every writable mapping gone). The bytes are then written with
+    ``pwrite``, which releases the GIL, into the pages already there.
+
+    Raises:
+        OSError: no memory for the pages, or no address space for the mapping.
+    """
+    lib = memfd.libc()
+    span = size + HUGE_PAGE
+    private = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
+    base = lib.mmap(None, span, 0, private, -1, 0)  # PROT_NONE: address space only
+    if base is None or base == lib.failed:
+        err = ctypes.get_errno()
+        raise OSError(err, f"reserving {span} bytes failed: {os.strerror(err)}")
+    try:
+        address = -(-base // HUGE_PAGE) * HUGE_PAGE
+        flags = mmap.MAP_SHARED | _MAP_FIXED
+        prot = mmap.PROT_READ | mmap.PROT_WRITE
+        if lib.mmap(address, size, prot, flags, fd, 0) != address:
+            err = ctypes.get_errno()
+            raise OSError(err, f"mapping a {size}-byte memfd failed: {os.strerror(err)}")
+        # EINVAL: a kernel without THP (or before 5.14, without POPULATE_WRITE): the
+        # pages come as pwrite makes them.
+        if lib.madvise(address, size, _MADV_HUGEPAGE) == 0 and (
+            lib.madvise(address, size, _MADV_POPULATE_WRITE) != 0
+        ):
+            err = ctypes.get_errno()
+            if err != errno.EINVAL:
+                raise OSError(err, f"allocating a {size}-byte memfd failed: {os.strerror(err)}")
+    finally:
+        lib.munmap(base, span)
+
+
 def seal_memfd(data: memoryview) -> int:
-    """:func:`chunkd.memfd.sealed` under the RAM tier's name, :data:`MEMFD_NAME`.
+    """:func:`chunkd.memfd.sealed` under the RAM tier's name, :data:`MEMFD_NAME`, in
+    2 MiB pages where the kernel allows them (:func:`shmem_huge_pages`; see the module's
+    docstring).
 
     Blocking (one copy of the bytes); safe to call from any thread, and it needs no
     chunk id, so it can run while another thread hashes the same bytes.
     """
-    return memfd.sealed(data, MEMFD_NAME)
+    view = memoryview(data).cast("B")
+    if view.nbytes < HUGE_PAGE or not shmem_huge_pages():
+        return memfd.sealed(view, MEMFD_NAME)
+    fd = memfd.create(MEMFD_NAME, view.nbytes)
+    try:
+        _allocate_huge(fd, view.nbytes)
+        memfd.write_at(fd, view)
+        memfd.seal(fd)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 async def seal_memfd_off_loop(data: memoryview) -> int:
-    """:func:`seal_memfd` in a worker thread (:func:`chunkd.memfd.sealed_off_loop`)."""
-    return await memfd.sealed_off_loop(data, MEMFD_NAME)
+    """:func:`seal_memfd` in a worker thread.
+
+    Cancelling the caller never leaks the memfd (as
+    :func:`chunkd.memfd.sealed_off_loop`): the copy finishes in its thread and the fd
+    is closed as soon as it exists.
+    """
+    future = asyncio.get_running_loop().run_in_executor(None, seal_memfd, data)
+    try:
+        return await asyncio.shield(future)
+    except asyncio.CancelledError:
+        future.add_done_callback(close_fd_result)
+        raise
 
 
 class _Entry:

@@ -7,7 +7,12 @@ a view into that chunk's mapping. A range over several chunks is still **one
 contiguous view**: the address space is reserved once (an anonymous ``PROT_NONE``
 mapping) and each chunk's memfd is mapped at its place inside it with ``MAP_FIXED``
 (chunks are page-size multiples, all but an object's last). The region is unmapped
-when the last view of it is garbage collected. Where ``MAP_FIXED`` fails, for
+when the last view of it is garbage collected. A region of 2 MiB or more starts at a
+2 MiB aligned address and is advised ``MADV_HUGEPAGE``: where the daemon's RAM tier
+holds a chunk in huge pages (see :mod:`chunkd.cache.ram`), the kernel maps each
+2 MiB with one fault instead of 512 (it maps a huge page only where the address is
+aligned as the file offset is); where it holds 4 KiB pages, or huge pages are off,
+the alignment and the advice change nothing. Where ``MAP_FIXED`` fails, for
 whatever reason, the range is copied into a fresh buffer instead: the same bytes,
 slower, and still read-only. :class:`Located` is a range as the pieces that hold it,
 and makes that view, or copies it into a caller's buffer (:func:`byte_target`: any
@@ -56,6 +61,9 @@ __all__ = [
 log = logging.getLogger("chunkd.client")
 
 _PAGE: Final = mmap.PAGESIZE
+#: a PMD-mapped transparent huge page (as :data:`chunkd.cache.ram.HUGE_PAGE`)
+_HUGE_PAGE: Final = 2 << 20
+_MADV_HUGEPAGE: Final = 14
 #: a copy into a caller's buffer of at least this many bytes runs on several threads
 _PARALLEL_COPY_BYTES: Final = 32 << 20
 #: at most this many threads copy one range (a host's copy rate grows with a few
@@ -101,9 +109,17 @@ class Chunk:
     def view(self, start: int, stop: int) -> memoryview:
         whole = self._whole
         if whole is None:
-            if self._mapping is None:
-                self._mapping = mmap.mmap(self.fd, self.size, prot=mmap.PROT_READ)
-            whole = self._whole = memoryview(self._mapping).toreadonly()
+            if self.size >= _HUGE_PAGE and sys.platform.startswith("linux"):
+                # 2 MiB aligned, so that huge pages map as huge pages
+                try:
+                    whole = _layout([Span(self, 0, self.size)], self.size)
+                except OSError as exc:
+                    log.debug("aligned mapping of chunk %s failed (%s)", self.id, exc)
+            if whole is None:
+                if self._mapping is None:
+                    self._mapping = mmap.mmap(self.fd, self.size, prot=mmap.PROT_READ)
+                whole = memoryview(self._mapping).toreadonly()
+            self._whole = whole
         return whole[start:stop]
 
     def copy_to(self, start: int, target: memoryview) -> None:
@@ -229,18 +245,26 @@ def _layout(spans: list[Span], length: int) -> memoryview:
     """
     libc = _libc()
     total = sum(span.chunk.size for span in spans)
-    reserved = _page_round(total)
+    used = _page_round(total)
+    # A region of a huge page or more gets the slack to start on a 2 MiB boundary; the
+    # slack stays PROT_NONE address space, never memory.
+    huge = total >= _HUGE_PAGE
+    reserved = used + (_HUGE_PAGE - _PAGE if huge else 0)
     flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
     base = libc.mmap(None, reserved, _PROT_NONE, flags, -1, 0)
     if base is None or base == libc.failed:
         err = ctypes.get_errno()
         raise OSError(err, f"reserving {reserved} bytes failed: {os.strerror(err)}")
     try:
+        start = -(-base // _HUGE_PAGE) * _HUGE_PAGE if huge else base
         at = 0
         for span in spans:
-            _map_fixed(libc, base + at, span.chunk)
+            _map_fixed(libc, start + at, span.chunk)
             at += span.chunk.size
-        region = (ctypes.c_char * reserved).from_address(base)
+        if huge:
+            # Ignored where huge pages are off; EINVAL (a kernel without THP) as well.
+            libc.madvise(start, used, _MADV_HUGEPAGE)
+        region = (ctypes.c_char * used).from_address(start)
         unmap = weakref.finalize(region, libc.munmap, base, reserved)
         # At interpreter exit a view may still be read by another finalizer: leave the
         # region to the kernel rather than unmap it under that reader.

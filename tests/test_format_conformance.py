@@ -12,13 +12,14 @@ import datetime
 import decimal
 import io
 import random
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
 from chunkd.client.datasets import formats
-from chunkd.client.datasets.formats import format_of, parquet
+from chunkd.client.datasets.formats import fixed, format_of, parquet
 from chunkd.errors import DatasetFormatError
 from chunkd.testing.formats import FileSource, FormatTests
 
@@ -143,3 +144,63 @@ def parquet_bytes(table: Any) -> bytes:
     sink = io.BytesIO()
     pq.write_table(table, sink)
     return sink.getvalue()
+
+
+class TestFixed(FormatTests):
+    format = "fixed"
+    options: ClassVar[Mapping[str, Any]] = {"record_bytes": 24}
+
+    @pytest.fixture(autouse=True)
+    def small_units(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        # units of 10 records (240 bytes) instead of 8 MiB ones
+        monkeypatch.setattr(fixed, "UNIT_BYTES", 250)
+
+    @pytest.fixture
+    def files(self, tmp_path: Path) -> list[Path]:
+        paths = []
+        for i, records in enumerate([35, 10, 1]):
+            path = tmp_path / f"records-{i}.bin"
+            path.write_bytes(random.Random(i).randbytes(24 * records))
+            paths.append(path)
+        return paths
+
+    def reference(self, path: Path) -> list[Any]:
+        data = path.read_bytes()
+        return [data[i : i + 24] for i in range(0, len(data), 24)]
+
+    def damage(self, data: bytes, ranges: list[tuple[int, int]]) -> bytes | None:
+        return None  # any bytes are records
+
+    def refused(self, data: bytes) -> dict[str, bytes]:
+        return {"truncated": data[:-1]}  # not a whole number of records
+
+    @pytest.mark.timeout(30)
+    def test_units_are_runs_of_whole_records(self, members: list[Any]) -> None:
+        fmt = format_of("fixed")
+        assert [fmt.units(m) for m in members] == [[10, 10, 10, 5], [10], [1]]
+        assert fmt.unit_bytes(members[0]) == [240, 240, 240, 120]
+        assert fmt.unit_ranges(members[0], 3) == [(720, 120)]
+
+    @pytest.mark.timeout(30)
+    def test_a_unit_is_the_bytes_read_not_a_copy(
+        self, source: FileSource, members: list[Any]
+    ) -> None:
+        fmt = format_of("fixed")
+        view = memoryview(bytearray(240))
+        table = fmt.decode(_Fixed(view), members[0], 0, None)
+        assert table.schema == pa.schema([("record", pa.binary(24))])
+        view[24:48] = b"x" * 24  # the table sees a change to the bytes it was made of
+        assert bytes(fmt.sample(table, 1)) == b"x" * 24
+
+
+class _Fixed:
+    """A source whose every read is one view."""
+
+    def __init__(self, view: memoryview) -> None:
+        self.view = view
+
+    def name(self, member: Any) -> str:
+        return f"view/{member.key}"
+
+    def read(self, member: Any, offset: int, length: int) -> memoryview:
+        return self.view[:length]

@@ -30,7 +30,6 @@ import errno
 import mmap
 import os
 import threading
-from pathlib import Path
 from typing import Final
 
 from chunkd import memfd
@@ -61,9 +60,11 @@ _INLINE_COPY_BYTES: Final = 256 * 1024
 
 #: a PMD-mapped transparent huge page (x86-64, and arm64 with 4 KiB base pages)
 HUGE_PAGE: Final = 2 << 20
-_THP: Final = Path("/sys/kernel/mm/transparent_hugepage")
+_THP: Final = "/sys/kernel/mm/transparent_hugepage"
+_GLOBAL: Final = f"{_THP}/shmem_enabled"
+_PER_SIZE: Final = f"{_THP}/hugepages-{HUGE_PAGE >> 10}kB/shmem_enabled"
 #: the shmem_enabled modes under which a fault in an advised mapping gets a huge page
-_HUGE_MODES: Final = frozenset({"always", "within_size", "advise", "force"})
+_HUGE_MODES: Final = frozenset({b"always", b"within_size", b"advise", b"force"})
 _MADV_HUGEPAGE: Final = 14
 _MADV_POPULATE_WRITE: Final = 23
 _MAP_FIXED: Final = 0x10
@@ -73,13 +74,22 @@ def _page_round(size: int) -> int:
     return max(_PAGE, -(-size // _PAGE) * _PAGE)
 
 
-def _selected(path: Path) -> str | None:
-    """The bracketed choice of a THP sysfs file (``always [advise] never``)."""
+def _selected(path: str) -> bytes | None:
+    """The bracketed choice of a THP sysfs file (``always [advise] never``).
+
+    Raw ``os`` calls: about 2 us where ``Path.read_text`` takes 20.
+    """
     try:
-        text = path.read_text()
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         return None
-    start, end = text.find("["), text.find("]")
+    try:
+        text = os.read(fd, 256)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    start, end = text.find(b"["), text.find(b"]")
     return text[start + 1 : end] if 0 <= start < end else None
 
 
@@ -87,14 +97,14 @@ def shmem_huge_pages() -> bool:
     """Whether shared memory may use 2 MiB pages now, for a mapping advised
     ``MADV_HUGEPAGE``.
 
-    Read from sysfs on every call (a few microseconds, against a millisecond to fill a
-    chunk), so a change of the setting counts from the next chunk on. The per-size
-    setting (``hugepages-2048kB/shmem_enabled``), where the kernel has one and it is
-    not ``inherit``, overrides the global one.
+    Read from sysfs on every call (about 5 us, against about a millisecond to fill a
+    4 MiB chunk), so a change of the setting counts from the next chunk on. The
+    per-size setting (``hugepages-2048kB/shmem_enabled``), where the kernel has one and
+    it is not ``inherit``, overrides the global one.
     """
-    mode = _selected(_THP / f"hugepages-{HUGE_PAGE >> 10}kB" / "shmem_enabled")
-    if mode is None or mode == "inherit":
-        mode = _selected(_THP / "shmem_enabled")
+    mode = _selected(_PER_SIZE)
+    if mode is None or mode == b"inherit":
+        mode = _selected(_GLOBAL)
     return mode in _HUGE_MODES
 
 

@@ -8,7 +8,8 @@ contiguous view**: the address space is reserved once (an anonymous ``PROT_NONE`
 mapping) and each chunk's memfd is mapped at its place inside it with ``MAP_FIXED``
 (chunks are page-size multiples, all but an object's last). The region is unmapped
 when the last view of it is garbage collected. A region of 2 MiB or more starts at a
-2 MiB aligned address and is advised ``MADV_HUGEPAGE``: where the daemon's RAM tier
+2 MiB aligned address and is advised ``MADV_HUGEPAGE`` (a chunk mapped alone is
+placed so by the kernel wherever huge pages are on): where the daemon's RAM tier
 holds a chunk in huge pages (see :mod:`chunkd.cache.ram`), the kernel maps each
 2 MiB with one fault instead of 512 (it maps a huge page only where the address is
 aligned as the file offset is); where it holds 4 KiB pages, or huge pages are off,
@@ -24,6 +25,7 @@ Everything here but :func:`as_numpy` is internal to :mod:`chunkd.client`.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import itertools
 import logging
@@ -109,17 +111,14 @@ class Chunk:
     def view(self, start: int, stop: int) -> memoryview:
         whole = self._whole
         if whole is None:
-            if self.size >= _HUGE_PAGE and sys.platform.startswith("linux"):
-                # 2 MiB aligned, so that huge pages map as huge pages
-                try:
-                    whole = _layout([Span(self, 0, self.size)], self.size)
-                except OSError as exc:
-                    log.debug("aligned mapping of chunk %s failed (%s)", self.id, exc)
-            if whole is None:
-                if self._mapping is None:
-                    self._mapping = mmap.mmap(self.fd, self.size, prot=mmap.PROT_READ)
-                whole = memoryview(self._mapping).toreadonly()
-            self._whole = whole
+            if self._mapping is None:
+                # The kernel places a memfd's mapping 2 MiB aligned by itself wherever
+                # the node lets shared memory use huge pages.
+                self._mapping = mmap.mmap(self.fd, self.size, prot=mmap.PROT_READ)
+                if self.size >= _HUGE_PAGE:
+                    with contextlib.suppress(OSError):  # a kernel without THP
+                        self._mapping.madvise(_MADV_HUGEPAGE)
+            whole = self._whole = memoryview(self._mapping).toreadonly()
         return whole[start:stop]
 
     def copy_to(self, start: int, target: memoryview) -> None:

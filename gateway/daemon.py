@@ -13,6 +13,7 @@ and closes them in the reverse order however the start or the run ends::
     checkpoints   cache + backends + peers + the datasets' GC roots; resumes journaled saves
     local socket  read path + checkpoints + datasets + listings + prefetcher
     inspector     worker processes that decode for /inspect, clients of the local socket
+    decoding      worker processes that decode dataset units once per node (ds_decode)
     telemetry     the dashboard's samples, once a second, of all the above
 
 The HTTP routes (:mod:`chunkd.gateway.api`) reach the parts through the app's keys,
@@ -63,6 +64,8 @@ from chunkd.gateway.connections import (
 )
 from chunkd.gateway.dashboard import TELEMETRY, Telemetry
 from chunkd.gateway.datasets import Datasets
+from chunkd.gateway.decoding import DecodeService
+from chunkd.gateway.decoding import attach as attach_decoder
 from chunkd.gateway.inspector import INSPECTOR, InspectorPool
 from chunkd.gateway.listing import Listings
 from chunkd.gateway.localsock import LocalServer
@@ -138,6 +141,7 @@ class Node:
     datasets: Datasets
     local: LocalServer
     inspector: InspectorPool
+    decoder: DecodeService
     telemetry: Telemetry
 
 
@@ -225,6 +229,9 @@ async def open_node(
             memory=config.server.inspect_memory,
         )
         parts.push_async_callback(inspector.close)
+        decoder = DecodeService(config.server.socket, config.datasets, metrics)
+        parts.push_async_callback(decoder.close)
+        attach_decoder(datasets, decoder)
         telemetry = Telemetry(
             metrics,
             cache,
@@ -249,6 +256,7 @@ async def open_node(
             datasets=datasets,
             local=local,
             inspector=inspector,
+            decoder=decoder,
             telemetry=telemetry,
         )
 

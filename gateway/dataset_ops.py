@@ -8,6 +8,7 @@ fds and payloads of the answers. The registry's protocols are in
 :mod:`chunkd.gateway.datasets.layout`, and what a commit may cost the daemon in
 :mod:`chunkd.gateway.datasets.registry`: the manifest's memfd is mapped, not read into
 the daemon's heap, and a large one is checked by a worker that reads the fd itself.
+``ds_decode`` is answered by :mod:`chunkd.gateway.decoding` (docs/decoding.md).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Final
 from chunkd import memfd
 from chunkd.client.protocol import FIRST_BATCH_PHASES, MAX_LAYOUT, MAX_PAYLOAD, OPS
 from chunkd.errors import InvalidRequestError
+from chunkd.gateway import decoding
 
 if TYPE_CHECKING:
     from chunkd.gateway.checkpoint_ops import Answer
@@ -90,6 +92,18 @@ async def handle(
             if args[phase] is not None:
                 datasets.metrics.dataset_first_batch.labels(phase).observe(args[phase])
         return {"ok": True}
+    if op in ("ds_decode", "ds_decode_report"):
+        service = decoding.attached(datasets)
+        if op == "ds_decode_report":
+            if service is not None:
+                service.report(args["decodes"])
+            return {"ok": True}
+        if service is None:
+            return {"ok": True, "decoded": False, "reason": "off", "message": "no decode service"}
+        fields, table = await service.decode(dict(args))
+        if table is not None:
+            _send(answer, table)
+        return {"ok": True} | fields
     if op == "ds_migrate":
         return {"ok": True} | await datasets.migrate(
             args["ref"], args["to"], args["name"], caller=answer.caller

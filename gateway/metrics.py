@@ -184,6 +184,59 @@ class Metrics:
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
             registry=r,
         )
+        self.dataset_decodes = Counter(
+            "chunkd_dataset_decodes",
+            "Dataset units decoded, by where: daemon (by its decode workers, once per node "
+            "for every reader that asks), reader (in a reader's own process, where the "
+            "daemon did not decode for it: as the readers report them)",
+            ["where"],
+            registry=r,
+        )
+        self.dataset_decode_repeats = Counter(
+            "chunkd_dataset_decode_repeats",
+            "Daemon decodes of a unit it had decoded before (its entry was evicted, or its "
+            "decode failed): 0 while each unit is decoded once per node",
+            registry=r,
+        )
+        self.dataset_decode_hits = Counter(
+            "chunkd_dataset_decode_hits",
+            "ds_decode requests answered with a decoded unit the daemon held",
+            registry=r,
+        )
+        self.dataset_decode_waits = Counter(
+            "chunkd_dataset_decode_waits",
+            "ds_decode requests that waited for the same unit's decode in flight",
+            registry=r,
+        )
+        self.dataset_decode_declined = Counter(
+            "chunkd_dataset_decode_declined",
+            "ds_decode requests the daemon did not decode (the reader decodes in-process), by "
+            "reason: off, busy, format (another decoder version, a format not installed "
+            "here), size (a table over the largest entry), failed (its worker timed out or "
+            "crashed)",
+            ["reason"],
+            registry=r,
+        )
+        self.dataset_decoded_bytes = Gauge(
+            "chunkd_dataset_decoded_bytes",
+            "Bytes of decoded units the daemon holds (within [datasets] decoded_bytes)",
+            registry=r,
+        )
+        self.dataset_decoded_units = Gauge(
+            "chunkd_dataset_decoded_units", "Decoded units the daemon holds", registry=r
+        )
+        self.dataset_decoded_evicted = Counter(
+            "chunkd_dataset_decoded_evicted",
+            "Decoded units the daemon dropped to stay within decoded_bytes",
+            registry=r,
+        )
+        self.dataset_decode_seconds = Histogram(
+            "chunkd_dataset_decode_seconds",
+            "Time of one unit's decode by the daemon's workers, from its start to its "
+            "sealed table",
+            buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+            registry=r,
+        )
         self.read_chunks = Counter(
             "chunkd_read_chunks",
             "Chunks the read path looked up for a reader, by where it found them: ram, disk "

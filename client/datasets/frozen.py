@@ -70,12 +70,58 @@ class FrozenSource:
         self.client = client
         self.registry = registry
         self.chunk_bytes = chunk_bytes
-        self.snapshot = snapshot
+        self.snapshot: Snapshot | None = snapshot
+        #: the snapshot's source backend (the members' names) and id (for messages)
+        self._backend = snapshot.backend
+        self._label = f"snapshot {snapshot.id}"
         self._chunks = {m.key: ids for m, ids in zip(snapshot.members, chunks, strict=True)}
         self._mapped = ChunkLRU(max_bytes=_MAPPED_CHUNKS * max(1, chunk_bytes), max_chunks=64)
         #: the frozen record as ``ds_resolve`` sent it (what ``diff`` learns of each
         #: member's bytes: :func:`chunkd.snapshot.content_evidence`)
         self.record: dict[str, Any] = {"chunk_bytes": chunk_bytes, "members": chunks}
+
+    @classmethod
+    def of_member(
+        cls,
+        client: Client,
+        registry: str,
+        chunk_bytes: int,
+        member: Member,
+        chunks: list[str],
+        *,
+        backend: str = "frozen",
+    ) -> FrozenSource:
+        """A source of one frozen member alone, ``chunks`` its chunk ids: what the
+        daemon's decode workers read (docs/decoding.md). Every chunk is verified by the
+        daemon against its id, as for a whole snapshot.
+
+        Args:
+            client: the node's daemon.
+            registry: the backend that holds the chunks.
+            chunk_bytes: the size of every chunk but the member's last.
+            member: the member.
+            chunks: its chunk ids, in order.
+            backend: the member's source backend, for its name in messages.
+        """
+        source = cls.__new__(cls)
+        source.client = client
+        source.registry = registry
+        source.chunk_bytes = chunk_bytes
+        source.snapshot = None
+        source._backend = backend
+        source._label = f"member {member.key}"
+        source._chunks = {member.key: list(chunks)}
+        source._mapped = ChunkLRU(max_bytes=_MAPPED_CHUNKS * max(1, chunk_bytes), max_chunks=64)
+        source.record = {"chunk_bytes": chunk_bytes, "members": [list(chunks)]}
+        return source
+
+    def chunks_of(self, member: Member) -> list[str]:
+        """The chunk ids of ``member``, in order (what ``ds_decode`` sends for it).
+
+        Raises:
+            KeyError: ``member`` is not one of this source's.
+        """
+        return list(self._chunks[member.key])
 
     @classmethod
     def from_record(
@@ -104,7 +150,7 @@ class FrozenSource:
     prefetchable = False
 
     def name(self, member: Member) -> str:
-        return f"{self.snapshot.backend}/{member.key}"
+        return f"{self._backend}/{member.key}"
 
     def read(self, member: Member, offset: int, length: int) -> memoryview:
         return self._locate_member(member, offset, length).view()
@@ -139,7 +185,7 @@ class FrozenSource:
             reply = self.client.request(
                 "ckpt_chunks",
                 {"backend": self.registry, "ids": batch},
-                what=f"reading frozen snapshot {self.snapshot.id[:12]}",
+                what=f"reading frozen {self._label[:21]}",
             )
             fds, sizes = list(reply.fds), list(reply.header.get("sizes", []))
             reply.fds.clear()
@@ -147,7 +193,7 @@ class FrozenSource:
                 if len(fds) != len(batch) or len(sizes) != len(batch):
                     raise ManifestError(
                         f"the daemon sent {len(fds)} chunks of {len(batch)} asked for "
-                        f"frozen snapshot {self.snapshot.id}"
+                        f"frozen {self._label}"
                     )
                 for chunk_id, size in zip(batch, sizes, strict=True):
                     check_chunk_fd(chunk_id, int(size), fds[0])
@@ -163,5 +209,5 @@ class _MemberRanges:
         self._source = source
         self._member = member
 
-    def _locate(self, name: str, offset: int, length: int | None) -> Located:
+    def locate(self, name: str, offset: int, length: int | None) -> Located:
         return self._source._locate_member(self._member, offset, length)

@@ -29,6 +29,11 @@ __all__ = [
     "FIRST_BATCH_PHASES",
     "INLINE_MAX",
     "LIST_PAGE",
+    "MAX_DECODE_CHUNKS",
+    "MAX_DECODE_COLUMNS",
+    "MAX_DECODE_FORMAT",
+    "MAX_DECODE_INDEX",
+    "MAX_DECODE_META",
     "MAX_ID_BYTES",
     "MAX_LAYOUT",
     "MAX_LIST_PAGE",
@@ -160,6 +165,14 @@ _NAMING = ("UnknownBackendError", "InvalidKeyError", "ReadOnlyBackendError")
 MAX_DATASET_NAME: Final = 256
 MAX_DATASET_VERSION: Final = 10**12 - 1
 _DATASET = Field("name", "text", "the dataset, ``NAME``", high=MAX_DATASET_NAME)
+#: ``ds_decode``: a format's name; a member's ``meta`` as JSON; columns; a frozen
+#: member's chunks (a member of more is decoded in-process: 3 GiB at 4 MiB chunks);
+#: a unit index and a decoder version
+MAX_DECODE_FORMAT: Final = 32
+MAX_DECODE_META: Final = 32 << 10
+MAX_DECODE_COLUMNS: Final = 1024
+MAX_DECODE_CHUNKS: Final = 768
+MAX_DECODE_INDEX: Final = (1 << 31) - 1
 _REF = Field(
     "ref",
     "text",
@@ -739,6 +752,102 @@ OPS: Final[Mapping[str, Op]] = {
                 *_REGISTRY_WRITES,
             ),
             waits=True,
+        ),
+        Op(
+            "ds_decode",
+            "Unit ``unit`` of a dataset member decoded by the daemon's decode workers, once "
+            "per node: the answer carries the unit's table as an Arrow IPC file in a sealed "
+            "memfd (docs/decoding.md). The request names every input of the entry's key: the "
+            "format and its decoder version, the member record as the manifest holds it, the "
+            "unit, the columns, and the source (pinned: ``backend``; frozen: ``registry``, "
+            "``chunk_bytes`` and the member's ``chunks``). Where the daemon does not decode it "
+            "(its decode pool is off or full, another decoder version, an entry too large), "
+            "the answer says so and the reader decodes in-process.",
+            (
+                Field("format", "text", "the member's format", high=MAX_DECODE_FORMAT),
+                Field(
+                    "decoder",
+                    "whole",
+                    "the format's decoder version (``Format.version``)",
+                    low=1,
+                    high=MAX_DECODE_INDEX,
+                ),
+                Field("key", "text", "the member's key in its backend", high=MAX_NAME_BYTES),
+                Field("size", "whole", "the member's size, bytes", high=MAX_OFFSET),
+                Field("version", "text", "the member's version token", high=MAX_NAME_BYTES),
+                Field("samples", "whole", "the member's samples", high=MAX_OFFSET),
+                Field(
+                    "meta",
+                    "text",
+                    "the member's ``meta`` as a JSON object (``{}`` for none)",
+                    high=MAX_DECODE_META,
+                ),
+                Field("unit", "whole", "the unit (0-based)", high=MAX_DECODE_INDEX),
+                Field(
+                    "columns",
+                    "texts",
+                    "the columns, in order; null: all",
+                    high=MAX_DECODE_COLUMNS,
+                    default=None,
+                ),
+                Field(
+                    "backend",
+                    "text",
+                    "a pinned member's backend (the member is read at ``version``)",
+                    high=MAX_NAME_BYTES,
+                    default=None,
+                ),
+                Field(
+                    "registry",
+                    "text",
+                    "a frozen member's chunk backend (the registry's)",
+                    high=MAX_NAME_BYTES,
+                    default=None,
+                ),
+                Field(
+                    "chunk_bytes",
+                    "whole",
+                    "a frozen member's chunk size",
+                    low=1,
+                    high=1 << 30,
+                    default=None,
+                ),
+                Field(
+                    "chunks",
+                    "texts",
+                    "a frozen member's chunk ids, in order",
+                    high=MAX_DECODE_CHUNKS,
+                    default=None,
+                ),
+            ),
+            '``{"ok": true, "decoded": true, "key": HEX, "rows": N, "bytes": N, "columns": '
+            '[NAME, ...], "from": "decoded"|"held"|"waited", "fds": 1}``: fd 1 is a sealed '
+            "memfd holding the table as an Arrow IPC file of ``bytes`` bytes; or "
+            '``{"ok": true, "decoded": false, "reason": "off"|"busy"|"format"|"size"|"failed", '
+            '"message": TEXT, "fds": 0}``: decode it in-process.',
+            (
+                "InvalidRequestError: a field out of its bounds, meta that is no JSON object "
+                "(or nested too deep), a unit the member does not have, no source or two, "
+                "chunks that do not cover the size",
+                "DatasetFormatError: the bytes are not what was registered, or a column is "
+                "not the member's",
+                "SnapshotDriftError: the member's object changed",
+                "IntegrityError: a frozen chunk does not match its id",
+            ),
+            waits=True,
+        ),
+        Op(
+            "ds_decode_report",
+            "Count a reader's in-process decodes (its own, where the daemon did not decode "
+            "for it) in ``chunkd_dataset_decodes_total{where=\"reader\"}``. A hint, sent at "
+            "most once a second by a reader.",
+            (
+                Field(
+                    "decodes", "whole", "units decoded in-process", low=1, high=MAX_DECODE_INDEX
+                ),
+            ),
+            '``{"ok": true}``',
+            (),
         ),
         Op(
             "ds_first_batch",

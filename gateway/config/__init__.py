@@ -146,6 +146,18 @@ Every key, with its default (a key left out takes the default)::
     # BACKEND/PREFIX of a writable backend where dataset snapshots, their versions, tags
     # and frozen chunks live; every node with the same registry sees the same names
     registry = "local/datasets"
+    # decoded dataset units the daemon holds for its readers, as sealed memfds of Arrow
+    # IPC (docs/decoding.md); the least recently used go past it; 0: the daemon decodes
+    # nothing and readers decode in-process
+    decoded_bytes = "1GiB"
+    # processes that decode dataset units once per node for its readers; 0: none (readers
+    # decode in-process)
+    decode_workers = 2
+    # most one unit's decode may take; its worker is killed after, and its readers decode
+    # in-process
+    decode_timeout = "1m"
+    # address space of each decode worker; past it the decode fails, not the node
+    decode_memory = "2GiB"
 
     # an S3-compatible endpoint: the backends as buckets, for unchanged S3 clients
     # (docs/s3.md)

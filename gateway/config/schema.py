@@ -442,6 +442,38 @@ class DatasetsConfig:
         ),
     )
 
+    decoded_bytes: int = field(
+        default=1 << 30,
+        metadata=key(
+            SIZE,
+            "decoded dataset units the daemon holds for its readers, as sealed memfds of "
+            "Arrow IPC (docs/decoding.md); the least recently used go past it; 0: the daemon "
+            "decodes nothing and readers decode in-process",
+        ),
+    )
+    decode_workers: int = field(
+        default=2,
+        metadata=key(
+            COUNT,
+            "processes that decode dataset units once per node for its readers; 0: none "
+            "(readers decode in-process)",
+        ),
+    )
+    decode_timeout: float = field(
+        default=60.0,
+        metadata=key(
+            POSITIVE_DURATION,
+            "most one unit's decode may take; its worker is killed after, and its readers "
+            "decode in-process",
+        ),
+    )
+    decode_memory: int = field(
+        default=2 << 30,
+        metadata=key(
+            SIZE, "address space of each decode worker; past it the decode fails, not the node"
+        ),
+    )
+
     def __post_init__(self) -> None:
         normalize(self, DATASETS.keys, "DatasetsConfig")
 

@@ -1,4 +1,6 @@
-"""A bounded pool of inspector worker processes (``docs/inspector.md``).
+"""A bounded pool of worker processes: the inspector's (``docs/inspector.md``) and the
+dataset decoder's (``docs/decoding.md``), each a :class:`WorkerPool` of its own
+:class:`PoolRole`.
 
 The daemon never decodes a file: each inspector request goes to one of ``workers``
 processes of ``python -m chunkd.client.inspect.worker``, ordinary clients of the local
@@ -25,6 +27,12 @@ A worker serves one request at a time. The pool:
    one leaves the queue, a running one's worker is killed and replaced, since its
    answer would be left unread.
 
+A role with ``fds`` gives each worker one end of a socket pair (``--fds N``): before each
+success answer line, the worker sends exactly one message on it carrying the answer's
+fds, if any (SCM_RIGHTS); :meth:`WorkerPool.call_fds` takes it right after the line, without
+waiting (it is queued before the line was written). A success answer without it, or an
+error answer with one, is a broken protocol (``InspectCrashedError``).
+
 A worker's environment holds what Python needs (``PATH``, the locale, ``HOME``,
 ``PYTHONPATH``), ``CHUNKD_SOCKET`` and its allocators' settings: never the daemon's
 own, which holds backend credentials and the server token. Its stderr is read all the
@@ -43,8 +51,11 @@ import logging
 import os
 import re
 import signal
+import socket as sockets
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
@@ -58,7 +69,15 @@ from chunkd.errors import (
     error_class,
 )
 
-__all__ = ["MAX_ANSWER_BYTES", "MAX_WAITING", "InspectorPool"]
+__all__ = [
+    "INSPECTOR_ROLE",
+    "MAX_ANSWER_BYTES",
+    "MAX_WAITING",
+    "InspectorPool",
+    "PoolRole",
+    "WorkerPool",
+    "sockets_close",
+]
 
 log = logging.getLogger("chunkd.gateway.inspector")
 
@@ -83,27 +102,58 @@ _RESULT: Final = re.compile(rb'\{"n":([0-9]{1,18}),"ok":true,"result":')
 _EXIT_GRACE: Final = 2.0
 #: what a worker keeps of the daemon's environment: what Python needs to start
 _ENVIRONMENT: Final = ("PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "PYTHONPATH")
-_WORKER_MODULE: Final = "chunkd.client.inspect.worker"
+#: fds one answer of a worker may carry (a role with ``fds``)
+_MAX_ANSWER_FDS: Final = 4
 #: what a worker's allocators are told: under RLIMIT_AS, address space reserved ahead
 #: counts as used, and glibc's per-thread arenas (64 MiB each) and mimalloc's reserve
 #: (128 MiB at its first allocation) would spend a quarter of a 512 MiB limit on nothing
 _ALLOCATOR: Final = {"MALLOC_ARENA_MAX": "2", "MIMALLOC_ARENA_RESERVE": "0"}
 
 
-class InspectorPool:
-    """``workers`` processes of ``python -m chunkd.client.inspect.worker``, each reading
-    through the daemon's local socket ``socket``, limited to ``memory`` bytes of address
-    space and ``timeout`` seconds a request.
+@dataclass(frozen=True, slots=True)
+class PoolRole:
+    """What a pool's workers are: the module they run and how their failures read."""
+
+    #: a word for logs and messages: ``inspector``, ``decoder``
+    name: str
+    #: the verb of a request in messages: ``inspect``, ``decode``
+    verb: str
+    #: the worker's module (``python -m MODULE --socket PATH --memory BYTES``)
+    module: str
+    #: the config keys named in messages
+    workers_key: str
+    timeout_key: str
+    memory_key: str
+    #: what a request that timed out should do, for its message
+    timeout_advice: str
+    #: what a request whose worker crashed may mean, for its message
+    crash_advice: str
+    #: requests that may wait for a busy pool
+    max_waiting: int = MAX_WAITING
+    #: each worker gets a socket pair for the fds of its answers (``--fds N``)
+    fds: bool = False
+    #: requests about one subject go to the worker that served it lately
+    affinity: Callable[[str, dict[str, Any]], str | None] | None = None
+
+
+class WorkerPool:
+    """``workers`` processes of ``python -m ROLE.MODULE``, each reading through the
+    daemon's local socket ``socket``, limited to ``memory`` bytes of address space and
+    ``timeout`` seconds a request.
 
     Args:
         socket: The daemon's local socket, which the workers read through.
+        role: What the workers are (:class:`PoolRole`).
         workers: How many processes decode at once.
         timeout: Seconds one request may take before its worker is killed.
         memory: Bytes of address space each worker may map (``--memory``).
     """
 
-    def __init__(self, socket: Path, *, workers: int, timeout: float, memory: int) -> None:
+    def __init__(
+        self, socket: Path, role: PoolRole, *, workers: int, timeout: float, memory: int
+    ) -> None:
         self.socket = socket
+        self.role = role
         self.workers = workers
         self.timeout = timeout
         self.memory = memory
@@ -113,7 +163,7 @@ class InspectorPool:
         self._live: set[_Worker] = set()
         self._reaping: set[asyncio.Task[None]] = set()
         self._warming: set[asyncio.Task[None]] = set()
-        self._stderr = _StderrLog()
+        self._stderr = _StderrLog(role.name)
         self._closed = False
 
     @property
@@ -121,7 +171,13 @@ class InspectorPool:
         """Worker processes running now."""
         return len(self._live)
 
-    async def call(self, op: str, args: dict[str, str]) -> bytes:
+    @property
+    def busy(self) -> bool:
+        """Whether a request now would be refused: every worker is busy and
+        ``role.max_waiting`` requests wait."""
+        return self._slots.locked() and self._waiting >= self.role.max_waiting
+
+    async def call(self, op: str, args: dict[str, Any]) -> bytes:
         """Run ``op`` with ``args`` in a worker; its result, as the worker wrote it: a
         JSON object in ASCII, passed on without being parsed (a page of rows may be
         megabytes, and parsing holds the GIL however it is threaded).
@@ -135,25 +191,37 @@ class InspectorPool:
             ChunkdError: The worker's error answer, as the class its kind names
                 (``MalformedFileError``, ``ObjectNotFoundError``, ...).
         """
+        result, fds = await self._call(op, args)
+        sockets_close(fds)
+        return result
+
+    async def call_fds(self, op: str, args: dict[str, Any]) -> tuple[bytes, list[int]]:
+        """:meth:`call`, with the fds the worker sent with its answer (a role with
+        ``fds``): the caller's to close."""
+        return await self._call(op, args)
+
+    async def _call(self, op: str, args: dict[str, Any]) -> tuple[bytes, list[int]]:
         self._check_open()
-        if self._slots.locked() and self._waiting >= MAX_WAITING:
+        if self.busy:
             raise BackendUnavailableError(
-                f"the inspector is busy: {self._waiting} requests are waiting for its "
-                f"{self.workers} workers; try again shortly (or raise server.inspect_workers)"
+                f"the {self.role.name} is busy: {self._waiting} requests are waiting for its "
+                f"{self.workers} workers; try again shortly (or raise {self.role.workers_key})"
             )
         self._waiting += 1
         try:
             await self._slots.acquire()
         finally:
             self._waiting -= 1
+        fds: list[int] = []
         try:
             self._check_open()
-            subject = _subject(op, args)
+            affinity = self.role.affinity
+            subject = None if affinity is None else affinity(op, args)
             worker = await self._take(subject)
             if subject is not None and subject not in worker.served:
                 worker.served.append(subject)
             try:
-                answer = await worker.ask(op, args)
+                answer, fds = await worker.ask(op, args)
             except InspectCrashedError:
                 self._check_open()  # killed by close(): the daemon is stopping
                 raise
@@ -162,10 +230,13 @@ class InspectorPool:
                     self._retire(worker)
                 else:
                     self._idle.append(worker)
+        except BaseException:
+            sockets_close(fds)
+            raise
         finally:
             self._slots.release()
         if isinstance(answer, bytes):
-            return answer
+            return answer, fds
         kind = answer.get("error")
         message = answer.get("message")
         raise error_class(kind)(message if isinstance(message, str) else f"{kind}")
@@ -183,7 +254,9 @@ class InspectorPool:
 
     def _check_open(self) -> None:
         if self._closed:
-            raise CacheClosedError("the daemon is stopping: the inspector takes no more requests")
+            raise CacheClosedError(
+                f"the daemon is stopping: the {self.role.name} takes no more requests"
+            )
 
     async def _take(self, subject: str | None = None) -> _Worker:
         """An idle worker that is still alive, or a new one: the one that served
@@ -220,7 +293,7 @@ class InspectorPool:
         except CacheClosedError:
             return  # the daemon is stopping
         except ChunkdError as exc:
-            log.warning("an inspector worker did not start: %s", exc)
+            log.warning("a %s worker did not start: %s", self.role.name, exc)
             return
         if len(self._live) > self.workers:
             self._retire(worker)  # the requests started their own meanwhile
@@ -232,8 +305,14 @@ class InspectorPool:
         env["CHUNKD_SOCKET"] = str(self.socket)
         env["PYTHONUNBUFFERED"] = "1"
         env |= _ALLOCATOR
-        command = [sys.executable, "-m", _WORKER_MODULE]
+        command = [sys.executable, "-m", self.role.module]
         command += ["--socket", str(self.socket), "--memory", str(self.memory)]
+        channel: sockets.socket | None = None
+        theirs: sockets.socket | None = None
+        if self.role.fds:
+            channel, theirs = sockets.socketpair(sockets.AF_UNIX, sockets.SOCK_SEQPACKET)
+            channel.setblocking(False)
+            command += ["--fds", str(theirs.fileno())]
         try:
             process = await asyncio.create_subprocess_exec(
                 *command,
@@ -246,14 +325,20 @@ class InspectorPool:
                 # and a kill reaches whatever the worker started.
                 start_new_session=True,
                 close_fds=True,
+                pass_fds=() if theirs is None else (theirs.fileno(),),
             )
         except OSError as exc:
+            if channel is not None:
+                channel.close()
             raise InspectError(
-                f"cannot start an inspector worker ({' '.join(command[:3])}): {exc}"
+                f"cannot start {_article(self.role.name)} worker ({' '.join(command[:3])}): {exc}"
             ) from exc
-        worker = _Worker(process, self._stderr, timeout=self.timeout)
+        finally:
+            if theirs is not None:
+                theirs.close()  # the worker has its copy
+        worker = _Worker(process, self._stderr, self.role, timeout=self.timeout, channel=channel)
         self._live.add(worker)
-        log.info("inspector worker started", extra={"pid": process.pid})
+        log.info("%s worker started", self.role.name, extra={"pid": process.pid})
         if self._closed:  # close() ran while it started
             self._retire(worker)
             self._check_open()
@@ -274,9 +359,18 @@ class _Worker:
     """One worker process, serving one request at a time."""
 
     def __init__(
-        self, process: asyncio.subprocess.Process, stderr: _StderrLog, *, timeout: float
+        self,
+        process: asyncio.subprocess.Process,
+        stderr: _StderrLog,
+        role: PoolRole,
+        *,
+        timeout: float,
+        channel: sockets.socket | None = None,
     ) -> None:
         self.process = process
+        self.role = role
+        #: the daemon's end of the worker's socket pair for answer fds (a role with fds)
+        self.channel = channel
         #: seconds a request may take
         self.timeout = timeout
         self.pid = process.pid
@@ -289,8 +383,8 @@ class _Worker:
         assert process.stderr is not None
         self._drain = asyncio.ensure_future(stderr.drain(process.stderr, self))
 
-    async def ask(self, op: str, args: dict[str, str]) -> bytes | dict[str, Any]:
-        """Send one request and read its answer line."""
+    async def ask(self, op: str, args: dict[str, Any]) -> tuple[bytes | dict[str, Any], list[int]]:
+        """Send one request and read its answer line (and the fds sent with it)."""
         assert self.process.stdin is not None
         assert self.process.stdout is not None
         timeout = self.timeout
@@ -306,14 +400,16 @@ class _Worker:
                 answer = await self.process.stdout.readline()
         except TimeoutError:
             self.kill()
+            role = self.role
             log.warning(
-                "inspector worker killed: a request ran past server.inspect_timeout",
+                "%s worker killed: a request ran past %s",
+                role.name,
+                role.timeout_key,
                 extra={"pid": self.pid, "op": op, "timeout_s": timeout},
             )
             raise InspectTimeoutError(
-                f"inspect {op} {_describe(args)} ran past server.inspect_timeout "
-                f"({timeout:g}s); its worker was killed and replaced. Ask for less (a "
-                "smaller count, fewer columns) or raise server.inspect_timeout"
+                f"{role.verb} {op} {_describe(args)} ran past {role.timeout_key} "
+                f"({timeout:g}s); its worker was killed and replaced. {role.timeout_advice}"
             ) from None
         except ValueError:  # the line ran past the stream's limit
             raise self._crashed(
@@ -329,21 +425,48 @@ class _Worker:
             result = answer[found.end() : -2]
             if int(found[1]) != self._n or not answer.endswith(b"}\n") or result[:1] != b"{":
                 raise self._crashed(op, args, "sent a line that is not the answer to its request")
+            fds = self._answer_fds()
+            if self.channel is not None and fds is None:
+                raise self._crashed(op, args, "sent an answer without its fds")
             self.broken = False
-            return result
+            return result, fds or []
         parsed = _parse(answer) if len(answer) <= _MAX_ERROR_BYTES else None
         if not isinstance(parsed, dict) or parsed.get("n") != self._n:
             raise self._crashed(op, args, "sent a line that is not the answer to its request")
+        stray = self._answer_fds()
+        if stray is not None:
+            sockets_close(stray)
+            raise self._crashed(op, args, "sent fds with an answer that carries none")
         if parsed.get("ok") is not True and parsed.get("error") == "InspectCrashedError":
-            return parsed  # it ran out of memory, say: answered, but not to serve again
+            return parsed, []  # it ran out of memory, say: answered, but not to serve again
         self.broken = False
-        return parsed
+        return parsed, []
+
+    def _answer_fds(self) -> list[int] | None:
+        """The fds of the one message the worker queued before its answer line; None
+        where it sent none (or the role has no channel)."""
+        if self.channel is None:
+            return None
+        try:
+            _, fds, flags, _ = sockets.recv_fds(
+                self.channel, 64, _MAX_ANSWER_FDS, sockets.MSG_DONTWAIT
+            )
+        except (BlockingIOError, InterruptedError):
+            return None
+        except OSError:
+            return None
+        if flags & sockets.MSG_CTRUNC:
+            sockets_close(fds)
+            return None
+        return list(fds)
 
     def kill(self) -> None:
         """SIGKILL the worker's process group (it started it as its session leader)."""
         if self.process.returncode is None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.pid, signal.SIGKILL)
+        if self.channel is not None:
+            self.channel.close()  # fds queued on it, unread, are released with it
 
     async def reap(self) -> None:
         """Wait for the killed worker to be reaped and its stderr drained."""
@@ -351,7 +474,7 @@ class _Worker:
             await self.process.wait()
             await self._drain
         except Exception:  # the reap of one worker must not fail close()
-            log.exception("inspector worker %d: reaping failed", self.pid)
+            log.exception("%s worker %d: reaping failed", self.role.name, self.pid)
 
     async def _exit_status(self) -> str:
         try:
@@ -367,24 +490,25 @@ class _Worker:
             )
         return f"exited with status {code}"
 
-    def _crashed(self, op: str, args: dict[str, str], why: str) -> InspectCrashedError:
+    def _crashed(self, op: str, args: dict[str, Any], why: str) -> InspectCrashedError:
         self.kill()
         log.warning(
-            "inspector worker %s on a request",
+            "%s worker %s on a request",
+            self.role.name,
             why,
             extra={"pid": self.pid, "op": op, "stderr": " | ".join(self.last_words)},
         )
         return InspectCrashedError(
-            f"inspect {op} {_describe(args)} failed: its worker {why}. The worker was "
-            "replaced and only this request failed; the file may be hostile or need more "
-            "than server.inspect_memory to decode"
+            f"{self.role.verb} {op} {_describe(args)} failed: its worker {why}. The worker "
+            f"was replaced and only this request failed; {self.role.crash_advice}"
         )
 
 
 class _StderrLog:
     """Worker stderr into the daemon's log: cut, and rate-limited for the whole pool."""
 
-    def __init__(self) -> None:
+    def __init__(self, name: str) -> None:
+        self._name = name
         self._window = 0.0
         self._logged = 0
         self._dropped = 0
@@ -401,7 +525,7 @@ class _StderrLog:
             if partial:
                 self._line(worker, partial)
         except Exception:  # a broken pipe ends the drain, never the daemon
-            log.debug("inspector worker %d: stderr ended", worker.pid, exc_info=True)
+            log.debug("%s worker %d: stderr ended", self._name, worker.pid, exc_info=True)
 
     def _line(self, worker: _Worker, raw: bytes) -> None:
         text = raw.decode("utf-8", "replace").rstrip()[:STDERR_LINE_CHARS]
@@ -411,22 +535,24 @@ class _StderrLog:
         now = time.monotonic()
         if now - self._window >= _STDERR_WINDOW:
             if self._dropped:
-                log.warning("%d more inspector worker stderr lines dropped", self._dropped)
+                log.warning("%d more %s worker stderr lines dropped", self._dropped, self._name)
             self._window, self._logged, self._dropped = now, 0, 0
         if self._logged >= STDERR_LINES:
             self._dropped += 1
             return
         self._logged += 1
-        log.info("inspector worker stderr: %s", text, extra={"pid": worker.pid})
+        log.info("%s worker stderr: %s", self._name, text, extra={"pid": worker.pid})
 
 
-def _subject(op: str, args: dict[str, str]) -> str | None:
+def _subject(op: str, args: dict[str, Any]) -> str | None:
     """What a request reads: an object's name, a sample's object or snapshot, a ref."""
     if "name" in args:
-        return args["name"]
+        return str(args["name"])
     if "id" in args:
-        return args["id"].rpartition("#")[0] or args["id"]
-    return args.get("ref")
+        ident = str(args["id"])
+        return ident.rpartition("#")[0] or ident
+    ref = args.get("ref")
+    return None if ref is None else str(ref)
 
 
 def _parse(line: bytes) -> Any:
@@ -436,7 +562,47 @@ def _parse(line: bytes) -> Any:
         return None
 
 
-def _describe(args: dict[str, str]) -> str:
+def _describe(args: dict[str, Any]) -> str:
     """The request's arguments for a message, each cut short."""
-    shown = ", ".join(f"{k}={v[:200]!r}" for k, v in list(args.items())[:6])
+    shown = ", ".join(f"{k}={str(v)[:200]!r}" for k, v in list(args.items())[:6])
     return f"({shown})"
+
+
+def _article(name: str) -> str:
+    return f"{'an' if name[:1] in 'aeiou' else 'a'} {name}"
+
+
+def sockets_close(fds: list[int]) -> None:
+    """Close each fd of ``fds`` (an answer's, unwanted or not taken)."""
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+
+#: the inspector's workers (``docs/inspector.md``)
+INSPECTOR_ROLE: Final = PoolRole(
+    name="inspector",
+    verb="inspect",
+    module="chunkd.client.inspect.worker",
+    workers_key="server.inspect_workers",
+    timeout_key="server.inspect_timeout",
+    memory_key="server.inspect_memory",
+    timeout_advice="Ask for less (a smaller count, fewer columns) or raise server.inspect_timeout",
+    crash_advice="the file may be hostile or need more than server.inspect_memory to decode",
+    affinity=_subject,
+)
+
+
+class InspectorPool(WorkerPool):
+    """The inspector's :class:`WorkerPool`: ``workers`` processes of
+    ``python -m chunkd.client.inspect.worker``.
+
+    Args:
+        socket: The daemon's local socket, which the workers read through.
+        workers: How many processes decode at once.
+        timeout: Seconds one request may take before its worker is killed.
+        memory: Bytes of address space each worker may map (``--memory``).
+    """
+
+    def __init__(self, socket: Path, *, workers: int, timeout: float, memory: int) -> None:
+        super().__init__(socket, INSPECTOR_ROLE, workers=workers, timeout=timeout, memory=memory)

@@ -7,10 +7,19 @@
    on a page-cached local file, and against HTTP range requests.
 3. 8 processes reading the same 1 GiB: the node's memory (sum of PSS) against 8
    private copies.
+4. Warm views and page sizes: a warm 96 MiB ``Client.read`` with every page touched
+   (and with every byte summed), against ``np.fromfile``, with the RAM tier's memfds in
+   4 KiB pages (``shmem_enabled=never``) and in 2 MiB pages (``advise``, set for the
+   run and put back after, even on error; needs root), each with demand faults and
+   with ``MADV_POPULATE_READ``; the cost of a fault per 4 KiB page, and whether the
+   huge pages really happened (``ShmemHugePages``, ``ShmemPmdMapped``).
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import mmap
 import os
 import random
 import shutil
@@ -20,13 +29,15 @@ import sys
 import textwrap
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from chunkd.cache.ram import shmem_huge_pages
 from chunkd.client import Client
+from chunkd.memfd import libc
 
 from .daemon import BenchDaemon
 from .report import Report, Result, Rounds
@@ -192,6 +203,235 @@ def _latencies(
     return out
 
 
+_SHMEM_ENABLED = Path("/sys/kernel/mm/transparent_hugepage/shmem_enabled")
+_MADV_POPULATE_READ = 22
+#: the size of the warm-views scenario (the issue's figure)
+_VIEW_BYTES = 96 * MiB
+
+
+def _selected_mode() -> str | None:
+    try:
+        text = _SHMEM_ENABLED.read_text()
+    except OSError:
+        return None
+    start, end = text.find("["), text.find("]")
+    return text[start + 1 : end] if 0 <= start < end else None
+
+
+@contextlib.contextmanager
+def _shmem_enabled(mode: str) -> Iterator[bool]:
+    """``shmem_enabled`` set to ``mode`` for the block and put back after, whatever
+    happens in it; yields False (and changes nothing) where it cannot be set."""
+    before = _selected_mode()
+    if before is None:
+        yield False
+        return
+    try:
+        _SHMEM_ENABLED.write_text(mode)
+    except OSError:
+        yield False
+        return
+    try:
+        yield True
+    finally:
+        _SHMEM_ENABLED.write_text(before)
+
+
+def _meminfo_kib(key: str) -> int:
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith(f"{key}:"):
+                return int(line.split()[1])
+    return 0
+
+
+def _pmd_mapped_kib() -> int:
+    """This process's shared memory mapped as huge pages (``ShmemPmdMapped``)."""
+    total = 0
+    with open(f"/proc/{os.getpid()}/smaps") as f:
+        for line in f:
+            if line.startswith("ShmemPmdMapped:"):
+                total += int(line.split()[1])
+    return total
+
+
+def _touch(view: Any) -> int:
+    """One byte of every 4 KiB page: each page faulted in, nothing else paid for."""
+    return int(np.frombuffer(view, dtype=np.uint8)[::4096].sum())
+
+
+def _populate(view: memoryview) -> None:
+    """``MADV_POPULATE_READ`` over the view's pages: every page mapped in one call."""
+    address = np.frombuffer(view, dtype=np.uint8).ctypes.data
+    start = address // mmap.PAGESIZE * mmap.PAGESIZE
+    if libc().madvise(start, address + len(view) - start, _MADV_POPULATE_READ) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"MADV_POPULATE_READ failed: {os.strerror(err)}")
+
+
+def _warm_views(report: Report, client: Client, data_dir: Path, *, quick: bool) -> None:
+    """The warm 96 MiB view against ``np.fromfile``, in 4 KiB and in 2 MiB shmem pages.
+
+    Each setting has its own object (other bytes, so other chunks), loaded into the
+    daemon while ``shmem_enabled`` is that setting's: ``never`` (4 KiB pages, as a
+    default kernel), ``advise`` (the RAM tier allocates through an advised, aligned
+    mapping: 2 MiB pages). The reads are interleaved, each under its own setting (set
+    before the timer starts); the setting found is put back at the end.
+    """
+    print("client: warm views, 4 KiB and 2 MiB pages", flush=True)
+    pages = _VIEW_BYTES // 4096
+    names = {"4k": "view-4k.bin", "2m": "view-2m.bin"}
+    modes = {"4k": "never", "2m": "advise"}
+    for name in names.values():
+        (data_dir / name).write_bytes(os.urandom(_VIEW_BYTES))
+    local = data_dir / names["4k"]
+    found: dict[str, dict[str, int]] = {}
+    settings: list[str] = []
+    for setting, name in names.items():
+        with _shmem_enabled(modes[setting]) as ok:
+            if not ok and setting == "2m":
+                print("  2 MiB pages skipped: shmem_enabled cannot be set here (root?)")
+                continue
+            before = _meminfo_kib("ShmemHugePages")
+            view = client.read(f"local/{name}")
+            _touch(view)
+            found[setting] = {
+                "huge_pages_kib": _meminfo_kib("ShmemHugePages") - before,
+                "pmd_mapped_kib": _pmd_mapped_kib(),
+                "huge_allowed": int(shmem_huge_pages()),
+            }
+            del view
+            settings.append(setting)
+    for setting, seen in found.items():
+        print(
+            f"  {setting} ({modes[setting]}): ShmemHugePages +{seen['huge_pages_kib']} KiB "
+            f"as the daemon loaded it, ShmemPmdMapped {seen['pmd_mapped_kib']} KiB in this "
+            f"process with the view alive",
+            flush=True,
+        )
+    np.fromfile(local, dtype=np.uint8)  # the page cache
+
+    def sides(setting: str) -> dict[str, Callable[[], object]]:
+        name = f"local/{names[setting]}"
+
+        def touched(populate: bool) -> Callable[[], object]:
+            def read() -> object:
+                view = client.read(name)
+                if populate:
+                    _populate(view)
+                return _touch(view)
+
+            return read
+
+        def summed(populate: bool) -> Callable[[], object]:
+            def read() -> object:
+                view = client.read(name)
+                if populate:
+                    _populate(view)
+                return int(np.frombuffer(view, dtype=np.uint8).sum(dtype=np.uint64))
+
+            return read
+
+        return {
+            f"{setting} map": lambda: client.read(name),
+            f"{setting} touch": touched(False),
+            f"{setting} touch populated": touched(True),
+            f"{setting} sum": summed(False),
+            f"{setting} sum populated": summed(True),
+        }
+
+    timed: dict[str, tuple[str | None, Callable[[], object]]] = {
+        "fromfile touch": (None, lambda: _touch(np.fromfile(local, dtype=np.uint8))),
+        "fromfile sum": (
+            None,
+            lambda: int(np.fromfile(local, dtype=np.uint8).sum(dtype=np.uint64)),
+        ),
+    }
+    for setting in settings:
+        for label, side in sides(setting).items():
+            timed[label] = (modes[setting], side)
+    took = _interleaved_under(report.rounds_for(5 if quick else 15), timed)
+    gb = _VIEW_BYTES / 1e9
+    rates = {label: _rates(gb, seconds) for label, seconds in took.items()}
+    med = {label: statistics.median(seconds) for label, seconds in took.items()}
+    words = {"4k": "4 KiB shmem pages (never)", "2m": "2 MiB pages (advise, MADV_HUGEPAGE)"}
+    for setting in settings:
+        seen = found[setting]
+        checked = (
+            f"ShmemHugePages +{seen['huge_pages_kib'] // 1024} MiB at load, "
+            f"ShmemPmdMapped {seen['pmd_mapped_kib'] // 1024} MiB in the reader"
+        )
+        for how, base in (("touch", "fromfile touch"), ("sum", "fromfile sum")):
+            what = "every page touched" if how == "touch" else "every byte summed"
+            for populated in (False, True):
+                label = f"{setting} {how}" + (" populated" if populated else "")
+                faults = "MADV_POPULATE_READ" if populated else "demand faults"
+                report.add(
+                    Result(
+                        f"warm 96 MiB view, {what}: {words[setting]}, {faults}",
+                        statistics.median(rates[label]),
+                        statistics.median(rates[base]),
+                        "GB/s",
+                        f"np.fromfile of a page-cached file ({what})",
+                        target_ratio=3.0 if how == "touch" else None,
+                        samples=Rounds.of(rates[label], rates[base]),
+                        note=checked,
+                    )
+                )
+        mapped = med[f"{setting} map"]
+        per_page = {
+            label: [max(0.0, s - mapped) / pages * 1e6 for s in took[f"{setting} {label}"]]
+            for label in ("touch", "touch populated")
+        }
+        for label, figures in per_page.items():
+            faults = "MADV_POPULATE_READ" if "populated" in label else "demand faults"
+            report.add(
+                Result(
+                    f"warm 96 MiB view: fault cost per 4 KiB page, {words[setting]}, {faults}",
+                    statistics.median(figures),
+                    0.0,
+                    "us/page",
+                    "",
+                    samples=Rounds.of(figures),
+                    note=f"(touch - map) / {pages} pages; the map alone: {mapped * 1e3:.2f} ms",
+                )
+            )
+        print(
+            f"  {setting}: map {mapped * 1e3:.2f} ms, "
+            f"touch {med[f'{setting} touch'] * 1e3:.2f} ms, "
+            f"touch populated {med[f'{setting} touch populated'] * 1e3:.2f} ms, "
+            f"sum {med[f'{setting} sum'] * 1e3:.2f} ms; np.fromfile "
+            f"{med['fromfile touch'] * 1e3:.2f} ms, + sum {med['fromfile sum'] * 1e3:.2f} ms",
+            flush=True,
+        )
+
+
+def _interleaved_under(
+    rounds: int, sides: dict[str, tuple[str | None, Callable[[], object]]]
+) -> dict[str, list[float]]:
+    """:func:`_interleaved`, each side run under its ``shmem_enabled`` mode (None: as
+    found), set before its timer starts and put back after the last round."""
+    names = list(sides)
+    took: dict[str, list[float]] = {name: [] for name in names}
+    found = _selected_mode()
+    try:
+        for i in range(-1, rounds):  # round -1: every side once, untimed
+            for name in names[i % len(names) :] + names[: i % len(names)]:
+                mode, side = sides[name]
+                want = mode or found
+                if want is not None and want != _selected_mode():
+                    _SHMEM_ENABLED.write_text(want)
+                start = time.perf_counter()
+                side()
+                seconds = time.perf_counter() - start
+                if i >= 0:
+                    took[name].append(seconds)
+    finally:
+        if found is not None and found != _selected_mode():
+            _SHMEM_ENABLED.write_text(found)
+    return took
+
+
 def run(report: Report, work: Path, *, quick: bool) -> None:
     """The client scenarios (``quick``: small objects, to check the bench runs)."""
     big = (16 if quick else 256) * MiB
@@ -215,7 +455,7 @@ def run(report: Report, work: Path, *, quick: bool) -> None:
         },
     )
     try:
-        client = Client(daemon.socket, cache_bytes=2 * (gig + big))
+        client = Client(daemon.socket, cache_bytes=2 * (gig + big + 2 * _VIEW_BYTES))
         client.read("local/big.bin")  # warm the daemon (and the client's mappings)
         client.read("local/gig.bin")
         np.fromfile(data_dir / "big.bin", dtype=np.uint8)  # and the page cache
@@ -271,6 +511,7 @@ def run(report: Report, work: Path, *, quick: bool) -> None:
             )
         )
         _sizes(report, client, daemon, data_dir / "big.bin", big, quick=quick)
+        _warm_views(report, client, data_dir, quick=quick)
 
         print("client: 4 KiB random reads", flush=True)
         rng = random.Random(5)

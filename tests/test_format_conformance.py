@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime
 import decimal
 import io
+import json
 import random
 from collections.abc import Mapping
 from pathlib import Path
@@ -19,12 +20,15 @@ from typing import Any, ClassVar
 import pytest
 
 from chunkd.client.datasets import formats
-from chunkd.client.datasets.formats import fixed, format_of, parquet
-from chunkd.errors import DatasetFormatError
+from chunkd.client.datasets.formats import arrow, fixed, format_of, parquet
+from chunkd.errors import DatasetFormatError, ManifestError
+from chunkd.snapshot import FORMATS, Member, Snapshot, canonical
 from chunkd.testing.formats import FileSource, FormatTests
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
+ipc = pytest.importorskip("pyarrow.ipc")
+feather = pytest.importorskip("pyarrow.feather")
 
 
 def typed_table(rows: int, seed: int) -> Any:
@@ -204,3 +208,115 @@ class _Fixed:
 
     def read(self, member: Any, offset: int, length: int) -> memoryview:
         return self.view[:length]
+
+
+class TestFeather(FormatTests):
+    """Feather v2: an IPC file, LZ4-compressed by default."""
+
+    format = "arrow"
+
+    @pytest.fixture
+    def files(self, tmp_path: Path) -> list[Path]:
+        paths = []
+        for i, (rows, chunk) in enumerate([(300, 100), (250, 250), (1, 10)]):
+            path = tmp_path / f"part-{i}.feather"
+            feather.write_feather(typed_table(rows, seed=i + 1), path, chunksize=chunk)
+            paths.append(path)
+        return paths
+
+    def reference(self, path: Path) -> list[Any]:
+        rows: list[Any] = feather.read_table(path).to_pylist()
+        return rows
+
+
+class TestArrowFile(TestFeather):
+    """An uncompressed IPC file written batch by batch (``pyarrow.ipc.new_file``)."""
+
+    @pytest.fixture
+    def files(self, tmp_path: Path) -> list[Path]:
+        paths = []
+        for i, sizes in enumerate([(100, 100, 100), (250,), (1,)]):
+            table = typed_table(sum(sizes), seed=i + 1)
+            path = tmp_path / f"part-{i}.arrow"
+            with pa.OSFile(str(path), "wb") as sink, ipc.new_file(sink, table.schema) as writer:
+                start = 0
+                for size in sizes:
+                    writer.write_table(table.slice(start, size))
+                    start += size
+            paths.append(path)
+        return paths
+
+    def reference(self, path: Path) -> list[Any]:
+        with pa.memory_map(str(path)) as source:
+            rows: list[Any] = ipc.open_file(source).read_all().to_pylist()
+        return rows
+
+
+class TestArrowSplitBatches(TestFeather):
+    """Record batches above the unit bound are cut into units of whole rows."""
+
+    @pytest.fixture(autouse=True)
+    def small_bound(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setattr(arrow, "MAX_UNIT_BYTES", 4096)
+
+    def max_unit_bytes(self) -> int:
+        return 4096
+
+    @pytest.mark.timeout(30)
+    def test_a_big_batch_is_split_evenly(self, members: list[Any]) -> None:
+        fmt = format_of("arrow")
+        member = members[1]  # one batch of 250 rows
+        (batch,) = member.meta["batches"]
+        counts = fmt.units(member)
+        assert len(counts) >= -(-batch[3] // 4096) > 1
+        assert max(counts) - min(counts) <= 1
+
+
+def test_feather_v1_and_ipc_streams_are_refused_by_name(tmp_path: Path) -> None:
+    table = typed_table(50, seed=3).select(["id", "text", "score"])
+    v1 = tmp_path / "old.feather"
+    with pytest.warns(DeprecationWarning, match="Feather V1"):  # still written, for this test
+        feather.write_feather(table, v1, version=1)
+    stream = tmp_path / "stream.arrow"
+    with pa.OSFile(str(stream), "wb") as sink, ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    source = FileSource(tmp_path)
+    fmt = format_of("arrow")
+    with pytest.raises(DatasetFormatError, match=r"old\.feather is a Feather v1 file.*Feather v2"):
+        fmt.scan(source, source.member(v1, "arrow"), {})
+    with pytest.raises(DatasetFormatError, match=r"stream\.arrow is an Arrow IPC stream.*new_file"):
+        fmt.scan(source, source.member(stream, "arrow"), {})
+
+
+def test_arrow_scan_reads_only_the_footer_and_batch_messages(tmp_path: Path) -> None:
+    path = tmp_path / "wide.arrow"
+    table = typed_table(20_000, seed=5)
+    with pa.OSFile(str(path), "wb") as sink, ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table, max_chunksize=5000)
+    source = FileSource(tmp_path)
+    from chunkd.testing.formats import RangeSource
+
+    counting = RangeSource(source, [(0, path.stat().st_size)])
+    member = format_of("arrow").scan(counting, source.member(path, "arrow"), {})
+    assert member.samples == 20_000
+    assert [b[0] for b in member.meta["batches"]] == [5000] * 4
+    assert "dictionaries" in member.meta  # the 'kind' column's
+    # the last 64 KiB and four batch messages, not the batches' data
+    data = sum(b[2] for b in member.meta["batches"])
+    assert sum(n for _, n in counting.reads) <= (64 << 10) + 4 * 4096 < data // 4
+
+
+@pytest.mark.timeout(10)
+def test_a_manifest_names_any_format_and_a_reader_refuses_one_it_does_not_know() -> None:
+    member = Member("a.csv", 10, "v1", "csv", 1)
+    snapshot = Snapshot.build(backend="b", prefix="", format="csv", members=[member])
+    parsed = Snapshot.parse(snapshot.data, expect_id=snapshot.id)  # a plug-in's format
+    assert parsed.members[0].format == "csv"
+    with pytest.raises(DatasetFormatError, match="unknown member format 'csv'"):
+        format_of(parsed.members[0].format)
+    doc = json.loads(snapshot.data)
+    doc["members"][0]["format"] = "CSV!"
+    with pytest.raises(ManifestError, match="'CSV!' is not a format name"):
+        Snapshot.parse(canonical(doc))
+    assert "arrow" in FORMATS
+    assert "arrow" in formats.names()

@@ -16,7 +16,7 @@ A snapshot
         schema      the format's version (:data:`SCHEMA`); newer code reads older ones
                     (:func:`upgrade`), older code refuses newer ones by name
         source      {"backend": B, "prefix": P}: where the members were listed
-        format      the members' format (:data:`FORMATS`)
+        format      the members' format (:data:`FORMATS`, or a plug-in's name)
         totals      {"members": N, "samples": N, "bytes": N}
         schema_of   the dataset's schema: Parquet, a list of [column, type] pairs; MDS,
                     the columns and their encodings; WebDataset, the member extensions;
@@ -36,7 +36,9 @@ A snapshot
         size        bytes
         version     the version token the registration read (ETag, version id, or size
                     and mtime): reads are pinned to it
-        format      one of FORMATS
+        format      a format's name: one of FORMATS, or a plug-in's
+                    (``chunkd.client.datasets.formats``); a reader that does not know
+                    it refuses the member when it reads it, not the manifest
         samples     how many samples it holds
         meta        per format (the format's module documents its fields), e.g. Parquet's
                     row groups with their rows and byte ranges
@@ -105,8 +107,12 @@ __all__ = [
 #: the manifest format's version. Bump it with an entry in :data:`_UPGRADES` that
 #: turns a manifest of the version before into this one.
 SCHEMA: Final = 1
-#: the member formats
-FORMATS: Final = ("parquet", "jsonl", "fixed", "wds", "mds")
+#: the member formats chunkd ships (a manifest may name any format a process knows:
+#: :func:`chunkd.client.datasets.formats.names`)
+FORMATS: Final = ("parquet", "jsonl", "fixed", "wds", "mds", "arrow")
+#: a format's name: a plug-in's too (reading a member of a format this process does
+#: not know fails then, in ``chunkd.client.datasets.formats.format_of``)
+_FORMAT_RE: Final = re.compile(r"[a-z][a-z0-9_.-]{0,31}")
 #: the longest dataset name
 MAX_NAME_BYTES: Final = 256
 #: the longest tag
@@ -495,8 +501,11 @@ class Member:
         """
         entry = _object(doc, where)
         fmt = _text(entry, "format", where)
-        if fmt not in FORMATS:
-            raise ManifestError(f"{where}: unknown format {fmt!r} (known: {', '.join(FORMATS)})")
+        if not _FORMAT_RE.fullmatch(fmt):
+            raise ManifestError(
+                f"{where}: {fmt!r} is not a format name (lowercase letters, digits, "
+                "'_', '.' and '-', at most 32, starting with a letter)"
+            )
         meta = entry.get("meta", {})
         if not isinstance(meta, dict):
             raise ManifestError(f"{where}: 'meta' must be an object")

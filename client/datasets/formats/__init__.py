@@ -252,6 +252,7 @@ _BUILTIN: Final = {
     "fixed": "fixed",
     "wds": "wds",
     "mds": "mds",
+    "arrow": "arrow",
 }
 #: the entry-point group a package names its formats in (``name = "pkg.module:FORMAT"``)
 ENTRY_POINTS: Final = "chunkd.formats"

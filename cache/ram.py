@@ -67,6 +67,7 @@ _PER_SIZE: Final = f"{_THP}/hugepages-{HUGE_PAGE >> 10}kB/shmem_enabled"
 _HUGE_MODES: Final = frozenset({b"always", b"within_size", b"advise", b"force"})
 _MADV_HUGEPAGE: Final = 14
 _MADV_POPULATE_WRITE: Final = 23
+_MADV_DONTFORK: Final = 10
 _MAP_FIXED: Final = 0x10
 
 
@@ -132,6 +133,11 @@ def _allocate_huge(fd: int, size: int) -> None:
         if lib.mmap(address, size, prot, flags, fd, 0) != address:
             err = ctypes.get_errno()
             raise OSError(err, f"mapping a {size}-byte memfd failed: {os.strerror(err)}")
+        # A worker process forked now must not inherit a writable mapping: the seal
+        # would fail for as long as it lives (as chunkd.memfd.WritableMapping).
+        if lib.madvise(address, size, _MADV_DONTFORK) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"madvise(MADV_DONTFORK) failed: {os.strerror(err)}")
         # EINVAL: a kernel without THP (or before 5.14, without POPULATE_WRITE): the
         # pages come as pwrite makes them.
         if lib.madvise(address, size, _MADV_HUGEPAGE) == 0 and (

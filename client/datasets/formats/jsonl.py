@@ -9,22 +9,33 @@ lines are not parsed when read: ``chunkd dataset check`` says whether they are J
 **The sparse line index.** A scan streams the member (:data:`SCAN_BYTES` a read) and
 records where a new *block* of lines starts every :data:`BLOCK_LINES` lines or
 :data:`BLOCK_BYTES` bytes, whichever comes first, so a member's ``meta`` stays small
-however many lines it holds. Reading line ``i`` finds its block, and the line ends of
-that block (found once by reading the block, then kept per process), then reads the
-line alone.
+however many lines it holds.
+
+**Units** (:meth:`~chunkd.client.datasets.formats.Format.units`) are runs of whole
+blocks, cut from the manifest alone: consecutive blocks while their lines' bytes plus 4
+bytes a line (the table's offsets) stay within :data:`UNIT_BYTES` (8 MiB); a block
+that costs more alone is a unit alone (at most :data:`BLOCK_BYTES` plus its last line,
+so more than :data:`MAX_UNIT_BYTES` only where one line is that long). A unit's decoded
+bytes are that cost. A unit decodes (:meth:`JsonLines.decode`) to a table of one
+column, ``line`` (``binary``): each line's bytes without its newline, what ``read``
+gives as ``bytes``; the offsets are found by numpy, with no Python per line. A unit
+of more than 2 GiB (a line that long: Arrow's binary offsets are 32-bit) is refused
+before it is read, and one whose bytes hold another number of lines than the index
+records is refused as damaged (:class:`~chunkd.errors.DatasetFormatError`). Reading one
+line (``Dataset[i]``) decodes its unit, kept per process by
+:class:`~chunkd.client.datasets.formats.FormatBase`.
 
 **Compressed members.** A ``.zst`` member written in the *seekable zstd format* (its
 frames followed by a skippable frame of magic ``0x184D2A5E`` that holds the frame
-table, ending with the magic ``0x8F92EAB1``) is read at random: reading line ``i``
-decompresses only the frames that hold its block. Any other ``.zst`` member is
-``seekable: false``: reading a line decompresses the member from its start. A member
-whose decompressed bytes fit in :data:`CACHE_BYTES` is decompressed once per process
-and kept; a bigger one is decompressed from the start for each block read, which
-makes random access cost O(position): write such members seekable (``chunkd dataset
-check`` warns of them). Decompressed blocks are kept in a per-process LRU of at most
-:data:`CACHE_BYTES`. A non-seekable member's decoded bytes
-(:meth:`~chunkd.client.datasets.formats.Format.unit_bytes`) are its decompressed size,
-so that the read order's windows hold at most that bound of such members.
+table, ending with the magic ``0x8F92EAB1``) is read at random: a unit decompresses
+only the frames that hold its blocks (one ranged read). Any other ``.zst`` member is
+``seekable: false``, and can only be decompressed from its start: its units are runs of
+blocks of at most :data:`STREAMED_UNIT_BYTES` (128 MiB) each, and decoding unit ``k``
+decompresses the member from its start as far as that unit's end, keeping only the
+unit. A member of up to 128 MiB is one unit, decompressed once; an epoch over a bigger
+one of ``D`` decompressed bytes decompresses about ``D**2 / 256 MiB`` (a 1 GiB member:
+8 units, 4.5 GiB decompressed): write such members seekable (``chunkd dataset check``
+warns of them). Such a unit's byte range is the whole member.
 
 Member ``meta``:
 
@@ -46,17 +57,24 @@ Member ``meta``:
 
 from __future__ import annotations
 
-import bisect
+import importlib
+import itertools
 import json
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, BinaryIO, Final, cast
 
 import numpy as np
 import zstandard
 
-from chunkd.client.datasets.formats import DECODED_CACHE_BYTES, DecodedLRU
+from chunkd.client.datasets.formats import (
+    DECODED_CACHE_BYTES,
+    MAX_UNIT_BYTES,
+    UNIT_BYTES,
+    DecodedLRU,
+    FormatBase,
+)
 from chunkd.errors import DatasetFormatError
 from chunkd.snapshot import Member
 
@@ -71,9 +89,11 @@ __all__ = [
     "BLOCK_BYTES",
     "BLOCK_LINES",
     "CACHE_BYTES",
+    "COLUMN",
     "FORMAT",
     "MAX_LINE_BYTES",
     "SCAN_BYTES",
+    "STREAMED_UNIT_BYTES",
     "JsonLines",
     "LineProblem",
     "problems",
@@ -85,10 +105,16 @@ SCAN_BYTES: Final = 8 << 20
 BLOCK_LINES: Final = 1024
 #: ... or this many bytes, whichever comes first
 BLOCK_BYTES: Final = 4 << 20
-#: decompressed members and blocks, and line ends, kept per process (bytes)
+#: decoded units kept per process (bytes): the formats' common bound
 CACHE_BYTES: Final = DECODED_CACHE_BYTES
-#: ... and at most this many of them
-_CACHE_ITEMS: Final = 4096
+#: a unit of a ``.zst`` member that is not seekable decodes to at most this (one block
+#: alone may be more): each unit is decompressed from the member's start, so few big
+#: units cost less than many small ones
+STREAMED_UNIT_BYTES: Final = MAX_UNIT_BYTES
+#: the one column of a decoded unit
+COLUMN: Final = "line"
+#: an Arrow binary array's values are at most this many bytes (its offsets are int32)
+_MAX_ARRAY_BYTES: Final = (1 << 31) - 1
 #: newlines are searched for this many bytes at a time (bounds numpy's index arrays)
 _SEARCH_BYTES: Final = 1 << 20
 #: a look at a member's first lines reads this many bytes at a time
@@ -101,7 +127,12 @@ _SEEKABLE_MAGIC: Final = 0x8F92EAB1
 _FOOTER: Final = struct.Struct("<IBI")  # frames, descriptor, magic
 _NEWLINE: Final = 0x0A
 
-_CACHE = DecodedLRU(CACHE_BYTES, _CACHE_ITEMS)
+#: units' first blocks per member (:func:`_plan`), kept per process
+_PLANS = DecodedLRU(16 << 20, 4096)
+
+
+def _arrow() -> Any:
+    return importlib.import_module("pyarrow")
 
 
 def compressed(member: Member) -> bool:
@@ -109,10 +140,12 @@ def compressed(member: Member) -> bool:
     return member.key.lower().endswith((".zst", ".zstd"))
 
 
-class JsonLines:
+class JsonLines(FormatBase):
     """The ``jsonl`` format (see the module docstring)."""
 
     name = "jsonl"
+    version = 1
+    suffixes = (".jsonl", ".jsonl.zst", ".json.zst", ".ndjson", ".ndjson.zst")
 
     def scan(self, source: Source, member: Member, options: Mapping[str, Any]) -> Member:
         if not compressed(member):
@@ -157,111 +190,86 @@ class JsonLines:
             )
         return replace(member, samples=lines, meta=meta)
 
-    def read(self, source: Source, member: Member, index: int) -> bytes:
-        block, first = self._block_of(member, index)
-        start, stop = _span(member, block)
-        data, ends = self._block(source, member, block, start, stop)
-        k = index - first
-        begin = start if k == 0 else int(ends[k - 1]) + 1
-        end = int(ends[k])
-        if data is None:
-            return bytes(source.read(member, begin, end - begin)) if end > begin else b""
-        return bytes(data[begin - start : end - start])
-
-    def ranges(self, member: Member, index: int) -> list[tuple[int, int]]:
-        block, _ = self._block_of(member, index)
-        if not compressed(member):
-            start, stop = _span(member, block)
-            return [(start, stop - start)]
-        if not member.meta.get("seekable"):
-            return [(0, member.size)]
-        entry = member.meta["index"][block]
-        return [(int(entry[2]), int(entry[4]) - int(entry[2]))]
-
     def schema(self, members: list[Member]) -> Any:
         return None
 
-    def unit_bytes(self, member: Member) -> list[int] | None:
-        # a member is one unit; a non-seekable .zst one is decompressed whole
-        if member.meta.get("seekable") is False:
-            return [int(member.meta["bytes"])]
-        return None
+    def units(self, member: Member) -> list[int]:
+        plan = _plan(member)
+        entries = member.meta["index"]
+        lines = [*(int(entries[b][0]) for b in plan[:-1]), member.samples]
+        return [later - earlier for earlier, later in itertools.pairwise(lines)]
+
+    def unit_bytes(self, member: Member) -> list[int]:
+        plan = _plan(member)
+        return [_cost(member, first, stop) for first, stop in itertools.pairwise(plan)]
+
+    def unit_ranges(self, member: Member, unit: int) -> list[tuple[int, int]]:
+        first, stop = _blocks(member, unit)
+        if not compressed(member):
+            start, end = _span(member, first, stop)
+            return [(start, end - start)] if end > start else []
+        if not member.meta.get("seekable"):
+            return [(0, member.size)]
+        entries = member.meta["index"]
+        frames_from, frames_to = int(entries[first][2]), int(entries[stop - 1][4])
+        return [(frames_from, frames_to - frames_from)] if frames_to > frames_from else []
+
+    def decode(
+        self, source: Source, member: Member, unit: int, columns: Sequence[str] | None
+    ) -> Any:
+        pa = _arrow()
+        name = source.name(member)
+        asked = _asked(name, columns)
+        first, stop = _blocks(member, unit)
+        entries = member.meta["index"]
+        begin = int(entries[first][0])
+        lines = (int(entries[stop][0]) if stop < len(entries) else member.samples) - begin
+        if not asked:  # no column: only the row count, which the manifest knows
+            return pa.table({COLUMN: pa.nulls(lines, pa.binary())}).select([])
+        start, end = _span(member, first, stop)
+        if end - start > _MAX_ARRAY_BYTES:
+            raise DatasetFormatError(
+                f"{name}: lines {begin}..{begin + lines} hold {end - start} bytes, more than "
+                f"an Arrow binary column holds ({_MAX_ARRAY_BYTES}): a line of over 2 GiB is "
+                "not read; split it"
+            )
+        data = self._bytes(source, member, first, stop, start, end)
+        column = _lines(name, data, begin, lines, at_end=stop == len(entries))
+        return pa.Table.from_arrays([column] * len(asked), names=list(asked))
+
+    def sample(self, table: Any, row: int) -> bytes:
+        line: bytes = table.column(COLUMN)[row].as_py()
+        return line
 
     # -- reading -----------------------------------------------------------------------
 
-    def _block_of(self, member: Member, index: int) -> tuple[int, int]:
-        """The block that holds line ``index``, and the block's first line."""
-        if not 0 <= index < member.samples:
-            raise IndexError(f"line {index} of {member.key}, which holds {member.samples}")
-        entries = member.meta["index"]
-        block = bisect.bisect_right(entries, index, key=lambda e: int(e[0])) - 1
-        return block, int(entries[block][0])
-
-    def _block(
-        self, source: Source, member: Member, block: int, start: int, stop: int
-    ) -> tuple[memoryview | None, NDArray[np.int64]]:
-        """A block's decompressed bytes (None for a plain member: read in place) and
-        where each of its lines ends (its newline, or the end of the member)."""
+    def _bytes(
+        self, source: Source, member: Member, first: int, stop: int, start: int, end: int
+    ) -> memoryview:
+        """The bytes ``start .. end`` of blocks ``first .. stop`` (decompressed, for a
+        ``.zst`` member)."""
         name = source.name(member)
-        data = self._block_bytes(source, member, block, start, stop)
-        key = (name, member.version, block, "ends")
-        ends: NDArray[np.int64] | None = _CACHE.get(key)
-        if ends is not None:
-            return data, ends
-        if data is None:
-            ends = _ends(
-                (start + offset, piece)
-                for offset, piece in _offsets(_pieces(source, member, start, stop))
-            )
-        else:
-            ends = _ends([(start, data)])
-        if not len(ends) or int(ends[-1]) != stop - 1:
-            ends = np.append(ends, np.int64(stop))  # the last line, without a newline
-        lines = _lines_in(member, block)
-        if len(ends) != lines:
-            raise DatasetFormatError(
-                f"{name}: block {block} holds {len(ends)} lines, not {lines} as recorded: "
-                "its bytes are not what was registered; register the dataset again"
-            )
-        _CACHE.put(key, ends, ends.nbytes)
-        return data, ends
-
-    def _block_bytes(
-        self, source: Source, member: Member, block: int, start: int, stop: int
-    ) -> memoryview | None:
-        """A ``.zst`` member's block, decompressed (kept per process); None for a plain
-        member."""
         if not compressed(member):
-            return None
-        name = source.name(member)
-        total = int(member.meta["bytes"])
-        if not member.meta.get("seekable") and total <= CACHE_BYTES:
-            whole_key = (name, member.version, "whole")
-            whole: memoryview | None = _CACHE.get(whole_key)
-            if whole is None:
-                whole = _take(name, self._reader(source, member), 0, total)
-                _CACHE.put(whole_key, whole, total)
-            return whole[start:stop]
-        key = (name, member.version, block, "data")
-        data: memoryview | None = _CACHE.get(key)
-        if data is not None:
+            data = source.read(member, start, end - start)
+            if len(data) != end - start:
+                raise DatasetFormatError(
+                    f"{name} ends at byte {start + len(data)}, inside lines recorded up to "
+                    f"byte {end}: it is not the file that was registered; register the "
+                    "dataset again"
+                )
             return data
         if member.meta.get("seekable"):
-            _, _, frames_from, skip, frames_to = (int(v) for v in member.meta["index"][block])
+            entries = member.meta["index"]
+            frames_from, skip = int(entries[first][2]), int(entries[first][3])
+            frames_to = int(entries[stop - 1][4])
             raw = source.read(member, frames_from, frames_to - frames_from)
             reader = zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True)
-            data = _take(name, reader, skip, stop - start)
-        else:
-            # Too big to keep: decompressed from the start again (see the module docstring).
-            data = _take(name, self._reader(source, member), start, stop - start)
-        _CACHE.put(key, data, len(data))
-        return data
-
-    def _reader(self, source: Source, member: Member) -> BinaryIO:
-        reader: BinaryIO = zstandard.ZstdDecompressor().stream_reader(
+            return _take(name, reader, skip, end - start)
+        # Not seekable: decompressed from the start, as far as the unit's end.
+        reader = zstandard.ZstdDecompressor().stream_reader(
             source.file(member), read_across_frames=True
         )
-        return reader
+        return _take(name, reader, start, end - start)
 
 
 FORMAT = JsonLines()
@@ -327,35 +335,105 @@ def _with_frames(
     return out
 
 
-def _span(member: Member, block: int) -> tuple[int, int]:
-    """A block's byte range (decompressed, for a ``.zst`` member)."""
+def _span(member: Member, first: int, stop: int) -> tuple[int, int]:
+    """The byte range of blocks ``first .. stop`` (decompressed, for a ``.zst`` member)."""
     entries = member.meta["index"]
     total = int(member.meta.get("bytes", member.size))
-    start = int(entries[block][1])
-    stop = int(entries[block + 1][1]) if block + 1 < len(entries) else total
-    return start, stop
+    return int(entries[first][1]), int(entries[stop][1]) if stop < len(entries) else total
 
 
-def _lines_in(member: Member, block: int) -> int:
+def _blocks(member: Member, unit: int) -> tuple[int, int]:
+    """The blocks ``first .. stop`` of unit ``unit``."""
+    plan = _plan(member)
+    if not 0 <= unit < len(plan) - 1:
+        raise IndexError(f"unit {unit} of {member.key}, which has {len(plan) - 1}")
+    return plan[unit], plan[unit + 1]
+
+
+def _plan(member: Member) -> list[int]:
+    """The first block of each unit, then the number of blocks (kept per process)."""
     entries = member.meta["index"]
-    stop = int(entries[block + 1][0]) if block + 1 < len(entries) else member.samples
-    return stop - int(entries[block][0])
+    # The manifest's identity of the member, and enough of its index to tell apart two
+    # members that only a hand-made manifest would give the same key and version.
+    key = (member.key, member.version, member.size, member.samples, len(entries),
+           tuple(entries[-1]), member.meta.get("bytes"),
+           UNIT_BYTES, STREAMED_UNIT_BYTES)  # fmt: skip
+    plan: list[int] | None = _PLANS.get(key)
+    if plan is None:
+        plan = _cut(member)
+        _PLANS.put(key, plan, 64 + 8 * len(plan))
+    return plan
 
 
-def _ends(pieces: Iterator[tuple[int, memoryview]] | list[tuple[int, memoryview]]) -> Any:
-    """Where the newlines of ``(offset, piece)`` pieces are, as absolute offsets."""
-    found = [
-        np.flatnonzero(np.frombuffer(piece, dtype=np.uint8) == _NEWLINE).astype(np.int64) + offset
-        for offset, piece in pieces
-    ]
-    return np.concatenate([np.empty(0, dtype=np.int64), *found])
+def _cut(member: Member) -> list[int]:
+    """Runs of whole blocks whose lines cost at most :data:`UNIT_BYTES` (a streamed
+    member's: :data:`STREAMED_UNIT_BYTES`), a block that costs more alone."""
+    entries = member.meta["index"]
+    if not member.samples:
+        return [0]
+    streamed = compressed(member) and not member.meta.get("seekable")
+    target = STREAMED_UNIT_BYTES if streamed else UNIT_BYTES
+    total = int(member.meta.get("bytes", member.size))
+    offsets = [*(int(e[1]) for e in entries), total]
+    lines = [*(int(e[0]) for e in entries), member.samples]
+    plan = [0]
+    for block in range(1, len(entries)):
+        first = plan[-1]
+        cost = offsets[block + 1] - offsets[first] + 4 * (lines[block + 1] - lines[first])
+        if cost > target:
+            plan.append(block)
+    plan.append(len(entries))
+    return plan
 
 
-def _offsets(pieces: Iterator[memoryview]) -> Iterator[tuple[int, memoryview]]:
-    at = 0
-    for piece in pieces:
-        yield at, piece
-        at += len(piece)
+def _cost(member: Member, first: int, stop: int) -> int:
+    """What blocks ``first .. stop`` decode to: their bytes and their lines' offsets."""
+    entries = member.meta["index"]
+    start, end = _span(member, first, stop)
+    lines = (int(entries[stop][0]) if stop < len(entries) else member.samples) - int(
+        entries[first][0]
+    )
+    return end - start + 4 * lines
+
+
+def _asked(name: str, columns: Sequence[str] | None) -> list[str]:
+    if columns is None:
+        return [COLUMN]
+    for column in columns:
+        if column != COLUMN:
+            raise DatasetFormatError(
+                f"{name} has no column {column!r}: a JSON lines member has one, {COLUMN!r}"
+            )
+    return list(columns)
+
+
+def _lines(name: str, data: memoryview, begin: int, lines: int, *, at_end: bool) -> Any:
+    """The lines of ``data`` (whole lines, the first being line ``begin``) as a binary
+    array of ``lines`` values, without their newlines."""
+    raw = np.frombuffer(data, dtype=np.uint8)
+    newline = raw == _NEWLINE
+    ends = np.flatnonzero(newline)
+    if len(raw) and not newline[-1]:
+        if not at_end:
+            raise DatasetFormatError(
+                f"{name}: lines {begin}..{begin + lines} do not end with a newline where "
+                "the next line was recorded: its bytes are not what was registered; "
+                "register the dataset again"
+            )
+        ends = np.append(ends, len(raw))  # the last line, without a newline
+    if len(ends) != lines:
+        raise DatasetFormatError(
+            f"{name}: the bytes of lines {begin}..{begin + lines} hold {len(ends)} lines: "
+            "they are not what was registered; register the dataset again"
+        )
+    # Without its newlines, line i (i newlines before it) ends i bytes earlier.
+    offsets = np.zeros(lines + 1, dtype=np.int32)
+    offsets[1:] = ends - np.arange(lines)
+    values = raw[~newline]
+    pa = _arrow()
+    return pa.Array.from_buffers(
+        pa.binary(), lines, [None, pa.py_buffer(offsets), pa.py_buffer(values)]
+    )
 
 
 def _pieces(

@@ -15,6 +15,30 @@ applies to every header after it) and its records are read too, at most
 GNU tar write) are read; a sparse file or a malformed header is refused. A
 compressed tar (``.tar.gz``) is not a WebDataset member here.
 
+**Units** (:meth:`~chunkd.client.datasets.formats.Format.units`) are runs of whole
+samples in tar order, cut from the index alone: consecutive samples while their bytes
+of the tar (from the unit's first file's data to its last file's end, the headers
+between included) plus their keys and 4 bytes a column a row stay within
+:data:`~chunkd.client.datasets.formats.UNIT_BYTES` (8 MiB); a sample that costs more
+alone is a unit alone, so a unit is over 8 MiB (or over ``MAX_UNIT_BYTES``) only where
+one sample is. A unit's decoded bytes are that cost, and its byte range that one span
+of the tar: decoding it is one read, the headers between its files skipped (but their
+checksums checked: a header that fails it is damage).
+
+A unit decodes (:meth:`WebDataset.decode`) to a table of ``__key__`` (``string``) then
+one ``binary`` column per extension the **member's** index holds, sorted, null where a
+sample has no file of it (an empty file is ``b""``, not null). Members of one dataset
+may hold other extensions: the loader combines the units' tables of a batch by name
+(``concat_tables(promote_options="permissive")``), a column a unit lacks being null.
+``columns=`` gives exactly the columns asked, in that order: ``__key__`` only if asked,
+and an extension the member lacks as a column of nulls (not an error: another member's
+samples may have it); a name no extension can have (not lowercase, empty, or with a
+``/``) is refused. :meth:`WebDataset.sample` gives today's dict: ``__key__`` and the
+extensions present (sorted; nulls left out). A key that is not UTF-8 (a tar name
+read with ``surrogateescape``) keeps its bytes in the column and its ``str`` in the
+dict. A tar that ends inside a unit's files is refused
+(:class:`~chunkd.errors.DatasetFormatError`), as before.
+
 Member ``meta``:
 
 ``index``
@@ -24,10 +48,16 @@ Member ``meta``:
 
 from __future__ import annotations
 
+import importlib
+import itertools
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Final
 
+import numpy as np
+
+from chunkd.client.datasets.formats import UNIT_BYTES, DecodedLRU, FormatBase
 from chunkd.errors import DatasetFormatError
 
 if TYPE_CHECKING:
@@ -36,7 +66,7 @@ if TYPE_CHECKING:
     from chunkd.client.datasets.source import Source
     from chunkd.snapshot import Member
 
-__all__ = ["FORMAT", "MAX_EXTENDED_BYTES", "WebDataset", "split_name"]
+__all__ = ["FORMAT", "KEY", "MAX_EXTENDED_BYTES", "WebDataset", "extensions", "split_name"]
 
 #: a long name or a pax header's records may be at most this long
 MAX_EXTENDED_BYTES: Final = 1 << 20
@@ -48,6 +78,17 @@ _NO_DATA: Final = frozenset(b"123456")
 _REGULAR: Final = frozenset(b"07\0")
 #: headers that describe the next entry: GNU long names and links, pax headers
 _EXTENDED: Final = frozenset(b"LKxg")
+#: the column of the samples' keys
+KEY: Final = "__key__"
+#: an Arrow binary array's values are at most this many bytes (its offsets are int32)
+_MAX_ARRAY_BYTES: Final = (1 << 31) - 1
+
+#: members' units (:class:`_Plan`), kept per process
+_PLANS = DecodedLRU(64 << 20, 1024)
+
+
+def _arrow() -> Any:
+    return importlib.import_module("pyarrow")
 
 
 def split_name(path: str) -> tuple[str, str] | None:
@@ -62,10 +103,12 @@ def split_name(path: str) -> tuple[str, str] | None:
     return folder + slash + stem, ext.lower()
 
 
-class WebDataset:
+class WebDataset(FormatBase):
     """The ``wds`` format (see the module docstring)."""
 
     name = "wds"
+    version = 1
+    suffixes = (".tar",)
 
     def scan(self, source: Source, member: Member, options: Mapping[str, Any]) -> Member:
         index: list[list[Any]] = []
@@ -84,25 +127,77 @@ class WebDataset:
             exts.add(ext)
         return replace(member, samples=len(index), meta={"index": index})
 
-    def read(self, source: Source, member: Member, index: int) -> dict[str, Any]:
-        key, files = member.meta["index"][index]
-        sample: dict[str, Any] = {"__key__": key}
-        for ext, offset, size in files:
-            data = source.read(member, int(offset), int(size))
-            if len(data) != int(size):
-                raise DatasetFormatError(
-                    f"{source.name(member)} ends inside the data of {key}.{ext}: it is not "
-                    "the file that was registered; register the dataset again"
-                )
-            sample[ext] = bytes(data)
-        return sample
-
-    def ranges(self, member: Member, index: int) -> list[tuple[int, int]]:
-        _, files = member.meta["index"][index]
-        return [(int(offset), int(size)) for _, offset, size in files if int(size)]
-
     def schema(self, members: list[Member]) -> Any:
         return sorted(extensions(members))
+
+    def units(self, member: Member) -> list[int]:
+        firsts = _plan(member).firsts
+        return [later - earlier for earlier, later in itertools.pairwise(firsts)]
+
+    def unit_bytes(self, member: Member) -> list[int]:
+        return list(_plan(member).costs)
+
+    def unit_ranges(self, member: Member, unit: int) -> list[tuple[int, int]]:
+        offset, length = _plan(member).span(member, unit)
+        return [(offset, length)] if length else []
+
+    def decode(
+        self, source: Source, member: Member, unit: int, columns: Sequence[str] | None
+    ) -> Any:
+        pa = _arrow()
+        name = source.name(member)
+        plan = _plan(member)
+        asked = _asked(name, plan.extensions, columns)
+        offset, length = plan.span(member, unit)
+        first, stop = plan.firsts[unit], plan.firsts[unit + 1]
+        samples = member.meta["index"][first:stop]
+        if length > _MAX_ARRAY_BYTES:
+            raise DatasetFormatError(
+                f"{name}: the sample {samples[0][0]!r} spans {length} bytes of the tar, more "
+                f"than an Arrow binary column holds ({_MAX_ARRAY_BYTES}): it is not read"
+            )
+        if not asked:  # no column: only the row count, which the manifest knows
+            return pa.table({KEY: pa.nulls(len(samples), pa.string())}).select([])
+        wanted = list(dict.fromkeys(column for column in asked if column != KEY))
+        files = {}
+        if wanted:
+            data = self._data(source, member, samples, offset, length)
+            files = _columns(data, offset, samples, wanted)
+        if KEY in asked:
+            files[KEY] = _keys([str(key) for key, _ in samples])
+        return pa.Table.from_arrays([files[column] for column in asked], names=list(asked))
+
+    def sample(self, table: Any, row: int) -> dict[str, Any]:
+        found: dict[str, Any] = {}
+        for column, values in zip(table.column_names, table.columns, strict=True):
+            value = values[row]
+            if not value.is_valid:
+                continue  # the sample has no file of that extension
+            if column == KEY:
+                found[column] = _key(value)
+            else:
+                found[column] = value.as_py()
+        return found
+
+    def _data(
+        self, source: Source, member: Member, samples: list[Any], offset: int, length: int
+    ) -> memoryview:
+        data = source.read(member, offset, length)
+        if len(data) != length:
+            # The file whose data the read ends inside, for the message.
+            end = offset + len(data)
+            key, ext = next(
+                (key, ext)
+                for key, files in samples
+                for ext, at, size in files
+                if int(at) + int(size) > end
+            )
+            raise DatasetFormatError(
+                f"{source.name(member)} ends inside the data of {key}.{ext}: it is not "
+                "the file that was registered; register the dataset again"
+            )
+        _check_headers(source.name(member), data, offset, samples)
+        return data
 
 
 def extensions(members: list[Member]) -> Counter[str]:
@@ -115,6 +210,159 @@ def extensions(members: list[Member]) -> Counter[str]:
 
 
 FORMAT = WebDataset()
+
+
+# -- units -------------------------------------------------------------------------------
+
+
+class _Plan:
+    """A member's units, from its index: each unit's first sample (then the count),
+    its decoded bytes, and the member's extensions (sorted)."""
+
+    __slots__ = ("costs", "extensions", "firsts")
+
+    def __init__(self, member: Member) -> None:
+        index = member.meta["index"]
+        self.extensions = sorted({str(ext) for _, files in index for ext, _, _ in files})
+        # A row costs its key, and an offset (and a validity bit) in every column.
+        row = 4 * (len(self.extensions) + 2)
+        self.firsts = [0] if index else []
+        self.costs: list[int] = []
+        start = cost = 0
+        for j, (key, files) in enumerate(index):
+            begin = int(files[0][1])
+            end = int(files[-1][1]) + int(files[-1][2])
+            if j == 0:
+                start = begin
+            # What the sample adds: its bytes of the tar (headers included), its row.
+            more = end - start + len(key) + row
+            if j > self.firsts[-1] and cost + more > UNIT_BYTES:
+                self.firsts.append(j)
+                self.costs.append(cost)
+                cost, more = 0, end - begin + len(key) + row
+            cost += more
+            start = end
+        if index:
+            self.firsts.append(len(index))
+            self.costs.append(cost)
+
+    def span(self, member: Member, unit: int) -> tuple[int, int]:
+        """Unit ``unit``'s bytes of the tar: from its first file's data to its last
+        file's end (the headers between are read and skipped)."""
+        if not 0 <= unit < len(self.firsts) - 1:
+            raise IndexError(f"unit {unit} of {member.key}, which has {len(self.costs)}")
+        index = member.meta["index"]
+        first = index[self.firsts[unit]][1][0]
+        last = index[self.firsts[unit + 1] - 1][1][-1]
+        return int(first[1]), int(last[1]) + int(last[2]) - int(first[1])
+
+
+def _plan(member: Member) -> _Plan:
+    """``member``'s units (kept per process)."""
+    index = member.meta["index"]
+    # The manifest's identity of the member, and enough of its index to tell apart two
+    # members that only a hand-made manifest would give the same key and version.
+    key = (member.key, member.version, member.size, member.samples, len(index),
+           repr(index[-1]) if index else None, UNIT_BYTES)  # fmt: skip
+    plan: _Plan | None = _PLANS.get(key)
+    if plan is None:
+        plan = _Plan(member)
+        _PLANS.put(key, plan, 256 + 16 * len(plan.firsts))
+    return plan
+
+
+def _asked(name: str, extensions: list[str], columns: Sequence[str] | None) -> list[str]:
+    if columns is None:
+        return [KEY, *extensions]
+    for column in columns:
+        # An extension this member lacks is a column of nulls (another member's samples
+        # may have it); a name no extension can have is not a column.
+        if column != KEY and (not column or column != column.lower() or "/" in column):
+            raise DatasetFormatError(
+                f"{name} has no column {column!r}: a WebDataset member's columns are "
+                f"{KEY!r} and its files' extensions (lowercase), here "
+                f"{', '.join(extensions) or 'none'}"
+            )
+    return list(columns)
+
+
+def _keys(keys: list[str]) -> Any:
+    """The samples' keys as a string array (a key that is not UTF-8, held as
+    ``surrogateescape`` gives it, keeps its bytes: :func:`_key` gives it back)."""
+    pa = _arrow()
+    try:
+        return pa.array(keys, pa.string())
+    except UnicodeEncodeError:
+        raw = [key.encode("utf-8", "surrogateescape") for key in keys]
+        offsets = np.zeros(len(raw) + 1, dtype=np.int32)
+        np.cumsum([len(k) for k in raw], out=offsets[1:])
+        values = pa.py_buffer(b"".join(raw))
+        return pa.Array.from_buffers(pa.string(), len(raw), [None, pa.py_buffer(offsets), values])
+
+
+def _key(value: Any) -> str:
+    try:
+        key: str = value.as_py()
+    except UnicodeDecodeError:  # a tar name that is not UTF-8 (see _keys)
+        key = value.cast(_arrow().binary()).as_py().decode("utf-8", "surrogateescape")
+    return key
+
+
+def _check_headers(name: str, data: memoryview, offset: int, samples: list[Any]) -> None:
+    """Raise if a tar header read between the files of ``samples`` (``data`` from byte
+    ``offset`` of the tar) has a bad checksum: the bytes are not what was registered."""
+    at = [int(o) - offset - _BLOCK for _, files in samples for _, o, _ in files][1:]
+    if not at:
+        return
+    # The range starts at a file's data, so its headers lie on whole 512-byte blocks.
+    raw = np.frombuffer(data, dtype=np.uint8)
+    blocks = raw[: len(raw) // _BLOCK * _BLOCK].reshape(-1, _BLOCK)[np.array(at) // _BLOCK]
+    field = blocks[:, 148:156]
+    unsigned = blocks.sum(axis=1, dtype=np.int64) - field.sum(axis=1, dtype=np.int64) + 8 * 0x20
+    high = (blocks >= 0x80).sum(axis=1) - (field >= 0x80).sum(axis=1)
+    signed = unsigned - 256 * high
+    for k, stored in enumerate(field):
+        digits = bytes(stored).split(b"\0", 1)[0].strip(b" \0")
+        try:
+            value = int(digits or b"0", 8)
+        except ValueError:
+            value = -1
+        if value not in (int(unsigned[k]), int(signed[k])):
+            raise DatasetFormatError(
+                f"{name}: the tar header at byte {offset + at[k]} has a bad checksum: the "
+                "file is not the one that was registered; register the dataset again"
+            )
+
+
+def _columns(data: memoryview, offset: int, samples: list[Any], exts: list[str]) -> dict[str, Any]:
+    """The files of each extension of ``exts`` in ``samples`` (``data`` from byte
+    ``offset`` of the tar) as binary arrays: null where a sample has no such file."""
+    pa = _arrow()
+    rows = len(samples)
+    # per extension: each row's size + 1 (0: no file), and the files' bytes in order
+    sizes = {ext: np.zeros(rows, dtype=np.int64) for ext in exts}
+    parts: dict[str, list[memoryview]] = {ext: [] for ext in exts}
+    for row, (_, files) in enumerate(samples):
+        for ext, at, size in files:
+            found = sizes.get(ext)
+            if found is not None:
+                begin = int(at) - offset
+                parts[ext].append(data[begin : begin + int(size)])
+                found[row] = int(size) + 1
+    arrays = {}
+    for ext in exts:
+        lengths = sizes[ext]
+        present = lengths > 0
+        lengths[present] -= 1
+        offsets = np.zeros(rows + 1, dtype=np.int32)
+        np.cumsum(lengths, out=offsets[1:])
+        nulls = rows - int(present.sum())
+        validity = pa.py_buffer(np.packbits(present, bitorder="little")) if nulls else None
+        values = pa.py_buffer(b"".join(parts[ext]))
+        arrays[ext] = pa.Array.from_buffers(
+            pa.binary(), rows, [validity, pa.py_buffer(offsets), values], null_count=nulls
+        )
+    return arrays
 
 
 # -- tar headers -------------------------------------------------------------------------

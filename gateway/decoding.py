@@ -44,6 +44,7 @@ import json
 import logging
 import os
 import re
+import resource
 import time
 import weakref
 from dataclasses import dataclass, field
@@ -83,7 +84,8 @@ log = logging.getLogger("chunkd.gateway.decoding")
 #: the largest decoded table held or handed out (twice a unit's bound,
 #: ``chunkd.client.datasets.formats.MAX_UNIT_BYTES``, for Arrow's own overhead)
 MAX_ENTRY_BYTES: Final = 256 << 20
-#: entries held at once, whatever their bytes (each is an fd)
+#: entries held at once, whatever their bytes (each is an fd; and at most an eighth of
+#: the daemon's fd limit)
 MAX_ENTRIES: Final = 4096
 #: requests that may wait for a busy pool, per worker; one more is declined at once
 WAITING_PER_WORKER: Final = 4
@@ -157,6 +159,8 @@ class DecodeService:
 
     def __init__(self, socket: Path, config: DatasetsConfig, metrics: Metrics) -> None:
         self.budget = config.decoded_bytes
+        #: entries held at most: each is an fd, so at most an eighth of the fd limit
+        self.max_entries = max(1, min(MAX_ENTRIES, _fd_limit() // 8))
         self.enabled = config.decoded_bytes > 0 and config.decode_workers > 0
         self.pool = WorkerPool(
             socket,
@@ -333,6 +337,8 @@ class DecodeService:
             return self._formats
         if self._formats_task is None or self._formats_task.done():
             self._formats_task = asyncio.ensure_future(self._ask_formats())
+            # retrieved even when every request that waited for it has left
+            self._formats_task.add_done_callback(_retrieve)
         formats = await asyncio.shield(self._formats_task)
         self._formats = formats
         return formats
@@ -355,7 +361,7 @@ class DecodeService:
         if entry is not None:
             self._entries.move_to_end(key)
             self.metrics.dataset_decode_hits.inc()
-            return entry, os.dup(entry.fd), "held"
+            return entry, _dup(entry.fd), "held"
         flight = self._flights.get(key)
         source = "waited"
         if flight is None:
@@ -403,8 +409,12 @@ class DecodeService:
         self._flights.pop(key, None)
         self._hold(entry)
         for waiter in flight.waiters:
-            if not waiter.done():
-                waiter.set_result((entry, os.dup(entry.fd)))
+            if waiter.done():
+                continue
+            try:
+                waiter.set_result((entry, _dup(entry.fd)))
+            except Declined as exc:
+                waiter.set_exception(exc)
         if not entry.held:
             os.close(entry.fd)  # too large to hold: only its readers have it
 
@@ -437,7 +447,12 @@ class DecodeService:
 
     def _checked(self, key: str, raw: bytes, fds: list[int]) -> _Entry:
         """The worker's answer as an entry: one memfd, sealed whole, of the size said."""
-        answer = json.loads(raw)
+        try:
+            answer = json.loads(raw)
+        except ValueError:
+            answer = None
+        if not isinstance(answer, dict):
+            raise Declined("failed", "a decode worker's answer is no JSON object")
         if len(fds) != 1:
             raise Declined("failed", f"a decode worker sent {len(fds)} fds for one table")
         fd = fds[0]
@@ -465,7 +480,7 @@ class DecodeService:
         if entry.size > self.budget or self._closed:
             return
         while self._entries and (
-            self._held + entry.size > self.budget or len(self._entries) >= MAX_ENTRIES
+            self._held + entry.size > self.budget or len(self._entries) >= self.max_entries
         ):
             _, old = self._entries.popitem(last=False)
             self._drop(old)
@@ -486,6 +501,23 @@ class DecodeService:
     def _publish(self) -> None:
         self.metrics.dataset_decoded_bytes.set(self._held)
         self.metrics.dataset_decoded_units.set(len(self._entries))
+
+
+def _dup(fd: int) -> int:
+    """A reader's own fd of an entry."""
+    try:
+        return os.dup(fd)
+    except OSError as exc:  # EMFILE: the daemon is at its fd limit
+        raise Declined("failed", f"the daemon cannot hand out the table now ({exc})") from None
+
+
+def _retrieve(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
+
+
+def _fd_limit() -> int:
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 
 
 def _role(workers: int) -> PoolRole:

@@ -170,6 +170,31 @@ def test_a_frozen_member_is_decoded_from_its_chunks(
 
 
 @pytest.mark.timeout(60)
+def test_fixed_records_are_decoded_by_the_daemon_too(
+    start_daemon: Callable[..., Daemon], tmp_path: Path
+) -> None:
+    daemon = node(start_daemon, tmp_path)
+    folder = tmp_path / "data" / "rec"
+    folder.mkdir(parents=True)
+    for i in range(2):
+        (folder / f"part-{i}.bin").write_bytes(os.urandom(16 * 4000))
+    dataset_cli(daemon, "register", "rec", "local/rec/", "--format", "fixed:16")
+    with client_of(daemon) as client:
+        snapshot, _, source = resolve(client, "rec")
+        shared = SharedDecoder(client)
+        fmt = format_of("fixed")
+        for member, unit in units(snapshot):
+            want = fmt.decode(source, member, unit, None)
+            for columns in (None, ("record",)):
+                got = shared.unit(source, member, fmt, unit, columns)
+                assert got is not None
+                assert got.equals(want)
+                assert bytes(fmt.sample(got, 7)) == bytes(fmt.sample(want, 7))
+        shared.close()
+    assert daemon.metric("chunkd_dataset_decodes_total", where="daemon") == 2 * len(units(snapshot))
+
+
+@pytest.mark.timeout(60)
 def test_a_reader_never_maps_an_entry_of_other_bytes_versions_or_columns(
     start_daemon: Callable[..., Daemon], tmp_path: Path
 ) -> None:

@@ -5,7 +5,9 @@ the version it was opened on, and only the ranges it needs:
 
 - :class:`ParquetView`: the footer once (kept in a bounded LRU of views); a page decodes
   only the row groups that hold its rows, and of them only the asked columns, each
-  column chunk one ranged read; decoded groups are kept in a bounded LRU.
+  column chunk one ranged read; decoded groups are kept in a bounded LRU. The footer
+  and the row groups are read by the dataset code's Parquet format (its scan and
+  ``row_group``); a group too big to decode whole is read page by page.
 - :class:`LinesView`: text and JSON lines, by line number (:mod:`.lines`); a
   ``.jsonl.zst`` object is read by the dataset code's JSON lines format.
 - :class:`TarView`: a WebDataset tar, one sample per key, from its headers alone;
@@ -27,7 +29,6 @@ import importlib
 import io
 import json
 import posixpath
-import struct
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterator
 from typing import TYPE_CHECKING, Any, Final, Protocol
@@ -322,10 +323,22 @@ class ParquetView:
     kind = "parquet"
 
     def __init__(self, client: Client, stat: ObjectStat) -> None:
+        from chunkd.client.datasets.formats import parquet
+
         self.name = stat.name
         self._read = _Pinned(client, stat)
         self._stat = stat
-        self.metadata = self._footer()
+        backend, key = _split_name(stat.name)
+        # The dataset format reads the footer and decodes row groups: one Parquet reader
+        self._source = PinnedSource(client, backend)
+        self._format = parquet.FORMAT
+        try:
+            self._member = self._format.scan(
+                self._source, Member(key, stat.size, stat.version, "parquet"), {}
+            )
+            self.metadata = self._format.metadata(self._source, self._member)
+        except DatasetFormatError as exc:
+            raise malformed(exc) from None
         try:
             self.schema = self.metadata.schema.to_arrow_schema()
             groups = [self.metadata.row_group(g) for g in range(self.metadata.num_row_groups)]
@@ -352,48 +365,6 @@ class ParquetView:
 
     def fields(self) -> list[str] | None:
         return [f.name for f in self.schema]
-
-    def _footer(self) -> Any:
-        pa, pq = pyarrow_modules()
-        name, size = self.name, self._stat.size
-        if size < 12:
-            raise MalformedFileError(
-                f"{name} holds {size} bytes: too few for a Parquet file (at least 12)"
-            )
-        tail_offset = max(0, size - (64 << 10))
-        tail = bytes(self._read(tail_offset, size - tail_offset))
-        magic = tail[-4:]
-        if magic == b"PARE":
-            raise MalformedFileError(
-                f"{name} is an encrypted Parquet file: the inspector reads plaintext footers only"
-            )
-        if magic != b"PAR1":
-            raise MalformedFileError(
-                f"{name} is not a Parquet file, or its footer is truncated: it does not end "
-                f"with b'PAR1' (it ends with {magic!r}); write it again, or open it with "
-                "another format"
-            )
-        (length,) = struct.unpack("<I", tail[-8:-4])
-        offset = size - 8 - length
-        if offset < 4:
-            raise MalformedFileError(
-                f"{name}: its Parquet footer claims {length} bytes, more than the file's "
-                f"{size}: the footer is damaged or the file is truncated; write it again"
-            )
-        if offset >= tail_offset:
-            body = tail[offset - tail_offset : size - 8 - tail_offset]
-        else:
-            body = bytes(self._read(offset, length))
-        try:
-            stub = b"PAR1" + body + struct.pack("<I", len(body)) + b"PAR1"
-            return pq.ParquetFile(pa.BufferReader(stub)).metadata
-        except MemoryError:
-            raise
-        except Exception as exc:
-            raise MalformedFileError(
-                f"{name} has a Parquet footer pyarrow cannot read ({exc}): it is damaged or "
-                "truncated; write it again"
-            ) from None
 
     def describe(self) -> dict[str, Any]:
         metadata = self.metadata
@@ -511,22 +482,12 @@ class ParquetView:
         table = _ROW_GROUPS.get(key)
         if table is not None:
             return table
-        pa, pq = pyarrow_modules()
-        meta = self.metadata.row_group(group)
-        spans = []
-        for c in range(meta.num_columns):
-            column = meta.column(c)
-            if not _asked(column.path_in_schema, columns):
-                continue
-            first = int(column.data_page_offset)
-            if column.has_dictionary_page and 0 < int(column.dictionary_page_offset) < first:
-                first = int(column.dictionary_page_offset)
-            spans.append((first, first + int(column.total_compressed_size)))
-        pieces = [(begin, self._read(begin, end - begin)) for begin, end in _merged(spans)]
-        window = _Window(self._read, pieces)
+        pyarrow_modules()  # set up for a worker
         with _decoding(self.name, group):
-            parquet = pq.ParquetFile(pa.PythonFile(window, mode="r"), metadata=self.metadata)
-            table = parquet.read_row_group(group, columns=columns)
+            try:
+                table = self._format.row_group(self._source, self._member, group, columns)
+            except DatasetFormatError as exc:
+                raise malformed(exc) from None
         _ROW_GROUPS.put(key, table, int(table.nbytes))
         return table
 
@@ -597,17 +558,6 @@ def _asked(path: str, columns: list[str] | None) -> bool:
 def _decoding(name: str, group: int) -> contextlib.AbstractContextManager[None]:
     """pyarrow's errors on row group ``group`` of ``name`` as the file's."""
     return file_errors(name, f"row group {group} cannot be decoded")
-
-
-def _merged(spans: list[tuple[int, int]], gap: int = 1 << 20) -> list[tuple[int, int]]:
-    """Byte spans, those less than ``gap`` apart joined (one read each)."""
-    out: list[tuple[int, int]] = []
-    for begin, end in sorted(spans):
-        if out and begin - out[-1][1] < gap:
-            out[-1] = (out[-1][0], max(out[-1][1], end))
-        else:
-            out.append((begin, end))
-    return out
 
 
 def _stat(value: Any) -> Any:

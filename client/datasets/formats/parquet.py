@@ -162,11 +162,32 @@ class ParquetRows(FormatBase):
     def decode(
         self, source: Source, member: Member, unit: int, columns: Sequence[str] | None
     ) -> Any:
+        group, first, rows, _ = _units(member)[unit]
+        whole = rows == int(member.meta["row_groups"][group][0])
+        return self.row_group(source, member, group, columns, None if whole else (first, rows))
+
+    def row_group(
+        self,
+        source: Source,
+        member: Member,
+        group: int,
+        columns: Sequence[str] | None,
+        part: tuple[int, int] | None = None,
+    ) -> Any:
+        """Row group ``group`` of ``member`` as a ``pyarrow.Table`` (``part``: only its
+        rows ``first .. first + count``): only ``columns`` (None: all), in that order.
+        What :meth:`decode` gives for a unit, and the inspector for a group.
+
+        Raises:
+            DatasetFormatError: the bytes are damaged, or a column is not the file's.
+            SnapshotDriftError: the object changed.
+            MemoryError: decoding ran out of memory (not the file's fault).
+        """
         _, pq = _pyarrow()
         pa = importlib.import_module("pyarrow")
         name = source.name(member)
-        group, first, rows, _ = _units(member)[unit]
-        metadata = self._metadata(source, member)
+        first, rows = part if part is not None else (0, int(member.meta["row_groups"][group][0]))
+        metadata = self.metadata(source, member)
         known = metadata.schema.to_arrow_schema().names
         if columns is not None:
             unknown = [c for c in columns if c not in known]
@@ -185,11 +206,11 @@ class ParquetRows(FormatBase):
         window = _Window(source, member, int(start), view)
         try:
             parquet = pq.ParquetFile(pa.PythonFile(window, mode="r"), metadata=metadata)
-            if rows == int(member.meta["row_groups"][group][0]):
+            if part is None:
                 table = parquet.read_row_group(group, columns=asked)
             else:
                 table = _rows(parquet, group, first, rows, asked)
-        except SnapshotDriftError:
+        except (SnapshotDriftError, MemoryError):
             raise
         except Exception as exc:  # pyarrow's errors of damaged bytes: OSError, ArrowInvalid
             raise DatasetFormatError(
@@ -209,7 +230,13 @@ class ParquetRows(FormatBase):
 
     # -- reading -----------------------------------------------------------------------
 
-    def _metadata(self, source: Source, member: Member) -> Any:
+    def metadata(self, source: Source, member: Member) -> Any:
+        """``member``'s parsed footer (pyarrow's ``FileMetaData``), kept per process.
+
+        Raises:
+            DatasetFormatError: the footer cannot be parsed.
+            SnapshotDriftError: the object changed.
+        """
         key = (source.name(member), member.version)
         metadata = _METADATA.get(key)
         if metadata is None:
@@ -307,6 +334,8 @@ def _parse_footer(name: str, data: memoryview | bytes, *, trailer: bool = True) 
         # A file of the magic and the footer alone: pyarrow parses only the footer.
         stub = _MAGIC + body + struct.pack("<I", len(body)) + _MAGIC
         return pq.ParquetFile(pa.BufferReader(stub)).metadata
+    except MemoryError:  # not the file's fault
+        raise
     except Exception as exc:
         raise DatasetFormatError(
             f"{name} has a Parquet footer pyarrow cannot read ({exc}): it is damaged or "

@@ -235,10 +235,14 @@ def _mapped(reply: dict[str, Any], fds: list[int], columns: tuple[str, ...] | No
     if size is None or size != reply.get("bytes") or size <= 0:
         return None
     pa: Any = importlib.import_module("pyarrow")
-    mapping = mmap.mmap(fds[0], size, mmap.MAP_SHARED, mmap.PROT_READ)
+    try:
+        mapping = mmap.mmap(fds[0], size, mmap.MAP_SHARED, mmap.PROT_READ)
+    except OSError as exc:  # out of address space, a limit on mappings
+        log.warning("a decoded unit from the daemon cannot be mapped (%s); decoding it here", exc)
+        return None
     try:
         table = pa.ipc.open_file(pa.py_buffer(mapping)).read_all()
-    except (pa.ArrowInvalid, OSError) as exc:
+    except (pa.ArrowException, OSError, ValueError) as exc:
         log.warning("a decoded unit from the daemon does not open (%s); decoding it here", exc)
         with contextlib.suppress(BufferError):
             mapping.close()

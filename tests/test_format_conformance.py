@@ -13,6 +13,8 @@ import decimal
 import io
 import json
 import random
+import subprocess
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
@@ -320,3 +322,19 @@ def test_a_manifest_names_any_format_and_a_reader_refuses_one_it_does_not_know()
         Snapshot.parse(canonical(doc))
     assert "arrow" in FORMATS
     assert "arrow" in formats.names()
+
+
+@pytest.mark.timeout(30)
+def test_the_conformance_suite_imports_no_daemon() -> None:
+    # chunkd.testing's names are imported when used: a format's tests need no daemon
+    code = (
+        "import sys, chunkd.testing, chunkd.testing.formats; "
+        "print(sorted(m for m in sys.modules if m.startswith(('chunkd.gateway', 'chunkd.cache'))))"
+    )
+    found = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=25
+    )
+    assert found.stdout.strip() == "[]"
+    from chunkd.testing import free_port
+
+    assert free_port() > 0

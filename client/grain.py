@@ -38,23 +38,25 @@ Importing this module imports grain (``pip install grain``); grain needs no jax.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import grain
 import numpy as np
 
 from chunkd.client.core import Client
+from chunkd.client.datasets.columns import Units
 from chunkd.client.datasets.dataset import Dataset
 from chunkd.client.datasets.formats import snapshot_unit_bytes, snapshot_units
 from chunkd.client.datasets.loader import (
-    DEFAULT_PREFETCH,
+    UNSET,
     Batch,
     Readable,
+    ReadSettings,
     Steps,
     Tail,
-    check_settings,
     client_of,
+    open_units,
     order_of,
     read_steps,
 )
@@ -225,19 +227,17 @@ class ChunkdIterDataset(grain.IterDataset):  # type: ignore[misc]
 
     Args:
         dataset: the snapshot opened for reading.
-        batch_size: ``B``, this rank's batch size.
-        seed: the run's seed, the same on every rank.
-        rank: this rank, ``0 <= rank < world_size``.
-        world_size: ``W``.
+        settings: the reading's settings
+            (:class:`~chunkd.client.datasets.loader.ReadSettings`), or each as a keyword
+            argument (``batch_size`` and ``seed`` are then needed): ``batch_size``,
+            ``seed``, ``rank``, ``world_size``, ``shuffle``, ``window``,
+            ``window_bytes``, ``tail``, ``prefetch``, ``columns``, ``decode_ahead``,
+            ``shared_decode``.
         epoch: the epoch (a ``state`` sets its own).
-        shuffle: shuffle (else members in order, samples as stored).
-        window: the most units whose samples are mixed together (None: no bound).
-        window_bytes: the most decoded bytes of a window's units (None: no bound;
-            default: the formats' decode caches' bound).
-        tail: the epoch's last step: ``"uneven"``, ``"pad"`` or ``"drop"``.
-        prefetch: steps each reader warms ahead (0: none).
         state: a ``chunkd.loader/3`` state to start from (of any geometry).
-        collate_fn: makes a batch's ``samples`` of its list (None: the list).
+        collate_fn: makes a batch's ``samples`` of its list (None: the list, built
+            when first asked for; the batch's ``columns`` are there either way).
+        batch_transform: makes the batch's ``columns`` of its columns.
         client_factory: as :class:`GrainSource`'s.
 
     Raises:
@@ -248,42 +248,54 @@ class ChunkdIterDataset(grain.IterDataset):  # type: ignore[misc]
     def __init__(
         self,
         dataset: Dataset,
+        settings: ReadSettings | None = None,
         *,
-        batch_size: int,
-        seed: int,
-        rank: int = 0,
-        world_size: int = 1,
         epoch: int = 0,
-        shuffle: bool = True,
-        window: int | None = DEFAULT_WINDOW,
-        window_bytes: int | None = DEFAULT_WINDOW_BYTES,
-        tail: Tail = "uneven",
-        prefetch: int = DEFAULT_PREFETCH,
         state: Mapping[str, Any] | str | bytes | None = None,
         collate_fn: Callable[[list[Any]], Any] | None = None,
+        batch_transform: Callable[[dict[str, Any]], Any] | None = None,
         client_factory: ClientFactory | None = None,
+        batch_size: int = UNSET,
+        seed: int = UNSET,
+        rank: int = UNSET,
+        world_size: int = UNSET,
+        shuffle: bool = UNSET,
+        window: int | None = UNSET,
+        window_bytes: int | None = UNSET,
+        tail: Tail = UNSET,
+        prefetch: int = UNSET,
+        columns: Sequence[str] | None = UNSET,
+        decode_ahead: int = UNSET,
+        shared_decode: bool = UNSET,
     ) -> None:
         super().__init__()
-        check_settings(
-            rank=rank,
-            world_size=world_size,
-            batch_size=batch_size,
-            seed=seed,
-            window=window,
-            window_bytes=window_bytes,
-            tail=tail,
-            prefetch=prefetch,
+        chosen = ReadSettings.merged(
+            settings,
+            {
+                "batch_size": batch_size,
+                "seed": seed,
+                "rank": rank,
+                "world_size": world_size,
+                "shuffle": shuffle,
+                "window": window,
+                "window_bytes": window_bytes,
+                "tail": tail,
+                "prefetch": prefetch,
+                "columns": columns,
+                "decode_ahead": decode_ahead,
+                "shared_decode": shared_decode,
+            },
         )
+        self.settings = chosen
         self.source = GrainSource(dataset, client_factory)
-        self.batch_size = batch_size
-        self.rank = rank
-        self.world_size = world_size
-        self.tail: Tail = tail
-        self.prefetch = prefetch
+        self.batch_size = chosen.batch_size
+        self.rank = chosen.rank
+        self.world_size = chosen.world_size
+        self.tail: Tail = chosen.tail
+        self.prefetch = chosen.prefetch
         self.collate_fn = collate_fn
-        self.start = LoaderState(
-            dataset.id, int(seed), epoch, 0, bool(shuffle), window, window_bytes
-        )
+        self.batch_transform = batch_transform
+        self.start = chosen.state(dataset.id, epoch)
         if state is not None:
             self.start = self.checked(LoaderState.parse(state))
         self.worker, self.workers = 0, 1
@@ -328,6 +340,7 @@ class ChunkdIterator(grain.DatasetIterator):  # type: ignore[misc]
     def __init__(self, owner: ChunkdIterDataset) -> None:
         super().__init__()
         self._owner = owner
+        self._units: Units | None = None  # made on the first batch, in the reading process
         self._begin(owner.start, 0)
 
     def _begin(self, start: LoaderState, yielded: int) -> None:
@@ -343,6 +356,8 @@ class ChunkdIterator(grain.DatasetIterator):  # type: ignore[misc]
         owner = self._owner
         if self._batches is None:
             dataset = owner.source.dataset
+            if self._units is None:
+                self._units = open_units(dataset, owner.settings)
             self._batches = read_steps(
                 dataset,
                 order_of(dataset.snapshot, self._start),
@@ -353,6 +368,8 @@ class ChunkdIterator(grain.DatasetIterator):  # type: ignore[misc]
                 prefetch=owner.prefetch,
                 client=client_of(dataset),
                 convert=as_array,
+                units=self._units,
+                batch_transform=owner.batch_transform,
             )
         try:
             batch = next(self._batches)
@@ -360,7 +377,7 @@ class ChunkdIterator(grain.DatasetIterator):  # type: ignore[misc]
             self._finished = True
             raise
         if owner.collate_fn is not None:
-            batch = batch._replace(samples=owner.collate_fn(batch.samples))
+            batch = batch._replace(samples=owner.collate_fn(list(batch.samples)))
         self._yielded += 1
         return batch
 

@@ -67,6 +67,7 @@ What did step N see?
 
 from __future__ import annotations
 
+import functools
 import logging
 import multiprocessing
 import os
@@ -78,19 +79,29 @@ from typing import TYPE_CHECKING, Any, Final, Literal, NamedTuple, Protocol
 import numpy as np
 from numpy.typing import NDArray
 
-from chunkd.client.datasets.formats import snapshot_unit_bytes, snapshot_units
+from chunkd.client.datasets.columns import DECODE_THREADS, Rows, Units, take
+from chunkd.client.datasets.formats import (
+    DECODED_CACHE_BYTES,
+    format_of,
+    snapshot_unit_bytes,
+    snapshot_units,
+)
 from chunkd.client.datasets.order import DEFAULT_WINDOW, DEFAULT_WINDOW_BYTES, Order
+from chunkd.client.datasets.shared import SharedDecoder
 from chunkd.client.datasets.state import LoaderState
 from chunkd.errors import ChunkdError
 
 if TYPE_CHECKING:
+    from chunkd.client.core import Client
     from chunkd.snapshot import Snapshot
 
 __all__ = [
     "DEFAULT_PREFETCH",
     "TAILS",
+    "UNSET",
     "Batch",
     "Loader",
+    "ReadSettings",
     "Share",
     "StepIds",
     "Steps",
@@ -118,7 +129,12 @@ class Readable(Protocol):
     @property
     def snapshot(self) -> Snapshot: ...
 
+    @property
+    def metadata_seconds(self) -> float: ...
+
     def read(self, member: int, sample: int) -> Any: ...
+
+    def fetch(self, pairs: Iterable[tuple[int, int]]) -> int: ...
 
     def ranges(self, pairs: Iterable[tuple[int, int]]) -> list[tuple[str, int, int]]: ...
 
@@ -240,12 +256,20 @@ def step_positions(
 # -- reading -----------------------------------------------------------------------------
 
 
-class Batch(NamedTuple):
+class Batch:
     """One rank's batch of one step.
 
     Attributes:
-        samples: the samples, in order (a list; the torch adapter collates them).
+        columns: the batch's columns, ``{name: array}``, taken straight from the decoded
+            units (:func:`~chunkd.client.datasets.columns.arrays`: numpy arrays, read-only
+            views where the type allows; Arrow arrays for strings, lists, nested types
+            and columns with nulls); a ``batch_transform``'s result where one is set.
+        samples: the samples, in order: a list of per-sample values (``Dataset[i]``'s),
+            built on first use; a ``transform`` applies to each; an adapter's collate
+            may replace the list (the torch adapter's default: tensors of the columns).
         ids: their ids, ``KEY#i`` (:meth:`Dataset.sample_id`), stable whatever the order.
+        table: the batch's rows as one ``pyarrow.Table`` (None where the batch was not
+            read by columns, or mixes formats).
         step: the step, counted from the cursor the iteration started at.
         position: where the step starts in the epoch's order.
         padding: how many of the last samples are padding (``tail="pad"``): repeats
@@ -253,20 +277,160 @@ class Batch(NamedTuple):
         last: this is the epoch's last step (short under ``tail="uneven"``).
     """
 
-    samples: Any
-    ids: list[str]
-    step: int
-    position: int
-    padding: int
-    last: bool
+    __slots__ = (
+        "_columns",
+        "_convert",
+        "_ids",
+        "_names",
+        "_rows",
+        "_samples",
+        "last",
+        "padding",
+        "position",
+        "step",
+    )
+
+    def __init__(
+        self,
+        samples: Any = None,
+        ids: list[str] | None = None,
+        step: int = 0,
+        position: int = 0,
+        padding: int = 0,
+        last: bool = False,
+        *,
+        columns: Any = None,
+        rows: Rows | None = None,
+        names: Callable[[], list[str]] | None = None,
+        convert: Callable[[Any], Any] | None = None,
+    ) -> None:
+        self._samples = samples
+        self._ids = ids
+        self._columns = columns
+        self._rows = rows
+        self._names = names
+        self._convert = convert
+        self.step = step
+        self.position = position
+        self.padding = padding
+        self.last = last
+
+    @property
+    def samples(self) -> Any:
+        if self._samples is None:
+            if self._rows is None:
+                return []
+            found = self._rows.samples
+            if self._convert is not None:
+                found = [self._convert(sample) for sample in found]
+            self._samples = found
+        return self._samples
+
+    @property
+    def columns(self) -> Any:
+        if self._columns is None:
+            if self._rows is None:
+                raise ValueError(
+                    "this batch was read sample by sample: it has no columns (read it "
+                    "through a chunkd Dataset)"
+                )
+            self._columns = self._rows.columns
+        return self._columns
+
+    @property
+    def ids(self) -> list[str]:
+        if self._ids is None:
+            self._ids = self._names() if self._names is not None else []
+        return self._ids
+
+    @property
+    def table(self) -> Any:
+        return None if self._rows is None else self._rows.table
+
+    @property
+    def rows(self) -> Rows | None:
+        """The decoded rows the batch was taken as (None where it was read by sample)."""
+        return self._rows
+
+    def __len__(self) -> int:
+        if self._rows is not None:
+            return len(self._rows)
+        return len(self.ids)
+
+    def __repr__(self) -> str:
+        return (
+            f"<chunkd Batch step {self.step} at {self.position}: {len(self)} samples"
+            f"{f', {self.padding} padding' if self.padding else ''}{', last' if self.last else ''}>"
+        )
+
+    def _replace(self, **changes: Any) -> Batch:
+        """A copy with ``changes`` (``samples``, ``columns``, ``ids``, ``step``, ...)."""
+        fields = {
+            "samples": self._samples,
+            "ids": self._ids,
+            "step": self.step,
+            "position": self.position,
+            "padding": self.padding,
+            "last": self.last,
+            "columns": self._columns,
+            "rows": self._rows,
+            "names": self._names,
+            "convert": self._convert,
+        }
+        unknown = set(changes) - set(fields)
+        if unknown:
+            raise TypeError(f"a Batch has no field {', '.join(sorted(unknown))}")
+        fields.update(changes)
+        return Batch(**fields)
+
+    def pin_memory(self) -> Batch:
+        """The batch with its tensors in pinned (page-locked) memory, for
+        ``tensor.to(device, non_blocking=True)``: what torch's ``DataLoader(pin_memory=True)``
+        calls. Needs torch; without an accelerator, the batch as it is."""
+        from chunkd.client.torch.pinned import pinned
+
+        return pinned(self)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Sent from a DataLoader or Grain worker: what was built goes as it is; the rows
+        # go only where nothing was built of them yet (then the parent builds them).
+        built = self._samples is not None or self._columns is not None
+        return (
+            _rebuilt,
+            (
+                self._samples,
+                self.ids,
+                self.step,
+                self.position,
+                self.padding,
+                self.last,
+                self._columns,
+                None if built else self._rows,
+                None if built else self._convert,
+            ),
+        )
 
 
-def warm(client: Any, ranges: Sequence[tuple[str, int, int]]) -> int:
-    """Ask ``client``'s daemon to load byte ranges into its cache, in the background.
+def _rebuilt(
+    samples: Any,
+    ids: list[str],
+    step: int,
+    position: int,
+    padding: int,
+    last: bool,
+    columns: Any,
+    rows: Rows | None,
+    convert: Callable[[Any], Any] | None,
+) -> Batch:
+    return Batch(
+        samples, ids, step, position, padding, last, columns=columns, rows=rows, convert=convert
+    )
 
-    ``Client.prefetch_ranges`` where the client has it (only the chunks the ranges
-    lie in), else ``Client.prefetch`` of their objects. A hint: a daemon that refuses
-    it costs the reader nothing but the cache hit (logged at debug level).
+
+def warm(client: Client | None, ranges: Sequence[tuple[str, int, int]]) -> int:
+    """Ask ``client``'s daemon to load byte ranges into its cache, in the background
+    (``Client.prefetch_ranges``: only the chunks the ranges lie in). A hint: a daemon
+    that refuses it costs the reader nothing but the cache hit (logged at debug level).
 
     Returns:
         How many loads the daemon started (0 without a client).
@@ -276,10 +440,7 @@ def warm(client: Any, ranges: Sequence[tuple[str, int, int]]) -> int:
     # rows of one Parquet row group, lines of one zstd frame: one range, asked once
     ranges = list(dict.fromkeys(ranges))
     try:
-        by_range = getattr(client, "prefetch_ranges", None)
-        if by_range is not None:
-            return int(by_range(ranges))
-        return int(client.prefetch(sorted({name for name, _, _ in ranges})))
+        return int(client.prefetch_ranges(ranges))
     except ChunkdError as exc:
         log.debug("prefetch of %d ranges refused: %s", len(ranges), exc)
         return 0
@@ -294,9 +455,11 @@ def read_steps(
     first: int = 0,
     every: int = 1,
     prefetch: int = DEFAULT_PREFETCH,
-    client: Any = None,
+    client: Client | None = None,
     convert: Callable[[Any], Any] | None = None,
     timings: dict[str, float] | None = None,
+    units: Units | None = None,
+    batch_transform: Callable[[dict[str, Any]], Any] | None = None,
 ) -> Iterator[Batch]:
     """Rank ``rank``'s batches of steps ``first, first + every, ...`` of ``steps``.
 
@@ -304,8 +467,13 @@ def read_steps(
     :class:`Loader` with ``first=0, every=1``. A step whose share for the rank is
     empty (the last, under ``tail="uneven"``) yields nothing. Before it reads a
     step, it warms the next ``prefetch`` steps of its own (the first ``prefetch + 1``
-    before the first read) through ``client`` (:func:`warm`). ``convert`` is applied
-    to each sample as read.
+    before the first read) through ``client`` (:func:`warm`).
+
+    With ``units`` (:class:`~chunkd.client.datasets.columns.Units`), a batch is taken by
+    columns from decoded units, and the units of this step and of the next
+    ``prefetch`` are asked for ahead; ``batch_transform`` then makes the batch's
+    ``columns`` of them. Without, each sample is read by itself (``dataset.read``).
+    ``convert`` is applied to each sample (lazily, with ``units``).
 
     The time to its first batch is measured by phase (:class:`FirstBatch`), reported to
     the daemon's metrics through ``client``, and written into ``timings`` if given.
@@ -314,6 +482,7 @@ def read_steps(
     own = range(first, count, max(1, every))
     warmed = 0
     timer: FirstBatch | None = FirstBatch(dataset)
+    plans: dict[int, _Plan] = {}  # the located positions of the steps asked for ahead
     for i, step in enumerate(own):
         if prefetch and client is not None:
             upto = min(len(own), i + prefetch + 1)
@@ -324,24 +493,87 @@ def read_steps(
         positions, padding = steps.positions(step, rank)
         if not len(positions):
             continue
-        members, samples = order.locate(positions)
-        pairs = list(zip(members.tolist(), samples.tolist(), strict=True))
-        if timer is not None:
-            timer.fetched(pairs[:1])
-        read = [dataset.read(m, s) for m, s in pairs]
-        if convert is not None:
-            read = [convert(sample) for sample in read]
+        span = steps.span(step)[0]
+        if units is not None:
+            plan = plans.pop(step, None) or _Plan.of(units, order, positions)
+            for ahead in own[i + 1 : i + prefetch + 1]:
+                if ahead not in plans:
+                    plans[ahead] = _Plan.of(units, order, steps.positions(ahead, rank)[0])
+            units.ahead(
+                plan.keys + [k for s in own[i + 1 : i + prefetch + 1] for k in plans[s].keys]
+            )
+            members, samples = plan.members, plan.samples
+            if timer is not None:
+                timer.first_unit(units, plan.keys[0])
+            rows = take(units, members, samples, (plan.units, plan.rows))
+            batch = Batch(
+                step=step,
+                position=span,
+                padding=padding,
+                last=step == count - 1,
+                rows=rows,
+                names=functools.partial(_ids, dataset, members, samples),
+                convert=convert,
+            )
+            if batch_transform is not None:
+                batch = batch._replace(columns=batch_transform(rows.columns))
+        else:
+            members, samples = order.locate(positions)
+            pairs = list(zip(members.tolist(), samples.tolist(), strict=True))
+            if timer is not None:
+                timer.fetched(pairs[:1])
+            read = [dataset.read(m, s) for m, s in pairs]
+            if convert is not None:
+                read = [convert(sample) for sample in read]
+            batch = Batch(
+                read,
+                [dataset.sample_id(m, s) for m, s in pairs],
+                step,
+                span,
+                padding,
+                step == count - 1,
+            )
         if timer is not None:
             timer.done(client, timings)
             timer = None
-        yield Batch(
-            samples=read,
-            ids=[dataset.sample_id(m, s) for m, s in pairs],
-            step=step,
-            position=steps.span(step)[0],
-            padding=padding,
-            last=step == count - 1,
-        )
+        yield batch
+
+
+def _ids(dataset: Readable, members: NDArray[np.int64], samples: NDArray[np.int64]) -> list[str]:
+    return [
+        dataset.sample_id(m, s) for m, s in zip(members.tolist(), samples.tolist(), strict=True)
+    ]
+
+
+class _Plan(NamedTuple):
+    """A step's samples, located: ``(member, sample)`` and ``(unit, row)`` of each, and
+    the step's units in the order of need, each once."""
+
+    members: NDArray[np.int64]
+    samples: NDArray[np.int64]
+    units: NDArray[np.int64]
+    rows: NDArray[np.int64]
+    keys: list[tuple[int, int]]
+
+    @classmethod
+    def of(cls, units: Units, order: Order, positions: NDArray[np.int64]) -> _Plan:
+        if not len(positions):
+            empty = np.zeros(0, dtype=np.int64)
+            return cls(empty, empty, empty, empty, [])
+        if order.by_units:
+            # The order's units are the formats' (order_of): a unit's number in its
+            # member is its number in the snapshot less its member's first.
+            unit, row = order.locate_units(positions)
+            members = order.unit_member[unit]
+            unit_of = unit - np.searchsorted(order.unit_member, members, side="left")
+            samples = order.unit_first[unit] + row
+        else:
+            members, samples = order.locate(positions)
+            unit_of, row = units.locate(members, samples)
+        codes = (members << 32) | unit_of
+        _, first = np.unique(codes, return_index=True)
+        keys = [(int(c >> 32), int(c & 0xFFFFFFFF)) for c in codes[np.sort(first)]]
+        return cls(members, samples, unit_of, row, keys)
 
 
 class FirstBatch:
@@ -364,18 +596,21 @@ class FirstBatch:
         self.worker_start = _process_age() if multiprocessing.parent_process() else None
         self.first_chunk = 0.0
 
-    def fetched(self, pairs: list[tuple[int, int]]) -> None:
-        """Read the first sample's bytes (into the client's cache), and note when."""
-        fetch = getattr(self.dataset, "fetch", None)
-        if fetch is not None:
-            fetch(pairs)
+    def first_unit(self, units: Units, key: tuple[int, int]) -> None:
+        """Get the first sample's unit (decoded: its bytes in hand), and note when."""
+        units.get(key)
         self.first_chunk = time.perf_counter() - self.started
 
-    def done(self, client: Any, timings: dict[str, float] | None) -> None:
+    def fetched(self, pairs: list[tuple[int, int]]) -> None:
+        """Read the first sample's bytes (into the client's cache), and note when."""
+        self.dataset.fetch(pairs)
+        self.first_chunk = time.perf_counter() - self.started
+
+    def done(self, client: Client | None, timings: dict[str, float] | None) -> None:
         """The first batch is read: report the phases."""
         decode = time.perf_counter() - self.started - self.first_chunk
         phases = {
-            "metadata": float(getattr(self.dataset, "metadata_seconds", 0.0)),
+            "metadata": float(self.dataset.metadata_seconds),
             "first_chunk": self.first_chunk,
             "decode": decode,
         }
@@ -384,11 +619,10 @@ class FirstBatch:
         phases["total"] = sum(phases.values())
         if timings is not None:
             timings.update(phases)
-        request = getattr(client, "request", None)
-        if request is None:
+        if client is None:
             return
         try:
-            request("ds_first_batch", phases).close()
+            client.request("ds_first_batch", phases).close()
         except ChunkdError as exc:  # a hint: an older daemon, or one going away
             log.debug("the first batch's timings were not taken: %s", exc)
 
@@ -417,57 +651,66 @@ def _pairs(order: Order, steps: Steps, step: int, rank: int) -> list[tuple[int, 
 # -- the plain Python loader -------------------------------------------------------------
 
 
-class Loader:
-    """One rank's batches of a dataset, in chunkd's order, resumable anywhere.
-
-    Iterating yields :class:`Batch` es of steps from the current cursor on (see the
-    module docstring for steps, ranks and the tail). :meth:`state` is the
-    ``chunkd.loader/3`` state after the last batch yielded (a step boundary);
-    :meth:`restore` makes the next iteration start at a state's cursor, whatever
-    the ranks, batch size or workers that saved it.
-
-    Epochs: :meth:`set_epoch` before each epoch; setting the epoch a restored state
-    is of keeps its cursor, another epoch starts at 0. An iteration runs to the
-    epoch's end; iterating a finished epoch again yields nothing until the epoch is
-    set anew.
+class ReadSettings:
+    """How a rank reads a snapshot: the one value :class:`Loader`, the torch
+    ``SnapshotDataset`` and the Grain ``ChunkdIterDataset`` take (``settings=``); each
+    also takes these as keyword arguments, which override a ``settings`` given with them.
 
     Args:
-        dataset: the dataset (:class:`~chunkd.client.datasets.Dataset`).
         batch_size: ``B``, this rank's batch size.
         seed: the run's seed, the same on every rank.
         rank: this rank, ``0 <= rank < world_size``.
         world_size: ``W``.
-        epoch: the first epoch.
         shuffle: shuffle (else members in order, samples as stored).
         window: the most units whose samples are mixed together (None: no bound; a
-            unit is what the format decodes whole: a Parquet row group, else a member).
+            unit is what the format decodes whole: a Parquet row group, a run of lines,
+            records or tar samples).
         window_bytes: the most decoded bytes of a window's units (None: no bound;
-            default: the formats' decode caches' bound, so a window's units fit them).
+            default: :data:`~chunkd.client.datasets.formats.DECODED_CACHE_BYTES`).
         tail: ``"uneven"``, ``"pad"`` or ``"drop"``.
-        prefetch: steps warmed ahead of the one read (0: none).
-        client: whose daemon warms them (default: the dataset source's client).
-        transform: applied to each sample as read.
+        prefetch: steps warmed and decoded ahead of the one read (0: none).
+        columns: the columns read and decoded (None: all); the batch's ``columns`` and
+            samples hold only these.
+        decode_ahead: the most decoded bytes of units a reader holds, the ones decoded
+            ahead included (0: none ahead; a batch's own units are always held).
+        shared_decode: have the node's daemon decode each unit once for every reader
+            of the node (where it can; else the reader decodes it).
 
     Raises:
-        ValueError: an argument out of its range.
+        ValueError: a setting out of its range (:func:`check_settings`), or columns
+            that are not distinct names.
     """
+
+    __slots__ = (
+        "batch_size",
+        "columns",
+        "decode_ahead",
+        "prefetch",
+        "rank",
+        "seed",
+        "shared_decode",
+        "shuffle",
+        "tail",
+        "window",
+        "window_bytes",
+        "world_size",
+    )
 
     def __init__(
         self,
-        dataset: Readable,
-        *,
         batch_size: int,
         seed: int,
+        *,
         rank: int = 0,
         world_size: int = 1,
-        epoch: int = 0,
         shuffle: bool = True,
         window: int | None = DEFAULT_WINDOW,
         window_bytes: int | None = DEFAULT_WINDOW_BYTES,
         tail: Tail = "uneven",
         prefetch: int = DEFAULT_PREFETCH,
-        client: Any = None,
-        transform: Callable[[Any], Any] | None = None,
+        columns: Sequence[str] | None = None,
+        decode_ahead: int = DECODED_CACHE_BYTES,
+        shared_decode: bool = True,
     ) -> None:
         check_settings(
             rank=rank,
@@ -479,25 +722,202 @@ class Loader:
             tail=tail,
             prefetch=prefetch,
         )
-        self.dataset = dataset
+        if columns is not None:
+            if isinstance(columns, str | bytes) or not all(isinstance(c, str) for c in columns):
+                raise ValueError(f"columns is a list of column names, or None; got {columns!r}")
+            if not columns or len(set(columns)) != len(columns):
+                raise ValueError(f"columns names at least one column, each once; got {columns!r}")
+        if not isinstance(decode_ahead, int) or not 0 <= decode_ahead < 1 << 63:
+            raise ValueError(f"decode_ahead is a number of bytes >= 0; got {decode_ahead!r}")
         self.batch_size = batch_size
+        self.seed = int(seed)
         self.rank = rank
         self.world_size = world_size
+        self.shuffle = bool(shuffle)
+        self.window = window
+        self.window_bytes = window_bytes
         self.tail: Tail = tail
         self.prefetch = prefetch
-        self.transform = transform
-        self.client = client if client is not None else client_of(dataset)
-        self._state = LoaderState(
-            dataset.snapshot.id,
-            seed,
+        self.columns: tuple[str, ...] | None = None if columns is None else tuple(columns)
+        self.decode_ahead = decode_ahead
+        self.shared_decode = bool(shared_decode)
+
+    def replace(self, **changes: Any) -> ReadSettings:
+        """A copy with ``changes``, checked."""
+        fields = {name: getattr(self, name) for name in self.__slots__}
+        unknown = set(changes) - set(fields)
+        if unknown:
+            raise TypeError(f"ReadSettings has no setting {', '.join(sorted(unknown))}")
+        fields.update(changes)
+        return ReadSettings(**fields)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ReadSettings):
+            return NotImplemented
+        return all(getattr(self, n) == getattr(other, n) for n in self.__slots__)
+
+    def __hash__(self) -> int:
+        return hash(tuple(getattr(self, n) for n in self.__slots__))
+
+    def __repr__(self) -> str:
+        shown = ", ".join(f"{n}={getattr(self, n)!r}" for n in self.__slots__)
+        return f"ReadSettings({shown})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_settings, ({n: getattr(self, n) for n in self.__slots__},))
+
+    @classmethod
+    def merged(cls, settings: ReadSettings | None, given: Mapping[str, Any]) -> ReadSettings:
+        """``settings`` with the ``given`` keyword arguments (those not :data:`UNSET`)
+        over it; without ``settings``, ``batch_size`` and ``seed`` must be given.
+
+        Raises:
+            TypeError: neither ``settings`` nor both of ``batch_size`` and ``seed``.
+            ValueError: a setting out of its range.
+        """
+        chosen = {k: v for k, v in given.items() if v is not UNSET}
+        if settings is not None:
+            return settings.replace(**chosen) if chosen else settings
+        if "batch_size" not in chosen or "seed" not in chosen:
+            raise TypeError("give batch_size and seed, or settings=ReadSettings(...)")
+        batch_size, seed = chosen.pop("batch_size"), chosen.pop("seed")
+        return cls(batch_size, seed, **chosen)
+
+    def state(self, snapshot: str, epoch: int = 0, cursor: int = 0) -> LoaderState:
+        """The loader state at ``cursor`` of ``epoch`` of this order."""
+        return LoaderState(
+            snapshot,
+            self.seed,
             epoch,
-            0,
-            shuffle=bool(shuffle),
-            window=window,
-            window_bytes=window_bytes,
+            cursor,
+            shuffle=self.shuffle,
+            window=self.window,
+            window_bytes=self.window_bytes,
         )
+
+
+def _settings(fields: dict[str, Any]) -> ReadSettings:
+    return ReadSettings(**fields)
+
+
+class _Unset:
+    def __repr__(self) -> str:
+        return "UNSET"
+
+
+#: a keyword argument not given (its ``settings=`` value, or the default, holds)
+UNSET: Final[Any] = _Unset()
+
+
+def open_units(dataset: Readable, settings: ReadSettings) -> Units | None:
+    """The decoded units a reader of ``dataset`` takes its batches from (None: a
+    dataset that is not a chunkd :class:`~chunkd.client.datasets.Dataset`, read by
+    sample)."""
+    source = getattr(dataset, "source", None)
+    if source is None:
+        return None
+    formats = {member.format for member in dataset.snapshot.members}
+    # TODO(issue 25): until every format decodes units (jsonl, wds, mds are being moved)
+    if not all(hasattr(format_of(name), "decode") for name in formats):
+        return None
+    client = client_of(dataset)
+    shared = SharedDecoder(client) if settings.shared_decode and client is not None else None
+    return Units(
+        dataset.snapshot,
+        source,
+        columns=settings.columns,
+        shared=shared,
+        held_bytes=settings.decode_ahead,
+        threads=DECODE_THREADS if settings.decode_ahead and settings.prefetch else 0,
+    )
+
+
+class Loader:
+    """One rank's batches of a dataset, in chunkd's order, resumable anywhere.
+
+    Iterating yields :class:`Batch` es of steps from the current cursor on (see the
+    module docstring for steps, ranks and the tail): by columns
+    (:attr:`Batch.columns`), with the per-sample list built when asked for
+    (:attr:`Batch.samples`). :meth:`state` is the
+    ``chunkd.loader/3`` state after the last batch yielded (a step boundary);
+    :meth:`restore` makes the next iteration start at a state's cursor, whatever
+    the ranks, batch size or workers that saved it.
+
+    Epochs: :meth:`set_epoch` before each epoch; setting the epoch a restored state
+    is of keeps its cursor, another epoch starts at 0. An iteration runs to the
+    epoch's end; iterating a finished epoch again yields nothing until the epoch is
+    set anew.
+
+    Args:
+        dataset: the dataset (:class:`~chunkd.client.datasets.Dataset`).
+        settings: the reading's settings (:class:`ReadSettings`); or each as a keyword
+            argument below (``batch_size`` and ``seed`` are then needed).
+        epoch: the first epoch.
+        client: whose daemon warms the next steps' bytes (default: the dataset
+            source's client).
+        transform: applied to each sample (of :attr:`Batch.samples`).
+        batch_transform: makes a batch's :attr:`~Batch.columns` of its columns (the
+            fast way to transform: whole columns at once).
+        batch_size, seed, rank, world_size, shuffle, window, window_bytes, tail,
+        prefetch, columns, decode_ahead, shared_decode: as :class:`ReadSettings`.
+
+    Raises:
+        ValueError: an argument out of its range.
+    """
+
+    def __init__(
+        self,
+        dataset: Readable,
+        settings: ReadSettings | None = None,
+        *,
+        epoch: int = 0,
+        client: Client | None = None,
+        transform: Callable[[Any], Any] | None = None,
+        batch_transform: Callable[[dict[str, Any]], Any] | None = None,
+        batch_size: int = UNSET,
+        seed: int = UNSET,
+        rank: int = UNSET,
+        world_size: int = UNSET,
+        shuffle: bool = UNSET,
+        window: int | None = UNSET,
+        window_bytes: int | None = UNSET,
+        tail: Tail = UNSET,
+        prefetch: int = UNSET,
+        columns: Sequence[str] | None = UNSET,
+        decode_ahead: int = UNSET,
+        shared_decode: bool = UNSET,
+    ) -> None:
+        self.settings = ReadSettings.merged(
+            settings,
+            {
+                "batch_size": batch_size,
+                "seed": seed,
+                "rank": rank,
+                "world_size": world_size,
+                "shuffle": shuffle,
+                "window": window,
+                "window_bytes": window_bytes,
+                "tail": tail,
+                "prefetch": prefetch,
+                "columns": columns,
+                "decode_ahead": decode_ahead,
+                "shared_decode": shared_decode,
+            },
+        )
+        chosen = self.settings
+        self.dataset = dataset
+        self.batch_size = chosen.batch_size
+        self.rank = chosen.rank
+        self.world_size = chosen.world_size
+        self.tail: Tail = chosen.tail
+        self.prefetch = chosen.prefetch
+        self.transform = transform
+        self.batch_transform = batch_transform
+        self.client = client if client is not None else client_of(dataset)
+        self._state = chosen.state(dataset.snapshot.id, epoch)
         self._order: Order | None = None
         self._order_epoch = -1
+        self._units: Units | None = None
         #: the phases of the latest iteration's time to its first batch (:class:`FirstBatch`)
         self.first_batch: dict[str, float] = {}
 
@@ -562,6 +982,18 @@ class Loader:
             self.tail,
         )
 
+    def units(self) -> Units | None:
+        """The decoded units this loader takes its batches from (made on first use)."""
+        if self._units is None:
+            self._units = open_units(self.dataset, self.settings)
+        return self._units
+
+    def close(self) -> None:
+        """Stop decoding ahead and drop the units held (the next iteration starts anew)."""
+        units, self._units = self._units, None
+        if units is not None:
+            units.close()
+
     def __iter__(self) -> Iterator[Batch]:
         steps = self.steps()
         batches = read_steps(
@@ -573,6 +1005,8 @@ class Loader:
             client=self.client,
             convert=self.transform,
             timings=self.first_batch,
+            units=self.units(),
+            batch_transform=self.batch_transform,
         )
         return self._consumed(steps, batches)
 
@@ -624,9 +1058,12 @@ def check_settings(
         raise ValueError(f"prefetch is 0 to {MAX_PREFETCH} steps; got {prefetch!r}")
 
 
-def client_of(dataset: Any) -> Any:
+def client_of(dataset: Any) -> Client | None:
     """The client whose daemon a dataset's reads go through, if it has one."""
-    return getattr(getattr(dataset, "source", None), "client", None)
+    from chunkd.client.core import Client
+
+    client = getattr(getattr(dataset, "source", None), "client", None)
+    return client if isinstance(client, Client) else None
 
 
 def order_of(snapshot: Snapshot, state: LoaderState) -> Order:

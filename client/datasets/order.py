@@ -105,6 +105,8 @@ DEFAULT_WINDOW_BYTES: Final = DECODED_CACHE_BYTES
 # -- a stable pseudorandom permutation ---------------------------------------------------
 
 _ROUNDS: Final = 6
+#: a permutation of at most this many elements is tabled once much of it is asked for
+_TABLE_MAX: Final = 1 << 20
 _MIX1: Final = np.uint64(0xBF58476D1CE4E5B9)
 _MIX2: Final = np.uint64(0x94D049BB133111EB)
 
@@ -132,10 +134,24 @@ class Permutation:
         self._mask = np.uint64((1 << self._half) - 1)
         digest = hashlib.blake2b(key.encode(), digest_size=8 * _ROUNDS).digest()
         self._keys = [np.uint64(k) for k in np.frombuffer(digest, dtype="<u8")]
+        self._asked = 0
+        self._table: NDArray[np.int64] | None = None
 
     def __call__(self, index: NDArray[np.int64]) -> NDArray[np.int64]:
         if self.size <= 1:
             return index
+        if self._table is not None:
+            return self._table[index]
+        # A reader walks the whole permutation a step at a time: once it has asked for
+        # an eighth of it, the whole table (one vectorised pass) costs less than the
+        # rest of the steps' small ones. Small permutations only: 8 bytes an element.
+        self._asked += len(index)
+        if self.size <= _TABLE_MAX and self._asked * 8 >= self.size:
+            self._table = self._compute(np.arange(self.size, dtype=np.int64))
+            return self._table[index]
+        return self._compute(index)
+
+    def _compute(self, index: NDArray[np.int64]) -> NDArray[np.int64]:
         x = index.astype(np.uint64)
         with np.errstate(over="ignore"):
             x = self._encrypt(x)
@@ -214,6 +230,9 @@ class Order:
             np.int64
         )
         unit_sizes, unit_member = _units(sizes, units)
+        #: whether the units were given (the formats' own, as :func:`order_of
+        #: <chunkd.client.datasets.loader.order_of>` gives them), not whole members
+        self.by_units = units is not None
         #: each unit's samples, units in snapshot order
         self.unit_sizes: NDArray[np.int64] = unit_sizes
         #: the member each unit is of
@@ -296,7 +315,7 @@ class Order:
     def _permutation(self, w: int) -> Permutation:
         found = self._permutations.get(w)
         if found is None:
-            if len(self._permutations) >= 64:
+            if len(self._permutations) >= 8:
                 self._permutations.clear()
             size = int(self._window_starts[w + 1] - self._window_starts[w])
             found = self._permutations[w] = Permutation(size, f"{self._key}:window:{w}")

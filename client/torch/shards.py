@@ -76,7 +76,7 @@ class ShardDataset(SnapshotDataset):
         tail: Tail = "uneven",
         prefetch: int = DEFAULT_PREFETCH,
         transform: Callable[[Any], Any] | None = None,
-        collate_fn: Callable[[list[Any]], Any] | None = _COLLATE,
+        collate_fn: Callable[[Any], Any] | None = _COLLATE,
     ) -> None:
         super().__init__(
             None,

@@ -8,24 +8,24 @@ the ``state_dict``/``load_state_dict`` pair torchdata's ``StatefulDataLoader`` c
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
 from torch.utils.data import IterableDataset, default_collate, get_worker_info
 
 from chunkd.client.datasets.loader import (
-    DEFAULT_PREFETCH,
+    UNSET,
     Batch,
     Readable,
+    ReadSettings,
     Steps,
     Tail,
-    check_settings,
     client_of,
+    open_units,
     order_of,
     read_steps,
 )
-from chunkd.client.datasets.order import DEFAULT_WINDOW, DEFAULT_WINDOW_BYTES
 from chunkd.client.datasets.state import LoaderState
 from chunkd.client.datasets.workers import (
     WORKER_FORMAT,
@@ -33,13 +33,14 @@ from chunkd.client.datasets.workers import (
     global_state,
     reader_state,
 )
+from chunkd.client.torch.pinned import collate_columns
 from chunkd.client.torch.tensors import as_tensor
 from chunkd.errors import ResumeStateError
 
-__all__ = ["SnapshotDataset"]
+__all__ = ["SnapshotDataset", "collate_columns"]
 
-#: ``collate_fn``'s default: torch's ``default_collate``
-_COLLATE: Final = default_collate
+#: ``collate_fn``'s default: the batch's columns as tensors (:func:`collate_columns`)
+_COLLATE: Final = collate_columns
 
 
 @dataclass(slots=True)
@@ -60,11 +61,17 @@ class SnapshotDataset(IterableDataset[Batch]):
 
     Use it with ``batch_size=None`` (the dataset batches): each item is a
     :class:`~chunkd.client.datasets.loader.Batch`, this rank's share of one global
-    step, with ``samples`` collated by ``collate_fn`` (torch's ``default_collate``:
-    fixed-size records, read-only zero-copy ``uint8`` tensors, stack into one
-    ``[B, record_bytes]`` tensor; Parquet rows, dicts, into a dict of columns; JSON
-    lines stay a list of ``bytes``), and ``ids``, ``step``, ``position``, ``padding`` and
-    ``last`` (see the core's module docstring for steps, ranks, workers and the tail).
+    step, read by columns, with ``samples`` collated: by default
+    (:func:`~chunkd.client.torch.pinned.collate_columns`) straight from the columns,
+    as tensors of their own (fixed-size records: one ``[B, record_bytes]`` ``uint8``
+    tensor; Parquet and Arrow rows: a dict of columns, numbers as tensors of the
+    column's type, strings and other values as ``default_collate`` gives them; JSON
+    lines: a list of ``bytes``), and ``columns`` set to the same tensors; a
+    ``collate_fn`` given (or a ``transform``) collates the list of samples instead, as
+    before. Also ``ids``, ``step``, ``position``, ``padding`` and ``last`` (see the
+    core's module docstring for steps, ranks, workers and the tail). With
+    ``DataLoader(pin_memory=True)`` torch pins the batch's tensors
+    (:meth:`Batch.pin_memory <chunkd.client.datasets.loader.Batch.pin_memory>`).
 
     Workers
         Worker ``k`` of ``K`` produces the rank's batches of steps ``k, k+K, ...``, so
@@ -94,19 +101,18 @@ class SnapshotDataset(IterableDataset[Batch]):
     Args:
         dataset: the snapshot opened for reading
             (:class:`~chunkd.client.datasets.Dataset`).
-        batch_size: ``B``, this rank's batch size.
-        seed: the run's seed, the same on every rank.
-        rank: this rank, ``0 <= rank < world_size``.
-        world_size: ``W``.
-        shuffle: shuffle (else members in order, samples as stored).
-        window: the most units whose samples are mixed together (None: no bound).
-        window_bytes: the most decoded bytes of a window's units (None: no bound;
-            default: the formats' decode caches' bound).
-        tail: the epoch's last step: ``"uneven"``, ``"pad"`` or ``"drop"``.
-        prefetch: steps each reader warms ahead (0: none).
-        transform: applied to each sample (after fixed records become tensors).
-        collate_fn: makes a batch's ``samples`` of its list of samples (None: the
-            list as it is).
+        settings: the reading's settings
+            (:class:`~chunkd.client.datasets.loader.ReadSettings`), or each as a keyword
+            argument (``batch_size`` and ``seed`` are then needed): ``batch_size``,
+            ``seed``, ``rank``, ``world_size``, ``shuffle``, ``window``,
+            ``window_bytes``, ``tail``, ``prefetch``, ``columns``, ``decode_ahead``,
+            ``shared_decode``.
+        transform: applied to each sample (after fixed records become tensors); the
+            batch is then collated from its samples.
+        batch_transform: makes the batch's columns of its columns, before the collate.
+        collate_fn: makes a batch's ``samples``: the default takes the columns
+            (:func:`~chunkd.client.torch.pinned.collate_columns`); any other callable
+            gets the list of samples (None: the list as it is).
 
     Raises:
         ValueError: an argument out of its range.
@@ -115,41 +121,55 @@ class SnapshotDataset(IterableDataset[Batch]):
     def __init__(
         self,
         dataset: Readable | None,
+        settings: ReadSettings | None = None,
         *,
-        batch_size: int,
-        seed: int,
-        rank: int = 0,
-        world_size: int = 1,
-        shuffle: bool = True,
-        window: int | None = DEFAULT_WINDOW,
-        window_bytes: int | None = DEFAULT_WINDOW_BYTES,
-        tail: Tail = "uneven",
-        prefetch: int = DEFAULT_PREFETCH,
         transform: Callable[[Any], Any] | None = None,
-        collate_fn: Callable[[list[Any]], Any] | None = _COLLATE,
+        batch_transform: Callable[[dict[str, Any]], Any] | None = None,
+        collate_fn: Callable[[Any], Any] | None = _COLLATE,
+        batch_size: int = UNSET,
+        seed: int = UNSET,
+        rank: int = UNSET,
+        world_size: int = UNSET,
+        shuffle: bool = UNSET,
+        window: int | None = UNSET,
+        window_bytes: int | None = UNSET,
+        tail: Tail = UNSET,
+        prefetch: int = UNSET,
+        columns: Sequence[str] | None = UNSET,
+        decode_ahead: int = UNSET,
+        shared_decode: bool = UNSET,
     ) -> None:
         super().__init__()
-        check_settings(
-            rank=rank,
-            world_size=world_size,
-            batch_size=batch_size,
-            seed=seed,
-            window=window,
-            window_bytes=window_bytes,
-            tail=tail,
-            prefetch=prefetch,
+        chosen = ReadSettings.merged(
+            settings,
+            {
+                "batch_size": batch_size,
+                "seed": seed,
+                "rank": rank,
+                "world_size": world_size,
+                "shuffle": shuffle,
+                "window": window,
+                "window_bytes": window_bytes,
+                "tail": tail,
+                "prefetch": prefetch,
+                "columns": columns,
+                "decode_ahead": decode_ahead,
+                "shared_decode": shared_decode,
+            },
         )
+        self.settings = chosen
         self._dataset = dataset
-        self.batch_size = batch_size
-        self.seed = int(seed)
-        self.rank = rank
-        self.world_size = world_size
-        self.shuffle = bool(shuffle)
-        self.window = window
-        self.window_bytes = window_bytes
-        self.tail: Tail = tail
-        self.prefetch = prefetch
+        self.batch_size = chosen.batch_size
+        self.seed = chosen.seed
+        self.rank = chosen.rank
+        self.world_size = chosen.world_size
+        self.shuffle = chosen.shuffle
+        self.window = chosen.window
+        self.window_bytes = chosen.window_bytes
+        self.tail: Tail = chosen.tail
+        self.prefetch = chosen.prefetch
         self.transform = transform
+        self.batch_transform = batch_transform
         self.collate_fn = collate_fn
         self._epoch = 0
         self._pending: LoaderState | WorkerState | None = None
@@ -298,6 +318,7 @@ class SnapshotDataset(IterableDataset[Batch]):
         return self._batches(dataset, progress)
 
     def _batches(self, dataset: Readable, progress: _Progress) -> Iterator[Batch]:
+        units = open_units(dataset, self.settings)
         batches = read_steps(
             dataset,
             order_of(dataset.snapshot, progress.start),
@@ -308,13 +329,34 @@ class SnapshotDataset(IterableDataset[Batch]):
             prefetch=self.prefetch,
             client=client_of(dataset),
             convert=self._convert,
+            units=units,
+            batch_transform=self.batch_transform,
         )
-        for batch in batches:
-            if self.collate_fn is not None:
-                batch = batch._replace(samples=self.collate_fn(batch.samples))
-            progress.yielded += 1  # before the yield: a state taken now counts it
-            yield batch
-        progress.finished = True
+        try:
+            for batch in batches:
+                batch = self._collated(batch)
+                progress.yielded += 1  # before the yield: a state taken now counts it
+                yield batch
+            progress.finished = True
+        finally:
+            if units is not None:
+                units.close()
+
+    def _collated(self, batch: Batch) -> Batch:
+        collate = self.collate_fn
+        if collate is None:
+            return batch._replace(samples=list(batch.samples))
+        if collate is collate_columns and self.transform is None:
+            collated = collate_columns(batch)
+            if isinstance(collated, dict):
+                return batch._replace(samples=collated, columns=collated)
+            if batch.rows is not None and batch.rows.table is not None:
+                name = batch.rows.table.column_names[0]
+                return batch._replace(samples=collated, columns={name: collated})
+            return batch._replace(samples=collated)
+        if collate is collate_columns:  # a per-sample transform: its samples, collated
+            return batch._replace(samples=default_collate(list(batch.samples)))
+        return batch._replace(samples=collate(list(batch.samples)))
 
     def _convert(self, sample: Any) -> Any:
         if isinstance(sample, memoryview):

@@ -105,6 +105,11 @@ class Format(Protocol):
     version: int
     #: the ends of a key ``--format auto`` takes for this format (lowercase)
     suffixes: tuple[str, ...]
+    #: whether :meth:`sample` gives a row's column values as they are (a dict of them, or
+    #: the one column's value), so that a consumer may take the columns instead of the
+    #: samples (the torch adapter's default collate); False where it decodes them further
+    #: (MDS's encoded fields)
+    columnar: bool
 
     def scan(self, source: Source, member: Member, options: Mapping[str, Any]) -> Member:
         """``member`` (key, size, version and format set) with its ``samples`` and ``meta``.
@@ -194,6 +199,7 @@ class FormatBase:
 
     name: str
     version: int
+    columnar: bool = True
 
     def units(self, member: Member) -> list[int]:
         raise NotImplementedError
@@ -224,12 +230,14 @@ class FormatBase:
 
     def read(self, source: Source, member: Member, index: int) -> Any:
         unit, row = self.locate(member, index)
-        key = (source.name(member), member.version, self.name, self.version, unit)
-        table = _UNITS.get(key)
-        if table is None:
-            table = self.decode(source, member, unit, None)
-            _UNITS.put(key, table, self.unit_bytes(member)[unit] or int(table.nbytes))
-        return self.sample(table, row)
+        # by the source too: two sources may name members alike (the same key and version
+        # in two daemons' backends of one name)
+        key = (id(source), source.name(member), member.version, self.name, self.version, unit)
+        found = _UNITS.get(key)
+        if found is None or found[1] is not source:
+            found = (self.decode(source, member, unit, None), source)
+            _UNITS.put(key, found, self.unit_bytes(member)[unit] or int(found[0].nbytes))
+        return self.sample(found[0], row)
 
     def ranges(self, member: Member, index: int) -> list[tuple[int, int]]:
         return self.unit_ranges(member, self.locate(member, index)[0])

@@ -1,0 +1,467 @@
+"""Batches as columns: each unit decoded once, a batch taken from the units by index.
+
+A reader's batch names ``(member, sample)`` pairs (the order's positions). Each pair lies
+in one **unit** of its member (:meth:`Format.units
+<chunkd.client.datasets.formats.Format.units>`), which the member's format decodes
+whole into an Arrow table (:meth:`Format.decode
+<chunkd.client.datasets.formats.Format.decode>`). :class:`Units` gets those tables:
+
+1. from the ones it holds (an LRU bounded by the units' decoded bytes);
+2. else from the daemon's decoded entries (:class:`~chunkd.client.datasets.shared.SharedDecoder`):
+   the node's first reader of a unit has the daemon decode it, every reader maps the
+   result, so a unit is decoded once per node;
+3. else (the daemon's decoding is off, full, older, or the source is one it does not
+   read) by decoding it in this process, counted as such in the daemon's metrics.
+
+It also **decodes ahead**: the loader names the units of its next steps
+(:meth:`Units.ahead`) and a few threads get them while the trainer computes (pyarrow
+releases the GIL), at most ``ahead_bytes`` of them in flight and held.
+
+:func:`take` assembles a batch from the unit tables with Arrow's ``take`` over their
+concatenation: no Python per row. A :class:`Rows` is the result: the batch's table, and
+its samples and columns built on first use (:class:`~chunkd.client.datasets.loader.Batch`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any, Final
+
+import numpy as np
+from numpy.typing import NDArray
+
+from chunkd.client.datasets.formats import DECODED_CACHE_BYTES, Format, format_of
+from chunkd.errors import DatasetFormatError
+
+if TYPE_CHECKING:
+    from chunkd.client.datasets.shared import SharedDecoder
+    from chunkd.client.datasets.source import Source
+    from chunkd.snapshot import Member, Snapshot
+
+__all__ = ["DECODE_THREADS", "Rows", "Units", "arrays", "take"]
+
+log = logging.getLogger(__name__)
+
+#: threads that decode ahead, per reader
+DECODE_THREADS: Final = 2
+
+#: a unit, as ``(member, unit in member)``
+UnitKey = tuple[int, int]
+
+
+class Units:
+    """The decoded units of one snapshot's members, for one reader (see the module
+    docstring).
+
+    Args:
+        snapshot: the snapshot read.
+        source: where its members' bytes come from.
+        columns: the columns decoded (None: all).
+        shared: the node's daemon's decoder (None: every unit is decoded here); closed
+            with the units.
+        held_bytes: the most decoded bytes of units kept for the next batches, ahead
+            ones included (by the formats' :meth:`unit_bytes`).
+        threads: decode-ahead threads (0: none; units are then decoded when read).
+    """
+
+    def __init__(
+        self,
+        snapshot: Snapshot,
+        source: Source,
+        *,
+        columns: Sequence[str] | None = None,
+        shared: SharedDecoder | None = None,
+        held_bytes: int = DECODED_CACHE_BYTES,
+        threads: int = DECODE_THREADS,
+    ) -> None:
+        self.snapshot = snapshot
+        self.source = source
+        self.columns = None if columns is None else tuple(columns)
+        self.shared = shared
+        self.held_bytes = max(0, held_bytes)
+        self._threads = max(0, threads)
+        self._pool: ThreadPoolExecutor | None = None
+        self._held: OrderedDict[UnitKey, tuple[Any, int]] = OrderedDict()
+        self._held_total = 0
+        self._flights: dict[UnitKey, Future[Any]] = {}
+        self._lock = threading.Lock()
+        self._formats: dict[str, Format] = {}
+        self._starts: dict[int, NDArray[np.int64]] = {}
+        self._views: dict[UnitKey, tuple[Any, dict[int, NDArray[Any] | None]]] = {}
+        #: units decoded in this process, and units mapped from the daemon
+        self.decoded = 0
+        self.mapped = 0
+
+    def format(self, member: int) -> Format:
+        """Member ``member``'s format."""
+        name = self.snapshot.members[member].format
+        fmt = self._formats.get(name)
+        if fmt is None:
+            fmt = self._formats[name] = format_of(name)
+        return fmt
+
+    def unit_bytes(self, key: UnitKey) -> int:
+        """A unit's decoded bytes, as its format counts them."""
+        member, unit = key
+        return int(self.format(member).unit_bytes(self.snapshot.members[member])[unit])
+
+    def locate(
+        self, members: NDArray[np.int64], samples: NDArray[np.int64]
+    ) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+        """The unit in its member, and the row in the unit, of each ``(member, sample)``."""
+        units = np.empty_like(samples)
+        rows = np.empty_like(samples)
+        for member in np.unique(members).tolist():
+            chosen = members == member
+            starts = self._unit_starts(member)
+            found = np.searchsorted(starts, samples[chosen], side="right") - 1
+            units[chosen] = found
+            rows[chosen] = samples[chosen] - starts[found]
+        return units, rows
+
+    def _unit_starts(self, member: int) -> NDArray[np.int64]:
+        starts = self._starts.get(member)
+        if starts is None:
+            counts = self.format(member).units(self.snapshot.members[member])
+            starts = np.concatenate(([0], np.cumsum(counts, dtype=np.int64))).astype(np.int64)
+            if len(self._starts) > 4096:
+                self._starts.clear()
+            self._starts[member] = starts
+        return starts
+
+    # -- getting units -------------------------------------------------------------------
+
+    def get(self, key: UnitKey) -> Any:
+        """Unit ``key``'s table (held, decoded ahead, mapped from the daemon, or decoded
+        now)."""
+        with self._lock:
+            found = self._held.get(key)
+            if found is not None:
+                self._held.move_to_end(key)
+                return found[0]
+            flight = self._flights.get(key)
+        if flight is not None:
+            return flight.result()
+        table = self._fetch(key)
+        self._hold(key, table)
+        return table
+
+    def ahead(self, keys: Sequence[UnitKey]) -> int:
+        """Start getting ``keys`` (in the order of need) in the background, as far as
+        ``held_bytes`` allows; returns how many were started."""
+        if not self._threads:
+            return 0
+        started = 0
+        with self._lock:
+            budget = self.held_bytes - self._held_total
+            budget -= sum(self.unit_bytes(k) for k in self._flights)
+            for key in dict.fromkeys(keys):
+                if key in self._held or key in self._flights:
+                    continue
+                cost = self.unit_bytes(key)
+                if cost > budget and (self._held or self._flights):
+                    break
+                budget -= cost
+                if self._pool is None:
+                    self._pool = ThreadPoolExecutor(
+                        self._threads, thread_name_prefix="chunkd-decode"
+                    )
+                self._flights[key] = self._pool.submit(self._ahead, key)
+                started += 1
+        return started
+
+    def _ahead(self, key: UnitKey) -> Any:
+        try:
+            table = self._fetch(key)
+            self._hold(key, table)
+            return table
+        finally:
+            with self._lock:
+                self._flights.pop(key, None)
+
+    def _fetch(self, key: UnitKey) -> Any:
+        member_index, unit = key
+        member: Member = self.snapshot.members[member_index]
+        fmt = self.format(member_index)
+        shared = self.shared
+        if shared is not None:
+            table = shared.unit(self.source, member, fmt, unit, self.columns)
+            if table is not None:
+                with self._lock:
+                    self.mapped += 1
+                return table
+        table = fmt.decode(self.source, member, unit, self.columns)
+        with self._lock:
+            self.decoded += 1
+        if shared is not None:
+            shared.local()
+        return table
+
+    def _hold(self, key: UnitKey, table: Any) -> None:
+        cost = self.unit_bytes(key) or int(table.nbytes)
+        with self._lock:
+            old = self._held.pop(key, None)
+            if old is not None:
+                self._held_total -= old[1]
+            self._held[key] = (table, cost)
+            self._held_total += cost
+            # the newest unit stays even alone over the bound: the batch being read needs it
+            while self._held_total > self.held_bytes and len(self._held) > 1:
+                self._held_total -= self._held.popitem(last=False)[1][1]
+
+    def view(self, key: UnitKey, table: Any, column: int) -> NDArray[Any] | None:
+        """Column ``column`` of unit ``key``'s ``table`` as a numpy view (:func:`numpy_view`),
+        made once a unit."""
+        views = self._views.get(key)
+        if views is None or views[0] is not table:
+            views = self._views[key] = (table, {})
+            if len(self._views) > 4 * max(1, len(self._held)) + 64:
+                held = set(self._held)
+                self._views = {k: v for k, v in self._views.items() if k in held}
+                self._views[key] = views
+        found = views[1]
+        if column not in found:
+            found[column] = numpy_view(_pyarrow(), table.column(column))
+        return found[column]
+
+    def close(self) -> None:
+        """Stop decoding ahead and drop every unit held."""
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+        if self.shared is not None:
+            self.shared.close()
+        with self._lock:
+            self._held.clear()
+            self._held_total = 0
+            self._flights.clear()
+
+    def __getstate__(self) -> dict[str, Any]:
+        raise TypeError("a Units is per process: make one in each reader")
+
+
+class Rows:
+    """A batch's rows, taken from decoded units: its Arrow ``table`` and, built on first
+    use, its per-sample values (:attr:`samples`) and its columns (:attr:`columns`).
+
+    Args:
+        table: the batch's rows, one per sample, in the batch's order (None where the
+            batch mixes formats whose tables cannot be one).
+        formats: each row's format, where they differ (else one entry).
+        pieces: for a mixed batch, each row's ``(unit table, row)``.
+        numpy: columns already gathered into numpy arrays of the batch's own.
+    """
+
+    __slots__ = ("_columns", "_numpy", "_pieces", "_samples", "formats", "table")
+
+    def __init__(
+        self,
+        table: Any,
+        formats: list[Format],
+        pieces: list[tuple[Any, int]] | None = None,
+        *,
+        numpy: dict[str, Any] | None = None,
+    ) -> None:
+        self.table = table
+        self.formats = formats
+        self._pieces = pieces
+        self._numpy = numpy
+        self._samples: list[Any] | None = None
+        self._columns: dict[str, Any] | None = None
+
+    def __len__(self) -> int:
+        if self.table is not None:
+            return int(self.table.num_rows)
+        return len(self._pieces or ())
+
+    @property
+    def samples(self) -> list[Any]:
+        """The per-sample values, as ``Dataset[i]`` gives them."""
+        if self._samples is None:
+            if self.table is not None:
+                fmt = self.formats[0]
+                self._samples = [fmt.sample(self.table, row) for row in range(len(self))]
+            else:
+                pieces = self._pieces or []
+                fmts = self.formats
+                self._samples = [fmts[i].sample(t, r) for i, (t, r) in enumerate(pieces)]
+        return self._samples
+
+    @property
+    def columns(self) -> dict[str, Any]:
+        """The batch's columns (:func:`arrays`)."""
+        if self._columns is None:
+            if self.table is None:
+                raise DatasetFormatError(
+                    "this batch mixes members of formats whose columns are not one table "
+                    f"({', '.join(sorted({f.name for f in self.formats}))}): read its "
+                    "samples, or register the formats as separate datasets"
+                )
+            found = arrays(self.table)
+            if self._numpy:  # gathered into arrays of the batch's own: those, writable
+                found.update(self._numpy)
+            self._columns = found
+        return self._columns
+
+
+def take(
+    units: Units,
+    members: NDArray[np.int64],
+    samples: NDArray[np.int64],
+    located: tuple[NDArray[np.int64], NDArray[np.int64]] | None = None,
+) -> Rows:
+    """The rows of ``(members[i], samples[i])``, in that order, from their decoded units
+    (``located``: their units and rows, :meth:`Units.locate`, where known)."""
+    unit_of, row_of = located if located is not None else units.locate(members, samples)
+    # one number a unit (member and unit side by side), and each row's unit among them
+    codes, which = np.unique((members << 32) | unit_of, return_inverse=True)
+    keys = [(int(c >> 32), int(c & 0xFFFFFFFF)) for c in codes]
+    tables = [units.get(key) for key in keys]
+    formats = [units.format(m) for m, _ in keys]
+    pa = _pyarrow()
+    if len({f.name for f in formats}) > 1:  # a batch across formats: rows of each unit's table
+        return Rows(
+            None,
+            [formats[i] for i in which.tolist()],
+            [(tables[i], r) for i, r in zip(which.tolist(), row_of.tolist(), strict=True)],
+        )
+    if len(tables) == 1:
+        table = tables[0]
+        if _contiguous(row_of, table.num_rows):  # an unshuffled run: a slice, no copy
+            return Rows(table.slice(int(row_of[0]), len(row_of)), formats[:1])
+        return Rows(table.take(pa.array(row_of, type=pa.int64())), formats[:1])
+    schema = tables[0].schema
+    if any(not t.schema.equals(schema) for t in tables[1:]):
+        return Rows(_take_combined(pa, tables, which, row_of), formats[:1])
+    # Column by column, unit by unit: Arrow's take over many chunks concatenates them
+    # first (a copy of every unit's column, each batch), where a gather of each unit's
+    # rows costs only the rows.
+    order = np.argsort(which, kind="stable")
+    bounds = np.searchsorted(which[order], np.arange(len(tables) + 1))
+    picks = [order[bounds[u] : bounds[u + 1]] for u in range(len(tables))]
+    rows = [row_of[pick] for pick in picks]
+    back: NDArray[np.int64] | None = None
+    columns: dict[str, Any] = {}
+    gathered: dict[str, Any] = {}
+    for c, field in enumerate(schema):
+        found = [units.view(key, table, c) for key, table in zip(keys, tables, strict=True)]
+        views = [v for v in found if v is not None]
+        if len(views) == len(found) and len({(v.dtype, v.shape[1:]) for v in views}) == 1:
+            out = np.empty((len(row_of), *views[0].shape[1:]), dtype=views[0].dtype)
+            for view, pick, r in zip(views, picks, rows, strict=True):
+                out[pick] = view[r]
+            gathered[field.name] = out
+            columns[field.name] = _from_numpy(pa, field.type, out)
+        else:
+            if back is None:
+                back = np.argsort(order)
+            pieces = [
+                _chunk(pa, table.column(c)).take(pa.array(r, type=pa.int64()))
+                for table, r in zip(tables, rows, strict=True)
+            ]
+            columns[field.name] = pa.concat_arrays(pieces).take(pa.array(back))
+    return Rows(pa.table(columns), formats[:1], numpy=gathered)
+
+
+def _take_combined(pa: Any, tables: list[Any], which: Any, row_of: Any) -> Any:
+    """The rows of units whose schemas differ: their tables combined (missing columns
+    null, types widened), one ``take`` over them."""
+    try:
+        whole = pa.concat_tables(tables, promote_options="permissive")
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+        raise DatasetFormatError(
+            f"the units of one batch have schemas that do not combine ({exc}): the "
+            "members' schemas differ; check the dataset (chunkd dataset check)"
+        ) from None
+    starts = np.zeros(len(tables) + 1, dtype=np.int64)
+    np.cumsum([t.num_rows for t in tables], out=starts[1:])
+    return whole.take(pa.array(starts[which] + row_of, type=pa.int64()))
+
+
+def _chunk(pa: Any, column: Any) -> Any:
+    return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+
+
+def numpy_view(pa: Any, column: Any) -> NDArray[Any] | None:
+    """A unit's column as a numpy array over its buffer (no copy) where it is one of
+    fixed width in whole bytes without nulls (numbers, timestamps, dates, durations,
+    fixed-size binary: 2-D); else None (it is taken by Arrow)."""
+    array = _chunk(pa, column)
+    kind = array.type
+    if array.null_count:
+        return None
+    if pa.types.is_fixed_size_binary(kind):
+        width = kind.byte_width
+        data = np.frombuffer(array.buffers()[1], dtype=np.uint8)
+        start = array.offset * width
+        return data[start : start + len(array) * width].reshape(len(array), width)
+    if _numeric(pa, kind) and kind.bit_width % 8 == 0:
+        view: NDArray[Any] = array.to_numpy(zero_copy_only=True)
+        return view
+    return None
+
+
+def _from_numpy(pa: Any, kind: Any, values: NDArray[Any]) -> Any:
+    """An Arrow array of ``kind`` over ``values`` (no copy)."""
+    return pa.Array.from_buffers(kind, len(values), [None, pa.py_buffer(values)])
+
+
+def _contiguous(index: NDArray[np.int64], total: int) -> bool:
+    """Whether ``index`` is ``k, k+1, ...`` (an unshuffled run: a slice, no copy)."""
+    return bool(len(index)) and bool(np.all(np.diff(index) == 1)) and int(index[-1]) < total
+
+
+def arrays(table: Any) -> dict[str, Any]:
+    """A table's columns as a trainer takes them (``docs/datasets.md``, "Columns").
+
+    - integers, floats, booleans, dates, times, timestamps and durations without nulls:
+      numpy arrays, read-only views of the batch's buffers where the type allows (a
+      boolean is unpacked: a copy);
+    - fixed-size binary (the ``fixed`` format's records) and fixed-size lists of such
+      numbers without nulls: 2-D numpy arrays ``[rows, width]``, read-only views;
+    - dictionary-encoded columns: decoded first, then as their value type;
+    - everything else (strings, binary, lists, structs, maps, decimals) and any column
+      with nulls: a ``pyarrow.Array`` (one chunk).
+    """
+    pa = _pyarrow()
+    found: dict[str, Any] = {}
+    for name, column in zip(table.column_names, table.columns, strict=True):
+        array = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
+        if pa.types.is_dictionary(array.type):
+            array = array.dictionary_decode()
+        found[name] = _numpy(pa, array)
+    return found
+
+
+def _numpy(pa: Any, array: Any) -> Any:
+    kind = array.type
+    if array.null_count:
+        return array
+    if pa.types.is_fixed_size_binary(kind):
+        width = kind.byte_width
+        data = np.frombuffer(array.buffers()[1], dtype=np.uint8)
+        start = array.offset * width
+        return data[start : start + len(array) * width].reshape(len(array), width)
+    if pa.types.is_fixed_size_list(kind):
+        values = array.flatten()
+        if values.null_count or not _numeric(pa, values.type):
+            return array
+        return values.to_numpy(zero_copy_only=False).reshape(len(array), kind.list_size)
+    if _numeric(pa, kind) or pa.types.is_boolean(kind):
+        return array.to_numpy(zero_copy_only=False)
+    return array
+
+
+def _numeric(pa: Any, kind: Any) -> bool:
+    return bool(
+        pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_temporal(kind)
+    )
+
+
+def _pyarrow() -> Any:
+    return importlib.import_module("pyarrow")

@@ -1,0 +1,310 @@
+"""Batches as columns: the values equal the per-sample reads, whatever the snapshot, the
+columns asked for, the steps and the resumes (a property test); projections, transforms,
+the torch collate's own tensors, pinning, and the decode-ahead bound.
+
+Snapshots are built in memory (a :class:`MemorySource` over bytes), so these tests read
+no daemon: the daemon's decoding is ``tests/test_decode_service.py``'s.
+"""
+
+from __future__ import annotations
+
+import datetime
+import decimal
+import hashlib
+import io
+import json
+from collections.abc import Sequence
+from typing import Any, BinaryIO
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from chunkd.client.datasets import Dataset
+from chunkd.client.datasets.columns import Units, arrays, take
+from chunkd.client.datasets.formats import format_of, settle
+from chunkd.client.datasets.loader import Loader, ReadSettings
+from chunkd.snapshot import Member, Snapshot
+
+pytestmark = pytest.mark.timeout(120)
+
+
+class MemorySource:
+    """Member bytes from a dict (a :class:`~chunkd.client.datasets.source.Source`)."""
+
+    def __init__(self, blobs: dict[str, bytes]) -> None:
+        self.blobs = blobs
+        self.reads = 0
+
+    def name(self, member: Member) -> str:
+        return f"mem/{member.key}"
+
+    def read(self, member: Member, offset: int, length: int) -> memoryview:
+        self.reads += 1
+        return memoryview(self.blobs[member.key])[offset : offset + length].toreadonly()
+
+    def file(self, member: Member) -> BinaryIO:
+        return io.BytesIO(self.blobs[member.key])
+
+
+def dataset_of(blobs: dict[str, bytes], fmt_name: str, options: dict[str, Any]) -> Dataset:
+    source = MemorySource(blobs)
+    fmt = format_of(fmt_name)
+    members = [
+        fmt.scan(
+            source, Member(key, len(blob), hashlib.sha256(blob).hexdigest(), fmt_name), options
+        )
+        for key, blob in sorted(blobs.items())
+    ]
+    schema, members = settle(fmt, members)
+    snapshot = Snapshot.build(
+        backend="mem", prefix="", format=fmt_name, members=members, schema_of=schema
+    )
+    return Dataset(snapshot, source)
+
+
+# -- random Parquet snapshots, with the types a trainer meets -----------------------------
+
+COLUMNS = ("i", "f", "s", "tags", "when", "price", "kind", "pt", "flag")
+
+
+def parquet_blob(first: int, rows: int, group: int, nulls: bool) -> bytes:
+    ids = list(range(first, first + rows))
+
+    def maybe(values: list[Any]) -> list[Any]:
+        return [None if nulls and v_i % 7 == 3 else v for v_i, v in zip(ids, values, strict=True)]
+
+    table = pa.table(
+        {
+            "i": pa.array(ids, pa.int64()),
+            "f": pa.array(maybe([i / 4 for i in ids]), pa.float32()),
+            "s": pa.array(maybe([f"row {i}" for i in ids]), pa.string()),
+            "tags": pa.array(maybe([[i, i + 1][: i % 3] for i in ids]), pa.list_(pa.int32())),
+            "when": pa.array(
+                [datetime.datetime(2026, 1, 1) + datetime.timedelta(seconds=i) for i in ids],
+                pa.timestamp("ms"),
+            ),
+            "price": pa.array(maybe([decimal.Decimal(i) / 100 for i in ids]), pa.decimal128(12, 2)),
+            "kind": pa.array([("cat", "dog", "eel")[i % 3] for i in ids]).dictionary_encode(),
+            "pt": pa.array(
+                maybe([{"x": i, "y": -i} for i in ids]),
+                pa.struct([("x", pa.int32()), ("y", pa.int32())]),
+            ),
+            "flag": pa.array([i % 2 == 0 for i in ids], pa.bool_()),
+        }
+    )
+    sink = io.BytesIO()
+    pq.write_table(table, sink, row_group_size=group)
+    return sink.getvalue()
+
+
+def parquet_dataset(sizes: Sequence[int], group: int, nulls: bool) -> Dataset:
+    blobs, first = {}, 0
+    for n, rows in enumerate(sizes):
+        blobs[f"part-{n:03d}.parquet"] = parquet_blob(first, rows, group, nulls)
+        first += rows
+    return dataset_of(blobs, "parquet", {})
+
+
+def as_python(column: Any) -> list[Any]:
+    """A column of :attr:`Batch.columns` as Python values, to compare with samples."""
+    if isinstance(column, np.ndarray):
+        if column.dtype.kind == "M":  # datetime64: what Arrow gives as datetime
+            return pa.array(column).to_pylist()
+        return column.tolist()
+    return list(column.to_pylist())
+
+
+@given(
+    sizes=st.lists(st.integers(1, 40), min_size=1, max_size=4),
+    group=st.integers(1, 16),
+    nulls=st.booleans(),
+    picked=st.one_of(st.none(), st.lists(st.sampled_from(COLUMNS), min_size=1, unique=True)),
+    world=st.integers(1, 3),
+    batch=st.integers(1, 9),
+    seed=st.integers(0, 50),
+    resume_after=st.integers(0, 3),
+    shuffle=st.booleans(),
+)
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_columns_and_samples_equal_the_per_sample_reads(
+    sizes: list[int],
+    group: int,
+    nulls: bool,
+    picked: list[str] | None,
+    world: int,
+    batch: int,
+    seed: int,
+    resume_after: int,
+    shuffle: bool,
+) -> None:
+    dataset = parquet_dataset(sizes, group, nulls)
+    chosen = ReadSettings(batch, seed, world_size=world, columns=picked, shuffle=shuffle)
+    loaders = [Loader(dataset, chosen.replace(rank=r), prefetch=1) for r in range(world)]
+    state: dict[str, Any] | None = None
+    seen: list[str] = []
+    for rounds in (resume_after, None):
+        if state is not None:
+            for loader in loaders:
+                loader.restore(json.dumps(state))
+        iterators = [iter(loader) for loader in loaders]
+        step = 0
+        while rounds is None or step < rounds:
+            batches = [next(it, None) for it in iterators]
+            if all(b is None for b in batches):
+                break
+            for b in batches:
+                if b is None:
+                    continue
+                seen += b.ids
+                expected = []
+                for sample_id in b.ids:
+                    key, _, index = sample_id.partition("#")
+                    member = next(i for i, m in enumerate(dataset.snapshot.members) if m.key == key)
+                    row = dataset.read(member, int(index))
+                    expected.append(row if picked is None else {c: row[c] for c in picked})
+                assert b.samples == expected
+                assert list(b.columns) == (list(COLUMNS) if picked is None else picked)
+                for name, column in b.columns.items():
+                    assert len(column) == len(expected)
+                    want = [row[name] for row in expected]
+                    if name == "when" and isinstance(column, np.ndarray):
+                        want = [np.datetime64(w, "ms") for w in want]
+                        assert column.tolist() == [w.astype(datetime.datetime) for w in want]
+                    else:
+                        assert as_python(column) == want, name
+            step += 1
+        state = loaders[0].state()
+    assert sorted(seen) == sorted(dataset.sample_id(m, s) for m, s in _all_pairs(dataset))
+
+
+def _all_pairs(dataset: Dataset) -> list[tuple[int, int]]:
+    return [
+        (m, s) for m, member in enumerate(dataset.snapshot.members) for s in range(member.samples)
+    ]
+
+
+def test_each_column_type_has_its_stated_form() -> None:
+    dataset = parquet_dataset([12], 5, nulls=False)
+    batch = next(iter(Loader(dataset, batch_size=12, seed=1, shuffle=False)))
+    columns = batch.columns
+    # numbers, booleans and timestamps without nulls: numpy
+    assert isinstance(columns["i"], np.ndarray)
+    assert columns["i"].dtype == np.int64
+    assert columns["f"].dtype == np.float32
+    assert columns["flag"].dtype == np.bool_
+    assert columns["when"].dtype == np.dtype("datetime64[ms]")
+    # gathered from several units: arrays of the batch's own, writable
+    assert columns["i"].flags.writeable
+    assert columns["i"].flags.owndata
+    # one run of one unit: a read-only view, since every batch taken from it shares it
+    whole = next(
+        iter(Loader(parquet_dataset([12], 12, nulls=False), batch_size=6, seed=1, shuffle=False))
+    )
+    assert not whole.columns["i"].flags.writeable
+    assert whole.columns["i"].tolist() == list(range(6))
+    # a dictionary comes decoded, as its value type; strings, lists, structs and
+    # decimals as Arrow arrays
+    assert isinstance(columns["kind"], pa.Array)
+    assert columns["kind"].type == pa.string()
+    assert columns["kind"].to_pylist()[:3] == ["cat", "dog", "eel"]
+    for name in ("s", "tags", "price", "pt"):
+        assert isinstance(columns[name], pa.Array), name
+    with_nulls = next(iter(Loader(parquet_dataset([12], 5, nulls=True), batch_size=12, seed=1)))
+    # a number column with nulls is an Arrow array too: nothing is filled in
+    assert isinstance(with_nulls.columns["f"], pa.Array)
+    assert with_nulls.columns["f"].null_count > 0
+
+
+def test_a_projection_decodes_only_its_columns() -> None:
+    dataset = parquet_dataset([30], 10, nulls=False)
+    units = Units(dataset.snapshot, dataset.source, columns=["s", "i"], threads=0)
+    rows = take(units, np.array([0, 0, 0]), np.array([25, 3, 14]))
+    assert rows.table.column_names == ["s", "i"]
+    assert rows.samples == [
+        {"s": "row 25", "i": 25},
+        {"s": "row 3", "i": 3},
+        {"s": "row 14", "i": 14},
+    ]
+    with pytest.raises(Exception, match="nope"):
+        take(
+            Units(dataset.snapshot, dataset.source, columns=["nope"], threads=0),
+            np.array([0]),
+            np.array([0]),
+        )
+
+
+def test_fixed_records_come_as_one_2d_array_and_torch_tensors_survive_in_place_ops() -> None:
+    torch = pytest.importorskip("torch")
+    from chunkd.client.torch.pinned import collate_columns, pinned
+
+    blobs = {"a.bin": bytes(range(256)) * 4, "b.bin": bytes(range(255, -1, -1)) * 4}
+    dataset = dataset_of(blobs, "fixed", {"record_bytes": 16})
+    batch = next(iter(Loader(dataset, batch_size=8, seed=3)))
+    records = batch.columns["record"]
+    assert records.shape == (8, 16)
+    assert records.dtype == np.uint8
+    assert [bytes(r) for r in records] == [bytes(s) for s in batch.samples]
+    tensor = collate_columns(batch)
+    assert tensor.shape == (8, 16)
+    tensor.add_(1)  # a tensor of its own: a write neither crashes nor reaches the unit
+    assert [bytes(r) for r in batch.columns["record"]] == [bytes(s) for s in batch.samples]
+    # no accelerator here: pinning gives the batch back, its values unchanged
+    assert torch.equal(pinned(batch._replace(samples=tensor)).samples, tensor)
+
+
+def test_batch_transform_makes_the_columns_and_transform_the_samples() -> None:
+    dataset = parquet_dataset([20], 4, nulls=False)
+    loader = Loader(
+        dataset,
+        batch_size=5,
+        seed=2,
+        columns=["i", "f"],
+        batch_transform=lambda cols: {"x": cols["i"] * 2 + cols["f"]},
+        transform=lambda row: row["i"],
+    )
+    for batch in loader:
+        ids = [int(i.partition("#")[2]) for i in batch.ids]
+        assert batch.samples == ids
+        assert batch.columns["x"].tolist() == [i * 2 + i / 4 for i in ids]
+
+
+def test_settings_are_one_value_the_keywords_override() -> None:
+    dataset = parquet_dataset([10], 5, nulls=False)
+    chosen = ReadSettings(4, 9, window=2, prefetch=0)
+    loader = Loader(dataset, chosen, batch_size=2)
+    assert loader.settings == chosen.replace(batch_size=2)
+    assert loader.batch_size == 2
+    assert loader.settings.window == 2
+    with pytest.raises(TypeError, match="batch_size and seed"):
+        Loader(dataset)
+    with pytest.raises(ValueError, match="columns"):
+        ReadSettings(4, 9, columns="i")
+    with pytest.raises(ValueError, match="columns"):
+        ReadSettings(4, 9, columns=["i", "i"])
+    with pytest.raises(ValueError, match="decode_ahead"):
+        ReadSettings(4, 9, decode_ahead=-1)
+
+
+def test_decoding_ahead_holds_at_most_its_bytes() -> None:
+    dataset = parquet_dataset([40, 40], 4, nulls=False)
+    fmt = format_of("parquet")
+    per_unit = max(b for m in dataset.snapshot.members for b in fmt.unit_bytes(m))
+    units = Units(dataset.snapshot, dataset.source, held_bytes=3 * per_unit, threads=2)
+    keys = [(m, u) for m in range(2) for u in range(10)]
+    units.ahead(keys)
+    for key in keys:
+        units.get(key)
+        assert units._held_total <= 3 * per_unit
+    units.close()
+    assert units.decoded >= len(keys)
+
+
+def test_arrays_of_an_empty_table_and_a_sliced_fixed_column() -> None:
+    table = pa.table({"r": pa.array([b"ab", b"cd", b"ef"], pa.binary(2))}).slice(1, 2)
+    got = arrays(table)["r"]
+    assert got.tolist() == [[ord("c"), ord("d")], [ord("e"), ord("f")]]
+    assert arrays(pa.table({"x": pa.array([], pa.int64())}))["x"].tolist() == []

@@ -11,24 +11,47 @@ columns, its sample count and its compression.
 ``n + 1`` sample offsets (uint32, from the start of the shard; the last is its size),
 the writer's config as JSON, then the samples. A sample is the uint32 sizes of its
 variable-size columns (a column whose ``column_sizes`` entry is null or 0), in column
-order, then each column's bytes. Uncompressed shards (``raw_data``) are read in place:
-a sample is one ranged read (two where the offsets are not all recorded). A compressed
-shard (``zip_data``: ``.mds.zstd``, ``.mds.gz``, ``.mds.bz2``) cannot be read in
-place: reading any of its samples decompresses the whole shard, which is kept in a
-per-process LRU of at most :data:`CACHE_BYTES`; a shard bigger than that is
-decompressed from its start for each sample read. A compressed shard's decoded bytes
-(:meth:`~chunkd.client.datasets.formats.Format.unit_bytes`) are its raw size, so that
-the read order's windows hold at most that bound of shards. Streaming's own reader does the
-same, decompressing each shard whole to its local cache. Brotli and snappy shards are
-refused: decompress them, or write them with zstd.
+order, then each column's bytes.
 
-**Decoded values**: ``bytes``, ``str``, ``int`` (a Python int), ``int8`` .. ``int64``,
-``uint8`` .. ``uint64`` and ``float16`` .. ``float64`` (numpy scalars, as Streaming
-gives them), ``str_int``, ``str_float``, ``str_decimal``, ``json`` and ``ndarray``
-(``ndarray[:dtype[:shape]]``, a read-only numpy array) decode as Streaming decodes
-them. ``jpeg``, ``png`` and ``pil`` images are given as their raw bytes (no image
-library is imported), and ``pkl`` as its raw bytes: **never unpickled** (unpickling
-runs code); call ``pickle.loads`` on them yourself if you trust the data.
+**Units** (:meth:`~chunkd.client.datasets.formats.Format.units`) are runs of whole
+samples, cut from the manifest alone at the recorded offsets (every ``stride``-th
+sample's): consecutive groups while their bytes plus 4 bytes a column a row stay
+within :data:`~chunkd.client.datasets.formats.UNIT_BYTES` (8 MiB) in a shard read in
+place, and within :data:`STREAMED_UNIT_BYTES` (128 MiB) in a compressed one; a group
+that costs more alone is a unit alone (possible only in a shard of over 1024 samples,
+whose groups are more than one sample). A unit's decoded bytes are that cost.
+Uncompressed shards (``raw_data``) are read in place: a unit is one ranged read of its
+samples (two where the offsets are not all recorded: its part of the offsets table
+too). A compressed shard (``zip_data``: ``.mds.zstd``, ``.mds.gz``, ``.mds.bz2``)
+cannot be read in place, so each of its units' byte range is the whole shard: decoding
+a unit decompresses the shard whole and keeps it in a per-process LRU of at most
+:data:`CACHE_BYTES` (256 MiB) and two shards, so the shard's next units decompress
+nothing; a shard bigger than that is decompressed from its start as far as each unit's
+end, keeping none of it. A shard of up to 128 MiB decompressed (Streaming writes 64 MiB
+ones by default) is one unit, decompressed once an epoch, as Streaming's own reader
+does. Brotli and snappy shards are refused: decompress them, or write them with zstd.
+
+A unit decodes (:meth:`MdsShards.decode`) to a table of one column per MDS column, in
+the shard's order: ``int8`` .. ``uint64`` and ``float16`` .. ``float64`` as the Arrow
+type of the same name, ``int`` as ``int64``, ``str`` as ``string`` (refused as damaged
+if it is not UTF-8), every other encoding as ``binary``: the encoded bytes (a scalar
+encoding whose recorded size is not its type's is ``binary`` too). Each field's
+metadata holds its encoding under ``mds.encoding`` (:data:`ENCODING`), which
+:meth:`MdsShards.sample` reads to give each value as before (below). The columns are
+gathered by numpy from the samples' bytes and the sizes at their starts, with no Python
+per sample; a sample whose bytes end inside its columns, or offsets other than those
+recorded, are refused as damaged (:class:`~chunkd.errors.DatasetFormatError`).
+
+**Decoded values** (:meth:`MdsShards.sample`, ``Dataset[i]``): ``bytes``, ``str``,
+``int`` (a Python int), ``int8`` .. ``int64``, ``uint8`` .. ``uint64`` and ``float16``
+.. ``float64`` (numpy scalars, as Streaming gives them), ``str_int``, ``str_float``,
+``str_decimal``, ``json`` and ``ndarray`` (``ndarray[:dtype[:shape]]``, a read-only
+numpy array) decode as Streaming decodes them. ``jpeg``, ``png`` and ``pil`` images
+are given as their raw bytes (no image library is imported), and ``pkl`` as its raw
+bytes: **never unpickled** (unpickling runs code); call ``pickle.loads`` on them
+yourself if you trust the data. A ``binary`` column's value that its encoding cannot
+decode (bad JSON, an unknown ndarray dtype code) raises a
+:class:`~chunkd.errors.DatasetFormatError` when that sample is taken.
 
 Member ``meta``:
 
@@ -52,10 +75,12 @@ from __future__ import annotations
 import bz2
 import functools
 import gzip
+import importlib
+import itertools
 import json
 import struct
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any, BinaryIO, Final, Protocol
@@ -63,29 +88,56 @@ from typing import TYPE_CHECKING, Any, BinaryIO, Final, Protocol
 import numpy as np
 import zstandard
 
-from chunkd.client.datasets.formats import DECODED_CACHE_BYTES, DecodedLRU
+from chunkd.client.datasets.formats import (
+    DECODED_CACHE_BYTES,
+    MAX_UNIT_BYTES,
+    UNIT_BYTES,
+    DecodedLRU,
+    FormatBase,
+)
 from chunkd.errors import DatasetFormatError
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
+
+    from numpy.typing import NDArray
 
     from chunkd.client.datasets.source import Source
     from chunkd.snapshot import Member
 
 __all__ = [
     "CACHE_BYTES",
+    "ENCODING",
     "ENCODINGS",
     "FORMAT",
     "MAX_OFFSETS",
+    "STREAMED_UNIT_BYTES",
     "MdsShards",
     "decode_sample",
     "decoder",
 ]
 
-#: decompressed shards kept per process (bytes) ...
+#: decompressed shards kept per process (bytes; a bigger shard is decompressed from its
+#: start as far as each unit it is asked for) ...
 CACHE_BYTES: Final = DECODED_CACHE_BYTES
 #: ... and at most this many
-_CACHE_ITEMS: Final = 16
+_CACHE_ITEMS: Final = 2
+#: a compressed shard's units decode to at most this (one group of ``stride`` samples
+#: alone may be more): each unit decompresses the shard, so a shard of up to this size is
+#: one unit
+STREAMED_UNIT_BYTES: Final = MAX_UNIT_BYTES
+#: the key of a decoded column's field metadata that holds its MDS encoding
+ENCODING: Final = b"mds.encoding"
+#: the MDS encodings decoded to Arrow numbers of the same type
+_SCALARS: Final = {
+    **{t: t for t in ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32")},
+    **{t: t for t in ("uint64", "float16", "float32", "float64")},
+    "int": "<i8",
+}
+#: values of at least this many bytes on average are gathered a slice each
+_JOIN_BYTES: Final = 256
+#: an Arrow binary array's values are at most this many bytes (its offsets are int32)
+_MAX_ARRAY_BYTES: Final = (1 << 31) - 1
 #: a member records at most this many sample offsets (plus the end)
 MAX_OFFSETS: Final = 1024
 #: the offsets table is read this many bytes at a time
@@ -93,6 +145,12 @@ _TABLE_BYTES: Final = 4 << 20
 _UINT32: Final = struct.Struct("<I")
 
 _CACHE = DecodedLRU(CACHE_BYTES, _CACHE_ITEMS)
+#: members' units (:func:`_plan`), kept per process
+_PLANS = DecodedLRU(16 << 20, 4096)
+
+
+def _arrow() -> Any:
+    return importlib.import_module("pyarrow")
 
 
 def _scalar(dtype: str) -> Callable[[bytes], Any]:
@@ -207,10 +265,12 @@ def decode_sample(columns: list[list[Any]], data: bytes) -> dict[str, Any]:
     return sample
 
 
-class MdsShards:
+class MdsShards(FormatBase):
     """The ``mds`` format (see the module docstring)."""
 
     name = "mds"
+    version = 1
+    suffixes = (".mds", ".mds.zstd", ".mds.gz", ".mds.bz2")
 
     def scan(self, source: Source, member: Member, options: Mapping[str, Any]) -> Member:
         name = source.name(member)
@@ -249,33 +309,59 @@ class MdsShards:
         meta.update(offsets=offsets, stride=stride)
         return replace(member, samples=samples, meta=meta)
 
-    def read(self, source: Source, member: Member, index: int) -> dict[str, Any]:
-        name = source.name(member)
-        if not 0 <= index < member.samples:
-            raise IndexError(f"sample {index} of {member.key}, which holds {member.samples}")
-        if "compression" in member.meta:
-            data = self._packed_sample(source, member, index)
-        else:
-            begin, end = self._bounds(source, member, index)
-            data = bytes(source.read(member, begin, end - begin))
-            if len(data) != end - begin:
-                raise DatasetFormatError(f"{name} ends inside sample {index}")
-        try:
-            return decode_sample(member.meta["columns"], data)
-        except (ValueError, KeyError, IndexError) as exc:  # an ndarray's unknown dtype code
-            raise DatasetFormatError(
-                f"{name}: sample {index} cannot be decoded ({exc}): the shard is damaged"
-            ) from None
+    def units(self, member: Member) -> list[int]:
+        firsts = _plan(member)[0]
+        return [later - earlier for earlier, later in itertools.pairwise(firsts)]
 
-    def ranges(self, member: Member, index: int) -> list[tuple[int, int]]:
+    def unit_bytes(self, member: Member) -> list[int]:
+        return list(_plan(member)[1])
+
+    def unit_ranges(self, member: Member, unit: int) -> list[tuple[int, int]]:
         if "compression" in member.meta:
             return [(0, member.size)]
-        offsets, stride = member.meta["offsets"], int(member.meta["stride"])
-        if stride == 1:
-            return [(int(offsets[index]), int(offsets[index + 1]) - int(offsets[index]))]
-        j = index // stride
-        span = (int(offsets[j]), int(offsets[j + 1]) - int(offsets[j]))
-        return [(4 + 4 * index, 8), span]
+        first, stop, begin, end = _bounds(member, unit)
+        found = [] if _all_offsets(member) else [(4 + 4 * first, 4 * (stop - first + 1))]
+        return [*found, (begin, end - begin)] if end > begin else found
+
+    def decode(
+        self, source: Source, member: Member, unit: int, columns: Sequence[str] | None
+    ) -> Any:
+        pa = _arrow()
+        name = source.name(member)
+        recorded = [
+            (str(c[0]), str(c[1]), int(c[2]) if c[2] else None) for c in member.meta["columns"]
+        ]
+        asked = _asked(name, recorded, columns)
+        first, stop, begin, end = _bounds(member, unit)
+        rows = stop - first
+        if not asked:  # no column: only the row count, which the manifest knows
+            return pa.table({"_": pa.nulls(rows, pa.binary())}).select([])
+        offsets, data = self._unit(source, member, first, stop, begin, end)
+        try:
+            return _table(recorded, asked, np.frombuffer(data, np.uint8), offsets - begin)
+        except _Damaged as exc:
+            raise DatasetFormatError(
+                f"{name}: sample {first + exc.row} cannot be decoded ({exc.what}): the shard "
+                "is damaged"
+            ) from None
+
+    def sample(self, table: Any, row: int) -> dict[str, Any]:
+        found: dict[str, Any] = {}
+        for field, values in zip(table.schema, table.columns, strict=True):
+            encoding = field.metadata[ENCODING].decode()
+            value = values[row].as_py()
+            if isinstance(value, bytes):
+                try:
+                    value = decoder(encoding)(value)
+                except (ValueError, KeyError, IndexError) as exc:  # an ndarray's dtype code
+                    raise DatasetFormatError(
+                        f"the MDS column {field.name!r} ({encoding}) of this sample cannot be "
+                        f"decoded ({exc}): the shard is damaged"
+                    ) from None
+            elif encoding != "int" and not isinstance(value, str):
+                value = np.dtype(encoding).type(value)  # a numpy scalar, as Streaming gives
+            found[field.name] = value
+        return found
 
     def schema(self, members: list[Member]) -> Any:
         found = Counter(
@@ -287,43 +373,244 @@ class MdsShards:
             return None
         return [list(column) for column in found.most_common(1)[0][0]]
 
-    def unit_bytes(self, member: Member) -> list[int] | None:
-        # a shard is one unit; a compressed one is decompressed whole
-        raw = member.meta.get("raw_bytes")
-        return None if raw is None else [int(raw)]
-
     # -- reading -----------------------------------------------------------------------
 
-    def _bounds(self, source: Source, member: Member, index: int) -> tuple[int, int]:
-        offsets, stride = member.meta["offsets"], int(member.meta["stride"])
-        if stride == 1:
-            return int(offsets[index]), int(offsets[index + 1])
-        pair = bytes(source.read(member, 4 + 4 * index, 8))
-        if len(pair) != 8:
-            raise DatasetFormatError(f"{source.name(member)} ends inside its offsets table")
-        begin, end = struct.unpack("<II", pair)
-        return begin, end
-
-    def _packed_sample(self, source: Source, member: Member, index: int) -> bytes:
+    def _unit(
+        self, source: Source, member: Member, first: int, stop: int, begin: int, end: int
+    ) -> tuple[NDArray[np.int64], bytes | memoryview]:
+        """The offsets of samples ``first .. stop`` (and the end of the last), and the
+        bytes ``begin .. end`` of the (decompressed) shard that hold them."""
         name = source.name(member)
-        raw_bytes = int(member.meta["raw_bytes"])
-        compression = str(member.meta["compression"])
-        if raw_bytes <= CACHE_BYTES:
-            key = (name, member.version)
-            whole: bytes | None = _CACHE.get(key)
-            if whole is None:
-                stream = _Stream(_decompressor(name, compression, source.file(member)))
-                whole = stream.take(name, 0, raw_bytes)
-                _CACHE.put(key, whole, raw_bytes)
-            begin, end = struct.unpack_from("<II", whole, 4 + 4 * index)
-            return whole[begin:end]
-        # Too big to keep: decompressed from the start, as far as the sample.
-        stream = _Stream(_decompressor(name, compression, source.file(member)))
-        begin, end = struct.unpack("<II", stream.take(name, 4 + 4 * index, 8))
-        return stream.take(name, begin, end - begin)
+        count = stop - first
+        if "compression" in member.meta:
+            raw_bytes = int(member.meta["raw_bytes"])
+            stream: Any
+            if raw_bytes <= CACHE_BYTES:
+                whole = self._whole(source, member)
+                table = whole[4 + 4 * first : 4 + 4 * (stop + 1)]
+                data: bytes | memoryview = memoryview(whole)[begin:end]
+            else:
+                # Too big to keep: decompressed from the start, as far as the unit's end.
+                stream = _Stream(
+                    _decompressor(name, str(member.meta["compression"]), source.file(member))
+                )
+                table = stream.take(name, 4 + 4 * first, 4 * (count + 1))
+                data = stream.take(name, begin, end - begin)
+        else:
+            if _all_offsets(member):
+                table = None
+            else:
+                table = _Ranged(source, member).take(name, 4 + 4 * first, 4 * (count + 1))
+            data = _Ranged(source, member).take(name, begin, end - begin)
+        if table is None:
+            offsets = np.array(member.meta["offsets"][first : stop + 1], dtype=np.int64)
+        else:
+            if len(table) != 4 * (count + 1):
+                raise DatasetFormatError(f"{name} ends inside its offsets table")
+            offsets = np.frombuffer(table, dtype="<u4").astype(np.int64)
+        if (
+            int(offsets[0]) != begin
+            or int(offsets[-1]) != end
+            or bool(np.any(np.diff(offsets) < 0))
+        ):
+            raise DatasetFormatError(
+                f"{name}: the offsets of samples {first}..{stop} are not those recorded: the "
+                "shard is not what was registered; register the dataset again"
+            )
+        return offsets, data
+
+    def _whole(self, source: Source, member: Member) -> bytes:
+        """A compressed shard, decompressed (kept per process)."""
+        name = source.name(member)
+        key = (name, member.version)
+        whole: bytes | None = _CACHE.get(key)
+        if whole is None:
+            raw_bytes = int(member.meta["raw_bytes"])
+            stream = _Stream(
+                _decompressor(name, str(member.meta["compression"]), source.file(member))
+            )
+            whole = stream.take(name, 0, raw_bytes)
+            _CACHE.put(key, whole, raw_bytes)
+        return whole
 
 
 FORMAT = MdsShards()
+
+
+# -- units -------------------------------------------------------------------------------
+
+
+def _all_offsets(member: Member) -> bool:
+    return int(member.meta["stride"]) == 1
+
+
+def _plan(member: Member) -> tuple[list[int], list[int]]:
+    """Each unit's first sample (then the count), and each unit's decoded bytes: runs
+    of the recorded offsets' groups (every ``stride``-th sample's) of about
+    :data:`UNIT_BYTES`; a compressed shard's of about :data:`STREAMED_UNIT_BYTES`."""
+    # The manifest's identity of the member, and its offsets: two members that only a
+    # hand-made manifest would give the same key and version still differ there.
+    key = (member.key, member.version, member.size, member.samples, "compression" in member.meta,
+           repr(member.meta.get("offsets")), UNIT_BYTES, STREAMED_UNIT_BYTES)  # fmt: skip
+    plan: tuple[list[int], list[int]] | None = _PLANS.get(key)
+    if plan is not None:
+        return plan
+    offsets = [int(o) for o in member.meta["offsets"]]
+    stride = int(member.meta["stride"])
+    columns = len(member.meta["columns"])
+    target = STREAMED_UNIT_BYTES if "compression" in member.meta else UNIT_BYTES
+    firsts: list[int] = [0] if member.samples else []
+    costs: list[int] = []
+    cost = 0
+    for group in range(len(offsets) - 1):
+        rows = min(stride, member.samples - group * stride)
+        # A row costs its bytes, and at most an offset in each column.
+        more = offsets[group + 1] - offsets[group] + 4 * columns * rows
+        if cost and cost + more > target:
+            firsts.append(group * stride)
+            costs.append(cost)
+            cost = 0
+        cost += more
+    if member.samples:
+        firsts.append(member.samples)
+        costs.append(cost)
+    plan = (firsts, costs)
+    _PLANS.put(key, plan, 128 + 16 * len(firsts))
+    return plan
+
+
+def _bounds(member: Member, unit: int) -> tuple[int, int, int, int]:
+    """Unit ``unit``'s samples ``first .. stop`` and their bytes ``begin .. end`` of
+    the (decompressed) shard."""
+    firsts = _plan(member)[0]
+    if not 0 <= unit < len(firsts) - 1:
+        raise IndexError(f"unit {unit} of {member.key}, which has {max(0, len(firsts) - 1)}")
+    first, stop = firsts[unit], firsts[unit + 1]
+    offsets, stride = member.meta["offsets"], int(member.meta["stride"])
+    # Units start at recorded offsets; the last ends at the shard's recorded end.
+    end = int(offsets[-1]) if stop == member.samples else int(offsets[stop // stride])
+    return first, stop, int(offsets[first // stride]), end
+
+
+def _asked(
+    name: str, recorded: list[tuple[str, str, int | None]], columns: Sequence[str] | None
+) -> list[str]:
+    names = [column for column, _, _ in recorded]
+    if columns is None:
+        return names
+    for column in columns:
+        if column not in names:
+            raise DatasetFormatError(
+                f"{name} has no column {column!r}; its columns are {', '.join(names)}"
+            )
+    return list(columns)
+
+
+class _Damaged(Exception):
+    """A sample's bytes do not hold its columns."""
+
+    def __init__(self, row: int, what: str) -> None:
+        super().__init__(what)
+        self.row = row
+        self.what = what
+
+
+def _table(
+    recorded: list[tuple[str, str, int | None]],
+    asked: list[str],
+    raw: NDArray[np.uint8],
+    offsets: NDArray[np.int64],
+) -> Any:
+    """The samples of ``raw`` (each from ``offsets[i]`` to ``offsets[i + 1]``) as a
+    table of the ``asked`` columns.
+
+    Raises:
+        _Damaged: a sample's bytes are shorter than its columns say.
+    """
+    pa = _arrow()
+    rows = len(offsets) - 1
+    starts, ends = offsets[:-1], offsets[1:]
+    variable = [j for j, (_, _, size) in enumerate(recorded) if not size]
+    # Each sample starts with the uint32 sizes of its variable-size columns.
+    head = starts + 4 * len(variable)
+    short = np.flatnonzero(head > ends)
+    if len(short):
+        raise _Damaged(int(short[0]), "it ends inside its column sizes")
+    sizes = np.empty((rows, len(recorded)), dtype=np.int64)
+    for j, (_, _, size) in enumerate(recorded):
+        if size:
+            sizes[:, j] = size
+    for v, j in enumerate(variable):
+        sizes[:, j] = _gather_fixed(raw, starts + 4 * v, 4).view("<u4").reshape(rows)
+    column_starts = head[:, None] + np.cumsum(sizes, axis=1) - sizes
+    past: Any = np.flatnonzero(column_starts[:, -1] + sizes[:, -1] > ends) if recorded else []
+    if len(past):
+        row = int(past[0])
+        over = np.flatnonzero(column_starts[row] + sizes[row] > ends[row])
+        raise _Damaged(row, f"it ends inside its column {recorded[int(over[0])][0]!r}")
+    position = {column: j for j, (column, _, _) in enumerate(recorded)}
+    arrays, fields = [], []
+    for column in asked:
+        j = position[column]
+        _, encoding, size = recorded[j]
+        scalar = _SCALARS.get(encoding)
+        at, lengths = column_starts[:, j], sizes[:, j]
+        if scalar is not None and size == np.dtype(scalar).itemsize:
+            values = _gather_fixed(raw, at, size).view(scalar).reshape(rows)
+            array = pa.array(values)
+        else:
+            kind = pa.string() if encoding == "str" else pa.binary()
+            value_offsets = np.zeros(rows + 1, dtype=np.int64)
+            np.cumsum(lengths, out=value_offsets[1:])
+            if int(value_offsets[-1]) > _MAX_ARRAY_BYTES:
+                raise _Damaged(0, f"its column {column!r} holds more than 2 GiB")
+            data = _gather(raw, at, lengths, int(value_offsets[-1]))
+            array = pa.Array.from_buffers(
+                kind, rows, [None, pa.py_buffer(value_offsets.astype(np.int32)), data]
+            )
+            if encoding == "str":
+                try:
+                    array.validate(full=True)
+                except pa.ArrowInvalid:
+                    bad = next(i for i in range(rows) if not _utf8_ok(array, i))
+                    raise _Damaged(bad, f"its column {column!r} is not UTF-8") from None
+        arrays.append(array)
+        fields.append(pa.field(column, array.type, metadata={ENCODING: encoding.encode()}))
+    return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
+
+
+def _utf8_ok(array: Any, row: int) -> bool:
+    try:
+        array[row].as_py()
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def _gather_fixed(raw: NDArray[np.uint8], at: NDArray[np.int64], width: int) -> NDArray[np.uint8]:
+    """``width`` bytes from each of ``at`` in ``raw``, as one contiguous array."""
+    gathered: NDArray[np.uint8] = raw[at[:, None] + np.arange(width)].reshape(-1)
+    return gathered
+
+
+def _gather(
+    raw: NDArray[np.uint8], at: NDArray[np.int64], lengths: NDArray[np.int64], total: int
+) -> Any:
+    """The bytes ``at[i] .. at[i] + lengths[i]`` of ``raw``, one after another, as an
+    Arrow buffer."""
+    pa = _arrow()
+    if not total:
+        return pa.py_buffer(b"")
+    if total >= _JOIN_BYTES * len(at):
+        # Big values: a slice each (no index of the values' size).
+        view = memoryview(raw.data)
+        return pa.py_buffer(
+            b"".join(view[a : a + n] for a, n in zip(at.tolist(), lengths.tolist(), strict=True))
+        )
+    # Small values: one gather by an index of every byte.
+    index = np.arange(total, dtype=np.int64)
+    index += np.repeat(at - (np.cumsum(lengths) - lengths), lengths)
+    return pa.py_buffer(raw[index])
 
 
 # -- the shard and its index entry ---------------------------------------------------------

@@ -65,7 +65,6 @@ from chunkd.gateway.connections import (
 from chunkd.gateway.dashboard import TELEMETRY, Telemetry
 from chunkd.gateway.datasets import Datasets
 from chunkd.gateway.decoding import DecodeService
-from chunkd.gateway.decoding import attach as attach_decoder
 from chunkd.gateway.inspector import INSPECTOR, InspectorPool
 from chunkd.gateway.listing import Listings
 from chunkd.gateway.localsock import LocalServer
@@ -231,7 +230,7 @@ async def open_node(
         parts.push_async_callback(inspector.close)
         decoder = DecodeService(config.server.socket, config.datasets, metrics)
         parts.push_async_callback(decoder.close)
-        attach_decoder(datasets, decoder)
+        datasets.decoding = decoder
         telemetry = Telemetry(
             metrics,
             cache,

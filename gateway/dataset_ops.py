@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING, Any, Final
 from chunkd import memfd
 from chunkd.client.protocol import FIRST_BATCH_PHASES, MAX_LAYOUT, MAX_PAYLOAD, OPS
 from chunkd.errors import InvalidRequestError
-from chunkd.gateway import decoding
 
 if TYPE_CHECKING:
     from chunkd.gateway.checkpoint_ops import Answer
@@ -93,7 +92,7 @@ async def handle(
                 datasets.metrics.dataset_first_batch.labels(phase).observe(args[phase])
         return {"ok": True}
     if op in ("ds_decode", "ds_decode_report"):
-        service = decoding.attached(datasets)
+        service = datasets.decoding
         if op == "ds_decode_report":
             if service is not None:
                 service.report(args["decodes"])

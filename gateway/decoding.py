@@ -46,7 +46,6 @@ import os
 import re
 import resource
 import time
-import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
@@ -66,7 +65,6 @@ from chunkd.snapshot import canonical, load_json
 
 if TYPE_CHECKING:
     from chunkd.gateway.config.schema import DatasetsConfig
-    from chunkd.gateway.datasets import Datasets
     from chunkd.gateway.metrics import Metrics
 
 __all__ = [
@@ -75,8 +73,6 @@ __all__ = [
     "MAX_ENTRY_BYTES",
     "WAITING_PER_WORKER",
     "DecodeService",
-    "attach",
-    "attached",
 ]
 
 log = logging.getLogger("chunkd.gateway.decoding")
@@ -534,17 +530,3 @@ def _role(workers: int) -> PoolRole:
         max_waiting=WAITING_PER_WORKER * max(1, workers),
         fds=True,
     )
-
-
-#: the decode service of each dataset registry (until ``Datasets`` holds its own)
-_SERVICES: weakref.WeakKeyDictionary[Datasets, DecodeService] = weakref.WeakKeyDictionary()
-
-
-def attach(datasets: Datasets, service: DecodeService) -> None:
-    """Make ``service`` the one ``ds_decode`` reaches through ``datasets``."""
-    _SERVICES[datasets] = service
-
-
-def attached(datasets: Datasets) -> DecodeService | None:
-    """The decode service of ``datasets``, if the daemon started one."""
-    return _SERVICES.get(datasets)

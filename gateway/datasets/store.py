@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from chunkd.cache import ChunkCache
     from chunkd.gateway.backends import Backend, Backends
     from chunkd.gateway.config.schema import DatasetsConfig
+    from chunkd.gateway.decoding import DecodeService
     from chunkd.gateway.metrics import Metrics
     from chunkd.gateway.readpath import ReadPath
 
@@ -65,6 +66,8 @@ class Datasets:
             intent_refresh=intent_refresh,
         )
         self._migrator = Migrator(self.registry, read_path, backends)
+        #: the decode service (:mod:`chunkd.gateway.decoding`), set by the daemon
+        self.decoding: DecodeService | None = None
 
     def _may_write(
         self, caller: Caller | None, name: str, action: str

@@ -308,3 +308,50 @@ def test_arrays_of_an_empty_table_and_a_sliced_fixed_column() -> None:
     got = arrays(table)["r"]
     assert got.tolist() == [[ord("c"), ord("d")], [ord("e"), ord("f")]]
     assert arrays(pa.table({"x": pa.array([], pa.int64())}))["x"].tolist() == []
+
+
+# -- through a real daemon: the node's readers share its decoded units --------------------
+
+
+@pytest.mark.timeout(90)
+def test_a_nodes_loaders_take_units_the_daemon_decoded_once(
+    start_daemon: Any, tmp_path: Any
+) -> None:
+    from chunkd.client import Client
+    from chunkd.client.datasets import Dataset as Opened
+
+    from .conftest import dataset_cli, small_node_toml
+
+    data = tmp_path / "data" / "pq"
+    data.mkdir(parents=True)
+    for n in range(3):
+        (data / f"part-{n}.parquet").write_bytes(parquet_blob(100 * n, 100, 25, nulls=True))
+    toml = small_node_toml(tmp_path / "cache", ("local", tmp_path / "data"))
+    toml += '\n[datasets]\nregistry = "local/registry"\n'
+    daemon = start_daemon(toml, cwd=tmp_path)
+    dataset_cli(daemon, "register", "pq", "local/pq/", "--format", "parquet")
+    units_total = 3 * 4
+    with Client(socket_path=daemon.cwd / "chunkd.sock") as client:
+        dataset = Opened.open("pq", client)
+        seen: list[str] = []
+        for rank in range(2):  # two ranks of one node, in turn
+            loader = Loader(dataset, batch_size=7, seed=4, rank=rank, world_size=2)
+            for batch in loader:
+                seen += batch.ids
+                expected = []
+                for sample_id in batch.ids:
+                    key, _, index = sample_id.partition("#")
+                    member = [m.key for m in dataset.snapshot.members].index(key)
+                    expected.append(dataset.read(member, int(index)))
+                assert batch.samples == expected
+                assert batch.columns["i"].tolist() == [r["i"] for r in expected]
+            units = loader.units()
+            assert units is not None
+            assert units.decoded == 0  # every unit mapped from the daemon's entries
+            assert units.mapped > 0
+            loader.close()
+        assert sorted(seen) == sorted(
+            f"pq/part-{n}.parquet#{i}" for n in range(3) for i in range(100)
+        )
+    assert daemon.metric("chunkd_dataset_decodes_total", where="daemon") == units_total
+    assert daemon.metric("chunkd_dataset_decodes_total", where="reader") == 0

@@ -199,6 +199,19 @@ class TestFixed(FormatTests):
         assert bytes(fmt.sample(table, 1)) == b"x" * 24
 
 
+class _Bytes:
+    """A source of one member's bytes, held in memory."""
+
+    def __init__(self, view: memoryview) -> None:
+        self.view = view
+
+    def name(self, member: Any) -> str:
+        return f"bytes/{member.key}"
+
+    def read(self, member: Any, offset: int, length: int) -> memoryview:
+        return self.view[offset : offset + length]
+
+
 class _Fixed:
     """A source whose every read is one view."""
 
@@ -252,6 +265,50 @@ class TestArrowFile(TestFeather):
         with pa.memory_map(str(path)) as source:
             rows: list[Any] = ipc.open_file(source).read_all().to_pylist()
         return rows
+
+
+class TestFeatherWithoutDictionaries(TestFeather):
+    """No dictionary column: a batch is decoded from its own bytes alone
+    (``pyarrow.ipc.read_record_batch``), not through pyarrow's file reader."""
+
+    @pytest.fixture
+    def files(self, tmp_path: Path) -> list[Path]:
+        paths = []
+        for i, (rows, chunk) in enumerate([(300, 100), (250, 250), (1, 10)]):
+            path = tmp_path / f"plain-{i}.feather"
+            table = typed_table(rows, seed=i + 1).drop_columns(["kind"])
+            feather.write_feather(table, path, chunksize=chunk)
+            paths.append(path)
+        return paths
+
+
+class TestArrowFileWithoutDictionaries(TestFeather):
+    """Uncompressed, no dictionary column: a batch's columns are the bytes read."""
+
+    @pytest.fixture
+    def files(self, tmp_path: Path) -> list[Path]:
+        paths = []
+        for i, (rows, chunk) in enumerate([(300, 100), (250, 250), (1, 10)]):
+            path = tmp_path / f"plain-{i}.arrow"
+            table = typed_table(rows, seed=i + 1).drop_columns(["kind"])
+            feather.write_feather(table, path, chunksize=chunk, compression="uncompressed")
+            paths.append(path)
+        return paths
+
+    @pytest.mark.timeout(30)
+    def test_a_batch_is_the_bytes_read_not_a_copy(
+        self, source: FileSource, members: list[Any]
+    ) -> None:
+        fmt = format_of("arrow")
+        member = members[0]
+        assert "compressed" not in member.meta
+        assert "dictionaries" not in member.meta
+        data = bytearray((source.root / member.key).read_bytes())
+        view = memoryview(data)
+        table = fmt.decode(_Bytes(view), member, 0, ["id"])
+        values = table.column("id").chunk(0).buffers()[1]
+        assert values.address >= pa.py_buffer(view).address
+        assert values.address < pa.py_buffer(view).address + len(data)
 
 
 class TestArrowSplitBatches(TestFeather):

@@ -37,6 +37,8 @@ Member ``meta``:
 ``dictionaries``
     ``[[offset, length], ...]``: the byte ranges of the dictionary batches; only where
     the file has any.
+``compressed``
+    ``true`` where the file's buffers are compressed (LZ4 or zstd); absent otherwise.
 ``schema``
     ``[[column, type], ...]``: the member's Arrow schema, only where it differs from the
     dataset's (the manifest's ``schema_of``), as for Parquet.
@@ -110,12 +112,15 @@ class ArrowFiles(FormatBase):
                 f"{name} has an Arrow footer that cannot be read ({exc}): it is damaged or "
                 "truncated; write it again, or register with --skip-bad to leave it out"
             ) from None
-        batches = []
+        batches, compressed = [], False
         for start, meta_length, body in blocks:
             _inside(name, start, meta_length + body, offset)
-            rows, decoded = self._batch(source, member, start, meta_length, body)
+            rows, decoded, packed = self._batch(source, member, start, meta_length, body)
             batches.append([rows, start, meta_length + body, decoded])
+            compressed = compressed or packed
         meta: dict[str, Any] = {"footer": [offset, length], "batches": batches}
+        if compressed:
+            meta["compressed"] = True
         for start, meta_length, body in dictionaries:
             _inside(name, start, meta_length + body, offset)
         if dictionaries:
@@ -148,19 +153,33 @@ class ArrowFiles(FormatBase):
     def decode(
         self, source: Source, member: Member, unit: int, columns: Sequence[str] | None
     ) -> Any:
-        pa, _ = _pyarrow()
+        pa, ipc = _pyarrow()
         name = source.name(member)
         batch, first, rows, _ = _units(member)[unit]
-        pieces = {o: source.read(member, o, n) for o, n in self.unit_ranges(member, unit)}
         try:
-            known = self._open(source, member, pieces, None).schema.names
+            schema = self._schema(source, member)
+            known = schema.names
             _check_columns(name, columns, known)
             asked = None if columns is None else list(dict.fromkeys(columns))
             if asked == []:  # no column: the rows alone
                 return pa.table({"": pa.nulls(rows)}).select([])
-            fields = None if asked is None else sorted(known.index(c) for c in asked)
-            record_batch = self._open(source, member, pieces, fields).get_batch(batch)
-        except (DatasetFormatError, SnapshotDriftError):
+            project = asked is not None and len(asked) < len(known)
+            if not member.meta.get("dictionaries") and not (
+                project and member.meta.get("compressed")
+            ):
+                # The batch's message and body alone: its columns are the bytes read,
+                # not a copy (decompressed, where they are compressed).
+                _, start, length, _ = member.meta["batches"][batch]
+                view = source.read(member, int(start), int(length))
+                record_batch = ipc.read_record_batch(pa.py_buffer(view), schema)
+            else:
+                # pyarrow's file reader reads the dictionaries, and decompresses only
+                # the asked columns' buffers
+                ranges = self.unit_ranges(member, unit)
+                pieces = {o: source.read(member, o, n) for o, n in ranges}
+                fields = sorted(known.index(c) for c in asked) if asked and project else None
+                record_batch = self._open(source, member, pieces, fields).get_batch(batch)
+        except (DatasetFormatError, SnapshotDriftError, MemoryError):
             raise
         except Exception as exc:  # pyarrow's errors of damaged bytes
             raise DatasetFormatError(
@@ -183,6 +202,17 @@ class ArrowFiles(FormatBase):
         return rows[0]
 
     # -- reading -----------------------------------------------------------------------
+
+    def _schema(self, source: Source, member: Member) -> Any:
+        """``member``'s Arrow schema, from its footer (kept per process)."""
+        key = (source.name(member), member.version)
+        schema = _SCHEMAS.get(key)
+        if schema is None:
+            offset, length = (int(v) for v in member.meta["footer"])
+            pieces = {offset: source.read(member, offset, length)}
+            schema = self._open(source, member, pieces, None).schema
+            _SCHEMAS.put(key, schema, length)
+        return schema
 
     def _open(
         self,
@@ -237,9 +267,10 @@ class ArrowFiles(FormatBase):
 
     def _batch(
         self, source: Source, member: Member, start: int, meta_length: int, body: int
-    ) -> tuple[int, int]:
-        """A record batch's rows and its buffers' uncompressed bytes, from its message
-        (and, when compressed, its buffers' length prefixes)."""
+    ) -> tuple[int, int, bool]:
+        """A record batch's rows, its buffers' uncompressed bytes and whether they are
+        compressed, from its message (and, when compressed, its buffers' length
+        prefixes)."""
         name = source.name(member)
         if not 8 <= meta_length <= _MAX_MESSAGE_BYTES:
             raise DatasetFormatError(
@@ -265,8 +296,8 @@ class ArrowFiles(FormatBase):
                 "the file is damaged; write it again"
             )
         if not compressed:
-            return rows, sum(n for _, n in buffers)
-        return rows, self._uncompressed(source, member, start + meta_length, buffers)
+            return rows, sum(n for _, n in buffers), False
+        return rows, self._uncompressed(source, member, start + meta_length, buffers), True
 
     def _uncompressed(
         self, source: Source, member: Member, body: int, buffers: list[tuple[int, ...]]
@@ -347,6 +378,8 @@ def _units(member: Member) -> list[tuple[int, int, int, int]]:
 
 
 _SPLITS = DecodedLRU(64 << 20, 4096)
+#: parsed schemas kept per process, by their footers' bytes
+_SCHEMAS = DecodedLRU(64 << 20, 64)
 _PARQUET: Final = ParquetRows()
 
 

@@ -36,8 +36,10 @@ the shard's order: ``int8`` .. ``uint64`` and ``float16`` .. ``float64`` as the 
 type of the same name, ``int`` as ``int64``, ``str`` as ``string`` (refused as damaged
 if it is not UTF-8), every other encoding as ``binary``: the encoded bytes (a scalar
 encoding whose recorded size is not its type's is ``binary`` too). Each field's
-metadata holds its encoding under ``mds.encoding`` (:data:`ENCODING`), which
-:meth:`MdsShards.sample` reads to give each value as before (below). The columns are
+metadata holds its encoding under ``mds.encoding`` (:data:`ENCODING`), and the
+schema's metadata all of them as JSON (``mds.encodings``, :data:`SCHEMA_ENCODINGS`),
+which :meth:`MdsShards.sample` reads to give each value as before (below); a column of
+neither (not one decode made) is given as Arrow gives it. The columns are
 gathered by numpy from the samples' bytes and the sizes at their starts, with no Python
 per sample; a sample whose bytes end inside its columns, or offsets other than those
 recorded, are refused as damaged (:class:`~chunkd.errors.DatasetFormatError`).
@@ -79,6 +81,7 @@ import importlib
 import itertools
 import json
 import struct
+import weakref
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -111,6 +114,7 @@ __all__ = [
     "ENCODINGS",
     "FORMAT",
     "MAX_OFFSETS",
+    "SCHEMA_ENCODINGS",
     "STREAMED_UNIT_BYTES",
     "MdsShards",
     "decode_sample",
@@ -126,8 +130,10 @@ _CACHE_ITEMS: Final = 2
 #: alone may be more): each unit decompresses the shard, so a shard of up to this size is
 #: one unit
 STREAMED_UNIT_BYTES: Final = MAX_UNIT_BYTES
-#: the key of a decoded column's field metadata that holds its MDS encoding
+#: the key of a decoded column's field metadata that holds its MDS encoding ...
 ENCODING: Final = b"mds.encoding"
+#: ... and of the table's schema metadata that holds every column's (JSON)
+SCHEMA_ENCODINGS: Final = b"mds.encodings"
 #: the MDS encodings decoded to Arrow numbers of the same type
 _SCALARS: Final = {
     **{t: t for t in ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32")},
@@ -147,6 +153,9 @@ _UINT32: Final = struct.Struct("<I")
 _CACHE = DecodedLRU(CACHE_BYTES, _CACHE_ITEMS)
 #: members' units (:func:`_plan`), kept per process
 _PLANS = DecodedLRU(16 << 20, 4096)
+#: each decoded schema's converters (:func:`_converters`), and the last table's
+_CONVERTERS: dict[tuple[bytes | None, tuple[str, ...]], list[tuple[str, Callable[[Any], Any]]]] = {}
+_LAST: list[tuple[weakref.ref[Any], list[tuple[str, Callable[[Any], Any]]]] | None] = [None]
 
 
 def _arrow() -> Any:
@@ -271,6 +280,8 @@ class MdsShards(FormatBase):
     name = "mds"
     version = 1
     suffixes = (".mds", ".mds.zstd", ".mds.gz", ".mds.bz2")
+    # a sample decodes its fields' bytes further (ndarray, json, ...): not the columns
+    columnar = False
 
     def scan(self, source: Source, member: Member, options: Mapping[str, Any]) -> Member:
         name = source.name(member)
@@ -346,22 +357,10 @@ class MdsShards(FormatBase):
             ) from None
 
     def sample(self, table: Any, row: int) -> dict[str, Any]:
-        found: dict[str, Any] = {}
-        for field, values in zip(table.schema, table.columns, strict=True):
-            encoding = field.metadata[ENCODING].decode()
-            value = values[row].as_py()
-            if isinstance(value, bytes):
-                try:
-                    value = decoder(encoding)(value)
-                except (ValueError, KeyError, IndexError) as exc:  # an ndarray's dtype code
-                    raise DatasetFormatError(
-                        f"the MDS column {field.name!r} ({encoding}) of this sample cannot be "
-                        f"decoded ({exc}): the shard is damaged"
-                    ) from None
-            elif encoding != "int" and not isinstance(value, str):
-                value = np.dtype(encoding).type(value)  # a numpy scalar, as Streaming gives
-            found[field.name] = value
-        return found
+        return {
+            name: convert(values[row].as_py())
+            for (name, convert), values in zip(_converters(table), table.columns, strict=True)
+        }
 
     def schema(self, members: list[Member]) -> Any:
         found = Counter(
@@ -576,7 +575,68 @@ def _table(
                     raise _Damaged(bad, f"its column {column!r} is not UTF-8") from None
         arrays.append(array)
         fields.append(pa.field(column, array.type, metadata={ENCODING: encoding.encode()}))
-    return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
+    # Every column's encoding in the schema's metadata too: one look-up for a sample.
+    encodings = json.dumps({column: recorded[position[column]][1] for column in asked})
+    schema = pa.schema(fields, metadata={SCHEMA_ENCODINGS: encodings.encode()})
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def _converters(table: Any) -> list[tuple[str, Callable[[Any], Any]]]:
+    """Each column's name and what turns its Arrow value into the sample's (kept per
+    schema: the encodings in the schema's metadata, else in each field's)."""
+    last = _LAST[0]
+    if last is not None and last[0]() is table:  # the rows of one table, one by one
+        return last[1]
+    names = table.column_names
+    metadata = table.schema.metadata
+    key = (metadata.get(SCHEMA_ENCODINGS) if metadata else None, tuple(names))
+    found = _CONVERTERS.get(key)
+    if found is None:
+        found = _CONVERTERS[key] = _build_converters(table, key[0])
+        if len(_CONVERTERS) > 256:
+            _CONVERTERS.clear()
+    _LAST[0] = (weakref.ref(table), found)
+    return found
+
+
+def _build_converters(
+    table: Any, encodings: bytes | None
+) -> list[tuple[str, Callable[[Any], Any]]]:
+    by_name = json.loads(encodings) if encodings is not None else {}
+    found = []
+    for field in table.schema:
+        encoding = by_name.get(field.name)
+        if encoding is None:  # a column another unit's table brought in
+            encoding = (field.metadata or {}).get(ENCODING, b"").decode()
+        # a column of no recorded encoding (not one decode made) as Arrow gives it
+        convert = _converter(field.name, encoding, field.type) if encoding else _same
+        found.append((field.name, convert))
+    return found
+
+
+def _converter(name: str, encoding: str, kind: Any) -> Callable[[Any], Any]:
+    pa = _arrow()
+    if kind == pa.binary():
+        decode = decoder(encoding)
+
+        def decoded(value: bytes) -> Any:
+            try:
+                return decode(value)
+            except (ValueError, KeyError, IndexError) as exc:  # an ndarray's dtype code
+                raise DatasetFormatError(
+                    f"the MDS column {name!r} ({encoding}) of this sample cannot be decoded "
+                    f"({exc}): the shard is damaged"
+                ) from None
+
+        return decoded
+    if kind == pa.string() or encoding == "int":
+        return _same
+    scalar: Callable[[Any], Any] = np.dtype(encoding).type  # a numpy scalar, as Streaming's
+    return scalar
+
+
+def _same(value: Any) -> Any:
+    return value
 
 
 def _utf8_ok(array: Any, row: int) -> bool:

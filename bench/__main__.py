@@ -8,9 +8,10 @@ run into ``history/`` (the last 50 runs on this machine).
 Options: ``--quick`` (small sizes, few rounds; checks the benchmarks work, figures mean
 little), ``--out DIR``, ``--work DIR`` (scratch space on the disk under test; default
 ``OUT/work``), ``--only SCENARIO`` (repeatable; ``ckpt`` runs every checkpoint
-scenario), ``--rounds N`` (every scenario that takes rounds runs N; by default saves
-run 5 or more and the others 3 or more). The soak (64 clients for 30 minutes) runs only
-when asked for: ``--only soak``; it is not part of the run of every scenario.
+scenario; ``loader`` the loader by columns), ``--rounds N`` (every scenario that takes
+rounds runs N; by default saves run 5 or more and the others 3 or more). The soak (64
+clients for 30 minutes) runs only when asked for: ``--only soak``; it is not part of the
+run of every scenario.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from . import (
     gateway_bench,
     inspector_bench,
     listing_bench,
+    loader_bench,
     s3front_bench,
     soak_bench,
     ttfb_bench,
@@ -86,6 +88,7 @@ def main() -> int:
             "fanout",
             "coldlink",
             "ttfb",
+            "loader",
             "datasets",
             "inspector",
             "s3front",
@@ -154,6 +157,12 @@ def main() -> int:
             s3front_bench.run(report, work / "s3front", quick=args.quick)
         if wanted("faults", "faults", "faults: what the fault points cost when none is armed"):
             faults_bench.run(report, work / "faults", quick=args.quick)
+        # Not in the quick run of every scenario (the test suite's, which has a test of
+        # its own for it): the loader's rounds take processes, daemons and epochs.
+        if (only is None and not args.quick) or (only is not None and "loader" in only):
+            report.area = "datasets and time to first batch"
+            print("loader: columns, against pyarrow and each format's own reader", flush=True)
+            loader_bench.run(report, work / "loader", quick=args.quick)
         # Not in the quick run of every scenario (the test suite's): its Streaming
         # baseline needs a venv of its own, which only a full run builds.
         if (only is None and not args.quick) or (only is not None and "ttfb" in only):

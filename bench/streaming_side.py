@@ -347,6 +347,27 @@ def _read(options: argparse.Namespace) -> None:
     )
 
 
+def _mds_read(options: argparse.Namespace) -> None:
+    """Streaming's own MDS reader over a local folder of shards and its ``index.json``:
+    every sample of every shard, in order, by ``Reader.get_item`` (a decoded dict), one
+    untimed pass, then ``--passes`` timed ones; a JSON line per timed pass."""
+    _stub_torchvision()
+    from streaming.base.format import reader_from_json
+
+    folder = options.folder
+    shards = json.loads((Path(folder) / "index.json").read_text())["shards"]
+    readers = [reader_from_json(folder, None, entry) for entry in shards]
+    for timed in [False] + [True] * options.passes:
+        count = 0
+        started = time.perf_counter()
+        for reader in readers:
+            for i in range(reader.samples):
+                reader.get_item(i)
+                count += 1
+        if timed:
+            print(json.dumps({"samples": count, "seconds": time.perf_counter() - started}))
+
+
 def main() -> None:
     """The commands of this script (see the module docstring)."""
     parser = argparse.ArgumentParser(prog="streaming_side.py", description=__doc__)
@@ -368,6 +389,9 @@ def main() -> None:
     read.add_argument("--seed", type=int, default=17)
     read.add_argument("--max-batches", type=int, default=0)
     read.add_argument("--ids-out", required=True)
+    mds = commands.add_parser("mds-read", help="Streaming's MDS reader over a local folder")
+    mds.add_argument("--folder", required=True)
+    mds.add_argument("--passes", type=int, default=3)
     options = parser.parse_args()
     if options.command == "setup":
         got = ensure_venv()
@@ -378,6 +402,7 @@ def main() -> None:
         "probe": lambda: _probe(),
         "convert": lambda: _convert(options),
         "read": lambda: _read(options),
+        "mds-read": lambda: _mds_read(options),
     }[options.command]()
 
 

@@ -102,6 +102,43 @@ def test_bench_quick_run_writes_a_complete_report(tmp_path: Path) -> None:
     assert not (tmp_path / "work").exists()  # scratch space is cleaned up
 
 
+@pytest.mark.timeout(90)  # the loader at tiny sizes: under a minute on 2 shared cores
+def test_loader_bench_quick_run_reports_every_row(tmp_path: Path) -> None:
+    # The loader bench runs apart from the quick run of everything (its rounds start
+    # daemons and rank processes): each of its rows comes out, with figures on both sides.
+    result = subprocess.run(
+        [sys.executable, "-m", "bench", "--only", "loader", "--quick", "--out", str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=85,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = {row["scenario"]: row for row in json.loads((tmp_path / "results.json").read_text())}
+    expected = {
+        "one process, warm: Loader epoch, batch.columns (decoded once by the daemon)",
+        "one process, warm: Loader epoch, batch.columns (in-process)",
+        "one process, warm: Loader epoch, batch.samples (per sample)",
+        "4 ranks of one node: samples/s in all (Loader, shared decode)",
+        "4 ranks of one node: units decoded by the daemon per unit",
+        "4 ranks of one node: peak decoded bytes held, within decoded_bytes",
+        "JSON lines: Loader epoch, batch.columns",
+        "WebDataset: Loader epoch, batch.columns",
+        "MDS: Loader epoch, batch.columns",
+    }
+    assert expected <= set(rows)
+    for name in expected - {"MDS: Loader epoch, batch.columns"}:  # no Streaming in --quick
+        assert rows[name]["chunkd"] > 0, name
+        assert rows[name]["baseline"] > 0, name
+    assert rows["MDS: Loader epoch, batch.columns"]["chunkd"] > 0
+    # each unit decoded once by the daemon for the four ranks, and held within the budget
+    assert rows["4 ranks of one node: units decoded by the daemon per unit"]["chunkd"] == 1.0
+    held = rows["4 ranks of one node: peak decoded bytes held, within decoded_bytes"]
+    assert held["chunkd"] <= held["baseline"]
+    assert not (tmp_path / "work").exists()
+
+
 def _row(scenario: str, figures: list[float], unit: str = "GB/s", **kw: object) -> Result:
     """A row whose baseline is 1 every round: its ratio is its figure."""
     samples = Rounds.of(figures, [1.0] * len(figures))

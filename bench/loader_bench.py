@@ -61,7 +61,7 @@ from .daemon import BenchDaemon
 from .report import Report, Result, Rounds
 from .streaming_side import StreamingVenv, ensure_venv
 
-__all__ = ["run"]
+__all__ = ["DecodedPeak", "decode_metrics", "run"]
 
 BATCH = 256
 WORLD = 4
@@ -154,7 +154,7 @@ def _register(daemon: BenchDaemon, name: str, prefix: str, fmt: str) -> dict[str
     return registered
 
 
-def metrics(url: str) -> dict[str, float]:
+def decode_metrics(url: str) -> dict[str, float]:
     """The daemon's ``chunkd_dataset_decode*`` metrics, ``name{labels}`` to value."""
     with urllib.request.urlopen(f"{url}/metrics", timeout=30) as response:
         text = response.read().decode()
@@ -253,9 +253,9 @@ def _one_process(report: Report, work: Path, *, quick: bool) -> dict[str, Any]:
         }
         for run in contenders.values():  # warm: the daemon's cache and entries, the page cache
             assert run()[0] == total
-        before = metrics(daemon.url)
+        before = decode_metrics(daemon.url)
         rates = _interleaved(report.rounds_for(1 if quick else 3), contenders)
-        after = metrics(daemon.url)
+        after = decode_metrics(daemon.url)
         client.close()
     finally:
         daemon.stop()
@@ -305,7 +305,7 @@ def _one_process(report: Report, work: Path, *, quick: bool) -> dict[str, Any]:
 # -- 2. four ranks -----------------------------------------------------------------------
 
 
-class _Poll:
+class DecodedPeak:
     """``chunkd_dataset_decoded_bytes`` of a daemon, polled every 20 ms: its peak."""
 
     def __init__(self, url: str) -> None:
@@ -318,7 +318,7 @@ class _Poll:
     def _run(self) -> None:
         while not self._done.is_set():
             try:
-                found = metrics(self.url)
+                found = decode_metrics(self.url)
             except OSError:
                 found = {}
             self.peak = max(self.peak, found.get("chunkd_dataset_decoded_bytes", 0.0))
@@ -361,8 +361,8 @@ def _four_ranks(report: Report, work: Path, first: dict[str, Any], *, quick: boo
     def chunkd_job() -> tuple[int, float]:
         daemon = BenchDaemon(work, budget_env)  # a fresh daemon: no decoded entry held
         try:
-            before = metrics(daemon.url)
-            poll = _Poll(daemon.url)
+            before = decode_metrics(daemon.url)
+            poll = DecodedPeak(daemon.url)
             seed = next(seeds)
             samples, span, answers = _ranks(
                 lambda r: [
@@ -377,7 +377,7 @@ def _four_ranks(report: Report, work: Path, first: dict[str, Any], *, quick: boo
                 ]
             )
             peak = poll.stop()
-            after = metrics(daemon.url)
+            after = decode_metrics(daemon.url)
         finally:
             daemon.stop()
         assert samples == total, (samples, total)

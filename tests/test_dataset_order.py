@@ -508,7 +508,11 @@ def test_unit_bytes_are_checked_and_default_to_the_decode_caches_bound() -> None
 
 
 def test_the_formats_name_their_units_decoded_bytes_from_the_manifest() -> None:
-    from chunkd.client.datasets.formats import format_of, unit_bytes_of
+    from chunkd.client.datasets.formats import format_of
+
+    def units(member: Member) -> tuple[list[int], list[int]]:
+        fmt = format_of(member.format)
+        return fmt.units(member), fmt.unit_bytes(member)
 
     rg = Member(
         "a.parquet",
@@ -518,7 +522,7 @@ def test_the_formats_name_their_units_decoded_bytes_from_the_manifest() -> None:
         samples=5,
         meta={"row_groups": [[2, 4, 3, 700], [3, 7, 2, 900]]},
     )
-    assert unit_bytes_of(format_of("parquet"), rg) == [700, 900]
+    assert units(rg) == ([2, 3], [700, 900])  # a row group's uncompressed size
     zst = Member(
         "a.jsonl.zst",
         10,
@@ -527,48 +531,11 @@ def test_the_formats_name_their_units_decoded_bytes_from_the_manifest() -> None:
         samples=5,
         meta={"seekable": False, "bytes": 12345, "index": [[0, 0]]},
     )
-    assert unit_bytes_of(format_of("jsonl"), zst) == [12345]
-    seekable = Member(
-        "a.jsonl.zst",
-        10,
-        "v",
-        "jsonl",
-        samples=5,
-        meta={"seekable": True, "bytes": 12345, "index": [[0, 0, 0, 0, 0]]},
-    )
-    plain = Member("a.jsonl", 10, "v", "jsonl", samples=5, meta={"index": [[0, 0]]})
-    assert unit_bytes_of(format_of("jsonl"), seekable) is None
-    assert unit_bytes_of(format_of("jsonl"), plain) is None
-    shard = Member(
-        "a.mds.zstd", 10, "v", "mds", samples=5, meta={"raw_bytes": 4096, "compression": "zstd"}
-    )
-    assert unit_bytes_of(format_of("mds"), shard) == [4096]
-    raw = Member("a.mds", 10, "v", "mds", samples=5, meta={})
-    assert unit_bytes_of(format_of("mds"), raw) is None
-    assert unit_bytes_of(format_of("fixed"), raw) is None
-
-
-# -- the state ---------------------------------------------------------------------------
-
-
-@given(
-    seed=st.integers(0, 2**64 - 1),
-    epoch=st.integers(0, 2**32 - 1),
-    cursor=st.integers(0, 2**63 - 1),
-    shuffle=st.booleans(),
-    window=st.one_of(st.none(), st.integers(1, 2**32 - 1)),
-    window_bytes=st.one_of(st.none(), st.integers(0, 2**63 - 1)),
-)
-def test_a_state_is_small_json_that_round_trips(
-    seed: int, epoch: int, cursor: int, shuffle: bool, window: int | None, window_bytes: int | None
-) -> None:
-    state = LoaderState(SNAPSHOT, seed, epoch, cursor, shuffle, window, window_bytes)
-    text = state.to_json()
-    assert len(text.encode()) <= MAX_STATE_BYTES
-    assert json.loads(text)["format"] == STATE_FORMAT
-    assert LoaderState.parse(text) == state
-    assert LoaderState.parse(text.encode()) == state
-    assert LoaderState.parse(state.to_dict()) == state
+    lines, decoded = units(zst)
+    assert lines == [5]
+    assert decoded[0] >= 12345  # what decompresses, and the lines' offsets
+    records = Member("a.bin", 40, "v", "fixed", samples=5, meta={"record_bytes": 8})
+    assert units(records) == ([5], [40])  # records read in place still make a table
 
 
 def test_the_longest_state_fits() -> None:

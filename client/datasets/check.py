@@ -35,11 +35,11 @@ Warnings
         manifest entry, and a read of a tiny file is all overhead (the anchor: DVC's
         hours over 600k files). Pack them into shards of 64 MiB to 1 GiB.
     ``row-group-too-big``
-        a Parquet row group of more than :data:`ROW_GROUP_MAX_BYTES` uncompressed: a
-        read of any of its rows fetches and decodes all of it, and a group this big does
-        not fit the per-process cache of decoded row groups
-        (:data:`~chunkd.client.datasets.formats.parquet.ROW_GROUP_CACHE_BYTES`), so it
-        is decoded again for every row read from it. Write groups of 1 to 128 MiB.
+        a Parquet row group of more than :data:`ROW_GROUP_MAX_BYTES` uncompressed: it is
+        cut into units of at most
+        :data:`~chunkd.client.datasets.formats.MAX_UNIT_BYTES` (128 MiB), and each unit
+        reads the whole group's column chunks and decodes the group's rows up to its own,
+        so the group costs several times its decode. Write groups of 1 to 128 MiB.
     ``row-group-too-small``
         a Parquet member of several row groups whose median group is below
         :data:`ROW_GROUP_MIN_BYTES` uncompressed: each group is a ranged read and a
@@ -77,7 +77,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal
 
 import numpy as np
 
-from chunkd.client.datasets.formats import jsonl, mds, parquet, wds
+from chunkd.client.datasets.formats import MAX_UNIT_BYTES, jsonl, mds, wds
 from chunkd.errors import DatasetFormatError, SnapshotDriftError
 
 if TYPE_CHECKING:
@@ -101,7 +101,7 @@ TINY_FILES: Final = 1000
 #: ... of a median size below this are "a great many tiny files"
 TINY_BYTES: Final = 1 << 20
 #: a Parquet row group bigger than this (uncompressed) is too big for random access
-ROW_GROUP_MAX_BYTES: Final = parquet.ROW_GROUP_CACHE_BYTES
+ROW_GROUP_MAX_BYTES: Final = MAX_UNIT_BYTES
 #: row groups whose median is smaller than this (uncompressed) are too small
 ROW_GROUP_MIN_BYTES: Final = 1 << 20
 #: distinct findings of one code listed; the rest are counted in one more
@@ -254,9 +254,9 @@ def _row_groups(found: _Findings, member: Member) -> None:
             "warning",
             member.key,
             "row-group-too-big",
-            f"a row group of {_size(biggest)} uncompressed: reading any of its rows decodes "
-            f"all of it, and groups over {_size(ROW_GROUP_MAX_BYTES)} are decoded again for "
-            "every row; write row groups of 1 to 128 MiB",
+            f"a row group of {_size(biggest)} uncompressed: groups over "
+            f"{_size(ROW_GROUP_MAX_BYTES)} are cut into units that each read the whole "
+            "group and decode it up to their rows; write row groups of 1 to 128 MiB",
         )
     median = statistics.median(sizes)
     if len(sizes) > 1 and median < ROW_GROUP_MIN_BYTES:

@@ -82,7 +82,6 @@ from numpy.typing import NDArray
 from chunkd.client.datasets.columns import DECODE_THREADS, Rows, Units, take
 from chunkd.client.datasets.formats import (
     DECODED_CACHE_BYTES,
-    format_of,
     snapshot_unit_bytes,
     snapshot_units,
 )
@@ -815,10 +814,6 @@ def open_units(dataset: Readable, settings: ReadSettings) -> Units | None:
     sample)."""
     source = getattr(dataset, "source", None)
     if source is None:
-        return None
-    formats = {member.format for member in dataset.snapshot.members}
-    # TODO(issue 25): until every format decodes units (jsonl, wds, mds are being moved)
-    if not all(hasattr(format_of(name), "decode") for name in formats):
         return None
     client = client_of(dataset)
     shared = SharedDecoder(client) if settings.shared_decode and client is not None else None

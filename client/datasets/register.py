@@ -25,12 +25,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
 from chunkd import memfd
-from chunkd.client.datasets.formats import detect, format_of, settle
+from chunkd.client.datasets.formats import detect, format_of, names, settle
 from chunkd.client.datasets.source import PinnedSource
 from chunkd.client.protocol import MAX_LAYOUT
 from chunkd.client.views import chunk_budget
 from chunkd.errors import ChunkdError, DatasetFormatError, InvalidRequestError
-from chunkd.snapshot import FORMATS, Member, Snapshot, canonical, check_dataset_name
+from chunkd.snapshot import Member, Snapshot, canonical, check_dataset_name
 
 if TYPE_CHECKING:
     from chunkd.client.core import Client
@@ -85,9 +85,10 @@ def parse_format(text: str) -> tuple[str, dict[str, Any]]:
                 f"--format {text!r}: fixed-size records need their size, as fixed:N (bytes)"
             )
         return "fixed", {"record_bytes": int(arg)}
-    if arg or (name != "auto" and name not in FORMATS):
+    known = names()
+    if arg or (name != "auto" and name not in known):
         raise InvalidRequestError(
-            f"--format {text!r}: use auto, {', '.join(f for f in FORMATS if f != 'fixed')} "
+            f"--format {text!r}: use auto, {', '.join(f for f in known if f != 'fixed')} "
             "or fixed:N"
         )
     return name, {}

@@ -303,6 +303,20 @@ def test_decoding_ahead_holds_at_most_its_bytes() -> None:
     assert units.decoded >= len(keys)
 
 
+def test_a_loader_decodes_ahead_all_epoch_long() -> None:
+    # 40 units of 4 rows, windows of 4 units, and room for 3 windows: once what it holds
+    # is full, the reader still asks for its next steps' units ahead (the units it no
+    # longer needs go first), so nearly every unit is decoded ahead of its step
+    dataset = parquet_dataset([40] * 4, 4, nulls=False)
+    per = max(b for m in dataset.snapshot.members for b in format_of("parquet").unit_bytes(m))
+    loader = Loader(dataset, batch_size=4, seed=1, window=4, decode_ahead=12 * per, prefetch=3)
+    assert sum(len(b) for b in loader) == 160
+    units = loader.units()
+    assert units is not None
+    assert units.decoded == 40
+    assert units.ahead_started >= 30
+
+
 def test_arrays_of_an_empty_table_and_a_sliced_fixed_column() -> None:
     table = pa.table({"r": pa.array([b"ab", b"cd", b"ef"], pa.binary(2))}).slice(1, 2)
     got = arrays(table)["r"]

@@ -92,10 +92,13 @@ class Units:
         self._lock = threading.Lock()
         self._formats: dict[str, Format] = {}
         self._starts: dict[int, NDArray[np.int64]] = {}
+        self._costs: dict[int, list[int]] = {}
         self._views: dict[UnitKey, tuple[Any, dict[int, NDArray[Any] | None]]] = {}
-        #: units decoded in this process, and units mapped from the daemon
+        #: units decoded in this process, units mapped from the daemon, and units asked
+        #: for ahead of their step
         self.decoded = 0
         self.mapped = 0
+        self.ahead_started = 0
 
     def format(self, member: int) -> Format:
         """Member ``member``'s format."""
@@ -108,7 +111,13 @@ class Units:
     def unit_bytes(self, key: UnitKey) -> int:
         """A unit's decoded bytes, as its format counts them."""
         member, unit = key
-        return int(self.format(member).unit_bytes(self.snapshot.members[member])[unit])
+        costs = self._costs.get(member)
+        if costs is None:
+            costs = self.format(member).unit_bytes(self.snapshot.members[member])
+            if len(self._costs) > 4096:
+                self._costs.clear()
+            self._costs[member] = costs
+        return int(costs[unit])
 
     def locate(
         self, members: NDArray[np.int64], samples: NDArray[np.int64]
@@ -153,18 +162,24 @@ class Units:
 
     def ahead(self, keys: Sequence[UnitKey]) -> int:
         """Start getting ``keys`` (in the order of need) in the background, as far as
-        ``held_bytes`` allows; returns how many were started."""
+        ``held_bytes`` allows: the units asked for that are held, and those in flight,
+        count against it; the other units held are the first to go. Returns how many
+        were started."""
         if not self._threads:
             return 0
         started = 0
         with self._lock:
-            budget = self.held_bytes - self._held_total
-            budget -= sum(self.unit_bytes(k) for k in self._flights)
-            for key in dict.fromkeys(keys):
+            wanted = list(dict.fromkeys(keys))
+            budget = self.held_bytes - sum(self.unit_bytes(k) for k in self._flights)
+            for key in reversed(wanted):  # the soonest needed ends most recently used
+                if key in self._held:
+                    self._held.move_to_end(key)
+                    budget -= self._held[key][1]
+            for key in wanted:
                 if key in self._held or key in self._flights:
                     continue
                 cost = self.unit_bytes(key)
-                if cost > budget and (self._held or self._flights):
+                if cost > budget and (started or self._flights):
                     break
                 budget -= cost
                 if self._pool is None:
@@ -173,6 +188,7 @@ class Units:
                     )
                 self._flights[key] = self._pool.submit(self._ahead, key)
                 started += 1
+            self.ahead_started += started
         return started
 
     def _ahead(self, key: UnitKey) -> Any:

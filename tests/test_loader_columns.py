@@ -369,3 +369,21 @@ def test_a_nodes_loaders_take_units_the_daemon_decoded_once(
         )
     assert daemon.metric("chunkd_dataset_decodes_total", where="daemon") == units_total
     assert daemon.metric("chunkd_dataset_decodes_total", where="reader") == 0
+
+
+def test_a_batch_sent_from_a_worker_keeps_its_columns_samples_and_ids() -> None:
+    import pickle
+
+    dataset = parquet_dataset([30], 7, nulls=True)
+    batch = next(iter(Loader(dataset, batch_size=9, seed=6, columns=["i", "s"])))
+    moved = pickle.loads(pickle.dumps(batch))
+    assert moved.ids == batch.ids
+    assert moved.samples == batch.samples
+    assert moved.columns["i"].tolist() == batch.columns["i"].tolist()
+    transformed = Loader(
+        dataset, batch_size=9, seed=6, columns=["i"], batch_transform=lambda c: {"n": c["i"] + 1}
+    )
+    first = next(iter(transformed))
+    again = pickle.loads(pickle.dumps(first))
+    assert again.samples == first.samples
+    assert again.columns["n"].tolist() == [s["i"] + 1 for s in first.samples]

@@ -392,8 +392,8 @@ class Batch:
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Sent from a DataLoader or Grain worker: what was built goes as it is; the rows
-        # go only where nothing was built of them yet (then the parent builds them).
-        built = self._samples is not None or self._columns is not None
+        # go where the samples were not built yet (then the receiver builds them).
+        built = self._samples is not None
         return (
             _rebuilt,
             (

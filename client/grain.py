@@ -38,8 +38,8 @@ Importing this module imports grain (``pip install grain``); grain needs no jax.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, Unpack
 
 import grain
 import numpy as np
@@ -49,9 +49,9 @@ from chunkd.client.datasets.columns import Units
 from chunkd.client.datasets.dataset import Dataset
 from chunkd.client.datasets.formats import snapshot_unit_bytes, snapshot_units
 from chunkd.client.datasets.loader import (
-    UNSET,
     Batch,
     Readable,
+    ReadOptions,
     ReadSettings,
     Steps,
     Tail,
@@ -255,37 +255,10 @@ class ChunkdIterDataset(grain.IterDataset):  # type: ignore[misc]
         collate_fn: Callable[[list[Any]], Any] | None = None,
         batch_transform: Callable[[dict[str, Any]], Any] | None = None,
         client_factory: ClientFactory | None = None,
-        batch_size: int = UNSET,
-        seed: int = UNSET,
-        rank: int = UNSET,
-        world_size: int = UNSET,
-        shuffle: bool = UNSET,
-        window: int | None = UNSET,
-        window_bytes: int | None = UNSET,
-        tail: Tail = UNSET,
-        prefetch: int = UNSET,
-        columns: Sequence[str] | None = UNSET,
-        decode_ahead: int = UNSET,
-        shared_decode: bool = UNSET,
+        **options: Unpack[ReadOptions],
     ) -> None:
         super().__init__()
-        chosen = ReadSettings.merged(
-            settings,
-            {
-                "batch_size": batch_size,
-                "seed": seed,
-                "rank": rank,
-                "world_size": world_size,
-                "shuffle": shuffle,
-                "window": window,
-                "window_bytes": window_bytes,
-                "tail": tail,
-                "prefetch": prefetch,
-                "columns": columns,
-                "decode_ahead": decode_ahead,
-                "shared_decode": shared_decode,
-            },
-        )
+        chosen = ReadSettings.merged(settings, options)
         self.settings = chosen
         self.source = GrainSource(dataset, client_factory)
         self.batch_size = chosen.batch_size

@@ -74,7 +74,7 @@ import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Final, Literal, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, Final, Literal, NamedTuple, Protocol, TypedDict, Unpack
 
 import numpy as np
 from numpy.typing import NDArray
@@ -97,9 +97,9 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_PREFETCH",
     "TAILS",
-    "UNSET",
     "Batch",
     "Loader",
+    "ReadOptions",
     "ReadSettings",
     "Share",
     "StepIds",
@@ -766,15 +766,16 @@ class ReadSettings:
         return (_settings, ({n: getattr(self, n) for n in self.__slots__},))
 
     @classmethod
-    def merged(cls, settings: ReadSettings | None, given: Mapping[str, Any]) -> ReadSettings:
-        """``settings`` with the ``given`` keyword arguments (those not :data:`UNSET`)
-        over it; without ``settings``, ``batch_size`` and ``seed`` must be given.
+    def merged(cls, settings: ReadSettings | None, given: ReadOptions) -> ReadSettings:
+        """``settings`` with the ``given`` keyword arguments over it; without
+        ``settings``, ``batch_size`` and ``seed`` must be given.
 
         Raises:
-            TypeError: neither ``settings`` nor both of ``batch_size`` and ``seed``.
+            TypeError: neither ``settings`` nor both of ``batch_size`` and ``seed``, or
+                a keyword that is not a setting.
             ValueError: a setting out of its range.
         """
-        chosen = {k: v for k, v in given.items() if v is not UNSET}
+        chosen: dict[str, Any] = dict(given)
         if settings is not None:
             return settings.replace(**chosen) if chosen else settings
         if "batch_size" not in chosen or "seed" not in chosen:
@@ -799,13 +800,22 @@ def _settings(fields: dict[str, Any]) -> ReadSettings:
     return ReadSettings(**fields)
 
 
-class _Unset:
-    def __repr__(self) -> str:
-        return "UNSET"
+class ReadOptions(TypedDict, total=False):
+    """:class:`ReadSettings`' settings as keyword arguments (what the adapters take
+    with ``**options``)."""
 
-
-#: a keyword argument not given (its ``settings=`` value, or the default, holds)
-UNSET: Final[Any] = _Unset()
+    batch_size: int
+    seed: int
+    rank: int
+    world_size: int
+    shuffle: bool
+    window: int | None
+    window_bytes: int | None
+    tail: Tail
+    prefetch: int
+    columns: Sequence[str] | None
+    decode_ahead: int
+    shared_decode: bool
 
 
 def open_units(dataset: Readable, settings: ReadSettings) -> Units | None:
@@ -853,8 +863,10 @@ class Loader:
         transform: applied to each sample (of :attr:`Batch.samples`).
         batch_transform: makes a batch's :attr:`~Batch.columns` of its columns (the
             fast way to transform: whole columns at once).
-        batch_size, seed, rank, world_size, shuffle, window, window_bytes, tail,
-        prefetch, columns, decode_ahead, shared_decode: as :class:`ReadSettings`.
+        options: the settings as keyword arguments (:class:`ReadOptions`:
+            ``batch_size``, ``seed``, ``rank``, ``world_size``, ``shuffle``,
+            ``window``, ``window_bytes``, ``tail``, ``prefetch``, ``columns``,
+            ``decode_ahead``, ``shared_decode``), over ``settings``.
 
     Raises:
         ValueError: an argument out of its range.
@@ -869,36 +881,9 @@ class Loader:
         client: Client | None = None,
         transform: Callable[[Any], Any] | None = None,
         batch_transform: Callable[[dict[str, Any]], Any] | None = None,
-        batch_size: int = UNSET,
-        seed: int = UNSET,
-        rank: int = UNSET,
-        world_size: int = UNSET,
-        shuffle: bool = UNSET,
-        window: int | None = UNSET,
-        window_bytes: int | None = UNSET,
-        tail: Tail = UNSET,
-        prefetch: int = UNSET,
-        columns: Sequence[str] | None = UNSET,
-        decode_ahead: int = UNSET,
-        shared_decode: bool = UNSET,
+        **options: Unpack[ReadOptions],
     ) -> None:
-        self.settings = ReadSettings.merged(
-            settings,
-            {
-                "batch_size": batch_size,
-                "seed": seed,
-                "rank": rank,
-                "world_size": world_size,
-                "shuffle": shuffle,
-                "window": window,
-                "window_bytes": window_bytes,
-                "tail": tail,
-                "prefetch": prefetch,
-                "columns": columns,
-                "decode_ahead": decode_ahead,
-                "shared_decode": shared_decode,
-            },
-        )
+        self.settings = ReadSettings.merged(settings, options)
         chosen = self.settings
         self.dataset = dataset
         self.batch_size = chosen.batch_size

@@ -8,16 +8,16 @@ the ``state_dict``/``load_state_dict`` pair torchdata's ``StatefulDataLoader`` c
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, Unpack
 
 from torch.utils.data import IterableDataset, default_collate, get_worker_info
 
 from chunkd.client.datasets.loader import (
-    UNSET,
     Batch,
     Readable,
+    ReadOptions,
     ReadSettings,
     Steps,
     Tail,
@@ -126,37 +126,10 @@ class SnapshotDataset(IterableDataset[Batch]):
         transform: Callable[[Any], Any] | None = None,
         batch_transform: Callable[[dict[str, Any]], Any] | None = None,
         collate_fn: Callable[[Any], Any] | None = _COLLATE,
-        batch_size: int = UNSET,
-        seed: int = UNSET,
-        rank: int = UNSET,
-        world_size: int = UNSET,
-        shuffle: bool = UNSET,
-        window: int | None = UNSET,
-        window_bytes: int | None = UNSET,
-        tail: Tail = UNSET,
-        prefetch: int = UNSET,
-        columns: Sequence[str] | None = UNSET,
-        decode_ahead: int = UNSET,
-        shared_decode: bool = UNSET,
+        **options: Unpack[ReadOptions],
     ) -> None:
         super().__init__()
-        chosen = ReadSettings.merged(
-            settings,
-            {
-                "batch_size": batch_size,
-                "seed": seed,
-                "rank": rank,
-                "world_size": world_size,
-                "shuffle": shuffle,
-                "window": window,
-                "window_bytes": window_bytes,
-                "tail": tail,
-                "prefetch": prefetch,
-                "columns": columns,
-                "decode_ahead": decode_ahead,
-                "shared_decode": shared_decode,
-            },
-        )
+        chosen = ReadSettings.merged(settings, options)
         self.settings = chosen
         self._dataset = dataset
         self.batch_size = chosen.batch_size

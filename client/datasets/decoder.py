@@ -42,13 +42,12 @@ import importlib
 import json
 import logging
 import os
-import resource
 import socket
 import sys
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any, BinaryIO, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from chunkd import memfd
+from chunkd.client.inspect.worker import MAX_REQUEST_BYTES, limit_memory, requests
 from chunkd.errors import ChunkdError, DatasetFormatError, InvalidRequestError
 
 if TYPE_CHECKING:
@@ -59,8 +58,6 @@ __all__ = ["Decoder", "main"]
 
 log = logging.getLogger("chunkd.datasets.decoder")
 
-#: the longest request line read (a request is at most a local-socket header's size)
-MAX_REQUEST_BYTES: Final = 1 << 20
 #: the client cache is at most this share of the worker's memory, and at most this much
 _CACHE_SHARE: Final = 8
 _CACHE_BYTES: Final = 256 << 20
@@ -226,31 +223,6 @@ def _error(n: Any, kind: str, message: str) -> str:
     return json.dumps({"n": n, "ok": False, "error": kind, "message": message[:4000]})
 
 
-def limit_memory(memory: int) -> None:
-    """Limit the process's address space to ``memory`` bytes (never above its hard limit)."""
-    _, hard = resource.getrlimit(resource.RLIMIT_AS)
-    if hard != resource.RLIM_INFINITY:
-        memory = min(memory, hard)
-    resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
-
-
-def _requests(stdin: BinaryIO) -> Iterator[bytes | None]:
-    """Request lines (None for one too long, which is skipped to its end)."""
-    while True:
-        line = stdin.readline(MAX_REQUEST_BYTES + 1)
-        if not line:
-            return
-        if len(line) > MAX_REQUEST_BYTES and not line.endswith(b"\n"):
-            while True:
-                rest = stdin.readline(MAX_REQUEST_BYTES)
-                if not rest or rest.endswith(b"\n"):
-                    break
-            yield None
-            continue
-        if line.strip():
-            yield line
-
-
 def main(argv: list[str] | None = None) -> int:
     """Run a decode worker on stdin and stdout until stdin ends."""
     parser = argparse.ArgumentParser(
@@ -279,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
 
     decoder = Decoder(options.socket, options.memory, channel)
     try:
-        for line in _requests(sys.stdin.buffer):
+        for line in requests(sys.stdin.buffer):
             if line is None:
                 text = _error(
                     None, "InvalidRequestError", f"a request line over {MAX_REQUEST_BYTES} bytes"

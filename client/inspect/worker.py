@@ -61,7 +61,7 @@ if TYPE_CHECKING:
     from chunkd.client.inspect.objects import Views
     from chunkd.client.inspect.registry import Registry
 
-__all__ = ["OPS", "Worker", "main"]
+__all__ = ["MAX_REQUEST_BYTES", "OPS", "Worker", "limit_memory", "main", "requests"]
 
 log = logging.getLogger("chunkd.inspect.worker")
 
@@ -539,8 +539,9 @@ def limit_memory(memory: int) -> None:
     resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
 
 
-def _requests(stdin: BinaryIO) -> Iterator[bytes | None]:
-    """Request lines (None for one too long, which is skipped to its end)."""
+def requests(stdin: BinaryIO) -> Iterator[bytes | None]:
+    """Request lines of a worker's stdin (None for one over :data:`MAX_REQUEST_BYTES`,
+    which is skipped to its end): the inspector's worker's, and the decoder's."""
     while True:
         line = stdin.readline(MAX_REQUEST_BYTES + 1)
         if not line:
@@ -597,7 +598,7 @@ def main(argv: list[str] | None = None) -> int:
 
     worker = Worker(options.socket, options.memory)
     try:
-        for line in _requests(sys.stdin.buffer):
+        for line in requests(sys.stdin.buffer):
             if line is None:
                 text = dumps(
                     _error(

@@ -119,6 +119,20 @@ class Units:
             self._costs[member] = costs
         return int(costs[unit])
 
+    def ranges(self, keys: Sequence[UnitKey]) -> list[tuple[str, int, int]]:
+        """The byte ranges ``(BACKEND/KEY, offset, length)`` decoding ``keys`` reads, each
+        once, from the manifest alone (for a prefetch; none from a source whose objects
+        are not what it reads: a frozen snapshot's)."""
+        if not getattr(self.source, "prefetchable", True):
+            return []
+        found: dict[tuple[str, int, int], None] = {}
+        for member_index, unit in dict.fromkeys(keys):
+            member = self.snapshot.members[member_index]
+            name = self.source.name(member)
+            for offset, length in self.format(member_index).unit_ranges(member, unit):
+                found[name, int(offset), int(length)] = None
+        return list(found)
+
     def locate(
         self, members: NDArray[np.int64], samples: NDArray[np.int64]
     ) -> tuple[NDArray[np.int64], NDArray[np.int64]]:

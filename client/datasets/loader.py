@@ -483,21 +483,27 @@ def read_steps(
     timer: FirstBatch | None = FirstBatch(dataset)
     plans: dict[int, _Plan] = {}  # the located positions of the steps asked for ahead
     for i, step in enumerate(own):
+        if units is not None:
+            for ahead in own[i : i + prefetch + 1]:
+                if ahead not in plans:
+                    plans[ahead] = _Plan.of(units, order, steps.positions(ahead, rank)[0])
         if prefetch and client is not None:
             upto = min(len(own), i + prefetch + 1)
             if warmed < upto:
-                pairs = [p for s in own[warmed:upto] for p in _pairs(order, steps, s, rank)]
-                warm(client, dataset.ranges(pairs))
+                if units is not None:  # the steps' units' ranges, each once
+                    keys = [k for s in own[warmed:upto] for k in plans[s].keys]
+                    warm(client, units.ranges(keys))
+                else:
+                    pairs = [p for s in own[warmed:upto] for p in _pairs(order, steps, s, rank)]
+                    warm(client, dataset.ranges(pairs))
                 warmed = upto
         positions, padding = steps.positions(step, rank)
         if not len(positions):
+            plans.pop(step, None)
             continue
         span = steps.span(step)[0]
         if units is not None:
-            plan = plans.pop(step, None) or _Plan.of(units, order, positions)
-            for ahead in own[i + 1 : i + prefetch + 1]:
-                if ahead not in plans:
-                    plans[ahead] = _Plan.of(units, order, steps.positions(ahead, rank)[0])
+            plan = plans.pop(step)
             units.ahead(
                 plan.keys + [k for s in own[i + 1 : i + prefetch + 1] for k in plans[s].keys]
             )

@@ -387,3 +387,38 @@ def test_a_batch_sent_from_a_worker_keeps_its_columns_samples_and_ids() -> None:
     again = pickle.loads(pickle.dumps(first))
     assert again.samples == first.samples
     assert again.columns["n"].tolist() == [s["i"] + 1 for s in first.samples]
+
+
+@pytest.mark.parametrize("bound", [64 << 20, 0])
+def test_a_windows_laid_out_columns_give_the_same_rows(
+    bound: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # numbers only: every column laid out once a window (bound 64 MiB), or none (0: each
+    # taken unit by unit); the rows are the per-sample reads' either way
+    from chunkd.client.datasets import columns as columns_module
+
+    monkeypatch.setattr(columns_module, "WINDOW_BYTES", bound)
+    dataset = parquet_dataset([37, 23, 40], 6, nulls=False)
+    loader = Loader(dataset, batch_size=11, seed=2, window=3, columns=["i", "f", "when"])
+    laid: list[int] = []
+    original = columns_module.Window.column
+
+    def counted(self: Any, c: int) -> Any:
+        found = original(self, c)
+        laid.append(found is not None)
+        return found
+
+    monkeypatch.setattr(columns_module.Window, "column", counted)
+    seen = []
+    for batch in loader:
+        seen += batch.ids
+        for sample_id, i, when in zip(
+            batch.ids, batch.columns["i"].tolist(), batch.columns["when"].tolist(), strict=True
+        ):
+            member, _, index = sample_id.partition("#")
+            m = [x.key for x in dataset.snapshot.members].index(member)
+            row = dataset.read(m, int(index))
+            assert i == row["i"]
+            assert when == row["when"]
+    assert len(seen) == 100
+    assert any(laid) == bool(bound)

@@ -39,16 +39,20 @@ from chunkd.client.datasets.formats import DECODED_CACHE_BYTES, Format, format_o
 from chunkd.errors import DatasetFormatError
 
 if TYPE_CHECKING:
+    from chunkd.client.datasets.order import Order
     from chunkd.client.datasets.shared import SharedDecoder
     from chunkd.client.datasets.source import Source
     from chunkd.snapshot import Member, Snapshot
 
-__all__ = ["DECODE_THREADS", "Rows", "Units", "arrays", "take"]
+__all__ = ["DECODE_THREADS", "WINDOW_BYTES", "Rows", "Units", "Window", "Windows", "arrays", "take"]
 
 log = logging.getLogger(__name__)
 
 #: threads that decode ahead, per reader
 DECODE_THREADS: Final = 2
+#: the most bytes of a window's columns a reader lays out (:class:`Window`); it keeps
+#: two windows
+WINDOW_BYTES: Final = 64 << 20
 
 #: a unit, as ``(member, unit in member)``
 UnitKey = tuple[int, int]
@@ -339,14 +343,118 @@ class Rows:
         return self._columns
 
 
+class Window:
+    """One window of a reader's order (:meth:`Order.locate_windows
+    <chunkd.client.datasets.order.Order.locate_windows>`) with its fixed-width columns
+    laid out once: each the column of the window's units, unit after unit in the
+    units' order (a copy), so that a batch of the window takes such a column with one
+    gather, where unit by unit it costs a gather a unit. At most :data:`WINDOW_BYTES` of
+    a window's columns are laid out; the others are taken unit by unit.
+
+    Args:
+        units: the reader's decoded units (the window's are all got to lay it out).
+        keys: the window's units, in the units' order.
+    """
+
+    def __init__(self, units: Units, keys: list[UnitKey]) -> None:
+        self.units = units
+        self.keys = keys
+        self.bytes = 0
+        self._columns: dict[int, NDArray[Any] | None] = {}
+        self._schema: Any = None
+        self._uniform: bool | None = None
+
+    def whole(self) -> tuple[Format, Any, list[NDArray[Any]]] | None:
+        """The window's format, schema and every column laid out, or None where some
+        column is not (then a batch takes those unit by unit)."""
+        if self._uniform is None:
+            self.column(0)
+        if not self._uniform or self._schema is None:
+            return None
+        laid = [self.column(c) for c in range(len(self._schema))]
+        whole = [column for column in laid if column is not None]
+        if len(whole) != len(laid):
+            return None
+        return self.units.format(self.keys[0][0]), self._schema, whole
+
+    def column(self, c: int) -> NDArray[Any] | None:
+        """Column ``c`` laid out (made on first use), or None where it cannot be: not of
+        fixed width in every unit, the units' schemas or formats differ, or the window's
+        bound is spent."""
+        if c in self._columns:
+            return self._columns[c]
+        found: NDArray[Any] | None = None
+        tables = [self.units.get(key) for key in self.keys]
+        if self._uniform is None:
+            schema = tables[0].schema
+            names = {self.units.format(m).name for m, _ in self.keys}
+            self._uniform = len(names) == 1 and all(t.schema.equals(schema) for t in tables)
+            self._schema = schema
+        if self._uniform:
+            views = [self.units.view(key, t, c) for key, t in zip(self.keys, tables, strict=True)]
+            whole = [v for v in views if v is not None]
+            size = sum(v.nbytes for v in whole)
+            if (
+                len(whole) == len(views)
+                and len({(v.dtype, v.shape[1:]) for v in whole}) == 1
+                and self.bytes + size <= WINDOW_BYTES
+            ):
+                found = np.concatenate(whole)
+                found.flags.writeable = False  # every batch of the window takes from it
+                self.bytes += size
+        self._columns[c] = found
+        return found
+
+
+class Windows:
+    """A reader's laid-out windows (:class:`Window`): the last two (a step may cross
+    from one window to the next), each laid out only if its units fit what the reader
+    holds (``held_bytes``)."""
+
+    def __init__(self, units: Units, order: Order) -> None:
+        self.units = units
+        self.order = order
+        self._windows: OrderedDict[int, Window | None] = OrderedDict()
+
+    def window(self, w: int) -> Window | None:
+        """Window ``w``, or None where its units do not fit what the reader holds."""
+        if w in self._windows:
+            self._windows.move_to_end(w)
+            return self._windows[w]
+        found = self.order.window_units(w)
+        members = self.order.unit_member[found]
+        first = np.searchsorted(self.order.unit_member, members, side="left")
+        keys = list(zip(members.tolist(), (found - first).tolist(), strict=True))
+        fits = sum(self.units.unit_bytes(k) for k in keys) <= self.units.held_bytes
+        window = Window(self.units, keys) if fits and keys else None
+        self._windows[w] = window
+        while len(self._windows) > 2:
+            self._windows.popitem(last=False)
+        return window
+
+
 def take(
     units: Units,
     members: NDArray[np.int64],
     samples: NDArray[np.int64],
     located: tuple[NDArray[np.int64], NDArray[np.int64]] | None = None,
+    window: tuple[Window, NDArray[np.int64]] | None = None,
 ) -> Rows:
     """The rows of ``(members[i], samples[i])``, in that order, from their decoded units
-    (``located``: their units and rows, :meth:`Units.locate`, where known)."""
+    (``located``: their units and rows, :meth:`Units.locate`, where known; ``window``:
+    the one window they all are of, with their places in it, whose laid-out columns
+    serve them)."""
+    if window is not None:
+        whole = window[0].whole()
+        if whole is not None:  # every column laid out: one gather each, no unit touched
+            fmt, kinds, arrays_laid = whole
+            pa = _pyarrow()
+            taken = {f.name: a[window[1]] for f, a in zip(kinds, arrays_laid, strict=True)}
+            return Rows(
+                pa.table([_from_numpy(pa, f.type, taken[f.name]) for f in kinds], schema=kinds),
+                [fmt],
+                numpy=taken,
+            )
     unit_of, row_of = located if located is not None else units.locate(members, samples)
     # one number a unit (member and unit side by side), and each row's unit among them
     codes, which = np.unique((members << 32) | unit_of, return_inverse=True)
@@ -368,34 +476,62 @@ def take(
     schema = tables[0].schema
     if any(not t.schema.equals(schema) for t in tables[1:]):
         return Rows(_take_combined(pa, tables, which, row_of), formats[:1])
-    # Column by column, unit by unit: Arrow's take over many chunks concatenates them
-    # first (a copy of every unit's column, each batch), where a gather of each unit's
-    # rows costs only the rows.
-    order = np.argsort(which, kind="stable")
-    bounds = np.searchsorted(which[order], np.arange(len(tables) + 1))
-    picks = [order[bounds[u] : bounds[u + 1]] for u in range(len(tables))]
-    rows = [row_of[pick] for pick in picks]
-    back: NDArray[np.int64] | None = None
+    by_unit = _ByUnit(units, keys, tables, which, row_of)
     columns: dict[str, Any] = {}
     gathered: dict[str, Any] = {}
     for c, field in enumerate(schema):
-        found = [units.view(key, table, c) for key, table in zip(keys, tables, strict=True)]
-        views = [v for v in found if v is not None]
-        if len(views) == len(found) and len({(v.dtype, v.shape[1:]) for v in views}) == 1:
-            out = np.empty((len(row_of), *views[0].shape[1:]), dtype=views[0].dtype)
-            for view, pick, r in zip(views, picks, rows, strict=True):
-                out[pick] = view[r]
+        laid = None if window is None else window[0].column(c)
+        out = by_unit.gather(c) if laid is None or window is None else laid[window[1]]
+        if out is not None:
             gathered[field.name] = out
             columns[field.name] = _from_numpy(pa, field.type, out)
         else:
-            if back is None:
-                back = np.argsort(order)
-            pieces = [
-                _chunk(pa, table.column(c)).take(pa.array(r, type=pa.int64()))
-                for table, r in zip(tables, rows, strict=True)
-            ]
-            columns[field.name] = pa.concat_arrays(pieces).take(pa.array(back))
+            columns[field.name] = by_unit.take(pa, c)
     return Rows(pa.table(columns), formats[:1], numpy=gathered)
+
+
+class _ByUnit:
+    """A batch's rows grouped by unit, for the columns taken unit by unit: numpy gathers
+    for fixed-width columns, Arrow takes for the rest (Arrow's take over many chunks
+    concatenates them first: a copy of every unit's column, each batch, where a take of
+    each unit's rows costs only the rows)."""
+
+    def __init__(
+        self,
+        units: Units,
+        keys: list[UnitKey],
+        tables: list[Any],
+        which: NDArray[np.int64],
+        row_of: NDArray[np.int64],
+    ) -> None:
+        self.units = units
+        self.keys = keys
+        self.tables = tables
+        self.count = len(row_of)
+        self.order = np.argsort(which, kind="stable")
+        bounds = np.searchsorted(which[self.order], np.arange(len(tables) + 1))
+        self.picks = [self.order[bounds[u] : bounds[u + 1]] for u in range(len(tables))]
+        self.rows = [row_of[pick] for pick in self.picks]
+
+    def gather(self, c: int) -> NDArray[Any] | None:
+        """Column ``c`` gathered into an array of the batch's own, or None where it is
+        not of fixed width in every unit."""
+        found = [self.units.view(k, t, c) for k, t in zip(self.keys, self.tables, strict=True)]
+        views = [v for v in found if v is not None]
+        if len(views) != len(found) or len({(v.dtype, v.shape[1:]) for v in views}) != 1:
+            return None
+        out = np.empty((self.count, *views[0].shape[1:]), dtype=views[0].dtype)
+        for view, pick, r in zip(views, self.picks, self.rows, strict=True):
+            out[pick] = view[r]
+        return out
+
+    def take(self, pa: Any, c: int) -> Any:
+        """Column ``c`` taken by Arrow, unit by unit, in the batch's order."""
+        pieces = [
+            _chunk(pa, table.column(c)).take(pa.array(r, type=pa.int64()))
+            for table, r in zip(self.tables, self.rows, strict=True)
+        ]
+        return pa.concat_arrays(pieces).take(pa.array(np.argsort(self.order)))
 
 
 def _take_combined(pa: Any, tables: list[Any], which: Any, row_of: Any) -> Any:

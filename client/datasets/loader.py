@@ -79,7 +79,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal, NamedTuple, Protocol, Typ
 import numpy as np
 from numpy.typing import NDArray
 
-from chunkd.client.datasets.columns import DECODE_THREADS, Rows, Units, take
+from chunkd.client.datasets.columns import DECODE_THREADS, Rows, Units, Window, Windows, take
 from chunkd.client.datasets.formats import (
     DECODED_CACHE_BYTES,
     snapshot_unit_bytes,
@@ -482,6 +482,7 @@ def read_steps(
     warmed = 0
     timer: FirstBatch | None = FirstBatch(dataset)
     plans: dict[int, _Plan] = {}  # the located positions of the steps asked for ahead
+    laid = None if units is None else Windows(units, order)
     for i, step in enumerate(own):
         if units is not None:
             for ahead in own[i : i + prefetch + 1]:
@@ -510,7 +511,8 @@ def read_steps(
             members, samples = plan.members, plan.samples
             if timer is not None:
                 timer.first_unit(units, plan.keys[0])
-            rows = take(units, members, samples, (plan.units, plan.rows))
+            window = None if laid is None else plan.window(laid)
+            rows = take(units, members, samples, (plan.units, plan.rows), window)
             batch = Batch(
                 step=step,
                 position=span,
@@ -551,24 +553,29 @@ def _ids(dataset: Readable, members: NDArray[np.int64], samples: NDArray[np.int6
 
 
 class _Plan(NamedTuple):
-    """A step's samples, located: ``(member, sample)`` and ``(unit, row)`` of each, and
-    the step's units in the order of need, each once."""
+    """A step's samples, located: ``(member, sample)`` and ``(unit, row)`` of each, the
+    step's units in the order of need, each once, and (where the order's units are the
+    formats') each sample's window and place in it."""
 
     members: NDArray[np.int64]
     samples: NDArray[np.int64]
     units: NDArray[np.int64]
     rows: NDArray[np.int64]
     keys: list[tuple[int, int]]
+    windows: NDArray[np.int64] | None = None
+    at: NDArray[np.int64] | None = None
 
     @classmethod
     def of(cls, units: Units, order: Order, positions: NDArray[np.int64]) -> _Plan:
         if not len(positions):
             empty = np.zeros(0, dtype=np.int64)
             return cls(empty, empty, empty, empty, [])
+        windows = at = None
         if order.by_units:
             # The order's units are the formats' (order_of): a unit's number in its
             # member is its number in the snapshot less its member's first.
-            unit, row = order.locate_units(positions)
+            windows, at = order.locate_windows(positions)
+            unit, row = order.units_at(windows, at)
             members = order.unit_member[unit]
             unit_of = unit - np.searchsorted(order.unit_member, members, side="left")
             samples = order.unit_first[unit] + row
@@ -578,7 +585,18 @@ class _Plan(NamedTuple):
         codes = (members << 32) | unit_of
         _, first = np.unique(codes, return_index=True)
         keys = [(int(c >> 32), int(c & 0xFFFFFFFF)) for c in codes[np.sort(first)]]
-        return cls(members, samples, unit_of, row, keys)
+        return cls(members, samples, unit_of, row, keys, windows, at)
+
+    def window(self, windows: Windows) -> tuple[Window, NDArray[np.int64]] | None:
+        """The one window all the step's samples are of, laid out, with their places in
+        it; None where they are of two (or it is not laid out)."""
+        if self.windows is None or self.at is None or not len(self.windows):
+            return None
+        first = int(self.windows[0])
+        if int(self.windows[-1]) != first or not bool(np.all(self.windows == first)):
+            return None
+        found = windows.window(first)
+        return None if found is None else (found, self.at)
 
 
 class FirstBatch:

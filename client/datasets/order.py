@@ -146,7 +146,7 @@ class Permutation:
         # an eighth of it, the whole table (one vectorised pass) costs less than the
         # rest of the steps' small ones. Small permutations only: 8 bytes an element.
         self._asked += len(index)
-        if self.size <= _TABLE_MAX and self._asked * 8 >= self.size:
+        if self.size <= _TABLE_MAX and (self._asked * 8 >= self.size or self.size <= 1 << 18):
             self._table = self._compute(np.arange(self.size, dtype=np.int64))
             return self._table[index]
         return self._compute(index)
@@ -306,6 +306,41 @@ class Order:
             unit[chosen] = self.unit_order[position]
             offset[chosen] = at - self._cum[position]
         return unit, offset
+
+    def locate_windows(
+        self, positions: NDArray[np.int64] | Sequence[int]
+    ) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+        """The window of each position, and where its sample is in that window's
+        samples laid out unit after unit in the units' order (:meth:`window_units`):
+        what :meth:`locate_units` computes on the way (shuffled or not).
+
+        Raises:
+            IndexError: a position outside the epoch.
+        """
+        index = np.asarray(positions, dtype=np.int64).reshape(-1)
+        if len(index) and (int(index.min()) < 0 or int(index.max()) >= self.total):
+            raise IndexError(f"positions outside an epoch of {self.total} samples")
+        windows = np.searchsorted(self._window_starts, index, side="right") - 1
+        at = index - self._window_starts[windows]
+        if self.shuffle:
+            for w in np.unique(windows).tolist():
+                chosen = windows == w
+                at[chosen] = self._permutation(w)(at[chosen])
+        return windows.astype(np.int64), at
+
+    def window_units(self, window: int) -> NDArray[np.int64]:
+        """The units of window ``window``, in the units' order (snapshot numbering)."""
+        last = self.window_firsts[window + 1] if window + 1 < len(self.window_firsts) else None
+        return self.unit_order[int(self.window_firsts[window]) : last]
+
+    def units_at(
+        self, windows: NDArray[np.int64], at: NDArray[np.int64]
+    ) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+        """The ``(unit, sample in unit)`` of places ``at`` of ``windows``
+        (:meth:`locate_windows`)."""
+        where = at + self._window_starts[windows]
+        position = np.searchsorted(self._cum, where, side="right") - 1
+        return self.unit_order[position], where - self._cum[position]
 
     def indices(self, positions: NDArray[np.int64] | Sequence[int]) -> NDArray[np.int64]:
         """The snapshot index of the sample at each position."""

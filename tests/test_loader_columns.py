@@ -206,6 +206,11 @@ def test_each_column_type_has_its_stated_form() -> None:
     )
     assert not whole.columns["i"].flags.writeable
     assert whole.columns["i"].tolist() == list(range(6))
+    # numbers only (a window laid out): a read-only view of it, the same
+    numbers = parquet_dataset([12], 12, nulls=False)
+    run = next(iter(Loader(numbers, batch_size=6, seed=1, shuffle=False, columns=["i", "f"])))
+    assert not run.columns["i"].flags.writeable
+    assert run.columns["i"].tolist() == list(range(6))
     # a dictionary comes decoded, as its value type; strings, lists, structs and
     # decimals as Arrow arrays
     assert isinstance(columns["kind"], pa.Array)

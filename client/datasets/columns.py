@@ -449,7 +449,12 @@ def take(
         if whole is not None:  # every column laid out: one gather each, no unit touched
             fmt, kinds, arrays_laid = whole
             pa = _pyarrow()
-            taken = {f.name: a[window[1]] for f, a in zip(kinds, arrays_laid, strict=True)}
+            at = window[1]
+            # an unshuffled run: a read-only view of the window's columns, no copy
+            picked: Any = (
+                slice(int(at[0]), int(at[0]) + len(at)) if _contiguous(at, 1 << 62) else at
+            )
+            taken = {f.name: a[picked] for f, a in zip(kinds, arrays_laid, strict=True)}
             return Rows(
                 pa.table([_from_numpy(pa, f.type, taken[f.name]) for f in kinds], schema=kinds),
                 [fmt],

@@ -285,13 +285,16 @@ class Rows:
 
     Args:
         table: the batch's rows, one per sample, in the batch's order (None where the
-            batch mixes formats whose tables cannot be one).
+            batch mixes formats whose tables cannot be one, or where ``schema`` and
+            ``numpy`` make it when first asked for).
         formats: each row's format, where they differ (else one entry).
         pieces: for a mixed batch, each row's ``(unit table, row)``.
-        numpy: columns already gathered into numpy arrays of the batch's own.
+        numpy: columns already gathered into numpy arrays of the batch's own (or views).
+        schema: the table's schema, where ``numpy`` holds every column and the table is
+            made from them only if asked for.
     """
 
-    __slots__ = ("_columns", "_numpy", "_pieces", "_samples", "formats", "table")
+    __slots__ = ("_columns", "_numpy", "_pieces", "_samples", "_schema", "_table", "formats")
 
     def __init__(
         self,
@@ -300,26 +303,41 @@ class Rows:
         pieces: list[tuple[Any, int]] | None = None,
         *,
         numpy: dict[str, Any] | None = None,
+        schema: Any = None,
     ) -> None:
-        self.table = table
+        self._table = table
+        self._schema = schema
         self.formats = formats
         self._pieces = pieces
         self._numpy = numpy
         self._samples: list[Any] | None = None
         self._columns: dict[str, Any] | None = None
 
+    @property
+    def table(self) -> Any:
+        """The rows as one ``pyarrow.Table`` (None for a batch across formats)."""
+        if self._table is None and self._schema is not None and self._numpy is not None:
+            pa = _pyarrow()
+            self._table = pa.table(
+                [_from_numpy(pa, f.type, self._numpy[f.name]) for f in self._schema],
+                schema=self._schema,
+            )
+        return self._table
+
     def __len__(self) -> int:
-        if self.table is not None:
-            return int(self.table.num_rows)
-        return len(self._pieces or ())
+        if self._table is None and self._numpy and self._schema is not None:
+            return len(next(iter(self._numpy.values())))
+        table = self.table
+        return int(table.num_rows) if table is not None else len(self._pieces or ())
 
     @property
     def samples(self) -> list[Any]:
         """The per-sample values, as ``Dataset[i]`` gives them."""
         if self._samples is None:
-            if self.table is not None:
+            table = self.table
+            if table is not None:
                 fmt = self.formats[0]
-                self._samples = [fmt.sample(self.table, row) for row in range(len(self))]
+                self._samples = [fmt.sample(table, row) for row in range(len(self))]
             else:
                 pieces = self._pieces or []
                 fmts = self.formats
@@ -328,18 +346,25 @@ class Rows:
 
     @property
     def columns(self) -> dict[str, Any]:
-        """The batch's columns (:func:`arrays`)."""
+        """The batch's columns (:func:`arrays`; those gathered into numpy as they are)."""
         if self._columns is None:
-            if self.table is None:
+            if self._schema is not None and self._numpy is not None:
+                self._columns = {f.name: self._numpy[f.name] for f in self._schema}
+                return self._columns
+            table = self.table
+            if table is None:
                 raise DatasetFormatError(
                     "this batch mixes members of formats whose columns are not one table "
                     f"({', '.join(sorted({f.name for f in self.formats}))}): read its "
                     "samples, or register the formats as separate datasets"
                 )
-            found = arrays(self.table)
-            if self._numpy:  # gathered into arrays of the batch's own: those, writable
-                found.update(self._numpy)
-            self._columns = found
+            numpy = self._numpy or {}
+            # gathered into arrays of the batch's own: those as they are, the rest converted
+            rest = table.drop_columns(list(numpy)) if numpy else table
+            found = arrays(rest)
+            self._columns = {
+                name: numpy[name] if name in numpy else found[name] for name in table.column_names
+            }
         return self._columns
 
 
@@ -448,18 +473,13 @@ def take(
         whole = window[0].whole()
         if whole is not None:  # every column laid out: one gather each, no unit touched
             fmt, kinds, arrays_laid = whole
-            pa = _pyarrow()
             at = window[1]
             # an unshuffled run: a read-only view of the window's columns, no copy
             picked: Any = (
                 slice(int(at[0]), int(at[0]) + len(at)) if _contiguous(at, 1 << 62) else at
             )
             taken = {f.name: a[picked] for f, a in zip(kinds, arrays_laid, strict=True)}
-            return Rows(
-                pa.table([_from_numpy(pa, f.type, taken[f.name]) for f in kinds], schema=kinds),
-                [fmt],
-                numpy=taken,
-            )
+            return Rows(None, [fmt], numpy=taken, schema=kinds)
     unit_of, row_of = located if located is not None else units.locate(members, samples)
     # one number a unit (member and unit side by side), and each row's unit among them
     codes, which = np.unique((members << 32) | unit_of, return_inverse=True)

@@ -18,8 +18,9 @@ The members are read through a :class:`FileSource`: files under one folder, each
 pinned to its version (its size and mtime), so rewriting one is drift. The suite checks
 a scan, the units (bounds and sums), decode (values against the reference, column
 projection, an unknown column), a table taken from two units, the byte ranges a decode
-reads (through a source that refuses every other byte), drift, damaged input and a
-round trip through a manifest. It imports neither the daemon nor a server: a format's
+reads (through a source that refuses every other byte), drift, damaged input, a
+round trip through a manifest, and that the format's ``chunkd dataset check`` hook
+finds no error in its files. It imports neither the daemon nor a server: a format's
 tests run anywhere pyarrow does.
 """
 
@@ -266,6 +267,20 @@ class FormatTests:
         for path in files:
             if fmt.suffixes:
                 assert detect(path.name) == fmt.name
+
+    @pytest.mark.timeout(30)
+    def test_its_check_finds_no_error_in_good_files(
+        self, fmt: Format, source: FileSource, members: list[Member]
+    ) -> None:
+        """``chunkd dataset check``'s hook (:meth:`Format.check`, every sample read where
+        the format checks them): the files are one well-made dataset, so it finds no
+        error; what it finds are findings of its members."""
+        from chunkd.client.datasets.check import Finding
+
+        found = list(fmt.check(source, members, fmt.schema(members), deep=True))
+        assert all(isinstance(f, Finding) for f in found)
+        assert {f.member for f in found} <= {m.key for m in members}
+        assert [f for f in found if f.level == "error"] == []
 
     @pytest.mark.timeout(30)
     def test_a_scan_counts_every_sample(

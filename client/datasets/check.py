@@ -3,13 +3,19 @@
 ``chunkd dataset check`` prints what this finds and exits non-zero when it finds an
 **error**: something that makes samples wrong or unreadable. A **warning** is a layout
 that reads correctly but slowly, or that is probably a mistake. ``docs/datasets.md``
-says what to do about each. The rules, by code:
+says what to do about each.
+
+The rules of every dataset (``empty-member``, ``many-tiny-files``, ``excluded``) are
+here. Each format's own rules are its
+:meth:`~chunkd.client.datasets.formats.Format.check`, in its module, which :func:`check`
+calls once per format with that format's members (a plug-in's too); a format with no
+rules of its own inherits one that finds nothing. The rules, by code:
 
 Errors
     ``schema-differs``
-        a Parquet member whose schema, or an MDS shard whose columns, differ from the
-        dataset's (the manifest's ``schema_of``: the most common one): a batch that
-        mixes them has columns of different types or names.
+        a Parquet or Arrow member whose schema, or an MDS shard whose columns, differ
+        from the dataset's (the manifest's ``schema_of``: the most common one): a batch
+        that mixes them has columns of different types or names.
     ``jsonl-not-json``, ``jsonl-not-utf8``
         a JSON line that does not parse, or is not UTF-8 (JSON text is UTF-8, RFC 8259).
         Without ``deep`` only each member's first line is read; with ``deep`` every
@@ -19,7 +25,8 @@ Errors
         adjacent, or an extension repeats): "the sample with key K" is ambiguous.
     ``unreadable``, ``drift``
         a member that cannot be read as its format, or that changed since it was
-        registered (only where the check reads members: JSON lines).
+        registered (only where the check reads members: JSON lines); a member of a
+        format this process does not know (a plug-in not installed) is ``unreadable``.
 
 Warnings
     ``duplicate-key`` (across tars)
@@ -54,8 +61,9 @@ Warnings
         decompresses it from its start (kept per process only up to the cache bound).
         Write it with a seekable zstd writer.
     ``compressed-shard-too-big``
-        a compressed MDS shard bigger, decompressed, than the per-process cache: each
-        sample read decompresses it from its start.
+        a compressed MDS shard bigger, decompressed, than the per-process cache
+        (:data:`~chunkd.client.datasets.formats.mds.CACHE_BYTES`): it is not kept, so
+        each unit read decompresses it from its start to that unit's end.
     ``excluded``
         a file registration left out (``--skip-bad``), with the reason it gave.
 
@@ -68,17 +76,14 @@ code found in many members is **one** finding with its ``count`` and a few
 
 from __future__ import annotations
 
-import hashlib
 import statistics
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, Literal
 
-import numpy as np
-
-from chunkd.client.datasets.formats import MAX_UNIT_BYTES, jsonl, mds, wds
-from chunkd.errors import DatasetFormatError, SnapshotDriftError
+from chunkd.client.datasets.formats import MAX_UNIT_BYTES, format_of
+from chunkd.errors import DatasetFormatError
 
 if TYPE_CHECKING:
     from chunkd.client.datasets.source import Source
@@ -92,7 +97,10 @@ __all__ = [
     "TINY_BYTES",
     "TINY_FILES",
     "Finding",
+    "Level",
     "check",
+    "columns_text",
+    "size_text",
     "summarize",
 ]
 
@@ -100,7 +108,8 @@ __all__ = [
 TINY_FILES: Final = 1000
 #: ... of a median size below this are "a great many tiny files"
 TINY_BYTES: Final = 1 << 20
-#: a Parquet row group bigger than this (uncompressed) is too big for random access
+#: a Parquet row group bigger than this (uncompressed) is cut into units that each decode
+#: it (the parquet format's rule reads it here when it runs)
 ROW_GROUP_MAX_BYTES: Final = MAX_UNIT_BYTES
 #: row groups whose median is smaller than this (uncompressed) are too small
 ROW_GROUP_MIN_BYTES: Final = 1 << 20
@@ -137,13 +146,17 @@ class Finding:
 def check(snapshot: Snapshot, source: Source, *, deep: bool = False) -> list[Finding]:
     """What ``snapshot`` breaks of the storage-format expectations (the module docstring).
 
-    Reads only the manifest, except for JSON lines members: their first line each, or,
-    with ``deep``, every line (streamed, in bounded memory).
+    The rules of every dataset (excluded files, empty members, many tiny files) are
+    checked here; each format's own rules by its
+    :meth:`~chunkd.client.datasets.formats.Format.check`, once per format with its
+    members. A member of a format this process does not know is an ``unreadable``
+    error. Reads only the manifest, except where a format reads more (JSON lines: their
+    first line each, or, with ``deep``, every line, streamed in bounded memory).
 
     Args:
         snapshot: the snapshot.
         source: where its members' bytes are read from.
-        deep: read and validate every JSON line.
+        deep: read and validate every sample where a format checks them (JSON lines).
 
     Returns:
         The findings, errors first, then by code and member.
@@ -161,28 +174,22 @@ def check(snapshot: Snapshot, source: Source, *, deep: bool = False) -> list[Fin
         if member.samples == 0:
             found.add("warning", member.key, "empty-member", "holds no samples")
     _tiny_files(found, members)
-    _schemas(found, snapshot)
+    by_format: dict[str, list[Member]] = {}
     for member in members:
-        if member.format == "parquet":
-            _row_groups(found, member)
-        elif member.format == "jsonl":
-            _json_lines(found, source, member, deep=deep)
-        elif member.format == "mds" and "compression" in member.meta:
-            raw = int(member.meta.get("raw_bytes", 0))
-            if raw > mds.CACHE_BYTES:
-                found.add(
-                    "warning",
-                    member.key,
-                    "compressed-shard-too-big",
-                    f"decompresses to {_size(raw)}, more than the {_size(mds.CACHE_BYTES)} "
-                    "kept per process: each sample read decompresses it from its start; "
-                    "write smaller shards (size_limit), or without compression",
-                )
-    _duplicate_keys(found, [m for m in members if m.format == "wds"])
+        by_format.setdefault(member.format, []).append(member)
+    for name, mine in by_format.items():
+        try:
+            fmt = format_of(name)
+        except DatasetFormatError as exc:
+            for member in mine:
+                found.add("error", member.key, "unreadable", str(exc))
+            continue
+        for f in fmt.check(source, mine, snapshot.schema_of, deep=deep):
+            found.add(f.level, f.member, f.code, f.message, count=f.count, examples=f.examples)
     return found.sorted()
 
 
-# -- the rules ---------------------------------------------------------------------------
+# -- the rules of every dataset ----------------------------------------------------------
 
 
 def _tiny_files(found: _Findings, members: Iterable[Member]) -> None:
@@ -192,174 +199,10 @@ def _tiny_files(found: _Findings, members: Iterable[Member]) -> None:
             "warning",
             None,
             "many-tiny-files",
-            f"{len(sizes)} files of median size {_size(int(statistics.median(sizes)))}: "
+            f"{len(sizes)} files of median size {size_text(int(statistics.median(sizes)))}: "
             "per-file costs (listing, version checks, one request each) dominate; pack "
             "them into shards of 64 MiB to 1 GiB",
         )
-
-
-def _schemas(found: _Findings, snapshot: Snapshot) -> None:
-    want = snapshot.schema_of
-    for member in snapshot.members:
-        if member.format == "parquet" and "schema" in member.meta and want is not None:
-            got = member.meta["schema"]
-            if got != want:
-                found.add(
-                    "error",
-                    member.key,
-                    "schema-differs",
-                    f"its schema {_columns(got)} differs from the dataset's {_columns(want)}: "
-                    "rewrite it with the dataset's schema, or register it apart",
-                )
-        elif member.format == "mds" and want is not None and "columns" in member.meta:
-            got = [[str(c[0]), str(c[1])] for c in member.meta["columns"]]
-            if got != want:
-                found.add(
-                    "error",
-                    member.key,
-                    "schema-differs",
-                    f"its columns {_columns(got)} differ from the dataset's {_columns(want)}",
-                )
-    tars = [m for m in snapshot.members if m.format == "wds"]
-    every = set(wds.extensions(tars))
-    for member in tars:
-        mine = set(wds.extensions([member]))
-        if member.samples and mine != every:
-            lacks, adds = sorted(every - mine), sorted(mine - every)
-            found.add(
-                "warning",
-                member.key,
-                "extensions-differ",
-                "its samples "
-                + "; ".join(
-                    part
-                    for part in (
-                        f"lack {', '.join(lacks)}" if lacks else "",
-                        f"add {', '.join(adds)}" if adds else "",
-                    )
-                    if part
-                )
-                + " (other tars of the dataset differ)",
-            )
-
-
-def _row_groups(found: _Findings, member: Member) -> None:
-    groups = member.meta.get("row_groups", [])
-    sizes = [int(g[3]) if len(g) > 3 else int(g[2]) for g in groups if int(g[0])]
-    if not sizes:
-        return
-    biggest = max(sizes)
-    if biggest > ROW_GROUP_MAX_BYTES:
-        found.add(
-            "warning",
-            member.key,
-            "row-group-too-big",
-            f"a row group of {_size(biggest)} uncompressed: groups over "
-            f"{_size(ROW_GROUP_MAX_BYTES)} are cut into units that each read the whole "
-            "group and decode it up to their rows; write row groups of 1 to 128 MiB",
-        )
-    median = statistics.median(sizes)
-    if len(sizes) > 1 and median < ROW_GROUP_MIN_BYTES:
-        found.add(
-            "warning",
-            member.key,
-            "row-group-too-small",
-            f"{len(sizes)} row groups of median size {_size(int(median))} uncompressed: each "
-            "is a read and a decode of its own; write row groups of 1 to 128 MiB",
-        )
-
-
-_LINE_CODES: Final[dict[str, tuple[Level, str]]] = {
-    "not-json": ("error", "jsonl-not-json"),
-    "not-utf8": ("error", "jsonl-not-utf8"),
-    "blank": ("warning", "jsonl-blank-line"),
-    "too-long": ("warning", "jsonl-line-too-long"),
-}
-
-
-def _json_lines(found: _Findings, source: Source, member: Member, *, deep: bool) -> None:
-    if jsonl.compressed(member) and member.meta.get("seekable") is False:
-        found.add(
-            "warning",
-            member.key,
-            "zst-not-seekable",
-            "zstd, but not in the seekable zstd format: a random read decompresses it from "
-            "its start; write it with a seekable zstd writer",
-        )
-    if not member.samples:
-        return
-    counts: Counter[str] = Counter()
-    first: dict[str, tuple[int, str]] = {}
-    try:
-        for line, kind, detail in jsonl.problems(source, member, lines=None if deep else 1):
-            counts[kind] += 1
-            first.setdefault(kind, (line, detail))
-    except SnapshotDriftError as exc:
-        found.add("error", member.key, "drift", str(exc))
-        return
-    except DatasetFormatError as exc:
-        found.add("error", member.key, "unreadable", str(exc))
-        return
-    for kind, count in counts.items():
-        level, code = _LINE_CODES[kind]
-        line, detail = first[kind]
-        more = f" (and {count - 1} more lines)" if count > 1 else ""
-        found.add(level, member.key, code, f"line {line + 1}: {detail}{more}")
-
-
-def _duplicate_keys(found: _Findings, tars: list[Member]) -> None:
-    """Keys repeated inside a tar (errors), and across tars (warnings), in memory
-    proportional to the sample count (8 bytes a key, plus a member number)."""
-    hashes: list[np.ndarray[Any, np.dtype[np.uint64]]] = []
-    owners: list[np.ndarray[Any, np.dtype[np.int32]]] = []
-    for number, member in enumerate(tars):
-        keys = [str(sample[0]) for sample in member.meta.get("index", [])]
-        repeated = [key for key, n in Counter(keys).items() if n > 1]
-        if repeated:
-            shown = ", ".join(repr(k) for k in repeated[:3]) + (
-                ", ..." if len(repeated) > 3 else ""
-            )
-            found.add(
-                "error",
-                member.key,
-                "duplicate-key",
-                f"{len(repeated)} keys name more than one sample ({shown}): their files are "
-                "not adjacent in the tar, or an extension repeats; write each sample's "
-                "files together, once",
-            )
-        unique = sorted(set(keys))
-        hashes.append(np.fromiter((_hash(k) for k in unique), np.uint64, len(unique)))
-        owners.append(np.full(len(unique), number, np.int32))
-    if len(tars) < 2:
-        return
-    every = np.concatenate(hashes)
-    who = np.concatenate(owners)
-    order = np.argsort(every, kind="stable")
-    every, who = every[order], who[order]
-    same = np.flatnonzero(every[1:] == every[:-1])
-    if not len(same):
-        return
-    suspects = set(every[same].tolist())
-    places: dict[str, set[int]] = defaultdict(set)
-    for number, member in enumerate(tars):
-        for sample in member.meta.get("index", []):
-            key = str(sample[0])
-            if _hash(key) in suspects:
-                places[key].add(number)
-    for key, numbers in places.items():
-        if len(numbers) > 1:
-            names = sorted(tars[n].key for n in numbers)
-            for name in names[1:]:
-                found.add(
-                    "warning",
-                    name,
-                    "duplicate-key",
-                    f"key {key!r} is also a sample of {names[0]}",
-                )
-
-
-def _hash(key: str) -> int:
-    return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little")
 
 
 # -- findings ----------------------------------------------------------------------------
@@ -430,13 +273,15 @@ class _Findings:
         return sorted(out, key=lambda f: (rank[f.level], f.code, f.member is None, f.member or ""))
 
 
-def _columns(schema: Any) -> str:
+def columns_text(schema: Any) -> str:
+    """A schema as findings show it: ``[name:type, ...]`` (a format's rules use it)."""
     if not isinstance(schema, list):
         return repr(schema)
     return "[" + ", ".join(":".join(str(p) for p in column) for column in schema) + "]"
 
 
-def _size(n: int) -> str:
+def size_text(n: int) -> str:
+    """``n`` bytes as findings show them (``12.5 MiB``; a format's rules use it)."""
     if n < 1024:
         return f"{n} B"
     value = float(n)

@@ -14,7 +14,6 @@ in the snapshot's ``excluded`` list. Nothing is written before every member is r
 
 from __future__ import annotations
 
-import json
 import posixpath
 import threading
 import time
@@ -73,25 +72,34 @@ class Progress:
 
 
 def parse_format(text: str) -> tuple[str, dict[str, Any]]:
-    """``auto``, a format name, or ``fixed:N``: the format and its options.
+    """``auto``, or a format's name with its argument where it takes one
+    (``NAME:ARG``, as ``fixed:N``): the format and its options
+    (:meth:`~chunkd.client.datasets.formats.Format.options`).
 
     Raises:
-        InvalidRequestError: none of these.
+        InvalidRequestError: none of these, or an argument the format refuses.
     """
-    name, _, arg = text.partition(":")
-    if name == "fixed":
-        if not arg.isdigit() or int(arg) <= 0:
-            raise InvalidRequestError(
-                f"--format {text!r}: fixed-size records need their size, as fixed:N (bytes)"
-            )
-        return "fixed", {"record_bytes": int(arg)}
-    known = names()
-    if arg or (name != "auto" and name not in known):
-        raise InvalidRequestError(
-            f"--format {text!r}: use auto, {', '.join(f for f in known if f != 'fixed')} "
-            "or fixed:N"
-        )
-    return name, {}
+    name, colon, arg = text.partition(":")
+    if name == "auto" and not colon:
+        return name, {}
+    if name not in names():
+        raise InvalidRequestError(f"--format {text!r}: use {_usage()}")
+    try:
+        return name, format_of(name).options(arg)
+    except InvalidRequestError as exc:
+        raise InvalidRequestError(f"--format {text!r}: {exc}; use {_usage()}") from None
+
+
+def _usage() -> str:
+    """What ``--format`` takes: ``auto``, then each known format as it is spelled."""
+    spelled = ["auto"]
+    for name in names():
+        try:
+            fmt = format_of(name)
+        except DatasetFormatError:
+            continue  # a plug-in that does not load is not offered
+        spelled.append(f"{name}:{fmt.argument}" if fmt.argument else name)
+    return ", ".join(spelled[:-1]) + f" or {spelled[-1]}"
 
 
 def _split(prefix: str) -> tuple[str, str]:
@@ -111,8 +119,6 @@ def _wanted(key: str, fmt: str) -> str | None:
     found = detect(key)
     if fmt == "auto":
         return found
-    if fmt == "mds":
-        return None  # MDS members are the shards its index.json files list
     if found is not None:
         return fmt if found == fmt else None
     return None if base.lower().endswith(_IGNORED_SUFFIXES) else fmt
@@ -135,8 +141,10 @@ def scan_prefix(
         client: the node's daemon (it lists; each worker makes its own).
         prefix: ``BACKEND/PREFIX`` (a prefix of keys: ``data/web/`` takes the keys
             below ``web/``).
-        fmt: ``auto`` (by each key's ending) or one of :data:`chunkd.snapshot.FORMATS`.
-        options: the format's options (``{"record_bytes": N}`` for ``fixed``).
+        fmt: ``auto`` (by each key's ending) or a format's name
+            (:func:`~chunkd.client.datasets.formats.names`).
+        options: the format's options (``{"record_bytes": N}`` for ``fixed``;
+            :func:`parse_format` gives them from ``--format``).
         skip_bad: record files that cannot be read as excluded, instead of stopping.
         concurrency: members read at once.
         progress: called with the progress, from the calling thread, as members land.
@@ -247,89 +255,40 @@ def _candidates(
     """The members to read, in key order, with each one's format options."""
     # What the backend holds now: a listing the daemon kept would miss files just written.
     listed = client.iter_ls(f"{backend}/{key_prefix}".rstrip("/"), recursive=True, fresh=True)
-    if fmt == "mds":
-        yield from _mds_members(client, backend, key_prefix, listed, options)
+    named = None if fmt == "auto" else format_of(fmt)
+    if named is not None and named.index_name:
+        # Its members are what its index files list: every file under the prefix, held
+        # (name, size, version) until the indexes are read, which may come after them.
+        files = [
+            Member(key, int(entry["size"]), str(entry["version"]), fmt)
+            for key, entry in _files(listed, backend, key_prefix)
+        ]
+        yield from named.members_of(key_prefix, files, PinnedSource(client, backend), options)
         return
-    for entry in listed:
-        if entry.get("type") != "file":
-            continue
-        key = entry["name"][len(backend) + 1 :]
-        if not key.startswith(key_prefix):
-            continue
+    for key, entry in _files(listed, backend, key_prefix):
         member_fmt = _wanted(key, fmt)
         if member_fmt is None:
             continue
-        if member_fmt == "mds":
+        indexed = format_of(member_fmt).index_name  # (auto only: a named one went above)
+        if indexed:
             raise DatasetFormatError(
-                f"{backend}/{key} is a MosaicML Streaming (MDS) shard: register MDS "
-                "datasets with --format mds (the members are the shards its index.json lists)"
+                f"{backend}/{key} is a {member_fmt} file: register such datasets with "
+                f"--format {member_fmt} (the members are the files its {indexed} lists)"
             )
         member = Member(key, int(entry["size"]), str(entry["version"]), member_fmt)
         yield member, options
 
 
-def _mds_members(
-    client: Client,
-    backend: str,
-    key_prefix: str,
-    listed: Iterator[dict[str, Any]],
-    options: dict[str, Any],
-) -> Iterator[tuple[Member, dict[str, Any]]]:
-    """The shards that the ``index.json`` files under the prefix list.
-
-    As Streaming reads them: an ``index.json`` at the prefix itself is the dataset's
-    (a merged index names shards in folders below it, ``sub/shard.00000.mds``), and
-    only without one is each folder's own index read. Entries come in key order, so an
-    index may come after its shards: the listing's files (name, size, version) are held
-    until the indexes are read, as the manifest will hold them.
-    """
-    files: dict[str, dict[str, Any]] = {}
-    indexes: dict[str, dict[str, Any]] = {}
+def _files(
+    listed: Iterator[dict[str, Any]], backend: str, key_prefix: str
+) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Each file of a listing under ``key_prefix``: its key and its entry."""
     for entry in listed:
         if entry.get("type") != "file":
             continue
         key = entry["name"][len(backend) + 1 :]
-        if not key.startswith(key_prefix):
-            continue
-        folder, base = posixpath.split(key)
-        if base == "index.json":
-            text = bytes(client.read(entry["name"], version=str(entry["version"])))
-            try:
-                indexes[folder] = json.loads(text)
-            except ValueError as exc:
-                raise DatasetFormatError(f"{entry['name']} is not an MDS index: {exc}") from None
-        else:
-            files[key] = entry
-    if not indexes:
-        raise DatasetFormatError(
-            f"{backend}/{key_prefix} holds no index.json: not a MosaicML Streaming (MDS) dataset"
-        )
-    root = key_prefix.rstrip("/")
-    if root in indexes:
-        indexes = {root: indexes[root]}
-    for folder in sorted(indexes):
-        index = indexes[folder]
-        where = f"{backend}/{posixpath.join(folder, 'index.json')}"
-        shards = index.get("shards") if isinstance(index, dict) else None
-        if not isinstance(shards, list):
-            raise DatasetFormatError(f"{where} lists no shards")
-        for shard in shards:
-            if not isinstance(shard, dict):
-                raise DatasetFormatError(f"{where}: a shard is not an object")
-            places = [shard.get("raw_data"), shard.get("zip_data")]
-            basenames = [p.get("basename") for p in places if isinstance(p, dict)]
-            found = [
-                b for b in basenames if isinstance(b, str) and posixpath.join(folder, b) in files
-            ]
-            if not found:
-                raise DatasetFormatError(
-                    f"{where} lists shard {basenames[0] if basenames else shard!r}, which is "
-                    "not there; copy the whole dataset, or rewrite its index"
-                )
-            key = posixpath.join(folder, found[0])
-            entry = files[key]
-            member = Member(key, int(entry["size"]), str(entry["version"]), "mds")
-            yield member, {**options, "mds_index": index, "mds_basename": found[0]}
+        if key.startswith(key_prefix):
+            yield key, entry
 
 
 def commit(client: Client, name: str, snapshot: Snapshot) -> dict[str, Any]:

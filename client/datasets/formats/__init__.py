@@ -36,14 +36,15 @@ import os
 import re
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Final, Protocol, cast, runtime_checkable
 
-from chunkd.errors import DatasetFormatError
+from chunkd.errors import DatasetFormatError, InvalidRequestError
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
+    from chunkd.client.datasets.check import Finding
     from chunkd.client.datasets.source import Source
     from chunkd.snapshot import Member, Snapshot
 
@@ -87,7 +88,11 @@ class Format(Protocol):
     Required: :attr:`name`, :attr:`version`, :attr:`suffixes`, :meth:`scan`,
     :meth:`schema`, :meth:`units`, :meth:`unit_bytes`, :meth:`unit_ranges`,
     :meth:`decode` and :meth:`sample`. :class:`FormatBase` gives the rest
-    (:meth:`settle`, :meth:`locate`, :meth:`read`, :meth:`ranges`) from those.
+    (:meth:`settle`, :meth:`locate`, :meth:`read`, :meth:`ranges`) from those, and the
+    hooks a format overrides only where it has something of its own: :meth:`options`
+    and :attr:`argument` (``--format NAME:ARG``), :attr:`index_name` and
+    :meth:`members_of` (members listed by an index, not by name), :meth:`check` (its
+    own rules of ``chunkd dataset check``).
 
     A member's samples are cut into **units**: runs of whole samples the format decodes
     at once (a Parquet row group or a part of a huge one, a block of JSON lines, a run
@@ -188,6 +193,49 @@ class Format(Protocol):
         """The byte ranges reading sample ``index`` reads: its unit's."""
         ...
 
+    # -- hooks: FormatBase's defaults do nothing ---------------------------------------
+
+    #: what ``--format NAME:ARG`` takes after the colon, as usage shows it (``"N"``:
+    #: ``fixed:N``); "" where the format takes no argument
+    argument: str
+    #: the base name of the files that list a dataset's members (MDS's ``index.json``):
+    #: a format with one registers what those files list (:meth:`members_of`), never
+    #: the files by their names; None: each file of the format is a member
+    index_name: str | None
+
+    def options(self, arg: str) -> dict[str, Any]:
+        """The registration's format options (what :meth:`scan` takes) from ``ARG`` of
+        ``--format NAME:ARG`` ("" when none is given).
+
+        Raises:
+            InvalidRequestError: ``arg`` is not what the format takes; the message says
+                what it takes.
+        """
+        ...
+
+    def members_of(
+        self, prefix: str, files: Sequence[Member], source: Source, options: Mapping[str, Any]
+    ) -> Iterator[tuple[Member, dict[str, Any]]]:
+        """The members its index files list, each with its :meth:`scan` options
+        (``options`` and what the index gives): every file under the registered key
+        ``prefix`` is in ``files`` (in key order), read through ``source``. Called only
+        where :attr:`index_name` is set.
+
+        Raises:
+            DatasetFormatError: an index cannot be read, or lists a file that is not there.
+        """
+        ...
+
+    def check(
+        self, source: Source, members: Sequence[Member], schema_of: Any, *, deep: bool
+    ) -> Iterable[Finding]:
+        """What ``members`` (all this format's members of a snapshot, in order) break of
+        the format's own storage expectations (``chunkd dataset check``): findings of
+        :mod:`chunkd.client.datasets.check`. ``schema_of`` is the dataset's schema;
+        ``deep`` asks for every sample's bytes to be read where the format checks them.
+        Reads only the manifest, except where the format says otherwise."""
+        ...
+
 
 class FormatBase:
     """What every format gets from its required methods (see :class:`Format`).
@@ -220,6 +268,24 @@ class FormatBase:
 
     def settle(self, members: list[Member], schema: Any) -> list[Member]:
         return members
+
+    argument: str = ""
+    index_name: str | None = None
+
+    def options(self, arg: str) -> dict[str, Any]:
+        if arg:
+            raise InvalidRequestError(f"the {self.name} format takes no argument")
+        return {}
+
+    def members_of(
+        self, prefix: str, files: Sequence[Member], source: Source, options: Mapping[str, Any]
+    ) -> Iterator[tuple[Member, dict[str, Any]]]:
+        return ((member, dict(options)) for member in files)
+
+    def check(
+        self, source: Source, members: Sequence[Member], schema_of: Any, *, deep: bool
+    ) -> Iterable[Finding]:
+        return ()
 
     def locate(self, member: Member, index: int) -> tuple[int, int]:
         starts = unit_starts(cast("Format", self), member)
@@ -305,6 +371,11 @@ _REQUIRED: Final = (
     "locate",
     "read",
     "ranges",
+    "argument",
+    "index_name",
+    "options",
+    "members_of",
+    "check",
 )
 
 

@@ -56,14 +56,15 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Final
 
 from chunkd.client.datasets.formats import MAX_UNIT_BYTES, DecodedLRU, FormatBase
-from chunkd.client.datasets.formats.parquet import ParquetRows, schema_of
+from chunkd.client.datasets.formats.parquet import ParquetRows, schema_findings, schema_of
 from chunkd.errors import DatasetFormatError, SnapshotDriftError
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
+    from collections.abc import Iterable, Mapping, Sequence
 
     from _typeshed import WriteableBuffer
 
+    from chunkd.client.datasets.check import Finding
     from chunkd.client.datasets.source import Source
     from chunkd.snapshot import Member
 
@@ -134,6 +135,12 @@ class ArrowFiles(FormatBase):
     def settle(self, members: list[Member], schema: Any) -> list[Member]:
         """``members``, each without its ``schema`` where it is the dataset's."""
         return _PARQUET.settle(members, schema)
+
+    def check(
+        self, source: Source, members: Sequence[Member], schema_of: Any, *, deep: bool
+    ) -> Iterable[Finding]:
+        """``schema-differs``: a member whose schema is not the dataset's, as Parquet's."""
+        return schema_findings(members, schema_of)
 
     # -- units -------------------------------------------------------------------------
 

@@ -24,7 +24,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Final
 
 from chunkd.client.datasets.formats import UNIT_BYTES, FormatBase
-from chunkd.errors import DatasetFormatError
+from chunkd.errors import DatasetFormatError, InvalidRequestError
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -45,6 +45,18 @@ class FixedRecords(FormatBase):
     version = 1
     #: no key says it holds fixed records: ``--format fixed:N`` names them
     suffixes: tuple[str, ...] = ()
+    argument = "N"
+
+    def options(self, arg: str) -> dict[str, Any]:
+        """``{"record_bytes": N}`` from the ``N`` of ``--format fixed:N``.
+
+        Raises:
+            InvalidRequestError: ``N`` is not a positive whole number of bytes.
+        """
+        # ASCII digits only ("²" is a digit to str.isdigit), and few of them
+        if not (arg.isascii() and arg.isdigit() and len(arg) <= 18) or int(arg) <= 0:
+            raise InvalidRequestError("fixed-size records need their size, as fixed:N (bytes)")
+        return {"record_bytes": int(arg)}
 
     def scan(self, source: Source, member: Member, options: Mapping[str, Any]) -> Member:
         size = options.get("record_bytes")

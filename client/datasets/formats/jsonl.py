@@ -61,6 +61,7 @@ import importlib
 import itertools
 import json
 import struct
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, BinaryIO, Final, cast
@@ -75,14 +76,15 @@ from chunkd.client.datasets.formats import (
     DecodedLRU,
     FormatBase,
 )
-from chunkd.errors import DatasetFormatError
+from chunkd.errors import DatasetFormatError, SnapshotDriftError
 from chunkd.snapshot import Member
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Iterable, Mapping
 
     from numpy.typing import NDArray
 
+    from chunkd.client.datasets.check import Finding, Level
     from chunkd.client.datasets.source import Source
 
 __all__ = [
@@ -192,6 +194,43 @@ class JsonLines(FormatBase):
 
     def schema(self, members: list[Member]) -> Any:
         return None
+
+    def check(
+        self, source: Source, members: Sequence[Member], schema_of: Any, *, deep: bool
+    ) -> Iterable[Finding]:
+        """``zst-not-seekable``, then each member's lines (:func:`problems`): its first
+        line, or every line with ``deep`` (streamed). A member that cannot be read is
+        ``unreadable``, one that changed ``drift``."""
+        from chunkd.client.datasets.check import Finding
+
+        for member in members:
+            if compressed(member) and member.meta.get("seekable") is False:
+                yield Finding(
+                    "warning",
+                    member.key,
+                    "zst-not-seekable",
+                    "zstd, but not in the seekable zstd format: a random read decompresses "
+                    "it from its start; write it with a seekable zstd writer",
+                )
+            if not member.samples:
+                continue
+            counts: Counter[str] = Counter()
+            first: dict[str, tuple[int, str]] = {}
+            try:
+                for line, kind, detail in problems(source, member, lines=None if deep else 1):
+                    counts[kind] += 1
+                    first.setdefault(kind, (line, detail))
+            except SnapshotDriftError as exc:
+                yield Finding("error", member.key, "drift", str(exc))
+                continue
+            except DatasetFormatError as exc:
+                yield Finding("error", member.key, "unreadable", str(exc))
+                continue
+            for kind, count in counts.items():
+                level, code = _LINE_CODES[kind]
+                line, detail = first[kind]
+                more = f" (and {count - 1} more lines)" if count > 1 else ""
+                yield Finding(level, member.key, code, f"line {line + 1}: {detail}{more}")
 
     def units(self, member: Member) -> list[int]:
         plan = _plan(member)
@@ -667,6 +706,15 @@ def _seek_table(
 #: what a check finds wrong with a line: (line number, kind, detail); kinds are
 #: "not-utf8", "not-json", "blank" and "too-long"
 LineProblem = tuple[int, str, str]
+
+
+#: the level and code of ``chunkd dataset check``'s finding of each kind of problem
+_LINE_CODES: Final[dict[str, tuple[Level, str]]] = {
+    "not-json": ("error", "jsonl-not-json"),
+    "not-utf8": ("error", "jsonl-not-utf8"),
+    "blank": ("warning", "jsonl-blank-line"),
+    "too-long": ("warning", "jsonl-line-too-long"),
+}
 
 
 def problems(source: Source, member: Member, *, lines: int | None = None) -> Iterator[LineProblem]:

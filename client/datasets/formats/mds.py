@@ -80,6 +80,7 @@ import gzip
 import importlib
 import itertools
 import json
+import posixpath
 import struct
 import weakref
 from collections import Counter
@@ -99,14 +100,15 @@ from chunkd.client.datasets.formats import (
     FormatBase,
 )
 from chunkd.errors import DatasetFormatError
+from chunkd.snapshot import Member
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Iterable, Iterator, Mapping
 
     from numpy.typing import NDArray
 
+    from chunkd.client.datasets.check import Finding
     from chunkd.client.datasets.source import Source
-    from chunkd.snapshot import Member
 
 __all__ = [
     "CACHE_BYTES",
@@ -283,6 +285,72 @@ class MdsShards(FormatBase):
     # a sample decodes its fields' bytes further (ndarray, json, ...): not the columns
     columnar = False
 
+    #: a dataset's shards are what its ``index.json`` files list (:meth:`members_of`)
+    index_name = "index.json"
+
+    def members_of(
+        self, prefix: str, files: Sequence[Member], source: Source, options: Mapping[str, Any]
+    ) -> Iterator[tuple[Member, dict[str, Any]]]:
+        """The shards that the ``index.json`` files among ``files`` list, each with its
+        index (``mds_index``) and its path from the index's folder (``mds_basename``).
+
+        As Streaming reads them: an ``index.json`` at the prefix itself is the dataset's
+        (a merged index names shards in folders below it, ``sub/shard.00000.mds``), and
+        only without one is each folder's own index read. ``files`` come in key order,
+        under ``prefix``.
+
+        Raises:
+            DatasetFormatError: no index, an index that is not JSON or lists no shards, or
+                a shard it lists that is not among ``files``.
+        """
+        by_key = {member.key: member for member in files}
+        indexes: dict[str, Any] = {}
+        for member in files:
+            folder, base = posixpath.split(member.key)
+            if base != self.index_name:
+                continue
+            text = bytes(source.read(member, 0, member.size))
+            try:
+                indexes[folder] = json.loads(text)
+            except ValueError as exc:
+                raise DatasetFormatError(
+                    f"{source.name(member)} is not an MDS index: {exc}"
+                ) from None
+        if not indexes:
+            raise DatasetFormatError(
+                f"{_named(source, prefix)} holds no index.json: not a MosaicML Streaming "
+                "(MDS) dataset"
+            )
+        root = prefix.rstrip("/")
+        if root in indexes:
+            indexes = {root: indexes[root]}
+        for folder in sorted(indexes):
+            index = indexes[folder]
+            where = _named(source, posixpath.join(folder, self.index_name))
+            shards = index.get("shards") if isinstance(index, dict) else None
+            if not isinstance(shards, list):
+                raise DatasetFormatError(f"{where} lists no shards")
+            for shard in shards:
+                if not isinstance(shard, dict):
+                    raise DatasetFormatError(f"{where}: a shard is not an object")
+                places = [shard.get("raw_data"), shard.get("zip_data")]
+                basenames = [p.get("basename") for p in places if isinstance(p, dict)]
+                found = [
+                    b
+                    for b in basenames
+                    if isinstance(b, str) and posixpath.join(folder, b) in by_key
+                ]
+                if not found:
+                    raise DatasetFormatError(
+                        f"{where} lists shard {basenames[0] if basenames else shard!r}, which "
+                        "is not there; copy the whole dataset, or rewrite its index"
+                    )
+                member = by_key[posixpath.join(folder, found[0])]
+                yield (
+                    replace(member, format=self.name),
+                    {**options, "mds_index": index, "mds_basename": found[0]},
+                )
+
     def scan(self, source: Source, member: Member, options: Mapping[str, Any]) -> Member:
         name = source.name(member)
         entry = _entry(name, options)
@@ -372,6 +440,40 @@ class MdsShards(FormatBase):
             return None
         return [list(column) for column in found.most_common(1)[0][0]]
 
+    def check(
+        self, source: Source, members: Sequence[Member], schema_of: Any, *, deep: bool
+    ) -> Iterable[Finding]:
+        """``schema-differs`` (a shard's columns are not the dataset's), then
+        ``compressed-shard-too-big`` (a compressed shard that decompresses to more than
+        :data:`CACHE_BYTES`), from the manifest alone."""
+        from chunkd.client.datasets.check import Finding, columns_text, size_text
+
+        if schema_of is not None:
+            for member in members:
+                if "columns" not in member.meta:
+                    continue
+                got = [[str(c[0]), str(c[1])] for c in member.meta["columns"]]
+                if got != schema_of:
+                    yield Finding(
+                        "error",
+                        member.key,
+                        "schema-differs",
+                        f"its columns {columns_text(got)} differ from the dataset's "
+                        f"{columns_text(schema_of)}",
+                    )
+        for member in members:
+            raw = int(member.meta.get("raw_bytes", 0)) if "compression" in member.meta else 0
+            if raw > CACHE_BYTES:
+                # Not kept: each unit decompresses the shard from its start to its own end.
+                yield Finding(
+                    "warning",
+                    member.key,
+                    "compressed-shard-too-big",
+                    f"decompresses to {size_text(raw)}, more than the {size_text(CACHE_BYTES)} "
+                    "kept per process: each unit read decompresses it from its start; write "
+                    "smaller shards (size_limit), or without compression",
+                )
+
     # -- reading -----------------------------------------------------------------------
 
     def _unit(
@@ -437,6 +539,11 @@ FORMAT = MdsShards()
 
 
 # -- units -------------------------------------------------------------------------------
+
+
+def _named(source: Source, key: str) -> str:
+    """``key``'s object name, ``BACKEND/KEY``, as ``source`` names its members."""
+    return source.name(Member(key, 0, "", "mds"))
 
 
 def _all_offsets(member: Member) -> bool:

@@ -43,6 +43,7 @@ from __future__ import annotations
 import importlib
 import io
 import math
+import statistics
 import struct
 from collections import Counter
 from dataclasses import replace
@@ -57,18 +58,18 @@ from chunkd.client.datasets.formats import (
 from chunkd.errors import DatasetFormatError, SnapshotDriftError
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
+    from collections.abc import Iterable, Iterator, Mapping, Sequence
 
     from _typeshed import WriteableBuffer
 
+    from chunkd.client.datasets.check import Finding
     from chunkd.client.datasets.source import Source
     from chunkd.snapshot import Member
 
-__all__ = ["FORMAT", "ROW_GROUP_CACHE_BYTES", "ParquetRows"]
+__all__ = ["FORMAT", "ROW_GROUP_CACHE_BYTES", "ParquetRows", "schema_findings"]
 
 #: the bound of the per-process cache of decoded units (row groups), in bytes
-#: (:data:`~chunkd.client.datasets.formats.DECODED_CACHE_BYTES`; ``chunkd dataset
-#: check`` warns of groups larger than it)
+#: (:data:`~chunkd.client.datasets.formats.DECODED_CACHE_BYTES`)
 ROW_GROUP_CACHE_BYTES: Final = DECODED_CACHE_BYTES
 #: parsed footers kept per process
 _FOOTERS: Final = 64
@@ -144,6 +145,15 @@ class ParquetRows(FormatBase):
             else m
             for m in members
         ]
+
+    def check(
+        self, source: Source, members: Sequence[Member], schema_of: Any, *, deep: bool
+    ) -> Iterable[Finding]:
+        """``schema-differs`` (a member's schema is not the dataset's), then
+        ``row-group-too-big`` and ``row-group-too-small`` (from the manifest alone)."""
+        yield from schema_findings(members, schema_of)
+        for member in members:
+            yield from _row_groups(member)
 
     # -- units -------------------------------------------------------------------------
 
@@ -277,6 +287,57 @@ class ParquetRows(FormatBase):
         else:
             footer = source.read(member, offset, length)
         return offset, length + 8, _parse_footer(name, footer, trailer=False)
+
+
+def schema_findings(members: Sequence[Member], schema_of: Any) -> Iterator[Finding]:
+    """``schema-differs`` of each member whose recorded schema (kept in its ``meta``
+    only where it differs: :meth:`ParquetRows.settle`) is not the dataset's."""
+    from chunkd.client.datasets.check import Finding, columns_text
+
+    if schema_of is None:
+        return
+    for member in members:
+        got = member.meta.get("schema", schema_of)
+        if got != schema_of:
+            yield Finding(
+                "error",
+                member.key,
+                "schema-differs",
+                f"its schema {columns_text(got)} differs from the dataset's "
+                f"{columns_text(schema_of)}: rewrite it with the dataset's schema, or "
+                "register it apart",
+            )
+
+
+def _row_groups(member: Member) -> Iterator[Finding]:
+    # The bounds are the check's (chunkd.client.datasets.check), read when it runs.
+    from chunkd.client.datasets import check as rules
+
+    groups = member.meta.get("row_groups", [])
+    sizes = [int(g[3]) if len(g) > 3 else int(g[2]) for g in groups if int(g[0])]
+    if not sizes:
+        return
+    biggest = max(sizes)
+    if biggest > rules.ROW_GROUP_MAX_BYTES:
+        yield rules.Finding(
+            "warning",
+            member.key,
+            "row-group-too-big",
+            f"a row group of {rules.size_text(biggest)} uncompressed: groups over "
+            f"{rules.size_text(rules.ROW_GROUP_MAX_BYTES)} are cut into units that each "
+            "read the whole group and decode it up to their rows; write row groups of 1 "
+            "to 128 MiB",
+        )
+    median = statistics.median(sizes)
+    if len(sizes) > 1 and median < rules.ROW_GROUP_MIN_BYTES:
+        yield rules.Finding(
+            "warning",
+            member.key,
+            "row-group-too-small",
+            f"{len(sizes)} row groups of median size {rules.size_text(int(median))} "
+            "uncompressed: each is a read and a decode of its own; write row groups of 1 "
+            "to 128 MiB",
+        )
 
 
 def _rows(parquet: Any, group: int, first: int, rows: int, columns: list[str] | None) -> Any:

@@ -48,9 +48,10 @@ Member ``meta``:
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import itertools
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Final
@@ -61,8 +62,9 @@ from chunkd.client.datasets.formats import UNIT_BYTES, DecodedLRU, FormatBase
 from chunkd.errors import DatasetFormatError
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator, Mapping
+    from collections.abc import Iterable, Iterator, Mapping
 
+    from chunkd.client.datasets.check import Finding
     from chunkd.client.datasets.source import Source
     from chunkd.snapshot import Member
 
@@ -129,6 +131,15 @@ class WebDataset(FormatBase):
 
     def schema(self, members: list[Member]) -> Any:
         return sorted(extensions(members))
+
+    def check(
+        self, source: Source, members: Sequence[Member], schema_of: Any, *, deep: bool
+    ) -> Iterable[Finding]:
+        """``extensions-differ`` (a tar whose samples lack extensions others have, or
+        add some), then ``duplicate-key``: inside a tar (errors) and across tars
+        (warnings). From the manifest alone."""
+        yield from _extensions_differ(members)
+        yield from _duplicate_keys(members)
 
     def units(self, member: Member) -> list[int]:
         firsts = _plan(member).firsts
@@ -200,7 +211,89 @@ class WebDataset(FormatBase):
         return data
 
 
-def extensions(members: list[Member]) -> Counter[str]:
+# -- checking ----------------------------------------------------------------------------
+
+
+def _extensions_differ(tars: Sequence[Member]) -> Iterator[Finding]:
+    from chunkd.client.datasets.check import Finding
+
+    every = set(extensions(tars))
+    for member in tars:
+        mine = set(extensions([member]))
+        if member.samples and mine != every:
+            lacks, adds = sorted(every - mine), sorted(mine - every)
+            yield Finding(
+                "warning",
+                member.key,
+                "extensions-differ",
+                "its samples "
+                + "; ".join(
+                    part
+                    for part in (
+                        f"lack {', '.join(lacks)}" if lacks else "",
+                        f"add {', '.join(adds)}" if adds else "",
+                    )
+                    if part
+                )
+                + " (other tars of the dataset differ)",
+            )
+
+
+def _duplicate_keys(tars: Sequence[Member]) -> Iterator[Finding]:
+    """Keys repeated inside a tar (errors), and across tars (warnings), in memory
+    proportional to the sample count (8 bytes a key, plus a member number)."""
+    from chunkd.client.datasets.check import Finding
+
+    hashes: list[np.ndarray[Any, np.dtype[np.uint64]]] = []
+    owners: list[np.ndarray[Any, np.dtype[np.int32]]] = []
+    for number, member in enumerate(tars):
+        keys = [str(sample[0]) for sample in member.meta.get("index", [])]
+        repeated = [key for key, n in Counter(keys).items() if n > 1]
+        if repeated:
+            shown = ", ".join(repr(k) for k in repeated[:3]) + (
+                ", ..." if len(repeated) > 3 else ""
+            )
+            yield Finding(
+                "error",
+                member.key,
+                "duplicate-key",
+                f"{len(repeated)} keys name more than one sample ({shown}): their files are "
+                "not adjacent in the tar, or an extension repeats; write each sample's "
+                "files together, once",
+            )
+        unique = sorted(set(keys))
+        hashes.append(np.fromiter((_hash(k) for k in unique), np.uint64, len(unique)))
+        owners.append(np.full(len(unique), number, np.int32))
+    if len(tars) < 2:
+        return
+    every = np.concatenate(hashes)
+    who = np.concatenate(owners)
+    order = np.argsort(every, kind="stable")
+    every, who = every[order], who[order]
+    same = np.flatnonzero(every[1:] == every[:-1])
+    if not len(same):
+        return
+    suspects = set(every[same].tolist())
+    places: dict[str, set[int]] = defaultdict(set)
+    for number, member in enumerate(tars):
+        for sample in member.meta.get("index", []):
+            key = str(sample[0])
+            if _hash(key) in suspects:
+                places[key].add(number)
+    for key, numbers in places.items():
+        if len(numbers) > 1:
+            names = sorted(tars[n].key for n in numbers)
+            for name in names[1:]:
+                yield Finding(
+                    "warning", name, "duplicate-key", f"key {key!r} is also a sample of {names[0]}"
+                )
+
+
+def _hash(key: str) -> int:
+    return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little")
+
+
+def extensions(members: Sequence[Member]) -> Counter[str]:
     """How many samples of ``members`` hold each extension."""
     found: Counter[str] = Counter()
     for member in members:

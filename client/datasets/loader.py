@@ -593,7 +593,7 @@ class _Plan(NamedTuple):
         if self.windows is None or self.at is None or not len(self.windows):
             return None
         first = int(self.windows[0])
-        if int(self.windows[-1]) != first or not bool(np.all(self.windows == first)):
+        if not bool(np.all(self.windows == first)):
             return None
         found = windows.window(first)
         return None if found is None else (found, self.at)

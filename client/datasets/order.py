@@ -320,6 +320,15 @@ class Order:
         index = np.asarray(positions, dtype=np.int64).reshape(-1)
         if len(index) and (int(index.min()) < 0 or int(index.max()) >= self.total):
             raise IndexError(f"positions outside an epoch of {self.total} samples")
+        if len(index) and int(index[-1]) - int(index[0]) == len(index) - 1:
+            # a run of positions (a step's): one window, unless it crosses into the next
+            first, last = np.searchsorted(self._window_starts, index[[0, -1]], side="right") - 1
+            if first == last:
+                w = int(first)
+                at = index - self._window_starts[w]
+                if self.shuffle:
+                    at = self._permutation(w)(at)
+                return np.full(len(index), w, dtype=np.int64), at
         windows = np.searchsorted(self._window_starts, index, side="right") - 1
         at = index - self._window_starts[windows]
         if self.shuffle:

@@ -274,5 +274,10 @@ def test_mds_members_are_what_its_index_lists(tmp_path: Path) -> None:
     missing = re.escape("files/index.json lists shard 'b/shard.00000.mds', which is not there")
     with pytest.raises(DatasetFormatError, match=missing):
         members()
+    # an index too big to read whole is refused by its size, before it is read
+    with (tmp_path / "index.json").open("r+b") as index:
+        index.truncate(mds_format.MAX_INDEX_BYTES + 1)
+    with pytest.raises(DatasetFormatError, match=r"files/index\.json is 67108865 bytes, more"):
+        members()
     with pytest.raises(DatasetFormatError, match=re.escape("files/a/ holds no index.json")):
         list(fmt.members_of("a/", [m for m in listed() if "index" not in m.key], source, {}))

@@ -115,6 +115,7 @@ __all__ = [
     "ENCODING",
     "ENCODINGS",
     "FORMAT",
+    "MAX_INDEX_BYTES",
     "MAX_OFFSETS",
     "SCHEMA_ENCODINGS",
     "STREAMED_UNIT_BYTES",
@@ -132,6 +133,9 @@ _CACHE_ITEMS: Final = 2
 #: alone may be more): each unit decompresses the shard, so a shard of up to this size is
 #: one unit
 STREAMED_UNIT_BYTES: Final = MAX_UNIT_BYTES
+#: an ``index.json`` of more than this is refused at registration (it is read whole and
+#: parsed; 64 MiB lists about 100,000 shards)
+MAX_INDEX_BYTES: Final = 64 << 20
 #: the key of a decoded column's field metadata that holds its MDS encoding ...
 ENCODING: Final = b"mds.encoding"
 #: ... and of the table's schema metadata that holds every column's (JSON)
@@ -309,6 +313,13 @@ class MdsShards(FormatBase):
             folder, base = posixpath.split(member.key)
             if base != self.index_name:
                 continue
+            if member.size > MAX_INDEX_BYTES:
+                # read whole and parsed (about 10 times its size in Python objects)
+                raise DatasetFormatError(
+                    f"{source.name(member)} is {member.size} bytes, more than the "
+                    f"{MAX_INDEX_BYTES >> 20} MiB an MDS index may be: register the "
+                    "dataset's folders apart, each with its own index.json"
+                )
             text = bytes(source.read(member, 0, member.size))
             try:
                 indexes[folder] = json.loads(text)

@@ -44,7 +44,17 @@ if TYPE_CHECKING:
     from chunkd.client.datasets.source import Source
     from chunkd.snapshot import Member, Snapshot
 
-__all__ = ["DECODE_THREADS", "WINDOW_BYTES", "Rows", "Units", "Window", "Windows", "arrays", "take"]
+__all__ = [
+    "DECODE_THREADS",
+    "WINDOW_BYTES",
+    "Rows",
+    "Units",
+    "Window",
+    "Windows",
+    "arrays",
+    "take",
+    "take_laid",
+]
 
 log = logging.getLogger(__name__)
 
@@ -458,6 +468,19 @@ class Windows:
         return window
 
 
+def take_laid(window: Window, at: NDArray[np.int64]) -> Rows | None:
+    """The rows at places ``at`` of a window whose every column is laid out: one gather
+    a column, no unit touched (None where some column is not laid out)."""
+    whole = window.whole()
+    if whole is None:
+        return None
+    fmt, kinds, laid = whole
+    # an unshuffled run: a read-only view of the window's columns, no copy
+    picked: Any = slice(int(at[0]), int(at[0]) + len(at)) if _contiguous(at, 1 << 62) else at
+    taken = {f.name: a[picked] for f, a in zip(kinds, laid, strict=True)}
+    return Rows(None, [fmt], numpy=taken, schema=kinds)
+
+
 def take(
     units: Units,
     members: NDArray[np.int64],
@@ -470,16 +493,9 @@ def take(
     the one window they all are of, with their places in it, whose laid-out columns
     serve them)."""
     if window is not None:
-        whole = window[0].whole()
-        if whole is not None:  # every column laid out: one gather each, no unit touched
-            fmt, kinds, arrays_laid = whole
-            at = window[1]
-            # an unshuffled run: a read-only view of the window's columns, no copy
-            picked: Any = (
-                slice(int(at[0]), int(at[0]) + len(at)) if _contiguous(at, 1 << 62) else at
-            )
-            taken = {f.name: a[picked] for f, a in zip(kinds, arrays_laid, strict=True)}
-            return Rows(None, [fmt], numpy=taken, schema=kinds)
+        whole = take_laid(*window)
+        if whole is not None:
+            return whole
     unit_of, row_of = located if located is not None else units.locate(members, samples)
     # one number a unit (member and unit side by side), and each row's unit among them
     codes, which = np.unique((members << 32) | unit_of, return_inverse=True)

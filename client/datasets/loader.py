@@ -79,7 +79,15 @@ from typing import TYPE_CHECKING, Any, Final, Literal, NamedTuple, Protocol, Typ
 import numpy as np
 from numpy.typing import NDArray
 
-from chunkd.client.datasets.columns import DECODE_THREADS, Rows, Units, Window, Windows, take
+from chunkd.client.datasets.columns import (
+    DECODE_THREADS,
+    Rows,
+    Units,
+    Window,
+    Windows,
+    take,
+    take_laid,
+)
 from chunkd.client.datasets.formats import (
     DECODED_CACHE_BYTES,
     snapshot_unit_bytes,
@@ -484,15 +492,15 @@ def read_steps(
     plans: dict[int, _Plan] = {}  # the located positions of the steps asked for ahead
     laid = None if units is None else Windows(units, order)
     for i, step in enumerate(own):
-        if units is not None:
+        if units is not None and laid is not None:
             for ahead in own[i : i + prefetch + 1]:
                 if ahead not in plans:
-                    plans[ahead] = _Plan.of(units, order, steps.positions(ahead, rank)[0])
+                    plans[ahead] = _Plan(units, order, laid, steps.positions(ahead, rank)[0])
         if prefetch and client is not None:
             upto = min(len(own), i + prefetch + 1)
             if warmed < upto:
                 if units is not None:  # the steps' units' ranges, each once
-                    keys = [k for s in own[warmed:upto] for k in plans[s].keys]
+                    keys = [k for s in own[warmed:upto] for k in plans[s].needs]
                     warm(client, units.ranges(keys))
                 else:
                     pairs = [p for s in own[warmed:upto] for p in _pairs(order, steps, s, rank)]
@@ -506,20 +514,18 @@ def read_steps(
         if units is not None:
             plan = plans.pop(step)
             units.ahead(
-                plan.keys + [k for s in own[i + 1 : i + prefetch + 1] for k in plans[s].keys]
+                plan.needs + [k for s in own[i + 1 : i + prefetch + 1] for k in plans[s].needs]
             )
-            members, samples = plan.members, plan.samples
             if timer is not None:
-                timer.first_unit(units, plan.keys[0])
-            window = None if laid is None else plan.window(laid)
-            rows = take(units, members, samples, (plan.units, plan.rows), window)
+                timer.first_unit(units, plan.needs[0])
+            rows = plan.take()
             batch = Batch(
                 step=step,
                 position=span,
                 padding=padding,
                 last=step == count - 1,
                 rows=rows,
-                names=functools.partial(_ids, dataset, members, samples),
+                names=functools.partial(_plan_ids, dataset, plan),
                 convert=convert,
             )
             if batch_transform is not None:
@@ -552,51 +558,101 @@ def _ids(dataset: Readable, members: NDArray[np.int64], samples: NDArray[np.int6
     ]
 
 
-class _Plan(NamedTuple):
-    """A step's samples, located: ``(member, sample)`` and ``(unit, row)`` of each, the
-    step's units in the order of need, each once, and (where the order's units are the
-    formats') each sample's window and place in it."""
+class _Plan:
+    """A step's positions, located as far as its reading needs: where the order's units
+    are the formats' (as :func:`order_of` makes it), its window and places in it, and a
+    step of one laid-out window (:class:`~chunkd.client.datasets.columns.Window`) needs
+    nothing more to be taken; ``(member, sample)`` and ``(unit, row)`` of each position
+    are made when first asked for (other columns, the ids)."""
 
-    members: NDArray[np.int64]
-    samples: NDArray[np.int64]
-    units: NDArray[np.int64]
-    rows: NDArray[np.int64]
-    keys: list[tuple[int, int]]
-    windows: NDArray[np.int64] | None = None
-    at: NDArray[np.int64] | None = None
+    __slots__ = (
+        "_keys",
+        "_located",
+        "_window",
+        "at",
+        "laid",
+        "order",
+        "positions",
+        "units",
+        "windows",
+    )
 
-    @classmethod
-    def of(cls, units: Units, order: Order, positions: NDArray[np.int64]) -> _Plan:
-        if not len(positions):
-            empty = np.zeros(0, dtype=np.int64)
-            return cls(empty, empty, empty, empty, [])
-        windows = at = None
-        if order.by_units:
-            # The order's units are the formats' (order_of): a unit's number in its
-            # member is its number in the snapshot less its member's first.
-            windows, at = order.locate_windows(positions)
-            unit, row = order.units_at(windows, at)
-            members = order.unit_member[unit]
-            unit_of = unit - np.searchsorted(order.unit_member, members, side="left")
-            samples = order.unit_first[unit] + row
-        else:
-            members, samples = order.locate(positions)
-            unit_of, row = units.locate(members, samples)
-        codes = (members << 32) | unit_of
-        _, first = np.unique(codes, return_index=True)
-        keys = [(int(c >> 32), int(c & 0xFFFFFFFF)) for c in codes[np.sort(first)]]
-        return cls(members, samples, unit_of, row, keys, windows, at)
+    def __init__(
+        self, units: Units, order: Order, laid: Windows, positions: NDArray[np.int64]
+    ) -> None:
+        self.units = units
+        self.order = order
+        self.laid = laid
+        self.positions = positions
+        self.windows: NDArray[np.int64] | None = None
+        self.at: NDArray[np.int64] | None = None
+        if order.by_units and len(positions):
+            self.windows, self.at = order.locate_windows(positions)
+        self._located: tuple[NDArray[np.int64], ...] | None = None
+        self._keys: list[tuple[int, int]] | None = None
+        self._window: Window | bool | None = False  # False: not looked up yet
 
-    def window(self, windows: Windows) -> tuple[Window, NDArray[np.int64]] | None:
-        """The one window all the step's samples are of, laid out, with their places in
-        it; None where they are of two (or it is not laid out)."""
-        if self.windows is None or self.at is None or not len(self.windows):
-            return None
-        first = int(self.windows[0])
-        if not bool(np.all(self.windows == first)):
-            return None
-        found = windows.window(first)
-        return None if found is None else (found, self.at)
+    @property
+    def located(self) -> tuple[NDArray[np.int64], ...]:
+        """``(members, samples, units, rows)``: each position's member and sample, and its
+        unit (in its member) and row."""
+        if self._located is None:
+            order = self.order
+            if self.windows is not None and self.at is not None:
+                # The order's units are the formats' (order_of): a unit's number in its
+                # member is its number in the snapshot less its member's first.
+                unit, row = order.units_at(self.windows, self.at)
+                members = order.unit_member[unit]
+                unit_of = unit - np.searchsorted(order.unit_member, members, side="left")
+                self._located = (members, order.unit_first[unit] + row, unit_of, row)
+            else:
+                members, samples = order.locate(self.positions)
+                unit_of, row = self.units.locate(members, samples)
+                self._located = (members, samples, unit_of, row)
+        return self._located
+
+    @property
+    def window(self) -> Window | None:
+        """The one laid-out window all the step's positions are of, if any."""
+        if self._window is False:
+            found = None
+            if self.windows is not None and len(self.windows):
+                first = int(self.windows[0])
+                if bool(np.all(self.windows == first)):
+                    found = self.laid.window(first)
+            self._window = found
+        return self._window if isinstance(self._window, Window) else None
+
+    @property
+    def needs(self) -> list[tuple[int, int]]:
+        """The units the step needs, in the order of need, each once: a laid-out
+        window's (all of them: it is laid out whole), else the step's own."""
+        if self._keys is None:
+            window = self.window
+            if window is not None:
+                self._keys = window.keys
+            else:
+                members, _, unit_of, _ = self.located
+                codes = (members << 32) | unit_of
+                _, first = np.unique(codes, return_index=True)
+                self._keys = [(int(c >> 32), int(c & 0xFFFFFFFF)) for c in codes[np.sort(first)]]
+        return self._keys
+
+    def take(self) -> Rows:
+        """The step's rows (:func:`~chunkd.client.datasets.columns.take`)."""
+        window = self.window
+        if window is not None and self.at is not None:
+            rows = take_laid(window, self.at)
+            if rows is not None:
+                return rows
+        members, samples, unit_of, row = self.located
+        laid = None if window is None or self.at is None else (window, self.at)
+        return take(self.units, members, samples, (unit_of, row), laid)
+
+
+def _plan_ids(dataset: Readable, plan: _Plan) -> list[str]:
+    members, samples, _, _ = plan.located
+    return _ids(dataset, members, samples)
 
 
 class FirstBatch:

@@ -121,7 +121,7 @@ def test_loader_bench_quick_run_reports_every_row(tmp_path: Path) -> None:
         "one process, warm: Loader epoch, batch.columns (in-process)",
         "one process, warm: Loader epoch, batch.samples (per sample)",
         "4 ranks of one node: samples/s in all (Loader, shared decode)",
-        "4 ranks of one node: units decoded by the daemon per unit",
+        "4 ranks of one node: units decoded per unit",
         "4 ranks of one node: peak decoded bytes held, within decoded_bytes",
         "JSON lines: Loader epoch, batch.columns",
         "WebDataset: Loader epoch, batch.columns",
@@ -133,7 +133,7 @@ def test_loader_bench_quick_run_reports_every_row(tmp_path: Path) -> None:
         assert rows[name]["baseline"] > 0, name
     assert rows["MDS: Loader epoch, batch.columns"]["chunkd"] > 0
     # each unit decoded once by the daemon for the four ranks, and held within the budget
-    assert rows["4 ranks of one node: units decoded by the daemon per unit"]["chunkd"] == 1.0
+    assert rows["4 ranks of one node: units decoded per unit"]["chunkd"] == 1.0
     held = rows["4 ranks of one node: peak decoded bytes held, within decoded_bytes"]
     assert held["chunkd"] <= held["baseline"]
     assert not (tmp_path / "work").exists()

@@ -425,3 +425,40 @@ def worker_pids(daemon: Daemon) -> list[int]:
         ]:
             found.append(int(entry.name))
     return found
+
+
+@pytest.mark.timeout(60)
+def test_a_forged_member_record_cannot_change_what_another_request_decodes(
+    start_daemon: Callable[..., Daemon], tmp_path: Path
+) -> None:
+    # One decode worker, so both requests meet in one process: the formats' caches there
+    # (footers, a member's unit plan) are keyed by its name and version, and a request
+    # that names the member with a forged record (row group 0 "200 MiB", so cut in two)
+    # must not leave a plan that the genuine request's decode then follows.
+    import dataclasses
+
+    from chunkd.client.datasets.formats import clear_caches
+
+    daemon = node(start_daemon, tmp_path, workers=1)
+    path = tmp_path / "data" / "pz" / "part-0.parquet"
+    path.parent.mkdir(parents=True)
+    with pq.ParquetWriter(path, pa.schema([("x", pa.int64())])) as writer:
+        writer.write_table(pa.table({"x": list(range(1000))}), row_group_size=1000)
+        writer.write_table(pa.table({"x": list(range(1000, 1500))}), row_group_size=500)
+    registered(daemon, "pz", "pz")
+    with client_of(daemon) as client:
+        snapshot, _, source = resolve(client, "pz")
+        member = snapshot.members[0]
+        fmt = format_of("parquet")
+        want = fmt.decode(source, member, 1, None)
+        assert want["x"].to_pylist() == list(range(1000, 1500))
+        groups = [list(g) for g in member.meta["row_groups"]]
+        groups[0][3] = 200 << 20
+        forged = dataclasses.replace(member, meta={**member.meta, "row_groups": groups})
+        shared = SharedDecoder(client)
+        shared.unit(source, forged, fmt, 0, None)  # its own entry, whatever it decodes to
+        clear_caches()  # this process's own view of the forged record goes too
+        got = shared.unit(source, member, fmt, 1, None)
+        assert got is not None
+        assert got.equals(want)
+        shared.close()

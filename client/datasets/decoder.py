@@ -124,9 +124,13 @@ class Decoder:
 
     def decode(self, args: dict[str, Any]) -> dict[str, Any]:
         """Decode one unit, send its sealed memfd, and describe it."""
-        from chunkd.client.datasets.formats import format_of
+        from chunkd.client.datasets.formats import clear_caches, format_of
         from chunkd.snapshot import Member
 
+        # Each request is decoded from its own inputs alone: the formats' caches (footers,
+        # unit plans, shards) are keyed by a member's name and version, and another
+        # caller's request may have named them with another record (or frozen chunks).
+        clear_caches()
         fmt = format_of(str(args["format"]))
         if fmt.version != args["decoder"]:
             raise InvalidRequestError(

@@ -132,7 +132,7 @@ class SharedDecoder:
                 if reply.get("reason") == "off":
                     self._off_until = time.monotonic() + _RETRY_OFF
                 return None
-            return _mapped(reply, fds, columns)
+            return _mapped(reply, fds, columns, fmt.units(member)[unit])
         finally:
             close_all(fds)
 
@@ -226,9 +226,12 @@ def _request(
     return fields
 
 
-def _mapped(reply: dict[str, Any], fds: list[int], columns: tuple[str, ...] | None) -> Any | None:
+def _mapped(
+    reply: dict[str, Any], fds: list[int], columns: tuple[str, ...] | None, rows: int
+) -> Any | None:
     """The table of a ``ds_decode`` answer, mapped read-only; None where the answer is
-    not what was asked for (the reader then decodes it itself)."""
+    not what was asked for (``rows`` rows, the unit's count in the reader's own
+    manifest, and the columns asked: the reader then decodes it itself)."""
     if len(fds) != 1:
         return None
     size = sealed_size(fds[0])
@@ -248,7 +251,7 @@ def _mapped(reply: dict[str, Any], fds: list[int], columns: tuple[str, ...] | No
             mapping.close()
         return None
     asked = reply.get("columns") if columns is None else list(columns)
-    if table.num_rows != reply.get("rows") or table.column_names != asked:
+    if table.num_rows != reply.get("rows") or table.num_rows != rows or table.column_names != asked:
         log.warning(
             "a decoded unit from the daemon is not the one asked for (%d rows, columns %s); "
             "decoding it here",

@@ -35,6 +35,7 @@ import itertools
 import os
 import re
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Final, Protocol, cast, runtime_checkable
@@ -56,6 +57,7 @@ __all__ = [
     "DecodedLRU",
     "Format",
     "FormatBase",
+    "clear_caches",
     "detect",
     "format_of",
     "names",
@@ -331,6 +333,8 @@ _BUILTIN: Final = {
 #: the entry-point group a package names its formats in (``name = "pkg.module:FORMAT"``)
 ENTRY_POINTS: Final = "chunkd.formats"
 _FORMATS: dict[str, Format] = {}
+#: every DecodedLRU of the process (:func:`clear_caches`)
+_CACHES: weakref.WeakSet[DecodedLRU] = weakref.WeakSet()
 _FORMATS_LOCK = threading.Lock()
 _NAME = re.compile(r"[a-z][a-z0-9_.-]{0,31}")
 
@@ -500,6 +504,7 @@ class DecodedLRU:
     def __init__(self, max_bytes: int, max_items: int) -> None:
         self.max_bytes = max_bytes
         self.max_items = max_items
+        _CACHES.add(self)
         self._pieces: OrderedDict[Hashable, tuple[Any, int]] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
@@ -544,6 +549,15 @@ class DecodedLRU:
         with self._lock:
             self._pieces.clear()
             self._bytes = 0
+
+
+def clear_caches() -> None:
+    """Drop what every :class:`DecodedLRU` of this process holds (the formats' footers,
+    plans, shards and units): what the daemon's decode worker does before each request,
+    so that a request is decoded from its own inputs alone, never from what another
+    request (another user's, with another member record under the same name) left."""
+    for cache in list(_CACHES):
+        cache.clear()
 
 
 #: decoded units :meth:`FormatBase.read` keeps, per process

@@ -68,7 +68,7 @@ def dataset_of(blobs: dict[str, bytes], fmt_name: str, options: dict[str, Any]) 
 
 # -- random Parquet snapshots, with the types a trainer meets -----------------------------
 
-COLUMNS = ("i", "f", "s", "tags", "when", "price", "kind", "pt", "flag")
+COLUMNS = ("i", "f", "s", "tags", "when", "price", "kind", "pt", "flag", "day", "at")
 
 
 def parquet_blob(first: int, rows: int, group: int, nulls: bool) -> bytes:
@@ -94,6 +94,11 @@ def parquet_blob(first: int, rows: int, group: int, nulls: bool) -> bytes:
                 pa.struct([("x", pa.int32()), ("y", pa.int32())]),
             ),
             "flag": pa.array([i % 2 == 0 for i in ids], pa.bool_()),
+            "day": pa.array(
+                maybe([datetime.date(2026, 1, 1) + datetime.timedelta(days=i) for i in ids]),
+                pa.date32(),
+            ),
+            "at": pa.array([datetime.time(i % 24, i % 60) for i in ids], pa.time64("us")),
         }
     )
     sink = io.BytesIO()
@@ -216,7 +221,7 @@ def test_each_column_type_has_its_stated_form() -> None:
     assert isinstance(columns["kind"], pa.Array)
     assert columns["kind"].type == pa.string()
     assert columns["kind"].to_pylist()[:3] == ["cat", "dog", "eel"]
-    for name in ("s", "tags", "price", "pt"):
+    for name in ("s", "tags", "price", "pt", "day", "at"):
         assert isinstance(columns[name], pa.Array), name
     with_nulls = next(iter(Loader(parquet_dataset([12], 5, nulls=True), batch_size=12, seed=1)))
     # a number column with nulls is an Arrow array too: nothing is filled in

@@ -626,14 +626,14 @@ def _contiguous(index: NDArray[np.int64], total: int) -> bool:
 def arrays(table: Any) -> dict[str, Any]:
     """A table's columns as a trainer takes them (``docs/datasets.md``, "Columns").
 
-    - integers, floats, booleans, dates, times, timestamps and durations without nulls:
-      numpy arrays, read-only views of the batch's buffers where the type allows (a
-      boolean is unpacked: a copy);
+    - integers, floats, booleans, timestamps and durations without nulls: numpy arrays,
+      read-only views of the batch's buffers where the type allows (a boolean is
+      unpacked: a copy);
     - fixed-size binary (the ``fixed`` format's records) and fixed-size lists of such
       numbers without nulls: 2-D numpy arrays ``[rows, width]``, read-only views;
     - dictionary-encoded columns: decoded first, then as their value type;
-    - everything else (strings, binary, lists, structs, maps, decimals) and any column
-      with nulls: a ``pyarrow.Array`` (one chunk).
+    - everything else (strings, binary, lists, structs, maps, decimals, dates, times)
+      and any column with nulls: a ``pyarrow.Array`` (one chunk).
     """
     pa = _pyarrow()
     found: dict[str, Any] = {}
@@ -665,8 +665,13 @@ def _numpy(pa: Any, array: Any) -> Any:
 
 
 def _numeric(pa: Any, kind: Any) -> bool:
+    """Whether ``kind`` is a number numpy holds as it is, without a copy: integers,
+    floats, timestamps and durations (not dates and times: numpy has no such types)."""
     return bool(
-        pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_temporal(kind)
+        pa.types.is_integer(kind)
+        or pa.types.is_floating(kind)
+        or pa.types.is_timestamp(kind)
+        or pa.types.is_duration(kind)
     )
 
 

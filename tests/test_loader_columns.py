@@ -432,3 +432,36 @@ def test_a_windows_laid_out_columns_give_the_same_rows(
             assert when == row["when"]
     assert len(seen) == 100
     assert any(laid) == bool(bound)
+
+
+def test_an_unshuffled_first_batch_decodes_only_its_unit() -> None:
+    dataset = parquet_dataset([40, 40], 4, nulls=False)  # 20 units of 4 rows
+    for columns in (["s"], ["i", "s"], ["i"]):
+        loader = Loader(dataset, batch_size=4, seed=1, shuffle=False, prefetch=0, columns=columns)
+        first = next(iter(loader))
+        assert first.samples == [{c: dataset.read(0, r)[c] for c in columns} for r in range(4)]
+        units = loader.units()
+        assert units is not None
+        assert units.decoded == 1, columns
+        loader.close()
+
+
+def test_a_unit_of_another_row_count_than_its_manifest_is_refused() -> None:
+    import dataclasses
+
+    honest = parquet_dataset([40], 10, nulls=False)
+    member = honest.snapshot.members[0]
+    groups = [list(g) for g in member.meta["row_groups"]]
+    groups[0][0], groups[1][0] = 9, 11  # the same 40 rows, cut one row off
+    lying = dataclasses.replace(member, meta={**member.meta, "row_groups": groups})
+    snapshot = Snapshot.build(
+        backend="mem", prefix="", format="parquet", members=[lying], schema_of=None
+    )
+    dataset = Dataset(snapshot, honest.source)
+    loader = Loader(dataset, batch_size=8, seed=3, columns=["i", "f"])
+    with pytest.raises(Exception, match="rows") as raised:
+        for _ in loader:
+            pass
+    from chunkd.errors import DatasetFormatError
+
+    assert isinstance(raised.value, DatasetFormatError)

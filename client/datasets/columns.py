@@ -100,14 +100,16 @@ class Units:
         self.held_bytes = max(0, held_bytes)
         self._threads = max(0, threads)
         self._pool: ThreadPoolExecutor | None = None
-        self._held: OrderedDict[UnitKey, tuple[Any, int]] = OrderedDict()
+        #: each unit held: its table, its decoded bytes, and its columns' numpy views
+        self._held: OrderedDict[UnitKey, tuple[Any, int, dict[int, NDArray[Any] | None]]] = (
+            OrderedDict()
+        )
         self._held_total = 0
         self._flights: dict[UnitKey, Future[Any]] = {}
         self._lock = threading.Lock()
         self._formats: dict[str, Format] = {}
         self._starts: dict[int, NDArray[np.int64]] = {}
         self._costs: dict[int, list[int]] = {}
-        self._views: dict[UnitKey, tuple[Any, dict[int, NDArray[Any] | None]]] = {}
         #: units decoded in this process, units mapped from the daemon, and units asked
         #: for ahead of their step
         self.decoded = 0
@@ -121,6 +123,11 @@ class Units:
         if fmt is None:
             fmt = self._formats[name] = format_of(name)
         return fmt
+
+    def rows(self, key: UnitKey) -> int:
+        """A unit's samples, as its member's format cuts it."""
+        starts = self._unit_starts(key[0])
+        return int(starts[key[1] + 1] - starts[key[1]])
 
     def unit_bytes(self, key: UnitKey) -> int:
         """A unit's decoded bytes, as its format counts them."""
@@ -252,7 +259,7 @@ class Units:
             old = self._held.pop(key, None)
             if old is not None:
                 self._held_total -= old[1]
-            self._held[key] = (table, cost)
+            self._held[key] = (table, cost, {})
             self._held_total += cost
             # the newest unit stays even alone over the bound: the batch being read needs it
             while self._held_total > self.held_bytes and len(self._held) > 1:
@@ -260,18 +267,15 @@ class Units:
 
     def view(self, key: UnitKey, table: Any, column: int) -> NDArray[Any] | None:
         """Column ``column`` of unit ``key``'s ``table`` as a numpy view (:func:`numpy_view`),
-        made once a unit."""
-        views = self._views.get(key)
-        if views is None or views[0] is not table:
-            views = self._views[key] = (table, {})
-            if len(self._views) > 4 * max(1, len(self._held)) + 64:
-                held = set(self._held)
-                self._views = {k: v for k, v in self._views.items() if k in held}
-                self._views[key] = views
-        found = views[1]
-        if column not in found:
-            found[column] = numpy_view(_pyarrow(), table.column(column))
-        return found[column]
+        made once a unit while the unit is held (the views go with it)."""
+        with self._lock:
+            entry = self._held.get(key)
+            views = entry[2] if entry is not None and entry[0] is table else None
+        if views is None:
+            return numpy_view(_pyarrow(), table.column(column))
+        if column not in views:
+            views[column] = numpy_view(_pyarrow(), table.column(column))
+        return views[column]
 
     def close(self) -> None:
         """Stop decoding ahead and drop every unit held."""
@@ -402,42 +406,63 @@ class Window:
     def whole(self) -> tuple[Format, Any, list[NDArray[Any]]] | None:
         """The window's format, schema and every column laid out, or None where some
         column is not (then a batch takes those unit by unit)."""
-        if self._uniform is None:
-            self.column(0)
-        if not self._uniform or self._schema is None:
+        schema = self._first_schema()
+        if schema is None or not all(_layable(field.type) for field in schema):
             return None
-        laid = [self.column(c) for c in range(len(self._schema))]
+        laid = [self.column(c) for c in range(len(schema))]
         whole = [column for column in laid if column is not None]
-        if len(whole) != len(laid):
+        if len(whole) != len(laid) or not self._uniform:
             return None
-        return self.units.format(self.keys[0][0]), self._schema, whole
+        return self.units.format(self.keys[0][0]), schema, whole
+
+    def _first_schema(self) -> Any:
+        if self._schema is None:
+            self._schema = self.units.get(self.keys[0]).schema
+        return self._schema
 
     def column(self, c: int) -> NDArray[Any] | None:
         """Column ``c`` laid out (made on first use), or None where it cannot be: not of
-        fixed width in every unit, the units' schemas or formats differ, or the window's
-        bound is spent."""
+        fixed width in every unit (told by the first unit's type before any other unit
+        is got), the units' schemas or formats differ, or the window's bound is spent.
+
+        Raises:
+            DatasetFormatError: a unit's column is not its manifest's row count long.
+        """
         if c in self._columns:
             return self._columns[c]
         found: NDArray[Any] | None = None
-        tables = [self.units.get(key) for key in self.keys]
-        if self._uniform is None:
-            schema = tables[0].schema
-            names = {self.units.format(m).name for m, _ in self.keys}
-            self._uniform = len(names) == 1 and all(t.schema.equals(schema) for t in tables)
-            self._schema = schema
-        if self._uniform:
-            views = [self.units.view(key, t, c) for key, t in zip(self.keys, tables, strict=True)]
-            whole = [v for v in views if v is not None]
-            size = sum(v.nbytes for v in whole)
-            if (
-                len(whole) == len(views)
-                and len({(v.dtype, v.shape[1:]) for v in whole}) == 1
-                and self.bytes + size <= WINDOW_BYTES
-            ):
-                found = np.concatenate(whole)
-                found.flags.writeable = False  # every batch of the window takes from it
-                self.bytes += size
+        if self._uniform is not False and _layable(self._first_schema().field(c).type):
+            tables = [self.units.get(key) for key in self.keys]
+            if self._uniform is None:
+                schema = tables[0].schema
+                names = {self.units.format(m).name for m, _ in self.keys}
+                self._uniform = len(names) == 1 and all(t.schema.equals(schema) for t in tables)
+            if self._uniform:
+                found = self._lay(c, tables)
         self._columns[c] = found
+        return found
+
+    def _lay(self, c: int, tables: list[Any]) -> NDArray[Any] | None:
+        views = [self.units.view(key, t, c) for key, t in zip(self.keys, tables, strict=True)]
+        whole = [v for v in views if v is not None]
+        size = sum(v.nbytes for v in whole)
+        if (
+            len(whole) != len(views)
+            or len({(v.dtype, v.shape[1:]) for v in whole}) != 1
+            or self.bytes + size > WINDOW_BYTES
+        ):
+            return None
+        for key, view in zip(self.keys, whole, strict=True):
+            rows = self.units.rows(key)
+            if len(view) != rows:  # a place in the window would name another row
+                member = self.units.snapshot.members[key[0]]
+                raise DatasetFormatError(
+                    f"unit {key[1]} of {member.key} decoded to {len(view)} rows; its "
+                    f"manifest says {rows}: the member is not what was registered"
+                )
+        found = np.concatenate(whole)
+        found.flags.writeable = False  # every batch of the window takes from it
+        self.bytes += size
         return found
 
 
@@ -662,6 +687,15 @@ def _numpy(pa: Any, array: Any) -> Any:
     if _numeric(pa, kind) or pa.types.is_boolean(kind):
         return array.to_numpy(zero_copy_only=False)
     return array
+
+
+def _layable(kind: Any) -> bool:
+    """Whether a column of ``kind`` can be laid out (fixed width in whole bytes: numbers,
+    timestamps, durations, fixed-size binary), as far as its type tells."""
+    pa = _pyarrow()
+    if pa.types.is_fixed_size_binary(kind):
+        return True
+    return _numeric(pa, kind) and kind.bit_width % 8 == 0
 
 
 def _numeric(pa: Any, kind: Any) -> bool:

@@ -616,7 +616,8 @@ class _Plan:
         """The one laid-out window all the step's positions are of, if any."""
         if self._window is False:
             found = None
-            if self.windows is not None and len(self.windows):
+            # an unshuffled step is a run of one unit or two: taken as it is (a slice)
+            if self.order.shuffle and self.windows is not None and len(self.windows):
                 first = int(self.windows[0])
                 if bool(np.all(self.windows == first)):
                     found = self.laid.window(first)

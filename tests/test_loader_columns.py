@@ -465,3 +465,17 @@ def test_a_unit_of_another_row_count_than_its_manifest_is_refused() -> None:
     from chunkd.errors import DatasetFormatError
 
     assert isinstance(raised.value, DatasetFormatError)
+
+
+def test_a_batch_sent_from_a_worker_carries_its_rows_not_its_units() -> None:
+    import pickle
+
+    dataset = parquet_dataset([4000], 4000, nulls=False)  # one unit of 4,000 rows
+    batch = next(iter(Loader(dataset, batch_size=8, seed=1, shuffle=False)))
+    assert batch.rows is not None
+    sent = pickle.dumps(batch)
+    whole = pickle.dumps(dataset.snapshot)  # a yardstick: small
+    # a slice of the unit would pickle the whole unit's buffers (about 200 KB here)
+    assert len(sent) < 20_000 + len(whole)
+    moved = pickle.loads(sent)
+    assert moved.samples == batch.samples

@@ -327,6 +327,16 @@ class Rows:
         self._samples: list[Any] | None = None
         self._columns: dict[str, Any] | None = None
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Sent to another process (from a DataLoader or Grain worker): the rows alone, as
+        # Arrow IPC, which holds only a slice's own bytes (pickling a slice of a unit
+        # sends the whole unit's buffers).
+        pieces = None
+        if self._pieces is not None:
+            pieces = [(_ipc(t.slice(r, 1)), 0) for t, r in self._pieces]
+        table = None if self._table is None else _ipc(self._table)
+        return (_rows_from, (table, self.formats, pieces, self._numpy, self._schema))
+
     @property
     def table(self) -> Any:
         """The rows as one ``pyarrow.Table`` (None for a batch across formats)."""
@@ -380,6 +390,36 @@ class Rows:
                 name: numpy[name] if name in numpy else found[name] for name in table.column_names
             }
         return self._columns
+
+
+def _ipc(table: Any) -> bytes:
+    pa = _pyarrow()
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    data: bytes = sink.getvalue().to_pybytes()
+    return data
+
+
+def _table_of(data: bytes) -> Any:
+    pa = _pyarrow()
+    return pa.ipc.open_stream(pa.py_buffer(data)).read_all()
+
+
+def _rows_from(
+    table: bytes | None,
+    formats: list[Format],
+    pieces: list[tuple[bytes, int]] | None,
+    numpy: dict[str, Any] | None,
+    schema: Any,
+) -> Rows:
+    return Rows(
+        None if table is None else _table_of(table),
+        formats,
+        None if pieces is None else [(_table_of(t), r) for t, r in pieces],
+        numpy=numpy,
+        schema=schema,
+    )
 
 
 class Window:

@@ -1131,7 +1131,15 @@ def order_of(snapshot: Snapshot, state: LoaderState) -> Order:
     """The order of ``state``'s epoch over ``snapshot``, by its members' units (what
     their formats decode whole: :func:`~chunkd.client.datasets.formats.snapshot_units`)
     and their decoded bytes (:func:`~chunkd.client.datasets.formats.snapshot_unit_bytes`).
-    Every reader builds its order here, so all of them deal the same one."""
+    Every reader builds its order here, so all of them deal the same one. A snapshot's
+    units are worked out once per process (a Python pass over its members), not once an
+    epoch; a process forked after that (a DataLoader worker) inherits them."""
+    found = _SNAPSHOT_UNITS.get(snapshot.id)
+    if found is None:  # two threads at once both work it out: the same, kept once
+        found = (snapshot_units(snapshot), snapshot_unit_bytes(snapshot))
+        while len(_SNAPSHOT_UNITS) >= 4:
+            _SNAPSHOT_UNITS.pop(next(iter(_SNAPSHOT_UNITS)), None)
+        _SNAPSHOT_UNITS[snapshot.id] = found
     return Order(
         snapshot.counts,
         snapshot=snapshot.id,
@@ -1140,9 +1148,13 @@ def order_of(snapshot: Snapshot, state: LoaderState) -> Order:
         shuffle=state.shuffle,
         window=state.window,
         window_bytes=state.window_bytes,
-        units=snapshot_units(snapshot),
-        unit_bytes=snapshot_unit_bytes(snapshot),
+        units=found[0],
+        unit_bytes=found[1],
     )
+
+
+#: each snapshot's units and their decoded bytes (order_of), by its id: the last four
+_SNAPSHOT_UNITS: dict[str, tuple[list[list[int] | None], list[list[int] | None]]] = {}
 
 
 # -- what did step N see -----------------------------------------------------------------

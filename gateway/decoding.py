@@ -53,6 +53,7 @@ from typing import TYPE_CHECKING, Any, Final
 import blake3
 
 from chunkd import memfd
+from chunkd.client.protocol.ops import MAX_DECODED_BYTES
 from chunkd.errors import (
     BackendUnavailableError,
     CacheClosedError,
@@ -79,7 +80,10 @@ log = logging.getLogger("chunkd.gateway.decoding")
 
 #: the largest decoded table held or handed out (twice a unit's bound,
 #: ``chunkd.client.datasets.formats.MAX_UNIT_BYTES``, for Arrow's own overhead)
-MAX_ENTRY_BYTES: Final = 256 << 20
+MAX_ENTRY_BYTES: Final = MAX_DECODED_BYTES
+#: in-process decodes one ``ds_decode_report`` counts at most (a reader reports at most
+#: once a second: no reader decodes more units than this in a second)
+MAX_REPORTED: Final = 10_000
 #: entries held at once, whatever their bytes (each is an fd; and at most an eighth of
 #: the daemon's fd limit)
 MAX_ENTRIES: Final = 4096
@@ -208,8 +212,9 @@ class DecodeService:
             )
 
     def report(self, decodes: int) -> None:
-        """Count ``decodes`` units a reader decoded in-process."""
-        self.metrics.dataset_decodes.labels("reader").inc(decodes)
+        """Count ``decodes`` units a reader decoded in-process (a hint: at most
+        :data:`MAX_REPORTED` a report, so that no caller can run the counter up)."""
+        self.metrics.dataset_decodes.labels("reader").inc(min(decodes, MAX_REPORTED))
 
     async def close(self) -> None:
         """Stop the workers and drop every entry."""
@@ -336,7 +341,8 @@ class DecodeService:
             # retrieved even when every request that waited for it has left
             self._formats_task.add_done_callback(_retrieve)
         formats = await asyncio.shield(self._formats_task)
-        self._formats = formats
+        if formats:  # none known (a worker that could not import them): asked again next time
+            self._formats = formats
         return formats
 
     async def _ask_formats(self) -> dict[str, int]:

@@ -462,3 +462,16 @@ def test_a_forged_member_record_cannot_change_what_another_request_decodes(
         assert got is not None
         assert got.equals(want)
         shared.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_report_of_reader_decodes_counts_at_most_its_bound(
+    start_daemon: Callable[..., Daemon], tmp_path: Path
+) -> None:
+    from chunkd.gateway.decoding import MAX_REPORTED
+
+    daemon = node(start_daemon, tmp_path)
+    with client_of(daemon) as client:
+        client.request("ds_decode_report", {"decodes": (1 << 31) - 1}).close()
+        client.request("ds_decode_report", {"decodes": 3}).close()
+    assert daemon.metric("chunkd_dataset_decodes_total", where="reader") == MAX_REPORTED + 3

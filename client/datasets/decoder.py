@@ -48,7 +48,8 @@ from typing import TYPE_CHECKING, Any, Final
 
 from chunkd import memfd
 from chunkd.client.inspect.worker import MAX_REQUEST_BYTES, limit_memory, requests
-from chunkd.errors import ChunkdError, DatasetFormatError, InvalidRequestError
+from chunkd.client.protocol.ops import MAX_DECODED_BYTES
+from chunkd.errors import ChunkdError, DatasetFormatError, InspectError, InvalidRequestError
 
 if TYPE_CHECKING:
     from chunkd.client.core import Client
@@ -164,6 +165,11 @@ class Decoder:
             raise DatasetFormatError(
                 f"unit {unit} of {member.key} decoded to {table.num_rows} rows; its "
                 f"manifest says {units[unit]} samples"
+            )
+        if table.nbytes > MAX_DECODED_BYTES:  # the daemon hands out nothing larger: unwritten
+            raise InspectError(
+                f"unit {unit} of {member.key} decodes to {table.nbytes} bytes, more than a "
+                f"decoded unit may be ({MAX_DECODED_BYTES}): the reader decodes it itself"
             )
         fd = _ipc_file(table)
         try:

@@ -78,14 +78,7 @@ class SharedDecoder:
         self._off_until = 0.0
         self._pending = 0
         self._reported = time.monotonic()
-        me = weakref.ref(self)
-
-        def after_fork() -> None:
-            decoder = me()
-            if decoder is not None:
-                decoder._after_fork()
-
-        os.register_at_fork(after_in_child=after_fork)
+        _DECODERS.add(self)
         # A decoder dropped unclosed closes its connections (each is a socket).
         self._finalizer = weakref.finalize(self, _close_connections, self._idle)
 
@@ -169,6 +162,18 @@ class SharedDecoder:
             with self._lock:
                 self._idle.append(connection)
             return reply, fds
+
+
+#: every decoder of the process: a forked child gives each fresh locks and connections
+_DECODERS: weakref.WeakSet[SharedDecoder] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for decoder in list(_DECODERS):
+        decoder._after_fork()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _close_connections(connections: list[Connection]) -> None:

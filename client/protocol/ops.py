@@ -29,6 +29,7 @@ __all__ = [
     "FIRST_BATCH_PHASES",
     "INLINE_MAX",
     "LIST_PAGE",
+    "MAX_DECODED_BYTES",
     "MAX_DECODE_CHUNKS",
     "MAX_DECODE_COLUMNS",
     "MAX_DECODE_FORMAT",
@@ -173,6 +174,9 @@ MAX_DECODE_META: Final = 32 << 10
 MAX_DECODE_COLUMNS: Final = 1024
 MAX_DECODE_CHUNKS: Final = 768
 MAX_DECODE_INDEX: Final = (1 << 31) - 1
+#: the largest decoded unit (Arrow IPC bytes) the daemon hands out; a worker writes none
+#: larger, and the reader decodes such a unit itself
+MAX_DECODED_BYTES: Final = 256 << 20
 _REF = Field(
     "ref",
     "text",
@@ -839,13 +843,9 @@ OPS: Final[Mapping[str, Op]] = {
         Op(
             "ds_decode_report",
             "Count a reader's in-process decodes (its own, where the daemon did not decode "
-            "for it) in ``chunkd_dataset_decodes_total{where=\"reader\"}``. A hint, sent at "
+            'for it) in ``chunkd_dataset_decodes_total{where="reader"}``. A hint, sent at '
             "most once a second by a reader.",
-            (
-                Field(
-                    "decodes", "whole", "units decoded in-process", low=1, high=MAX_DECODE_INDEX
-                ),
-            ),
+            (Field("decodes", "whole", "units decoded in-process", low=1, high=MAX_DECODE_INDEX),),
             '``{"ok": true}``',
             (),
         ),

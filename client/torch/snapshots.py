@@ -317,8 +317,8 @@ class SnapshotDataset(IterableDataset[Batch]):
 
     def _collated(self, batch: Batch) -> Batch:
         collate = self.collate_fn
-        if collate is None:
-            return batch._replace(samples=list(batch.samples))
+        if collate is None:  # the rows as they are: samples and columns built where used
+            return batch
         if collate is collate_columns and self.transform is None:
             collated = collate_columns(batch)
             if isinstance(collated, dict):

@@ -402,22 +402,20 @@ def format_of(name: str) -> Format:
         return fmt
     plugged = _plugins().get(name)
     if plugged is not None:
-        return register(plugged.load())
+        try:
+            loaded = plugged.load()
+        except Exception as exc:  # the plug-in's own import failed: name it, not a traceback
+            raise DatasetFormatError(
+                f"format {name!r} is the plug-in {plugged.value!r}, which does not load "
+                f"({type(exc).__name__}: {exc}); fix or reinstall its package"
+            ) from None
+        return register(loaded)
     raise DatasetFormatError(f"unknown member format {name!r}; known: {', '.join(names())}")
 
 
 def names() -> list[str]:
     """The names of every format known here: chunkd's, then plug-ins'."""
     return list(dict.fromkeys([*_BUILTIN, *_FORMATS, *_plugins()]))
-
-
-#: ``--format auto``'s suffixes of chunkd's formats written before they named their own
-_SUFFIXES: Final[dict[str, tuple[str, ...]]] = {
-    "parquet": (".parquet",),
-    "jsonl": (".jsonl", ".jsonl.zst", ".json.zst", ".ndjson", ".ndjson.zst"),
-    "wds": (".tar",),
-    "mds": (".mds", ".mds.zstd", ".mds.gz", ".mds.bz2"),
-}
 
 
 def _plugins() -> dict[str, Any]:
@@ -438,22 +436,20 @@ def detect(key: str) -> str | None:
             fmt = format_of(name)
         except DatasetFormatError:
             continue
-        for suffix in getattr(fmt, "suffixes", None) or _SUFFIXES.get(name, ()):
+        for suffix in fmt.suffixes:
             if lowered.endswith(suffix) and (best is None or len(suffix) > best[0]):
                 best = (len(suffix), name)
     return None if best is None else best[1]
 
 
-def units_of(fmt: Format, member: Member) -> list[int] | None:
+def units_of(fmt: Format, member: Member) -> list[int]:
     """``member``'s units' sample counts (:meth:`Format.units`)."""
-    split = getattr(fmt, "units", None)
-    return None if split is None else split(member)
+    return fmt.units(member)
 
 
-def unit_bytes_of(fmt: Format, member: Member) -> list[int] | None:
+def unit_bytes_of(fmt: Format, member: Member) -> list[int]:
     """``member``'s units' decoded bytes (:meth:`Format.unit_bytes`)."""
-    cost = getattr(fmt, "unit_bytes", None)
-    return None if cost is None else cost(member)
+    return fmt.unit_bytes(member)
 
 
 def snapshot_units(snapshot: Snapshot) -> list[list[int] | None]:
@@ -486,8 +482,7 @@ def settle(fmt: Format, members: list[Member]) -> tuple[Any, list[Member]]:
     manifest holds them: a format that records a per-member schema (Parquet) keeps it
     only in the members whose schema differs from the dataset's."""
     schema = fmt.schema(members)
-    trim = getattr(fmt, "settle", None)
-    return schema, (list(trim(members, schema)) if trim is not None else members)
+    return schema, list(fmt.settle(members, schema))
 
 
 class DecodedLRU:

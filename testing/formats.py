@@ -43,13 +43,13 @@ from chunkd.client.datasets.formats import (
     settle,
     unit_starts,
 )
+from chunkd.client.datasets.source import MemberFile
 from chunkd.errors import DatasetFormatError, SnapshotDriftError
 from chunkd.snapshot import Member, Snapshot
 
 if TYPE_CHECKING:
     from collections.abc import Iterator, Mapping
 
-    from _typeshed import WriteableBuffer
 
 __all__ = ["FileSource", "FormatTests", "RangeSource", "file_version"]
 
@@ -97,7 +97,7 @@ class FileSource:
             raise self._drift(member) from None
 
     def file(self, member: Member) -> BinaryIO:
-        return io.BufferedReader(_SourceFile(self, member), buffer_size=1 << 20)
+        return io.BufferedReader(MemberFile(self, member), buffer_size=1 << 20)
 
     def _drift(self, member: Member) -> SnapshotDriftError:
         return SnapshotDriftError(
@@ -135,41 +135,7 @@ class RangeSource:
         return view
 
     def file(self, member: Member) -> BinaryIO:
-        return _SourceFile(self, member)  # type: ignore[return-value]
-
-
-class _SourceFile(io.RawIOBase):
-    """A read-only, seekable file over a member, read through a source."""
-
-    def __init__(self, source: Any, member: Member) -> None:
-        super().__init__()
-        self._source = source
-        self._member = member
-        self._position = 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._position
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._position, io.SEEK_END: self._member.size}
-        self._position = max(0, base[whence] + offset)
-        return self._position
-
-    def readinto(self, buffer: WriteableBuffer) -> int:
-        target = memoryview(buffer).cast("B")
-        n = min(len(target), self._member.size - self._position)
-        if n <= 0:
-            return 0
-        got = self._source.read(self._member, self._position, n)
-        target[: len(got)] = got
-        self._position += len(got)
-        return len(got)
+        return MemberFile(self, member)  # type: ignore[return-value]
 
 
 class FormatTests:

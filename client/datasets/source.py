@@ -21,11 +21,13 @@ from chunkd.errors import (
 )
 
 if TYPE_CHECKING:
+    from _typeshed import WriteableBuffer
+
     from chunkd.client.core import Client
     from chunkd.client.views import Located
     from chunkd.snapshot import Member
 
-__all__ = ["PinnedSource", "Source"]
+__all__ = ["MemberFile", "PinnedSource", "Source"]
 
 
 class Source(Protocol):
@@ -105,3 +107,55 @@ class _Pinned:
         if located.version != self._version:
             raise drift(name, self._version, VersionChangedError(name))
         return located
+
+
+class MemberFile(io.RawIOBase):
+    """A read-only, seekable file over a member (for pyarrow and tarfile) that answers
+    from ranges already read where it can (``pieces``: ``{offset: bytes}``, a row group,
+    a record batch, a footer) and reads anything else through the source.
+
+    Args:
+        source: where the member's bytes come from.
+        member: the member.
+        pieces: ranges of it already in hand, by their offset.
+    """
+
+    def __init__(
+        self, source: Source, member: Member, pieces: dict[int, memoryview] | None = None
+    ) -> None:
+        super().__init__()
+        self._source = source
+        self._member = member
+        self._pieces = pieces or {}
+        self._position = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._position
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._position, io.SEEK_END: self._member.size}
+        self._position = max(0, base[whence] + offset)
+        return self._position
+
+    def readinto(self, buffer: WriteableBuffer) -> int:
+        target = memoryview(buffer).cast("B")
+        n = min(len(target), self._member.size - self._position)
+        if n <= 0:
+            return 0
+        for start, view in self._pieces.items():
+            inside = self._position - start
+            if inside >= 0 and inside + n <= len(view):
+                target[:n] = view[inside : inside + n]
+                break
+        else:
+            got = self._source.read(self._member, self._position, n)
+            n = len(got)
+            target[:n] = got
+        self._position += n
+        return n

@@ -49,7 +49,6 @@ pyarrow is imported when an Arrow member is first scanned or read.
 from __future__ import annotations
 
 import importlib
-import io
 import math
 import struct
 from dataclasses import replace
@@ -57,12 +56,11 @@ from typing import TYPE_CHECKING, Any, Final
 
 from chunkd.client.datasets.formats import MAX_UNIT_BYTES, DecodedLRU, FormatBase
 from chunkd.client.datasets.formats.parquet import ParquetRows, schema_findings, schema_of
+from chunkd.client.datasets.source import MemberFile
 from chunkd.errors import DatasetFormatError, SnapshotDriftError
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping, Sequence
-
-    from _typeshed import WriteableBuffer
 
     from chunkd.client.datasets.check import Finding
     from chunkd.client.datasets.source import Source
@@ -232,7 +230,7 @@ class ArrowFiles(FormatBase):
         bytes) where they lie inside one, else through ``source``."""
         pa, ipc = _pyarrow()
         options = ipc.IpcReadOptions(included_fields=fields) if fields is not None else None
-        window = _Window(source, member, pieces)
+        window = MemberFile(source, member, pieces)
         return ipc.open_file(pa.PythonFile(window, mode="r"), options=options)
 
     def _footer(self, source: Source, member: Member) -> tuple[int, int, memoryview]:
@@ -426,49 +424,6 @@ class _Flat:
         if vector + 4 + count * size > len(self.data):
             raise ValueError("a vector runs past its flatbuffer")
         return [struct.unpack_from(fmt, self.data, vector + 4 + i * size) for i in range(count)]
-
-
-class _Window(io.RawIOBase):
-    """A read-only file over a member that answers from ranges already read (a batch,
-    the dictionaries, the footer); anything else is read through the source."""
-
-    def __init__(self, source: Source, member: Member, pieces: dict[int, memoryview]) -> None:
-        super().__init__()
-        self._source = source
-        self._member = member
-        self._pieces = pieces
-        self._position = 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._position
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._position, io.SEEK_END: self._member.size}
-        self._position = max(0, base[whence] + offset)
-        return self._position
-
-    def readinto(self, buffer: WriteableBuffer) -> int:
-        target = memoryview(buffer).cast("B")
-        n = min(len(target), self._member.size - self._position)
-        if n <= 0:
-            return 0
-        for start, view in self._pieces.items():
-            inside = self._position - start
-            if inside >= 0 and inside + n <= len(view):
-                target[:n] = view[inside : inside + n]
-                break
-        else:
-            got = self._source.read(self._member, self._position, n)
-            n = len(got)
-            target[:n] = got
-        self._position += n
-        return n
 
 
 FORMAT = ArrowFiles()

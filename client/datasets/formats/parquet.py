@@ -41,7 +41,6 @@ pyarrow is imported when a Parquet member is first scanned or read.
 from __future__ import annotations
 
 import importlib
-import io
 import math
 import statistics
 import struct
@@ -55,12 +54,11 @@ from chunkd.client.datasets.formats import (
     DecodedLRU,
     FormatBase,
 )
+from chunkd.client.datasets.source import MemberFile
 from chunkd.errors import DatasetFormatError, SnapshotDriftError
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator, Mapping, Sequence
-
-    from _typeshed import WriteableBuffer
 
     from chunkd.client.datasets.check import Finding
     from chunkd.client.datasets.source import Source
@@ -213,7 +211,7 @@ class ParquetRows(FormatBase):
         # as pyarrow asks for it, so the others are neither read nor decoded.
         whole = asked is None or len(asked) == len(known)
         view = source.read(member, int(start), int(size)) if whole else memoryview(b"")
-        window = _Window(source, member, int(start), view)
+        window = MemberFile(source, member, {int(start): view})
         try:
             parquet = pq.ParquetFile(pa.PythonFile(window, mode="r"), metadata=metadata)
             if part is None:
@@ -422,48 +420,6 @@ def _frozen(schema: Any) -> tuple[tuple[str, ...], ...]:
 
 
 _SPLITS = DecodedLRU(64 << 20, 4096)
-
-
-class _Window(io.RawIOBase):
-    """A read-only file over a member that answers from one range already read (the
-    row group); anything else is read through the source."""
-
-    def __init__(self, source: Source, member: Member, start: int, view: memoryview) -> None:
-        super().__init__()
-        self._source = source
-        self._member = member
-        self._start = start
-        self._view = view
-        self._position = 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._position
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._position, io.SEEK_END: self._member.size}
-        self._position = max(0, base[whence] + offset)
-        return self._position
-
-    def readinto(self, buffer: WriteableBuffer) -> int:
-        target = memoryview(buffer).cast("B")
-        n = min(len(target), self._member.size - self._position)
-        if n <= 0:
-            return 0
-        inside = self._position - self._start
-        if inside >= 0 and inside + n <= len(self._view):
-            target[:n] = self._view[inside : inside + n]
-        else:
-            got = self._source.read(self._member, self._position, n)
-            n = len(got)
-            target[:n] = got
-        self._position += n
-        return n
 
 
 FORMAT = ParquetRows()

@@ -14,7 +14,7 @@ import hashlib
 import io
 import json
 from collections.abc import Sequence
-from typing import Any, BinaryIO
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -29,25 +29,9 @@ from chunkd.client.datasets.formats import format_of, settle
 from chunkd.client.datasets.loader import Loader, ReadSettings
 from chunkd.snapshot import Member, Snapshot
 
+from .test_dataset_order import MemorySource
+
 pytestmark = pytest.mark.timeout(120)
-
-
-class MemorySource:
-    """Member bytes from a dict (a :class:`~chunkd.client.datasets.source.Source`)."""
-
-    def __init__(self, blobs: dict[str, bytes]) -> None:
-        self.blobs = blobs
-        self.reads = 0
-
-    def name(self, member: Member) -> str:
-        return f"mem/{member.key}"
-
-    def read(self, member: Member, offset: int, length: int) -> memoryview:
-        self.reads += 1
-        return memoryview(self.blobs[member.key])[offset : offset + length].toreadonly()
-
-    def file(self, member: Member) -> BinaryIO:
-        return io.BytesIO(self.blobs[member.key])
 
 
 def dataset_of(blobs: dict[str, bytes], fmt_name: str, options: dict[str, Any]) -> Dataset:

@@ -232,8 +232,7 @@ class Metrics:
         )
         self.dataset_decode_seconds = Histogram(
             "chunkd_dataset_decode_seconds",
-            "Time of one unit's decode by the daemon's workers, from its start to its "
-            "sealed table",
+            "Time of one unit's decode by the daemon's workers, from its start to its sealed table",
             buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
             registry=r,
         )

@@ -33,6 +33,9 @@ per-round ratio. The VM's load average is in each note: the machine is shared.
    tensor over it); each then ``add_(1)``. Time per batch, both with and without the
    ``add_``.
 
+Where the one-process rows miss their target, one more epoch runs under cProfile and the
+row's note gives the functions with the largest own time, with their share.
+
 ``python -m bench --only loader`` runs it; ``--quick`` (small sizes, one round) in well
 under a minute. ``python -m bench.loader_bench rank ...`` and ``pyarrow-rank ...`` are
 the rank processes of (2).
@@ -272,6 +275,16 @@ def _one_process(report: Report, work: Path, *, quick: bool) -> dict[str, Any]:
         before = decode_metrics(daemon.url)
         rates = _interleaved(report.rounds_for(1 if quick else 3), contenders)
         after = decode_metrics(daemon.url)
+        # where a shuffled epoch's time goes, for the rows below their target
+        profiles = {
+            key: where_time_goes(
+                lambda shared=key == "shared": _epoch(
+                    Loader(dataset, batch_size=BATCH, seed=next(seeds), shared_decode=shared)
+                )
+            )
+            for key in ("shared", "local")
+            if statistics.median(rates[key]) < 0.8 * statistics.median(rates["iter_batches"])
+        }
         client.close()
     finally:
         daemon.stop()
@@ -294,7 +307,9 @@ def _one_process(report: Report, work: Path, *, quick: bool) -> dict[str, Any]:
             rates["iter_batches"],
             "rows/s",
             iter_name,
-            f"shared_decode={key == 'shared'}; " + common,
+            f"shared_decode={key == 'shared'}; "
+            + common
+            + (f"; {profiles[key]}" if key in profiles else ""),
             target=0.8,
         )
     for key, label in (("shared", "decoded once by the daemon"), ("local", "in-process")):
@@ -341,6 +356,29 @@ def _one_process(report: Report, work: Path, *, quick: bool) -> dict[str, Any]:
         "shared_decode=True; " + common,
     )
     return {"rates": rates, "paths": paths, "total": total, "units": files * groups}
+
+
+def where_time_goes(run: Callable[[], object], top: int = 6) -> str:
+    """``run()`` under cProfile: its functions with the largest own time, and each one's
+    share of the whole (the note of a row whose target was missed)."""
+    import cProfile
+    import pstats
+
+    profile = cProfile.Profile()
+    profile.enable()
+    try:
+        run()
+    finally:
+        profile.disable()
+    stats: Any = pstats.Stats(profile)
+    total = max(float(stats.total_tt), 1e-9)
+    ranked = sorted(stats.stats.items(), key=lambda item: item[1][2], reverse=True)[:top]
+    shown = [
+        f"{name if file == '~' else f'{Path(file).name}:{line} {name}'} {own / total:.0%} "
+        f"({calls:,} calls)"
+        for (file, line, name), (_, calls, own, _, _) in ranked
+    ]
+    return f"cProfile of one epoch ({total:.2f}s), own time: " + "; ".join(shown)
 
 
 # -- 2. four ranks -----------------------------------------------------------------------

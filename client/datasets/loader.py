@@ -488,6 +488,7 @@ def read_steps(
     count = len(steps)
     own = range(first, count, max(1, every))
     warmed = 0
+    warmed_units: set[tuple[int, int]] = set()  # a unit serves many steps: warmed once
     timer: FirstBatch | None = FirstBatch(dataset)
     plans: dict[int, _Plan] = {}  # the located positions of the steps asked for ahead
     laid = None if units is None else Windows(units, order)
@@ -500,8 +501,14 @@ def read_steps(
             upto = min(len(own), i + prefetch + 1)
             if warmed < upto:
                 if units is not None:  # the steps' units' ranges, each once
-                    keys = [k for s in own[warmed:upto] for k in plans[s].needs]
-                    warm(client, units.ranges(keys))
+                    keys = [
+                        k for s in own[warmed:upto] for k in plans[s].needs if k not in warmed_units
+                    ]
+                    if keys:  # a request only for units not warmed before: most steps none
+                        warm(client, units.ranges(keys))
+                        warmed_units.update(keys)
+                        if len(warmed_units) > 1 << 16:  # long past: forgotten
+                            warmed_units = set(keys)
                 else:
                     pairs = [p for s in own[warmed:upto] for p in _pairs(order, steps, s, rank)]
                     warm(client, dataset.ranges(pairs))

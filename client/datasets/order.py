@@ -134,7 +134,6 @@ class Permutation:
         self._mask = np.uint64((1 << self._half) - 1)
         digest = hashlib.blake2b(key.encode(), digest_size=8 * _ROUNDS).digest()
         self._keys = [np.uint64(k) for k in np.frombuffer(digest, dtype="<u8")]
-        self._asked = 0
         self._table: NDArray[np.int64] | None = None
 
     def __call__(self, index: NDArray[np.int64]) -> NDArray[np.int64]:
@@ -142,11 +141,11 @@ class Permutation:
             return index
         if self._table is not None:
             return self._table[index]
-        # A reader walks the whole permutation a step at a time: once it has asked for
-        # an eighth of it, the whole table (one vectorised pass) costs less than the
-        # rest of the steps' small ones. Small permutations only: 8 bytes an element.
-        self._asked += len(index)
-        if self.size <= _TABLE_MAX and (self._asked * 8 >= self.size or self.size <= 1 << 18):
+        # A reader walks the whole permutation a step at a time: the whole table (one
+        # vectorised pass, ~60 ms for a million) costs less than the steps' small calls
+        # (each pays the rounds' numpy overhead). Small permutations only: 8 bytes an
+        # element, at most 8 MiB each, and an order keeps four.
+        if self.size <= _TABLE_MAX:
             self._table = self._compute(np.arange(self.size, dtype=np.int64))
             return self._table[index]
         return self._compute(index)
@@ -359,7 +358,7 @@ class Order:
     def _permutation(self, w: int) -> Permutation:
         found = self._permutations.get(w)
         if found is None:
-            if len(self._permutations) >= 8:
+            if len(self._permutations) >= 4:
                 self._permutations.clear()
             size = int(self._window_starts[w + 1] - self._window_starts[w])
             found = self._permutations[w] = Permutation(size, f"{self._key}:window:{w}")

@@ -424,11 +424,12 @@ def _rows_from(
 
 class Window:
     """One window of a reader's order (:meth:`Order.locate_windows
-    <chunkd.client.datasets.order.Order.locate_windows>`) with its fixed-width columns
-    laid out once: each the column of the window's units, unit after unit in the
-    units' order (a copy), so that a batch of the window takes such a column with one
-    gather, where unit by unit it costs a gather a unit. At most :data:`WINDOW_BYTES` of
-    a window's columns are laid out; the others are taken unit by unit.
+    <chunkd.client.datasets.order.Order.locate_windows>`) with its columns laid out
+    once: each the column of the window's units, unit after unit in the units' order
+    (a copy: a numpy array for a fixed-width column without nulls, one Arrow array for
+    any other), so that a batch of the window takes a column with one gather or one
+    ``take``, where unit by unit it costs one a unit. At most :data:`WINDOW_BYTES` of a
+    window's columns are laid out; the others are taken unit by unit.
 
     Args:
         units: the reader's decoded units (the window's are all got to lay it out).
@@ -439,71 +440,79 @@ class Window:
         self.units = units
         self.keys = keys
         self.bytes = 0
-        self._columns: dict[int, NDArray[Any] | None] = {}
-        self._schema: Any = None
+        self._columns: dict[int, Any] = {}
         self._uniform: bool | None = None
+        self._schema: Any = None
 
-    def whole(self) -> tuple[Format, Any, list[NDArray[Any]]] | None:
+    def whole(self) -> tuple[Format, Any, list[Any]] | None:
         """The window's format, schema and every column laid out, or None where some
         column is not (then a batch takes those unit by unit)."""
-        schema = self._first_schema()
-        if schema is None or not all(_layable(field.type) for field in schema):
+        tables = self._tables()
+        if tables is None:
             return None
-        laid = [self.column(c) for c in range(len(schema))]
-        whole = [column for column in laid if column is not None]
-        if len(whole) != len(laid) or not self._uniform:
+        laid = [self.column(c) for c in range(len(self._schema))]
+        if any(column is None for column in laid):
             return None
-        return self.units.format(self.keys[0][0]), schema, whole
+        return self.units.format(self.keys[0][0]), self._schema, laid
 
-    def _first_schema(self) -> Any:
-        if self._schema is None:
-            self._schema = self.units.get(self.keys[0]).schema
-        return self._schema
+    def _tables(self) -> list[Any] | None:
+        """The window's unit tables, where they are of one format and schema."""
+        if self._uniform is False:
+            return None
+        tables = [self.units.get(key) for key in self.keys]
+        if self._uniform is None:
+            schema = tables[0].schema
+            names = {self.units.format(m).name for m, _ in self.keys}
+            self._uniform = len(names) == 1 and all(t.schema.equals(schema) for t in tables)
+            self._schema = schema
+        return tables if self._uniform else None
 
-    def column(self, c: int) -> NDArray[Any] | None:
-        """Column ``c`` laid out (made on first use), or None where it cannot be: not of
-        fixed width in every unit (told by the first unit's type before any other unit
-        is got), the units' schemas or formats differ, or the window's bound is spent.
+    def column(self, c: int) -> Any:
+        """Column ``c`` laid out (made on first use): a numpy array, an Arrow array, or
+        None where it cannot be (the units' schemas or formats differ, or the window's
+        bound is spent).
 
         Raises:
             DatasetFormatError: a unit's column is not its manifest's row count long.
         """
         if c in self._columns:
             return self._columns[c]
-        found: NDArray[Any] | None = None
-        if self._uniform is not False and _layable(self._first_schema().field(c).type):
-            tables = [self.units.get(key) for key in self.keys]
-            if self._uniform is None:
-                schema = tables[0].schema
-                names = {self.units.format(m).name for m, _ in self.keys}
-                self._uniform = len(names) == 1 and all(t.schema.equals(schema) for t in tables)
-            if self._uniform:
-                found = self._lay(c, tables)
+        tables = self._tables()
+        found = None if tables is None else self._lay(c, tables)
         self._columns[c] = found
         return found
 
-    def _lay(self, c: int, tables: list[Any]) -> NDArray[Any] | None:
+    def _lay(self, c: int, tables: list[Any]) -> Any:
         views = [self.units.view(key, t, c) for key, t in zip(self.keys, tables, strict=True)]
         whole = [v for v in views if v is not None]
-        size = sum(v.nbytes for v in whole)
-        if (
-            len(whole) != len(views)
-            or len({(v.dtype, v.shape[1:]) for v in whole}) != 1
-            or self.bytes + size > WINDOW_BYTES
-        ):
-            return None
-        for key, view in zip(self.keys, whole, strict=True):
-            rows = self.units.rows(key)
-            if len(view) != rows:  # a place in the window would name another row
-                member = self.units.snapshot.members[key[0]]
-                raise DatasetFormatError(
-                    f"unit {key[1]} of {member.key} decoded to {len(view)} rows; its "
-                    f"manifest says {rows}: the member is not what was registered"
-                )
-        found = np.concatenate(whole)
-        found.flags.writeable = False  # every batch of the window takes from it
+        if len(whole) == len(views) and len({(v.dtype, v.shape[1:]) for v in whole}) == 1:
+            lengths = [len(v) for v in whole]
+            size = sum(v.nbytes for v in whole)
+            if self.bytes + size > WINDOW_BYTES:
+                return None
+            self._check(lengths)
+            found: Any = np.concatenate(whole)
+            found.flags.writeable = False  # every batch of the window takes from it
+        else:  # strings, lists, nested, nulls: one Arrow array of the units' columns
+            pa = _pyarrow()
+            pieces = [_chunk(pa, t.column(c)) for t in tables]
+            size = sum(int(p.nbytes) for p in pieces)
+            if self.bytes + size > WINDOW_BYTES:
+                return None
+            self._check([len(p) for p in pieces])
+            found = pa.concat_arrays(pieces)
         self.bytes += size
         return found
+
+    def _check(self, lengths: list[int]) -> None:
+        for key, length in zip(self.keys, lengths, strict=True):
+            rows = self.units.rows(key)
+            if length != rows:  # a place in the window would name another row
+                member = self.units.snapshot.members[key[0]]
+                raise DatasetFormatError(
+                    f"unit {key[1]} of {member.key} decoded to {length} rows; its "
+                    f"manifest says {rows}: the member is not what was registered"
+                )
 
 
 class Windows:
@@ -535,15 +544,29 @@ class Windows:
 
 def take_laid(window: Window, at: NDArray[np.int64]) -> Rows | None:
     """The rows at places ``at`` of a window whose every column is laid out: one gather
-    a column, no unit touched (None where some column is not laid out)."""
+    or ``take`` a column, no unit touched (None where some column is not laid out)."""
     whole = window.whole()
     if whole is None:
         return None
     fmt, kinds, laid = whole
-    # an unshuffled run: a read-only view of the window's columns, no copy
-    picked: Any = slice(int(at[0]), int(at[0]) + len(at)) if _contiguous(at, 1 << 62) else at
-    taken = {f.name: a[picked] for f, a in zip(kinds, laid, strict=True)}
-    return Rows(None, [fmt], numpy=taken, schema=kinds)
+    run = _contiguous(at, 1 << 62)  # an unshuffled run: read-only views, no copy
+    gathered: dict[str, Any] = {}
+    taken: dict[str, Any] = {}
+    pa = _pyarrow()
+    for field, column in zip(kinds, laid, strict=True):
+        if isinstance(column, np.ndarray):
+            gathered[field.name] = column[int(at[0]) : int(at[0]) + len(at)] if run else column[at]
+        elif run:
+            taken[field.name] = column.slice(int(at[0]), len(at))
+        else:
+            taken[field.name] = column.take(pa.array(at, type=pa.int64()))
+    if not taken:
+        return Rows(None, [fmt], numpy=gathered, schema=kinds)
+    arrays = [
+        _from_numpy(pa, f.type, gathered[f.name]) if f.name in gathered else taken[f.name]
+        for f in kinds
+    ]
+    return Rows(pa.table(arrays, schema=kinds), [fmt], numpy=gathered)
 
 
 def take(
@@ -587,6 +610,9 @@ def take(
     gathered: dict[str, Any] = {}
     for c, field in enumerate(schema):
         laid = None if window is None else window[0].column(c)
+        if laid is not None and window is not None and not isinstance(laid, np.ndarray):
+            columns[field.name] = laid.take(pa.array(window[1], type=pa.int64()))
+            continue
         out = by_unit.gather(c) if laid is None or window is None else laid[window[1]]
         if out is not None:
             gathered[field.name] = out
@@ -727,15 +753,6 @@ def _numpy(pa: Any, array: Any) -> Any:
     if _numeric(pa, kind) or pa.types.is_boolean(kind):
         return array.to_numpy(zero_copy_only=False)
     return array
-
-
-def _layable(kind: Any) -> bool:
-    """Whether a column of ``kind`` can be laid out (fixed width in whole bytes: numbers,
-    timestamps, durations, fixed-size binary), as far as its type tells."""
-    pa = _pyarrow()
-    if pa.types.is_fixed_size_binary(kind):
-        return True
-    return _numeric(pa, kind) and kind.bit_width % 8 == 0
 
 
 def _numeric(pa: Any, kind: Any) -> bool:

@@ -47,7 +47,7 @@ import sys
 from typing import TYPE_CHECKING, Any, Final
 
 from chunkd import memfd
-from chunkd.client.inspect.worker import MAX_REQUEST_BYTES, limit_memory, requests
+from chunkd.client.inspect.worker import limit_memory, serve
 from chunkd.client.protocol.ops import MAX_DECODED_BYTES
 from chunkd.errors import ChunkdError, DatasetFormatError, InspectError, InvalidRequestError
 
@@ -260,19 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     pa.set_io_thread_count(2)
 
     decoder = Decoder(options.socket, options.memory, channel)
-    try:
-        for line in requests(sys.stdin.buffer):
-            if line is None:
-                text = _error(
-                    None, "InvalidRequestError", f"a request line over {MAX_REQUEST_BYTES} bytes"
-                )
-            else:
-                text = decoder.answer(line)
-            out.write(text.encode("ascii") + b"\n")
-            out.flush()
-    except (BrokenPipeError, KeyboardInterrupt):
-        return 0
-    return 0
+    return serve(decoder.answer, out)
 
 
 if __name__ == "__main__":

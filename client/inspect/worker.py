@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import logging
 import os
 import re
@@ -61,7 +62,7 @@ if TYPE_CHECKING:
     from chunkd.client.inspect.objects import Views
     from chunkd.client.inspect.registry import Registry
 
-__all__ = ["MAX_REQUEST_BYTES", "OPS", "Worker", "limit_memory", "main", "requests"]
+__all__ = ["MAX_REQUEST_BYTES", "OPS", "Worker", "limit_memory", "main", "requests", "serve"]
 
 log = logging.getLogger("chunkd.inspect.worker")
 
@@ -592,15 +593,21 @@ def main(argv: list[str] | None = None) -> int:
     os.dup2(2, 1)
     sys.stdout = sys.stderr
     limit_memory(options.memory)
-    from chunkd.client.inspect.values import dumps
 
     _warm_up()
 
     worker = Worker(options.socket, options.memory)
+    return serve(worker.answer, out)
+
+
+def serve(answer: Callable[[bytes], str], out: BinaryIO) -> int:
+    """Answer stdin's request lines on ``out``, one line each, until stdin ends (a line
+    over :data:`MAX_REQUEST_BYTES` gets an error answer): the inspector's worker's loop,
+    and the decoder's."""
     try:
         for line in requests(sys.stdin.buffer):
             if line is None:
-                text = dumps(
+                text = json.dumps(
                     _error(
                         None,
                         "InvalidRequestError",
@@ -608,7 +615,7 @@ def main(argv: list[str] | None = None) -> int:
                     )
                 )
             else:
-                text = worker.answer(line)
+                text = answer(line)
             out.write(text.encode("ascii") + b"\n")
             out.flush()
     except (BrokenPipeError, KeyboardInterrupt):

@@ -475,3 +475,38 @@ def test_a_report_of_reader_decodes_counts_at_most_its_bound(
         client.request("ds_decode_report", {"decodes": (1 << 31) - 1}).close()
         client.request("ds_decode_report", {"decodes": 3}).close()
     assert daemon.metric("chunkd_dataset_decodes_total", where="reader") == MAX_REPORTED + 3
+
+
+@pytest.mark.timeout(60)
+def test_a_decode_worker_killed_is_replaced_and_its_readers_are_answered(
+    start_daemon: Callable[..., Daemon], tmp_path: Path
+) -> None:
+    # kill -9 of the node's one decode worker: the next request gets a fresh worker (or
+    # is declined once, and its reader decodes itself); no reader gets a wrong table
+    import signal
+
+    daemon = node(start_daemon, tmp_path, workers=1)
+    write_parquet(tmp_path / "data" / "kz" / "part-0.parquet", seed=3)
+    registered(daemon, "kz", "kz")
+    with client_of(daemon) as client:
+        snapshot, _, source = resolve(client, "kz")
+        member = snapshot.members[0]
+        fmt = format_of("parquet")
+        shared = SharedDecoder(client)
+        assert shared.unit(source, member, fmt, 0, None) is not None
+        found = subprocess.run(
+            ["pgrep", "-P", str(daemon.process.pid), "-f", "chunkd.client.datasets.decoder"],
+            capture_output=True,
+            text=True,
+            check=False,
+        ).stdout.split()
+        assert found, "no decode worker under the daemon"
+        for pid in found:
+            os.kill(int(pid), signal.SIGKILL)
+        want = fmt.decode(source, member, 1, None)
+        answers = [shared.unit(source, member, fmt, 1, None) for _ in range(3)]
+        assert all(a is None or a.equals(want) for a in answers)
+        assert answers[-1] is not None
+        assert answers[-1].equals(want)
+        shared.close()
+    assert "Traceback" not in daemon.log.read_text()

@@ -777,8 +777,12 @@ class Sample:
     #: fds that are memfds (several may name one memfd)
     memfd_fds: int = 0
     socket_fds: int = 0
-    #: neither memfds nor sockets (files, pipes, eventfds, ...)
+    #: neither memfds nor sockets (files, pipes, eventfds, ...), less :attr:`backend_fds`
     other_fds: int = 0
+    #: files under the backend's own directory (a ``file://`` backend's reads, listings
+    #: and writes in flight): how many depends on the moment's load, not on what the
+    #: daemon keeps, so they are counted apart from :attr:`other_fds`
+    backend_fds: int = 0
     threads: int = 0
     #: the daemon's CPU time so far (user + system), seconds
     cpu_s: float = 0.0
@@ -834,8 +838,11 @@ def _memfd_name(link: str) -> str | None:
     return link[len("/memfd:") :].removesuffix(" (deleted)")
 
 
-def sample_process(pid: int) -> Sample:
+def sample_process(pid: int, backend_dirs: tuple[str, ...] = ()) -> Sample:
     """The memory, fds and threads of process ``pid`` now, from ``/proc``.
+
+    Files open under ``backend_dirs`` (a ``file://`` backend's root) are I/O in flight
+    to the backend, counted as :attr:`Sample.backend_fds`.
 
     Each memfd is counted once, by its inode, whether the process holds it by one fd,
     by many or only by a mapping (``/proc/PID/map_files``, readable as root; else a
@@ -870,6 +877,8 @@ def sample_process(pid: int) -> Sample:
                 if name is None:
                     if link.startswith("socket:"):
                         sample.socket_fds += 1
+                    elif backend_dirs and link.startswith(backend_dirs):
+                        sample.backend_fds += 1
                     else:
                         sample.other_fds += 1
                     continue
@@ -947,9 +956,12 @@ class DaemonSampler(threading.Thread):
     """A thread that samples the daemon ``pid`` once every ``interval`` seconds into
     :attr:`series` (which :meth:`begin` replaces), until :meth:`stop`."""
 
-    def __init__(self, pid: int, url: str, interval: float = 1.0) -> None:
+    def __init__(
+        self, pid: int, url: str, interval: float = 1.0, backend_dirs: tuple[str, ...] = ()
+    ) -> None:
         super().__init__(name="soak-sampler", daemon=True)
         self.pid = pid
+        self.backend_dirs = backend_dirs
         self.url = url
         self.interval = interval
         self.series = SampleSeries()
@@ -986,7 +998,7 @@ class DaemonSampler(threading.Thread):
 
     def sample(self) -> Sample:
         """One sample of the daemon, the node and the clients."""
-        sample = sample_process(self.pid)
+        sample = sample_process(self.pid, self.backend_dirs)
         node = _kib_fields("/proc/meminfo", ("Shmem", "MemAvailable"))
         sample.node_shmem, sample.node_available = node["Shmem"], node["MemAvailable"]
         for pid in list(self.clients):
@@ -1362,7 +1374,9 @@ class Soak:
         work.mkdir(parents=True, exist_ok=True)
         self.config.dataset.write(work / "backend")
         self.daemon = SoakDaemon(work, self.config)
-        self.sampler = DaemonSampler(self.daemon.pid, self.daemon.url)
+        self.sampler = DaemonSampler(
+            self.daemon.pid, self.daemon.url, backend_dirs=(f"{work / 'backend'}/",)
+        )
         self.sampler.start()
 
     def __enter__(self) -> Soak:

@@ -340,8 +340,10 @@ _BROWSER = textwrap.dedent(
         if seen["wrong"]["form"]:
             seen["signed"] = submit(page, token)
             page.goto(base + "/")
+            # A function, not an expression: playwright polls an expression with eval(),
+            # which the page's CSP (script-src 'self') refuses once the first check fails.
             page.wait_for_function(
-                "document.getElementById('node').textContent.includes('chunkd ')"
+                "() => document.getElementById('node').textContent.includes('chunkd ')"
             )
             seen["dashboard"] = page.inner_text("#node")
             seen["cookies"] = [c["name"] for c in page.context.cookies()]

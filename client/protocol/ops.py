@@ -262,6 +262,13 @@ OPS: Final[Mapping[str, Op]] = {
                     high=MAX_NAME_BYTES,
                     default=None,
                 ),
+                Field(
+                    "keep",
+                    "flag",
+                    "false: a metadata read (registration's footers): the bytes are not kept "
+                    "in the RAM and disk tiers",
+                    default=True,
+                ),
             ),
             'the stat fields and ``"offset": O, "length": L, "spans": [{"chunk": ID, '
             '"index": I, "size": CHUNK_SIZE, "start": A, "stop": B}], "fds": K`` where span '
@@ -282,7 +289,18 @@ OPS: Final[Mapping[str, Op]] = {
         Op(
             "readv",
             "Several small ranges in one round trip, answered inline.",
-            (Field("ranges", "ranges", "``[BACKEND/KEY, OFFSET, LENGTH]`` each", high=MAX_RANGES),),
+            (
+                Field(
+                    "ranges", "ranges", "``[BACKEND/KEY, OFFSET, LENGTH]`` each", high=MAX_RANGES
+                ),
+                Field(
+                    "keep",
+                    "flag",
+                    "false: a metadata read (registration's footers): the bytes are not kept "
+                    "in the RAM and disk tiers",
+                    default=True,
+                ),
+            ),
             '``{"ok": true, "answered": K, "ranges": [{"size": S, "version": V, "offset": O, '
             '"length": L} | {"error": KIND, "message": TEXT}]}`` and the payload holds the '
             "bytes of the first ``K`` ranges, one after the other. ``K`` is as many as fit "
@@ -610,6 +628,52 @@ OPS: Final[Mapping[str, Op]] = {
                 *_REGISTRY_WRITES,
             ),
             fds=(1, 1),
+            waits=True,
+        ),
+        Op(
+            "ds_page_put",
+            "Store one member page of a schema-2 snapshot in the registry (put if absent; "
+            "a damaged copy there is replaced). The fd is a memfd sealed against writes and "
+            "resizes holding the page's canonical bytes, at most "
+            ":data:`chunkd.snapshot.PAGE_MAX_BYTES`; the daemon checks its shape, takes its "
+            "id from its blake3 and refuses a page whose members carry ``content`` (a claim "
+            "only the daemon's migrate writes).",
+            (),
+            '``{"ok": true, "page": ID, "created": true|false}``; ``"created": false`` when '
+            "the registry held the page already.",
+            (
+                "ManifestError: the bytes are not a page (a shape no page has is refused "
+                "before it is parsed), or a member claims ``content``",
+                "InvalidRequestError: an fd that is not a sealed memfd, or larger than the bound",
+                *_REGISTRY_WRITES,
+            ),
+            fds=(1, 1),
+            waits=True,
+        ),
+        Op(
+            "ds_page",
+            "One member page of a schema-2 snapshot, by id, held by the daemon like a chunk "
+            "(fetched once a node, shared by its readers, served by peers). The daemon does "
+            "not check that the page fits a snapshot: the reader does.",
+            (
+                Field("page", "text", "the page's id, 64 hex digits", high=64),
+                Field(
+                    "registry",
+                    "text",
+                    "``BACKEND/PREFIX`` of the registry (``ds_resolve``'s ``registry``); "
+                    "default: this daemon's",
+                    high=MAX_NAME_BYTES,
+                    default=None,
+                ),
+            ),
+            '``{"ok": true, "page": ID, "size": N, "fds": 1}``; the fd is a sealed memfd with '
+            "the page's bytes, whose blake3 is ``ID``.",
+            (
+                "DatasetNotFoundError: no such page in the registry (it names the page)",
+                "ManifestError: the registry's copy does not hash to its id",
+                "InvalidRequestError: not a page id, or a registry this daemon does not serve",
+                "BackendUnavailableError",
+            ),
             waits=True,
         ),
         Op(

@@ -4,14 +4,44 @@ Written down once, here; the client (registration, readers) and the daemon (the
 registry, freeze, migrate, the garbage collector's roots) both read it. ``docs/datasets.md``
 is the prose.
 
-A snapshot
+A snapshot (schema 2): a root and member pages
     An immutable manifest of a dataset's **members** (the objects that hold its
-    samples), in key order. Its **id** is the blake3 (256 bits, 64 hex digits) of its
-    canonical bytes: JSON with sorted keys, no spaces, UTF-8, no NaN. The bytes stored
-    in the registry are exactly those, so a reader checks a manifest by hashing what it
-    got: a torn or forged manifest does not hash to the id it is stored under.
+    samples), in key order. It is a small **root** plus **member pages**, bounded
+    pieces of the member table. Its **id** is the blake3 (256 bits, 64 hex digits) of
+    the root's canonical bytes: JSON with sorted keys, no spaces, UTF-8, no NaN. The
+    root names each page by its id, the blake3 of the page's own canonical bytes (a
+    Merkle tree of one level), so a snapshot id names one immutable content, and a
+    reader checks whatever it reads by hashing it: a torn or forged root or page does
+    not hash to the id it is read for.
 
-    Top-level fields::
+    A **page** is ``{"kind": "chunkd-dataset-page", "schema": 2, "members": [member,
+    ...]}``: at most :data:`PAGE_MAX_MEMBERS` members and :data:`PAGE_MAX_BYTES` bytes,
+    keys strictly increasing. Where a page ends depends on the members alone
+    (:class:`PageWriter`): after a member whose key's blake3 (its first 8 bytes,
+    little-endian) is 0 modulo :data:`PAGE_TARGET`, or before one that would take the
+    page past a bound. So a registration split over many workers and one done alone
+    make the same pages, and a new version that adds or changes a few members writes
+    a few pages and a root: versions share every other page.
+
+    The root's fields: ``schema`` (2), ``source``, ``format``, ``totals``,
+    ``schema_of``, ``excluded`` (at most :data:`MAX_EXCLUDED`) and ``origin`` as below,
+    ``claims`` (``["content"]`` where a member carries ``content``; absent otherwise:
+    a page whose member carries it under a root that does not claim it is refused), and
+    ``pages``: ``[[id, members, samples, bytes, first key, last key], ...]`` in key
+    order. A page read is checked against its entry: its hash is the id, and its
+    members' count, samples, bytes, first and last keys are the entry's, so a root
+    cannot name a page of another snapshot unless it is that very content. Opening a
+    snapshot reads its root; a member is read with its page (held parsed, the
+    :data:`PAGE_CACHE` most recently used); finding sample ``i`` is a binary search
+    over the root's pages, then one over the page. At 4096 members a page on average a
+    root takes about 200 bytes a page: 50 KiB at a million members, 5 MiB at 100
+    million.
+
+    Schema 1, what chunkd wrote before: one document, the fields below and ``members``
+    inline. It is still read, with its id unchanged; nothing writes it any more (but
+    :meth:`Snapshot.build` with ``schema=1``, for tests of it).
+
+    Fields (a schema-1 manifest's top level; a root's, less ``members``)::
 
         schema      the format's version (:data:`SCHEMA`); newer code reads older ones
                     (:func:`upgrade`), older code refuses newer ones by name
@@ -70,24 +100,38 @@ from __future__ import annotations
 import bisect
 import contextlib
 import gc
+import itertools
 import json
 import re
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Final
+from dataclasses import dataclass, field, replace
+from typing import Any, Final, NamedTuple, Protocol, overload
 
 import blake3
 
-from chunkd.errors import InvalidRequestError, ManifestError
+from chunkd.errors import DatasetNotFoundError, InvalidRequestError, ManifestError
 
 __all__ = [
     "CONTAINER_BYTES",
     "FORMATS",
     "MAX_DEPTH",
+    "MAX_EXCLUDED",
     "MAX_NAME_BYTES",
+    "PAGE_CACHE",
+    "PAGE_KIND",
+    "PAGE_MAX_BYTES",
+    "PAGE_MAX_MEMBERS",
+    "PAGE_TARGET",
     "SCHEMA",
+    "WRITE_SCHEMA",
     "Member",
+    "Members",
+    "MemoryPages",
+    "PageRef",
+    "PageSource",
+    "PageWriter",
     "Ref",
     "Snapshot",
     "canonical",
@@ -99,14 +143,33 @@ __all__ = [
     "content_evidence",
     "diff",
     "load_json",
+    "page_bytes",
+    "parse_page",
     "parse_ref",
     "snapshot_id",
     "upgrade",
 ]
 
-#: the manifest format's version. Bump it with an entry in :data:`_UPGRADES` that
-#: turns a manifest of the version before into this one.
-SCHEMA: Final = 1
+#: the manifest format's version: 2, a root and member pages. Schema 1 (one document,
+#: its members inline) is still read, never written.
+SCHEMA: Final = 2
+#: the schema :meth:`Snapshot.build` writes unless told
+WRITE_SCHEMA: Final = 1
+#: a page ends after a member whose key's hash is 0 modulo this: pages of 4096
+#: members on average (about 1 MiB of Parquet members' entries)
+PAGE_TARGET: Final = 4096
+#: the most members one page holds
+PAGE_MAX_MEMBERS: Final = 16384
+#: the most bytes one page's canonical JSON takes
+PAGE_MAX_BYTES: Final = 4 << 20
+#: the most files a snapshot records as left out (``excluded``)
+MAX_EXCLUDED: Final = 10_000
+#: the pages one snapshot holds parsed, the most recently used first
+PAGE_CACHE: Final = 8
+#: a member page's ``kind``
+PAGE_KIND: Final = "chunkd-dataset-page"
+_PAGE_HEAD: Final = b'{"kind":"' + PAGE_KIND.encode() + b'","members":['
+_PAGE_TAIL: Final = b'],"schema":' + str(SCHEMA).encode() + b"}"
 #: the member formats chunkd ships (a manifest may name any format a process knows:
 #: :func:`chunkd.client.datasets.formats.names`)
 FORMATS: Final = ("parquet", "jsonl", "fixed", "wds", "mds", "arrow")
@@ -527,25 +590,387 @@ class Member:
         return self.key[len(prefix) :] if prefix and self.key.startswith(prefix) else self.key
 
 
+# -- pages (schema 2) --------------------------------------------------------------------
+
+
+class PageRef(NamedTuple):
+    """A root's entry for one member page: the page's id (the blake3 of its bytes), and
+    what its members add up to, which the page must fit when it is read."""
+
+    id: str
+    members: int
+    samples: int
+    bytes: int
+    #: the page's first and last member keys
+    first: str
+    last: str
+
+    def to_json(self) -> list[Any]:
+        """The entry in a root's ``pages``."""
+        return [self.id, self.members, self.samples, self.bytes, self.first, self.last]
+
+    @classmethod
+    def from_json(cls, doc: object, where: str) -> PageRef:
+        """An entry of a root's ``pages``.
+
+        Raises:
+            ManifestError: the entry is malformed.
+        """
+        if not (isinstance(doc, list) and len(doc) == 6):
+            raise ManifestError(
+                f"{where} must be [id, members, samples, bytes, first key, last key]"
+            )
+        ident, members, samples, size, first, last = doc
+        if not (isinstance(ident, str) and _ID_RE.fullmatch(ident)):
+            raise ManifestError(f"{where}: the page id must be a blake3 digest (64 hex digits)")
+        for what, value in (("members", members), ("samples", samples), ("bytes", size)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ManifestError(f"{where}: {what} must be a whole number")
+        if not 1 <= members <= PAGE_MAX_MEMBERS:
+            raise ManifestError(f"{where}: a page holds 1 to {PAGE_MAX_MEMBERS} members")
+        if not (isinstance(first, str) and isinstance(last, str)):
+            raise ManifestError(f"{where}: the first and last keys must be text")
+        return cls(ident, members, samples, size, first, last)
+
+
+class PageSource(Protocol):
+    """Where a snapshot's pages come from (the daemon's ``ds_page``, the registry's
+    backend, memory). Nothing it returns is trusted: the snapshot checks each page
+    against its id and its root's entry."""
+
+    def page(self, page_id: str) -> bytes:
+        """The bytes stored as page ``page_id``.
+
+        Raises:
+            DatasetNotFoundError: there is no such page.
+        """
+        ...
+
+
+class MemoryPages:
+    """Pages held in a dict (a snapshot being built, tests, a registration's pages
+    before they are put)."""
+
+    def __init__(self, pages: Mapping[str, bytes] | None = None) -> None:
+        #: page id -> page bytes
+        self.pages: dict[str, bytes] = dict(pages or {})
+
+    def put(self, page_id: str, data: bytes) -> None:
+        """Hold page ``page_id``."""
+        self.pages[page_id] = data
+
+    def page(self, page_id: str) -> bytes:
+        # docstring inherited
+        found = self.pages.get(page_id)
+        if found is None:
+            raise DatasetNotFoundError(f"page {page_id} is not here")
+        return found
+
+
+def _entry_bytes(member: Member) -> bytes:
+    return canonical(member.to_json())
+
+
+def page_bytes(members: Sequence[Member]) -> bytes:
+    """A page's canonical bytes (members in strictly increasing key order)."""
+    return _PAGE_HEAD + b",".join(_entry_bytes(m) for m in members) + _PAGE_TAIL
+
+
+def _cuts_after(key: str) -> bool:
+    """Whether a page ends after the member of ``key`` (when nothing ended it before):
+    the first 8 bytes of its key's blake3, little-endian, are 0 modulo PAGE_TARGET. A
+    function of the key alone, so pages end at the same keys however the members
+    arrived, and a change to a few members changes only the pages they are in."""
+    digest = blake3.blake3(key.encode()).digest(length=8)
+    return int.from_bytes(digest, "little") % PAGE_TARGET == 0
+
+
+class PageWriter:
+    """Cuts members, given in strictly increasing key order, into pages.
+
+    A page ends after a member whose key :func:`_cuts_after` says so, and before a
+    member that would take it past :data:`PAGE_MAX_MEMBERS` members or
+    :data:`PAGE_MAX_BYTES` bytes. Boundaries depend on the members alone, never on how
+    the work that found them was split.
+
+    Args:
+        sink: called with ``(page_id, page_bytes)`` for each page as it is cut.
+    """
+
+    def __init__(self, sink: Callable[[str, bytes], None]) -> None:
+        self._sink = sink
+        self._entries: list[bytes] = []
+        self._size = len(_PAGE_HEAD) + len(_PAGE_TAIL)
+        self._samples = 0
+        self._bytes = 0
+        self._first = ""
+        self._last: bytes | None = None
+        self._last_key = ""
+        #: the pages cut so far
+        self.refs: list[PageRef] = []
+        #: members carrying a ``content`` hash (chunkd's own claim)
+        self.claimed = False
+        #: members added
+        self.members = 0
+
+    def add(self, member: Member) -> None:
+        """Add the next member.
+
+        Raises:
+            ManifestError: its key is not after the previous member's, or its entry
+                alone is larger than a page may be.
+        """
+        raw = member.key.encode()
+        if self._last is not None and raw <= self._last:
+            raise ManifestError(
+                f"member {member.key!r} comes after {self._last_key!r}: a snapshot's members "
+                "are added once each, in key order"
+                if raw != self._last
+                else f"a snapshot lists member {member.key!r} twice"
+            )
+        entry = _entry_bytes(member)
+        overhead = len(_PAGE_HEAD) + len(_PAGE_TAIL)
+        if overhead + len(entry) > PAGE_MAX_BYTES:
+            raise ManifestError(
+                f"member {member.key!r}'s entry takes {len(entry)} bytes; a page holds at "
+                f"most {PAGE_MAX_BYTES} (its format metadata is too large)"
+            )
+        if self._entries and (
+            len(self._entries) >= PAGE_MAX_MEMBERS or self._size + 1 + len(entry) > PAGE_MAX_BYTES
+        ):
+            self._cut()
+        if not self._entries:
+            self._first = member.key
+        else:
+            self._size += 1  # the comma
+        self._entries.append(entry)
+        self._size += len(entry)
+        self._samples += member.samples
+        self._bytes += member.size
+        self._last, self._last_key = raw, member.key
+        self.claimed = self.claimed or member.content is not None
+        self.members += 1
+        if _cuts_after(member.key):
+            self._cut()
+
+    def _cut(self) -> None:
+        data = _PAGE_HEAD + b",".join(self._entries) + _PAGE_TAIL
+        ident = blake3.blake3(data).hexdigest()
+        self._sink(ident, data)
+        self.refs.append(
+            PageRef(
+                ident, len(self._entries), self._samples, self._bytes, self._first, self._last_key
+            )
+        )
+        self._entries = []
+        self._size = len(_PAGE_HEAD) + len(_PAGE_TAIL)
+        self._samples = self._bytes = 0
+
+    def finish(self) -> list[PageRef]:
+        """Cut the last page; every page's entry, in key order."""
+        if self._entries:
+            self._cut()
+        return self.refs
+
+
+def parse_page(
+    data: bytes | memoryview, ref: PageRef, *, claims: bool = True
+) -> tuple[Member, ...]:
+    """The members of a page, checked against its root's entry ``ref``.
+
+    Args:
+        data: the bytes a page source gave for ``ref.id``.
+        ref: the root's entry for the page.
+        claims: whether the root says members may carry ``content`` (chunkd's own
+            record): a page that carries one under a root that does not say so is
+            refused.
+
+    Raises:
+        ManifestError: the bytes do not hash to the id (torn, forged, or another
+            page), are not a page, or do not fit the root's entry (count, samples,
+            bytes, first and last key), or its keys are not in strictly increasing
+            order.
+    """
+    data = bytes(data)
+    where = f"page {ref.id}"
+    got = blake3.blake3(data).hexdigest()
+    if got != ref.id:
+        raise ManifestError(
+            f"{where} hashes to {got}: it is torn or was altered (nothing was read from it)"
+        )
+    if len(data) > PAGE_MAX_BYTES:
+        raise ManifestError(f"{where} is {len(data)} bytes, more than a page's {PAGE_MAX_BYTES}")
+    check_json_shape(data, where, max_depth=MAX_DEPTH, container_bytes=CONTAINER_BYTES, top=b"{")
+    with _collector_paused():
+        doc = load_json(data, where, max_depth=MAX_DEPTH, checked=True)
+        page = _object(doc, where)
+        if page.get("kind") != PAGE_KIND or page.get("schema") != SCHEMA:
+            raise ManifestError(f"{where} is not a member page of schema {SCHEMA}")
+        raw = page.get("members")
+        if not isinstance(raw, list):
+            raise ManifestError(f"{where}: 'members' must be a list")
+        members = tuple(Member.from_json(e, f"{where}, member {i}") for i, e in enumerate(raw))
+    fits = (
+        len(members) == ref.members
+        and sum(m.samples for m in members) == ref.samples
+        and sum(m.size for m in members) == ref.bytes
+        and members
+        and members[0].key == ref.first
+        and members[-1].key == ref.last
+    )
+    if not fits:
+        raise ManifestError(
+            f"{where} does not fit its root's entry (members, samples, bytes, first and "
+            "last key): the root names a page of another snapshot"
+        )
+    keys = [m.key.encode() for m in members]
+    if any(x >= y for x, y in itertools.pairwise(keys)):
+        raise ManifestError(f"{where}: its members are not in strictly increasing key order")
+    if not claims and any(m.content is not None for m in members):
+        raise ManifestError(
+            f"{where} carries a member's 'content', which its root does not claim "
+            "(only chunkd's own migrate records it)"
+        )
+    return members
+
+
+class _Paged:
+    """A schema-2 snapshot's pages: the root's entries, where each page starts, and
+    the pages loaded, the most recently used first (at most :data:`PAGE_CACHE`)."""
+
+    def __init__(self, refs: tuple[PageRef, ...], source: PageSource | None, claims: bool) -> None:
+        self.refs = refs
+        self.source = source
+        self.claims = claims
+        members, samples = [0], [0]
+        for ref in refs:
+            members.append(members[-1] + ref.members)
+            samples.append(samples[-1] + ref.samples)
+        #: the snapshot index of each page's first member, and one past the last
+        self.member_starts = members
+        #: the snapshot index of each page's first sample, and one past the last
+        self.sample_starts = samples
+        self._held: OrderedDict[int, tuple[tuple[Member, ...], list[int]]] = OrderedDict()
+        self._lock = threading.Lock()
+        #: pages read from the source (how many loads a reader caused)
+        self.loads = 0
+
+    def with_source(self, source: PageSource | None) -> _Paged:
+        return _Paged(self.refs, source, self.claims)
+
+    def page_of(self, member: int) -> int:
+        return bisect.bisect_right(self.member_starts, member) - 1
+
+    def held(self, page: int) -> tuple[tuple[Member, ...], list[int]]:
+        """Page ``page``'s members and where each one's samples start in the page."""
+        with self._lock:
+            found = self._held.get(page)
+            if found is not None:
+                self._held.move_to_end(page)
+                return found
+        ref = self.refs[page]
+        if self.source is None:
+            raise ManifestError(
+                f"page {ref.id} of the snapshot is not loaded, and the snapshot has no "
+                "page source to load it from"
+            )
+        data = self.source.page(ref.id)
+        members = parse_page(data, ref, claims=self.claims)
+        return self._hold(page, members)
+
+    def _hold(self, page: int, members: tuple[Member, ...]) -> tuple[tuple[Member, ...], list[int]]:
+        starts = [0]
+        for m in members:
+            starts.append(starts[-1] + m.samples)
+        entry = (members, starts)
+        with self._lock:
+            self.loads += 1
+            self._held[page] = entry
+            self._held.move_to_end(page)
+            while len(self._held) > PAGE_CACHE:
+                self._held.popitem(last=False)
+        return entry
+
+    def offer(self, page_id: str, data: bytes) -> None:
+        pages = [i for i, ref in enumerate(self.refs) if ref.id == page_id]
+        if not pages:
+            raise ManifestError(f"page {page_id} is not one of the snapshot's pages")
+        members = parse_page(data, self.refs[pages[0]], claims=self.claims)
+        for page in pages:
+            self._hold(page, members)
+
+
+class Members(Sequence[Member]):
+    """A schema-2 snapshot's members, each page loaded when one of its members is
+    first asked for (and verified then)."""
+
+    def __init__(self, paged: _Paged) -> None:
+        self._paged = paged
+
+    def __len__(self) -> int:
+        return self._paged.member_starts[-1]
+
+    @overload
+    def __getitem__(self, index: int) -> Member: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[Member]: ...
+
+    def __getitem__(self, index: int | slice) -> Member | Sequence[Member]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        count = len(self)
+        if index < 0:
+            index += count
+        if not 0 <= index < count:
+            raise IndexError(f"member {index} of a snapshot of {count} members")
+        page = self._paged.page_of(index)
+        members, _ = self._paged.held(page)
+        return members[index - self._paged.member_starts[page]]
+
+    def __iter__(self) -> Iterator[Member]:
+        for page in range(len(self._paged.refs)):
+            yield from self._paged.held(page)[0]
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Members):
+            return self._paged.refs == other._paged.refs
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self._paged.refs)
+
+    def __repr__(self) -> str:
+        return f"<{len(self)} members in {len(self._paged.refs)} pages>"
+
+
 @dataclass(frozen=True, slots=True)
 class Snapshot:
     """A dataset snapshot: its members and totals (see the module docstring).
 
-    Build one with :meth:`build`, read one with :meth:`parse`; :attr:`data` is its
-    canonical bytes and :attr:`id` their blake3.
+    Build one with :meth:`build` (or :meth:`from_pages`), read one with :meth:`parse`;
+    :attr:`data` is its canonical bytes (a schema-2 snapshot's root) and :attr:`id`
+    their blake3. A schema-2 snapshot's :attr:`members` load their page when first
+    asked for (from the page source given to :meth:`parse` or :meth:`with_pages`, or
+    offered with :meth:`offer_page`), each checked against its id and its root's entry.
     """
 
     backend: str
     prefix: str
     format: str
-    members: tuple[Member, ...]
+    members: Sequence[Member]
     schema_of: Any = None
     excluded: tuple[Mapping[str, str], ...] = ()
     #: the snapshot this one is a verified copy of (``migrate``), or None
     origin: str | None = None
     data: bytes = field(default=b"", repr=False, compare=False)
     id: str = ""
+    #: the manifest's schema: 1 (one document) or 2 (a root and member pages)
+    schema: int = SCHEMA
+    #: a schema-2 snapshot's pages (the root's entries, in key order); () for schema 1
+    pages: tuple[PageRef, ...] = field(default=(), repr=False)
     _starts: tuple[int, ...] = field(default=(), repr=False, compare=False)
+    _paged: _Paged | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def build(
@@ -558,14 +983,53 @@ class Snapshot:
         schema_of: Any = None,
         excluded: Iterable[Mapping[str, str]] = (),
         origin: str | None = None,
+        pages: MemoryPages | None = None,
+        schema: int | None = None,
     ) -> Snapshot:
-        """A snapshot of ``members`` (sorted by key here), with its bytes and id."""
-        ordered = tuple(sorted(members, key=lambda m: m.key.encode()))
+        """A snapshot of ``members`` (sorted by key here), with its root's bytes and id;
+        its pages are written into ``pages`` (a new :class:`MemoryPages` if None), which
+        the snapshot reads them from. ``schema``: 1 writes the one-document form
+        (tests of what older chunkd wrote); None: :data:`WRITE_SCHEMA`.
+
+        Raises:
+            ManifestError: a member is listed twice, or an entry is larger than a page.
+        """
+        ordered = sorted(members, key=lambda m: m.key.encode())
+        if (WRITE_SCHEMA if schema is None else schema) == 1:
+            return cls._inline(backend, prefix, format, ordered, schema_of, excluded, origin)
+        store = MemoryPages() if pages is None else pages
+        writer = PageWriter(store.put)
+        for member in ordered:
+            writer.add(member)
+        return cls.from_pages(
+            backend=backend,
+            prefix=prefix,
+            format=format,
+            pages=writer.finish(),
+            source=store,
+            schema_of=schema_of,
+            excluded=excluded,
+            origin=origin,
+            claims=writer.claimed,
+        )
+
+    @classmethod
+    def _inline(
+        cls,
+        backend: str,
+        prefix: str,
+        format: str,
+        ordered: Sequence[Member],
+        schema_of: Any,
+        excluded: Iterable[Mapping[str, str]],
+        origin: str | None,
+    ) -> Snapshot:
+        """A schema-1 snapshot: one document, its members inline."""
         keys = [m.key for m in ordered]
         if len(set(keys)) != len(keys):
             raise ManifestError("a snapshot lists a member twice")
         doc = {
-            "schema": SCHEMA,
+            "schema": 1,
             "source": {"backend": backend, "prefix": prefix},
             "format": format,
             "totals": {
@@ -582,10 +1046,62 @@ class Snapshot:
         return cls.parse(canonical(doc))
 
     @classmethod
-    def parse(
-        cls, data: bytes | memoryview, expect_id: str | None = None, *, checked: bool = False
+    def from_pages(
+        cls,
+        *,
+        backend: str,
+        prefix: str,
+        format: str,
+        pages: Sequence[PageRef],
+        source: PageSource | None,
+        schema_of: Any = None,
+        excluded: Iterable[Mapping[str, str]] = (),
+        origin: str | None = None,
+        claims: bool = False,
     ) -> Snapshot:
-        """A snapshot from its stored bytes; ``expect_id``: the id it was stored under.
+        """The snapshot whose root names ``pages`` (a :class:`PageWriter`'s, in key
+        order), read from ``source``; ``claims``: some member carries ``content``.
+
+        Raises:
+            ManifestError: more than :data:`MAX_EXCLUDED` files excluded, or pages out
+                of key order.
+        """
+        left_out = sorted((dict(e) for e in excluded), key=lambda e: e.get("key", ""))
+        if len(left_out) > MAX_EXCLUDED:
+            raise ManifestError(
+                f"{len(left_out)} files could not be read; a snapshot records at most "
+                f"{MAX_EXCLUDED} left out (--skip-bad): fix the source first"
+            )
+        doc: dict[str, Any] = {
+            "schema": SCHEMA,
+            "source": {"backend": backend, "prefix": prefix},
+            "format": format,
+            "totals": {
+                "members": sum(p.members for p in pages),
+                "samples": sum(p.samples for p in pages),
+                "bytes": sum(p.bytes for p in pages),
+            },
+            "schema_of": schema_of,
+            "excluded": left_out,
+            "pages": [p.to_json() for p in pages],
+        }
+        if claims:
+            doc["claims"] = ["content"]
+        if origin is not None:
+            doc["origin"] = check_snapshot_id(origin)
+        return cls.parse(canonical(doc), pages=source)
+
+    @classmethod
+    def parse(
+        cls,
+        data: bytes | memoryview,
+        expect_id: str | None = None,
+        *,
+        checked: bool = False,
+        pages: PageSource | None = None,
+    ) -> Snapshot:
+        """A snapshot from its stored bytes; ``expect_id``: the id it was stored under;
+        ``pages``: where a schema-2 snapshot's pages are read from.
 
         ``checked``: the caller has hashed these very bytes to ``expect_id`` and checked
         their shape already (a worker process did, reading the same sealed memfd), so
@@ -610,6 +1126,8 @@ class Snapshot:
             check_manifest_shape(data)
         with _collector_paused():
             doc = upgrade(_load_manifest_doc(data, f"snapshot {got}"))
+            if doc["schema"] >= 2:
+                return cls._root(doc, data, got, pages)
             source = _object(doc.get("source"), "the manifest's source")
             raw_members = doc.get("members")
             if not isinstance(raw_members, list):
@@ -640,17 +1158,136 @@ class Snapshot:
             origin=origin,
             data=data,
             id=got,
+            schema=1,
             _starts=tuple(starts),
         )
+
+    @classmethod
+    def _root(
+        cls, doc: dict[str, Any], data: bytes, ident: str, source: PageSource | None
+    ) -> Snapshot:
+        where = f"the root of snapshot {ident}"
+        origin_doc = _object(doc.get("source"), f"{where}: source")
+        raw_pages = doc.get("pages")
+        if not isinstance(raw_pages, list):
+            raise ManifestError(f"{where}: 'pages' must be a list")
+        refs = tuple(PageRef.from_json(e, f"{where}: page {i}") for i, e in enumerate(raw_pages))
+        previous = b""
+        for i, ref in enumerate(refs):
+            first, last = ref.first.encode(), ref.last.encode()
+            if (i and first <= previous) or last < first or (ref.members == 1 and first != last):
+                raise ManifestError(f"{where}: its pages are not in key order (page {i})")
+            previous = last
+        totals = _object(doc.get("totals"), f"{where}: totals")
+        if (
+            totals.get("members") != sum(r.members for r in refs)
+            or totals.get("samples") != sum(r.samples for r in refs)
+            or totals.get("bytes") != sum(r.bytes for r in refs)
+        ):
+            raise ManifestError(f"{where}: its totals do not add up to its pages")
+        excluded = doc.get("excluded", [])
+        if (
+            not isinstance(excluded, list)
+            or len(excluded) > MAX_EXCLUDED
+            or not all(isinstance(e, dict) for e in excluded)
+        ):
+            raise ManifestError(
+                f"{where}: 'excluded' must be a list of at most {MAX_EXCLUDED} objects"
+            )
+        claims = doc.get("claims", [])
+        if not isinstance(claims, list) or any(c != "content" for c in claims):
+            raise ManifestError(f"{where}: 'claims' may only be [\"content\"]")
+        origin = doc.get("origin")
+        if origin is not None and not (isinstance(origin, str) and _ID_RE.fullmatch(origin)):
+            raise ManifestError(f"{where}: 'origin' must be a snapshot id (64 hex digits)")
+        paged = _Paged(refs, source, claims=bool(claims))
+        return cls(
+            backend=_text(origin_doc, "backend", f"{where}: source"),
+            prefix=_text(origin_doc, "prefix", f"{where}: source"),
+            format=_text(doc, "format", where),
+            members=Members(paged),
+            schema_of=doc.get("schema_of"),
+            excluded=tuple(excluded),
+            origin=origin,
+            data=data,
+            id=ident,
+            schema=doc["schema"],
+            pages=refs,
+            _paged=paged,
+        )
+
+    # -- pages -----------------------------------------------------------------------
+
+    def with_pages(self, source: PageSource | None) -> Snapshot:
+        """The same snapshot, its pages read from ``source`` (nothing loaded yet)."""
+        if self._paged is None:
+            return self
+        paged = self._paged.with_source(source)
+        return replace(self, members=Members(paged), _paged=paged)
+
+    def page_of(self, member: int) -> int:
+        """The page that holds member ``member`` (schema 2)."""
+        return self._need_pages().page_of(member)
+
+    def page_start(self, page: int) -> int:
+        """The index of page ``page``'s first member (schema 2)."""
+        return self._need_pages().member_starts[page]
+
+    def page_sample_start(self, page: int) -> int:
+        """The snapshot index of page ``page``'s first sample (schema 2)."""
+        return self._need_pages().sample_starts[page]
+
+    def page_members(self, page: int) -> tuple[Member, ...]:
+        """Page ``page``'s members, loaded and checked if they were not (schema 2).
+
+        Raises:
+            DatasetNotFoundError: the page source has no such page.
+            ManifestError: the page is damaged or does not fit the root.
+        """
+        return self._need_pages().held(page)[0]
+
+    def offer_page(self, page_id: str, data: bytes) -> None:
+        """Hold page ``page_id``'s bytes, fetched elsewhere (the daemon's own reads),
+        once checked.
+
+        Raises:
+            ManifestError: it is not one of this snapshot's pages, or does not fit.
+        """
+        self._need_pages().offer(page_id, data)
+
+    @property
+    def page_loads(self) -> int:
+        """How many pages this snapshot has loaded and checked so far."""
+        return 0 if self._paged is None else self._paged.loads
+
+    def iter_members(self, start: int = 0) -> Iterator[Member]:
+        """The members from ``start`` on, a page at a time."""
+        if self._paged is None:
+            yield from self.members[start:]
+            return
+        paged = self._paged
+        for page in range(max(0, paged.page_of(start)), len(self.pages)):
+            members = paged.held(page)[0]
+            skip = max(0, start - paged.member_starts[page])
+            yield from members[skip:]
+
+    def _need_pages(self) -> _Paged:
+        if self._paged is None:
+            raise ManifestError(f"snapshot {self.id} is of schema {self.schema}: it has no pages")
+        return self._paged
 
     # -- samples ---------------------------------------------------------------------
 
     def __len__(self) -> int:
+        if self._paged is not None:
+            return self._paged.sample_starts[-1]
         return self._starts[-1] if self._starts else 0
 
     @property
     def total_bytes(self) -> int:
         """The members' bytes together."""
+        if self._paged is not None:
+            return sum(p.bytes for p in self.pages)
         return sum(m.size for m in self.members)
 
     @property
@@ -658,9 +1295,13 @@ class Snapshot:
         """The fields of chunkd's own records this manifest carries: ``"content"`` (a
         member's hash) and ``"origin"``, in that order; empty for a registration's.
         Only the daemon's migrate writes them (a client's ``ds_commit`` of a manifest
-        that claims either is refused), since ``diff`` trusts them."""
+        that claims either is refused), since ``diff`` trusts them. A schema-2 root says
+        so itself (``"claims"``), and a page is checked against it when it is read."""
         found: tuple[str, ...] = ()
-        if any(m.content is not None for m in self.members):
+        if self._paged is not None:
+            if self._paged.claims:
+                found += ("content",)
+        elif any(m.content is not None for m in self.members):
             found += ("content",)
         if self.origin is not None:
             found += ("origin",)
@@ -668,12 +1309,18 @@ class Snapshot:
 
     @property
     def counts(self) -> list[int]:
-        """Each member's sample count, in member order."""
-        return [m.samples for m in self.members]
+        """Each member's sample count, in member order (every page of a schema-2
+        snapshot is read)."""
+        return [m.samples for m in self.iter_members()]
 
     def start_of(self, member: int) -> int:
         """The snapshot index of member ``member``'s first sample."""
-        return self._starts[member]
+        if self._paged is None:
+            return self._starts[member]
+        paged = self._paged
+        page = paged.page_of(member)
+        _, starts = paged.held(page)
+        return paged.sample_starts[page] + starts[member - paged.member_starts[page]]
 
     def locate(self, index: int) -> tuple[int, int]:
         """The (member, sample in member) of snapshot sample ``index``.
@@ -683,14 +1330,21 @@ class Snapshot:
         """
         if not 0 <= index < len(self):
             raise IndexError(f"sample {index} of a snapshot of {len(self)} samples")
-        member = bisect.bisect_right(self._starts, index) - 1
-        return member, index - self._starts[member]
+        if self._paged is None:
+            member = bisect.bisect_right(self._starts, index) - 1
+            return member, index - self._starts[member]
+        paged = self._paged
+        page = bisect.bisect_right(paged.sample_starts, index) - 1
+        _, starts = paged.held(page)
+        at = index - paged.sample_starts[page]
+        inner = bisect.bisect_right(starts, at) - 1
+        return paged.member_starts[page] + inner, at - starts[inner]
 
     def name_of(self, member: int) -> str:
         """Member ``member``'s object name, ``BACKEND/KEY``."""
         return f"{self.backend}/{self.members[member].key}"
 
-    def with_source(self, backend: str, prefix: str, members: Sequence[Member]) -> Snapshot:
+    def with_source(self, backend: str, prefix: str, members: Iterable[Member]) -> Snapshot:
         """The same dataset at another place (``migrate``): ``members`` in the same order,
         each with the ``content`` hash of the bytes copied; its ``origin`` is this one."""
         return Snapshot.build(
@@ -706,12 +1360,13 @@ class Snapshot:
 
 # -- reading older manifests -------------------------------------------------------------
 
-#: how to turn a manifest of schema N into one of N + 1, for each N before SCHEMA
+#: how to turn a root of schema N into one of N + 1, for each N from 2 before SCHEMA
 _UPGRADES: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {}
 
 
 def upgrade(doc: dict[str, Any]) -> dict[str, Any]:
-    """A manifest document of any schema up to :data:`SCHEMA`, as one of SCHEMA.
+    """A manifest document of any schema up to :data:`SCHEMA`: schema 1 as it is (its
+    own form, members inline), a root as one of SCHEMA.
 
     Raises:
         ManifestError: no schema, or one newer than this code reads.
@@ -724,7 +1379,9 @@ def upgrade(doc: dict[str, Any]) -> dict[str, Any]:
             f"the manifest is of schema {schema}; this chunkd reads up to {SCHEMA}: "
             "upgrade chunkd to read it"
         )
-    while schema < SCHEMA:
+    # Schema 1 (one document, members inline) is read as it is; the roots of schema 2
+    # on are upgraded step by step to the current one.
+    while 2 <= schema < SCHEMA:
         doc = _UPGRADES[schema](doc)
         schema += 1
         doc["schema"] = schema
@@ -773,8 +1430,16 @@ def content_evidence(
         claims: whether the manifest's own ``content`` fields count (False: only the
             frozen record, which the daemon writes apart from any manifest).
     """
+    return _evidence(list(snapshot.members), frozen, claims=claims)
+
+
+def _evidence(
+    members: Sequence[Member], frozen: Mapping[str, Any] | None, *, claims: bool
+) -> list[dict[str, str]]:
+    """:func:`content_evidence` of ``members`` (a snapshot's, all of them when a frozen
+    record is given, whose lists are by member index)."""
     found: list[dict[str, str]] = [
-        {"blake3": m.content} if claims and m.content is not None else {} for m in snapshot.members
+        {"blake3": m.content} if claims and m.content is not None else {} for m in members
     ]
     if not isinstance(frozen, Mapping):
         return found
@@ -799,6 +1464,35 @@ def _agree(x: Mapping[str, str], y: Mapping[str, str]) -> bool | None:
     if not kinds:
         return None
     return all(x[k] == y[k] for k in kinds)
+
+
+def _members_to_compare(
+    a: Snapshot,
+    b: Snapshot,
+    frozen: tuple[Mapping[str, Any] | None, Mapping[str, Any] | None],
+) -> tuple[list[Member], list[Member], int]:
+    """The members of ``a`` and ``b`` that :func:`diff` must compare, and how many
+    more it may count as the same without reading them.
+
+    Two schema-2 snapshots of the same source share every page whose id is on both
+    sides: a page's id names its members' every field (key, version, size, format,
+    samples, meta, content), and its keys are on both sides, in no other page. Those
+    members are the same object at the same version token: the same, by ``version``.
+    So only the pages whose ids differ are read. With a frozen record on either side
+    (whose lists go by member index) every member is compared.
+    """
+    if not (
+        a.schema >= 2
+        and b.schema >= 2
+        and a.backend == b.backend
+        and a.prefix == b.prefix
+        and frozen == (None, None)
+    ):
+        return list(a.members), list(b.members), 0
+    common = {p.id for p in a.pages} & {p.id for p in b.pages}
+    xs = [m for i, p in enumerate(a.pages) if p.id not in common for m in a.page_members(i)]
+    ys = [m for i, p in enumerate(b.pages) if p.id not in common for m in b.page_members(i)]
+    return xs, ys, sum(p.members for p in a.pages if p.id in common)
 
 
 def diff(
@@ -851,12 +1545,14 @@ def diff(
         true only when no member was added, removed, changed or unknown and the schema
         is the same.
     """
-    left = {m.relative(a.prefix): i for i, m in enumerate(a.members)}
-    right = {m.relative(b.prefix): i for i, m in enumerate(b.members)}
-    known_a, known_b = content_evidence(a, frozen[0]), content_evidence(b, frozen[1])
+    xs, ys, shared = _members_to_compare(a, b, frozen)
+    left = {m.relative(a.prefix): i for i, m in enumerate(xs)}
+    right = {m.relative(b.prefix): i for i, m in enumerate(ys)}
+    known_a = _evidence(xs, frozen[0], claims=True)
+    known_b = _evidence(ys, frozen[1], claims=True)
     # The daemon's own reads at each recorded version, apart from any manifest's claim.
-    read_a = content_evidence(a, frozen[0], claims=False)
-    read_b = content_evidence(b, frozen[1], claims=False)
+    read_a = _evidence(xs, frozen[0], claims=False)
+    read_b = _evidence(ys, frozen[1], claims=False)
     # A verified copy's hashes are its origin's too (the bytes it copied, read at the
     # origin's recorded versions).
     for origin, copy, known_origin, known_copy, at_origin, at_copy in (
@@ -873,7 +1569,7 @@ def diff(
     same_by = {"content": 0, "version": 0}
     for key in sorted(left.keys() & right.keys()):
         i, j = left[key], right[key]
-        x, y = a.members[i], b.members[j]
+        x, y = xs[i], ys[j]
         fields = [
             f
             for f, u, v in (
@@ -905,6 +1601,7 @@ def diff(
             same_by[basis] += 1
     added = sorted(right.keys() - left.keys())
     removed = sorted(left.keys() - right.keys())
+    same_by["version"] += shared
     schema_changed = a.schema_of != b.schema_of
     return {
         "a": a.id,

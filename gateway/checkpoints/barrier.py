@@ -21,7 +21,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any, Final
 
 from chunkd.errors import CheckpointError, ChunkdError
@@ -38,6 +38,7 @@ __all__ = [
     "Spawn",
     "await_collections",
     "declared_expiry",
+    "intent_chunk_ids",
     "intent_chunks",
     "list_barriers",
     "remove_barrier",
@@ -59,6 +60,8 @@ BARRIER_EXPIRY_CAP: Final = 3600.0
 #: the share of a barrier's expiry a collection relies on: clocks run at rates that
 #: differ by far less than 1%
 _CLOCK_RATE_SLACK: Final = 0.99
+#: intents read at once (each is parsed whole)
+_INTENTS_AT_ONCE: Final = 16
 
 
 class Barrier:
@@ -196,17 +199,32 @@ async def intent_chunks(
     wanted: set[str] | None = None,
 ) -> set[str]:
     """The chunk ids the intents in ``backend`` name (saves and freezes in flight, and
-    saves committed less than the intents' lifetime ago).
+    saves committed less than the intents' lifetime ago), as a set: a scrub's few
+    (``wanted``: only those ids are kept, whatever the intents name). A collection
+    streams them instead (:func:`intent_chunk_ids`).
+    """
+    keep: set[str] = set()
+    async with contextlib.aclosing(
+        intent_chunk_ids(backend, expire_after=expire_after, barrier=barrier)
+    ) as named:
+        async for ids in named:
+            keep.update(ids if wanted is None else (c for c in ids if c in wanted))
+    return keep
+
+
+async def intent_chunk_ids(
+    backend: Backend, *, expire_after: float | None, barrier: Barrier | None = None
+) -> AsyncGenerator[list[str], None]:
+    """The chunk ids the intents in ``backend`` name, one intent's list at a time
+    (repeats included), a listing batch's intents read a few at a time.
 
     Intents older than ``expire_after`` seconds are deleted (None: none is, and every
     intent counts). ``barrier`` is kept fresh meanwhile (there may be many intents to
-    read). ``wanted``: only those ids are kept (a scrub asks about a few chunks, and
-    holds no more than them whatever the intents name).
+    read).
     """
-    keep: set[str] = set()
     now = time.time()
 
-    async def read(key: str) -> list[Any]:
+    async def read(key: str) -> list[str]:
         raw = await backend.get(key)
         if raw is None:
             return []
@@ -214,7 +232,7 @@ async def intent_chunks(
             chunks = json.loads(bytes(raw))["chunks"]
         except (ValueError, KeyError, TypeError):
             return []
-        return chunks if isinstance(chunks, list) else []
+        return [str(c) for c in chunks] if isinstance(chunks, list) else []
 
     async with contextlib.aclosing(backend.scan(INTENTS.rstrip("/"))) as batches:
         async for batch in batches:
@@ -223,12 +241,13 @@ async def intent_chunks(
             ]
             await each(expired, backend.delete)  # their saves committed or died long ago
             gone = set(expired)
-            for chunks in await each([m.key for m in batch if m.key not in gone], read):
-                named = (str(c) for c in chunks)
-                keep.update(named if wanted is None else (c for c in named if c in wanted))
-            if barrier is not None:
-                await barrier.keep_fresh()
-    return keep
+            keys = [m.key for m in batch if m.key not in gone]
+            # A few intents at a time: each may name a whole rank's save.
+            for start in range(0, len(keys), _INTENTS_AT_ONCE):
+                for ids in await each(keys[start : start + _INTENTS_AT_ONCE], read):
+                    yield ids
+                if barrier is not None:
+                    await barrier.keep_fresh()
 
 
 def _clock() -> float:

@@ -8,6 +8,7 @@ import asyncio
 import dataclasses
 import functools
 import mmap
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -93,11 +94,16 @@ class Checkpoints:
         )
         self._restorer = Restorer(cache, backends, metrics, self._jobs, peers)
         self._catalog = Catalog(backends, self._jobs)
-        self._collector = Collector(self._catalog, self._jobs, gc_roots)
+        # The ids a collection marks go to the cache dir's disk (never a tmpfs /tmp).
+        self._collector = Collector(
+            self._catalog, self._jobs, gc_roots, mark_dir=self.root / "gc-mark"
+        )
 
     async def start(self) -> int:
         """Resume every journaled job; returns how many."""
         await asyncio.to_thread(self._journal.make_dirs)
+        # What collections cut short (kill -9) left of their marks: none runs yet.
+        await asyncio.to_thread(shutil.rmtree, self._collector.mark_dir, True)
         return await self._saver.resume()
 
     async def close(self) -> None:

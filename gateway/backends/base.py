@@ -34,6 +34,16 @@ The contract, for each method:
 6. :meth:`Backend.put` ``(key, data, if_absent=)`` and :meth:`Backend.delete`
    ``(key)``: only where :attr:`Backend.supports_writes`; a put with ``if_absent``
    returns ``False`` when an object was there already.
+7. :meth:`Backend.put_stream` ``(key, pieces, size=)``: an object written from a
+   stream of pieces, **never over another**: it returns ``False`` when an object is
+   there (before or when the write would finish), and leaves nothing behind when it
+   fails (no partial object, no multipart upload, no temporary file). Where
+   :attr:`Backend.streams_conditional_put`, it holds a bounded part of the object at
+   once (:meth:`Backend.held_by_put`): a multipart upload finished with
+   ``If-None-Match: *`` (``s3://``), a temporary file linked into place
+   (``file://``). Elsewhere the object is put whole, and one larger than
+   :attr:`Backend.single_put_bytes` is refused before anything is read
+   (:class:`InvalidRequestError`).
 
 Failures are :class:`BackendUnavailableError` (may heal: retried, counted against
 the backend's health), :class:`BackendForbiddenError` (the credentials),
@@ -44,11 +54,16 @@ the backend) and :class:`ReadOnlyBackendError` (a write to a read-only backend).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
-from chunkd.errors import ObjectNotFoundError, ReadOnlyBackendError
+from chunkd.errors import (
+    IntegrityError,
+    InvalidRequestError,
+    ObjectNotFoundError,
+    ReadOnlyBackendError,
+)
 from chunkd.ranges import ByteRange
 
 if TYPE_CHECKING:
@@ -56,10 +71,20 @@ if TYPE_CHECKING:
     from chunkd.gateway.config import BackendConfig
     from chunkd.ranges import RequestRange
 
-__all__ = ["SCAN_BATCH", "Backend", "FirstRead"]
+__all__ = [
+    "SCAN_BATCH",
+    "SINGLE_PUT_BYTES",
+    "Backend",
+    "FirstRead",
+    "gather_stream",
+    "stream_size_error",
+]
 
 #: objects one listing request asks for (S3's own page size)
 SCAN_BATCH: Final = 1000
+#: the largest object :meth:`Backend.put_stream` writes where the store cannot finish a
+#: streamed write conditionally: it is put whole (held in memory), with ``if_absent``
+SINGLE_PUT_BYTES: Final = 64 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,6 +237,57 @@ class Backend(ABC):
             BackendUnavailableError
         """
 
+    @property
+    def streams_conditional_put(self) -> bool:
+        """Whether :meth:`put_stream` writes in bounded memory and still never
+        overwrites (the store finishes the write only where nothing is there)."""
+        return False
+
+    @property
+    def single_put_bytes(self) -> int:
+        """The largest object :meth:`put_stream` takes when it cannot stream
+        conditionally (:data:`SINGLE_PUT_BYTES`); unbounded where it can."""
+        return SINGLE_PUT_BYTES
+
+    def held_by_put(self, size: int) -> int:
+        """The most bytes :meth:`put_stream` holds at once for an object of ``size``
+        bytes (the pieces it is given aside): here, the whole object."""
+        return size
+
+    async def put_stream(
+        self, key: str, pieces: AsyncIterable[bytes | memoryview], *, size: int
+    ) -> bool:
+        """Write the ``size`` bytes of ``pieces`` to ``key`` where nothing is there yet:
+        an object is never overwritten, whoever wrote it and whenever.
+
+        A piece is read before the next is asked for, and may change after (a cache
+        lease): the backend copies what it keeps. A failure (the stream's own error
+        included: it is raised as itself) leaves nothing behind. Here (a store that
+        cannot finish a streamed write conditionally) the object is gathered and put
+        whole with ``if_absent``: one larger than :attr:`single_put_bytes` is refused
+        before any piece is read.
+
+        Returns whether this call wrote the object (``False``: one was there; nothing
+        was written).
+
+        Raises:
+            InvalidRequestError: ``size`` is more than this backend writes without
+                overwriting.
+            IntegrityError: ``pieces`` did not give ``size`` bytes (nothing written).
+            ReadOnlyBackendError, InvalidKeyError, BackendForbiddenError,
+            BackendUnavailableError
+        """
+        self.check_writable()
+        if size > self.single_put_bytes:
+            raise InvalidRequestError(
+                f"cannot write {self.name}/{key} ({size} bytes): backend {self.name!r} "
+                "cannot finish a streamed write only where no object is (it would risk "
+                f"overwriting one), and puts at most {self.single_put_bytes} bytes whole; "
+                "write it to an s3:// or file:// backend"
+            )
+        data = await gather_stream(pieces, size, f"{self.name}/{key}")
+        return await self.put(key, memoryview(data), if_absent=True)
+
     @abstractmethod
     async def delete(self, key: str) -> None:
         """Delete ``key`` (deleting a missing object is not an error).
@@ -247,3 +323,32 @@ class Backend(ABC):
 
     async def close(self) -> None:  # noqa: B027 (a backend that holds nothing closes nothing)
         """Release what the backend holds (connections)."""
+
+
+async def gather_stream(
+    pieces: AsyncIterable[bytes | memoryview], size: int, name: str
+) -> bytearray:
+    """The ``size`` bytes of ``pieces``, whole (at most ``size`` are held: one more is
+    an error at once).
+
+    Raises:
+        IntegrityError: ``pieces`` gave more or fewer than ``size`` bytes.
+    """
+    data = bytearray()
+    async for piece in pieces:
+        if len(data) + memoryview(piece).nbytes > size:
+            raise stream_size_error(name, size, len(data) + memoryview(piece).nbytes)
+        data += piece
+    if len(data) != size:
+        raise stream_size_error(name, size, len(data))
+    return data
+
+
+def stream_size_error(name: str, size: int, got: int) -> IntegrityError:
+    """The error for a stream meant to write ``size`` bytes to ``name`` that gave ``got``
+    (at least, when more)."""
+    more = "at least " if got > size else ""
+    return IntegrityError(
+        f"the write of {name} was to be {size} bytes and its source gave {more}{got}; "
+        "nothing was written"
+    )

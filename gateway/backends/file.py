@@ -4,21 +4,34 @@ Reads and writes go through obstore's ``LocalStore``; listings through
 :class:`~chunkd.gateway.backends.filelist.FileLister`, in S3's key order and resumable
 after any key (``LocalStore`` lists in directory order). No endpoint, region or
 credentials: the daemon's own file permissions apply.
+
+A streamed write (:meth:`FileBackend.put_stream`) goes to a staging file beside the
+key (``KEY#N``, hidden from listings as ``LocalStore``'s own are), flushed to disk,
+then ``link()``-ed to the key: ``link`` fails where the name exists, so an object is
+never overwritten. The staging file is removed whatever happens.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import functools
+import os
 import re
-from collections.abc import AsyncGenerator
+import secrets
+from collections.abc import AsyncGenerator, AsyncIterable
 from typing import TYPE_CHECKING, Any, ClassVar, Final
 
 from obstore.store import LocalStore
 
-from chunkd.errors import InvalidKeyError, ObjectNotFoundError
-from chunkd.gateway.backends.base import SCAN_BATCH
+from chunkd.errors import (
+    BackendUnavailableError,
+    ChunkdError,
+    InvalidKeyError,
+    ObjectNotFoundError,
+)
+from chunkd.gateway.backends.base import SCAN_BATCH, stream_size_error
 from chunkd.gateway.backends.filelist import FileLister
 from chunkd.gateway.backends.store import StoreBackend, shown
 
@@ -31,6 +44,8 @@ __all__ = ["FileBackend"]
 
 # obstore's text for an OS error (LocalFileSystem): "... File name too long (os error 36)".
 _OS_ERROR: Final = re.compile(r"\(os error (\d+)\)")
+# A staging file's name (LocalStore's, and put_stream's): no key may end so.
+_STAGING_NAME: Final = re.compile(r".*#[0-9]+")
 
 
 class FileBackend(StoreBackend):
@@ -64,6 +79,84 @@ class FileBackend(StoreBackend):
                 last = got[-1].key
             if len(got) < batch:
                 return
+
+    @property
+    def streams_conditional_put(self) -> bool:
+        # docstring inherited
+        return True
+
+    @property
+    def single_put_bytes(self) -> int:
+        # docstring inherited
+        return 1 << 62
+
+    def held_by_put(self, size: int) -> int:
+        # docstring inherited: each piece goes to the staging file as it comes
+        return 0
+
+    async def put_stream(
+        self, key: str, pieces: AsyncIterable[bytes | memoryview], *, size: int
+    ) -> bool:
+        # docstring inherited
+        self.check_writable()
+        if (refused := self._refuse_long_name(key)) is not None:
+            raise refused
+        if not key or any(part in ("", ".", "..") for part in key.split("/")):
+            raise InvalidKeyError(
+                f"backend {self.name!r} cannot hold the key {shown(key)}: it has an empty, "
+                "'.' or '..' segment; use another name"
+            )
+        if _STAGING_NAME.fullmatch(key):
+            raise InvalidKeyError(
+                f"backend {self.name!r} cannot hold the key {shown(key)}: a file:// backend "
+                "keeps names that end in '#' and digits for its temporary files; use another name"
+            )
+        path = os.path.join(self.config.prefix, key)
+        # A staging name no key can have (LocalStore refuses keys ending in "#" and
+        # digits) and listings hide.
+        staging = f"{path}#{secrets.randbelow(10**15)}"
+        self._metrics.backend_requests.labels(self.name, "put").inc()
+        fd = -1
+        try:
+            fd = await asyncio.to_thread(_open_staging, staging)
+            written = 0
+            async for piece in pieces:
+                view = memoryview(piece)
+                if written + view.nbytes > size:
+                    raise stream_size_error(f"{self.name}/{key}", size, written + view.nbytes)
+                await asyncio.to_thread(_write_all, fd, view)
+                written += view.nbytes
+            if written != size:
+                raise stream_size_error(f"{self.name}/{key}", size, written)
+            await asyncio.to_thread(os.fsync, fd)
+            try:
+                await asyncio.to_thread(os.link, staging, path)
+            except FileExistsError:
+                return False
+        except OSError as exc:
+            if isinstance(exc, ChunkdError):  # the stream's own (a read that failed)
+                raise
+            raise self._os_refusal(exc, key) from None
+        finally:
+            if fd >= 0:
+                os.close(fd)
+            await asyncio.shield(asyncio.to_thread(_remove, staging))
+        self._metrics.backend_write_bytes.labels(self.name).inc(size)
+        return True
+
+    def _os_refusal(self, exc: OSError, key: str) -> Exception:
+        """What a streamed write's OS error means: the key's fault, or the backend's."""
+        code = exc.errno
+        refused = self.refused_by_store(
+            Exception(f"(os error {code})") if code is not None else exc, key, "put"
+        )
+        if refused is not None:
+            return refused
+        self._metrics.backend_errors.labels(self.name, "BackendUnavailableError").inc()
+        return BackendUnavailableError(
+            f"backend {self.name!r} failed to write {shown(key)}: "
+            f"{os.strerror(code) if code is not None else exc}"
+        )
 
     def refused_by_store(self, exc: BaseException, key: str, op: str) -> Exception | None:
         """A filesystem refuses a path segment longer than it allows (ENAMETOOLONG) or a
@@ -109,3 +202,18 @@ class FileBackend(StoreBackend):
                 )
             return InvalidKeyError(f"{refused}: {why}; use another name")
         return None
+
+
+def _open_staging(staging: str) -> int:
+    os.makedirs(os.path.dirname(staging), exist_ok=True)
+    return os.open(staging, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+
+
+def _write_all(fd: int, view: memoryview) -> None:
+    while view.nbytes:
+        view = view[os.write(fd, view) :]
+
+
+def _remove(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)

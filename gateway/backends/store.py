@@ -588,8 +588,8 @@ class StoreBackend(Backend):
             return BackendUnavailableError(
                 f"backend {self.name!r} did not answer within {self.config.timeout:g}s ({key})"
             )
-        if isinstance(exc, BackendUnavailableError):
-            return exc
+        if isinstance(exc, BackendUnavailableError | BackendForbiddenError | BucketNotFoundError):
+            return exc  # said already (a streamed write's own requests)
         return BackendUnavailableError(f"backend {self.name!r} failed on {key}: {first_line(exc)}")
 
     def name_limit(self, name: str) -> tuple[str, int, int, str] | None:

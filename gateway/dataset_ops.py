@@ -4,7 +4,9 @@ Each op, its fields, bounds, answer and errors are written down once, in
 :data:`chunkd.client.protocol.OPS`; the local server checks a request against it before
 :func:`handle` gets its arguments. What is left here: the manifest fd of ``ds_commit``
 (a sealed memfd of at most :data:`~chunkd.client.protocol.MAX_LAYOUT` bytes), and the
-fds and payloads of the answers. The registry's protocols are in
+fds and payloads of the answers, and the page fd of ``ds_page_put`` (a sealed memfd
+of at most :data:`~chunkd.snapshot.PAGE_MAX_BYTES`, refused by its size before it is
+read). The registry's protocols are in
 :mod:`chunkd.gateway.datasets.layout`, and what a commit may cost the daemon in
 :mod:`chunkd.gateway.datasets.registry`: the manifest's memfd is mapped, not read into
 the daemon's heap, and a large one is checked by a worker that reads the fd itself.
@@ -23,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Final
 from chunkd import memfd
 from chunkd.client.protocol import FIRST_BATCH_PHASES, MAX_LAYOUT, MAX_PAYLOAD, OPS
 from chunkd.errors import InvalidRequestError
+from chunkd.snapshot import PAGE_MAX_BYTES
 
 if TYPE_CHECKING:
     from chunkd.gateway.checkpoint_ops import Answer
@@ -48,10 +51,19 @@ async def handle(
     """
     if op == "ds_commit":
         fd = answer.request_fds[0]
-        with _mapped_manifest(fd) as data:
+        with _mapped(fd, "ds_commit", MAX_LAYOUT, "a manifest") as data:
             return {"ok": True} | await datasets.commit(
                 data, args["name"], fd=fd, caller=answer.caller
             )
+    if op == "ds_page_put":
+        fd = answer.request_fds[0]
+        with _mapped(fd, "ds_page_put", PAGE_MAX_BYTES, "a page") as data:
+            return {"ok": True} | await datasets.put_page(data)
+    if op == "ds_page":
+        lease = await datasets.page_lease(args["page"], args["registry"])
+        answer.leases.append(lease)  # released once the answer is sent, whatever happens
+        await answer.send_chunk(lease)
+        return {"ok": True, "page": args["page"], "size": lease.size, "fds": 1}
     if op == "ds_resolve":
         resolved, frozen = await datasets.resolve(args["ref"])
         snapshot = resolved.snapshot
@@ -129,19 +141,25 @@ def _sealed_json(doc: Any) -> int:
 
 
 @contextlib.contextmanager
-def _mapped_manifest(fd: int) -> Iterator[memoryview]:
-    """The bytes of ``ds_commit``'s memfd, mapped read-only: the client's pages, not a
-    copy in the daemon's heap (and none is touched before the commit's turn comes)."""
+def _mapped(fd: int, op: str, limit: int, what: str) -> Iterator[memoryview]:
+    """The bytes of a request's memfd (``ds_commit``'s manifest, ``ds_page_put``'s
+    page), mapped read-only: the client's pages, not a copy in the daemon's heap (and
+    none is touched before the request's turn comes). Its size is checked first."""
     size = memfd.sealed_size(fd)
     if size is None:
         raise InvalidRequestError(
-            "ds_commit's fd must be a memfd sealed against writes and resizes (F_SEAL_WRITE, "
+            f"{op}'s fd must be a memfd sealed against writes and resizes (F_SEAL_WRITE, "
             "F_SEAL_SHRINK, F_SEAL_GROW): its bytes could otherwise change after they were hashed"
         )
-    if size > MAX_LAYOUT:
+    if size > limit:
         raise InvalidRequestError(
-            f"a manifest of {size} bytes exceeds {MAX_LAYOUT} ({MAX_LAYOUT >> 20} MiB), the "
-            "most the registry takes: register the dataset's folders as datasets of their own"
+            f"{what} of {size} bytes exceeds {limit} ({limit >> 20} MiB), the most the "
+            "registry takes"
+            + (
+                ": register the dataset's folders as datasets of their own"
+                if op == "ds_commit"
+                else " (chunkd.snapshot.PageWriter cuts pages within it)"
+            )
         )
     if not size:
         yield memoryview(b"")

@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from chunkd.client.datasets.formats import Format, format_of
+from chunkd.client.datasets.pages import DaemonPages
 from chunkd.client.datasets.source import PinnedSource, Source
 from chunkd.memfd import close_all
 from chunkd.snapshot import Snapshot
@@ -39,7 +40,9 @@ def resolve(client: Client, ref: str) -> tuple[Snapshot, dict[str, Any], Source]
         fds = list(reply.fds)
         reply.fds.clear()
     try:
-        snapshot = Snapshot.parse(_fd_bytes(fds[0]), expect_id=header["snapshot"])
+        # A schema-2 snapshot's pages come from the daemon as they are touched.
+        pages = DaemonPages(client, header.get("registry"))
+        snapshot = Snapshot.parse(_fd_bytes(fds[0]), expect_id=header["snapshot"], pages=pages)
         source: Source = PinnedSource(client, snapshot.backend)
         if header.get("frozen") and len(fds) > 1:
             from chunkd.client.datasets.frozen import FrozenSource
@@ -192,7 +195,7 @@ def _reopen(data: bytes, snapshot_id: str, registry: dict[str, Any], socket: obj
         if registry.get("snapshot") == snapshot_id:
             dataset = Dataset.open(snapshot_id, client)
         else:
-            snapshot = Snapshot.parse(data, expect_id=snapshot_id)
+            snapshot = Snapshot.parse(data, expect_id=snapshot_id, pages=DaemonPages(client))
             dataset = Dataset(snapshot, PinnedSource(client, snapshot.backend))
     except BaseException:
         client.close()

@@ -4,11 +4,18 @@ The registry is ``[datasets] registry = "BACKEND/PREFIX"`` (default ``local/data
 one writable backend and a key prefix, shared by every node of the cluster. The data
 backends the members live in may stay read-only. Every key below is under PREFIX::
 
-    manifests/<id>.json                        a snapshot's canonical manifest bytes
-                                               (chunkd.snapshot); id = blake3 of them
+    manifests/<id>.json                        a snapshot's canonical manifest bytes: a
+                                               schema-2 root, or a whole schema-1
+                                               manifest (chunkd.snapshot); id = blake3
+    pages/<id>.json                            a member page of schema-2 snapshots (its
+                                               canonical bytes; id = blake3 of them),
+                                               shared by every snapshot that names it
     names/<NAME>/_versions/<n:012d>.json       version n of NAME: {"id", "created", ...}
+    names/<NAME>/_latest.json                  the hint: {"version": n}, the highest
+                                               version a commit saw (written after it)
     names/<NAME>/_tags/<TAG>/<seq:012d>.json   one move of tag TAG of NAME:
                                                {"version", "id", "seq", "created", ...}
+    names/<NAME>/_tags/<TAG>/_latest.json      the tag's hint: {"seq": s}
     frozen/<id>.json                           a frozen snapshot's chunk lists
 
 and, at the root of the registry's backend, shared with checkpoints::
@@ -58,9 +65,33 @@ no compare-and-swap, which a file backend lacks: two concurrent moves both land,
 after the other, and the later number wins. A tag's history stays (``ds_versions``
 shows only the current value of each tag).
 
+Pages (``ds_page_put``, then ``ds_commit`` of the root): a schema-2 snapshot is a root
+plus member pages (:mod:`chunkd.snapshot`). A registration puts each page first
+(``pages/<id>.json``, put if absent: the daemon checks its shape and takes its id from
+its bytes; a copy there that does not hash to its id is replaced), then commits the
+root, which the daemon checks and whose pages it checks are all there (known from its
+own puts, else a HEAD each, a few at a time) before the manifest and the pointer are
+written. A page is never read by a commit or a resolve: a reader fetches the pages it
+touches (``ds_page``), and checks each against its id and the root's entry. A page
+put by a registration cut short, that no root names, is harmless (as a manifest no
+version names is).
+
+The hints. ``_latest.json`` holds the highest version a commit saw; a commit writes it
+after its pointer, before it answers. Finding the highest version reads the hint and
+then probes forward, ``n + 1``, ``n + 2``, ... until one is absent: pointers are put
+if absent at highest + 1 only, so they have no gaps, and the last one found is the
+highest. A hint behind (two commits wrote theirs out of order, or a daemon died
+between its pointer and its hint) costs a probe per version it is behind, never a
+wrong answer; a name with no hint (registered before hints, or a damaged hint) is
+listed once, as before. So a resolve never returns a version older than a commit
+that had finished before the resolve began, with reads independent of the number of
+versions. Tags keep their hint (``_tags/<TAG>/_latest.json``, the highest ``seq``)
+the same way.
+
 Resolve (``ds_resolve``): ``NAME@N`` reads pointer N; ``NAME`` and ``NAME@latest`` the
-highest pointer; ``NAME@TAG`` the tag's highest entry; a snapshot id reads
-``manifests/<id>.json`` directly. The manifest is checked against the id (its blake3)
+highest pointer (the hint, then probes); ``NAME@TAG`` the tag's highest entry (its
+hint, then probes); a snapshot id reads ``manifests/<id>.json`` directly (for a
+schema-2 snapshot: its root only). The manifest is checked against the id (its blake3)
 when it is parsed: a torn or forged one is a :class:`~chunkd.errors.ManifestError`, and
 nothing else is touched. Parsed snapshots are kept by id (immutable: the id names the
 bytes), within the bounds of :mod:`.registry`. A tag move reads the version's pointer
@@ -118,9 +149,11 @@ from typing import Final
 __all__ = [
     "COMMIT_TRIES",
     "FROZEN",
+    "HINT",
     "INTENT_CHUNKS",
     "MANIFESTS",
     "NAMES",
+    "PAGES",
     "SCHEMA",
     "Layout",
     "number_of",
@@ -129,6 +162,9 @@ __all__ = [
 #: the frozen record's schema
 SCHEMA: Final = 1
 MANIFESTS: Final = "manifests/"
+PAGES: Final = "pages/"
+#: the hint's file name, beside a name's ``_versions`` and in each tag's folder
+HINT: Final = "_latest.json"
 NAMES: Final = "names/"
 FROZEN: Final = "frozen/"
 _VERSIONS: Final = "/_versions/"
@@ -163,6 +199,18 @@ class Layout:
     def manifest(self, snapshot_id: str) -> str:
         """The key of a snapshot's manifest."""
         return f"{self._root}{MANIFESTS}{snapshot_id}.json"
+
+    def page(self, page_id: str) -> str:
+        """The key of a member page."""
+        return f"{self._root}{PAGES}{page_id}.json"
+
+    def hint(self, name: str) -> str:
+        """The key of ``name``'s hint: the highest version a commit saw."""
+        return f"{self._root}{NAMES}{name}/{HINT}"
+
+    def tag_hint(self, name: str, tag: str) -> str:
+        """The key of tag ``tag``'s hint: its highest ``seq`` a move saw."""
+        return f"{self._root}{NAMES}{name}{_TAGS}{tag}/{HINT}"
 
     def frozen(self, snapshot_id: str) -> str:
         """The key of a snapshot's frozen record."""

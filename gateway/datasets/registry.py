@@ -47,7 +47,7 @@ import os
 import sys
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
@@ -55,6 +55,7 @@ from chunkd import memfd
 from chunkd.client.protocol import MAX_LAYOUT
 from chunkd.errors import (
     BackendUnavailableError,
+    ChunkdError,
     DatasetError,
     DatasetNotFoundError,
     ManifestError,
@@ -64,7 +65,8 @@ from chunkd.errors import (
     VersionChangedError,
 )
 from chunkd.gateway.checkpoints.jobs import each
-from chunkd.gateway.datasets.layout import COMMIT_TRIES, MAX_NUMBER, Layout
+from chunkd.gateway.datasets.layout import COMMIT_TRIES, HINT, MAX_NUMBER, Layout
+from chunkd.gateway.datasets.pages import PageStore, check_page
 from chunkd.ranges import ByteRange
 from chunkd.snapshot import (
     Ref,
@@ -79,16 +81,20 @@ from chunkd.snapshot import (
 )
 
 if TYPE_CHECKING:
+    from chunkd.cache import ChunkCache
     from chunkd.gateway.backends import Backend, Backends, ObjectMeta
+    from chunkd.gateway.readpath import ReadPath
 
 __all__ = [
     "COMMIT_CHECKS",
     "DOCUMENT_BYTES",
+    "HINT_PROBES",
     "IN_PROCESS_BYTES",
     "MAX_TAGS",
     "PARSED_BYTES",
     "PARSED_COUNT",
     "READ_PIECE",
+    "ROOT_MAX_BYTES",
     "WORKER_BASE",
     "WORKER_RATIO",
     "WORKER_SECONDS",
@@ -130,6 +136,30 @@ PARSED_COUNT: Final = 64
 #: the most bytes of a large manifest the daemon holds in its heap while it reads it
 #: into a memfd for its worker
 READ_PIECE: Final = 8 << 20
+#: the largest schema-2 root a commit takes (a root's page entry is about 150-2,300
+#: bytes, by its keys; 100M members in pages of 4,096 on average come to about 25,000
+#: entries, 4-55 MiB)
+ROOT_MAX_BYTES: Final = 64 << 20
+#: a hint behind the highest version by more than this many probes is left for one
+#: listing from the last version found (a name committed by daemons without hints)
+HINT_PROBES: Final = 8
+
+
+#: a pointer's or tag entry's bytes as read: None (absent), or the error of a damaged one
+_Document = memoryview | ManifestError | None
+
+
+def _loaded_document(
+    found: _Document, key: str, required: tuple[str, ...]
+) -> dict[str, Any] | None:
+    """The JSON of a document :meth:`Registry._document` read (None: absent).
+
+    Raises:
+        ManifestError: it is damaged.
+    """
+    if isinstance(found, ManifestError):
+        raise found
+    return None if found is None else load_document(found, key, required)
 
 
 def _dumps(doc: Any) -> bytes:
@@ -157,13 +187,25 @@ class Registry:
         backends: the configured backends; the registry's is looked up at each use,
             so that a config without it still serves everything else.
         registry: ``BACKEND/PREFIX``.
+        cache: the node's chunk cache, which holds the pages read (None: not kept).
+        read_path: the node's read path, through which pages are read (with peers:
+            once for the cluster); None: straight from the backend.
     """
 
-    def __init__(self, backends: Backends, registry: str) -> None:
+    def __init__(
+        self,
+        backends: Backends,
+        registry: str,
+        *,
+        cache: ChunkCache | None = None,
+        read_path: ReadPath | None = None,
+    ) -> None:
         self.backends = backends
         self.registry = registry
         self.backend_name, _, prefix = registry.partition("/")
         self.layout = Layout(prefix)
+        #: the member pages of schema-2 snapshots, held like chunks (:mod:`.pages`)
+        self.pages = PageStore(backends, self.backend_name, self.layout, cache, read_path)
         #: the manifest checks and loads running (COMMIT_CHECKS at once; the rest wait
         #: in line)
         self._checks = asyncio.Semaphore(COMMIT_CHECKS)
@@ -320,7 +362,16 @@ class Registry:
     async def check_manifest(
         self, data: bytes | memoryview, *, fd: int | None = None, verified_copy: bool = False
     ) -> str:
-        """The id of manifest ``data``, once it is checked whole as :meth:`Snapshot.parse`
+        """The id of manifest ``data`` (:meth:`checked_manifest`)."""
+        ident, _ = await self.checked_manifest(data, fd=fd, verified_copy=verified_copy)
+        return ident
+
+    async def checked_manifest(
+        self, data: bytes | memoryview, *, fd: int | None = None, verified_copy: bool = False
+    ) -> tuple[str, Snapshot | None]:
+        """The id of manifest ``data``, and the snapshot when it is a schema-2 root (or
+        small enough to be parsed here: None for a large schema-1 manifest, which a
+        worker checked), once it is checked whole as :meth:`Snapshot.parse`
         checks it: its shape first, then a full parse (see the module docstring for
         where, and what it may cost). At most :data:`COMMIT_CHECKS` run at once; a
         call waits its turn, in order.
@@ -355,9 +406,101 @@ class Registry:
                 ident = check_snapshot_id(str(answer.get("id")))
                 found = answer.get("claims")
                 claims = tuple(str(c) for c in found) if isinstance(found, list) else ()
+                snapshot = None
+                if _may_be_root(data, answer):
+                    if len(data) > ROOT_MAX_BYTES:
+                        raise ManifestError(
+                            f"the root of snapshot {ident} is {len(data)} bytes, more than a "
+                            f"root's {ROOT_MAX_BYTES} ({ROOT_MAX_BYTES >> 20} MiB); nothing "
+                            "was registered: register the dataset's folders as datasets of "
+                            "their own"
+                        )
+                    # A root is small beside its members: parsed here for its pages
+                    # (the worker checked its shape and hash from these very bytes).
+                    parsed = await asyncio.to_thread(
+                        functools.partial(Snapshot.parse, bytes(data), ident, checked=True)
+                    )
+                    snapshot = parsed if parsed.schema >= 2 else None
         if claims and not verified_copy:
             raise _claimed(claims)
-        return ident
+        return ident, snapshot
+
+    # -- pages ----------------------------------------------------------------------
+
+    async def put_page(
+        self, data: bytes | memoryview, *, verified_copy: bool = False
+    ) -> tuple[str, bool]:
+        """Put member page ``data`` (at most :data:`~chunkd.snapshot.PAGE_MAX_BYTES`,
+        which the caller checks before it reads it) if it is absent: checked first, in
+        a turn of the manifest checks (:func:`.pages.check_page`). ``verified_copy``:
+        the daemon's own migrate's page, whose members' ``content`` it recorded itself;
+        otherwise a page that carries one is refused.
+
+        Returns the page's id and whether this call wrote it (False: it was there).
+
+        Raises:
+            ManifestError: ``data`` is not a page, or claims ``content``.
+            ReadOnlyBackendError, DatasetError, BackendUnavailableError
+        """
+        self.writable()
+        data = bytes(data)
+        async with self._checks:
+            ident = await asyncio.to_thread(check_page, data, verified_copy=verified_copy)
+        return ident, await self.pages.put(data, ident)
+
+    async def page(self, page_id: str) -> bytes:
+        """The bytes of page ``page_id``, verified against it: held by this node like a
+        chunk, else fetched once for its readers (:class:`.pages.PageStore`). Whether
+        it fits a snapshot is :meth:`Snapshot.offer_page`'s check.
+
+        Raises:
+            DatasetNotFoundError: the registry has no such page.
+            ManifestError: the registry's copy is damaged.
+        """
+        return await self.pages.get(page_id)
+
+    async def load_pages(self, snapshot: Snapshot, page_indexes: Iterable[int]) -> None:
+        """Fetch pages ``page_indexes`` of schema-2 ``snapshot`` (a few at a time) and
+        offer each to it, which checks it against its root's entry: daemon code then
+        indexes those pages' members (``snapshot.members[i]``).
+
+        Raises:
+            DatasetNotFoundError: a page is missing (the message names it).
+            ManifestError: a page is damaged, or does not fit the root (it names it).
+        """
+        wanted = sorted(set(page_indexes))
+
+        async def load(index: int) -> None:
+            ref = snapshot.pages[index]
+            data = await self.page(ref.id)
+            await asyncio.to_thread(snapshot.offer_page, ref.id, data)
+
+        await each(wanted, load)
+
+    async def _check_pages(self, snapshot: Snapshot) -> None:
+        """Every page root ``snapshot`` names is in the registry: known from this
+        daemon's puts, else a HEAD each, a few at a time.
+
+        Raises:
+            DatasetNotFoundError: pages are missing (the message names them); nothing
+                was written.
+        """
+        ids = sorted({ref.id for ref in snapshot.pages})
+
+        async def there(page_id: str) -> bool:
+            return await self.pages.exists(page_id)
+
+        found = await each(ids, there)
+        missing = [i for i, ok in zip(ids, found, strict=True) if not ok]
+        if missing:
+            more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+            shown = ", ".join(missing[:5]) + more
+            raise DatasetNotFoundError(
+                f"snapshot {snapshot.id} names {len(missing)} page(s) missing from the dataset "
+                f"registry ({self.registry}): {shown}; put them first (ds_page_put: "
+                "chunkd.client.datasets.pages.commit_snapshot does), then commit the root "
+                "again (nothing was registered)"
+            )
 
     async def _store_manifest(self, backend: Backend, ident: str, data: bytes | memoryview) -> None:
         """Step 2 of a commit: the manifest, put if absent (a torn one replaced)."""
@@ -393,16 +536,93 @@ class Registry:
         raw = await read_document(self.backend, key, meta=meta)
         return None if raw is None else load_document(raw, key, ("id",))
 
-    async def _highest_version(self, name: str) -> int:
-        """The highest version number of ``name`` (0: none), from one listing."""
+    async def _listed_highest(self, name: str, start_after: str | None = None) -> int:
+        """The highest version number of ``name`` (0: none), from a listing (after
+        ``start_after``): a name with no hint, or one far behind."""
         highest = 0
-        async with contextlib.aclosing(self.backend.scan(self.layout.versions(name))) as batches:
+        scan = self.backend.scan(self.layout.versions(name), start_after=start_after)
+        async with contextlib.aclosing(scan) as batches:
             async for batch in batches:
                 for meta in batch:
                     parsed = self.layout.parse_version_key(meta.key)
                     if parsed is not None and parsed[0] == name:
                         highest = max(highest, parsed[1])
         return highest
+
+    async def _highest_version(self, name: str) -> int:
+        """The highest version number of ``name`` (0: none): :meth:`_latest`."""
+        return (await self._latest(name))[0]
+
+    async def _latest(self, name: str) -> tuple[int, _Document]:
+        """The highest version of ``name`` (0: none) and its pointer's bytes (None when
+        0; a ManifestError when it is damaged): the hint, then probes (:mod:`.layout`)."""
+        return await self._highest_of(
+            self.layout.hint(name),
+            "version",
+            functools.partial(self.layout.version, name),
+            functools.partial(self._listed_highest, name),
+        )
+
+    async def _highest_of(
+        self,
+        hint_key: str,
+        field: str,
+        key_of: Callable[[int], str],
+        listed: Callable[[str | None], Awaitable[int]],
+    ) -> tuple[int, _Document]:
+        """The highest number of an append-only history (versions of a name, moves of
+        a tag) and its document: from the number its hint holds, probing forward until
+        one is absent (:data:`HINT_PROBES` at most, then one listing from there); from
+        a listing when there is no hint, or it names nothing."""
+        number = await self._hint(hint_key, field)
+        found: _Document = None
+        if number:
+            found = await self._document(key_of(number))
+            if found is None:  # a hint that names nothing is not chunkd's: list
+                number = 0
+        if not number:
+            number = await listed(None)
+            return number, (await self._document(key_of(number)) if number else None)
+        for _ in range(HINT_PROBES):
+            if number >= MAX_NUMBER:
+                return number, found
+            following = await self._document(key_of(number + 1))
+            if following is None:
+                return number, found
+            number, found = number + 1, following
+        further = await listed(key_of(number))
+        if further > number:
+            number, found = further, await self._document(key_of(further))
+        return number, found
+
+    async def _hint(self, key: str, field: str) -> int:
+        """The number hint ``key`` holds in ``field`` (0: none, or damaged)."""
+        try:
+            raw = await read_document(self.backend, key)
+            if raw is None:
+                return 0
+            doc = load_document(raw, key, (field,))
+        except ManifestError as exc:
+            log.warning("dataset registry: %s (the hint is passed over)", exc)
+            return 0
+        number = doc[field]
+        valid = isinstance(number, int) and not isinstance(number, bool)
+        return number if valid and 1 <= number <= MAX_NUMBER else 0
+
+    async def _write_hint(self, key: str, doc: dict[str, Any]) -> None:
+        """Write hint ``key`` after a commit or a tag move; a failure only leaves it
+        behind (the next resolve probes past it), never fails what was committed."""
+        try:
+            await self.backend.put(key, _dumps(doc))
+        except ChunkdError as exc:
+            log.warning("dataset registry: the hint %s was not written (%s)", key, exc)
+
+    async def _document(self, key: str) -> _Document:
+        """The bytes of a pointer or tag entry (None: absent; a damaged one's error)."""
+        try:
+            return await read_document(self.backend, key)
+        except ManifestError as exc:
+            return exc
 
     async def has_versions(self, name: str) -> bool:
         """Whether ``name`` has a version (one listing request of at most one key)."""
@@ -457,16 +677,18 @@ class Registry:
         check_dataset_name(name)
         backend = self.writable()  # before the manifest's check costs anything
         # The id is the daemon's own hash of the bytes, never the client's word.
-        ident = await self.check_manifest(data, fd=fd, verified_copy=verified_copy)
+        ident, snapshot = await self.checked_manifest(data, fd=fd, verified_copy=verified_copy)
+        if snapshot is not None and snapshot.schema >= 2:
+            await self._check_pages(snapshot)
         await self._store_manifest(backend, ident, data)
-        highest = await self._highest_version(name)
+        highest, latest_raw = await self._latest(name)
         checked = False
         if highest and may_write is not None:
             may_write(await self.owner(name))
             checked = True
         if highest:
             try:
-                latest = await self._pointer(name, highest)
+                latest = _loaded_document(latest_raw, self.layout.version(name, highest), ("id",))
             except ManifestError as exc:
                 # A damaged pointer must not block the name for good: it stays (resolving
                 # it says so), and this commit takes the next number.
@@ -495,6 +717,7 @@ class Registry:
                 self.layout.version(name, number), _dumps(pointer), if_absent=True
             ):
                 log.info("dataset %s@%d registered: snapshot %s", name, number, ident)
+                await self._write_hint(self.layout.hint(name), {"version": number})
                 return ident, number, True
             number += 1  # a concurrent registration took it
         raise DatasetError(
@@ -512,16 +735,15 @@ class Registry:
         """
         assert ref.name is not None
         name = ref.name
-        if ref.version is not None:
-            number = ref.version
-        elif ref.latest:
-            number = await self._highest_version(name)
+        if ref.latest:
+            number, found = await self._latest(name)
             if not number:
                 raise DatasetNotFoundError(f"no dataset named {name} in the registry")
+            pointer = _loaded_document(found, self.layout.version(name, number), ("id",))
         else:
-            number = await self._tagged(ref)
+            number = ref.version if ref.version is not None else await self._tagged(ref)
+            pointer = await self._pointer(name, number)
         what = f"{name}@{number}" if ref.version is not None else f"{ref} (version {number})"
-        pointer = await self._pointer(name, number)
         if pointer is None:
             highest = await self._highest_version(name)
             if not highest:
@@ -569,10 +791,12 @@ class Registry:
 
     # -- tags -----------------------------------------------------------------------
 
-    async def _tag_highest(self, name: str, tag: str) -> int:
-        """The highest entry number of a tag (0: never set), from one listing."""
+    async def _tag_listed_highest(self, name: str, tag: str, start_after: str | None) -> int:
+        """The highest entry number of a tag (0: never set), from a listing (after
+        ``start_after``): a tag with no hint, or one far behind."""
         highest = 0
-        async with contextlib.aclosing(self.backend.scan(self.layout.tag(name, tag))) as batches:
+        scan = self.backend.scan(self.layout.tag(name, tag), start_after=start_after)
+        async with contextlib.aclosing(scan) as batches:
             async for batch in batches:
                 for meta in batch:
                     parsed = self.layout.parse_tag_key(meta.key)
@@ -580,27 +804,42 @@ class Registry:
                         highest = max(highest, parsed[2])
         return highest
 
+    async def _tag_latest(self, name: str, tag: str) -> tuple[int, _Document]:
+        """The highest entry number of a tag (0: never set) and its bytes: the tag's
+        hint, then probes (:mod:`.layout`)."""
+        return await self._highest_of(
+            self.layout.tag_hint(name, tag),
+            "seq",
+            functools.partial(self.layout.tag_entry, name, tag),
+            functools.partial(self._tag_listed_highest, name, tag),
+        )
+
+    async def _tag_highest(self, name: str, tag: str) -> int:
+        """The highest entry number of a tag (0: never set)."""
+        return (await self._tag_latest(name, tag))[0]
+
     async def _tag_head(self, name: str, tag: str) -> tuple[int, dict[str, Any]] | None:
         """The highest entry of a tag: (seq, entry); None: the tag was never set.
 
         Raises:
             ManifestError: that entry is damaged.
         """
-        highest = await self._tag_highest(name, tag)
+        highest, found = await self._tag_latest(name, tag)
         if not highest:
             return None
-        key = self.layout.tag_entry(name, tag, highest)
-        raw = await read_document(self.backend, key)
-        if raw is None:  # pragma: no cover - tag entries are never deleted
+        entry = _loaded_document(
+            found, self.layout.tag_entry(name, tag, highest), ("version", "id")
+        )
+        if entry is None:  # pragma: no cover - tag entries are never deleted
             return None
-        return highest, load_document(raw, key, ("version", "id"))
+        return highest, entry
 
     async def _tagged(self, ref: Ref) -> int:
         assert ref.name is not None
         assert ref.tag is not None
         head = await self._tag_head(ref.name, ref.tag)
         if head is None:
-            if not await self._highest_version(ref.name):
+            if not await self.has_versions(ref.name):
                 raise DatasetNotFoundError(f"no dataset named {ref.name} in the registry")
             raise DatasetNotFoundError(f"dataset {ref.name} has no tag {ref.tag!r}")
         version = head[1]["version"]
@@ -611,41 +850,51 @@ class Registry:
     async def tags_of(self, name: str) -> dict[str, tuple[int, dict[str, Any]]]:
         """Each tag of ``name`` with its current entry (at most :data:`MAX_TAGS`).
 
-        One listing of the tags' histories; one read per tag.
+        The tags' names by a listing that skips each tag's history (one request a
+        tag, whatever its moves), then each tag's head by its hint (:meth:`_tag_head`).
         """
-        heads: dict[str, tuple[int, ObjectMeta]] = {}
-        async with contextlib.aclosing(self.backend.scan(self.layout.tags(name))) as batches:
-            async for batch in batches:
-                for meta in batch:
-                    parsed = self.layout.parse_tag_key(meta.key)
-                    if parsed is None or parsed[0] != name:
-                        continue
-                    _, tag, seq = parsed
-                    if tag not in heads and len(heads) >= MAX_TAGS:
-                        raise DatasetError(
-                            f"dataset {name} has more than {MAX_TAGS} tags; chunkd shows at "
-                            "most that many"
-                        )
-                    if seq > heads.get(tag, (0, meta))[0]:
-                        heads[tag] = (seq, meta)
+        names: list[str] = []
+        prefix = self.layout.tags(name)
+        after: str | None = None
+        while True:
+            tag = await self._next_tag(name, prefix, after)
+            if tag is None:
+                break
+            if len(names) >= MAX_TAGS:
+                raise DatasetError(
+                    f"dataset {name} has more than {MAX_TAGS} tags; chunkd shows at most that many"
+                )
+            names.append(tag)
+            # '~' sorts after every entry of a tag's folder (digits, '_latest.json'),
+            # and before the next tag's ('/' sorts before every character of a tag
+            # but '-' and '.', whose tags come before this one's folder).
+            after = f"{prefix}/{tag}/~"
 
-        async def read(
-            item: tuple[str, tuple[int, ObjectMeta]],
-        ) -> tuple[str, tuple[int, dict[str, Any]] | None]:
-            tag, (seq, meta) = item
-            key = self.layout.tag_entry(name, tag, seq)
+        async def read(tag: str) -> tuple[str, tuple[int, dict[str, Any]] | None]:
             try:
-                raw = await read_document(self.backend, key, meta=meta)
-                if raw is None:  # pragma: no cover - tag entries are never deleted
-                    return tag, None
-                return tag, (seq, load_document(raw, key, ("version", "id")))
+                return tag, await self._tag_head(name, tag)
             except ManifestError as exc:
                 # A damaged head hides its tag (resolving the tag names the file).
                 log.warning("dataset %s: %s", name, exc)
                 return tag, None
 
-        found = await each(sorted(heads.items()), read)
+        found = await each(names, read)
         return {tag: entry for tag, entry in found if entry is not None}
+
+    async def _next_tag(self, name: str, prefix: str, after: str | None) -> str | None:
+        """The first tag of ``name`` whose folder comes after key ``after`` (None:
+        none): one listing request of a few keys."""
+        scan = self.backend.scan(prefix, start_after=after, batch=8)
+        async with contextlib.aclosing(scan) as batches:
+            async for batch in batches:
+                for meta in batch:
+                    parsed = self.layout.parse_tag_key(meta.key)
+                    if parsed is not None and parsed[0] == name:
+                        return parsed[1]
+                    hinted = meta.key[len(prefix) + 1 :].partition("/")
+                    if hinted[2] == HINT and meta.key.startswith(prefix + "/"):
+                        return hinted[0]
+        return None
 
     async def tag(
         self,
@@ -706,6 +955,7 @@ class Registry:
             key = self.layout.tag_entry(name, tag, seq)
             if await backend.put(key, _dumps(entry), if_absent=True):
                 log.info("dataset %s@%s -> version %s", name, tag, number)
+                await self._write_hint(self.layout.tag_hint(name, tag), {"seq": seq})
                 return entry
             seq += 1
         raise DatasetError(
@@ -974,6 +1224,15 @@ async def _check_in_worker(fd: int, size: int, *, shape_only: bool = False) -> d
         raise DatasetError(f"the check of a manifest answered no id: {answer!r:.200}")
     check_snapshot_id(ident)
     return answer
+
+
+def _may_be_root(data: bytes | memoryview, answer: dict[str, Any]) -> bool:
+    """Whether a manifest a worker checked may be a schema-2 root: its answer's
+    ``schema`` where it gives one, else whether the bytes hold a root's page list."""
+    schema = answer.get("schema")
+    if isinstance(schema, int) and not isinstance(schema, bool):
+        return schema >= 2
+    return bytes(data).find(b'"pages":[[') >= 0
 
 
 def _torn(ident: str, why: str) -> ManifestError:

@@ -13,12 +13,13 @@ from chunkd.gateway.datasets.migrate import Migrator
 from chunkd.gateway.datasets.registry import Registry, Resolved
 
 if TYPE_CHECKING:
-    from chunkd.cache import ChunkCache
+    from chunkd.cache import ChunkCache, ChunkLease
     from chunkd.gateway.backends import Backend, Backends
     from chunkd.gateway.config.schema import DatasetsConfig
     from chunkd.gateway.decoding import DecodeService
     from chunkd.gateway.metrics import Metrics
     from chunkd.gateway.readpath import ReadPath
+    from chunkd.snapshot import Snapshot
 
 __all__ = ["Datasets"]
 
@@ -54,7 +55,7 @@ class Datasets:
         authority: Authority | None = None,
     ) -> None:
         self.authority = authority if authority is not None else Authority()
-        self.registry = Registry(backends, config.registry)
+        self.registry = Registry(backends, config.registry, cache=cache, read_path=read_path)
         self.metrics = metrics
         self._hot = read_path.hot
         self._freezer = Freezer(
@@ -129,15 +130,48 @@ class Datasets:
             )
         return {"snapshot": ident, "name": name, "version": version, "created": created}
 
+    async def put_page(self, data: bytes | memoryview) -> dict[str, Any]:
+        """Store member page ``data`` (:meth:`.Registry.put_page`): ``{"page",
+        "created"}``. Anyone may: a page is named by its hash, and changes no name."""
+        with self.registry.reaching("storing a member page"):
+            ident, created = await self.registry.put_page(data)
+        return {"page": ident, "created": created}
+
+    async def page_lease(self, page_id: str, registry: str | None = None) -> ChunkLease:
+        """A lease on page ``page_id``'s bytes, verified against it (the node's tiers,
+        else one fetch for all its readers: :class:`.pages.PageStore`).
+
+        Raises:
+            InvalidRequestError: ``registry`` is not this daemon's.
+            DatasetNotFoundError, ManifestError
+        """
+        if registry is not None and registry.strip("/") != self.registry.registry.strip("/"):
+            raise InvalidRequestError(
+                f"page {page_id[:64]} of registry {registry!r}: this daemon serves the pages of "
+                f"its own registry, {self.registry.registry!r} ([datasets] registry)"
+            )
+        with self.registry.reaching(f"reading page {page_id[:64]}"):
+            return await self.registry.pages.lease(page_id)
+
     async def resolve(self, ref: str) -> tuple[Resolved, dict[str, Any] | None]:
         """The snapshot ``ref`` refers to, and its frozen record (None: not frozen)."""
         with self.registry.reaching(f"resolving {ref}"):
             resolved = await self.registry.resolve(ref)
-            frozen = await self._freezer.frozen(resolved.snapshot)
+            frozen = await self._frozen(resolved.snapshot)
         snapshot = resolved.snapshot
         # Readers of this snapshot read its members next: the dashboard names the dataset.
         self._hot.dataset(snapshot.backend, snapshot.prefix, resolved.name or snapshot.id[:12])
         return resolved, frozen
+
+    async def _frozen(self, snapshot: Snapshot) -> dict[str, Any] | None:
+        """The frozen record of ``snapshot`` (None: not frozen). A schema-2 snapshot
+        that has none is answered from one HEAD, without its pages: the record's bound
+        is worked out from the members, which a resolve never reads."""
+        if snapshot.schema >= 2:
+            key = self.registry.layout.frozen(snapshot.id)
+            if await self.registry.backend.head(key) is None:
+                return None
+        return await self._freezer.frozen(snapshot)
 
     async def tag(
         self, name: str, tag: str, ref: str, *, caller: Caller | None = None
@@ -196,7 +230,7 @@ class Datasets:
         self._migrator.destination(to)
         with self.registry.reaching(f"migrating {ref}"):
             resolved = await self.registry.resolve(ref)
-            frozen = await self._freezer.frozen(resolved.snapshot)
+            frozen = await self._frozen(resolved.snapshot)
         target = name or resolved.name
         if target is None:
             raise InvalidRequestError(

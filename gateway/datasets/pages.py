@@ -1,0 +1,325 @@
+"""Member pages in the registry: put (``ds_page_put``) and held like chunks (``ds_page``).
+
+A page (:mod:`chunkd.snapshot`) is at most :data:`~chunkd.snapshot.PAGE_MAX_BYTES` of
+canonical JSON whose blake3 is its id, stored at ``PREFIX/pages/<id>.json`` in the
+registry's backend (:mod:`.layout`). Its id is the same hash as a chunk id of the same
+bytes, so the daemon holds a page as it holds a chunk, by that id:
+
+* **the node's tiers**: a page fetched once is kept in the RAM (and disk) tier under
+  its id; every reader of the node is then answered from there, with no backend
+  request of any kind (no HEAD: the id names the bytes, and they were hashed when they
+  came in);
+* **single flight**: concurrent requests of a node for one page make one fetch;
+* **peers**: with ``[peers]``, a page is read through the read path as the object it
+  is, so the member that owns its locator (rendezvous hashing) fetches it from the
+  backend once for the cluster, and the others get it from that member (each node
+  learns the page object's version once: one HEAD per node and page, kept per the
+  backend's revalidation policy); without peers, one bounded GET.
+
+Whatever the source, the bytes are hashed and must be the id before anything keeps or
+serves them: one that is not is a :class:`~chunkd.errors.ManifestError` naming the
+page (nothing is cached), a page that is not there a
+:class:`~chunkd.errors.DatasetNotFoundError` naming it. The daemon does not check that a
+page fits a root: the reader does (:func:`chunkd.snapshot.parse_page`).
+
+A put (:meth:`PageStore.put`) is bounded before anything is read (the caller checks the
+size of its memfd), checked by its shape before it is parsed, parsed in a thread (a
+turn of the registry's checks), refused when a member carries ``content`` (unless the
+daemon's own migrate puts it), and put if absent; a copy there of another size, or that
+does not hash to the id, is replaced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections import OrderedDict
+from typing import TYPE_CHECKING, Final
+
+from chunkd.cache import BytesLease, Chunk, ChunkId, ChunkLease
+from chunkd.cache.singleflight import SingleFlight
+from chunkd.errors import (
+    DatasetNotFoundError,
+    InvalidChunkIdError,
+    InvalidRequestError,
+    ManifestError,
+    ObjectNotFoundError,
+    RangeNotSatisfiableError,
+)
+from chunkd.ranges import ByteRange
+from chunkd.snapshot import (
+    CONTAINER_BYTES,
+    MAX_DEPTH,
+    PAGE_KIND,
+    PAGE_MAX_BYTES,
+    PAGE_MAX_MEMBERS,
+    SCHEMA,
+    Member,
+    check_json_shape,
+    load_json,
+    page_bytes,
+)
+
+if TYPE_CHECKING:
+    from chunkd.cache import ChunkCache
+    from chunkd.gateway.backends import Backend, Backends
+    from chunkd.gateway.datasets.layout import Layout
+    from chunkd.gateway.readpath import ReadPath
+
+__all__ = ["KNOWN_PAGES", "PageStore", "check_page"]
+
+log = logging.getLogger(__name__)
+
+#: page ids this daemon put or found in the registry, remembered (the oldest forgotten
+#: first) so that a commit of a root need not HEAD the pages its client just put
+KNOWN_PAGES: Final = 1 << 20
+
+
+def page_id_of(text: str) -> ChunkId:
+    """A page id (64 hex digits) as the chunk id of the same bytes.
+
+    Raises:
+        InvalidRequestError: it is not one.
+    """
+    try:
+        return ChunkId.parse(text)
+    except (InvalidChunkIdError, ValueError):
+        raise InvalidRequestError(
+            f"{text[:80]!r} is not a page id (64 hex digits, the blake3 of the page)"
+        ) from None
+
+
+def check_page(data: bytes, *, verified_copy: bool = False) -> str:
+    """The id of page ``data`` once its form is checked (for a put: whether it fits a
+    root is the reader's check): its shape before it is parsed, a page of this schema
+    of 1 to :data:`~chunkd.snapshot.PAGE_MAX_MEMBERS` members in strictly increasing
+    key order, in canonical form, and no member's ``content`` unless ``verified_copy``.
+
+    Raises:
+        ManifestError: it is none of that (the message says what).
+    """
+    where = "the page"
+    if len(data) > PAGE_MAX_BYTES:
+        raise ManifestError(f"{where} is {len(data)} bytes; a page is at most {PAGE_MAX_BYTES}")
+    check_json_shape(data, where, max_depth=MAX_DEPTH, container_bytes=CONTAINER_BYTES, top=b"{")
+    doc = load_json(data, where, max_depth=MAX_DEPTH, checked=True)
+    if not isinstance(doc, dict) or doc.get("kind") != PAGE_KIND or doc.get("schema") != SCHEMA:
+        raise ManifestError(f"{where} is not a member page of schema {SCHEMA} ({PAGE_KIND!r})")
+    raw = doc.get("members")
+    if not isinstance(raw, list) or not 1 <= len(raw) <= PAGE_MAX_MEMBERS:
+        raise ManifestError(f"{where}: 'members' must be a list of 1 to {PAGE_MAX_MEMBERS}")
+    members = [Member.from_json(e, f"{where}, member {i}") for i, e in enumerate(raw)]
+    keys = [m.key.encode() for m in members]
+    if any(x >= y for x, y in itertools.pairwise(keys)):
+        raise ManifestError(f"{where}: its members are not in strictly increasing key order")
+    if not verified_copy and any(m.content is not None for m in members):
+        raise ManifestError(
+            f"{where} claims a member's content hash ('content'): chunkd records it itself "
+            "(only chunkd dataset migrate writes it, from the bytes it read), and never takes "
+            "it from a client, since diff trusts it; leave it out (nothing was stored)"
+        )
+    if page_bytes(members) != data:
+        raise ManifestError(
+            f"{where} is not in canonical form (sorted keys, no spaces, UTF-8: "
+            "chunkd.snapshot.page_bytes); nothing was stored"
+        )
+    return str(ChunkId.of(data))
+
+
+class PageStore:
+    """The registry's member pages: put, known, and held like chunks (module docstring).
+
+    Args:
+        backends: the configured backends.
+        backend_name: the registry's backend.
+        layout: the registry's keys.
+        cache: the node's chunk cache (None: pages are not kept, each is fetched).
+        read_path: the node's read path; with peers, pages are read through it.
+    """
+
+    def __init__(
+        self,
+        backends: Backends,
+        backend_name: str,
+        layout: Layout,
+        cache: ChunkCache | None = None,
+        read_path: ReadPath | None = None,
+    ) -> None:
+        self.backends = backends
+        self.backend_name = backend_name
+        self.layout = layout
+        self.cache = cache
+        self.read_path = read_path
+        self._fetches: SingleFlight[ChunkId, memoryview] = SingleFlight()
+        self._known: OrderedDict[str, None] = OrderedDict()
+        #: backend reads of pages this node made (a fetch, not a tier's answer)
+        self.fetched = 0
+
+    # -- known pages ----------------------------------------------------------------
+
+    def note(self, page_id: str) -> None:
+        """Page ``page_id`` is in the registry (this daemon put it, or found it)."""
+        self._known[page_id] = None
+        self._known.move_to_end(page_id)
+        while len(self._known) > KNOWN_PAGES:
+            self._known.popitem(last=False)
+
+    def known(self, page_id: str) -> bool:
+        """Whether this daemon knows page ``page_id`` is in the registry."""
+        return page_id in self._known
+
+    # -- reading --------------------------------------------------------------------
+
+    async def lease(self, page_id: str) -> ChunkLease:
+        """Lease page ``page_id``'s bytes, verified: from the node's tiers, else fetched
+        once for all of this node's readers (from a peer or the backend).
+
+        Raises:
+            InvalidRequestError: ``page_id`` is no page id.
+            DatasetNotFoundError: the registry has no such page.
+            ManifestError: the registry's copy does not hash to the id.
+            BackendUnavailableError, BackendForbiddenError
+        """
+        cid = page_id_of(page_id)
+        if self.cache is not None:
+            held = await self.cache.find(cid)
+            if held is not None:
+                return held
+        fetched = await self._fetches.run(cid, lambda: self._fetch(cid))
+        if self.cache is not None:
+            held = await self.cache.find(cid)
+            if held is not None:
+                return held
+        return BytesLease(cid, fetched)  # no tier kept it: served from the fetch's bytes
+
+    async def get(self, page_id: str) -> bytes:
+        """Page ``page_id``'s bytes, verified (:meth:`lease`)."""
+        with await self.lease(page_id) as lease:
+            return bytes(lease.view())
+
+    async def _fetch(self, cid: ChunkId) -> memoryview:
+        key = self.layout.page(str(cid))
+        backend = self.backends.get(self.backend_name)
+        if self.read_path is not None:
+            raw = await self._through_read_path(self.read_path, key, cid)
+        else:
+            raw = await self._from_backend(backend, key, cid)
+        got = await asyncio.to_thread(ChunkId.of, raw)
+        if got != cid:
+            if self.read_path is not None:
+                # Its version is not kept: the next read asks the backend again, and
+                # finds the page once a registration has put it anew.
+                self.read_path.forget(self.backend_name, key)
+            raise ManifestError(
+                f"page {cid} in the dataset registry ({backend.name}/{key}) is damaged: its "
+                f"{raw.nbytes} bytes hash to {got}; it was not used. Register the dataset "
+                "again (its registration puts the page anew)"
+            )
+        self.fetched += 1
+        self.note(str(cid))
+        cache = self.cache
+        # A page of one chunk is in the tiers under its id already (the read path kept
+        # it: a chunk's id is the blake3 of its bytes); a larger page stays in its
+        # object's chunks, which the tiers cannot hold as one.
+        if cache is not None and raw.nbytes <= cache.config.chunk_bytes:
+            held = await cache.find(cid)
+            if held is None:
+                await cache.put(Chunk.trusted(cid, raw))
+            else:
+                held.release()
+        return raw
+
+    async def _from_backend(self, backend: Backend, key: str, cid: ChunkId) -> memoryview:
+        # One request, never more than a page can be (and a byte): a larger object is
+        # damaged and is not read whole.
+        try:
+            raw = await backend.get(key, ByteRange(0, PAGE_MAX_BYTES + 1))
+        except RangeNotSatisfiableError:  # an empty object
+            raw = memoryview(b"")
+        if raw is None:
+            raise _missing(cid, f"{backend.name}/{key}")
+        if raw.nbytes > PAGE_MAX_BYTES:
+            raise _oversized(cid, f"{backend.name}/{key}")
+        return raw
+
+    async def _through_read_path(self, read_path: ReadPath, key: str, cid: ChunkId) -> memoryview:
+        """The page object through the read path: single flight by locator, and with
+        peers its locators' owners fetch it once for the cluster (every other node gets
+        it from them); without peers the version is learnt by the read's own GET."""
+        try:
+            stat = await read_path.stat(self.backend_name, key, reading=(0, PAGE_MAX_BYTES))
+        except ObjectNotFoundError:
+            raise _missing(cid, f"{self.backend_name}/{key}") from None
+        if stat.size > PAGE_MAX_BYTES:
+            raise _oversized(cid, f"{self.backend_name}/{key}")
+        pieces = [bytes(piece) async for piece in read_path.read(stat, 0, stat.size)]
+        return memoryview(b"".join(pieces))
+
+    # -- writing --------------------------------------------------------------------
+
+    async def put(self, data: bytes, page_id: str) -> bool:
+        """Put checked page ``data`` (id ``page_id``) if absent; a copy there that is
+        not it is replaced. Returns whether this call wrote it.
+
+        Raises:
+            ReadOnlyBackendError, BackendUnavailableError
+        """
+        backend = self.backends.get(self.backend_name)
+        key = self.layout.page(page_id)
+        if await backend.put(key, data, if_absent=True):
+            self.note(page_id)
+            return True
+        there = await self._there(backend, key, len(data))
+        if there is not None and str(await asyncio.to_thread(ChunkId.of, there)) == page_id:
+            self.note(page_id)
+            return False
+        log.warning(
+            "dataset registry: %s/%s does not hash to its id (torn or altered); replaced",
+            backend.name,
+            key,
+        )
+        await backend.put(key, data)
+        if self.read_path is not None:
+            self.read_path.forget(self.backend_name, key)
+        self.note(page_id)
+        return True
+
+    @staticmethod
+    async def _there(backend: Backend, key: str, size: int) -> memoryview | None:
+        """The copy at ``key`` if it is ``size`` bytes (None: another size, or gone)."""
+        try:
+            raw = await backend.get(key, ByteRange(0, size + 1))
+        except RangeNotSatisfiableError:
+            return None
+        return raw if raw is not None and raw.nbytes == size else None
+
+    async def exists(self, page_id: str) -> bool:
+        """Whether page ``page_id`` is in the registry: known, or one HEAD (a copy of
+        more than a page's bytes is not one).
+
+        Raises:
+            BackendUnavailableError, BackendForbiddenError
+        """
+        if self.known(page_id):
+            return True
+        backend = self.backends.get(self.backend_name)
+        meta = await backend.head(self.layout.page(page_id))
+        if meta is None or meta.size > PAGE_MAX_BYTES:
+            return False
+        self.note(page_id)
+        return True
+
+
+def _missing(cid: ChunkId, where: str) -> DatasetNotFoundError:
+    return DatasetNotFoundError(
+        f"page {cid} is missing from the dataset registry ({where}); the snapshot that "
+        "names it cannot be read: register the dataset again"
+    )
+
+
+def _oversized(cid: ChunkId, where: str) -> ManifestError:
+    return ManifestError(
+        f"page {cid} in the dataset registry ({where}) is damaged: it is larger than any "
+        f"page ({PAGE_MAX_BYTES} bytes); it was not read. Register the dataset again"
+    )

@@ -5,6 +5,8 @@ PYTHON ?= python3.11
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
+# Ray (the extra chunkd[ray], ~285 MB) is the test toolchain's only: `make run` never pulls it.
+RAY_STAMP := $(VENV)/.ray-stamp
 # The Azure Blob emulator the backend suite runs az:// against, and s3rver, the S3
 # server the cold-read bench reads over a shaped link (npm, project-local).
 AZURITE_VERSION ?= 3.35.0
@@ -57,8 +59,13 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-pytest: $(STAMP) emulators tools
+pytest: $(STAMP) $(RAY_STAMP) emulators tools
 	$(BIN)/pytest
+
+# The bulk jobs' tests run a two-node Ray cluster (tests/test_ray_bulk.py).
+$(RAY_STAMP): pyproject.toml $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[ray]'
+	@touch $(RAY_STAMP)
 
 # What the page and terminal tests drive: Debian's chromium, tmux, ffmpeg (media fixtures),
 # the AWS CLI and curl (the S3 front's client and presigned-URL tests), as COMMAND:PACKAGE.

@@ -23,6 +23,7 @@ from chunkd.snapshot import diff as snapshot_diff
 
 if TYPE_CHECKING:
     from chunkd.client import Client
+    from chunkd.client.datasets.bulk import RayRun
     from chunkd.client.datasets.register import Progress
     from chunkd.snapshot import Snapshot
 
@@ -70,6 +71,11 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "--concurrency", type=int, default=8, metavar="N", help="files read at once (default: 8)"
     )
     register.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    _ray_option(
+        register,
+        "scan the files as Ray tasks over the cluster's nodes",
+        "with --ray: files a task scans, at most (1 to 1024; default: 1024)",
+    )
 
     listing = cmds.add_parser("ls", help="registered datasets, with their latest version")
     listing.add_argument("prefix", nargs="?", default="", metavar="NAME_PREFIX")
@@ -95,6 +101,11 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     check.add_argument("ref", metavar="REF")
     check.add_argument(
         "--deep", action="store_true", help="read every JSON line too (parse and UTF-8)"
+    )
+    _ray_option(
+        check,
+        "check the members as Ray tasks over the cluster's nodes, by page",
+        "with --ray: members a task checks, about: whole pages (default: 4096)",
     )
 
     freeze = cmds.add_parser(
@@ -160,6 +171,34 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         socket_option(parser)
 
 
+def _ray_option(parser: argparse.ArgumentParser, what: str, batch: str) -> None:
+    parser.add_argument(
+        "--ray",
+        nargs="?",
+        const="auto",
+        default=None,
+        metavar="ADDRESS",
+        help=(
+            f"{what}, each task through its own node's daemon (needs chunkd[ray]); "
+            "ADDRESS: the cluster's head HOST:PORT (default: auto, the cluster of this node)"
+        ),
+    )
+    parser.add_argument("--batch", type=int, default=None, metavar="N", help=batch)
+
+
+def _ray_first(args: argparse.Namespace) -> None:
+    """Refuse ``--ray`` where Ray is not installed before any work, and ``--batch``
+    without ``--ray``."""
+    from chunkd.errors import InvalidRequestError
+
+    if args.ray is not None:
+        from chunkd.client.datasets.bulk import import_ray
+
+        import_ray()
+    elif args.batch is not None:
+        raise InvalidRequestError("--batch sizes the tasks of a job on Ray: give --ray too")
+
+
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Run a ``chunkd dataset`` subcommand; returns the exit status."""
     from chunkd.client import Client
@@ -182,6 +221,7 @@ def _register(client: Client, args: argparse.Namespace, out: TextIO) -> int:
 
     check_dataset_name(args.name)
     fmt, options = parse_format(args.format)
+    _ray_first(args)
     shown = [0.0]
     tty = sys.stderr.isatty()
 
@@ -193,15 +233,31 @@ def _register(client: Client, args: argparse.Namespace, out: TextIO) -> int:
         print(("\r" if tty else "") + state.line(), end="" if tty else "\n", file=sys.stderr)
 
     started = time.monotonic()
-    snapshot = scan_prefix(
-        client,
-        args.prefix,
-        fmt=fmt,
-        options=options,
-        skip_bad=args.skip_bad,
-        concurrency=args.concurrency,
-        progress=progress,
-    )
+    ray_run: RayRun | None = None
+    if args.ray is not None:
+        from chunkd.client.datasets.bulk import BATCH_MEMBERS, register_on_ray
+
+        snapshot, ray_run = register_on_ray(
+            client,
+            args.prefix,
+            fmt=fmt,
+            options=options,
+            skip_bad=args.skip_bad,
+            address=args.ray,
+            batch=args.batch or BATCH_MEMBERS,
+            concurrency=args.concurrency,
+            progress=progress,
+        )
+    else:
+        snapshot = scan_prefix(
+            client,
+            args.prefix,
+            fmt=fmt,
+            options=options,
+            skip_bad=args.skip_bad,
+            concurrency=args.concurrency,
+            progress=progress,
+        )
     scanned = time.monotonic() - started
     if tty and not args.quiet and shown[0]:
         print(file=sys.stderr)
@@ -218,13 +274,16 @@ def _register(client: Client, args: argparse.Namespace, out: TextIO) -> int:
         "seconds": round(scanned, 3),
         "files_per_second": round(len(snapshot.members) / max(scanned, 1e-9), 1),
     }
+    if ray_run is not None:
+        report["ray"] = ray_run.to_json()
     if args.json:
         _dump(report, out)
         return 0
+    on_ray = "" if ray_run is None else f" by {ray_run.tasks} Ray tasks on {ray_run.nodes} nodes"
     print(
         f"registered {args.name}@{report['version']}: {report['members']} {snapshot.format} "
         f"files, {report['samples']} samples, {human_size(snapshot.total_bytes)} "
-        f"(snapshot {snapshot.id}); read in {scanned:.1f}s, "
+        f"(snapshot {snapshot.id}); read{on_ray} in {scanned:.1f}s, "
         f"{report['files_per_second']:.0f} files/s",
         file=out,
     )
@@ -401,8 +460,20 @@ def _check(client: Client, args: argparse.Namespace, out: TextIO) -> int:
     from chunkd.client.datasets import resolve
     from chunkd.client.datasets.check import check, summarize
 
+    _ray_first(args)
     snapshot, header, source = resolve(client, args.ref)
-    findings = check(snapshot, source, deep=args.deep)
+    if args.ray is not None:
+        from chunkd.client.datasets.bulk import CHECK_MEMBERS, check_on_ray
+
+        findings, _ = check_on_ray(
+            client,
+            snapshot,
+            deep=args.deep,
+            address=args.ray,
+            members_per_task=args.batch or CHECK_MEMBERS,
+        )
+    else:
+        findings = check(snapshot, source, deep=args.deep)
     if not header.get("frozen"):
         others = [f for f in findings if f.code != "drift"]
         findings = summarize(_drifted(client, snapshot) + others)

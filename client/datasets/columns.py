@@ -39,7 +39,7 @@ from chunkd.client.datasets.formats import DECODED_CACHE_BYTES, Format, format_o
 from chunkd.errors import DatasetFormatError
 
 if TYPE_CHECKING:
-    from chunkd.client.datasets.order import Order
+    from chunkd.client.datasets.order import EpochOrder
     from chunkd.client.datasets.shared import SharedDecoder
     from chunkd.client.datasets.source import Source
     from chunkd.snapshot import Member, Snapshot
@@ -423,8 +423,8 @@ def _rows_from(
 
 
 class Window:
-    """One window of a reader's order (:meth:`Order.locate_windows
-    <chunkd.client.datasets.order.Order.locate_windows>`) with its columns laid out
+    """One window of a reader's order (:meth:`EpochOrder.locate_windows
+    <chunkd.client.datasets.order.EpochOrder.locate_windows>`) with its columns laid out
     once: each the column of the window's units, unit after unit in the units' order
     (a copy: a numpy array for a fixed-width column without nulls, one Arrow array for
     any other), so that a batch of the window takes a column with one gather or one
@@ -520,7 +520,7 @@ class Windows:
     from one window to the next), each laid out only if its units fit what the reader
     holds (``held_bytes``)."""
 
-    def __init__(self, units: Units, order: Order) -> None:
+    def __init__(self, units: Units, order: EpochOrder) -> None:
         self.units = units
         self.order = order
         self._windows: OrderedDict[int, Window | None] = OrderedDict()
@@ -530,10 +530,7 @@ class Windows:
         if w in self._windows:
             self._windows.move_to_end(w)
             return self._windows[w]
-        found = self.order.window_units(w)
-        members = self.order.unit_member[found]
-        first = np.searchsorted(self.order.unit_member, members, side="left")
-        keys = list(zip(members.tolist(), (found - first).tolist(), strict=True))
+        keys = self.order.window_keys(w)
         fits = sum(self.units.unit_bytes(k) for k in keys) <= self.units.held_bytes
         window = Window(self.units, keys) if fits and keys else None
         self._windows[w] = window

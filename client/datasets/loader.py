@@ -93,7 +93,15 @@ from chunkd.client.datasets.formats import (
     snapshot_unit_bytes,
     snapshot_units,
 )
-from chunkd.client.datasets.order import DEFAULT_WINDOW, DEFAULT_WINDOW_BYTES, Order
+from chunkd.client.datasets.order import (
+    DEFAULT_WINDOW,
+    DEFAULT_WINDOW_BYTES,
+    ORDER_VERSION,
+    EpochOrder,
+    Order,
+    PagedOrder,
+    order_version,
+)
 from chunkd.client.datasets.shared import SharedDecoder
 from chunkd.client.datasets.state import LoaderState
 from chunkd.errors import ChunkdError
@@ -455,7 +463,7 @@ def warm(client: Client | None, ranges: Sequence[tuple[str, int, int]]) -> int:
 
 def read_steps(
     dataset: Readable,
-    order: Order,
+    order: EpochOrder,
     steps: Steps,
     *,
     rank: int,
@@ -585,7 +593,7 @@ class _Plan:
     )
 
     def __init__(
-        self, units: Units, order: Order, laid: Windows, positions: NDArray[np.int64]
+        self, units: Units, order: EpochOrder, laid: Windows, positions: NDArray[np.int64]
     ) -> None:
         self.units = units
         self.order = order
@@ -606,12 +614,8 @@ class _Plan:
         if self._located is None:
             order = self.order
             if self.windows is not None and self.at is not None:
-                # The order's units are the formats' (order_of): a unit's number in its
-                # member is its number in the snapshot less its member's first.
-                unit, row = order.units_at(self.windows, self.at)
-                members = order.unit_member[unit]
-                unit_of = unit - np.searchsorted(order.unit_member, members, side="left")
-                self._located = (members, order.unit_first[unit] + row, unit_of, row)
+                # the order's units are the formats' (order_of)
+                self._located = order.rows_at(self.windows, self.at)
             else:
                 members, samples = order.locate(self.positions)
                 unit_of, row = self.units.locate(members, samples)
@@ -727,7 +731,7 @@ def _process_age() -> float | None:
     return max(0.0, now - started)
 
 
-def _pairs(order: Order, steps: Steps, step: int, rank: int) -> list[tuple[int, int]]:
+def _pairs(order: EpochOrder, steps: Steps, step: int, rank: int) -> list[tuple[int, int]]:
     positions, _ = steps.positions(step, rank)
     if not len(positions):
         return []
@@ -871,8 +875,11 @@ class ReadSettings:
         batch_size, seed = chosen.pop("batch_size"), chosen.pop("seed")
         return cls(batch_size, seed, **chosen)
 
-    def state(self, snapshot: str, epoch: int = 0, cursor: int = 0) -> LoaderState:
-        """The loader state at ``cursor`` of ``epoch`` of this order."""
+    def state(
+        self, snapshot: str, epoch: int = 0, cursor: int = 0, *, order: int = ORDER_VERSION
+    ) -> LoaderState:
+        """The loader state at ``cursor`` of ``epoch`` of this order (``order``: the
+        snapshot's order version, :func:`~chunkd.client.datasets.order.order_version`)."""
         return LoaderState(
             snapshot,
             self.seed,
@@ -881,6 +888,7 @@ class ReadSettings:
             shuffle=self.shuffle,
             window=self.window,
             window_bytes=self.window_bytes,
+            order=order,
         )
 
 
@@ -932,7 +940,7 @@ class Loader:
     module docstring for steps, ranks and the tail): by columns
     (:attr:`Batch.columns`), with the per-sample list built when asked for
     (:attr:`Batch.samples`). :meth:`state` is the
-    ``chunkd.loader/3`` state after the last batch yielded (a step boundary);
+    ``chunkd.loader/4`` state after the last batch yielded (a step boundary);
     :meth:`restore` makes the next iteration start at a state's cursor, whatever
     the ranks, batch size or workers that saved it.
 
@@ -982,8 +990,10 @@ class Loader:
         self.transform = transform
         self.batch_transform = batch_transform
         self.client = client if client is not None else client_of(dataset)
-        self._state = chosen.state(dataset.snapshot.id, epoch)
-        self._order: Order | None = None
+        self._state = chosen.state(
+            dataset.snapshot.id, epoch, order=order_version(dataset.snapshot)
+        )
+        self._order: EpochOrder | None = None
         self._order_epoch = -1
         self._units: Units | None = None
         #: the phases of the latest iteration's time to its first batch (:class:`FirstBatch`)
@@ -1009,24 +1019,27 @@ class Loader:
         if epoch != self._state.epoch:
             self._state = replace(self._state, epoch=epoch, cursor=0)
 
-    def order(self) -> Order:
-        """The current epoch's order."""
+    def order(self) -> EpochOrder:
+        """The current epoch's order (:class:`~chunkd.client.datasets.order.PagedOrder`
+        for a schema-2 snapshot, :class:`~chunkd.client.datasets.order.Order` for a
+        schema-1 one)."""
         if self._order is None or self._order_epoch != self._state.epoch:
             self._order = order_of(self.dataset.snapshot, self._state)
             self._order_epoch = self._state.epoch
         return self._order
 
     def state(self) -> dict[str, Any]:
-        """The ``chunkd.loader/3`` state after the last batch yielded (JSON-able, at most
-        256 bytes; :mod:`~chunkd.client.datasets.state`)."""
+        """The ``chunkd.loader/4`` state after the last batch yielded (``chunkd.loader/3``
+        for a schema-1 snapshot; JSON-able, at most 256 bytes;
+        :mod:`~chunkd.client.datasets.state`)."""
         return self._state.to_dict()
 
     def restore(self, state: Mapping[str, Any] | str | bytes) -> None:
         """Start the next iteration at ``state``'s epoch and cursor.
 
         Raises:
-            ResumeStateError: ``state`` is malformed, or of another snapshot, seed or
-                order settings (the message says which).
+            ResumeStateError: ``state`` is malformed, or of another snapshot, seed,
+                order version or order settings (the message says which).
         """
         loaded = LoaderState.parse(state)
         s = self._state
@@ -1037,6 +1050,7 @@ class Loader:
             window=s.window,
             window_bytes=s.window_bytes,
             total=len(self.dataset.snapshot),
+            order=s.order,
         )
         self._state = loaded
 
@@ -1134,13 +1148,30 @@ def client_of(dataset: Any) -> Client | None:
     return client if isinstance(client, Client) else None
 
 
-def order_of(snapshot: Snapshot, state: LoaderState) -> Order:
-    """The order of ``state``'s epoch over ``snapshot``, by its members' units (what
-    their formats decode whole: :func:`~chunkd.client.datasets.formats.snapshot_units`)
-    and their decoded bytes (:func:`~chunkd.client.datasets.formats.snapshot_unit_bytes`).
-    Every reader builds its order here, so all of them deal the same one. A snapshot's
-    units are worked out once per process (a Python pass over its members), not once an
-    epoch; a process forked after that (a DataLoader worker) inherits them."""
+def order_of(snapshot: Snapshot, state: LoaderState) -> EpochOrder:
+    """The order of ``state``'s epoch over ``snapshot``: every reader builds its order
+    here, so all of them deal the same one.
+
+    A schema-2 (paged) snapshot's is a :class:`~chunkd.client.datasets.order.PagedOrder`
+    (order version 2), built from the root alone: its groups load their pages when a
+    position of theirs is asked for, so nothing here reads every member or every unit.
+    A schema-1 snapshot's is an :class:`~chunkd.client.datasets.order.Order` (version 1)
+    by its members' units (what their formats decode whole:
+    :func:`~chunkd.client.datasets.formats.snapshot_units`) and their decoded bytes
+    (:func:`~chunkd.client.datasets.formats.snapshot_unit_bytes`), worked out once per
+    process for the last four such snapshots (a process forked after that, a
+    DataLoader worker, inherits them). The order's version is the snapshot's, whatever
+    ``state`` says (:meth:`LoaderState.check
+    <chunkd.client.datasets.state.LoaderState.check>` refuses a state of another)."""
+    if order_version(snapshot) == ORDER_VERSION:
+        return PagedOrder(
+            snapshot,
+            seed=state.seed,
+            epoch=state.epoch,
+            shuffle=state.shuffle,
+            window=state.window,
+            window_bytes=state.window_bytes,
+        )
     found = _SNAPSHOT_UNITS.get(snapshot.id)
     if found is None:  # two threads at once both work it out: the same, kept once
         found = (snapshot_units(snapshot), snapshot_unit_bytes(snapshot))
@@ -1160,7 +1191,8 @@ def order_of(snapshot: Snapshot, state: LoaderState) -> Order:
     )
 
 
-#: each snapshot's units and their decoded bytes (order_of), by its id: the last four
+#: each schema-1 snapshot's units and their decoded bytes (order_of), by its id: the
+#: last four
 _SNAPSHOT_UNITS: dict[str, tuple[list[list[int] | None], list[list[int] | None]]] = {}
 
 
@@ -1205,6 +1237,7 @@ def step_sample_ids(
         window=loaded.window,
         window_bytes=loaded.window_bytes,
         total=len(snapshot),
+        order=order_version(snapshot),
     )
     steps = Steps(len(snapshot), loaded.cursor, batch_size, world_size, tail)
     order = order_of(snapshot, loaded)

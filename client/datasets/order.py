@@ -77,21 +77,37 @@ This module needs numpy only: no torch, no jax, no client.
 from __future__ import annotations
 
 import hashlib
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import TYPE_CHECKING, Final, NamedTuple, Protocol
 
 import numpy as np
 from numpy.typing import NDArray
 
-from chunkd.client.datasets.formats import DECODED_CACHE_BYTES
+from chunkd.client.datasets.formats import DECODED_CACHE_BYTES, Format, format_of
+from chunkd.errors import ManifestError
+
+if TYPE_CHECKING:
+    from chunkd.snapshot import Member
 
 __all__ = [
     "DEFAULT_WINDOW",
     "DEFAULT_WINDOW_BYTES",
+    "GROUPS_HELD",
+    "GROUP_PAGES",
+    "ORDER_VERSION",
+    "PAGE_UNITS_BYTES",
+    "EpochOrder",
+    "Located",
     "Order",
     "OrderQuality",
+    "PageUnits",
+    "PagedOrder",
     "Permutation",
+    "order_version",
+    "page_units",
     "quality",
     "window_starts",
 ]
@@ -265,6 +281,9 @@ class Order:
         self.total = int(self._cum[-1])
         self._permutations: dict[int, Permutation] = {}
 
+    #: the order's version (:data:`ORDER_VERSION`): 1, the order of schema-1 snapshots
+    version: Final = 1
+
     def __len__(self) -> int:
         return self.total
 
@@ -278,6 +297,24 @@ class Order:
         """
         unit, offset = self.locate_units(positions)
         return self.unit_member[unit], self.unit_first[unit] + offset
+
+    def located(self, positions: NDArray[np.int64] | Sequence[int]) -> Located:
+        """Everything about each position (:class:`Located`); a unit is the formats'
+        only where the order was given them (:attr:`by_units`), else a member.
+
+        Raises:
+            IndexError: a position outside the epoch.
+        """
+        unit, offset = self.locate_units(positions)
+        members = self.unit_member[unit]
+        unit_of = unit - np.searchsorted(self.unit_member, members, side="left")
+        return Located(
+            members,
+            self.unit_first[unit] + offset,
+            unit_of,
+            offset,
+            self.unit_starts[unit] + offset,
+        )
 
     def locate_units(
         self, positions: NDArray[np.int64] | Sequence[int]
@@ -341,6 +378,24 @@ class Order:
         last = self.window_firsts[window + 1] if window + 1 < len(self.window_firsts) else None
         return self.unit_order[int(self.window_firsts[window]) : last]
 
+    def window_keys(self, window: int) -> list[tuple[int, int]]:
+        """The units of window ``window`` as ``(member, unit in member)``, in the units'
+        order (the formats' units where the order was given them)."""
+        found = self.window_units(window)
+        members = self.unit_member[found]
+        first = np.searchsorted(self.unit_member, members, side="left")
+        return list(zip(members.tolist(), (found - first).tolist(), strict=True))
+
+    def rows_at(
+        self, windows: NDArray[np.int64], at: NDArray[np.int64]
+    ) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]]:
+        """``(member, sample in member, unit in member, row in unit)`` of places ``at``
+        of ``windows`` (:meth:`locate_windows`)."""
+        unit, row = self.units_at(windows, at)
+        members = self.unit_member[unit]
+        unit_of = unit - np.searchsorted(self.unit_member, members, side="left")
+        return members, self.unit_first[unit] + row, unit_of, row
+
     def units_at(
         self, windows: NDArray[np.int64], at: NDArray[np.int64]
     ) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
@@ -390,6 +445,535 @@ def window_starts(
         firsts.append(at)
         at = following[at]
     return np.asarray(firsts, dtype=np.int64)
+
+
+# -- the order of a paged snapshot (version 2) -------------------------------------------
+
+#: the order of a schema-2 (paged) snapshot; a schema-1 snapshot's is version 1 (:class:`Order`)
+ORDER_VERSION: Final = 2
+#: pages whose units an order of version 2 mixes together: a group (see the module
+#: docstring; part of the version's definition: changing it changes every order). Two
+#: groups' pages fit a snapshot's page cache (``chunkd.snapshot.PAGE_CACHE``, 8), so a
+#: reader crossing from one group to the next loads each page once
+GROUP_PAGES: Final = 4
+#: groups a :class:`PagedOrder` keeps built (a step may cross from one to the next)
+GROUPS_HELD: Final = 2
+#: the most bytes of pages' unit tables a process keeps (:func:`page_units`), shared by
+#: every order: a page's units depend on its content alone
+PAGE_UNITS_BYTES: Final = 32 << 20
+
+
+def order_version(snapshot: object) -> int:
+    """The version of ``snapshot``'s order: 2 for a schema-2 (paged) snapshot
+    (:class:`PagedOrder`), 1 for a schema-1 one (:class:`Order`)."""
+    return ORDER_VERSION if int(getattr(snapshot, "schema", 2)) >= 2 else 1
+
+
+class Located(NamedTuple):
+    """Where positions of an order are: each one's member, its sample in the member,
+    its unit in the member (what the member's format decodes whole), its row in that
+    unit, and its snapshot index."""
+
+    members: NDArray[np.int64]
+    samples: NDArray[np.int64]
+    units: NDArray[np.int64]
+    rows: NDArray[np.int64]
+    indices: NDArray[np.int64]
+
+
+class PageEntry(Protocol):
+    """What an order reads of a root's entry for a page (``chunkd.snapshot.PageRef``)."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def members(self) -> int: ...
+
+    @property
+    def samples(self) -> int: ...
+
+
+class PagedSnapshot(Protocol):
+    """What a :class:`PagedOrder` reads of a snapshot (``chunkd.snapshot.Snapshot`` of
+    schema 2): its id, its root's pages, and a page's members when a group needs them."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def pages(self) -> Sequence[PageEntry]: ...
+
+    def page_members(self, page: int) -> Sequence[Member]: ...
+
+
+class EpochOrder(Protocol):
+    """What the loader reads of an epoch's order: :class:`Order` (version 1) and
+    :class:`PagedOrder` (version 2) both are one."""
+
+    @property
+    def version(self) -> int: ...
+
+    @property
+    def total(self) -> int: ...
+
+    @property
+    def shuffle(self) -> bool: ...
+
+    @property
+    def by_units(self) -> bool: ...
+
+    def __len__(self) -> int: ...
+
+    def locate(
+        self, positions: NDArray[np.int64] | Sequence[int]
+    ) -> tuple[NDArray[np.int64], NDArray[np.int64]]: ...
+
+    def located(self, positions: NDArray[np.int64] | Sequence[int]) -> Located: ...
+
+    def locate_windows(
+        self, positions: NDArray[np.int64] | Sequence[int]
+    ) -> tuple[NDArray[np.int64], NDArray[np.int64]]: ...
+
+    def window_keys(self, window: int) -> list[tuple[int, int]]: ...
+
+    def rows_at(
+        self, windows: NDArray[np.int64], at: NDArray[np.int64]
+    ) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]]: ...
+
+    def indices(self, positions: NDArray[np.int64] | Sequence[int]) -> NDArray[np.int64]: ...
+
+
+class PageUnits(NamedTuple):
+    """A page's units, in member order: each one's member (in the page), its number in
+    its member, its first sample in its member, its samples, its decoded bytes, and
+    its first sample in the page."""
+
+    member: NDArray[np.int64]
+    unit: NDArray[np.int64]
+    first: NDArray[np.int64]
+    size: NDArray[np.int64]
+    cost: NDArray[np.int64]
+    start: NDArray[np.int64]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(int(a.nbytes) for a in self)
+
+
+def page_units(snapshot: PagedSnapshot, page: int) -> PageUnits:
+    """Page ``page``'s units (:class:`PageUnits`), from its members' formats
+    (:func:`~chunkd.client.datasets.formats.units_of`,
+    :func:`~chunkd.client.datasets.formats.unit_bytes_of`); kept by page id, at most
+    :data:`PAGE_UNITS_BYTES` of them a process.
+
+    Raises:
+        ManifestError: a member's units do not add up to its samples, or its decoded
+            bytes are not one per unit, or negative.
+        DatasetNotFoundError: the page source has no such page.
+    """
+    page_id = snapshot.pages[page].id
+    found = _PAGE_UNITS.get(page_id)
+    if found is not None:
+        return found
+    members = snapshot.page_members(page)
+    formats: dict[str, Format] = {}
+    sizes: list[int] = []
+    costs: list[int] = []
+    lengths: list[int] = []
+    for member in members:
+        fmt = formats.get(member.format)
+        if fmt is None:
+            fmt = formats[member.format] = format_of(member.format)
+        counts = fmt.units(member)
+        spent = fmt.unit_bytes(member)
+        if len(spent) != len(counts) or sum(counts) != member.samples:
+            raise ManifestError(
+                f"member {member.key!r} (page {page_id}): its format cuts it into units of "
+                f"{sum(counts)} samples with {len(spent)} decoded sizes for {len(counts)} "
+                f"units, where it holds {member.samples}: its metadata is damaged"
+            )
+        sizes.extend(counts)
+        costs.extend(spent)
+        lengths.append(len(counts))
+    size = np.asarray(sizes, dtype=np.int64).reshape(-1)
+    cost = np.asarray(costs, dtype=np.int64).reshape(-1)
+    if (size < 0).any() or (cost < 0).any():
+        raise ManifestError(f"page {page_id}: a unit's samples or decoded bytes are negative")
+    per = np.asarray(lengths, dtype=np.int64).reshape(-1)
+    member_of = np.repeat(np.arange(len(per), dtype=np.int64), per)
+    firsts = np.cumsum(per) - per  # each member's first unit
+    cum = np.concatenate(([0], np.cumsum(size))).astype(np.int64)
+    start = cum[:-1]
+    found = PageUnits(
+        member_of,
+        np.arange(len(size), dtype=np.int64) - firsts[member_of],
+        start - cum[firsts][member_of],
+        size,
+        cost,
+        start,
+    )
+    _PAGE_UNITS.put(page_id, found)
+    return found
+
+
+class _PageUnitsCache:
+    """Pages' units by page id, the most recently used last, within a byte bound."""
+
+    def __init__(self, bound: int) -> None:
+        self.bound = bound
+        self._held: OrderedDict[str, PageUnits] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def get(self, page_id: str) -> PageUnits | None:
+        with self._lock:
+            found = self._held.get(page_id)
+            if found is not None:
+                self._held.move_to_end(page_id)
+            return found
+
+    def put(self, page_id: str, units: PageUnits) -> None:
+        size = units.nbytes
+        if size > self.bound:
+            return
+        with self._lock:
+            old = self._held.pop(page_id, None)
+            if old is not None:
+                self._bytes -= old.nbytes
+            self._held[page_id] = units
+            self._bytes += size
+            while self._bytes > self.bound:
+                _, gone = self._held.popitem(last=False)
+                self._bytes -= gone.nbytes
+
+    def clear(self) -> None:
+        with self._lock:
+            self._held.clear()
+            self._bytes = 0
+
+
+_PAGE_UNITS: Final = _PageUnitsCache(PAGE_UNITS_BYTES)
+
+
+class _Group:
+    """One group's units in its units' order (units holding no sample left out), where
+    each starts in the group's samples, and where its windows start."""
+
+    __slots__ = ("cum", "first", "firsts", "index", "member", "starts", "unit")
+
+    def __init__(
+        self,
+        member: NDArray[np.int64],
+        unit: NDArray[np.int64],
+        first: NDArray[np.int64],
+        index: NDArray[np.int64],
+        cum: NDArray[np.int64],
+        firsts: NDArray[np.int64],
+    ) -> None:
+        self.member = member
+        self.unit = unit
+        self.first = first
+        self.index = index
+        self.cum = cum
+        self.firsts = firsts
+        self.starts: NDArray[np.int64] = np.concatenate((cum[firsts], cum[-1:])).astype(np.int64)
+
+    def window_span(self, w: int) -> tuple[int, int]:
+        """Window ``w``'s units: positions ``first .. stop`` of the units' order."""
+        stop = int(self.firsts[w + 1]) if w + 1 < len(self.firsts) else len(self.member)
+        return int(self.firsts[w]), stop
+
+
+#: a window of a :class:`PagedOrder` is numbered ``group << _WINDOW_BITS | window in group``
+_WINDOW_BITS: Final = 32
+
+
+class PagedOrder:
+    """One epoch's order of a schema-2 (paged) snapshot's samples: order version 2
+    (see the module docstring).
+
+    Built from the root alone (O(pages)): the pages are permuted and taken in groups of
+    :data:`GROUP_PAGES`; a group's units are loaded, permuted and cut into windows
+    when a position of the group is first asked for (at most :data:`GROUPS_HELD`
+    groups are kept built).
+
+    Args:
+        snapshot: the snapshot (its root's pages, and its page source for the members).
+        seed: the run's seed.
+        epoch: the epoch.
+        shuffle: permute (else: members in key order, samples as stored).
+        window: the most units whose samples are mixed together (None: no bound; a
+            group's units at most).
+        window_bytes: the most decoded bytes of a window's units (None: no bound; a
+            unit of more is a window alone).
+        group_pages: pages a group mixes (:data:`GROUP_PAGES`, which order version 2
+            is defined with; another makes another order, which no loader state
+            names: for measuring only).
+
+    Raises:
+        ValueError: a window below 1, window_bytes below 0, group_pages below 1, or a
+            snapshot of schema 1 (its order is :class:`Order`).
+    """
+
+    #: the order's version (:data:`ORDER_VERSION`)
+    version: Final = ORDER_VERSION
+    #: units are the formats' own (a Parquet row group), always
+    by_units: Final = True
+
+    def __init__(
+        self,
+        snapshot: PagedSnapshot,
+        *,
+        seed: int,
+        epoch: int,
+        shuffle: bool = True,
+        window: int | None = DEFAULT_WINDOW,
+        window_bytes: int | None = DEFAULT_WINDOW_BYTES,
+        group_pages: int = GROUP_PAGES,
+    ) -> None:
+        if window is not None and window < 1:
+            raise ValueError(f"window must be >= 1 unit, or None for all; got {window!r}")
+        if window_bytes is not None and window_bytes < 0:
+            raise ValueError(
+                f"window_bytes must be >= 0, or None for no bound; got {window_bytes!r}"
+            )
+        if group_pages < 1:
+            raise ValueError(f"group_pages must be >= 1; got {group_pages!r}")
+        if order_version(snapshot) != ORDER_VERSION:
+            raise ValueError(
+                f"snapshot {snapshot.id} is of schema 1: its order is version 1 (Order), "
+                "not a paged order"
+            )
+        self.snapshot = snapshot
+        self.group_pages = group_pages
+        self.shuffle = bool(shuffle)
+        self.window = window
+        self.window_bytes = window_bytes
+        self._key = f"chunkd.order:{snapshot.id}:{seed}:{epoch}"
+        refs = snapshot.pages
+        count = len(refs)
+        samples = np.fromiter((r.samples for r in refs), dtype=np.int64, count=count)
+        members = np.fromiter((r.members for r in refs), dtype=np.int64, count=count)
+        #: each page's first member, and its first sample (snapshot indices)
+        self.page_member_starts: NDArray[np.int64] = np.concatenate(
+            ([0], np.cumsum(members))
+        ).astype(np.int64)
+        self.page_sample_starts: NDArray[np.int64] = np.concatenate(
+            ([0], np.cumsum(samples))
+        ).astype(np.int64)
+        filled = np.flatnonzero(samples > 0).astype(np.int64)
+        if self.shuffle:
+            filled = filled[
+                Permutation(len(filled), f"{self._key}:pages")(
+                    np.arange(len(filled), dtype=np.int64)
+                )
+            ]
+        #: the page at each place of the pages' order (pages holding no sample left out)
+        self.page_order: NDArray[np.int64] = filled
+        cum = np.concatenate(([0], np.cumsum(samples[filled]))).astype(np.int64)
+        #: where each group starts in the epoch, and the epoch's end
+        self.group_starts: NDArray[np.int64] = np.concatenate(
+            (cum[: len(filled) : group_pages], cum[-1:])
+        ).astype(np.int64)
+        #: samples in the epoch
+        self.total = int(cum[-1])
+        self._groups: OrderedDict[int, _Group] = OrderedDict()
+        self._permutations: OrderedDict[tuple[int, int], Permutation] = OrderedDict()
+        self._lock = threading.Lock()
+        #: groups built so far (each loads its pages' units)
+        self.groups_built = 0
+
+    def __len__(self) -> int:
+        return self.total
+
+    @property
+    def groups(self) -> int:
+        """How many groups the epoch has."""
+        return len(self.group_starts) - 1
+
+    def pages_of(self, group: int) -> NDArray[np.int64]:
+        """The pages of group ``group``, in the pages' order."""
+        size = self.group_pages
+        return self.page_order[group * size : (group + 1) * size]
+
+    def locate(
+        self, positions: NDArray[np.int64] | Sequence[int]
+    ) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+        """The ``(member, sample in member)`` at each position (``0 <= p < total``).
+
+        Raises:
+            IndexError: a position outside the epoch.
+            ManifestError, DatasetNotFoundError: a page the positions need is damaged or
+                missing.
+        """
+        found = self.located(positions)
+        return found.members, found.samples
+
+    def located(self, positions: NDArray[np.int64] | Sequence[int]) -> Located:
+        """Everything about each position (:class:`Located`).
+
+        Raises:
+            IndexError: a position outside the epoch.
+        """
+        windows, at = self.locate_windows(positions)
+        members, samples, units, rows, indices = self._rows(windows, at, True)
+        return Located(members, samples, units, rows, indices)
+
+    def indices(self, positions: NDArray[np.int64] | Sequence[int]) -> NDArray[np.int64]:
+        """The snapshot index of the sample at each position."""
+        return self.located(positions).indices
+
+    def locate_windows(
+        self, positions: NDArray[np.int64] | Sequence[int]
+    ) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+        """The window of each position (numbered ``group << 32 | window in group``), and
+        where its sample is in that window's samples laid out unit after unit in the
+        units' order (:meth:`window_keys`).
+
+        Raises:
+            IndexError: a position outside the epoch.
+        """
+        index = np.asarray(positions, dtype=np.int64).reshape(-1)
+        if len(index) and (int(index.min()) < 0 or int(index.max()) >= self.total):
+            raise IndexError(f"positions outside an epoch of {self.total} samples")
+        windows = np.empty_like(index)
+        at = np.empty_like(index)
+        if not len(index):
+            return windows, at
+        groups = np.searchsorted(self.group_starts, index, side="right") - 1
+        first = int(groups[0])
+        if bool(np.all(groups == first)):  # a step's run: one group, most often
+            windows[:], at[:] = self._group_windows(first, index - self.group_starts[first])
+            return windows, at
+        for g in np.unique(groups).tolist():
+            chosen = groups == g
+            windows[chosen], at[chosen] = self._group_windows(
+                g, index[chosen] - self.group_starts[g]
+            )
+        return windows, at
+
+    def window_keys(self, window: int) -> list[tuple[int, int]]:
+        """The units of window ``window`` as ``(member, unit in member)``, in the units'
+        order."""
+        g, w = int(window) >> _WINDOW_BITS, int(window) & ((1 << _WINDOW_BITS) - 1)
+        group = self._group(g)
+        first, stop = group.window_span(w)
+        return list(
+            zip(group.member[first:stop].tolist(), group.unit[first:stop].tolist(), strict=True)
+        )
+
+    def rows_at(
+        self, windows: NDArray[np.int64], at: NDArray[np.int64]
+    ) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]]:
+        """``(member, sample in member, unit in member, row in unit)`` of places ``at``
+        of ``windows`` (:meth:`locate_windows`)."""
+        members, samples, units, rows, _ = self._rows(windows, at, False)
+        return members, samples, units, rows
+
+    def _rows(
+        self, windows: NDArray[np.int64], at: NDArray[np.int64], indices: bool
+    ) -> tuple[NDArray[np.int64], ...]:
+        members = np.empty_like(at)
+        samples = np.empty_like(at)
+        units = np.empty_like(at)
+        rows = np.empty_like(at)
+        index = np.empty_like(at) if indices else at
+        if not len(at):
+            return members, samples, units, rows, index
+        groups = windows >> _WINDOW_BITS
+        inner = windows & ((1 << _WINDOW_BITS) - 1)
+        touched = np.unique(groups).tolist()
+        for g in touched:
+            chosen: slice | NDArray[np.bool_] = slice(None) if len(touched) == 1 else groups == g
+            group = self._group(g)
+            where = at[chosen] + group.starts[inner[chosen]]
+            place = np.searchsorted(group.cum, where, side="right") - 1
+            row = where - group.cum[place]
+            members[chosen] = group.member[place]
+            samples[chosen] = group.first[place] + row
+            units[chosen] = group.unit[place]
+            rows[chosen] = row
+            if indices:
+                index[chosen] = group.index[place] + row
+        return members, samples, units, rows, index
+
+    def _group_windows(
+        self, g: int, local: NDArray[np.int64]
+    ) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+        group = self._group(g)
+        w = np.searchsorted(group.starts, local, side="right") - 1
+        at = local - group.starts[w]
+        if self.shuffle:
+            for one in np.unique(w).tolist():
+                chosen = w == one
+                at[chosen] = self._permutation(g, one, group)(at[chosen])
+        return (np.int64(g) << _WINDOW_BITS) | w.astype(np.int64), at
+
+    def _group(self, g: int) -> _Group:
+        with self._lock:
+            found = self._groups.get(g)
+            if found is not None:
+                self._groups.move_to_end(g)
+                return found
+        found = self._build(g)
+        with self._lock:
+            self._groups[g] = found
+            self._groups.move_to_end(g)
+            while len(self._groups) > GROUPS_HELD:
+                self._groups.popitem(last=False)
+            self.groups_built += 1
+        return found
+
+    def _build(self, g: int) -> _Group:
+        if not 0 <= g < self.groups:
+            raise IndexError(f"group {g} of an epoch of {self.groups} groups")
+        pages = self.pages_of(g).tolist()
+        parts = [page_units(self.snapshot, p) for p in pages]
+        member = np.concatenate(
+            [u.member + self.page_member_starts[p] for p, u in zip(pages, parts, strict=True)]
+        )
+        index = np.concatenate(
+            [u.start + self.page_sample_starts[p] for p, u in zip(pages, parts, strict=True)]
+        )
+        size = np.concatenate([u.size for u in parts])
+        filled = np.flatnonzero(size > 0).astype(np.int64)
+        if self.shuffle:
+            filled = filled[
+                Permutation(len(filled), f"{self._key}:group:{g}:units")(
+                    np.arange(len(filled), dtype=np.int64)
+                )
+            ]
+        cum = np.concatenate(([0], np.cumsum(size[filled]))).astype(np.int64)
+        expected = int(self.group_starts[g + 1] - self.group_starts[g])
+        if int(cum[-1]) != expected:  # page_units checks each member; belt and braces
+            raise ManifestError(
+                f"the units of group {g}'s pages hold {int(cum[-1])} samples, where the "
+                f"root says {expected}: a page is damaged"
+            )
+        cost = np.concatenate([u.cost for u in parts])[filled]
+        return _Group(
+            member[filled],
+            np.concatenate([u.unit for u in parts])[filled],
+            np.concatenate([u.first for u in parts])[filled],
+            index[filled],
+            cum,
+            window_starts(cost, self.window, self.window_bytes),
+        )
+
+    def _permutation(self, g: int, w: int, group: _Group) -> Permutation:
+        with self._lock:
+            found = self._permutations.get((g, w))
+            if found is not None:
+                self._permutations.move_to_end((g, w))
+                return found
+        size = int(group.starts[w + 1] - group.starts[w])
+        found = Permutation(size, f"{self._key}:group:{g}:window:{w}")
+        with self._lock:
+            self._permutations[g, w] = found
+            while len(self._permutations) > 4:
+                self._permutations.popitem(last=False)
+        return found
 
 
 def _unit_bytes(
@@ -481,7 +1065,7 @@ class OrderQuality:
     units_held: int = 0
 
 
-def quality(order: Order, start: int = 0, stop: int | None = None) -> OrderQuality:
+def quality(order: EpochOrder, start: int = 0, stop: int | None = None) -> OrderQuality:
     """How positions ``start .. stop`` (default: the whole epoch) of ``order`` read.
 
     For the bench: compare an order with ``window=None`` (a uniform shuffle of every
@@ -490,26 +1074,25 @@ def quality(order: Order, start: int = 0, stop: int | None = None) -> OrderQuali
     stop = order.total if stop is None else min(stop, order.total)
     if stop <= start:
         return OrderQuality(0, 0, 0, 0.0)
-    positions = np.arange(start, stop, dtype=np.int64)
-    unit, offset = order.locate_units(positions)
-    index = order.unit_starts[unit] + offset
+    found = order.located(np.arange(start, stop, dtype=np.int64))
+    index = found.indices
     gap = float(np.abs(np.diff(index)).mean()) if len(index) > 1 else 0.0
-    member = order.unit_member[unit]
-    members_touched, members_held = _held(member, len(order.member_starts))
-    units_touched, units_held = _held(unit, len(order.unit_sizes))
+    members_touched, members_held = _held(found.members)
+    units_touched, units_held = _held((found.members << 32) | found.units)
     return OrderQuality(len(index), members_touched, members_held, gap, units_touched, units_held)
 
 
-def _held(which: NDArray[np.int64], count: int) -> tuple[int, int]:
+def _held(which: NDArray[np.int64]) -> tuple[int, int]:
     """How many distinct things ``which`` names, and the most open at once."""
     # Each is open over [its first position, its last position]; the most intervals
     # covering one position is the sweep's maximum.
-    touched = np.unique(which)
+    touched, compact = np.unique(which, return_inverse=True)
+    count = len(touched)
     first = np.full(count, len(which), dtype=np.int64)
     last = np.full(count, -1, dtype=np.int64)
     steps = np.arange(len(which), dtype=np.int64)
-    np.minimum.at(first, which, steps)
-    np.maximum.at(last, which, steps)
-    opened = np.bincount(first[touched], minlength=len(which) + 1)
-    closed = np.bincount(last[touched] + 1, minlength=len(which) + 1)
-    return len(touched), int(np.cumsum(opened - closed).max())
+    np.minimum.at(first, compact, steps)
+    np.maximum.at(last, compact, steps)
+    opened = np.bincount(first, minlength=len(which) + 1)
+    closed = np.bincount(last + 1, minlength=len(which) + 1)
+    return count, int(np.cumsum(opened - closed).max())

@@ -1,10 +1,13 @@
 """A loader's saved state: where an epoch's consumption stands, at any world size.
 
-The state (format ``chunkd.loader/3``)
+The state (formats ``chunkd.loader/4`` and ``chunkd.loader/3``)
     A JSON object of exactly these fields, at most :data:`MAX_STATE_BYTES` (256)
     bytes as compact JSON, whatever the world size, workers or batch size::
 
-        format        "chunkd.loader/3"
+        format        "chunkd.loader/4": a place in order version 2, the order of a
+                      schema-2 (paged) snapshot (:class:`~chunkd.client.datasets.order.PagedOrder`);
+                      "chunkd.loader/3": a place in order version 1, the order of a
+                      schema-1 snapshot (:class:`~chunkd.client.datasets.order.Order`)
         snapshot      the snapshot id (64 hex digits): the order's samples
         seed          the run's seed (0 <= seed < 2**64)
         epoch         the epoch (0 <= epoch < 2**32)
@@ -18,7 +21,9 @@ The state (format ``chunkd.loader/3``)
         window_bytes  the most decoded bytes of a window's units (0 <= window_bytes
                       < 2**63; null: no bound)
 
-    The longest state (every number at its largest) is 253 bytes.
+    The longest state (every number at its largest) is 253 bytes. The format names
+    the order's version (:attr:`LoaderState.order`), so that a state never resumes in
+    another order: a field for it would take the longest state past 256 bytes.
     ``snapshot``, ``seed``, ``epoch``, ``shuffle``, ``window`` and ``window_bytes`` fix
     the epoch's order
     (:mod:`chunkd.client.datasets.order`); ``cursor`` is a place in it. The cursor counts
@@ -31,8 +36,15 @@ Checks
     :meth:`LoaderState.parse` refuses anything else with a
     :class:`~chunkd.errors.ResumeStateError` saying what is wrong: not JSON, too long,
     another format, a missing, extra or out-of-range field. :meth:`LoaderState.check`
-    refuses a state of another snapshot, seed or order settings, or a cursor past the
-    epoch's end.
+    refuses a state of another snapshot, seed, order version or order settings, or a
+    cursor past the epoch's end.
+
+States of ``chunkd.loader/3`` (order version 1)
+    still resume exactly: they name schema-1 snapshots, whose order is version 1
+    unchanged (:class:`~chunkd.client.datasets.order.Order`, the same keys and the same
+    windows). A ``chunkd.loader/3`` state against a schema-2 snapshot (or a
+    ``chunkd.loader/4`` one against a schema-1 snapshot) is refused with a
+    ResumeStateError naming both versions: its cursor is a place in another order.
 
 States of ``chunkd.loader/2`` (windows bounded by units only)
     are refused with a ResumeStateError that says why. Their order's windows held
@@ -69,13 +81,23 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from chunkd.client.datasets.order import DEFAULT_WINDOW, DEFAULT_WINDOW_BYTES
+from chunkd.client.datasets.order import DEFAULT_WINDOW, DEFAULT_WINDOW_BYTES, ORDER_VERSION
 from chunkd.errors import ResumeStateError
 
-__all__ = ["LEGACY_FORMATS", "MAX_STATE_BYTES", "STATE_FORMAT", "LoaderState"]
+__all__ = [
+    "LEGACY_FORMATS",
+    "MAX_STATE_BYTES",
+    "STATE_FORMAT",
+    "STATE_FORMATS",
+    "LoaderState",
+]
 
-#: the ``format`` of every loader state; bumped if a state's meaning changes
-STATE_FORMAT: Final = "chunkd.loader/3"
+#: the ``format`` of a loader state of the current order (version 2); bumped if a
+#: state's meaning changes
+STATE_FORMAT: Final = "chunkd.loader/4"
+#: the format of a state of each order version (1: schema-1 snapshots), and back
+STATE_FORMATS: Final = {1: "chunkd.loader/3", 2: STATE_FORMAT}
+_VERSIONS: Final = {fmt: version for version, fmt in STATE_FORMATS.items()}
 #: the longest a state is, as compact JSON
 MAX_STATE_BYTES: Final = 256
 #: formats of states chunkd wrote before, refused by name (see the module docstring)
@@ -112,6 +134,9 @@ class LoaderState:
     shuffle: bool = True
     window: int | None = DEFAULT_WINDOW
     window_bytes: int | None = DEFAULT_WINDOW_BYTES
+    #: the order's version (:func:`~chunkd.client.datasets.order.order_version`): 2 for
+    #: a schema-2 snapshot, 1 for a schema-1 one; the format says it
+    order: int = ORDER_VERSION
 
     def __post_init__(self) -> None:
         if not isinstance(self.snapshot, str) or not _ID_RE.fullmatch(self.snapshot):
@@ -129,11 +154,16 @@ class LoaderState:
             raise ResumeStateError(
                 f"a loader state's 'shuffle' is true or false; got {self.shuffle!r:.40}"
             )
+        if type(self.order) is not int or self.order not in STATE_FORMATS:
+            raise ResumeStateError(
+                f"a loader state's order version is one of {sorted(STATE_FORMATS)}; got "
+                f"{self.order!r:.40}"
+            )
 
     def to_dict(self) -> dict[str, Any]:
         """The state as a JSON-able dict (what ``state_dict()`` methods return)."""
         return {
-            "format": STATE_FORMAT,
+            "format": STATE_FORMATS[self.order],
             "snapshot": self.snapshot,
             "seed": self.seed,
             "epoch": self.epoch,
@@ -152,10 +182,11 @@ class LoaderState:
         """A state from its dict or its JSON.
 
         Raises:
-            ResumeStateError: ``state`` is not a ``chunkd.loader/3`` state, or is
-                malformed (the message says how), or is one of a format chunkd no
-                longer resumes (``chunkd.loader/2``, ``chunkd.loader/1``,
-                ``chunkd.ShardDataset/1``: see the module docstring).
+            ResumeStateError: ``state`` is not a ``chunkd.loader/4`` or
+                ``chunkd.loader/3`` state, or is malformed (the message says how), or is
+                one of a format chunkd no longer resumes (``chunkd.loader/2``,
+                ``chunkd.loader/1``, ``chunkd.ShardDataset/1``: see the module
+                docstring).
         """
         if isinstance(state, str | bytes | bytearray):
             if len(state) > MAX_STATE_BYTES:
@@ -177,15 +208,17 @@ class LoaderState:
         fmt = state.get("format")
         if fmt in LEGACY_FORMATS:
             raise ResumeStateError(_legacy_message(state))
-        if fmt != STATE_FORMAT:
+        version = _VERSIONS.get(fmt) if isinstance(fmt, str) else None
+        if version is None:
             raise ResumeStateError(
-                f"not a loader state: its format is {fmt!r:.60}, not {STATE_FORMAT!r}"
+                f"not a loader state: its format is {fmt!r:.60}, not "
+                f"{' or '.join(repr(f) for f in reversed(STATE_FORMATS.values()))}"
             )
         extra = sorted(str(key) for key in state if key not in _FIELDS)
         missing = [key for key in _FIELDS if key not in state]
         if extra or missing:
             raise ResumeStateError(
-                f"a {STATE_FORMAT} state has exactly the fields {', '.join(_FIELDS)}; this "
+                f"a {fmt} state has exactly the fields {', '.join(_FIELDS)}; this "
                 f"one lacks {missing or 'none'} and has {extra[:5] or 'none'} besides"
             )
         parsed = cls(
@@ -196,6 +229,7 @@ class LoaderState:
             shuffle=state["shuffle"],
             window=state["window"],
             window_bytes=state["window_bytes"],
+            order=version,
         )
         size = len(parsed.to_json())
         if size > MAX_STATE_BYTES:  # only reachable through a change of the fields' bounds
@@ -211,12 +245,16 @@ class LoaderState:
         window: int | None,
         window_bytes: int | None,
         total: int,
+        order: int | None = None,
     ) -> None:
-        """Refuse this state unless it is of the order a loader deals.
+        """Refuse this state unless it is of the order a loader deals (``order``: that
+        order's version, :func:`~chunkd.client.datasets.order.order_version`; None: not
+        checked).
 
         Raises:
-            ResumeStateError: it is of another snapshot, seed, shuffle, window or
-                window_bytes, or its cursor is past the epoch's ``total`` samples.
+            ResumeStateError: it is of another snapshot, seed, order version, shuffle,
+                window or window_bytes, or its cursor is past the epoch's ``total``
+                samples.
         """
         if self.snapshot != snapshot:
             # Whole ids: two snapshots may share any prefix, and the state's is the id
@@ -225,6 +263,14 @@ class LoaderState:
                 f"this loader state is of snapshot {self.snapshot}, not of the dataset "
                 f"being read (snapshot {snapshot}): resume with the snapshot that saved it "
                 "(open it by its id), or start the epoch afresh"
+            )
+        if order is not None and self.order != order:
+            raise ResumeStateError(
+                f"this loader state ({STATE_FORMATS[self.order]}) is a place in order "
+                f"version {self.order}, and snapshot {snapshot} is read in order version "
+                f"{order} (version 1 for a schema-1 snapshot, 2 for a schema-2 one): its "
+                "cursor would name other samples. Resume with a state this snapshot's "
+                "loader saved, or start the epoch afresh"
             )
         if self.seed != seed:
             raise ResumeStateError(

@@ -1,13 +1,14 @@
 """The states of a loader's workers, and the one chunkd state they make.
 
-In the trainer's process, a reader's state is the ``chunkd.loader/3`` state itself
-(:mod:`chunkd.client.datasets.state`): at most 256 bytes, the same on every rank,
-resumable at any world size, batch size and worker count.
+In the trainer's process, a reader's state is the ``chunkd.loader/4`` state itself
+(``chunkd.loader/3`` for a schema-1 snapshot: :mod:`chunkd.client.datasets.state`): at
+most 256 bytes, the same on every rank, resumable at any world size, batch size and
+worker count.
 
 A **worker** ``k`` of ``K`` (a torch DataLoader worker, a Grain ``mp_prefetch``
 process) knows only its own steps (``k, k+K, ...``), so its state is a
 :data:`WORKER_FORMAT` dict: the
-``chunkd.loader/3`` state its iteration started from (``start``), the geometry
+``chunkd.loader/4`` (or ``/3``) state its iteration started from (``start``), the geometry
 (``total``, ``rank``, ``world_size``, ``batch_size``, ``tail``, ``worker``,
 ``workers``), ``yielded``, the batches it produced that the loader handed on (torchdata's
 ``StatefulDataLoader`` and Grain's prefetch record a worker's state with each batch they
@@ -31,7 +32,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Final
 
 from chunkd.client.datasets.loader import TAILS, Steps, Tail
-from chunkd.client.datasets.state import LEGACY_FORMATS, STATE_FORMAT, LoaderState
+from chunkd.client.datasets.state import LEGACY_FORMATS, STATE_FORMATS, LoaderState
 from chunkd.errors import ResumeStateError
 
 __all__ = [
@@ -104,7 +105,7 @@ class WorkerState:
             )
         start = state.get("start")
         if not isinstance(start, Mapping):
-            raise ResumeStateError("a worker's state needs 'start', a chunkd.loader/3 state")
+            raise ResumeStateError("a worker's state needs 'start', a chunkd.loader/4 state")
         return cls(start=LoaderState.parse(start), tail=tail, finished=finished, **values)
 
     def geometry(self) -> tuple[int, ...]:
@@ -159,7 +160,8 @@ def reader_state(
 
 
 def global_state(state: Any) -> dict[str, Any]:
-    """The ``chunkd.loader/3`` state of what DataLoaders saved (see the module docstring).
+    """The ``chunkd.loader/4`` (or ``/3``) state of what DataLoaders saved (see the
+    module docstring).
 
     ``state``: a ``StatefulDataLoader.state_dict()``, a dataset's ``state_dict()``, or
     any nesting of dicts, lists and tuples of them, such as a list of every rank's
@@ -228,7 +230,7 @@ def _of_workers(rank: int, states: list[tuple[WorkerState, bool]]) -> LoaderStat
 def _find(state: Any, *, finished: bool) -> Iterator[tuple[Mapping[str, Any], bool]]:
     if isinstance(state, Mapping):
         fmt = state.get("format")
-        if fmt in (STATE_FORMAT, WORKER_FORMAT):
+        if fmt == WORKER_FORMAT or fmt in STATE_FORMATS.values():
             yield state, finished
             return
         if fmt in LEGACY_FORMATS:

@@ -5,10 +5,12 @@ Reads and writes go through obstore's ``LocalStore``; listings through
 after any key (``LocalStore`` lists in directory order). No endpoint, region or
 credentials: the daemon's own file permissions apply.
 
-A streamed write (:meth:`FileBackend.put_stream`) goes to a staging file beside the
-key (``KEY#N``, hidden from listings as ``LocalStore``'s own are), flushed to disk,
-then ``link()``-ed to the key: ``link`` fails where the name exists, so an object is
-never overwritten. The staging file is removed whatever happens.
+A streamed write (:meth:`FileBackend.put_stream`) goes to a staging file (``NAME#N``,
+hidden from listings as ``LocalStore``'s own are) in the key's directory, or in its
+nearest directory that exists (the key's own are made only once every byte is in, so
+a write that fails leaves no empty directory behind), flushed to disk, then
+``link()``-ed to the key: ``link`` fails where the name exists, so an object is never
+overwritten. The staging file is removed whatever happens.
 """
 
 from __future__ import annotations
@@ -112,13 +114,11 @@ class FileBackend(StoreBackend):
                 "keeps names that end in '#' and digits for its temporary files; use another name"
             )
         path = os.path.join(self.config.prefix, key)
-        # A staging name no key can have (LocalStore refuses keys ending in "#" and
-        # digits) and listings hide.
-        staging = f"{path}#{secrets.randbelow(10**15)}"
+        staging = ""
         self._metrics.backend_requests.labels(self.name, "put").inc()
         fd = -1
         try:
-            fd = await asyncio.to_thread(_open_staging, staging)
+            fd, staging = await asyncio.to_thread(_open_staging, self.config.prefix, path)
             written = 0
             async for piece in pieces:
                 view = memoryview(piece)
@@ -130,7 +130,7 @@ class FileBackend(StoreBackend):
                 raise stream_size_error(f"{self.name}/{key}", size, written)
             await asyncio.to_thread(os.fsync, fd)
             try:
-                await asyncio.to_thread(os.link, staging, path)
+                await asyncio.to_thread(_link, staging, path)
             except FileExistsError:
                 return False
         except OSError as exc:
@@ -140,7 +140,8 @@ class FileBackend(StoreBackend):
         finally:
             if fd >= 0:
                 os.close(fd)
-            await asyncio.shield(asyncio.to_thread(_remove, staging))
+            if staging:
+                await asyncio.shield(asyncio.to_thread(_remove, staging))
         self._metrics.backend_write_bytes.labels(self.name).inc(size)
         return True
 
@@ -204,9 +205,27 @@ class FileBackend(StoreBackend):
         return None
 
 
-def _open_staging(staging: str) -> int:
-    os.makedirs(os.path.dirname(staging), exist_ok=True)
-    return os.open(staging, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+def _open_staging(root: str, path: str) -> tuple[int, str]:
+    """A new staging file for ``path`` (below ``root``): in its directory, or the
+    nearest one above it that exists. A name no key can have (LocalStore refuses keys
+    ending in "#" and digits), which listings hide."""
+    where = os.path.dirname(path)
+    while not os.path.isdir(where) and len(where) > len(root):
+        where = os.path.dirname(where)
+    staging = os.path.join(where, f"{os.path.basename(path)}#{secrets.randbelow(10**15)}")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+    return os.open(staging, flags, 0o666), staging
+
+
+def _link(staging: str, path: str) -> None:
+    """Link ``staging`` to ``path``, its directories made first (FileExistsError: an
+    object is there)."""
+    parent = os.path.dirname(path)
+    try:
+        os.makedirs(parent, exist_ok=True)
+    except FileExistsError:  # a part of the path is an object
+        raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), parent) from None
+    os.link(staging, path)
 
 
 def _write_all(fd: int, view: memoryview) -> None:

@@ -292,6 +292,11 @@ def test_a_registration_on_ray_gives_the_snapshot_of_a_local_one(lab: Lab) -> No
     assert lab.metric(1, "chunkd_local_requests_total", op="read") > reads_before
     shown = _json(lab.dataset("show", "pq-ray", "--json"))
     assert shown["snapshot"] == local["snapshot"]
+    for batch in ("0", "1025"):
+        refused = lab.dataset("register", "pq-x", "data/pq", "--ray", lab.address, "--batch", batch)
+        assert refused.returncode == 1
+        assert "a batch is 1 to 1024 members" in refused.stderr
+        assert "Traceback" not in refused.stderr
 
 
 _KILLED = """
@@ -299,7 +304,7 @@ import json, os, signal, sys
 from pathlib import Path
 from chunkd.client import Client
 from chunkd.client.datasets.bulk import register_on_ray, scan_batch
-from chunkd.client.datasets.register import commit
+from chunkd.client.datasets.pages import commit_snapshot
 from chunkd.errors import ChunkdError
 
 marker, name, kills = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
@@ -324,7 +329,7 @@ with Client() as client:
     except ChunkdError as exc:
         print(json.dumps({"error": type(exc).__name__, "message": str(exc)}))
         sys.exit(0)
-    answer = commit(client, name, snapshot)
+    answer = commit_snapshot(client, name, snapshot)
     keys = [m.key for m in snapshot.members]
     print(json.dumps({"snapshot": snapshot.id, "version": answer["version"], "keys": keys,
                       "tasks": run.tasks}))
@@ -407,6 +412,16 @@ def test_without_ray_installed_the_error_says_how_to_install_it(
         assert done.returncode == 1, done.stderr
         assert "pip install 'chunkd[ray]'" in done.stderr
         assert "Traceback" not in done.stderr
+    alone = subprocess.run(
+        [str(BIN / "chunkd"), "dataset", "register", "pq", "data/pq", "--batch", "2"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=20,
+        check=False,
+    )
+    assert alone.returncode == 1
+    assert "--batch sizes the tasks of a job on Ray: give --ray too" in alone.stderr
     listed = subprocess.run(
         [str(BIN / "chunkd"), "dataset", "ls", "--json"],
         capture_output=True,

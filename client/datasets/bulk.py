@@ -404,7 +404,7 @@ def check_on_ray(
     """
     del client  # the tasks resolve the snapshot through their own nodes' daemons
     if members_per_task < 1:
-        raise InvalidRequestError(f"members_per_task must be >= 1; got {members_per_task}")
+        raise InvalidRequestError(f"a check task takes 1 member or more; got {members_per_task}")
     empties: list[Finding] = []
     rules: list[Finding] = []
     sizes = array("q")
@@ -501,7 +501,7 @@ def check_slice(snapshot_id: str, start: int, stop: int, deep: bool) -> dict[str
 def _slices(snapshot: Snapshot, size: int) -> Iterator[tuple[int, int]]:
     """Runs ``(start, stop)`` of the snapshot's members: whole pages of about ``size``
     members together (a schema-1 snapshot: every ``size`` members)."""
-    pages = getattr(snapshot, "pages", ())
+    pages = snapshot.pages
     total = len(snapshot.members)
     if not pages:
         for start in range(0, total, size):

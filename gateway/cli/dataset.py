@@ -216,7 +216,8 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 
 def _register(client: Client, args: argparse.Namespace, out: TextIO) -> int:
-    from chunkd.client.datasets.register import commit, parse_format, scan_prefix
+    from chunkd.client.datasets.pages import commit_snapshot
+    from chunkd.client.datasets.register import parse_format, scan_prefix
     from chunkd.snapshot import check_dataset_name
 
     check_dataset_name(args.name)
@@ -244,7 +245,7 @@ def _register(client: Client, args: argparse.Namespace, out: TextIO) -> int:
             options=options,
             skip_bad=args.skip_bad,
             address=args.ray,
-            batch=args.batch or BATCH_MEMBERS,
+            batch=BATCH_MEMBERS if args.batch is None else args.batch,
             concurrency=args.concurrency,
             progress=progress,
         )
@@ -261,7 +262,8 @@ def _register(client: Client, args: argparse.Namespace, out: TextIO) -> int:
     scanned = time.monotonic() - started
     if tty and not args.quiet and shown[0]:
         print(file=sys.stderr)
-    answer = commit(client, args.name, snapshot)
+    # Its pages first (each put if absent), then its root: the commit, one request.
+    answer = commit_snapshot(client, args.name, snapshot)
     report = {
         "name": args.name,
         "version": answer.get("version"),
@@ -470,7 +472,7 @@ def _check(client: Client, args: argparse.Namespace, out: TextIO) -> int:
             snapshot,
             deep=args.deep,
             address=args.ray,
-            members_per_task=args.batch or CHECK_MEMBERS,
+            members_per_task=CHECK_MEMBERS if args.batch is None else args.batch,
         )
     else:
         findings = check(snapshot, source, deep=args.deep)

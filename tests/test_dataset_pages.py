@@ -5,13 +5,14 @@ over its bound, claiming content; a registration killed while it puts pages)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
 import subprocess
 import sys
 import textwrap
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,9 @@ from chunkd.client import Client
 from chunkd.client.datasets.dataset import resolve as resolve_snapshot
 from chunkd.client.datasets.pages import DaemonPages, commit_snapshot, put_page
 from chunkd.errors import DatasetNotFoundError, InvalidRequestError, ManifestError
+from chunkd.gateway.config import load_config
+from chunkd.gateway.daemon import Node, open_node
+from chunkd.gateway.metrics import Metrics
 from chunkd.snapshot import (
     PAGE_MAX_BYTES,
     Member,
@@ -346,3 +350,60 @@ def test_a_registration_killed_while_it_puts_pages_leaves_the_previous_version(
     assert got.id == snapshot.id
     assert got.members[39_999] == snapshot.members[39_999]
     assert "Traceback" not in daemon.log.read_text()
+
+
+@pytest.fixture
+async def inproc(tmp_path: Path) -> AsyncIterator[Node]:
+    """A node in this process (its registry at local/datasets), for daemon code's API."""
+    (tmp_path / "local").mkdir()
+    toml = tmp_path / "inproc.toml"
+    toml.write_text(f"""
+[server]
+socket = "{tmp_path / "inproc.sock"}"
+
+[cache]
+dir = "{tmp_path / "inproc-cache"}"
+ram_bytes = "64MiB"
+disk_bytes = "256MiB"
+disk_min_free_bytes = 0
+fsync = "never"
+
+[[backends]]
+name = "local"
+url = "file://{tmp_path / "local"}"
+writable = true
+""")
+    config = load_config(toml, environ={}, cwd=tmp_path)
+    async with open_node(config, Metrics(), tls=None) as node:
+        yield node
+
+
+@pytest.mark.timeout(60)
+async def test_daemon_code_loads_the_pages_it_needs_once_and_indexes_their_members(
+    inproc: Node,
+) -> None:
+    registry = inproc.datasets.registry
+    snapshot, pages = built(12_000)
+    for ref in snapshot.pages:
+        assert await registry.put_page(pages.page(ref.id)) == (ref.id, True)
+    ident, version, created = await registry.commit(snapshot.data, "inproc")
+    assert (ident, version, created) == (snapshot.id, 1, True)
+    got = (await registry.resolve("inproc")).snapshot
+    last = len(got.members) - 1
+    with pytest.raises(ManifestError, match="not loaded"):
+        got.members[last]
+    await registry.load_pages(got, [0, got.page_of(last), 0])
+    assert got.members[0] == snapshot.members[0]
+    assert got.members[last] == snapshot.members[last]
+    assert registry.pages.fetched == 2
+    assert await registry.page(snapshot.pages[0].id) == pages.page(snapshot.pages[0].id)
+    assert registry.pages.fetched == 2  # held by the node's tiers: no second fetch
+    # A page that does not fit the root is refused by the snapshot, naming it.
+    other, other_pages = built(12_000, size=128)
+    await registry.put_page(other_pages.page(other.pages[0].id))
+    with pytest.raises(ManifestError, match=other.pages[0].id):
+        await asyncio.to_thread(
+            got.offer_page, got.pages[0].id, other_pages.page(other.pages[0].id)
+        )
+    with pytest.raises(DatasetNotFoundError, match="0" * 64):
+        await registry.page("0" * 64)

@@ -10,11 +10,12 @@ bytes, so the daemon holds a page as it holds a chunk, by that id:
   request of any kind (no HEAD: the id names the bytes, and they were hashed when they
   came in);
 * **single flight**: concurrent requests of a node for one page make one fetch;
-* **peers**: with ``[peers]``, a page is read through the read path as the object it
-  is, so the member that owns its locator (rendezvous hashing) fetches it from the
-  backend once for the cluster, and the others get it from that member (each node
-  learns the page object's version once: one HEAD per node and page, kept per the
-  backend's revalidation policy); without peers, one bounded GET.
+* **peers**: a page missing from the tiers is read through the read path as the
+  object it is, so with ``[peers]`` the member that owns its locator (rendezvous
+  hashing) fetches it from the backend once for the cluster, and the others get it
+  from that member (each node learns the page object's version once: one HEAD per node
+  and page, kept per the backend's revalidation policy); without peers the read's own
+  GET learns it. A page of up to ``chunk_bytes`` is one chunk, whose id is the page's.
 
 Whatever the source, the bytes are hashed and must be the id before anything keeps or
 serves them: one that is not is a :class:`~chunkd.errors.ManifestError` naming the

@@ -16,7 +16,8 @@ What a request may cost the daemon, bounded before the work starts:
   client's manifest may not carry ``content`` or ``origin`` (:attr:`Snapshot.claims`):
   chunkd records those itself, and only the daemon's own migrate commits them;
 * **a manifest to resolve** (``ds_resolve``, ``ds_freeze``, ``ds_migrate``, the
-  inspector's open): parsed snapshots are kept by id, the most recently used first, up
+  inspector's open; a schema-2 snapshot's root, whose pages are not read): parsed
+  snapshots are kept by id, the most recently used first, up
   to :data:`PARSED_BYTES` of manifest bytes and :data:`PARSED_COUNT` manifests (a
   snapshot is immutable and its id names its bytes, so a kept one is always right).
   Concurrent resolves of one id share one load. A load takes a turn of the same
@@ -28,6 +29,23 @@ What a request may cost the daemon, bounded before the work starts:
   the GIL for seconds (``json.loads``), once per id while it is kept (one larger than
   :data:`PARSED_BYTES` is not kept). ``ds_tag`` reads the version pointer only, never
   the manifest;
+* **a schema-2 root to commit**: as a manifest above, and at most
+  :data:`ROOT_MAX_BYTES` (a larger root is refused once the worker has checked it);
+  then every page it names must be in the registry: pages this daemon put or read are
+  known (:data:`.pages.KNOWN_PAGES` ids), the others are HEADed a few at a time (one
+  request a page, never a read of it). A missing page is a
+  :class:`~chunkd.errors.DatasetNotFoundError` naming it, before anything is written;
+* **a page to put** (``ds_page_put``): at most :data:`~chunkd.snapshot.PAGE_MAX_BYTES`,
+  refused by the size of its memfd before a byte is read; its shape checked before it
+  is parsed, then parsed in a thread in a turn of the same :data:`COMMIT_CHECKS`
+  (:func:`.pages.check_page`);
+* **a page to read** (``ds_page``, :meth:`Registry.page`): one ranged read of at most
+  :data:`~chunkd.snapshot.PAGE_MAX_BYTES` + 1 bytes (a larger object is damaged and not
+  read), hashed before it is kept or served, held by the node's tiers like a chunk
+  (:mod:`.pages`). The daemon never parses a page to resolve, commit or serve it;
+* **the latest version or a tag's head**: the hint, the pointer it names, and one
+  probe per version the hint is behind, at most :data:`HINT_PROBES`, then one listing
+  from there (:mod:`.layout`): a resolve's reads do not grow with the history;
 * **a version pointer or a tag entry** (a few hundred bytes as chunkd writes them):
   at most :data:`DOCUMENT_BYTES` are read (:func:`read_document`, a ranged read, or
   the size a listing gave, before any read) and parsed, after a shape check

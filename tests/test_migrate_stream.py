@@ -437,3 +437,22 @@ def test_ds_migrate_streams_an_old_snapshot_to_s3_as_a_paged_copy(
     )
     assert uploads(s3_server, bucket) == []
     assert "Traceback" not in daemon.log.read_text()
+
+
+@pytest.mark.timeout(30)
+async def test_a_store_without_a_conditional_finish_puts_whole_and_never_overwrites() -> None:
+    backend = make_backend(BackendConfig("mem", "memory://", writable=True), Metrics())
+    try:
+        assert not backend.streams_conditional_put
+        assert backend.held_by_put(3 * PIECE) == 3 * PIECE
+        data = pattern(3 * PIECE, seed=3)
+        assert await backend.put_stream("k.bin", pieces_of(data), size=len(data))
+        assert not await backend.put_stream("k.bin", pieces_of(b"x" * 10), size=10)
+        assert bytes(await backend.get("k.bin") or b"") == data
+        with pytest.raises(IntegrityError, match="was to be"):
+            await backend.put_stream("l.bin", pieces_of(data), size=len(data) - 1)
+        assert await backend.head("l.bin") is None
+        with pytest.raises(InvalidRequestError, match="puts at most 67108864 bytes whole"):
+            await backend.put_stream("m.bin", pieces_of(b""), size=SINGLE_PUT_BYTES + 1)
+    finally:
+        await backend.close()

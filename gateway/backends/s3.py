@@ -295,9 +295,11 @@ class S3Backend(StoreBackend):
         *,
         headers: dict[str, str] | None = None,
         unsigned: bool = False,
+        answers: tuple[int, ...] = (),
     ) -> tuple[int, Any, bytes]:
         """One signed request about ``key``: its status, headers and body. A refusal
-        is raised as the error it means (:meth:`_refusal`)."""
+        is raised as the error it means (:meth:`_refusal`), unless its status is one
+        of ``answers``."""
         assert self._signer is not None
         if self._session is None:
             self._session = aiohttp.ClientSession(
@@ -312,7 +314,7 @@ class S3Backend(StoreBackend):
             method, url, data=_slices(body) if body else None, headers=sent
         ) as response:
             got = await response.read()
-            if response.status >= 300:
+            if response.status >= 300 and response.status not in answers:
                 found = _ERROR_CODE.search(got)
                 raise self._refusal(
                     key, _Refused(response.status, found.group(1).decode() if found else "")
@@ -389,7 +391,12 @@ class S3Backend(StoreBackend):
         """Abort the upload (a failure is logged: a bucket lifecycle rule for
         incomplete multipart uploads is the last resort)."""
         try:
-            await self._call("put", key, lambda: self._request("DELETE", key, {"uploadId": upload}))
+            # 404: the upload is gone already (a finish whose answer was lost, retried)
+            await self._call(
+                "put",
+                key,
+                lambda: self._request("DELETE", key, {"uploadId": upload}, answers=(404,)),
+            )
         except Exception as exc:  # the write's own error (or answer) is the one given
             log.warning(
                 "backend %s: could not abort the multipart upload %s of %s (%s); "

@@ -16,7 +16,8 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections import OrderedDict
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
@@ -27,15 +28,27 @@ from chunkd.client.protocol import MAX_LAYOUT
 from chunkd.errors import (
     ChunkdError,
     DatasetError,
+    DatasetNotFoundError,
     ManifestError,
     ObjectNotFoundError,
     VersionChangedError,
+)
+from chunkd.frozen import (
+    FROZEN_FORMAT,
+    RECORD_PAGE_BYTES,
+    RECORD_SCHEMA,
+    Piece,
+    RecordPageWriter,
+    RecordRoot,
+    member_chunks,
+    parse_record_page,
+    record_root_bytes,
 )
 from chunkd.gateway.checkpoints.barrier import await_collections
 from chunkd.gateway.checkpoints.jobs import each
 from chunkd.gateway.checkpoints.model import CHUNKS, INTENTS
 from chunkd.gateway.chunkstore import put_chunk
-from chunkd.gateway.datasets.layout import INTENT_CHUNKS, SCHEMA
+from chunkd.gateway.datasets.layout import INTENT_CHUNKS
 from chunkd.gateway.datasets.pinned import drifted, first_failure, member_leases, pinned_stat
 from chunkd.gateway.datasets.registry import load_document, read_document
 
@@ -47,11 +60,29 @@ if TYPE_CHECKING:
     from chunkd.gateway.readpath import ReadPath, Stat
     from chunkd.snapshot import Snapshot
 
-__all__ = ["FROZEN_FORMAT", "INTENT_REFRESH", "Freezer", "parse_frozen"]
+__all__ = [
+    "FROZEN_FORMAT",
+    "INTENT_REFRESH",
+    "RECORD_PAGES_HELD",
+    "WRITE_RECORD_SCHEMA",
+    "Freezer",
+    "FrozenChunks",
+    "parse_frozen",
+    "record_bound",
+]
 
 log = logging.getLogger(__name__)
 
-FROZEN_FORMAT: Final = "chunkd-dataset-frozen"
+#: the frozen record's schema a freeze writes: 1 (one document) until the tests and
+#: readers that open a record's file directly move to pages; :class:`Freezer` takes 2
+#: (a root and record pages, in bounded memory) when told
+WRITE_RECORD_SCHEMA: Final = 1
+#: record pages a reader of a record holds parsed (the most recently used)
+RECORD_PAGES_HELD: Final = 4
+#: record pages read at once (each at most RECORD_PAGE_BYTES)
+_RECORD_PAGES_AT_ONCE: Final = 4
+#: the most a root's entry takes: an id, a key (1024 bytes, escaped), two numbers
+_ROOT_ENTRY_BYTES: Final = 64 + 6 * 1024 + 64
 #: seconds after which a running freeze writes an intent of its own again: well inside
 #: the day (``chunkd gc``'s ``intent_ttl``) after which a collection deletes an intent
 #: and stops counting its chunks
@@ -65,8 +96,24 @@ def _dumps(doc: Any) -> bytes:
 def record_bound(snapshot: Snapshot) -> int:
     """The most bytes ``snapshot``'s frozen record can hold (at the smallest chunk size,
     a page), up to :data:`~chunkd.client.protocol.MAX_LAYOUT`: a record read is never
-    larger, so a planted one is refused unread."""
+    larger, so a planted one is refused unread.
+
+    A schema-2 snapshot's record is a root (schema 2) whose entries are bounded by its
+    member pages' sizes, worked out from its own root (no member page is read). A
+    schema-1 snapshot's may be of either schema (one written before records paged).
+    """
     per_chunk = 64 + 3  # an id, its quotes and a comma
+    if snapshot.schema >= 2:
+        # A record page is cut only when the next id does not fit, so all but the last
+        # of a member page's record pages hold RECORD_PAGE_BYTES less an entry or so.
+        full = RECORD_PAGE_BYTES - _ROOT_ENTRY_BYTES - 256
+        entries = sum(
+            1
+            + (p.members * (_ROOT_ENTRY_BYTES + 160) + (p.bytes // 4096 + p.members) * per_chunk)
+            // full
+            for p in snapshot.pages
+        )
+        return min(4096 + entries * _ROOT_ENTRY_BYTES, MAX_LAYOUT)
     size = 4096 + sum(-(-m.size // 4096) * per_chunk + 160 for m in snapshot.members)
     return min(size, MAX_LAYOUT)
 
@@ -81,7 +128,8 @@ def parse_frozen(
 ) -> dict[str, Any]:
     """A frozen record, checked: the one written for snapshot ``expect_id`` (the id in
     its key) with its chunks in ``backend`` (the registry's), and, when ``snapshot``
-    is given, one chunk list per member of the member's size.
+    is given, one chunk list per member of the member's size (schema 1), or a root of
+    as many members (schema 2: the pages are checked as they are read).
 
     What that proves, and what it does not: the record names this snapshot and this
     registry's chunk store, so a record copied from another snapshot, or one naming
@@ -92,42 +140,164 @@ def parse_frozen(
     Raises:
         ManifestError: the record is damaged, or is not this snapshot's.
     """
+    damaged = ManifestError(
+        f"the frozen record {key} is damaged (not the JSON chunkd wrote); freeze the snapshot again"
+    )
     try:
         # Its shape is checked before it is parsed: nested too deep is damaged, never a
         # RecursionError.
-        doc: Any = load_document(raw, key, ("members",), max_depth=4)
+        doc: Any = load_document(raw, key, max_depth=4)
     except ManifestError:
         doc = None
-    members = doc.get("members") if isinstance(doc, dict) else None
-    if (
-        not isinstance(doc, dict)
-        or doc.get("format") != FROZEN_FORMAT
-        or not isinstance(members, list)
-        or not all(isinstance(m, list) and all(isinstance(c, str) for c in m) for m in members)
-        or not isinstance(doc.get("chunk_bytes"), int)
-        or isinstance(doc.get("chunk_bytes"), bool)
-        or doc["chunk_bytes"] <= 0
-    ):
-        raise ManifestError(
-            f"the frozen record {key} is damaged (not the JSON chunkd wrote); freeze the "
-            "snapshot again"
-        )
+    if not isinstance(doc, dict) or doc.get("format") != FROZEN_FORMAT:
+        raise damaged
     if doc.get("id") != expect_id or doc.get("backend") != backend:
         raise ManifestError(
             f"the frozen record {key} is not snapshot {expect_id}'s in backend {backend!r}: "
             f"it names snapshot {str(doc.get('id'))[:64]!r} in backend "
             f"{str(doc.get('backend'))[:64]!r}; freeze the snapshot again (it is written anew)"
         )
+    if doc.get("schema") == RECORD_SCHEMA:
+        root = RecordRoot.from_doc(doc, f"the frozen record {key}")
+        if snapshot is not None and root.members != len(snapshot.members):
+            raise ManifestError(
+                f"the frozen record {key} does not match snapshot {snapshot.id}'s members; "
+                "freeze the snapshot again"
+            )
+        return doc
+    members = doc.get("members")
+    if (
+        not isinstance(members, list)
+        or not all(isinstance(m, list) and all(isinstance(c, str) for c in m) for m in members)
+        or not isinstance(doc.get("chunk_bytes"), int)
+        or isinstance(doc.get("chunk_bytes"), bool)
+        or doc["chunk_bytes"] <= 0
+    ):
+        raise damaged
     if snapshot is not None:
         size = doc["chunk_bytes"]
-        if len(members) != len(snapshot.members) or any(
-            len(ids) != -(-m.size // size) for ids, m in zip(members, snapshot.members, strict=True)
+        # A schema-2 snapshot's members are in pages the daemon has not loaded: their
+        # count is checked here, each list's length as the member is read.
+        if len(members) != len(snapshot.members) or (
+            snapshot.schema < 2
+            and any(
+                len(ids) != -(-m.size // size)
+                for ids, m in zip(members, snapshot.members, strict=True)
+            )
         ):
             raise ManifestError(
                 f"the frozen record {key} does not match snapshot {snapshot.id}'s members; "
                 "freeze the snapshot again"
             )
     return doc
+
+
+class FrozenChunks:
+    """The chunk ids a frozen record (either schema) names, read in bounded memory:
+    a schema-2 record's pages are fetched from the registry as they are needed (each
+    checked against its id and its root's entry) and the :data:`RECORD_PAGES_HELD`
+    most recently used are held parsed.
+
+    Args:
+        registry: the dataset registry (where the record pages are).
+        record: the record (:func:`parse_frozen`'s).
+        where: the record, for errors (``BACKEND/KEY``).
+    """
+
+    def __init__(self, registry: Registry, record: dict[str, Any], where: str) -> None:
+        self.registry = registry
+        self.record = record
+        self.where = where
+        self.chunk_bytes = int(record["chunk_bytes"])
+        self.root = (
+            RecordRoot.from_doc(record, where) if record.get("schema") == RECORD_SCHEMA else None
+        )
+        self._held: OrderedDict[int, tuple[Piece, ...]] = OrderedDict()
+
+    @property
+    def chunks(self) -> int:
+        """How many chunk ids the record names (repeats included)."""
+        if self.root is not None:
+            return self.root.chunks
+        return sum(len(member) for member in self.record["members"])
+
+    async def page(self, index: int) -> tuple[Piece, ...]:
+        """Record page ``index``'s pieces, loaded and checked (schema 2).
+
+        Raises:
+            DatasetError: the page is missing or damaged (the message names it).
+        """
+        assert self.root is not None
+        held = self._held.get(index)
+        if held is not None:
+            self._held.move_to_end(index)
+            return held
+        ref = self.root.pages[index]
+        try:
+            data = await self.registry.page(ref.id)
+            pieces = await asyncio.to_thread(parse_record_page, data, ref, self.chunk_bytes)
+        except (DatasetNotFoundError, ManifestError) as exc:
+            raise ManifestError(
+                f"the frozen record {self.where} cannot be read: {exc}; freeze the snapshot again"
+            ) from None
+        self._held[index] = pieces
+        while len(self._held) > RECORD_PAGES_HELD:
+            self._held.popitem(last=False)
+        return pieces
+
+    async def of_member(self, snapshot: Snapshot, index: int) -> list[str]:
+        """Member ``index``'s chunk ids, in order (its snapshot page must be loaded).
+
+        Raises:
+            ManifestError: the record is damaged, or does not fit the member.
+        """
+        member = snapshot.members[index]
+        count = -(-member.size // self.chunk_bytes)
+        if self.root is None:
+            ids = [str(c) for c in self.record["members"][index]]
+            if len(ids) != count:
+                raise ManifestError(
+                    f"the frozen record {self.where} names {len(ids)} chunks for member "
+                    f"{member.key!r}, which takes {count}: freeze the snapshot again"
+                )
+            return ids
+        pages: dict[int, tuple[Piece, ...]] = {}
+        at = self.root.page_for(member.key, 0)
+        # The pages a member's pieces may be on: its first, and the next ones whose
+        # entries start with it.
+        while at is not None and at < len(self.root.pages):
+            pages[at] = await self.page(at)
+            at += 1
+            if at >= len(self.root.pages) or self.root.pages[at].key != member.key:
+                break
+        return list(member_chunks(self.root, member.key, count, pages.__getitem__))
+
+    async def batches(self) -> AsyncGenerator[list[str], None]:
+        """Every chunk id the record names, a member (schema 1) or a record page
+        (schema 2) at a time; pages are read a few at a time, and none is held after."""
+        if self.root is None:
+            for member in self.record["members"]:
+                yield [str(c) for c in member]
+            return
+        refs = self.root.pages
+        for start in range(0, len(refs), _RECORD_PAGES_AT_ONCE):
+            indexes = list(range(start, min(len(refs), start + _RECORD_PAGES_AT_ONCE)))
+            for pieces in await each(indexes, self._read_once):
+                yield [c for piece in pieces for c in piece.ids]
+
+    async def _read_once(self, index: int) -> tuple[Piece, ...]:
+        held = self._held.get(index)
+        if held is not None:
+            return held
+        assert self.root is not None
+        ref = self.root.pages[index]
+        try:
+            data = await self.registry.page(ref.id)
+            return await asyncio.to_thread(parse_record_page, data, ref, self.chunk_bytes)
+        except (DatasetNotFoundError, ManifestError) as exc:
+            raise ManifestError(
+                f"the frozen record {self.where} cannot be read: {exc}; freeze the snapshot again"
+            ) from None
 
 
 @dataclass
@@ -147,7 +317,11 @@ class _Intents:
     A collection deletes an intent whose object is older than its ``intent_ttl`` (a
     day) and no longer counts its chunks; a freeze of a large snapshot can take longer.
     While :meth:`keep_fresh` runs, every intent written ``refresh`` seconds ago or more
-    is put again (a new modification time in the backend).
+    is put again (a new modification time in the backend): read back and written
+    again, so that a freeze holds each intent's key and time, never its chunk ids (a
+    100 TB snapshot's intents name 25M of them). An intent gone meanwhile (a
+    collection deleted it) is not written again: the chunks it named may be gone with
+    it, and the look-up before the record finds them missing.
     """
 
     def __init__(
@@ -162,23 +336,34 @@ class _Intents:
         self.what = what
         #: around each request to the registry's backend: a backend down names it
         self.reach = reach
-        self._written: dict[str, tuple[dict[str, Any], float]] = {}
+        #: each intent's key and when it was last written, oldest first
+        self._written: OrderedDict[str, float] = OrderedDict()
 
     async def put(self, key: str, doc: dict[str, Any]) -> None:
         """Write intent ``key``, and keep it fresh from now on."""
         with self.reach():
             await self.backend.put(key, _dumps(doc))
-        self._written[key] = (doc, time.monotonic())
+        self._written[key] = time.monotonic()
 
     async def refresh_old(self) -> None:
         """Put again every intent written ``refresh`` seconds ago or more."""
         now = time.monotonic()
-        old = [key for key, (_, at) in self._written.items() if now - at >= self.refresh]
+        old = []
+        for key, at in self._written.items():
+            if now - at < self.refresh:
+                break  # oldest first: the rest are younger
+            old.append(key)
 
         async def again(key: str) -> None:
-            doc = self._written[key][0] | {"created": time.time()}
+            raw = await self.backend.get(key)
+            if raw is None:
+                log.warning("%s: its intent %s was deleted meanwhile", self.what, key)
+                del self._written[key]
+                return
+            doc = json.loads(bytes(raw)) | {"created": time.time()}
             await self.backend.put(key, _dumps(doc))
-            self._written[key] = (doc, time.monotonic())
+            self._written[key] = time.monotonic()
+            self._written.move_to_end(key)
 
         await each(old, again)
 
@@ -226,6 +411,10 @@ class Freezer:
         intent_refresh: seconds after which a running freeze writes an intent of its
             own again (:data:`INTENT_REFRESH`; keep it well under the collections'
             ``intent_ttl``).
+        record_schema: the frozen record's schema it writes (:data:`WRITE_RECORD_SCHEMA`):
+            2, a root and record pages, cut and put as the freeze goes, so that it holds
+            a page at a time; 1, one document, which holds every chunk id until it is
+            written.
     """
 
     def __init__(
@@ -237,7 +426,9 @@ class Freezer:
         *,
         poll_interval: float = 2.0,
         intent_refresh: float = INTENT_REFRESH,
+        record_schema: int = WRITE_RECORD_SCHEMA,
     ) -> None:
+        self.record_schema = record_schema
         self.registry = registry
         self.read_path = read_path
         self.cache = cache
@@ -246,7 +437,8 @@ class Freezer:
         self.intent_refresh = intent_refresh
 
     async def frozen(self, snapshot: Snapshot) -> dict[str, Any] | None:
-        """The frozen record of ``snapshot``, checked; None when it is not frozen.
+        """The frozen record of ``snapshot``, checked; None when it is not frozen. Of a
+        schema-2 record, the root alone (:class:`FrozenChunks` reads its pages).
 
         Raises:
             ManifestError: the record is damaged.
@@ -266,6 +458,11 @@ class Freezer:
                 snapshot=snapshot,
             )
         )
+
+    def chunks_of(self, record: dict[str, Any], snapshot: Snapshot) -> FrozenChunks:
+        """A reader of the chunk ids ``record`` (:meth:`frozen`'s) names, by member."""
+        where = f"{self.registry.backend_name}/{self.registry.layout.frozen(snapshot.id)}"
+        return FrozenChunks(self.registry, record, where)
 
     async def freeze(self, snapshot: Snapshot, *, what: str | None = None) -> dict[str, Any]:
         """Copy every member's chunks into the registry, then write the frozen record.
@@ -287,6 +484,17 @@ class Freezer:
         with first_failure():  # the errors of chunks sent at once, each as itself
             return await self._freeze(backend, snapshot, what or f"freezing {snapshot.id}")
 
+    async def _member_pages(self, snapshot: Snapshot) -> AsyncIterator[range]:
+        """The snapshot's member indexes, a member page at a time, each page loaded
+        (and checked) before its members are given; a schema-1 snapshot is one page."""
+        if snapshot.schema < 2:
+            yield range(len(snapshot.members))
+            return
+        for page in range(len(snapshot.pages)):
+            await self.registry.load_pages(snapshot, [page])
+            start = snapshot.page_start(page)
+            yield range(start, start + snapshot.pages[page].members)
+
     async def _freeze(self, backend: Backend, snapshot: Snapshot, what: str) -> dict[str, Any]:
         def reach() -> AbstractContextManager[None]:
             return self.registry.reaching(what)
@@ -298,12 +506,18 @@ class Freezer:
             # Freezing again is the repair the error names: the record is written anew.
             log.warning("%s; writing it again", exc)
             existing = None
-        with reach():
-            complete = existing is not None and await self._all_present(backend, existing)
+        complete = False
+        if existing is not None:
+            chunks = self.chunks_of(existing, snapshot)
+            try:
+                with reach():
+                    complete = await self._all_present(backend, chunks)
+            except ManifestError as exc:  # a record page missing or damaged
+                log.warning("%s; writing it again", exc)
         if existing is not None and complete:
             return {
                 "members": len(snapshot.members),
-                "chunks": sum(len(member) for member in existing["members"]),
+                "chunks": chunks.chunks,
                 "bytes": snapshot.total_bytes,
                 "uploaded": 0,
                 "uploaded_bytes": 0,
@@ -311,15 +525,16 @@ class Freezer:
             }
         # Every member is checked before anything is sent: a drifted one fails the
         # freeze before it costs an upload.
-        for index in range(len(snapshot.members)):
-            await pinned_stat(self.read_path, snapshot, index)
+        async for indexes in self._member_pages(snapshot):
+            for index in indexes:
+                await pinned_stat(self.read_path, snapshot, index)
         intents = _Intents(
             backend, self.intent_refresh, f"the freeze of snapshot {snapshot.id}", reach
         )
         refresher = asyncio.create_task(intents.keep_fresh())
         try:  # the intents are kept fresh until the record is written
-            report, members, contents = await self._copy(backend, snapshot, intents)
-            await self._commit(backend, snapshot, members, contents, intents)
+            report, writer, whole = await self._copy(backend, snapshot, intents)
+            await self._commit(backend, snapshot, writer, whole, intents)
         finally:
             refresher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -337,83 +552,137 @@ class Freezer:
         self,
         backend: Backend,
         snapshot: Snapshot,
-        members: list[list[str]],
-        contents: list[str],
+        writer: RecordPageWriter,
+        whole: dict[str, Any] | None,
         intents: _Intents,
     ) -> None:
-        """Step 3: every chunk looked up once more, then the frozen record written."""
+        """Step 3: every chunk looked up once more, then the frozen record written
+        (``whole``: the record of schema 1, when that is the one written)."""
+        chunk_bytes = self.read_path.chunk_bytes
+        if whole is not None:
+            record = {
+                "format": FROZEN_FORMAT,
+                "schema": 1,
+                "id": snapshot.id,
+                "backend": backend.name,
+                "chunk_bytes": chunk_bytes,
+                "created": time.time(),
+            } | whole
+            root = await asyncio.to_thread(_dumps, record)
+        else:
+            root = record_root_bytes(
+                snapshot_id=snapshot.id,
+                backend=backend.name,
+                chunk_bytes=chunk_bytes,
+                created=time.time(),
+                members=writer.members,
+                chunks=writer.chunks,
+                pages=writer.refs,
+            )
+            record = json.loads(root)
+        where = f"{backend.name}/{self.registry.layout.frozen(snapshot.id)}"
         # An intent protects its chunks only while it is younger than the collections'
         # intent_ttl: a chunk one took anyway (the freeze stalled, its intents could not
-        # be written again) must not be named by a record.
+        # be written again) must not be named by a record. The record pages are read
+        # back (they were put as they were cut): a page's ids at a time.
+        missing: list[str] = []
+        count = 0
         with intents.reach():
-            missing = await self._missing(backend, members)
-        if missing:
+            async for ids in FrozenChunks(self.registry, record, where).batches():
+                gone = await self._missing(backend, ids)
+                count += len(gone)
+                missing += gone[: max(0, 1 - len(missing))]
+        if count:
             raise DatasetError(
-                f"freezing snapshot {snapshot.id}: {len(missing)} of its chunks (the first "
+                f"freezing snapshot {snapshot.id}: {count} of its chunks (the first "
                 f"{missing[0]}) are gone from {backend.name}/{CHUNKS}, deleted by a garbage "
                 "collection while the freeze ran; no frozen record was written: run freeze "
                 "again (it sends only what is missing)"
             )
-        record = {
-            "format": FROZEN_FORMAT,
-            "schema": SCHEMA,
-            "id": snapshot.id,
-            "backend": backend.name,
-            "chunk_bytes": self.read_path.chunk_bytes,
-            "created": time.time(),
-            "members": members,
-            "content": contents,
-        }
-        data = await asyncio.to_thread(_dumps, record)
         with intents.reach():
-            await backend.put(self.registry.layout.frozen(snapshot.id), data)
+            await backend.put(self.registry.layout.frozen(snapshot.id), root)
 
     async def _copy(
         self, backend: Backend, snapshot: Snapshot, intents: _Intents
-    ) -> tuple[_Report, list[list[str]], list[str]]:
-        """Every member's chunks into ``backend``, batch by batch; their ids per member."""
+    ) -> tuple[_Report, RecordPageWriter, dict[str, Any] | None]:
+        """Every member's chunks into ``backend``, batch by batch, a member page at a
+        time; their ids cut into record pages, each put in the registry once cut (or,
+        for a record of schema 1, held whole: returned as its members and contents)."""
         run = uuid.uuid4().hex
         report = _Report(members=len(snapshot.members))
-        members: list[list[str]] = []
-        contents: list[str] = []
+        cut: list[tuple[str, bytes]] = []
+        paged = self.record_schema >= RECORD_SCHEMA
+        whole: dict[str, Any] | None = None if paged else {"members": [], "content": []}
+        writer = RecordPageWriter(
+            lambda ident, data: cut.append((ident, data)) if paged else None,
+            self.read_path.chunk_bytes,
+        )
         batch = _Batch()
         batches = 0
-        for index in range(len(snapshot.members)):
-            ids: list[str] = []
-            hasher = blake3.blake3()  # the member's whole bytes: the record's "content"
-            async for chunk, stat, lease in member_leases(self.read_path, snapshot, index):
-                with lease:
-                    await asyncio.to_thread(hasher.update, lease.view())
-                    ids.append(str(lease.id))
-                    batch.add(lease.id, index, stat, chunk, lease.size)
-                    report.chunks += 1
-                    report.bytes += lease.size
-                if len(batch.where) >= INTENT_CHUNKS:
-                    await self._send(backend, snapshot, intents, run, batches, batch, report)
-                    batches += 1
-                    batch = _Batch()
-            members.append(ids)
-            contents.append(hasher.hexdigest())
+
+        async def put_cut() -> None:
+            # Content-addressed, put if absent: a page of a freeze cut short that no
+            # record names is harmless (as a member page no root names).
+            while cut:
+                ident, data = cut.pop(0)
+                with intents.reach():
+                    await self.registry.pages.put(data, ident)
+
+        async for indexes in self._member_pages(snapshot):
+            for index in indexes:
+                writer.begin(snapshot.members[index].key)
+                if whole is not None:
+                    whole["members"].append([])
+                hasher = blake3.blake3()  # the member's whole bytes: its "content"
+                async for chunk, stat, lease in member_leases(self.read_path, snapshot, index):
+                    with lease:
+                        await asyncio.to_thread(hasher.update, lease.view())
+                        writer.add(str(lease.id))
+                        if whole is not None:
+                            whole["members"][-1].append(str(lease.id))
+                        batch.add(lease.id, index, stat, chunk, lease.size)
+                        report.chunks += 1
+                        report.bytes += lease.size
+                    if len(batch.where) >= INTENT_CHUNKS:
+                        await self._send(backend, snapshot, intents, run, batches, batch, report)
+                        batches += 1
+                        batch = _Batch()
+                    await put_cut()
+                writer.end(hasher.hexdigest())
+                if whole is not None:
+                    whole["content"].append(hasher.hexdigest())
+                await put_cut()
+            writer.cut()  # a member page ends: so does its last record page
+            await put_cut()
         if batch.where:
             await self._send(backend, snapshot, intents, run, batches, batch, report)
-        return report, members, contents
+        writer.finish()
+        await put_cut()
+        return report, writer, whole
 
-    async def _missing(self, backend: Backend, members: list[list[str]]) -> list[str]:
-        """The chunks of ``members`` that ``backend`` lacks, in id order."""
-        ids = sorted({c for member in members for c in member})
+    async def _missing(self, backend: Backend, chunk_ids: Sequence[str]) -> list[str]:
+        """The chunks of ``chunk_ids`` that ``backend`` lacks, in id order."""
+        ids = sorted(set(chunk_ids))
 
         async def present(cid: str) -> bool:
             return await backend.head(f"{CHUNKS}{cid}") is not None
 
         return [cid for cid, there in zip(ids, await each(ids, present), strict=True) if not there]
 
-    async def _all_present(self, backend: Backend, record: dict[str, Any]) -> bool:
-        """Whether every chunk of ``record`` is in ``backend`` and none was read damaged
-        on this node (a freeze again then writes those again)."""
+    async def _all_present(self, backend: Backend, chunks: FrozenChunks) -> bool:
+        """Whether every chunk the record names is in ``backend`` and none was read
+        damaged on this node (a freeze again then writes those again).
+
+        Raises:
+            ManifestError: a record page is missing or damaged.
+        """
         damaged = self.registry.backends.damaged
-        if any((backend.name, c) in damaged for member in record["members"] for c in member):
-            return False
-        return not await self._missing(backend, record["members"])
+        async for ids in chunks.batches():
+            if any((backend.name, c) in damaged for c in ids):
+                return False
+            if await self._missing(backend, ids):
+                return False
+        return True
 
     async def _send(
         self,
@@ -476,9 +745,12 @@ class Freezer:
         try:
             return await self.read_path.chunk(stat, chunk)
         except VersionChangedError:
-            raise drifted(snapshot, index, "changed while it was frozen") from None
+            change = "changed while it was frozen"
         except ObjectNotFoundError:
-            raise drifted(snapshot, index, "vanished while it was frozen") from None
+            change = "vanished while it was frozen"
+        if snapshot.schema >= 2:  # the member's page may have left the snapshot's LRU
+            await self.registry.load_pages(snapshot, [snapshot.page_of(index)])
+        raise drifted(snapshot, index, change)
 
 
 async def _once(step: Callable[[], Awaitable[Any]]) -> Any:
@@ -491,41 +763,44 @@ async def frozen_chunk_ids(registry: Registry, backend: Backend) -> AsyncGenerat
     """Every chunk id a frozen record in the registry names, if ``backend`` is the
     registry's (the roots of a garbage collection there; nothing for another backend).
 
+    In bounded memory: one record at a time, a schema-2 record's pages a few at a
+    time (never a record whole); a schema-1 record, one document, is parsed whole (it
+    is at most :data:`~chunkd.client.protocol.MAX_LAYOUT`).
+
     Raises:
-        DatasetError: a frozen record is damaged (the collection must stop: the
-            snapshot's chunks cannot be told from garbage).
+        DatasetError: a frozen record is damaged, or one of its pages is missing or
+            damaged (the collection must stop: the snapshot's chunks cannot be told
+            from garbage).
     """
     if backend.name != registry.backend_name:
         return
     layout = registry.layout
     async with contextlib.aclosing(backend.scan(layout.frozen_prefix)) as batches:
         async for batch in batches:
-            records = [(m.key, layout.parse_frozen_key(m.key)) for m in batch]
-            keys = [(key, sid) for key, sid in records if sid is not None]
-
-            async def read(item: tuple[str, str]) -> list[str]:
-                key, sid = item
+            for meta in batch:
+                sid = layout.parse_frozen_key(meta.key)
+                if sid is None:
+                    continue
+                where = f"{backend.name}/{meta.key}"
                 try:
-                    raw = await read_document(backend, key, limit=MAX_LAYOUT)
+                    raw = await read_document(backend, meta.key, limit=MAX_LAYOUT)
                     if raw is None:
-                        return []  # deleted meanwhile
+                        continue  # deleted meanwhile
                     doc = await asyncio.to_thread(
                         functools.partial(
-                            parse_frozen,
-                            raw,
-                            f"{backend.name}/{key}",
-                            expect_id=sid,
-                            backend=backend.name,
+                            parse_frozen, raw, where, expect_id=sid, backend=backend.name
                         )
                     )
+                    del raw
+                    async with contextlib.aclosing(
+                        FrozenChunks(registry, doc, where).batches()
+                    ) as named:
+                        async for ids in named:
+                            for cid in ids:
+                                yield cid
                 except ManifestError as exc:
                     raise DatasetError(
                         f"garbage collection stopped before deleting anything: {exc}. Its "
                         "chunks cannot be told from garbage; freeze that snapshot again or "
                         "delete the record"
                     ) from None
-                return [c for member in doc["members"] for c in member]
-
-            for ids in await each(keys, read):
-                for cid in ids:
-                    yield cid

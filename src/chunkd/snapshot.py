@@ -1631,7 +1631,8 @@ def manifest_check_main(argv: Sequence[str] | None = None) -> int:
     parse's Python objects, about 11 times a real manifest's size, then live and die
     in this process, and the daemon's event loop never waits on its GIL. fd 0 is a
     regular file or a memfd, read whole from offset 0. One JSON line goes to stdout:
-    ``{"id": ID, "members": N, "samples": N, "claims": [FIELD, ...], "peak_bytes": N}``
+    ``{"id": ID, "members": N, "samples": N, "claims": [FIELD, ...], "schema": N,
+    "peak_bytes": N}``
     (``claims``: :attr:`Snapshot.claims`, the fields of chunkd's own records the
     manifest carries), or ``{"error": KIND, "message": TEXT}``; the exit status is 0
     either way (anything else is a crash).
@@ -1668,6 +1669,7 @@ def manifest_check_main(argv: Sequence[str] | None = None) -> int:
                 "members": len(snapshot.members),
                 "samples": len(snapshot),
                 "claims": list(snapshot.claims),
+                "schema": snapshot.schema,
             }
     except ManifestError as exc:
         answer = {"error": "ManifestError", "message": str(exc)}

@@ -155,6 +155,18 @@ def _write_parquet(root: Path) -> None:
         path.write_bytes(sink.getvalue())
 
 
+def _write_bad_parquet(root: Path) -> None:
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    folder = root / "data" / "pqbad"
+    folder.mkdir(parents=True)
+    for i in range(3):
+        sink = io.BytesIO()
+        pq.write_table(pa.table({"id": list(range(10 * i, 10 * i + 10))}), sink)
+        (folder / f"part-{i}.parquet").write_bytes(sink.getvalue())
+    (folder / "part-1b.parquet").write_bytes(b"PAR1 this is no parquet footer PAR1")
+
+
 def _write_jsonl(root: Path) -> None:
     folder = root / "data" / "js"
     folder.mkdir(parents=True)
@@ -191,6 +203,7 @@ def lab() -> Iterator[Lab]:
     try:
         subprocess.run(["ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up"], check=True)
         _write_parquet(root)
+        _write_bad_parquet(root)
         _write_jsonl(root)
         ports = [free_port(), free_port()]
         daemons = []
@@ -308,6 +321,7 @@ from chunkd.client.datasets.pages import commit_snapshot
 from chunkd.errors import ChunkdError
 
 marker, name, kills = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+address, retries = sys.argv[4], int(sys.argv[5])
 
 def dies_halfway(backend, entries, options, skip_bad, concurrency=8):
     # The second batch's task: half its files scanned through the daemon, then its
@@ -324,7 +338,7 @@ def dies_halfway(backend, entries, options, skip_bad, concurrency=8):
 with Client() as client:
     try:
         snapshot, run = register_on_ray(
-            client, "data/pq", address=sys.argv[4], batch=3, task=dies_halfway
+            client, "data/pq", address=address, batch=3, retries=retries, task=dies_halfway
         )
     except ChunkdError as exc:
         print(json.dumps({"error": type(exc).__name__, "message": str(exc)}))
@@ -342,7 +356,7 @@ def test_a_task_killed_halfway_is_retried_into_the_same_snapshot(lab: Lab) -> No
     local = _json(lab.dataset("register", "pq-base", "data/pq", "--json"))
     marker = lab.root / "killed-once"
     done = _json(
-        lab.run(sys.executable, "-c", _KILLED, str(marker), "pq-retried", "1", lab.address)
+        lab.run(sys.executable, "-c", _KILLED, str(marker), "pq-retried", "1", lab.address, "3")
     )
     assert marker.read_text() == "1"  # the fault did fire, once
     assert done["snapshot"] == local["snapshot"]
@@ -357,16 +371,37 @@ def test_a_task_killed_halfway_is_retried_into_the_same_snapshot(lab: Lab) -> No
 @pytest.mark.timeout(45)
 def test_a_task_that_keeps_dying_fails_the_job_and_commits_nothing(lab: Lab) -> None:
     marker = lab.root / "killed-always"
-    done = _json(lab.run(sys.executable, "-c", _KILLED, str(marker), "pq-dead", "99", lab.address))
+    done = _json(
+        lab.run(sys.executable, "-c", _KILLED, str(marker), "pq-dead", "99", lab.address, "1")
+    )
     assert done["error"] == "DatasetError", done
-    assert "failed after 3 retries" in done["message"]
+    assert "failed after 1 retries" in done["message"]
     assert "nothing was committed" in done["message"]
     assert "part-003.parquet" in done["message"]  # which batch
-    assert marker.read_text() == "4"  # the first run and Ray's 3 retries
+    assert marker.read_text() == "2"  # the first run and its one retry
     missing = lab.dataset("show", "pq-dead")
     assert missing.returncode == 1
     assert "pq-dead" in missing.stderr
     assert "Traceback" not in missing.stderr
+
+
+@needs_ray
+@pytest.mark.timeout(45)
+def test_a_file_that_is_not_its_format_fails_or_is_excluded_as_locally(lab: Lab) -> None:
+    ray = ("--ray", lab.address, "--batch", "2")
+    local = lab.dataset("register", "bad-local", "data/pqbad")
+    failed = lab.dataset("register", "bad-ray", "data/pqbad", *ray)
+    assert local.returncode == failed.returncode == 1, failed.stderr
+    # The task's own error, not retried, as a local registration words it.
+    said = failed.stderr.splitlines()[-1]
+    assert said == local.stderr.splitlines()[-1].replace("bad-local", "bad-ray"), failed.stderr
+    assert "pqbad/part-1b.parquet" in failed.stderr
+    assert "Traceback" not in failed.stderr
+    assert lab.dataset("show", "bad-ray").returncode == 1  # nothing registered
+    skipped = _json(lab.dataset("register", "bad-ray", "data/pqbad", "--skip-bad", "--json", *ray))
+    alone = _json(lab.dataset("register", "bad-local", "data/pqbad", "--skip-bad", "--json"))
+    assert skipped["snapshot"] == alone["snapshot"]
+    assert [e["key"] for e in skipped["excluded"]] == ["pqbad/part-1b.parquet"]
 
 
 @needs_ray

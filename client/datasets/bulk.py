@@ -198,6 +198,7 @@ def register_on_ray(
     batch: int = BATCH_MEMBERS,
     concurrency: int = TASK_CONCURRENCY,
     progress: Callable[[Progress], None] | None = None,
+    retries: int = MAX_RETRIES,
     task: Callable[..., dict[str, Any]] | None = None,
 ) -> tuple[Snapshot, RayRun]:
     """The snapshot of ``BACKEND/PREFIX``, its members scanned by Ray tasks (the module
@@ -211,6 +212,7 @@ def register_on_ray(
         batch: members a task scans, at most (1 to :data:`BATCH_MEMBERS`).
         concurrency: members a task reads at once.
         progress: called with the progress, from this thread, as batches land.
+        retries: how often Ray runs a failed task again (0 to :data:`MAX_RETRIES`).
         task: the task's function (default :func:`scan_batch`, whose arguments it takes;
             a caller may wrap it).
 
@@ -225,6 +227,7 @@ def register_on_ray(
     """
     if not 1 <= batch <= BATCH_MEMBERS:
         raise InvalidRequestError(f"a batch is 1 to {BATCH_MEMBERS} members; got {batch}")
+    _check_retries(retries)
     backend, key_prefix = _split(prefix)
     opts = dict(options or {})
     state = Progress()
@@ -233,11 +236,11 @@ def register_on_ray(
     with connected(address) as ray:
         remote = ray.remote(task or scan_batch).options(
             num_cpus=1,
-            max_retries=MAX_RETRIES,
+            max_retries=retries,
             retry_exceptions=list(_TRANSIENT),
             scheduling_strategy="SPREAD",
         )
-        jobs = _Jobs(ray, _in_flight(ray))
+        jobs = _Jobs(ray, _in_flight(ray), retries)
 
         def land(answer: dict[str, Any]) -> None:
             for entry in answer["members"]:
@@ -384,6 +387,7 @@ def check_on_ray(
     deep: bool = False,
     address: str | None = None,
     members_per_task: int = CHECK_MEMBERS,
+    retries: int = MAX_RETRIES,
     task: Callable[..., dict[str, Any]] | None = None,
 ) -> tuple[list[Finding], RayRun]:
     """What :func:`~chunkd.client.datasets.check.check` finds in ``snapshot``, its
@@ -396,6 +400,7 @@ def check_on_ray(
         deep: as :func:`~chunkd.client.datasets.check.check`'s.
         address: the Ray cluster (:func:`connected`).
         members_per_task: about how many members a task checks (whole pages).
+        retries: how often Ray runs a failed task again (0 to :data:`MAX_RETRIES`).
         task: the task's function (default :func:`check_slice`).
 
     Raises:
@@ -405,17 +410,18 @@ def check_on_ray(
     del client  # the tasks resolve the snapshot through their own nodes' daemons
     if members_per_task < 1:
         raise InvalidRequestError(f"a check task takes 1 member or more; got {members_per_task}")
+    _check_retries(retries)
     empties: list[Finding] = []
     rules: list[Finding] = []
     sizes = array("q")
     with connected(address) as ray:
         remote = ray.remote(task or check_slice).options(
             num_cpus=1,
-            max_retries=MAX_RETRIES,
+            max_retries=retries,
             retry_exceptions=list(_TRANSIENT),
             scheduling_strategy="SPREAD",
         )
-        jobs = _Jobs(ray, _in_flight(ray))
+        jobs = _Jobs(ray, _in_flight(ray), retries)
 
         def land(answer: dict[str, Any]) -> None:
             for level, member, code, message, count, examples in answer["findings"]:
@@ -524,9 +530,10 @@ class _Jobs:
     """Tasks in flight, at most ``limit``; their answers come back in submission order,
     each once (a retried task's one answer), with a failure as chunkd's error."""
 
-    def __init__(self, ray: Any, limit: int) -> None:
+    def __init__(self, ray: Any, limit: int, retries: int) -> None:
         self._ray = ray
         self._limit = limit
+        self._retries = retries
         self._pending: dict[Any, tuple[int, str]] = {}  # ref -> (its number, what it does)
         self._done: dict[int, dict[str, Any]] = {}
         self._next = 0
@@ -562,7 +569,7 @@ class _Jobs:
             answer = self._ray.get(ref)
         except Exception as exc:
             self._cancel()
-            raise _failure(self._ray, exc, what) from None
+            raise _failure(self._ray, exc, what, self._retries) from None
         self.nodes.add(str(answer.get("node")))
         self._done[number] = answer
 
@@ -573,7 +580,12 @@ class _Jobs:
         self._pending.clear()
 
 
-def _failure(ray: Any, exc: BaseException, what: str) -> ChunkdError:
+def _check_retries(retries: int) -> None:
+    if not 0 <= retries <= MAX_RETRIES:
+        raise InvalidRequestError(f"retries are 0 to {MAX_RETRIES}; got {retries}")
+
+
+def _failure(ray: Any, exc: BaseException, what: str, retries: int) -> ChunkdError:
     """chunkd's error for a task that failed (after Ray's retries)."""
     cause = getattr(exc, "cause", None)
     if isinstance(exc, ray.exceptions.RayTaskError) and isinstance(cause, ChunkdError):
@@ -581,7 +593,7 @@ def _failure(ray: Any, exc: BaseException, what: str) -> ChunkdError:
     kind = type(exc).__name__
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else kind
     return DatasetError(
-        f"a Ray task {what} failed after {MAX_RETRIES} retries ({kind}: {first}); "
+        f"a Ray task {what} failed after {retries} retries ({kind}: {first}); "
         "nothing was committed: run the command again"
     )
 

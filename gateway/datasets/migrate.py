@@ -84,6 +84,7 @@ from chunkd.errors import (
 )
 from chunkd.gateway.checkpoints.model import CHUNKS
 from chunkd.gateway.chunkstore import ByteBudget
+from chunkd.gateway.datasets.freeze import FrozenChunks
 from chunkd.gateway.datasets.pinned import drifted, first_failure, pinned_stat
 from chunkd.gateway.names import split_prefix, validate_key
 from chunkd.gateway.reserved import ReservedPrefixes
@@ -105,17 +106,6 @@ BYTES_IN_FLIGHT: Final = 512 << 20
 _MEMBERS_AT_ONCE: Final = 8
 #: a member's source bytes asked of the read path at once (one run of its chunks)
 SOURCE_WINDOW_BYTES: Final = 8 << 20
-
-
-class _FrozenIds:
-    """The chunk ids a (schema-1) frozen record names, by member."""
-
-    def __init__(self, record: dict[str, Any]) -> None:
-        self.record = record
-        self.chunk_bytes = int(record["chunk_bytes"])
-
-    async def of_member(self, snapshot: Snapshot, index: int) -> list[str]:
-        return [str(c) for c in self.record["members"][index]]
 
 
 class _RecentPages:
@@ -217,7 +207,10 @@ class Migrator:
         last: str | None = None
         async for _, members in self._runs(snapshot):
             last = (await self._keys(dest.name, new_prefix, snapshot, members, last))[-1]
-        chunks = _FrozenIds(frozen) if frozen is not None else None
+        chunks = None
+        if frozen is not None:  # either schema of record: its pages read as needed
+            where = f"{self.registry.backend_name}/{self.registry.layout.frozen(snapshot.id)}"
+            chunks = FrozenChunks(self.registry, frozen, where)
         budget = ByteBudget(BYTES_IN_FLIGHT)
         total = len(snapshot.members)
         counts = {"members": total, "bytes": 0, "copied": 0, "kept": 0}
@@ -310,7 +303,7 @@ class Migrator:
         members: Sequence[Member],
         keys: list[str],
         dest: Backend,
-        chunks: _FrozenIds | None,
+        chunks: FrozenChunks | None,
         counts: dict[str, int],
         budget: ByteBudget,
     ) -> list[Member]:
@@ -348,7 +341,7 @@ class Migrator:
             if put != ident:  # pragma: no cover (the writer's id is the hash of the bytes)
                 raise IntegrityError(f"page {ident} was stored as {put}")
 
-    def _chunk_bytes(self, chunks: _FrozenIds | None) -> int:
+    def _chunk_bytes(self, chunks: FrozenChunks | None) -> int:
         return chunks.chunk_bytes if chunks is not None else self.read_path.chunk_bytes
 
     async def _copy_member(
@@ -358,7 +351,7 @@ class Migrator:
         member: Member,
         dest: Backend,
         key: str,
-        chunks: _FrozenIds | None,
+        chunks: FrozenChunks | None,
         counts: dict[str, int],
     ) -> Member:
         chunk_bytes = self._chunk_bytes(chunks)
@@ -412,7 +405,7 @@ class Migrator:
         snapshot: Snapshot,
         index: int,
         member: Member,
-        chunks: _FrozenIds | None,
+        chunks: FrozenChunks | None,
         read: _Read,
     ) -> AsyncGenerator[memoryview, None]:
         """Member ``index``'s bytes, a chunk at a time (each valid until the next is

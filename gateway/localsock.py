@@ -531,6 +531,8 @@ class LocalServer:
 
     async def _read(self, args: Mapping[str, Any], answer: Answer) -> dict[str, Any]:
         offset, length = args["offset"], args["length"]
+        if not args["keep"]:
+            return await self._read_unkept(args, answer)
         stat = await self.read_path.stat(
             *split_name(args["name"]),
             expect=args["version"],
@@ -565,8 +567,32 @@ class LocalServer:
             index += 1
         return response
 
+    async def _read_unkept(self, args: Mapping[str, Any], answer: Answer) -> dict[str, Any]:
+        """A read with ``keep: false``: its bytes inline, never kept in the tiers
+        (:meth:`ReadPath.peek`); at most :data:`MAX_PAYLOAD` of them, asked for by
+        length before anything is read."""
+        offset, length = args["offset"], args["length"]
+        if length is None or length > MAX_PAYLOAD:
+            raise InvalidRangeError(
+                f"a read with keep=false is answered inline: it names its length, at most "
+                f"{MAX_PAYLOAD} bytes (asked: {length}); split it, or read it kept"
+            )
+        stat, data = await self.read_path.peek(
+            *split_name(args["name"]), offset, length, expect=args["version"]
+        )
+        answer.payload = data
+        return self._describe(stat) | {
+            "offset": offset,
+            "length": len(data),
+            "spans": [],
+            "inline": True,
+            "fds": 0,
+        }
+
     async def _readv(self, args: Mapping[str, Any], answer: Answer) -> dict[str, Any]:
         asked: list[tuple[str, int, int]] = args["ranges"]
+        if not args["keep"]:
+            return await self._readv_unkept(asked, answer)
         stats = await asyncio.gather(
             *(
                 self.read_path.stat(*split_name(name), reading=(offset, offset + length))
@@ -630,6 +656,54 @@ class LocalServer:
                 pieces.append(data)
         answer.payload = b"".join(pieces)
         return {"ok": True, "answered": len(out), "ranges": out}
+
+    async def _readv_unkept(
+        self, asked: list[tuple[str, int, int]], answer: Answer
+    ) -> dict[str, Any]:
+        """``readv`` with ``keep: false``: the ranges whose lengths fit in
+        :data:`MAX_PAYLOAD` together (at least the first, cut to fit) are read at once,
+        none of them kept in the tiers (:meth:`ReadPath.peek`); the client asks again
+        for the rest. Planned from the lengths asked, before anything is read."""
+        planned: list[tuple[str, int, int]] = []
+        used = 0
+        for name, offset, length in asked:
+            if used + length > MAX_PAYLOAD:
+                if planned:
+                    break
+                length = MAX_PAYLOAD
+            planned.append((name, offset, length))
+            used += length
+        got = await asyncio.gather(
+            *(self._peek(name, offset, length) for name, offset, length in planned),
+            return_exceptions=True,
+        )
+        out: list[dict[str, Any]] = []
+        pieces: list[bytes] = []
+        room = _READV_HEADER
+        for (_, offset, _), outcome in zip(planned, got, strict=True):
+            data = b""
+            if isinstance(outcome, BaseException):
+                if not isinstance(outcome, ChunkdError):
+                    raise outcome
+                entry = _range_error(outcome)
+            else:
+                stat, data = outcome
+                entry = {
+                    "size": stat.size,
+                    "version": stat.meta.version,
+                    "offset": offset,
+                    "length": len(data),
+                }
+            room -= len(json.dumps(entry)) + 1
+            if room < 0 and out:
+                break  # the rest is asked again
+            out.append(entry)
+            pieces.append(data)
+        answer.payload = b"".join(pieces)
+        return {"ok": True, "answered": len(out), "ranges": out}
+
+    async def _peek(self, name: str, offset: int, length: int) -> tuple[Stat, bytes]:
+        return await self.read_path.peek(*split_name(name), offset, length)
 
     async def _bytes_of(self, planned: tuple[Stat, int, int]) -> bytes:
         stat, start, end = planned

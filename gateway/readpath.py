@@ -67,7 +67,7 @@ from chunkd.errors import (
 from chunkd.gateway.backends import Backend, Backends, ObjectMeta
 from chunkd.gateway.hot import HotSet
 from chunkd.gateway.names import validate_key
-from chunkd.ranges import ByteRange
+from chunkd.ranges import ByteRange, RequestRange, from_offset, reading, resolve
 
 if TYPE_CHECKING:
     from prometheus_client import Counter
@@ -89,6 +89,8 @@ _SETTLING: Final = 4  # chunks of one span being hashed and stored at once
 # chunk it was in is kept, and a backend client drops what it buffered towards a
 # piece when the body breaks, so smaller pieces lose less.
 _PIECE_BYTES: Final = 1 << 20
+# a first peek's GET of a range to the end of the object: up to here (cut at its end)
+_NO_END: Final = 1 << 62
 
 
 class _Pieces:
@@ -244,6 +246,14 @@ class ReadPath:
         # Keyed by locator, or by chunk id once the chunk map knows it: two objects
         # that share a chunk fetch it once.
         self._fetches: SingleFlight[Locator | ChunkId, tuple[ChunkId, memoryview]] = SingleFlight(
+            self._waited
+        )
+        # Metadata reads (peek): by name and range while the version is being learnt,
+        # by version and range after.
+        self._peeks: SingleFlight[
+            tuple[str, str, None, int, int | None], tuple[ObjectMeta, bytes | None]
+        ] = SingleFlight(self._waited)
+        self._peeks_known: SingleFlight[tuple[str, str, str, int, int], bytes] = SingleFlight(
             self._waited
         )
         self._next_chunk: dict[tuple[str, str, str], int] = {}
@@ -847,6 +857,144 @@ class ReadPath:
                 return
             lease.release()
             self.metrics.readahead_chunks.inc()
+
+    # -- metadata reads: served, never kept ----------------------------------------------
+
+    async def peek(
+        self,
+        backend_name: str,
+        key: str,
+        offset: int,
+        length: int | None,
+        *,
+        expect: str | None = None,
+    ) -> tuple[Stat, bytes]:
+        """Bytes ``offset .. offset + length`` of ``backend_name/key`` (cut at its end)
+        for a reader that will not read them again (registration's footers): served and
+        verified, but never inserted into the RAM and disk tiers, nor into the chunk map.
+
+        The version is learnt as :meth:`stat` learns it: from what is known while the
+        revalidation policy allows, else from the backend, by the same GET that brings
+        the bytes (one request; with peers, a HEAD first). A chunk a tier holds is
+        served from it; any other bytes come from one ranged GET pinned to the version
+        (If-Match), shared by every concurrent peek of the same range (single flight).
+        Where the bytes are a whole chunk the chunk map names, they must hash to it.
+        ``expect``: the version the bytes must be of (a pinned read, as :meth:`stat`
+        takes it): a node that knows another asks the backend again.
+
+        Raises:
+            UnknownBackendError, InvalidKeyError, ObjectNotFoundError,
+            RangeNotSatisfiableError, VersionChangedError, IntegrityError,
+            BackendForbiddenError, BackendUnavailableError
+        """
+        backend = self.backends.get(backend_name)
+        validate_key(key)
+        asked = from_offset(offset, length)
+        revalidate = backend.config.revalidate
+        known = self._recall((backend.name, key), from_index=revalidate is None)
+        if (
+            length != 0
+            and (
+                known is None
+                or (expect is not None and known.meta.version != expect)
+                or (revalidate is not None and time.monotonic() - known.checked >= revalidate)
+            )
+            and self._first_reads()
+        ):
+            meta, first = await self._peeks.run(
+                (backend.name, key, None, offset, length),
+                functools.partial(self._peek_first, backend, key, asked),
+            )
+            stat = Stat(backend.name, meta, self.chunk_bytes)
+            if first is not None:
+                return stat, self._verified(stat, resolve(asked, meta.size)[0], first)
+        else:
+            stat = await self.stat(backend_name, key, expect=expect)
+        start, end = resolve(asked, stat.size)
+        return stat, await self._peek_known(backend, stat, start, end)
+
+    async def _peek_first(
+        self, backend: Backend, key: str, asked: RequestRange | None
+    ) -> tuple[ObjectMeta, bytes | None]:
+        """One GET of the range that also says the version (kept as :meth:`stat`
+        keeps it); no bytes where the range is past the end (the caller's error)."""
+        start, end = reading(asked) or (0, None)
+        if end is None:
+            end = _NO_END
+        opened = await backend.open_first(key, start, end, piece_bytes=_PIECE_BYTES)
+        if opened is None:
+            self.forget(backend.name, key)
+            raise backend.not_found(key)
+        self._validated(backend, key, opened.meta)
+        if opened.pieces is None:
+            return opened.meta, None
+        try:
+            data = b"".join([bytes(piece) async for piece in opened.pieces])
+        finally:
+            await _close_stream(opened.pieces)
+        return opened.meta, data
+
+    async def _peek_known(self, backend: Backend, stat: Stat, start: int, end: int) -> bytes:
+        """Bytes ``start .. end`` of a known version: each chunk's part from the tier
+        that holds it, the rest with one ranged GET a run, shared by concurrent peeks."""
+        size = self.chunk_bytes
+        parts: list[bytes] = []
+        at = start
+        while at < end:
+            index = at // size
+            stop = min(end, (index + 1) * size)
+            _, lease = await self.cache.lookup(stat.locator(index))
+            if lease is not None:
+                with lease:
+                    self._count_read(lease.origin, lease.size)
+                    base = index * size
+                    parts.append(bytes(lease.view()[at - base : stop - base]))
+                at = stop
+                continue
+            self._count_read("fetched", 0)
+            # The run of chunks no tier holds, up to the end: one GET.
+            while stop < end:
+                held = self.cache.resolve(stat.locator(stop // size))
+                if held is not None and await self.cache.contains(held.id):
+                    break
+                stop = min(end, stop + size)
+            ident = (stat.backend, stat.meta.key, stat.meta.version, at, stop)
+            data = await self._peeks_known.run(
+                ident, functools.partial(self._peek_get, backend, stat, at, stop)
+            )
+            parts.append(self._verified(stat, at, data))
+            at = stop
+        return b"".join(parts)
+
+    async def _peek_get(self, backend: Backend, stat: Stat, start: int, end: int) -> bytes:
+        try:
+            got = await backend.get(stat.meta.key, ByteRange(start, end), version=stat.meta)
+        except VersionChangedError:
+            self.forget(stat.backend, stat.meta.key)  # the next read asks the new version
+            raise
+        if got is None:
+            self.forget(stat.backend, stat.meta.key)
+            raise backend.not_found(stat.meta.key)
+        return bytes(got)
+
+    def _verified(self, stat: Stat, start: int, data: bytes) -> bytes:
+        """``data`` (bytes ``start ..`` of ``stat``), checked against the chunk map for
+        every whole chunk it holds."""
+        size = self.chunk_bytes
+        index = -(-start // size)
+        while True:
+            base = index * size
+            stop = min(stat.size, base + size)
+            if base >= stat.size or stop > start + len(data):
+                return data
+            ref = self.cache.resolve(stat.locator(index))
+            if ref is not None and not ref.id.matches(data[base - start : stop - start]):
+                raise IntegrityError(
+                    f"{stat.backend}/{stat.meta.key} chunk {index} (version "
+                    f"{stat.meta.version}) does not hash to {ref.id}, the id this node "
+                    "recorded for it: the backend served other bytes for the same version"
+                )
+            index += 1
 
     async def warm(
         self, backend_name: str, key: str, offset: int = 0, length: int | None = None

@@ -24,6 +24,7 @@ import pytest
 
 from chunkd import memfd
 from chunkd.client import Client
+from chunkd.client.datasets.pages import DaemonPages
 from chunkd.client.results import Reply
 from chunkd.errors import (
     BackendUnavailableError,
@@ -700,7 +701,7 @@ def test_migrate_copies_verifies_and_registers_a_new_version(
     assert (got["name"], got["version"], got["from"], got["frozen"]) == ("mig", 2, snap.id, False)
     assert (got["members"], got["copied"], got["kept"]) == (3, 3, 0)
     header, manifest, _ = resolve(client, "mig@2")
-    copy = Snapshot.parse(manifest, expect_id=header["snapshot"])
+    copy = Snapshot.parse(manifest, expect_id=header["snapshot"], pages=DaemonPages(client))
     assert (copy.backend, copy.prefix) == ("local", "copy/")
     assert [m.key for m in copy.members] == ["copy/a.bin", "copy/b.bin", "copy/sub/c.bin"]
     assert [(m.size, m.samples, m.format, dict(m.meta)) for m in copy.members] == [

@@ -23,7 +23,12 @@ import pytest
 from chunkd import memfd
 from chunkd.client import Client
 from chunkd.client.datasets.pages import DaemonPages
-from chunkd.errors import DatasetError, IntegrityError, InvalidRequestError, SnapshotDriftError
+from chunkd.errors import (
+    IntegrityError,
+    InvalidRequestError,
+    ObjectExistsError,
+    SnapshotDriftError,
+)
 from chunkd.gateway.backends import Backend, Backends, make_backend
 from chunkd.gateway.backends.base import SINGLE_PUT_BYTES
 from chunkd.gateway.backends.s3 import PART_BYTES
@@ -306,7 +311,9 @@ async def test_migrate_never_overwrites_another_object_on_s3(
     snapshot = Snapshot.build(backend="src", prefix="m/", format="fixed", members=members)
     client = s3_server.client()
     client.put_object(Bucket=bucket, Key="pre/copy/big.bin", Body=b"someone else's bytes")
-    with pytest.raises(DatasetError, match=r"s3/copy/big\.bin exists already with other bytes"):
+    with pytest.raises(
+        ObjectExistsError, match=r"s3/copy/big\.bin exists already with other bytes"
+    ):
         await migrator.copy(snapshot, "s3/copy", None)
     got = client.get_object(Bucket=bucket, Key="pre/copy/big.bin")["Body"].read()
     assert got == b"someone else's bytes"

@@ -74,10 +74,10 @@ import blake3
 from chunkd.cache import ChunkId
 from chunkd.errors import (
     ChunkNotFoundError,
-    DatasetError,
     DatasetNotFoundError,
     IntegrityError,
     InvalidRequestError,
+    ObjectExistsError,
     ObjectNotFoundError,
     ReadOnlyBackendError,
     VersionChangedError,
@@ -382,7 +382,7 @@ class Migrator:
                 or there.size != member.size
                 or not await self._matches(dest, there, read.ids, chunk_bytes, name, strict=False)
             ):
-                raise DatasetError(
+                raise ObjectExistsError(
                     f"migrating snapshot {snapshot.id}: {name} exists already with other bytes "
                     f"than member {snapshot.name_of(index)}; it was not overwritten and nothing "
                     "was registered: delete it, or migrate to another prefix"

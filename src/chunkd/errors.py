@@ -41,6 +41,7 @@ __all__ = [
     "InvalidRequestError",
     "MalformedFileError",
     "ManifestError",
+    "ObjectExistsError",
     "ObjectNotFoundError",
     "OwnerSilentError",
     "ProtocolError",
@@ -204,6 +205,11 @@ class DatasetError(ChunkdError, RuntimeError):
 class DatasetNotFoundError(DatasetError, LookupError):
     """No registered dataset, version, tag or snapshot answers to that name (a tag or
     version whose manifest is missing counts as none)."""
+
+
+class ObjectExistsError(DatasetError, FileExistsError):
+    """An object chunkd was to write is there already with other bytes (a migrate's
+    destination); it was not overwritten."""
 
 
 class ManifestError(DatasetError, ValueError):

@@ -37,6 +37,7 @@ from chunkd.gateway.datasets.freeze import Freezer
 from chunkd.gateway.metrics import Metrics
 from chunkd.snapshot import PAGE_TARGET, Member, MemoryPages, Snapshot
 from tests.conftest import Daemon
+from tests.frozen_records import record_chunk_lists, record_pieces
 
 RECORD = 16
 FILES = {
@@ -46,26 +47,7 @@ FILES = {
 }
 
 
-# -- helpers (other tests may use them to read a record off a file backend) ------------
-
-
-def record_chunk_lists(registry: Path, raw: bytes) -> list[list[str]]:
-    """Each member's chunk ids of the frozen record ``raw`` (either schema), reading a
-    paged record's pages from the registry's folder ``registry`` on a file backend."""
-    record = json.loads(raw)
-    if record.get("schema") != 2:
-        return [list(ids) for ids in record["members"]]
-    lists: list[list[str]] = []
-    last: str | None = None
-    for ident, _, _, _ in record["pages"]:
-        page = json.loads((registry / "pages" / f"{ident}.json").read_bytes())
-        for key, first, ids, _ in page["pieces"]:
-            if key == last and first:
-                lists[-1] += ids
-            else:
-                lists.append(list(ids))
-            last = key
-    return lists
+# -- helpers -------------------------------------------------------------------------
 
 
 def page_the_record(registry: Path, snapshot_id: str) -> bytes:
@@ -74,7 +56,8 @@ def page_the_record(registry: Path, snapshot_id: str) -> bytes:
     writer, pages into ``pages/``. Returns the root's bytes."""
     path = registry / "frozen" / f"{snapshot_id}.json"
     old = json.loads(path.read_bytes())
-    assert old["schema"] == 1
+    if old["schema"] == 2:  # the daemon writes pages itself
+        return path.read_bytes()
     manifest = Snapshot.parse((registry / "manifests" / f"{snapshot_id}.json").read_bytes())
     writer = RecordPageWriter(
         lambda ident, data: (registry / "pages" / f"{ident}.json").write_bytes(data),
@@ -259,9 +242,21 @@ def test_a_record_of_schema_1_still_reads_and_keeps_its_chunks(
     snap = snapshot_of(client, sorted(FILES))
     commit(client, snap, "old")
     client.request("ds_freeze", {"ref": "old"}, timeout=120)
-    old = json.loads((root / "datasets" / "frozen" / f"{snap.id}.json").read_bytes())
-    assert old["schema"] == 1
-    lists = old["members"]
+    path = root / "datasets" / "frozen" / f"{snap.id}.json"
+    written = json.loads(path.read_bytes())
+    pieces = record_pieces(root / "datasets", path.read_bytes())
+    lists = [ids for ids, _ in pieces]
+    old = {
+        "format": "chunkd-dataset-frozen",
+        "schema": 1,
+        "id": snap.id,
+        "backend": "local",
+        "chunk_bytes": written["chunk_bytes"],
+        "created": written["created"],
+        "members": lists,
+        "content": [content for _, content in pieces],
+    }
+    path.write_text(json.dumps(old))
     assert client.request("ds_freeze", {"ref": "old"}, timeout=120).header["already"]
     (root / "data/b.bin").write_bytes(os.urandom(100))
     time.sleep(1.1)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib.util
 import io
+import itertools
 import json
 import os
 import select
@@ -104,6 +105,12 @@ class Lab:
 
     def dataset(self, *args: str, node: int = 0) -> subprocess.CompletedProcess[str]:
         return self.run(str(BIN / "chunkd"), "dataset", *args, node=node)
+
+    def reads(self, node: int) -> float:
+        """Reads node ``node``'s daemon answered on its local socket."""
+        return sum(
+            self.metric(node, "chunkd_local_requests_total", op=op) for op in ("read", "readv")
+        )
 
     def metric(self, node: int, name: str, **labels: str) -> float:
         status, body = get_from_namespace(self.ns, f"{self.daemons[node].url}/metrics")
@@ -242,9 +249,11 @@ def lab() -> Iterator[Lab]:
                 start_new_session=True,
             )
         for node in range(2):
-            assert wait_for_socket(root / f"n{node}" / "chunkd.sock", 30), (
-                root / f"daemon-{node}.log"
-            ).read_text()
+            deadline = time.monotonic() + 30
+            while not wait_for_socket(root / f"n{node}" / "chunkd.sock", 0.2):
+                log = (root / f"daemon-{node}.log").read_text()
+                assert processes[node].poll() is None, f"daemon {node} exited:\n{log}"
+                assert time.monotonic() < deadline, f"daemon {node} never listened:\n{log}"
         assert cluster.stdout is not None
         ready, _, _ = select.select([cluster.stdout], [], [], 60)
         line = cluster.stdout.readline() if ready else b""
@@ -288,7 +297,7 @@ def _json(done: subprocess.CompletedProcess[str]) -> Any:
 @pytest.mark.timeout(75)  # the first test starts the cluster (module fixture): ~20 s here
 def test_a_registration_on_ray_gives_the_snapshot_of_a_local_one(lab: Lab) -> None:
     local = _json(lab.dataset("register", "pq-local", "data/pq", "--json"))
-    reads_before = lab.metric(1, "chunkd_local_requests_total", op="read")
+    reads_before = lab.reads(1)
     ray = _json(
         lab.dataset(
             "register", "pq-ray", "data/pq", "--ray", lab.address, "--batch", str(BATCH), "--json"
@@ -302,7 +311,7 @@ def test_a_registration_on_ray_gives_the_snapshot_of_a_local_one(lab: Lab) -> No
     assert ray["ray"]["nodes"] == 2, ray["ray"]
     # The driver used node 0's daemon; node 1's daemon read footers for the tasks that ran
     # there, through its own socket.
-    assert lab.metric(1, "chunkd_local_requests_total", op="read") > reads_before
+    assert lab.reads(1) > reads_before
     shown = _json(lab.dataset("show", "pq-ray", "--json"))
     assert shown["snapshot"] == local["snapshot"]
     for batch in ("0", "1025"):
@@ -317,7 +326,7 @@ import json, os, signal, sys
 from pathlib import Path
 from chunkd.client import Client
 from chunkd.client.datasets.bulk import register_on_ray, scan_batch
-from chunkd.client.datasets.pages import commit_snapshot
+from chunkd.client.datasets.register import commit
 from chunkd.errors import ChunkdError
 
 marker, name, kills = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
@@ -343,8 +352,8 @@ with Client() as client:
     except ChunkdError as exc:
         print(json.dumps({"error": type(exc).__name__, "message": str(exc)}))
         sys.exit(0)
-    answer = commit_snapshot(client, name, snapshot)
-    keys = [m.key for m in snapshot.members]
+    keys = [m.key for m in snapshot.members]  # (its pages leave with the commit)
+    answer = commit(client, name, snapshot)
     print(json.dumps({"snapshot": snapshot.id, "version": answer["version"], "keys": keys,
                       "tasks": run.tasks}))
 """
@@ -466,3 +475,26 @@ def test_without_ray_installed_the_error_says_how_to_install_it(
         check=True,
     )
     assert json.loads(listed.stdout) == []  # nothing registered
+
+
+@pytest.mark.timeout(30)
+def test_a_check_is_cut_into_runs_of_whole_pages() -> None:
+    from chunkd.client.datasets.bulk import _slices
+    from chunkd.snapshot import Member, Snapshot
+
+    members = [Member(f"k/{i:06d}", 1, "v1", "jsonl", 1) for i in range(20_000)]
+    paged = Snapshot.build(backend="data", prefix="k/", format="jsonl", members=members, schema=2)
+    assert len(paged.pages) > 2  # content-defined ends: about one a 4,096 members
+    starts = {0}
+    for ref in paged.pages:
+        starts.add(max(starts) + ref.members)
+    runs = list(_slices(paged, 4096))
+    assert runs[0][0] == 0
+    assert runs[-1][1] == len(members)
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(runs))  # contiguous, no overlap
+    assert all(start in starts for start, _ in runs)  # each run starts a page
+    assert all(stop - start >= 4096 for start, stop in runs[:-1])
+    flat = Snapshot.build(
+        backend="data", prefix="k/", format="jsonl", members=members[:10], schema=1
+    )
+    assert list(_slices(flat, 4)) == [(0, 4), (4, 8), (8, 10)]

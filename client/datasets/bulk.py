@@ -51,17 +51,21 @@ import importlib
 import logging
 import statistics
 import sys
-import threading
 from array import array
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 from chunkd.client.datasets.check import TINY_BYTES, TINY_FILES, Finding, size_text, summarize
-from chunkd.client.datasets.formats import format_of, settle
-from chunkd.client.datasets.register import CONCURRENCY, Progress, _candidates, _split
-from chunkd.client.datasets.source import PinnedSource
+from chunkd.client.datasets.formats import format_of
+from chunkd.client.datasets.register import (
+    CONCURRENCY,
+    Progress,
+    _candidates,
+    _split,
+    scan_members,
+    snapshot_of,
+)
 from chunkd.errors import (
     BackendUnavailableError,
     ChunkdError,
@@ -103,7 +107,9 @@ TASKS_PER_CPU: Final = 2
 MAX_IN_FLIGHT: Final = 256
 #: how often Ray runs a task again after its worker died or its daemon was unavailable
 MAX_RETRIES: Final = 3
-#: members a registration task reads at once (each thread with its own connection)
+#: a registration task's reads at once, as a local registration reads
+#: (:func:`~chunkd.client.datasets.register.scan_members`: batches of files, each worker
+#: thread on its own connection)
 TASK_CONCURRENCY: Final = CONCURRENCY
 #: what a task's failure of these means is "try again": Ray retries them
 _TRANSIENT: Final = (BackendUnavailableError, DaemonUnavailableError, OwnerSilentError)
@@ -111,8 +117,6 @@ _TRANSIENT: Final = (BackendUnavailableError, DaemonUnavailableError, OwnerSilen
 RAY_MISSING: Final = (
     "--ray needs Ray, on this machine and on every node of the cluster: pip install 'chunkd[ray]'"
 )
-#: the client cache of each scanning thread (it reads each member's metadata once)
-_THREAD_CACHE_BYTES: Final = 64 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,8 +235,6 @@ def register_on_ray(
     backend, key_prefix = _split(prefix)
     opts = dict(options or {})
     state = Progress()
-    members: list[Member] = []
-    excluded: list[dict[str, str]] = []
     with connected(address) as ray:
         remote = ray.remote(task or scan_batch).options(
             num_cpus=1,
@@ -242,27 +244,33 @@ def register_on_ray(
         )
         jobs = _Jobs(ray, _in_flight(ray), retries)
 
-        def land(answer: dict[str, Any]) -> None:
+        def land(answer: dict[str, Any]) -> Iterator[Member | dict[str, str]]:
             for entry in answer["members"]:
-                members.append(Member.from_json(entry, "a task's member"))
-            excluded.extend(answer["excluded"])
+                yield Member.from_json(entry, "a task's member")
+            yield from answer["excluded"]
             state.scanned += len(answer["members"]) + len(answer["excluded"])
             state.excluded += len(answer["excluded"])
             if progress is not None:
                 progress(state)
 
-        listed = _candidates(client, backend, key_prefix, fmt, opts)
-        for entries, member_options in _batches(listed, batch, state):
-            first, last = entries[0]["key"], entries[-1]["key"]
-            what = f"scanning {backend}/{first} .. {last} ({len(entries)} files)"
-            ref = remote.remote(backend, entries, member_options, skip_bad, concurrency)
-            for answer in jobs.submit(ref, what):
-                land(answer)
-        state.listing_done = True
-        for answer in jobs.drain():
-            land(answer)
+        def found() -> Iterator[Member | dict[str, str]]:
+            listed = _candidates(client, backend, key_prefix, fmt, opts)
+            for entries, member_options in _batches(listed, batch, state):
+                first, last = entries[0]["key"], entries[-1]["key"]
+                what = f"scanning {backend}/{first} .. {last} ({len(entries)} files)"
+                ref = remote.remote(backend, entries, member_options, skip_bad, concurrency)
+                for answer in jobs.submit(ref, what):
+                    yield from land(answer)
+            state.listing_done = True
+            for answer in jobs.drain():
+                yield from land(answer)
+
+        # The members come in key order, batch after batch: the snapshot is built from
+        # them as a local registration's is (settled, then cut into pages), so the same
+        # files give the same snapshot id however the work was split.
+        snapshot = snapshot_of(backend, key_prefix, found(), what=prefix, fmt=fmt)
         run = RayRun(_address(ray), jobs.count, len(jobs.nodes))
-    return _snapshot(prefix, backend, key_prefix, fmt, members, excluded), run
+    return snapshot, run
 
 
 def scan_batch(
@@ -295,35 +303,19 @@ def scan_batch(
     from chunkd.client.core import Client
 
     members = [Member.from_json(entry, "a listed member") for entry in entries]
-    local = threading.local()
-    made: list[Client] = []
-    lock = threading.Lock()
-
-    def scan_one(member: Member, member_options: dict[str, Any]) -> Member:
-        mine = getattr(local, "client", None)
-        if mine is None:
-            mine = local.client = Client(cache_bytes=_THREAD_CACHE_BYTES, cache_chunks=32)
-            with lock:
-                made.append(mine)
-        return format_of(member.format).scan(PinnedSource(mine, backend), member, member_options)
-
-    scanned: list[dict[str, Any]] = []
-    left_out: list[dict[str, str]] = []
-    pool = ThreadPoolExecutor(max(1, concurrency), thread_name_prefix="chunkd-ray-scan")
-    try:
-        futures = [pool.submit(scan_one, m, o) for m, o in zip(members, options, strict=True)]
-        for member, future in zip(members, futures, strict=True):
-            try:
-                scanned.append(future.result().to_json())
-            except DatasetFormatError as exc:
-                if not skip_bad:
-                    raise
-                left_out.append({"key": member.key, "error": str(exc)})
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
-        for mine in made:
-            mine.close()
-    return {"members": scanned, "excluded": left_out, "node": _node_id()}
+    with Client() as client:
+        scanned = scan_members(
+            client,
+            backend,
+            zip(members, options, strict=True),
+            skip_bad=skip_bad,
+            concurrency=concurrency,
+        )
+    return {
+        "members": [m.to_json() for m in scanned.members],
+        "excluded": scanned.excluded,
+        "node": _node_id(),
+    }
 
 
 def _batches(
@@ -343,38 +335,6 @@ def _batches(
             entries, options = [], []
     if entries:
         yield entries, options
-
-
-def _snapshot(
-    prefix: str,
-    backend: str,
-    key_prefix: str,
-    fmt: str,
-    members: list[Member],
-    excluded: list[dict[str, str]],
-) -> Snapshot:
-    """The snapshot of the scanned ``members``, as a local registration builds it."""
-    if not members:
-        raise DatasetFormatError(
-            f"{prefix} holds no {'dataset' if fmt == 'auto' else fmt} files to register"
-            + (f" ({len(excluded)} could not be read)" if excluded else "")
-            + "; check the prefix, or name the format with --format"
-        )
-    formats = sorted({m.format for m in members})
-    if len(formats) > 1:
-        raise DatasetFormatError(
-            f"{prefix} holds files of several formats ({', '.join(formats)}); register "
-            "each under its own prefix, or name one with --format"
-        )
-    schema_of, settled = settle(format_of(formats[0]), members)
-    return Snapshot.build(
-        backend=backend,
-        prefix=key_prefix,
-        format=formats[0],
-        members=settled,
-        schema_of=schema_of,
-        excluded=excluded,
-    )
 
 
 # -- checks ------------------------------------------------------------------------------

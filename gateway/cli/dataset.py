@@ -216,8 +216,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 
 def _register(client: Client, args: argparse.Namespace, out: TextIO) -> int:
-    from chunkd.client.datasets.pages import commit_snapshot
-    from chunkd.client.datasets.register import parse_format, scan_prefix
+    from chunkd.client.datasets.register import commit, parse_format, scan_prefix
     from chunkd.snapshot import check_dataset_name
 
     check_dataset_name(args.name)
@@ -263,7 +262,7 @@ def _register(client: Client, args: argparse.Namespace, out: TextIO) -> int:
     if tty and not args.quiet and shown[0]:
         print(file=sys.stderr)
     # Its pages first (each put if absent), then its root: the commit, one request.
-    answer = commit_snapshot(client, args.name, snapshot)
+    answer = commit(client, args.name, snapshot)
     report = {
         "name": args.name,
         "version": answer.get("version"),

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import subprocess
 import sys
@@ -36,6 +35,7 @@ from chunkd.gateway.config import BackendConfig
 from chunkd.gateway.metrics import Metrics
 from chunkd.snapshot import Member, Snapshot
 from tests.conftest import Daemon, small_node_toml
+from tests.frozen_records import record_chunk_lists
 
 CHUNK = 1 << 20
 BIN = Path(sys.executable).parent
@@ -150,8 +150,8 @@ def test_a_freeze_rewrites_a_frozen_chunk_read_damaged(
     data = os.urandom(2 * CHUNK + 1000)
     snap = register_one(a, store, "frz", data)
     assert a.request("ds_freeze", {"ref": "frz"}, timeout=60).header["uploaded"] == 3
-    record = json.loads((store / f"datasets/frozen/{snap.id}.json").read_bytes())
-    ids = record["members"][0]
+    record = (store / f"datasets/frozen/{snap.id}.json").read_bytes()
+    ids = record_chunk_lists(store / "datasets", record)[0]
     poison(store, ids[1])
     assert a.request("ds_freeze", {"ref": "frz"}, timeout=60).header["already"] is True
     with pytest.raises(IntegrityError, match="is damaged"):
@@ -195,7 +195,8 @@ def test_migrating_a_frozen_snapshot_reads_no_chunk_larger_than_its_record_allow
     with Client(node.cwd / "chunkd.sock") as client:
         snap = register_one(client, store, "frz", os.urandom(2 * CHUNK + 1000))
         client.request("ds_freeze", {"ref": "frz"}, timeout=60)
-        ids = json.loads((store / f"datasets/frozen/{snap.id}.json").read_bytes())["members"][0]
+        record = (store / f"datasets/frozen/{snap.id}.json").read_bytes()
+        ids = record_chunk_lists(store / "datasets", record)[0]
         plant_large(store, ids[0], 48 << 20)
         before = read_bytes(node)
         with pytest.raises(IntegrityError, match=f"chunk {ids[0]} in shared is damaged"):

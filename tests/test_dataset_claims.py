@@ -33,6 +33,7 @@ from chunkd.client.datasets import resolve
 from chunkd.errors import DatasetNotFoundError, ManifestError
 from chunkd.gateway.datasets.registry import IN_PROCESS_BYTES
 from chunkd.snapshot import Member, Snapshot, diff
+from tests.frozen_records import record_contents
 
 from .conftest import Daemon, dataset_cli, small_node_toml
 
@@ -231,7 +232,8 @@ def test_anyone_may_freeze_by_snapshot_id_and_a_names_version_stays_its_owners(
         record = json.loads(frozen.read_bytes())
         assert record["id"] == snap.id
         digest = blake3.blake3((tmp_path / "data" / "web" / "a.bin").read_bytes()).hexdigest()
-        assert record["content"] == [digest]
+        registry = tmp_path / "data" / "datasets"
+        assert record_contents(registry, frozen.read_bytes()) == [digest]
         again = as_user(socket, OWNER, do("ds_freeze", {"ref": "web@1"}, "already"))
         assert again == {"ok": True, "result": True}
     finally:

@@ -44,6 +44,7 @@ from chunkd.gateway.metrics import Metrics
 from chunkd.snapshot import Member, Snapshot
 from chunkd.testing import CountingProxy, s3_backend
 from tests.conftest import Daemon
+from tests.frozen_records import record_chunk_lists
 
 RECORD = 16
 CHUNK = 1 << 20
@@ -618,11 +619,11 @@ def test_kill_9_during_registrations_loses_nothing_committed(
 # -- freeze, GC, migrate -----------------------------------------------------------------
 
 
-def frozen_bytes(client: Client, frozen: bytes, index: int) -> bytes:
+def frozen_bytes(client: Client, daemon: Daemon, frozen: bytes, index: int) -> bytes:
     import json
 
     record = json.loads(frozen)
-    ids = record["members"][index]
+    ids = record_chunk_lists(registry_dir(daemon), frozen)[index]
     out = b""
     for start in range(0, len(ids), 8):
         with client.request(
@@ -668,10 +669,9 @@ def test_freeze_survives_a_rewrite_and_gc(node: tuple[Daemon, Client]) -> None:
     assert not junk.exists()
     assert not list((root / "intents").iterdir())
     for index, key in enumerate(keys):
-        assert frozen_bytes(client, frozen, index) == FILES[key]
-    import json
-
-    for ids in json.loads(frozen)["members"]:  # in the backend itself, not only cached
+        assert frozen_bytes(client, daemon, frozen, index) == FILES[key]
+    # in the backend itself, not only cached
+    for ids in record_chunk_lists(registry_dir(daemon), frozen):
         for cid in ids:
             assert blake3.blake3((chunks / cid).read_bytes()).hexdigest() == cid
     # A snapshot that is not frozen drifts.
@@ -755,7 +755,7 @@ def test_a_freeze_writes_its_intent_and_waits_for_a_running_collection(
     named = set(json.loads(intent.read_text())["chunks"])
     _, _, frozen = resolve(client, "wait")
     assert frozen is not None
-    ids = {c for member in json.loads(frozen)["members"] for c in member}
+    ids = {c for member in record_chunk_lists(registry_dir(daemon), frozen) for c in member}
     assert named == ids
     assert len(ids) == report["chunks"]
 
@@ -765,7 +765,6 @@ async def test_a_freeze_that_outlives_the_intent_ttl_keeps_or_refuses_its_chunks
 ) -> None:
     """A collection deletes intents older than its intent_ttl. A freeze stalled past
     it rewrites its intents meanwhile; one that could not fails, naming no chunk lost."""
-    import json
 
     root = tmp_path / "local"
     backend = inproc.backends.get("local")
@@ -814,8 +813,8 @@ async def test_a_freeze_that_outlives_the_intent_ttl_keeps_or_refuses_its_chunks
     # Intents rewritten every 0.2 s: the same stall loses nothing.
     snap, report = await stalled_freeze(inproc_datasets(inproc, intent_refresh=0.2), "fresh")
     assert report["chunks"] == 301
-    record = json.loads((root / "datasets" / "frozen" / f"{snap.id}.json").read_bytes())
-    named = {c for member in record["members"] for c in member}
+    raw = (root / "datasets" / "frozen" / f"{snap.id}.json").read_bytes()
+    named = {c for member in record_chunk_lists(root / "datasets", raw) for c in member}
     assert len(named) == 301
     assert all((root / "chunks" / cid).exists() for cid in named)
 
@@ -864,6 +863,8 @@ async def test_a_copy_of_a_dataset_at_a_backend_root_matches_it_key_for_key(
     assert (got["version"], got["copied"]) == (2, 2)
     resolved, _ = await inproc.datasets.resolve("rooted@2")
     copy = resolved.snapshot
+    # daemon code loads a paged snapshot's pages before it reads their members
+    await inproc.datasets.registry.load_pages(copy, range(len(copy.pages)))
     assert (copy.backend, copy.prefix) == ("local", "copy/moved/")
     assert [m.key for m in copy.members] == ["copy/moved/a.bin", "copy/moved/sub/c.bin"]
     assert [m.relative(copy.prefix) for m in copy.members] == [
@@ -917,7 +918,8 @@ def test_damaged_pointers_tags_and_frozen_records_are_repaired_by_writing_again(
     record = registry_dir(daemon) / "frozen" / f"{third.id}.json"
     client.request("ds_freeze", {"ref": "cold"}, timeout=60)
     good = json.loads(record.read_bytes())
-    for damage in (b'{"format": "chunkd-dataset-fro', json.dumps(good | {"members": []}).encode()):
+    other = good | {"totals": {"members": 0, "chunks": 0}, "pages": []}
+    for damage in (b'{"format": "chunkd-dataset-fro', json.dumps(other).encode()):
         record.write_bytes(damage)
         with pytest.raises(ManifestError, match="freeze the snapshot again"):
             resolve(client, "cold")
@@ -925,7 +927,7 @@ def test_damaged_pointers_tags_and_frozen_records_are_repaired_by_writing_again(
         assert (again["already"], again["uploaded"]) == (False, 0)
         _, _, frozen = resolve(client, "cold")
         assert frozen is not None
-        assert json.loads(frozen)["members"] == good["members"]
+        assert json.loads(frozen)["pages"] == good["pages"]
 
 
 async def test_a_freeze_names_the_member_that_changed_and_the_registry_that_is_down(

@@ -76,7 +76,7 @@ log = logging.getLogger(__name__)
 #: the frozen record's schema a freeze writes: 1 (one document) until the tests and
 #: readers that open a record's file directly move to pages; :class:`Freezer` takes 2
 #: (a root and record pages, in bounded memory) when told
-WRITE_RECORD_SCHEMA: Final = 1
+WRITE_RECORD_SCHEMA: Final = 2
 #: record pages a reader of a record holds parsed (the most recently used)
 RECORD_PAGES_HELD: Final = 4
 #: record pages read at once (each at most RECORD_PAGE_BYTES)

@@ -686,6 +686,7 @@ class LocalServer:
                 if not isinstance(outcome, ChunkdError):
                     raise outcome
                 entry = _range_error(outcome)
+                room -= len(json.dumps(entry)) + 1
             else:
                 stat, data = outcome
                 entry = {
@@ -694,7 +695,10 @@ class LocalServer:
                     "offset": offset,
                     "length": len(data),
                 }
-            room -= len(json.dumps(entry)) + 1
+                # At most this long in JSON (three numbers of up to 20 digits, the
+                # keys, and the version escaped at worst six characters a character):
+                # a bound, not a dump a range.
+                room -= 112 + 6 * len(stat.meta.version)
             if room < 0 and out:
                 break  # the rest is asked again
             out.append(entry)

@@ -50,9 +50,9 @@ import functools
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Hashable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from chunkd.cache import BytesLease, ChunkCache, ChunkId, ChunkLease, Locator, ValidatedVersion
 from chunkd.cache.singleflight import SingleFlight
@@ -78,6 +78,9 @@ if TYPE_CHECKING:
 __all__ = ["ReadPath", "Stat"]
 
 log = logging.getLogger("chunkd.gateway.read")
+
+_K = TypeVar("_K", bound=Hashable)
+_V = TypeVar("_V")
 
 # Readahead chunks in flight, all readers together: a bound on the memory and the backend
 # requests readahead may hold (128 MiB of 4 MiB chunks) whatever the number of readers;
@@ -901,7 +904,8 @@ class ReadPath:
             )
             and self._first_reads()
         ):
-            meta, first = await self._peeks.run(
+            meta, first = await self._shared(
+                self._peeks,
                 (backend.name, key, None, offset, length),
                 functools.partial(self._peek_first, backend, key, asked),
             )
@@ -912,6 +916,36 @@ class ReadPath:
             stat = await self.stat(backend_name, key, expect=expect)
         start, end = resolve(asked, stat.size)
         return stat, await self._peek_known(backend, stat, start, end)
+
+    async def _shared(
+        self, flights: SingleFlight[_K, _V], key: _K, fn: Callable[[], Awaitable[_V]]
+    ) -> _V:
+        """``fn()`` once for every concurrent caller with ``key``: run by the first
+        caller itself (a peek is the cheapest read there is: no task of its own), the
+        others awaiting its outcome. A waiter whose runner was cancelled (its client
+        went) runs ``fn`` itself, unless it is being cancelled too."""
+        while True:
+            claimed = flights.claim(key)
+            if claimed is not None:
+                break
+            running = flights.join(key)
+            if running is None:  # pragma: no cover - claim() said one runs
+                continue
+            self._waited()
+            try:
+                return await asyncio.shield(running)
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if running.cancelled() and (task is None or not task.cancelling()):
+                    continue
+                raise
+        try:
+            result = await fn()
+        except BaseException as exc:
+            _settle_claims([claimed], exc)
+            raise
+        claimed.set_result(result)
+        return result
 
     async def _peek_first(
         self, backend: Backend, key: str, asked: RequestRange | None
@@ -959,8 +993,8 @@ class ReadPath:
                     break
                 stop = min(end, stop + size)
             ident = (stat.backend, stat.meta.key, stat.meta.version, at, stop)
-            data = await self._peeks_known.run(
-                ident, functools.partial(self._peek_get, backend, stat, at, stop)
+            data = await self._shared(
+                self._peeks_known, ident, functools.partial(self._peek_get, backend, stat, at, stop)
             )
             parts.append(self._verified(stat, at, data))
             at = stop

@@ -20,10 +20,11 @@ How the files are read (docs/registration.md):
   store's latency) without putting them in its RAM and disk tiers. Whatever else a scan
   reads (a footer larger than the tail, another format's headers) is one pinned read
   each, as before.
-* Members are emitted in key order, whatever order the reads finish in, into the
-  snapshot's :class:`~chunkd.snapshot.PageWriter` (a schema-2 snapshot) through a spill
-  file on disk: the registering process holds a batch window and a page, not the
-  dataset.
+* Members are emitted in key order, whatever order the reads finish in, through a
+  spill file on disk into the snapshot's :class:`~chunkd.snapshot.PageWriter`: a
+  registration writes a schema-2 snapshot (a root and member pages), and the process
+  holds a batch window and a page, not the dataset (nor a manifest of it: no bound on
+  the member count but the disk's).
 
 A file that cannot be read as its format stops the registration with a
 :class:`~chunkd.errors.DatasetFormatError` naming it, or with ``skip_bad`` is recorded
@@ -48,10 +49,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, BinaryIO, Final, cast, overload
 
-from chunkd import memfd, snapshot
+from chunkd import memfd
 from chunkd.client.datasets.formats import Format, format_of, names
 from chunkd.client.datasets.source import MemberFile, PinnedSource, drift
-from chunkd.client.protocol import MAX_LAYOUT, MAX_PAYLOAD, MAX_RANGES
+from chunkd.client.protocol import MAX_PAYLOAD, MAX_RANGES
 from chunkd.client.views import chunk_budget
 from chunkd.errors import (
     DatasetFormatError,
@@ -62,7 +63,14 @@ from chunkd.errors import (
     RangeNotSatisfiableError,
     VersionChangedError,
 )
-from chunkd.snapshot import Member, PageWriter, Snapshot, canonical, check_dataset_name
+from chunkd.snapshot import (
+    MAX_EXCLUDED,
+    Member,
+    PageWriter,
+    Snapshot,
+    canonical,
+    check_dataset_name,
+)
 
 if TYPE_CHECKING:
     from chunkd.client.core import Client
@@ -537,8 +545,7 @@ def snapshot_of(
     out of key order (a format whose index lists them so) are sorted in memory.
 
     Raises:
-        DatasetFormatError: no member, members of several formats, or (writing a
-            schema-1 manifest) more than the registry takes.
+        DatasetFormatError: no member, or members of several formats.
         ManifestError: more than :data:`~chunkd.snapshot.MAX_EXCLUDED` files excluded.
     """
     what = what or f"{backend}/{prefix}"
@@ -550,15 +557,9 @@ def snapshot_of(
             if isinstance(item, Member):
                 spill.add(item)
                 kinds.add(item.format)
-                if snapshot.WRITE_SCHEMA < 2 and spill.bytes > MAX_LAYOUT:
-                    raise DatasetFormatError(
-                        f"the snapshot of {what} would be over {MAX_LAYOUT >> 20} MiB of "
-                        f"manifest after {len(spill)} files (the most the registry takes): "
-                        "register its folders as datasets of their own"
-                    )
             else:
                 excluded.append(dict(item))
-                if len(excluded) > snapshot.MAX_EXCLUDED:
+                if len(excluded) > MAX_EXCLUDED:
                     break  # the snapshot refuses them (from_pages says so)
         if not len(spill):
             raise DatasetFormatError(
@@ -575,15 +576,6 @@ def snapshot_of(
         members: Sequence[Member] = spill if spill.ordered else spill.sorted()
         # The format's contract takes a list; a spill reads as one (by index or in order).
         schema = kind.schema(cast("list[Member]", members))
-        if snapshot.WRITE_SCHEMA < 2:
-            return Snapshot.build(
-                backend=backend,
-                prefix=prefix,
-                format=kind.name,
-                members=_settled(kind, members, schema),
-                schema_of=schema,
-                excluded=excluded,
-            )
         pages = _DiskPages()
         writer = PageWriter(pages.put)
         for member in _settled(kind, members, schema):
@@ -680,8 +672,9 @@ def _member(line: bytes) -> Member:
 
 
 class _DiskPages:
-    """A :class:`~chunkd.snapshot.PageSource` of pages written to a temporary folder
-    (removed with it): a registration's pages until they are committed."""
+    """A :class:`~chunkd.snapshot.PageSource` of pages written to a temporary folder,
+    removed with it (when neither the snapshot reading from it nor :data:`_PAGES_OF`
+    holds it, or at exit): a registration's pages."""
 
     def __init__(self) -> None:
         self.folder = tempfile.mkdtemp(prefix="chunkd-pages-")
@@ -697,10 +690,6 @@ class _DiskPages:
                 return held.read()
         except FileNotFoundError:
             raise DatasetNotFoundError(f"page {page_id} is not among this registration's") from None
-
-    def close(self) -> None:
-        """Remove the pages."""
-        self._finalizer()
 
 
 #: the pages of the last registrations of this process, by snapshot id, until committed
@@ -758,8 +747,8 @@ def _files(
 def commit(client: Client, name: str, snapshot: Snapshot) -> dict[str, Any]:
     """Register ``snapshot`` as the next version of ``name``; the registry's answer
     (``{"id", "version", ...}``). A schema-2 snapshot's pages are put first (those
-    :func:`scan_prefix` wrote are read from its spill folder, which goes once they are
-    in), then its root (:func:`~chunkd.client.datasets.pages.commit_snapshot`).
+    :func:`scan_prefix` wrote are read from its spill folder), then its root
+    (:func:`~chunkd.client.datasets.pages.commit_snapshot`).
 
     Raises:
         InvalidRequestError: ``name`` is not a dataset name.
@@ -770,11 +759,9 @@ def commit(client: Client, name: str, snapshot: Snapshot) -> dict[str, Any]:
     if snapshot.schema >= 2:
         from chunkd.client.datasets.pages import commit_snapshot
 
-        pages = _PAGES_OF.get(snapshot.id)
-        answer = commit_snapshot(client, name, snapshot, pages)
-        if pages is not None:
-            _PAGES_OF.pop(snapshot.id, None)
-            pages.close()
+        answer = commit_snapshot(client, name, snapshot, _PAGES_OF.get(snapshot.id))
+        # The snapshot still reads its members from its pages there: they go with it.
+        _PAGES_OF.pop(snapshot.id, None)
         return answer
     fd = memfd.sealed(snapshot.data, "chunkd-manifest")
     try:

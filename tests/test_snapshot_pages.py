@@ -220,3 +220,20 @@ def test_schema_one_snapshots_read_as_before() -> None:
     report = diff(again, new)
     assert report["same"]
     assert report["unchanged"] == 50
+
+
+@pytest.mark.timeout(30)
+def test_a_member_is_found_by_its_key_reading_one_page() -> None:
+    members = _members(30_000)
+    store = CountingPages()
+    snap = Snapshot.parse(_build(members, store).data, pages=store)
+    assert snap.member_index(members[17_321].key) == 17_321
+    assert len(store.asked) == 1
+    assert snap.member_index(members[0].key) == 0
+    assert snap.member_index(members[-1].key) == len(members) - 1
+    assert snap.member_index("d/part-00017321.parquetx") is None
+    assert snap.member_index("a") is None
+    assert snap.member_index("z") is None
+    old = Snapshot.build(backend="local", prefix="d/", format="parquet", members=members, schema=1)
+    assert old.member_index(members[17_321].key) == 17_321
+    assert old.member_index("z") is None

@@ -900,6 +900,31 @@ class _Paged:
             self._hold(page, members)
 
 
+class _KeyView(Sequence[bytes]):
+    """The UTF-8 keys of members (or the last keys of page entries), for bisect."""
+
+    def __init__(self, items: Sequence[Member] | Sequence[PageRef], *, last: bool = False) -> None:
+        self._items = items
+        self._last = last
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    @overload
+    def __getitem__(self, index: int) -> bytes: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[bytes]: ...
+
+    def __getitem__(self, index: int | slice) -> bytes | Sequence[bytes]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        item = self._items[index]
+        if isinstance(item, PageRef):
+            return (item.last if self._last else item.first).encode()
+        return item.key.encode()
+
+
 class Members(Sequence[Member]):
     """A schema-2 snapshot's members, each page loaded when one of its members is
     first asked for (and verified then)."""
@@ -1339,6 +1364,26 @@ class Snapshot:
         at = index - paged.sample_starts[page]
         inner = bisect.bisect_right(starts, at) - 1
         return paged.member_starts[page] + inner, at - starts[inner]
+
+    def member_index(self, key: str) -> int | None:
+        """The index of the member whose key is ``key``, or None: a binary search over
+        the root's pages, then over the one page that may hold it (schema 2), or over
+        the members (schema 1)."""
+        raw = key.encode()
+        if self._paged is None:
+            keys = _KeyView(self.members)
+            at = bisect.bisect_left(keys, raw)
+            found = at < len(self.members) and self.members[at].key == key
+            return at if found else None
+        lasts = _KeyView(self.pages, last=True)
+        page = bisect.bisect_left(lasts, raw)
+        if page >= len(self.pages) or self.pages[page].first.encode() > raw:
+            return None
+        members = self.page_members(page)
+        at = bisect.bisect_left(_KeyView(members), raw)
+        if at < len(members) and members[at].key == key:
+            return self._paged.member_starts[page] + at
+        return None
 
     def name_of(self, member: int) -> str:
         """Member ``member``'s object name, ``BACKEND/KEY``."""

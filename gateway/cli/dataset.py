@@ -632,13 +632,15 @@ def _replay(client: Client, args: argparse.Namespace, out: TextIO) -> int:
         raise InvalidRequestError(f"replay: {exc}") from None
     group = args.batch_size * args.world_size
     first = state.cursor + step * group
-    member_of = {m.key: i for i, m in enumerate(dataset.snapshot.members)}
+    member_of = dataset.snapshot.member_index  # a page of the snapshot, not all of them
     ranks: list[dict[str, Any]] = []
     for rank, ids in sorted(found.items()):
         samples = []
         for n, sample_id in enumerate(ids.ids):
             key, _, number = sample_id.rpartition("#")
-            index = dataset.snapshot.start_of(member_of[key]) + int(number)
+            member = member_of(key)
+            assert member is not None  # the ids come from this snapshot's own members
+            index = dataset.snapshot.start_of(member) + int(number)
             padding = n >= len(ids.ids) - ids.padding
             samples.append({"id": sample_id, "index": index, "padding": padding})
         ranks.append({"rank": rank, "samples": samples})

@@ -24,6 +24,7 @@ from chunkd.client.datasets import Dataset
 from chunkd.client.datasets.formats import format_of
 from chunkd.client.datasets.loader import Loader, order_of, step_sample_ids
 from chunkd.client.datasets.order import (
+    GROUP_MEMBERS,
     GROUP_PAGES,
     Order,
     PagedOrder,
@@ -281,6 +282,25 @@ def test_a_paged_order_is_built_from_the_root_and_loads_only_the_pages_it_touche
     # the empty page is never asked for, however much of the epoch is read
     order.locate(np.arange(len(order)))
     assert snapshot.pages[12].id not in source.served
+
+
+@pytest.mark.timeout(30)
+def test_a_group_holds_at_most_four_pages_and_16384_members_unless_it_is_one_page() -> None:
+    # what a reader holds of the manifest is bounded in members, whatever the pages' sizes
+    sizes = [9000, 300, 7000, 16_384, 200, 200, 200, 200, 200, 5000, 12_000]
+    snapshot, store = paged([[1] * n for n in sizes])
+    opened, source = reopened(snapshot, store)
+    for seed in range(4):
+        order = PagedOrder(opened, seed=seed, epoch=0)
+        seen = []
+        for g in range(order.groups):
+            pages = order.pages_of(g).tolist()
+            members = sum(sizes[p] for p in pages)
+            assert len(pages) == 1 or (len(pages) <= GROUP_PAGES and members <= GROUP_MEMBERS)
+            seen += pages
+        assert sorted(seen) == list(range(len(sizes)))
+        assert order.groups < len(sizes)  # small pages share a group
+    assert sum(source.served.values()) == 0
 
 
 @pytest.mark.timeout(30)

@@ -96,6 +96,7 @@ __all__ = [
     "DEFAULT_WINDOW",
     "DEFAULT_WINDOW_BYTES",
     "GROUPS_HELD",
+    "GROUP_MEMBERS",
     "GROUP_PAGES",
     "ORDER_VERSION",
     "PAGE_UNITS_BYTES",
@@ -451,16 +452,19 @@ def window_starts(
 
 #: the order of a schema-2 (paged) snapshot; a schema-1 snapshot's is version 1 (:class:`Order`)
 ORDER_VERSION: Final = 2
-#: pages whose units an order of version 2 mixes together: a group (see the module
-#: docstring; part of the version's definition: changing it changes every order). Two
-#: groups' pages fit a snapshot's page cache (``chunkd.snapshot.PAGE_CACHE``, 8), so a
-#: reader crossing from one group to the next loads each page once
+#: the most pages whose units an order of version 2 mixes together: a group (see the
+#: module docstring; part of the version's definition: changing it changes every
+#: order). Two groups' pages fit a snapshot's page cache (``chunkd.snapshot.PAGE_CACHE``,
+#: 8), so a reader crossing from one group to the next loads each page once
 GROUP_PAGES: Final = 4
+#: the most members of a group, unless it is one page (a page holds at most 16,384):
+#: what a reader holds of the manifest, whatever the pages' sizes
+GROUP_MEMBERS: Final = 16_384
 #: groups a :class:`PagedOrder` keeps built (a step may cross from one to the next)
 GROUPS_HELD: Final = 2
 #: the most bytes of pages' unit tables a process keeps (:func:`page_units`), shared by
 #: every order: a page's units depend on its content alone
-PAGE_UNITS_BYTES: Final = 32 << 20
+PAGE_UNITS_BYTES: Final = 8 << 20
 
 
 def order_version(snapshot: object) -> int:
@@ -685,6 +689,24 @@ class _Group:
         return int(self.firsts[w]), stop
 
 
+def _group_firsts(members: NDArray[np.int64], most: int) -> NDArray[np.int64]:
+    """Where each group starts in a pages' order whose pages hold ``members``, and their
+    end: greedily, each group the longest run from where the last ended of at most
+    ``most`` pages and :data:`GROUP_MEMBERS` members, and one page at least. O(pages)."""
+    count = len(members)
+    firsts = [0]
+    held = pages = 0
+    for at, size in enumerate(members.tolist()):
+        if pages and (pages >= most or held + size > GROUP_MEMBERS):
+            firsts.append(at)
+            held = pages = 0
+        held += size
+        pages += 1
+    if count:
+        firsts.append(count)
+    return np.asarray(firsts, dtype=np.int64)
+
+
 #: a window of a :class:`PagedOrder` is numbered ``group << _WINDOW_BITS | window in group``
 _WINDOW_BITS: Final = 32
 
@@ -772,10 +794,10 @@ class PagedOrder:
         #: the page at each place of the pages' order (pages holding no sample left out)
         self.page_order: NDArray[np.int64] = filled
         cum = np.concatenate(([0], np.cumsum(samples[filled]))).astype(np.int64)
+        #: where each group starts in the pages' order, and their end
+        self.group_firsts: NDArray[np.int64] = _group_firsts(members[filled], group_pages)
         #: where each group starts in the epoch, and the epoch's end
-        self.group_starts: NDArray[np.int64] = np.concatenate(
-            (cum[: len(filled) : group_pages], cum[-1:])
-        ).astype(np.int64)
+        self.group_starts: NDArray[np.int64] = cum[self.group_firsts]
         #: samples in the epoch
         self.total = int(cum[-1])
         self._groups: OrderedDict[int, _Group] = OrderedDict()
@@ -794,8 +816,7 @@ class PagedOrder:
 
     def pages_of(self, group: int) -> NDArray[np.int64]:
         """The pages of group ``group``, in the pages' order."""
-        size = self.group_pages
-        return self.page_order[group * size : (group + 1) * size]
+        return self.page_order[int(self.group_firsts[group]) : int(self.group_firsts[group + 1])]
 
     def locate(
         self, positions: NDArray[np.int64] | Sequence[int]

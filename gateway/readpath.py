@@ -904,6 +904,7 @@ class ReadPath:
             )
             and self._first_reads()
         ):
+            self._count_read("fetched", 0)
             meta, first = await self._shared(
                 self._peeks,
                 (backend.name, key, None, offset, length),

@@ -96,6 +96,7 @@ def test_a_registration_reads_footers_without_filling_the_tiers(
         snapshot = scan_prefix(client, "local/pq/", fmt="parquet")
         # Read through the daemon (each file once, as a metadata read), kept nowhere.
         assert node.metric("chunkd_backend_requests_total", op="get") >= 300
+        assert node.metric("chunkd_read_chunks_total", source="fetched") >= 300
         assert tiers(node) == before
         assert [m.key for m in snapshot.members] == sorted(counts)
         assert {m.key: m.samples for m in snapshot.members} == counts
@@ -175,8 +176,17 @@ def test_a_read_not_kept_is_bounded_served_and_left_out_of_the_tiers(
     (data / "blob").mkdir(parents=True)
     payload = os.urandom(3 << 20)
     (data / "blob" / "a.bin").write_bytes(payload)
+    (data / "blob" / "b.bin").write_bytes(payload[:100_000])
     before = tiers(node)
     with Client(tmp_path / "chunkd.sock") as client:
+        # Three reads of one range at once share one GET (single flight).
+        gets = node.metric("chunkd_backend_requests_total", op="get")
+        waiters = node.metric("chunkd_singleflight_waiters_total")
+        same = [["local/blob/b.bin", 90_000, 10_000]] * 3
+        shared = client.request("readv", {"ranges": same, "keep": False})
+        assert shared.payload == payload[90_000:100_000] * 3
+        assert node.metric("chunkd_backend_requests_total", op="get") == gets + 1
+        assert node.metric("chunkd_singleflight_waiters_total") == waiters + 2
         fields = {"name": "local/blob/a.bin", "offset": 1000, "length": 5000, "keep": False}
         reply = client.request("read", fields)
         assert reply.payload == payload[1000:6000]

@@ -478,8 +478,9 @@ def test_a_state_of_another_order_version_is_refused_saying_so() -> None:
     assert LoaderState.parse(as_v1).order == 1
     assert LoaderState.parse(as_v2).order == 2
     assert STATE_FORMATS == {1: "chunkd.loader/3", 2: "chunkd.loader/4"}
-    longest = LoaderState("ab" * 32, 2**64 - 1, 2**32 - 1, 2**63 - 1, False, 2**32 - 1, 2**63 - 1)
-    assert longest.order == 2
+    most = 2**64 - 1, 2**32 - 1, 2**63 - 1, False, 2**32 - 1, 2**63 - 1
+    longest = LoaderState("ab" * 32, *most, order=2)  # type: ignore[arg-type]
+    assert longest.to_dict()["format"] == "chunkd.loader/4"
     assert len(longest.to_json()) == 253 <= MAX_STATE_BYTES
     assert LoaderState.parse(longest.to_json()) == longest
     for bad in (0, 3, True):

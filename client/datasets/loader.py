@@ -103,7 +103,7 @@ from chunkd.client.datasets.order import (
     order_version,
 )
 from chunkd.client.datasets.shared import SharedDecoder
-from chunkd.client.datasets.state import LoaderState
+from chunkd.client.datasets.state import DEFAULT_ORDER, LoaderState
 from chunkd.errors import ChunkdError
 
 if TYPE_CHECKING:
@@ -876,7 +876,7 @@ class ReadSettings:
         return cls(batch_size, seed, **chosen)
 
     def state(
-        self, snapshot: str, epoch: int = 0, cursor: int = 0, *, order: int = ORDER_VERSION
+        self, snapshot: str, epoch: int = 0, cursor: int = 0, *, order: int = DEFAULT_ORDER
     ) -> LoaderState:
         """The loader state at ``cursor`` of ``epoch`` of this order (``order``: the
         snapshot's order version, :func:`~chunkd.client.datasets.order.order_version`)."""

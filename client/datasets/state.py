@@ -83,8 +83,10 @@ from typing import Any, Final
 
 from chunkd.client.datasets.order import DEFAULT_WINDOW, DEFAULT_WINDOW_BYTES, ORDER_VERSION
 from chunkd.errors import ResumeStateError
+from chunkd.snapshot import WRITE_SCHEMA
 
 __all__ = [
+    "DEFAULT_ORDER",
     "LEGACY_FORMATS",
     "MAX_STATE_BYTES",
     "STATE_FORMAT",
@@ -92,11 +94,14 @@ __all__ = [
     "LoaderState",
 ]
 
-#: the ``format`` of a loader state of the current order (version 2); bumped if a
-#: state's meaning changes
-STATE_FORMAT: Final = "chunkd.loader/4"
-#: the format of a state of each order version (1: schema-1 snapshots), and back
-STATE_FORMATS: Final = {1: "chunkd.loader/3", 2: STATE_FORMAT}
+#: the format of a state of each order version (1: schema-1 snapshots; 2: schema-2,
+#: paged ones); a new format if a state's meaning changes
+STATE_FORMATS: Final = {1: "chunkd.loader/3", 2: "chunkd.loader/4"}
+#: the order version of the snapshots chunkd writes (:data:`chunkd.snapshot.WRITE_SCHEMA`):
+#: a :class:`LoaderState`'s unless told
+DEFAULT_ORDER: Final = ORDER_VERSION if WRITE_SCHEMA >= 2 else 1
+#: the ``format`` of a loader state of that order
+STATE_FORMAT: Final = STATE_FORMATS[DEFAULT_ORDER]
 _VERSIONS: Final = {fmt: version for version, fmt in STATE_FORMATS.items()}
 #: the longest a state is, as compact JSON
 MAX_STATE_BYTES: Final = 256
@@ -136,7 +141,7 @@ class LoaderState:
     window_bytes: int | None = DEFAULT_WINDOW_BYTES
     #: the order's version (:func:`~chunkd.client.datasets.order.order_version`): 2 for
     #: a schema-2 snapshot, 1 for a schema-1 one; the format says it
-    order: int = ORDER_VERSION
+    order: int = DEFAULT_ORDER
 
     def __post_init__(self) -> None:
         if not isinstance(self.snapshot, str) or not _ID_RE.fullmatch(self.snapshot):

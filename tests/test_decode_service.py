@@ -349,7 +349,7 @@ def test_bad_requests_get_clear_errors_before_any_work(
     registered(daemon, "bad", "bad")
     with client_of(daemon) as client:
         snapshot, _, _ = resolve(client, "bad")
-    member = snapshot.members[0]
+        member = snapshot.members[0]  # its page is read through the client
     sock = daemon.cwd / "chunkd.sock"
     good = {
         "op": "ds_decode",

@@ -37,6 +37,7 @@ from . import (
     inspector_bench,
     listing_bench,
     loader_bench,
+    order_bench,
     s3front_bench,
     soak_bench,
     ttfb_bench,
@@ -151,6 +152,7 @@ def main() -> int:
             "datasets: registration, and the read order's locality",
         ):
             dataset_bench.run(report, work / "datasets", quick=args.quick)
+            order_bench.run(report, work / "order", quick=args.quick)
         if wanted("inspector", "inspector", "inspector: first page and last row in Chromium"):
             inspector_bench.run(report, work / "inspector", quick=args.quick)
         if wanted("s3front", "S3 front", "s3front: the S3 front, against the other doors"):

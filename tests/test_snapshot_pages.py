@@ -237,3 +237,36 @@ def test_a_member_is_found_by_its_key_reading_one_page() -> None:
     old = Snapshot.build(backend="local", prefix="d/", format="parquet", members=members, schema=1)
     assert old.member_index(members[17_321].key) == 17_321
     assert old.member_index("z") is None
+
+
+@pytest.mark.timeout(30)
+def test_a_snapshot_pickles_as_its_root_and_its_pages_in_memory() -> None:
+    import pickle
+
+    members = _members(9_000)
+    snap = _build(members)
+    moved = pickle.loads(pickle.dumps(snap))
+    assert moved.id == snap.id
+    assert moved.members[8_999] == members[8_999]
+    without = pickle.loads(pickle.dumps(Snapshot.parse(snap.data)))
+    assert without.id == snap.id
+    with pytest.raises(ManifestError, match="not loaded"):
+        _ = without.members[0]
+
+
+@pytest.mark.timeout(60)
+def test_the_pages_held_are_bounded_by_members_too() -> None:
+    from chunkd.snapshot import PAGE_CACHE_MEMBERS
+
+    store = CountingPages()
+    big = [
+        Member(f"k{i:07d}", 1, "v", "fixed", samples=1, meta={"record_bytes": 1})
+        for i in range(120_000)
+    ]
+    snap = Snapshot.parse(_build(big, store).data, pages=store)
+    assert sum(p.members for p in snap.pages[:4]) <= PAGE_CACHE_MEMBERS
+    for page in range(len(snap.pages)):
+        snap.page_members(page)
+    held = snap._paged._held  # type: ignore[union-attr]
+    assert sum(len(m) for m, _ in held.values()) <= PAGE_CACHE_MEMBERS
+    assert len(held) >= 1

@@ -120,6 +120,7 @@ __all__ = [
     "MAX_EXCLUDED",
     "MAX_NAME_BYTES",
     "PAGE_CACHE",
+    "PAGE_CACHE_MEMBERS",
     "PAGE_KIND",
     "PAGE_MAX_BYTES",
     "PAGE_MAX_MEMBERS",
@@ -164,8 +165,13 @@ PAGE_MAX_MEMBERS: Final = 16384
 PAGE_MAX_BYTES: Final = 4 << 20
 #: the most files a snapshot records as left out (``excluded``)
 MAX_EXCLUDED: Final = 10_000
-#: the pages one snapshot holds parsed, the most recently used first
+#: the pages one snapshot holds parsed, the most recently used first ...
 PAGE_CACHE: Final = 8
+#: ... and the members they hold together at most (a parsed page of 16,384 Parquet
+#: members takes about 27 MiB; the read order works on groups of up to 32,768 members
+#: and needs two of them held), beyond which the least recently used pages go (the
+#: one in use always stays)
+PAGE_CACHE_MEMBERS: Final = 65_536
 #: a member page's ``kind``
 PAGE_KIND: Final = "chunkd-dataset-page"
 _PAGE_HEAD: Final = b'{"kind":"' + PAGE_KIND.encode() + b'","members":['
@@ -852,6 +858,7 @@ class _Paged:
         self.sample_starts = samples
         self._held: OrderedDict[int, tuple[tuple[Member, ...], list[int]]] = OrderedDict()
         self._lock = threading.Lock()
+        self._members_held = 0
         #: pages read from the source (how many loads a reader caused)
         self.loads = 0
 
@@ -885,10 +892,15 @@ class _Paged:
         entry = (members, starts)
         with self._lock:
             self.loads += 1
+            if page not in self._held:
+                self._members_held += len(members)
             self._held[page] = entry
             self._held.move_to_end(page)
-            while len(self._held) > PAGE_CACHE:
-                self._held.popitem(last=False)
+            while len(self._held) > 1 and (
+                len(self._held) > PAGE_CACHE or self._members_held > PAGE_CACHE_MEMBERS
+            ):
+                _, (gone, _) = self._held.popitem(last=False)
+                self._members_held -= len(gone)
         return entry
 
     def offer(self, page_id: str, data: bytes) -> None:
@@ -1241,6 +1253,14 @@ class Snapshot:
             _paged=paged,
         )
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Pickled as its bytes (checked again when unpickled) and, where they are in
+        # memory, its pages; a page source that is a connection (the daemon's) does not
+        # travel: the process that unpickles it attaches its own (``with_pages``).
+        source = self._paged.source if self._paged is not None else None
+        kept = source if isinstance(source, MemoryPages) else None
+        return (_unpickled, (self.data, self.id, kept))
+
     # -- pages -----------------------------------------------------------------------
 
     def with_pages(self, source: PageSource | None) -> Snapshot:
@@ -1401,6 +1421,10 @@ class Snapshot:
             excluded=self.excluded,
             origin=self.id,
         )
+
+
+def _unpickled(data: bytes, ident: str, pages: PageSource | None) -> Snapshot:
+    return Snapshot.parse(data, ident, pages=pages)
 
 
 # -- reading older manifests -------------------------------------------------------------

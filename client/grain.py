@@ -47,7 +47,6 @@ import numpy as np
 from chunkd.client.core import Client
 from chunkd.client.datasets.columns import Units
 from chunkd.client.datasets.dataset import Dataset
-from chunkd.client.datasets.formats import snapshot_unit_bytes, snapshot_units
 from chunkd.client.datasets.loader import (
     Batch,
     Readable,
@@ -60,7 +59,12 @@ from chunkd.client.datasets.loader import (
     order_of,
     read_steps,
 )
-from chunkd.client.datasets.order import DEFAULT_WINDOW, DEFAULT_WINDOW_BYTES, Order
+from chunkd.client.datasets.order import (
+    DEFAULT_WINDOW,
+    DEFAULT_WINDOW_BYTES,
+    EpochOrder,
+    order_version,
+)
 from chunkd.client.datasets.source import PinnedSource
 from chunkd.client.datasets.state import LoaderState
 from chunkd.client.datasets.workers import (
@@ -182,7 +186,7 @@ class OrderSampler:
         self.num_epochs = num_epochs
         # what Grain's loader shards by when it is given no shard_options: none
         self._shard_options = grain.sharding.NoSharding()
-        self._orders: dict[int, Order] = {}
+        self._orders: dict[int, EpochOrder] = {}
 
     def __len__(self) -> int:
         if self.num_epochs is None:
@@ -207,18 +211,20 @@ class OrderSampler:
         key = int(order.indices([position])[0])
         return grain.RecordMetadata(index=int(index), record_key=key)
 
-    def _order(self, epoch: int) -> Order:
-        return Order(
-            self._snapshot.counts,
-            snapshot=self._snapshot.id,
-            seed=self.seed,
-            epoch=epoch,
+    def _order(self, epoch: int) -> EpochOrder:
+        # The loader's own order (a paged snapshot's is built from its root, never from
+        # every member's count): the same order every reader of the snapshot deals.
+        state = LoaderState(
+            self._snapshot.id,
+            self.seed,
+            epoch,
+            0,
             shuffle=self.shuffle,
             window=self.window,
             window_bytes=self.window_bytes,
-            units=snapshot_units(self._snapshot),
-            unit_bytes=snapshot_unit_bytes(self._snapshot),
+            order=order_version(self._snapshot),
         )
+        return order_of(self._snapshot, state)
 
 
 class ChunkdIterDataset(grain.IterDataset):  # type: ignore[misc]
@@ -268,7 +274,7 @@ class ChunkdIterDataset(grain.IterDataset):  # type: ignore[misc]
         self.prefetch = chosen.prefetch
         self.collate_fn = collate_fn
         self.batch_transform = batch_transform
-        self.start = chosen.state(dataset.id, epoch)
+        self.start = chosen.state(dataset.id, epoch, order=order_version(dataset.snapshot))
         if state is not None:
             self.start = self.checked(LoaderState.parse(state))
         self.worker, self.workers = 0, 1
@@ -282,6 +288,7 @@ class ChunkdIterDataset(grain.IterDataset):  # type: ignore[misc]
         s = self.start
         state.check(
             snapshot=s.snapshot,
+            order=s.order,
             seed=s.seed,
             shuffle=s.shuffle,
             window=s.window,

@@ -66,13 +66,13 @@ def test_a_snapshot_is_a_random_access_source_for_grains_own_order() -> None:
 def test_chunkds_order_under_grains_loader() -> None:
     dataset, _ = memory_dataset([6, 3, 0, 11, 7])
     source = GrainSource(dataset)
-    order = Order(dataset.snapshot.counts, snapshot=dataset.id, seed=SEED, epoch=0)
+    order = order_of(dataset.snapshot, LoaderState(dataset.id, SEED, 0, 0))  # the loader's
     records = [bytes(source[i]) for i in range(len(source))]
     sampler = OrderSampler(source, seed=SEED, num_epochs=2)
     assert len(sampler) == 54
     loader = grain.DataLoader(data_source=source, sampler=sampler, worker_count=0)
     got = [bytes(r) for r in loader]
-    epoch1 = Order(dataset.snapshot.counts, snapshot=dataset.id, seed=SEED, epoch=1)
+    epoch1 = order_of(dataset.snapshot, LoaderState(dataset.id, SEED, 1, 0))
     assert got == [records[i] for i in order.indices(np.arange(27)).tolist()] + [
         records[i] for i in epoch1.indices(np.arange(27)).tolist()
     ]

@@ -503,10 +503,9 @@ def test_parquet_rows_and_json_lines_are_samples(node: Node) -> None:
     runs = [g for g, _ in itertools.groupby(groups)]
     assert len(runs) == len(set(runs)) == 7
     order = order_of(snapshot, LoaderState(snapshot.id, SEED, 0, 0, window=1))
-    assert runs == [
-        (int(order.unit_member[u]), int(order.unit_first[u]) // group_rows[order.unit_member[u]])
-        for u in order.unit_order.tolist()
-    ]
+    at = order.located(np.arange(len(snapshot)))  # each position's member and unit
+    placed = zip(at.members.tolist(), at.units.tolist(), strict=True)
+    assert runs == [u for u, _ in itertools.groupby(placed)]
 
     lines = node.dataset("jsonl", batch_size=3, rank=1, world_size=2)
     # What a spawned worker gets: a pickled copy, its client left out.

@@ -26,6 +26,7 @@ from chunkd.client.datasets.loader import (
     order_of,
     read_steps,
 )
+from chunkd.client.datasets.order import order_version
 from chunkd.client.datasets.state import LoaderState
 from chunkd.client.datasets.workers import (
     WORKER_FORMAT,
@@ -230,13 +231,14 @@ class SnapshotDataset(IterableDataset[Batch]):
 
     @staticmethod
     def global_state(state: Any) -> dict[str, Any]:
-        """The ``chunkd.loader/3`` state of what DataLoaders saved: see
+        """The ``chunkd.loader`` state of what DataLoaders saved: see
         :func:`chunkd.client.datasets.workers.global_state`."""
         return global_state(state)
 
     def _check(self, state: LoaderState) -> None:
         state.check(
             snapshot=self.dataset.snapshot.id,
+            order=order_version(self.dataset.snapshot),
             seed=self.seed,
             shuffle=self.shuffle,
             window=self.window,
@@ -253,6 +255,7 @@ class SnapshotDataset(IterableDataset[Batch]):
             shuffle=self.shuffle,
             window=self.window,
             window_bytes=self.window_bytes,
+            order=order_version(self.dataset.snapshot),
         )
 
     # -- iterating -----------------------------------------------------------------------

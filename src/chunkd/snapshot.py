@@ -155,7 +155,7 @@ __all__ = [
 #: its members inline) is still read, never written.
 SCHEMA: Final = 2
 #: the schema :meth:`Snapshot.build` writes unless told
-WRITE_SCHEMA: Final = 1
+WRITE_SCHEMA: Final = 2
 #: a page ends after a member whose key's hash is 0 modulo this: pages of 4096
 #: members on average (about 1 MiB of Parquet members' entries)
 PAGE_TARGET: Final = 4096

@@ -39,6 +39,7 @@ from . import (
     loader_bench,
     order_bench,
     s3front_bench,
+    scale_bench,
     soak_bench,
     ttfb_bench,
 )
@@ -153,6 +154,7 @@ def main() -> int:
         ):
             dataset_bench.run(report, work / "datasets", quick=args.quick)
             order_bench.run(report, work / "order", quick=args.quick)
+            scale_bench.run(report, work / "scale", quick=args.quick)
         if wanted("inspector", "inspector", "inspector: first page and last row in Chromium"):
             inspector_bench.run(report, work / "inspector", quick=args.quick)
         if wanted("s3front", "S3 front", "s3front: the S3 front, against the other doors"):

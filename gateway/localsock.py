@@ -662,7 +662,7 @@ class LocalServer:
     ) -> dict[str, Any]:
         """``readv`` with ``keep: false``: the ranges whose lengths fit in
         :data:`MAX_PAYLOAD` together (at least the first, cut to fit) are read at once,
-        none of them kept in the tiers (:meth:`ReadPath.peek`); the client asks again
+        none of them kept in the tiers (:meth:`ReadPath.peek_many`); the client asks again
         for the rest. Planned from the lengths asked, before anything is read."""
         planned: list[tuple[str, int, int]] = []
         used = 0
@@ -673,18 +673,28 @@ class LocalServer:
                 length = MAX_PAYLOAD
             planned.append((name, offset, length))
             used += length
-        got = await asyncio.gather(
-            *(self._peek(name, offset, length) for name, offset, length in planned),
-            return_exceptions=True,
+        names: list[tuple[str, str] | ChunkdError] = []
+        for name, _, _ in planned:
+            try:
+                names.append(split_name(name))
+            except ChunkdError as exc:
+                names.append(exc)  # this range's own error; the others are read
+        peeked = iter(
+            await self.read_path.peek_many(
+                [
+                    (*named, offset, length)
+                    for named, (_, offset, length) in zip(names, planned, strict=True)
+                    if not isinstance(named, ChunkdError)
+                ]
+            )
         )
+        got = [named if isinstance(named, ChunkdError) else next(peeked) for named in names]
         out: list[dict[str, Any]] = []
         pieces: list[bytes] = []
         room = _READV_HEADER
         for (_, offset, _), outcome in zip(planned, got, strict=True):
             data = b""
-            if isinstance(outcome, BaseException):
-                if not isinstance(outcome, ChunkdError):
-                    raise outcome
+            if isinstance(outcome, ChunkdError):
                 entry = _range_error(outcome)
                 room -= len(json.dumps(entry)) + 1
             else:
@@ -705,9 +715,6 @@ class LocalServer:
             pieces.append(data)
         answer.payload = b"".join(pieces)
         return {"ok": True, "answered": len(out), "ranges": out}
-
-    async def _peek(self, name: str, offset: int, length: int) -> tuple[Stat, bytes]:
-        return await self.read_path.peek(*split_name(name), offset, length)
 
     async def _bytes_of(self, planned: tuple[Stat, int, int]) -> bytes:
         stat, start, end = planned

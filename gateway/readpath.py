@@ -46,13 +46,21 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import functools
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Hashable
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Hashable,
+    Sequence,
+)
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TypeVar, cast
 
 from chunkd.cache import BytesLease, ChunkCache, ChunkId, ChunkLease, Locator, ValidatedVersion
 from chunkd.cache.singleflight import SingleFlight
@@ -60,11 +68,13 @@ from chunkd.errors import (
     BackendForbiddenError,
     BackendUnavailableError,
     BucketNotFoundError,
+    ChunkdError,
     IntegrityError,
     ObjectNotFoundError,
     VersionChangedError,
 )
 from chunkd.gateway.backends import Backend, Backends, ObjectMeta
+from chunkd.gateway.backends.base import BatchReads
 from chunkd.gateway.hot import HotSet
 from chunkd.gateway.names import validate_key
 from chunkd.ranges import ByteRange, RequestRange, from_offset, reading, resolve
@@ -157,6 +167,16 @@ def _cancel_unsettled(futures: list[asyncio.Future[Any]], _task: asyncio.Future[
             future.cancel()
 
 
+def _answered(
+    outcome: tuple[Stat, bytes] | BaseException,
+) -> tuple[Stat, bytes] | ChunkdError:
+    """A peek's outcome as a batch answers it: its result or its chunkd error; any other
+    exception (a bug, a cancellation) is raised."""
+    if isinstance(outcome, BaseException) and not isinstance(outcome, ChunkdError):
+        raise outcome
+    return outcome
+
+
 def _locator_key(stat: Stat, index: int) -> bytes:
     """What rendezvous hashing places a chunk by before its id is known."""
     return f"{stat.backend}\0{stat.meta.key}\0{stat.meta.version}\0{index}".encode()
@@ -186,6 +206,18 @@ class Stat:
     def locator(self, index: int) -> Locator:
         """The locator of chunk ``index`` of this version."""
         return Locator(self.backend, self.meta.key, self.meta.version, index)
+
+
+@dataclass(frozen=True, slots=True)
+class _PeekClaim:
+    """A range a batch of peeks reads (:meth:`ReadPath.peek_many`), claimed in the
+    peeks' single flight."""
+
+    backend: Backend
+    key: str
+    start: int
+    end: int
+    future: asyncio.Future[tuple[ObjectMeta, bytes | None]]
 
 
 @dataclass
@@ -260,6 +292,7 @@ class ReadPath:
             self._waited
         )
         self._next_chunk: dict[tuple[str, str, str], int] = {}
+        self._batch_kinds: dict[type[Backend], bool] = {}
         self._ahead = asyncio.Semaphore(_READAHEAD_IN_FLIGHT)
         self._background: set[asyncio.Future[None]] = set()
         #: the hottest objects (and datasets, as the registry names their prefixes)
@@ -358,6 +391,19 @@ class ReadPath:
                 backend.name, key, meta.version, meta.etag, meta.size, meta.modified, time.time()
             )
         )
+
+    def _learnt(self, backend: Backend, key: str, meta: ObjectMeta) -> None:
+        """Keep ``meta``, which a metadata read (:meth:`peek_many`) just learnt, in
+        memory; in the index only where it holds another version of ``key``, which must
+        not outlive this one. A name the index knows nothing of stays out of it: a
+        metadata read leaves nothing on the node's disk (each record cost a registration
+        about 35 us a file of the index's writer); a later read asks the backend."""
+        self._remember((backend.name, key), _Known(meta, time.monotonic()))
+        if backend.config.revalidate is None:
+            return  # the index was asked (_recall) and held no version of it
+        record = self.cache.validated(backend.name, key)
+        if record is not None and record.version != meta.version:
+            self._validated(backend, key, meta)
 
     def _first_reads(self) -> bool:
         """Whether a read may learn an object's version from its own first GET: not
@@ -916,6 +962,144 @@ class ReadPath:
         else:
             stat = await self.stat(backend_name, key, expect=expect)
         start, end = resolve(asked, stat.size)
+        return stat, await self._peek_known(backend, stat, start, end)
+
+    async def peek_many(
+        self, asked: Sequence[tuple[str, str, int, int]]
+    ) -> list[tuple[Stat, bytes] | ChunkdError]:
+        """:meth:`peek` of each ``(backend, key, offset, length)`` (``length`` given),
+        at once: each outcome is what that peek returns, or the chunkd error it raises.
+
+        The files of a backend that reads batches (:class:`BatchReads`: ``file://``)
+        whose version must be learnt are read in one call of the backend for them all
+        (one thread hop, a few us a file), each claimed as its peek claims it (single
+        flight: a concurrent peek of the same range waits for it, and a range another
+        peek is reading is waited for), validated, verified and counted as its peek
+        does. A file that call leaves to the usual way, and every other range, is its
+        own :meth:`peek`, all concurrently (an object store's latency hidden).
+        """
+        out: list[tuple[Stat, bytes] | ChunkdError | None] = [None] * len(asked)
+        batches: dict[str, list[tuple[int, _PeekClaim]]] = {}
+        usual: list[int] = []
+        first_reads = self._first_reads()
+        now = time.monotonic()
+        for i, (backend_name, key, offset, length) in enumerate(asked):
+            try:
+                backend = self.backends.get(backend_name)
+                validate_key(key)
+            except ChunkdError as exc:
+                out[i] = exc
+                continue
+            if not (first_reads and length > 0 and self._reads_batches(backend)):
+                usual.append(i)
+                continue
+            revalidate = backend.config.revalidate
+            known = self._recall((backend.name, key), from_index=revalidate is None)
+            if known is not None and (revalidate is None or now - known.checked < revalidate):
+                usual.append(i)  # the version is known: the tiers first, as a peek does
+                continue
+            claimed = self._peeks.claim((backend.name, key, None, offset, length))
+            if claimed is None:
+                usual.append(i)  # another peek reads this range: its own waits for it
+                continue
+            batches.setdefault(backend.name, []).append(
+                (i, _PeekClaim(backend, key, offset, offset + length, claimed))
+            )
+        # The usual peeks start now (tasks), so that those of a range this batch claimed
+        # wait for it rather than read it again.
+        others = (
+            asyncio.gather(*(self.peek(*asked[i]) for i in usual), return_exceptions=True)
+            if usual
+            else None
+        )
+        try:
+            for claims in batches.values():
+                await self._peek_batch(claims, out)
+            if others is not None:
+                for i, outcome in zip(usual, await others, strict=True):
+                    out[i] = _answered(outcome)
+        except BaseException:
+            for claims in batches.values():
+                for _, claim in claims:
+                    if not claim.future.done():
+                        claim.future.cancel()
+            if others is not None and not others.done():
+                others.cancel()
+                with contextlib.suppress(BaseException):
+                    await others
+            raise
+        return cast("list[tuple[Stat, bytes] | ChunkdError]", out)
+
+    def _reads_batches(self, backend: Backend) -> bool:
+        """Whether ``backend`` is :class:`BatchReads` (asked once a kind: a protocol's
+        isinstance walks its attributes)."""
+        kind = type(backend)
+        found = self._batch_kinds.get(kind)
+        if found is None:
+            found = self._batch_kinds[kind] = isinstance(backend, BatchReads)
+        return found
+
+    async def _peek_batch(
+        self,
+        claims: list[tuple[int, _PeekClaim]],
+        out: list[tuple[Stat, bytes] | ChunkdError | None],
+    ) -> None:
+        """Read the claimed ranges of one backend with one :meth:`BatchReads.read_batch`;
+        each outcome into ``out``, each claim settled."""
+        backend = cast("BatchReads", claims[0][1].backend)  # _reads_batches said so
+        for _ in claims:
+            self._count_read("fetched", 0)
+        try:
+            got = await backend.read_batch([(c.key, c.start, c.end) for _, c in claims])
+        except Exception as exc:
+            for i, claim in claims:
+                claim.future.set_exception(exc)
+                out[i] = exc if isinstance(exc, ChunkdError) else None
+            if not isinstance(exc, ChunkdError):
+                raise
+            return
+        slow: list[tuple[int, _PeekClaim]] = []
+        for (i, claim), one in zip(claims, got, strict=True):
+            if one is None:
+                slow.append((i, claim))
+                continue
+            meta, data = one
+            self._learnt(claim.backend, claim.key, meta)
+            claim.future.set_result((meta, data))
+            stat = Stat(claim.backend.name, meta, self.chunk_bytes)
+            if data is None:  # past the end: the range's error, as a peek says it
+                try:
+                    resolve(ByteRange(claim.start, claim.end), meta.size)
+                except ChunkdError as exc:
+                    out[i] = exc
+                else:  # pragma: no cover - resolve refuses a range past the end
+                    out[i] = (stat, b"")
+                continue
+            try:
+                out[i] = (stat, self._verified(stat, claim.start, data))
+            except ChunkdError as exc:
+                out[i] = exc
+        if slow:
+            done = await asyncio.gather(
+                *(self._peek_claimed(claim) for _, claim in slow), return_exceptions=True
+            )
+            for (i, _), outcome in zip(slow, done, strict=True):
+                out[i] = _answered(outcome)
+
+    async def _peek_claimed(self, claim: _PeekClaim) -> tuple[Stat, bytes]:
+        """A claimed range the batch left to the usual way: its first GET, under the
+        claim, then the rest of a :meth:`peek`."""
+        backend, asked = claim.backend, ByteRange(claim.start, claim.end)
+        try:
+            meta, first = await self._peek_first(backend, claim.key, asked)
+        except BaseException as exc:
+            _settle_claims([claim.future], exc)
+            raise
+        claim.future.set_result((meta, first))
+        stat = Stat(backend.name, meta, self.chunk_bytes)
+        if first is not None:
+            return stat, self._verified(stat, claim.start, first)
+        start, end = resolve(asked, meta.size)
         return stat, await self._peek_known(backend, stat, start, end)
 
     async def _shared(

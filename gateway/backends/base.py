@@ -45,6 +45,11 @@ The contract, for each method:
    :attr:`Backend.single_put_bytes` is refused before anything is read
    (:class:`InvalidRequestError`).
 
+An optional protocol, apart from the interface: :class:`BatchReads`
+(``read_batch``), small first reads of many objects in one go where the store is a
+local filesystem (a registration's footers). A caller asks ``isinstance(backend,
+BatchReads)``; a store without it is read one :meth:`Backend.open_first` an object.
+
 Failures are :class:`BackendUnavailableError` (may heal: retried, counted against
 the backend's health), :class:`BackendForbiddenError` (the credentials),
 :class:`InvalidKeyError` (the request's own key: never retried, never counted against
@@ -56,7 +61,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, Protocol, runtime_checkable
 
 from chunkd.errors import (
     IntegrityError,
@@ -67,6 +72,8 @@ from chunkd.errors import (
 from chunkd.ranges import ByteRange
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from chunkd.gateway.backends.meta import ObjectMeta
     from chunkd.gateway.config import BackendConfig
     from chunkd.ranges import RequestRange
@@ -75,6 +82,7 @@ __all__ = [
     "SCAN_BATCH",
     "SINGLE_PUT_BYTES",
     "Backend",
+    "BatchReads",
     "FirstRead",
     "gather_stream",
     "stream_size_error",
@@ -100,6 +108,30 @@ class FirstRead:
     start: int
     #: where the bytes stop: the end asked for, cut at the object's end
     end: int
+
+
+@runtime_checkable
+class BatchReads(Protocol):
+    """A backend that reads the first bytes of many objects in one go, cheaper than one
+    :meth:`Backend.open_first` each (a local filesystem: one thread hop for a batch of
+    files, where each request through the object store client is a hop of its own)."""
+
+    async def read_batch(
+        self, asked: Sequence[tuple[str, int, int]]
+    ) -> list[tuple[ObjectMeta, bytes | None] | None]:
+        """For each ``(key, start, end)`` (``start < end``): the object's current version
+        and its bytes ``start`` to ``end`` (cut at its end; None where ``start`` is at or
+        past its end), both from one look at the object, as :meth:`Backend.open_first`
+        gives them; or None where this object must be read the usual way
+        (:meth:`Backend.open_first`: it is absent, not a plain object, named in a way
+        only the store itself resolves, or changed while it was read). Counted as one
+        GET an object read.
+
+        Raises:
+            BackendUnavailableError: the batch did not finish within the backend's
+                ``timeout``.
+        """
+        ...
 
 
 class Backend(ABC):

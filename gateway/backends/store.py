@@ -171,8 +171,8 @@ class StoreBackend(Backend):
 
     async def _get_whole(self, key: str) -> memoryview | None:
         async def call() -> memoryview:
-            opening = obstore.get_async(self._store, key)
-            result = await asyncio.wait_for(opening, self.config.timeout)
+            async with asyncio.timeout(self.config.timeout):
+                result = await obstore.get_async(self._store, key)
             data = memoryview(await result.bytes_async())  # each read: read_timeout
             self._metrics.backend_read_bytes.labels(self.name).inc(data.nbytes)
             return data
@@ -190,7 +190,8 @@ class StoreBackend(Backend):
             return memoryview(b"")
 
         async def call() -> memoryview:
-            result = await asyncio.wait_for(self._open(meta, start, end), self.config.timeout)
+            async with asyncio.timeout(self.config.timeout):
+                result = await self._open(meta, start, end)
             data = memoryview(await result.bytes_async())  # each read: read_timeout
             if data.nbytes != end - start:
                 raise BackendUnavailableError(
@@ -237,8 +238,8 @@ class StoreBackend(Backend):
         async def call() -> Any:
             # Both refusals are answers, not failures: nothing to retry or count.
             try:
-                opening = obstore.get_async(self._store, key, options=options)
-                return await asyncio.wait_for(opening, self.config.timeout)  # the answer's head
+                async with asyncio.timeout(self.config.timeout):  # the answer's head
+                    return await obstore.get_async(self._store, key, options=options)
             except NotModifiedError:
                 return known
             except GenericError as exc:
@@ -286,11 +287,11 @@ class StoreBackend(Backend):
             try:
                 # A stalled body is cut by read_timeout (the backend timeout), not by
                 # a bound on the whole piece, which many spans sharing a link make slow.
-                piece = await (
-                    anext(pieces, None)
-                    if self.bounded_per_read
-                    else asyncio.wait_for(anext(pieces, None), timeout=self.config.timeout)
-                )
+                if self.bounded_per_read:
+                    piece = await anext(pieces, None)
+                else:
+                    async with asyncio.timeout(self.config.timeout):
+                        piece = await anext(pieces, None)
             except Exception as exc:
                 error = self._translate(exc, key)
                 self._settle(error)
@@ -459,9 +460,12 @@ class StoreBackend(Backend):
             started = time.perf_counter()
             self._metrics.backend_requests.labels(self.name, op).inc()
             try:
-                result = await (
-                    asyncio.wait_for(attempt(), timeout=self.config.timeout) if whole else attempt()
-                )
+                # A timeout in this task, not wait_for's task of its own per attempt.
+                if whole:
+                    async with asyncio.timeout(self.config.timeout):
+                        result = await attempt()
+                else:
+                    result = await attempt()
             except asyncio.CancelledError:
                 self._probing = False  # a cancelled probe must not hold the circuit shut
                 raise

@@ -34,6 +34,7 @@ import importlib.metadata
 import itertools
 import os
 import re
+import sys
 import threading
 import weakref
 from collections import OrderedDict
@@ -419,11 +420,38 @@ def names() -> list[str]:
 
 
 def _plugins() -> dict[str, Any]:
+    """The plug-ins' entry points by name, looked up again only when a path entry of
+    ``sys.path`` changed (a package installed or removed adds or removes its
+    ``.dist-info`` there): asking every installed distribution costs milliseconds,
+    and ``detect()`` and ``names()`` are asked for every file a registration lists."""
+    global _PLUGINS_SEEN
+    mark = _path_mark()
+    seen = _PLUGINS_SEEN
+    if seen is not None and seen[0] == mark:
+        return seen[1]
     try:
-        found = importlib.metadata.entry_points(group=ENTRY_POINTS)
+        points = importlib.metadata.entry_points(group=ENTRY_POINTS)
     except Exception:  # a broken distribution's metadata: no plug-ins from it
-        return {}
-    return {point.name: point for point in found if point.name not in _BUILTIN}
+        found: dict[str, Any] = {}
+    else:
+        found = {point.name: point for point in points if point.name not in _BUILTIN}
+    _PLUGINS_SEEN = (mark, found)
+    return found
+
+
+def _path_mark() -> tuple[tuple[str, int], ...]:
+    """Each ``sys.path`` entry with the time it last changed (-1: none there)."""
+    mark = []
+    for entry in sys.path:
+        try:
+            mark.append((entry, os.stat(entry or ".").st_mtime_ns))
+        except (OSError, ValueError):
+            mark.append((entry, -1))
+    return tuple(mark)
+
+
+#: the plug-ins found, and the mark of sys.path they were found under
+_PLUGINS_SEEN: tuple[tuple[tuple[str, int], ...], dict[str, Any]] | None = None
 
 
 def detect(key: str) -> str | None:

@@ -393,14 +393,12 @@ class ReadPath:
         )
 
     def _learnt(self, backend: Backend, key: str, meta: ObjectMeta) -> None:
-        """Keep ``meta``, which a metadata read (:meth:`peek_many`) just learnt, in
-        memory; in the index only where it holds another version of ``key``, which must
-        not outlive this one. A name the index knows nothing of stays out of it: a
-        metadata read leaves nothing on the node's disk (each record cost a registration
-        about 35 us a file of the index's writer); a later read asks the backend."""
+        """Keep ``meta``, which a metadata read (:meth:`peek`) just learnt, in memory;
+        in the index only where it holds another version of ``key``, which must not
+        outlive this one. A name the index knows nothing of stays out of it: a metadata
+        read leaves nothing on the node's disk (each record cost a registration about
+        35 us a file of the index's writer); after a restart, a read asks the backend."""
         self._remember((backend.name, key), _Known(meta, time.monotonic()))
-        if backend.config.revalidate is None:
-            return  # the index was asked (_recall) and held no version of it
         record = self.cache.validated(backend.name, key)
         if record is not None and record.version != meta.version:
             self._validated(backend, key, meta)
@@ -924,7 +922,9 @@ class ReadPath:
 
         The version is learnt as :meth:`stat` learns it: from what is known while the
         revalidation policy allows, else from the backend, by the same GET that brings
-        the bytes (one request; with peers, a HEAD first). A chunk a tier holds is
+        the bytes (one request; with peers, a HEAD first). A version learnt so is kept
+        in memory, and in the index only where it held another version of the name
+        (:meth:`_learnt`). A chunk a tier holds is
         served from it; any other bytes come from one ranged GET pinned to the version
         (If-Match), shared by every concurrent peek of the same range (single flight).
         Where the bytes are a whole chunk the chunk map names, they must hash to it.
@@ -1135,7 +1135,7 @@ class ReadPath:
     async def _peek_first(
         self, backend: Backend, key: str, asked: RequestRange | None
     ) -> tuple[ObjectMeta, bytes | None]:
-        """One GET of the range that also says the version (kept as :meth:`stat`
+        """One GET of the range that also says the version (kept as :meth:`_learnt`
         keeps it); no bytes where the range is past the end (the caller's error)."""
         start, end = reading(asked) or (0, None)
         if end is None:
@@ -1144,7 +1144,7 @@ class ReadPath:
         if opened is None:
             self.forget(backend.name, key)
             raise backend.not_found(key)
-        self._validated(backend, key, opened.meta)
+        self._learnt(backend, key, opened.meta)
         if opened.pieces is None:
             return opened.meta, None
         try:

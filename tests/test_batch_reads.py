@@ -19,6 +19,7 @@ from chunkd.errors import (
     ObjectNotFoundError,
     RangeNotSatisfiableError,
     UnknownBackendError,
+    VersionChangedError,
 )
 from chunkd.gateway.backends import Backends, FileBackend
 from chunkd.gateway.backends.base import BatchReads
@@ -137,20 +138,24 @@ async def test_peek_many_reads_a_batch_once_with_each_peeks_answer(
         assert cache.validated("data", "sub/b.bin") is None
         # Nothing kept in the tiers either.
         assert cache.resolve(first[0].locator(0)) is None
+        # Nor by a single read not kept.
+        await read_path.peek("data", "sub/b.bin", 0, 10)
+        assert cache.validated("data", "sub/b.bin") is None
     finally:
         await read_path.close()
         await backends.close()
 
 
 @pytest.mark.timeout(20)
+@pytest.mark.parametrize("revalidate", [3600.0, None])
 async def test_peek_many_replaces_another_version_the_index_holds(
-    open_cache: OpenCache, tmp_path: Path
+    open_cache: OpenCache, tmp_path: Path, revalidate: float | None
 ) -> None:
     root = tmp_path / "objects"
     root.mkdir()
     (root / "a.bin").write_bytes(b"first version")
     metrics = Metrics()
-    config = BackendConfig("data", f"file://{root}", revalidate=3600.0)
+    config = BackendConfig("data", f"file://{root}", revalidate=revalidate)
     backends = Backends.from_config([config], metrics)
     cache = await open_cache()
     read_path = ReadPath(cache, backends, metrics, known_objects=1)
@@ -164,13 +169,22 @@ async def test_peek_many_replaces_another_version_the_index_holds(
         (root / "other.bin").write_bytes(b"x")
         await read_path.stat("data", "other.bin")  # pushes a.bin out of memory
         [got] = await read_path.peek_many([("data", "a.bin", 0, 6)])
+        if revalidate is None:
+            # Immutable: the version the index holds is read, pinned; the backend says
+            # it changed, and it is forgotten: the next read learns the new one.
+            assert isinstance(got, VersionChangedError)
+            assert cache.validated("data", "a.bin") is None
+            [got] = await read_path.peek_many([("data", "a.bin", 0, 6)])
         assert not isinstance(got, Exception)
         assert got[1] == b"second"
         assert got[0].meta.version != old.meta.version
         record = cache.validated("data", "a.bin")
-        # The index must not keep the older version for a name read since.
-        assert record is not None
-        assert record.version == got[0].meta.version
+        if revalidate is None:
+            assert record is None  # forgotten, and not written again by a metadata read
+        else:
+            # The index must not keep the older version for a name read since.
+            assert record is not None
+            assert record.version == got[0].meta.version
     finally:
         await read_path.close()
         await backends.close()

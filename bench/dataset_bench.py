@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import resource
 import shutil
 import statistics
 import subprocess
@@ -75,7 +76,9 @@ def _footers_directly(root: Path) -> tuple[int, float]:
     return len(paths), elapsed
 
 
-def _register(daemon: BenchDaemon, name: str) -> tuple[dict[str, object], int]:
+def _register(daemon: BenchDaemon, name: str) -> tuple[dict[str, object], int, float]:
+    """One ``chunkd dataset register`` in a process of its own: its JSON report, its
+    peak memory (KiB) and its CPU seconds."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("CHUNKD_")}
     env["CHUNKD_SOCKET"] = daemon.socket
     # The peak memory of the registering process, from its own /proc status at exit.
@@ -87,6 +90,7 @@ def _register(daemon: BenchDaemon, name: str) -> tuple[dict[str, object], int]:
         "print('HWM', hwm, file=sys.stderr)\n"
         "raise SystemExit(status)\n"
     )
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     done = subprocess.run(
         [
             sys.executable,
@@ -108,10 +112,12 @@ def _register(daemon: BenchDaemon, name: str) -> tuple[dict[str, object], int]:
         text=True,
         check=False,
     )
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode != 0:
         raise RuntimeError(f"chunkd dataset register failed: {done.stderr[-2000:]}")
     found = re.search(r"HWM (\d+)", done.stderr)
-    return json.loads(done.stdout), int(found.group(1)) if found else 0
+    cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+    return json.loads(done.stdout), int(found.group(1)) if found else 0, cpu
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -128,7 +134,7 @@ def _registration(report: Report, work: Path, *, quick: bool) -> None:
     data = work / "chunkd-data" / "pq"
     _write_parquet(data, files)
     rounds = report.rounds_for(1 if quick else 3)
-    ours, theirs, peaks, daemon_cpu = [], [], [], []
+    ours, theirs, peaks, daemon_cpu, client_cpu = [], [], [], [], []
     for r in range(rounds):
         # A cold daemon each round (its cache and the registry start empty), and the
         # page cache warm for both sides: the footers are read from memory either way.
@@ -139,11 +145,12 @@ def _registration(report: Report, work: Path, *, quick: bool) -> None:
             cpu = _cpu_seconds(daemon.process.pid)
             if r % 2:
                 counted, seconds = _footers_directly(data)
-                result, peak = _register(daemon, f"bench/pq{r}")
+                result, peak, spent = _register(daemon, f"bench/pq{r}")
             else:
-                result, peak = _register(daemon, f"bench/pq{r}")
+                result, peak, spent = _register(daemon, f"bench/pq{r}")
                 counted, seconds = _footers_directly(data)
             daemon_cpu.append((_cpu_seconds(daemon.process.pid) - cpu) / files)
+            client_cpu.append(spent / files)
         finally:
             daemon.stop()
         assert result["members"] == files == counted
@@ -151,6 +158,7 @@ def _registration(report: Report, work: Path, *, quick: bool) -> None:
         theirs.append(counted / seconds)
         peaks.append(peak)
     samples = Rounds.of(ours, theirs)  # paired by round, before sorting
+    ratios = sorted(samples.ratios())
     ours.sort()
     theirs.sort()
     report.add(
@@ -163,9 +171,12 @@ def _registration(report: Report, work: Path, *, quick: bool) -> None:
             target_ratio=0.8,
             samples=samples,
             note=(
+                f"ratio per round {ratios[0]:.2f}-{ratios[-1]:.2f}; "
                 f"chunkd reads each batch's footers through the daemon in one readv that "
-                f"the daemon does not keep (keep=false) and writes the snapshot's pages; "
-                f"the daemon's CPU {statistics.median(daemon_cpu) * 1e6:.0f} us a file; "
+                f"the daemon does not keep (keep=false; file://: one thread hop a batch) "
+                f"and writes the snapshot's pages; CPU a file: the daemon's "
+                f"{statistics.median(daemon_cpu) * 1e6:.0f} us, the registering "
+                f"process's {statistics.median(client_cpu) * 1e6:.0f} us; "
                 f"peak memory of the registering process {max(peaks) / 1024:.0f} MiB; "
                 f"DVC's anchor: 600k files in 6-8 h, about 25 files/s "
                 f"({ours[len(ours) // 2] / 25:.0f}x that)"
@@ -187,7 +198,9 @@ def _registration_at(report: Report, work: Path, files: int) -> None:
     shutil.rmtree(work / "chunkd-data" / "datasets", ignore_errors=True)
     daemon = BenchDaemon(work, {})
     try:
-        result, peak = _register(daemon, "bench/pq-large")
+        cpu = _cpu_seconds(daemon.process.pid)
+        result, peak, spent = _register(daemon, "bench/pq-large")
+        daemon_cpu = (_cpu_seconds(daemon.process.pid) - cpu) / files
     finally:
         daemon.stop()
     counted, seconds = _footers_directly(data)
@@ -200,7 +213,9 @@ def _registration_at(report: Report, work: Path, files: int) -> None:
             "files/s",
             "pyarrow read_metadata of every file, same concurrency",
             note=(
-                f"one round; peak memory of the registering process {peak / 1024:.0f} MiB "
+                f"one round; CPU a file: the daemon's {daemon_cpu * 1e6:.0f} us, the "
+                f"registering process's {spent / files * 1e6:.0f} us; "
+                f"peak memory of the registering process {peak / 1024:.0f} MiB "
                 f"({peak * 1024 / files:.0f} bytes a file): the members go through a spill "
                 "file into pages, never all in memory"
             ),

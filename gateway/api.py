@@ -67,6 +67,7 @@ from chunkd.gateway.appkeys import (
     CONFIG,
     LISTINGS,
     METRICS,
+    PAGES,
     PEER_TLS,
     PEERS,
     PREFETCHER,
@@ -118,6 +119,7 @@ def build_app(config: Config, *, metrics: Metrics, tls: PeerTLS | None) -> web.A
     app.router.add_get(r"/v1/list/{backend}/{prefix:[\s\S]*}", _list)
     app.router.add_get("/v1/peer/chunks/{backend}/{id}", _peer_chunk)
     app.router.add_get(r"/v1/peer/objects/{backend}/{key:[\s\S]*}", _peer_object_chunk)
+    app.router.add_get("/v1/peer/pages/{id}", _peer_page)
     add_dashboard_routes(app)
     add_inspector_routes(app)
     return app
@@ -314,6 +316,24 @@ async def _peer_chunk(request: web.Request) -> web.StreamResponse:
         lease = await request.app[CHECKPOINTS].chunk(request.match_info["backend"], cid, local=True)
     with lease:
         body = lease.view()  # no copy: the view maps the chunk on its own
+    _served_to_peer(request, len(body))
+    return await _send_chunk(request, body, {})
+
+
+async def _peer_page(request: web.Request) -> web.StreamResponse:
+    """A dataset registry page for a peer: from this node's tiers, or fetched here from
+    the registry (single flight), never passed on to another peer. The receiver checks
+    the bytes against the id."""
+    page = request.match_info["id"]
+    if _held_only(request):
+        held = await request.app[CACHE].find(ChunkId.parse(page))
+        if held is None:
+            return _not_held(page)
+        lease = held
+    else:
+        lease = await request.app[PAGES].lease(page, local=True)
+    with lease:
+        body = lease.view()  # no copy: the view maps the page on its own
     _served_to_peer(request, len(body))
     return await _send_chunk(request, body, {})
 

@@ -17,6 +17,7 @@ from chunkd.cache import ChunkCache
 from chunkd.gateway.backends import Backends
 from chunkd.gateway.checkpoints import Checkpoints
 from chunkd.gateway.config import Config
+from chunkd.gateway.datasets.pages import PageStore
 from chunkd.gateway.listing import Listings
 from chunkd.gateway.metrics import Metrics
 from chunkd.gateway.peers import Peers
@@ -60,6 +61,8 @@ CHECKPOINTS: Final = web.AppKey("checkpoints", Checkpoints)
 LISTINGS: Final = web.AppKey("listings", Listings)
 PREFETCHER: Final = web.AppKey("prefetcher", Prefetcher)
 PEERS: Final[web.AppKey[Peers | None]] = web.AppKey("peers")
+#: the dataset registry's pages (what ``/v1/peer/pages/{id}`` serves)
+PAGES: Final = web.AppKey("pages", PageStore)
 PEER_TLS: Final[web.AppKey[PeerTLS | None]] = web.AppKey("peer_tls")
 #: set on a request once its response headers are sent
 STREAMING: Final = "chunkd.streaming"

@@ -28,11 +28,15 @@ Peer protocol (on the HTTP port; every request carries ``Authorization: Bearer
     GET /v1/peer/chunks/{backend}/{id}   the chunk, from the owner's cache or fetched
                                          by the owner from <backend>/chunks/<id>
                                          (checkpoint chunks), under single flight
+    GET /v1/peer/pages/{id}              a dataset registry page (its id is its blake3),
+                                         from the owner's tiers or fetched by the owner
+                                         from the registry's pages/<id>.json, under
+                                         single flight (never passed on)
     GET /v1/peer/objects/{backend}/{key}?version=V&index=I
                                          chunk I of that object version (409 if the
                                          owner sees another version); the owner
                                          states the id in X-Chunkd-Chunk
-    ...?held=1 (either route)            only what the node holds in its tiers, or
+    ...?held=1 (any route)              only what the node holds in its tiers, or
                                          404 NotHeld at once: never fetched for the
                                          asker (a rejoined node's handoff)
 
@@ -438,26 +442,37 @@ class Peers:
     async def fetch_chunk(self, backend: str, cid: ChunkId) -> memoryview | None:
         """Chunk ``cid`` from its owner (or the next ones), verified; None: fetch it
         yourself (this node owns it, or every owner before it failed)."""
+        return await self._fetch_by_id(cid, f"chunks/{backend}/{cid}", "chunk")
+
+    async def fetch_page(self, cid: ChunkId) -> memoryview | None:
+        """Dataset registry page ``cid`` (its id is the blake3 of its bytes, as a
+        chunk's) from its owner (or the next ones), verified; None: fetch it yourself.
+        The owner fetches it from the registry once for the cluster: no node asks the
+        registry for a page's version (a page is named by its content)."""
+        return await self._fetch_by_id(cid, f"pages/{cid}", "page")
+
+    async def _fetch_by_id(self, cid: ChunkId, route: str, what: str) -> memoryview | None:
         assert self._session is not None
         for owner, handoff in self._sources(bytes(cid)):
-            url = f"{self._scheme}://{owner}/v1/peer/chunks/{backend}/{cid}"
+            url = f"{self._scheme}://{owner}/v1/peer/{route}"
             try:
                 answer = await self._ask(owner, url, _HELD if handoff else {})
                 if answer is None:
                     continue
                 _, data = answer
             except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-                self._failed(owner, exc, "a chunk request")
-                log.info("peer %s did not give chunk %s (%s); trying the next", owner, cid, exc)
+                self._failed(owner, exc, f"a {what} request")
+                log.info("peer %s did not give %s %s (%s); trying the next", owner, what, cid, exc)
                 continue
             got = await asyncio.to_thread(ChunkId.of, data)
             if got != cid:
                 self._count(owner, "integrity")
                 self.metrics.peer_integrity_failures.labels(owner).inc()
                 log.warning(
-                    "peer %s sent %d bytes for chunk %s that hash to %s; dropped them",
+                    "peer %s sent %d bytes for %s %s that hash to %s; dropped them",
                     owner,
                     data.nbytes,
+                    what,
                     cid,
                     got,
                 )

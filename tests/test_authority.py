@@ -211,9 +211,11 @@ def test_a_dataset_name_is_written_by_its_owner_or_an_admin(
     with Client(socket) as root:
         stat = root.stat("local/web/a.bin")
     member = Member("web/a.bin", stat.size, stat.version, "fixed", 64, {"record_bytes": 16})
-    snap = Snapshot.build(backend="local", prefix="web/", format="fixed", members=[member])
+    snap = Snapshot.build(
+        schema=1, backend="local", prefix="web/", format="fixed", members=[member]
+    )
     other = Snapshot.build(
-        backend="local", prefix="web/", format="fixed", members=[member], schema_of=["x"]
+        schema=1, backend="local", prefix="web/", format="fixed", members=[member], schema_of=["x"]
     )
     assert as_user(socket, OWNER, commit(snap.data, "web")) == {"ok": True, "result": 1}
     version_1 = json.loads(

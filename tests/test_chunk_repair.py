@@ -170,6 +170,7 @@ def register_one(client: Client, store: Path, name: str, data: bytes) -> Snapsho
     (store / "data/m.bin").write_bytes(data)
     stat = client.stat("shared/data/m.bin")
     snap = Snapshot.build(
+        schema=1,
         backend="shared",
         prefix="data/",
         format="fixed",

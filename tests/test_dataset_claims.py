@@ -72,6 +72,7 @@ def claiming(
         for m, c in zip(snapshot.members, content or [None] * len(snapshot.members), strict=True)
     ]
     return Snapshot.build(
+        schema=1,
         backend=snapshot.backend,
         prefix=prefix if prefix is not None else snapshot.prefix,
         format=snapshot.format,
@@ -98,6 +99,7 @@ def test_a_commit_may_not_claim_content_or_an_origin(node: Daemon) -> None:
             "content": claiming(plain, content=victims, origin=None),
             # the same objects as the victim's, at made-up versions, claiming its hashes
             "versions": Snapshot.build(
+                schema=1,
                 backend="local",
                 prefix=victim.prefix,
                 format="jsonl",
@@ -147,7 +149,7 @@ def test_a_large_manifests_claims_are_refused_by_its_worker(node: Daemon) -> Non
                 for i in range(1200)
             ]
             snap = Snapshot.build(
-                backend="local", prefix="victim/", format="jsonl", members=members
+                schema=1, backend="local", prefix="victim/", format="jsonl", members=members
             )
             assert len(snap.data) > IN_PROCESS_BYTES  # checked in a worker process
             return snap
@@ -168,7 +170,9 @@ def test_on_one_object_a_content_claim_never_outweighs_a_version_token() -> None
 
     def snap(version: str, content: str | None, backend: str = "data") -> Snapshot:
         member = Member("d/k", 4, version, "fixed", 4, meta, content)
-        return Snapshot.build(backend=backend, prefix="d/", format="fixed", members=[member])
+        return Snapshot.build(
+            schema=1, backend=backend, prefix="d/", format="fixed", members=[member]
+        )
 
     h, other = "1" * 64, "2" * 64
     # The same object at two versions: claims that agree do not make it "the same".
@@ -212,7 +216,9 @@ def test_anyone_may_freeze_by_snapshot_id_and_a_names_version_stays_its_owners(
         with Client(socket) as root:
             stat = root.stat("local/web/a.bin")
         member = Member("web/a.bin", stat.size, stat.version, "fixed", 64, {"record_bytes": 16})
-        snap = Snapshot.build(backend="local", prefix="web/", format="fixed", members=[member])
+        snap = Snapshot.build(
+            schema=1, backend="local", prefix="web/", format="fixed", members=[member]
+        )
 
         def do(op: str, fields: dict[str, Any], answer: str) -> Callable[[Client], Any]:
             return lambda client: client.request(op, fields, timeout=60).header[answer]

@@ -24,7 +24,7 @@ import pytest
 
 from chunkd import memfd
 from chunkd.client import Client
-from chunkd.client.datasets.pages import DaemonPages
+from chunkd.client.datasets.pages import DaemonPages, commit_snapshot
 from chunkd.client.results import Reply
 from chunkd.errors import (
     BackendUnavailableError,
@@ -41,7 +41,7 @@ from chunkd.gateway.config import BackendConfig, load_config
 from chunkd.gateway.daemon import Node, open_node
 from chunkd.gateway.datasets import Datasets
 from chunkd.gateway.metrics import Metrics
-from chunkd.snapshot import Member, Snapshot
+from chunkd.snapshot import Member, Snapshot, page_bytes
 from chunkd.testing import CountingProxy, s3_backend
 from tests.conftest import Daemon
 from tests.frozen_records import record_chunk_lists
@@ -84,12 +84,20 @@ def snapshot_of(
 
 
 def commit(client: Client, snapshot: Snapshot | bytes, name: str) -> dict[str, Any]:
-    data = snapshot if isinstance(snapshot, bytes) else snapshot.data
-    fd = memfd.sealed(data)
+    if isinstance(snapshot, Snapshot):  # its pages first (a paged one), then its root
+        return commit_snapshot(client, name, snapshot)
+    fd = memfd.sealed(snapshot)
     try:
         return client.request("ds_commit", {"name": name}, fds=[fd], timeout=60).header
     finally:
         os.close(fd)
+
+
+async def put_pages(datasets: Any, snapshot: Snapshot) -> None:
+    """Put a paged snapshot's pages into an in-process daemon's registry (what a
+    client's ``ds_page_put`` does), before its root is committed."""
+    for page in range(len(snapshot.pages)):
+        await datasets.registry.put_page(page_bytes(snapshot.page_members(page)))
 
 
 def fd_bytes(fd: int) -> bytes:
@@ -537,8 +545,11 @@ revalidate = "1s"
         try:
             with pytest.raises(BackendUnavailableError, match="dataset registry reg/datasets"):
                 resolve(client, "s3ds")
-            with pytest.raises(BackendUnavailableError, match="registering s3ds"):
+            # a paged snapshot's first request is its first page's put
+            with pytest.raises(BackendUnavailableError, match="registry reg/datasets cannot be"):
                 commit(client, snap, "s3ds")
+            with pytest.raises(BackendUnavailableError, match="registering s3ds"):
+                commit(client, snap.data, "s3ds")  # the root alone, once its pages are in
         finally:
             s3_proxy.up()
         assert resolve(client, "s3ds")[0]["snapshot"] == snap.id
@@ -795,6 +806,7 @@ async def test_a_freeze_that_outlives_the_intent_ttl_keeps_or_refuses_its_chunks
         first, second = f"data/{name}/a.bin", f"data/{name}/b.bin"
         write_objects(root, {first: os.urandom(300 * 4096), second: os.urandom(4096)})
         snap = await inproc_snapshot(inproc, [first, second], prefix=f"data/{name}/")
+        await put_pages(datasets, snap)
         await datasets.commit(snap.data, name)
         stalls[second] = asyncio.Event()
         go.clear()
@@ -858,6 +870,7 @@ async def test_a_copy_of_a_dataset_at_a_backend_root_matches_it_key_for_key(
     files = {"a.bin": os.urandom(3 * 4096 + 16), "sub/c.bin": os.urandom(RECORD * 4)}
     write_objects(tmp_path / "root", files)
     snap = await inproc_snapshot(inproc, sorted(files), backend="root", prefix="")
+    await put_pages(inproc.datasets, snap)
     await inproc.datasets.commit(snap.data, "rooted")
     got = await inproc.datasets.migrate("rooted", "local/copy/moved")
     assert (got["version"], got["copied"]) == (2, 2)
@@ -936,6 +949,7 @@ async def test_a_freeze_names_the_member_that_changed_and_the_registry_that_is_d
     root = tmp_path / "local"
     write_objects(root, {"data/v/a.bin": os.urandom(8 * 4096)})
     snap = await inproc_snapshot(inproc, ["data/v/a.bin"], prefix="data/v/")
+    await put_pages(inproc.datasets, snap)
     await inproc.datasets.commit(snap.data, "moving")
     await inproc.datasets.commit(snap.data, "down")
     backend = inproc.backends.get("local")
@@ -980,6 +994,7 @@ async def test_a_freeze_names_the_member_that_changed_and_the_registry_that_is_d
 
     write_objects(root, {"data/w/a.bin": os.urandom(4 * 4096)})
     fresh = await inproc_snapshot(inproc, ["data/w/a.bin"], prefix="data/w/")
+    await put_pages(inproc.datasets, fresh)
     await inproc.datasets.commit(fresh.data, "down")
     monkeypatch.setattr(backend, "put", down_put)
     with pytest.raises(

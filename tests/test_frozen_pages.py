@@ -109,7 +109,9 @@ def snapshot_of(client: Client, keys: list[str]) -> Snapshot:
                 key, stat.size, stat.version, "fixed", stat.size // RECORD, {"record_bytes": RECORD}
             )
         )
-    return Snapshot.build(backend="local", prefix="data/", format="fixed", members=members)
+    return Snapshot.build(
+        schema=1, backend="local", prefix="data/", format="fixed", members=members
+    )
 
 
 def commit(client: Client, snapshot: Snapshot, name: str) -> None:

@@ -126,7 +126,7 @@ def snapshot_of(client: Client, keys: list[str], prefix: str = "data/") -> Snaps
                 key, stat.size, stat.version, "fixed", stat.size // RECORD, {"record_bytes": RECORD}
             )
         )
-    return Snapshot.build(backend="local", prefix=prefix, format="fixed", members=members)
+    return Snapshot.build(schema=1, backend="local", prefix=prefix, format="fixed", members=members)
 
 
 def commit(client: Client, snapshot: Snapshot, name: str) -> dict[str, Any]:
@@ -143,7 +143,9 @@ def large_snapshot(client: Client, target: int, tag: str) -> Snapshot:
         Member(f"data/{tag}/{i:08d}.jsonl", stat.size, stat.version, "jsonl", 40_960, meta)
         for i in range(target // one)
     ]
-    return Snapshot.build(backend="local", prefix="data/", format="jsonl", members=members)
+    return Snapshot.build(
+        schema=1, backend="local", prefix="data/", format="jsonl", members=members
+    )
 
 
 def workers_of(pid: int) -> int:

@@ -71,7 +71,7 @@ def register(client: Client, name: str, backend: str, prefix: str, keys: list[st
                 key, stat.size, stat.version, "fixed", stat.size // RECORD, {"record_bytes": RECORD}
             )
         )
-    snap = Snapshot.build(backend=backend, prefix=prefix, format="fixed", members=members)
+    snap = Snapshot.build(schema=1, backend=backend, prefix=prefix, format="fixed", members=members)
     fd = memfd.sealed(snap.data)
     try:
         client.request("ds_commit", {"name": name}, fds=[fd], timeout=60)
@@ -147,6 +147,7 @@ def test_migrate_refuses_every_reserved_prefix_reached_either_way(
             client.request("ds_migrate", {"ref": f"b-{what}", "to": "local"})
     # A member key that climbs out of the source's prefix is no key at all.
     forged = Snapshot.build(
+        schema=1,
         backend="src",
         prefix="x/",
         format="fixed",

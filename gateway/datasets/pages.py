@@ -10,12 +10,13 @@ bytes, so the daemon holds a page as it holds a chunk, by that id:
   request of any kind (no HEAD: the id names the bytes, and they were hashed when they
   came in);
 * **single flight**: concurrent requests of a node for one page make one fetch;
-* **peers**: a page missing from the tiers is read through the read path as the
-  object it is, so with ``[peers]`` the member that owns its locator (rendezvous
-  hashing) fetches it from the backend once for the cluster, and the others get it
-  from that member (each node learns the page object's version once: one HEAD per node
-  and page, kept per the backend's revalidation policy); without peers the read's own
-  GET learns it. A page of up to ``chunk_bytes`` is one chunk, whose id is the page's.
+* **peers**: a page missing from the tiers is asked of its owner among the peers
+  (rendezvous hashing on its id, ``GET /v1/peer/pages/{id}``: the owner answers from
+  its tiers, or fetches it from the registry once for the cluster); the node that owns
+  it, or whose owners all failed, GETs ``pages/<id>.json`` itself. No node asks the
+  registry for a page's version (no HEAD): the id names the bytes. A page of up to
+  ``chunk_bytes`` is kept in the tiers as one chunk, whose id is the page's; a larger
+  one is served from its fetch and fetched again when asked again.
 
 Whatever the source, the bytes are hashed and must be the id before anything keeps or
 serves them: one that is not is a :class:`~chunkd.errors.ManifestError` naming the
@@ -45,7 +46,6 @@ from chunkd.errors import (
     InvalidChunkIdError,
     InvalidRequestError,
     ManifestError,
-    ObjectNotFoundError,
     RangeNotSatisfiableError,
 )
 from chunkd.ranges import ByteRange
@@ -172,9 +172,10 @@ class PageStore:
 
     # -- reading --------------------------------------------------------------------
 
-    async def lease(self, page_id: str) -> ChunkLease:
+    async def lease(self, page_id: str, *, local: bool = False) -> ChunkLease:
         """Lease page ``page_id``'s bytes, verified: from the node's tiers, else fetched
-        once for all of this node's readers (from a peer or the backend).
+        once for all of this node's readers: from the page's owner among the peers,
+        else (this node owns it, or ``local``: a peer's own request) from the registry.
 
         Raises:
             InvalidRequestError: ``page_id`` is no page id.
@@ -187,7 +188,7 @@ class PageStore:
             held = await self.cache.find(cid)
             if held is not None:
                 return held
-        fetched = await self._fetches.run(cid, lambda: self._fetch(cid))
+        fetched = await self._fetches.run(cid, lambda: self._fetch(cid, local=local))
         if self.cache is not None:
             held = await self.cache.find(cid)
             if held is not None:
@@ -199,19 +200,14 @@ class PageStore:
         with await self.lease(page_id) as lease:
             return bytes(lease.view())
 
-    async def _fetch(self, cid: ChunkId) -> memoryview:
+    async def _fetch(self, cid: ChunkId, *, local: bool = False) -> memoryview:
         key = self.layout.page(str(cid))
         backend = self.backends.get(self.backend_name)
-        if self.read_path is not None:
-            raw = await self._through_read_path(self.read_path, key, cid)
-        else:
-            raw = await self._from_backend(backend, key, cid)
-        got = await asyncio.to_thread(ChunkId.of, raw)
+        peers = None if self.read_path is None or local else self.read_path.peers
+        shared = None if peers is None else await peers.fetch_page(cid)  # verified
+        raw = shared if shared is not None else await self._from_backend(backend, key, cid)
+        got = cid if shared is not None else await asyncio.to_thread(ChunkId.of, raw)
         if got != cid:
-            if self.read_path is not None:
-                # Its version is not kept: the next read asks the backend again, and
-                # finds the page once a registration has put it anew.
-                self.read_path.forget(self.backend_name, key)
             raise ManifestError(
                 f"page {cid} in the dataset registry ({backend.name}/{key}) is damaged: its "
                 f"{raw.nbytes} bytes hash to {got}; it was not used. Register the dataset "
@@ -220,9 +216,8 @@ class PageStore:
         self.fetched += 1
         self.note(str(cid))
         cache = self.cache
-        # A page of one chunk is in the tiers under its id already (the read path kept
-        # it: a chunk's id is the blake3 of its bytes); a larger page stays in its
-        # object's chunks, which the tiers cannot hold as one.
+        # A page of one chunk is kept in the tiers under its id (a chunk's id is the
+        # blake3 of its bytes); a larger one cannot be held as one chunk.
         if cache is not None and raw.nbytes <= cache.config.chunk_bytes:
             held = await cache.find(cid)
             if held is None:
@@ -232,30 +227,20 @@ class PageStore:
         return raw
 
     async def _from_backend(self, backend: Backend, key: str, cid: ChunkId) -> memoryview:
-        # One request, never more than a page can be (and a byte): a larger object is
+        # One request where the store allows (a ranged GET answers the object's size
+        # too: no HEAD), never more than a page can be (and a byte): a larger object is
         # damaged and is not read whole.
-        try:
-            raw = await backend.get(key, ByteRange(0, PAGE_MAX_BYTES + 1))
-        except RangeNotSatisfiableError:  # an empty object
-            raw = memoryview(b"")
-        if raw is None:
+        first = await backend.open_first(key, 0, PAGE_MAX_BYTES + 1, piece_bytes=PAGE_MAX_BYTES)
+        if first is None:
             raise _missing(cid, f"{backend.name}/{key}")
-        if raw.nbytes > PAGE_MAX_BYTES:
+        if first.meta.size > PAGE_MAX_BYTES:
+            close = getattr(first.pieces, "aclose", None)  # its connection goes, not drained
+            if close is not None:
+                await close()
             raise _oversized(cid, f"{backend.name}/{key}")
-        return raw
-
-    async def _through_read_path(self, read_path: ReadPath, key: str, cid: ChunkId) -> memoryview:
-        """The page object through the read path: single flight by locator, and with
-        peers its locators' owners fetch it once for the cluster (every other node gets
-        it from them); without peers the version is learnt by the read's own GET."""
-        try:
-            stat = await read_path.stat(self.backend_name, key, reading=(0, PAGE_MAX_BYTES))
-        except ObjectNotFoundError:
-            raise _missing(cid, f"{self.backend_name}/{key}") from None
-        if stat.size > PAGE_MAX_BYTES:
-            raise _oversized(cid, f"{self.backend_name}/{key}")
-        pieces = [bytes(piece) async for piece in read_path.read(stat, 0, stat.size)]
-        return memoryview(b"".join(pieces))
+        if first.pieces is None:  # an empty object
+            return memoryview(b"")
+        return memoryview(b"".join([bytes(piece) async for piece in first.pieces]))
 
     # -- writing --------------------------------------------------------------------
 

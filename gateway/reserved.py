@@ -92,12 +92,12 @@ class ReservedPrefixes:
 
     def __init__(self, registry: str, backends: Iterable[BackendConfig] = ()) -> None:
         # Here, not at the top: the datasets package imports this module (migrate).
-        from chunkd.gateway.datasets.layout import FROZEN, MANIFESTS, NAMES
+        from chunkd.gateway.datasets.layout import FROZEN, MANIFESTS, NAMES, PAGES
 
         self.registry_backend, _, prefix = registry.partition("/")
         prefix = prefix.strip("/")
-        # A registry at its backend's root keeps its own three folders there.
-        self._registry = (f"{prefix}/",) if prefix else (MANIFESTS, NAMES, FROZEN)
+        # A registry at its backend's root keeps its own folders there.
+        self._registry = (f"{prefix}/",) if prefix else (MANIFESTS, NAMES, FROZEN, PAGES)
         # backend -> [(prefix, whose)]: whose is None for the backend's own prefixes,
         # else the backend (and its prefix) the key would land in.
         self._overlaps: dict[str, list[tuple[str, str]]] = {}

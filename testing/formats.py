@@ -45,7 +45,7 @@ from chunkd.client.datasets.formats import (
 )
 from chunkd.client.datasets.source import MemberFile
 from chunkd.errors import DatasetFormatError, SnapshotDriftError
-from chunkd.snapshot import Member, Snapshot
+from chunkd.snapshot import Member, MemoryPages, Snapshot
 
 if TYPE_CHECKING:
     from collections.abc import Iterator, Mapping
@@ -389,10 +389,16 @@ class FormatTests:
         self, fmt: Format, source: FileSource, members: list[Member], expected: list[list[Any]]
     ) -> None:
         schema = fmt.schema(members)
+        pages = MemoryPages()  # where a paged snapshot's member pages are written and read
         snapshot = Snapshot.build(
-            backend=source.label, prefix="", format=self.format, members=members, schema_of=schema
+            backend=source.label,
+            prefix="",
+            format=self.format,
+            members=members,
+            schema_of=schema,
+            pages=pages,
         )
-        parsed = Snapshot.parse(snapshot.data)
+        parsed = Snapshot.parse(snapshot.data, pages=pages)
         assert parsed.id == snapshot.id
         by_key = {m.key: want for m, want in zip(members, expected, strict=True)}
         for member in parsed.members:

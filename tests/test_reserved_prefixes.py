@@ -97,9 +97,9 @@ def test_the_rule_covers_every_prefix_and_only_the_registry_backend_has_its_own(
             rule.check("reg", key, door="ds_migrate")
     for key in ("chunksx/a", "data/chunks/a", "gcx", "my-datasets/a", "checkpoints.txt"):
         assert rule.check("reg", key, door="ds_migrate") == key
-    # A registry at its backend's root keeps its own three folders there.
+    # A registry at its backend's root keeps its own folders there: pages too.
     root = ReservedPrefixes("reg")
-    for key in ("manifests/a.json", "names/a/_versions/1.json", "frozen/a.json"):
+    for key in ("manifests/a.json", "names/a/_versions/1.json", "frozen/a.json", "pages/a.json"):
         with pytest.raises(ReservedKeyError):
             root.check("reg", key, door="ds_migrate")
     assert root.check("reg", "datasets/a", door="ds_migrate") == "datasets/a"

@@ -55,7 +55,7 @@ from chunkd.snapshot import (
     PAGE_KIND,
     PAGE_MAX_BYTES,
     PAGE_MAX_MEMBERS,
-    SCHEMA,
+    PAGE_SCHEMA,
     Member,
     check_json_shape,
     load_json,
@@ -73,8 +73,9 @@ __all__ = ["KNOWN_PAGES", "PageStore", "check_page"]
 log = logging.getLogger(__name__)
 
 #: page ids this daemon put or found in the registry, remembered (the oldest forgotten
-#: first) so that a commit of a root need not HEAD the pages its client just put
-KNOWN_PAGES: Final = 1 << 20
+#: first) so that a commit of a root need not HEAD the pages its client just put: about
+#: 200 bytes each, 25 MiB in all (a registration of 500M members' pages)
+KNOWN_PAGES: Final = 1 << 17
 
 
 def page_id_of(text: str) -> ChunkId:
@@ -105,8 +106,12 @@ def check_page(data: bytes, *, verified_copy: bool = False) -> str:
         raise ManifestError(f"{where} is {len(data)} bytes; a page is at most {PAGE_MAX_BYTES}")
     check_json_shape(data, where, max_depth=MAX_DEPTH, container_bytes=CONTAINER_BYTES, top=b"{")
     doc = load_json(data, where, max_depth=MAX_DEPTH, checked=True)
-    if not isinstance(doc, dict) or doc.get("kind") != PAGE_KIND or doc.get("schema") != SCHEMA:
-        raise ManifestError(f"{where} is not a member page of schema {SCHEMA} ({PAGE_KIND!r})")
+    if (
+        not isinstance(doc, dict)
+        or doc.get("kind") != PAGE_KIND
+        or doc.get("schema") != PAGE_SCHEMA
+    ):
+        raise ManifestError(f"{where} is not a member page of schema {PAGE_SCHEMA} ({PAGE_KIND!r})")
     raw = doc.get("members")
     if not isinstance(raw, list) or not 1 <= len(raw) <= PAGE_MAX_MEMBERS:
         raise ManifestError(f"{where}: 'members' must be a list of 1 to {PAGE_MAX_MEMBERS}")

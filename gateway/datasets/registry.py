@@ -151,6 +151,9 @@ WORKER_SECONDS: Final = 600.0
 PARSED_BYTES: Final = 64 << 20
 #: ... and by count
 PARSED_COUNT: Final = 64
+#: pages a commit looks for in one batch; the first batch with a page missing ends the
+#: check (a forged root's HEADs stop there)
+_PAGES_CHECKED: Final = 256
 #: the most bytes of a large manifest the daemon holds in its heap while it reads it
 #: into a memfd for its worker
 READ_PIECE: Final = 8 << 20
@@ -300,14 +303,14 @@ class Registry:
         kept = self._parsed.get(ident)
         if kept is not None:
             self._parsed.move_to_end(ident)
-            return kept
+            return _own(kept)
         loading = self._loading.get(ident)
         if loading is None:
             loading = asyncio.ensure_future(self._load(ident))
             self._loading[ident] = loading
             loading.add_done_callback(functools.partial(self._loaded, ident))
         # A caller that leaves (its client closed) does not cancel the others' load.
-        return await asyncio.shield(loading)
+        return _own(await asyncio.shield(loading))
 
     def _loaded(self, ident: str, loading: asyncio.Future[Snapshot]) -> None:
         self._loading.pop(ident, None)
@@ -508,8 +511,13 @@ class Registry:
         async def there(page_id: str) -> bool:
             return await self.pages.exists(page_id)
 
-        found = await each(ids, there)
-        missing = [i for i, ok in zip(ids, found, strict=True) if not ok]
+        missing: list[str] = []
+        for start in range(0, len(ids), _PAGES_CHECKED):  # a batch, then the next
+            batch = ids[start : start + _PAGES_CHECKED]
+            found = await each(batch, there)
+            missing = [i for i, ok in zip(batch, found, strict=True) if not ok]
+            if missing:  # the first batch that lacks one ends it: no HEAD more
+                break
         if missing:
             more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
             shown = ", ".join(missing[:5]) + more
@@ -696,14 +704,16 @@ class Registry:
         backend = self.writable()  # before the manifest's check costs anything
         # The id is the daemon's own hash of the bytes, never the client's word.
         ident, snapshot = await self.checked_manifest(data, fd=fd, verified_copy=verified_copy)
-        if snapshot is not None and snapshot.schema >= 2:
-            await self._check_pages(snapshot)
-        await self._store_manifest(backend, ident, data)
         highest, latest_raw = await self._latest(name)
         checked = False
         if highest and may_write is not None:
+            # before the pages are looked for: a caller who may not write the name costs
+            # no HEAD of a page
             may_write(await self.owner(name))
             checked = True
+        if snapshot is not None and snapshot.schema >= 2:
+            await self._check_pages(snapshot)
+        await self._store_manifest(backend, ident, data)
         if highest:
             try:
                 latest = _loaded_document(latest_raw, self.layout.version(name, highest), ("id",))
@@ -1101,6 +1111,14 @@ class Registry:
             "snapshot": None if pointer is None else pointer.get("id"),
             "created": None if pointer is None else _number(pointer.get("created")),
         }
+
+
+def _own(snapshot: Snapshot) -> Snapshot:
+    """A caller's own copy of a kept snapshot: a paged one holds the pages its caller
+    loads (``load_pages``) in a cache of its own, freed with it, so that what one
+    request loads is neither kept for the daemon's life with the snapshot nor evicted by
+    another request's loads. Its root is shared (the copy costs O(pages))."""
+    return snapshot.with_pages(None) if snapshot.schema >= 2 else snapshot
 
 
 async def read_document(

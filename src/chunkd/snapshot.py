@@ -124,6 +124,7 @@ __all__ = [
     "PAGE_KIND",
     "PAGE_MAX_BYTES",
     "PAGE_MAX_MEMBERS",
+    "PAGE_SCHEMA",
     "PAGE_TARGET",
     "SCHEMA",
     "WRITE_SCHEMA",
@@ -174,8 +175,11 @@ PAGE_CACHE: Final = 8
 PAGE_CACHE_MEMBERS: Final = 65_536
 #: a member page's ``kind``
 PAGE_KIND: Final = "chunkd-dataset-page"
+#: a member page's format version: its own, so that a later root schema (upgraded on
+#: read) keeps reading the pages already stored
+PAGE_SCHEMA: Final = 2
 _PAGE_HEAD: Final = b'{"kind":"' + PAGE_KIND.encode() + b'","members":['
-_PAGE_TAIL: Final = b'],"schema":' + str(SCHEMA).encode() + b"}"
+_PAGE_TAIL: Final = b'],"schema":' + str(PAGE_SCHEMA).encode() + b"}"
 #: the member formats chunkd ships (a manifest may name any format a process knows:
 #: :func:`chunkd.client.datasets.formats.names`)
 FORMATS: Final = ("parquet", "jsonl", "fixed", "wds", "mds", "arrow")
@@ -810,8 +814,8 @@ def parse_page(
     with _collector_paused():
         doc = load_json(data, where, max_depth=MAX_DEPTH, checked=True)
         page = _object(doc, where)
-        if page.get("kind") != PAGE_KIND or page.get("schema") != SCHEMA:
-            raise ManifestError(f"{where} is not a member page of schema {SCHEMA}")
+        if page.get("kind") != PAGE_KIND or page.get("schema") != PAGE_SCHEMA:
+            raise ManifestError(f"{where} is not a member page of schema {PAGE_SCHEMA}")
         raw = page.get("members")
         if not isinstance(raw, list):
             raise ManifestError(f"{where}: 'members' must be a list")

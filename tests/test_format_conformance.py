@@ -368,7 +368,10 @@ def test_arrow_scan_reads_only_the_footer_and_batch_messages(tmp_path: Path) -> 
 @pytest.mark.timeout(10)
 def test_a_manifest_names_any_format_and_a_reader_refuses_one_it_does_not_know() -> None:
     member = Member("a.csv", 10, "v1", "csv", 1)
-    snapshot = Snapshot.build(backend="b", prefix="", format="csv", members=[member])
+    paged = Snapshot.build(backend="b", prefix="", format="csv", members=[member])
+    assert paged.members[0].format == "csv"  # a plug-in's format, in a page
+    # the one-document form, whose members the test edits in place below
+    snapshot = Snapshot.build(backend="b", prefix="", format="csv", members=[member], schema=1)
     parsed = Snapshot.parse(snapshot.data, expect_id=snapshot.id)  # a plug-in's format
     assert parsed.members[0].format == "csv"
     with pytest.raises(DatasetFormatError, match="unknown member format 'csv'"):

@@ -916,29 +916,9 @@ class _Paged:
             self._hold(page, members)
 
 
-class _KeyView(Sequence[bytes]):
-    """The UTF-8 keys of members (or the last keys of page entries), for bisect."""
-
-    def __init__(self, items: Sequence[Member] | Sequence[PageRef], *, last: bool = False) -> None:
-        self._items = items
-        self._last = last
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-    @overload
-    def __getitem__(self, index: int) -> bytes: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> Sequence[bytes]: ...
-
-    def __getitem__(self, index: int | slice) -> bytes | Sequence[bytes]:
-        if isinstance(index, slice):
-            return [self[i] for i in range(*index.indices(len(self)))]
-        item = self._items[index]
-        if isinstance(item, PageRef):
-            return (item.last if self._last else item.first).encode()
-        return item.key.encode()
+def _key_bytes(member: Member) -> bytes:
+    """A member's key as snapshots order them: by its UTF-8 bytes."""
+    return member.key.encode()
 
 
 class Members(Sequence[Member]):
@@ -1395,16 +1375,14 @@ class Snapshot:
         the members (schema 1)."""
         raw = key.encode()
         if self._paged is None:
-            keys = _KeyView(self.members)
-            at = bisect.bisect_left(keys, raw)
+            at = bisect.bisect_left(self.members, raw, key=_key_bytes)
             found = at < len(self.members) and self.members[at].key == key
             return at if found else None
-        lasts = _KeyView(self.pages, last=True)
-        page = bisect.bisect_left(lasts, raw)
+        page = bisect.bisect_left(self.pages, raw, key=lambda ref: ref.last.encode())
         if page >= len(self.pages) or self.pages[page].first.encode() > raw:
             return None
         members = self.page_members(page)
-        at = bisect.bisect_left(_KeyView(members), raw)
+        at = bisect.bisect_left(members, raw, key=_key_bytes)
         if at < len(members) and members[at].key == key:
             return self._paged.member_starts[page] + at
         return None

@@ -230,6 +230,7 @@ def paths(draw: st.DrawFn, node: Node) -> str:
             (1, st.just("/v1/list/local")),
             (1, key.map(lambda k: f"/v1/warm/{backend}/{k}")),
             (1, CHUNK_IDS.map(lambda c: f"/v1/peer/chunks/{backend}/{c}")),
+            (1, CHUNK_IDS.map(lambda c: f"/v1/peer/pages/{c}")),
             (2, key.map(lambda k: f"/v1/peer/objects/{backend}/{k}")),
             (1, st.sampled_from([*INSPECT_OPS, "nope", ""]).map(lambda o: f"/v1/inspect/{o}")),
             (1, key.map(lambda k: f"/v1/inspect/media/{backend}/{k}")),

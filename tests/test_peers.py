@@ -465,6 +465,19 @@ def test_peer_routes_want_the_token(
         assert json.loads(body)["error"] == "Unauthorized"
     status, _, _ = node.get(path, {"Authorization": f"Bearer {TOKEN}"})
     assert status == 404  # authorized: the chunk is in no cache and not in the backend
+    # the registry's pages, by id: the same door, the same token
+    page = "/v1/peer/pages/" + "cd" * 32
+    for headers in ({}, {"Authorization": "Bearer wrong"}):
+        assert node.get(page, headers)[0] == 401
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    status, _, body = node.get(page, auth)
+    assert status == 404, body  # no such page (this node's registry backend is not set up)
+    for bad in ("zz", "../../names", "cd" * 31, "CD" * 32):
+        status, _, body = node.get("/v1/peer/pages/" + bad, auth)
+        assert status in (400, 404), (bad, status)  # refused by its id, never a 500
+        assert json.loads(body)["error"] != "Internal"
+    assert node.get(page + "?held=1", auth)[0] == 404  # held only: not in the tiers
+    assert "Traceback" not in node.log.read_text()
 
 
 def test_a_held_only_peer_request_answers_from_the_tiers_and_never_fetches(

@@ -108,7 +108,10 @@ async def test_destination_keys_are_checked_off_the_event_loop(migrator: Migrato
             await migrator.copy(snapshot, "dst", None)
         took = time.monotonic() - started
     print(f"checked 100,000 keys in {took:.2f}s; the loop's longest stall {seen['stall']:.3f}s")
-    assert seen["stall"] < 0.25, seen
+    # On the loop, the check would stall it for nearly all of ``took``; off it, the
+    # longest stall is a few ms (a GC pass or a busy CI machine can make it ~0.3 s, so
+    # the bound is relative to the work, not an absolute time).
+    assert seen["stall"] < took / 2, (seen, took)
     dst = Path(migrator.backends.get("dst").config.prefix)
     # nothing copied (the registry's own folder holds the snapshot's pages)
     assert await asyncio.to_thread(lambda: [p.name for p in dst.iterdir()]) == ["datasets"]

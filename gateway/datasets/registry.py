@@ -164,6 +164,8 @@ ROOT_MAX_BYTES: Final = 64 << 20
 #: a hint behind the highest version by more than this many probes is left for one
 #: listing from the last version found (a name committed by daemons without hints)
 HINT_PROBES: Final = 8
+# Reads of a document replaced while it was being read, before the error is the caller's.
+_REREADS: Final = 4
 
 
 #: a pointer's or tag entry's bytes as read: None (absent), or the error of a damaged one
@@ -1144,10 +1146,17 @@ async def read_document(
             raw = None  # rewritten since it was listed: read it again, by range
         if raw is not None:
             return raw
-    try:
-        raw = await backend.get(key, ByteRange(0, limit + 1))
-    except RangeNotSatisfiableError:  # an empty object
-        return memoryview(b"")
+    for attempt in range(_REREADS):
+        try:
+            raw = await backend.get(key, ByteRange(0, limit + 1))
+            break
+        except RangeNotSatisfiableError:  # an empty object
+            return memoryview(b"")
+        except VersionChangedError:
+            # Replaced while it was read (a hint rewritten by a commit on another node):
+            # each read is of one whole version, so reading again is all there is to do.
+            if attempt == _REREADS - 1:
+                raise
     if raw is not None and len(raw) > limit:
         raise _oversized(key, f"more than {limit} bytes", limit)
     return raw

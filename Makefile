@@ -4,6 +4,11 @@
 PYTHON ?= python3.11
 VENV   ?= .venv
 BIN    := $(VENV)/bin
+# `make run` installs what running needs: the daemon, the client and its torch and arrow
+# adapters. No test tools, no apt-get.
+RUN_STAMP := $(VENV)/.run-stamp
+# `make test` adds the test toolchain (pytest, moto, playwright, ruff, mypy, ...), the
+# failing-disk kit, and (as root, saying so) the Debian packages the tests drive.
 STAMP  := $(VENV)/.installed-stamp
 # Ray (the extra chunkd[ray], ~285 MB) is the test toolchain's only: `make run` never pulls it.
 RAY_STAMP := $(VENV)/.ray-stamp
@@ -17,11 +22,15 @@ S3RVER := $(EMULATORS)/node_modules/.bin/s3rver
 
 .PHONY: run test lint typecheck pytest bench clean emulators tools build-deps
 
-$(STAMP): pyproject.toml | build-deps
+$(RUN_STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	# torch exactly so: a CPU build lies on this disk; any other spec pulls gigabytes
 	$(BIN)/python -m pip install --quiet torch==2.13.0
+	$(BIN)/python -m pip install --quiet -e '.[daemon,client,arrow,torch]'
+	@touch $(RUN_STAMP)
+
+$(STAMP): pyproject.toml $(RUN_STAMP) | build-deps
 	$(BIN)/python -m pip install --quiet -e '.[daemon,client,arrow,torch,dev]'
 	# The failing-disk kit (pyfuse3) builds against libfuse 3; without it those tests skip.
 	$(BIN)/python -m pip install --quiet -e '.[faultyfs]' || \
@@ -46,7 +55,7 @@ $(S3RVER): Makefile
 emulators: $(AZURITE) $(S3RVER)
 
 ## run: the daemon on its embedded default (./chunkd-data, ./chunkd-cache, 127.0.0.1:8470)
-run: $(STAMP)
+run: $(RUN_STAMP)
 	$(BIN)/chunkd serve
 
 ## test: ruff, mypy (strict on the package) and the whole pytest suite
@@ -77,7 +86,7 @@ tools:
 	@missing=""; for t in $(TOOLS); do command -v $${t%%:*} >/dev/null || missing="$$missing $${t#*:}"; done; \
 	if [ -n "$$missing" ]; then \
 		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-			echo "installing$$missing"; \
+			echo "make test: installing with apt-get:$$missing"; \
 			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq$$missing >/dev/null; \
 		else echo "not installed:$$missing (the tests that need them will skip)"; fi; \
 	fi
@@ -89,7 +98,7 @@ build-deps:
 	@missing=""; for t in $(BUILD_DEPS); do test -e $${t%%:*} || missing="$$missing $${t#*:}"; done; \
 	if [ -n "$$missing" ]; then \
 		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-			echo "installing$$missing"; \
+			echo "make test: installing with apt-get:$$missing (to build pyfuse3)"; \
 			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq$$missing >/dev/null; \
 		else echo "not installed:$$missing (pyfuse3 will not build; the failing-disk tests will skip)"; fi; \
 	fi

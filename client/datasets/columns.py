@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import sys
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -280,7 +281,10 @@ class Units:
     def close(self) -> None:
         """Stop decoding ahead and drop every unit held."""
         pool, self._pool = self._pool, None
-        if pool is not None:
+        # A reader's generator left open is closed at interpreter exit, after the
+        # executor's own exit hook joined its threads and while modules are torn down:
+        # shutting it down then fails ("Exception ignored in ..."), and has nothing to do.
+        if pool is not None and not sys.is_finalizing():
             pool.shutdown(wait=True, cancel_futures=True)
         if self.shared is not None:
             self.shared.close()

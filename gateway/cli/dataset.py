@@ -222,8 +222,10 @@ def _register(client: Client, args: argparse.Namespace, out: TextIO) -> int:
     check_dataset_name(args.name)
     fmt, options = parse_format(args.format)
     _ray_first(args)
-    shown = [0.0]
     tty = sys.stderr.isatty()
+    # In a terminal the line updates in place from the start; in a log, a line every
+    # 5 s, the first after 5 s (a registration of a few files logs none)
+    shown = [0.0 if tty else time.monotonic()]
 
     def progress(state: Progress) -> None:
         now = time.monotonic()

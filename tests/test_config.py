@@ -1009,14 +1009,44 @@ def test_the_docstring_reference_is_generated_from_the_declarations() -> None:
     )
 
 
-def test_the_readme_key_list_is_generated_from_the_declarations() -> None:
-    readme = (ROOT / "README.md").read_text()
-    block = readme.split(config_doc.README_START, 1)[1].split(config_doc.README_END)[0]
-    assert block == config_doc.readme_keys(), "run python -m chunkd.gateway.config.doc --write"
+def test_the_key_tables_of_docs_config_are_generated_from_the_declarations() -> None:
+    page = (ROOT / "docs" / "config.md").read_text()
+    block = page.split(config_doc.KEYS_START, 1)[1].split(config_doc.KEYS_END)[0]
+    assert block == config_doc.key_tables(), "run python -m chunkd.gateway.config.doc --write"
     for section in SECTIONS:
         for key in section.keys.values():
             assert f"| `{key.name}` |" in block
-    assert "every key and its default is declared once in\n`gateway/config/schema.py`" in readme
+    assert "Every key and its default is declared once in\n`gateway/config/schema.py`" in page
+
+
+@pytest.mark.timeout(10)
+def test_docs_config_writes_down_the_embedded_default_and_every_override_family(
+    tmp_path: Path,
+) -> None:
+    from chunkd.gateway.config.load import _SECTION_PREFIXES
+
+    page = (ROOT / "docs" / "config.md").read_text()
+    # The embedded default as a file, run in /srv/work there: the same config here.
+    section = page.split("## The embedded default", 1)[1]
+    block = section.split("```toml\n", 1)[1].split("```", 1)[0]
+    path = write(tmp_path, block.replace("/srv/work", str(tmp_path)))
+    written = load_config(path, environ={}, cwd=tmp_path)
+    default = embedded_default(tmp_path)
+    assert (written.server, written.cache, written.backends) == (
+        default.server,
+        default.cache,
+        default.backends,
+    )
+    for prefix in [*_SECTION_PREFIXES, "CHUNKD_BACKENDS_"]:
+        assert f"| `{prefix}" in page, prefix
+    for line in (
+        "CHUNKD_S3_FRONT_LISTEN=127.0.0.1:8471",
+        "CHUNKD_S3_FRONT_ACCESS_KEY_ID=",
+        "CHUNKD_S3_FRONT_SECRET_ACCESS_KEY=",
+        "## `chunkd config show`",
+        "### A config file never gets the default's backend",
+    ):
+        assert line in page
 
 
 def test_the_doc_command_checks_every_generated_and_example_file(
@@ -1194,3 +1224,38 @@ def test_a_credentials_file_is_a_path_string(tmp_path: Path) -> None:
     assert "[[backends]] 'data' credentials_file = 3 is not a string" in message
     message = load_error(tmp_path, minimal(backend="credentials_file = ''"))
     assert "[[backends]] 'data' credentials_file is empty" in message
+
+
+# -- a config file without backends ----------------------------------------------------
+
+
+@pytest.mark.timeout(10)
+def test_a_file_without_backends_says_what_to_add_and_adds_nothing(tmp_path: Path) -> None:
+    text = '[s3_front]\nlisten = "127.0.0.1:8471"\n'
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as caught:
+        load_config(path, environ={}, cwd=tmp_path)
+    message = str(caught.value)
+    assert message.startswith(f"{path}: has no [[backends]]")
+    # The message holds the embedded default's backend as TOML, its url absolute for the
+    # directory the config was loaded from, and says it was not added.
+    block = message[message.index("[[backends]]\nname") :].split("\n\n")[0]
+    assert tomllib.loads(block) == {
+        "backends": [
+            {
+                "name": "local",
+                "url": f"file://{tmp_path}/chunkd-data",
+                "writable": True,
+                "revalidate": "1s",
+            }
+        ]
+    }
+    assert "never" in message
+    assert "--config" in message
+    assert not (tmp_path / "chunkd-data").exists()
+    # Pasted as it stands, it gives the file the embedded default's backend.
+    path.write_text(text + "\n" + block + "\n")
+    config = load_config(path, environ={}, cwd=tmp_path)
+    assert [b.name for b in config.backends] == ["local"]
+    assert config.backends[0] == embedded_default(tmp_path).backends[0]
+    assert config.s3_front.listen == "127.0.0.1:8471"

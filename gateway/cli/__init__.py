@@ -13,7 +13,19 @@ from collections.abc import Sequence
 from types import ModuleType
 
 import chunkd
-from chunkd.gateway.cli import ckpt, dataset, gc, inspect, selfcheck, serve, stats, top, warm
+from chunkd.gateway.cli import (
+    ckpt,
+    config,
+    dataset,
+    doctor,
+    gc,
+    inspect,
+    selfcheck,
+    serve,
+    stats,
+    top,
+    warm,
+)
 
 __all__ = ["build_parser", "main"]
 
@@ -21,6 +33,8 @@ COMMANDS: dict[str, ModuleType] = {
     "serve": serve,
     "warm": warm,
     "selfcheck": selfcheck,
+    "doctor": doctor,
+    "config": config,
     "stats": stats,
     "ckpt": ckpt,
     "gc": gc,

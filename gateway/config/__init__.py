@@ -12,8 +12,9 @@ Config is data: frozen dataclasses, read once at start-up.
 * :mod:`~chunkd.gateway.config.load`: the TOML file, the embedded default and the
   ``CHUNKD_*`` environment (the only module that reads the environment for
   configuration).
-* :mod:`~chunkd.gateway.config.doc`: the reference below and the README's key list,
-  generated from the declarations (``python -m chunkd.gateway.config.doc --write``).
+* :mod:`~chunkd.gateway.config.doc`: the reference below and the key tables of
+  ``docs/config.md``, generated from the declarations
+  (``python -m chunkd.gateway.config.doc --write``).
 
 Every key, with its default (a key left out takes the default)::
 

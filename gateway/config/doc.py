@@ -1,10 +1,10 @@
 """The key docs, generated from the declarations in :mod:`chunkd.gateway.config.schema`.
 
 ``python -m chunkd.gateway.config.doc`` prints the reference (every key with its
-default, as TOML); ``--readme`` prints the README's key list; ``--write`` puts both
-where they live in the repository (this package's docstring, ``README.md``) and
-``--check`` says whether they, and ``systemd/chunkd.toml``, agree with the
-declarations. ``tests/test_config.py`` runs the same checks.
+default, as TOML); ``--keys`` prints the key tables of ``docs/config.md``; ``--write``
+puts both where they live in the repository (this package's docstring,
+``docs/config.md``) and ``--check`` says whether they, and ``systemd/chunkd.toml``,
+agree with the declarations. ``tests/test_config.py`` runs the same checks.
 """
 
 from __future__ import annotations
@@ -24,13 +24,13 @@ from chunkd.gateway.config.schema import SECTIONS
 from chunkd.gateway.config.values import Origin
 
 __all__ = [
-    "README_END",
-    "README_START",
+    "KEYS_END",
+    "KEYS_START",
     "REFERENCE_END",
     "REFERENCE_START",
     "example_problems",
+    "key_tables",
     "main",
-    "readme_keys",
     "reference",
     "splice",
 ]
@@ -38,12 +38,12 @@ __all__ = [
 #: the reference sits in the package docstring between these two
 REFERENCE_START: Final = "Every key, with its default (a key left out takes the default)::\n\n"
 REFERENCE_END: Final = "\n\nRelative paths"
-#: the README's key list sits between these two lines
-README_START: Final = (
+#: the key tables of docs/config.md sit between these two lines
+KEYS_START: Final = (
     "<!-- config keys: generated from gateway/config/schema.py by "
     "`python -m chunkd.gateway.config.doc --write`; tests/test_config.py checks it -->\n"
 )
-README_END: Final = "<!-- end of config keys -->\n"
+KEYS_END: Final = "<!-- end of config keys -->\n"
 
 _WIDTH: Final = 88
 _ROOT: Final = Path(__file__).resolve().parents[2]
@@ -84,8 +84,8 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|")
 
 
-def readme_keys() -> str:
-    """The README's key list: one table per section (key, default, what it does)."""
+def key_tables() -> str:
+    """The key list of docs/config.md: one table per section (key, default, what)."""
     parts = []
     for section in SECTIONS:
         rows = [
@@ -169,21 +169,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     """The command line; see the module docstring."""
     parser = argparse.ArgumentParser(prog="python -m chunkd.gateway.config.doc")
     what = parser.add_mutually_exclusive_group()
-    what.add_argument("--readme", action="store_true", help="print the README's key list")
-    what.add_argument("--write", action="store_true", help="update the docstring and README")
+    what.add_argument("--keys", action="store_true", help="print docs/config.md's key tables")
+    what.add_argument(
+        "--write", action="store_true", help="update the docstring and docs/config.md"
+    )
     what.add_argument("--check", action="store_true", help="check the committed docs")
     args = parser.parse_args(argv)
-    if args.readme:
-        sys.stdout.write(readme_keys())
+    if args.keys:
+        sys.stdout.write(key_tables())
         return 0
     if not (args.write or args.check):
         print(reference())
         return 0
     package = Path(__file__).with_name("__init__.py")
-    readme = _ROOT / "README.md"
+    page = _ROOT / "docs" / "config.md"
     wanted = {
         package: splice(package.read_text(), REFERENCE_START, REFERENCE_END, _reference_block()),
-        readme: splice(readme.read_text(), README_START, README_END, readme_keys()),
+        page: splice(page.read_text(), KEYS_START, KEYS_END, key_tables()),
     }
     stale = [path for path, text in wanted.items() if path.read_text() != text]
     if args.write:

@@ -36,9 +36,21 @@ from chunkd.gateway.config.schema import (
 )
 from chunkd.gateway.config.values import ENVIRONMENT, PATH, Origin
 
-__all__ = ["embedded_default", "load_config"]
+__all__ = [
+    "DEFAULT",
+    "EMBEDDED_SOURCE",
+    "ENV",
+    "FILE",
+    "EffectiveKey",
+    "default_backend_toml",
+    "embedded_default",
+    "explain_config",
+    "load_config",
+]
 
 _EMBEDDED: Final = "embedded default"
+#: the ``source`` of a config that is the embedded default (with any overrides)
+EMBEDDED_SOURCE: Final = _EMBEDDED
 _GiB: Final = 1 << 30
 _PEERS_TLS_KEYS: Final = ("tls_cert", "tls_key", "tls_ca")
 
@@ -215,6 +227,31 @@ def _embedded_data_url(cwd: Path) -> str:
     return f"file://{cwd / 'chunkd-data'}"
 
 
+def default_backend_toml(cwd: Path) -> str:
+    """The embedded default's backend as a ``[[backends]]`` table, its url absolute for
+    ``cwd``: what a config file without backends is told to add."""
+    ((_, table),) = _embedded_document(Path(os.path.abspath(cwd))).backends
+    lines = ["[[backends]]"]
+    for name, setting in table.items():
+        lines.append(f"{name} = {BACKENDS.keys[name].kind.write(setting.value)}")
+    return "\n".join(lines)
+
+
+def _no_backends(source: str, cwd: Path) -> str:
+    # Never filled in from the embedded default: a writable file:// backend under the
+    # working directory, slipped into a production config, would put checkpoints on a
+    # local disk.
+    return (
+        f"{source}: has no [[backends]]. chunkd serves configured backends only, and a "
+        "config file never gets one it does not name: the embedded default's backend "
+        "'local' applies only when chunkd runs without --config. Add a [[backends]] "
+        "table to the file; to keep the embedded default's, add exactly this:\n\n"
+        f"{default_backend_toml(cwd)}\n\n"
+        'or one for your object store: a [[backends]] table with name = "data" and '
+        'url = "s3://bucket/prefix" (docs/config.md)'
+    )
+
+
 _SECTION_PREFIXES: Final = {
     "CHUNKD_SERVER_": ("server", SERVER.keys),
     "CHUNKD_CACHE_": ("cache", CACHE.keys),
@@ -334,10 +371,7 @@ def _build(doc: _Document, cwd: Path) -> Config:
     # The cache library's own default directory is relative; a config file's is not.
     cache = {"dir": CACHE.keys["dir"].default, **_convert(doc.cache, CACHE.keys, cwd)}
     if not doc.backends:
-        raise ConfigError(
-            f"{doc.source}: has no [[backends]]; chunkd serves configured backends only, "
-            'so add one: a [[backends]] table with name = "data" and url = "s3://bucket/prefix"'
-        )
+        raise ConfigError(_no_backends(doc.source, cwd))
     backends = []
     for _, table in doc.backends:
         values = _convert(table, BACKENDS.keys, cwd)
@@ -438,14 +472,94 @@ def load_config(
             variable is unknown, or a value is wrong (the message names the key and
             the file, or the variable).
     """
-    base = Path(os.path.abspath(cwd if cwd is not None else Path.cwd()))
+    base = _base(cwd)
+    config, _ = _load(path, environ, base)
+    if path is None:
+        _make_data_dir(config, base)
+    return config
+
+
+def _base(cwd: Path | None) -> Path:
+    return Path(os.path.abspath(cwd if cwd is not None else Path.cwd()))
+
+
+def _load(
+    path: str | Path | None, environ: Mapping[str, str] | None, base: Path
+) -> tuple[Config, _Document]:
+    """The config and the document it was built from; creates nothing."""
     if path is None:
         doc = _embedded_document(base)
     else:
         source = str(path)
         doc = _document_from_toml(_read_toml(source), source)
     _apply_environment(doc, os.environ if environ is None else environ)
-    config = _build(doc, base)
-    if path is None:
-        _make_data_dir(config, base)
-    return config
+    return _build(doc, base), doc
+
+
+#: where an effective value came from (:class:`EffectiveKey`)
+DEFAULT: Final = "default"
+FILE: Final = "file"
+ENV: Final = "env"
+
+
+@dataclass(frozen=True)
+class EffectiveKey:
+    """One key of the effective configuration, and where its value came from."""
+
+    #: the section's name: "server", "cache", "peers", "datasets", "s3_front", "backends"
+    section: str
+    #: the backend's name, for a key of [[backends]]; None otherwise
+    backend: str | None
+    #: the key as written in TOML
+    key: str
+    #: the value as ``Config.redacted()`` shows it: secrets ``"***"``, an unset key None
+    value: Any
+    #: ``"default"`` (the declared default, or the embedded default's own value),
+    #: ``"file"`` or ``"env"``
+    origin: str
+    #: the file (for ``"file"``) or the variable (for ``"env"``); None for a default
+    where: str | None
+
+
+def explain_config(
+    path: str | Path | None = None,
+    *,
+    environ: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+) -> tuple[Config, list[EffectiveKey]]:
+    """The configuration :func:`load_config` gives, with every key's value and origin.
+
+    Every key of every section is listed, those left at their default too, in the
+    order the reference lists them (``[[backends]]`` once per backend). Unlike
+    :func:`load_config` it creates nothing (not the embedded default's data
+    directory): it is for ``chunkd config show`` and ``chunkd doctor``, which only look.
+
+    Raises:
+        ConfigError: as :func:`load_config`.
+    """
+    config, doc = _load(path, environ, _base(cwd))
+    shown = config.redacted()
+    rows: list[EffectiveKey] = []
+
+    def add(
+        section: str, keys: Mapping[str, Key], table: Mapping[str, _Setting], values: Any
+    ) -> None:
+        backend = values["name"] if section == "backends" else None
+        for name, key in keys.items():
+            setting = table.get(name)
+            if setting is None or setting.origin.source == _EMBEDDED:
+                origin, where = DEFAULT, None
+            elif setting.origin.from_env:
+                origin, where = ENV, setting.origin.key
+            else:
+                origin, where = FILE, setting.origin.source
+            rows.append(EffectiveKey(section, backend, name, values[key.field], origin, where))
+
+    add("server", SERVER.keys, doc.server, shown["server"])
+    add("cache", CACHE.keys, doc.cache, shown["cache"])
+    add("peers", PEERS.keys, doc.peers, shown["peers"])
+    add("datasets", DATASETS.keys, doc.datasets, shown["datasets"])
+    add("s3_front", S3_FRONT.keys, doc.s3_front, shown["s3_front"])
+    for (_, table), values in zip(doc.backends, shown["backends"], strict=True):
+        add("backends", BACKENDS.keys, table, values)
+    return config, rows

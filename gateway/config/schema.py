@@ -8,7 +8,7 @@ documentation. The
 defaults live there; its keys are declared in :data:`CACHE`. From these
 declarations come the key tables the loader checks names against, the environment
 overrides, the reference in this package's docstring, ``systemd/chunkd.toml``'s
-check and the README's key list (``python -m chunkd.gateway.config.doc``).
+check and the key tables of ``docs/config.md`` (``python -m chunkd.gateway.config.doc``).
 """
 
 from __future__ import annotations

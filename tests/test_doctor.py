@@ -364,6 +364,14 @@ def test_a_peer_takes_the_token_and_a_wrong_token_is_an_error(
     assert "refused the peer token (401)" in check["finding"]
     assert "same [peers] token_file" in check["fix"]
     assert status == 1
+    # Members from a DNS name's records are checked the same way.
+    config.write_text(config.read_text().replace(f'members = ["{member}"]', f'dns = "{member}"'))
+    status, checks = doctor(capsys, "--config", str(config))
+    assert checks[f"peer:{member}"]["status"] == "error"
+    (tmp_path / "mine").write_text(TOKEN)
+    status, checks = doctor(capsys, "--config", str(config))
+    assert checks[f"peer:{member}"]["status"] == "ok"
+    assert status == 0
 
 
 # -- the configuration, and what doctor leaves behind ------------------------------------
@@ -432,3 +440,21 @@ def test_doctor_and_config_are_commands(tmp_path: Path) -> None:
     wrong = chunkd("doctor", "--no-such-option")
     assert wrong.returncode == 2
     assert "Traceback" not in wrong.stderr
+
+
+@pytest.mark.timeout(20)
+def test_deploy_md_writes_down_every_check(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], s3_server: S3Server, bucket: str
+) -> None:
+    config = node_toml(
+        tmp_path, backends=s3_backend("data", f"s3://{bucket}/pre", s3_server.endpoint)
+    )
+    _, checks = doctor(capsys, "--config", str(config))
+    deploy = (Path(__file__).parents[1] / "docs" / "deploy.md").read_text()
+    section = deploy.split("## chunkd doctor\n", 1)[1].split("\n## ", 1)[0]
+    for name in checks:
+        if name == "peers":
+            continue  # the peers' own problems are written down under peer:HOST:PORT
+        shown = name.replace("data", "NAME")
+        assert f"| `{shown}` |" in section, name
+    assert "| `peer:HOST:PORT` |" in section

@@ -613,13 +613,47 @@ async def check_clock(config: BackendConfig) -> Check | None:
     return Check(name, OK, found)
 
 
-def _members(peers: PeersConfig) -> tuple[list[str], list[Check]]:
+async def _resolve(host: str, port: int) -> list[str]:
+    """The addresses ``host`` resolves to, within the network bound.
+
+    The lookup runs in a daemon thread of its own: a resolver that hangs past the
+    bound is left behind, where the loop's executor would be waited for at exit.
+    """
+    import socket
+    import threading
+
+    loop = asyncio.get_running_loop()
+    answer: asyncio.Future[list[str]] = loop.create_future()
+
+    def settle(result: list[str] | None, error: OSError | None) -> None:
+        if answer.done():
+            return
+        if error is not None:
+            answer.set_exception(error)
+        else:
+            answer.set_result(result or [])
+
+    def look_up() -> None:
+        try:
+            infos = socket.getaddrinfo(host, port, proto=socket.IPPROTO_TCP)
+            found: tuple[list[str] | None, OSError | None] = ([str(i[4][0]) for i in infos], None)
+        except OSError as exc:
+            found = (None, exc)
+        with contextlib.suppress(RuntimeError):  # the loop is gone: nobody waits
+            loop.call_soon_threadsafe(settle, *found)
+
+    threading.Thread(target=look_up, name="chunkd-doctor-dns", daemon=True).start()
+    async with asyncio.timeout(_NETWORK_TIMEOUT):
+        return await answer
+
+
+async def _members(peers: PeersConfig) -> tuple[list[str], list[Check]]:
     """The members of ``[peers]`` (but self): the list, the file and the DNS name."""
     members = list(peers.members)
     problems = []
     if peers.members_file is not None:
         try:
-            text = Path(peers.members_file).read_text()
+            text = await asyncio.to_thread(Path(peers.members_file).read_text)
         except OSError as exc:
             problems.append(
                 Check(
@@ -633,23 +667,20 @@ def _members(peers: PeersConfig) -> tuple[list[str], list[Check]]:
         else:
             members += [line.split("#", 1)[0].strip() for line in text.splitlines()]
     if peers.dns is not None:
-        import socket
-
         host, _, port = peers.dns.rpartition(":")
         try:
-            infos = socket.getaddrinfo(host.strip("[]"), int(port), proto=socket.IPPROTO_TCP)
-        except OSError as exc:
+            addresses = await _resolve(host.strip("[]"), int(port))
+        except (OSError, TimeoutError) as exc:
             problems.append(
                 Check(
                     "peers",
                     ERROR,
-                    f"[peers] dns {peers.dns} does not resolve ({exc})",
+                    f"[peers] dns {peers.dns} does not resolve ({exc or 'no answer within 5 s'})",
                     "check the name (a headless Service's) and the resolver",
                 )
             )
         else:
-            for info in infos:
-                address = str(info[4][0])
+            for address in addresses:
                 members.append(f"[{address}]:{port}" if ":" in address else f"{address}:{port}")
     unique = list(dict.fromkeys(m for m in members if m and m != peers.address))
     return unique, problems
@@ -679,7 +710,7 @@ async def check_peers(config: Config) -> list[Check]:
                 f"chmod 600 {peers.token_file} (readable by the daemon's user only)",
             )
         )
-    members, problems = _members(peers)
+    members, problems = await _members(peers)
     checks += problems
     if len(members) > _MAX_PEERS:
         checks.append(

@@ -21,6 +21,7 @@ import os
 import random
 import shutil
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import lmdb
@@ -646,22 +647,20 @@ async def run(report: Report, work: Path, *, quick: bool, only: set[str] | None 
     # the loops below are short: 5 rounds cost little more than 3
     loops = report.rounds_for(3 if quick else 5)
 
-    def wanted(name: str) -> bool:
+    steps: dict[str, Callable[[], Awaitable[None]]] = {
+        "ram_insert": lambda: ram_insert(report, work, count, rounds),
+        "disk_insert": lambda: disk_insert(report, work, count, rounds),
+        "disk_read": lambda: disk_read(report, work, count, rounds),
+        "ram_hits": lambda: ram_hits(report, 20_000 if quick else 200_000, loops),
+        "index_lookups": lambda: index_lookups(
+            report, work, 20_000 if quick else 200_000, 20_000 if quick else 200_000, loops
+        ),
+        "index_open": lambda: index_open(
+            report, work, 20_000 if quick else 1_000_000, report.rounds_for(3)
+        ),
+    }
+    for name in SCENARIOS:
         if only is None or name in only:
             print(f"cache: {name}", flush=True)
-            return True
-        return False
-
-    if wanted("ram_insert"):
-        await ram_insert(report, work, count, rounds)
-    if wanted("disk_insert"):
-        await disk_insert(report, work, count, rounds)
-    if wanted("disk_read"):
-        await disk_read(report, work, count, rounds)
-    if wanted("ram_hits"):
-        await ram_hits(report, 20_000 if quick else 200_000, loops)
-    if wanted("index_lookups"):
-        size = 20_000 if quick else 200_000
-        await index_lookups(report, work, size, size, loops)
-    if wanted("index_open"):
-        await index_open(report, work, 20_000 if quick else 1_000_000, report.rounds_for(3))
+            with report.timed(name, "cache"):
+                await steps[name]()

@@ -657,17 +657,19 @@ async def run(report: Report, work: Path, *, quick: bool, only: set[str] | None 
                 print(f"ckpt: {scenario.removeprefix('ckpt_')}", flush=True)
                 # A daemon (and a backend directory) per scenario, removed after it: a
                 # full run saves some 25 GiB, which no one disk should have to hold at once.
-                home = work / scenario
-                daemon = BenchDaemon(
-                    home, {"CHUNKD_CACHE_RAM_BYTES": "4GiB", "CHUNKD_CACHE_DISK_BYTES": "40GiB"}
-                )
-                client = Client(daemon.socket)
-                try:
-                    bench = _Bench(daemon, client, state, files, save_rounds, rounds)
-                    await _SCENARIOS[scenario](report, bench)
-                finally:
-                    client.close()
-                    daemon.stop()
-                    shutil.rmtree(home, ignore_errors=True)
+                with report.timed(scenario, "checkpoints"):
+                    home = work / scenario
+                    daemon = BenchDaemon(
+                        home,
+                        {"CHUNKD_CACHE_RAM_BYTES": "4GiB", "CHUNKD_CACHE_DISK_BYTES": "40GiB"},
+                    )
+                    client = Client(daemon.socket)
+                    try:
+                        bench = _Bench(daemon, client, state, files, save_rounds, rounds)
+                        await _SCENARIOS[scenario](report, bench)
+                    finally:
+                        client.close()
+                        daemon.stop()
+                        shutil.rmtree(home, ignore_errors=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -121,11 +121,25 @@ class Row:
 
     @property
     def verdict(self) -> str:
+        """'met'; or in words the figure, against what, the goal and by how much it was
+        missed; '' without a goal."""
         if not self.goal:
             return ""
         wanted = float(self.goal.split()[1].rstrip("x"))
-        got = self.ratio if self.goal.endswith("x") else self.value
-        return "met" if got is not None and got >= wanted else "MISSED"
+        on_ratio = self.goal.endswith("x")
+        got = self.ratio if on_ratio else self.value
+        if got is not None and got >= wanted:
+            return "met"
+        if got is None:
+            return f"missed: no baseline to compare with, goal {self.goal}"
+        figure = f"{got:.2f}x against {self.baseline_name}" if on_ratio else f"{got:.3g}"
+        if got <= 0:
+            by = "missed: measured 0"
+        elif wanted / got >= 1.5:
+            by = f"missed by {wanted / got:.1f}x"
+        else:
+            by = f"missed by {(1 - got / wanted) * 100:.0f}%"
+        return f"{figure}, goal {self.goal} ({by})"
 
 
 @dataclass

@@ -1,8 +1,12 @@
 """Each run kept on this machine, and each row compared with the previous run.
 
-A run is saved as ``history/<UTC time>.json`` (``20261204T101500Z.json``): its rows with
-their rounds and spreads, the machine, the git commit and the date. Only the last
-``keep`` runs are kept (50 by default), the oldest removed.
+A run writes its report into a folder of its own, ``runs/<UTC time>/``
+(``runs/20261204T101500Z/``), and ``latest`` (a relative symlink) points at the newest
+one written. The run is also saved as ``history/<UTC time>.json``: its rows with their
+rounds and spreads, each scenario's duration, the machine, the git commit, the date and
+its folder. Only the last ``keep`` runs are kept (50 by default), folders and history
+alike, the oldest removed. A scenario's typical duration (:func:`typical_durations`,
+``python -m bench --list``) is the median of its last runs kept here.
 
 A row is compared with the most recent earlier run that has a row of the same scenario,
 ran in the same mode (``--quick`` or not) and on the same kind of machine (architecture,
@@ -22,6 +26,7 @@ import math
 import os
 import platform
 import re
+import statistics
 import subprocess
 import time
 from collections.abc import Iterable, Mapping
@@ -32,11 +37,25 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .report import Report, Result
 
-__all__ = ["Change", "compare", "load", "run_meta", "save"]
+__all__ = [
+    "Change",
+    "compare",
+    "load",
+    "new_run_folder",
+    "point_latest",
+    "prune_runs",
+    "run_meta",
+    "save",
+    "typical_durations",
+]
 
 FORMAT = 1
 #: a history file's name: the run's start, UTC, and a serial if two runs share a second
 _NAME = re.compile(r"^\d{8}T\d{6}Z(-\d+)?\.json$")
+#: a run folder's name: the same, without the suffix
+_RUN = re.compile(r"^(\d{8}T\d{6}Z)(?:-(\d+))?$")
+#: how many of a scenario's latest durations its typical one is the median of
+TYPICAL_OF = 5
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -96,7 +115,95 @@ def run_meta(report: Report) -> dict[str, Any]:
         "quick": report.quick,
         "machine": machine,
         "machine_key": _machine_key(machine),
+        "durations": [d.to_json() for d in report.durations],
     } | _commit()
+
+
+def this_machine() -> dict[str, Any]:
+    """What a run's history says of the machine: ``machine`` and ``machine_key``."""
+    machine = _machine()
+    return {"machine": machine, "machine_key": _machine_key(machine)}
+
+
+@dataclass(frozen=True)
+class Typical:
+    """A scenario's typical duration from the runs kept in history."""
+
+    seconds: float
+    #: how many runs it is the median of
+    runs: int
+    #: the newest of them, ``YYYY-MM-DD``
+    date: str
+
+
+def typical_durations(folder: Path, *, quick: bool) -> dict[str, Typical]:
+    """Each scenario's median duration over its last :data:`TYPICAL_OF` runs in
+    ``folder`` (history) in this mode on this kind of machine. A run where it gave no
+    row (skipped: no root, no torch) does not count."""
+    runs = load(folder, {"quick": quick} | this_machine())
+    seen: dict[str, list[tuple[float, str]]] = {}
+    for run in runs:  # newest first
+        for entry in run.get("durations", ()):
+            try:
+                name, seconds, rows = str(entry["scenario"]), float(entry["seconds"]), entry["rows"]
+            except (KeyError, TypeError, ValueError):
+                continue
+            if rows and math.isfinite(seconds) and len(seen.setdefault(name, [])) < TYPICAL_OF:
+                seen[name].append((seconds, str(run.get("date", ""))[:10]))
+    return {
+        name: Typical(statistics.median(s for s, _ in got), len(got), got[0][1])
+        for name, got in seen.items()
+        if got
+    }
+
+
+def new_run_folder(out: Path, started: float) -> Path:
+    """Make ``out/runs/<UTC time of started>/`` (a serial added if that is taken) and
+    return it."""
+    runs = out / "runs"
+    runs.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(started))
+    serial = 1
+    while True:
+        folder = runs / (stamp if serial == 1 else f"{stamp}-{serial}")
+        try:
+            folder.mkdir()
+        except FileExistsError:  # two runs in one second (the tests): keep both
+            serial += 1
+            continue
+        return folder
+
+
+def point_latest(out: Path, folder: Path) -> None:
+    """Point ``out/latest`` at ``folder`` (relative, so ``out`` can move), replacing the
+    link at once: a reader sees the previous run or this one, never neither. A
+    ``latest`` that is not a symlink is someone's own and is left alone, with a line."""
+    latest = out / "latest"
+    if latest.exists() and not latest.is_symlink():
+        print(f"{latest} is not a symlink: left alone, not pointed at {folder}", flush=True)
+        return
+    temporary = out / f".latest-{os.getpid()}"
+    temporary.unlink(missing_ok=True)
+    temporary.symlink_to(folder.relative_to(out))
+    os.replace(temporary, latest)
+
+
+def prune_runs(out: Path, keep: int) -> None:
+    """Remove all but the newest ``keep`` run folders of ``out/runs`` (by their names:
+    the UTC time, then the serial). Other files there are left alone."""
+    import shutil
+
+    runs = out / "runs"
+    if not runs.is_dir():
+        return
+    named = []
+    for path in runs.iterdir():
+        match = _RUN.match(path.name)
+        if match and path.is_dir() and not path.is_symlink():
+            named.append(((match[1], int(match[2] or 1)), path))
+    named.sort()
+    for _, path in named[: max(0, len(named) - keep)]:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def load(folder: Path, meta: Mapping[str, Any]) -> list[dict[str, Any]]:

@@ -85,6 +85,7 @@ def render(
         f" &middot; commit {e(commit or 'unknown')} &middot; {e(str(meta.get('seconds', '')))} s"
         f"{' &middot; --quick' if report.quick else ''}</p></header><main>",
         _summary(report, changes),
+        _durations(report),
     ]
     for area in report.areas():
         parts.append(f'<h2 id="{e(_anchor(area))}">{e(area)}</h2>')
@@ -105,7 +106,7 @@ def render(
 def _summary(report: Report, changes: Mapping[str, Change]) -> str:
     e = html.escape
     met = sum(r.verdict == "met" for r in report.results)
-    missed = [r for r in report.results if r.verdict == "MISSED"]
+    missed = [r for r in report.results if r.verdict == "missed"]
     better = [s for s, c in changes.items() if c.verdict == "better"]
     worse = [s for s, c in changes.items() if c.verdict == "worse"]
     compared = sum(c.verdict != "no spread" for c in changes.values())
@@ -120,8 +121,12 @@ def _summary(report: Report, changes: Mapping[str, Change]) -> str:
         f"<li>{len(report.results)} rows; targets: {met} met, {len(missed)} missed</li>",
     ]
     if missed:
-        names = ", ".join(f'<span class="missed">{e(r.scenario)}</span>' for r in missed)
-        lines.append(f"<li>missed: {names}</li>")
+        lines.append("<li>missed:<ul>")
+        lines += [
+            f'<li><span class="missed">{e(r.scenario)}</span>: {e(r.verdict_text())}</li>'
+            for r in missed
+        ]
+        lines.append("</ul></li>")
     lines.append(
         f"<li>against the previous run: {compared} rows compared, {len(better)} better, "
         f"{len(worse)} worse, the rest within its spread</li>"
@@ -134,6 +139,27 @@ def _summary(report: Report, changes: Mapping[str, Change]) -> str:
             lines.append(f"<li>{verdict} than the previous spread: {shown}</li>")
     lines.append("</ul>")
     return "\n".join(lines)
+
+
+def _durations(report: Report) -> str:
+    """Each scenario's wall time, in the order they ran."""
+    from .report import duration_text
+
+    if not report.durations:
+        return ""
+    e = html.escape
+    total = sum(d.seconds for d in report.durations)
+    body = "".join(
+        f'<tr><td>{e(d.scenario)}</td><td>{e(d.area)}</td><td class="num">'
+        f'{e(duration_text(d.seconds))}</td><td class="num">{d.rows}</td></tr>'
+        for d in report.durations
+    )
+    return (
+        '<h2 id="durations">Durations</h2>'
+        f'<p class="muted">Each scenario\'s wall time; {e(duration_text(total))} in all.</p>'
+        "<table><thead><tr><th>scenario</th><th>area</th><th>took</th><th>rows</th></tr>"
+        f"</thead><tbody>{body}</tbody></table>"
+    )
 
 
 def _table(rows: list[Result], changes: Mapping[str, Change]) -> str:
@@ -150,7 +176,8 @@ def _table(rows: list[Result], changes: Mapping[str, Change]) -> str:
         change = changes.get(r.scenario)
         mark = change.verdict if change is not None and change.marked else ""
         ratio = f"{r.ratio:.2f}x" if math.isfinite(r.ratio) else ""
-        verdict_class = {"met": "met", "MISSED": "missed"}.get(r.verdict, "")
+        verdict_class = r.verdict  # 'met', 'missed' or ''
+
         change_cell = (
             f'<span class="{mark}">{e(change.text())}</span>'
             if change is not None and mark
@@ -164,7 +191,7 @@ def _table(rows: list[Result], changes: Mapping[str, Change]) -> str:
             f'<td>{e(r.unit)}</td><td class="num">{e(ratio)}</td>'
             f'<td class="num">{e(r.spread_text())}</td><td class="num">{r.rounds}</td>'
             f"<td>{e(r.target_text())}</td>"
-            f'<td class="{verdict_class}">{e(r.verdict)}</td>'
+            f'<td class="{verdict_class}">{e(r.verdict_cell())}</td>'
             f"<td>{change_cell}</td><td>{e(r.baseline_name)}</td></tr>"
         )
     return head + "".join(body) + "</tbody></table>"

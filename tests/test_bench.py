@@ -46,7 +46,8 @@ def test_bench_quick_run_writes_a_complete_report(tmp_path: Path) -> None:
         check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    rows = json.loads((tmp_path / "results.json").read_text())
+    run = tmp_path / "latest"
+    rows = json.loads((run / "results.json").read_text())
     by_name = {row["scenario"]: row for row in rows}
     for expected in (
         "RAM insert 4 MiB, 4 in flight (hash, memfd, seal)",
@@ -73,22 +74,22 @@ def test_bench_quick_run_writes_a_complete_report(tmp_path: Path) -> None:
     assert insert["area"] == "cache"
     assert by_name[FAULT_ROW]["area"] == "faults"
 
-    report = (tmp_path / "report.md").read_text()
+    report = (run / "report.md").read_text()
     assert "## cache" in report
     assert "| scenario | chunkd | baseline | unit | ratio | spread | rounds |" in report
     fault_line = next(line for line in report.splitlines() if line.startswith(f"| {FAULT_ROW}"))
     assert "WORSE: below the previous spread 400-600x" in fault_line
 
-    page = (tmp_path / "report.html").read_text()
+    page = (run / "report.html").read_text()
     assert page.startswith("<!doctype html>")
     assert "<script" not in page
     assert "Content-Security-Policy" in page
     assert '<h2 id="cache">cache</h2>' in page
     assert '<tr class="worse"><td>a disarmed fault point, per call</td>' in page
-    plots = sorted(p.name for p in tmp_path.glob("plot-*.svg"))
+    plots = sorted(p.name for p in run.glob("plot-*.svg"))
     assert plots, "no plot was drawn"
     for name in plots:
-        assert (tmp_path / name).read_text().lstrip().startswith("<?xml")
+        assert (run / name).read_text().lstrip().startswith("<?xml")
     # each plot is inside the page too: it opens alone, from anywhere
     assert page.count('<img src="data:image/svg+xml;base64,') == len(plots)
 
@@ -115,7 +116,8 @@ def test_loader_bench_quick_run_reports_every_row(tmp_path: Path) -> None:
         check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    rows = {row["scenario"]: row for row in json.loads((tmp_path / "results.json").read_text())}
+    results = tmp_path / "latest" / "results.json"
+    rows = {row["scenario"]: row for row in json.loads(results.read_text())}
     expected = {
         "one process, warm: Loader epoch, batch.columns (decoded once by the daemon)",
         "one process, warm: Loader epoch, batch.columns (in-process)",
@@ -258,13 +260,13 @@ def test_the_page_escapes_what_the_rows_say(tmp_path: Path) -> None:
     report.area = "cache <b>"
     report.add(Result("<img src=x onerror=alert(1)>", 2.0, 1.0, "GB/s", "a & b", note="<i>"))
     report.latencies("latency <svg>", "<x>", [0.001, 0.002, 0.003])
-    report.write(tmp_path)
-    page = (tmp_path / "report.html").read_text()
+    folder = report.write(tmp_path)
+    page = (folder / "report.html").read_text()
     assert "<img src=x" not in page
     assert "&lt;img src=x onerror=alert(1)&gt;" in page
     assert "<i>" not in page
     assert '<h2 id="cache-b">cache &lt;b&gt;</h2>' in page
-    assert (tmp_path / "plot-latency-svg.svg").exists()
+    assert (folder / "plot-latency-svg.svg").exists()
 
 
 def _today() -> str:
@@ -324,3 +326,152 @@ def test_the_soak_summaries_become_latency_plots(tmp_path: Path) -> None:
             (0.001, 0.01, 0.1),
         )
     ]
+
+
+# -- run folders, durations, --list and the verdict in words (issue 27) -----------------
+
+#: the smallest scenario of the bench: 2 rows of the cache's index, a few seconds quick
+SMALL = "index_lookups"
+
+
+def _bench(out: Path, *args: str, timeout: float = 50) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(
+        [sys.executable, "-m", "bench", *args, "--out", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result
+
+
+@pytest.fixture(scope="module")
+def two_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
+    """Two quick runs of the smallest scenario into one --out: the folder and each run's
+    output."""
+    out = tmp_path_factory.mktemp("bench-out")
+    return out, [_bench(out, "--quick", "--only", SMALL).stdout for _ in range(2)]
+
+
+def _printed_folder(stdout: str) -> Path:
+    """The run folder a run says it wrote its report into."""
+    match = re.search(r"^report: (\S+)/report\.html", stdout, re.M)
+    assert match, stdout
+    return Path(match[1])
+
+
+@pytest.mark.timeout(60)  # two quick runs of one small scenario: about 10 s
+def test_each_run_keeps_its_own_folder_and_latest_points_at_the_newest(
+    two_runs: tuple[Path, list[str]],
+) -> None:
+    out, stdouts = two_runs
+    runs = sorted((out / "runs").iterdir())
+    assert len(runs) == 2
+    first, second = (_printed_folder(s) for s in stdouts)
+    assert first != second
+    assert {first.resolve(), second.resolve()} == {r.resolve() for r in runs}
+    for run in runs:  # the first run's report was not overwritten by the second's
+        for name in ("report.html", "report.md", "results.json", "series.json"):
+            assert (run / name).is_file(), (run, name)
+    latest = out / "latest"
+    assert latest.is_symlink()
+    assert not Path(os.readlink(latest)).is_absolute()  # the folder can be moved whole
+    assert latest.resolve() == second.resolve()
+    assert not (out / "report.html").exists()  # nothing written beside the run folders
+    assert len(list((out / "history").glob("*.json"))) == 2  # history is shared by the runs
+
+
+@pytest.mark.timeout(60)
+def test_every_scenario_prints_and_records_its_duration(two_runs: tuple[Path, list[str]]) -> None:
+    out, stdouts = two_runs
+    assert re.search(rf"^\s*{SMALL}: took \d+(\.\d+)? s \(2 rows\)$", stdouts[1], re.M), stdouts[1]
+    assert re.search(r"^run took \d+(\.\d+)? s", stdouts[1], re.M), stdouts[1]
+    run = out / "latest"
+    durations = json.loads((run / "durations.json").read_text())
+    assert [(d["scenario"], d["area"], d["rows"]) for d in durations] == [(SMALL, "cache", 2)]
+    assert durations[0]["seconds"] > 0
+    rows = json.loads((run / "results.json").read_text())
+    assert {row["part_of"] for row in rows} == {SMALL}  # each row says whose duration it is
+    report = (run / "report.md").read_text()
+    assert "## Durations" in report
+    assert re.search(rf"^\| {SMALL} \| cache \| \d+(\.\d+)? s \| 2 \|$", report, re.M), report
+    page = (run / "report.html").read_text()
+    assert '<h2 id="durations">Durations</h2>' in page
+    assert re.search(rf"<td>{SMALL}</td><td>cache</td><td class=\"num\">\d+(\.\d+)? s</td>", page)
+    newest = max(
+        (json.loads(p.read_text()) for p in (out / "history").glob("*.json")),
+        key=lambda d: (d["started"], d["serial"]),
+    )
+    assert [(d["scenario"], d["rows"]) for d in newest["durations"]] == [(SMALL, 2)]
+    assert newest["durations"][0]["seconds"] > 0
+    assert newest["folder"] == "runs/" + os.readlink(run).split("/")[-1]
+
+
+@pytest.mark.timeout(60)
+def test_list_shows_every_scenario_with_its_typical_duration(
+    two_runs: tuple[Path, list[str]], tmp_path: Path
+) -> None:
+    from bench.__main__ import SCENARIOS
+
+    out, _ = two_runs
+    duration = r"~?\d+(\.\d+)? (s|min|h)\b"
+    for quick in (True, False):
+        listed = _bench(out, "--list", *(["--quick"] if quick else []), timeout=20).stdout
+        lines = {line.split()[0]: line for line in listed.splitlines() if line.strip()}
+        for scenario in SCENARIOS:
+            assert scenario.name in lines, (scenario.name, listed)
+            assert re.search(duration, lines[scenario.name]), lines[scenario.name]
+        # the quick runs above are history for --quick; a full run has only the estimate
+        assert "history" in lines[SMALL] if quick else "estimate" in lines[SMALL]
+        assert "estimate" in lines["soak"]
+        assert re.search(r"^a run of every scenario.*" + duration, listed, re.M), listed
+    fresh = tmp_path / "never-ran"
+    listed = _bench(fresh, "--list", timeout=20).stdout
+    assert "estimate" in listed
+    assert not fresh.exists()  # --list only reads
+
+
+def test_a_missed_target_says_by_how_much_and_against_what(tmp_path: Path) -> None:
+    registration = Result(
+        "registration, 100k small Parquet files",
+        5218.0,
+        14559.0,
+        "files/s",
+        "pyarrow reading the footers",
+        target_ratio=0.8,
+    )
+    text = registration.verdict_text()
+    assert registration.verdict == "missed"
+    assert "0.36x" in text  # the figure
+    assert "pyarrow reading the footers" in text  # against what
+    assert "5,218 vs 14,559 files/s" in text or "5218 vs 14559 files/s" in text
+    assert "target 0.8x" in text
+    assert "missed by 2.2x" in text
+    first_batch = Result("first batch, warm node", 1.34, 1.10, "s", "Streaming", target_max=0.5)
+    text = first_batch.verdict_text()
+    assert "1.34 s against Streaming 1.1 s" in text
+    assert "at most 0.5 s" in text
+    assert "missed by 2.7x" in text
+    close = Result("cold read", 0.94, 1.0, "GB/s", "obstore", target_ratio=0.95)
+    assert "missed by 1%" in close.verdict_text()
+    met = Result("insert", 2.0, 1.0, "GB/s", "memcpy", target_ratio=0.5)
+    assert met.verdict == "met"
+    assert met.verdict_text().endswith("(met)")
+
+    report = Report()
+    report.area = "datasets"
+    for row in (registration, first_batch, met):
+        report.add(row)
+    assert report.missed() == [
+        f"registration, 100k small Parquet files: {registration.verdict_text()}",
+        f"first batch, warm node: {first_batch.verdict_text()}",
+    ]
+    folder = report.write(tmp_path)
+    written = (folder / "report.md").read_text() + (folder / "report.html").read_text()
+    assert "MISSED" not in written
+    line = next(ln for ln in written.splitlines() if ln.startswith("| registration"))
+    assert registration.verdict_text() in line
+    rows = json.loads((folder / "results.json").read_text())
+    assert rows[0]["verdict_text"] == registration.verdict_text()

@@ -22,7 +22,8 @@ def test_s3front_bench_quick_run_writes_its_rows(tmp_path: Path) -> None:
         check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    rows = {row["scenario"]: row for row in json.loads((tmp_path / "results.json").read_text())}
+    results = tmp_path / "latest" / "results.json"  # the run's own folder
+    rows = {row["scenario"]: row for row in json.loads(results.read_text())}
     for expected in (
         "s3 front: warm 8 MiB GetObject, vs /v1/objects (HTTP)",
         "s3 front: warm 8 MiB GetObject, vs Client.read (local socket)",

@@ -93,7 +93,7 @@ def _write_parquet(path: Path, columns: dict[str, Any], row_group_size: int = 16
 
 def _images_parquet(path: Path) -> None:
     """45 rows in row groups of 16: an id, a caption (row 3's is 1,000 characters), a
-    PNG image and a score."""
+    PNG image, a score and a ratio (``i / 7``: floats of 17 digits)."""
     captions = [f"caption of row {i}" for i in range(PARQUET_ROWS)]
     captions[3] = "long " + "x" * 990 + " end."
     _write_parquet(
@@ -103,6 +103,7 @@ def _images_parquet(path: Path) -> None:
             "caption": captions,
             "image": [_picture(i) for i in range(PARQUET_ROWS)],
             "score": [i / 10 for i in range(PARQUET_ROWS)],
+            "ratio": [i / 7 for i in range(PARQUET_ROWS)],
         },
     )
 
@@ -404,6 +405,192 @@ def test_a_malformed_parquet_file_shows_its_error_and_the_page_stays_usable(tab:
     assert not box.is_visible()
     page.click("table.listing a[href$='open=local%2Fx.parquet']")
     page.wait_for_selector(".rows-table tr[data-index='0']")
+
+
+def _box(page: Page, selector: str) -> dict[str, float]:
+    """Where the first element matching ``selector`` is on screen (CSS pixels)."""
+    box: dict[str, float] = page.eval_on_selector(
+        selector,
+        "e => { const r = e.getBoundingClientRect();"
+        " return {top: r.top, bottom: r.bottom, left: r.left, width: r.width, height: r.height,"
+        " viewport: innerHeight} }",
+    )
+    return box
+
+
+@pytest.mark.timeout(60)
+def test_a_thumbnail_is_big_and_enlarges_on_click(tab: Tab) -> None:
+    page = tab.page
+    tab.open("open=local/x.parquet")
+    thumb = ".rows-table tr[data-index='2'] img.cell-media"
+    assert _loaded_image(page, thumb) == PICTURE_WIDTH
+    # a 64 px picture shows at least twice its size in the table
+    assert _box(page, thumb)["width"] >= 2 * PICTURE_WIDTH
+    lightbox = page.locator("dialog#lightbox")
+    assert not lightbox.is_visible()
+    page.click(thumb)
+    lightbox.wait_for(state="visible")
+    assert page.get_attribute("#lightbox-img", "src") == page.get_attribute(thumb, "src")
+    _loaded_image(page, "#lightbox-img")
+    assert _box(page, "#lightbox-img")["width"] >= 500  # enlarged: well past the thumbnail
+    assert "64 \u00d7 40 px" in tab.text("#lightbox-caption")
+    assert "image/png" in tab.text("#lightbox-caption")
+    page.keyboard.press("Escape")
+    lightbox.wait_for(state="hidden")
+    # a click beside the picture (on the backdrop) closes it too, and so does the close button
+    page.click(thumb)
+    lightbox.wait_for(state="visible")
+    page.mouse.click(5, 795)
+    lightbox.wait_for(state="hidden")
+    page.click(thumb)
+    page.click("#lightbox-close")
+    lightbox.wait_for(state="hidden")
+    # from the keyboard: a thumbnail takes the focus, Enter enlarges it
+    page.focus(thumb)
+    page.keyboard.press("Enter")
+    lightbox.wait_for(state="visible")
+    page.keyboard.press("Escape")
+    lightbox.wait_for(state="hidden")
+    tab.assert_clean()
+
+
+@pytest.mark.timeout(60)
+def test_floats_show_four_significant_digits_and_their_whole_value_on_hover(tab: Tab) -> None:
+    page = tab.page
+    tab.open("open=local/x.parquet")
+    cells = page.locator(".rows-table tr[data-index='1'] td")
+    ratio = cells.nth(5).locator(".j-num")  # #, id, caption, image, score, ratio
+    assert ratio.inner_text() == "0.1429"
+    assert ratio.get_attribute("title") == repr(1 / 7)
+    # numbers that are short already are shown as they are, with no tooltip
+    assert cells.nth(4).inner_text() == "0.1"
+    assert cells.nth(1).inner_text() == "1"
+    assert page.locator(".rows-table tr[data-index='19'] td").nth(5).inner_text() == "2.714"
+    # the statistics of the structure tab too
+    tab.open("open=local/x.parquet&tab=structure")
+    page.locator("details.row-group summary").first.click()
+    assert "2.143" in tab.text("details.row-group table.stats")  # row 15's ratio, 15 / 7
+    assert repr(15 / 7) not in tab.text("details.row-group table.stats")
+    # the sample's own view shows every digit
+    tab.open("sample=" + quote("local/x.parquet#1", safe=""))
+    assert f'"ratio": {1 / 7!r}' in tab.text("section.sample")
+    tab.assert_clean()
+
+
+@pytest.mark.timeout(60)
+def test_the_pager_stays_in_view_after_a_jump(tab: Tab) -> None:
+    page = tab.page
+    tab.open("open=local/x.parquet")
+    page.fill("#goto-row", "30")
+    page.click(".goto button[type='submit']")
+    page.wait_for_selector(".rows-table tr[data-index='30'].focus")
+    page.wait_for_function("() => window.scrollY > 0")  # the row was scrolled to
+    page.wait_for_timeout(100)
+    pager = _box(page, ".rows-panel > .pager")
+    assert pager["top"] >= 0, pager
+    assert pager["bottom"] <= pager["viewport"], pager
+    row = _box(page, ".rows-table tr[data-index='30']")
+    assert row["top"] >= pager["bottom"] - 1, (row, pager)  # the row is not under it
+    assert row["bottom"] <= row["viewport"]
+    # nothing covers it: what is at its middle is the pager
+    assert page.evaluate(
+        "() => { const p = document.querySelector('.rows-panel > .pager');"
+        " const r = p.getBoundingClientRect();"
+        " return p.contains(document.elementFromPoint(r.left + 5, r.top + r.height / 2)) }"
+    )
+    tab.assert_clean()
+
+
+@pytest.mark.timeout(60)
+def test_rollouts_sit_side_by_side_with_a_legend_and_reward_colours(tab: Tab) -> None:
+    page = tab.page
+    tab.open("open=" + quote("local/rl/rollouts.parquet", safe="") + "&tab=rl")
+    page.locator(".rl-group").first.wait_for()
+    first = page.locator(".rl-group").first.locator(".rollout")
+    a, b = first.nth(0).bounding_box(), first.nth(1).bounding_box()
+    assert a is not None
+    assert b is not None
+    assert abs(a["y"] - b["y"]) < 1  # one row of the grid
+    assert b["x"] > a["x"] + a["width"] - 1
+    # a legend says what the logprob strip's bars are, and the reward scale
+    legend = tab.text(".logprob-legend")
+    assert "probability" in legend
+    assert "p < 0.5" in legend
+    ends = page.locator(".reward-legend .mono").all_inner_texts()
+    assert ends == ["-1", "2"]  # the page's lowest and highest reward
+    # rewards are coloured on the page's scale, the level said in words too
+    lowest = page.locator(".rollout[data-reward='-1']")
+    highest = page.locator(".rollout[data-reward='2']")
+    assert "reward-0" in (lowest.get_attribute("class") or "")
+    assert "reward-4" in (highest.get_attribute("class") or "")
+    assert "very low" in lowest.locator(".reward-badge").inner_text()
+    assert "very high" in highest.locator(".reward-badge").inner_text()
+    colours = [
+        loc.locator(".reward-badge").evaluate("e => getComputedStyle(e).backgroundColor")
+        for loc in (lowest, highest)
+    ]
+    assert colours[0] != colours[1]
+    border = lowest.evaluate("e => getComputedStyle(e).borderLeftColor")
+    assert border != highest.evaluate("e => getComputedStyle(e).borderLeftColor")
+    # each strip says its numbers in words
+    assert "mean" in first.nth(0).locator(".logprob-list summary").inner_text()
+    # narrow: one under the other
+    page.set_viewport_size({"width": 560, "height": 800})
+    page.wait_for_timeout(100)
+    a, b = first.nth(0).bounding_box(), first.nth(1).bounding_box()
+    assert a is not None
+    assert b is not None
+    assert b["y"] >= a["y"] + a["height"] - 1
+    tab.assert_clean()
+
+
+@pytest.mark.timeout(60)
+def test_the_audio_view_says_duration_rate_and_channels(tab: Tab) -> None:
+    page = tab.page
+    tab.open("open=local/media/tone.wav")
+    facts = tab.text(".audio-facts")
+    assert "1.00 s" in facts
+    assert "8 kHz" in facts
+    assert "1 (mono)" in facts
+    assert "pcm" in facts
+    tab.open("open=local/media/tone.flac")
+    assert "8 kHz" in tab.text(".audio-facts")
+    # an audio cell says it beside its player
+    tab.open("open=local/sounds.parquet")
+    labels = page.locator(".rows-table .bytes-label")
+    labels.first.wait_for()
+    assert "1.00 s · 8 kHz · mono" in labels.nth(0).inner_text()
+    assert "1.00 s · 16 kHz · mono" in labels.nth(1).inner_text()  # tone.ogg: Opus
+    tab.assert_clean()
+
+
+@pytest.mark.timeout(60)
+def test_the_landing_page_works_on_a_config_without_a_local_backend(
+    browser: Browser, start_daemon: Callable[..., Daemon], tmp_path: Path
+) -> None:
+    data = tmp_path / "elsewhere"
+    data.mkdir()
+    (data / "hello.txt").write_text("hello\n")
+    daemon = start_daemon(f'[[backends]]\nname = "data"\nurl = "file://{data}"\n')
+    context = browser.new_context(viewport={"width": 1280, "height": 800})
+    try:
+        found = Tab(context.new_page(), daemon)
+        page = found.page
+        page.on("pageerror", lambda e: found.errors.append(f"pageerror: {e}"))
+        for query in ("", "view=datasets"):
+            found.open(query)
+            assert page.locator("#error").is_hidden()
+            datasets = found.text("section.datasets")
+            assert "could not" not in datasets
+            assert 'registry = "data/datasets"' in found.text(".registry-missing")
+        found.open()
+        assert found.text("section.backends table").count("data") == 1
+        assert "local" not in found.text("section.backends")
+        page.click(".start-here a.first-backend")
+        page.wait_for_selector("table.listing a[href$='open=data%2Fhello.txt']")
+        found.assert_clean()
+    finally:
+        context.close()
 
 
 # -- other formats ---------------------------------------------------------------------

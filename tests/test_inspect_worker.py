@@ -663,3 +663,135 @@ def test_a_page_of_rollouts_completes_its_group_within_bounds(node: Node) -> Non
     nulls = node.worker.ok("rl", name=name, start=MAX_COMPLETION + 500, count=5)
     assert sum(len(g["rollouts"]) for g in nulls["groups"]) == 5  # a null group completes nothing
     assert nulls["next"] == MAX_COMPLETION + 505
+
+
+# ---------------------------------------------------------------------------
+# audio headers: duration, rate and channels (chunkd.client.inspect.audio)
+# ---------------------------------------------------------------------------
+
+import shutil  # noqa: E402
+import wave  # noqa: E402
+
+from chunkd.client.inspect.audio import MAX_READ, audio_info  # noqa: E402
+
+
+def _wav_bytes(seconds: float, rate: int, channels: int, width: int = 2) -> bytes:
+    """A real WAV written by the stdlib's ``wave``: silence of ``seconds``."""
+    out = io.BytesIO()
+    with wave.open(out, "wb") as w:
+        w.setnchannels(channels)
+        w.setsampwidth(width)
+        w.setframerate(rate)
+        w.writeframes(b"\0" * int(seconds * rate) * channels * width)
+    return out.getvalue()
+
+
+class _Counted:
+    """``read(offset, length)`` of bytes in memory, counting what is read."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.read_bytes = 0
+        self.reads = 0
+
+    def __call__(self, offset: int, length: int) -> bytes:
+        assert 0 < length <= MAX_READ
+        self.reads += 1
+        piece = self.data[offset : offset + length]
+        self.read_bytes += len(piece)
+        return piece
+
+
+def _ffmpeg(tmp_path: Path, name: str, *codec: str) -> bytes:
+    """A 2.5 s stereo 44.1 kHz tone (22.05 kHz for MP3) encoded by ffmpeg."""
+    out = tmp_path / name
+    subprocess.run(
+        ["ffmpeg", "-v", "error", "-y", "-f", "lavfi",
+         "-i", "sine=frequency=440:sample_rate=44100:duration=2.5", "-ac", "2",
+         *codec, str(out)],
+        check=True, timeout=30,
+    )  # fmt: skip
+    return out.read_bytes()
+
+
+@pytest.mark.timeout(10)
+def test_a_wav_header_says_its_duration_rate_and_channels_reading_little() -> None:
+    data = _wav_bytes(30, 48_000, 2)  # 5.8 MB
+    read = _Counted(data)
+    info = audio_info(read, len(data), "audio/wav")
+    assert info == {
+        "codec": "pcm",
+        "duration": 30.0,
+        "sample_rate": 48_000,
+        "channels": 2,
+        "bits": 16,
+    }
+    assert read.read_bytes < 256  # the chunk headers only
+    mono = _wav_bytes(1.5, 8_000, 1, width=1)
+    assert audio_info(_Counted(mono), len(mono), "audio/wav") == {
+        "codec": "pcm", "duration": 1.5, "sample_rate": 8_000, "channels": 1, "bits": 8,
+    }  # fmt: skip
+
+
+@pytest.mark.skipif(shutil.which("ffmpeg") is None, reason="ffmpeg is not installed")
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(
+    ("name", "codec", "rate", "duration", "within"),
+    [
+        ("tone.flac", ("-c:a", "flac"), 44_100, 2.5, 0.001),
+        ("tone.ogg", ("-c:a", "libvorbis"), 44_100, 2.5, 0.001),
+        ("tone.opus.ogg", ("-c:a", "libopus", "-f", "ogg"), 48_000, 2.5, 0.01),
+        # LAME's Info frame counts its padding frames: ffprobe says the same
+        ("tone.mp3", ("-ar", "22050", "-c:a", "libmp3lame", "-b:a", "64k"), 22_050, 2.5, 0.1),
+        ("vbr.mp3", ("-ar", "22050", "-c:a", "libmp3lame", "-q:a", "4"), 22_050, 2.5, 0.1),
+        ("noinfo.mp3", ("-ar", "22050", "-c:a", "libmp3lame", "-b:a", "64k",
+                        "-write_xing", "0", "-id3v2_version", "4"), 22_050, 2.5, 0.1),
+    ],
+)  # fmt: skip
+def test_encoded_audio_headers_say_duration_rate_and_channels(
+    tmp_path: Path, name: str, codec: tuple[str, ...], rate: int, duration: float, within: float
+) -> None:
+    data = _ffmpeg(tmp_path, name, *codec)
+    media_type = sniff(data[:64])
+    assert media_type is not None
+    read = _Counted(data)
+    info = audio_info(read, len(data), media_type)
+    assert info is not None, name
+    assert info["sample_rate"] == rate
+    assert info["channels"] == 2
+    assert info["duration"] == pytest.approx(duration, abs=within), info
+    assert read.reads <= 4
+    assert read.read_bytes <= 2 * MAX_READ
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"RIFF\x04\x00\x00\x00WAVE",  # no fmt chunk
+        b"RIFF\xff\xff\xff\xffWAVEfmt \x02\x00\x00\x00\x01\x00",  # fmt cut short
+        b"fLaC\x00\x00",
+        b"OggS" + b"\x00" * 30,
+        b"ID3\x04\x00\x00\x7f\x7f\x7f\x7f",  # a tag that runs past the end
+        b"\xff\xfb\x90",
+    ],
+)
+def test_an_audio_header_that_does_not_parse_gives_none(data: bytes) -> None:
+    media_type = sniff(data) or "audio/mpeg"
+    assert audio_info(_Counted(data), len(data), media_type) is None
+
+
+@pytest.mark.timeout(20)
+def test_open_of_audio_says_its_duration_rate_and_channels(node: Node) -> None:
+    name = node.put("sound/speech.wav", _wav_bytes(3.25, 16_000, 2))
+    opened = node.worker.ok("open", name=name)
+    assert opened["kind"] == "audio"
+    assert opened["audio"] == {
+        "codec": "pcm", "duration": 3.25, "sample_rate": 16_000, "channels": 2, "bits": 16,
+    }  # fmt: skip
+    # an audio cell carries the same, from its bytes
+    table = pa.table({"clip": [_wav_bytes(0.5, 8_000, 1)]})
+    cell = node.put("sound/clips.parquet", parquet_bytes(table, 1))
+    value = node.worker.ok("rows", name=cell)["rows"][0]["value"]["clip"]
+    assert value["audio"]["duration"] == 0.5
+    assert value["audio"]["channels"] == 1

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from chunkd.client.datasets.formats import DECODED_CACHE_BYTES, DecodedLRU, detect
 from chunkd.client.datasets.source import PinnedSource
+from chunkd.client.inspect.audio import audio_info
 from chunkd.client.inspect.lines import LineIndex
 from chunkd.client.inspect.values import MAX_DEPTH, encode, media, tar_file
 from chunkd.errors import (
@@ -1005,11 +1006,15 @@ def _mds_index(client: Client, backend: str, key: str) -> tuple[str, dict[str, A
 class MediaView:
     """An image, audio or video object: the browser decodes it from ranges."""
 
-    def __init__(self, stat: ObjectStat, kind: str, media_type: str | None) -> None:
+    def __init__(
+        self, stat: ObjectStat, kind: str, media_type: str | None, read: _Pinned | None = None
+    ) -> None:
         self.kind = kind
         self.name = stat.name
         self._stat = stat
         self.media_type = media_type
+        self._read = read
+        self._audio: dict[str, Any] | None = None
 
     total = 1
     nbytes = 256
@@ -1018,7 +1023,17 @@ class MediaView:
         return None
 
     def describe(self) -> dict[str, Any]:
-        return {"media": self._media()}
+        out: dict[str, Any] = {"media": self._media()}
+        if self.kind == "audio":
+            # its duration, rate and channels from its headers: a few small reads
+            if self._audio is None and self._read is not None:
+                read = self._read
+                self._audio = (
+                    audio_info(lambda o, n: bytes(read(o, n)), self._stat.size, self.media_type)
+                    or {}
+                )
+            out["audio"] = self._audio or None
+        return out
 
     def _media(self) -> dict[str, Any]:
         return media(self.name, 0, self._stat.size, self.media_type)
@@ -1151,7 +1166,7 @@ class Views:
         }
         maker = makers.get(fmt)
         if maker is None:  # image, audio, video
-            return MediaView(stat, fmt, media_type)
+            return MediaView(stat, fmt, media_type, _Pinned(self.client, stat))
         try:
             return maker()
         except DatasetFormatError as exc:

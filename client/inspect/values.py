@@ -27,6 +27,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
+from chunkd.client.inspect.audio import audio_info
 from chunkd.errors import MalformedFileError
 from chunkd.mediatype import SNIFF_BYTES, sniff
 
@@ -64,9 +65,13 @@ def binary(data: bytes | bytearray | memoryview, ref: Mapping[str, Any] | None) 
     """The ``$bytes`` value of ``data``; ``ref`` says where the bytes lie, for a value too
     big to send inline."""
     view = memoryview(data).cast("B")
-    out: dict[str, Any] = {"$bytes": view.nbytes, "media_type": sniff(bytes(view[:SNIFF_BYTES]))}
+    media_type = sniff(bytes(view[:SNIFF_BYTES]))
+    out: dict[str, Any] = {"$bytes": view.nbytes, "media_type": media_type}
     if view.nbytes <= INLINE_BYTES:
         out["b64"] = base64.b64encode(view).decode("ascii")
+        if media_type is not None and media_type.startswith("audio/"):
+            # the bytes are here: their duration, rate and channels cost nothing more
+            out["audio"] = audio_info(lambda o, n: bytes(view[o : o + n]), view.nbytes, media_type)
     elif ref is not None:
         out["ref"] = dict(ref)
     return out
@@ -85,7 +90,12 @@ def tar_file(
     (JSON parsed for a ``json`` extension) or its bytes."""
     media_type = sniff(bytes(read(offset, min(size, SNIFF_BYTES))))
     if media_type is not None:
-        return media(name, offset, size, media_type)
+        found = media(name, offset, size, media_type)
+        if media_type.startswith("audio/"):
+            found["$media"]["audio"] = audio_info(
+                lambda o, n: bytes(read(offset + o, min(n, size - o))), size, media_type
+            )
+        return found
     ref = {"name": name, "offset": offset, "length": size}
     if size > INLINE_BYTES:
         return {"$bytes": size, "media_type": None, "ref": ref}

@@ -23,6 +23,8 @@ const STEP_PARALLEL = 4;     // sample requests in flight at once
 const FOLD_CHARS = 300;      // a longer string shows its start and a "show all"
 const FOLD_ITEMS = 100;      // a longer list shows its start and a "show all"
 const HEX_PREVIEW = 64;      // bytes of a non-media binary shown as hex
+const SIG_DIGITS = 4;        // a float in a table shows this many significant digits
+const REWARD_LEVELS = ["very low", "low", "middle", "high", "very high"]; // reward-0 .. reward-4
 
 const view = document.getElementById("view");
 let generation = 0;          // bumped by every navigation: late answers are dropped
@@ -106,6 +108,38 @@ function fmtBytes(n) {
   return u === 0 ? `${n} B` : `${v.toFixed(v < 10 ? 2 : 1)} ${units[u]}`;
 }
 
+/** Seconds as 2.50 s, or 3:05.2 past a minute, or 1:02:03 past an hour. */
+function fmtDuration(t) {
+  if (typeof t !== "number" || !Number.isFinite(t)) return "—";
+  if (t < 60) return `${t.toFixed(t < 10 ? 2 : 1)} s`;
+  const h = Math.floor(t / 3600);
+  const m = Math.floor((t % 3600) / 60);
+  const sec = t % 60;
+  const ss = h ? String(Math.floor(sec)).padStart(2, "0") : sec.toFixed(1).padStart(4, "0");
+  return h ? `${h}:${String(m).padStart(2, "0")}:${ss}` : `${m}:${ss}`;
+}
+
+function fmtRate(hz) {
+  if (typeof hz !== "number") return "—";
+  return hz % 1000 === 0 || hz >= 10000 ? `${+(hz / 1000).toFixed(2)} kHz` : `${fmtCount(hz)} Hz`;
+}
+
+function fmtChannels(n) {
+  if (typeof n !== "number") return "—";
+  return n === 1 ? "1 (mono)" : n === 2 ? "2 (stereo)" : String(n);
+}
+
+/** What an audio header says, in one line: "2.50 s · 44.1 kHz · stereo · pcm 16-bit". */
+function audioLine(a) {
+  if (!a || typeof a !== "object") return "";
+  const parts = [];
+  if (typeof a.duration === "number") parts.push(fmtDuration(a.duration));
+  if (typeof a.sample_rate === "number") parts.push(fmtRate(a.sample_rate));
+  if (typeof a.channels === "number") parts.push(a.channels === 1 ? "mono" : a.channels === 2 ? "stereo" : `${a.channels} channels`);
+  if (typeof a.codec === "string") parts.push(typeof a.bits === "number" ? `${a.codec} ${a.bits}-bit` : a.codec);
+  return parts.join(" · ");
+}
+
 function fmtCount(n) {
   return typeof n === "number" ? n.toLocaleString("en-US") : (n ?? "—");
 }
@@ -115,8 +149,27 @@ function fmtTime(t) {
   return t ?? "—";
 }
 
+/** A float to SIG_DIGITS significant digits (never rounding away whole digits: 12345.678
+    is 12345.7); tiny and huge ones in exponent form. Integers stay whole. */
+function fmtFloat(n) {
+  if (typeof n !== "number" || !Number.isFinite(n) || Number.isInteger(n)) return String(n);
+  const a = Math.abs(n);
+  if (a < 1e-3 || a >= 1e15) return n.toExponential(SIG_DIGITS - 1).replace(/\.?0+e/, "e");
+  const whole = Math.floor(Math.log10(a)) + 1;
+  const text = n.toFixed(Math.max(1, SIG_DIGITS - whole)).replace(/0+$/, "");
+  return text.endsWith(".") ? `${text}0` : text;
+}
+
+/** A number as a span: rounded where `round` (its whole value in the tooltip). */
+function numberNode(n, round = true) {
+  const shown = round ? fmtFloat(n) : String(n);
+  const span = el("span", "j-num", shown);
+  if (shown !== String(n)) span.title = String(n);
+  return span;
+}
+
 function fmtNumber(n) {
-  if (typeof n === "number") return Number.isInteger(n) ? String(n) : String(+n.toPrecision(6));
+  if (typeof n === "number") return fmtFloat(n);
   if (n && typeof n === "object" && "$float" in n) return String(n.$float);
   if (n && typeof n === "object" && "$decimal" in n) return String(n.$decimal);
   return n === null || n === undefined ? "—" : String(n);
@@ -270,6 +323,10 @@ function mediaElement(kind, src, cls = "media") {
     node = el("img", cls);
     node.alt = "";
     node.decoding = "async";
+    // Any image enlarges on a click (or Enter): see the lightbox below.
+    node.classList.add("zoomable");
+    node.tabIndex = 0;
+    node.title = "click to enlarge";
   } else {
     node = el(kind, cls);
     node.controls = true;
@@ -283,7 +340,8 @@ function mediaElement(kind, src, cls = "media") {
 function renderBytes(v, cls) {
   const type = typeof v.media_type === "string" ? v.media_type : null;
   const kind = type ? MEDIA[type] : undefined;
-  const label = el("span", "bytes-label", `${fmtBytes(v.$bytes)}${type ? ` ${type}` : " binary"}`);
+  const heard = audioLine(v.audio);
+  const label = el("span", "bytes-label", `${fmtBytes(v.$bytes)}${type ? ` ${type}` : " binary"}${heard ? ` · ${heard}` : ""}`);
   const box = el("span", "bytes");
   if (typeof v.b64 === "string" && B64.test(v.b64)) {
     if (kind === "image") {
@@ -319,7 +377,8 @@ function renderMedia(m, cls) {
   if (!m || typeof m.name !== "string") return add(box, "(media without a name)");
   const kind = MEDIA[m.media_type];
   const src = mediaUrl(m.name, m.offset, m.length);
-  const label = el("span", "bytes-label", `${fmtBytes(m.length)} ${m.media_type ?? "binary"}`);
+  const heard = audioLine(m.audio);
+  const label = el("span", "bytes-label", `${fmtBytes(m.length)} ${m.media_type ?? "binary"}${heard ? ` · ${heard}` : ""}`);
   if (kind) return add(box, mediaElement(kind, src, cls), label);
   // Not an allowed type: the daemon serves it as an attachment, never as a page.
   const a = el("a", "", "download");
@@ -361,16 +420,16 @@ function foldedString(s, quote) {
 
 /** A value as pretty JSON (a <pre>): long strings and lists folded, binary and media
     inline. */
-function renderJson(value) {
+function renderJson(value, { round = true } = {}) {
   const pre = el("pre", "json");
-  writeJson(pre, value, "");
+  writeJson(pre, value, "", round);
   return pre;
 }
 
-function writeJson(parent, v, indent) {
+function writeJson(parent, v, indent, round = true) {
   if (v === null) return add(parent, el("span", "j-null", "null"));
   if (typeof v === "boolean") return add(parent, el("span", "j-bool", String(v)));
-  if (typeof v === "number") return add(parent, el("span", "j-num", String(v)));
+  if (typeof v === "number") return add(parent, numberNode(v, round));
   if (typeof v === "string") return add(parent, foldedString(v, true));
   if (Array.isArray(v)) {
     if (v.length === 0) return add(parent, "[]");
@@ -382,11 +441,11 @@ function writeJson(parent, v, indent) {
       list.forEach((x, i) => {
         const last = start + i === v.length - 1;
         if (flat) {
-          writeJson(frag, x, inner);
+          writeJson(frag, x, inner, round);
           if (!last) add(frag, ", ");
         } else {
           add(frag, `\n${inner}`);
-          writeJson(frag, x, inner);
+          writeJson(frag, x, inner, round);
           if (!last) add(frag, ",");
         }
       });
@@ -414,7 +473,7 @@ function writeJson(parent, v, indent) {
     add(parent, "{");
     keys.forEach((k, i) => {
       add(parent, `\n${inner}`, el("span", "j-key", JSON.stringify(k)), ": ");
-      writeJson(parent, v[k], inner);
+      writeJson(parent, v[k], inner, round);
       if (i < keys.length - 1) add(parent, ",");
     });
     return add(parent, `\n${indent}}`);
@@ -426,7 +485,8 @@ function writeJson(parent, v, indent) {
 function renderCell(v) {
   if (v === null || v === undefined) return el("span", "j-null", "null");
   if (typeof v === "string") return foldedString(v, false);
-  if (typeof v === "number" || typeof v === "boolean") return el("span", "j-num", String(v));
+  if (typeof v === "number") return numberNode(v);
+  if (typeof v === "boolean") return el("span", "j-num", String(v));
   if (isDollar(v)) {
     const node = renderDollar(v, "cell-media");
     if (node) return node;
@@ -436,31 +496,54 @@ function renderCell(v) {
 
 // -- browse: backends, listings, datasets ----------------------------------------------
 
+/** The landing page: the configured backends (whatever they are called), the first one
+    offered to browse, and the datasets where a registry is configured. */
 async function viewHome() {
-  const [stats, datasets] = await Promise.allSettled([api("/v1/stats"), datasetsPanel()]);
+  // Both asked at once; the datasets panel wants the backends' names only to explain a
+  // registry whose backend is not configured.
+  const asked = api("/v1/stats");
+  const names = asked.then((v) => (v.backends ?? []).map((b) => String(b.name)), () => []);
+  const [stats, datasets] = await Promise.all([
+    asked.then((v) => ({ ok: v }), (err) => ({ err })),
+    datasetsPanel(names).then((v) => ({ ok: v }), (err) => ({ err })),
+  ]);
+  if (stats.err?.name === "AbortError") throw stats.err;
+  const configured = (stats.ok?.backends ?? []).map((b) => String(b.name));
   const frag = document.createDocumentFragment();
   const backends = section("Backends");
-  if (stats.status === "fulfilled") {
+  backends.classList.add("backends");
+  if (stats.ok) {
     const { table: t, body } = table(["backend", "kind", "circuit"]);
-    for (const b of stats.value.backends ?? []) {
+    for (const b of stats.ok.backends ?? []) {
       body.append(row([
         link(b.name, { list: b.name }),
         b.scheme ?? "—",
         b.circuit_open ? el("span", "bad", "open: failing") : el("span", "good", "closed"),
       ]));
     }
+    if (configured.length) {
+      add(backends, add(el("p", "start-here"), "Start by browsing ", link(`${configured[0]}/`, { list: configured[0] }, "first-backend"),
+        configured.length > 1 ? `, the first of ${configured.length} backends.` : ", the configured backend."));
+    } else {
+      backends.append(el("p", "muted", "no backend is configured"));
+    }
     backends.append(t);
   } else {
-    showError(stats.reason);
+    showError(stats.err);
   }
   frag.append(backends);
-  if (datasets.status === "fulfilled") frag.append(datasets.value);
-  else frag.append(section("Datasets", el("p", "muted", `could not list datasets: ${datasets.reason?.message}`)));
+  if (datasets.ok) frag.append(datasets.ok);
+  else if (datasets.err?.name === "AbortError") throw datasets.err;
+  else frag.append(section("Datasets", el("p", "muted", `could not list datasets: ${datasets.err?.message}`)));
   return frag;
 }
 
-async function datasetsPanel() {
+/** The datasets, a page at a time. Where the registry's backend is not configured (the
+    default registry is local/datasets, and a config need not have a backend `local`),
+    it says how to point the registry at one instead of failing. */
+async function datasetsPanel(configured = Promise.resolve([])) {
   const s = section("Datasets");
+  s.classList.add("datasets");
   const { table: t, body } = table(["dataset", "latest", "created", "tags"]);
   const more = button("more", () => guarded(() => load(more.dataset.next)), "more");
   const load = async (startAfter) => {
@@ -477,7 +560,21 @@ async function datasetsPanel() {
     more.dataset.next = page.next ?? "";
     if (!body.firstChild) body.append(row([el("span", "muted", "no datasets registered")]));
   };
-  await load(undefined);
+  try {
+    await load(undefined);
+  } catch (err) {
+    if (!(err instanceof ApiError) || err.kind !== "UnknownBackendError") throw err;
+    const note = el("div", "registry-missing");
+    const first = (await configured)[0];
+    add(note, el("p", "", "No dataset registry on this node: the registry is kept in a backend this config does not have."),
+      el("p", "muted", err.message));
+    if (first) {
+      add(note, add(el("p"), "To register datasets, point it at one of the configured backends, e.g. in the config file: ",
+        el("code", "", `[datasets] registry = "${first}/datasets"`), " (a writable backend)."));
+    }
+    add(s, note);
+    return s;
+  }
   add(s, t, more);
   return s;
 }
@@ -534,7 +631,7 @@ async function viewList(target, recursive) {
 }
 
 async function viewDatasets() {
-  return datasetsPanel();
+  return datasetsPanel(api("/v1/stats").then((v) => (v.backends ?? []).map((b) => String(b.name)), () => []));
 }
 
 async function viewDataset(name) {
@@ -702,7 +799,9 @@ async function viewOpen(name, q) {
 
   const kind = info.kind;
   if (kind === "image" || kind === "audio" || kind === "video") {
-    frag.append(section(kind, mediaOf(info, name)));
+    const panel = section(kind, mediaOf(info, name));
+    if (kind === "audio") panel.append(audioFacts(info.audio));
+    frag.append(panel);
     return frag;
   }
   if (kind === "binary" || !ROW_KINDS.has(kind)) {
@@ -737,6 +836,22 @@ function mediaOf(info, name) {
   const src = m && typeof m.name === "string" ? mediaUrl(m.name, m.offset, m.length) : mediaUrl(name);
   const node = mediaElement(kind, src, "media whole");
   return node;
+}
+
+/** The audio header's facts (the worker read them: docs/inspector.md, "Audio"). */
+function audioFacts(a) {
+  if (!a || typeof a !== "object") {
+    return el("p", "muted audio-facts", "its header does not say its duration, rate and channels (the player may still)");
+  }
+  const dl = facts([
+    ["duration", fmtDuration(a.duration)],
+    ["sample rate", fmtRate(a.sample_rate)],
+    ["channels", fmtChannels(a.channels)],
+    ["codec", a.codec ?? "—"],
+    ["bits", typeof a.bits === "number" ? String(a.bits) : undefined],
+  ]);
+  dl.classList.add("audio-facts");
+  return dl;
 }
 
 function binaryPanel(info) {
@@ -923,14 +1038,23 @@ async function rlPanel(name, info, q) {
   const status = el("span", "status muted");
   const starts = [];
   const holder = el("div");
+  const legend = el("div", "rl-legend");
   const prev = button("‹ prev", () => guarded(() => load(starts.length >= 2 ? starts[starts.length - 2] : 0, true)));
   const next = button("next ›", () => guarded(() => load(Number(next.dataset.next))));
   add(nav, prev, status, next);
-  add(s, nav, holder);
+  add(s, nav, legend, holder);
   const load = async (start, back = false) => {
     const answer = await inspect("rl", { name, start, count: RL_PAGE, map: q.get("map") ?? undefined });
     if (back) starts.pop(); else if (starts[starts.length - 1] !== start) starts.push(start);
-    holder.replaceChildren(answer.kind === "episodes" ? renderEpisodes(answer) : renderRollouts(name, answer));
+    if (answer.kind === "episodes") {
+      legend.hidden = true;
+      holder.replaceChildren(renderEpisodes(answer));
+    } else {
+      const scale = rewardScale(answer.groups ?? []);
+      legend.hidden = false;
+      legend.replaceChildren(rewardLegend(scale), logprobLegend());
+      holder.replaceChildren(renderRollouts(name, answer, scale));
+    }
     const n = answer.kind === "episodes" ? (answer.episodes ?? []).length : (answer.groups ?? []).length;
     status.textContent = `${answer.kind === "episodes" ? "episodes" : "groups"}: ${n}, from row ${fmtCount(answer.start ?? start)}`;
     prev.disabled = (answer.start ?? start) === 0;
@@ -941,7 +1065,42 @@ async function rlPanel(name, info, q) {
   return s;
 }
 
-function renderRollouts(name, answer) {
+/** The page's rewards, lowest and highest: the scale the rollouts are coloured on. */
+function rewardScale(groups) {
+  const rewards = [];
+  for (const g of groups) for (const r of g.rollouts ?? []) if (typeof r.reward === "number" && Number.isFinite(r.reward)) rewards.push(r.reward);
+  return rewards.length
+    ? { low: rewards.reduce((a, b) => Math.min(a, b)), high: rewards.reduce((a, b) => Math.max(a, b)) }
+    : null;
+}
+
+/** Which of the REWARD_LEVELS a reward is at on the page's scale (2, the middle, when
+    every reward is the same or it is not a number). */
+function rewardLevel(reward, scale) {
+  if (!scale || typeof reward !== "number" || !Number.isFinite(reward) || scale.high === scale.low) return 2;
+  const at = (reward - scale.low) / (scale.high - scale.low);
+  return Math.min(REWARD_LEVELS.length - 1, Math.floor(at * REWARD_LEVELS.length));
+}
+
+function rewardLegend(scale) {
+  const box = el("div", "legend reward-legend");
+  add(box, el("span", "label", "reward"), " ");
+  if (scale) add(box, el("span", "mono", fmtFloat(scale.low)), " ");
+  REWARD_LEVELS.forEach((word, i) => add(box, el("span", `swatch reward-${i}`, word)));
+  if (scale) add(box, " ", el("span", "mono", fmtFloat(scale.high)));
+  add(box, el("span", "muted", " · lowest to highest on this page"));
+  return box;
+}
+
+function logprobLegend() {
+  const box = el("div", "legend logprob-legend");
+  add(box, el("span", "label", "logprobs"), " one bar per token, its height the token's probability (e",
+    el("sup", "", "logprob"), "; full height: 1) · ",
+    el("span", "swatch lp-key"), " p ≥ 0.5 · ", el("span", "swatch lp-key low"), " p < 0.5");
+  return box;
+}
+
+function renderRollouts(name, answer, scale) {
   const frag = document.createDocumentFragment();
   for (const g of answer.groups ?? []) {
     const box = el("article", "rl-group");
@@ -951,16 +1110,23 @@ function renderRollouts(name, answer) {
       el("span", "muted", ` · ${rollouts.length} rollouts`));
     const prompt = el("div", "rl-prompt");
     add(prompt, el("div", "label", "prompt"), wholeValue(g.prompt));
-    add(box, head, prompt);
+    // The group's rollouts side by side where the width allows (a grid), best first.
+    const grid = el("div", "rollouts");
+    add(box, head, prompt, grid);
     rollouts.forEach((r, rank) => {
-      const card = el("div", "rollout");
+      const level = rewardLevel(r.reward, scale);
+      const card = el("div", `rollout reward-${level}`);
       card.dataset.reward = String(r.reward);
       card.dataset.index = String(r.index);
+      card.dataset.level = REWARD_LEVELS[level];
       if (rank === 0) card.classList.add("best");
       const line = el("div", "rollout-head");
+      const badge = el("strong", `reward-badge reward-${level}`);
+      add(badge, el("span", "reward mono", fmtNumber(r.reward)), el("span", "reward-level", ` ${REWARD_LEVELS[level]}`));
+      if (typeof r.reward === "number") badge.title = `reward ${r.reward}: ${REWARD_LEVELS[level]} on this page's scale`;
       add(line,
         el("span", "rollout-rank", `#${rank + 1}`),
-        el("span", "", " reward "), el("strong", "reward mono", fmtNumber(r.reward)),
+        el("span", "", " reward "), badge,
         r.advantage !== undefined && r.advantage !== null ? add(el("span"), " advantage ", el("span", "advantage mono", fmtNumber(r.advantage))) : null,
         el("span", "muted", " · row "), link(String(r.index), { sample: `${name}#${r.index}` }));
       add(card, line, add(el("div", "completion"), wholeValue(r.completion)));
@@ -968,7 +1134,7 @@ function renderRollouts(name, answer) {
       if (r.fields && typeof r.fields === "object" && Object.keys(r.fields).length) {
         add(card, add(el("details", "fields"), el("summary", "", "other fields"), renderJson(r.fields)));
       }
-      box.append(card);
+      grid.append(card);
     });
     frag.append(box);
   }
@@ -997,8 +1163,13 @@ function logprobsView(values) {
     add(bar, add(svg("title"), `token ${i}: ${fmtNumber(lp)}`));
     strip.append(bar);
   });
+  const finite = values.filter((v) => typeof v === "number" && Number.isFinite(v));
+  const mean = finite.length ? finite.reduce((a, b) => a + b, 0) / finite.length : null;
+  const low = finite.filter((v) => Math.exp(v) < 0.5).length;
+  const summary = [`${fmtCount(n)} tokens`];
+  if (mean !== null) summary.push(`mean ${fmtFloat(mean)}`, `min ${fmtFloat(finite.reduce((a, b) => Math.min(a, b)))}`, `${fmtCount(low)} below p 0.5`);
   const list = el("details", "logprob-list");
-  add(list, el("summary", "", `logprobs (${fmtCount(n)} tokens)`), el("pre", "json", values.map(fmtNumber).join(", ")));
+  add(list, el("summary", "", `logprobs (${summary.join(" · ")})`), el("pre", "json", values.map(fmtNumber).join(", ")));
   add(box, strip, list);
   return box;
 }
@@ -1119,7 +1290,8 @@ function sampleCard(s, full) {
     ["member", s.member === undefined || s.member === null ? undefined : (typeof s.member === "string" ? s.member : JSON.stringify(s.member))],
   ]));
   if (!full) box.classList.add("compact");
-  box.append(renderJson(s.value));
+  // The sample's own view shows every number whole; tables round them.
+  box.append(renderJson(s.value, { round: !full }));
   return box;
 }
 
@@ -1227,6 +1399,7 @@ async function route() {
   for (const url of blobUrls) URL.revokeObjectURL(url);
   blobUrls = [];
   clearError();
+  if (lightbox.open) lightbox.close();
   const q = new URLSearchParams(location.search);
   let nav = "home";
   let title = "chunkd inspector";
@@ -1313,6 +1486,40 @@ document.getElementById("open-form").addEventListener("submit", (ev) => {
 });
 
 document.getElementById("error-close").addEventListener("click", clearError);
+
+// -- the lightbox: an image of the view, enlarged -----------------------------------------
+// A <dialog>: Escape closes it (the browser's own), so do a click on the backdrop, on the
+// image or on ×. The image is the same src (a data: URL or the media route): no new fetch
+// of anything but what the thumbnail showed.
+
+const lightbox = document.getElementById("lightbox");
+const lightboxImg = document.getElementById("lightbox-img");
+
+function enlarge(img) {
+  lightboxImg.src = img.src;
+  const label = img.closest(".bytes")?.querySelector(".bytes-label")?.textContent ?? "";
+  const size = img.naturalWidth ? `${img.naturalWidth} × ${img.naturalHeight} px` : "";
+  document.getElementById("lightbox-caption").textContent = [size, label].filter(Boolean).join(" · ");
+  lightbox.classList.toggle("small", img.naturalWidth > 0 && img.naturalWidth < 256);
+  lightbox.showModal();
+}
+
+view.addEventListener("click", (ev) => {
+  const img = ev.target instanceof Element ? ev.target.closest("img.zoomable") : null;
+  if (img && !ev.defaultPrevented) enlarge(img);
+});
+view.addEventListener("keydown", (ev) => {
+  const img = ev.target instanceof Element ? ev.target.closest("img.zoomable") : null;
+  if (img && (ev.key === "Enter" || ev.key === " ")) {
+    ev.preventDefault();
+    enlarge(img);
+  }
+});
+lightbox.addEventListener("click", (ev) => {
+  if (ev.target === lightbox || ev.target === lightboxImg) lightbox.close();
+});
+document.getElementById("lightbox-close").addEventListener("click", () => lightbox.close());
+lightbox.addEventListener("close", () => lightboxImg.removeAttribute("src"));
 window.addEventListener("popstate", () => route());
 
 route();

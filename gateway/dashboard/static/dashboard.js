@@ -8,6 +8,9 @@ const SVG = "http://www.w3.org/2000/svg";
 const HISTORY = 300; // samples kept: five minutes at 1 s, as the daemon keeps
 const RETRY_MIN_MS = 1000;
 const RETRY_MAX_MS = 5000;
+// No sample for this many intervals and the figures are stale: the daemon stopped
+// answering without closing the stream (stopped, or its loop stalled).
+const STALE_INTERVALS = 3.5;
 
 // -- formatting ---------------------------------------------------------------------
 
@@ -28,10 +31,17 @@ function byteRate(value) {
   return value === null || value === undefined ? "–" : `${bytes(value)}/s`;
 }
 
+// A rate as precise as it needs to be to never read as zero when it is not: "0/s" is
+// nothing at all, "0.05/s" a read every 20 s (an object read once, in a decayed rate).
+// The daemon sends rates to three decimals, so a smaller one arrives as 0.
 function rate(value) {
   if (value === null || value === undefined) return "–";
   const n = Number(value);
-  return `${n >= 100 ? n.toFixed(0) : n.toFixed(1)}/s`;
+  if (n === 0) return "0/s";
+  if (n >= 100) return `${n.toFixed(0)}/s`;
+  if (n >= 1) return `${n.toFixed(1)}/s`;
+  if (n >= 0.001) return `${Number(n.toPrecision(2))}/s`;
+  return "<0.001/s";
 }
 
 function ratio(value) {
@@ -75,29 +85,75 @@ function svg(name, attrs = {}) {
   return node;
 }
 
-// A multi-line chart of the last HISTORY samples: one <path> per series, three grid
-// lines with their labels, drawn again from the history on each sample.
+// Round ticks for a value axis: steps of 1, 2 or 5 times a power of ten, in one unit
+// of `units` ([name, size] from the smallest), the largest whose figures stay under
+// 1000 (700 MiB/s, not 0.7 GiB/s; 1.5 GiB/s, not 1536 MiB/s). `max` is the largest value
+// drawn; the axis' top is the first tick at or above it.
+function niceAxis(max, units) {
+  let unit = units[0];
+  for (const candidate of units) {
+    if (max / candidate[1] >= 1) unit = candidate;
+  }
+  if (max / unit[1] >= 1000 && unit !== units[units.length - 1]) {
+    unit = units[units.indexOf(unit) + 1];
+  }
+  const scaled = max / unit[1];
+  let step = 1;
+  if (scaled > 0) {
+    const raw = scaled / 4; // two to four ticks above zero
+    const magnitude = 10 ** Math.floor(Math.log10(raw));
+    const mantissa = raw / magnitude;
+    step = (mantissa <= 1 ? 1 : mantissa <= 2 ? 2 : mantissa <= 5 ? 5 : 10) * magnitude;
+  }
+  const count = Math.max(1, Math.ceil(scaled / step - 1e-9));
+  const decimals = Math.max(0, -Math.floor(Math.log10(step) + 1e-9));
+  const ticks = [];
+  for (let i = 0; i <= count; i += 1) {
+    ticks.push({ value: i * step * unit[1], label: `${(i * step).toFixed(decimals)} ${unit[0]}` });
+  }
+  return { top: count * step * unit[1], ticks };
+}
+
+const BYTE_RATE_UNITS = UNITS.map((name, i) => [`${name}/s`, 1024 ** i]);
+const MILLIS_UNITS = [["ms", 1], ["s", 1000]];
+
+// Round steps for the time axis, in seconds: at most five ticks back from the newest.
+const TIME_STEPS = [1, 2, 5, 10, 15, 30, 60, 120, 300, 600];
+
+function ago(s) {
+  return s < 60 ? `\u2212${s} s` : `\u2212${s / 60} min`;
+}
+
+// A multi-line chart of the samples in its window: one <path> per series, grid lines at
+// round values with their labels at the left, and round times below. The window is the
+// history's own span while it is shorter than WINDOW (the chart fits its data), then
+// the last WINDOW seconds, sliding. Drawn again from the history on each sample, with a
+// fixed set of nodes.
 class LineChart {
-  constructor(container, series, { format, fixedMax = null, height = 160, base = 10 }) {
+  constructor(container, series, { axis, height = 160 }) {
     this.series = series;
-    this.base = base;
-    this.format = format;
-    this.fixedMax = fixedMax;
+    this.axis = axis; // max -> {top, ticks}
     this.height = height;
+    this.windowS = HISTORY;
     this.width = Math.max(container.clientWidth, 200);
     this.root = svg("svg", { class: "plot", role: "img", height });
     this.grid = [];
-    for (let i = 0; i < 3; i += 1) {
+    for (let i = 0; i < 6; i += 1) {
       const line = svg("line", { class: "gridline" });
-      const label = svg("text", { class: "axis", x: 4 });
+      const label = svg("text", { class: "axis y" });
       this.root.append(line, label);
       this.grid.push({ line, label });
     }
-    this.since = svg("text", { class: "axis" });
-    this.since.textContent = "5 min ago";
+    this.times = [];
+    for (let i = 0; i < 6; i += 1) {
+      const line = svg("line", { class: "gridline time" });
+      const label = svg("text", { class: "axis x" });
+      this.root.append(line, label);
+      this.times.push({ line, label });
+    }
     this.now = svg("text", { class: "axis end" });
     this.now.textContent = "now";
-    this.root.append(this.since, this.now);
+    this.root.append(this.now);
     this.paths = series.map((s) => {
       const path = svg("path", { class: `line ${s.cls}` });
       this.root.append(path);
@@ -120,47 +176,75 @@ class LineChart {
     const h = this.height;
     const top = 8;
     const bottom = h - 16; // room for the time axis below
-    this.since.setAttribute("x", 4);
-    this.since.setAttribute("y", h - 3);
-    this.now.setAttribute("x", w - 4);
-    this.now.setAttribute("y", h - 3);
     this.root.setAttribute("width", w);
     this.root.setAttribute("viewBox", `0 0 ${w} ${h}`);
-    let max = this.fixedMax;
-    if (max === null) {
-      max = 0;
-      for (const sample of samples) {
-        for (const s of this.series) {
-          const v = s.value(sample);
-          if (v !== null && v > max) max = v;
-        }
+
+    // the window: from the first sample (or WINDOW back from the last) to the last
+    const to = samples.length ? Number(samples[samples.length - 1].t) : 0;
+    const from = samples.length ? Math.max(Number(samples[0].t), to - this.windowS) : 0;
+    const span = Math.max(to - from, 1);
+    const shown = samples.filter((sample) => Number(sample.t) >= from);
+    this.root.dataset.from = String(from);
+    this.root.dataset.to = String(to);
+
+    let max = 0;
+    for (const sample of shown) {
+      for (const s of this.series) {
+        const v = s.value(sample);
+        if (v !== null && v > max) max = v;
       }
-      max = niceCeiling(max, this.base);
     }
+    const { top: axisTop, ticks } = this.axis(max);
+    const left = 10 + 6.1 * Math.max(...ticks.map((t) => t.label.length));
+    const right = w - 2;
     this.grid.forEach(({ line, label }, i) => {
-      const fraction = (3 - i) / 3;
-      const y = bottom - fraction * (bottom - top);
-      line.setAttribute("x1", 0);
-      line.setAttribute("x2", w);
+      const tick = ticks[i];
+      line.style.display = tick ? "" : "none";
+      label.style.display = tick ? "" : "none";
+      if (!tick) return;
+      const y = bottom - (axisTop > 0 ? tick.value / axisTop : 0) * (bottom - top);
+      line.setAttribute("x1", left);
+      line.setAttribute("x2", right);
       line.setAttribute("y1", y);
       line.setAttribute("y2", y);
-      label.setAttribute("y", y + 12);
-      label.textContent = this.format(max * fraction);
+      label.setAttribute("x", left - 5);
+      label.setAttribute("y", y + 3.5);
+      label.textContent = tick.label;
     });
-    const last = samples.length ? samples[samples.length - 1].seq : 0;
-    const step = w / (HISTORY - 1);
+
+    const xOf = (t) => left + ((Number(t) - from) / span) * (right - left);
+    const step = TIME_STEPS.find((s) => span / s <= 5) ?? TIME_STEPS[TIME_STEPS.length - 1];
+    this.times.forEach(({ line, label }, i) => {
+      const back = (i + 1) * step;
+      const x = xOf(to - back);
+      const room = back <= span && x - left >= 24 && right - x >= 30;
+      line.style.display = room ? "" : "none";
+      label.style.display = room ? "" : "none";
+      if (!room) return;
+      line.setAttribute("x1", x);
+      line.setAttribute("x2", x);
+      line.setAttribute("y1", top);
+      line.setAttribute("y2", bottom);
+      label.setAttribute("x", x);
+      label.setAttribute("y", h - 3);
+      label.textContent = ago(back);
+    });
+    this.now.setAttribute("x", right);
+    this.now.setAttribute("y", h - 3);
+
     this.series.forEach((s, index) => {
       const parts = [];
       let pen = "M";
-      for (const sample of samples) {
+      let previous = null;
+      for (const sample of shown) {
         const v = s.value(sample);
-        if (v === null) {
-          pen = "M"; // a gap: the sample had nothing to measure
-          continue;
+        if (v === null || (previous !== null && sample.seq !== previous + 1)) {
+          pen = "M"; // a gap: nothing to measure, or samples missed
         }
-        const x = w - (last - sample.seq) * step;
-        const y = bottom - (max > 0 ? (v / max) * (bottom - top) : 0);
-        parts.push(`${pen}${x.toFixed(1)},${y.toFixed(1)}`);
+        previous = sample.seq;
+        if (v === null) continue;
+        const y = bottom - (axisTop > 0 ? (v / axisTop) * (bottom - top) : 0);
+        parts.push(`${pen}${xOf(sample.t).toFixed(1)},${y.toFixed(1)}`);
         pen = "L";
       }
       this.paths[index].setAttribute("d", parts.join(""));
@@ -168,25 +252,12 @@ class LineChart {
   }
 }
 
-// A round top for a chart's scale; `base` 1024 rounds in KiB, MiB, ... as bytes() prints.
-function niceCeiling(value, base = 10) {
-  if (!(value > 0)) return 1;
-  if (base === 1024) {
-    const unit = 1024 ** Math.max(0, Math.floor(Math.log(value) / Math.log(1024)));
-    const top = niceCeiling(value / unit);
-    return (top >= 1000 ? 1024 : top) * unit; // 1.0 GiB, not 1000.0 MiB
-  }
-  const magnitude = 10 ** Math.floor(Math.log10(value));
-  for (const m of [1, 2, 2.5, 5, 10]) {
-    if (value <= m * magnitude) return m * magnitude;
-  }
-  return 10 * magnitude;
-}
-
 // -- tables -------------------------------------------------------------------------
 
 // The rows of one table body, reused from sample to sample. At most `limit` rows ever
-// exist; `render` fills each from one item with text only.
+// exist; `render` fills each from one item with text only. `columns` are the cells'
+// classes, as the table's head has them ("name" wraps, "num" never does, "minor" goes
+// where the panel is narrow, "text" wraps).
 class Rows {
   constructor(tableId, columns, limit, render) {
     this.body = document.getElementById(tableId).tBodies[0];
@@ -196,7 +267,7 @@ class Rows {
     this.rows = [];
     this.empty = document.createElement("tr");
     const cell = document.createElement("td");
-    cell.colSpan = columns;
+    cell.colSpan = columns.length;
     cell.className = "empty";
     this.empty.append(cell);
     this.body.append(this.empty);
@@ -208,8 +279,9 @@ class Rows {
     while (this.rows.length < shown.length) {
       const row = document.createElement("tr");
       const cells = [];
-      for (let i = 0; i < this.columns; i += 1) {
+      for (const cls of this.columns) {
         const cell = document.createElement("td");
+        if (cls) cell.className = cls;
         row.append(cell);
         cells.push(cell);
       }
@@ -224,6 +296,13 @@ class Rows {
     this.empty.hidden = shown.length > 0 && more <= 0;
     this.empty.cells[0].textContent = more > 0 && shown.length > 0 ? `and ${more} more` : emptyText;
   }
+}
+
+// A panel with nothing to list folds to its title line; `summary` says why there, or
+// what the open panel lists.
+function fold(panelId, folded, summaryId, summary) {
+  document.getElementById(panelId).classList.toggle("folded", folded);
+  text(summaryId, summary);
 }
 
 function setCells(cells, values) {
@@ -278,6 +357,9 @@ const state = {
   retryMs: RETRY_MIN_MS,
   retryTimer: null,
   reloading: false,
+  intervalS: 1,
+  lastArrival: 0, // performance.now() when the last fresh figures came
+  stale: false,
 };
 
 const charts = {};
@@ -287,6 +369,38 @@ function setConnection(kind, message) {
   const node = document.getElementById("connection");
   node.dataset.state = kind;
   text("connection", message);
+}
+
+// Stale: the figures shown are the last sample's and the daemon is not sending more.
+// They dim and the bar says since when; the next sample brings them back.
+function setStale(stale) {
+  const history = state.history;
+  const last = history.length ? history[history.length - 1] : null;
+  if (stale && last === null) return; // nothing shown yet: nothing to dim
+  state.stale = stale;
+  document.querySelector("main").classList.toggle("stale", stale);
+  const badge = document.getElementById("stale");
+  badge.hidden = !stale;
+  if (stale) {
+    badge.textContent = `stale since ${clock(last.t)}`;
+    badge.title = "the daemon has sent no sample since then: the figures are from that second";
+  }
+}
+
+function fresh() {
+  state.lastArrival = performance.now();
+  if (state.stale) setStale(false);
+}
+
+function watchFreshness() {
+  setInterval(() => {
+    if (state.stale || !state.history.length || state.source === null) return;
+    const silentS = (performance.now() - state.lastArrival) / 1000;
+    if (silentS > STALE_INTERVALS * state.intervalS) {
+      setStale(true);
+      setConnection("down", "not answering");
+    }
+  }, 500);
 }
 
 function showNode(node) {
@@ -316,6 +430,8 @@ function adopt(snapshot) {
   state.boot = node.boot;
   state.node = node;
   state.history = history;
+  if (Number(snapshot.interval_s) > 0) state.intervalS = Number(snapshot.interval_s);
+  for (const chart of Object.values(charts)) chart.windowS = HISTORY * state.intervalS;
   showNode(node);
   redraw();
 }
@@ -324,9 +440,16 @@ function addSample(boot, sample) {
   if (boot !== state.boot) return;
   const history = state.history;
   if (history.length && sample.seq <= history[history.length - 1].seq) return; // replayed
+  // A hole: a sample went out between the snapshot and the stream's first (a browser's
+  // first EventSource sends no Last-Event-ID). The snapshot has it; adopt() merges.
+  if (history.length && sample.seq > history[history.length - 1].seq + 1) reload();
   history.push(sample);
   if (history.length > HISTORY) history.splice(0, history.length - HISTORY);
   redraw();
+  fresh();
+  if (state.source !== null && state.source.readyState === EventSource.OPEN) {
+    setConnection("live", "live");
+  }
 }
 
 function redraw() {
@@ -367,40 +490,58 @@ function showSample(s) {
   tables.tiers.update(s.tiers, "no tiers");
 
   if (s.peers === null) {
-    text("peers-summary", "not configured");
+    fold("peers-panel", true, "peers-summary", "not configured");
     tables.peers.update([], "no [peers] section in the config");
   } else {
     const members = s.peers.members;
-    text("peers-summary", `${s.peers.healthy} of ${members.length} up · self ${s.peers.self}`);
+    fold(
+      "peers-panel",
+      members.length === 0,
+      "peers-summary",
+      members.length ? `${s.peers.healthy} of ${members.length} up · self ${s.peers.self}` : `no members · self ${s.peers.self}`,
+    );
     tables.peers.update(members, "no members");
   }
+  const saves = Math.max(s.checkpoints_total, s.checkpoints.length);
+  fold("checkpoints-panel", saves === 0, "checkpoints-summary", saves ? `${count(saves)} in flight` : "none in flight");
   tables.checkpoints.update(s.checkpoints, "no saves in flight", s.checkpoints_total);
-  tables.hotObjects.update(s.hot.objects, "no reads in the last minute");
-  tables.hotDatasets.update(s.hot.datasets, "no dataset reads in the last minute");
-  text("errors-total", `${count(s.errors_total)} since the start`);
+  const objects = s.hot.objects;
+  fold("hot-objects-panel", objects.length === 0, "hot-objects-summary", objects.length ? "last minute" : "no reads in the last minute");
+  tables.hotObjects.update(objects, "no reads in the last minute");
+  const datasets = s.hot.datasets;
+  fold("hot-datasets-panel", datasets.length === 0, "hot-datasets-summary", datasets.length ? "last minute" : "no dataset reads in the last minute");
+  tables.hotDatasets.update(datasets, "no dataset reads in the last minute");
+  fold("errors-panel", s.errors.length === 0, "errors-total", s.errors_total ? `${count(s.errors_total)} since the start` : "none since the start");
   tables.errors.update(s.errors.slice().reverse(), "none");
 }
 
+// The reads beside bytes that moved: the daemon rounds a rate to three decimals, so an
+// object read long enough ago has bytes and a rate of 0, which is less than 0.001.
+function reads(item) {
+  return Number(item.reads) === 0 && Number(item.bytes) > 0 ? "<0.001/s" : rate(item.reads);
+}
+
 function setupTables() {
-  tables.backends = new Rows("backends", 5, 64, ({ row, cells }, b) => {
+  tables.backends = new Rows("backends", ["name", "num", "num", "num", "minor"], 64, ({ row, cells }, b) => {
     setCells(cells, [b.name, rate(b.requests), rate(b.errors), byteRate(b.bytes), b.circuit_open ? "open" : "closed"]);
     row.classList.toggle("bad", Boolean(b.circuit_open));
   });
-  tables.tiers = new Rows("tiers", 5, 8, ({ row, cells }, t) => {
+  tables.tiers = new Rows("tiers", ["name", "num", "num", "num minor", "text"], 8, ({ row, cells }, t) => {
     setCells(cells, [t.name, bytes(t.bytes), bytes(t.budget_bytes), count(t.chunks), t.degraded ? `degraded: ${t.degraded}` : "ok"]);
     row.classList.toggle("bad", Boolean(t.degraded));
   });
-  tables.peers = new Rows("peers", 4, 64, ({ row, cells }, p) => {
+  tables.peers = new Rows("peers", ["name", "", "num", "num"], 64, ({ row, cells }, p) => {
     setCells(cells, [p.address, p.healthy ? "up" : "down", byteRate(p.in), byteRate(p.out)]);
     row.classList.toggle("bad", !p.healthy);
   });
-  tables.checkpoints = new Rows("checkpoints", 6, 50, ({ cells, extra }, c) => {
+  tables.checkpoints = new Rows("checkpoints", ["name", "minor", "", "bar", "num", "num minor", "num"], 50, ({ cells, extra }, c) => {
     setCells(cells, [
       c.name,
       `${c.rank} of ${c.world_size}`,
       c.state,
       "",
-      `${bytes(c.remote_bytes)} of ${bytes(c.unique_bytes)} in the backend · ${bytes(c.logical_bytes)} logical`,
+      `${bytes(c.remote_bytes)} of ${bytes(c.unique_bytes)}`,
+      bytes(c.logical_bytes),
       seconds(c.age_s),
     ]);
     const bar = durabilityBar(extra);
@@ -412,13 +553,13 @@ function setupTables() {
     extra.label.textContent = c.durability === null ? "not yet staged" : c.durability;
     fillDurability(extra, c);
   });
-  tables.hotObjects = new Rows("hot-objects", 3, 10, ({ cells }, o) => {
-    setCells(cells, [o.name, byteRate(o.bytes), rate(o.reads)]);
+  tables.hotObjects = new Rows("hot-objects", ["name", "num", "num"], 10, ({ cells }, o) => {
+    setCells(cells, [o.name, byteRate(o.bytes), reads(o)]);
   });
-  tables.hotDatasets = new Rows("hot-datasets", 3, 10, ({ cells }, o) => {
-    setCells(cells, [o.name, byteRate(o.bytes), rate(o.reads)]);
+  tables.hotDatasets = new Rows("hot-datasets", ["name", "num", "num"], 10, ({ cells }, o) => {
+    setCells(cells, [o.name, byteRate(o.bytes), reads(o)]);
   });
-  tables.errors = new Rows("errors", 4, 20, ({ row, cells }, e) => {
+  tables.errors = new Rows("errors", ["time", "level", "logger text", "message text"], 20, ({ row, cells }, e) => {
     setCells(cells, [clock(e.t), e.level, e.logger, e.message]);
     const level = String(e.level).toLowerCase();
     row.dataset.level = LEVELS.has(level) ? level : "warning";
@@ -433,12 +574,13 @@ function setupCharts() {
       cls: `series-${key}`,
       value: (s) => nonNull(s.throughput[key]),
     })),
-    { format: byteRate, height: 170, base: 1024 },
+    { axis: (max) => niceAxis(max, BYTE_RATE_UNITS), height: 190 },
   );
   charts.ratio = new LineChart(
     document.getElementById("ratio-chart"),
     ["ram", "disk"].map((key) => ({ cls: `series-${key}`, value: (s) => nonNull(s.hit_ratio[key]) })),
-    { format: ratio, fixedMax: 1, height: 80 },
+    // a share from 0 to 1, always the whole of it: 0 % to 100 % by 20 %
+    { axis: () => niceAxis(1, [["%", 0.01]]), height: 150 },
   );
   charts.latency = new LineChart(
     document.getElementById("latency-chart"),
@@ -446,7 +588,7 @@ function setupCharts() {
       cls: `series-${key}`,
       value: (s) => nonNull(s.backend.latency_ms ? s.backend.latency_ms[key] : null),
     })),
-    { format: millis, height: 80 },
+    { axis: (max) => niceAxis(max, MILLIS_UNITS), height: 150 },
   );
 }
 
@@ -465,6 +607,7 @@ async function loadSnapshot() {
   }
   if (state.boot !== null && snapshot.node.boot !== state.boot) restarted(snapshot.node);
   adopt(snapshot);
+  if (snapshot.history.length) fresh(); // the daemon answered just now: its figures are current
 }
 
 // The daemon came back as another process: its history starts again, and so do the charts.
@@ -508,6 +651,7 @@ function connect() {
     addSample(boot, JSON.parse(event.data));
   });
   source.addEventListener("error", () => {
+    setStale(true);
     if (source.readyState === EventSource.CLOSED) {
       // refused outright (a 503 or a 401): EventSource gives up, so we start again
       source.close();
@@ -542,4 +686,5 @@ async function start() {
 
 setupTables();
 setupCharts();
+watchFreshness();
 start();

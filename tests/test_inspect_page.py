@@ -582,7 +582,7 @@ def test_the_landing_page_works_on_a_config_without_a_local_backend(
             assert page.locator("#error").is_hidden()
             datasets = found.text("section.datasets")
             assert "could not" not in datasets
-            assert 'registry = "data/datasets"' in found.text(".registry-missing")
+            assert '[datasets]\nregistry = "data/datasets"' in found.text(".registry-missing pre")
         found.open()
         assert found.text("section.backends table").count("data") == 1
         assert "local" not in found.text("section.backends")
@@ -883,6 +883,138 @@ def test_a_registered_dataset_its_versions_members_samples_and_a_step(tab: Tab) 
         rank.locator("section.sample").nth(3).wait_for()
         assert rank.locator("section.sample").count() == 4
         assert rank.locator("ol.ids li").count() == 4
+    tab.assert_clean()
+
+
+def _chunkd(daemon: Daemon, *args: str) -> str:
+    """Run ``chunkd ARGS`` against ``daemon``; its stdout."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CHUNKD_")}
+    env["CHUNKD_SOCKET"] = str(daemon.cwd / "chunkd.sock")
+    done = subprocess.run(
+        [str(BIN / "chunkd"), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=110,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def _snapshot_id(daemon: Daemon, ref: str) -> str:
+    import urllib.request
+
+    url = f"{daemon.url}/v1/inspect/snapshot?ref={quote(ref, safe='')}&count=1"
+    with urllib.request.urlopen(url, timeout=30) as answer:
+        found: str = json.load(answer)["snapshot"]
+    return found
+
+
+@pytest.mark.timeout(90)
+def test_every_deep_link_parameter_works_by_name_tag_version_and_id(tab: Tab) -> None:
+    """Each parameter docs/inspector.md lists under "Deep links", with a dataset named
+    each way it can be: NAME (its latest), NAME@V, NAME@TAG and the snapshot's id."""
+    page = tab.page
+    root = tab.daemon.cwd / "chunkd-data"
+    for part in range(2):
+        _write_parquet(
+            root / "ds" / f"part-{part}.parquet", {"id": list(range(part * 20, part * 20 + 20))}
+        )
+    _chunkd(tab.daemon, "dataset", "register", "pets", "local/ds/")
+    _write_parquet(root / "ds" / "part-2.parquet", {"id": list(range(40, 45))})
+    _chunkd(tab.daemon, "dataset", "register", "pets", "local/ds/")
+    _chunkd(tab.daemon, "dataset", "tag", "pets@1", "gold")
+    (root / "grpo").mkdir()
+    shutil.copy(root / "rl" / "rollouts.parquet", root / "grpo" / "rollouts.parquet")
+    _chunkd(tab.daemon, "dataset", "register", "grpo", "local/grpo/")
+    first = _snapshot_id(tab.daemon, "pets@1")
+    grpo = _snapshot_id(tab.daemon, "grpo")
+    v1 = ("pets@1", "pets@gold", first)  # three names of version 1
+    q = lambda ref: quote(ref, safe="")  # noqa: E731
+
+    def members(query: str) -> int:
+        tab.open(query)
+        page.locator("table.members tbody tr").first.wait_for()
+        return page.locator("table.members tbody tr").count()
+
+    # ?open= and ?snapshot=: the snapshot, its members by default
+    assert members("open=pets") == 3  # the latest: version 2
+    assert members("snapshot=pets") == 3
+    for ref in v1:
+        assert members(f"open={q(ref)}") == 2, ref
+        assert members(f"snapshot={q(ref)}") == 2, ref
+
+    # ?dataset=: the versions, the one named marked
+    tab.open("dataset=pets")
+    assert page.locator("tr[data-version]").count() == 2
+    for ref in v1:
+        tab.open(f"dataset={q(ref)}")
+        assert page.locator("tr[data-version='1'].focus").count() == 1, ref
+
+    # ?list=: the folder a snapshot was registered from
+    for ref in ("pets", *v1):
+        tab.open(f"list={q(ref)}")
+        page.wait_for_selector("table.listing a[href$='open=local%2Fds%2Fpart-0.parquet']")
+        shown = tab.text(".snapshot-folder")
+        assert f"the folder of {first if ref == first else 'pets@'}" in shown, ref
+
+    # ?sample=: a sample by its global index
+    for ref in ("pets", *v1):
+        tab.open("sample=" + q(f"{ref}#21"))
+        sample = page.locator("section.sample[data-global='21']")
+        assert '"id": 21' in sample.inner_text(), ref
+        assert sample.get_attribute("data-index") == "1"  # row 1 of part-1
+
+    # ?step= with ?ref= (and seed, epoch, batch_size, world_size, rank)
+    for ref in ("pets", *v1):
+        tab.open(f"step=1&ref={q(ref)}&seed=3&epoch=0&batch_size=4&world_size=2")
+        assert page.locator("section.rank").count() == 2, ref
+        page.locator("section.rank").nth(1).locator("section.sample").nth(3).wait_for()
+    tab.open(f"step=0&ref={q(first)}&seed=3&batch_size=4&world_size=2&rank=1")
+    assert page.locator("section.rank").count() == 1
+    assert page.locator("section.rank").get_attribute("data-rank") == "1"
+
+    # ?diff=A..B, each side any name
+    for a, b in (("pets@1", "pets@2"), ("pets@gold", "pets"), (first, "pets")):
+        tab.open(f"diff={q(a)}..{q(b)}")
+        assert "part-2.parquet" in tab.text("ul.diff-added"), (a, b)
+
+    # ?tab=rows with ?start= and ?row=: a snapshot's samples as rows
+    tab.open(f"open={q('pets@gold')}&tab=rows")
+    assert _row_indexes(page) == list(range(PAGE_ROWS))
+    for ref in v1:
+        tab.open(f"snapshot={q(ref)}&row=27")  # row= alone opens the rows tab
+        page.wait_for_selector(".rows-table tr[data-index='27'].focus")
+        assert _row_indexes(page) == list(range(20, 40)), ref
+    tab.open("open=pets&start=40")
+    assert _row_indexes(page) == list(range(40, 45))
+    page.click("button[data-page='first']")
+    page.wait_for_selector(".rows-table tr[data-index='0']")
+    assert "tab=rows" in page.url
+    assert "open=pets" in page.url
+
+    # ?tab=rl: a dataset of rollouts, by name and by id
+    for ref in ("grpo", "grpo@1", grpo):
+        tab.open(f"open={q(ref)}&tab=rl")
+        assert page.locator(".rl-group").count() == len(ROLLOUT_REWARDS), ref
+    tab.open(f"snapshot={q(grpo)}&tab=rl")
+    assert page.locator(".rl-group").count() == len(ROLLOUT_REWARDS)
+    # ?map=: RL fields under other names
+    _write_parquet(
+        root / "mapped.parquet",
+        {"question": ["q1", "q1"], "answer": ["a", "b"], "score": [0.5, 1.5]},
+    )
+    tab.open("open=local/mapped.parquet&tab=rl&map=prompt:question,completion:answer,reward:score")
+    assert page.locator(".rl-group .rollout").count() == 2
+    # ?format=: an object read as another format
+    tab.open("open=" + q("local/ds/part-0.parquet") + "&format=binary")
+    assert "PAR1" in tab.text("pre.hex")
+    # ?view=
+    tab.open("view=datasets")
+    page.wait_for_selector("a[href$='dataset=pets']")
+    tab.open("view=step")
+    page.wait_for_selector("form.step-form input[name='ref']")
     tab.assert_clean()
 
 

@@ -21,6 +21,7 @@ from chunkd.client.inspect.objects import file_errors
 from chunkd.client.inspect.values import encode, tar_file
 from chunkd.errors import (
     DatasetFormatError,
+    DatasetNotFoundError,
     InvalidRequestError,
     MalformedFileError,
     ResumeStateError,
@@ -45,6 +46,8 @@ MAX_DIFF: Final = 1000
 MAX_MEMBERS: Final = 1000
 #: the most datasets one ``datasets`` page lists (each costs one request for its tags)
 MAX_DATASETS: Final = 200
+#: ``dataset`` of a snapshot id looks for its dataset among at most this many datasets
+MAX_OWNER_SCAN: Final = 1000
 #: ``open`` of a dataset lists its first this many members (``snapshot`` pages the rest)
 _OPEN_MEMBERS: Final = 100
 
@@ -113,6 +116,70 @@ class Registry:
                 }
             )
         return {"datasets": out, "next": token}
+
+    def dataset_named(self, ref: str) -> dict[str, Any]:
+        """``dataset`` of any reference: ``NAME``, or ``NAME@V``, ``NAME@TAG`` or a
+        snapshot id, which show their dataset with ``marked`` the version they name.
+
+        Raises:
+            DatasetNotFoundError: no dataset holds that snapshot (an id is looked for
+                among the first :data:`MAX_OWNER_SCAN` datasets).
+        """
+        from chunkd.snapshot import check_dataset_name
+
+        parsed = parse_ref(ref)
+        if parsed.id is None and parsed.version is None and "@" not in ref:
+            return self.dataset(check_dataset_name(ref)) | {"marked": None}
+        if parsed.id is None:
+            header = self.dataset_of(ref).registry
+            return self.dataset(str(header.get("name"))) | {"marked": header.get("version")}
+        owner = self.owner_of(parsed.id)
+        if owner is None:
+            raise DatasetNotFoundError(
+                f"no dataset has a version whose snapshot is {ref} (looked through the first "
+                f"{MAX_OWNER_SCAN} datasets); open it as ?snapshot={ref}"
+            )
+        return self.dataset(owner[0]) | {"marked": owner[1]}
+
+    def owner_of(self, snapshot_id: str) -> tuple[str, int] | None:
+        """The first dataset (by name) with a version whose snapshot is ``snapshot_id``,
+        and that version (the newest such); None when none of the first
+        :data:`MAX_OWNER_SCAN` datasets has one."""
+        token: str | None = None
+        seen = 0
+        while seen < MAX_OWNER_SCAN:
+            fields = {"start_after": token, "limit": MAX_DATASETS}
+            with self.client.request("ds_list", fields) as reply:
+                entries = list(json.loads(reply.payload or b"[]"))
+                token = reply.header.get("next")
+            for entry in entries:
+                seen += 1
+                name = str(entry.get("name"))
+                if entry.get("snapshot") == snapshot_id and isinstance(entry.get("latest"), int):
+                    return name, int(entry["latest"])
+                found = self._version_of(name, snapshot_id)
+                if found is not None:
+                    return name, found
+            if token is None or not entries:
+                return None
+        return None
+
+    def _version_of(self, name: str, snapshot_id: str) -> int | None:
+        """The newest version of dataset ``name`` whose snapshot is ``snapshot_id``."""
+        token: int | None = None
+        found: int | None = None
+        listed = 0
+        while listed < MAX_VERSIONS:
+            with self.client.request("ds_versions", {"name": name, "start_after": token}) as reply:
+                page = list(json.loads(reply.payload or b"[]"))
+                token = reply.header.get("next")
+            listed += len(page)
+            for entry in page:
+                if entry.get("snapshot") == snapshot_id and isinstance(entry.get("version"), int):
+                    found = int(entry["version"])
+            if token is None or not page:
+                break
+        return found
 
     def dataset(self, name: str) -> dict[str, Any]:
         """A dataset's versions, oldest first; the newest are sized (samples, bytes)."""
@@ -195,11 +262,7 @@ class Registry:
         from chunkd.client.inspect import rl
 
         summary = self.snapshot(ref, 0, _OPEN_MEMBERS)
-        schema = self.dataset_of(ref).snapshot.schema_of
-        fields = [
-            str(f[0]) if isinstance(f, list | tuple) and f else str(f)
-            for f in (schema if isinstance(schema, list) else [])
-        ]
+        fields = self.fields_of(ref)
         return summary | {
             "name": name,
             "dataset": summary["name"],
@@ -209,6 +272,18 @@ class Registry:
             "media_type": None,
             "rl": rl.detect(fields, overrides) if fields else None,
         }
+
+    def fields_of(self, ref: str) -> list[str]:
+        """The field names of the snapshot's schema (none where its format has none)."""
+        schema = self.dataset_of(ref).snapshot.schema_of
+        return [
+            str(f[0]) if isinstance(f, list | tuple) and f else str(f)
+            for f in (schema if isinstance(schema, list) else [])
+        ]
+
+    def samples_of(self, ref: str) -> int:
+        """How many samples the snapshot holds."""
+        return len(self.dataset_of(ref).snapshot)
 
     def rows(
         self, ref: str, start: int, columns: list[str] | None

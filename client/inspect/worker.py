@@ -59,7 +59,7 @@ from chunkd.errors import (
 
 if TYPE_CHECKING:
     from chunkd.client.core import Client
-    from chunkd.client.inspect.objects import Views
+    from chunkd.client.inspect.objects import View, Views
     from chunkd.client.inspect.registry import Registry
 
 __all__ = ["MAX_REQUEST_BYTES", "OPS", "Worker", "limit_memory", "main", "requests", "serve"]
@@ -390,7 +390,8 @@ class Worker:
                 f"sample id {sample_id!r} is BACKEND/KEY#INDEX or DATASET@VERSION#INDEX"
             )
         index = int(number)
-        if "@" in where or _ID_RE.fullmatch(where):
+        # An object's name is always BACKEND/KEY: a bare NAME is a dataset's (its latest).
+        if "@" in where or _ID_RE.fullmatch(where) or "/" not in where:
             return self.registry.sample(sample_id, where, index)
         view, _, _ = self.views.open(where, args.text("format"))
         found = next(iter(view.rows(index, args.columns())))
@@ -410,8 +411,15 @@ class Worker:
         assert start is not None
         count = args.count("count", RL_COUNT)
         overrides = rl.parse_map(args.text("map"))
-        view, _, _ = self.views.open(name, args.text("format"))
-        fields = view.fields() or []
+        ref = self._dataset_ref(name, args.text("format"))
+        view: View | None = None
+        if ref is not None:  # a dataset's samples, by global index
+            fields = self.registry.fields_of(ref)
+            total: int | None = self.registry.samples_of(ref)
+        else:
+            view, _, _ = self.views.open(name, args.text("format"))
+            fields = view.fields() or []
+            total = view.total
         kind = rl.detect(fields, overrides)
         if kind is None:
             raise InvalidRequestError(
@@ -421,10 +429,14 @@ class Worker:
                 "(episodes); name them with map="
                 "prompt:FIELD,completion:FIELD,reward:FIELD"
             )
-        if view.total == 0:
-            rows: Iterator[tuple[int, Any]] = iter(())
-        else:
+        rows: Iterator[tuple[int, Any]]
+        if total == 0:
+            rows = iter(())
+        elif view is not None:
             rows = view.rows(start, None)
+        else:
+            assert ref is not None
+            rows = self.registry.rows(ref, start, None)[1]
         answer = rl.page(kind, rows, fields, overrides, start, count)
         return {"name": name, **answer}
 
@@ -434,9 +446,7 @@ class Worker:
         return self.registry.datasets(args.text("start_after"), args.count("limit", DATASETS_COUNT))
 
     def _op_dataset(self, args: Args) -> dict[str, Any]:
-        from chunkd.snapshot import check_dataset_name
-
-        return self.registry.dataset(check_dataset_name(args.need("name")))
+        return self.registry.dataset_named(args.need("name"))
 
     def _op_snapshot(self, args: Args) -> dict[str, Any]:
         start = args.whole("start", 0)

@@ -177,6 +177,22 @@ function fmtNumber(n) {
 
 // -- names and URLs --------------------------------------------------------------------
 
+const SNAPSHOT_ID = /^[0-9a-f]{64}$/;
+
+/** The first row of the page a URL asks for: `start`, else the page that holds `row`. */
+function pageStart(q) {
+  if (q.has("start")) return Math.max(0, Number.parseInt(q.get("start") ?? "0", 10) || 0);
+  const r = q.get("row");
+  return r !== null && /^[0-9]+$/.test(r) ? Math.floor(Number(r) / PAGE_ROWS) * PAGE_ROWS : 0;
+}
+
+/** Whether `text` can only be a dataset's reference (NAME@V, NAME@TAG, a snapshot id),
+    never a backend or an object (those are BACKEND or BACKEND/KEY, with no '@'). */
+function isDatasetRef(text) {
+  const t = String(text);
+  return SNAPSHOT_ID.test(t) || (!t.includes("/") && t.includes("@"));
+}
+
 /** `BACKEND/KEY` as a URL path: each segment encoded, the slashes kept. */
 function namePath(name) {
   return String(name).split("/").map(encodeURIComponent).join("/");
@@ -569,8 +585,8 @@ async function datasetsPanel(configured = Promise.resolve([])) {
     add(note, el("p", "", "No dataset registry on this node: the registry is kept in a backend this config does not have."),
       el("p", "muted", err.message));
     if (first) {
-      add(note, add(el("p"), "To register datasets, point it at one of the configured backends, e.g. in the config file: ",
-        el("code", "", `[datasets] registry = "${first}/datasets"`), " (a writable backend)."));
+      add(note, el("p", "", "To register datasets, point the registry at a writable backend of this config, e.g.:"),
+        el("pre", "toml", `[datasets]\nregistry = "${first}/datasets"`));
     }
     add(s, note);
     return s;
@@ -586,7 +602,45 @@ function tagsText(tags) {
   return String(tags);
 }
 
+/** A listing of BACKEND/PREFIX; a dataset's reference (NAME, NAME@V, NAME@TAG, an id)
+    lists the folder its snapshot was registered from. */
 async function viewList(target, recursive) {
+  if (isDatasetRef(target)) return listSnapshotFolder(target, recursive);
+  if (!String(target).includes("/")) {
+    // A bare NAME is a backend's where one is so named, else a dataset's.
+    const stats = await api("/v1/stats");
+    const backends = new Set((stats.backends ?? []).map((b) => String(b.name)));
+    if (!backends.has(String(target))) {
+      return listSnapshotFolder(target, recursive).catch((err) => {
+        if (err instanceof ApiError && err.kind === "DatasetNotFoundError") {
+          throw new ApiError("UnknownBackendError", `${target} is neither a backend (configured: ${[...backends].join(", ") || "none"}) nor a dataset`, 404);
+        }
+        throw err;
+      });
+    }
+  }
+  return listFolder(target, recursive);
+}
+
+async function listSnapshotFolder(ref, recursive) {
+  const snap = await inspect("snapshot", { ref, start: 0, count: 1 });
+  const folder = snap.prefix ? `${snap.backend}/${String(snap.prefix).replace(/\/+$/, "")}` : snap.backend;
+  const listing = await listFolder(folder, recursive);
+  const note = el("p", "muted snapshot-folder");
+  const named = snapshotRef(snap);
+  add(note, "the folder of ", link(named, { snapshot: named }),
+    named === snap.snapshot ? "" : ` (snapshot ${String(snap.snapshot).slice(0, 12)}…)`,
+    ": what it lists now, which may have changed since");
+  listing.querySelector("h2")?.after(note);
+  return listing;
+}
+
+/** A snapshot's reference to show and link: NAME@V where the registry named it, else its id. */
+function snapshotRef(snap, dsName = snap.name) {
+  return dsName && typeof snap.version === "number" ? `${dsName}@${snap.version}` : String(snap.snapshot);
+}
+
+async function listFolder(target, recursive) {
   const [backend, rawPrefix] = splitName(target);
   const prefix = rawPrefix.replace(/\/+$/, "");
   const s = section("Objects");
@@ -634,15 +688,19 @@ async function viewDatasets() {
   return datasetsPanel(api("/v1/stats").then((v) => (v.backends ?? []).map((b) => String(b.name)), () => []));
 }
 
-async function viewDataset(name) {
-  const d = await inspect("dataset", { name });
+/** A dataset's versions; a reference (NAME@V, NAME@TAG, an id) shows its dataset with
+    that version marked. */
+async function viewDataset(ref) {
+  // The daemon finds the dataset of a version or an id, and says which one it named.
+  const d = await inspect("dataset", { name: ref });
+  const marked = typeof d.marked === "number" ? d.marked : null;
   const versions = d.versions ?? [];
   const s = section(`Dataset ${d.name}`);
   const { table: t, body } = table(["version", "snapshot", "created", "samples", "bytes", "tags", ""]);
   for (const v of versions) {
     const ref = `${d.name}@${v.version}`;
     const prev = versions.filter((w) => w.version < v.version).sort((x, y) => y.version - x.version)[0];
-    body.append(row([
+    const tr = row([
       link(String(v.version), { snapshot: ref }),
       el("span", "mono", v.snapshot ?? "—"),
       fmtTime(v.created),
@@ -650,7 +708,10 @@ async function viewDataset(name) {
       fmtBytes(v.bytes),
       tagsText(v.tags),
       prev ? link(`diff with ${prev.version}`, { diff: `${d.name}@${prev.version}..${ref}` }) : "",
-    ]));
+    ]);
+    tr.dataset.version = String(v.version);
+    if (v.version === marked) tr.classList.add("focus");
+    body.append(tr);
   }
   add(s, t);
   if (versions.length >= 2) {
@@ -679,9 +740,40 @@ async function viewDataset(name) {
   return s;
 }
 
-async function viewSnapshot(ref) {
-  const first = await inspect("snapshot", { ref, start: 0, count: SNAPSHOT_PAGE });
-  const s = section(`Snapshot ${first.name ?? ""}@${first.version ?? ""}`);
+/** A snapshot (`?snapshot=REF` or `?open=REF`, REF a dataset's NAME, NAME@V, NAME@TAG or
+    a snapshot id): its summary and a tab each for its members (the default), its samples
+    as rows (by global index: `start`, `row`) and, where its schema is RL data, its
+    rollouts or episodes. `key` is the parameter that named it, kept in its links. */
+async function viewSnapshot(ref, q = new URLSearchParams(), key = "snapshot", opened = null) {
+  const map = q.get("map") ?? undefined;
+  const first = opened ?? (String(ref).includes("/")
+    ? await inspect("snapshot", { ref, start: 0, count: SNAPSHOT_PAGE })
+    : await inspect("open", { name: ref, map }));
+  // `open` answers `name` as asked and `dataset` as registered; an id has neither.
+  const dsName = first.kind === "snapshot" ? first.dataset : first.name;
+  const shown = snapshotRef(first, dsName);
+  const frag = document.createDocumentFragment();
+  const tabs = ["members", "rows"];
+  if (first.rl === "rollouts" || first.rl === "episodes") tabs.push("rl");
+  let tab = q.get("tab");
+  if (!tabs.includes(tab)) tab = q.has("row") || q.has("start") ? "rows" : "members";
+  const bar = el("div", "tabbar");
+  for (const t of tabs) {
+    const label = t === "rl" ? `RL ${first.rl}` : t;
+    const a = link(label, { [key]: ref, map, tab: t === "members" ? undefined : t }, t === tab ? "active" : "");
+    a.dataset.tab = t;
+    bar.append(a);
+  }
+  const s = section(`Snapshot ${shown}`);
+  s.classList.add("snapshot-head");
+  frag.append(s, bar);
+  if (tab === "rows") {
+    const start = pageStart(q);
+    const info = { kind: "snapshot", format: first.format, schema: first.schema };
+    frag.append(await rowsPanel(ref, info, start, q, null, { [key]: ref, map, tab: "rows" }));
+  } else if (tab === "rl") {
+    frag.append(await rlPanel(ref, { rl: first.rl }, q));
+  }
   const excluded = Array.isArray(first.excluded) ? first.excluded : [];
   add(s, facts([
     ["ref", first.ref],
@@ -693,10 +785,13 @@ async function viewSnapshot(ref) {
     ["members", fmtCount(first.members_total)],
     ["frozen", first.frozen ? "yes" : "no"],
     ["excluded", fmtCount(excluded.length)],
+    ["dataset", link(dsName ?? "find it", { dataset: shown })],
   ]));
+  if (tab !== "members") return frag;
   if (first.schema) add(s, add(el("details"), el("summary", "", "schema"), renderJson(first.schema)));
   if (excluded.length) add(s, add(el("details"), el("summary", "", "excluded members"), renderJson(excluded)));
-  const sampleRef = `${first.name}@${first.version}`;
+  const sampleRef = shown;
+  const members = section("Members");
   const { table: t, body } = table(["member", "size", "samples", "first sample"], "members");
   const more = button("more", () => guarded(() => load(Number(more.dataset.next))), "more");
   const count = el("span", "muted");
@@ -722,8 +817,9 @@ async function viewSnapshot(ref) {
     put({ ...page, start });
   };
   put({ ...first, start: 0 });
-  add(s, t, add(el("p", "pager"), more, " ", count));
-  return s;
+  add(members, t, add(el("p", "pager"), more, " ", count));
+  frag.append(members);
+  return frag;
 }
 
 async function viewDiff(spec) {
@@ -770,14 +866,14 @@ async function viewOpen(name, q) {
   const signal = controller.signal;
   // A row-like file's first page is asked for beside `open`, not after it: one round
   // trip to the first rows (the speed target), one request for the whole page.
-  const start = Math.max(0, Number.parseInt(q.get("start") ?? "0", 10) || 0);
+  const start = pageStart(q);
   const format = q.get("format") ?? undefined;
   const early = (format ? ROW_KINDS.has(format) : ROW_SUFFIX.test(name)) && (q.get("tab") ?? "rows") === "rows"
     ? inspect("rows", { name, start, count: PAGE_ROWS, format }, signal)
     : null;
   early?.catch(() => {});
-  const info = await inspect("open", { name, format });
-  if (info.kind === "snapshot") return viewSnapshot(name);
+  const info = await inspect("open", { name, format, map: q.get("map") ?? undefined });
+  if (info.kind === "snapshot") return viewSnapshot(name, q, "open", info);
   const frag = document.createDocumentFragment();
   const head = section(String(info.name ?? name));
   head.classList.add("object-head");
@@ -904,7 +1000,12 @@ function structurePanel(info) {
 }
 
 /** Rows of a row-like object, a page at a time: first/prev/next/last and "go to row". */
-async function rowsPanel(name, info, start, q, early) {
+async function rowsPanel(name, info, start, q, early, here = null) {
+  // A snapshot's rows are its samples: asked by its reference, with no format (a format
+  // would make the name an object's), shown as its members' format shows them.
+  const rowKind = info.kind === "snapshot" ? (info.format ?? "jsonl") : info.kind;
+  const rowFormat = info.kind === "snapshot" ? undefined : info.kind;
+  const base = here ?? { open: name, format: q.get("format") ?? undefined };
   const s = section("Rows");
   s.classList.add("rows-panel");
   const status = el("span", "status muted");
@@ -940,7 +1041,8 @@ async function rowsPanel(name, info, start, q, early) {
   let page = { start, total: null, next: null, rows: [] };
 
   const columnsOf = (rows) => {
-    const names = Array.isArray(info.schema) ? info.schema.map((c) => c.name)
+    const names = Array.isArray(info.schema)
+      ? info.schema.map((c) => (Array.isArray(c) ? String(c[0]) : c && typeof c === "object" ? String(c.name) : String(c)))
       : Array.isArray(info.columns) ? info.columns.map((c) => c.name) : [];
     const seen = new Set(names);
     for (const r of rows) {
@@ -954,7 +1056,7 @@ async function rowsPanel(name, info, start, q, early) {
   const render = (answer, focus) => {
     const rows = answer.rows ?? [];
     let body;
-    if (info.kind === "parquet" || info.kind === "mds") {
+    if (rowKind === "parquet" || rowKind === "mds") {
       const cols = columnsOf(rows);
       const { table: t, body: tb } = table(["#", ...cols], "rows-table");
       for (const r of rows) {
@@ -966,7 +1068,7 @@ async function rowsPanel(name, info, start, q, early) {
         tb.append(tr);
       }
       body = t;
-    } else if (info.kind === "text") {
+    } else if (rowKind === "text") {
       const t = el("table", "data-table lines rows-table");
       const tb = el("tbody");
       for (const r of rows) {
@@ -1007,10 +1109,10 @@ async function rowsPanel(name, info, start, q, early) {
   };
 
   const load = async (at, focus, { replace = false } = {}, ready = null) => {
-    const answer = await (ready ?? inspect("rows", { name, start: at, count: PAGE_ROWS, format: info.kind }));
+    const answer = await (ready ?? inspect("rows", { name, start: at, count: PAGE_ROWS, format: rowFormat }));
     page = { ...answer, start: answer.start ?? at };
     render(page, focus);
-    remember({ open: name, format: q.get("format") ?? undefined, start: page.start || undefined, row: focus }, { replace });
+    remember({ ...base, start: page.start || undefined, row: focus }, { replace });
   };
 
   const turn = async (id) => {
@@ -1024,7 +1126,7 @@ async function rowsPanel(name, info, start, q, early) {
   const rowParam = q.get("row");
   const focus = rowParam !== null && /^[0-9]+$/.test(rowParam) ? Number(rowParam) : undefined;
   let ready = early;
-  if (ready) ready = ready.catch(() => null).then((a) => a ?? inspect("rows", { name, start, count: PAGE_ROWS, format: info.kind }));
+  if (ready) ready = ready.catch(() => null).then((a) => a ?? inspect("rows", { name, start, count: PAGE_ROWS, format: rowFormat }));
   await load(start, focus, { replace: true }, ready);
   return s;
 }
@@ -1086,7 +1188,7 @@ function rewardLegend(scale) {
   const box = el("div", "legend reward-legend");
   add(box, el("span", "label", "reward"), " ");
   if (scale) add(box, el("span", "mono", fmtFloat(scale.low)), " ");
-  REWARD_LEVELS.forEach((word, i) => add(box, el("span", `swatch reward-${i}`, word)));
+  REWARD_LEVELS.forEach((word, i) => add(box, el("span", `rl-key reward-${i}`, word)));
   if (scale) add(box, " ", el("span", "mono", fmtFloat(scale.high)));
   add(box, el("span", "muted", " · lowest to highest on this page"));
   return box;
@@ -1096,7 +1198,7 @@ function logprobLegend() {
   const box = el("div", "legend logprob-legend");
   add(box, el("span", "label", "logprobs"), " one bar per token, its height the token's probability (e",
     el("sup", "", "logprob"), "; full height: 1) · ",
-    el("span", "swatch lp-key"), " p ≥ 0.5 · ", el("span", "swatch lp-key low"), " p < 0.5");
+    el("span", "rl-key lp-key"), " p ≥ 0.5 · ", el("span", "rl-key lp-key low"), " p < 0.5");
   return box;
 }
 
@@ -1155,7 +1257,7 @@ function logprobsView(values) {
   const n = values.length;
   const w = 4;
   const strip = svg("svg", { class: "logprob-strip", viewBox: `0 0 ${n * w} 40`, preserveAspectRatio: "none", role: "img" });
-  strip.style.width = `${Math.min(100, Math.max(10, n * 0.6))}%`;
+  strip.style.width = `${Math.min(100, Math.max(25, n * 2))}%`;
   values.forEach((lp, i) => {
     const p = typeof lp === "number" && Number.isFinite(lp) ? Math.min(1, Math.exp(lp)) : 0;
     const h = Math.max(1, p * 40);
@@ -1415,7 +1517,7 @@ async function route() {
     work = () => viewDataset(q.get("dataset"));
   } else if (q.has("snapshot")) {
     nav = "datasets";
-    work = () => viewSnapshot(q.get("snapshot"));
+    work = () => viewSnapshot(q.get("snapshot"), q, "snapshot");
   } else if (q.has("diff")) {
     nav = "datasets";
     work = () => viewDiff(q.get("diff"));

@@ -971,7 +971,7 @@ def test_every_deep_link_parameter_works_by_name_tag_version_and_id(tab: Tab) ->
         tab.open(f"step=1&ref={q(ref)}&seed=3&epoch=0&batch_size=4&world_size=2")
         assert page.locator("section.rank").count() == 2, ref
         page.locator("section.rank").nth(1).locator("section.sample").nth(3).wait_for()
-    tab.open(f"step=0&ref={q(first)}&seed=3&batch_size=4&world_size=2&rank=1")
+    tab.open(f"step=0&ref={q(first)}&seed=3&batch_size=4&world_size=2&rank=1&tail=pad")
     assert page.locator("section.rank").count() == 1
     assert page.locator("section.rank").get_attribute("data-rank") == "1"
 
@@ -1093,10 +1093,14 @@ def test_the_csp_refuses_an_inline_script(tab: Tab) -> None:
 # -- screenshots -----------------------------------------------------------------------
 
 
-@pytest.mark.skipif(
+_SHOTS = pytest.mark.skipif(
     os.environ.get("CHUNKD_SCREENSHOTS") != "1", reason="CHUNKD_SCREENSHOTS=1 retakes them"
 )
+
+
+@_SHOTS
 def test_screenshots_for_the_readme(tab: Tab) -> None:
+    """docs/images/inspector-*.png, the views docs/inspector.md shows (1280 by 800)."""
     page = tab.page
     DOCS_IMAGES.mkdir(parents=True, exist_ok=True)
     tab.open("open=local/x.parquet")
@@ -1105,8 +1109,47 @@ def test_screenshots_for_the_readme(tab: Tab) -> None:
         ".every(i => i.complete && i.naturalWidth > 0)"
     )
     page.screenshot(path=str(DOCS_IMAGES / "inspector-parquet.png"))
+    page.click(".rows-table tr[data-index='2'] img.cell-media")
+    _loaded_image(page, "#lightbox-img")
+    page.screenshot(path=str(DOCS_IMAGES / "inspector-lightbox.png"))
+    page.keyboard.press("Escape")
+    page.fill("#goto-row", "30")
+    page.click(".goto button[type='submit']")
+    page.wait_for_selector(".rows-table tr[data-index='30'].focus")
+    page.wait_for_function("() => window.scrollY > 0")
+    page.wait_for_timeout(200)
+    page.screenshot(path=str(DOCS_IMAGES / "inspector-jump.png"))
+    tab.open("open=" + quote("local/rl/rollouts.parquet", safe="") + "&tab=rl")
+    page.locator(".rl-group").first.wait_for()
+    page.screenshot(path=str(DOCS_IMAGES / "inspector-rollouts.png"))
     tab.open("open=" + quote("local/rl/episodes.parquet", safe="") + "&tab=rl")
     page.locator(".episode svg.timeline .tl-step").nth(4).click()
     _loaded_image(page, ".episode .step-detail[data-step='4'] img")
     page.screenshot(path=str(DOCS_IMAGES / "inspector-rl.png"))
+    tab.open("open=local/media/tone.flac")
+    page.wait_for_function(
+        "() => { const a = document.querySelector('audio'); return a && a.readyState >= 1 }"
+    )
+    page.screenshot(path=str(DOCS_IMAGES / "inspector-audio.png"), clip=_CLIP_TOP)
     tab.assert_clean()
+
+
+#: the top of the page, where a short view is
+_CLIP_TOP = {"x": 0, "y": 0, "width": 1280, "height": 420}
+
+
+@_SHOTS
+def test_screenshot_of_the_landing_page_without_a_local_backend(
+    browser: Browser, start_daemon: Callable[..., Daemon], tmp_path: Path
+) -> None:
+    data = tmp_path / "elsewhere"
+    data.mkdir()
+    daemon = start_daemon(f'[[backends]]\nname = "data"\nurl = "file://{data}"\n')
+    context = browser.new_context(viewport={"width": 1280, "height": 800})
+    try:
+        found = Tab(context.new_page(), daemon)
+        found.open()
+        found.page.locator(".registry-missing").wait_for()
+        found.page.screenshot(path=str(DOCS_IMAGES / "inspector-landing.png"), clip=_CLIP_TOP)
+    finally:
+        context.close()

@@ -1397,7 +1397,7 @@ function sampleCard(s, full) {
   return box;
 }
 
-const STEP_ARGS = ["ref", "step", "batch_size", "world_size", "seed", "epoch", "rank", "shuffle", "window", "window_bytes", "state"];
+const STEP_ARGS = ["ref", "step", "batch_size", "world_size", "seed", "epoch", "rank", "shuffle", "window", "window_bytes", "tail", "state"];
 
 function stepForm(q) {
   const form = el("form", "step-form panel");
@@ -1412,6 +1412,7 @@ function stepForm(q) {
     if (k === "ref") input.placeholder = "NAME@VERSION";
     if (k === "epoch") input.placeholder = "0";
     if (k === "shuffle") input.placeholder = "true";
+    if (k === "tail") input.placeholder = "uneven";
     inputs[k] = input;
     add(form, add(label, input));
   }

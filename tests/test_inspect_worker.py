@@ -570,6 +570,17 @@ def test_registered_dataset_views_match_the_cli(node: Node, tmp_path: Path) -> N
     assert [(v["version"], v["samples"]) for v in versions] == [(1, 120), (2, 121)]
     assert versions[0]["snapshot"] == snapshot_id
     assert "nope" in w.fails("dataset", "DatasetNotFoundError", name="nope")
+    # any name of a version shows its dataset, that version marked (an id: looked up)
+    assert w.ok("dataset", name="web")["marked"] is None
+    for ref in ("web@1", snapshot_id):
+        named = w.ok("dataset", name=ref)
+        assert (named["name"], named["marked"]) == ("web", 1), ref
+    assert w.ok("dataset", name="web@latest")["marked"] == 2
+    assert "no dataset has" in w.fails("dataset", "DatasetNotFoundError", name="ab" * 32)
+    w.fails("dataset", "InvalidRequestError", name="web@")
+    # a bare NAME#N is the latest's sample N; the rl op reads a dataset's samples
+    assert w.ok("sample", id="web#120")["value"] == {"id": 999, "part": 3}
+    assert "neither prompt" in w.fails("rl", "InvalidRequestError", name="web@1")
 
     shown = w.ok("snapshot", ref="web@1", count=2)
     assert (shown["snapshot"], shown["name"], shown["version"]) == (snapshot_id, "web", 1)

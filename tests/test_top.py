@@ -17,12 +17,21 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from chunkd.gateway.cli.topfeed import (
+    Sample,
+    backends_text,
+    hot_text,
+    peers_text,
+    spark,
+    spark_rows,
+)
 from chunkd.testing import free_port
 
-from .conftest import BIN, Daemon
+from .conftest import BIN, Daemon, small_node_toml
 
 CHUNKD = BIN / "chunkd"
 #: the screen shows a new sample each second; this is how long a test waits for one
@@ -174,7 +183,7 @@ def test_live_view_fits_updates_resizes_and_quits(
     assert all(len(line) <= 80 for line in lines)
     assert f"127.0.0.1:{daemon.port}" in screen
     assert "no [peers] in the config" in screen
-    assert "no saves in flight" in screen
+    assert "checkpoints in flight: none" in screen  # nothing in flight: the panel folds
 
     with _reading(daemon, names):
         # the figures move: bytes from the cache, the objects read among the hottest
@@ -182,12 +191,17 @@ def test_live_view_fits_updates_resizes_and_quits(
         pane.wait_for(r"ram\s+[\d.]+ \w+/[\d.]+ GiB\s+[1-9][\d.]*% hit")
 
         pane.resize(120, 40)
-        # bigger: the same panels, wider (the backend's bytes show), still one screen
-        screen = pane.wait_for(*PANELS, r"latency p50", r"local\s+[\d.]+/s err\s+[\d.]+/s\s+\S+")
+        # bigger: the same panels, wider, and the hit ratio and latency panel; one screen
+        screen = pane.wait_for(
+            *PANELS,
+            r"hit ratio and backend latency",
+            r"latency p50",
+            r"local\s+[\d.]+/s err\s+[\d.]+/s\s+\S+",
+        )
         lines = screen.splitlines()
         assert 24 < len(lines) <= 40
         assert all(len(line) <= 120 for line in lines)
-        assert any(len(line.rstrip()) > 80 for line in lines)
+        assert any(len(line.rstrip()) > 80 for line in lines), screen
 
         pane.resize(80, 24)
         screen = pane.wait_for(*PANELS)
@@ -303,3 +317,319 @@ def test_token_file_that_cannot_be_read(tmp_path: Path) -> None:
     )
     assert done.returncode == 2
     assert f"cannot read --token-file {missing}" in done.stderr
+
+
+# -- eight backends, the last busy: what a small screen must not hide ------------------
+
+
+#: the backends of :func:`_backends`: ``train``, the last by name and in the config, is busy
+BACKENDS = ("archive", "ckpt", "eval", "logs", "models", "scratch", "shared", "train")
+
+
+def _backends(start_daemon: Callable[..., Daemon], tmp_path: Path) -> tuple[Daemon, Path]:
+    """A daemon with the backends :data:`BACKENDS`; the root of ``train``, where
+    :func:`_busy` writes."""
+    roots = {name: tmp_path / name for name in BACKENDS}
+    for root in roots.values():
+        root.mkdir()
+    toml = small_node_toml(tmp_path / "cache", *roots.items())
+    return start_daemon(toml), roots["train"]
+
+
+@contextlib.contextmanager
+def _busy(daemon: Daemon, backend: str, root: Path) -> Iterator[None]:
+    """Reads of ``backend`` (under ``root``) while inside: one object again and again, and
+    new objects that miss the cache, so the backend has requests and bytes every second."""
+    stop = threading.Event()
+    failures: list[str] = []
+
+    (root / "hot.bin").write_bytes(os.urandom(1 << 20))
+
+    def read() -> None:
+        i = 0
+        while not stop.is_set():
+            # one object read again and again (from RAM), one new object (from the backend)
+            status, _, _ = daemon.get(f"/v1/objects/{backend}/hot.bin")
+            if status != 200:
+                failures.append(f"hot.bin: HTTP {status}")
+                return
+            path = root / "busy" / f"{i}.bin"
+            path.parent.mkdir(exist_ok=True)
+            path.write_bytes(os.urandom(256 << 10))
+            status, _, _ = daemon.get(f"/v1/objects/{backend}/busy/{i}.bin")
+            path.unlink()
+            if status != 200:
+                failures.append(f"busy/{i}.bin: HTTP {status}")
+                return
+            i += 1
+            stop.wait(0.05)
+
+    thread = threading.Thread(target=read, name="top-busy", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=60)
+    assert not failures, failures
+
+
+def _backend_lines(screen: str) -> list[str]:
+    """The names of the backends' lines on ``screen``, top to bottom."""
+    found = []
+    for line in screen.splitlines():
+        words = line.split()
+        if words and words[0] in BACKENDS and re.search(r"/s err", line):
+            found.append(words[0])
+    return found
+
+
+@needs_tmux
+@pytest.mark.timeout(90)
+def test_a_small_screen_shows_the_busy_backend_first_and_hides_idle_ones(
+    start_daemon: Callable[..., Daemon], terminal: Callable[..., Pane], tmp_path: Path
+) -> None:
+    daemon, train = _backends(start_daemon, tmp_path)
+    with _busy(daemon, "train", train):
+        pane = terminal(_top(daemon), 80, 24)
+        # train is the last backend by name and in the config, and the only busy one
+        screen = pane.wait_for(r"\btrain\s+[1-9][\d.]*/s err", r"… \d+ more, idle")
+    shown = _backend_lines(screen)
+    assert shown[0] == "train", screen
+    # what is hidden is idle; what is shown of the idle ones is in name order
+    assert shown[1:] == sorted(shown[1:]), screen
+    hidden = int(re.search(r"… (\d+) more, idle", screen)[1])  # type: ignore[index]
+    assert len(shown) + hidden == len(BACKENDS)
+    assert len(screen.splitlines()) <= 24
+    pane.keys("q")
+    assert pane.exit_status() == 0
+
+
+@needs_tmux
+@pytest.mark.timeout(90)
+def test_a_big_screen_uses_its_room(
+    start_daemon: Callable[..., Daemon], terminal: Callable[..., Pane], tmp_path: Path
+) -> None:
+    daemon, train = _backends(start_daemon, tmp_path)
+    with _busy(daemon, "train", train):
+        pane = terminal(_top(daemon), 120, 40)
+        screen = pane.wait_for(
+            r"hit ratio and backend latency",
+            r"p99 latency\s+[\d.]+m?s [▁▂▃▄▅▆▇█ ]*[▁▂▃▄▅▆▇█]",
+            r"\btrain\s+[1-9][\d.]*/s err.* ok [▁▂▃▄▅▆▇█ ]*[▁▂▃▄▅▆▇█]",  # its own sparkline
+        )
+    lines = screen.splitlines()
+    # every backend has its line (the busy one first), and nothing says more are hidden
+    assert _backend_lines(screen) == ["train", *BACKENDS[:-1]], screen
+    assert "more, idle" not in screen
+    # the throughput's sparklines are taller: RAM's chart has a line above its figure's
+    ram = next(i for i, line in enumerate(lines) if line.startswith(" RAM "))
+    assert re.search(r"^\s{20,}[▁▂▃▄▅▆▇█ ]*[▁▂▃▄▅▆▇█]", lines[ram - 1]), screen
+    # the room is used: hardly a blank line (the status bar and footer aside)
+    blank = [line for line in lines if not line.strip()]
+    assert len(blank) <= 3, screen
+    assert all(len(line) <= 120 for line in lines)
+    pane.keys("q")
+    assert pane.exit_status() == 0
+
+
+def _css_colours() -> dict[str, tuple[int, int, int]]:
+    """The dashboard's colour of each source, in its dark scheme (chunkd.css)."""
+    css = (Path(__file__).parents[1] / "gateway/dashboard/static/chunkd.css").read_text()
+    dark = css.split("prefers-color-scheme: dark", 1)[1]
+    found = {}
+    for source in ("ram", "disk", "peer", "backend"):
+        value = re.search(rf"--{source}:\s*#([0-9a-fA-F]{{6}})", dark)
+        assert value, f"chunkd.css has no --{source} in its dark scheme"
+        found[source] = tuple(int(value[1][i : i + 2], 16) for i in (0, 2, 4))
+    return found  # type: ignore[return-value]
+
+
+@needs_tmux
+@pytest.mark.timeout(60)
+def test_each_source_has_the_dashboards_colour(
+    start_daemon: Callable[..., Daemon], terminal: Callable[..., Pane]
+) -> None:
+    daemon = start_daemon()
+    pane = terminal(f"COLORTERM=truecolor {_top(daemon)}", 80, 24)
+    pane.wait_for(r"\blive\b", r"backend\s+\S+ B/s [▁▂▃▄▅▆▇█]")
+    ansi = pane.tmux("capture-pane", "-e", "-p", "-t", pane.name)
+    lines = ansi.splitlines()
+    for source, label in (
+        ("ram", "RAM"),
+        ("disk", "disk"),
+        ("peer", "peer"),
+        ("backend", "backend"),
+    ):
+        line = next(line for line in lines if re.search(rf"m{label}\s+[\d.]+ \w*B/s", line))
+        red, green, blue = _css_colours()[source]
+        # the sparkline after the figure is drawn in that colour
+        assert re.search(rf"38;2;{red};{green};{blue}m[▁▂▃▄▅▆▇█ ]*[▁▂▃▄▅▆▇█]", line), (
+            source,
+            line,
+        )
+    pane.keys("q")
+    assert pane.exit_status() == 0
+
+
+# -- the order of lists, on samples as the daemon sends them ---------------------------
+
+
+def _sample(backends: list[dict[str, Any]], members: list[dict[str, Any]] | None = None) -> Sample:
+    """A sample with these backends (and peers), every other field at rest."""
+    return {
+        "backend": {"requests": 0.0, "errors": 0.0, "bytes": 0.0, "latency_ms": None},
+        "backends": [
+            {"requests": 0.0, "errors": 0.0, "bytes": 0.0, "circuit_open": False} | b
+            for b in backends
+        ],
+        "peers": None
+        if members is None
+        else {
+            "self": "198.18.0.1:8470",
+            "healthy": sum(m.get("healthy", True) for m in members),
+            "members": [{"healthy": True, "in": 0.0, "out": 0.0} | m for m in members],
+        },
+    }
+
+
+def test_backends_in_trouble_first_then_the_busiest_then_by_name() -> None:
+    names = [{"name": n} for n in ("alpha", "beta", "delta", "gamma", "omega", "zulu")]
+    quiet = _sample(names)
+    busy = _sample(
+        [
+            {"name": "alpha"},
+            {"name": "beta", "requests": 5.0},  # requests only
+            {"name": "delta"},
+            {"name": "gamma", "circuit_open": True},
+            {"name": "omega", "bytes": 1e6, "requests": 1.0},
+            {"name": "zulu", "bytes": 2e6, "requests": 1.0, "errors": 1.0},
+        ]
+    )
+    # gamma's circuit is open now, zulu failed a request within the window
+    now = _sample([{"name": "gamma", "circuit_open": True}, *names[:3], *names[4:]])
+    history = [quiet, busy, now]
+    text = backends_text(history, 100, 0, sparklines=False).plain
+    order = [line.split()[0] for line in text.splitlines()[1:]]
+    # an open circuit, then errors in the window, then bytes, then requests, then names
+    assert order == ["gamma", "zulu", "omega", "beta", "alpha", "delta"]
+    # five rows: the header, four lines, and the rest said to be idle
+    short = backends_text(history, 100, 5, sparklines=False).plain.splitlines()
+    assert [line.split()[0] for line in short[1:4]] == ["gamma", "zulu", "omega"]
+    assert short[4] == "… 3 more"  # beta moved in the window: not idle
+    shorter = backends_text(history, 100, 6, sparklines=False).plain.splitlines()
+    assert shorter[5] == "… 2 more, idle"
+    # the window is the last 10 samples: what moved before it no longer orders the list
+    later = backends_text([busy] + [quiet] * 10, 100, 0, sparklines=False).plain
+    assert [line.split()[0] for line in later.splitlines()[1:]] == sorted(n["name"] for n in names)
+
+
+def test_peers_down_first_then_the_busiest() -> None:
+    members = [
+        {"address": "198.18.0.2:8470"},
+        {"address": "198.18.0.3:8470", "in": 1e6},
+        {"address": "198.18.0.4:8470", "healthy": False},
+        {"address": "198.18.0.5:8470", "out": 3e6},
+    ]
+    text = peers_text([_sample([], members)], 80, 0, sparklines=False).plain
+    order = [line.split()[0] for line in text.splitlines()[1:]]
+    assert order == ["198.18.0.4:8470", "198.18.0.5:8470", "198.18.0.3:8470", "198.18.0.2:8470"]
+
+
+def test_hot_datasets_never_hide_every_hot_object() -> None:
+    def item(name: str, nbytes: float) -> dict[str, Any]:
+        return {"name": name, "bytes": nbytes, "reads": 1.0}
+
+    sample = {
+        "hot": {
+            "datasets": [item(f"ds-{i}", 1000.0 * i) for i in range(10)],
+            "objects": [item("local/a", 5.0), item("local/b", 50.0)],
+        }
+    }
+    lines = hot_text(sample, 60, 8).plain.splitlines()
+    assert len(lines) == 8
+    assert lines[0] == "datasets"
+    # busiest first, within the kind's share of the rows
+    assert [line.split()[0] for line in lines[1:4]] == ["ds-9", "ds-8", "ds-7"]
+    assert lines[4].startswith("… 7 more")
+    assert lines[5] == "objects"
+    assert [line.split()[0] for line in lines[6:]] == ["local/b", "local/a"]
+
+
+def test_a_sparkline_of_several_lines() -> None:
+    values: list[float | None] = [0.0, 8.0, None, 16.0]
+    assert spark_rows(values, 4, 1) == [spark(values, 4)] == ["▁▅ █"]
+    # top line first; zero is the baseline's eighth, so half the highest is just over
+    # the lower line
+    assert spark_rows(values, 4, 2) == [" ▁ █", "▁█ █"]
+    assert spark_rows(values, 6, 2) == ["   ▁ █", "  ▁█ █"]  # the newest on the right
+
+
+# -- screenshots: the pane's ANSI rendered to a PNG in headless Chromium ---------------
+
+SHOTS = Path(os.environ.get("CHUNKD_SCREENSHOTS_DIR") or Path(__file__).parents[1] / "docs/images")
+
+
+def _png(ansi: str, path: Path, width: int, height: int) -> None:
+    """``capture-pane -e`` output as a PNG: rich turns the ANSI into HTML, Chromium draws it."""
+    import io
+
+    from rich.ansi import AnsiDecoder
+    from rich.console import Console
+    from rich.terminal_theme import MONOKAI, TerminalTheme
+
+    from chunkd.testing.browser import chromium
+
+    console = Console(
+        record=True,
+        file=io.StringIO(),
+        width=width,
+        color_system="truecolor",
+        force_terminal=True,
+        legacy_windows=False,
+    )
+    # one decoder for the whole capture: tmux writes a style once, not on every line
+    for line in list(AnsiDecoder().decode(ansi))[:height]:
+        console.print(line, crop=True, no_wrap=True)
+    palette = [tuple(c) for c in MONOKAI.ansi_colors._colors]
+    # the default colours are textual's screen's, as in a dark terminal
+    theme = TerminalTheme((18, 18, 18), (224, 224, 224), palette[:8], palette[8:])
+    html = console.export_html(
+        theme=theme,
+        inline_styles=True,
+        code_format=(
+            "<!DOCTYPE html><html><head><meta charset='utf-8'><style>"
+            # textual's screen colours; a line as tall as the font's box, so the cells'
+            # backgrounds and the block characters of the sparklines meet
+            "body{{margin:0;background:#121212}}"
+            "pre{{margin:0;padding:6px;display:inline-block;font:13px/1.16 'DejaVu Sans Mono',"
+            "monospace;color:#e0e0e0;background:#121212}}"
+            "</style></head><body><pre id='screen'><code>{code}</code></pre></body></html>"
+        ),
+    )
+    with chromium() as browser:
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        page.set_content(html)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        page.locator("#screen").screenshot(path=str(path))
+
+
+@needs_tmux
+@pytest.mark.skipif(
+    os.environ.get("CHUNKD_SCREENSHOTS") != "1", reason="CHUNKD_SCREENSHOTS=1 retakes them"
+)
+@pytest.mark.timeout(180)
+def test_screenshots(
+    start_daemon: Callable[..., Daemon], terminal: Callable[..., Pane], tmp_path: Path
+) -> None:
+    """docs/images/top-80x24.png and top-120x40.png: ``train`` busy, the others idle."""
+    daemon, train = _backends(start_daemon, tmp_path)
+    with _busy(daemon, "train", train):
+        for width, height in ((80, 24), (120, 40)):
+            pane = terminal(f"COLORTERM=truecolor {_top(daemon)}", width, height)
+            pane.wait_for(r"\blive\b", r"backend\s+[1-9][\d.]* (KiB|MiB|GiB)/s")
+            time.sleep(20)  # some history in the sparklines
+            ansi = pane.tmux("capture-pane", "-e", "-p", "-t", pane.name)
+            _png(ansi, SHOTS / f"top-{width}x{height}.png", width, height)
+            pane.keys("q")
+            assert pane.exit_status() == 0

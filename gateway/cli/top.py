@@ -107,8 +107,8 @@ def once(endpoint: Endpoint, *, as_json: bool, out: TextIO = sys.stdout) -> int:
         for title, body in (
             ("throughput", throughput_text([sample], width, sparklines=False)),
             ("tiers and hits", tiers_text(sample, width, 0)),
-            ("backends", backends_text(sample, width, 0)),
-            ("peers", peers_text(sample, width, 0)),
+            ("backends", backends_text([sample], width, 0, sparklines=False)),
+            ("peers", peers_text([sample], width, 0, sparklines=False)),
             ("checkpoints", checkpoints_text(sample, width, 0)),
             ("hottest", hot_text(sample, width, 0)),
             ("warnings and errors", errors_text(sample, width, 0)),

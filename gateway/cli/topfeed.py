@@ -9,11 +9,14 @@ it; neither needs the other, and only the live view imports textual.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
+import re
 import ssl
 import time
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from importlib.resources import files
 from typing import TYPE_CHECKING, Any, Final
 
 from chunkd.gateway.cli.options import human_size
@@ -35,6 +38,7 @@ __all__ = [
     "backends_text",
     "checkpoints_text",
     "clock",
+    "colours",
     "errors_text",
     "fetch_snapshot",
     "hot_text",
@@ -42,6 +46,7 @@ __all__ = [
     "peers_text",
     "throughput_text",
     "tiers_text",
+    "trends_text",
 ]
 
 Sample = dict[str, Any]
@@ -56,6 +61,23 @@ STREAM_SILENCE_S: Final = 40.0
 #: one SSE line, and one event's data, at most (a sample is a few KiB)
 _MAX_LINE: Final = 1 << 20
 _SPARK: Final = "▁▂▃▄▅▆▇█"
+#: lists are ordered by what moved over the last this many samples (the daemon's latency
+#: window): busiest first, without reshuffling every second
+WINDOW: Final = 10
+#: a per-row sparkline (a backend's, a peer's) is drawn when at least this many columns
+#: are left beside the row's figures
+ROW_SPARK_MIN: Final = 12
+#: the dashboard's series colours in its dark scheme, used where chunkd.css cannot be read
+_COLOURS: Final = {
+    "ram": "#6ea1ff",
+    "disk": "#b48cff",
+    "peer": "#4fd1c0",
+    "backend": "#f6a055",
+    "p50": "#1f8a4c",
+    "p90": "#b7791f",
+    "p99": "#c53030",
+}
+_CSS_COLOUR: Final = re.compile(r"--(ram|disk|peer|backend|p50|p90|p99)\s*:\s*(#[0-9a-fA-F]{6})\b")
 
 
 # -- formatting: a view formats what the sample says ------------------------------------
@@ -90,10 +112,33 @@ def clock(unix: float) -> str:
     return time.strftime("%H:%M:%S", time.localtime(unix))
 
 
-def spark(values: Iterable[float | None], width: int) -> str:
-    """The last ``width`` values as a sparkline scaled to their own maximum."""
+@functools.cache
+def colours() -> dict[str, str]:
+    """Each series' colour as the dashboard draws it, ``#rrggbb`` by name: ``ram``,
+    ``disk``, ``peer``, ``backend`` (where bytes came from) and ``p50``, ``p90``, ``p99``.
+
+    Read from the page's own stylesheet (``chunkd.css``), its dark scheme over its light
+    one (a terminal's background is dark, as textual's screen is): a source has one
+    colour on the page and in the terminal, and a new palette reaches both.
+    """
+    found = dict(_COLOURS)
+    try:
+        css = files("chunkd.gateway") / "dashboard" / "static" / "chunkd.css"
+        text = css.read_text(encoding="utf-8")
+    except (OSError, ValueError):
+        return found
+    light, _, dark = text.partition("prefers-color-scheme: dark")
+    for scheme in (light, dark):
+        found.update(_CSS_COLOUR.findall(scheme))
+    return found
+
+
+def spark(values: Iterable[float | None], width: int, top: float | None = None) -> str:
+    """The last ``width`` values as a sparkline scaled to ``top`` (default: their own
+    maximum); a missing value is a blank."""
     tail = list(values)[-width:] if width > 0 else []
-    top = max((v for v in tail if v is not None), default=0.0)
+    if top is None:
+        top = max((v for v in tail if v is not None), default=0.0)
     cells = []
     for v in tail:
         if v is None:
@@ -101,7 +146,8 @@ def spark(values: Iterable[float | None], width: int) -> str:
         elif top <= 0:
             cells.append(_SPARK[0])
         else:
-            cells.append(_SPARK[min(len(_SPARK) - 1, int(v / top * (len(_SPARK) - 1) + 0.5))])
+            level = int(min(v, top) / top * (len(_SPARK) - 1) + 0.5)
+            cells.append(_SPARK[max(level, 0)])
     return "".join(cells).rjust(max(width, 0))
 
 
@@ -134,29 +180,112 @@ def _fit_left(text: str, width: int) -> str:
 # -- the sections: the same text for the live panels and --once -----------------------
 
 
-def throughput_text(history: Iterable[Sample], width: int, *, sparklines: bool = True) -> Text:
-    """Bytes per second by source, each with a sparkline of its history."""
+@dataclass(frozen=True)
+class _Row:
+    """One line of a section: its text, and a sparkline drawn after it where it fits.
+
+    ``idle``: nothing moved for it over the window, so a line that says how many rows
+    are hidden can say they are idle.
+    """
+
+    text: str
+    style: str = ""
+    spark: str = ""
+    spark_style: str = ""
+    idle: bool = False
+
+
+def _row_spark(head: str, values: Iterable[float | None], width: int, colour: str) -> _Row:
+    """``head`` with a sparkline of ``values`` in the columns it leaves, when enough are."""
+    room = width - len(head) - 1
+    values = list(values)
+    if room < ROW_SPARK_MIN or not any(values):  # nothing ever moved: no flat line
+        return _Row(head)
+    return _Row(head + " ", spark=spark(values, room), spark_style=colour)
+
+
+def spark_rows(values: Iterable[float | None], width: int, rows: int) -> list[str]:
+    """The last ``width`` values as a sparkline ``rows`` lines tall (top line first),
+    scaled to their own maximum; one line is :func:`spark`."""
+    tail = list(values)[-width:] if width > 0 else []
+    top = max((v for v in tail if v is not None), default=0.0)
+    steps = len(_SPARK) * rows
+    levels = [
+        None if v is None else 1 + (int(v / top * (steps - 1) + 0.5) if top > 0 else 0)
+        for v in tail
+    ]
+    lines = []
+    for row in reversed(range(rows)):
+        cells = []
+        for level in levels:
+            part = 0 if level is None else min(max(level - row * len(_SPARK), 0), len(_SPARK))
+            cells.append(_SPARK[part - 1] if part else " ")
+        lines.append("".join(cells).rjust(max(width, 0)))
+    return lines
+
+
+def throughput_text(
+    history: Iterable[Sample], width: int, rows: int = 4, *, sparklines: bool = True
+) -> Text:
+    """Bytes per second by source, each with a sparkline of its history in the
+    dashboard's colour of that source; ``rows`` of 8 or more give each source's
+    sparkline ``rows // 4`` lines."""
     from rich.text import Text
 
     samples = list(history)
+    palette = colours()
+    tall = max(rows // 4, 1)
     out = Text(no_wrap=True, overflow="crop")
     latest = samples[-1]["throughput"] if samples else {}
-    for key, label, style in (
-        ("ram", "RAM", "blue"),
-        ("disk", "disk", "magenta"),
-        ("peer", "peer", "cyan"),
-        ("backend", "backend", "yellow"),
-    ):
+    for key, label in (("ram", "RAM"), ("disk", "disk"), ("peer", "peer"), ("backend", "backend")):
         head = f"{label:<8}{byte_rate(latest.get(key)):>13}"
-        line = ""
-        if sparklines:
-            head += " "
-            line = spark((s["throughput"][key] for s in samples), width - len(head))
-        out.append(head)
-        out.append(line, style=style)
-        out.append("\n")
+        if not sparklines:
+            out.append(head + "\n")
+            continue
+        head += " "
+        values = [s["throughput"][key] for s in samples]
+        # the figure on the chart's last line, beside its baseline
+        for i, line in enumerate(spark_rows(values, width - len(head), tall)):
+            out.append(head if i == tall - 1 else " " * len(head))
+            out.append(line, style=palette[key])
+            out.append("\n")
     out.rstrip()
     return out
+
+
+def trends_text(history: Sequence[Sample], width: int, rows: int) -> Text:
+    """The hit ratios and the backends' latency percentiles over time (the dashboard's
+    two smaller charts): one sparkline each, ratios on 0 to 100%, the percentiles on one
+    scale (p99's highest), so that they compare."""
+    from rich.text import Text
+
+    out = Text(no_wrap=True, overflow="crop")
+    if not history:
+        return out
+    palette = colours()
+    latest = history[-1]
+    lines: list[_Row] = []
+    for tier in ("ram", "disk"):
+        head = f"hit {tier:<5}{percent(latest['hit_ratio'].get(tier)):>9}"
+        values = [s["hit_ratio"].get(tier) for s in history]
+        lines.append(_sparkline(head, values, width, palette[tier], 1.0))
+    latencies = {
+        p: [(s["backend"].get("latency_ms") or {}).get(p) for s in history]
+        for p in ("p50", "p90", "p99")
+    }
+    top = max((v for series in latencies.values() for v in series if v is not None), default=0)
+    for p, values in latencies.items():
+        head = f"{p} latency{millis(values[-1]):>8}"
+        lines.append(_sparkline(head, values, width, palette[p], float(top)))
+    _emit(out, lines, width, rows)
+    return out
+
+
+def _sparkline(head: str, values: list[float | None], width: int, colour: str, top: float) -> _Row:
+    room = width - len(head) - 1
+    if room < 1:
+        return _Row(head)
+    return _Row(head + " ", spark=spark(values, room, top), spark_style=colour)
 
 
 def tiers_text(sample: Sample | None, width: int, rows: int) -> Text:
@@ -201,49 +330,110 @@ def tiers_text(sample: Sample | None, width: int, rows: int) -> Text:
     return out
 
 
-def backends_text(sample: Sample | None, width: int, rows: int) -> Text:
-    """All backends together (rates, latency), then one line per backend."""
+def _moved(
+    history: Sequence[Sample], pick: Callable[[Sample], Iterable[tuple[str, tuple[float, ...]]]]
+) -> dict[str, tuple[float, ...]]:
+    """What moved for each name over the last :data:`WINDOW` samples: the sums of the
+    figures ``pick`` gives for it in each."""
+    moved: dict[str, tuple[float, ...]] = {}
+    for sample in history[-WINDOW:]:
+        for name, figures in pick(sample):
+            before = moved.get(name)
+            moved[name] = (
+                figures if before is None else tuple(map(sum, zip(before, figures, strict=True)))
+            )
+    return moved
+
+
+def _series(
+    history: Sequence[Sample], pick: Callable[[Sample], Iterable[tuple[str, tuple[float, ...]]]]
+) -> dict[str, list[float | None]]:
+    """Each name's first figure in every sample of ``history`` (None where it is absent)."""
+    series: dict[str, list[float | None]] = {}
+    for i, sample in enumerate(history):
+        for name, figures in pick(sample):
+            series.setdefault(name, [None] * len(history))[i] = figures[0]
+    return series
+
+
+def _backend_figures(sample: Sample) -> Iterable[tuple[str, tuple[float, ...]]]:
+    return ((b["name"], (b["bytes"], b["requests"], b["errors"])) for b in sample["backends"])
+
+
+def backends_text(
+    history: Sequence[Sample], width: int, rows: int, *, sparklines: bool = True
+) -> Text:
+    """All backends together (rates, latency), then one line per backend: those in
+    trouble (circuit open, errors in the window) first, then the busiest (bytes, then
+    requests, over the last :data:`WINDOW` samples), then by name. When rows run out,
+    the idle ones are what is hidden."""
     from rich.text import Text
 
     out = Text(no_wrap=True, overflow="crop")
-    if sample is None:
+    if not history:
         return out
+    sample = history[-1]
     total = sample["backend"]
     latency = total.get("latency_ms") or {}
-    lines = [
-        (
-            f"all {per_second(total['requests'])} err {per_second(total['errors'])} "
-            f"{byte_rate(total['bytes'])}",
-            "bold red" if total["errors"] else "",
-        ),
-        (
-            ("latency " if width >= 50 else "")
-            + f"p50 {millis(latency.get('p50'))} p90 {millis(latency.get('p90'))} "
-            f"p99 {millis(latency.get('p99'))}",
-            "",
-        ),
-    ]
-    for backend in sample["backends"]:
+    figures = (
+        f"all {per_second(total['requests'])} err {per_second(total['errors'])} "
+        f"{byte_rate(total['bytes'])}"
+    )
+    percentiles = (
+        f"p50 {millis(latency.get('p50'))} p90 {millis(latency.get('p90'))} "
+        f"p99 {millis(latency.get('p99'))}"
+    )
+    trouble = "bold red" if total["errors"] else ""
+    lines: list[_Row] = []
+    if len(figures) + len(percentiles) + 10 <= width:  # one line where it fits
+        lines.append(_Row(f"{figures}  latency {percentiles}", trouble))
+    else:
+        lines.append(_Row(figures, trouble))
+        lines.append(_Row(("latency " if width >= 50 else "") + percentiles))
+    moved = _moved(history, _backend_figures)
+    still = (0.0, 0.0, 0.0)
+
+    def order(backend: dict[str, Any]) -> tuple[bool, bool, float, float, str]:
+        nbytes, requests, errors = moved.get(backend["name"], still)
+        return (not backend["circuit_open"], errors <= 0, -nbytes, -requests, backend["name"])
+
+    ordered = sorted(sample["backends"], key=order)
+    series = _series(history, _backend_figures) if sparklines else {}
+    colour = colours()["backend"]
+    for backend in ordered:
+        name = backend["name"]
         circuit = "OPEN" if backend["circuit_open"] else "ok"
-        line = (
-            f"{_fit(backend['name'], 10):<10} {per_second(backend['requests']):>7} "
+        head = (
+            f"{_fit(name, 10):<10} {per_second(backend['requests']):>7} "
             f"err {per_second(backend['errors']):>6} "
         )
         if width >= 50:  # narrow: the circuit before the bytes
-            line += f"{byte_rate(backend['bytes']):>12} "
-        lines.append((line + circuit, "bold red" if backend["circuit_open"] else ""))
+            head += f"{byte_rate(backend['bytes']):>12} "
+        head += circuit
+        row = _row_spark(head, series.get(name, ()), width, colour) if sparklines else _Row(head)
+        idle = not backend["circuit_open"] and not any(moved.get(name, still))
+        style = "bold red" if backend["circuit_open"] else ""
+        lines.append(_Row(row.text, style, row.spark, row.spark_style, idle))
     _emit(out, lines, width, rows)
     return out
 
 
-def peers_text(sample: Sample | None, width: int, rows: int) -> Text:
-    """Peers up and down, with bytes per second from and to each."""
+def _peer_flow(sample: Sample) -> Iterable[tuple[str, tuple[float, ...]]]:
+    peers = sample.get("peers") or {}
+    return ((m["address"], (m["in"] + m["out"],)) for m in peers.get("members") or ())
+
+
+def peers_text(
+    history: Sequence[Sample], width: int, rows: int, *, sparklines: bool = True
+) -> Text:
+    """Peers up and down, with bytes per second from and to each: those down first,
+    then the busiest over the last :data:`WINDOW` samples, then by address."""
     from rich.text import Text
 
     out = Text(no_wrap=True, overflow="crop")
-    if sample is None:
+    if not history:
         return out
-    peers = sample["peers"]
+    peers = history[-1]["peers"]
     if peers is None:
         out.append("no [peers] in the config", style="dim")
         return out
@@ -252,18 +442,30 @@ def peers_text(sample: Sample | None, width: int, rows: int) -> Text:
     head = f"{peers['healthy']} of {len(members)} up, self {peers['self']}"
     if not wide:
         head = f"{peers['healthy']} of {len(members)} up; in, out per s"
-    lines = [(head, "")]
-    for member in members:
+    lines = [_Row(head)]
+    flow = _moved(history, _peer_flow)
+    series = _series(history, _peer_flow) if sparklines else {}
+    colour = colours()["peer"]
+    ordered = sorted(
+        members, key=lambda m: (m["healthy"], -flow.get(m["address"], (0.0,))[0], m["address"])
+    )
+    for member in ordered:
         state = "up" if member["healthy"] else "DOWN"
         if wide:
             flows = f" in {byte_rate(member['in']):>12} out {byte_rate(member['out']):>12}"
         else:
             flows = f" {human_size(member['in']):>9} {human_size(member['out']):>9}"
-        room = max(width - len(flows) - 5, 13)
+        address = member["address"]
+        room = max(min(width - len(flows) - 5, 40), 13)
+        text = f"{_fit(address, room):<{room}} {state:<4}{flows}"
+        row = _row_spark(text, series.get(address, ()), width, colour) if sparklines else _Row(text)
         lines.append(
-            (
-                f"{_fit(member['address'], room):<{room}} {state:<4}{flows}",
+            _Row(
+                row.text,
                 "" if member["healthy"] else "bold red",
+                row.spark,
+                row.spark_style,
+                idle=member["healthy"] and not any(flow.get(address, ())),
             )
         )
     _emit(out, lines, width, rows)
@@ -302,24 +504,42 @@ def checkpoints_text(sample: Sample | None, width: int, rows: int) -> Text:
 
 
 def hot_text(sample: Sample | None, width: int, rows: int) -> Text:
-    """The hottest objects, then the hottest datasets (bytes and reads per second)."""
+    """The hottest datasets and objects, each kind busiest first (bytes, then reads per
+    second). With both kinds, each has a heading and a share of the rows, so that many
+    hot datasets never hide every object."""
     from rich.text import Text
 
     out = Text(no_wrap=True, overflow="crop")
     if sample is None:
         return out
-    lines: list[tuple[str, str]] = []
+    groups: list[tuple[str, list[_Row]]] = []
     for kind in ("datasets", "objects"):
-        for item in sample["hot"][kind]:
+        items = sorted(sample["hot"][kind], key=lambda i: (-i["bytes"], -i["reads"], i["name"]))
+        lines = []
+        for item in items:
             tail = f" {byte_rate(item['bytes']):>12}"
-            if width >= 60:  # narrow: the name before the reads
+            if width >= 50:  # narrow: the name before the reads
                 tail += f" {per_second(item['reads']):>7}"
             room = max(width - len(tail), 8)
-            lines.append((_fit_left(item["name"], room).ljust(room) + tail, ""))
-    if not lines:
+            lines.append(_Row(_fit_left(item["name"], room).ljust(room) + tail))
+        if lines:
+            groups.append((kind, lines))
+    if not groups:
         out.append("no reads in the last minute", style="dim")
         return out
-    _emit(out, lines, width, rows)
+    if len(groups) == 1:
+        _emit(out, groups[0][1], width, rows)
+        return out
+    # each kind its heading and its lines, within its share of the rows
+    shares = [len(lines) + 1 for _, lines in groups]
+    while rows > 0 and sum(shares) > rows and max(shares) > 2:
+        shares[shares.index(max(shares))] -= 1
+    for i, ((kind, lines), share) in enumerate(zip(groups, shares, strict=True)):
+        out.append(_fit(kind, width) if width > 0 else kind, style="bold dim")
+        out.append("\n")
+        _emit(out, lines, width, share - 1 if rows > 0 else 0)
+        if i < len(groups) - 1:
+            out.append("\n")
     return out
 
 
@@ -344,14 +564,20 @@ def errors_text(sample: Sample | None, width: int, rows: int) -> Text:
     return out
 
 
-def _emit(out: Text, lines: list[tuple[str, str]], width: int, rows: int) -> None:
-    """``lines`` into ``out``, at most ``rows`` of them; the last says how many are left."""
-    if rows > 0 and len(lines) > rows:
-        hidden = len(lines) - rows + 1
-        lines = [*lines[: rows - 1], (f"… {hidden} more", "dim")]
-    for i, (line, style) in enumerate(lines):
-        out.append(_fit(line, width) if width > 0 else line, style=style)
-        if i < len(lines) - 1:
+def _emit(out: Text, lines: Sequence[_Row | tuple[str, str]], width: int, rows: int) -> None:
+    """``lines`` into ``out``, at most ``rows`` of them; the last says how many are left
+    (and that they are idle, when every one hidden is)."""
+    shown = [line if isinstance(line, _Row) else _Row(*line) for line in lines]
+    if rows > 0 and len(shown) > rows:
+        hidden = shown[rows - 1 :]
+        note = f"… {len(hidden)} more" + (", idle" if all(r.idle for r in hidden) else "")
+        shown = [*shown[: rows - 1], _Row(note, "dim")]
+    for i, row in enumerate(shown):
+        text = _fit(row.text, width) if width > 0 else row.text
+        out.append(text, style=row.style)
+        if row.spark and (width <= 0 or len(text) + len(row.spark) <= width):
+            out.append(row.spark, style=row.spark_style)
+        if i < len(shown) - 1:
             out.append("\n")
 
 

@@ -5,14 +5,23 @@ Kept apart from :mod:`chunkd.gateway.cli.top` so that ``chunkd --help`` and the
 :class:`~chunkd.gateway.cli.top.DashboardFeed` worker posts messages to the app, the
 app keeps the last 300 samples and binds them (``data_bind``) to the panels, and each
 panel draws its section from them at whatever size it has. No panel polls.
+
+The screen uses the room it has. Rows go first to what has something to show: a panel
+with nothing in it folds (no saves in flight: the checkpoints panel is its title; no
+``[peers]``: the backends take the whole row), the backends get the rows their list
+needs up to half of what is left, and the hottest objects and the warnings the rest.
+Wider, the throughput's sparklines and each backend's and peer's grow; from
+:data:`TALL` rows, a panel of the hit ratios and the backends' latency over time shows
+(the dashboard's two smaller charts).
 """
 
 from __future__ import annotations
 
 from collections import deque
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Final
 
 from rich.console import RenderableType
+from rich.markup import escape
 from rich.text import Text
 from textual import work
 from textual.app import App, ComposeResult
@@ -41,9 +50,29 @@ from chunkd.gateway.cli.topfeed import (
     peers_text,
     throughput_text,
     tiers_text,
+    trends_text,
 )
 
 __all__ = ["TopApp"]
+
+#: from this many rows, the hit ratio and latency panel shows
+TALL: Final = 32
+#: rows of the panels of fixed height: the throughput and tiers row, the trends panel;
+#: the throughput's sparklines grow by up to this many lines each where rows are left
+RATES_ROWS: Final = 5
+RATES_TALLER: Final = 2
+TRENDS_ROWS: Final = 6
+#: the checkpoints panel at most (its title and 11 saves)
+CHECKPOINTS_ROWS: Final = 12
+#: the warnings panel at most (its title and 7 entries), and at most a quarter of the rows
+ERRORS_ROWS: Final = 8
+#: the backends and peers row at least, and the hottest panel at least
+LINKS_MIN: Final = 3
+RECENT_MIN: Final = 5
+#: the tiers panel's columns: half the screen within these bounds, the throughput's
+#: sparklines take the rest
+TIERS_COLUMNS: Final = (40, 50)
+_NO_PEERS: Final = escape(" (no [peers] in the config)")
 
 
 class FeedMessage(Message):
@@ -94,7 +123,16 @@ class ThroughputPanel(Panel):
     TITLE = "throughput"
 
     def section(self, width: int, rows: int) -> Text:
-        return throughput_text(self.history, width)
+        return throughput_text(self.history, width, rows)
+
+
+class TrendsPanel(Panel):
+    """The hit ratios and the backends' latency percentiles over time."""
+
+    TITLE = "hit ratio and backend latency"
+
+    def section(self, width: int, rows: int) -> Text:
+        return trends_text(self.history, width, rows)
 
 
 class TiersPanel(Panel):
@@ -112,7 +150,7 @@ class BackendsPanel(Panel):
     TITLE = "backends"
 
     def section(self, width: int, rows: int) -> Text:
-        return backends_text(self.sample, width, rows)
+        return backends_text(self.history, width, rows)
 
 
 class PeersPanel(Panel):
@@ -121,7 +159,7 @@ class PeersPanel(Panel):
     TITLE = "peers"
 
     def section(self, width: int, rows: int) -> Text:
-        return peers_text(self.sample, width, rows)
+        return peers_text(self.history, width, rows)
 
 
 class CheckpointsPanel(Panel):
@@ -186,10 +224,12 @@ class TopApp(App[None]):
     TITLE = "chunkd top"
     CSS = """
     Screen { layout: vertical; }
-    #row-rates { height: 5; min-height: 5; }
-    #row-links { height: 1fr; min-height: 5; }
-    CheckpointsPanel { height: auto; min-height: 3; max-height: 12; }
-    #row-recent { height: 2fr; min-height: 5; }
+    #row-rates { height: 5; }
+    TrendsPanel { height: 6; }
+    #row-links { height: 1fr; }
+    CheckpointsPanel { height: 1; }
+    HotPanel { height: 2fr; }
+    ErrorsPanel { height: 1; }
     """
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("q", "quit", "quit"),
@@ -210,17 +250,67 @@ class TopApp(App[None]):
         with Horizontal(id="row-rates"):
             yield ThroughputPanel().data_bind(TopApp.history)
             yield TiersPanel().data_bind(TopApp.history)
+        yield TrendsPanel().data_bind(TopApp.history)
         with Horizontal(id="row-links"):
             yield BackendsPanel().data_bind(TopApp.history)
             yield PeersPanel().data_bind(TopApp.history)
         yield CheckpointsPanel().data_bind(TopApp.history)
-        with Horizontal(id="row-recent"):
-            yield HotPanel().data_bind(TopApp.history)
-            yield ErrorsPanel().data_bind(TopApp.history)
+        yield HotPanel().data_bind(TopApp.history)
+        yield ErrorsPanel().data_bind(TopApp.history)
         yield Footer()
 
     def on_mount(self) -> None:
+        self.arrange_rows()
         self.follow()
+
+    def on_resize(self) -> None:
+        self.arrange_rows()
+
+    def watch_history(self) -> None:
+        self.arrange_rows()
+
+    def arrange_rows(self) -> None:
+        """Give each panel the rows it needs, within the screen's; fold the empty ones."""
+        height, width = self.size.height, self.size.width
+        sample = self.history[-1] if self.history else None
+        self.query_one(TiersPanel).styles.width = max(
+            TIERS_COLUMNS[0], min(TIERS_COLUMNS[1], width // 2)
+        )
+        peers = self.query_one(PeersPanel)
+        peers.display = sample is None or sample["peers"] is not None
+        backends = self.query_one(BackendsPanel)
+        backends.border_title = BackendsPanel.TITLE + ("" if peers.display else _NO_PEERS)
+        trends = self.query_one(TrendsPanel)
+        trends.display = height >= TALL
+        left = height - 2 - RATES_ROWS - (TRENDS_ROWS if trends.display else 0)
+        # nothing in flight, no warnings: each folds to its title
+        checkpoints = self.query_one(CheckpointsPanel)
+        jobs = 0 if sample is None else len(sample["checkpoints"])
+        more = 0 if sample is None else sample.get("checkpoints_total", jobs) - jobs
+        checkpoints.border_title = CheckpointsPanel.TITLE + ("" if jobs else ": none")
+        saves = min(1 + jobs + (1 if more > 0 else 0), CHECKPOINTS_ROWS)
+        errors = self.query_one(ErrorsPanel)
+        logged = 0 if sample is None else len(sample["errors"])
+        errors.border_title = ErrorsPanel.TITLE
+        if not logged:
+            total = 0 if sample is None else sample["errors_total"]
+            errors.border_title += f": none ({total} since the start)"
+        warnings = min(1 + logged, max(1, left // 4), ERRORS_ROWS)
+        left -= saves + warnings
+        # the backends (and peers) as many rows as their lists, up to half of what is left
+        inner = (width if not peers.display else width // 2) - 2
+        wanted = 1 + len(backends_text(self.history, inner, 0, sparklines=False).split())
+        if peers.display and sample is not None:
+            wanted = max(wanted, 1 + len(peers_text(self.history, inner, 0).split()))
+        links = max(LINKS_MIN, min(wanted, left - max(RECENT_MIN, left // 2)))
+        # rows no list wants make the throughput's sparklines taller, 4 at a time
+        hot = 1 + len(hot_text(sample, width - 2, 0).split())
+        taller = min(max(left - links - max(hot, RECENT_MIN), 0) // 4, RATES_TALLER)
+        checkpoints.styles.height = saves
+        errors.styles.height = warnings
+        self.query_one("#row-rates").styles.height = RATES_ROWS + 4 * taller
+        self.query_one("#row-links").styles.height = links
+        self.query_one(HotPanel).styles.height = max(RECENT_MIN, left - links - 4 * taller)
 
     @work(exclusive=True, group="feed")
     async def follow(self) -> None:

@@ -67,6 +67,14 @@ def test_bench_quick_run_writes_a_complete_report(tmp_path: Path) -> None:
             "cold read of 50 objects of 256 KiB",
         }
     assert all(row["chunkd"] > 0 and row["baseline"] > 0 for row in rows)
+    # every scenario of the run of everything recorded how long it took
+    from bench.__main__ import SCENARIOS
+
+    durations = json.loads((run / "durations.json").read_text())
+    ran = [s.name for s in SCENARIOS if s.runs_in == "every"]
+    assert [d["scenario"] for d in durations] == ran
+    assert all(d["seconds"] > 0 for d in durations)
+    assert {row["part_of"] for row in rows} <= set(ran)
     # rows built on interleave carry their rounds and the spread of the ratio
     insert = by_name["RAM insert 4 MiB, 4 in flight (hash, memfd, seal)"]
     assert insert["rounds"] >= 2
@@ -134,6 +142,8 @@ def test_loader_bench_quick_run_reports_every_row(tmp_path: Path) -> None:
         assert rows[name]["chunkd"] > 0, name
         assert rows[name]["baseline"] > 0, name
     assert rows["MDS: Loader epoch, batch.columns"]["chunkd"] > 0
+    durations = json.loads((tmp_path / "latest" / "durations.json").read_text())
+    assert [(d["scenario"], d["rows"]) for d in durations] == [("loader", len(rows))]
     # each unit decoded once by the daemon for the four ranks, and held within the budget
     assert rows["4 ranks of one node: units decoded per unit"]["chunkd"] == 1.0
     held = rows["4 ranks of one node: peak decoded bytes held, within decoded_bytes"]

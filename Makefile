@@ -103,7 +103,7 @@ build-deps:
 		else echo "not installed:$$missing (pyfuse3 will not build; the failing-disk tests will skip)"; fi; \
 	fi
 
-## bench: every benchmark, side by side with the baselines; report in bench/out/
+## bench: every benchmark, side by side with the baselines; report in bench/out/latest/ (one folder a run under bench/out/runs/)
 bench: $(STAMP) emulators
 	$(BIN)/python -m bench
 

@@ -4,8 +4,8 @@ starts one, read over HTTP and the local socket; ``chunkd`` commands as subproce
 
 - ``chunkd_cache_hits_total{tier}`` and ``chunkd_cache_misses_total``: a cold read is
   a miss per chunk and no hit; a warm read a RAM hit per chunk; after a restart, a disk
-  hit per chunk. They agree with ``chunkd_read_chunks_total{source}`` exactly, and the
-  README's example prints what the README says it prints.
+  hit per chunk. They agree with ``chunkd_read_chunks_total{source}`` exactly (the
+  README's example is run as written by tests/test_walkthrough.py).
 - ``chunkd_backend_errors_total``: an absence a caller asked about (a dataset's frozen
   record that does not exist, a missing object) is an answer, not a backend error; a
   backend that cannot be reached still is one.
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import threading
 from pathlib import Path
@@ -177,32 +176,6 @@ def test_concurrent_cold_readers_count_each_lookup_once_where_it_was_answered(
     assert change["ram"] == change["read_ram"]
     assert change["miss"] == change["read_fetched"]
     assert daemon.metric("chunkd_backend_read_bytes_total") == len(body)  # once
-
-
-@pytest.mark.timeout(30)
-def test_the_readme_metric_example_prints_what_the_readme_says(start_daemon: Any) -> None:
-    readme = (REPO / "README.md").read_text()
-    grep = "grep -E '^chunkd_cache_(hits|misses)_total'"
-    assert grep in readme, "the README's metric example is gone"
-    shown = readme[readme.index(grep) :]
-    block = re.search(r"```text\n(.*?)```", shown, re.S)
-    assert block is not None, "the README shows no output for its metric example"
-    said = block.group(1).strip().splitlines()
-    assert said
-    assert all(line.startswith("chunkd_cache_") for line in said), said
-
-    daemon: Daemon = start_daemon()
-    (daemon.cwd / "chunkd-data" / "hello.txt").write_text("hello\n")
-    # The README's commands, as it gives them.
-    assert read(daemon, "local/hello.txt") == b"hello\n"
-    assert read(daemon, "local/hello.txt") == b"hello\n"
-    _, _, metrics = daemon.get("/metrics")
-    printed = [
-        line
-        for line in metrics.decode().splitlines()
-        if re.match(r"^chunkd_cache_(hits|misses)_total", line)
-    ]
-    assert printed == said
 
 
 # -- backend errors ------------------------------------------------------------------------

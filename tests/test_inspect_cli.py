@@ -4,8 +4,10 @@ real terminal (tmux) to see the rendered table and an image preview."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -280,3 +282,77 @@ def test_in_a_terminal_a_table_and_an_image_preview(node: Daemon, tmp_path: Path
     plain = screen(f"{chunkd} local/picture.png --no-preview; echo done-here", "done-here")
     assert "image/png" in plain
     assert "▀" not in plain
+
+
+def _table_rows(out: str) -> list[list[str]]:
+    """The body lines of each row of the first table in ``out`` (rich's box drawing:
+    a row's first line has its index in the first column)."""
+    rows: list[list[str]] = []
+    body = out.split("┡", 1)[1].split("└", 1)[0].splitlines()[1:]
+    for line in body:
+        if not line.startswith("│"):
+            continue
+        if line.split("│")[1].strip():
+            rows.append([])
+        rows[-1].append(line)
+    return rows
+
+
+@pytest.mark.timeout(60)
+def test_rl_logprobs_are_one_strip_and_a_summary_a_rollout(node: Daemon, tmp_path: Path) -> None:
+    logprobs = [-0.1] * 90 + [-3.0] * 10
+    records = [
+        {"group": 0, "prompt": "2+2?", "completion": f"two and two make {i}, I think",
+         "reward": i / 4, "advantage": i / 8 - 0.2, "logprobs": logprobs}
+        for i in range(4)
+    ]  # fmt: skip
+    put(tmp_path, "rl.jsonl", b"".join(json.dumps(r).encode() + b"\n" for r in records))
+    narrow = subprocess.run(
+        [str(BIN / "chunkd"), "inspect", "--url", node.url, "local/rl.jsonl", "--rl"],
+        capture_output=True, text=True, env=env() | {"COLUMNS": "80"}, timeout=60, check=True,
+    ).stdout  # fmt: skip
+    rows = _table_rows(narrow)
+    assert len(rows) == 4, narrow
+    # the strip on one line, its summary wrapped under it: a few lines a rollout, not 17
+    for row in rows:
+        assert sum(bool(line.split("│")[-2].strip()) for line in row) <= 3, narrow
+    # a bar per 7 tokens, each its tokens' lowest probability: the last three hold -3.0
+    assert "▇" * 12 + "▁" * 3 in narrow
+    assert "[-0.1" not in narrow
+    # floats in 4 significant digits, as on the page
+    assert "0.04999999999999999" not in narrow
+    assert "│ 0.05 " in narrow
+    assert "orange below p 0.5" in narrow
+    wide = subprocess.run(
+        [str(BIN / "chunkd"), "inspect", "--url", node.url, "local/rl.jsonl", "--rl"],
+        capture_output=True, text=True, env=env() | {"COLUMNS": "200"}, timeout=60, check=True,
+    ).stdout  # fmt: skip
+    assert wide.count("100 tokens, mean -0.39, min -3, 10 below p 0.5") == 4, wide
+    # --full lists every value
+    full = ok(node, "local/rl.jsonl", "--rl", "--full")
+    assert full.count("-0.1") >= 4 * 90
+    assert "tokens, mean" not in full
+
+
+@pytest.mark.timeout(60)
+def test_a_parquet_footer_hides_its_writers_metadata(node: Daemon, tmp_path: Path) -> None:
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    blob = base64.b64encode(os.urandom(300)).decode()
+    table = pa.table({"id": list(range(5)), "city": [f"city-{i}" for i in range(5)]})
+    table = table.replace_schema_metadata({"owner": "data-team", "blob": blob})
+    (tmp_path / "chunkd-data").mkdir(exist_ok=True)
+    pq.write_table(table, tmp_path / "chunkd-data" / "meta.parquet")  # with ARROW:schema
+    out = ok(node, "local/meta.parquet", "--count", "2")
+    assert "data-team" in out  # the user's own metadata shows
+    schema = re.search(r"ARROW:schema \((\d+) bytes, hidden", out)
+    assert schema, out
+    answer = json.loads(ok(node, "local/meta.parquet", "--count", "2", "--json"))
+    assert int(schema[1]) == len(answer["open"]["metadata"]["ARROW:schema"])
+    assert f"blob ({len(blob)} bytes, hidden" in out
+    assert not re.search(r"[A-Za-z0-9+/]{40,}", out), out  # no base64 before the rows
+    assert "rows 0 to 1 of 5" in out
+    # --full prints them whole (wrapped in the table's cells)
+    full = re.sub(r"[\s│]", "", ok(node, "local/meta.parquet", "--count", "2", "--full"))
+    assert blob in full
+    assert answer["open"]["metadata"]["ARROW:schema"] in full

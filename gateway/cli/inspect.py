@@ -19,6 +19,14 @@ Output is bounded: a page of rows (``--start``, ``--count``), long strings folde
 few lines (``--full`` shows them whole), long lists cut, at most a few samples and
 image previews. Images show their type and size, and a half-block preview when Pillow
 is installed and the output is a terminal. ``--json`` prints the API's answers.
+
+A rollout's logprobs are one line, as the page's strip: a bar per token (or per few
+tokens, their lowest), its height the token's probability (e^logprob), orange below
+p 0.5, then the tokens, mean, minimum and how many are below p 0.5 (``--full`` lists
+every value). Floats show 4 significant digits, as on the page (``--full``: every
+digit). A Parquet footer's metadata that its writer keeps for itself (Arrow's
+base64 ``ARROW:schema``, pandas' schema, any binary or base64 value) is named with its
+size, not printed (``--full`` prints it); the other key-value metadata shows as it is.
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ import argparse
 import base64
 import io
 import json
+import math
 import os
 import re
 import sys
@@ -65,6 +74,18 @@ PREVIEWS: Final = 4
 PREVIEW_BYTES: Final = 16 << 20
 #: the largest answer read from the daemon (its pages are at most 64 MiB)
 MAX_ANSWER: Final = 80 << 20
+#: bars of a rollout's logprob strip; a longer rollout gives each bar several tokens
+STRIP_BARS: Final = 16
+#: a token below this probability is drawn orange and counted in the strip's summary
+LOW_P: Final = 0.5
+_BARS: Final = "▁▂▃▄▅▆▇█"
+#: Parquet footer metadata a writer keeps for itself: not printed unless --full
+WRITER_METADATA: Final = frozenset({"ARROW:schema", "pandas"})
+#: the inspector sends a footer metadata value's first 4 KiB (client/inspect/objects.py)
+_METADATA_SENT: Final = 4096
+#: a value this long of base64's alphabet alone is taken for binary, not text
+_BASE64_CHARS: Final = 64
+_BASE64: Final = re.compile(r"[A-Za-z0-9+/]+={0,2}")
 _SAMPLE: Final = re.compile(r"(?P<base>.+)#(?P<index>[0-9]+)")
 _SNAPSHOT_ID: Final = re.compile(r"[0-9a-f]{64}")
 # C0 controls but tab and newline, DEL and C1: a sample must not drive the terminal.
@@ -105,7 +126,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "$CHUNKD_TOKEN; none from this host)",
     )
     parser.add_argument("--json", action="store_true", help="print the API's JSON answers")
-    parser.add_argument("--full", action="store_true", help="show long strings and lists whole")
+    parser.add_argument(
+        "--full",
+        action="store_true",
+        help="show long strings and lists whole: every logprob, a Parquet footer's "
+        "writer metadata (ARROW:schema)",
+    )
     parser.add_argument("--no-preview", action="store_true", help="no image previews")
     page = parser.add_argument_group("pages")
     page.add_argument("--start", type=int, default=0, metavar="N", help="first row (default: 0)")
@@ -447,9 +473,15 @@ class _View:
         if total > len(shown):
             self.say(f"{total - len(shown)} more row groups (--full or --json lists them)")
         metadata = opened.get("metadata") or {}
-        if metadata:
-            pairs = [{"key": k, "value": v} for k, v in list(metadata.items())[:FOLD_ITEMS]]
-            self.small_table("metadata", ["key", "value"], pairs)
+        items = list(metadata.items())[:FOLD_ITEMS] if not self.args.full else metadata.items()
+        shown = [{"key": k, "value": v} for k, v in items if self.args.full or not _kept(k, v)]
+        if shown:
+            self.small_table("metadata", ["key", "value"], shown)
+        hidden = [(k, v) for k, v in items if not self.args.full and _kept(k, v)]
+        for key, value in hidden:
+            self.say(f"{_clean(str(key))} ({_metadata_size(value)}, hidden; --full shows it)")
+        if len(metadata) > FOLD_ITEMS and not self.args.full:
+            self.say(f"{len(metadata) - FOLD_ITEMS} more metadata keys (--full or --json)")
 
     def wds_samples(self, samples: list[dict[str, Any]]) -> None:
         from rich.table import Table
@@ -525,12 +557,30 @@ class _View:
             names = ["reward", "advantage", "completion", "logprobs", "fields"]
             names = [n for n in names if any(r.get(n) not in (None, {}) for r in rollouts)]
             table = Table("#", *names)
+            if "logprobs" in names and not self.args.full:
+                # the strip on a line of its own; its summary wraps below it
+                table.columns[names.index("logprobs") + 1].min_width = STRIP_BARS + 2
             for rollout in rollouts:
-                cells = (self.cell(rollout.get(n)) for n in names)
+                cells = (self.rollout_cell(n, rollout.get(n)) for n in names)
                 table.add_row(_text(rollout.get("index")), *cells)
             self.console.print(table)
         if not groups:
             self.say("no rollouts in this page")
+        elif not self.args.full and any(
+            _strip(r.get("logprobs")) is not None for g in groups for r in g.get("rollouts") or []
+        ):
+            self.say(
+                "logprobs: a bar per token, or per few tokens (their lowest); its height is "
+                f"the probability (e^logprob), orange below p {LOW_P}; --full lists them all"
+            )
+
+    def rollout_cell(self, name: str, value: Any) -> Text:
+        """A rollout's field; its logprobs as a strip and a summary, unless --full."""
+        if name == "logprobs" and not self.args.full:
+            strip = _strip(value)
+            if strip is not None:
+                return strip
+        return self.cell(value)
 
     def episodes(self, episodes: list[dict[str, Any]]) -> None:
         from rich.table import Table
@@ -757,15 +807,27 @@ class _View:
 
         if value is None:
             return Text("null", style="dim")
-        if isinstance(value, bool | int | float):
-            return Text(str(value).lower() if isinstance(value, bool) else str(value))
+        if isinstance(value, bool):
+            return Text(str(value).lower())
+        if isinstance(value, float) and not self.args.full:
+            return Text(_float(value))
+        if isinstance(value, int | float):
+            return Text(str(value))
         if isinstance(value, str):
-            return _text(value if self.args.full else _fold_text(value))
+            return self.whole(value)
         special = _special(value)
         if special is not None:
             return Text(special, style="cyan")
-        text = json.dumps(self.fold(value), ensure_ascii=False)
-        return _text(text if self.args.full else _fold_text(text))
+        return self.whole(json.dumps(self.fold(value), ensure_ascii=False))
+
+    def whole(self, text: str) -> Text:
+        """``text`` folded to a few lines; with --full all of it, a word longer than its
+        column (base64, a URL) broken across lines rather than cut."""
+        if not self.args.full:
+            return _text(_fold_text(text))
+        out = _text(text)
+        out.overflow = "fold"
+        return out
 
     def fold(self, value: Any, depth: int = 0) -> Any:
         """``value`` with long strings folded, long lists cut and binary described."""
@@ -892,6 +954,82 @@ def _half_blocks(data: bytes, width: int) -> RenderableType | None:
             )
         text.append("\n")
     return text
+
+
+def _kept(key: str, value: Any) -> bool:
+    """Whether a Parquet footer's metadata is its writer's own (Arrow's schema, pandas'),
+    or binary or base64 no one reads as text: named with its size, not printed."""
+    if key in WRITER_METADATA:
+        return True
+    text = str(value)
+    return "\ufffd" in text or (len(text) >= _BASE64_CHARS and _BASE64.fullmatch(text) is not None)
+
+
+def _metadata_size(value: Any) -> str:
+    size = len(str(value).encode("utf-8", "replace"))
+    # the inspector sends the first 4 KiB of a value: one that long may be longer
+    return f"{size}+ bytes" if size >= _METADATA_SENT else f"{size} bytes"
+
+
+def _logprob(value: Any) -> float | None:
+    """A logprob of the API's values: a number, or ``{"$float": "-inf"}``; None else."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value) if not math.isnan(value) else None
+    if isinstance(value, dict) and value.get("$float") == "-inf":
+        return -math.inf
+    return None
+
+
+def _strip(value: Any) -> Text | None:
+    """Logprobs as one line: a bar per token or per few tokens (their lowest), its height
+    the probability, orange below :data:`LOW_P`; then tokens, mean, minimum and how many
+    are below. None for what is not a list of logprobs."""
+    from rich.text import Text
+
+    if not isinstance(value, list):
+        return None
+    numbers = []
+    for item in value:
+        logprob = _logprob(item)
+        if logprob is not None:
+            numbers.append(logprob)
+        elif not (isinstance(item, dict) and item.get("$float") == "nan"):
+            return None  # not logprobs (top-k entries, text...): shown as a value is
+    if not numbers:
+        return None
+    per = -(-len(numbers) // STRIP_BARS)
+    out = Text()
+    for start in range(0, len(numbers), per):
+        p = min(max(math.exp(min(numbers[start : start + per])), 0.0), 1.0)
+        bar = _BARS[round(p * (len(_BARS) - 1))]
+        out.append(bar, style="dark_orange" if p < LOW_P else "cyan")
+    low = sum(math.exp(v) < LOW_P for v in numbers)
+    mean = sum(numbers) / len(numbers)
+    out.append(
+        f" {len(numbers)} tokens, mean {_short(mean)}, min {_short(min(numbers))}, "
+        f"{low} below p {LOW_P}"
+    )
+    return out
+
+
+def _float(value: float) -> str:
+    """A float as the page shows it: 4 significant digits (``0.1429``), whole digits never
+    rounded away (``12345.7``), below 0.001 or from 10^15 in exponent form (``2.91e-4``);
+    --full prints every digit."""
+    size = abs(value)
+    if size == 0 or not math.isfinite(value):
+        return str(value)
+    if size < 1e-3 or size >= 1e15:
+        mantissa, _, exponent = f"{value:.2e}".partition("e")
+        return f"{mantissa}e{int(exponent)}"
+    whole = len(str(int(size))) if size >= 1 else 0
+    text = f"{value:.{max(4, whole + 1)}g}"
+    return text if "." in text else f"{text}.0"
+
+
+def _short(value: float) -> str:
+    """A logprob in 3 significant digits (``-0.418``, ``-12.3``, ``-inf``)."""
+    return f"{value:.3g}"
 
 
 def _when(value: Any) -> str:

@@ -47,10 +47,36 @@ VENV = ROOT / ".venv"
 # What each page of the walkthrough must show once loaded (a link the README adds must
 # be added here: the test fails on one it does not know).
 PAGES = {
-    "http://127.0.0.1:8470/": "backend",
-    "http://127.0.0.1:8470/inspect/?dataset=demo": "demo",
+    "http://127.0.0.1:8470/": "local",
+    "http://127.0.0.1:8470/inspect/?dataset=demo": "54.3 KiB",
     "http://127.0.0.1:8470/inspect/?open=local/demo/part-0.parquet": "score",
 }
+
+
+# Run in the walkthrough's namespace: opens each page, waits for its word, and says what
+# the page shows when the word never comes.
+PAGE_SCRIPT = """
+import json, sys
+from chunkd.testing.browser import chromium
+
+pages = json.loads(sys.argv[1])
+with chromium() as browser:
+    for url, word in pages.items():
+        page = browser.new_page()
+        errors = []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        answer = page.goto(url)
+        assert answer is not None and answer.status == 200, (url, answer)
+        try:
+            page.wait_for_function(
+                "w => document.body.innerText.includes(w)", arg=word, timeout=15000
+            )
+        except Exception:
+            sys.exit(f"{url} never showed {word!r}; it shows:\\n" + page.inner_text("body"))
+        assert not errors, (url, errors)
+        print("ok", url)
+        page.close()
+"""
 
 
 @dataclass(frozen=True)
@@ -230,23 +256,7 @@ def check_pages(walk: Walk, links: list[str]) -> None:
     if missing:
         pytest.skip(missing)
     script = walk.cwd / "pages.py"
-    script.write_text(
-        "import json, sys\n"
-        "from chunkd.testing.browser import chromium\n"
-        "pages = json.loads(sys.argv[1])\n"
-        "with chromium() as browser:\n"
-        "    for url, word in pages.items():\n"
-        "        page = browser.new_page()\n"
-        "        errors = []\n"
-        "        page.on('pageerror', lambda e: errors.append(str(e)))\n"
-        "        answer = page.goto(url)\n"
-        "        assert answer is not None and answer.status == 200, (url, answer)\n"
-        "        page.wait_for_function(\n"
-        "            'w => document.body.innerText.includes(w)', arg=word, timeout=15000)\n"
-        "        assert not errors, (url, errors)\n"
-        "        print('ok', url)\n"
-        "        page.close()\n"
-    )
+    script.write_text(PAGE_SCRIPT)
     wanted = {url: PAGES[url] for url in links}
     shown = walk.run("sh", f"python {script} {shlex.quote(json.dumps(wanted))}")
     assert shown.returncode == 0, shown.stdout + shown.stderr

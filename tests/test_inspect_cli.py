@@ -316,8 +316,8 @@ def test_rl_logprobs_are_one_strip_and_a_summary_a_rollout(node: Daemon, tmp_pat
     # the strip on one line, its summary wrapped under it: a few lines a rollout, not 17
     for row in rows:
         assert sum(bool(line.split("│")[-2].strip()) for line in row) <= 3, narrow
-    # a bar per 7 tokens, each its tokens' lowest probability: the last three hold -3.0
-    assert "▇" * 12 + "▁" * 3 in narrow
+    # a bar per 7 tokens, each its tokens' mean probability: the last three hold -3.0
+    assert "▇" * 12 + "▆" + "▁" * 2 in narrow
     assert "[-0.1" not in narrow
     # floats in 4 significant digits, as on the page
     assert "0.04999999999999999" not in narrow

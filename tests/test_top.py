@@ -628,7 +628,7 @@ def test_screenshots(
         for width, height in ((80, 24), (120, 40)):
             pane = terminal(f"COLORTERM=truecolor {_top(daemon)}", width, height)
             pane.wait_for(r"\blive\b", r"backend\s+[1-9][\d.]* (KiB|MiB|GiB)/s")
-            time.sleep(20)  # some history in the sparklines
+            time.sleep(30)  # some history in the sparklines
             ansi = pane.tmux("capture-pane", "-e", "-p", "-t", pane.name)
             _png(ansi, SHOTS / f"top-{width}x{height}.png", width, height)
             pane.keys("q")

@@ -21,7 +21,7 @@ image previews. Images show their type and size, and a half-block preview when P
 is installed and the output is a terminal. ``--json`` prints the API's answers.
 
 A rollout's logprobs are one line, as the page's strip: a bar per token (or per few
-tokens, their lowest), its height the token's probability (e^logprob), orange below
+tokens, their mean), its height the token's probability (e^logprob), orange below
 p 0.5, then the tokens, mean, minimum and how many are below p 0.5 (``--full`` lists
 every value). Floats show 4 significant digits, as on the page (``--full``: every
 digit). A Parquet footer's metadata that its writer keeps for itself (Arrow's
@@ -570,7 +570,7 @@ class _View:
             _strip(r.get("logprobs")) is not None for g in groups for r in g.get("rollouts") or []
         ):
             self.say(
-                "logprobs: a bar per token, or per few tokens (their lowest); its height is "
+                "logprobs: a bar per token, or per few tokens (their mean); its height is "
                 f"the probability (e^logprob), orange below p {LOW_P}; --full lists them all"
             )
 
@@ -981,7 +981,7 @@ def _logprob(value: Any) -> float | None:
 
 
 def _strip(value: Any) -> Text | None:
-    """Logprobs as one line: a bar per token or per few tokens (their lowest), its height
+    """Logprobs as one line: a bar per token or per few tokens (their mean), its height
     the probability, orange below :data:`LOW_P`; then tokens, mean, minimum and how many
     are below. None for what is not a list of logprobs."""
     from rich.text import Text
@@ -1000,7 +1000,8 @@ def _strip(value: Any) -> Text | None:
     per = -(-len(numbers) // STRIP_BARS)
     out = Text()
     for start in range(0, len(numbers), per):
-        p = min(max(math.exp(min(numbers[start : start + per])), 0.0), 1.0)
+        bucket = numbers[start : start + per]
+        p = min(max(sum(math.exp(v) for v in bucket) / len(bucket), 0.0), 1.0)
         bar = _BARS[round(p * (len(_BARS) - 1))]
         out.append(bar, style="dark_orange" if p < LOW_P else "cyan")
     low = sum(math.exp(v) < LOW_P for v in numbers)

@@ -243,6 +243,31 @@ def test_live_view_goes_on_through_a_daemon_restart(
     assert pane.exit_status() == 0
 
 
+def _label_colour(pane: Pane, label: str) -> tuple[int, int, int]:
+    """The colour ``label`` is drawn in on the pane now."""
+    ansi = pane.tmux("capture-pane", "-e", "-p", "-t", pane.name)
+    found = re.search(rf"38;2;(\d+);(\d+);(\d+)m{label}\s", ansi)
+    assert found, ansi
+    return int(found[1]), int(found[2]), int(found[3])
+
+
+@needs_tmux
+@pytest.mark.timeout(60)
+def test_figures_dim_while_the_daemon_is_down(
+    start_daemon: Callable[..., Daemon], terminal: Callable[..., Pane]
+) -> None:
+    daemon = start_daemon()
+    pane = terminal(f"COLORTERM=truecolor {_top(daemon)}")
+    pane.wait_for(r"\blive\b", r"RAM\s+0 B/s")
+    live = _label_colour(pane, "RAM")
+    assert daemon.stop() == 0
+    pane.wait_for(r"disconnected, retrying", r"RAM\s+0 B/s")  # the last figures stay...
+    stale = _label_colour(pane, "RAM")
+    assert sum(stale) < sum(live) * 0.7, (live, stale)  # ...dimmed
+    pane.keys("q")
+    assert pane.exit_status() == 0
+
+
 @needs_tmux
 def test_live_view_waits_for_a_daemon_that_is_not_there(terminal: Callable[..., Pane]) -> None:
     url = f"http://127.0.0.1:{free_port()}"

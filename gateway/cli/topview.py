@@ -12,7 +12,8 @@ with nothing in it folds (no saves in flight: the checkpoints panel is its title
 needs up to half of what is left, and the hottest objects and the warnings the rest.
 Wider, the throughput's sparklines and each backend's and peer's grow; from
 :data:`TALL` rows, a panel of the hit ratios and the backends' latency over time shows
-(the dashboard's two smaller charts).
+(the dashboard's two smaller charts). While the stream is down, the panels dim, as the
+page's do: the last figures stay, but do not pass for live ones.
 """
 
 from __future__ import annotations
@@ -224,6 +225,8 @@ class TopApp(App[None]):
     TITLE = "chunkd top"
     CSS = """
     Screen { layout: vertical; }
+    /* the stream is down: the last figures dim, so they do not pass for live ones */
+    Screen.stale Panel { text-opacity: 45%; }
     #row-rates { height: 5; }
     TrendsPanel { height: 6; }
     #row-links { height: 1fr; }
@@ -337,3 +340,4 @@ class TopApp(App[None]):
         elif isinstance(event, Connection):
             status.live = event.live
             status.connection = event.detail
+            self.screen.set_class(not event.live, "stale")

@@ -273,6 +273,9 @@ def test_live_view_waits_for_a_daemon_that_is_not_there(terminal: Callable[..., 
     url = f"http://127.0.0.1:{free_port()}"
     pane = terminal(f"{CHUNKD} top --url {url}")
     pane.wait_for(r"disconnected, retrying in \d+s", r"no answer from")
+    # the layout follows the terminal's size, not only the samples (none come here)
+    pane.resize(120, 40)
+    pane.wait_for(r"hit ratio and backend latency")
     pane.keys("q")
     assert pane.exit_status() == 0
 

@@ -275,7 +275,7 @@ def trends_text(history: Sequence[Sample], width: int, rows: int) -> Text:
     }
     top = max((v for series in latencies.values() for v in series if v is not None), default=0)
     for p, values in latencies.items():
-        head = f"{p} latency{millis(values[-1]):>8}"
+        head = f"{p} latency{millis(values[-1]):>7}"
         lines.append(_sparkline(head, values, width, palette[p], float(top)))
     _emit(out, lines, width, rows)
     return out

@@ -24,10 +24,11 @@ from typing import Any, ClassVar, Final
 from rich.console import RenderableType
 from rich.markup import escape
 from rich.text import Text
-from textual import work
+from textual import events, work
 from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal
+from textual.geometry import Size
 from textual.message import Message
 from textual.reactive import reactive
 from textual.widget import Widget
@@ -266,15 +267,16 @@ class TopApp(App[None]):
         self.arrange_rows()
         self.follow()
 
-    def on_resize(self) -> None:
-        self.arrange_rows()
+    def on_resize(self, event: events.Resize) -> None:
+        self.arrange_rows(event.size)
 
     def watch_history(self) -> None:
         self.arrange_rows()
 
-    def arrange_rows(self) -> None:
-        """Give each panel the rows it needs, within the screen's; fold the empty ones."""
-        height, width = self.size.height, self.size.width
+    def arrange_rows(self, size: Size | None = None) -> None:
+        """Give each panel the rows it needs, within the screen's (``size``, default the
+        app's); fold the empty ones."""
+        width, height = size or self.size
         sample = self.history[-1] if self.history else None
         self.query_one(TiersPanel).styles.width = max(
             TIERS_COLUMNS[0], min(TIERS_COLUMNS[1], width // 2)

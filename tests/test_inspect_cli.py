@@ -356,3 +356,16 @@ def test_a_parquet_footer_hides_its_writers_metadata(node: Daemon, tmp_path: Pat
     full = re.sub(r"[\s│]", "", ok(node, "local/meta.parquet", "--count", "2", "--full"))
     assert blob in full
     assert answer["open"]["metadata"]["ARROW:schema"] in full
+
+
+@pytest.mark.timeout(60)
+def test_an_audio_file_says_its_duration_rate_and_channels(node: Daemon, tmp_path: Path) -> None:
+    put(tmp_path, "tone.wav", (MEDIA / "tone.wav").read_bytes())
+    out = ok(node, "local/tone.wav")
+    answer = json.loads(ok(node, "local/tone.wav", "--json"))["audio"]
+    assert answer["sample_rate"] > 0
+    assert answer["channels"] > 0
+    assert answer["duration"] > 0
+    rate = f"{answer['sample_rate'] / 1000:g} kHz"
+    channels = {1: "mono", 2: "stereo"}.get(answer["channels"], f"{answer['channels']} channels")
+    assert re.search(rf"audio\s+{answer['duration']:.2f} s, {rate}, {channels}", out), out

@@ -431,6 +431,8 @@ class _View:
             facts.append(("media type", opened["media_type"]))
         if opened.get("rl"):
             facts.append(("RL data", opened["rl"]))
+        if kind == "audio":
+            facts.append(("audio", _audio(opened.get("audio")) or "its header could not be read"))
         for key, label in (
             ("num_rows", "rows"),
             ("lines", "lines"),
@@ -886,13 +888,16 @@ def _special(value: Any) -> str | None:
         return None
     if "$bytes" in value:
         kind = value.get("media_type") or "binary"
-        return f"<{kind}, {human_size(value['$bytes'] or 0)}>"
+        sound = _audio(value.get("audio"))
+        return f"<{kind}, {human_size(value['$bytes'] or 0)}" + (f", {sound}>" if sound else ">")
     if isinstance(value.get("$media"), dict):
         media = value["$media"]
         kind = media.get("media_type") or "media"
+        sound = _audio(media.get("audio"))
         return (
-            f"<{kind}, {human_size(media.get('length') or 0)} at "
-            f"{_clean(str(media.get('name')))}+{media.get('offset')}>"
+            f"<{kind}, {human_size(media.get('length') or 0)}"
+            + (f", {sound}" if sound else "")
+            + f" at {_clean(str(media.get('name')))}+{media.get('offset')}>"
         )
     for key in ("$float", "$datetime", "$decimal"):
         if key in value:
@@ -954,6 +959,32 @@ def _half_blocks(data: bytes, width: int) -> RenderableType | None:
             )
         text.append("\n")
     return text
+
+
+def _audio(info: Any) -> str:
+    """What an audio header says, as the page says it: ``2.50 s, 16 kHz, mono, PCM
+    16-bit``; empty when the header could not be read."""
+    if not isinstance(info, dict):
+        return ""
+    parts = []
+    duration = info.get("duration")
+    if isinstance(duration, int | float) and not isinstance(duration, bool):
+        minutes, seconds = divmod(float(duration), 60)
+        parts.append(f"{int(minutes)}:{seconds:05.2f}" if minutes else f"{seconds:.2f} s")
+    rate = info.get("sample_rate")
+    if isinstance(rate, int | float) and not isinstance(rate, bool) and rate > 0:
+        parts.append(f"{rate / 1000:g} kHz")
+    channels = info.get("channels")
+    if isinstance(channels, int) and not isinstance(channels, bool) and channels > 0:
+        parts.append({1: "mono", 2: "stereo"}.get(channels, f"{channels} channels"))
+    codec = " ".join(
+        str(x)
+        for x in (info.get("codec"), f"{info['bits']}-bit" if info.get("bits") else None)
+        if x
+    )
+    if codec:
+        parts.append(_clean(codec))
+    return ", ".join(parts)
 
 
 def _kept(key: str, value: Any) -> bool:

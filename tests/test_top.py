@@ -26,6 +26,7 @@ from chunkd.gateway.cli.topfeed import (
     backends_text,
     hot_text,
     peers_text,
+    per_second,
     spark,
     spark_rows,
 )
@@ -582,6 +583,19 @@ def test_hot_datasets_never_hide_every_hot_object() -> None:
     assert lines[4].startswith("… 7 more")
     assert lines[5] == "objects"
     assert [line.split()[0] for line in lines[6:]] == ["local/b", "local/a"]
+
+
+def test_rates_never_read_as_zero_when_they_are_not() -> None:
+    assert per_second(0.0) == "0/s"
+    assert per_second(0.05) == "0.05/s"
+    assert per_second(0.0024) == "0.0024/s"
+    assert per_second(12.53) == "12.5/s"
+    assert per_second(150.4) == "150/s"
+    # an object read once: its decayed bytes still show, its reads too
+    hot = {"datasets": [], "objects": [{"name": "local/x", "bytes": 150e3, "reads": 0.05}]}
+    assert hot_text({"hot": hot}, 60, 0).plain.endswith("146.5 KiB/s   0.05/s")
+    hot["objects"][0]["reads"] = 0.0  # under the daemon's 3 decimals
+    assert hot_text({"hot": hot}, 60, 0).plain.endswith("146.5 KiB/s <0.001/s")
 
 
 def test_a_sparkline_of_several_lines() -> None:

@@ -89,10 +89,16 @@ def byte_rate(value: float | None) -> str:
 
 
 def per_second(value: float | None) -> str:
-    """A count per second, ``-`` for none."""
+    """A count per second, ``-`` for none, as the page writes it: ``0/s`` only for zero,
+    no decimals from 100/s, one from 1/s, two significant digits below (``0.05/s``), so
+    a rate never reads as zero when it is not."""
     if value is None:
         return "-"
-    return f"{value:.0f}/s" if value >= 100 else f"{value:.1f}/s"
+    if value == 0:
+        return "0/s"
+    if value >= 100:
+        return f"{value:.0f}/s"
+    return f"{value:.1f}/s" if value >= 1 else f"{value:.2g}/s"
 
 
 def percent(value: float | None) -> str:
@@ -519,7 +525,9 @@ def hot_text(sample: Sample | None, width: int, rows: int) -> Text:
         for item in items:
             tail = f" {byte_rate(item['bytes']):>12}"
             if width >= 50:  # narrow: the name before the reads
-                tail += f" {per_second(item['reads']):>7}"
+                # the daemon rounds rates to 3 decimals: a read fading out is not 0
+                reads = "<0.001/s" if item["bytes"] and not item["reads"] else None
+                tail += f" {reads or per_second(item['reads']):>8}"
             room = max(width - len(tail), 8)
             lines.append(_Row(_fit_left(item["name"], room).ljust(room) + tail))
         if lines:

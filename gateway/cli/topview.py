@@ -71,9 +71,9 @@ ERRORS_ROWS: Final = 8
 #: the backends and peers row at least, and the hottest panel at least
 LINKS_MIN: Final = 3
 RECENT_MIN: Final = 5
-#: the tiers panel's columns: half the screen within these bounds, the throughput's
-#: sparklines take the rest
-TIERS_COLUMNS: Final = (40, 50)
+#: the tiers panel's columns at most (it takes half the screen up to this); the
+#: throughput's sparklines take the rest
+TIERS_COLUMNS: Final = 50
 _NO_PEERS: Final = escape(" (no [peers] in the config)")
 
 
@@ -278,9 +278,8 @@ class TopApp(App[None]):
         app's); fold the empty ones."""
         width, height = size or self.size
         sample = self.history[-1] if self.history else None
-        self.query_one(TiersPanel).styles.width = max(
-            TIERS_COLUMNS[0], min(TIERS_COLUMNS[1], width // 2)
-        )
+        # half the width, at most TIERS_COLUMNS; the throughput's sparklines the rest
+        self.query_one(TiersPanel).styles.width = min(width // 2, TIERS_COLUMNS)
         peers = self.query_one(PeersPanel)
         peers.display = sample is None or sample["peers"] is not None
         backends = self.query_one(BackendsPanel)

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from chunkd.testing import free_port
+from chunkd.testing import CountingProxy, free_port
 from chunkd.testing.browser import chromium, chromium_missing
 from tests.conftest import BIN, Daemon, wait_ready
 
@@ -49,7 +49,7 @@ WAIT_MS = 30_000
 MARKUP_NAME = "<img src=x onerror=alert(1)>.bin"
 IMAGES = Path(__file__).resolve().parent.parent / "docs" / "images"
 SCREENSHOT = IMAGES / "dashboard.png"
-#: an object of the busy node read once, and only once
+#: an object of the busy node read once, and only once (for the screenshots)
 READ_ONCE = "once/read-once.bin"
 #: a number's unit on a chart's axis, and the number before it
 AXIS_LABEL = re.compile(r"^(\d+(?:\.\d+)?) (B/s|KiB/s|MiB/s|GiB/s|TiB/s|ms|s|%)$")
@@ -165,57 +165,66 @@ def _height(page: Page, selector: str) -> float:
     return float(box["height"])
 
 
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    """One headless Chromium for the module (playwright's sync API runs one at a time);
+    each test opens its own pages in it."""
+    with chromium() as started:
+        yield started
+
+
 #: a zero rate, as a page would print it
 ZERO_RATE = re.compile(r"^0(\.0+)?/s$")
 
 
 @pytest.mark.timeout(90)
-def test_page_loads_and_its_figures_follow_reads(start_daemon: Callable[..., Daemon]) -> None:
+def test_page_loads_and_its_figures_follow_reads(
+    start_daemon: Callable[..., Daemon], browser: Browser
+) -> None:
     daemon = start_daemon()
     names = _objects(daemon)
     expect = _expect()
-    with chromium() as browser:
-        page, problems = _open(browser, daemon)
-        expect(page.locator("#connection")).to_have_text("live", timeout=WAIT_MS)
-        expect(page.locator("#node")).to_contain_text(f"127.0.0.1:{daemon.port}")
-        expect(page.locator("#backends tbody")).to_contain_text("local")
-        expect(page.locator("#tiers tbody")).to_contain_text("ram")
-        expect(page.locator("#peers-summary")).to_have_text("not configured")
-        expect(page.get_by_role("link", name="inspector")).to_have_attribute("href", "/inspect/")
-        idle = re.compile(r"^0 B/s$")
-        for source in ("ram", "disk", "backend"):
-            expect(page.locator(f"#tp-{source}")).to_have_text(idle, timeout=WAIT_MS)
-        # nothing read yet: the hottest objects fold to their title line
-        hot_panel = page.locator("#hot-objects-panel")
-        expect(hot_panel).to_have_class(re.compile(r"\bfolded\b"), timeout=WAIT_MS)
-        expect(page.locator("#hot-objects")).to_be_hidden()
+    page, problems = _open(browser, daemon)
+    expect(page.locator("#connection")).to_have_text("live", timeout=WAIT_MS)
+    expect(page.locator("#node")).to_contain_text(f"127.0.0.1:{daemon.port}")
+    expect(page.locator("#backends tbody")).to_contain_text("local")
+    expect(page.locator("#tiers tbody")).to_contain_text("ram")
+    expect(page.locator("#peers-summary")).to_have_text("not configured")
+    expect(page.get_by_role("link", name="inspector")).to_have_attribute("href", "/inspect/")
+    idle = re.compile(r"^0 B/s$")
+    for source in ("ram", "disk", "backend"):
+        expect(page.locator(f"#tp-{source}")).to_have_text(idle, timeout=WAIT_MS)
+    # nothing read yet: the hottest objects fold to their title line
+    hot_panel = page.locator("#hot-objects-panel")
+    expect(hot_panel).to_have_class(re.compile(r"\bfolded\b"), timeout=WAIT_MS)
+    expect(page.locator("#hot-objects")).to_be_hidden()
 
-        with _reading(daemon, names):
-            # the first reads come from the backend, the next from the cache
-            expect(page.locator("#tp-backend")).not_to_have_text(idle, timeout=WAIT_MS)
-            expect(page.locator("#tp-ram")).not_to_have_text(idle, timeout=WAIT_MS)
-            expect(page.locator("#be-requests")).not_to_have_text(ZERO_RATE, timeout=WAIT_MS)
-            expect(page.locator("#ratio-ram")).to_have_text(re.compile(r"%$"), timeout=WAIT_MS)
-            # reads came: the panel unfolds and lists them
-            expect(hot_panel).not_to_have_class(re.compile(r"\bfolded\b"), timeout=WAIT_MS)
-            hot = page.locator("#hot-objects tbody")
-            for name in names:
-                expect(hot).to_contain_text(name, timeout=WAIT_MS)
-            # the markup in a name is text: no element came of it
-            assert page.locator("#hot-objects img").count() == 0
-            # the chart draws the history: a line with more than one point
-            expect(page.locator("#throughput-chart path.series-ram")).to_have_attribute(
-                "d", re.compile(r"L"), timeout=WAIT_MS
-            )
+    with _reading(daemon, names):
+        # the first reads come from the backend, the next from the cache
+        expect(page.locator("#tp-backend")).not_to_have_text(idle, timeout=WAIT_MS)
+        expect(page.locator("#tp-ram")).not_to_have_text(idle, timeout=WAIT_MS)
+        expect(page.locator("#be-requests")).not_to_have_text(ZERO_RATE, timeout=WAIT_MS)
+        expect(page.locator("#ratio-ram")).to_have_text(re.compile(r"%$"), timeout=WAIT_MS)
+        # reads came: the panel unfolds and lists them
+        expect(hot_panel).not_to_have_class(re.compile(r"\bfolded\b"), timeout=WAIT_MS)
+        hot = page.locator("#hot-objects tbody")
+        for name in names:
+            expect(hot).to_contain_text(name, timeout=WAIT_MS)
+        # the markup in a name is text: no element came of it
+        assert page.locator("#hot-objects img").count() == 0
+        # the chart draws the history: a line with more than one point
+        expect(page.locator("#throughput-chart path.series-ram")).to_have_attribute(
+            "d", re.compile(r"L"), timeout=WAIT_MS
+        )
 
-            # steady state: samples replace figures, they add no nodes
-            _next_samples(page, 2)
-            before = _node_count(page)
-            _next_samples(page, 5)
-            assert _node_count(page) == before
+        # steady state: samples replace figures, they add no nodes
+        _next_samples(page, 2)
+        before = _node_count(page)
+        _next_samples(page, 5)
+        assert _node_count(page) == before
 
-        assert problems == []
-        assert _violations(page) == []
+    assert problems == []
+    assert _violations(page) == []
 
 
 def _stale(page: Page) -> tuple[bool, float]:
@@ -239,73 +248,74 @@ def _wait_stale(page: Page, stale: bool) -> None:
 
 @pytest.mark.timeout(90)
 def test_stale_figures_dim_and_the_page_says_when_the_daemon_restarted(
-    start_daemon: Callable[..., Daemon],
+    start_daemon: Callable[..., Daemon], browser: Browser
 ) -> None:
     first = start_daemon()
     expect = _expect()
-    with chromium() as browser:
-        page, problems = _open(browser, first)
-        connection = page.locator("#connection")
-        expect(connection).to_have_text("live", timeout=WAIT_MS)
-        expect(page.locator("#restart")).to_be_hidden()
-        _next_samples(page, 1)
-        assert _stale(page) == (False, 1.0)
-        expect(page.locator("#stale")).to_be_hidden()
+    page, problems = _open(browser, first)
+    connection = page.locator("#connection")
+    expect(connection).to_have_text("live", timeout=WAIT_MS)
+    expect(page.locator("#restart")).to_be_hidden()
+    _next_samples(page, 1)
+    assert _stale(page) == (False, 1.0)
+    expect(page.locator("#stale")).to_be_hidden()
 
-        # a daemon that stops answering but keeps its connection: no sample comes
-        first.process.send_signal(signal.SIGSTOP)
-        try:
-            _wait_stale(page, True)
-            shown = page.text_content("#updated") or ""
-            last_seen = shown.rpartition(" at ")[2]
-            assert re.fullmatch(r"\d\d:\d\d:\d\d", last_seen), shown
-            stale, opacity = _stale(page)
-            assert stale
-            assert opacity <= 0.5, f"stale figures are shown at opacity {opacity}"
-            expect(page.locator("#stale")).to_have_text(f"stale since {last_seen}")
-        finally:
-            first.process.send_signal(signal.SIGCONT)
-        _wait_stale(page, False)
-        assert _stale(page) == (False, 1.0)
-        expect(page.locator("#stale")).to_be_hidden()
-        expect(connection).to_have_text("live", timeout=WAIT_MS)
-
-        # the daemon goes away: the figures dim at once
-        assert first.stop() == 0
-        expect(connection).to_contain_text("disconnected, retrying", timeout=WAIT_MS)
+    # a daemon that stops answering but keeps its connection: no sample comes
+    first.process.send_signal(signal.SIGSTOP)
+    try:
         _wait_stale(page, True)
-        assert _stale(page)[1] <= 0.5
         shown = page.text_content("#updated") or ""
-        expect(page.locator("#stale")).to_have_text(f"stale since {shown.rpartition(' at ')[2]}")
+        last_seen = shown.rpartition(" at ")[2]
+        assert re.fullmatch(r"\d\d:\d\d:\d\d", last_seen), shown
+        stale, opacity = _stale(page)
+        assert stale
+        assert opacity <= 0.5, f"stale figures are shown at opacity {opacity}"
+        expect(page.locator("#stale")).to_have_text(f"stale since {last_seen}")
+    finally:
+        first.process.send_signal(signal.SIGCONT)
+    _wait_stale(page, False)
+    assert _stale(page) == (False, 1.0)
+    expect(page.locator("#stale")).to_be_hidden()
+    expect(connection).to_have_text("live", timeout=WAIT_MS)
 
-        second = start_daemon(port=first.port, cwd=first.cwd)
-        status, _, body = second.get("/v1/dashboard")
-        assert status == 200
-        started = json.loads(body)["node"]["started"]
-        expect(connection).to_have_text("live", timeout=WAIT_MS)
-        restart = page.locator("#restart")
-        expect(restart).to_have_text(
-            f"daemon restarted at {time.strftime('%H:%M:%S', time.gmtime(started))}",
-            timeout=WAIT_MS,
-        )
-        # the charts start again with the new daemon's history and go on, at full contrast
-        _next_samples(page, 2)
-        expect(page.locator("#updated")).to_contain_text("sample ")
-        _wait_stale(page, False)
-        assert _stale(page) == (False, 1.0)
-        # the browser logs each refused reconnect while the daemon is down; nothing else
-        unexpected = [p for p in problems if "ERR_CONNECTION_REFUSED" not in p]
-        assert unexpected == []
-        assert _violations(page) == []
+    # the daemon goes away: the figures dim at once
+    assert first.stop() == 0
+    expect(connection).to_contain_text("disconnected, retrying", timeout=WAIT_MS)
+    _wait_stale(page, True)
+    assert _stale(page)[1] <= 0.5
+    shown = page.text_content("#updated") or ""
+    expect(page.locator("#stale")).to_have_text(f"stale since {shown.rpartition(' at ')[2]}")
+
+    second = start_daemon(port=first.port, cwd=first.cwd)
+    status, _, body = second.get("/v1/dashboard")
+    assert status == 200
+    started = json.loads(body)["node"]["started"]
+    expect(connection).to_have_text("live", timeout=WAIT_MS)
+    restart = page.locator("#restart")
+    expect(restart).to_have_text(
+        f"daemon restarted at {time.strftime('%H:%M:%S', time.gmtime(started))}",
+        timeout=WAIT_MS,
+    )
+    # the charts start again with the new daemon's history and go on, at full contrast
+    _next_samples(page, 2)
+    expect(page.locator("#updated")).to_contain_text("sample ")
+    _wait_stale(page, False)
+    assert _stale(page) == (False, 1.0)
+    # the browser logs each refused reconnect while the daemon is down; nothing else
+    unexpected = [p for p in problems if "ERR_CONNECTION_REFUSED" not in p]
+    assert unexpected == []
+    assert _violations(page) == []
 
 
 # -- one busy node for the checks that only look ---------------------------------------
 
 
 @pytest.fixture(scope="module")
-def busy_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Daemon, Browser]]:
-    """A daemon (the embedded default) read in a loop, one object of it read once, and
-    a headless Chromium; shared by the module's checks that only look at the page."""
+def busy_node(
+    tmp_path_factory: pytest.TempPathFactory, browser: Browser
+) -> Iterator[tuple[Daemon, Browser]]:
+    """A daemon (the embedded default) read in a loop and a headless Chromium, shared by
+    the module's checks that only look at the page."""
     run_dir = tmp_path_factory.mktemp("dashboard")
     port = free_port()
     environ = {k: v for k, v in os.environ.items() if not k.startswith("CHUNKD_")}
@@ -320,12 +330,7 @@ def busy_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Daemon
     try:
         wait_ready(daemon)
         names = _objects(daemon)
-        once = run_dir / "chunkd-data" / READ_ONCE
-        once.parent.mkdir(parents=True, exist_ok=True)
-        once.write_bytes(os.urandom(3 << 20))
-        status, _, _ = daemon.get("/v1/objects/local/" + READ_ONCE)
-        assert status == 200
-        with chromium() as browser, _reading(daemon, names, pause=0.05):
+        with _reading(daemon, names, pause=0.05):
             yield daemon, browser
     finally:
         if process.poll() is None:
@@ -334,14 +339,24 @@ def busy_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Daemon
     assert "Traceback" not in log.read_text(errors="replace")
 
 
+def _read_once(daemon: Daemon, name: str) -> None:
+    """Writes a 3 MiB object in the daemon's ``local`` backend and reads it once."""
+    path = daemon.cwd / "chunkd-data" / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(os.urandom(3 << 20))
+    status, _, _ = daemon.get("/v1/objects/local/" + name)
+    assert status == 200
+
+
 def _busy_page(busy: tuple[Daemon, Browser], width: int = 1280) -> tuple[Page, list[str]]:
     """A page of the busy node, live, its hottest objects listed, a few samples in."""
     daemon, browser = busy
     page, problems = _open(browser, daemon, width)
     expect = _expect()
     expect(page.locator("#connection")).to_have_text("live", timeout=WAIT_MS)
-    for name in ("train/shard-0000.bin", READ_ONCE):
-        expect(page.locator("#hot-objects tbody")).to_contain_text(name, timeout=WAIT_MS)
+    expect(page.locator("#hot-objects tbody")).to_contain_text(
+        "train/shard-0000.bin", timeout=WAIT_MS
+    )
     _next_samples(page, 2)
     return page, problems
 
@@ -467,13 +482,17 @@ def test_a_rate_never_reads_zero_beside_bytes_that_moved(
     busy_node: tuple[Daemon, Browser],
 ) -> None:
     """An object read once shows its bytes and a rate of reads that is not zero."""
+    daemon, _ = busy_node
+    name = f"once/read-once-{time.monotonic_ns()}.bin"
+    _read_once(daemon, name)  # its decayed rate: about 0.05 reads/s and 150 KiB/s
     page, problems = _busy_page(busy_node)
+    _expect()(page.locator("#hot-objects tbody")).to_contain_text(name, timeout=WAIT_MS)
     rows: list[list[str]] = page.evaluate(
         "() => Array.from(document.querySelectorAll('#hot-objects tbody tr'))"
         ".filter((r) => !r.hidden && r.cells.length === 3)"
         ".map((r) => Array.from(r.cells).map((c) => c.textContent))"
     )
-    once = [row for row in rows if row[0] == f"local/{READ_ONCE}"]
+    once = [row for row in rows if row[0] == f"local/{name}"]
     assert once, rows
     for name, moved, reads in rows:
         if moved != "0 B/s":
@@ -491,9 +510,15 @@ _CUT_OR_WRAPPED = """() => {
   for (const el of cells) {
     if (!el.offsetParent || (el.closest('#errors') && el.cellIndex === 3)) continue;
     if (el.scrollWidth > el.clientWidth) bad.push(['cut', el.textContent]);
-    const range = document.createRange();
-    range.selectNodeContents(el);
-    const tops = new Set(Array.from(range.getClientRects()).map((r) => Math.round(r.top)));
+    // the lines its text is on (a bar drawn beside a figure is no line of text)
+    const tops = new Set();
+    const walk = document.createTreeWalker(el, NodeFilter.SHOW_TEXT);
+    for (let node = walk.nextNode(); node; node = walk.nextNode()) {
+      if (node.parentElement.closest('svg') || !node.textContent.trim()) continue;
+      const range = document.createRange();
+      range.selectNodeContents(node);
+      for (const r of range.getClientRects()) tops.add(Math.round(r.bottom));
+    }
     if (tops.size > 1) bad.push(['wrapped', el.textContent]);
   }
   for (const table of document.querySelectorAll('.rows')) {
@@ -521,15 +546,74 @@ def test_numbers_never_wrap_or_truncate(busy_node: tuple[Daemon, Browser], width
     assert problems == []
 
 
+@pytest.mark.timeout(120)
+def test_a_save_in_flight_opens_the_checkpoints_panel(
+    start_daemon: Callable[..., Daemon],
+    browser: Browser,
+    tmp_path: Path,
+    bucket: str,
+    s3_proxy: CountingProxy,
+) -> None:
+    """The checkpoints panel folds with no save in flight, opens with one (its figures
+    whole at 820 px), and folds again once it is in the backend."""
+    torch = pytest.importorskip("torch")
+    from chunkd.client import Client
+    from chunkd.client import checkpoint as ckpt
+    from tests.test_checkpoint import s3_toml
+
+    daemon = start_daemon(s3_toml(tmp_path, bucket, s3_proxy), cwd=tmp_path / "node")
+    expect = _expect()
+    folded = re.compile(r"\bfolded\b")
+    with Client(daemon.cwd / "chunkd.sock") as client:
+        page, problems = _open(browser, daemon, 820)
+        panel = page.locator("#checkpoints-panel")
+        expect(page.locator("#connection")).to_have_text("live", timeout=WAIT_MS)
+        expect(panel).to_have_class(folded, timeout=WAIT_MS)
+        expect(page.locator("#checkpoints-summary")).to_have_text("none in flight")
+
+        s3_proxy.down()
+        state = {"w": torch.randn(512, 512)}
+        handle = ckpt.async_save(state, "ckpt/seen/step-1", durability="local", client=client)
+        try:
+            assert handle.wait(30)  # durable on the node; the backend is down
+            expect(panel).not_to_have_class(folded, timeout=WAIT_MS)
+            expect(page.locator("#checkpoints tbody")).to_contain_text("ckpt/seen/step-1")
+            expect(page.locator("#checkpoints-summary")).to_have_text("1 in flight")
+            expect(page.locator("#checkpoints tbody")).to_contain_text("1.0 MiB")
+            found: list[list[str]] = page.evaluate(_CUT_OR_WRAPPED)
+            assert found == [], found
+            if os.environ.get("CHUNKD_SCREENSHOTS") == "1":
+                page.screenshot(path=str(IMAGES / "dashboard-checkpoint-820.png"), full_page=True)
+        finally:
+            s3_proxy.up()
+        assert handle.wait(60, level="remote")
+        expect(panel).to_have_class(folded, timeout=WAIT_MS)
+        # the refused uploads were logged: the warnings panel opened for them
+        unexpected = [p for p in problems if "ERR_CONNECTION_REFUSED" not in p]
+        assert unexpected == []
+
+
 @pytest.mark.skipif(
     os.environ.get("CHUNKD_SCREENSHOTS") != "1", reason="set CHUNKD_SCREENSHOTS=1 to take it"
 )
 def test_screenshot(busy_node: tuple[Daemon, Browser]) -> None:
-    """docs/images/dashboard.png and dashboard-820.png: the page under a little load,
-    at 1280x800 and 820x800."""
-    for width, name in ((1280, "dashboard.png"), (820, "dashboard-820.png")):
-        page, problems = _busy_page(busy_node, width)
-        _next_samples(page, 20)  # some history in the charts
-        IMAGES.mkdir(parents=True, exist_ok=True)
-        page.screenshot(path=str(IMAGES / name))
-        assert problems == []
+    """docs/images/dashboard.png (1280x800), dashboard-820.png (820 wide, the whole page)
+    and dashboard-stale.png (1280x800, the daemon stopped): the page under a little load,
+    with an object read once among the hottest."""
+    daemon, _ = busy_node
+    _read_once(daemon, READ_ONCE)
+    IMAGES.mkdir(parents=True, exist_ok=True)
+    page, problems = _busy_page(busy_node, 820)
+    _next_samples(page, 12)  # some history in the charts
+    page.screenshot(path=str(IMAGES / "dashboard-820.png"), full_page=True)
+    page, problems = _busy_page(busy_node, 1280)
+    _next_samples(page, 4)
+    page.screenshot(path=str(IMAGES / "dashboard.png"))
+    daemon.process.send_signal(signal.SIGSTOP)
+    try:
+        _wait_stale(page, True)
+        page.screenshot(path=str(IMAGES / "dashboard-stale.png"))
+    finally:
+        daemon.process.send_signal(signal.SIGCONT)
+    _wait_stale(page, False)
+    assert problems == []

@@ -534,7 +534,7 @@ function setupTables() {
     setCells(cells, [p.address, p.healthy ? "up" : "down", byteRate(p.in), byteRate(p.out)]);
     row.classList.toggle("bad", !p.healthy);
   });
-  tables.checkpoints = new Rows("checkpoints", ["name", "minor", "", "bar", "num", "num minor", "num"], 50, ({ cells, extra }, c) => {
+  tables.checkpoints = new Rows("checkpoints", ["name", "minor", "text", "bar", "num", "num minor", "num"], 50, ({ cells, extra }, c) => {
     setCells(cells, [
       c.name,
       `${c.rank} of ${c.world_size}`,

@@ -21,6 +21,7 @@ free. No command's output may hold a traceback.
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import re
@@ -30,9 +31,11 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 
 import pytest
@@ -47,8 +50,8 @@ VENV = ROOT / ".venv"
 # What each page of the walkthrough must show once loaded (a link the README adds must
 # be added here: the test fails on one it does not know).
 PAGES = {
-    "http://127.0.0.1:8470/": "local",
-    "http://127.0.0.1:8470/inspect/?dataset=demo": "54.3 KiB",
+    "http://127.0.0.1:8470/": "backends local",  # the node line, from /v1/dashboard
+    "http://127.0.0.1:8470/inspect/?dataset=demo": "4,000",  # demo@1's samples
     "http://127.0.0.1:8470/inspect/?open=local/demo/part-0.parquet": "score",
 }
 
@@ -108,6 +111,10 @@ def walkthrough() -> tuple[list[Block], list[str]]:
             blocks.append(Block(kind, "\n".join(lines[i + 1 : j]) + "\n", step))
             i = j
         i += 1
+    fences = [line for line in section.splitlines() if line.lstrip().startswith("```")]
+    assert len(fences) == 2 * len(blocks), (
+        "a fence with no language, or indented, in the walkthrough"
+    )
     links = re.findall(r"<(http://127\.0\.0\.1:8470/[^>]*)>", section)
     return blocks, links
 
@@ -322,4 +329,74 @@ def test_every_link_of_the_readme_and_the_docs_resolves() -> None:
             if not (page.parent / path).exists():
                 broken.append(f"{page.name}: {target}")
     assert not broken, broken
-    assert len(README.read_text().splitlines()) <= 260, "the README is meant to stay short"
+    assert len(README.read_text().splitlines()) <= 250, "the README is meant to stay short"
+
+
+def requirements_closure(roots: list[str]) -> set[str]:
+    """The distributions that installing ``roots`` (``NAME`` or ``NAME[EXTRA,...]``)
+    brings, found from the installed metadata."""
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    found: set[str] = set()
+    todo = [Requirement(root) for root in roots]
+    seen: set[tuple[str, frozenset[str]]] = set()
+    while todo:
+        req = todo.pop()
+        key = (canonicalize_name(req.name), frozenset(req.extras))
+        if key in seen:
+            continue
+        seen.add(key)
+        found.add(key[0])
+        try:
+            requires = metadata.distribution(req.name).requires or []
+        except metadata.PackageNotFoundError:
+            continue  # not installed here (a platform's own, say): brings nothing we use
+        for text in requires:
+            dep = Requirement(text)
+            wanted = [{"extra": extra} for extra in req.extras] or [{"extra": ""}]
+            if dep.marker is None or any(dep.marker.evaluate(env) for env in wanted):
+                todo.append(dep)
+    return found
+
+
+@pytest.mark.timeout(30)
+def test_the_walkthrough_needs_only_what_make_run_installs() -> None:
+    # The walkthrough runs in CI on the test toolchain's venv, which holds far more than
+    # `make run` installs: every module its Python imports must come from make run's
+    # extras, or from a `pip install` the walkthrough itself says.
+    from packaging.utils import canonicalize_name
+
+    makefile = (ROOT / "Makefile").read_text()
+    extras = re.search(
+        r"^\$\(RUN_STAMP\):.*?pip install --quiet -e '\.(\[[^\]]+\])'", makefile, re.M | re.S
+    )
+    assert extras is not None, "make run's pip install of chunkd's extras is not where it was"
+    blocks, _ = walkthrough()
+    asked = [
+        word
+        for block in blocks
+        if block.kind == "sh"
+        for line in block.text.splitlines()
+        if line.startswith("pip install ")
+        for word in line.split()[2:]
+    ]
+    have = requirements_closure([f"chunkd{extras.group(1)}", *asked])
+    modules = metadata.packages_distributions()
+    imported = set()
+    for block in blocks:
+        if block.kind != "python":
+            continue
+        for node in ast.walk(ast.parse(block.text)):
+            if isinstance(node, ast.Import):
+                imported |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                imported.add(node.module.split(".")[0])
+    missing = {
+        name: modules.get(name)
+        for name in imported - set(sys.stdlib_module_names)
+        if name != "chunkd" and not {canonicalize_name(d) for d in modules.get(name, [])} & have
+    }
+    assert imported >= {"torch", "pyarrow", "boto3", "chunkd"}
+    assert not {"pytest", "moto", "playwright"} & have  # the test toolchain is not in it
+    assert not missing, f"the walkthrough imports what make run does not install: {missing}"

@@ -4,12 +4,18 @@ nothing."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import email.utils
 import hashlib
+import http.server
 import json
 import os
 import socket
 import subprocess
-from collections.abc import Callable
+import threading
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -62,6 +68,9 @@ def doctor(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, dict[st
     assert document["ok"] == (status == 0)
     checks = {check["name"]: check for check in document["checks"]}
     assert all(set(check) == {"name", "status", "finding", "fix"} for check in checks.values())
+    # docs/deploy.md: every check that is not ok says what to change
+    unfixed = [c for c in checks.values() if c["status"] != "ok" and not c["fix"].strip()]
+    assert unfixed == [], unfixed
     return status, checks
 
 
@@ -197,6 +206,17 @@ def test_a_socket_others_cannot_connect_to_is_reported(
         assert "nobody may not connect" in check["finding"]
         assert 'socket_mode = "0660"' in check["fix"]
         assert "usermod -aG" in check["fix"]
+        # Group-readable is not connectable (connecting takes write): the directory's
+        # search bit is then no one's problem.
+        path.parent.chmod(0o700)
+        path.chmod(0o640)
+        _, checks = doctor(capsys, "--config", str(config))
+        assert "only" in checks["socket"]["finding"]
+        assert "its directory" not in checks["socket"]["finding"], checks["socket"]
+        path.chmod(0o660)
+        _, checks = doctor(capsys, "--config", str(config))
+        assert "its directory" in checks["socket"]["finding"], checks["socket"]
+        path.parent.chmod(0o750)
         # At the mode the config gives, the group may connect: no fix needed.
         path.chmod(0o660)
         _, checks = doctor(capsys, "--config", str(config))
@@ -458,3 +478,157 @@ def test_deploy_md_writes_down_every_check(
         shown = name.replace("data", "NAME")
         assert f"| `{shown}` |" in section, name
     assert "| `peer:HOST:PORT` |" in section
+
+
+# -- what a backend's or a peer's odd answers do (review of issue 27) --------------------
+
+
+@contextlib.contextmanager
+def answering(status: int, headers: dict[str, str]) -> Iterator[str]:
+    """A real HTTP server on loopback (aiohttp, in a thread of its own) that answers
+    every request with ``status`` and ``headers``; yields its base URL."""
+    from aiohttp import web
+
+    async def handle(request: web.Request) -> web.Response:
+        return web.Response(status=status, headers=headers, text="an odd server\n")
+
+    loop = asyncio.new_event_loop()
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handle)
+    runner = web.AppRunner(app)
+    port = free_port()
+    loop.run_until_complete(runner.setup())
+    loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", port).start())
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
+        loop.run_until_complete(runner.cleanup())
+        loop.close()
+
+
+@pytest.mark.timeout(30)
+def test_an_unreadable_date_header_is_a_warning_not_a_crash(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with answering(403, {"Date": "garbage"}) as endpoint:
+        config = node_toml(tmp_path, backends=s3_backend("data", "s3://odd/pre", endpoint))
+        _, checks = doctor(capsys, "--config", str(config))
+    clock = checks["clock:data"]
+    assert clock["status"] == "warn", clock
+    assert "the backend's Date header is unreadable" in clock["finding"]
+    assert "'garbage'" in clock["finding"]
+    assert clock["fix"]
+    # the report is whole
+    assert "shmem_enabled" in checks
+    assert "backend:data" in checks
+
+
+@pytest.mark.timeout(30)
+def test_a_date_without_a_zone_is_read_as_utc(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # RFC 5322's "-0000": UTC, with no zone said. Read as local time, a node 9 hours
+    # east of Greenwich would look 9 hours off.
+    monkeypatch.setenv("TZ", "Asia/Tokyo")
+    time.tzset()
+    try:
+        now = email.utils.formatdate(time.time(), usegmt=False).rsplit(" ", 1)[0] + " -0000"
+        with answering(403, {"Date": now}) as endpoint:
+            config = node_toml(tmp_path, backends=s3_backend("data", "s3://odd/pre", endpoint))
+            _, checks = doctor(capsys, "--config", str(config))
+    finally:
+        monkeypatch.delenv("TZ")
+        time.tzset()
+    clock = checks["clock:data"]
+    assert clock["status"] == "ok", clock
+
+
+@pytest.mark.timeout(30)
+def test_no_date_header_and_an_odd_peer_answer_each_say_what_to_do(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "mine").write_text(TOKEN)
+    (tmp_path / "mine").chmod(0o600)
+    with answering(500, {"Date": ""}) as endpoint:
+        member = endpoint.removeprefix("http://")
+        peers = (
+            f'\n[peers]\nself = "127.0.0.1:{free_port()}"\nmembers = ["{member}"]\n'
+            f'token_file = "{tmp_path / "mine"}"\n'
+        )
+        config = node_toml(tmp_path, peers, backends=s3_backend("data", "s3://odd/pre", endpoint))
+        _, checks = doctor(capsys, "--config", str(config))
+    clock = checks["clock:data"]
+    assert clock["status"] == "warn"
+    assert "sent no Date header" in clock["finding"]
+    peer = checks[f"peer:{member}"]
+    assert peer["status"] == "warn"
+    assert "answered 500" in peer["finding"]
+    assert peer["fix"]  # the doctor() helper checks every non-ok check has one
+
+
+@pytest.mark.timeout(30)
+def test_the_peer_probe_never_follows_a_redirect(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The token goes to the member named, never where it redirects to."""
+    seen: list[str] = []
+
+    class Catcher(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            seen.append(self.headers.get("Authorization", ""))
+            self.send_response(404)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    catcher = http.server.HTTPServer(("127.0.0.1", 0), Catcher)
+    threading.Thread(target=catcher.serve_forever, daemon=True).start()
+    elsewhere = f"http://127.0.0.1:{catcher.server_address[1]}/v1/peer/pages/x"
+    (tmp_path / "mine").write_text(TOKEN)
+    (tmp_path / "mine").chmod(0o600)
+    try:
+        with answering(307, {"Location": elsewhere}) as endpoint:
+            member = endpoint.removeprefix("http://")
+            peers = (
+                f'\n[peers]\nself = "127.0.0.1:{free_port()}"\nmembers = ["{member}"]\n'
+                f'token_file = "{tmp_path / "mine"}"\n'
+            )
+            _, checks = doctor(capsys, "--config", str(node_toml(tmp_path, peers)))
+    finally:
+        catcher.shutdown()
+        catcher.server_close()
+    assert seen == []
+    peer = checks[f"peer:{member}"]
+    assert peer["status"] == "warn"
+    assert "answered 307" in peer["finding"]
+
+
+@pytest.mark.timeout(20)
+def test_a_token_file_others_may_read_or_write_is_reported_and_an_executable_bit_is_not(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    token = tmp_path / "mine"
+    token.write_text(TOKEN)
+    peers = f'\n[peers]\nself = "127.0.0.1:{free_port()}"\nmembers = []\ntoken_file = "{token}"\n'
+    config = str(node_toml(tmp_path, peers))
+    found = {}
+    for mode in (0o600, 0o700, 0o610, 0o601, 0o640, 0o620, 0o604):
+        token.chmod(mode)
+        doctor(capsys, "--config", config)  # every non-ok check has its fix
+        main(["doctor", "--json", "--config", config])
+        checks = json.loads(capsys.readouterr().out)["checks"]  # "peers" may come twice
+        found[mode] = [c for c in checks if c["name"] == "peers" and "token_file" in c["finding"]]
+    assert found[0o600] == found[0o700] == found[0o610] == found[0o601] == []
+    (read,) = found[0o640]
+    assert "readable by its group" in read["finding"]
+    assert "mode 0640" in read["finding"]
+    (write,) = found[0o620]
+    assert "writable by its group" in write["finding"]
+    (others,) = found[0o604]
+    assert "readable by every user" in others["finding"]
+    assert all(c["fix"] == f"chmod 600 {token}" for c in (read, write, others))

@@ -32,6 +32,7 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import datetime
 import email.utils
 import errno
 import grp
@@ -318,12 +319,17 @@ def check_socket(config: Config, readers: Iterable[str]) -> Check:
         fixes.append(group_fix)
     if f"{mode:04o}" != wanted:
         problems.append(f"the config gives {wanted}")
+        fixes.append(
+            f"restart the daemon with this config (it gives the socket mode {wanted}), or "
+            "set socket_mode to the mode wanted"
+        )
     refused = []
     for reader in readers:
         try:
             user = pwd.getpwnam(reader)
         except KeyError:
             problems.append(f"--reader {reader} is no user of this host")
+            fixes.append("give --reader a user of this host (getent passwd USER)")
             continue
         if not _may_connect(user, st):
             refused.append(reader)
@@ -335,7 +341,9 @@ def check_socket(config: Config, readers: Iterable[str]) -> Check:
     with contextlib.suppress(OSError):
         pst = os.stat(parent)
         enters = pst.st_mode & (stat.S_IXGRP if pst.st_gid == st.st_gid else stat.S_IXOTH)
-        if not enters and mode & 0o070:
+        # Connecting to a socket takes write permission on it: only where the group or
+        # others may connect does the directory's search bit matter to them.
+        if not enters and mode & 0o022:
             problems.append(
                 f"its directory {parent} (mode {stat.S_IMODE(pst.st_mode):04o}) lets only its "
                 "owner through"
@@ -531,7 +539,10 @@ def _check_directory(name: str, config: BackendConfig) -> Check:
             name,
             WARN,
             f"{config.url}: {root} does not exist (chunkd serve creates it, empty)",
-            f"mkdir -p {root}, or fix the url" if not config.writable else "",
+            f"mkdir -p {root}, or fix the url"
+            if not config.writable
+            else f"nothing, if an empty {root} is what it should serve: chunkd serve creates "
+            "it; else fix the url",
         )
     if not root.is_dir():
         return Check(
@@ -592,9 +603,24 @@ async def check_clock(config: BackendConfig) -> Check | None:
             f"cannot tell: {url} did not answer ({type(exc).__name__}: {exc})",
             f"see backend:{config.name}",
         )
-    parsed = email.utils.parsedate_to_datetime(date).timestamp() if date else None
-    if parsed is None:
-        return Check(name, WARN, f"cannot tell: {url} sent no Date header", "")
+    fix = (
+        "check that the endpoint is the backend's (a proxy or load balancer in between may "
+        "drop or rewrite Date), and keep this node's clock synced: timedatectl set-ntp true"
+    )
+    if not date:
+        return Check(name, WARN, f"cannot tell: {url} sent no Date header", fix)
+    try:
+        when = email.utils.parsedate_to_datetime(date)
+    except (TypeError, ValueError):
+        return Check(
+            name,
+            WARN,
+            f"cannot tell: the backend's Date header is unreadable ({url} sent {date[:80]!r})",
+            fix,
+        )
+    if when.tzinfo is None:  # "-0000": UTC with no zone said (RFC 5322), never local time
+        when = when.replace(tzinfo=datetime.UTC)
+    parsed = when.timestamp()
     # The Date is whole seconds, sent between our two readings.
     skew = parsed + 0.5 - (before + after) / 2
     margin = 0.5 + (after - before) / 2
@@ -701,20 +727,26 @@ async def check_peers(config: Config) -> list[Check]:
     except ConfigError as exc:
         return [Check("peers", ERROR, str(exc), "fix [peers] (docs/peers.md)")]
     checks: list[Check] = []
-    if peers.token_file is not None and os.stat(peers.token_file).st_mode & 0o077:
+    if peers.token_file is not None and (exposed := _token_exposure(peers.token_file)):
         checks.append(
             Check(
                 "peers",
                 WARN,
-                f"[peers] token_file {peers.token_file} is readable by others",
-                f"chmod 600 {peers.token_file} (readable by the daemon's user only)",
+                f"[peers] token_file {peers.token_file} is {exposed}",
+                f"chmod 600 {peers.token_file}",
             )
         )
     members, problems = await _members(peers)
     checks += problems
     if len(members) > _MAX_PEERS:
         checks.append(
-            Check("peers", WARN, f"{len(members)} members: the first {_MAX_PEERS} are checked", "")
+            Check(
+                "peers",
+                WARN,
+                f"{len(members)} members: the first {_MAX_PEERS} are checked",
+                f"run chunkd doctor on a node of each group of {_MAX_PEERS} members to check "
+                "the rest",
+            )
         )
     at_once = asyncio.Semaphore(_PEERS_AT_ONCE)
 
@@ -737,6 +769,21 @@ async def check_peers(config: Config) -> list[Check]:
     return checks
 
 
+def _token_exposure(path: str | Path) -> str:
+    """Who besides its owner may read or write the token file, in words ("" for nobody):
+    reading it lets one pose as a peer, writing it cuts this node off. Execute bits
+    give nothing of a file's contents and are not counted."""
+    mode = stat.S_IMODE(os.stat(path).st_mode)
+    who = []
+    for mask, whom in ((0o040, "its group"), (0o004, "every user")):
+        if mode & mask:
+            who.append(f"readable by {whom}")
+    for mask, whom in ((0o020, "its group"), (0o002, "every user")):
+        if mode & mask:
+            who.append(f"writable by {whom}")
+    return f"{' and '.join(who)} (mode {mode:04o})" if who else ""
+
+
 async def _check_peer(
     member: str, token: str, address: str, context: ssl.SSLContext | None
 ) -> Check:
@@ -750,7 +797,13 @@ async def _check_peer(
     try:
         async with (
             aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=_NETWORK_TIMEOUT)) as session,
-            session.get(url, headers=headers, ssl=context if context is not None else True) as r,
+            # Never redirected: the token goes to the member named and nowhere else.
+            session.get(
+                url,
+                headers=headers,
+                ssl=context if context is not None else True,
+                allow_redirects=False,
+            ) as r,
         ):
             status = r.status
             body = await r.content.read(4096)
@@ -781,7 +834,13 @@ async def _check_peer(
             f"{scheme}://{member} has no [peers] section (404)",
             "configure [peers] on that node too (self, token_file, the same members)",
         )
-    return Check(name, WARN, f"{scheme}://{member} answered {status}: {text[:120]}", "")
+    return Check(
+        name,
+        WARN,
+        f"{scheme}://{member} answered {status}: {text[:120]}",
+        f"check that {member} is a chunkd daemon's server.listen (no proxy in between, no "
+        "redirect: the token never follows one) and read its log",
+    )
 
 
 # -- the whole run --------------------------------------------------------------------

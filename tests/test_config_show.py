@@ -65,6 +65,14 @@ def test_the_embedded_default_with_overrides_shows_every_key_and_its_origin(
     secret = rows[("s3_front", None, "secret_access_key")]
     assert (secret["value"], secret["origin"]) == ("***", "env")
     assert FRONT["CHUNKD_S3_FRONT_SECRET_ACCESS_KEY"] not in out
+    # The front's key id is masked as a backend's is: its last four characters.
+    key_id = rows[("s3_front", None, "access_key_id")]
+    assert (key_id["value"], key_id["origin"]) == ("****************ough", "env")
+    assert FRONT["CHUNKD_S3_FRONT_ACCESS_KEY_ID"] not in out
+    status, text, _ = show(capsys)
+    assert status == 0
+    assert FRONT["CHUNKD_S3_FRONT_ACCESS_KEY_ID"] not in text
+    assert 'access_key_id = "****************ough"' in text
     # The embedded default's own values, and the declared defaults, are "default".
     url = rows[("backends", "local", "url")]
     assert (url["value"], url["origin"], url["where"]) == (

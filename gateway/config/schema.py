@@ -886,9 +886,10 @@ class Config:
         """A JSON-able view for ``/v1/stats`` and logs, with nothing secret in it.
 
         Every :class:`Secret` shows as ``"***"`` (an unset one as None). An
-        ``access_key_id`` shows as the AWS CLI shows it, sixteen ``*`` and its last
-        four characters (``"****************WXYZ"``; only the stars for a key of
-        eight characters or fewer): enough to tell which key is in use, not to use
+        ``access_key_id``, a backend's and ``[s3_front]``'s alike, shows as the AWS CLI
+        shows it, sixteen ``*`` and its last four characters
+        (``"****************WXYZ"``; only the stars for a key of eight characters or
+        fewer): enough to tell which key is in use, not to use
         it. Paths and enums are strings, ``socket_mode`` is octal text like ``"0660"``
         and a ``revalidate`` of None is ``"immutable"``, as one would write them in
         TOML.
@@ -900,9 +901,12 @@ class Config:
             view = _plain(backend)
             if backend.revalidate is None:
                 view["revalidate"] = "immutable"
-            if (key_id := backend.access_key_id) is not None:
-                view["access_key_id"] = "*" * 16 + (key_id[-4:] if len(key_id) > 8 else "")
+            if backend.access_key_id is not None:
+                view["access_key_id"] = _masked_key_id(backend.access_key_id)
             backends.append(view)
+        front = _plain(self.s3_front)
+        if self.s3_front.access_key_id is not None:
+            front["access_key_id"] = _masked_key_id(self.s3_front.access_key_id)
         return {
             "source": self.source,
             "server": server,
@@ -910,8 +914,14 @@ class Config:
             "backends": backends,
             "peers": _plain(self.peers),
             "datasets": _plain(self.datasets),
-            "s3_front": _plain(self.s3_front),
+            "s3_front": front,
         }
+
+
+def _masked_key_id(key_id: str) -> str:
+    """An access key id as the AWS CLI shows it: sixteen ``*`` and its last four
+    characters, only the stars for a key of eight characters or fewer."""
+    return "*" * 16 + (key_id[-4:] if len(key_id) > 8 else "")
 
 
 def _plain(obj: object) -> dict[str, Any]:

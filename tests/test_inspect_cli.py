@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 import os
 import re
 import shutil
@@ -369,3 +370,44 @@ def test_an_audio_file_says_its_duration_rate_and_channels(node: Daemon, tmp_pat
     rate = f"{answer['sample_rate'] / 1000:g} kHz"
     channels = {1: "mono", 2: "stereo"}.get(answer["channels"], f"{answer['channels']} channels")
     assert re.search(rf"audio\s+{answer['duration']:.2f} s, {rate}, {channels}", out), out
+
+
+_FLOATS = [
+    2.9137e-4, 1e-5, -1e-5, 1.5e-7, 9.99996e-4, 0.00099995, 0.001, 0.0012345, 0.05,
+    0.04999999999999999, 0.14285714285714285, 0.5, -0.5, 1.25, 3.14159, 123.45, 999.99995,
+    12345.678, -98765.4321, 1234567.891, 1e15 + 0.5, 2.5e-300, 5e-324, 3.0, -0.0, 1e20,
+    1e21, 1.2345e25, float("nan"), float("inf"), float("-inf"), 0.1 + 0.2, 1 / 3, 2 / 3e8,
+]  # fmt: skip
+
+
+@pytest.mark.timeout(30)
+def test_cli_floats_are_the_pages_strings() -> None:
+    """``chunkd inspect`` rounds a float to the very string the page's ``fmtFloat``
+    gives (run in Chromium from inspect.js itself), exponent form included."""
+    from chunkd.gateway.cli.inspect import _float
+    from chunkd.testing.browser import chromium, chromium_missing
+
+    missing = chromium_missing()
+    if missing is not None:
+        pytest.skip(missing)
+    import chunkd.gateway.dashboard
+
+    static = Path(chunkd.gateway.dashboard.__file__).parent / "static"
+    source = (static / "inspect.js").read_text()
+    digits = re.search(r"^const SIG_DIGITS = \d+;", source, re.M)
+    rule = re.search(r"^function fmtFloat\(n\) \{\n.*?^\}\n", source, re.M | re.S)
+    assert digits is not None
+    assert rule is not None
+    script = f"{digits.group(0)}\n{rule.group(0)}\nreturn values.map(fmtFloat);"
+    with chromium() as browser:
+        page = browser.new_page()
+        # JSON has no NaN or Infinity: they travel as strings and become numbers there
+        sent = [
+            v if math.isfinite(v) else {"nan": "NaN", "inf": "Infinity"}.get(str(v), "-Infinity")
+            for v in _FLOATS
+        ]
+        page_strings = page.evaluate(
+            f"sent => {{ const values = sent.map(Number); {script} }}", sent
+        )
+    assert [_float(v) for v in _FLOATS] == page_strings
+    assert (_float(2.9137e-4), _float(1e-5)) == ("2.914e-4", "1e-5")

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import decimal
 import io
 import json
 import math
@@ -63,6 +64,9 @@ FOLD_CHARS: Final = 240
 FOLD_LINES: Final = 3
 #: list items shown before the rest are counted
 FOLD_ITEMS: Final = 16
+#: a float in a table shows this many significant digits (inspect.js's SIG_DIGITS)
+SIG_DIGITS: Final = 4
+_FOUR_DIGITS: Final = decimal.Decimal("1.000")
 #: columns of a rows table; --columns picks others
 MAX_COLUMNS: Final = 10
 #: samples shown for --step; the other ids are listed
@@ -1045,18 +1049,38 @@ def _strip(value: Any) -> Text | None:
 
 
 def _float(value: float) -> str:
-    """A float as the page shows it: 4 significant digits (``0.1429``), whole digits never
-    rounded away (``12345.7``), below 0.001 or from 10^15 in exponent form (``2.91e-4``);
+    """A float as the page shows it (``fmtFloat`` in inspect.js, the same strings): 4
+    significant digits (``0.1429``), whole digits never rounded away (``12345.7``),
+    below 0.001 or from 10^15 in exponent form with its trailing zeros dropped
+    (``2.914e-4``, ``1e-5``), a whole number whole (``3``), as JavaScript writes them;
     --full prints every digit."""
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "Infinity" if value > 0 else "-Infinity"
+    if value.is_integer():
+        # JavaScript's String(n): every digit below 10^21, exponent form from there
+        return str(int(value)) if abs(value) < 1e21 else repr(value).replace("e+0", "e+")
     size = abs(value)
-    if size == 0 or not math.isfinite(value):
-        return str(value)
+    sign = "-" if value < 0 else ""
     if size < 1e-3 or size >= 1e15:
-        mantissa, _, exponent = f"{value:.2e}".partition("e")
-        return f"{mantissa}e{int(exponent)}"
-    whole = len(str(int(size))) if size >= 1 else 0
-    text = f"{value:.{max(4, whole + 1)}g}"
-    return text if "." in text else f"{text}.0"
+        # toExponential(3): the exact value rounded half up, then `\.?0+e` dropped
+        exact = decimal.Decimal(size)
+        exponent = exact.adjusted()
+        digits = exact.scaleb(-exponent).quantize(_FOUR_DIGITS, decimal.ROUND_HALF_UP)
+        if digits >= 10:  # 9.9996e-4 rounds to 10.000e-4: 1.000e-3
+            exponent += 1
+            digits = exact.scaleb(-exponent).quantize(_FOUR_DIGITS, decimal.ROUND_HALF_UP)
+        mantissa = re.sub(r"\.?0+$", "", f"{digits:f}")
+        return f"{sign}{mantissa}e{'+' if exponent >= 0 else '-'}{abs(exponent)}"
+    # toFixed(max(1, 4 - whole digits)): the exact value rounded half up
+    whole = math.floor(math.log10(size)) + 1
+    places = max(1, SIG_DIGITS - whole)
+    fixed = decimal.Decimal(size).quantize(
+        decimal.Decimal(1).scaleb(-places), decimal.ROUND_HALF_UP
+    )
+    text = f"{fixed:f}".rstrip("0")
+    return f"{sign}{text}0" if text.endswith(".") else f"{sign}{text}"
 
 
 def _short(value: float) -> str:

@@ -806,3 +806,58 @@ def test_open_of_audio_says_its_duration_rate_and_channels(node: Node) -> None:
     value = node.worker.ok("rows", name=cell)["rows"][0]["value"]["clip"]
     assert value["audio"]["duration"] == 0.5
     assert value["audio"]["channels"] == 1
+
+
+def _ogg_opus(pre_skip: int, granule: int) -> bytes:
+    """An Ogg Opus stream of three pages: OpusHead, OpusTags, and a last audio page at
+    ``granule`` (the parser reads headers and granules, not the packets)."""
+
+    def page(kind: int, position: int, sequence: int, body: bytes) -> bytes:
+        table = bytes([255] * (len(body) // 255) + [len(body) % 255])
+        head = struct.pack("<4sBBqIIIB", b"OggS", 0, kind, position, 7, sequence, 0, len(table))
+        return head + table + body
+
+    opus_head = b"OpusHead" + struct.pack("<BBHIhB", 1, 2, pre_skip, 44_100, 0, 0)
+    tags = b"OpusTags" + struct.pack("<I", 0) + struct.pack("<I", 0)
+    return (
+        page(2, 0, 0, opus_head) + page(0, 0, 1, tags) + page(4, granule, 2, b"\xfc" + b"\0" * 40)
+    )
+
+
+@pytest.mark.timeout(10)
+def test_an_opus_stream_ending_before_its_pre_skip_has_no_duration() -> None:
+    fine = _ogg_opus(pre_skip=312, granule=312 + 48_000)
+    assert audio_info(_Counted(fine), len(fine), "audio/ogg") == {
+        "codec": "opus", "duration": 1.0, "sample_rate": 44_100, "channels": 2, "bits": None,
+    }  # fmt: skip
+    short = _ogg_opus(pre_skip=3840, granule=1000)  # its last granule below the pre-skip
+    info = audio_info(_Counted(short), len(short), "audio/ogg")
+    assert info is not None
+    assert info["duration"] is None  # unknown, never negative
+    assert (info["codec"], info["channels"]) == ("opus", 2)
+
+
+@pytest.mark.timeout(20)
+def test_a_page_of_audio_tar_members_reads_a_bounded_number_of_headers(node: Node) -> None:
+    from chunkd.client.inspect.values import AUDIO_CELLS
+
+    samples = AUDIO_CELLS + 4
+    sink = io.BytesIO()
+    with tarfile.open(fileobj=sink, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for i in range(samples):
+            body = _ogg_opus(pre_skip=312, granule=312 + 48_000 * (i + 1))
+            info = tarfile.TarInfo(f"clips/c{i:03d}.opus")
+            info.size = len(body)
+            tar.addfile(info, io.BytesIO(body))
+    name = node.put("wds/clips.tar", sink.getvalue())
+    rows = node.worker.ok("rows", name=name, count=samples)["rows"]
+    assert len(rows) == samples
+    heard = [r["value"]["opus"]["$media"].get("audio") for r in rows]
+    # the first AUDIO_CELLS carry their header's facts; the rest only their media range
+    assert [h["duration"] for h in heard[:AUDIO_CELLS]] == [
+        float(i + 1) for i in range(AUDIO_CELLS)
+    ]
+    assert heard[AUDIO_CELLS:] == [None] * 4
+    # a sample shown alone reads its own header
+    alone = node.worker.ok("sample", id=f"{name}#{samples - 1}")["value"]["opus"]["$media"]
+    assert alone["audio"]["duration"] == float(samples)

@@ -240,5 +240,8 @@ def _ogg(read: Read, size: int) -> dict[str, Any] | None:
             granule = page[0]
             break
         at = tail.rfind(b"OggS", 0, at)
-    duration = (granule - pre_skip) / clock if granule and clock else None
+    # An Opus stream whose last granule is below its pre-skip (a broken or cut stream)
+    # has no length to tell: unknown, never a negative duration.
+    samples = granule - pre_skip if granule else None
+    duration = samples / clock if samples is not None and samples >= 0 and clock else None
     return _info(codec, duration, rate or None, channels or None, None)

@@ -37,7 +37,7 @@ from chunkd.client.datasets.formats import DECODED_CACHE_BYTES, DecodedLRU, dete
 from chunkd.client.datasets.source import PinnedSource
 from chunkd.client.inspect.audio import audio_info
 from chunkd.client.inspect.lines import LineIndex
-from chunkd.client.inspect.values import MAX_DEPTH, encode, media, tar_file
+from chunkd.client.inspect.values import MAX_DEPTH, AudioCells, encode, media, tar_file
 from chunkd.errors import (
     ChunkdError,
     DatasetFormatError,
@@ -820,6 +820,7 @@ class TarView:
                 )
             raise _past_end(self.name, start, len(self.index))
         i = start
+        cells = AudioCells()  # this page's audio headers
         while True:
             self._grow(i)
             if i >= self._whole():
@@ -828,12 +829,9 @@ class TarView:
             value: dict[str, Any] = {"__key__": key}
             for ext, offset, size in files:
                 if columns is None or ext in columns:
-                    value[ext] = self._file(ext, offset, size)
+                    value[ext] = tar_file(self._read, self.name, ext, offset, size, cells)
             yield i, value
             i += 1
-
-    def _file(self, ext: str, offset: int, size: int) -> Any:
-        return tar_file(self._read, self.name, ext, offset, size)
 
 
 # -- MDS ---------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Final
 from chunkd.client.datasets import Dataset, resolve, step_sample_ids
 from chunkd.client.datasets.source import PinnedSource
 from chunkd.client.inspect.objects import file_errors
-from chunkd.client.inspect.values import encode, tar_file
+from chunkd.client.inspect.values import AudioCells, encode, tar_file
 from chunkd.errors import (
     DatasetFormatError,
     DatasetNotFoundError,
@@ -301,8 +301,9 @@ class Registry:
             )
 
         def samples() -> Iterator[tuple[int, Any]]:
+            cells = AudioCells()  # this page's audio headers
             for index in range(start, total):
-                value = self.sample(f"{ref}#{index}", ref, index)["value"]
+                value = self.sample(f"{ref}#{index}", ref, index, cells)["value"]
                 if columns is not None and isinstance(value, dict):
                     value = {k: v for k, v in value.items() if k in columns}
                 yield index, value
@@ -398,8 +399,11 @@ class Registry:
             },
         }
 
-    def sample(self, sample_id: str, ref: str, index: int) -> dict[str, Any]:
-        """Sample ``index`` (global, in the snapshot) of ``ref``."""
+    def sample(
+        self, sample_id: str, ref: str, index: int, cells: AudioCells | None = None
+    ) -> dict[str, Any]:
+        """Sample ``index`` (global, in the snapshot) of ``ref`` (``cells``: the audio
+        headers its page may still read; None: this sample alone)."""
         dataset = self.dataset_of(ref)
         snapshot = dataset.snapshot
         if not 0 <= index < len(snapshot):
@@ -412,7 +416,7 @@ class Registry:
         name = dataset.source.name(member)
         try:
             with file_errors(name, f"sample {local} cannot be read as {member.format}"):
-                value = self._value(dataset, snapshot, member_index, local, name)
+                value = self._value(dataset, snapshot, member_index, local, name, cells)
         except DatasetFormatError as exc:
             raise MalformedFileError(str(exc)) from None
         header = dataset.registry
@@ -434,7 +438,13 @@ class Registry:
         }
 
     def _value(
-        self, dataset: Dataset, snapshot: Snapshot, member_index: int, local: int, name: str
+        self,
+        dataset: Dataset,
+        snapshot: Snapshot,
+        member_index: int,
+        local: int,
+        name: str,
+        cells: AudioCells | None,
     ) -> Any:
         member = snapshot.members[member_index]
         ref = {"sample": f"{snapshot.id}#{snapshot.start_of(member_index) + local}"}
@@ -445,7 +455,12 @@ class Registry:
             source = dataset.source
             for ext, offset, size in files:
                 value[ext] = tar_file(
-                    lambda o, n: source.read(member, o, n), name, ext, int(offset), int(size)
+                    lambda o, n: source.read(member, o, n),
+                    name,
+                    ext,
+                    int(offset),
+                    int(size),
+                    cells,
                 )
             return value
         raw = dataset.read(member_index, local)

@@ -32,10 +32,12 @@ from chunkd.errors import MalformedFileError
 from chunkd.mediatype import SNIFF_BYTES, sniff
 
 __all__ = [
+    "AUDIO_CELLS",
     "INLINE_BYTES",
     "MAX_ANSWER_BYTES",
     "MAX_DEPTH",
     "PAGE_BYTES",
+    "AudioCells",
     "dumps",
     "encode",
     "json_bytes",
@@ -50,6 +52,9 @@ PAGE_BYTES: Final = 16 << 20
 MAX_ANSWER_BYTES: Final = 64 << 20
 #: values nested deeper are refused (JSON decoders have limits too)
 MAX_DEPTH: Final = 200
+#: in one page of rows, this many tar members that are audio get their header read
+#: (``audio``: a few reads of at most 64 KiB each); the rest carry no ``audio``
+AUDIO_CELLS: Final = 8
 #: an integer of at most this many bits has fewer digits than Python's limit (4,300)
 _SAFE_INT_BITS: Final = 14_000
 #: numpy arrays of more elements than this go as their raw bytes
@@ -77,21 +82,44 @@ def binary(data: bytes | bytearray | memoryview, ref: Mapping[str, Any] | None) 
     return out
 
 
+class AudioCells:
+    """How many more audio tar members of one page get their header read: each costs a
+    few reads of its own (an Ogg's last 64 KiB among them), so a page of many audio
+    cells reads the first :data:`AUDIO_CELLS` only.
+
+    Args:
+        left: how many may still be read.
+    """
+
+    def __init__(self, left: int = AUDIO_CELLS) -> None:
+        self.left = left
+
+    def take(self) -> bool:
+        """Whether the next audio cell gets its header read (one fewer left if so)."""
+        if self.left <= 0:
+            return False
+        self.left -= 1
+        return True
+
+
 def tar_file(
     read: Callable[[int, int], bytes | memoryview],
     name: str,
     ext: str,
     offset: int,
     size: int,
+    cells: AudioCells | None = None,
 ) -> Any:
     """The value of a tar member (a WebDataset sample's file ``ext``) lying at ``offset``
     of object ``name``, read with ``read(offset, length)``: ``$media`` when its first
     bytes are a media type, ``$bytes`` with a range ``ref`` when it is big, else its text
-    (JSON parsed for a ``json`` extension) or its bytes."""
+    (JSON parsed for a ``json`` extension) or its bytes. An audio member carries
+    ``audio`` from its header where ``cells`` (a page's budget; None: one sample alone)
+    has some left."""
     media_type = sniff(bytes(read(offset, min(size, SNIFF_BYTES))))
     if media_type is not None:
         found = media(name, offset, size, media_type)
-        if media_type.startswith("audio/"):
+        if media_type.startswith("audio/") and (cells is None or cells.take()):
             found["$media"]["audio"] = audio_info(
                 lambda o, n: bytes(read(offset + o, min(n, size - o))), size, media_type
             )

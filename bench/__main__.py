@@ -5,15 +5,17 @@ Each run writes into a folder of its own, ``OUT/runs/<UTC time>/`` (``--out``, d
 verdict in words, each scenario's duration, the plots, and each row against the previous
 run), ``report.md``, ``results.json``, ``durations.json``, ``series.json``, the plots as
 ``plot-*.svg``, and what a scenario writes of its own (the fan-out's logs, the soak's
-summaries). ``OUT/latest`` points at the newest run; older runs stay (the last 50).
-Every run is also kept in ``OUT/history/``, which the next run compares with.
+summaries). ``OUT/latest`` points at the newest run (of two at once, the one that
+started last); older runs stay (the last 50). Every run is also kept in
+``OUT/history/``, which the next run compares with.
 
 Options: ``--quick`` (small sizes, few rounds; checks the benchmarks work, figures mean
-little), ``--out DIR``, ``--work DIR`` (scratch space on the disk under test; default
-``OUT/work``), ``--only SCENARIO`` (repeatable; ``ckpt`` runs every checkpoint
-scenario), ``--rounds N`` (every scenario that takes rounds runs N; by default saves run
-5 or more and the others 3 or more), ``--list`` (each scenario with its typical duration,
-from this machine's history where it has one, else the estimate below; runs nothing).
+little), ``--out DIR``, ``--work DIR`` (scratch space on the disk under test: the run's
+own ``DIR/<UTC time>/``, removed at its end; default ``<run folder>/work``), ``--only
+SCENARIO`` (repeatable; ``ckpt`` runs every checkpoint scenario), ``--rounds N`` (every
+scenario that takes rounds runs N; by default saves run 5 or more and the others 3 or
+more), ``--list`` (each scenario with its typical duration, from this machine's history
+where it has one, else the estimate below; runs nothing).
 The soak (64 clients for 30 minutes) runs only when asked for: ``--only soak``; it is not
 part of the run of every scenario.
 """
@@ -22,11 +24,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import shutil
 import signal
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -68,6 +72,8 @@ class Scenario:
     #: what ``--list`` adds about a full run, and about a quick one
     note: str = ""
     quick_note: str = ""
+    #: what it needs to give rows ("root", "CUDA"); without it, it is skipped in seconds
+    needs: str = ""
 
 
 _DATASETS = "datasets and time to first batch"
@@ -100,6 +106,7 @@ SCENARIOS: tuple[Scenario, ...] = (
         1,
         note="rows only with CUDA",
         quick_note="rows only with CUDA",
+        needs="CUDA",
     ),
     Scenario(
         "fanout",
@@ -108,6 +115,7 @@ SCENARIOS: tuple[Scenario, ...] = (
         26,
         note="root only: network namespaces",
         quick_note="root only: network namespaces",
+        needs="root",
     ),
     Scenario(
         "coldlink",
@@ -116,6 +124,7 @@ SCENARIOS: tuple[Scenario, ...] = (
         7,
         note="root only, with s3rver (make emulators)",
         quick_note="root only, with s3rver (make emulators)",
+        needs="root",
     ),
     Scenario(
         "datasets",
@@ -179,7 +188,8 @@ def _list(out: Path, *, quick: bool) -> None:
     mode = "--quick runs" if quick else "full runs (make bench)"
     print(f"Typical durations of {mode} on this machine, from {out / 'history'} or estimated:")
     print(f"{'scenario':<20} {'area':<34} {'typical':>9}  from")
-    every = 0.0
+    every, gated = 0.0, 0.0
+    needs = []
     for scenario in SCENARIOS:
         typical = known.get(scenario.name)
         if typical is not None:
@@ -199,14 +209,21 @@ def _list(out: Path, *, quick: bool) -> None:
             source += "; not in --quick's run of every scenario"
         else:
             every += seconds
+            if scenario.needs:
+                gated += seconds
+                needs += [scenario.needs] if scenario.needs not in needs else []
         note = scenario.quick_note if quick else scenario.note
         if note:
             source += f"; {note}"
         print(f"{scenario.name:<20} {scenario.area:<34} {shown:>9}  {source}")
     command = "python -m bench --quick" if quick else "make bench"
+    gate = " / ".join(
+        {"root": "as root", "CUDA": "with CUDA"}.get(n, n) for n in sorted(needs, reverse=True)
+    )
+    of_which = f", of which ~{duration_text(gated)} only {gate}" if gated else ""
     print(
-        f"a run of every scenario ({command}): ~{duration_text(every)} "
-        f"(each scenario where it runs; skipped ones take seconds)"
+        f"a run of every scenario ({command}): ~{duration_text(every)}{of_which} "
+        "(each scenario where it runs; a skipped one takes seconds)"
     )
     print("--only ckpt runs every ckpt_* scenario")
 
@@ -249,11 +266,39 @@ def main() -> int:
     # lab still removes its namespaces and stops its daemons; a second one (timeout
     # passes its own on) must not cut that cleanup short.
     signal.signal(signal.SIGTERM, _unwind)
-    work = args.work or args.out / "work"
-    work.mkdir(parents=True, exist_ok=True)
     report = Report(quick=args.quick, rounds_override=args.rounds)
     folder = report.folder(args.out)
     print(f"run folder: {folder}", flush=True)
+    with scratch(folder, args.work) as work:
+        _run(args, report, folder, work)
+    folder = report.write(args.out)
+    print(f"\nreport: {folder / 'report.html'} (and report.md; {args.out / 'latest'} points here)")
+    print(f"run took {duration_text(time.time() - report.started)}")
+    missed = report.missed()
+    if missed:
+        print(f"targets missed ({len(missed)}):")
+        for line in missed:
+            print(f"  {line}")
+    return 0
+
+
+@contextlib.contextmanager
+def scratch(folder: Path, work: Path | None) -> Iterator[Path]:
+    """The run's own scratch space, removed when the run ends however it ends:
+    ``<run folder>/work``, or with ``--work DIR`` the run folder's name under ``DIR``
+    (``DIR`` itself, someone's disk, is left). Two runs at once never share it: a
+    shared ``OUT/work`` was removed by whichever run ended first, under the other's
+    scenario."""
+    path = folder / "work" if work is None else work / folder.name
+    path.mkdir(parents=True, exist_ok=True)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _run(args: argparse.Namespace, report: Report, folder: Path, work: Path) -> None:
+    """Every scenario asked for, into ``report``; ``work`` is the run's scratch."""
     print(f"  {'scenario':<52} {'chunkd':>10}    {'baseline':>10} {'unit':<7} {'ratio':>7}")
     only = set(args.only) if args.only else None
 
@@ -266,75 +311,63 @@ def main() -> int:
     def area(name: str) -> str:
         return next(s.area for s in SCENARIOS if s.name == name)
 
-    try:
-        report.area = "cache"
-        asyncio.run(cache_bench.run(report, work, quick=args.quick, only=only))
-        if wanted("gateway", "gateway: read path"):
-            with report.timed("gateway", area("gateway")):
-                asyncio.run(gateway_bench.run(report, work / "gateway", quick=args.quick))
-        if wanted("client", "client: local socket"):
-            with report.timed("client", area("client")):
-                client_bench.run(report, work / "client", quick=args.quick)
-        if wanted("listing", "listing: file:// and S3, through chunkd and obstore"):
-            with report.timed("listing", area("listing")):
-                asyncio.run(listing_bench.run(report, work / "listing", quick=args.quick))
-        if only is None or "ckpt" in only or only & set(ckpt_bench.SCENARIOS):
-            report.area = "checkpoints"
-            print("ckpt: checkpoints", flush=True)
-            asyncio.run(ckpt_bench.run(report, work / "ckpt", quick=args.quick, only=only))
-        if wanted("fanout", "fanout: 4 nodes in network namespaces"):
-            with report.timed("fanout", area("fanout")):
-                fanout_bench.run(report, work / "fanout", folder, quick=args.quick)
-        if wanted(
-            "coldlink",
-            "coldlink: cold reads over a shaped link with added latency, against obstore",
-        ):
-            with report.timed("coldlink", area("coldlink")):
-                coldlink_bench.run(report, work / "coldlink", quick=args.quick)
-        if wanted("datasets", "datasets: registration, and the read order's locality"):
-            with report.timed("datasets", area("datasets")):
-                dataset_bench.run(report, work / "datasets", quick=args.quick)
-                order_bench.run(report, work / "order", quick=args.quick)
-                scale_bench.run(report, work / "scale", quick=args.quick)
-        if wanted("inspector", "inspector: first page and last row in Chromium"):
-            with report.timed("inspector", area("inspector")):
-                inspector_bench.run(report, work / "inspector", quick=args.quick)
-        if wanted("s3front", "s3front: the S3 front, against the other doors"):
-            with report.timed("s3front", area("s3front")):
-                s3front_bench.run(report, work / "s3front", quick=args.quick)
-        if wanted("faults", "faults: what the fault points cost when none is armed"):
-            with report.timed("faults", area("faults")):
-                faults_bench.run(report, work / "faults", quick=args.quick)
-        # Not in the quick run of every scenario (the test suite's, which has a test of
-        # its own for it): the loader's rounds take processes, daemons and epochs.
-        if (only is None and not args.quick) or (only is not None and "loader" in only):
-            print("loader: columns, against pyarrow and each format's own reader", flush=True)
-            with report.timed("loader", area("loader")):
-                loader_bench.run(report, work / "loader", quick=args.quick)
-        # Not in the quick run of every scenario (the test suite's): its Streaming
-        # baseline needs a venv of its own, which only a full run builds.
-        if (only is None and not args.quick) or (only is not None and "ttfb" in only):
-            print("ttfb: time to first batch, against MosaicML Streaming and pyarrow", flush=True)
-            with report.timed("ttfb", area("ttfb")):
-                ttfb_bench.run(report, work / "ttfb", quick=args.quick)
-        # Only when asked for: 30 minutes (a quick soak is still over 40 s with its
-        # solo phase and the wait for idle threads), too long for the run of everything.
-        if only is not None and "soak" in only:
-            print("soak: clients against one daemon", flush=True)
-            with report.timed("soak", area("soak")):
-                soak_bench.run(report, work / "soak", folder, quick=args.quick)
-                _soak_latencies(report, folder)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    folder = report.write(args.out)
-    print(f"\nreport: {folder / 'report.html'} (and report.md; {args.out / 'latest'} points here)")
-    print(f"run took {duration_text(time.time() - report.started)}")
-    missed = report.missed()
-    if missed:
-        print(f"targets missed ({len(missed)}):")
-        for line in missed:
-            print(f"  {line}")
-    return 0
+    report.area = "cache"
+    asyncio.run(cache_bench.run(report, work, quick=args.quick, only=only))
+    if wanted("gateway", "gateway: read path"):
+        with report.timed("gateway", area("gateway")):
+            asyncio.run(gateway_bench.run(report, work / "gateway", quick=args.quick))
+    if wanted("client", "client: local socket"):
+        with report.timed("client", area("client")):
+            client_bench.run(report, work / "client", quick=args.quick)
+    if wanted("listing", "listing: file:// and S3, through chunkd and obstore"):
+        with report.timed("listing", area("listing")):
+            asyncio.run(listing_bench.run(report, work / "listing", quick=args.quick))
+    if only is None or "ckpt" in only or only & set(ckpt_bench.SCENARIOS):
+        report.area = "checkpoints"
+        print("ckpt: checkpoints", flush=True)
+        asyncio.run(ckpt_bench.run(report, work / "ckpt", quick=args.quick, only=only))
+    if wanted("fanout", "fanout: 4 nodes in network namespaces"):
+        with report.timed("fanout", area("fanout")):
+            fanout_bench.run(report, work / "fanout", folder, quick=args.quick)
+    if wanted(
+        "coldlink",
+        "coldlink: cold reads over a shaped link with added latency, against obstore",
+    ):
+        with report.timed("coldlink", area("coldlink")):
+            coldlink_bench.run(report, work / "coldlink", quick=args.quick)
+    if wanted("datasets", "datasets: registration, and the read order's locality"):
+        with report.timed("datasets", area("datasets")):
+            dataset_bench.run(report, work / "datasets", quick=args.quick)
+            order_bench.run(report, work / "order", quick=args.quick)
+            scale_bench.run(report, work / "scale", quick=args.quick)
+    if wanted("inspector", "inspector: first page and last row in Chromium"):
+        with report.timed("inspector", area("inspector")):
+            inspector_bench.run(report, work / "inspector", quick=args.quick)
+    if wanted("s3front", "s3front: the S3 front, against the other doors"):
+        with report.timed("s3front", area("s3front")):
+            s3front_bench.run(report, work / "s3front", quick=args.quick)
+    if wanted("faults", "faults: what the fault points cost when none is armed"):
+        with report.timed("faults", area("faults")):
+            faults_bench.run(report, work / "faults", quick=args.quick)
+    # Not in the quick run of every scenario (the test suite's, which has a test of
+    # its own for it): the loader's rounds take processes, daemons and epochs.
+    if (only is None and not args.quick) or (only is not None and "loader" in only):
+        print("loader: columns, against pyarrow and each format's own reader", flush=True)
+        with report.timed("loader", area("loader")):
+            loader_bench.run(report, work / "loader", quick=args.quick)
+    # Not in the quick run of every scenario (the test suite's): its Streaming
+    # baseline needs a venv of its own, which only a full run builds.
+    if (only is None and not args.quick) or (only is not None and "ttfb" in only):
+        print("ttfb: time to first batch, against MosaicML Streaming and pyarrow", flush=True)
+        with report.timed("ttfb", area("ttfb")):
+            ttfb_bench.run(report, work / "ttfb", quick=args.quick)
+    # Only when asked for: 30 minutes (a quick soak is still over 40 s with its
+    # solo phase and the wait for idle threads), too long for the run of everything.
+    if only is not None and "soak" in only:
+        print("soak: clients against one daemon", flush=True)
+        with report.timed("soak", area("soak")):
+            soak_bench.run(report, work / "soak", folder, quick=args.quick)
+            _soak_latencies(report, folder)
 
 
 if __name__ == "__main__":

@@ -174,18 +174,44 @@ def new_run_folder(out: Path, started: float) -> Path:
         return folder
 
 
+def _run_order(name: str) -> tuple[str, int] | None:
+    """Where a run folder's name sorts among the runs: its UTC time, then its serial
+    (``-10`` after ``-9``); None for a name that is no run's."""
+    match = _RUN.match(name)
+    return (match[1], int(match[2] or 1)) if match else None
+
+
 def point_latest(out: Path, folder: Path) -> None:
     """Point ``out/latest`` at ``folder`` (relative, so ``out`` can move), replacing the
-    link at once: a reader sees the previous run or this one, never neither. A
-    ``latest`` that is not a symlink is someone's own and is left alone, with a line."""
+    link at once: a reader sees the previous run or this one, never neither.
+
+    Only a folder that sorts at or after the one ``latest`` points at moves it: of two
+    runs at once, the one that started last is the newest whichever ends last. The
+    look and the replace hold a lock (``out/.latest.lock``), so that two runs ending
+    together cannot both look before either replaces. A ``latest`` that is not a
+    symlink is someone's own and is left alone, with a line."""
+    import fcntl
+
     latest = out / "latest"
-    if latest.exists() and not latest.is_symlink():
-        print(f"{latest} is not a symlink: left alone, not pointed at {folder}", flush=True)
-        return
-    temporary = out / f".latest-{os.getpid()}"
-    temporary.unlink(missing_ok=True)
-    temporary.symlink_to(folder.relative_to(out))
-    os.replace(temporary, latest)
+    with open(out / ".latest.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if latest.exists() and not latest.is_symlink():
+            print(f"{latest} is not a symlink: left alone, not pointed at {folder}", flush=True)
+            return
+        if latest.is_symlink():
+            current = _run_order(Path(os.readlink(latest)).name)
+            mine = _run_order(folder.name)
+            if current is not None and mine is not None and mine < current:
+                print(
+                    f"{latest} left at the newer run {os.readlink(latest)}, not pointed at "
+                    f"{folder.name}",
+                    flush=True,
+                )
+                return
+        temporary = out / f".latest-{os.getpid()}"
+        temporary.unlink(missing_ok=True)
+        temporary.symlink_to(folder.relative_to(out))
+        os.replace(temporary, latest)
 
 
 def prune_runs(out: Path, keep: int) -> None:

@@ -485,3 +485,68 @@ def test_a_missed_target_says_by_how_much_and_against_what(tmp_path: Path) -> No
     assert registration.verdict_text() in line
     rows = json.loads((folder / "results.json").read_text())
     assert rows[0]["verdict_text"] == registration.verdict_text()
+
+
+# -- two runs at once (review of issue 27) -----------------------------------------------
+
+
+@pytest.mark.timeout(10)
+def test_two_runs_at_once_keep_their_own_scratch(tmp_path: Path) -> None:
+    from bench.__main__ import scratch
+
+    out = tmp_path / "out"
+    first = history.new_run_folder(out, 1_800_000_000.0)
+    second = history.new_run_folder(out, 1_800_000_000.0)
+    with scratch(first, None) as mine:
+        (mine / "half-written").write_bytes(b"x")
+        with scratch(second, None) as theirs:
+            assert theirs != mine
+            (theirs / "other").write_bytes(b"y")
+        # the other run ended (its scratch removed) mid-scenario of this one
+        assert (mine / "half-written").read_bytes() == b"x"
+    assert mine == first / "work"
+    assert not mine.exists()
+    # --work DIR: each run under its folder's name; DIR itself (someone's disk) stays
+    disk = tmp_path / "nvme"
+    with scratch(first, disk) as mine, scratch(second, disk) as theirs:
+        assert mine.parent == theirs.parent == disk
+        assert mine != theirs
+    assert disk.is_dir()
+    assert list(disk.iterdir()) == []
+
+
+@pytest.mark.timeout(10)
+def test_latest_points_at_the_newest_run_whichever_ends_last(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    older = history.new_run_folder(out, 1_800_000_000.0)
+    newer = history.new_run_folder(out, 1_800_000_060.0)
+    history.point_latest(out, newer)
+    history.point_latest(out, older)  # the run that started first ends last
+    assert (out / "latest").resolve() == newer.resolve()
+    # serials sort as numbers: -10 is after -9
+    ninth, tenth = out / "runs" / "20270115T080100Z-9", out / "runs" / "20270115T080100Z-10"
+    ninth.mkdir()
+    tenth.mkdir()
+    history.point_latest(out, tenth)
+    history.point_latest(out, ninth)
+    assert (out / "latest").resolve() == tenth.resolve()
+    # the same folder again, or a newer one, moves it
+    history.point_latest(out, tenth)
+    assert (out / "latest").resolve() == tenth.resolve()
+    newest = history.new_run_folder(out, 1_800_000_120.0)
+    history.point_latest(out, newest)
+    assert (out / "latest").resolve() == newest.resolve()
+    assert not Path(os.readlink(out / "latest")).is_absolute()
+
+
+@pytest.mark.timeout(30)
+def test_list_says_how_much_of_the_total_needs_root_or_cuda(tmp_path: Path) -> None:
+    from bench.__main__ import SCENARIOS
+
+    listed = _bench(tmp_path / "never-ran", "--list", timeout=20).stdout
+    gated = sum(
+        s.full_s for s in SCENARIOS if s.name in ("fanout", "coldlink", "ckpt_blocking_cuda")
+    )
+    line = next(ln for ln in listed.splitlines() if ln.startswith("a run of every scenario"))
+    minutes = f"{gated / 60:.0f} min"
+    assert f"of which ~{minutes} only as root / with CUDA" in line, line

@@ -576,7 +576,7 @@ def test_registered_dataset_views_match_the_cli(node: Node, tmp_path: Path) -> N
         named = w.ok("dataset", name=ref)
         assert (named["name"], named["marked"]) == ("web", 1), ref
     assert w.ok("dataset", name="web@latest")["marked"] == 2
-    assert "no dataset has" in w.fails("dataset", "DatasetNotFoundError", name="ab" * 32)
+    assert "no snapshot abab" in w.fails("dataset", "DatasetNotFoundError", name="ab" * 32)
     w.fails("dataset", "InvalidRequestError", name="web@")
     # a bare NAME#N is the latest's sample N; the rl op reads a dataset's samples
     assert w.ok("sample", id="web#120")["value"] == {"id": 999, "part": 3}
@@ -861,3 +861,46 @@ def test_a_page_of_audio_tar_members_reads_a_bounded_number_of_headers(node: Nod
     # a sample shown alone reads its own header
     alone = node.worker.ok("sample", id=f"{name}#{samples - 1}")["value"]["opus"]["$media"]
     assert alone["audio"]["duration"] == float(samples)
+
+
+@pytest.mark.timeout(60)
+def test_dataset_of_a_snapshot_id_is_bounded(node: Node, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``dataset`` of an id: an id no snapshot has is a 404 in a request or two, however
+    many datasets there are; a real one in an older version of a late dataset is found;
+    a lookup past its bounds says how far it looked."""
+    from chunkd.client import Client
+    from chunkd.client.datasets.register import commit, scan_prefix
+    from chunkd.client.inspect import registry as registry_module
+
+    for folder in ("common", "old", "new"):
+        node.put(f"ds/{folder}/part.jsonl", f'{{"folder": "{folder}"}}\n'.encode())
+    with Client(node.socket) as client:
+        common = scan_prefix(client, "local/ds/common/")
+        for i in range(40):
+            commit(client, f"d{i:03d}", common)
+        old = commit(client, "zz/late", scan_prefix(client, "local/ds/old/"))["snapshot"]
+        commit(client, "zz/late", scan_prefix(client, "local/ds/new/"))
+    w = node.worker
+    assert len(w.ok("datasets")["datasets"]) == 41
+
+    def asked() -> float:
+        return node.daemon.metric("chunkd_backend_requests_total", backend="local")
+
+    before = asked()
+    made_up = w.fails("dataset", "DatasetNotFoundError", name="ab" * 32)
+    assert asked() - before <= 2, made_up  # the manifest's read, nothing listed
+    before = asked()
+    found = w.ok("dataset", name=old)
+    assert (found["name"], found["marked"]) == ("zz/late", 1)
+
+    # past its bounds the lookup gives up and says how far it went
+    monkeypatch.setattr(registry_module, "OWNER_REQUESTS", 0)
+    with Client(node.socket) as client:
+        from chunkd.errors import DatasetNotFoundError
+
+        with pytest.raises(DatasetNotFoundError) as caught:
+            registry_module.Registry(client).owner_of(old)
+    message = str(caught.value)
+    assert "latest version of 41 datasets" in message
+    assert "stops after 2000 versions, 0 requests" in message
+    assert f"?snapshot={old}" in message

@@ -11,6 +11,7 @@ Everything goes through the client side of the registry: the ``ds_list``,
 from __future__ import annotations
 
 import json
+import time
 from collections import OrderedDict
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Final
@@ -46,8 +47,17 @@ MAX_DIFF: Final = 1000
 MAX_MEMBERS: Final = 1000
 #: the most datasets one ``datasets`` page lists (each costs one request for its tags)
 MAX_DATASETS: Final = 200
-#: ``dataset`` of a snapshot id looks for its dataset among at most this many datasets
+#: ``dataset`` of a snapshot id looks for its dataset among at most this many datasets'
+#: latest versions (``ds_list`` pages) ...
 MAX_OWNER_SCAN: Final = 1000
+#: ... then reads at most this many of their older versions (newest first), in at
+#: most this many ``ds_versions`` requests ...
+OWNER_VERSIONS: Final = 2000
+OWNER_REQUESTS: Final = 50
+#: ... and stops looking after this many seconds (the worker's op limit is 10 s)
+OWNER_SECONDS: Final = 3.0
+#: versions a ``ds_versions`` page of that lookup asks for
+_OWNER_PAGE: Final = 200
 #: ``open`` of a dataset lists its first this many members (``snapshot`` pages the rest)
 _OPEN_MEMBERS: Final = 100
 
@@ -122,8 +132,9 @@ class Registry:
         snapshot id, which show their dataset with ``marked`` the version they name.
 
         Raises:
-            DatasetNotFoundError: no dataset holds that snapshot (an id is looked for
-                among the first :data:`MAX_OWNER_SCAN` datasets).
+            DatasetNotFoundError: no such name, version or tag; no snapshot has that id
+                (one request tells); or no dataset was found to hold it within the
+                lookup's bounds (:meth:`owner_of`), the message saying how far it looked.
         """
         from chunkd.snapshot import check_dataset_name
 
@@ -133,53 +144,111 @@ class Registry:
         if parsed.id is None:
             header = self.dataset_of(ref).registry
             return self.dataset(str(header.get("name"))) | {"marked": header.get("version")}
-        owner = self.owner_of(parsed.id)
-        if owner is None:
-            raise DatasetNotFoundError(
-                f"no dataset has a version whose snapshot is {ref} (looked through the first "
-                f"{MAX_OWNER_SCAN} datasets); open it as ?snapshot={ref}"
-            )
-        return self.dataset(owner[0]) | {"marked": owner[1]}
+        name, version = self.owner_of(parsed.id)
+        return self.dataset(name) | {"marked": version}
 
-    def owner_of(self, snapshot_id: str) -> tuple[str, int] | None:
-        """The first dataset (by name) with a version whose snapshot is ``snapshot_id``,
-        and that version (the newest such); None when none of the first
-        :data:`MAX_OWNER_SCAN` datasets has one."""
+    def owner_of(self, snapshot_id: str) -> tuple[str, int]:
+        """The dataset with a version whose snapshot is ``snapshot_id``, and that version.
+
+        A snapshot does not record the names it is registered under, so this looks, in
+        order of cost: (1) the snapshot itself (``ds_resolve`` of the id: one manifest
+        read; an id no snapshot has ends here); (2) the latest version of each dataset,
+        as ``ds_list`` pages say them (the first :data:`MAX_OWNER_SCAN` datasets); (3)
+        older versions, newest first, dataset by dataset in name order, at most
+        :data:`OWNER_VERSIONS` of them in all, in at most :data:`OWNER_REQUESTS`
+        requests, and for at most :data:`OWNER_SECONDS`.
+
+        Raises:
+            DatasetNotFoundError: no snapshot has that id, or none of the versions looked
+                at names it (the message says how far the lookup went).
+        """
+        deadline = time.monotonic() + OWNER_SECONDS
+        self.dataset_of(snapshot_id)  # raises DatasetNotFoundError for an unknown id
+        latest: list[tuple[str, int]] = []
         token: str | None = None
-        seen = 0
-        while seen < MAX_OWNER_SCAN:
-            fields = {"start_after": token, "limit": MAX_DATASETS}
-            with self.client.request("ds_list", fields) as reply:
+        listed = 0
+        while listed < MAX_OWNER_SCAN:
+            listing = {"start_after": token, "limit": min(MAX_DATASETS, MAX_OWNER_SCAN - listed)}
+            with self.client.request("ds_list", listing) as reply:
                 entries = list(json.loads(reply.payload or b"[]"))
                 token = reply.header.get("next")
+            listed += len(entries)
             for entry in entries:
-                seen += 1
-                name = str(entry.get("name"))
-                if entry.get("snapshot") == snapshot_id and isinstance(entry.get("latest"), int):
-                    return name, int(entry["latest"])
-                found = self._version_of(name, snapshot_id)
-                if found is not None:
-                    return name, found
+                number = entry.get("latest")
+                if not isinstance(number, int):
+                    continue  # a damaged latest pointer: its older versions may still say
+                if entry.get("snapshot") == snapshot_id:
+                    return str(entry.get("name")), number
+                latest.append((str(entry.get("name")), number))
             if token is None or not entries:
-                return None
-        return None
-
-    def _version_of(self, name: str, snapshot_id: str) -> int | None:
-        """The newest version of dataset ``name`` whose snapshot is ``snapshot_id``."""
-        token: int | None = None
-        found: int | None = None
-        listed = 0
-        while listed < MAX_VERSIONS:
-            with self.client.request("ds_versions", {"name": name, "start_after": token}) as reply:
-                page = list(json.loads(reply.payload or b"[]"))
-                token = reply.header.get("next")
-            listed += len(page)
-            for entry in page:
-                if entry.get("snapshot") == snapshot_id and isinstance(entry.get("version"), int):
-                    found = int(entry["version"])
-            if token is None or not page:
                 break
-        return found
+        more_datasets = token is not None
+        read = asked = 0
+        searched: list[str] = []
+        for name, number in latest:
+            high = number - 1  # versions 1 .. high are left to look at, newest first
+            while high >= 1:
+                if (
+                    read >= OWNER_VERSIONS
+                    or asked >= OWNER_REQUESTS
+                    or time.monotonic() >= deadline
+                ):
+                    raise self._owner_unknown(
+                        snapshot_id, len(latest), more_datasets, read, searched, stopped=True
+                    )
+                limit = min(_OWNER_PAGE, high, OWNER_VERSIONS - read)
+                fields: dict[str, Any] = {"name": name, "limit": limit}
+                if high - limit >= 1:
+                    fields["start_after"] = high - limit
+                with self.client.request("ds_versions", fields) as reply:
+                    page = list(json.loads(reply.payload or b"[]"))
+                read += len(page)
+                asked += 1
+                if name not in searched:
+                    searched.append(name)
+                for entry in reversed(page):
+                    if entry.get("snapshot") == snapshot_id and isinstance(
+                        entry.get("version"), int
+                    ):
+                        return name, int(entry["version"])
+                if not page:
+                    break
+                high -= limit
+        raise self._owner_unknown(
+            snapshot_id, len(latest), more_datasets, read, searched, stopped=False
+        )
+
+    @staticmethod
+    def _owner_unknown(
+        snapshot_id: str,
+        datasets: int,
+        more_datasets: bool,
+        read: int,
+        searched: list[str],
+        *,
+        stopped: bool,
+    ) -> DatasetNotFoundError:
+        """The error of a lookup that found no dataset holding ``snapshot_id``."""
+        where = (
+            f"{read} older versions, of {len(searched)} datasets ({searched[0]} to {searched[-1]})"
+            if searched
+            else "no older versions"
+        )
+        if stopped:
+            why = (
+                f"the lookup stops after {OWNER_VERSIONS} versions, {OWNER_REQUESTS} "
+                f"requests for them or {OWNER_SECONDS:g} s, "
+                "so an older version of a later dataset may still hold it"
+            )
+        elif more_datasets:
+            why = f"only the first {MAX_OWNER_SCAN} datasets are looked through"
+        else:
+            why = "no registered version names it"
+        return DatasetNotFoundError(
+            f"snapshot {snapshot_id} is in the registry, but no dataset was found to hold it: "
+            f"looked at the latest version of {datasets} datasets and at {where}; {why}. "
+            f"Open it as ?snapshot={snapshot_id}, or by NAME@VERSION"
+        )
 
     def dataset(self, name: str) -> dict[str, Any]:
         """A dataset's versions, oldest first; the newest are sized (samples, bytes)."""

@@ -585,6 +585,50 @@ def test_hot_datasets_never_hide_every_hot_object() -> None:
     assert [line.split()[0] for line in lines[6:]] == ["local/b", "local/a"]
 
 
+@pytest.mark.timeout(10)
+def test_the_hottest_panel_fits_every_height_and_shows_items() -> None:
+    """At 1 to 8 rows: never more lines than rows, and an item on the first line
+    under 6 rows (no heading, no "… N more" alone); each kind's busiest from 2 rows."""
+
+    def item(name: str, nbytes: float) -> dict[str, Any]:
+        return {"name": name, "bytes": nbytes, "reads": 1.0}
+
+    sample = {
+        "hot": {
+            "datasets": [item(f"ds-{i}", 1000.0 * i) for i in range(1, 7)],
+            "objects": [item(f"local/o-{i}", 10.0 * i) for i in range(1, 7)],
+        }
+    }
+    for rows in range(1, 9):
+        lines = hot_text(sample, 60, rows).plain.splitlines()
+        assert 1 <= len(lines) <= rows, (rows, lines)
+        names = [line.split()[0] for line in lines if not line.startswith("…")]
+        assert names, (rows, lines)
+        if rows < 6:
+            assert "datasets" not in lines, (rows, lines)
+            assert "objects" not in lines, (rows, lines)
+            assert names[0] == "ds-6"
+            assert len(lines) == rows
+            if rows >= 2:  # each kind's busiest, however busy the datasets are
+                assert "local/o-6" in names, (rows, lines)
+            if rows >= 3:
+                hidden = 12 - len(names)
+                assert lines[-1] == f"… {hidden} more", (rows, lines)
+        else:
+            assert lines[0] == "datasets"
+            assert "objects" in lines
+            # every heading has an item under it
+            for heading in ("datasets", "objects"):
+                after = lines[lines.index(heading) + 1]
+                assert not after.startswith("…"), (rows, lines)
+    # few enough items for the rows: all of them, no "more"
+    few = {"hot": {"datasets": [item("ds-1", 5.0)], "objects": [item("local/a", 1.0)]}}
+    assert [ln.split()[0] for ln in hot_text(few, 60, 3).plain.splitlines()] == [
+        "ds-1",
+        "local/a",
+    ]
+
+
 def test_rates_never_read_as_zero_when_they_are_not() -> None:
     assert per_second(0.0) == "0/s"
     assert per_second(0.05) == "0.05/s"

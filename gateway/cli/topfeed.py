@@ -509,18 +509,28 @@ def checkpoints_text(sample: Sample | None, width: int, rows: int) -> Text:
     return out
 
 
+#: below this many rows the hottest panel has no room for its two headings and an item
+#: under each with the line saying how many more: it lists items only
+HOT_HEADINGS_ROWS: Final = 6
+
+
 def hot_text(sample: Sample | None, width: int, rows: int) -> Text:
     """The hottest datasets and objects, each kind busiest first (bytes, then reads per
     second). With both kinds, each has a heading and a share of the rows, so that many
-    hot datasets never hide every object."""
+    hot datasets never hide every object. Under :data:`HOT_HEADINGS_ROWS` rows there
+    are no headings: the busiest items of both kinds, each kind's busiest kept where
+    there are two rows or more, the last row saying how many more where there are three
+    or more. Never more lines than ``rows`` (0: every item)."""
     from rich.text import Text
 
     out = Text(no_wrap=True, overflow="crop")
     if sample is None:
         return out
     groups: list[tuple[str, list[_Row]]] = []
+    busy: list[list[tuple[float, float]]] = []  # each line's (bytes, reads), per kind
     for kind in ("datasets", "objects"):
         items = sorted(sample["hot"][kind], key=lambda i: (-i["bytes"], -i["reads"], i["name"]))
+        busy.append([(i["bytes"], i["reads"]) for i in items])
         lines = []
         for item in items:
             tail = f" {byte_rate(item['bytes']):>12}"
@@ -537,6 +547,9 @@ def hot_text(sample: Sample | None, width: int, rows: int) -> Text:
         return out
     if len(groups) == 1:
         _emit(out, groups[0][1], width, rows)
+        return out
+    if 0 < rows < HOT_HEADINGS_ROWS:
+        _emit_hottest(out, [lines for _, lines in groups], busy, width, rows)
         return out
     # each kind its heading and its lines, within its share of the rows
     shares = [len(lines) + 1 for _, lines in groups]
@@ -570,6 +583,37 @@ def errors_text(sample: Sample | None, width: int, rows: int) -> Text:
         lines.append((_fit(" ".join(line.split()), width), style))
     _emit(out, lines, width, rows)
     return out
+
+
+def _emit_hottest(
+    out: Text,
+    groups: list[list[_Row]],
+    busy: list[list[tuple[float, float]]],
+    width: int,
+    rows: int,
+) -> None:
+    """Both kinds' lines in ``rows`` (under :data:`HOT_HEADINGS_ROWS`), no headings:
+    each kind's busiest first where two rows or more leave room for both, then the
+    busiest of what is left, datasets before objects as with headings; the last row
+    says how many are hidden where there are three rows or more."""
+    total = sum(len(lines) for lines in groups)
+    room = rows - 1 if total > rows >= 3 else min(rows, total)
+    taken = [0] * len(groups)
+    if room >= len(groups):
+        taken = [1] * len(groups)
+    while sum(taken) < room:
+        # the busiest next line of any kind: (bytes, reads), ties to the first kind
+        kind = max(
+            (k for k in range(len(groups)) if taken[k] < len(groups[k])),
+            key=lambda k: (busy[k][taken[k]], -k),
+        )
+        taken[kind] += 1
+    shown = [line for lines, n in zip(groups, taken, strict=True) for line in lines[:n]]
+    hidden = [line for lines, n in zip(groups, taken, strict=True) for line in lines[n:]]
+    if hidden and len(shown) < rows:
+        idle = ", idle" if all(r.idle for r in hidden) else ""
+        shown.append(_Row(f"… {len(hidden)} more{idle}", "dim"))
+    _emit(out, shown, width, 0)
 
 
 def _emit(out: Text, lines: Sequence[_Row | tuple[str, str]], width: int, rows: int) -> None:

@@ -305,7 +305,8 @@ class TopApp(App[None]):
         inner = (width if not peers.display else width // 2) - 2
         wanted = 1 + len(backends_text(self.history, inner, 0, sparklines=False).split())
         if peers.display and sample is not None:
-            wanted = max(wanted, 1 + len(peers_text(self.history, inner, 0).split()))
+            lines = peers_text(self.history, inner, 0, sparklines=False)
+            wanted = max(wanted, 1 + len(lines.split()))
         links = max(LINKS_MIN, min(wanted, left - max(RECENT_MIN, left // 2)))
         # rows no list wants make the throughput's sparklines taller, 4 at a time
         hot = 1 + len(hot_text(sample, width - 2, 0).split())

@@ -579,7 +579,7 @@ function setupCharts() {
   charts.ratio = new LineChart(
     document.getElementById("ratio-chart"),
     ["ram", "disk"].map((key) => ({ cls: `series-${key}`, value: (s) => nonNull(s.hit_ratio[key]) })),
-    // a share from 0 to 1, always the whole of it: 0 % to 100 % by 20 %
+    // a share from 0 to 1, always the whole of it: 0 % to 100 % by 50 %
     { axis: () => niceAxis(1, [["%", 0.01]]), height: 150 },
   );
   charts.latency = new LineChart(

@@ -682,6 +682,9 @@ def _read_token(path: Path | None) -> str:
             f"[peers] token_file {path} holds under 16 characters; use a longer secret"
         )
     with contextlib.suppress(OSError):
-        if os.stat(path).st_mode & 0o077:
-            log.warning("peers: token_file %s is readable by others; chmod 600 it", path)
+        if os.stat(path).st_mode & 0o066:  # read or write by group or others; x is moot
+            log.warning(
+                "peers: token_file %s may be read or written by its group or others; chmod 600 it",
+                path,
+            )
     return token

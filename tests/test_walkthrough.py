@@ -265,7 +265,15 @@ def check_pages(walk: Walk, links: list[str]) -> None:
     script = walk.cwd / "pages.py"
     script.write_text(PAGE_SCRIPT)
     wanted = {url: PAGES[url] for url in links}
-    shown = walk.run("sh", f"python {script} {shlex.quote(json.dumps(wanted))}")
+    # The test's own python (playwright is the test toolchain's, not the walkthrough's)
+    shown = subprocess.run(
+        [*walk.ns.prefix(), sys.executable, str(script), json.dumps(wanted)],
+        cwd=walk.cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert shown.returncode == 0, shown.stdout + shown.stderr
     for url in links:
         assert f"ok {url}" in shown.stdout

@@ -60,6 +60,16 @@ async def open_cache(tmp_path: Path) -> AsyncIterator[OpenCache]:
 BIN = Path(sys.executable).parent
 
 
+@pytest.fixture
+def clean_cwd(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """No ``CHUNKD_*`` variable of the machine's, and the test's own directory as the
+    working one: what a CLI test in-process sees is the config it set up."""
+    for var in list(os.environ):
+        if var.startswith("CHUNKD_"):
+            monkeypatch.delenv(var)
+    monkeypatch.chdir(tmp_path)
+
+
 @pytest.fixture(scope="session")
 def s3_server() -> Iterator[S3Server]:
     """moto_server on a free loopback port for the whole session."""

@@ -4,7 +4,6 @@ S3 front on the embedded default from the environment alone."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import tomllib
 from collections.abc import Callable
@@ -24,12 +23,7 @@ FRONT = {
 }
 
 
-@pytest.fixture(autouse=True)
-def _no_chunkd_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    for var in list(os.environ):
-        if var.startswith("CHUNKD_"):
-            monkeypatch.delenv(var)
-    monkeypatch.chdir(tmp_path)
+pytestmark = pytest.mark.usefixtures("clean_cwd")
 
 
 def show(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:

@@ -29,12 +29,7 @@ ADVISE = "always within_size [advise] never deny force\n"
 TOKEN = "a-peer-token-of-the-cluster-0123456789"
 
 
-@pytest.fixture(autouse=True)
-def _no_chunkd_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    for var in list(os.environ):
-        if var.startswith("CHUNKD_"):
-            monkeypatch.delenv(var)
-    monkeypatch.chdir(tmp_path)
+pytestmark = pytest.mark.usefixtures("clean_cwd")
 
 
 def fake_sysfs(root: Path, shmem: str, per_size: str | None = None) -> Path:

@@ -237,7 +237,17 @@ def check_invariants(walk: Walk, a: Daemon, case: str, out: Outcome) -> None:
     with Client(a.cwd / "chunkd.sock", timeout=30) as client:
         # No acknowledged save lost: local and remote ones both load, bit for bit.
         for name in out.acked:
-            back = ckpt.load(name, client=client)
+            try:
+                back = ckpt.load(name, client=client)
+            except CheckpointNotFoundError:
+                said = [
+                    line
+                    for line in a.log.read_text(errors="replace").splitlines()
+                    if "checkpoint" in line and "GET /v1/stats" not in line
+                ]
+                pytest.fail(
+                    f"acknowledged save {name} ({out.acked[name]}) lost: " + "\n".join(said)
+                )
             expected = walk.states[name]
             assert list(back) == list(expected), name
             for key, array in expected.items():

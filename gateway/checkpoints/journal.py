@@ -46,6 +46,17 @@ class Journal:
         """The journals on disk, oldest job id first."""
         return sorted(self.jobs_dir.glob("*.json"))
 
+    def chunks(self) -> set[ChunkId]:
+        """Every chunk id the readable journals name (an unreadable one is set aside
+        when the jobs resume)."""
+        named: set[ChunkId] = set()
+        for path in self.saved():
+            try:
+                named.update(self.load(path).unique)
+            except (OSError, ValueError, KeyError, TypeError, ChunkdError):
+                continue
+        return named
+
     def path(self, job: SaveJob) -> Path:
         """Where ``job``'s journal lies."""
         return self.jobs_dir / f"{job.id}.json"

@@ -31,7 +31,8 @@ and a save that deduplicates against an unreferenced chunk safe by protocol
 A manifest is never written before every chunk it names is in the backend, so a
 reader never sees a partial checkpoint; a missing or unparsable manifest means "no
 such checkpoint". A job whose journal exists is resumed when the daemon starts
-(kill -9 included) from its chunks on disk; one whose chunks are gone from disk
+(kill -9 included) from its chunks on disk, or from the backend's copies of those
+that are gone from disk (uploaded before the kill); one with a chunk in neither place
 fails and never appears. A backend that is down delays a job (it retries with
 backoff); one that refuses it (403, read-only, name taken) fails it.
 """
@@ -142,22 +143,17 @@ class Saver:
                 await self.cache.wait_reconciled()
                 missing = [cid for cid in missing if self.cache.index.lookup(cid) is None]
             if missing:
-                log.error(
-                    "checkpoint %s (rank %d) cannot resume: %d of its chunks are gone from "
-                    "the disk tier; it will not appear",
+                # Not lost yet: a job killed after its uploads (its part or manifest PUT
+                # failing) has every chunk in the backend, and the upload step keeps
+                # one found there of the right size without reading it (put_chunk).
+                # One that is nowhere fails the job then, with what is missing.
+                log.warning(
+                    "checkpoint %s (rank %d): %d of its chunks are gone from the disk tier; "
+                    "resuming with the backend's copies (it fails if one is not there)",
                     request.name,
                     request.rank,
                     len(missing),
                 )
-                self.journal.set_aside(
-                    path,
-                    CheckpointError(
-                        f"checkpoint {request.name} (rank {request.rank}) could not resume when "
-                        f"the daemon started again: {len(missing)} of its chunks were gone from "
-                        "the node's disk; save again"
-                    ),
-                )
-                continue
             job.pinned = set(job.unique)
             self.cache.disk.pin(job.pinned)
             job.reach(Durability.LOCAL, "resuming")
@@ -491,8 +487,9 @@ class Saver:
         lease = await self.cache.disk.get(cid, count=False)  # no reader's lookup
         if lease is None:
             raise CheckpointError(
-                f"checkpoint {job.request.name}: chunk {cid} is no longer on this node's disk; "
-                "the save cannot complete"
+                f"checkpoint {job.request.name}: chunk {cid} is no longer on this node's disk, "
+                f"and backend {job.request.backend!r} does not hold it whole; the save cannot "
+                "complete: save again"
             )
         return lease
 

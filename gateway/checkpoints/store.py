@@ -9,7 +9,7 @@ import dataclasses
 import functools
 import mmap
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -51,6 +51,9 @@ class Checkpoints:
             frozen snapshots), which garbage collection marks live.
         authority: who may replace and delete what (docs/security.md); the methods
             that take a ``caller`` check it (None: a request of the daemon's own).
+        held: the chunk ids the caller pinned on the cache's disk tier for the
+            journaled jobs as soon as the cache opened (:meth:`journaled_chunks`);
+            :meth:`start` unpins them once every job resumed and pinned its own.
     """
 
     def __init__(
@@ -65,7 +68,9 @@ class Checkpoints:
         peers: Peers | None = None,
         gc_roots: Roots | None = None,
         authority: Authority | None = None,
+        held: Iterable[ChunkId] = (),
     ) -> None:
+        self._held = frozenset(held)
         self.authority = authority if authority is not None else Authority()
         self.cache = cache
         self.backends = backends
@@ -99,12 +104,30 @@ class Checkpoints:
             self._catalog, self._jobs, gc_roots, mark_dir=self.root / "gc-mark"
         )
 
+    @staticmethod
+    async def journaled_chunks(root: Path) -> frozenset[ChunkId]:
+        """Every chunk the save jobs journaled under ``root`` name.
+
+        A daemon reads them before it opens its cache and pins them on the disk tier
+        at once after (before its first await): the background reconciliation the
+        open starts evicts down to the budget (a kill -9 leaves files whose records
+        were still batched, adopted then), oldest first, and a journaled job's
+        chunks, written before everything the node read since, would go first,
+        before the job resumes and pins them. Pass them to the store as ``held``.
+        """
+        return frozenset(await asyncio.to_thread(Journal(root).chunks))
+
     async def start(self) -> int:
         """Resume every journaled job; returns how many."""
-        await asyncio.to_thread(self._journal.make_dirs)
-        # What collections cut short (kill -9) left of their marks: none runs yet.
-        await asyncio.to_thread(shutil.rmtree, self._collector.mark_dir, True)
-        return await self._saver.resume()
+        try:
+            await asyncio.to_thread(self._journal.make_dirs)
+            # What collections cut short (kill -9) left of their marks: none runs yet.
+            await asyncio.to_thread(shutil.rmtree, self._collector.mark_dir, True)
+            return await self._saver.resume()
+        finally:
+            # Each resumed job pins its own chunks; those of a job set aside go free.
+            held, self._held = self._held, frozenset()
+            self.cache.disk.unpin(held)
 
     async def close(self) -> None:
         """Stop every job (journaled ones resume on the next start)."""

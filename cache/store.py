@@ -141,14 +141,20 @@ class ChunkCache:
         self._unmapped_misses = 0
 
     @classmethod
-    async def open(cls, config: CacheConfig) -> ChunkCache:
+    async def open(cls, config: CacheConfig, *, pinned: Iterable[bytes] = ()) -> ChunkCache:
         """Open (creating if needed) the cache in ``config.dir``.
+
+        ``pinned``: chunk ids kept from eviction (:meth:`DiskTier.pin`) before the
+        background reconciliation starts, which evicts down to the budget, oldest first
+        (the daemon's journaled saves, whose jobs pin their own chunks only once resumed);
+        the caller unpins them.
 
         Raises:
             ChunkdError: another process holds the directory.
             IndexSchemaError: the index was written by an incompatible version.
         """
         cache = await asyncio.to_thread(cls._open_sync, config)
+        cache.disk.pin(pinned)
         if config.reconcile:
             cache._reconcile_task = asyncio.create_task(cache._reconcile())
         return cache

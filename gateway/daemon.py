@@ -157,7 +157,11 @@ async def open_node(
         backends = Backends.from_config(config.backends, metrics)
         parts.push_async_callback(backends.close)
         peers = Peers(config.peers, metrics, tls=tls) if config.peers.enabled else None
-        cache = await ChunkCache.open(config.cache)
+        # The journaled saves' chunks, pinned before the open's background reconciliation
+        # evicts down to the budget (oldest first): a kill -9 can leave the disk over it,
+        # and they would go before their jobs resume and pin them.
+        journaled = await Checkpoints.journaled_chunks(config.cache.dir / "checkpoints")
+        cache = await ChunkCache.open(config.cache, pinned=journaled)
         parts.push_async_callback(_closed_cache, cache, config)  # finishes disk writes
         log.info(
             "cache open",
@@ -200,6 +204,7 @@ async def open_node(
             peers=peers,
             gc_roots=datasets.roots,  # frozen snapshots' chunks are roots of the mark
             authority=authority,
+            held=journaled,  # unpinned once the jobs resumed and pinned their own
         )
         parts.push_async_callback(checkpoints.close)
         resumed = await checkpoints.start()

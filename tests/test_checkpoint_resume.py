@@ -204,12 +204,11 @@ async def test_journaled_chunks_pinned_as_the_cache_opens_outlive_its_reconcilia
     finally:
         await cache.close()
 
-    # Read before the open, pinned before its first await: they stay, and the job
-    # resumes from them, commits, and leaves nothing pinned.
+    # Read before the open, pinned by it before its reconciliation starts: they stay,
+    # and the job resumes from them, commits, and leaves nothing pinned.
     held = await Checkpoints.journaled_chunks(root / "checkpoints")
     assert held == set(journaled)
-    cache = await ChunkCache.open(config(root, 2 << 20))
-    cache.disk.pin(held)
+    cache = await ChunkCache.open(config(root, 2 << 20), pinned=held)
     try:
         assert (await cache.wait_reconciled())["orphans_adopted"] == 2
         assert all(cache.index.lookup(cid) is not None for cid in journaled)

@@ -922,7 +922,17 @@ def test_every_deep_link_parameter_works_by_name_tag_version_and_id(tab: Tab) ->
             root / "ds" / f"part-{part}.parquet", {"id": list(range(part * 20, part * 20 + 20))}
         )
     _chunkd(tab.daemon, "dataset", "register", "pets", "local/ds/")
-    _write_parquet(root / "ds" / "part-2.parquet", {"id": list(range(40, 45))})
+    # names with '/': text/web (its first segment no backend) and local/pets (no such
+    # object in backend local), registered in-process (a subprocess each is slower)
+    from chunkd.client import Client
+    from chunkd.client.datasets.register import commit, scan_prefix
+
+    with Client(tab.daemon.cwd / "chunkd.sock") as client:
+        commit(client, "text/web", scan_prefix(client, "local/ds/"))
+        _write_parquet(root / "ds" / "part-2.parquet", {"id": list(range(40, 45))})
+        later = scan_prefix(client, "local/ds/")
+        commit(client, "text/web", later)
+        commit(client, "local/pets", later)
     _chunkd(tab.daemon, "dataset", "register", "pets", "local/ds/")
     _chunkd(tab.daemon, "dataset", "tag", "pets@1", "gold")
     (root / "grpo").mkdir()
@@ -965,6 +975,33 @@ def test_every_deep_link_parameter_works_by_name_tag_version_and_id(tab: Tab) ->
         sample = page.locator("section.sample[data-global='21']")
         assert '"id": 21' in sample.inner_text(), ref
         assert sample.get_attribute("data-index") == "1"  # row 1 of part-1
+
+    # a dataset whose name has '/' takes every parameter a dataset does
+    assert members("open=text/web") == 3
+    assert members("open=" + q("text/web@1")) == 2
+    assert members("snapshot=text/web") == 3
+    assert members("open=local/pets") == 3  # no object local/pets: the dataset
+    tab.open("dataset=text/web")
+    assert page.locator("tr[data-version]").count() == 2
+    tab.open("dataset=" + q("text/web@1"))
+    assert page.locator("tr[data-version='1'].focus").count() == 1
+    for ref in ("text/web", "text/web@2", "local/pets"):
+        tab.open("list=" + q(ref))
+        page.wait_for_selector("table.listing a[href$='open=local%2Fds%2Fpart-0.parquet']")
+        assert "the folder of " in tab.text(".snapshot-folder"), ref
+    for ref in ("text/web", "text/web@1", "local/pets"):
+        tab.open("sample=" + q(f"{ref}#21"))
+        assert '"id": 21' in page.locator("section.sample[data-global='21']").inner_text(), ref
+    tab.open("step=1&ref=" + q("text/web") + "&seed=3&batch_size=4&world_size=2")
+    assert page.locator("section.rank").count() == 2
+    tab.open("diff=" + q("text/web@1") + ".." + q("text/web"))
+    assert "part-2.parquet" in tab.text("ul.diff-added")
+    # objects stay objects: a key in backend local, and its folder
+    tab.open("open=local/ds/part-0.parquet")
+    assert _row_indexes(page) == list(range(20))
+    tab.open("list=local/ds")
+    page.wait_for_selector("table.listing a[href$='open=local%2Fds%2Fpart-0.parquet']")
+    assert page.locator(".snapshot-folder").count() == 0
 
     # ?step= with ?ref= (and seed, epoch, batch_size, world_size, rank)
     for ref in ("pets", *v1):

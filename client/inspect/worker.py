@@ -53,8 +53,10 @@ from chunkd import errors
 from chunkd.errors import (
     ChunkdError,
     DatasetFormatError,
+    DatasetNotFoundError,
     InvalidRequestError,
     MalformedFileError,
+    UnknownBackendError,
 )
 
 if TYPE_CHECKING:
@@ -299,29 +301,41 @@ class Worker:
         """``name`` as a dataset reference, where it is one, else None (an object).
 
         A snapshot id, and a name without ``/`` (``NAME``, ``NAME@N``, ``NAME@TAG``), are
-        datasets': an object's name is always ``BACKEND/KEY``. A name with both ``/`` and
-        ``@`` (``text/web@2``) is a dataset's where no object has that name.
+        datasets': an object's name is always ``BACKEND/KEY``. A name with ``/`` is an
+        object's where that object exists; where it does not (no such key, or its first
+        segment is no configured backend), it is a dataset's when it has ``@``
+        (``text/web@2``) or a dataset of that name is registered (``text/web``), else
+        the object's (whose error then says what is missing).
         """
         from chunkd.snapshot import parse_ref
 
-        if fmt is not None or ("/" in name and "@" not in name):
+        if fmt is not None:
             return None
         try:
             parse_ref(name)
         except InvalidRequestError:
             if "/" in name:
-                return None  # BACKEND/KEY with an '@' in the key
+                return None  # BACKEND/KEY with an '@' in the key, or another character
             raise InvalidRequestError(
                 f"{name[:200]!r} is neither an object (BACKEND/KEY) nor a dataset (NAME, "
                 "NAME@VERSION, NAME@TAG or a snapshot id)"
             ) from None
-        if "/" in name and not _ID_RE.fullmatch(name):
-            try:
-                self.client.stat(name)
-            except (FileNotFoundError, LookupError, ValueError):
-                return name  # no such object (or backend): the dataset's
-            return None
-        return name
+        if "/" not in name or _ID_RE.fullmatch(name):
+            return name
+        try:
+            self.client.stat(name)
+        except (FileNotFoundError, LookupError, ValueError):  # no such object or backend
+            return name if "@" in name or self._registered(name) else None
+        return None
+
+    def _registered(self, name: str) -> bool:
+        """Whether a dataset named ``name`` is registered (one ``ds_versions`` of one
+        version)."""
+        try:
+            with self.client.request("ds_versions", {"name": name, "limit": 1}):
+                return True
+        except (DatasetNotFoundError, InvalidRequestError, UnknownBackendError):
+            return False
 
     def _op_open(self, args: Args) -> dict[str, Any]:
         from chunkd.client.inspect import rl
@@ -390,8 +404,8 @@ class Worker:
                 f"sample id {sample_id!r} is BACKEND/KEY#INDEX or DATASET@VERSION#INDEX"
             )
         index = int(number)
-        # An object's name is always BACKEND/KEY: a bare NAME is a dataset's (its latest).
-        if "@" in where or _ID_RE.fullmatch(where) or "/" not in where:
+        # A bare NAME is a dataset's (its latest); BACKEND/KEY an object's where it exists.
+        if self._dataset_ref(where, None) is not None:
             return self.registry.sample(sample_id, where, index)
         view, _, _ = self.views.open(where, args.text("format"))
         found = next(iter(view.rows(index, args.columns())))

@@ -602,24 +602,43 @@ function tagsText(tags) {
   return String(tags);
 }
 
-/** A listing of BACKEND/PREFIX; a dataset's reference (NAME, NAME@V, NAME@TAG, an id)
-    lists the folder its snapshot was registered from. */
+/** A listing of BACKEND/PREFIX; a dataset's reference (NAME, NAME@V, NAME@TAG, an id,
+    and a name with '/' such as text/web@2) lists the folder its snapshot was registered
+    from. A name is a dataset's where its first segment is no configured backend; one
+    whose first segment is a backend is that backend's folder, unless it has '@' and a
+    dataset has that name, or the folder is empty and a dataset has that name. */
 async function viewList(target, recursive) {
-  if (isDatasetRef(target)) return listSnapshotFolder(target, recursive);
-  if (!String(target).includes("/")) {
-    // A bare NAME is a backend's where one is so named, else a dataset's.
-    const stats = await api("/v1/stats");
-    const backends = new Set((stats.backends ?? []).map((b) => String(b.name)));
-    if (!backends.has(String(target))) {
-      return listSnapshotFolder(target, recursive).catch((err) => {
-        if (err instanceof ApiError && err.kind === "DatasetNotFoundError") {
-          throw new ApiError("UnknownBackendError", `${target} is neither a backend (configured: ${[...backends].join(", ") || "none"}) nor a dataset`, 404);
-        }
-        throw err;
-      });
+  const name = String(target);
+  if (isDatasetRef(name)) return listSnapshotFolder(name, recursive);
+  const stats = await api("/v1/stats");
+  const backends = new Set((stats.backends ?? []).map((b) => String(b.name)));
+  if (!backends.has(splitName(name)[0])) {
+    return listSnapshotFolder(name, recursive).catch((err) => {
+      if (err instanceof ApiError && (err.kind === "DatasetNotFoundError" || err.kind === "InvalidRequestError")) {
+        const what = name.includes("/") ? `${splitName(name)[0]} is not a backend (configured: ${[...backends].join(", ") || "none"}) and ${name} is not a dataset` : `${name} is neither a backend (configured: ${[...backends].join(", ") || "none"}) nor a dataset`;
+        throw new ApiError("UnknownBackendError", what, 404);
+      }
+      throw err;
+    });
+  }
+  if (name.includes("@")) {
+    // BACKEND/KEY@X: a dataset's where one is so named (text/web@2 with a backend `text`)
+    try {
+      return await listSnapshotFolder(name, recursive);
+    } catch (err) {
+      if (!(err instanceof ApiError) || (err.kind !== "DatasetNotFoundError" && err.kind !== "InvalidRequestError")) throw err;
     }
   }
-  return listFolder(target, recursive);
+  // BACKEND/PREFIX: its folder, or a dataset's where the folder is empty and one is so
+  // named (local/pets, with no key below local/pets/)
+  const listing = await listFolder(name, recursive);
+  if (listing.dataset?.empty !== "true") return listing;
+  try {
+    return await listSnapshotFolder(name, recursive);
+  } catch (err) {
+    if (!(err instanceof ApiError) || (err.kind !== "DatasetNotFoundError" && err.kind !== "InvalidRequestError")) throw err;
+    return listing;
+  }
 }
 
 async function listSnapshotFolder(ref, recursive) {
@@ -674,6 +693,7 @@ async function listFolder(target, recursive) {
     more.dataset.next = page.next ?? "";
   };
   await load(undefined);
+  if (shown === 0) s.dataset.empty = "true";  // viewList then asks if a dataset is so named
   const deep = el("label", "recursive");
   const box = el("input");
   box.type = "checkbox";

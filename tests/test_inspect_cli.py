@@ -132,6 +132,13 @@ def test_a_dataset_its_snapshots_a_sample_a_diff_and_a_step(node: Daemon, tmp_pa
 
     versions = ok(node, "cities")
     assert "dataset cities" in versions
+    # a dataset named like an object: its first segment no backend, or no such key
+    for name in ("text/cities", "local/cities"):
+        subprocess.run(
+            [*register[:3], name, *register[4:]],
+            env=socket_env, check=True, timeout=110, capture_output=True,
+        )  # fmt: skip
+        assert f"dataset {name}" in ok(node, name)
     assert "40" in versions
     assert "60" in versions
     snapshot = ok(node, "cities@2")

@@ -391,6 +391,10 @@ class _View:
     def object(self, name: str) -> int:
         args = self.args
         opened = self.api.op("open", name=name, format=args.format)
+        if opened.get("kind") == "snapshot" and args.format is None:
+            # a dataset named like an object (text/web, or local/pets where backend
+            # local has no such key): the worker said so; show it as a dataset
+            return self.dataset(name)
         fmt = args.format or opened.get("kind")
         page: Any = None
         page_op = ""

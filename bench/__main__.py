@@ -11,7 +11,7 @@ started last); older runs stay (the last 50). Every run is also kept in
 
 Options: ``--quick`` (small sizes, few rounds; checks the benchmarks work, figures mean
 little), ``--out DIR``, ``--work DIR`` (scratch space on the disk under test: the run's
-own ``DIR/<UTC time>/``, removed at its end; default ``<run folder>/work``), ``--only
+own ``DIR/<UTC time>/``, removed at its end; default the first free ``OUT/w<N>/``), ``--only
 SCENARIO`` (repeatable; ``ckpt`` runs every checkpoint scenario), ``--rounds N`` (every
 scenario that takes rounds runs N; by default saves run 5 or more and the others 3 or
 more), ``--list`` (each scenario with its typical duration, from this machine's history
@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import json
 import shutil
 import signal
@@ -284,13 +285,24 @@ def main() -> int:
 
 @contextlib.contextmanager
 def scratch(folder: Path, work: Path | None) -> Iterator[Path]:
-    """The run's own scratch space, removed when the run ends however it ends:
-    ``<run folder>/work``, or with ``--work DIR`` the run folder's name under ``DIR``
-    (``DIR`` itself, someone's disk, is left). Two runs at once never share it: a
-    shared ``OUT/work`` was removed by whichever run ended first, under the other's
-    scenario."""
-    path = folder / "work" if work is None else work / folder.name
-    path.mkdir(parents=True, exist_ok=True)
+    """The run's own scratch space, removed when the run ends however it ends: the
+    first free ``OUT/w<N>`` (made with one ``mkdir``, so two runs never take the same;
+    short, as the daemons' sockets live under it and a Unix socket's path holds at most
+    107 bytes), or with ``--work DIR`` the run folder's name under ``DIR`` (``DIR``
+    itself, someone's disk, is left). Two runs at once never share it: a shared
+    ``OUT/work`` was removed by whichever run ended first, under the other's scenario."""
+    if work is None:
+        out = folder.parent.parent
+        for n in itertools.count():
+            path = out / f"w{n}"
+            try:
+                path.mkdir()
+                break
+            except FileExistsError:
+                continue
+    else:
+        path = work / folder.name
+        path.mkdir(parents=True, exist_ok=True)
     try:
         yield path
     finally:

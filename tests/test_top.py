@@ -134,19 +134,20 @@ def _objects(daemon: Daemon) -> list[str]:
 
 
 @contextlib.contextmanager
-def _reading(daemon: Daemon, names: list[str]) -> Iterator[None]:
+def _in_background(step: Callable[[], str | None], name: str) -> Iterator[None]:
+    """``step`` again and again in a thread while inside; a step that returns a failure
+    ends the loop, and the failure fails the test on the way out."""
     stop = threading.Event()
     failures: list[str] = []
 
-    def read() -> None:
+    def loop() -> None:
         while not stop.is_set():
-            for name in names:
-                status, _, _ = daemon.get(f"/v1/objects/local/{name}")
-                if status != 200:
-                    failures.append(f"{name}: HTTP {status}")
-                    return
+            failure = step()
+            if failure is not None:
+                failures.append(failure)
+                return
 
-    thread = threading.Thread(target=read, name="top-reader", daemon=True)
+    thread = threading.Thread(target=loop, name=name, daemon=True)
     thread.start()
     try:
         yield
@@ -154,6 +155,19 @@ def _reading(daemon: Daemon, names: list[str]) -> Iterator[None]:
         stop.set()
         thread.join(timeout=60)
     assert not failures, failures
+
+
+@contextlib.contextmanager
+def _reading(daemon: Daemon, names: list[str]) -> Iterator[None]:
+    def read() -> str | None:
+        for name in names:
+            status, _, _ = daemon.get(f"/v1/objects/local/{name}")
+            if status != 200:
+                return f"{name}: HTTP {status}"
+        return None
+
+    with _in_background(read, "top-reader"):
+        yield
 
 
 def _top(daemon: Daemon, *args: str) -> str:
@@ -369,38 +383,27 @@ def _backends(start_daemon: Callable[..., Daemon], tmp_path: Path) -> tuple[Daem
 def _busy(daemon: Daemon, backend: str, root: Path) -> Iterator[None]:
     """Reads of ``backend`` (under ``root``) while inside: one object again and again, and
     new objects that miss the cache, so the backend has requests and bytes every second."""
-    stop = threading.Event()
-    failures: list[str] = []
-
     (root / "hot.bin").write_bytes(os.urandom(1 << 20))
+    count = iter(range(1 << 30))
 
-    def read() -> None:
-        i = 0
-        while not stop.is_set():
-            # one object read again and again (from RAM), one new object (from the backend)
-            status, _, _ = daemon.get(f"/v1/objects/{backend}/hot.bin")
-            if status != 200:
-                failures.append(f"hot.bin: HTTP {status}")
-                return
-            path = root / "busy" / f"{i}.bin"
-            path.parent.mkdir(exist_ok=True)
-            path.write_bytes(os.urandom(256 << 10))
-            status, _, _ = daemon.get(f"/v1/objects/{backend}/busy/{i}.bin")
-            path.unlink()
-            if status != 200:
-                failures.append(f"busy/{i}.bin: HTTP {status}")
-                return
-            i += 1
-            stop.wait(0.05)
+    def read() -> str | None:
+        # one object read again and again (from RAM), one new object (from the backend)
+        status, _, _ = daemon.get(f"/v1/objects/{backend}/hot.bin")
+        if status != 200:
+            return f"hot.bin: HTTP {status}"
+        i = next(count)
+        path = root / "busy" / f"{i}.bin"
+        path.parent.mkdir(exist_ok=True)
+        path.write_bytes(os.urandom(256 << 10))
+        status, _, _ = daemon.get(f"/v1/objects/{backend}/busy/{i}.bin")
+        path.unlink()
+        if status != 200:
+            return f"busy/{i}.bin: HTTP {status}"
+        time.sleep(0.05)
+        return None
 
-    thread = threading.Thread(target=read, name="top-busy", daemon=True)
-    thread.start()
-    try:
+    with _in_background(read, "top-busy"):
         yield
-    finally:
-        stop.set()
-        thread.join(timeout=60)
-    assert not failures, failures
 
 
 def _backend_lines(screen: str) -> list[str]:

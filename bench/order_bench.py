@@ -19,7 +19,7 @@ against version 1 (arrays over every unit), and how each mixes.
    open in a run, and the mean distance between adjacent samples in the snapshot (a
    full shuffle: about N / 3).
 
-``--quick``: 200,000 and 2,000,000 units.
+``--quick``: 50,000 and 500,000 units.
 """
 
 from __future__ import annotations
@@ -151,7 +151,7 @@ def _fresh(kind: str, units: int) -> dict[str, float]:
 
 
 def _scale(report: Report, *, quick: bool) -> None:
-    small, large = (200_000, 2_000_000) if quick else (10_000_000, 100_000_000)
+    small, large = (50_000, 500_000) if quick else (10_000_000, 100_000_000)
     rounds = report.rounds_for(1 if quick else 3)
     ours: list[dict[str, float]] = []
     theirs: list[dict[str, float]] = []

@@ -16,14 +16,14 @@ each against what a user had (or would use) instead.
    inline: what chunkd wrote before pages) at 1M members. Rows: schema 2 at 1M and at
    10M against schema 1 at 1M. 3 rounds a side, alternating, after one warm-up open
    each (the daemon's own parse of a schema-1 manifest is then cached, as it is for
-   every rank after the first). ``--quick``: 100,000 members, both schemas.
+   every rank after the first). ``--quick``: 20,000 members, both schemas.
 2. **Registry reads per cluster open, in the peers lab.** Three daemons peered on
    loopback, the registry in moto's S3 server (requests counted on moto's side, its
    recorder), a schema-2 snapshot of 200,000 small members committed once; then 4
    readers per node (threads, each its own client) open it by name and load every page.
    Page GETs a page, against the same three daemons without ``[peers]`` (each node
    fetches for itself). Fresh daemons (empty caches) each round, 3 rounds.
-   ``--quick``: 40,000 members, 2 readers a node, 1 round.
+   ``--quick``: 10,000 members, 2 readers a node, 1 round.
 3. **Registration on Ray.** ``chunkd dataset register --ray`` of 100,000 small Parquet
    files on a local Ray cluster of two nodes (``ray.cluster_utils.Cluster``), each with
    its own peered daemon, in a network namespace (loopback only), against the local
@@ -211,7 +211,7 @@ def _open_fresh(socket: str, name: str) -> dict[str, float]:
 def _open_at_scale(report: Report, work: Path, *, quick: bool) -> None:
     """Schema 2 at 1M and 10M members against schema 1 at 1M (``--quick``: both at
     100k), each opened in fresh processes through one daemon."""
-    small, large = (100_000, None) if quick else (1_000_000, 10_000_000)
+    small, large = (20_000, None) if quick else (1_000_000, 10_000_000)
     data = work / "data"
     registry = data / "registry"
     written: dict[str, tuple[int, int, float]] = {}
@@ -429,7 +429,7 @@ def _cluster_open(report: Report, work: Path, *, quick: bool) -> None:
     from chunkd.snapshot import Member, MemoryPages, Snapshot
     from chunkd.testing import CountingProxy, S3Server
 
-    members, readers = (40_000, 2) if quick else (200_000, 4)
+    members, readers = (10_000, 2) if quick else (200_000, 4)
     recording = work / "moto-recording.jsonl"
     work.mkdir(parents=True, exist_ok=True)
     saved = {k: os.environ.get(k) for k in ("MOTO_ENABLE_RECORDING", "MOTO_RECORDER_FILEPATH")}

@@ -371,12 +371,18 @@ def wrong_value(field: Field) -> st.SearchStrategy[Any]:
     return weighted((5, st.sampled_from(edges)), (5, JSON_VALUE), (1, NESTED))
 
 
+# Ops whose valid request waits by design: a commit waits for its ranks' parts until they
+# come or its client goes (tests/test_checkpoint_bounds.py bounds what such waits cost);
+# a fuzzed one with a valid shape would wait out the exchange's timeout.
+WAITS = frozenset({"ckpt_commit"})
+
+
 @st.composite
 def request_headers(draw: st.DrawFn, known: list[str]) -> dict[str, Any]:
     """A request: an op of the table (or not), each field valid, absent or wrong."""
     # SCALAR, not JSON_VALUE: an op that is a list or an object is a known bug of the
     # daemon's (test_an_op_that_is_not_a_string_is_refused); widen this when it is fixed.
-    op = draw(weighted((18, st.sampled_from(sorted(OPS))), (1, SCALAR)))
+    op = draw(weighted((18, st.sampled_from(sorted(set(OPS) - WAITS))), (1, SCALAR)))
     header: dict[str, Any] = {"op": op}
     name = names(known)
     spec = OPS.get(op) if isinstance(op, str) else None

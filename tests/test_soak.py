@@ -1,4 +1,4 @@
-"""The soak in CI: 16 client processes against one real daemon for 75 seconds.
+"""The soak in CI: 16 client processes against one real daemon for 50 seconds.
 
 The clients (numpy only, never torch) draw mixed reads, ``read_into``, ``stat``,
 listing pages of a 10,000-key prefix, ``prefetch``, checkpoint saves at ``local``
@@ -51,7 +51,7 @@ from chunkd.testing.soak import (
 MiB = 1 << 20
 GiB = 1 << 30
 CLIENTS = 16
-SECONDS = 75.0
+SECONDS = 50.0
 #: tokio's default cap of blocking threads (obstore's runtime), plus the daemon's own
 THREAD_CAP = 512 + 64
 #: seconds at rest before and after the load: tokio lets an idle blocking thread go after 10

@@ -868,8 +868,8 @@ def test_a_member_that_changed_after_its_scan_fails_its_reads(store: Store) -> N
 
 # -- check -------------------------------------------------------------------------------
 
-from chunkd.client.datasets import check as check_module  # noqa: E402
 from chunkd.client.datasets.check import MAX_PER_CODE, Finding, check, summarize  # noqa: E402
+from chunkd.client.datasets.formats import parquet as parquet_module  # noqa: E402
 from chunkd.snapshot import Snapshot  # noqa: E402
 
 
@@ -922,7 +922,7 @@ def test_check_parquet_schemas_and_row_groups(
         ("warning", "row-group-too-small", "p3.parquet"),
     ]
     assert "id:double" in found[0].message
-    monkeypatch.setattr(check_module, "ROW_GROUP_MAX_BYTES", 1000)
+    monkeypatch.setattr(parquet_module, "ROW_GROUP_MAX_BYTES", 1000)
     assert ("warning", "row-group-too-big", "p0.parquet") in codes(check(snapshot, store.source))
 
 

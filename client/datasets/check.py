@@ -72,6 +72,12 @@ code found in many members is **one** finding with its ``count`` and a few
 ``examples`` (at most :data:`EXAMPLES` of the members' keys). At most
 :data:`MAX_PER_CODE` distinct findings of one code are listed; one more (member
 ``None``) stands for the rest, with their count. A summary adds up the counts.
+
+:class:`Finding` and the texts findings show (:func:`size_text`, :func:`columns_text`)
+live in :mod:`chunkd.client.datasets.findings`, which the formats' rules build on
+without importing this module (it calls them); the Parquet bounds
+(:data:`ROW_GROUP_MAX_BYTES`, :data:`ROW_GROUP_MIN_BYTES`) are the parquet format's.
+Both are re-exported here.
 """
 
 from __future__ import annotations
@@ -80,9 +86,11 @@ import statistics
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final, Literal
+from typing import TYPE_CHECKING, Final
 
-from chunkd.client.datasets.formats import MAX_UNIT_BYTES, format_of
+from chunkd.client.datasets.findings import Finding, Level, columns_text, size_text
+from chunkd.client.datasets.formats import format_of
+from chunkd.client.datasets.formats.parquet import ROW_GROUP_MAX_BYTES, ROW_GROUP_MIN_BYTES
 from chunkd.errors import DatasetFormatError
 
 if TYPE_CHECKING:
@@ -108,39 +116,10 @@ __all__ = [
 TINY_FILES: Final = 1000
 #: ... of a median size below this are "a great many tiny files"
 TINY_BYTES: Final = 1 << 20
-#: a Parquet row group bigger than this (uncompressed) is cut into units that each decode
-#: it (the parquet format's rule reads it here when it runs)
-ROW_GROUP_MAX_BYTES: Final = MAX_UNIT_BYTES
-#: row groups whose median is smaller than this (uncompressed) are too small
-ROW_GROUP_MIN_BYTES: Final = 1 << 20
 #: distinct findings of one code listed; the rest are counted in one more
 MAX_PER_CODE: Final = 20
 #: the members a grouped finding names as examples
 EXAMPLES: Final = 3
-
-Level = Literal["error", "warning"]
-
-
-@dataclass(frozen=True, slots=True)
-class Finding:
-    """One thing a check found.
-
-    Attributes:
-        level: ``"error"`` (samples are wrong or unreadable) or ``"warning"``.
-        member: the member's key (the first of ``examples``), or None for the dataset
-            as a whole, or for the rest of a code's findings.
-        code: the rule (see the module docstring).
-        message: what was found, and what to do.
-        count: how many times it was found (members that carry it).
-        examples: a few of those members' keys (at most :data:`EXAMPLES`).
-    """
-
-    level: Level
-    member: str | None
-    code: str
-    message: str
-    count: int = 1
-    examples: tuple[str, ...] = ()
 
 
 def check(snapshot: Snapshot, source: Source, *, deep: bool = False) -> list[Finding]:
@@ -271,22 +250,3 @@ class _Findings:
                 )
         rank = {"error": 0, "warning": 1}
         return sorted(out, key=lambda f: (rank[f.level], f.code, f.member is None, f.member or ""))
-
-
-def columns_text(schema: Any) -> str:
-    """A schema as findings show it: ``[name:type, ...]`` (a format's rules use it)."""
-    if not isinstance(schema, list):
-        return repr(schema)
-    return "[" + ", ".join(":".join(str(p) for p in column) for column in schema) + "]"
-
-
-def size_text(n: int) -> str:
-    """``n`` bytes as findings show them (``12.5 MiB``; a format's rules use it)."""
-    if n < 1024:
-        return f"{n} B"
-    value = float(n)
-    for unit in ("KiB", "MiB", "GiB"):
-        value /= 1024
-        if value < 1024 or unit == "GiB":
-            break
-    return f"{value:.1f} {unit}"

@@ -402,7 +402,7 @@ class Batch:
         """The batch with its tensors in pinned (page-locked) memory, for
         ``tensor.to(device, non_blocking=True)``: what torch's ``DataLoader(pin_memory=True)``
         calls. Needs torch; without an accelerator, the batch as it is."""
-        from chunkd.client.torch.pinned import pinned
+        from chunkd.client.datasets.pinning import pinned
 
         return pinned(self)
 

@@ -1,4 +1,4 @@
-"""Batches in pinned memory, and a batch's columns as tensors.
+"""A batch's columns as tensors, and batches in pinned memory.
 
 :func:`collate_columns` is the torch adapter's default collate: a batch's columns
 (:attr:`Batch.columns <chunkd.client.datasets.loader.Batch.columns>`) as tensors of
@@ -6,15 +6,13 @@ their own, never views of a shared mapping, so in-place ops are safe.
 
 :func:`pinned` (what :meth:`Batch.pin_memory
 <chunkd.client.datasets.loader.Batch.pin_memory>` runs, and so what torch's
-``DataLoader(pin_memory=True)`` runs on a chunkd batch, in the trainer's process) puts
-a batch's tensors in page-locked memory, so that ``tensor.to("cuda", non_blocking=True)``
-copies asynchronously. Without an accelerator torch cannot pin: the batch is given back
-as it is (logged once).
+``DataLoader(pin_memory=True)`` runs on a chunkd batch) puts a batch's tensors in
+page-locked memory. It lives in :mod:`chunkd.client.datasets.pinning`, beside the batch,
+so that the loader imports nothing of this adapter; it is re-exported here.
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -22,14 +20,12 @@ import numpy as np
 import torch
 from torch.utils.data import default_collate
 
+from chunkd.client.datasets.pinning import pinned
+
 if TYPE_CHECKING:
     from chunkd.client.datasets.loader import Batch
 
 __all__ = ["collate_columns", "pinned", "tensor_of"]
-
-log = logging.getLogger(__name__)
-
-_WARNED: list[bool] = []
 
 
 def tensor_of(column: Any) -> Any:
@@ -67,36 +63,3 @@ def collate_columns(batch: Batch) -> Any:
     ):
         return next(iter(found.values()))
     return found
-
-
-def pinned(batch: Batch) -> Batch:
-    """``batch`` with its tensors (in ``samples`` and ``columns``, nested in dicts,
-    lists and tuples) in pinned memory (see the module docstring)."""
-    if not torch.cuda.is_available():
-        if not _WARNED:
-            _WARNED.append(True)
-            log.info("no CUDA device: batches are not pinned")
-        return batch
-    memo: dict[int, Any] = {}
-    changes: dict[str, Any] = {"samples": _pin(batch.samples, memo)}
-    if batch.rows is not None or batch._columns is not None:
-        changes["columns"] = _pin(batch.columns, memo)
-    return batch._replace(**changes)
-
-
-def _pin(value: Any, memo: dict[int, Any]) -> Any:
-    if isinstance(value, torch.Tensor):
-        found = memo.get(id(value))
-        if found is None:
-            found = memo[id(value)] = value.pin_memory()
-        return found
-    if isinstance(value, np.ndarray) and value.dtype != object:
-        try:
-            return _pin(torch.from_numpy(value.copy()), memo)
-        except TypeError:
-            return value
-    if isinstance(value, dict):
-        return {k: _pin(v, memo) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return type(value)(_pin(v, memo) for v in value)
-    return value

@@ -46,7 +46,7 @@ from chunkd.errors import DatasetFormatError, InvalidRequestError
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from chunkd.client.datasets.check import Finding
+    from chunkd.client.datasets.findings import Finding
     from chunkd.client.datasets.source import Source
     from chunkd.snapshot import Member, Snapshot
 

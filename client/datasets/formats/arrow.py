@@ -62,7 +62,7 @@ from chunkd.errors import DatasetFormatError, SnapshotDriftError
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping, Sequence
 
-    from chunkd.client.datasets.check import Finding
+    from chunkd.client.datasets.findings import Finding
     from chunkd.client.datasets.source import Source
     from chunkd.snapshot import Member
 

@@ -84,7 +84,7 @@ if TYPE_CHECKING:
 
     from numpy.typing import NDArray
 
-    from chunkd.client.datasets.check import Finding, Level
+    from chunkd.client.datasets.findings import Finding, Level
     from chunkd.client.datasets.source import Source
 
 __all__ = [
@@ -201,7 +201,7 @@ class JsonLines(FormatBase):
         """``zst-not-seekable``, then each member's lines (:func:`problems`): its first
         line, or every line with ``deep`` (streamed). A member that cannot be read is
         ``unreadable``, one that changed ``drift``."""
-        from chunkd.client.datasets.check import Finding
+        from chunkd.client.datasets.findings import Finding
 
         for member in members:
             if compressed(member) and member.meta.get("seekable") is False:

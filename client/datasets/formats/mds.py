@@ -107,7 +107,7 @@ if TYPE_CHECKING:
 
     from numpy.typing import NDArray
 
-    from chunkd.client.datasets.check import Finding
+    from chunkd.client.datasets.findings import Finding
     from chunkd.client.datasets.source import Source
 
 __all__ = [
@@ -457,7 +457,7 @@ class MdsShards(FormatBase):
         """``schema-differs`` (a shard's columns are not the dataset's), then
         ``compressed-shard-too-big`` (a compressed shard that decompresses to more than
         :data:`CACHE_BYTES`), from the manifest alone."""
-        from chunkd.client.datasets.check import Finding, columns_text, size_text
+        from chunkd.client.datasets.findings import Finding, columns_text, size_text
 
         if schema_of is not None:
             for member in members:

@@ -48,6 +48,7 @@ from collections import Counter
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Final
 
+from chunkd.client.datasets.findings import Finding, columns_text, size_text
 from chunkd.client.datasets.formats import (
     DECODED_CACHE_BYTES,
     MAX_UNIT_BYTES,
@@ -60,15 +61,27 @@ from chunkd.errors import DatasetFormatError, SnapshotDriftError
 if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator, Mapping, Sequence
 
-    from chunkd.client.datasets.check import Finding
     from chunkd.client.datasets.source import Source
     from chunkd.snapshot import Member
 
-__all__ = ["FORMAT", "ROW_GROUP_CACHE_BYTES", "ParquetRows", "schema_findings"]
+__all__ = [
+    "FORMAT",
+    "ROW_GROUP_CACHE_BYTES",
+    "ROW_GROUP_MAX_BYTES",
+    "ROW_GROUP_MIN_BYTES",
+    "ParquetRows",
+    "schema_findings",
+]
 
 #: the bound of the per-process cache of decoded units (row groups), in bytes
 #: (:data:`~chunkd.client.datasets.formats.DECODED_CACHE_BYTES`)
 ROW_GROUP_CACHE_BYTES: Final = DECODED_CACHE_BYTES
+#: a row group bigger than this (uncompressed) is cut into units that each decode it: the
+#: check's ``row-group-too-big`` (read when the rule runs)
+ROW_GROUP_MAX_BYTES: Final = MAX_UNIT_BYTES
+#: row groups whose median is smaller than this (uncompressed) are too small: the check's
+#: ``row-group-too-small``
+ROW_GROUP_MIN_BYTES: Final = 1 << 20
 #: parsed footers kept per process
 _FOOTERS: Final = 64
 #: a scan reads this much of the file's end at once: the footer of most files fits
@@ -290,8 +303,6 @@ class ParquetRows(FormatBase):
 def schema_findings(members: Sequence[Member], schema_of: Any) -> Iterator[Finding]:
     """``schema-differs`` of each member whose recorded schema (kept in its ``meta``
     only where it differs: :meth:`ParquetRows.settle`) is not the dataset's."""
-    from chunkd.client.datasets.check import Finding, columns_text
-
     if schema_of is None:
         return
     for member in members:
@@ -308,31 +319,28 @@ def schema_findings(members: Sequence[Member], schema_of: Any) -> Iterator[Findi
 
 
 def _row_groups(member: Member) -> Iterator[Finding]:
-    # The bounds are the check's (chunkd.client.datasets.check), read when it runs.
-    from chunkd.client.datasets import check as rules
-
     groups = member.meta.get("row_groups", [])
     sizes = [int(g[3]) if len(g) > 3 else int(g[2]) for g in groups if int(g[0])]
     if not sizes:
         return
     biggest = max(sizes)
-    if biggest > rules.ROW_GROUP_MAX_BYTES:
-        yield rules.Finding(
+    if biggest > ROW_GROUP_MAX_BYTES:
+        yield Finding(
             "warning",
             member.key,
             "row-group-too-big",
-            f"a row group of {rules.size_text(biggest)} uncompressed: groups over "
-            f"{rules.size_text(rules.ROW_GROUP_MAX_BYTES)} are cut into units that each "
+            f"a row group of {size_text(biggest)} uncompressed: groups over "
+            f"{size_text(ROW_GROUP_MAX_BYTES)} are cut into units that each "
             "read the whole group and decode it up to their rows; write row groups of 1 "
             "to 128 MiB",
         )
     median = statistics.median(sizes)
-    if len(sizes) > 1 and median < rules.ROW_GROUP_MIN_BYTES:
-        yield rules.Finding(
+    if len(sizes) > 1 and median < ROW_GROUP_MIN_BYTES:
+        yield Finding(
             "warning",
             member.key,
             "row-group-too-small",
-            f"{len(sizes)} row groups of median size {rules.size_text(int(median))} "
+            f"{len(sizes)} row groups of median size {size_text(int(median))} "
             "uncompressed: each is a read and a decode of its own; write row groups of 1 "
             "to 128 MiB",
         )

@@ -64,7 +64,7 @@ from chunkd.errors import DatasetFormatError
 if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator, Mapping
 
-    from chunkd.client.datasets.check import Finding
+    from chunkd.client.datasets.findings import Finding
     from chunkd.client.datasets.source import Source
     from chunkd.snapshot import Member
 
@@ -215,7 +215,7 @@ class WebDataset(FormatBase):
 
 
 def _extensions_differ(tars: Sequence[Member]) -> Iterator[Finding]:
-    from chunkd.client.datasets.check import Finding
+    from chunkd.client.datasets.findings import Finding
 
     every = set(extensions(tars))
     for member in tars:
@@ -242,7 +242,7 @@ def _extensions_differ(tars: Sequence[Member]) -> Iterator[Finding]:
 def _duplicate_keys(tars: Sequence[Member]) -> Iterator[Finding]:
     """Keys repeated inside a tar (errors), and across tars (warnings), in memory
     proportional to the sample count (8 bytes a key, plus a member number)."""
-    from chunkd.client.datasets.check import Finding
+    from chunkd.client.datasets.findings import Finding
 
     hashes: list[np.ndarray[Any, np.dtype[np.uint64]]] = []
     owners: list[np.ndarray[Any, np.dtype[np.int32]]] = []

@@ -210,6 +210,9 @@ async def open_node(
         resumed = await checkpoints.start()
         if resumed:
             log.info("resuming %d checkpoint saves from the journal", resumed)
+        # Its workers are clients of the local socket: built before it (the socket's
+        # ds_decode asks it), closed before it.
+        decoder = DecodeService(config.server.socket, config.datasets, metrics)
         local = LocalServer(
             config.server.socket,
             read_path,
@@ -218,6 +221,8 @@ async def open_node(
             listings=listings,
             prefetcher=prefetcher,
             datasets=datasets,
+            decoder=decoder,
+            dataset_registry=config.datasets.registry,
             mode=config.server.socket_mode,
             group=config.server.socket_group,
             send_timeout=config.server.socket_send_timeout,
@@ -233,9 +238,7 @@ async def open_node(
             memory=config.server.inspect_memory,
         )
         parts.push_async_callback(inspector.close)
-        decoder = DecodeService(config.server.socket, config.datasets, metrics)
         parts.push_async_callback(decoder.close)
-        datasets.decoding = decoder
         telemetry = Telemetry(
             metrics,
             cache,

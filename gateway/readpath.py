@@ -315,6 +315,15 @@ class ReadPath:
 
     # -- versions ---------------------------------------------------------------------
 
+    def revalidate_after(self, backend_name: str) -> float | None:
+        """Seconds after which a version of ``backend_name``'s objects is checked
+        again; None: never (the backend is ``immutable``).
+
+        Raises:
+            UnknownBackendError: no backend is called ``backend_name``.
+        """
+        return self.backends.get(backend_name).config.revalidate
+
     async def stat(
         self,
         backend_name: str,

@@ -1,4 +1,8 @@
-"""The local socket: sealed chunks handed to the trainers of this node.
+"""The local socket's server: the transport, and dispatch by the op table.
+
+Binds the socket (permissions, group), accepts connections, reads each
+client's peer credentials, frames requests and answers, and hands each request to
+the handler of its op (:func:`~chunkd.gateway.localsock.family.handler_table`).
 
 Speaks :mod:`chunkd.client.protocol` (framing, ops and fd passing are written down
 there). For a read, each chunk of the range goes out as its sealed memfd
@@ -50,13 +54,9 @@ from collections.abc import Awaitable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
-import chunkd
 from chunkd.client.protocol import (
-    INLINE_MAX,
     MAX_FDS,
-    MAX_HEADER,
     MAX_ID_BYTES,
-    MAX_PAYLOAD,
     OPS,
     VERSION,
     RawFrame,
@@ -66,46 +66,37 @@ from chunkd.client.protocol import (
     recv_raw_async,
     send_frame_async,
 )
-from chunkd.errors import (
-    ChunkdError,
-    InvalidRangeError,
-    InvalidRequestError,
-    ProtocolError,
-    ProtocolVersionError,
-    RangeNotSatisfiableError,
-)
-from chunkd.gateway import checkpoint_ops, dataset_ops
+from chunkd.errors import ChunkdError, InvalidRequestError, ProtocolError
 from chunkd.gateway.authority import Caller, group_id, peer_groups
-from chunkd.gateway.checkpoint_ops import CKPT_OPS, Answer
-from chunkd.gateway.dataset_ops import DS_OPS
-from chunkd.gateway.names import split_name, split_prefix
+from chunkd.gateway.localsock import checkpoint_ops, dataset_ops, prefetch_ops, read_ops
+from chunkd.gateway.localsock.answer import Answer
+from chunkd.gateway.localsock.family import Handler, Parts, handler_table
 from chunkd.memfd import close_all
-from chunkd.ranges import from_offset, reading, resolve
 
 if TYPE_CHECKING:
     from prometheus_client import Counter, Gauge
 
     from chunkd.gateway.checkpoints import Checkpoints
     from chunkd.gateway.datasets import Datasets
+    from chunkd.gateway.decoding import DecodeService
     from chunkd.gateway.listing import Listings
     from chunkd.gateway.metrics import Metrics
-    from chunkd.gateway.prefetch import Prefetcher, Wanted
-    from chunkd.gateway.readpath import ReadPath, Stat
+    from chunkd.gateway.prefetch import Prefetcher
+    from chunkd.gateway.readpath import ReadPath
 
-__all__ = ["LocalServer"]
+__all__ = ["HANDLERS", "LocalServer"]
 
 log = logging.getLogger("chunkd.gateway.local")
 
 T = TypeVar("T")
 
+#: the handler of each op, by name: built (and checked) when this module is imported
+HANDLERS: Final[Mapping[str, Handler]] = handler_table(
+    prefetch_ops.FAMILY, read_ops.FAMILY, checkpoint_ops.FAMILY, dataset_ops.FAMILY
+)
+
 _CREDS: Final = struct.Struct("3i")  # pid, uid, gid
 _INT: Final = struct.Struct("i")  # what SIOCOUTQ answers
-#: what a listing page's entries may take of the payload (the rest is slack)
-_LIST_BYTES: Final = MAX_PAYLOAD - 4096
-#: what the entries of a readv answer may take of its header, and the longest
-#: message one failed range carries
-_READV_HEADER: Final = MAX_HEADER - 4096
-_RANGE_MESSAGE: Final = 300
 
 
 class _Connection:
@@ -130,6 +121,9 @@ class LocalServer:
         listings: the listing pages (the ``list`` op).
         prefetcher: where ``prefetch`` names go.
         datasets: the daemon's dataset registry (the ``ds_*`` ops).
+        decoder: the daemon's decode service (``ds_decode``; None: answered "off").
+        dataset_registry: ``[datasets] registry`` (``BACKEND/PREFIX``), which
+            ``ds_resolve`` names.
         mode: the socket's permissions (0660 by default).
         group: the group that owns the socket, or None.
         send_timeout: seconds a send may make no progress, and a client may leave an
@@ -149,17 +143,24 @@ class LocalServer:
         listings: Listings,
         prefetcher: Prefetcher,
         datasets: Datasets | None = None,
+        decoder: DecodeService | None = None,
+        dataset_registry: str | None = None,
         mode: int = 0o660,
         group: str | None = None,
         send_timeout: float = 30.0,
         max_clients: int = 1024,
     ) -> None:
         self.path = Path(path)
-        self.read_path = read_path
-        self.checkpoints = checkpoints
-        self.listings = listings
-        self.prefetcher = prefetcher
-        self.datasets = datasets
+        self._parts = Parts(
+            read_path=read_path,
+            listings=listings,
+            prefetcher=prefetcher,
+            metrics=metrics,
+            checkpoints=checkpoints,
+            datasets=datasets,
+            decoder=decoder,
+            dataset_registry=dataset_registry,
+        )
         self.mode = mode
         self.group = group
         self.send_timeout = send_timeout
@@ -471,270 +472,15 @@ class LocalServer:
     async def _handle(
         self, client: _Connection, op: str, header: dict[str, Any], answer: Answer
     ) -> dict[str, Any]:
-        if op == "hello":
-            version = OPS[op].check(header)["version"]
-            if version != VERSION:
-                raise ProtocolVersionError(
-                    f"this chunkd daemon (chunkd {chunkd.__version__}) speaks local protocol "
-                    f"version {VERSION}; the client speaks {version!r}; install the same "
-                    "chunkd version for the trainers and the daemon"
-                )
-            client.greeted = True
-            return {
-                "ok": True,
-                "version": VERSION,
-                "chunk_bytes": self.read_path.chunk_bytes,
-                "daemon": f"chunkd {chunkd.__version__}",
-            }
-        if not client.greeted:
+        if op != "hello" and not client.greeted:
             raise InvalidRequestError(
                 f'a connection starts with {{"op": "hello", "version": {VERSION}}}; '
                 f"this one sent {_op_of(header)!r} first"
             )
-        args = OPS[op].check(header)
-        if op == "stat":
-            return self._describe(await self.read_path.stat(*split_name(args["name"])))
-        if op == "read":
-            return await self._read(args, answer)
-        if op == "readv":
-            return await self._readv(args, answer)
-        if op == "list":
-            return await self._list(args, answer)
-        if op == "prefetch":
-            wanted: list[Wanted] = [*args["names"], *args["ranges"]]
-            for name in wanted:
-                split_name(name if isinstance(name, str) else name[0])
-            # Bounded per user of the node, not per connection (see Prefetcher).
-            uid = client.peer["uid"]
-            return {"ok": True, "started": self.prefetcher.submit(("uid", uid), wanted)}
-        if op in CKPT_OPS:
-            if self.checkpoints is None:
-                raise ChunkdError("this daemon serves no checkpoints")
-            return await checkpoint_ops.handle(self.checkpoints, op, args, answer)
-        if op in DS_OPS:
-            if self.datasets is None:
-                raise ChunkdError("this daemon serves no dataset registry")
-            return await dataset_ops.handle(self.datasets, op, args, answer)
-        raise InvalidRequestError(f"unknown op {_op_of(header)!r}")  # pragma: no cover
-
-    def _describe(self, stat: Stat) -> dict[str, Any]:
-        backend = self.read_path.backends.get(stat.backend)
-        return {
-            "ok": True,
-            "size": stat.size,
-            "version": stat.meta.version,
-            "chunk_bytes": stat.chunk_bytes,
-            "revalidate": backend.config.revalidate,
-            "modified": stat.meta.modified or None,
-            "stale": stat.stale,
-        }
-
-    async def _read(self, args: Mapping[str, Any], answer: Answer) -> dict[str, Any]:
-        offset, length = args["offset"], args["length"]
-        if not args["keep"]:
-            return await self._read_unkept(args, answer)
-        stat = await self.read_path.stat(
-            *split_name(args["name"]),
-            expect=args["version"],
-            reading=reading(from_offset(offset, length)),
-        )
-        offset, end = resolve(from_offset(offset, length), stat.size)
-        response = self._describe(stat) | {"offset": offset, "length": end - offset, "spans": []}
-        if end - offset <= INLINE_MAX and args["inline"]:
-            chunks = [bytes(piece) async for piece in self.read_path.read(stat, offset, end)]
-            answer.payload = b"".join(chunks)
-            return response | {"inline": True, "fds": 0}
-        size = stat.chunk_bytes
-        first, last = offset // size, (end - 1) // size
-        if last - first + 1 > MAX_FDS:
-            raise InvalidRangeError(
-                f"a read covers at most {MAX_FDS} chunks ({MAX_FDS * size >> 20} MiB); split it"
-            )
-        index = first
-        async for lease in self.read_path.leases(stat, first, last):
-            answer.leases.append(lease)
-            await answer.send_chunk(lease)
-            base = index * size
-            response["spans"].append(
-                {
-                    "chunk": str(lease.id),
-                    "index": index,
-                    "size": lease.size,
-                    "start": max(offset, base) - base,
-                    "stop": min(end, base + lease.size) - base,
-                }
-            )
-            index += 1
+        response = await HANDLERS[op](self._parts, OPS[op].check(header), answer)
+        if op == "hello":
+            client.greeted = True
         return response
-
-    async def _read_unkept(self, args: Mapping[str, Any], answer: Answer) -> dict[str, Any]:
-        """A read with ``keep: false``: its bytes inline, never kept in the tiers
-        (:meth:`ReadPath.peek`); at most :data:`MAX_PAYLOAD` of them, asked for by
-        length before anything is read."""
-        offset, length = args["offset"], args["length"]
-        if length is None or length > MAX_PAYLOAD:
-            raise InvalidRangeError(
-                f"a read with keep=false is answered inline: it names its length, at most "
-                f"{MAX_PAYLOAD} bytes (asked: {length}); split it, or read it kept"
-            )
-        stat, data = await self.read_path.peek(
-            *split_name(args["name"]), offset, length, expect=args["version"]
-        )
-        answer.payload = data
-        return self._describe(stat) | {
-            "offset": offset,
-            "length": len(data),
-            "spans": [],
-            "inline": True,
-            "fds": 0,
-        }
-
-    async def _readv(self, args: Mapping[str, Any], answer: Answer) -> dict[str, Any]:
-        asked: list[tuple[str, int, int]] = args["ranges"]
-        if not args["keep"]:
-            return await self._readv_unkept(asked, answer)
-        stats = await asyncio.gather(
-            *(
-                self.read_path.stat(*split_name(name), reading=(offset, offset + length))
-                for name, offset, length in asked
-            ),
-            return_exceptions=True,
-        )
-        planned: list[tuple[Stat, int, int] | BaseException] = []
-        used = 0
-        for (_, offset, length), stat in zip(asked, stats, strict=True):
-            if isinstance(stat, BaseException):
-                planned.append(stat)
-                continue
-            try:
-                offset, end = resolve(from_offset(offset, length), stat.size)
-            except RangeNotSatisfiableError as exc:
-                planned.append(exc)
-                continue
-            room = MAX_PAYLOAD - used
-            if end - offset > room:
-                if planned:
-                    break  # the rest is asked again
-                end = offset + room
-            planned.append((stat, offset, end))
-            used += end - offset
-        for outcome in planned:
-            if isinstance(outcome, BaseException) and not isinstance(outcome, ChunkdError):
-                raise outcome
-        got = await asyncio.gather(
-            *(self._bytes_of(p) for p in planned if not isinstance(p, BaseException)),
-            return_exceptions=True,
-        )
-        results = iter(got)
-        out: list[dict[str, Any]] = []
-        pieces: list[bytes] = []
-        room = _READV_HEADER  # the answer's header holds one entry a range: it must fit
-        for outcome in planned:
-            entry: dict[str, Any]
-            data: bytes | BaseException = b""
-            if isinstance(outcome, BaseException):
-                entry = _range_error(outcome)
-            else:
-                stat, start, end = outcome
-                data = next(results)
-                if isinstance(data, BaseException):
-                    if not isinstance(data, ChunkdError):
-                        raise data
-                    entry = _range_error(data)
-                else:
-                    entry = {
-                        "size": stat.size,
-                        "version": stat.meta.version,
-                        "offset": start,
-                        "length": end - start,
-                    }
-            room -= len(json.dumps(entry)) + 1
-            if room < 0 and out:
-                break  # the rest is asked again
-            out.append(entry)
-            if isinstance(data, bytes):
-                pieces.append(data)
-        answer.payload = b"".join(pieces)
-        return {"ok": True, "answered": len(out), "ranges": out}
-
-    async def _readv_unkept(
-        self, asked: list[tuple[str, int, int]], answer: Answer
-    ) -> dict[str, Any]:
-        """``readv`` with ``keep: false``: the ranges whose lengths fit in
-        :data:`MAX_PAYLOAD` together (at least the first, cut to fit) are read at once,
-        none of them kept in the tiers (:meth:`ReadPath.peek_many`); the client asks again
-        for the rest. Planned from the lengths asked, before anything is read."""
-        planned: list[tuple[str, int, int]] = []
-        used = 0
-        for name, offset, length in asked:
-            if used + length > MAX_PAYLOAD:
-                if planned:
-                    break
-                length = MAX_PAYLOAD
-            planned.append((name, offset, length))
-            used += length
-        names: list[tuple[str, str] | ChunkdError] = []
-        for name, _, _ in planned:
-            try:
-                names.append(split_name(name))
-            except ChunkdError as exc:
-                names.append(exc)  # this range's own error; the others are read
-        peeked = iter(
-            await self.read_path.peek_many(
-                [
-                    (*named, offset, length)
-                    for named, (_, offset, length) in zip(names, planned, strict=True)
-                    if not isinstance(named, ChunkdError)
-                ]
-            )
-        )
-        got = [named if isinstance(named, ChunkdError) else next(peeked) for named in names]
-        out: list[dict[str, Any]] = []
-        pieces: list[bytes] = []
-        room = _READV_HEADER
-        for (_, offset, _), outcome in zip(planned, got, strict=True):
-            data = b""
-            if isinstance(outcome, ChunkdError):
-                entry = _range_error(outcome)
-                room -= len(json.dumps(entry)) + 1
-            else:
-                stat, data = outcome
-                entry = {
-                    "size": stat.size,
-                    "version": stat.meta.version,
-                    "offset": offset,
-                    "length": len(data),
-                }
-                # At most this long in JSON (three numbers of up to 20 digits, the
-                # keys, and the version escaped at worst six characters a character):
-                # a bound, not a dump a range.
-                room -= 112 + 6 * len(stat.meta.version)
-            if room < 0 and out:
-                break  # the rest is asked again
-            out.append(entry)
-            pieces.append(data)
-        answer.payload = b"".join(pieces)
-        return {"ok": True, "answered": len(out), "ranges": out}
-
-    async def _bytes_of(self, planned: tuple[Stat, int, int]) -> bytes:
-        stat, start, end = planned
-        return b"".join([bytes(piece) async for piece in self.read_path.read(stat, start, end)])
-
-    async def _list(self, args: Mapping[str, Any], answer: Answer) -> dict[str, Any]:
-        backend, prefix = split_prefix(args["name"])
-        page = await self.listings.page(
-            backend,
-            prefix,
-            recursive=args["recursive"],
-            start_after=args["start_after"],
-            limit=args["limit"],
-            max_bytes=_LIST_BYTES,
-            fresh=args["fresh"],
-        )
-        answer.payload = json.dumps(
-            page.columns(), ensure_ascii=False, separators=(",", ":")
-        ).encode()
-        return {"ok": True, "count": len(page.entries), "next": page.next}
 
 
 def _unread_bytes(conn: socket.socket) -> int:
@@ -777,11 +523,3 @@ async def _until_read(conn: socket.socket, limit: float | None) -> None:
 def _op_of(header: object) -> str:
     op = header.get("op") if isinstance(header, dict) else None
     return op[:40] if isinstance(op, str) else repr(op)[:40]
-
-
-def _range_error(exc: BaseException) -> dict[str, Any]:
-    body = error_answer(exc)
-    del body["ok"]
-    if len(body["message"]) > _RANGE_MESSAGE:
-        body["message"] = body["message"][: _RANGE_MESSAGE - 3] + "..."
-    return body

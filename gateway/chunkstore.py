@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
@@ -49,6 +48,7 @@ from typing import TYPE_CHECKING, Any, Final
 from chunkd.cache import MAX_CHUNK_BYTES, ChunkId
 from chunkd.client.protocol import MAX_SCRUB_PAGE
 from chunkd.errors import IntegrityError, InvalidChunkIdError, VersionChangedError
+from chunkd.gateway.backends.damaged import MAX_DAMAGED, DamagedChunks
 
 if TYPE_CHECKING:
     from chunkd.cache import ChunkLease
@@ -75,8 +75,6 @@ CHUNKS: Final = "chunks/"
 #: the largest chunk chunkd writes (``cache.chunk_bytes`` is at most this; the tiers
 #: refuse larger chunks at the same size): an object under ``chunks/`` that is larger
 #: is no chunk of chunkd's, and is damaged without being read
-#: chunks a node remembers it saw damaged (the oldest is forgotten first)
-MAX_DAMAGED: Final = 65_536
 #: chunk bytes one scrub request holds at once (read, not yet hashed)
 SCRUB_BYTES_AT_ONCE: Final = 64 << 20
 #: chunks one scrub request reads at once
@@ -88,36 +86,6 @@ _DELETES_AT_ONCE: Final = 16
 def chunk_key(cid: ChunkId | str) -> str:
     """The key of chunk ``cid`` in a backend's chunk store."""
     return f"{CHUNKS}{cid}"
-
-
-class DamagedChunks:
-    """The chunks this node read damaged from a backend's store, until one is repaired.
-
-    Bounded (:data:`MAX_DAMAGED`); forgetting one costs nothing but the next save's
-    chance to repair it without a read (the next read notes it again).
-    """
-
-    def __init__(self, limit: int = MAX_DAMAGED) -> None:
-        self.limit = limit
-        self._seen: OrderedDict[tuple[str, str], None] = OrderedDict()
-
-    def note(self, backend: str, cid: ChunkId | str) -> None:
-        """Chunk ``cid`` of ``backend`` read with bytes that do not hash to it."""
-        self._seen[(backend, str(cid))] = None
-        self._seen.move_to_end((backend, str(cid)))
-        while len(self._seen) > self.limit:
-            self._seen.popitem(last=False)
-
-    def __contains__(self, item: tuple[str, ChunkId | str]) -> bool:
-        backend, cid = item
-        return (backend, str(cid)) in self._seen
-
-    def repaired(self, backend: str, cid: ChunkId | str) -> None:
-        """Chunk ``cid`` of ``backend`` holds its bytes again."""
-        self._seen.pop((backend, str(cid)), None)
-
-    def __len__(self) -> int:
-        return len(self._seen)
 
 
 class ByteBudget:

@@ -104,7 +104,7 @@ class TestAzure(BackendTests):
             writable=True,
         )
         backend = make_backend(config, Metrics())
-        assert isinstance(backend, AzureBackend)
+        assert isinstance(backend.inner, AzureBackend)
         return backend
 
 

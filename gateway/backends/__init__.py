@@ -2,8 +2,11 @@
 
 - :mod:`~chunkd.gateway.backends.base`: the :class:`Backend` interface (its contract
   is written down there);
-- :mod:`~chunkd.gateway.backends.store`: :class:`StoreBackend`, what the kinds share
-  (obstore, retries with :class:`chunkd.backoff.Backoff`, the circuit breaker, errors);
+- :mod:`~chunkd.gateway.backends.resilience`: :class:`Resilient`, the wrapper the
+  registry puts around every backend (retries with :class:`chunkd.backoff.Backoff`,
+  the circuit breaker, the metrics of each attempt);
+- :mod:`~chunkd.gateway.backends.store`: :class:`StoreBackend`, what the obstore
+  kinds share (their I/O, their store's errors);
 - one module per kind: :mod:`~chunkd.gateway.backends.s3`,
   :mod:`~chunkd.gateway.backends.gcs`, :mod:`~chunkd.gateway.backends.azure`,
   :mod:`~chunkd.gateway.backends.file` (with
@@ -25,8 +28,9 @@ from chunkd.gateway.backends.gcs import GCSBackend
 from chunkd.gateway.backends.memory import MemoryBackend
 from chunkd.gateway.backends.meta import ObjectMeta
 from chunkd.gateway.backends.registry import KINDS, Backends, make_backend
+from chunkd.gateway.backends.resilience import RETRY_BACKOFF, Resilient
 from chunkd.gateway.backends.s3 import S3Backend
-from chunkd.gateway.backends.store import RETRY_BACKOFF, StoreBackend
+from chunkd.gateway.backends.store import StoreBackend
 
 __all__ = [
     "KINDS",
@@ -40,6 +44,7 @@ __all__ = [
     "GCSBackend",
     "MemoryBackend",
     "ObjectMeta",
+    "Resilient",
     "S3Backend",
     "StoreBackend",
     "make_backend",

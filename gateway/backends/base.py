@@ -50,6 +50,11 @@ An optional protocol, apart from the interface: :class:`BatchReads`
 local filesystem (a registration's footers). A caller asks ``isinstance(backend,
 BatchReads)``; a store without it is read one :meth:`Backend.open_first` an object.
 
+Each request a backend makes goes through :attr:`Backend.requests`
+(:meth:`Requests.call`): the registry wraps every backend in a
+:class:`~chunkd.gateway.backends.resilience.Resilient`, which sets it to itself and so
+retries, counts and breaks the circuit for every kind alike; a kind is its I/O.
+
 Failures are :class:`BackendUnavailableError` (may heal: retried, counted against
 the backend's health), :class:`BackendForbiddenError` (the credentials),
 :class:`InvalidKeyError` (the request's own key: never retried, never counted against
@@ -61,7 +66,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Final, Protocol, TypeVar, runtime_checkable
 
 from chunkd.errors import (
     IntegrityError,
@@ -72,7 +77,7 @@ from chunkd.errors import (
 from chunkd.ranges import ByteRange
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Awaitable, Callable, Sequence
 
     from chunkd.gateway.backends.meta import ObjectMeta
     from chunkd.gateway.config import BackendConfig
@@ -84,6 +89,7 @@ __all__ = [
     "Backend",
     "BatchReads",
     "FirstRead",
+    "Requests",
     "gather_stream",
     "stream_size_error",
 ]
@@ -93,6 +99,42 @@ SCAN_BATCH: Final = 1000
 #: the largest object :meth:`Backend.put_stream` writes where the store cannot finish a
 #: streamed write conditionally: it is put whole (held in memory), with ``if_absent``
 SINGLE_PUT_BYTES: Final = 64 << 20
+
+T = TypeVar("T")
+
+
+class Requests(Protocol):
+    """What a backend hands each request it makes to (:attr:`Backend.requests`): the
+    resilience policy (:class:`~chunkd.gateway.backends.resilience.Resilient`), or,
+    for a backend built outside the registry, each request once."""
+
+    async def call(self, op: str, key: str, attempt: Callable[[], Awaitable[T]]) -> T:
+        """The result of ``attempt()``, one request ``op`` (``head``, ``get``, ``put``,
+        ``delete``, ``list``) about ``key``, which raises chunkd's errors (the kind
+        translates its store's own): tried again where the policy says."""
+        ...
+
+    def settle(self, error: Exception) -> None:
+        """A failure outside :meth:`call` (a body read in pieces, a batch of reads):
+        count it, and tell the circuit breaker."""
+        ...
+
+    def answered(self) -> None:
+        """A request made outside :meth:`call` was answered."""
+        ...
+
+
+class _Once:
+    """Each request once, nothing counted: a backend built outside the registry."""
+
+    async def call(self, op: str, key: str, attempt: Callable[[], Awaitable[T]]) -> T:
+        return await attempt()
+
+    def settle(self, error: Exception) -> None:
+        pass
+
+    def answered(self) -> None:
+        pass
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +186,8 @@ class Backend(ABC):
     def __init__(self, config: BackendConfig) -> None:
         self.config = config
         self.name = config.name
+        #: where each request of this backend goes (the resilience wrapper sets it)
+        self.requests: Requests = _Once()
 
     # -- capabilities -------------------------------------------------------------------
 
@@ -340,9 +384,10 @@ class Backend(ABC):
     # -- health and lifecycle -----------------------------------------------------------
 
     @property
-    @abstractmethod
     def request_bound(self) -> float:
-        """The longest one request can take, its retries and their backoff included."""
+        """The longest one request can take, its retries and their backoff included
+        (here, one attempt: the resilience wrapper says more)."""
+        return self.config.timeout
 
     @property
     def circuit_open(self) -> bool:

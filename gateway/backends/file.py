@@ -110,7 +110,7 @@ class FileBackend(StoreBackend):
                 f"backend {self.name!r} did not read {len(asked)} files within "
                 f"{self.config.timeout:g}s ({asked[0][0] if asked else ''} ...)"
             )
-            self._settle(error)
+            self.requests.settle(error)
             raise error from None
         metrics = self._metrics
         read = sum(1 for one in got if one is not None)
@@ -123,8 +123,7 @@ class FileBackend(StoreBackend):
             each = (time.perf_counter() - started) / len(asked)
             for _ in range(read):
                 seconds.observe(each)
-            if self._failures:
-                self._succeeded()
+            self.requests.answered()
         return got
 
     @property

@@ -10,11 +10,12 @@ import obstore.exceptions
 
 from chunkd.errors import ConfigError, UnknownBackendError
 from chunkd.gateway.backends.azure import AzureBackend
+from chunkd.gateway.backends.damaged import DamagedChunks
 from chunkd.gateway.backends.file import FileBackend
 from chunkd.gateway.backends.gcs import GCSBackend
 from chunkd.gateway.backends.memory import MemoryBackend
+from chunkd.gateway.backends.resilience import Resilient
 from chunkd.gateway.backends.s3 import S3Backend
-from chunkd.gateway.chunkstore import DamagedChunks
 
 if TYPE_CHECKING:
     from chunkd.gateway.backends.base import Backend
@@ -34,8 +35,10 @@ KINDS: Final[dict[str, type[StoreBackend]]] = {
 }
 
 
-def make_backend(config: BackendConfig, metrics: Metrics) -> StoreBackend:
-    """The backend of ``config``'s kind (a file backend's directory is created).
+def make_backend(config: BackendConfig, metrics: Metrics) -> Resilient:
+    """The backend of ``config``'s kind (a file backend's directory is created), in
+    the resilience wrapper (:class:`~chunkd.gateway.backends.resilience.Resilient`:
+    retries, backoff and the circuit breaker around each of its requests).
 
     Raises:
         UnknownBackendError: no kind of backend has the URL's scheme.
@@ -50,13 +53,14 @@ def make_backend(config: BackendConfig, metrics: Metrics) -> StoreBackend:
     if kind is FileBackend:
         Path(config.prefix).mkdir(parents=True, exist_ok=True)
     try:
-        return kind(config, metrics)
+        inner = kind(config, metrics)
     except obstore.exceptions.BaseError as exc:  # the store refused its settings
         reason = str(exc).split("\n", 1)[0]
         raise ConfigError(
             f"backend {config.name!r} ({config.url}) cannot be set up: {reason}; check its "
             "endpoint and credentials keys (see the README's Backends section)"
         ) from None
+    return Resilient.around(inner, metrics)
 
 
 class Backends:

@@ -1,13 +1,13 @@
-"""What every obstore-backed :class:`Backend` shares: retries, a circuit breaker, errors.
+"""What every obstore-backed :class:`Backend` shares: its I/O, and its store's errors.
 
 :class:`StoreBackend` implements the :class:`~chunkd.gateway.backends.base.Backend`
 interface over an obstore store; each kind (``s3.py``, ``gcs.py``, ``azure.py``,
-``file.py``, ``memory.py``) only says how its store is built and what its store
-refuses. Each backend keeps its own bounded retries (delays from
-:class:`chunkd.backoff.Backoff`, full jitter) and circuit breaker: after
-``_BREAK_AFTER`` consecutive failures it fails fast for a cool-down, then lets one
-request through to probe. obstore's own retries are off, so every attempt is visible
-in the metrics.
+``file.py``, ``memory.py``, ``http.py``) only says how its store is built and what
+its store refuses. Each request is handed to the backend's
+:attr:`~chunkd.gateway.backends.base.Backend.requests`: the resilience wrapper
+(:mod:`chunkd.gateway.backends.resilience`: retries, backoff, the circuit breaker),
+which the registry puts around every backend. obstore's own retries are off, so
+every attempt is visible in the metrics.
 
 Errors are mapped once, here: a missing object is ``None`` (or
 :class:`ObjectNotFoundError` from a stream: an answer, counted in
@@ -24,7 +24,6 @@ for names a backend refuses.
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from datetime import timedelta
@@ -42,7 +41,6 @@ from obstore.exceptions import (
     UnauthenticatedError,
 )
 
-from chunkd.backoff import Backoff
 from chunkd.errors import (
     BackendForbiddenError,
     BackendUnavailableError,
@@ -65,7 +63,6 @@ if TYPE_CHECKING:
     from chunkd.ranges import RequestRange
 
 __all__ = [
-    "RETRY_BACKOFF",
     "StoreBackend",
     "client_options",
     "cloud_store",
@@ -75,14 +72,8 @@ __all__ = [
     "shown",
 ]
 
-log = logging.getLogger("chunkd.gateway.backends")
-
 T = TypeVar("T")
 
-_BREAK_AFTER: Final = 5  # consecutive failures that open the circuit
-_COOL_DOWN: Final = 5.0  # seconds an open circuit fails fast
-#: the delays between a request's attempts
-RETRY_BACKOFF: Final = Backoff(base=0.05, cap=2.0, jitter="full")
 _BODY_DEADLINE: Final = 3600.0  # seconds one response may take in all, a span GET included
 _OBJECT_OPS: Final = frozenset({"head", "get", "put", "delete"})
 # A version read again when it changed between a ranged get's HEAD and its GET.
@@ -106,7 +97,7 @@ def past_the_end(exc: Exception) -> bool:
 
 
 class StoreBackend(Backend):
-    """A :class:`Backend` over an obstore store, with retries and a circuit breaker.
+    """A :class:`Backend` over an obstore store (each request through :attr:`requests`).
 
     Args:
         config: its ``[[backends]]`` entry.
@@ -122,9 +113,6 @@ class StoreBackend(Backend):
         super().__init__(config)
         self._metrics = metrics
         self._store = store if store is not None else self.make_store(config)
-        self._failures = 0
-        self._open_until = 0.0
-        self._probing = False
 
     @classmethod
     def make_store(cls, config: BackendConfig) -> Any:
@@ -294,7 +282,7 @@ class StoreBackend(Backend):
                         piece = await anext(pieces, None)
             except Exception as exc:
                 error = self._translate(exc, key)
-                self._settle(error)
+                self.requests.settle(error)
                 raise error from exc
             finally:
                 self._metrics.backend_seconds.labels(self.name, "stream").observe(
@@ -427,23 +415,16 @@ class StoreBackend(Backend):
 
         await self._call("delete", key, call)
 
-    # -- retries and the circuit breaker ------------------------------------------------
-
-    @property
-    def request_bound(self) -> float:
-        # docstring inherited
-        retries = max(0, self.config.retries)
-        return self.config.timeout * (retries + 1) + RETRY_BACKOFF.cap * retries
-
-    @property
-    def circuit_open(self) -> bool:
-        # docstring inherited
-        return time.monotonic() < self._open_until
+    # -- requests -------------------------------------------------------------------
 
     async def _call(
         self, op: str, key: str, attempt: Callable[[], Awaitable[T]], *, whole: bool = True
     ) -> T:
-        """``attempt()`` with retries (full jitter) and the circuit breaker.
+        """``attempt()``, one request to the store, handed to :attr:`requests` (the
+        resilience wrapper: retries and the circuit breaker) with its errors translated.
+
+        A key the store cannot hold is refused before the request is made (counted in
+        ``chunkd_backend_rejected_keys_total``, never against the backend).
 
         ``whole``: the timeout bounds the whole attempt. Reads over HTTP pass False
         and bound the wait for the response themselves: their bodies are bounded per
@@ -454,115 +435,20 @@ class StoreBackend(Backend):
         if op in _OBJECT_OPS and (refused := self._refuse_long_name(key)) is not None:
             self._metrics.rejected_keys.labels(self.name).inc()
             raise refused
-        retries = max(0, self.config.retries)
-        for n in range(retries + 1):
-            self._check_circuit(key)
-            started = time.perf_counter()
-            self._metrics.backend_requests.labels(self.name, op).inc()
+
+        async def translated() -> T:
             try:
                 # A timeout in this task, not wait_for's task of its own per attempt.
                 if whole:
                     async with asyncio.timeout(self.config.timeout):
-                        result = await attempt()
-                else:
-                    result = await attempt()
+                        return await attempt()
+                return await attempt()
             except asyncio.CancelledError:
-                self._probing = False  # a cancelled probe must not hold the circuit shut
                 raise
             except Exception as exc:
-                error = self._translate(exc, key, op)
-                self._settle(error)
-                if not isinstance(error, BackendUnavailableError):
-                    raise error from exc
-                if n == retries or self.circuit_open:
-                    raise error from exc
-                delay = RETRY_BACKOFF.delay(n)
-                log.info(
-                    "backend %s: %s %s failed (%s); retry %d of %d in %.2fs",
-                    self.name,
-                    op,
-                    key,
-                    error,
-                    n + 1,
-                    retries,
-                    delay,
-                )
-                await asyncio.sleep(delay)
-                continue
-            finally:
-                self._metrics.backend_seconds.labels(self.name, op).observe(
-                    time.perf_counter() - started
-                )
-            self._succeeded()
-            return result
-        raise AssertionError("unreachable")  # pragma: no cover
+                raise self._translate(exc, key, op) from exc
 
-    def _settle(self, error: Exception) -> None:
-        """Count a request's error and tell the circuit breaker, one way for every
-        path (a request, and a body read in pieces).
-
-        A key the store cannot hold is the request's own (said at once, neither a
-        failure nor a success: a probe is over, the circuit unchanged). A failure that
-        may heal (:class:`BackendUnavailableError`) counts towards opening the circuit.
-        Any other error is the backend's answer (no such object, no such bucket, a
-        refusal, a changed version): it is up.
-        """
-        if isinstance(error, InvalidKeyError):
-            self._probing = False
-            self._metrics.rejected_keys.labels(self.name).inc()
-            return
-        self._count_error(error)
-        if isinstance(error, BackendUnavailableError):
-            self._failed()
-        else:
-            self._succeeded()
-
-    def _count_error(self, error: Exception) -> None:
-        """Count a request's outcome other than success. "No such object" is the
-        backend's answer to a question the caller asked (a HEAD or a GET that the
-        interface answers with ``None``, a stream whose object is gone): counted in
-        ``chunkd_backend_not_found_total``, never as a backend error. Every other error
-        is one (``chunkd_backend_errors_total``)."""
-        if isinstance(error, ObjectNotFoundError):
-            self._metrics.backend_not_found.labels(self.name).inc()
-            return
-        self._metrics.backend_errors.labels(self.name, type(error).__name__).inc()
-
-    def _check_circuit(self, key: str) -> None:
-        now = time.monotonic()
-        if now < self._open_until:
-            raise BackendUnavailableError(
-                f"backend {self.name!r} is failing; chunkd stopped asking it for "
-                f"{self._open_until - now:.1f}s more (reading {key}); cached data is still served"
-            )
-        if self._failures >= _BREAK_AFTER:
-            if self._probing:  # one probe at a time once the cool-down is over
-                raise BackendUnavailableError(
-                    f"backend {self.name!r} is failing; a probe request is in flight"
-                )
-            self._probing = True
-
-    def _failed(self) -> None:
-        self._failures += 1
-        self._probing = False
-        if self._failures >= _BREAK_AFTER:
-            if not self.circuit_open:
-                log.warning(
-                    "backend %s: %d failures in a row; circuit open for %.0fs",
-                    self.name,
-                    self._failures,
-                    _COOL_DOWN,
-                )
-            self._open_until = time.monotonic() + _COOL_DOWN
-            self._metrics.backend_circuit_open.labels(self.name).set(1)
-
-    def _succeeded(self) -> None:
-        if self._failures >= _BREAK_AFTER:
-            log.info("backend %s: answering again; circuit closed", self.name)
-        self._failures = 0
-        self._probing = False
-        self._open_until = 0.0
-        self._metrics.backend_circuit_open.labels(self.name).set(0)
+        return await self.requests.call(op, key, translated)
 
     # -- errors -------------------------------------------------------------------------
 

@@ -40,6 +40,13 @@ same lookup in the cache's ``chunkd_cache_hits_total{tier}`` or
 ``chunkd_cache_misses_total`` (:meth:`ChunkCache.lookup`). A chunk fetched from a
 peer or the backend, or waited on while another reader fetched it, is a miss; the
 lease on it once stored is no second lookup. Readahead counts in neither.
+
+One job in ~1,250 lines: serving an object's bytes from a version that stays one. Its
+sections (versions, chunks, spans, ranges, unkept reads) share one state and ask each
+other: what is known of each object's version (in memory and in the index) and the
+revalidation policy, which every read starts from; the single flight per locator,
+which a span's GET settles for each chunk it brings; the first read that asks the
+version with its own GET. Apart, each would reach into the others' state.
 """
 
 from __future__ import annotations

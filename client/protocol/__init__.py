@@ -75,6 +75,18 @@ The daemon checks every request against it (:meth:`Op.check`) and the client bui
 every request from it (:func:`request_header`): there is no second list of fields
 anywhere.
 
+Adding an op is two entries: its declaration in :data:`OPS` (in
+:mod:`~chunkd.client.protocol.ops`: its fields and their bounds, the fds its request
+carries, whether the daemon may hold it long, its answer and its errors), and its
+handler in the daemon, in the module of its family in :mod:`chunkd.gateway.localsock`
+(reads and listings, checkpoints, datasets, prefetch), registered against the op's
+name. The daemon checks when it is imported that every op of :data:`OPS` has exactly
+one handler and every handler names an op, so an op declared here and not answered
+there stops the daemon's import, naming the op. A client method builds the request
+with :func:`request_header`. A new op needs no new :data:`VERSION` (a daemon without it
+answers ``InvalidRequestError``, "unknown op"); a change to what an existing op takes
+or answers, which a peer of the other version would misread, does.
+
 Bounds: every number, count and length a request can name has one, named in
 :mod:`~chunkd.client.protocol.ops` (``MAX_*``) and listed with each field below;
 JSON nested deeper than :data:`MAX_DEPTH`, and the non-numbers ``NaN`` and

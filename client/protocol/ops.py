@@ -5,6 +5,13 @@ request against it (:meth:`Op.check`), the client builds every request from it
 (:func:`request_header`), and the package's docs list it (:func:`describe_ops`).
 The bounds a request can name, and the names of the durability levels and commit
 modes, are defined here with it.
+
+One job in ~950 lines: the module is the table, declarations only (each op's fields,
+bounds, fds, answer and errors, most of its lines the prose the docs are generated
+from); the mechanism that reads it (:meth:`Op.check`, :func:`request_header`,
+:func:`describe_ops`) is a few dozen lines. Cut by family, the one list the daemon,
+the client and the docs read would be several. An op's handler lives in the daemon
+(:mod:`chunkd.gateway.localsock`, one module per family).
 """
 
 from __future__ import annotations

@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 
-from chunkd.gateway.cli.topfeed import (
-    Sample,
+from chunkd.gateway.cli.topfeed import Sample
+from chunkd.gateway.cli.toppanels import (
     backends_text,
     hot_text,
     peers_text,

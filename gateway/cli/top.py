@@ -32,11 +32,13 @@ from chunkd.gateway.cli.topfeed import (
     Endpoint,
     Sample,
     SampleArrived,
+    fetch_snapshot,
+)
+from chunkd.gateway.cli.toppanels import (
     backends_text,
     checkpoints_text,
     clock,
     errors_text,
-    fetch_snapshot,
     hot_text,
     node_text,
     peers_text,

@@ -43,6 +43,8 @@ from chunkd.gateway.cli.topfeed import (
     Sample,
     SampleArrived,
     Snapshot,
+)
+from chunkd.gateway.cli.toppanels import (
     backends_text,
     checkpoints_text,
     clock,

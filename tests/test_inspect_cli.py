@@ -391,7 +391,7 @@ _FLOATS = [
 def test_cli_floats_are_the_pages_strings() -> None:
     """``chunkd inspect`` rounds a float to the very string the page's ``fmtFloat``
     gives (run in Chromium from inspect.js itself), exponent form included."""
-    from chunkd.gateway.cli.inspect import _float
+    from chunkd.gateway.cli.inspect_text import float_text as _float
     from chunkd.testing.browser import chromium, chromium_missing
 
     missing = chromium_missing()

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from obstore.store import AzureStore
 
-from chunkd.gateway.backends.store import StoreBackend, cloud_store, refuse_keys
+from chunkd.gateway.backends.store import StoreBackend, cloud_store
 
 if TYPE_CHECKING:
     from obstore.store import AzureConfig
@@ -41,12 +41,6 @@ class AzureBackend(StoreBackend):
     @classmethod
     def make_store(cls, config: BackendConfig) -> Any:
         # docstring inherited
-        refuse_keys(
-            config,
-            ("session_token", "region", "credentials_file"),
-            "an az:// backend",
-            "give the account as access_key_id and its key as secret_access_key",
-        )
         settings: AzureConfig = {}
         if config.access_key_id:
             settings["account_name"] = config.access_key_id

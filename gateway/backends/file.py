@@ -76,7 +76,8 @@ class FileBackend(StoreBackend):
 
     @classmethod
     def make_store(cls, config: BackendConfig) -> Any:
-        # docstring inherited
+        # docstring inherited: the directory is made when it is not there
+        os.makedirs(config.prefix, exist_ok=True)
         return LocalStore(config.prefix)
 
     async def scan(

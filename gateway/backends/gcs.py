@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from obstore.store import GCSStore
 
-from chunkd.gateway.backends.store import StoreBackend, cloud_store, refuse_keys
+from chunkd.gateway.backends.store import StoreBackend, cloud_store
 
 if TYPE_CHECKING:
     from obstore.store import GCSConfig
@@ -42,14 +42,6 @@ class GCSBackend(StoreBackend):
     @classmethod
     def make_store(cls, config: BackendConfig) -> Any:
         # docstring inherited
-        refuse_keys(
-            config,
-            ("access_key_id", "secret_access_key", "session_token", "region"),
-            "a gs:// backend",
-            "give a service-account JSON file as credentials_file, or none for the "
-            "machine's credentials (HMAC keys go with s3:// and "
-            "endpoint = 'https://storage.googleapis.com')",
-        )
         settings: GCSConfig = {}
         if config.credentials_file:
             settings["service_account"] = config.credentials_file

@@ -1,38 +1,63 @@
-"""The configured backends by name (:class:`Backends`), and the kind each URL scheme is."""
+"""The configured backends by name (:class:`Backends`), and the class of each kind.
+
+The kinds declare themselves in :mod:`chunkd.gateway.config.kinds` (scheme, keys,
+URL rules and the dotted path of the class that does their I/O); this registry
+imports a kind's class the first time a backend of it is made, and wraps every
+backend in :class:`~chunkd.gateway.backends.resilience.Resilient`.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
-from pathlib import Path
+import dataclasses
+import importlib
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Final
 
 import obstore.exceptions
 
 from chunkd.errors import ConfigError, UnknownBackendError
-from chunkd.gateway.backends.azure import AzureBackend
 from chunkd.gateway.backends.damaged import DamagedChunks
-from chunkd.gateway.backends.file import FileBackend
-from chunkd.gateway.backends.gcs import GCSBackend
-from chunkd.gateway.backends.memory import MemoryBackend
 from chunkd.gateway.backends.resilience import Resilient
-from chunkd.gateway.backends.s3 import S3Backend
+from chunkd.gateway.config.kinds import kind_of, schemes
 
 if TYPE_CHECKING:
     from chunkd.gateway.backends.base import Backend
-    from chunkd.gateway.backends.store import StoreBackend
     from chunkd.gateway.config import BackendConfig
     from chunkd.gateway.metrics import Metrics
 
 __all__ = ["KINDS", "Backends", "make_backend"]
 
+
+#: a kind's class: built from its entry and the node's metrics
+BackendClass = Callable[["BackendConfig", "Metrics"], "Backend"]
+
+
+class _Kinds(Mapping[str, BackendClass]):
+    """The backend class of each URL scheme, imported from its kind's declaration when
+    first asked for."""
+
+    def __init__(self) -> None:
+        self._imported: dict[str, BackendClass] = {}
+
+    def __getitem__(self, scheme: str) -> BackendClass:
+        found = self._imported.get(scheme)
+        if found is None:
+            kind = kind_of(scheme)
+            if kind is None:
+                raise KeyError(scheme)
+            module, _, name = kind.io.partition(":")
+            found = self._imported[scheme] = getattr(importlib.import_module(module), name)
+        return found
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(schemes())
+
+    def __len__(self) -> int:
+        return len(schemes())
+
+
 #: the backend class of each URL scheme
-KINDS: Final[dict[str, type[StoreBackend]]] = {
-    "s3": S3Backend,
-    "gs": GCSBackend,
-    "az": AzureBackend,
-    "file": FileBackend,
-    "memory": MemoryBackend,
-}
+KINDS: Final[Mapping[str, BackendClass]] = _Kinds()
 
 
 def make_backend(config: BackendConfig, metrics: Metrics) -> Resilient:
@@ -42,16 +67,19 @@ def make_backend(config: BackendConfig, metrics: Metrics) -> Resilient:
 
     Raises:
         UnknownBackendError: no kind of backend has the URL's scheme.
-        ConfigError: a key the kind does not take is set, or the store refuses its
-            settings (an az:// backend without an account, say).
+        ConfigError: a key the kind does not take is set (its declaration says which
+            it takes), or the store refuses its settings (an az:// backend without an
+            account, say).
     """
-    kind = KINDS.get(config.scheme)
-    if kind is None:
+    try:
+        kind = KINDS[config.scheme]
+    except KeyError:
         raise UnknownBackendError(
             f"backend {config.name!r} has an unsupported scheme {config.scheme!r}"
-        )
-    if kind is FileBackend:
-        Path(config.prefix).mkdir(parents=True, exist_ok=True)
+        ) from None
+    config.kind.refuse_others(
+        {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}, config.name
+    )
     try:
         inner = kind(config, metrics)
     except obstore.exceptions.BaseError as exc:  # the store refused its settings

@@ -44,7 +44,7 @@ from chunkd.errors import (
     InvalidRequestError,
 )
 from chunkd.gateway.backends.base import gather_stream, stream_size_error
-from chunkd.gateway.backends.store import StoreBackend, cloud_store, refuse_keys, shown
+from chunkd.gateway.backends.store import StoreBackend, cloud_store, shown
 
 if TYPE_CHECKING:
     from chunkd.gateway.config import BackendConfig
@@ -195,12 +195,6 @@ class S3Backend(StoreBackend):
     @classmethod
     def make_store(cls, config: BackendConfig) -> Any:
         # docstring inherited
-        refuse_keys(
-            config,
-            ("credentials_file",),
-            "an s3:// backend",
-            "give access_key_id and secret_access_key, or none for the machine's credentials",
-        )
         kwargs: dict[str, Any] = {}
         if config.endpoint:
             kwargs["endpoint"] = config.endpoint

@@ -45,7 +45,6 @@ from chunkd.errors import (
     BackendForbiddenError,
     BackendUnavailableError,
     BucketNotFoundError,
-    ConfigError,
     InvalidKeyError,
     ObjectNotFoundError,
     VersionChangedError,
@@ -68,7 +67,6 @@ __all__ = [
     "cloud_store",
     "first_line",
     "no_retries",
-    "refuse_keys",
     "shown",
 ]
 
@@ -576,16 +574,6 @@ def cloud_store(store_type: Callable[..., Any], config: BackendConfig, /, **sett
         retry_config=no_retries(config),
         **settings,
     )
-
-
-def refuse_keys(config: BackendConfig, keys: tuple[str, ...], kind: str, instead: str) -> None:
-    """Raise :class:`ConfigError` when ``config`` sets any of ``keys``, which a backend
-    of ``kind`` (``"an az:// backend"``) does not take; ``instead`` says what to give."""
-    refused = [key for key in keys if getattr(config, key) is not None]
-    if refused:
-        raise ConfigError(
-            f"backend {config.name!r}: {kind} takes no {', '.join(refused)}; {instead}"
-        )
 
 
 def _etag(meta: Any) -> str | None:

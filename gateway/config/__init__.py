@@ -189,8 +189,8 @@ Every key, with its default (a key left out takes the default)::
     [[backends]]
     # required: [a-z0-9][a-z0-9_-]{0,62}; users name objects NAME/KEY
     name = "data"
-    # required: s3://BUCKET[/PREFIX], gs://..., az://..., file:///ABSOLUTE/DIR or
-    # memory://
+    # required: s3://BUCKET[/PREFIX], gs://..., az://..., file:///ABSOLUTE/DIR, memory://
+    # or https://HOST[/PATH] (read-only)
     url = "s3://bucket/prefix"
     # the service's URL: an S3-compatible server, the GCS JSON API base, or an Azure blob
     # endpoint with the account in its path (Azurite); unset: the provider's own
@@ -208,8 +208,11 @@ Every key, with its default (a key left out takes the default)::
     # a credentials file; for gs:// a service-account JSON key file (a relative path
     # starts from the working directory); unset: the machine's credentials
     # credentials_file = "/etc/chunkd/gcs-service-account.json"
-    # allow a plain http:// endpoint
+    # allow a plain http:// endpoint (or http:// url)
     allow_http = false
+    # http(s):// only: the server's files never change, so one without a strong ETag is
+    # read with size and Last-Modified as the version (refused otherwise)
+    immutable_files = false
     # checkpoints and other writes may go to this backend
     writable = false
     # "immutable" (a version once seen is never re-checked), or a duration: re-check an

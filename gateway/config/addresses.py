@@ -1,8 +1,9 @@
 """Values that name a place: ``host:port`` addresses, backend URLs, endpoints, names.
 
 Each is a :class:`~chunkd.gateway.config.values.Kind` like the ones in ``values``;
-they live here because their checks (IPv4/IPv6, schemes, buckets) are a job of
-their own.
+they live here because their checks (IPv4/IPv6, schemes) are a job of their own. A
+backend URL's own rules (buckets, paths) are its kind's
+(:mod:`chunkd.gateway.config.kinds`).
 """
 
 from __future__ import annotations
@@ -12,10 +13,10 @@ import re
 from typing import Final
 from urllib.parse import urlsplit
 
+from chunkd.gateway.config.kinds import kind_of, schemes, url_hint
 from chunkd.gateway.config.values import Kind, Origin, parse_text
 
 __all__ = [
-    "CLOUD_SCHEMES",
     "ENDPOINT",
     "LISTEN",
     "MEMBERS",
@@ -78,15 +79,6 @@ def _listen(value: object, origin: Origin) -> str:
     return text
 
 
-_SCHEMES: Final = ("s3", "gs", "az", "file", "memory")
-CLOUD_SCHEMES: Final = ("s3", "gs", "az")
-_URL_HINT: Final = (
-    "write it like 's3://bucket/prefix', 'gs://bucket', 'az://container/prefix', "
-    "'file:///absolute/dir' or 'memory://'"
-)
-_BUCKET_RE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
-
-
 def _hide_userinfo(url: str) -> str:
     """``url`` with any ``user:password@`` replaced, for error messages."""
     scheme, sep, rest = url.partition("://")
@@ -97,36 +89,18 @@ def _hide_userinfo(url: str) -> str:
 
 
 def _url_problem(url: str) -> str | None:
-    scheme, sep, rest = url.partition("://")
+    """What is wrong with a backend URL: its form here, the rest by its kind's rules."""
+    scheme, sep, _ = url.partition("://")
     if not sep:
-        return f"is not a URL; {_URL_HINT}"
-    if scheme not in _SCHEMES:
-        return f"has scheme {scheme!r}; chunkd knows s3, gs, az, file and memory; {_URL_HINT}"
-    if scheme == "file":
-        if not rest.startswith("/"):
-            return "is not an absolute file URL; write it like 'file:///data/chunkd'"
-        if ".." in rest.split("/"):
-            return "has '..' in its path; write the directory without it"
-        return None
-    if scheme == "memory":
-        if rest and not rest.startswith("/"):
-            return "names a bucket, which memory backends have none of; write 'memory://'"
-        return None
-    parts = urlsplit(url)
-    if "@" in parts.netloc:
+        return f"is not a URL; {url_hint()}"
+    kind = kind_of(scheme)
+    if kind is None:
+        known = schemes()
         return (
-            "has credentials in it; put them in access_key_id and secret_access_key, "
-            "and write the URL like 's3://bucket/prefix'"
+            f"has scheme {scheme!r}; chunkd knows {', '.join(known[:-1])} and {known[-1]}; "
+            f"{url_hint()}"
         )
-    if not parts.netloc:
-        return f"has no bucket; {_URL_HINT}"
-    if not _BUCKET_RE.fullmatch(parts.netloc):
-        return f"has {parts.netloc!r}, not a bucket name; {_URL_HINT}"
-    if parts.query or parts.fragment or url.endswith(("?", "#")):
-        return "has a query or fragment; give options as keys of the backend instead"
-    if ".." in parts.path.split("/"):
-        return "has '..' in its prefix; write the prefix without it"
-    return None
+    return kind.url_problem(url)
 
 
 def _url(value: object, origin: Origin) -> str:
@@ -181,7 +155,7 @@ def _members(value: object, origin: Origin) -> tuple[str, ...]:
 
 #: host:port, IPv6 in brackets
 LISTEN: Final = Kind(_listen)
-#: a backend's URL: s3://, gs://, az://, file:///, memory://
+#: a backend's URL, of a kind :mod:`chunkd.gateway.config.kinds` declares
 URL: Final = Kind(_url)
 #: an http:// or https:// endpoint
 ENDPOINT: Final = Kind(_endpoint)

@@ -18,12 +18,10 @@ from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from enum import Enum
 from pathlib import Path
 from typing import Any, Final
-from urllib.parse import urlsplit
 
 from chunkd.cache import CacheConfig, FsyncPolicy, WritePolicy
 from chunkd.errors import ConfigError, InvalidKeyError
 from chunkd.gateway.config.addresses import (
-    CLOUD_SCHEMES,
     ENDPOINT,
     LISTEN,
     MEMBERS,
@@ -32,6 +30,7 @@ from chunkd.gateway.config.addresses import (
     split_listen,
 )
 from chunkd.gateway.config.keys import Key, Section, key, keys_of, normalize
+from chunkd.gateway.config.kinds import BackendKind, kind_of
 from chunkd.gateway.config.values import (
     BOOL,
     CHUNK_SIZE,
@@ -74,43 +73,13 @@ __all__ = [
 
 
 def backend_rules(values: Mapping[str, Any], where: Callable[[str], str]) -> None:
-    """Checks across the keys of one backend; ``where(key)`` names a key in messages.
-
-    They apply to s3, gs and az backends: a file or memory backend ignores the
-    endpoint, region, credentials and ``allow_http``.
-    """
-    if str(values["url"]).partition("://")[0] not in CLOUD_SCHEMES:
-        return
-    has_id = values.get("access_key_id") is not None
-    has_secret = values.get("secret_access_key") is not None
-    # An az:// account alone is whole: its key, a SAS or a managed identity comes from
-    # the machine.
-    account_alone = has_id and not has_secret and str(values["url"]).startswith("az://")
-    if has_id != has_secret and not account_alone:
-        present, missing = (
-            ("access_key_id", "secret_access_key")
-            if has_id
-            else ("secret_access_key", "access_key_id")
-        )
-        raise ConfigError(
-            f"{where(present)} is set but {missing} is not; set both, or neither to use "
-            "the credentials of the machine (instance role, provider environment)"
-        )
-    if values.get("session_token") is not None and not has_id:
-        raise ConfigError(
-            f"{where('session_token')} is set without access_key_id and secret_access_key; "
-            "a session token goes with them: set all three"
-        )
-    endpoint = values.get("endpoint")
-    if (
-        isinstance(endpoint, str)
-        and urlsplit(endpoint).scheme == "http"
-        and not values.get("allow_http")
-    ):
-        raise ConfigError(
-            f"{where('endpoint')} = {endpoint!r} is plain http, but allow_http is false; "
-            "set allow_http = true for this backend, or use https"
-        )
+    """Checks across the keys of one backend, its kind's (:mod:`chunkd.gateway.config.kinds`:
+    credentials in pairs, plain http only with ``allow_http``, no writes to a read-only
+    kind); ``where(key)`` names a key in messages. (The keys of other kinds are refused
+    when the backend is made: :meth:`BackendKind.refuse_others`.)"""
+    kind = kind_of(str(values["url"]).partition("://")[0])
+    if kind is not None:  # the URL's own check names an unknown scheme
+        kind.check(values, where)
 
 
 # -- the sections -------------------------------------------------------------------
@@ -615,7 +584,8 @@ class BackendConfig:
     url: str = field(
         metadata=key(
             URL,
-            "required: s3://BUCKET[/PREFIX], gs://..., az://..., file:///ABSOLUTE/DIR or memory://",
+            "required: s3://BUCKET[/PREFIX], gs://..., az://..., file:///ABSOLUTE/DIR, "
+            "memory:// or https://HOST[/PATH] (read-only)",
             example='"s3://bucket/prefix"',
         )
     )
@@ -669,7 +639,17 @@ class BackendConfig:
             example='"/etc/chunkd/gcs-service-account.json"',
         ),
     )
-    allow_http: bool = field(default=False, metadata=key(BOOL, "allow a plain http:// endpoint"))
+    allow_http: bool = field(
+        default=False, metadata=key(BOOL, "allow a plain http:// endpoint (or http:// url)")
+    )
+    immutable_files: bool = field(
+        default=False,
+        metadata=key(
+            BOOL,
+            "http(s):// only: the server's files never change, so one without a strong ETag is "
+            "read with size and Last-Modified as the version (refused otherwise)",
+        ),
+    )
     writable: bool = field(
         default=False, metadata=key(BOOL, "checkpoints and other writes may go to this backend")
     )
@@ -717,30 +697,31 @@ class BackendConfig:
 
     @property
     def scheme(self) -> str:
-        """The URL scheme: ``"s3"``, ``"gs"``, ``"az"``, ``"file"`` or ``"memory"``."""
+        """The URL scheme: ``"s3"``, ``"gs"``, ``"az"``, ``"file"``, ``"memory"``,
+        ``"http"`` or ``"https"``."""
         return self.url.partition("://")[0]
 
     @property
+    def kind(self) -> BackendKind:
+        """The backend's kind, as it declares itself (:mod:`chunkd.gateway.config.kinds`)."""
+        kind = kind_of(self.scheme)
+        assert kind is not None  # the URL was checked
+        return kind
+
+    @property
     def bucket(self) -> str | None:
-        """The bucket (or container) of an s3, gs or az URL; None for file and memory."""
-        if self.scheme not in CLOUD_SCHEMES:
-            return None
-        return urlsplit(self.url).netloc
+        """The bucket (or container) of an s3, gs or az URL; None for the kinds without."""
+        return self.kind.bucket(self.url)
 
     @property
     def prefix(self) -> str:
-        """Where keys start inside the backend.
+        """Where keys start inside the backend, as its kind reads the URL.
 
-        For s3, gs, az (and memory) the URL path without leading or trailing
+        For s3, gs, az, http(s) and memory the URL path without leading or trailing
         slashes (``""`` for a whole bucket); for file the absolute directory, taken
         literally (no percent-decoding).
         """
-        rest = self.url.partition("://")[2]
-        if self.scheme == "file":
-            return rest.rstrip("/") or "/"
-        if self.scheme == "memory":
-            return rest.strip("/")
-        return urlsplit(self.url).path.strip("/")
+        return self.kind.prefix(self.url)
 
     @property
     def immutable(self) -> bool:

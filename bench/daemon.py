@@ -1,15 +1,12 @@
-"""A real ``chunkd serve`` process for the benchmarks."""
+"""A real ``chunkd serve`` process for the benchmarks, on :mod:`chunkd.testing.daemon`."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import time
 import urllib.request
 from pathlib import Path
 
 from chunkd.testing import free_port
+from chunkd.testing.daemon import DaemonProcess
 
 __all__ = ["BenchDaemon"]
 
@@ -23,28 +20,16 @@ class BenchDaemon:
     def __init__(
         self, work: Path, env: dict[str, str], config: Path | None = None, port: int | None = None
     ) -> None:
-        work.mkdir(parents=True, exist_ok=True)
         self.work = work
         self.port = port or free_port()
-        environ = {k: v for k, v in os.environ.items() if not k.startswith("CHUNKD_")}
-        environ |= env | {"CHUNKD_SERVER_LISTEN": f"127.0.0.1:{self.port}"}
-        environ.setdefault("CHUNKD_SERVER_SOCKET", str(work / "chunkd.sock"))
-        args = [str(Path(sys.executable).parent / "chunkd"), "serve"]
-        if config is not None:
-            args += ["--config", str(config)]
-        self.log = (work / "daemon.log").open("ab")
-        self.process = subprocess.Popen(
-            args, cwd=work, env=environ, stdout=self.log, stderr=self.log
+        self.daemon = DaemonProcess(
+            config,
+            cwd=work,
+            env=env | {"CHUNKD_SERVER_LISTEN": f"127.0.0.1:{self.port}"},
+            socket=work / "chunkd.sock",
         )
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(f"{self.url}/readyz", timeout=2):
-                    break
-            except OSError:
-                if time.monotonic() > deadline or self.process.poll() is not None:
-                    raise RuntimeError(f"chunkd did not start; see {work / 'daemon.log'}") from None
-                time.sleep(0.1)
+        self.process = self.daemon.process
+        self.daemon.wait_ready(60.0)
 
     @property
     def url(self) -> str:
@@ -73,6 +58,4 @@ class BenchDaemon:
 
     def stop(self) -> None:
         """SIGTERM, and wait."""
-        self.process.terminate()
-        self.process.wait(timeout=60)
-        self.log.close()
+        self.daemon.stop(timeout=60)

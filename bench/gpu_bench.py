@@ -65,7 +65,6 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 import uuid
 import warnings
 from collections.abc import Callable
@@ -88,6 +87,7 @@ from chunkd.client.checkpoint.device import (  # noqa: E402
     ThreadLink,
 )
 from chunkd.client.views import tensor_bytes  # noqa: E402
+from chunkd.testing.daemon import DaemonProcess  # noqa: E402
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -229,36 +229,24 @@ class LocalDaemon:
         work.mkdir(parents=True, exist_ok=True)
         self.work = work
         self.port = _free_port()
-        env = {k: v for k, v in os.environ.items() if not k.startswith("CHUNKD_")}
-        env |= {
-            "CHUNKD_SERVER_LISTEN": f"127.0.0.1:{self.port}",
-            "CHUNKD_SERVER_SOCKET": str(work / "chunkd.sock"),
-            "CHUNKD_CACHE_RAM_BYTES": str(ram_bytes),
-            "CHUNKD_CACHE_DISK_BYTES": str(disk_bytes),
-            "CHUNKD_CACHE_DISK_MIN_FREE_BYTES": "0",
-            "CHUNKD_CACHE_FSYNC": "never",
-        }
-        paths = [str(_SRC), *filter(None, [env.get("PYTHONPATH")])]
-        env["PYTHONPATH"] = os.pathsep.join(paths)
+        paths = [str(_SRC), *filter(None, [os.environ.get("PYTHONPATH")])]
         self.log_path = work / "daemon.log"
-        self._log = self.log_path.open("ab")
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "chunkd", "serve"],
+        self._daemon = DaemonProcess(
             cwd=work,
-            env=env,
-            stdout=self._log,
-            stderr=self._log,
+            program=(sys.executable, "-m", "chunkd"),
+            env={
+                "CHUNKD_CACHE_RAM_BYTES": str(ram_bytes),
+                "CHUNKD_CACHE_DISK_BYTES": str(disk_bytes),
+                "CHUNKD_CACHE_DISK_MIN_FREE_BYTES": "0",
+                "CHUNKD_CACHE_FSYNC": "never",
+                "PYTHONPATH": os.pathsep.join(paths),
+            },
+            listen=f"127.0.0.1:{self.port}",
+            socket=work / "chunkd.sock",
+            log=self.log_path,
         )
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/readyz", timeout=2):
-                    break
-            except OSError:
-                if time.monotonic() > deadline or self.process.poll() is not None:
-                    tail = self.log_path.read_text(errors="replace")[-3000:]
-                    raise RuntimeError(f"chunkd did not start:\n{tail}") from None
-                time.sleep(0.1)
+        self.process = self._daemon.process
+        self._daemon.wait_ready(60.0)
 
     @property
     def socket(self) -> Path:
@@ -270,13 +258,7 @@ class LocalDaemon:
         return self.work / "chunkd-data"
 
     def stop(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(timeout=10)
-        self._log.close()
+        self._daemon.stop(timeout=30)
 
 
 # -- the state ---------------------------------------------------------------------------

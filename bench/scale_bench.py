@@ -57,6 +57,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from chunkd.testing.daemon import DaemonProcess
+
 from .daemon import BenchDaemon
 from .report import Report, Result, Rounds
 
@@ -648,26 +650,21 @@ class _RayLab:
 
     def _start(self, *ports: int) -> None:
         subprocess.run(self._exec("ip", "link", "set", "lo", "up"), check=True)
+        launched = []
         for node in range(2):
-            (self.root / f"n{node}").mkdir(exist_ok=True)
-            config = self.root / f"n{node}.toml"
-            config.write_text(_ray_toml(self.root, node, list(ports)))
-            with (self.root / f"daemon-{node}.log").open("ab") as sink:
-                self.daemons.append(
-                    subprocess.Popen(
-                        self._exec(str(BIN / "chunkd"), "serve", "--config", str(config)),
-                        cwd=self.root / f"n{node}",
-                        env=self.env,
-                        stdout=sink,
-                        stderr=sink,
-                    )
+            launched.append(
+                DaemonProcess(
+                    _ray_toml(self.root, node, list(ports)),
+                    cwd=self.root / f"n{node}",
+                    base_env=self.env,
+                    prefix=self._exec(),
+                    log=self.root / f"daemon-{node}.log",
+                    config_path=self.root / f"n{node}.toml",
                 )
-        for node in range(2):
-            deadline = time.monotonic() + 60
-            while not (self.root / f"n{node}" / "chunkd.sock").exists():
-                if self.daemons[node].poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"daemon {node} did not start: see daemon-{node}.log")
-                time.sleep(0.2)
+            )
+            self.daemons.append(launched[-1].process)
+        for node, daemon in enumerate(launched):
+            daemon.wait_socket(self.root / f"n{node}" / "chunkd.sock", timeout=60.0)
         sockets = json.dumps([str(self.root / f"n{n}" / "chunkd.sock") for n in range(2)])
         with (self.root / "cluster.log").open("ab") as sink:
             self.cluster = subprocess.Popen(

@@ -6,6 +6,9 @@ the cache or the client imports it.
 
 - :mod:`chunkd.testing.ports`: free loopback ports, waiting for a server;
 - :mod:`chunkd.testing.process`: a server subprocess started, waited for and stopped;
+- :mod:`chunkd.testing.daemon`: a real ``chunkd serve`` process (config, environment,
+  working directory, arguments, a command prefix such as ``ip netns exec``), waited for
+  and stopped: every test, benchmark and lab launches the daemon through it;
 - :mod:`chunkd.testing.s3`: a moto S3 server in a subprocess, ``[[backends]]`` tables for it;
 - :mod:`chunkd.testing.s3front`: the S3 front's test keys, its table, clients of it;
 - :mod:`chunkd.testing.proxy`: a counting TCP proxy that can go down and up;
@@ -30,6 +33,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from chunkd.testing.daemon import DaemonProcess
     from chunkd.testing.ports import BIN, free_port, wait_for_port
     from chunkd.testing.proxy import CountingProxy
     from chunkd.testing.relay import LatencyRelay
@@ -38,6 +42,7 @@ if TYPE_CHECKING:
 __all__ = [
     "BIN",
     "CountingProxy",
+    "DaemonProcess",
     "LatencyRelay",
     "S3Server",
     "free_port",
@@ -52,6 +57,7 @@ _LAZY = {
     "free_port": "ports",
     "wait_for_port": "ports",
     "CountingProxy": "proxy",
+    "DaemonProcess": "daemon",
     "LatencyRelay": "relay",
     "S3Server": "s3",
     "refused_backend": "s3",

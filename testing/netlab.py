@@ -33,7 +33,6 @@ import json
 import os
 import shutil
 import subprocess
-import time
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -41,7 +40,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from chunkd.testing import BIN, S3Server, s3_backend
+from chunkd.testing import S3Server, s3_backend
+from chunkd.testing.daemon import DaemonProcess
 from chunkd.testing.relay import RELAY_MARK, LatencyRelay, RelayStats
 from chunkd.testing.s3rver import KEY as S3RVER_KEY
 from chunkd.testing.s3rver import S3rverServer, s3rver_binary
@@ -176,32 +176,15 @@ class Lab:
         node_dir = self.work / f"n{i}"
         shutil.rmtree(node_dir, ignore_errors=True)
         node_dir.mkdir(parents=True)
-        config = node_dir / "chunkd.toml"
-        config.write_text(self._toml(i, peers))
-        env = {k: v for k, v in os.environ.items() if not k.startswith("CHUNKD_")}
-        with (node_dir / "daemon.log").open("ab") as log:  # the child keeps its own copy
-            process = subprocess.Popen(
-                [
-                    "ip",
-                    "netns",
-                    "exec",
-                    self.nodes[i - 1],
-                    str(BIN / "chunkd"),
-                    "serve",
-                    "--config",
-                    str(config),
-                ],
-                env=env,
-                stdout=log,
-                stderr=log,
-            )
-        self.processes.append(process)
-        deadline = time.monotonic() + 60
-        while not self.ready(i):
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError((node_dir / "daemon.log").read_text())
-            time.sleep(0.1)
-        return process
+        daemon = DaemonProcess(
+            self._toml(i, peers),
+            cwd=node_dir,
+            prefix=("ip", "netns", "exec", self.nodes[i - 1]),
+            url=f"http://{self.address(i)}:8470",
+        )
+        self.processes.append(daemon.process)
+        daemon.wait_ready(60.0)
+        return daemon.process
 
     def ready(self, i: int) -> bool:
         """Whether node ``i`` answers /readyz."""

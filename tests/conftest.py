@@ -22,6 +22,7 @@ import pytest
 
 from chunkd.cache import CacheConfig, ChunkCache
 from chunkd.testing import CountingProxy, S3Server, free_port
+from chunkd.testing.daemon import DaemonProcess
 
 OpenCache = Callable[..., Awaitable[ChunkCache]]
 
@@ -177,27 +178,34 @@ def start_daemon(tmp_path: Path) -> Iterator[Callable[..., Daemon]]:
     ) -> Daemon:
         port = port or free_port()
         run_dir = cwd or tmp_path
-        run_dir.mkdir(parents=True, exist_ok=True)
         config = tmp_path / f"chunkd-{len(started)}.toml"
-        args = [str(BIN / "chunkd"), "serve"]
-        if toml is not None:
-            config.write_text(toml)
-            args += ["--config", str(config)]
-        args += extra_args
-        environ = {k: v for k, v in os.environ.items() if not k.startswith("CHUNKD_")}
-        environ.update(env or {})
-        environ.setdefault("CHUNKD_SERVER_LISTEN", f"127.0.0.1:{port}")
-        environ.setdefault("CHUNKD_SERVER_SOCKET", str(run_dir / "chunkd.sock"))
-        host = environ["CHUNKD_SERVER_LISTEN"].rpartition(":")[0]
         notify_socket = None
+        extra_env = dict(env or {})
         if notify:
             notify_socket = tmp_path / f"notify-{len(started)}.sock"
-            environ["NOTIFY_SOCKET"] = str(notify_socket)
-        log = tmp_path / f"daemon-{len(started)}.log"
-        with log.open("ab") as sink:
-            process = subprocess.Popen(args, cwd=run_dir, env=environ, stdout=sink, stderr=sink)
+            extra_env["NOTIFY_SOCKET"] = str(notify_socket)
+        launched = DaemonProcess(
+            toml,
+            cwd=run_dir,
+            env=extra_env,
+            args=extra_args,
+            log=tmp_path / f"daemon-{len(started)}.log",
+            config_path=config,
+            listen=f"127.0.0.1:{port}",
+            socket=run_dir / "chunkd.sock",
+        )
+        environ = launched.env
+        host = environ["CHUNKD_SERVER_LISTEN"].rpartition(":")[0]
         daemon = Daemon(
-            process, port, config, run_dir, environ, log, notify_socket, host=host, tls_ca=tls_ca
+            launched.process,
+            port,
+            config,
+            run_dir,
+            environ,
+            launched.log,
+            notify_socket,
+            host=host,
+            tls_ca=tls_ca,
         )
         started.append(daemon)
         if wait:

@@ -4,17 +4,13 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import time
-import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
-from chunkd.testing.ports import BIN, free_port
+from chunkd.testing.daemon import DaemonProcess
+from chunkd.testing.ports import free_port
 from chunkd.testing.soak.client import DEFAULT_MIX
 from chunkd.testing.soak.content import GiB, MiB, SoakDataset, StateShape
 
@@ -106,18 +102,16 @@ class SoakDaemon:
         self.work = work
         self.port = free_port()
         self.config_path = work / "chunkd.toml"
-        self.config_path.write_text(config.toml(work, self.port))
         self.log_path = work / "daemon.log"
-        environ = {k: v for k, v in os.environ.items() if not k.startswith("CHUNKD_")}
-        with self.log_path.open("ab") as sink:
-            self.process = subprocess.Popen(
-                [str(BIN / "chunkd"), "serve", "--config", str(self.config_path)],
-                cwd=work,
-                env=environ,
-                stdout=sink,
-                stderr=sink,
-            )
-        self._wait_ready(60.0)
+        self.daemon = DaemonProcess(
+            config.toml(work, self.port),
+            cwd=work,
+            config_path=self.config_path,
+            log=self.log_path,
+            url=f"http://127.0.0.1:{self.port}",
+        )
+        self.process = self.daemon.process
+        self.daemon.wait_ready(60.0)
 
     @property
     def url(self) -> str:
@@ -136,19 +130,7 @@ class SoakDaemon:
 
     def ready(self) -> bool:
         """Whether ``/readyz`` answers 200 now."""
-        try:
-            with urllib.request.urlopen(f"{self.url}/readyz", timeout=5) as response:
-                return bool(response.status == 200)
-        except OSError:
-            return False
-
-    def _wait_ready(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while not self.ready():
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"chunkd did not start; see {self.log_path}")
-            time.sleep(0.1)
+        return self.daemon.ready()
 
     def log_report(self) -> LogReport:
         """Tracebacks, errors and warnings in the log, read a line at a time."""
@@ -166,13 +148,7 @@ class SoakDaemon:
 
     def stop(self) -> int:
         """SIGTERM, and wait (SIGKILL after 30 s); the exit status."""
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-        try:
-            return self.process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            return self.process.wait(timeout=10)
+        return self.daemon.stop(timeout=30)
 
 
 def _log_level(line: str) -> str:

@@ -3,8 +3,10 @@ objects and dataset snapshots for ``/inspect/`` (``docs/inspector.md``).
 
 - :mod:`~chunkd.client.inspect.worker`: the process (``python -m
   chunkd.client.inspect.worker``), its line protocol and its ops.
-- :mod:`~chunkd.client.inspect.objects`: views of one object version by format
-  (Parquet, JSON lines, text, WebDataset, MDS, media, binary).
+- :mod:`~chunkd.client.inspect.objects`: which view an object gets, and the views a
+  worker keeps open.
+- :mod:`~chunkd.client.inspect.views`: the views of one object version, one module per
+  format (Parquet, JSON lines and text, WebDataset, MDS, media, binary).
 - :mod:`~chunkd.client.inspect.lines`: line paging with a bounded index of offsets.
 - :mod:`~chunkd.client.inspect.rl`: RL rollouts and episodes.
 - :mod:`~chunkd.client.inspect.registry`: datasets, snapshots, diffs and steps.

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any, Final
 
 from chunkd.client.datasets import Dataset, resolve, step_sample_ids
 from chunkd.client.datasets.source import PinnedSource
-from chunkd.client.inspect.objects import file_errors
 from chunkd.client.inspect.values import AudioCells, encode, tar_file
+from chunkd.client.inspect.views.view import file_errors
 from chunkd.errors import (
     DatasetFormatError,
     DatasetNotFoundError,

@@ -266,7 +266,7 @@ class Worker:
         except RecursionError:
             answer = _error(n, "MalformedFileError", f"{op}: a value is nested too deep to show")
         except Exception as exc:
-            from chunkd.client.inspect.objects import out_of_memory
+            from chunkd.client.inspect.views.view import out_of_memory
 
             if out_of_memory(exc):  # an mmap or a thread refused under the limit
                 self.forget()

@@ -32,7 +32,7 @@ LOW_P: Final = 0.5
 _BARS: Final = "▁▂▃▄▅▆▇█"
 #: Parquet footer metadata a writer keeps for itself: not printed unless --full
 WRITER_METADATA: Final = frozenset({"ARROW:schema", "pandas"})
-#: the inspector sends a footer metadata value's first 4 KiB (client/inspect/objects.py)
+#: the inspector sends a footer metadata value's first 4 KiB (client/inspect/views/parquet.py)
 _METADATA_SENT: Final = 4096
 #: a value this long of base64's alphabet alone is taken for binary, not text
 _BASE64_CHARS: Final = 64

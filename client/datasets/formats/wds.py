@@ -68,7 +68,15 @@ if TYPE_CHECKING:
     from chunkd.client.datasets.source import Source
     from chunkd.snapshot import Member
 
-__all__ = ["FORMAT", "KEY", "MAX_EXTENDED_BYTES", "WebDataset", "extensions", "split_name"]
+__all__ = [
+    "FORMAT",
+    "KEY",
+    "MAX_EXTENDED_BYTES",
+    "WebDataset",
+    "extensions",
+    "split_name",
+    "tar_files",
+]
 
 #: a long name or a pax header's records may be at most this long
 MAX_EXTENDED_BYTES: Final = 1 << 20
@@ -116,7 +124,7 @@ class WebDataset(FormatBase):
         index: list[list[Any]] = []
         current: list[Any] | None = None
         exts: set[str] = set()
-        for path, offset, size in _files(source, member):
+        for path, offset, size in tar_files(source, member):
             parts = split_name(path)
             if parts is None:
                 continue
@@ -461,8 +469,10 @@ def _columns(data: memoryview, offset: int, samples: list[Any], exts: list[str])
 # -- tar headers -------------------------------------------------------------------------
 
 
-def _files(source: Source, member: Member) -> Iterator[tuple[str, int, int]]:
-    """The regular files of a tar member: (path, data offset, size), in tar order."""
+def tar_files(source: Source, member: Member) -> Iterator[tuple[str, int, int]]:
+    """The regular files of a tar member: (path, data offset, size), in tar order, each
+    header read as the walk reaches it (the inspector pages a tar by taking it only as far
+    as it needs)."""
     name, size = source.name(member), member.size
     offset = 0
     long_name: str | None = None

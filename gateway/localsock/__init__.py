@@ -1,7 +1,10 @@
 """The local socket: sealed chunks handed to the trainers of this node.
 
 Speaks :mod:`chunkd.client.protocol` (framing, ops and fd passing are written down
-there). Its rooms, each with one job:
+there). For a read, each chunk of the range goes out as its sealed memfd
+(SCM_RIGHTS); the client maps it read-only, so the bytes cross no socket and the
+node holds one copy whatever the number of readers. Small reads are answered
+inline. Its rooms, each with one job:
 
 * :mod:`.server`: the transport (:class:`LocalServer`): bind, permissions and
   group, accept, peer credentials, framing, ``SIOCOUTQ`` backpressure, a waiting

@@ -1,8 +1,8 @@
 """The ``ds_*`` requests of the local socket: the dataset registry.
 
 Each op, its fields, bounds, answer and errors are written down once, in
-:data:`chunkd.client.protocol.OPS`; the server checks a request against it before a handler
-here gets its arguments. What is left here: the manifest fd of ``ds_commit``
+:data:`chunkd.client.protocol.OPS`; the server checks a request against it before a
+handler here gets its arguments. What is left here: the manifest fd of ``ds_commit``
 (a sealed memfd of at most :data:`~chunkd.client.protocol.MAX_LAYOUT` bytes), and the
 fds and payloads of the answers, and the page fd of ``ds_page_put`` (a sealed memfd
 of at most :data:`~chunkd.snapshot.PAGE_MAX_BYTES`, refused by its size before it is
@@ -10,7 +10,9 @@ read). The registry's protocols are in
 :mod:`chunkd.gateway.datasets.layout`, and what a commit may cost the daemon in
 :mod:`chunkd.gateway.datasets.registry`: the manifest's memfd is mapped, not read into
 the daemon's heap, and a large one is checked by a worker that reads the fd itself.
-``ds_decode`` is answered by :mod:`chunkd.gateway.decoding` (docs/decoding.md).
+``ds_decode`` is answered by :mod:`chunkd.gateway.decoding` (docs/decoding.md), the
+decode service the server was given. Every ``ds_*`` op is refused where the daemon
+serves no registry.
 """
 
 from __future__ import annotations

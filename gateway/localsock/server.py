@@ -1,14 +1,11 @@
 """The local socket's server: the transport, and dispatch by the op table.
 
-Binds the socket (permissions, group), accepts connections, reads each
-client's peer credentials, frames requests and answers, and hands each request to
-the handler of its op (:func:`~chunkd.gateway.localsock.family.handler_table`).
-
-Speaks :mod:`chunkd.client.protocol` (framing, ops and fd passing are written down
-there). For a read, each chunk of the range goes out as its sealed memfd
-(SCM_RIGHTS); the client maps it read-only, so the bytes cross no socket and the
-node holds one copy whatever the number of readers. Small reads are answered
-inline.
+Binds the socket (permissions, group), accepts connections, reads each client's
+peer credentials, frames requests and answers (:mod:`chunkd.client.protocol`), checks
+each request against its op in :data:`~chunkd.client.protocol.OPS`, and hands it to
+that op's handler: a lookup in :data:`HANDLERS`, built and checked when this module
+is imported (:func:`~chunkd.gateway.localsock.family.handler_table`). A connection
+starts with ``hello``; nothing else is answered before it.
 
 The daemon is protected from every client:
 

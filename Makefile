@@ -81,7 +81,7 @@ $(RAY_STAMP): pyproject.toml $(STAMP)
 # Installed with apt-get when missing and we are root; otherwise those tests skip, saying why.
 # fusermount3 (fuse3) mounts and unmounts the failing-disk tests' FUSE file system; nft
 # (nftables) drops and partitions the network-chaos tests' links.
-TOOLS := chromium:chromium tmux:tmux ffmpeg:ffmpeg aws:awscli curl:curl fusermount3:fuse3 nft:nftables
+TOOLS := chromium:chromium tmux:tmux ffmpeg:ffmpeg aws:awscli curl:curl fusermount3:fuse3 nft:nftables nginx:nginx-light
 tools:
 	@missing=""; for t in $(TOOLS); do command -v $${t%%:*} >/dev/null || missing="$$missing $${t#*:}"; done; \
 	if [ -n "$$missing" ]; then \

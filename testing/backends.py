@@ -16,6 +16,19 @@ Features a server may lack: ``"put"`` (writes through the backend; the test obje
 are then written by :meth:`BackendTests.write`, which a subclass overrides),
 ``"delete"``, ``"conditional_put"`` (``put(..., if_absent=True)``) and
 ``"conditional_get"`` (a read pinned to a version that changed fails).
+
+Capabilities a kind claims (:attr:`BackendTests.claims`, each a capability property of
+the :class:`~chunkd.gateway.backends.Backend`): ``"writes"`` (``supports_writes``)
+and ``"list"`` (``supports_list``); every kind claims both unless its subclass says
+otherwise. A kind that does not claim one passes the tests that check it refuses it
+(a write is :class:`~chunkd.errors.ReadOnlyBackendError`, a listing an error), and the
+tests of the capability itself skip, naming it. A read-only, unlisted kind (``https://``)::
+
+    class TestHTTP(BackendTests):
+        claims = frozenset()  # reads only
+
+        async def write(self, backend, key, data):  # its server's files, written directly
+            ...
 """
 
 from __future__ import annotations
@@ -25,17 +38,27 @@ from typing import TYPE_CHECKING, ClassVar, Final
 
 import pytest
 
-from chunkd.errors import ObjectNotFoundError, RangeNotSatisfiableError, VersionChangedError
+from chunkd.errors import (
+    ChunkdError,
+    ObjectNotFoundError,
+    RangeNotSatisfiableError,
+    ReadOnlyBackendError,
+    VersionChangedError,
+)
 from chunkd.ranges import ByteRange, OffsetRange, SuffixRange
 
 if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
     from chunkd.gateway.backends import Backend, ObjectMeta
     from chunkd.ranges import RequestRange
 
-__all__ = ["FEATURES", "ODD_KEYS", "BackendTests"]
+__all__ = ["CAPABILITIES", "FEATURES", "ODD_KEYS", "BackendTests"]
 
 #: what :attr:`BackendTests.lacks` may name
 FEATURES: Final = frozenset({"put", "delete", "conditional_put", "conditional_get"})
+#: what :attr:`BackendTests.claims` may name: a capability property of the backend
+CAPABILITIES: Final = frozenset({"writes", "list"})
 #: keys that a URL, a path or a form encoding would each mangle differently
 ODD_KEYS: tuple[str, ...] = (
     "odd/with space",
@@ -63,6 +86,9 @@ class BackendTests:
 
     #: features the backend's server lacks, each with the reason: their tests skip
     lacks: ClassVar[dict[str, str]] = {}
+    #: the capabilities the kind claims (:data:`CAPABILITIES`): the tests of one it
+    #: does not claim skip, and it must refuse it
+    claims: ClassVar[frozenset[str]] = CAPABILITIES
 
     @pytest.fixture
     def backend(self) -> Backend:
@@ -75,7 +101,12 @@ class BackendTests:
         assert await backend.put(key, data)
 
     def needs(self, feature: str) -> None:
-        """Skip the test, naming the feature and why, if the server lacks it."""
+        """Skip the test, naming the feature and why, if the server lacks it (or the
+        capability, if the kind does not claim it)."""
+        if feature in CAPABILITIES:
+            if feature not in self.claims:
+                pytest.skip(f"{type(self).__name__} does not claim {feature}: the kind has none")
+            return
         assert feature in FEATURES, feature
         why = self.lacks.get(feature)
         if why is not None:
@@ -89,11 +120,33 @@ class BackendTests:
     # -- capabilities -------------------------------------------------------------------
 
     def test_capabilities(self, backend: Backend) -> None:
-        assert backend.supports_writes
-        assert backend.supports_list
+        assert self.claims <= CAPABILITIES, self.claims
+        assert backend.supports_writes is ("writes" in self.claims)
+        assert backend.supports_list is ("list" in self.claims)
         assert backend.supports_conditional_put in (True, False)
         assert not backend.circuit_open
         assert backend.request_bound > 0
+
+    async def test_what_it_does_not_claim_is_refused(self, backend: Backend) -> None:
+        if self.claims == CAPABILITIES:
+            pytest.skip(f"{type(self).__name__} claims every capability")
+        if "writes" not in self.claims:
+            with pytest.raises(ReadOnlyBackendError):
+                await backend.put("w/refused", b"x")
+            with pytest.raises(ReadOnlyBackendError):
+                await backend.put("w/refused", b"x", if_absent=True)
+            with pytest.raises(ReadOnlyBackendError):
+                await backend.delete("w/refused")
+
+            async def pieces() -> AsyncIterator[bytes]:
+                yield b"x"
+
+            with pytest.raises(ReadOnlyBackendError):
+                await backend.put_stream("w/refused", pieces(), size=1)
+        if "list" not in self.claims:
+            with pytest.raises(ChunkdError):
+                async for _ in backend.scan(""):
+                    pass
 
     # -- absent objects -----------------------------------------------------------------
 
@@ -102,8 +155,9 @@ class BackendTests:
         assert await backend.get("no/such/object") is None
         assert await backend.get("no/such/object", ByteRange(0, 10)) is None
         assert await backend.get("no/such/object", SuffixRange(10)) is None
-        batches = [b async for b in backend.scan("no/such")]
-        assert batches == []
+        if "list" in self.claims:
+            batches = [b async for b in backend.scan("no/such")]
+            assert batches == []
 
     # -- whole objects and ranges -------------------------------------------------------
 
@@ -259,12 +313,14 @@ class BackendTests:
     # -- writes -------------------------------------------------------------------------
 
     async def test_put_overwrites(self, backend: Backend) -> None:
+        self.needs("writes")
         self.needs("put")
         assert await backend.put("w/x", b"one")
         assert await backend.put("w/x", memoryview(b"two!"))
         assert _got(await backend.get("w/x")) == b"two!"
 
     async def test_put_if_absent(self, backend: Backend) -> None:
+        self.needs("writes")
         self.needs("put")
         self.needs("conditional_put")
         assert backend.supports_conditional_put
@@ -273,6 +329,7 @@ class BackendTests:
         assert _got(await backend.get("w/once")) == b"first"
 
     async def test_delete(self, backend: Backend) -> None:
+        self.needs("writes")
         self.needs("delete")
         await self.write(backend, "w/gone", b"x")
         await backend.delete("w/gone")
@@ -283,6 +340,7 @@ class BackendTests:
     async def test_pinned_reads_of_a_deleted_object(self, backend: Backend) -> None:
         # A read pinned to a version the backend no longer holds: get answers None (the
         # object is absent), and a stream, which has no None to give, raises.
+        self.needs("writes")
         self.needs("delete")
         await self.write(backend, "w/pinned", b"soon gone")
         meta = await self._head(backend, "w/pinned")
@@ -303,6 +361,7 @@ class BackendTests:
         return out
 
     async def test_scan_pages_and_prefixes(self, backend: Backend) -> None:
+        self.needs("list")
         keys = [f"list/a/{n:02d}" for n in range(7)] + ["list/a.json", "list/ab", "list/b/x"]
         for key in keys:
             await self.write(backend, key, key.encode())
@@ -324,6 +383,7 @@ class BackendTests:
         assert metas[0].version == head.version
 
     async def test_scan_stops_early(self, backend: Backend) -> None:
+        self.needs("list")
         for n in range(5):
             await self.write(backend, f"early/{n}", b"x")
         scan = backend.scan("early", batch=2)
@@ -342,7 +402,8 @@ class BackendTests:
             assert meta.size == len(key.encode()) * (n + 1)
             got = await backend.get(key, SuffixRange(len(key.encode())), version=meta)
             assert _got(got) == key.encode()
-        listed = _flat(await self._keys(backend, "odd"))
-        assert listed == sorted(ODD_KEYS, key=lambda k: k.encode())
+        if "list" in self.claims:
+            listed = _flat(await self._keys(backend, "odd"))
+            assert listed == sorted(ODD_KEYS, key=lambda k: k.encode())
         assert await backend.head("odd/with%20space") is None  # not decoded as a URL
         assert await backend.head("odd/plus sign") is None  # nor as a form

@@ -36,6 +36,7 @@ from obstore.exceptions import (
     InvalidPathError,
     NotFoundError,
     NotModifiedError,
+    NotSupportedError,
     PermissionDeniedError,
     PreconditionError,
     UnauthenticatedError,
@@ -45,6 +46,7 @@ from chunkd.errors import (
     BackendForbiddenError,
     BackendUnavailableError,
     BucketNotFoundError,
+    IntegrityError,
     InvalidKeyError,
     ObjectNotFoundError,
     VersionChangedError,
@@ -89,6 +91,10 @@ _PAST_THE_END: Final = (
 )
 
 
+#: obstore's text for a server that answered a ranged GET with the whole object
+_RANGE_IGNORED: Final = "Range request not supported"
+
+
 def past_the_end(exc: Exception) -> bool:
     """Whether ``exc``, a store's refusal of a GET, says its range starts at or past the end."""
     return any(sign in str(exc) for sign in _PAST_THE_END)
@@ -123,7 +129,7 @@ class StoreBackend(Backend):
         # docstring inherited
         async def call() -> ObjectMeta:
             meta = await obstore.head_async(self._store, key)
-            return _meta(key, meta)
+            return self._meta_of(key, meta)
 
         try:
             return await self._call("head", key, call)
@@ -232,6 +238,12 @@ class StoreBackend(Backend):
                 if past_the_end(exc):
                     return None
                 raise
+            except NotSupportedError as exc:
+                # A server that answers a Range with the whole object (an HTTP server
+                # does, for an empty file): said by the HEAD below.
+                if _RANGE_IGNORED in str(exc):
+                    return _RANGE_IGNORED
+                raise
 
         try:
             result = await self._call("get", key, call, whole=not self.bounded_per_read)
@@ -239,10 +251,19 @@ class StoreBackend(Backend):
             return None
         if isinstance(result, ObjectMeta):
             return FirstRead(result, None, start, start)  # not modified
-        if result is None:  # past the end (or an empty object): the version, from a HEAD
+        if result is None or result is _RANGE_IGNORED:
+            # past the end (or an empty object): the version, from a HEAD
             meta = await self.head(key)
-            return None if meta is None else FirstRead(meta, None, start, start)
-        meta = _meta(key, result.meta)
+            if meta is None:
+                return None
+            if result is _RANGE_IGNORED and start < meta.size:
+                raise IntegrityError(
+                    f"backend {self.name!r} answered a read of bytes {start} to {end} of "
+                    f"{shown(key)} with the whole object: its server does not serve byte "
+                    "ranges, which chunkd needs to read it"
+                )
+            return FirstRead(meta, None, start, start)
+        meta = self._meta_of(key, result.meta)
         first, stop = result.range
         return FirstRead(meta, self._pieces(result, key, first, stop, piece_bytes), first, stop)
 
@@ -303,7 +324,7 @@ class StoreBackend(Backend):
         if meta.etag is not None:
             options["if_match"] = meta.etag
         result = await obstore.get_async(self._store, meta.key, options=options)
-        if meta.etag is None and _version_of(result.meta) != meta.version:
+        if meta.etag is None and self._meta_of(meta.key, result.meta).version != meta.version:
             raise VersionChangedError(
                 f"{self.name}/{meta.key} changed while it was read; read it again"
             )
@@ -334,7 +355,7 @@ class StoreBackend(Backend):
 
         while True:
             raw = await self._call("list", prefix or "/", next_batch)
-            metas = [_meta(m["path"], m) for m in raw]
+            metas = [self._meta_of(m["path"], m) for m in raw]
             # obstore drops a trailing "/" of an offset, and names a marker "a/b/" as
             # "a/b": what is not after the token, or not below the prefix, goes.
             got = [
@@ -476,9 +497,17 @@ class StoreBackend(Backend):
             return BackendUnavailableError(
                 f"backend {self.name!r} did not answer within {self.config.timeout:g}s ({key})"
             )
-        if isinstance(exc, BackendUnavailableError | BackendForbiddenError | BucketNotFoundError):
-            return exc  # said already (a streamed write's own requests)
+        if isinstance(
+            exc,
+            BackendUnavailableError | BackendForbiddenError | BucketNotFoundError | IntegrityError,
+        ):
+            return exc  # said already (a streamed write's own requests, a kind's own check)
         return BackendUnavailableError(f"backend {self.name!r} failed on {key}: {first_line(exc)}")
+
+    def _meta_of(self, key: str, meta: Any) -> ObjectMeta:
+        """The :class:`ObjectMeta` of a store's answer about ``key`` (a kind whose
+        versions need a check of their own says so here)."""
+        return _meta(key, meta)
 
     def name_limit(self, name: str) -> tuple[str, int, int, str] | None:
         """``(what, limit, size, unit)`` of the store's longest object name for

@@ -1,0 +1,152 @@
+"""A real HTTP file server for tests: Debian's nginx (``nginx-light``) on loopback.
+
+:class:`NginxServer` starts ``nginx`` in the foreground (``daemon off;``) with its own
+config, prefix, pid file and logs under a directory of the test's, serving a directory
+of files with ``Range`` and ``ETag`` as a mirror or a static file server does (``etag
+off;`` for a server that sends none). Python's ``http.server`` serves neither, which is
+why this kit exists. Skip a test with :func:`nginx_or_skip` where nginx is absent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import Final
+
+__all__ = ["NGINX", "NginxServer", "nginx_or_skip"]
+
+#: where Debian's nginx-light installs it
+NGINX: Final = "/usr/sbin/nginx"
+_START_TIMEOUT: Final = 10.0
+
+
+def _nginx() -> str | None:
+    return NGINX if os.access(NGINX, os.X_OK) else shutil.which("nginx")
+
+
+def nginx_or_skip() -> str:
+    """The nginx binary; the test is skipped (with the reason) where it is absent."""
+    import pytest
+
+    found = _nginx()
+    if found is None:
+        pytest.skip("nginx is not installed (apt-get install nginx-light)")
+    return found
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class NginxServer:
+    """nginx serving ``root`` on ``127.0.0.1``, its files under ``workdir``.
+
+    Args:
+        root: the directory served at ``/``.
+        workdir: where its config, pid file, logs and temporary files go.
+        etag: whether it sends ``ETag`` (nginx's is strong: mtime and size).
+    """
+
+    def __init__(self, root: Path, workdir: Path, *, etag: bool = True) -> None:
+        self.root = root
+        self.workdir = workdir
+        self.etag = etag
+        self.port = 0
+        self._process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        """The server's base URL: ``http://127.0.0.1:PORT``."""
+        return f"http://127.0.0.1:{self.port}"
+
+    def _config(self) -> str:
+        work = self.workdir
+        user = "user root;\n" if os.geteuid() == 0 else ""
+        temps = "\n".join(
+            f"    {name}_temp_path {work}/{name};"
+            for name in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
+        )
+        return f"""{user}daemon off;
+master_process off;
+worker_processes 1;
+pid {work}/nginx.pid;
+error_log {work}/error.log warn;
+events {{ worker_connections 256; }}
+http {{
+    access_log off;
+{temps}
+    default_type application/octet-stream;
+    server {{
+        listen 127.0.0.1:{self.port};
+        root {self.root};
+        etag {"on" if self.etag else "off"};
+        location / {{ }}
+    }}
+}}
+"""
+
+    def start(self) -> NginxServer:
+        """Start it and wait until it answers."""
+        binary = _nginx()
+        if binary is None:
+            raise FileNotFoundError("nginx is not installed (apt-get install nginx-light)")
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        for _ in range(5):  # a port taken between choosing it and binding it: again
+            self.port = _free_port()
+            conf = self.workdir / "nginx.conf"
+            conf.write_text(self._config())
+            self._process = subprocess.Popen(
+                [binary, "-p", str(self.workdir), "-c", str(conf), "-e", "stderr"],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+            )
+            if self._wait_ready():
+                return self
+            self.stop()
+        raise RuntimeError(f"nginx did not start: {self.log()}")
+
+    def _wait_ready(self) -> bool:
+        deadline = time.monotonic() + _START_TIMEOUT
+        while time.monotonic() < deadline:
+            assert self._process is not None
+            if self._process.poll() is not None:
+                return False
+            with (
+                contextlib.suppress(OSError),
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.5),
+            ):
+                return True
+            time.sleep(0.02)
+        return False
+
+    def log(self) -> str:
+        """What nginx wrote to its error log."""
+        path = self.workdir / "error.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def stop(self) -> None:
+        """Stop it (and wait for it)."""
+        process, self._process = self._process, None
+        if process is None:
+            return
+        process.terminate()
+        try:
+            process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        if process.stderr is not None:
+            process.stderr.close()
+
+    def __enter__(self) -> NginxServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,173 @@
+"""The ``https://`` (and ``http://``) kind: read-only, unlisted, versioned by strong ETag.
+
+Against Debian's nginx (``nginx-light``) on loopback (:mod:`chunkd.testing.nginx`),
+which serves ``Range``, ``ETag`` (strong: mtime and size), ``If-Match`` and
+``If-None-Match`` as a mirror or a static file server does. The conformance suite
+runs with the kind's claims (no writes, no listings); the rest: a server without
+ETags refused unless ``immutable_files``, the config's refusals, and reads through a
+real ``chunkd serve``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import ClassVar
+
+import pytest
+
+from chunkd.errors import ConfigError, IntegrityError, ReadOnlyBackendError, VersionChangedError
+from chunkd.gateway.backends import Backend, make_backend
+from chunkd.gateway.config import BackendConfig
+from chunkd.gateway.metrics import Metrics
+from chunkd.ranges import ByteRange
+from chunkd.testing.backends import BackendTests
+from chunkd.testing.nginx import NginxServer, nginx_or_skip
+
+from .conftest import Daemon
+
+# nginx's ETag holds the mtime in seconds: each write here moves it a second on.
+_CLOCK = itertools.count(int(time.time()) - 100_000)
+
+
+def put_file(root: Path, key: str, data: bytes) -> None:
+    """Write a file the server serves, with an mtime of its own (a new ETag)."""
+    path = root / key
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    stamp = next(_CLOCK)
+    os.utime(path, (stamp, stamp))
+
+
+@pytest.fixture
+def nginx(tmp_path: Path) -> Iterator[NginxServer]:
+    nginx_or_skip()
+    root = tmp_path / "www"
+    root.mkdir()
+    with NginxServer(root, tmp_path / "nginx") as server:
+        yield server
+
+
+def web_backend(server: NginxServer, **keys: object) -> Backend:
+    config = BackendConfig(name="web", url=f"{server.url}/pre", allow_http=True, **keys)  # type: ignore[arg-type]
+    return make_backend(config, Metrics())
+
+
+@pytest.mark.timeout(20)
+class TestHTTP(BackendTests):
+    claims: ClassVar[frozenset[str]] = frozenset()  # reads only
+
+    @pytest.fixture
+    async def backend(self, nginx: NginxServer) -> AsyncIterator[Backend]:
+        self.root = nginx.root / "pre"
+        backend = web_backend(nginx)
+        yield backend
+        await backend.close()
+
+    async def write(self, backend: Backend, key: str, data: bytes) -> None:
+        put_file(self.root, key, data)
+
+
+@pytest.mark.timeout(20)
+async def test_a_server_without_etags_is_refused_unless_its_files_are_immutable(
+    tmp_path: Path,
+) -> None:
+    nginx_or_skip()
+    root = tmp_path / "www"
+    put_file(root, "pre/a.bin", b"0123456789")
+    with NginxServer(root, tmp_path / "nginx", etag=False) as server:
+        strict = web_backend(server)
+        with pytest.raises(IntegrityError, match=r"sent no ETag.*immutable_files = true"):
+            await strict.head("a.bin")
+        with pytest.raises(IntegrityError, match="no ETag"):
+            await strict.get("a.bin", ByteRange(0, 4))
+        assert not strict.circuit_open  # the server's answer, not a failure
+        fixed = web_backend(server, immutable_files=True)
+        meta = await fixed.head("a.bin")
+        assert meta is not None
+        assert (meta.size, meta.etag) == (10, None)
+        assert meta.version.startswith("10-")  # size and Last-Modified
+        got = await fixed.get("a.bin", ByteRange(2, 5), version=meta)
+        assert got is not None
+        assert bytes(got) == b"234"
+        # A changed file (its Last-Modified moved) is another version: a pinned read
+        # of the old one refuses the new bytes.
+        put_file(root, "pre/a.bin", b"abcdefghij")
+        changed = await fixed.head("a.bin")
+        assert changed is not None
+        assert changed.version != meta.version
+        with pytest.raises(VersionChangedError):
+            await fixed.get("a.bin", ByteRange(0, 4), version=meta)
+        await strict.close()
+        await fixed.close()
+
+
+@pytest.mark.timeout(10)
+async def test_writes_are_refused_with_a_clear_error(nginx: NginxServer) -> None:
+    backend = web_backend(nginx)
+    with pytest.raises(ReadOnlyBackendError, match="served over HTTP, which chunkd only reads"):
+        await backend.put("k", b"x")
+    await backend.close()
+    with pytest.raises(ConfigError, match=r"writable is true, but an http.* is read-only"):
+        BackendConfig(name="web", url=f"{nginx.url}/", allow_http=True, writable=True)
+
+
+@pytest.mark.timeout(10)
+def test_the_config_of_an_http_backend() -> None:
+    with pytest.raises(ConfigError, match="is plain http, but allow_http is false"):
+        BackendConfig(name="web", url="http://127.0.0.1:9/x")
+    with pytest.raises(ConfigError, match="has credentials in it"):
+        BackendConfig(name="web", url="https://u:p@example.org/x")
+    BackendConfig(name="web", url="https://example.org/x")  # https needs no allow_http
+    with pytest.raises(ConfigError, match="takes no region"):
+        make_backend(BackendConfig(name="web", url="https://h/x", region="eu"), Metrics())
+    with pytest.raises(ConfigError, match="an s3:// backend takes no immutable_files"):
+        make_backend(BackendConfig(name="s", url="s3://b", immutable_files=True), Metrics())
+
+
+@pytest.mark.timeout(30)
+def test_a_daemon_reads_an_http_backend_by_its_versions(
+    nginx: NginxServer, start_daemon: Callable[..., Daemon], tmp_path: Path
+) -> None:
+    data = bytes(range(256)) * 40
+    put_file(nginx.root, "mirror/shard.bin", data)
+    daemon = start_daemon(
+        f"""
+[cache]
+dir = "{tmp_path / "cache"}"
+ram_bytes = "64MiB"
+disk_bytes = "256MiB"
+disk_min_free_bytes = 0
+fsync = "never"
+
+[[backends]]
+name = "web"
+url = "{nginx.url}/mirror"
+allow_http = true
+revalidate = "1ms"
+"""
+    )
+    status, headers, body = daemon.get("/v1/objects/web/shard.bin", {"Range": "bytes=100-199"})
+    assert (status, body) == (206, data[100:200])
+    first = headers["ETag"]
+    status, headers, body = daemon.get("/v1/objects/web/shard.bin")
+    assert (status, body, headers["ETag"]) == (200, data, first)
+    # The file changes on the server: a new ETag, a new version (a read pinned to the
+    # old one is refused: BackendTests' test_conditional_read_of_a_changed_object).
+    changed = data[::-1]
+    put_file(nginx.root, "mirror/shard.bin", changed)
+    time.sleep(0.05)
+    status, headers, body = daemon.get("/v1/objects/web/shard.bin", {"Range": "bytes=0-9"})
+    assert (status, body) == (206, changed[:10])
+    assert headers["ETag"] != first
+    status, headers, body = daemon.get("/v1/objects/web/shard.bin")
+    assert (status, body) == (200, changed)  # the new version whole, never a mix
+    status, _, body = daemon.get("/v1/objects/web/nope.bin")
+    assert status == 404
+    status, _, body = daemon.get("/v1/list/web")
+    assert status == 400
+    assert b"cannot be listed" in body
+    assert "Traceback" not in daemon.log.read_text()

@@ -63,6 +63,12 @@ What did step N see?
     :func:`step_sample_ids` answers it from a state (or from the snapshot, seed and
     epoch of a run that never resized, as a state with cursor 0) and the geometry: a
     pure function of them, no reading.
+
+It is one job at ~1,250 lines: a snapshot and a cursor become one rank's batches
+(:class:`Loader`, :class:`Batch`); the order, the shared decoder, the columns and the
+state are modules of their own below it, the pinning of a batch is
+:mod:`chunkd.client.datasets.pinning`, and the loader's settings and reading speed
+are the loader-speed work's.
 """
 
 from __future__ import annotations

@@ -33,6 +33,10 @@ worker reads only through :class:`chunkd.client.Client` on the daemon's socket (
 reads are cached like every other), and only the ranges a view needs. Its caches are
 bounded: open views (footers, line and tar indexes) by count and bytes, decoded row
 groups by bytes, resolved snapshots by count.
+
+It is one job at ~650 lines: the process and its ops' dispatch, which answers each op
+from the views (:mod:`chunkd.client.inspect.objects`), the registry and the RL pages;
+those do the reading, this module only asks them, bounds the answer and frames it.
 """
 
 from __future__ import annotations

@@ -70,6 +70,11 @@ Member ``meta``:
     ``zstd:7``, ``gz``, ...); absent for a shard read in place.
 ``raw_bytes``
     a compressed shard's decompressed size.
+
+It is one job at ~1,000 lines: the MDS format, every hook of it (scan, units, decode,
+read, check) over one shard layout and one index entry; the column encodings, the unit
+plan and the shard's reading are the parts of that one format, sharing its meta, and
+the format's reading speed is the loader-speed work's.
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@
 Every op's handler gets the :class:`Answer` of its request: the fds the request
 brought, the caller the kernel named, and room for what goes back (leases to
 release, fds to send, a payload). The server sends it and releases what it holds,
-whether or not the client is still there to take it.
+whether or not the client is still there to take it. A memfd a request carries is
+taken only sealed (:func:`sealed_size`).
 """
 
 from __future__ import annotations
@@ -13,12 +14,13 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from chunkd import memfd
+from chunkd.errors import InvalidRequestError
 
 if TYPE_CHECKING:
     from chunkd.cache import ChunkLease
     from chunkd.gateway.authority import Caller
 
-__all__ = ["Answer"]
+__all__ = ["Answer", "sealed_size"]
 
 
 class Answer:
@@ -58,6 +60,22 @@ class Answer:
         """Send ``doc`` as compact JSON in a sealed memfd, written off the loop (a
         document with no bound on its size: a manifest, a collection's report)."""
         self.send_fd(await asyncio.to_thread(_sealed_json, doc))
+
+
+def sealed_size(fd: int, what: str) -> int:
+    """The size of ``fd``, a memfd a request carries, sealed against writes and resizes.
+
+    Raises:
+        InvalidRequestError: ``fd`` is not such a memfd (``what`` names it).
+    """
+    size = memfd.sealed_size(fd)
+    if size is None:
+        raise InvalidRequestError(
+            f"{what} must be a memfd sealed against writes and resizes (F_SEAL_WRITE, "
+            "F_SEAL_SHRINK, F_SEAL_GROW): its bytes could otherwise change after they "
+            "were hashed"
+        )
+    return size
 
 
 def _sealed_json(doc: Any) -> int:

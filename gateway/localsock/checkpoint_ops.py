@@ -18,7 +18,6 @@ import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Final
 
-from chunkd import memfd
 from chunkd.cache import ChunkId, ChunkLease
 from chunkd.client.protocol import (
     LIST_PAGE,
@@ -31,6 +30,7 @@ from chunkd.client.protocol import (
 )
 from chunkd.errors import ChunkdError, InvalidChunkIdError, InvalidRequestError
 from chunkd.gateway.checkpoints import Durability, SaveRequest
+from chunkd.gateway.localsock.answer import sealed_size
 from chunkd.gateway.localsock.family import Family, Parts
 from chunkd.gateway.names import checkpoint_name
 
@@ -182,7 +182,7 @@ async def _save(parts: Parts, args: Mapping[str, Any], answer: Answer) -> dict[s
         | {"backend": backend, "path": path}
         | {"segments": layout.get("segments"), "tree": layout.get("tree")}
     )
-    size = _sealed_size(data_fd)
+    size = sealed_size(data_fd, "a checkpoint fd")
     # An empty state still gets a mapping (mmap cannot map 0 bytes of a file).
     data = mmap.mmap(data_fd, size, prot=mmap.PROT_READ) if size else mmap.mmap(-1, 1)
     try:
@@ -212,20 +212,8 @@ async def _chunks(parts: Parts, args: Mapping[str, Any], answer: Answer) -> dict
     return {"ok": True, "sizes": [lease.size for lease in leases]}
 
 
-def _sealed_size(fd: int) -> int:
-    """The size of a memfd sealed against writes and resizes; InvalidRequestError otherwise."""
-    size = memfd.sealed_size(fd)
-    if size is None:
-        raise InvalidRequestError(
-            "a checkpoint fd must be a memfd sealed against writes and resizes "
-            "(F_SEAL_WRITE, F_SEAL_SHRINK, F_SEAL_GROW): its bytes could otherwise change "
-            "after they were hashed"
-        )
-    return size
-
-
 def _load_json_fd(fd: int) -> Any:
-    size = _sealed_size(fd)
+    size = sealed_size(fd, "a checkpoint fd")
     if size > MAX_LAYOUT:
         raise InvalidRequestError(f"a JSON fd of {size} bytes exceeds {MAX_LAYOUT}")
     raw = os.pread(fd, size, 0)

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Final
 from chunkd import memfd
 from chunkd.client.protocol import FIRST_BATCH_PHASES, MAX_LAYOUT, MAX_PAYLOAD
 from chunkd.errors import ChunkdError, InvalidRequestError
+from chunkd.gateway.localsock.answer import sealed_size
 from chunkd.gateway.localsock.family import Family, Parts
 from chunkd.snapshot import PAGE_MAX_BYTES
 
@@ -172,12 +173,7 @@ def _mapped(fd: int, op: str, limit: int, what: str) -> Iterator[memoryview]:
     """The bytes of a request's memfd (``ds_commit``'s manifest, ``ds_page_put``'s
     page), mapped read-only: the client's pages, not a copy in the daemon's heap (and
     none is touched before the request's turn comes). Its size is checked first."""
-    size = memfd.sealed_size(fd)
-    if size is None:
-        raise InvalidRequestError(
-            f"{op}'s fd must be a memfd sealed against writes and resizes (F_SEAL_WRITE, "
-            "F_SEAL_SHRINK, F_SEAL_GROW): its bytes could otherwise change after they were hashed"
-        )
+    size = sealed_size(fd, f"{op}'s fd")
     if size > limit:
         raise InvalidRequestError(
             f"{what} of {size} bytes exceeds {limit} ({limit >> 20} MiB), the most the "

@@ -55,7 +55,8 @@ from . import (
     ttfb_bench,
 )
 from .history import typical_durations
-from .report import Report, duration_text
+from .report import Report
+from .results import duration_text
 
 
 @dataclass(frozen=True)

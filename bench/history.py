@@ -32,10 +32,9 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from .report import Report, Result
+from .results import Result, Run, number_text
 
 __all__ = [
     "Change",
@@ -95,16 +94,16 @@ class Change:
         suffix = "x" if self.on_ratio else f" {self.unit}"
         verdict = self.verdict
         if verdict == "no spread":
-            return f"previous {what} {_num(self.previous)}{suffix} (one round, no spread)"
+            return f"previous {what} {number_text(self.previous)}{suffix} (one round, no spread)"
         assert self.spread is not None
-        span = f"{_num(self.spread[0])}-{_num(self.spread[1])}{suffix}"
+        span = f"{number_text(self.spread[0])}-{number_text(self.spread[1])}{suffix}"
         if verdict == "within":
             return f"within the previous spread {span}"
         side = "above" if self.now > self.spread[1] else "below"
         return f"{verdict.upper()}: {side} the previous spread {span} ({self.date[:10]})"
 
 
-def run_meta(report: Report) -> dict[str, Any]:
+def run_meta(report: Run) -> dict[str, Any]:
     """The run's date, machine, commit and mode, as its history file starts."""
     machine = _machine()
     return {
@@ -363,9 +362,3 @@ def _commit() -> dict[str, Any]:
     except (OSError, subprocess.TimeoutExpired):
         commit, dirty = "", False
     return {"commit": commit, "dirty": dirty}
-
-
-def _num(value: float) -> str:
-    from .report import _num as num
-
-    return num(value)

@@ -16,10 +16,12 @@ import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from .plots import slug
+from .results import Result, Run, duration_text, number_text
+
 if TYPE_CHECKING:
     from .history import Change
     from .plots import Plot
-    from .report import Report, Result
 
 __all__ = ["render"]
 
@@ -59,7 +61,7 @@ figcaption { font-size: 0.8rem; color: var(--muted); margin-top: 0.3rem; }
 
 
 def render(
-    report: Report,
+    report: Run,
     meta: Mapping[str, Any],
     changes: Mapping[str, Change],
     plots: list[Plot],
@@ -103,7 +105,7 @@ def render(
     return "\n".join(parts)
 
 
-def _summary(report: Report, changes: Mapping[str, Change]) -> str:
+def _summary(report: Run, changes: Mapping[str, Change]) -> str:
     e = html.escape
     met = sum(r.verdict == "met" for r in report.results)
     missed = [r for r in report.results if r.verdict == "missed"]
@@ -141,10 +143,8 @@ def _summary(report: Report, changes: Mapping[str, Change]) -> str:
     return "\n".join(lines)
 
 
-def _durations(report: Report) -> str:
+def _durations(report: Run) -> str:
     """Each scenario's wall time, in the order they ran."""
-    from .report import duration_text
-
     if not report.durations:
         return ""
     e = html.escape
@@ -164,8 +164,6 @@ def _durations(report: Report) -> str:
 
 def _table(rows: list[Result], changes: Mapping[str, Change]) -> str:
     e = html.escape
-    from .report import _num
-
     head = (
         "<table><thead><tr><th>scenario</th><th>chunkd</th><th>baseline</th><th>unit</th>"
         "<th>ratio</th><th>spread</th><th>rounds</th><th>target</th><th>verdict</th>"
@@ -187,7 +185,8 @@ def _table(rows: list[Result], changes: Mapping[str, Change]) -> str:
         )
         body.append(
             f'<tr class="{mark}"><td>{e(r.scenario)}</td>'
-            f'<td class="num">{e(_num(r.chunkd))}</td><td class="num">{e(_num(r.baseline))}</td>'
+            f'<td class="num">{e(number_text(r.chunkd))}</td>'
+            f'<td class="num">{e(number_text(r.baseline))}</td>'
             f'<td>{e(r.unit)}</td><td class="num">{e(ratio)}</td>'
             f'<td class="num">{e(r.spread_text())}</td><td class="num">{r.rounds}</td>'
             f"<td>{e(r.target_text())}</td>"
@@ -210,6 +209,4 @@ def _figure(plot: Plot) -> str:
 
 
 def _anchor(area: str) -> str:
-    from .plots import slug
-
     return slug(area)

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-    from .report import Series
+    from .results import Series
 
 __all__ = ["Plot", "draw", "slug"]
 

@@ -11,16 +11,20 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from chunkd import memfd
+from chunkd.client.protocol import MAX_PAYLOAD
 from chunkd.errors import InvalidRequestError
 
 if TYPE_CHECKING:
     from chunkd.cache import ChunkLease
     from chunkd.gateway.authority import Caller
 
-__all__ = ["Answer", "sealed_size"]
+__all__ = ["LIST_BYTES", "Answer", "sealed_size"]
+
+#: what a listing page's entries may take of an answer's payload (the rest is slack)
+LIST_BYTES: Final = MAX_PAYLOAD - 4096
 
 
 class Answer:

@@ -22,7 +22,6 @@ from chunkd.cache import ChunkId, ChunkLease
 from chunkd.client.protocol import (
     LIST_PAGE,
     MAX_LAYOUT,
-    MAX_PAYLOAD,
     OPS,
     ProtocolError,
     error_answer,
@@ -30,7 +29,7 @@ from chunkd.client.protocol import (
 )
 from chunkd.errors import ChunkdError, InvalidChunkIdError, InvalidRequestError
 from chunkd.gateway.checkpoints import Durability, SaveRequest
-from chunkd.gateway.localsock.answer import sealed_size
+from chunkd.gateway.localsock.answer import LIST_BYTES, sealed_size
 from chunkd.gateway.localsock.family import Family, Parts
 from chunkd.gateway.names import checkpoint_name
 
@@ -45,8 +44,6 @@ FAMILY: Final = Family("checkpoint")
 
 #: longest a ckpt_wait request is held before the client asks again
 _WAIT_SLICE: Final = 10.0
-#: what a listing page's entries may take of the payload (the rest is slack)
-_LIST_BYTES: Final = MAX_PAYLOAD - 4096
 #: the fields of ckpt_save that go into a SaveRequest as they are
 _PASSED_ON: Final = tuple(f.name for f in OPS["ckpt_save"].fields if f.name != "name")
 
@@ -102,7 +99,7 @@ async def _list(parts: Parts, args: Mapping[str, Any], answer: Answer) -> dict[s
         prefix,
         start_after=args["start_after"],
         limit=args["limit"] or LIST_PAGE,
-        max_bytes=_LIST_BYTES,
+        max_bytes=LIST_BYTES,
     )
     if token is not None and not paged:
         raise InvalidRequestError(

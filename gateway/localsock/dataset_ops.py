@@ -24,9 +24,9 @@ from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
 from chunkd import memfd
-from chunkd.client.protocol import FIRST_BATCH_PHASES, MAX_LAYOUT, MAX_PAYLOAD
+from chunkd.client.protocol import FIRST_BATCH_PHASES, MAX_LAYOUT
 from chunkd.errors import ChunkdError, InvalidRequestError
-from chunkd.gateway.localsock.answer import sealed_size
+from chunkd.gateway.localsock.answer import LIST_BYTES, sealed_size
 from chunkd.gateway.localsock.family import Family, Parts
 from chunkd.snapshot import PAGE_MAX_BYTES
 
@@ -38,9 +38,6 @@ __all__ = ["FAMILY"]
 
 #: the handlers of this module's ops
 FAMILY: Final = Family("dataset")
-
-#: what a listing page's entries may take of the payload (the rest is slack)
-_LIST_BYTES: Final = MAX_PAYLOAD - 4096
 
 
 def _registry(parts: Parts) -> Datasets:
@@ -162,7 +159,7 @@ async def _decode_report(parts: Parts, args: Mapping[str, Any], answer: Answer) 
 def _page(answer: Answer, entries: list[dict[str, Any]], token: object) -> dict[str, Any]:
     """A listing page: its entries as the payload (cut to fit, the token moved back)."""
     payload = json.dumps(entries, separators=(",", ":")).encode()
-    if len(payload) > _LIST_BYTES:  # pragma: no cover - names and ids are bounded
+    if len(payload) > LIST_BYTES:  # pragma: no cover - names and ids are bounded
         raise InvalidRequestError("a listing page does not fit one answer; ask with a lower limit")
     answer.payload = payload
     return {"ok": True, "count": len(entries), "next": token}

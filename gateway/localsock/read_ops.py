@@ -24,6 +24,7 @@ from chunkd.client.protocol import (
     error_answer,
 )
 from chunkd.errors import ChunkdError, InvalidRangeError, RangeNotSatisfiableError
+from chunkd.gateway.localsock.answer import LIST_BYTES
 from chunkd.gateway.localsock.family import Family, Parts
 from chunkd.gateway.names import split_name, split_prefix
 from chunkd.ranges import from_offset, reading, resolve
@@ -37,8 +38,6 @@ __all__ = ["FAMILY"]
 #: the handlers of this module's ops
 FAMILY: Final = Family("read")
 
-#: what a listing page's entries may take of the payload (the rest is slack)
-_LIST_BYTES: Final = MAX_PAYLOAD - 4096
 #: what the entries of a readv answer may take of its header, and the longest
 #: message one failed range carries
 _READV_HEADER: Final = MAX_HEADER - 4096
@@ -274,7 +273,7 @@ async def _list(parts: Parts, args: Mapping[str, Any], answer: Answer) -> dict[s
         recursive=args["recursive"],
         start_after=args["start_after"],
         limit=args["limit"],
-        max_bytes=_LIST_BYTES,
+        max_bytes=LIST_BYTES,
         fresh=args["fresh"],
     )
     answer.payload = json.dumps(page.columns(), ensure_ascii=False, separators=(",", ":")).encode()

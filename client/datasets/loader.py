@@ -408,9 +408,11 @@ class Batch:
         """The batch with its tensors in pinned (page-locked) memory, for
         ``tensor.to(device, non_blocking=True)``: what torch's ``DataLoader(pin_memory=True)``
         calls. Needs torch; without an accelerator, the batch as it is."""
-        from chunkd.client.datasets.pinning import pinned
+        from chunkd.client.datasets.pinning import pinned_values
 
-        return pinned(self)
+        has_columns = self.rows is not None or self._columns is not None
+        changes = pinned_values(self.samples, self.columns if has_columns else None)
+        return self if changes is None else self._replace(**changes)
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Sent from a DataLoader or Grain worker: what was built goes as it is; the rows

@@ -6,44 +6,58 @@ trainer's process: it puts a batch's tensors in page-locked memory, so that
 ``tensor.to("cuda", non_blocking=True)`` copies asynchronously. Without an accelerator
 torch cannot pin: the batch is given back as it is (logged once).
 
-It lives beside the loader, not in the torch adapter (:mod:`chunkd.client.torch`, which
-sits on the loader), so that the batch reaches it without an import back up; torch is
-imported when a batch is pinned, never when this module is.
-:mod:`chunkd.client.torch.pinned` re-exports it.
+It lives below the loader, not in the torch adapter (:mod:`chunkd.client.torch`, which
+sits on the loader), so that the batch reaches it without an import back up. It knows a
+batch only by what it hands over (its samples and its columns), so it imports nothing of
+the loader either. torch is imported when a batch is pinned, never when this module is.
+:mod:`chunkd.client.torch.pinned` re-exports :func:`pinned`.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from chunkd.client.datasets.loader import Batch
-
-__all__ = ["pinned"]
+__all__ = ["Pinnable", "pinned", "pinned_values"]
 
 log = logging.getLogger(__name__)
 
 _WARNED: list[bool] = []
 
 
-def pinned(batch: Batch) -> Batch:
-    """``batch`` with its tensors (in ``samples`` and ``columns``, nested in dicts,
-    lists and tuples) in pinned memory (see the module docstring)."""
+class Pinnable(Protocol):
+    """What :func:`pinned` needs of a batch: its :meth:`pin_memory`."""
+
+    def pin_memory(self) -> Any: ...
+
+
+P = TypeVar("P", bound=Pinnable)
+
+
+def pinned(batch: P) -> P:
+    """``batch`` with its tensors in pinned memory: ``batch.pin_memory()``."""
+    result: P = batch.pin_memory()
+    return result
+
+
+def pinned_values(samples: Any, columns: Any | None) -> dict[str, Any] | None:
+    """A batch's ``samples`` (and ``columns``, unless None) with their tensors, nested in
+    dicts, lists and tuples, in pinned memory, by name; None where torch cannot pin (no
+    accelerator: see the module docstring). A tensor met twice is pinned once."""
     import torch
 
     if not torch.cuda.is_available():
         if not _WARNED:
             _WARNED.append(True)
             log.info("no CUDA device: batches are not pinned")
-        return batch
+        return None
     memo: dict[int, Any] = {}
-    changes: dict[str, Any] = {"samples": _pin(batch.samples, memo)}
-    if batch.rows is not None or batch._columns is not None:
-        changes["columns"] = _pin(batch.columns, memo)
-    return batch._replace(**changes)
+    changes: dict[str, Any] = {"samples": _pin(samples, memo)}
+    if columns is not None:
+        changes["columns"] = _pin(columns, memo)
+    return changes
 
 
 def _pin(value: Any, memo: dict[int, Any]) -> Any:

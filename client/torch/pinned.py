@@ -4,7 +4,7 @@
 (:attr:`Batch.columns <chunkd.client.datasets.loader.Batch.columns>`) as tensors of
 their own, never views of a shared mapping, so in-place ops are safe.
 
-:func:`pinned` (what :meth:`Batch.pin_memory
+:func:`pinned` (``batch.pin_memory()``; :meth:`Batch.pin_memory
 <chunkd.client.datasets.loader.Batch.pin_memory>` runs, and so what torch's
 ``DataLoader(pin_memory=True)`` runs on a chunkd batch) puts a batch's tensors in
 page-locked memory. It lives in :mod:`chunkd.client.datasets.pinning`, beside the batch,

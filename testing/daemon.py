@@ -3,7 +3,7 @@
 Every test, benchmark and lab that runs the daemon starts it here: the tests' fixtures
 (``tests/conftest.py``), the benchmarks' :class:`bench.daemon.BenchDaemon`, the soak's
 :class:`~chunkd.testing.soak.SoakDaemon`, the network lab's nodes
-(:meth:`~chunkd.testing.netlab.NetLab.start_node`, inside a namespace through
+(:meth:`~chunkd.testing.netlab.Lab.start_node`, inside a namespace through
 ``prefix``) and the scale and GPU benches. What it does, in order:
 
 1. the environment is this process's (or ``base_env``) without any ``CHUNKD_*``

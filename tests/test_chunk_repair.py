@@ -30,7 +30,8 @@ from chunkd.client import Client
 from chunkd.client import checkpoint as ckpt
 from chunkd.errors import IntegrityError
 from chunkd.gateway.backends.file import FileBackend
-from chunkd.gateway.chunkstore import MAX_CHUNK_BYTES, DamagedChunks, scrub
+from chunkd.gateway.checkpoints.scrub import scrub
+from chunkd.gateway.chunkstore import MAX_CHUNK_BYTES, DamagedChunks
 from chunkd.gateway.config import BackendConfig
 from chunkd.gateway.metrics import Metrics
 from chunkd.snapshot import Member, Snapshot

@@ -10,7 +10,7 @@ they never lose a chunk.
 
 Whatever deletes chunks a save might find present takes the collection's side whole:
 ``chunkd gc``'s sweep (:mod:`.gc`) and ``chunkd gc --scrub --remove``
-(:func:`chunkd.gateway.chunkstore.scrub`).
+(:func:`chunkd.gateway.checkpoints.scrub.scrub`).
 """
 
 from __future__ import annotations

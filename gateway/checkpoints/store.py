@@ -24,8 +24,8 @@ from chunkd.gateway.checkpoints.journal import Journal
 from chunkd.gateway.checkpoints.model import Durability, SaveJob, SaveRequest
 from chunkd.gateway.checkpoints.restore import Restorer
 from chunkd.gateway.checkpoints.save import Saver
+from chunkd.gateway.checkpoints.scrub import ScrubPage, scrub
 from chunkd.gateway.checkpoints.wait import Waiter
-from chunkd.gateway.chunkstore import ScrubPage, scrub
 
 if TYPE_CHECKING:
     from chunkd.gateway.backends import Backends
@@ -247,7 +247,7 @@ class Checkpoints:
         caller: Caller | None = None,
     ) -> ScrubPage:
         """Check one page of a backend's chunk store against the chunks' names
-        (:func:`chunkd.gateway.chunkstore.scrub`); only an admin may ``remove``.
+        (:func:`chunkd.gateway.checkpoints.scrub.scrub`); only an admin may ``remove``.
 
         Raises:
             UnknownBackendError, ReadOnlyBackendError (``remove``), AccessDeniedError,

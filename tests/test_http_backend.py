@@ -11,6 +11,7 @@ real ``chunkd serve``.
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -19,7 +20,21 @@ from typing import ClassVar
 
 import pytest
 
-from chunkd.errors import ConfigError, IntegrityError, ReadOnlyBackendError, VersionChangedError
+from chunkd.client import Client
+from chunkd.client.datasets.register import (
+    MAX_KEYS,
+    MAX_KEYS_FILE_BYTES,
+    read_keys,
+    scan_prefix,
+)
+from chunkd.errors import (
+    ConfigError,
+    IntegrityError,
+    InvalidRequestError,
+    ObjectNotFoundError,
+    ReadOnlyBackendError,
+    VersionChangedError,
+)
 from chunkd.gateway.backends import Backend, make_backend
 from chunkd.gateway.config import BackendConfig
 from chunkd.gateway.metrics import Metrics
@@ -27,7 +42,7 @@ from chunkd.ranges import ByteRange
 from chunkd.testing.backends import BackendTests
 from chunkd.testing.nginx import NginxServer, nginx_or_skip
 
-from .conftest import Daemon
+from .conftest import Daemon, dataset_cli
 
 # nginx's ETag holds the mtime in seconds: each write here moves it a second on.
 _CLOCK = itertools.count(int(time.time()) - 100_000)
@@ -163,11 +178,109 @@ revalidate = "1ms"
     status, headers, body = daemon.get("/v1/objects/web/shard.bin", {"Range": "bytes=0-9"})
     assert (status, body) == (206, changed[:10])
     assert headers["ETag"] != first
-    status, headers, body = daemon.get("/v1/objects/web/shard.bin")
-    assert (status, body) == (200, changed)  # the new version whole, never a mix
+    # A client holding bytes of the old version asks for more of it: it gets the new
+    # version whole, never a mix of the two.
+    status, headers, body = daemon.get(
+        "/v1/objects/web/shard.bin", {"Range": "bytes=10-19", "If-Range": first}
+    )
+    assert (status, body) == (200, changed)
     status, _, body = daemon.get("/v1/objects/web/nope.bin")
     assert status == 404
     status, _, body = daemon.get("/v1/list/web")
     assert status == 400
     assert b"cannot be listed" in body
     assert "Traceback" not in daemon.log.read_text()
+
+
+def _web_node(nginx: NginxServer, start_daemon: Callable[..., Daemon], tmp_path: Path) -> Daemon:
+    """A daemon with the nginx mirror (``web``) and a file:// registry (``reg``)."""
+    (tmp_path / "reg").mkdir()
+    return start_daemon(
+        f"""
+[cache]
+dir = "{tmp_path / "cache"}"
+ram_bytes = "64MiB"
+disk_bytes = "256MiB"
+disk_min_free_bytes = 0
+fsync = "never"
+
+[[backends]]
+name = "web"
+url = "{nginx.url}/mirror"
+allow_http = true
+revalidate = "1ms"
+
+[[backends]]
+name = "reg"
+url = "file://{tmp_path / "reg"}"
+writable = true
+
+[datasets]
+registry = "reg/datasets"
+"""
+    )
+
+
+@pytest.mark.timeout(60)
+def test_a_dataset_on_an_http_mirror_registers_from_a_file_of_keys(
+    nginx: NginxServer, start_daemon: Callable[..., Daemon], tmp_path: Path
+) -> None:
+    names = [f"train/part-{i}.jsonl" for i in range(5)]
+    for i, name in enumerate(names):
+        put_file(
+            nginx.root, f"mirror/{name}", b"".join(b'{"n": %d}\n' % (i * 10 + j) for j in range(10))
+        )
+    daemon = _web_node(nginx, start_daemon, tmp_path)
+    keys = tmp_path / "keys.txt"
+    keys.write_text("\n".join(name.removeprefix("train/") for name in reversed(names)) + "\n\n")
+    # No listing: without its keys, the registration says how to give them.
+    unlisted = dataset_cli(daemon, "register", "mirror", "web/train", check=False)
+    assert unlisted.returncode != 0
+    assert "cannot be listed" in unlisted.stderr
+    assert "--keys" in unlisted.stderr
+    assert "Traceback" not in unlisted.stderr
+    done = dataset_cli(daemon, "register", "mirror", "web/train", "--keys", str(keys), "--json")
+    registered = json.loads(done.stdout)
+    assert (registered["members"], registered["samples"]) == (5, 50)
+    shown = json.loads(dataset_cli(daemon, "show", "mirror", "--json").stdout)
+    assert shown["members"] == 5
+    assert dataset_cli(daemon, "check", "mirror").returncode == 0
+    # A member rewritten on the mirror (a new ETag) is drift, named.
+    put_file(nginx.root, f"mirror/{names[2]}", b'{"n": -1}\n' * 10)
+    drifted = dataset_cli(daemon, "check", "mirror", "--json", check=False)
+    assert drifted.returncode == 1
+    assert {f["member"] for f in json.loads(drifted.stdout) if f["code"] == "drift"} == {names[2]}
+    # The Python API takes the keys as a list; a key that names nothing is an error.
+    with Client(daemon.cwd / "chunkd.sock") as client:
+        snapshot = scan_prefix(client, "web/train", keys=["part-0.jsonl", "part-1.jsonl"])
+        assert [m.key for m in snapshot.members] == names[:2]
+        with pytest.raises(ObjectNotFoundError, match=r"part-9\.jsonl"):
+            scan_prefix(client, "web/train", keys=["part-0.jsonl", "part-9.jsonl"])
+    missing = tmp_path / "missing.txt"
+    missing.write_text("part-0.jsonl\npart-0.jsonl\n")
+    twice = dataset_cli(daemon, "register", "x", "web/train", "--keys", str(missing), check=False)
+    assert "named twice" in twice.stderr
+    absent = dataset_cli(
+        daemon, "register", "x", "web/train", "--keys", str(tmp_path / "nope"), check=False
+    )
+    assert "cannot read the file of keys" in absent.stderr
+
+
+@pytest.mark.timeout(20)
+def test_a_file_of_keys_is_bounded(tmp_path: Path) -> None:
+    many = tmp_path / "many.txt"
+    many.write_bytes(b"k\n" * (MAX_KEYS + 1))
+    with pytest.raises(
+        InvalidRequestError, match=f"more than a registration takes \\({MAX_KEYS}\\)"
+    ):
+        read_keys(many)
+    large = tmp_path / "large.txt"
+    with large.open("wb") as out:
+        out.truncate(MAX_KEYS_FILE_BYTES + 1)
+    with pytest.raises(InvalidRequestError, match="larger than"):
+        read_keys(large)
+    (tmp_path / "latin.txt").write_bytes(b"caf\xe9\n")
+    with pytest.raises(InvalidRequestError, match="not UTF-8"):
+        read_keys(tmp_path / "latin.txt")
+    (tmp_path / "ok.txt").write_bytes("b/ü.jsonl\r\na.jsonl\n\n".encode())
+    assert read_keys(tmp_path / "ok.txt") == ["a.jsonl", "b/ü.jsonl"]

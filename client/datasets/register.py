@@ -34,6 +34,7 @@ in the snapshot's ``excluded`` list. Nothing is written before every member is r
 from __future__ import annotations
 
 import io
+import itertools
 import os
 import pickle
 import posixpath
@@ -77,12 +78,15 @@ if TYPE_CHECKING:
 __all__ = [
     "BATCH_FILES",
     "CONCURRENCY",
+    "MAX_KEYS",
+    "MAX_KEYS_FILE_BYTES",
     "TAIL_BYTES",
     "WINDOW_BATCHES",
     "Progress",
     "Scanned",
     "commit",
     "parse_format",
+    "read_keys",
     "scan_members",
     "scan_prefix",
     "snapshot_of",
@@ -112,6 +116,13 @@ _WORKER_CACHE_BYTES: Final = 64 << 20
 #: keys that are a dataset's bookkeeping, never a member
 _IGNORED: Final = ("_SUCCESS", "_metadata", "_common_metadata", "index.json")
 _IGNORED_SUFFIXES: Final = (".crc", ".md", ".txt", ".json")
+#: the most keys a registration from a file of keys takes (a backend that cannot be
+#: listed: an https:// mirror): they are held, sorted, for the registration
+MAX_KEYS: Final = 1_000_000
+#: the largest file of keys :func:`read_keys` reads
+MAX_KEYS_FILE_BYTES: Final = 64 << 20
+#: keys asked for their size and version at once, in a registration from keys
+_STATS_AT_ONCE: Final = 16
 
 
 @dataclass(slots=True)
@@ -169,6 +180,88 @@ def _usage() -> str:
             continue  # a plug-in that does not load is not offered
         spelled.append(f"{name}:{fmt.argument}" if fmt.argument else name)
     return ", ".join(spelled[:-1]) + f" or {spelled[-1]}"
+
+
+def read_keys(path: str | os.PathLike[str]) -> list[str]:
+    """The keys of a file of keys: one a line (UTF-8, ``\\n`` or ``\\r\\n``), each below
+    the registration's prefix; blank lines are skipped.
+
+    Raises:
+        InvalidRequestError: the file is larger than :data:`MAX_KEYS_FILE_BYTES`, holds
+            more than :data:`MAX_KEYS` keys, is not UTF-8, or names a key twice.
+    """
+    with open(path, "rb") as held:
+        data = held.read(MAX_KEYS_FILE_BYTES + 1)
+    if len(data) > MAX_KEYS_FILE_BYTES:
+        raise InvalidRequestError(
+            f"the file of keys {os.fspath(path)!r} is larger than {MAX_KEYS_FILE_BYTES} bytes; "
+            "register the dataset in parts, under prefixes of their own"
+        )
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidRequestError(
+            f"the file of keys {os.fspath(path)!r} is not UTF-8 (byte {exc.start})"
+        ) from None
+    return _checked_keys([line.rstrip("\r") for line in text.split("\n") if line.strip()])
+
+
+def _checked_keys(keys: Sequence[str]) -> list[str]:
+    """``keys``, sorted as listings are (UTF-8 bytes), each once, at most :data:`MAX_KEYS`."""
+    if len(keys) > MAX_KEYS:
+        raise InvalidRequestError(
+            f"{len(keys)} keys are more than a registration takes ({MAX_KEYS}); register the "
+            "dataset in parts, under prefixes of their own"
+        )
+    ordered = sorted(keys, key=lambda k: k.encode("utf-8", "surrogatepass"))
+    for before, after in itertools.pairwise(ordered):
+        if before == after:
+            raise InvalidRequestError(f"the key {before!r} is named twice; name each member once")
+    for key in ordered:
+        if not key or key.startswith("/"):
+            raise InvalidRequestError(
+                f"{key!r} is not a key below the prefix; write each key as the listing would "
+                "show it below the prefix, without a leading '/'"
+            )
+    return ordered
+
+
+def _stated(
+    client: Client, backend: str, key_prefix: str, keys: Sequence[str]
+) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Each of ``keys`` (below ``key_prefix``) as a listing entry: its key in the
+    backend, and its size and version (a stat through the daemon, a few at once, each
+    worker over a connection of its own)."""
+    local = threading.local()
+    made: list[Client] = []
+    made_lock = threading.Lock()
+
+    def stat(key: str) -> tuple[str, dict[str, Any]]:
+        mine = getattr(local, "client", None)
+        if mine is None:
+            mine = local.client = type(client)(
+                socket_path=client.socket_path, cache_bytes=_WORKER_CACHE_BYTES, cache_chunks=8
+            )
+            with made_lock:
+                made.append(mine)
+        found = mine.stat(f"{backend}/{key}")
+        return key, {"type": "file", "size": found.size, "version": found.version}
+
+    pending: deque[Future[tuple[str, dict[str, Any]]]] = deque()
+    pool = ThreadPoolExecutor(_STATS_AT_ONCE, thread_name_prefix="chunkd-keys")
+    try:
+        for key in keys:
+            pending.append(pool.submit(stat, f"{key_prefix}{key}"))
+            if len(pending) >= _STATS_AT_ONCE:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+    finally:
+        for future in pending:  # stopped early, or failed: what has not started goes
+            future.cancel()
+        pool.shutdown(wait=True)
+        for made_client in made:
+            made_client.close()
 
 
 def _split(prefix: str) -> tuple[str, str]:
@@ -476,8 +569,10 @@ def scan_prefix(
     concurrency: int = CONCURRENCY,
     progress: Callable[[Progress], None] | None = None,
     client_factory: Callable[[], Client] | None = None,
+    keys: Sequence[str] | None = None,
 ) -> Snapshot:
-    """The snapshot of ``BACKEND/PREFIX``: every member listed, its metadata read.
+    """The snapshot of ``BACKEND/PREFIX``: every member listed (or named in ``keys``),
+    its metadata read.
 
     Args:
         client: the node's daemon (it lists; each worker makes its own).
@@ -491,13 +586,20 @@ def scan_prefix(
         concurrency: batches of :data:`BATCH_FILES` files read at once.
         progress: called with the progress, from the calling thread, as members land.
         client_factory: makes each worker's client (default: one like ``client``).
+        keys: the members' keys below the prefix, instead of a listing (a backend that
+            cannot be listed, such as an ``https://`` mirror; :func:`read_keys` reads
+            them from a file): at most :data:`MAX_KEYS`, each asked for its size and
+            version.
 
     Raises:
         DatasetFormatError: a file cannot be read as its format (without ``skip_bad``),
             or the prefix holds no member of the format.
         SnapshotDriftError: a file changed while it was read; register again.
+        InvalidRequestError: ``keys`` has more than :data:`MAX_KEYS` keys, or one twice.
+        ObjectNotFoundError: a key of ``keys`` names no object.
     """
     backend, key_prefix = _split(prefix)
+    named_keys = None if keys is None else _checked_keys(keys)
     formats = _Formats()
     state = Progress()
 
@@ -509,7 +611,7 @@ def scan_prefix(
         for _, found in _scan_stream(
             client,
             backend,
-            _candidates(client, backend, key_prefix, fmt, dict(options or {}), formats),
+            _candidates(client, backend, key_prefix, fmt, dict(options or {}), formats, named_keys),
             formats,
             skip_bad=skip_bad,
             concurrency=concurrency,
@@ -717,22 +819,27 @@ def _candidates(
     fmt: str,
     options: dict[str, Any],
     formats: _Formats | None = None,
+    keys: Sequence[str] | None = None,
 ) -> Iterator[tuple[Member, dict[str, Any]]]:
-    """The members to read, in key order, with each one's format options."""
+    """The members to read, in key order, with each one's format options: what the
+    listing of the prefix finds, or the ``keys`` below it (sorted)."""
     formats = formats or _Formats()
-    # What the backend holds now: a listing the daemon kept would miss files just written.
-    listed = client.iter_ls(f"{backend}/{key_prefix}".rstrip("/"), recursive=True, fresh=True)
+    files: Iterable[tuple[str, dict[str, Any]]]
+    if keys is not None:
+        files = _stated(client, backend, key_prefix, keys)
+    else:
+        # What the backend holds now: a listing the daemon kept would miss files just
+        # written.
+        listed = client.iter_ls(f"{backend}/{key_prefix}".rstrip("/"), recursive=True, fresh=True)
+        files = _files(listed, backend, key_prefix)
     named = None if fmt == "auto" else formats.get(fmt)
     if named is not None and named.index_name:
         # Its members are what its index files list: every file under the prefix, held
         # (name, size, version) until the indexes are read, which may come after them.
-        files = [
-            Member(key, int(entry["size"]), str(entry["version"]), fmt)
-            for key, entry in _files(listed, backend, key_prefix)
-        ]
-        yield from named.members_of(key_prefix, files, PinnedSource(client, backend), options)
+        held = [Member(key, int(entry["size"]), str(entry["version"]), fmt) for key, entry in files]
+        yield from named.members_of(key_prefix, held, PinnedSource(client, backend), options)
         return
-    for key, entry in _files(listed, backend, key_prefix):
+    for key, entry in files:
         member_fmt = formats.wanted(key, fmt)
         if member_fmt is None:
             continue

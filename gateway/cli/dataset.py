@@ -10,6 +10,7 @@ never parses a data file.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 import time
@@ -17,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from chunkd.errors import ChunkdError
+from chunkd.errors import ChunkdError, InvalidRequestError, ObjectNotFoundError
 from chunkd.gateway.cli.options import human_size, socket_option
 from chunkd.snapshot import diff as snapshot_diff
 
@@ -69,6 +70,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
     register.add_argument(
         "--concurrency", type=int, default=8, metavar="N", help="files read at once (default: 8)"
+    )
+    register.add_argument(
+        "--keys",
+        metavar="FILE",
+        help="the members' keys below the prefix, one a line, instead of a listing (a "
+        "backend that cannot be listed, such as https://); at most 1,000,000 keys, 64 MiB",
     )
     register.add_argument("--quiet", action="store_true", help="no progress on stderr")
     _ray_option(
@@ -189,8 +196,6 @@ def _ray_option(parser: argparse.ArgumentParser, what: str, batch: str) -> None:
 def _ray_first(args: argparse.Namespace) -> None:
     """Refuse ``--ray`` where Ray is not installed before any work, and ``--batch``
     without ``--ray``."""
-    from chunkd.errors import InvalidRequestError
-
     if args.ray is not None:
         from chunkd.client.datasets.bulk import import_ray
 
@@ -216,12 +221,25 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 
 def _register(client: Client, args: argparse.Namespace, out: TextIO) -> int:
-    from chunkd.client.datasets.register import commit, parse_format, scan_prefix
+    from chunkd.client.datasets.register import commit, parse_format, read_keys, scan_prefix
     from chunkd.snapshot import check_dataset_name
 
     check_dataset_name(args.name)
     fmt, options = parse_format(args.format)
     _ray_first(args)
+    keys = None
+    if args.keys is not None:
+        if args.ray is not None:
+            raise InvalidRequestError(
+                "--keys and --ray do not go together: a registration from a file of keys "
+                "runs on this node"
+            )
+        try:
+            keys = read_keys(args.keys)
+        except OSError as exc:
+            raise InvalidRequestError(
+                f"cannot read the file of keys {args.keys!r}: {exc.strerror or exc}"
+            ) from None
     tty = sys.stderr.isatty()
     # In a terminal the line updates in place from the start; in a log, a line every
     # 5 s, the first after 5 s (a registration of a few files logs none)
@@ -259,6 +277,7 @@ def _register(client: Client, args: argparse.Namespace, out: TextIO) -> int:
             skip_bad=args.skip_bad,
             concurrency=args.concurrency,
             progress=progress,
+            keys=keys,
         )
     scanned = time.monotonic() - started
     if tty and not args.quiet and shown[0]:
@@ -511,7 +530,11 @@ def _drifted(client: Client, snapshot: Snapshot) -> list[Any]:
     listing = client.iter_ls(
         f"{snapshot.backend}/{snapshot.prefix}".rstrip("/"), recursive=True, fresh=True
     )
-    for entry in listing:
+    try:
+        first = next(listing, None)
+    except InvalidRequestError:  # a backend that cannot be listed (its answer says so)
+        return _drifted_by_stat(client, snapshot)
+    for entry in itertools.chain([] if first is None else [first], listing):
         key = str(entry["name"])[len(snapshot.backend) + 1 :]
         while member is not None and member.key.encode() < key.encode():
             found.append(_gone(member, Finding))
@@ -533,6 +556,31 @@ def _drifted(client: Client, snapshot: Snapshot) -> list[Any]:
         found.append(_gone(member, Finding))
         member = next(wanted, None)
     return found
+
+
+def _drifted_by_stat(client: Client, snapshot: Snapshot) -> list[Any]:
+    """:func:`_drifted` for a backend that cannot be listed (``https://``, registered
+    from a file of keys): a stat of each member, as its reads would see it (the
+    backend's ``revalidate`` applies), a few at once."""
+    from chunkd.client.datasets.check import Finding
+
+    def drift(member: Any) -> Any:
+        try:
+            now = client.stat(f"{snapshot.backend}/{member.key}").version
+        except ObjectNotFoundError:
+            return _gone(member, Finding)
+        if now == member.version:
+            return None
+        return Finding(
+            "error",
+            member.key,
+            "drift",
+            f"{snapshot.backend}/{member.key} changed since it was registered "
+            f"(version {member.version!r}, now {now!r}): its reads fail; register the "
+            "dataset again, or freeze it next time",
+        )
+
+    return [f for f in map(drift, snapshot.members) if f is not None]
 
 
 def _gone(member: Any, finding: Any) -> Any:

@@ -73,7 +73,21 @@ BIG = 4 * MiB
 SMALL = 64 * KiB
 GROUPS = ("insert", "read", "backend")
 
-Timed = Callable[[], Awaitable[float]]
+#: a side's timed part: (wall seconds, this process's CPU seconds, all threads)
+Timed = Callable[[], Awaitable[tuple[float, float]]]
+
+
+class _Clock:
+    """Wall and process CPU time from its creation: CPU time is what the mechanism
+    costs whatever else the shared machine runs; wall time includes waiting on fsyncs
+    that other tenants' dirty pages slow down."""
+
+    def __init__(self) -> None:
+        self.wall = time.perf_counter()
+        self.cpu = time.process_time()
+
+    def stop(self) -> tuple[float, float]:
+        return time.perf_counter() - self.wall, time.process_time() - self.cpu
 
 
 @dataclass
@@ -89,6 +103,8 @@ class Row:
     aiofiles_side: str
     chunkd_s: list[float] = field(default_factory=list)
     aiofiles_s: list[float] = field(default_factory=list)
+    chunkd_cpu: list[float] = field(default_factory=list)
+    aiofiles_cpu: list[float] = field(default_factory=list)
 
     def rates(self, side: str, amount: int) -> list[float]:
         """``amount`` per second of each round of ``side``."""
@@ -97,6 +113,11 @@ class Row:
     def ratios(self) -> list[float]:
         """chunkd's rate over aiofiles' of each round (same work, so a time ratio)."""
         return [a / c for c, a in zip(self.chunkd_s, self.aiofiles_s, strict=True)]
+
+    def cpu_us_per_op(self, side: str) -> list[float]:
+        """This process's CPU microseconds per operation, each round of ``side``."""
+        cpu = self.chunkd_cpu if side == "chunkd" else self.aiofiles_cpu
+        return [1e6 * c / self.ops for c in cpu]
 
     def as_json(self) -> dict[str, Any]:
         """Everything measured, for ``--json``."""
@@ -110,6 +131,8 @@ class Row:
             "aiofiles": self.aiofiles_side,
             "chunkd_s": self.chunkd_s,
             "aiofiles_s": self.aiofiles_s,
+            "chunkd_cpu_s": self.chunkd_cpu,
+            "aiofiles_cpu_s": self.aiofiles_cpu,
             "ratio": self.ratios(),
         }
 
@@ -127,13 +150,16 @@ def _row_text(row: Row) -> str:
         f"| {_spread(row.rates('aiofiles', row.nbytes), 1e6)} "
         f"| {_spread(row.rates('chunkd', row.ops))} "
         f"| {_spread(row.rates('aiofiles', row.ops))} "
-        f"| {_spread(row.ratios(), digits=2)} |"
+        f"| {_spread(row.ratios(), digits=2)} "
+        f"| {_spread(row.cpu_us_per_op('chunkd'))} "
+        f"| {_spread(row.cpu_us_per_op('aiofiles'))} |"
     )
 
 
 HEADER = (
     "| scenario | page cache | chunkd MB/s | aiofiles MB/s | chunkd ops/s | aiofiles ops/s "
-    "| chunkd/aiofiles |\n|---|---|---|---|---|---|---|"
+    "| chunkd/aiofiles | chunkd CPU us/op | aiofiles CPU us/op |\n"
+    "|---|---|---|---|---|---|---|---|---|"
 )
 
 
@@ -190,8 +216,9 @@ async def _measure(row: Row, chunkd: Timed, aio: Timed, rounds: int) -> Row:
         for side, run in sides:
             if cold:
                 _drop_caches()
-            took = await run()
-            (row.chunkd_s if side == "chunkd" else row.aiofiles_s).append(took)
+            wall, cpu = await run()
+            (row.chunkd_s if side == "chunkd" else row.aiofiles_s).append(wall)
+            (row.chunkd_cpu if side == "chunkd" else row.aiofiles_cpu).append(cpu)
     print(_row_text(row), flush=True)
     return row
 
@@ -259,7 +286,7 @@ def _insert_sides(
 ) -> tuple[Timed, Timed]:
     """The timed part of each side's insert of ``chunks`` into an empty tier."""
 
-    async def chunkd() -> float:
+    async def chunkd() -> tuple[float, float]:
         index = _fresh_tier_dir(root)
         tier = DiskTier(
             root,
@@ -271,22 +298,22 @@ def _insert_sides(
             direct_writes=direct,
         )
         os.sync()  # nobody pays for the other's dirty pages
-        start = time.perf_counter()
+        clock = _Clock()
         await _bounded(concurrency, [functools.partial(tier.put, c) for c in chunks])
-        took = time.perf_counter() - start
+        took = clock.stop()
         await tier.close()
         index.close()
         return took
 
-    async def aio() -> float:
+    async def aio() -> tuple[float, float]:
         index = _fresh_tier_dir(root)
         os.sync()
-        start = time.perf_counter()
+        clock = _Clock()
         await _bounded(
             concurrency,
             [functools.partial(_aio_put, root, index, f"aio.{n}", c) for n, c in enumerate(chunks)],
         )
-        took = time.perf_counter() - start
+        took = clock.stop()
         index.close()
         return took
 
@@ -340,10 +367,10 @@ async def _aio_get(root: Path, index: Index, cid: ChunkId) -> None:
 
 
 def _timed(concurrency: int, jobs: Sequence[Callable[[], Awaitable[Any]]]) -> Timed:
-    async def run() -> float:
-        start = time.perf_counter()
+    async def run() -> tuple[float, float]:
+        clock = _Clock()
         await _bounded(concurrency, jobs)
-        return time.perf_counter() - start
+        return clock.stop()
 
     return run
 
@@ -450,13 +477,13 @@ async def backend(work: Path, rounds: int, quick: bool, cold_ok: bool) -> list[R
         assert got[0][1] is not None
         assert len(got[0][1]) == end - start
 
-    async def batch_chunkd() -> float:
+    async def batch_chunkd() -> tuple[float, float]:
         # read_batch as a registration calls it: many files' first bytes in one call
-        start = time.perf_counter()
+        clock = _Clock()
         for i in range(0, len(small), 64):
             got = await files.read_batch([(key, 0, SMALL) for key in small[i : i + 64]])
             assert all(one is not None and one[1] is not None for one in got)
-        return time.perf_counter() - start
+        return clock.stop()
 
     try:
         for concurrency in (1, 16):

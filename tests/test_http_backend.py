@@ -28,6 +28,7 @@ from chunkd.client.datasets.register import (
     scan_prefix,
 )
 from chunkd.errors import (
+    BackendUnavailableError,
     ConfigError,
     IntegrityError,
     InvalidRequestError,
@@ -41,6 +42,7 @@ from chunkd.gateway.metrics import Metrics
 from chunkd.ranges import ByteRange
 from chunkd.testing.backends import BackendTests
 from chunkd.testing.nginx import NginxServer, nginx_or_skip
+from chunkd.testing.proxy import CountingProxy
 
 from .conftest import Daemon, dataset_cli
 
@@ -284,3 +286,43 @@ def test_a_file_of_keys_is_bounded(tmp_path: Path) -> None:
         read_keys(tmp_path / "latin.txt")
     (tmp_path / "ok.txt").write_bytes("b/ü.jsonl\r\na.jsonl\n\n".encode())
     assert read_keys(tmp_path / "ok.txt") == ["a.jsonl", "b/ü.jsonl"]
+
+
+@pytest.mark.timeout(20)
+async def test_a_kind_that_is_only_its_io_gets_retries_and_the_circuit_breaker(
+    nginx: NginxServer,
+) -> None:
+    # gateway/backends/http.py has no retry or breaker of its own: the registry's
+    # wrapper (Resilient) gives it the same rules as every kind.
+    put_file(nginx.root, "pre/k", b"through the proxy")
+    proxy = CountingProxy(nginx.port)
+    metrics = Metrics()
+    config = BackendConfig(
+        name="web", url=f"http://127.0.0.1:{proxy.port}/pre", allow_http=True, retries=1
+    )
+    backend = make_backend(config, metrics)
+
+    def sample(name: str, **labels: str) -> float:
+        return metrics.registry.get_sample_value(name, {"backend": "web", **labels}) or 0.0
+
+    try:
+        assert await backend.head("k") is not None
+        proxy.down()
+        for _ in range(2):  # each: an attempt and one retry, both refused
+            with pytest.raises(BackendUnavailableError):
+                await backend.head("k")
+        assert sample("chunkd_backend_requests_total", op="head") == 5
+        assert not backend.circuit_open
+        with pytest.raises(BackendUnavailableError):
+            await backend.head("k")  # the 5th failure in a row opens it: no retry
+        assert backend.circuit_open
+        assert sample("chunkd_backend_requests_total", op="head") == 6
+        assert sample("chunkd_backend_circuit_open") == 1
+        with pytest.raises(BackendUnavailableError, match="chunkd stopped asking it"):
+            await backend.get("k")  # fails fast, nothing sent
+        assert sample("chunkd_backend_requests_total", op="get") == 0
+        # the five refused attempts; a request failed fast by the open circuit is no error
+        assert sample("chunkd_backend_errors_total", kind="BackendUnavailableError") == 5
+    finally:
+        await backend.close()
+        proxy.close()

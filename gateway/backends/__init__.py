@@ -10,9 +10,13 @@
 - one module per kind: :mod:`~chunkd.gateway.backends.s3`,
   :mod:`~chunkd.gateway.backends.gcs`, :mod:`~chunkd.gateway.backends.azure`,
   :mod:`~chunkd.gateway.backends.file` (with
-  :mod:`~chunkd.gateway.backends.filelist`), :mod:`~chunkd.gateway.backends.memory`;
+  :mod:`~chunkd.gateway.backends.filelist`), :mod:`~chunkd.gateway.backends.memory`,
+  :mod:`~chunkd.gateway.backends.http` (``https://``: read-only, unlisted), each declared
+  in :mod:`chunkd.gateway.config.kinds` (the classes of the first five are re-exported
+  here as they were; a new kind's is imported from its declaration, not here);
 - :mod:`~chunkd.gateway.backends.registry`: :class:`Backends` (the allowlist by
-  name) and :func:`make_backend`;
+  name) and :func:`make_backend` (each kind's class imported from its declaration);
+- :mod:`~chunkd.gateway.backends.damaged`: :class:`DamagedChunks`;
 - :mod:`~chunkd.gateway.backends.meta`: :class:`ObjectMeta`.
 
 Every kind passes the conformance suite :class:`chunkd.testing.backends.BackendTests`.

@@ -3,8 +3,9 @@
 Modelled on zarr-python v3's ``abc/store.py``: async methods, ``None`` for what is
 absent and an exception only for a real failure, capabilities as properties, and byte
 ranges as values (:mod:`chunkd.ranges`). Every kind of backend (``s3``,
-``gs``, ``az``, ``file``, ``memory``) implements it, and every one passes the same
-conformance suite, :class:`chunkd.testing.backends.BackendTests`.
+``gs``, ``az``, ``file``, ``memory``, ``https``) implements it, and every one passes the
+same conformance suite, :class:`chunkd.testing.backends.BackendTests`, with the
+capabilities it claims (docs/backends.md).
 
 The contract, for each method:
 

@@ -19,6 +19,12 @@ key the store cannot hold is the request's own fault: it is neither retried nor
 counted for or against the backend's health (it is counted in
 ``chunkd_backend_rejected_keys_total``), so no client can open a circuit by asking
 for names a backend refuses.
+
+One job, over ~600 lines: the obstore I/O every obstore kind shares (a pinned ranged
+read, a first read, a streamed body, a listing without folder markers, a conditional
+put) and the translation of obstore's errors into chunkd's, which each of those reads
+needs; the retries and the circuit breaker are the wrapper's
+(:mod:`chunkd.gateway.backends.resilience`).
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from chunkd.cache import ChunkId
 from chunkd.testing import refused_backend, s3_backend
+from chunkd.testing.daemon import DaemonProcess
 
 from .conftest import CountingProxy, Daemon, S3Server, free_port, get_from_namespace
 
@@ -226,29 +227,17 @@ def test_sd_notify_ready_and_stopping(start_daemon, tmp_path: Path) -> None:
 @pytest.fixture(scope="module")
 def shared(tmp_path_factory, request):
     """One daemon for the bad-input tests (they must not disturb it)."""
-    import subprocess
-    import sys
-
-    from .conftest import free_port, wait_ready
-
     root = tmp_path_factory.mktemp("shared")
     (root / "chunkd-data").mkdir()
     (root / "chunkd-data" / "ok.bin").write_bytes(b"x" * 1000)
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CHUNKD_")}
-    env["CHUNKD_SERVER_LISTEN"] = f"127.0.0.1:{port}"
-    env["CHUNKD_BACKENDS_LOCAL_ACCESS_KEY_ID"] = "ignored-but-set"
-    log = root / "daemon.log"
-    with log.open("ab") as sink:
-        process = subprocess.Popen(
-            [str(Path(sys.executable).parent / "chunkd"), "serve"],
-            cwd=root,
-            env=env,
-            stdout=sink,
-            stderr=sink,
-        )
-    daemon = Daemon(process, port, root / "none.toml", root, env, log)
-    wait_ready(daemon)
+    launched = DaemonProcess(
+        cwd=root,
+        env={"CHUNKD_BACKENDS_LOCAL_ACCESS_KEY_ID": "ignored-but-set"},
+        listen=f"127.0.0.1:{port}",
+    )
+    daemon = Daemon(launched.process, port, root / "none.toml", root, launched.env, launched.log)
+    launched.wait_ready()
     yield daemon
     daemon.stop()
 

@@ -22,7 +22,6 @@ import math
 import os
 import re
 import signal
-import subprocess
 import threading
 import time
 import urllib.parse
@@ -34,7 +33,8 @@ import pytest
 
 from chunkd.testing import CountingProxy, free_port
 from chunkd.testing.browser import chromium, chromium_missing
-from tests.conftest import BIN, Daemon, wait_ready
+from chunkd.testing.daemon import DaemonProcess
+from tests.conftest import Daemon
 
 if TYPE_CHECKING:
     from playwright.sync_api import Browser, Page
@@ -318,24 +318,18 @@ def busy_node(
     the module's checks that only look at the page."""
     run_dir = tmp_path_factory.mktemp("dashboard")
     port = free_port()
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("CHUNKD_")}
-    environ["CHUNKD_SERVER_LISTEN"] = f"127.0.0.1:{port}"
-    environ["CHUNKD_SERVER_SOCKET"] = str(run_dir / "chunkd.sock")
-    log = run_dir / "daemon.log"
-    with log.open("ab") as sink:
-        process = subprocess.Popen(
-            [str(BIN / "chunkd"), "serve"], cwd=run_dir, env=environ, stdout=sink, stderr=sink
-        )
-    daemon = Daemon(process, port, run_dir / "none.toml", run_dir, environ, log)
+    launched = DaemonProcess(
+        cwd=run_dir, listen=f"127.0.0.1:{port}", socket=run_dir / "chunkd.sock"
+    )
+    log = launched.log
+    daemon = Daemon(launched.process, port, run_dir / "none.toml", run_dir, launched.env, log)
     try:
-        wait_ready(daemon)
+        launched.wait_ready()
         names = _objects(daemon)
         with _reading(daemon, names, pause=0.05):
             yield daemon, browser
     finally:
-        if process.poll() is None:
-            process.kill()
-        process.wait(timeout=10)
+        launched.kill()
     assert "Traceback" not in log.read_text(errors="replace")
 
 

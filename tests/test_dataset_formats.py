@@ -13,10 +13,8 @@ import dataclasses
 import io
 import itertools
 import json
-import os
 import random
 import struct
-import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -32,8 +30,9 @@ from chunkd.client.datasets.source import PinnedSource
 from chunkd.errors import DatasetFormatError, SnapshotDriftError
 from chunkd.snapshot import Member
 from chunkd.testing import free_port
+from chunkd.testing.daemon import DaemonProcess
 
-from .conftest import BIN, Daemon, wait_for_socket, wait_ready
+from .conftest import wait_for_socket
 
 CHUNK = 256 << 10
 
@@ -153,28 +152,14 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """One ``chunkd serve`` for the module (each test writes under its own prefix)."""
     root = tmp_path_factory.mktemp("formats")
     (root / "chunkd-data").mkdir()
-    config = root / "chunkd.toml"
-    config.write_text(TOML.format(dir=root))
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("CHUNKD_")}
-    port = free_port()
-    environ["CHUNKD_SERVER_LISTEN"] = f"127.0.0.1:{port}"
-    log = root / "daemon.log"
-    with log.open("ab") as sink:
-        process = subprocess.Popen(
-            [str(BIN / "chunkd"), "serve", "--config", str(config)],
-            cwd=root,
-            env=environ,
-            stdout=sink,
-            stderr=sink,
-        )
+    launched = DaemonProcess(TOML.format(dir=root), cwd=root, listen=f"127.0.0.1:{free_port()}")
     try:
-        wait_ready(Daemon(process, port, config, root, environ, log))
+        launched.wait_ready()
         if not wait_for_socket(root / "chunkd.sock", 10):
             pytest.skip("`chunkd serve` did not create its local socket in 10 s")
         yield root
     finally:
-        process.terminate()
-        process.wait(timeout=30)
+        launched.stop()
 
 
 @pytest.fixture

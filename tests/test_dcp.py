@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from .conftest import Daemon, free_port, wait_ready
+from .conftest import Daemon, free_port
 
 torch = pytest.importorskip("torch")
 
@@ -29,6 +29,7 @@ from torch.distributed.checkpoint.api import CheckpointException  # noqa: E402
 from chunkd.client import Client, checkpoint  # noqa: E402
 from chunkd.client.dcp import ChunkdStorageReader, ChunkdStorageWriter  # noqa: E402
 from chunkd.errors import CheckpointExistsError, IntegrityError  # noqa: E402
+from chunkd.testing.daemon import DaemonProcess  # noqa: E402
 
 # DCP warns on every save and load made without a process group, even with
 # no_dist=True; a single process is what these tests mean.
@@ -235,21 +236,12 @@ def four_rank_save(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FourRan
     """One daemon, and one checkpoint saved into it by 4 ranks."""
     folder = tmp_path_factory.mktemp("dcp4")
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CHUNKD_")}
-    env["CHUNKD_SERVER_LISTEN"] = f"127.0.0.1:{port}"
-    env["CHUNKD_SERVER_SOCKET"] = str(folder / "chunkd.sock")
-    log = folder / "daemon.log"
-    with log.open("ab") as sink:
-        process = subprocess.Popen(
-            [str(Path(sys.executable).parent / "chunkd"), "serve"],
-            cwd=folder,
-            env=env,
-            stdout=sink,
-            stderr=sink,
-        )
-    daemon = Daemon(process, port, folder / "none.toml", folder, env, log)
+    launched = DaemonProcess(cwd=folder, listen=f"127.0.0.1:{port}", socket=folder / "chunkd.sock")
+    daemon = Daemon(
+        launched.process, port, folder / "none.toml", folder, launched.env, launched.log
+    )
     try:
-        wait_ready(daemon)
+        launched.wait_ready()
         torch.save(full_state(), folder / "full.pt")
         before = daemon.metric("chunkd_backend_write_bytes_total", backend="local")
         run_ranks(folder, "save", 4, folder / "chunkd.sock", "local/dcp/four")

@@ -41,6 +41,7 @@ from pathlib import Path
 import pytest
 
 from chunkd.testing.browser import chromium_missing
+from chunkd.testing.daemon import DaemonProcess
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
@@ -170,7 +171,7 @@ class Walk:
     def __init__(self, cwd: Path, ns: Namespace) -> None:
         self.cwd = cwd
         self.ns = ns
-        self.daemon: subprocess.Popen[bytes] | None = None
+        self.daemon: DaemonProcess | None = None
         self.logs: list[Path] = []
         self.env = {k: v for k, v in os.environ.items() if not k.startswith(("CHUNKD_", "AWS_"))}
         self.env["HOME"] = str(cwd)  # no ~/.aws or ~/.config of the machine's
@@ -179,33 +180,29 @@ class Walk:
         self.stop()
         log = self.cwd / f"daemon-{len(self.logs)}.log"
         self.logs.append(log)
-        with log.open("wb") as out:
-            self.daemon = subprocess.Popen(
-                [*self.ns.prefix(), str(VENV / "bin/chunkd"), "serve"],
-                cwd=self.cwd,
-                env={**self.env, **assignments},
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+        # The README's own daemon: the walkthrough's venv, its embedded default config,
+        # the settings the README exports; ready when curl in its namespace says so.
+        self.daemon = DaemonProcess(
+            cwd=self.cwd,
+            env=assignments,
+            prefix=self.ns.prefix(),
+            program=(str(VENV / "bin/chunkd"),),
+            log=log,
+            base_env=self.env,
+        )
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             probe = self.run("sh", "curl -sf localhost:8470/readyz >/dev/null && echo ready")
             if probe.returncode == 0 and "ready" in probe.stdout:
                 return
-            if self.daemon.poll() is not None:
+            if self.daemon.process.poll() is not None:
                 break
             time.sleep(0.2)
         pytest.fail(f"the daemon did not become ready:\n{log.read_text()}")
 
     def stop(self) -> None:
-        if self.daemon is not None and self.daemon.poll() is None:
-            os.killpg(self.daemon.pid, signal.SIGINT)  # Ctrl-C, as the README says
-            try:
-                self.daemon.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.daemon.pid, signal.SIGKILL)
-                self.daemon.wait()
+        if self.daemon is not None:
+            self.daemon.stop(signal.SIGINT, timeout=20)  # Ctrl-C, as the README says
         self.daemon = None
 
     def run(self, kind: str, text: str) -> subprocess.CompletedProcess[str]:

@@ -30,6 +30,8 @@ from typing import Any
 
 import pytest
 
+from chunkd.testing.daemon import DaemonProcess
+
 from .conftest import BIN, Daemon, get_from_namespace, small_node_toml, wait_for_socket
 
 HAVE_RAY = importlib.util.find_spec("ray") is not None
@@ -201,7 +203,7 @@ def lab() -> Iterator[Lab]:
     (root / "ray").mkdir()
     (root / "token").write_text(TOKEN)
     (root / "token").chmod(0o600)
-    processes: list[subprocess.Popen[bytes]] = []
+    launched: list[DaemonProcess] = []
     cluster: subprocess.Popen[bytes] | None = None
     added = subprocess.run(["ip", "netns", "add", ns], capture_output=True, check=False)
     if added.returncode != 0:
@@ -215,29 +217,17 @@ def lab() -> Iterator[Lab]:
         ports = [free_port(), free_port()]
         daemons = []
         for node in range(2):
-            (root / f"n{node}").mkdir()
             config = root / f"n{node}.toml"
-            config.write_text(_node_toml(root, node, ports))
-            log = root / f"daemon-{node}.log"
-            with log.open("ab") as sink:
-                process = subprocess.Popen(
-                    [
-                        "ip",
-                        "netns",
-                        "exec",
-                        ns,
-                        str(BIN / "chunkd"),
-                        "serve",
-                        "--config",
-                        str(config),
-                    ],
-                    cwd=root / f"n{node}",
-                    env=env,
-                    stdout=sink,
-                    stderr=sink,
-                )
-            processes.append(process)
-            daemons.append(Daemon(process, ports[node], config, root / f"n{node}", env, log))
+            daemon = DaemonProcess(
+                _node_toml(root, node, ports),
+                cwd=root / f"n{node}",
+                base_env=env,
+                prefix=("ip", "netns", "exec", ns),
+                log=root / f"daemon-{node}.log",
+                config_path=config,
+            )
+            launched.append(daemon)
+            daemons.append(Daemon(daemon.process, ports[node], config, daemon.cwd, env, daemon.log))
         with (root / "cluster.log").open("ab") as sink:
             sockets = json.dumps([str(root / f"n{n}" / "chunkd.sock") for n in range(2)])
             cluster = subprocess.Popen(
@@ -248,12 +238,8 @@ def lab() -> Iterator[Lab]:
                 stderr=sink,
                 start_new_session=True,
             )
-        for node in range(2):
-            deadline = time.monotonic() + 30
-            while not wait_for_socket(root / f"n{node}" / "chunkd.sock", 0.2):
-                log = (root / f"daemon-{node}.log").read_text()
-                assert processes[node].poll() is None, f"daemon {node} exited:\n{log}"
-                assert time.monotonic() < deadline, f"daemon {node} never listened:\n{log}"
+        for node, daemon in enumerate(launched):
+            daemon.wait_socket(root / f"n{node}" / "chunkd.sock", timeout=30)
         assert cluster.stdout is not None
         ready, _, _ = select.select([cluster.stdout], [], [], 60)
         line = cluster.stdout.readline() if ready else b""
@@ -276,14 +262,10 @@ def lab() -> Iterator[Lab]:
             except subprocess.TimeoutExpired:
                 os.killpg(cluster.pid, signal.SIGKILL)  # its own session: what it started
                 cluster.wait(timeout=10)
-        for process in processes:
-            process.terminate()
-        for process in processes:
-            try:
-                process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(timeout=5)
+        for daemon in launched:
+            daemon.process.terminate()  # all at once: they stop side by side
+        for daemon in launched:
+            daemon.stop(timeout=15)
         subprocess.run(["ip", "netns", "del", ns], capture_output=True, check=False)
         shutil.rmtree(root, ignore_errors=True)
 

@@ -51,10 +51,11 @@ class NginxServer:
     Args:
         root: the directory served at ``/``.
         workdir: where its config, pid file, logs and temporary files go.
-        etag: whether it sends ``ETag`` (nginx's is strong: mtime and size).
+        etag: whether it sends ``ETag`` (nginx's is strong: mtime and size); a string:
+            that ``ETag`` for every file instead (``'W/"v1"'``: a weak one).
     """
 
-    def __init__(self, root: Path, workdir: Path, *, etag: bool = True) -> None:
+    def __init__(self, root: Path, workdir: Path, *, etag: bool | str = True) -> None:
         self.root = root
         self.workdir = workdir
         self.etag = etag
@@ -86,11 +87,17 @@ http {{
     server {{
         listen 127.0.0.1:{self.port};
         root {self.root};
-        etag {"on" if self.etag else "off"};
+        etag {"on" if self.etag is True else "off"};{self._fixed_etag()}
         location / {{ }}
     }}
 }}
 """
+
+    def _fixed_etag(self) -> str:
+        if not isinstance(self.etag, str):
+            return ""
+        quoted = self.etag.replace("\\", "\\\\").replace("'", "\\'")
+        return f"\n        add_header ETag '{quoted}';"
 
     def start(self) -> NginxServer:
         """Start it and wait until it answers."""

@@ -122,6 +122,31 @@ async def test_a_server_without_etags_is_refused_unless_its_files_are_immutable(
         await fixed.close()
 
 
+@pytest.mark.timeout(20)
+async def test_a_weak_etag_is_no_version(tmp_path: Path) -> None:
+    nginx_or_skip()
+    root = tmp_path / "www"
+    put_file(root, "pre/a.bin", b"0123456789")
+    with NginxServer(root, tmp_path / "nginx", etag='W/"same-for-all"') as server:
+        strict = web_backend(server)
+        with pytest.raises(IntegrityError, match=r"only a weak ETag \(W/\"same-for-all\"\)"):
+            await strict.head("a.bin")
+        fixed = web_backend(server, immutable_files=True)
+        meta = await fixed.head("a.bin")
+        assert meta is not None
+        assert (meta.etag, meta.version.startswith("10-")) == (None, True)
+        first = await fixed.open_first("a.bin", 0, 4, piece_bytes=64)
+        assert first is not None
+        assert first.meta.version == meta.version  # the weak ETag plays no part
+        assert first.pieces is not None
+        assert b"".join([bytes(p) async for p in first.pieces]) == b"0123"
+        got = await fixed.get("a.bin", ByteRange(4, 8), version=meta)
+        assert got is not None
+        assert bytes(got) == b"4567"
+        await strict.close()
+        await fixed.close()
+
+
 @pytest.mark.timeout(10)
 async def test_writes_are_refused_with_a_clear_error(nginx: NginxServer) -> None:
     backend = web_backend(nginx)

@@ -12,6 +12,8 @@ the cache or the client imports it.
 - :mod:`chunkd.testing.s3`: a moto S3 server in a subprocess, ``[[backends]]`` tables for it;
 - :mod:`chunkd.testing.s3front`: the S3 front's test keys, its table, clients of it;
 - :mod:`chunkd.testing.proxy`: a counting TCP proxy that can go down and up;
+- :mod:`chunkd.testing.nginx`: Debian's nginx serving a directory on loopback (Range,
+  ETag or none), for the ``https://`` backend kind;
 - :mod:`chunkd.testing.relay`: a TCP relay that delays every piece by latency ± jitter;
 - :mod:`chunkd.testing.netlab`: nodes in network namespaces behind shaped links, and
   chaos on one node's link: loss, partitions, latency (root).
@@ -34,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from chunkd.testing.daemon import DaemonProcess
+    from chunkd.testing.nginx import NginxServer
     from chunkd.testing.ports import BIN, free_port, wait_for_port
     from chunkd.testing.proxy import CountingProxy
     from chunkd.testing.relay import LatencyRelay
@@ -44,6 +47,7 @@ __all__ = [
     "CountingProxy",
     "DaemonProcess",
     "LatencyRelay",
+    "NginxServer",
     "S3Server",
     "free_port",
     "refused_backend",
@@ -59,6 +63,7 @@ _LAZY = {
     "CountingProxy": "proxy",
     "DaemonProcess": "daemon",
     "LatencyRelay": "relay",
+    "NginxServer": "nginx",
     "S3Server": "s3",
     "refused_backend": "s3",
     "s3_backend": "s3",

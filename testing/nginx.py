@@ -9,20 +9,18 @@ why this kit exists. Skip a test with :func:`nginx_or_skip` where nginx is absen
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
-import socket
-import subprocess
-import time
 from pathlib import Path
 from typing import Final
+
+from chunkd.testing.ports import free_port
+from chunkd.testing.process import ServerProcess
 
 __all__ = ["NGINX", "NginxServer", "nginx_or_skip"]
 
 #: where Debian's nginx-light installs it
 NGINX: Final = "/usr/sbin/nginx"
-_START_TIMEOUT: Final = 10.0
 
 
 def _nginx() -> str | None:
@@ -37,12 +35,6 @@ def nginx_or_skip() -> str:
     if found is None:
         pytest.skip("nginx is not installed (apt-get install nginx-light)")
     return found
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class NginxServer:
@@ -60,7 +52,8 @@ class NginxServer:
         self.workdir = workdir
         self.etag = etag
         self.port = 0
-        self._process: subprocess.Popen[bytes] | None = None
+        self._log = workdir / "error.log"
+        self._server: ServerProcess | None = None
 
     @property
     def url(self) -> str:
@@ -78,7 +71,7 @@ class NginxServer:
 master_process off;
 worker_processes 1;
 pid {work}/nginx.pid;
-error_log {work}/error.log warn;
+error_log {self._log} warn;
 events {{ worker_connections 256; }}
 http {{
     access_log off;
@@ -100,57 +93,30 @@ http {{
         return f"\n        add_header ETag '{quoted}';"
 
     def start(self) -> NginxServer:
-        """Start it and wait until it answers."""
+        """Start it and wait until it listens."""
         binary = _nginx()
         if binary is None:
             raise FileNotFoundError("nginx is not installed (apt-get install nginx-light)")
         self.workdir.mkdir(parents=True, exist_ok=True)
-        for _ in range(5):  # a port taken between choosing it and binding it: again
-            self.port = _free_port()
-            conf = self.workdir / "nginx.conf"
-            conf.write_text(self._config())
-            self._process = subprocess.Popen(
-                [binary, "-p", str(self.workdir), "-c", str(conf), "-e", "stderr"],
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.PIPE,
-            )
-            if self._wait_ready():
-                return self
-            self.stop()
-        raise RuntimeError(f"nginx did not start: {self.log()}")
-
-    def _wait_ready(self) -> bool:
-        deadline = time.monotonic() + _START_TIMEOUT
-        while time.monotonic() < deadline:
-            assert self._process is not None
-            if self._process.poll() is not None:
-                return False
-            with (
-                contextlib.suppress(OSError),
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.5),
-            ):
-                return True
-            time.sleep(0.02)
-        return False
+        self.port = free_port()
+        conf = self.workdir / "nginx.conf"
+        conf.write_text(self._config())
+        argv = [binary, "-p", str(self.workdir), "-c", str(conf), "-e", str(self._log)]
+        try:
+            self._server = ServerProcess.launch(argv, port=self.port)
+        except TimeoutError:
+            raise RuntimeError(f"nginx did not start: {self.log()}") from None
+        return self
 
     def log(self) -> str:
         """What nginx wrote to its error log."""
-        path = self.workdir / "error.log"
-        return path.read_text(errors="replace") if path.exists() else ""
+        return self._log.read_text(errors="replace") if self._log.exists() else ""
 
     def stop(self) -> None:
         """Stop it (and wait for it)."""
-        process, self._process = self._process, None
-        if process is None:
-            return
-        process.terminate()
-        try:
-            process.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        if process.stderr is not None:
-            process.stderr.close()
+        server, self._server = self._server, None
+        if server is not None:
+            server.stop()
 
     def __enter__(self) -> NginxServer:
         return self.start()

@@ -9,6 +9,11 @@ Scenarios (each interleaves chunkd and baseline rounds, and reports the median):
 3. RAM-tier hits: chunk id to a leased, handed-out fd, per second.
 4. Index lookups against a raw lmdb get loop over the same keys and values.
 5. Opening an index of 1M chunks and serving the first hit.
+
+It is one job at ~670 lines: the cache library's speed, one scenario family (the tiers'
+inserts, reads and hits, the index's lookups and opening) each against the plain code a
+user would write instead, sharing the chunks and the interleaved rounds; no daemon runs,
+and the rows go to :class:`bench.report.Report`.
 """
 
 from __future__ import annotations

@@ -25,6 +25,12 @@ the next. The saves, the noisy rows, run 5 rounds (``--rounds`` overrides), the 
    tensors on the GPU: ``async_save`` (device-to-host copies straight into the staged
    memfd, registered as pinned memory) against ``torch.save`` and DCP ``async_save``
    of the same CUDA tensors.
+
+It is one job at ~680 lines: the checkpoint path's speed, one scenario family (blocking,
+durable, four ranks, a delta, load, CUDA) against ``torch.save`` and DCP on one
+synthetic model state, which every scenario shares (and :mod:`bench.gpu_bench` takes);
+the daemon is :class:`bench.daemon.BenchDaemon`, and the rows go to
+:class:`bench.report.Report`.
 """
 
 from __future__ import annotations

@@ -44,6 +44,13 @@ through ``.git/info/exclude``), then the device command is::
     PYTHONUNBUFFERED=1 python3 -m bench.gpu_bench --out $OUT
 
 with ``.whl`` carried. The script puts this tree's ``src/`` on the path itself.
+
+It is one job at ~1,100 lines: one run on a GPU node of the load and save paths onto the
+device, each against its baseline on the same state, that must stand alone there (this
+tree uninstalled, a few carried wheels, its own results written after every row, a
+watchdog), so it does not go through :mod:`bench.report`; the model state is
+:mod:`bench.ckpt_bench`'s and the daemon the kit's launcher
+(:class:`~chunkd.testing.daemon.DaemonProcess`).
 """
 
 from __future__ import annotations

@@ -51,6 +51,11 @@ half of it).
 The notes give where a first page's time went (from the page's Resource Timing: the
 document, ``inspect.js``, the requests sent, the ``open`` and ``rows`` answers, the
 render), the machine's load average (this bench shares its CPUs), and the layout.
+
+It is one job at ~700 lines: one scenario (the inspector's first page, last row and a
+cold row group in a real browser) and its notebook baseline over one fixture; most of
+the lines write that fixture and time the page; the daemon is
+:class:`bench.daemon.BenchDaemon`, and the rows go to :class:`bench.report.Report`.
 """
 
 from __future__ import annotations

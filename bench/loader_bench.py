@@ -39,6 +39,12 @@ row's note gives the functions with the largest own time, with their share.
 ``python -m bench --only loader`` runs it; ``--quick`` (small sizes, one round) in well
 under a minute. ``python -m bench.loader_bench rank ...`` and ``pyarrow-rank ...`` are
 the rank processes of (2).
+
+It is one job at ~950 lines: the loader's reading speed, one scenario family (one
+process, four ranks, the formats, in-place tensors) against the readers a user would use
+instead, sharing their snapshots, their registration, the daemon's decode metrics and the
+interleaved rounds; the daemon is :class:`bench.daemon.BenchDaemon`, the Streaming venv
+:mod:`bench.streaming_side`, and the rows go to :class:`bench.report.Report`.
 """
 
 from __future__ import annotations

@@ -35,6 +35,13 @@ each against what a user had (or would use) instead.
 On a machine of few cores, the Ray cluster's two nodes, both daemons and the driver
 share them: that row measures what Ray costs (or gives) a registration on one machine,
 not a cluster's speed-up.
+
+It is one job at ~800 lines: paged snapshots at scale, one scenario family (opening one,
+a cluster opening one, registering one on Ray), each against its baseline (a schema-1
+manifest, daemons without peers, a local registration), sharing the snapshot writer and
+the labs of daemons that family needs; the daemons are :class:`bench.daemon.BenchDaemon`
+and the kit's launcher (:class:`~chunkd.testing.daemon.DaemonProcess`), and the rows go
+to :class:`bench.report.Report`.
 """
 
 from __future__ import annotations

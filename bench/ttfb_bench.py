@@ -31,6 +31,13 @@ index), worker start and first batch (fetch + decode), and give it with imports.
 samples/s is the sum over ranks of the samples after the first batch over the time they
 took. Every job's ids and text CRCs are checked against the Parquet's: a full epoch must
 cover every id; the moto server's request log (its recorder) counts each side's GETs.
+
+It is one job at ~1,250 lines: one scenario (time to first batch of one dataset on S3)
+and its two baselines, which share its data, its bucket, its request recorder, its rank
+processes' launcher and its checks of every id; the daemon is
+:class:`bench.daemon.BenchDaemon`, the Streaming side's venv :mod:`bench.streaming_side`,
+the daemon's decode figures :mod:`bench.loader_bench`'s, and the rows go to
+:class:`bench.report.Report`.
 """
 
 from __future__ import annotations

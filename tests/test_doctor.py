@@ -22,6 +22,7 @@ import pytest
 
 from chunkd.gateway.cli import main
 from chunkd.testing import S3Server, free_port, s3_backend
+from chunkd.testing.nginx import NginxServer, nginx_or_skip
 from tests.conftest import BIN, Daemon, small_node_toml
 
 NEVER = "always within_size advise [never] deny force\n"
@@ -627,3 +628,26 @@ def test_a_token_file_others_may_read_or_write_is_reported_and_an_executable_bit
     (others,) = found[0o604]
     assert "readable by every user" in others["finding"]
     assert all(c["fix"] == f"chmod 600 {token}" for c in (read, write, others))
+
+
+@pytest.mark.timeout(30)
+def test_an_unlisted_http_backend_is_checked_by_a_head(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # An https:// (here plain http) mirror cannot be listed: the doctor asks it for one
+    # key by HEAD instead, and a 404 is an answer. A server that is gone is still an error.
+    nginx_or_skip()
+    served = tmp_path / "www" / "mirror"
+    served.mkdir(parents=True)
+    (served / "a.bin").write_bytes(b"x" * 10)
+    with NginxServer(tmp_path / "www", tmp_path / "nginx") as nginx:
+        table = f'[[backends]]\nname = "web"\nurl = "{nginx.url}/mirror"\nallow_http = true\n'
+        status, checks = doctor(capsys, "--config", str(node_toml(tmp_path, backends=table)))
+        assert checks["backend:web"]["status"] == "ok", checks["backend:web"]
+        assert "read-only, not listed" in checks["backend:web"]["finding"]
+        assert status == 0, checks
+        url = nginx.url
+    table = f'[[backends]]\nname = "web"\nurl = "{url}/mirror"\nallow_http = true\nretries = 0\n'
+    status, checks = doctor(capsys, "--config", str(node_toml(tmp_path, backends=table)))
+    assert status == 1
+    assert checks["backend:web"]["status"] == "error", checks["backend:web"]

@@ -489,6 +489,9 @@ async def check_backend(config: BackendConfig) -> Check:
         return Check(name, ERROR, f"{config.url} cannot be set up: {exc}", "fix its keys")
     try:
         async with asyncio.timeout(_NETWORK_TIMEOUT + 1):
+            if not backend.supports_list:  # https://: a HEAD of a key no file has (a 404)
+                await backend.head(".chunkd-doctor-probe")
+                return Check(name, OK, f"{config.url}: answers (read-only, not listed)")
             listing = backend.scan("", batch=1)
             try:
                 first = await anext(listing, None)

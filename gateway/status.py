@@ -40,6 +40,7 @@ from chunkd.errors import (
     SnapshotDriftError,
     UnknownBackendError,
     UnsupportedStateError,
+    UnversionedObjectError,
     VersionChangedError,
 )
 
@@ -77,6 +78,7 @@ STATUS: Final[list[tuple[type[BaseException], int]]] = [
     (VersionChangedError, 409),
     (BackendUnavailableError, 503),
     (IntegrityError, 502),
+    (UnversionedObjectError, 502),
     (CacheClosedError, 503),
     # The inspector's own fault (a file's is MalformedFileError by then, 422): a bug.
     (InspectError, 500),

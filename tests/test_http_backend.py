@@ -30,10 +30,10 @@ from chunkd.client.datasets.register import (
 from chunkd.errors import (
     BackendUnavailableError,
     ConfigError,
-    IntegrityError,
     InvalidRequestError,
     ObjectNotFoundError,
     ReadOnlyBackendError,
+    UnversionedObjectError,
     VersionChangedError,
 )
 from chunkd.gateway.backends import Backend, make_backend
@@ -97,9 +97,9 @@ async def test_a_server_without_etags_is_refused_unless_its_files_are_immutable(
     put_file(root, "pre/a.bin", b"0123456789")
     with NginxServer(root, tmp_path / "nginx", etag=False) as server:
         strict = web_backend(server)
-        with pytest.raises(IntegrityError, match=r"sent no ETag.*immutable_files = true"):
+        with pytest.raises(UnversionedObjectError, match=r"sent no ETag.*immutable_files = true"):
             await strict.head("a.bin")
-        with pytest.raises(IntegrityError, match="no ETag"):
+        with pytest.raises(UnversionedObjectError, match="no ETag"):
             await strict.get("a.bin", ByteRange(0, 4))
         assert not strict.circuit_open  # the server's answer, not a failure
         fixed = web_backend(server, immutable_files=True)
@@ -129,7 +129,9 @@ async def test_a_weak_etag_is_no_version(tmp_path: Path) -> None:
     put_file(root, "pre/a.bin", b"0123456789")
     with NginxServer(root, tmp_path / "nginx", etag='W/"same-for-all"') as server:
         strict = web_backend(server)
-        with pytest.raises(IntegrityError, match=r"only a weak ETag \(W/\"same-for-all\"\)"):
+        with pytest.raises(
+            UnversionedObjectError, match=r"only a weak ETag \(W/\"same-for-all\"\)"
+        ):
             await strict.head("a.bin")
         fixed = web_backend(server, immutable_files=True)
         meta = await fixed.head("a.bin")

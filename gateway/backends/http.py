@@ -7,7 +7,7 @@ a HEAD answers the size and the version.
 
 **A version is the strong ETag.** A server that sends none (or only a weak one,
 ``W/"..."``, which promises nothing about the bytes) is refused
-(:class:`~chunkd.errors.IntegrityError`, saying why), since a ``Last-Modified`` of
+(:class:`~chunkd.errors.UnversionedObjectError`, saying why), since a ``Last-Modified`` of
 one-second resolution alone would let pinned reads mix two versions of a file
 rewritten within a second. With ``immutable_files = true`` (the server's files never
 change) such a server is read with size and ``Last-Modified`` as the version: a file
@@ -28,7 +28,11 @@ from typing import TYPE_CHECKING, Any
 
 from obstore.store import HTTPStore
 
-from chunkd.errors import IntegrityError, InvalidRequestError, ReadOnlyBackendError
+from chunkd.errors import (
+    InvalidRequestError,
+    ReadOnlyBackendError,
+    UnversionedObjectError,
+)
 from chunkd.gateway.backends.base import SCAN_BATCH
 from chunkd.gateway.backends.store import StoreBackend, client_options, no_retries, shown
 
@@ -79,7 +83,7 @@ class HTTPBackend(StoreBackend):
         if not strong:
             if not self.config.immutable_files:
                 sent = f"only a weak ETag ({etag})" if etag else "no ETag"
-                raise IntegrityError(
+                raise UnversionedObjectError(
                     f"backend {self.name!r} sent {sent} for {shown(key)}, and chunkd reads an "
                     "http(s):// backend only by a strong ETag: without one, a file rewritten "
                     "on the server could be read as a mix of two versions; serve ETags, or "

@@ -55,6 +55,7 @@ from chunkd.errors import (
     IntegrityError,
     InvalidKeyError,
     ObjectNotFoundError,
+    UnversionedObjectError,
     VersionChangedError,
 )
 from chunkd.gateway.backends.base import SCAN_BATCH, Backend, FirstRead
@@ -505,7 +506,11 @@ class StoreBackend(Backend):
             )
         if isinstance(
             exc,
-            BackendUnavailableError | BackendForbiddenError | BucketNotFoundError | IntegrityError,
+            BackendUnavailableError
+            | BackendForbiddenError
+            | BucketNotFoundError
+            | IntegrityError
+            | UnversionedObjectError,
         ):
             return exc  # said already (a streamed write's own requests, a kind's own check)
         return BackendUnavailableError(f"backend {self.name!r} failed on {key}: {first_line(exc)}")

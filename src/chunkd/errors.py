@@ -52,6 +52,7 @@ __all__ = [
     "SnapshotDriftError",
     "UnknownBackendError",
     "UnsupportedStateError",
+    "UnversionedObjectError",
     "VersionChangedError",
     "error_class",
 ]
@@ -107,6 +108,12 @@ class BackendError(ChunkdError, OSError):
 
 class BackendUnavailableError(BackendError, ConnectionError):
     """The backend is down, timing out, or answering 5xx (or its circuit is open)."""
+
+
+class UnversionedObjectError(BackendError, ValueError):
+    """The backend answered with no version chunkd can pin a read to: an http(s)://
+    server that sends no strong ``ETag`` for a backend not declared
+    ``immutable_files``. Reads there could mix two versions of a file, so none is made."""
 
 
 class BackendForbiddenError(BackendError, PermissionError):

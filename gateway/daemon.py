@@ -296,7 +296,7 @@ def build_app(
             app[appkeys.LISTINGS] = node.listings
             app[appkeys.PREFETCHER] = node.prefetcher
             app[appkeys.CHECKPOINTS] = node.checkpoints
-            app[appkeys.PAGES] = node.datasets.registry.pages
+            app[appkeys.PAGES] = node.datasets.pages
             app[INSPECTOR] = node.inspector
             app[TELEMETRY] = node.telemetry
             yield

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from chunkd.cache import ChunkCache, ChunkLease
     from chunkd.gateway.backends import Backend, Backends
     from chunkd.gateway.config.schema import DatasetsConfig
-    from chunkd.gateway.decoding import DecodeService
+    from chunkd.gateway.datasets.pages import PageStore
     from chunkd.gateway.metrics import Metrics
     from chunkd.gateway.readpath import ReadPath
     from chunkd.snapshot import Snapshot
@@ -67,8 +67,12 @@ class Datasets:
             intent_refresh=intent_refresh,
         )
         self._migrator = Migrator(self.registry, read_path, backends)
-        #: the decode service (:mod:`chunkd.gateway.decoding`), set by the daemon
-        self.decoding: DecodeService | None = None
+
+    @property
+    def pages(self) -> PageStore:
+        """The member pages of schema-2 snapshots, held like chunks (:mod:`.pages`):
+        what the peer route of pages serves."""
+        return self.registry.pages
 
     def _may_write(
         self, caller: Caller | None, name: str, action: str

@@ -33,6 +33,11 @@ over aiofiles' per round (paired), median and min-max.
 
 Run: ``python -m bench.aiofiles_bench [--quick] [--rounds N] [--only GROUP]
 [--work DIR] [--aiofiles-threads N] [--json FILE]``.
+
+It is one job at ~660 lines: one question, whether aiofiles beats chunkd's own file I/O,
+asked of three scenario groups (insert, read, backend) that share the chunks, the files,
+the paired rounds and the rows' figures; it stands alone (no daemon, no
+:mod:`bench.report`), run by hand for docs/design.md's package table.
 """
 
 from __future__ import annotations

@@ -45,6 +45,13 @@ Other requests
     :meth:`Client.request` sends any op of :data:`chunkd.client.protocol.OPS` (the
     checkpoint module speaks the ``ckpt_*`` ops through it) on the same connection,
     with the same reconnection and errors, and returns a :class:`Reply`.
+
+It is one job at ~600 lines: the :class:`Client` door, whose every public operation
+turns its arguments into requests of the protocol and the answers into values (reads,
+stats, a listing's pages, batched ``readv`` ranges, prefetches); the cache and the
+mapping of chunks (:mod:`~chunkd.client.reader`, :mod:`~chunkd.client.views`), the
+connection (:mod:`~chunkd.client.connection`) and the result types are the modules
+above, and the client holds no state but the two parts it composes.
 """
 
 from __future__ import annotations

@@ -61,7 +61,7 @@ from chunkd.errors import (
     InvalidRequestError,
     ManifestError,
 )
-from chunkd.gateway.inspector.pool import PoolRole, WorkerPool, sockets_close
+from chunkd.gateway.workerpool import PoolRole, WorkerPool, sockets_close
 from chunkd.snapshot import canonical, load_json
 
 if TYPE_CHECKING:

@@ -52,16 +52,12 @@ from chunkd import faults
 from chunkd.cache import ChunkCache
 from chunkd.errors import ChunkdError, ConfigError
 from chunkd.gateway import api, appkeys
+from chunkd.gateway.admission import ConnectionGuard, ConnectionLimits
 from chunkd.gateway.authority import Authority, group_id
 from chunkd.gateway.backends import Backends
 from chunkd.gateway.checkpoints import Checkpoints
 from chunkd.gateway.config import Config, load_config
-from chunkd.gateway.connections import (
-    ACCEPT_BACKLOG,
-    ConnectionGuard,
-    ConnectionLimits,
-    GuardedRunner,
-)
+from chunkd.gateway.connections import ACCEPT_BACKLOG, GuardedRunner
 from chunkd.gateway.dashboard import TELEMETRY, Telemetry
 from chunkd.gateway.datasets import Datasets
 from chunkd.gateway.decoding import DecodeService

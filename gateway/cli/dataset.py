@@ -5,6 +5,14 @@ Every subcommand is a client of the node's daemon over its local socket: the dae
 holds the backends' credentials and the registry (``[datasets] registry``). Member
 metadata is read here, in this process, through the daemon's cache: the daemon itself
 never parses a data file.
+
+It is one job at ~800 lines: the command line of datasets. Each of the nine subcommands
+reads its arguments, asks the daemon or the client library
+(:mod:`chunkd.client.datasets`), which does the work, and prints the answer as text or
+``--json``. The longest are ``register`` (its progress line and Ray options), ``replay``
+(an order's steps back to sample ids) and ``check``, whose drift walk compares the
+members with one fresh listing (a stat each where the backend cannot be listed): what
+the command adds to the format rules of :mod:`chunkd.client.datasets.check`.
 """
 
 from __future__ import annotations

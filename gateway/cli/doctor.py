@@ -24,6 +24,13 @@ lock. Every request is bounded (a few seconds) and asks for nothing to be fetche
 backend listing of one object, an unsigned ``HEAD`` for the clock, a peer's
 ``held=1`` page request that the peer answers from its memory (404) or refuses (401).
 Exit status: 0 with no error (warnings allowed), 1 with one, 2 on bad usage.
+
+It is one job at ~970 lines: checking one node against ``docs/deploy.md``, a check for
+each of its recommendations in the order above. Each check is a function from the
+config (and sysfs, procfs or the network) to one :class:`Check` in one voice (what it
+found, and the fix), and none calls another; most lines are those findings and fixes.
+Splitting them by where they look (this node, the network) would split one list that
+the page, the ``--json`` document and ``tests/test_doctor.py`` read as one.
 """
 
 from __future__ import annotations

@@ -9,6 +9,14 @@ defaults live there; its keys are declared in :data:`CACHE`. From these
 declarations come the key tables the loader checks names against, the environment
 overrides, the reference in this package's docstring, ``systemd/chunkd.toml``'s
 check and the key tables of ``docs/config.md`` (``python -m chunkd.gateway.config.doc``).
+
+It is one job at ~930 lines: the declarations of every section and key, each with its
+default, its kind and its line of documentation (most lines are those), with the few
+rules a section's values keep together (``__post_init__``) and :meth:`Config.redacted`,
+the one JSON view of these same dataclasses. What the declarations use is in rooms
+beside it: the declaring itself (:mod:`~chunkd.gateway.config.keys`), reading values
+(:mod:`~chunkd.gateway.config.values`), addresses, each backend kind's own keys
+(:mod:`~chunkd.gateway.config.kinds`) and loading (:mod:`~chunkd.gateway.config.load`).
 """
 
 from __future__ import annotations

@@ -43,6 +43,13 @@ header, and a presigned URL with ``AWSAccessKeyId``, ``Signature`` and ``Expires
 :meth:`SigV4Verifier.verify` tells the four forms apart; a request that carries
 more than one (a header and a signed query, or both query forms) is refused with
 ``InvalidArgument``.
+
+It is one job at ~680 lines: checking one algorithm's signature, in its two forms, from
+the request as it came over the wire: parse the ``Authorization`` header or the
+``X-Amz-*`` query, rebuild the canonical request and the string to sign, derive (and
+cache) the signing key, compare. Its parts are steps of that one algorithm, each with
+S3's own refusal; what SigV4 and SigV2 share (a request's time, the query as signed,
+bounded refusals) is already in rooms beside it, and SigV2 is a room of its own.
 """
 
 from __future__ import annotations

@@ -45,8 +45,13 @@ import grain
 import numpy as np
 
 from chunkd.client.core import Client
-from chunkd.client.datasets.columns import Units
 from chunkd.client.datasets.dataset import Dataset
+from chunkd.client.datasets.epoch import (
+    DEFAULT_WINDOW,
+    DEFAULT_WINDOW_BYTES,
+    EpochOrder,
+    order_version,
+)
 from chunkd.client.datasets.loader import (
     Batch,
     Readable,
@@ -59,14 +64,9 @@ from chunkd.client.datasets.loader import (
     order_of,
     read_steps,
 )
-from chunkd.client.datasets.order import (
-    DEFAULT_WINDOW,
-    DEFAULT_WINDOW_BYTES,
-    EpochOrder,
-    order_version,
-)
 from chunkd.client.datasets.source import PinnedSource
 from chunkd.client.datasets.state import LoaderState
+from chunkd.client.datasets.units import Units
 from chunkd.client.datasets.workers import (
     WORKER_FORMAT,
     WorkerState,

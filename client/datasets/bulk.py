@@ -59,13 +59,12 @@ from typing import TYPE_CHECKING, Any, Final
 from chunkd.client.datasets.check import TINY_BYTES, TINY_FILES, Finding, size_text, summarize
 from chunkd.client.datasets.formats import format_of
 from chunkd.client.datasets.register import (
-    CONCURRENCY,
     Progress,
     _candidates,
     _split,
-    scan_members,
     snapshot_of,
 )
+from chunkd.client.datasets.scan import CONCURRENCY, scan_members
 from chunkd.errors import (
     BackendUnavailableError,
     ChunkdError,

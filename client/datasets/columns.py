@@ -32,8 +32,8 @@ from chunkd.client.datasets.units import (
 from chunkd.errors import DatasetFormatError
 
 if TYPE_CHECKING:
+    from chunkd.client.datasets.epoch import EpochOrder
     from chunkd.client.datasets.formats import Format
-    from chunkd.client.datasets.order import EpochOrder
 
 __all__ = [
     "DECODE_THREADS",

@@ -81,7 +81,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from chunkd.client.datasets.order import DEFAULT_WINDOW, DEFAULT_WINDOW_BYTES, ORDER_VERSION
+from chunkd.client.datasets.epoch import DEFAULT_WINDOW, DEFAULT_WINDOW_BYTES, ORDER_VERSION
 from chunkd.errors import ResumeStateError
 from chunkd.snapshot import WRITE_SCHEMA
 

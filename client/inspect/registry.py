@@ -417,7 +417,7 @@ class Registry:
         tail: str,
     ) -> dict[str, Any]:
         """The sample ids step ``step`` read, per rank (as ``chunkd dataset replay``)."""
-        from chunkd.client.datasets.order import DEFAULT_WINDOW, DEFAULT_WINDOW_BYTES
+        from chunkd.client.datasets.epoch import DEFAULT_WINDOW, DEFAULT_WINDOW_BYTES
         from chunkd.client.datasets.state import LoaderState
 
         if state is not None:

@@ -14,9 +14,9 @@ from typing import Any, Literal
 
 from chunkd.client.core import Client
 from chunkd.client.datasets.dataset import Dataset
+from chunkd.client.datasets.epoch import DEFAULT_WINDOW, DEFAULT_WINDOW_BYTES
 from chunkd.client.datasets.formats import format_of
 from chunkd.client.datasets.loader import DEFAULT_PREFETCH, Tail
-from chunkd.client.datasets.order import DEFAULT_WINDOW, DEFAULT_WINDOW_BYTES
 from chunkd.client.datasets.source import PinnedSource
 from chunkd.client.torch.slot import ClientFactory
 from chunkd.client.torch.snapshots import _COLLATE, SnapshotDataset

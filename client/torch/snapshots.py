@@ -14,6 +14,7 @@ from typing import Any, Final, Unpack
 
 from torch.utils.data import IterableDataset, default_collate, get_worker_info
 
+from chunkd.client.datasets.epoch import order_version
 from chunkd.client.datasets.loader import (
     Batch,
     Readable,
@@ -26,7 +27,6 @@ from chunkd.client.datasets.loader import (
     order_of,
     read_steps,
 )
-from chunkd.client.datasets.order import order_version
 from chunkd.client.datasets.state import LoaderState
 from chunkd.client.datasets.workers import (
     WORKER_FORMAT,

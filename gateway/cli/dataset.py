@@ -640,8 +640,8 @@ def _migrate(client: Client, args: argparse.Namespace, out: TextIO) -> int:
 
 def _replay(client: Client, args: argparse.Namespace, out: TextIO) -> int:
     from chunkd.client.datasets import Dataset
+    from chunkd.client.datasets.epoch import DEFAULT_WINDOW, DEFAULT_WINDOW_BYTES
     from chunkd.client.datasets.loader import step_sample_ids
-    from chunkd.client.datasets.order import DEFAULT_WINDOW, DEFAULT_WINDOW_BYTES
     from chunkd.client.datasets.state import LoaderState
     from chunkd.errors import InvalidRequestError
 

@@ -31,6 +31,15 @@ says where it cannot tell).
 
 Every answer carries ``x-amz-request-id`` (also in the log line of a failure); the
 front never redirects.
+
+It is one job at ~630 lines: the door, from a request as it arrives to its operation's
+answer (the checks in the order above, then ListBuckets, the bucket operations, a
+listing's pages with their tokens and name checks, GetObject and HeadObject), and the
+answer to what the HTTP parser refuses, in the same XML. What stands apart is in the
+rooms beside it: the signatures (:mod:`~chunkd.gateway.s3front.sigv4`), an object's
+conditions (:mod:`~chunkd.gateway.s3front.conditions`), the documents
+(:mod:`~chunkd.gateway.s3front.xml`) and the error codes
+(:mod:`~chunkd.gateway.s3front.errors`).
 """
 
 from __future__ import annotations
@@ -68,10 +77,10 @@ from chunkd.gateway.names import validate_key
 from chunkd.gateway.objectbody import etag_of, quoted_etag, reading_of, send_object
 from chunkd.gateway.reserved import ReservedPrefixes
 from chunkd.gateway.s3front import xml
+from chunkd.gateway.s3front.conditions import check_conditions, range_applies
 from chunkd.gateway.s3front.errors import S3Error, s3_error, s3_error_of
 from chunkd.gateway.s3front.keys import AccessKeys
 from chunkd.gateway.s3front.querystring import decoded_query
-from chunkd.gateway.s3front.requesttime import parse_http_date
 from chunkd.gateway.s3front.sigv4 import SigV4Verifier
 from chunkd.ranges import RequestRange, parse_range
 
@@ -117,10 +126,6 @@ _OVERRIDES: Final = {
     "response-content-encoding": "Content-Encoding",
 }
 _TOKEN_MARK: Final = b"chunkd1:"
-#: what a 304 carries of the headers a 200 would (RFC 9110 15.4.5)
-_NOT_MODIFIED_HEADERS: Final = frozenset(
-    {"ETag", "Last-Modified", "Cache-Control", "Expires", "Content-Location"}
-)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -448,12 +453,12 @@ class S3Front:
         for name, header in _OVERRIDES.items():
             if name in query:
                 headers[header] = _header_value(name, query[name])
-        _check_conditions(request, stat, headers)
+        check_conditions(request.headers, stat, headers)
         try:
             wanted: RequestRange | None = parse_range(request.headers.get("Range"))
         except InvalidRangeError:
             wanted = None  # S3 serves the whole object for a Range it cannot read
-        if not _range_applies(request.headers.get("If-Range"), headers["ETag"], stat):
+        if not range_applies(request.headers.get("If-Range"), headers["ETag"], stat):
             wanted = None
         response, served = await send_object(request, stat, headers=headers, byte_range=wanted)
         if request.method == "GET":
@@ -553,79 +558,6 @@ def _object_headers(stat: Stat) -> dict[str, str]:
     if stat.meta.modified:
         headers["Last-Modified"] = email.utils.formatdate(stat.meta.modified, usegmt=True)
     return headers
-
-
-def _http_date(text: str | None) -> float | None:
-    """The time of a condition's HTTP date; None for none, and for one that is no date
-    or out of any calendar's range: S3 (and RFC 9110 13.1.3) ignore such a condition."""
-    return None if text is None else parse_http_date(text)
-
-
-def _range_applies(if_range: str | None, etag: str, stat: Stat) -> bool:
-    """Whether a ``Range`` is served under ``If-Range`` (RFC 9110 13.1.5): its entity
-    tag matches strongly, or its date is exactly the object's ``Last-Modified`` and that
-    is a strong validator (a second or more old). Anything else, a date no calendar
-    holds among them, is no match: the whole object, never a range of another version.
-    """
-    if if_range is None:
-        return True
-    value = if_range.strip()
-    if value.startswith(('"', "W/")):
-        return value == etag  # a weak tag never matches
-    when = parse_http_date(value)
-    modified = int(stat.meta.modified)
-    return (
-        when is not None and modified > 0 and int(when) == modified and modified <= time.time() - 1
-    )
-
-
-def _etag_matches(header: str, etag: str, *, weak: bool) -> bool:
-    """Whether ``etag`` is in an If-Match (strong comparison: a ``W/`` tag never
-    matches) or an If-None-Match (``weak``) list, RFC 9110 8.8.3.2."""
-    bare = etag.strip('"')
-    for tag in (tag.strip() for tag in header.split(",")):
-        if tag == "*":
-            return True
-        if tag.startswith("W/"):
-            if not weak:
-                continue
-            tag = tag[2:]
-        if tag.strip('"') == bare:
-            return True
-    return False
-
-
-def _check_conditions(request: web.Request, stat: Stat, headers: dict[str, str]) -> None:
-    """RFC 9110's order, as S3 applies it: If-Match, else If-Unmodified-Since; then
-    If-None-Match, else If-Modified-Since (a 304 carries the object's validators)."""
-    etag = headers["ETag"]
-    modified = int(stat.meta.modified)  # HTTP dates have whole seconds
-    if_match = request.headers.get("If-Match")
-    if if_match is not None:
-        if not _etag_matches(if_match, etag, weak=False):
-            raise s3_error(
-                "PreconditionFailed",
-                "At least one of the pre-conditions you specified did not hold",
-                fields={"Condition": "If-Match"},
-            )
-    else:
-        since = _http_date(request.headers.get("If-Unmodified-Since"))
-        if since is not None and stat.meta.modified and modified > since:
-            raise s3_error(
-                "PreconditionFailed",
-                "At least one of the pre-conditions you specified did not hold",
-                fields={"Condition": "If-Unmodified-Since"},
-            )
-    if_none = request.headers.get("If-None-Match")
-    not_modified = False
-    if if_none is not None:
-        not_modified = _etag_matches(if_none, etag, weak=True)
-    else:
-        since = _http_date(request.headers.get("If-Modified-Since"))
-        not_modified = since is not None and bool(stat.meta.modified) and modified <= since
-    if not_modified:
-        keep = {k: v for k, v in headers.items() if k in _NOT_MODIFIED_HEADERS}
-        raise S3Error("NotModified", 304, "Not Modified", headers=keep)
 
 
 def _not_allowed(method: str, what: str) -> S3Error:

@@ -728,11 +728,11 @@ async def check_peers(config: Config) -> list[Check]:
     if not peers.enabled:
         return [Check("peers", OK, "no [peers] self: this node is on its own")]
     from chunkd.errors import ConfigError
-    from chunkd.gateway.peers import _read_token
+    from chunkd.gateway.peers import read_token
     from chunkd.gateway.tls import PeerTLS
 
     try:
-        token = _read_token(peers.token_file)
+        token = read_token(peers.token_file)
         tls = PeerTLS.from_config(config)
     except ConfigError as exc:
         return [Check("peers", ERROR, str(exc), "fix [peers] (docs/peers.md)")]

@@ -2,7 +2,7 @@
 
 The readers of a node need the same units of a snapshot. The daemon decodes each once,
 in its own decode workers (``python -m chunkd.client.datasets.decoder``, a
-:class:`~chunkd.gateway.inspector.pool.WorkerPool`: processes outside the event loop,
+:class:`~chunkd.gateway.workerpool.WorkerPool`: processes outside the event loop,
 clients of the local socket, each with an address-space limit and a timeout), and holds
 the result as a sealed memfd of Arrow IPC that every reader maps. The daemon's process
 never decodes, nor imports pyarrow.

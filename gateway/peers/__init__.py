@@ -31,5 +31,3 @@ from chunkd.gateway.peers.token import read_token
 
 __all__ = ["OwnerSilentError", "Peer", "Peers", "rank_owners", "read_token"]
 
-#: The name ``chunkd doctor`` imports (it checks the token file as the daemon reads it).
-_read_token = read_token

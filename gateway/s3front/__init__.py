@@ -5,7 +5,9 @@ One more door onto the read path and the listings (single flight, tiers, peers,
 pinned versions); it parses, checks the signature, maps errors and formats, and
 holds no caching of its own. Rooms:
 
-- :mod:`~chunkd.gateway.s3front.front`: the door (routes, conditions, listings);
+- :mod:`~chunkd.gateway.s3front.front`: the door (routes, listings);
+- :mod:`~chunkd.gateway.s3front.conditions`: an object GET's conditions (RFC 9110, as S3
+  applies them);
 - :mod:`~chunkd.gateway.s3front.sigv4`: the AWS Signature Version 4 check (and the door to
   :mod:`~chunkd.gateway.s3front.sigv2`, Version 2, which boto3 presigns with by default);
 - :mod:`~chunkd.gateway.s3front.requesttime`, :mod:`~chunkd.gateway.s3front.querystring`,

@@ -30,4 +30,3 @@ from chunkd.gateway.peers.placement import rank_owners
 from chunkd.gateway.peers.token import read_token
 
 __all__ = ["OwnerSilentError", "Peer", "Peers", "rank_owners", "read_token"]
-

@@ -28,15 +28,11 @@ caller goes on to the source. ENOSPC and EIO are counted and degrade the tier
 
 A stalled disk (a device that stops answering: every ``read(2)`` and ``write(2)``
 blocks, and a thread blocked in one cannot be cancelled) must not stall the reads
-RAM or the backend can serve. The tier's file I/O runs on ``workers`` threads, and:
+RAM or the backend can serve. The tier's file I/O runs on ``workers`` threads behind
+:class:`~chunkd.cache.admission.Admission` (admission on the loop, stall detection
+after ``stall_after`` seconds, 0.5 by default; the mechanism is written down there).
+For this tier:
 
-* Admission: an operation runs only on a free worker; one that finds none waits
-  for one on the loop, never in the executor's queue, so a stalled disk holds at
-  most ``workers`` threads and nothing piles up behind them.
-* Detection: the tier is *stalled* while an operation has been outstanding for
-  ``stall_after`` seconds (0.5 by default) and none has completed for as long. A
-  slow disk that still completes operations is not stalled; one that completes
-  none is, within ``stall_after``.
 * While stalled, :attr:`DiskTier.degraded` says so (``/v1/stats``, the
   ``chunkd_cache_degraded`` gauge), every ``get`` is a miss and every ``put``
   declines at once, without a worker, and every caller waiting for a worker or an
@@ -51,10 +47,19 @@ RAM or the backend can serve. The tier's file I/O runs on ``workers`` threads, a
   writes again at once. Each stall is counted once (``errors["stall"]``), each
   operation given up on too (``errors["gave_up"]``).
 
+How a chunk's bytes are stored (raw, or one zstd frame when that saves enough) is
+:mod:`chunkd.cache.codec`'s.
+
 The index can stall as well (see :mod:`chunkd.cache.index`): when its commits fall
 so far behind that its queue of batched writes is full, the tier declines writes
 (a record it could not queue would leave a file the index does not know) and says
 why in :attr:`DiskTier.degraded` until the queue drains.
+
+This module is one job, the files of one tier and their agreement with the index
+(write, read, evict, reconcile, and what each does with a failing disk); it passes
+600 lines because each of those paths has its crash and fault cases written next to
+it. Admission and stall detection (:mod:`chunkd.cache.admission`) and the stored form
+(:mod:`chunkd.cache.codec`) are mechanisms of their own.
 
 Startup does no scan: budget totals live in the index. :meth:`DiskTier.reconcile`
 runs in the background to remove stale temporary files, drop records whose file is
@@ -64,8 +69,6 @@ gone, and adopt (after verifying) or delete files the index does not know.
 from __future__ import annotations
 
 import asyncio
-import collections
-import contextlib
 import errno
 import fcntl
 import functools
@@ -75,58 +78,39 @@ import os
 import secrets
 import threading
 import time
-from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterable
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Final, TypeVar
+from typing import Final
 
 import blake3
 import lmdb
-import zstandard
 
 from chunkd import faults
+from chunkd.cache.admission import STALL_AFTER, Admission, GaveUp
 from chunkd.cache.chunkid import HEX_CHARS, ChunkId, hash_threads
+from chunkd.cache.codec import ChunkCodec, stored_forms
 from chunkd.cache.index import ChunkRecord, Codec, Index, TierSet
 from chunkd.cache.singleflight import SingleFlight
 from chunkd.cache.tier import BytesLease, Chunk, Tier, TierStats
-from chunkd.errors import CacheClosedError, ChunkTooLargeError, InvalidChunkIdError
+from chunkd.errors import (
+    CacheClosedError,
+    ChunkTooLargeError,
+    IntegrityError,
+    InvalidChunkIdError,
+)
 
 __all__ = ["DiskTier", "FsyncPolicy"]
 
 log = logging.getLogger("chunkd.cache.disk")
 
-T = TypeVar("T")
-
-# Constants, not config keys: they are the file format or the cost model of one
-# decision, and no operator setting would make them better on one node than another.
-#: the first bytes of a zstd frame: how a stored chunk says it is compressed
-_ZSTD_MAGIC: Final = b"\x28\xb5\x2f\xfd"
-#: a big chunk is probed for compressibility with this many samples of this size
-#: (64 KiB in all), so an incompressible chunk costs a small fraction of a compression
-_SAMPLE_BYTES: Final = 16 * 1024
-_SAMPLES: Final = 4
-#: below this a chunk is stored raw: under one file system block there is nothing to save
-_MIN_COMPRESS_BYTES: Final = 4096
+# Constants, not config keys: they are the cost model of one decision, and no
+# operator setting would make them better on one node than another.
 #: the oldest chunks read from the index at a time while the tier evicts to its budget
 _EVICT_BATCH: Final = 256
-#: seconds an operation may be outstanding, with none completing, before the disk
-#: counts as stalled; also the longest a get waits for its own operation. Half a
-#: second: a healthy disk reads a chunk in milliseconds, and a reader that gives up
-#: still has time to fetch from the source within its second.
-STALL_AFTER: Final = 0.5
-#: how often a caller waiting on the disk looks again whether it has stalled
-_STALL_CHECK: Final = 0.05
 #: what a direct write's file offsets and lengths are multiples of: the largest
 #: logical block size of the devices chunkd runs on (512 and 4096 both divide it)
 _DIRECT_ALIGN: Final = 4096
-
-
-class _GaveUp:
-    """What :meth:`DiskTier._run` returns when the caller stopped waiting."""
-
-
-_GAVE_UP: Final = _GaveUp()
 
 
 class FsyncPolicy(StrEnum):
@@ -195,23 +179,16 @@ class DiskTier(Tier):
         self._min_free = min_free_bytes
         self._fsync = FsyncPolicy(fsync)
         self._compress = compress
-        self._compress_level = compress_level
-        self._compress_ratio = compress_ratio
+        self._codec = ChunkCodec(compress=compress, level=compress_level, ratio=compress_ratio)
         self._verify = verify
         self._max_chunk = max_chunk_bytes
         self._retry_after = retry_after
-        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="chunkd-disk")
-        # Admission (on the loop): one slot per worker, freed when the thread is done,
-        # not when its caller stops waiting; callers queue here, in order.
-        self._free_workers = workers
-        self._worker_waiters: collections.deque[asyncio.Future[None]] = collections.deque()
-        self._stall_after = stall_after
-        self._ops_lock = threading.Lock()
-        self._running: dict[int, float] = {}  # operation -> when it started (monotonic)
-        self._last_done = time.monotonic()
-        self._stalled_since: float | None = None
-        self._op_serial = itertools.count()
-        self._codecs = threading.local()
+        self._admission = Admission(
+            workers,
+            what=f"disk tier at {self.root}",
+            count=self._count_kind,
+            stall_after=stall_after,
+        )
         self._token = secrets.token_hex(6)  # names this process's temporary files
         self._serial = itertools.count()
         # Held while a record and its file are unlinked as a pair (eviction, drops),
@@ -280,8 +257,10 @@ class DiskTier(Tier):
     async def get(self, cid: ChunkId, *, count: bool = True) -> BytesLease | None:
         # docstring inherited
         self._check_open()
-        data = await self._run(self.read_sync, cid, count, patience=self._stall_after)
-        if isinstance(data, _GaveUp):
+        data = await self._admission.run(
+            self.read_sync, cid, count, patience=self._admission.stall_after
+        )
+        if isinstance(data, GaveUp):
             if count:
                 self._bump("misses")
             return None
@@ -313,7 +292,7 @@ class DiskTier(Tier):
                 f"chunk {chunk.id} is {chunk.size} bytes; the disk tier accepts at most "
                 f"{self._max_chunk} (raise cache.chunk_bytes or split the data)"
             )
-        if self._stall() is not None:
+        if self._admission.stalled() is not None:
             # Declined without a worker; a chunk already stored is still stored.
             if self.index.lookup(chunk.id) is not None:
                 return True
@@ -328,8 +307,8 @@ class DiskTier(Tier):
     ) -> bool:
         direct = direct or self._direct_writes
         write = functools.partial(self.write_sync, direct=True) if direct else self.write_sync
-        done = await self._run(write, chunk, sync, compress, patience=None)
-        if isinstance(done, _GaveUp):
+        done = await self._admission.run(write, chunk, sync, compress, patience=None)
+        if isinstance(done, GaveUp):
             self._bump("rejected")  # the write goes on, and its record with it
             return False
         return done
@@ -342,8 +321,8 @@ class DiskTier(Tier):
     async def discard(self, cid: ChunkId) -> bool:
         # docstring inherited
         self._check_open()
-        gone = await self._run(self._drop, cid, patience=None)
-        return gone is not None and not isinstance(gone, _GaveUp)
+        gone = await self._admission.run(self._drop, cid, patience=None)
+        return gone is not None and not isinstance(gone, GaveUp)
 
     def stats(self) -> TierStats:
         # docstring inherited
@@ -363,16 +342,14 @@ class DiskTier(Tier):
         pending = self._writing.running()
         if pending:
             await asyncio.gather(*pending, return_exceptions=True)
-        await asyncio.get_running_loop().run_in_executor(
-            None, lambda: self._pool.shutdown(wait=True)
-        )
+        await asyncio.get_running_loop().run_in_executor(None, self._admission.shutdown)
 
     # -- health ---------------------------------------------------------------------
 
     @property
     def degraded(self) -> str | None:
         """Why the tier declines writes now, or ``None`` when it is healthy."""
-        stalled = self._stall()
+        stalled = self._admission.stalled()
         if stalled is not None:
             return stalled
         if self.index.backlog_full:
@@ -384,40 +361,6 @@ class DiskTier(Tier):
             if self._stats.degraded and time.monotonic() >= self._degraded_until:
                 self._stats.degraded = None
             return self._stats.degraded
-
-    def _stall(self) -> str | None:
-        """Why the disk counts as stalled now (see the module docstring), or ``None``."""
-        with self._ops_lock:
-            now = time.monotonic()
-            oldest = min(self._running.values(), default=now)
-            stuck = now - oldest >= self._stall_after and now - self._last_done >= self._stall_after
-            if not stuck:
-                if self._stalled_since is not None:
-                    log.warning(
-                        "disk tier at %s: the disk answers again after a %.1f s stall",
-                        self.root,
-                        now - self._stalled_since,
-                    )
-                    self._stalled_since = None
-                return None
-            outstanding = len(self._running)
-            first = self._stalled_since is None
-            if first:
-                self._stalled_since = now
-        if first:
-            with self._stats_lock:
-                self._stats.errors["stall"] = self._stats.errors.get("stall", 0) + 1
-            log.warning(
-                "disk tier at %s stalled: %d operations outstanding, none done for %.1f s; "
-                "reads go to the source and writes are declined until it answers",
-                self.root,
-                outstanding,
-                now - oldest,
-            )
-        return (
-            f"disk stalled: {outstanding} operations outstanding for more than "
-            f"{self._stall_after:g} s, none completing"
-        )
 
     def _degrade(self, reason: str) -> None:
         with self._stats_lock:
@@ -435,12 +378,16 @@ class DiskTier(Tier):
             kind = {errno.ENOSPC: "enospc", errno.EIO: "eio", errno.EDQUOT: "enospc"}.get(
                 exc.errno or 0, "other"
             )
-        with self._stats_lock:
-            self._stats.errors[kind] = self._stats.errors.get(kind, 0) + 1
+        self._count_kind(kind)
         if kind == "enospc":
             self._degrade("disk full (ENOSPC)")
         elif kind == "eio":
             self._degrade("I/O error (EIO)")
+
+    def _count_kind(self, kind: str) -> None:
+        """Count one error of ``kind`` (``errors[kind]`` in :meth:`stats`)."""
+        with self._stats_lock:
+            self._stats.errors[kind] = self._stats.errors.get(kind, 0) + 1
 
     def _bump(self, field: str, n: int = 1) -> None:
         with self._stats_lock:
@@ -533,7 +480,7 @@ class DiskTier(Tier):
         if self.degraded or self.index.backlog_full:
             self._bump("rejected")
             return False
-        payload, codec = self._encode(chunk.data) if compress else (chunk.data, Codec.RAW)
+        payload, codec = self._codec.encode(chunk.data) if compress else (chunk.data, Codec.RAW)
         if not self._make_room(len(payload)):
             self._bump("rejected")
             return False
@@ -588,26 +535,6 @@ class DiskTier(Tier):
         finally:
             os.close(fd)
 
-    def _encode(self, data: memoryview) -> tuple[memoryview | bytes, Codec]:
-        size = data.nbytes
-        if not self._compress or size < _MIN_COMPRESS_BYTES:
-            return data, Codec.RAW
-        compressor = self._compressor()
-        if size > 4 * _SAMPLE_BYTES:
-            # Probe samples spread over the chunk first: incompressible data (most
-            # tensors) then costs a few small compressions, not a full one.
-            step = (size - _SAMPLE_BYTES) // (_SAMPLES - 1)
-            probed = sum(
-                len(compressor.compress(data[i * step : i * step + _SAMPLE_BYTES]))
-                for i in range(_SAMPLES)
-            )
-            if probed > self._compress_ratio * _SAMPLES * _SAMPLE_BYTES:
-                return data, Codec.RAW
-        packed = compressor.compress(data)
-        if len(packed) <= self._compress_ratio * size:
-            return packed, Codec.ZSTD
-        return data, Codec.RAW
-
     def _decode(
         self,
         cid: ChunkId,
@@ -620,11 +547,10 @@ class DiskTier(Tier):
         """The chunk's bytes from a file's contents, or ``None`` if they are damaged."""
         problem = None
         data = raw
-        if record.codec == Codec.ZSTD:
-            try:
-                data = bytearray(self._decompressor().decompress(raw, max_output_size=record.size))
-            except zstandard.ZstdError as exc:
-                problem = f"zstd frame is damaged ({exc})"
+        try:
+            data = self._codec.decode(record.codec, raw, record.size)
+        except IntegrityError as exc:
+            problem = str(exc)
         if problem is None and len(data) != record.size:
             problem = f"{len(data)} bytes, the index says {record.size}"
         if problem is None and (self._verify if verify is None else verify):
@@ -636,20 +562,6 @@ class DiskTier(Tier):
         if not quiet:
             log.warning("chunk %s: %s; dropped", cid, problem)
         return None
-
-    def _compressor(self) -> zstandard.ZstdCompressor:
-        comp: zstandard.ZstdCompressor | None = getattr(self._codecs, "comp", None)
-        if comp is None:
-            comp = zstandard.ZstdCompressor(level=self._compress_level)
-            self._codecs.comp = comp
-        return comp
-
-    def _decompressor(self) -> zstandard.ZstdDecompressor:
-        dec: zstandard.ZstdDecompressor | None = getattr(self._codecs, "dec", None)
-        if dec is None:
-            dec = zstandard.ZstdDecompressor()
-            self._codecs.dec = dec
-        return dec
 
     def _drop(self, cid: ChunkId, seen: ChunkRecord | None = None) -> ChunkRecord | None:
         """Delete the record (committed), then the file. Returns the old record.
@@ -799,119 +711,13 @@ class DiskTier(Tier):
         if self._closed:
             raise CacheClosedError(f"the disk tier at {self.root} is closed; open a new cache")
 
-    async def _run(
-        self, fn: Callable[..., T], *args: object, patience: float | None
-    ) -> T | _GaveUp:
-        """``fn(*args)`` on a worker, or :data:`_GAVE_UP` when the caller stopped waiting:
-        the disk stalled, or ``fn`` ran for ``patience`` seconds (``None``: no limit).
-
-        The operation itself is never abandoned: it holds its worker until it returns.
-        """
-        if self._stall() is not None:
-            self._gave_up()
-            return _GAVE_UP
-        if not await self._admit():
-            self._gave_up()
-            return _GAVE_UP
-        loop = asyncio.get_running_loop()
-        op = next(self._op_serial)
-        with self._ops_lock:
-            self._running[op] = time.monotonic()
-        try:
-            future = loop.run_in_executor(self._pool, self._tracked, op, fn, args)
-        except BaseException:
-            self._finished(op)
-            self._free_worker()
-            raise
-        future.add_done_callback(lambda _: self._free_worker())
-        deadline = None if patience is None else loop.time() + patience
-        taken = False
-        try:
-            while True:
-                done, _ = await asyncio.wait({future}, timeout=_STALL_CHECK)
-                if done:
-                    taken = True
-                    return future.result()
-                if self._stall() is not None or (deadline is not None and loop.time() >= deadline):
-                    self._gave_up()
-                    return _GAVE_UP
-        finally:
-            if not taken:  # cancelled or given up: nobody will take the late result
-                future.add_done_callback(_discard_late_result)
-
-    async def _admit(self) -> bool:
-        """Take a free worker, waiting for one in order; ``False`` if the disk stalls first."""
-        if self._free_workers > 0 and not self._worker_waiters:
-            self._free_workers -= 1
-            return True
-        waiter = asyncio.get_running_loop().create_future()
-        self._worker_waiters.append(waiter)
-        handed = False
-        try:
-            while True:
-                await asyncio.wait({waiter}, timeout=_STALL_CHECK)
-                if waiter.done():
-                    handed = True
-                    return True
-                if self._stall() is not None:
-                    return False
-        finally:
-            if not handed:
-                if waiter.done() and not waiter.cancelled():
-                    self._free_worker()  # handed a worker just as this caller left
-                else:
-                    waiter.cancel()
-                    with contextlib.suppress(ValueError):
-                        self._worker_waiters.remove(waiter)
-
-    def _free_worker(self) -> None:
-        """A worker's thread is done: hand it to the first caller still waiting."""
-        while self._worker_waiters:
-            waiter = self._worker_waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(None)
-                return
-        self._free_workers += 1
-
-    def _tracked(self, op: int, fn: Callable[..., T], args: tuple[object, ...]) -> T:
-        try:
-            return fn(*args)
-        finally:
-            self._finished(op)
-
-    def _finished(self, op: int) -> None:
-        with self._ops_lock:
-            self._running.pop(op, None)
-            self._last_done = time.monotonic()
-
-    def _gave_up(self) -> None:
-        with self._stats_lock:
-            self._stats.errors["gave_up"] = self._stats.errors.get("gave_up", 0) + 1
-
-
-def _discard_late_result(future: asyncio.Future[Any]) -> None:
-    """Retrieve what an operation nobody waits for returned (a late read's bytes are
-    dropped; an exception is logged, not left unretrieved)."""
-    if future.cancelled():
-        return
-    exc = future.exception()
-    if exc is not None and not isinstance(exc, CacheClosedError):
-        log.warning("a disk operation given up on failed late: %r", exc)
-
 
 def _candidate_records(raw: bytearray, max_chunk: int) -> list[ChunkRecord]:
     """How an unindexed file may have been stored: zstd (if it looks like it), raw."""
-    out = []
-    if raw.startswith(_ZSTD_MAGIC):
-        try:
-            size = zstandard.frame_content_size(bytes(raw[:18]))
-        except zstandard.ZstdError:
-            size = -1
-        if 0 <= size <= max_chunk:  # a damaged header must not make us allocate more
-            out.append(ChunkRecord(size, len(raw), Codec.ZSTD, TierSet.DISK))
-    if len(raw) <= max_chunk:
-        out.append(ChunkRecord(len(raw), len(raw), Codec.RAW, TierSet.DISK))
-    return out
+    return [
+        ChunkRecord(size, len(raw), codec, TierSet.DISK)
+        for codec, size in stored_forms(raw, max_chunk)
+    ]
 
 
 def _same_file(a: os.stat_result, b: os.stat_result) -> bool:

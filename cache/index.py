@@ -26,8 +26,9 @@ Five named databases live in one lmdb environment (``<dir>/index``):
 
 Writes are batched off the hot path: :meth:`Index.put_chunk`, :meth:`Index.touch`,
 :meth:`Index.record` and the writes of ``names`` land in an in-memory overlay that
-readers consult first (read-your-writes), and a background thread commits the
-overlay every ``flush_interval`` seconds or ``flush_ops`` operations. Deletes of
+readers consult first (read-your-writes), and a background thread
+(:class:`~chunkd.cache.committer.BatchCommitter`) commits the overlay every
+``flush_interval`` seconds or ``flush_ops`` operations. Deletes of
 chunk records commit at once, because a deleted record must be durable before its
 file is unlinked (the index never claims a chunk that is not on disk: file first,
 then index).
@@ -46,6 +47,11 @@ the backend, never a stale version), while the writes whose absence would lose d
 are always queued: chunk records (the disk tier stops writing chunks while the
 overlay is full, so these stay few) and deletes (committed at once). When commits
 succeed again the overlay drains and the bound lifts.
+
+One job, the records and their queries, over 600 lines because five record kinds
+each need their write (into the overlay), their reads (overlay, then lmdb) and their
+bound; when and on which thread the overlay is committed is
+:mod:`chunkd.cache.committer`'s.
 
 Every method is thread-safe and blocking; an asyncio caller runs them in a thread
 (single lookups are cheap enough to call on the loop).
@@ -76,6 +82,7 @@ import lmdb
 
 from chunkd import faults
 from chunkd.cache.chunkid import DIGEST_BYTES, ChunkId
+from chunkd.cache.committer import BatchCommitter
 from chunkd.errors import CacheClosedError, IndexSchemaError
 
 __all__ = [
@@ -302,13 +309,10 @@ class Index:
         self.path = Path(path)
         self.path.mkdir(parents=True, exist_ok=True)
         self.chunk_bytes = chunk_bytes
-        self._flush_interval = flush_interval
-        self._flush_ops = flush_ops
         self._touch_interval_ms = int(touch_interval * 1000)
         self.max_pending = max_pending
         #: writes dropped because commits fell ``max_pending`` behind
         self.dropped = 0
-        self._commit_started: float | None = None
         self._clock = clock
         self._env = lmdb.open(
             str(self.path),
@@ -339,14 +343,17 @@ class Index:
         self._pend_objects: dict[bytes, bytes] = {}
         self._pend_names: dict[bytes, bytes | None] = {}  # None: a delete
         self._flushing: list[list[Any]] = []  # chunk/map/object/name overlays in flight
-        self._pending_ops = 0
-        self._write_lock = threading.Lock()  # one lmdb write transaction at a time
         self._closed = False
-        self.commits = 0
-        self.commit_errors = 0
-        self._wake = threading.Condition(self._lock)
-        self._flusher = threading.Thread(target=self._flush_loop, name="chunkd-index", daemon=True)
-        self._flusher.start()
+        self._committer: BatchCommitter[list[Any]] = BatchCommitter(
+            self._lock,
+            take=self._take_batch,
+            write=self._write_batch,
+            settle=self._settle,
+            interval=flush_interval,
+            ops=flush_ops,
+            retry_on=(lmdb.Error,),
+            name="chunkd-index",
+        )
 
     # -- schema ---------------------------------------------------------------------
 
@@ -426,7 +433,7 @@ class Index:
             self._pend_lru_add.add(_lru_key(record.last_use, cid))
             self._pend_chunks[cid] = record
             self._count(record, +1)
-            self._enqueued()
+            self._committer.enqueued()
 
     def touch(self, cid: ChunkId) -> None:
         """Note a use of ``cid`` (coarse: rewritten at most every ``touch_interval``)."""
@@ -443,25 +450,27 @@ class Index:
             self._pend_lru_del.add(_lru_key(old.last_use, cid))
             self._pend_lru_add.add(_lru_key(now, cid))
             self._pend_chunks[cid] = old._replace(last_use=now)
-            self._enqueued()
+            self._committer.enqueued()
 
     def delete_chunks(self, cids: Iterable[bytes]) -> list[ChunkRecord]:
         """Delete the records of ``cids`` and commit at once; return those that existed."""
-        with self._write_lock:
-            with self._lock:
-                self._check_open()
-                gone: list[ChunkRecord] = []
-                for cid in cids:
-                    old = self._lookup_locked(cid)
-                    if old is None:
-                        continue
-                    gone.append(old)
-                    self._pend_lru_del.add(_lru_key(old.last_use, cid))
-                    self._pend_lru_add.discard(_lru_key(old.last_use, cid))
-                    self._pend_chunks[cid] = None
-                    self._count(old, -1)
-                batch = self._take_batch()
-            self._commit(batch)
+        gone: list[ChunkRecord] = []
+
+        def prepare() -> list[Any]:
+            # with the overlay lock held, inside the commit's write lock
+            self._check_open()
+            for cid in cids:
+                old = self._lookup_locked(cid)
+                if old is None:
+                    continue
+                gone.append(old)
+                self._pend_lru_del.add(_lru_key(old.last_use, cid))
+                self._pend_lru_add.discard(_lru_key(old.last_use, cid))
+                self._pend_chunks[cid] = None
+                self._count(old, -1)
+            return self._take_batch()
+
+        self._committer.commit_with(prepare)
         return gone
 
     def oldest(self, limit: int) -> list[tuple[ChunkId, ChunkRecord]]:
@@ -523,7 +532,7 @@ class Index:
                 self.dropped += 1  # the next read of the locator learns it again
                 return
             self._pend_maps[key] = bytes(cid) + _LE32.pack(length)
-            self._enqueued()
+            self._committer.enqueued()
 
     def resolve(self, locator: Locator) -> ChunkRef | None:
         """The chunk at ``locator``, if it was recorded."""
@@ -560,7 +569,7 @@ class Index:
                 self.dropped += 1  # the next stat of the object learns it again
                 return
             self._pend_objects[key] = body
-            self._enqueued()
+            self._committer.enqueued()
 
     def get_object(self, version: ObjectVersion) -> ObjectInfo | None:
         """The recorded size of ``version``, if any."""
@@ -590,7 +599,7 @@ class Index:
                 self._pend_names[key] = None
             else:
                 self._pend_names[key] = record.pack()
-            self._enqueued()
+            self._committer.enqueued()
 
     def get_validated(self, backend: str, key: str) -> ValidatedVersion | None:
         """The version ``backend/key`` was last validated at, if one was recorded."""
@@ -611,25 +620,20 @@ class Index:
         with self._lock:
             self._check_open()
             self._pend_names[_namekey(backend, key)] = None
-            self._enqueued()
+            self._committer.enqueued()
 
     # -- lifecycle ------------------------------------------------------------------
 
     def flush(self) -> None:
         """Commit every batched write now."""
-        with self._write_lock:
-            with self._lock:
-                if self._closed:
-                    return
-                batch = self._take_batch()
-            self._commit(batch)
+        self._committer.flush()
 
     def close(self) -> None:
         """Commit pending writes and close lmdb. Idempotent."""
         with self._lock:
             if self._closed:
                 return
-            self._wake.notify_all()
+            self._committer.wake()
         try:
             self.flush()
         except lmdb.Error:
@@ -638,15 +642,25 @@ class Index:
             log.exception("index %s: the last commit failed; batched writes were lost", self.path)
         with self._lock:
             self._closed = True
-            self._wake.notify_all()
-        self._flusher.join(timeout=5)
-        with self._write_lock:
+            self._committer.stop()
+        self._committer.join(timeout=5)
+        with self._committer.write_lock:
             self._env.close()
 
     @property
     def closed(self) -> bool:
         """Whether :meth:`close` was called."""
         return self._closed
+
+    @property
+    def commits(self) -> int:
+        """Batches committed."""
+        return self._committer.commits
+
+    @property
+    def commit_errors(self) -> int:
+        """Commits that failed (their writes were queued again)."""
+        return self._committer.commit_errors
 
     @property
     def backlog(self) -> int:
@@ -668,8 +682,7 @@ class Index:
     def commit_running_for(self) -> float:
         """Seconds the commit in progress has run (0 when none is): a stalled index
         disk shows here first."""
-        started = self._commit_started
-        return 0.0 if started is None else time.monotonic() - started
+        return self._committer.running_for
 
     def stat(self) -> dict[str, int]:
         """lmdb's own counters (entries per database, map use)."""
@@ -752,11 +765,6 @@ class Index:
         # called with _lock held
         return self.backlog >= self.max_pending
 
-    def _enqueued(self) -> None:
-        self._pending_ops += 1
-        if self._pending_ops >= self._flush_ops:
-            self._wake.notify()
-
     def _take_batch(self) -> list[Any]:
         # called with _lock held
         batch: list[Any] = [
@@ -772,51 +780,46 @@ class Index:
         self._pend_chunks, self._pend_maps, self._pend_objects = {}, {}, {}
         self._pend_names = {}
         self._pend_lru_add, self._pend_lru_del = set(), set()
-        self._pending_ops = 0
         return batch
 
-    def _commit(self, batch: list[Any]) -> None:
-        # called with _write_lock held
+    def _write_batch(self, batch: list[Any]) -> bool:
+        """Commit ``batch`` in one lmdb write transaction; whether it held anything."""
         chunks, maps, objects, names, lru_add, lru_del, totals = batch
-        committed = False
-        self._commit_started = time.monotonic()
-        try:
-            if chunks or maps or objects or names or lru_add or lru_del:
-                faults.point("index.commit", _lmdb_error)
-                with self._env.begin(write=True) as txn:
-                    for key in lru_del - lru_add:
-                        txn.delete(key, db=self._lru)
-                    for key in lru_add:
-                        txn.put(key, b"", db=self._lru)
-                    for cid, record in chunks.items():
-                        if record is None:
-                            txn.delete(cid, db=self._chunks)
-                        else:
-                            txn.put(cid, record.pack(), db=self._chunks)
-                    for key, value in maps.items():
-                        txn.put(key, value, db=self._maps)
-                    for key, value in objects.items():
-                        txn.put(key, value, db=self._objects)
-                    for key, named in names.items():
-                        if named is None:
-                            txn.delete(key, db=self._names)
-                        else:
-                            txn.put(key, named, db=self._names)
-                    txn.put(b"disk_bytes", _U64.pack(totals[0]), db=self._meta)
-                    txn.put(b"disk_chunks", _U64.pack(totals[1]), db=self._meta)
-                self.commits += 1
-            committed = True
-        finally:
-            self._commit_started = None
-            with self._lock:
-                if not committed:
-                    self._requeue(batch)  # before leaving _flushing: readers must see it
-                self._flushing.remove(batch)
+        if not (chunks or maps or objects or names or lru_add or lru_del):
+            return False
+        faults.point("index.commit", _lmdb_error)
+        with self._env.begin(write=True) as txn:
+            for key in lru_del - lru_add:
+                txn.delete(key, db=self._lru)
+            for key in lru_add:
+                txn.put(key, b"", db=self._lru)
+            for cid, record in chunks.items():
+                if record is None:
+                    txn.delete(cid, db=self._chunks)
+                else:
+                    txn.put(cid, record.pack(), db=self._chunks)
+            for key, value in maps.items():
+                txn.put(key, value, db=self._maps)
+            for key, value in objects.items():
+                txn.put(key, value, db=self._objects)
+            for key, named in names.items():
+                if named is None:
+                    txn.delete(key, db=self._names)
+                else:
+                    txn.put(key, named, db=self._names)
+            txn.put(b"disk_bytes", _U64.pack(totals[0]), db=self._meta)
+            txn.put(b"disk_chunks", _U64.pack(totals[1]), db=self._meta)
+        return True
 
-    def _requeue(self, batch: list[Any]) -> None:
+    def _settle(self, batch: list[Any], committed: bool) -> int:
+        # called with _lock held, after a commit; returns the writes queued again
+        requeued = 0 if committed else self._requeue(batch)  # before leaving _flushing
+        self._flushing.remove(batch)
+        return requeued
+
+    def _requeue(self, batch: list[Any]) -> int:
         # A commit failed (disk full, I/O error): nothing is lost, the batch goes back
         # under the writes queued since, which are newer and win.
-        self.commit_errors += 1
         chunks, maps, objects, names, lru_add, lru_del, _ = batch
         for older, newer in (
             (chunks, self._pend_chunks),
@@ -828,23 +831,7 @@ class Index:
                 newer.setdefault(key, value)
         self._pend_lru_add |= lru_add - self._pend_lru_del
         self._pend_lru_del |= lru_del - self._pend_lru_add
-        self._pending_ops += len(chunks) + len(maps) + len(objects) + len(names)
-
-    def _flush_loop(self) -> None:
-        while True:
-            with self._lock:
-                if self._closed:
-                    return
-                if self._pending_ops < self._flush_ops:
-                    self._wake.wait(self._flush_interval)
-                idle = self._pending_ops == 0
-            if self.closed:
-                return
-            if not idle:
-                try:
-                    self.flush()
-                except lmdb.Error:  # pragma: no cover - retried on the next round
-                    time.sleep(self._flush_interval)
+        return len(chunks) + len(maps) + len(objects) + len(names)
 
 
 def _lmdb_error(code: int, message: str) -> lmdb.Error:

@@ -1,6 +1,6 @@
 """Test kits: real servers and network labs for the tests and the benchmarks.
 
-Installed as ``chunkd.testing`` (as ``chunkd.cache.testing`` is) so that the tests,
+Installed as ``chunkd.testing`` so that the tests,
 the benchmarks and a user's own tests use one implementation. Nothing in the daemon,
 the cache or the client imports it.
 
@@ -24,6 +24,8 @@ the cache or the client imports it.
 - :mod:`chunkd.testing.backends`: the backends' conformance suite;
 - :mod:`chunkd.testing.formats`: the dataset formats' conformance suite (it imports
   neither the daemon nor a server).
+- :mod:`chunkd.testing.tiers`: the cache tiers' conformance suite, ``TierTests``
+  (``chunkd.cache.testing`` re-exports it under its old name).
 
 The names below are imported when first used (PEP 562), so importing one module of the
 kit (``chunkd.testing.formats``) does not import the daemon's config with the others.
@@ -41,6 +43,7 @@ if TYPE_CHECKING:
     from chunkd.testing.proxy import CountingProxy
     from chunkd.testing.relay import LatencyRelay
     from chunkd.testing.s3 import S3Server, refused_backend, s3_backend
+    from chunkd.testing.tiers import TierTests
 
 __all__ = [
     "BIN",
@@ -49,6 +52,7 @@ __all__ = [
     "LatencyRelay",
     "NginxServer",
     "S3Server",
+    "TierTests",
     "free_port",
     "refused_backend",
     "s3_backend",
@@ -67,6 +71,7 @@ _LAZY = {
     "S3Server": "s3",
     "refused_backend": "s3",
     "s3_backend": "s3",
+    "TierTests": "tiers",
 }
 
 

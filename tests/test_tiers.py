@@ -21,9 +21,9 @@ from chunkd.cache import (
     RamTier,
     Tier,
 )
-from chunkd.cache.testing import TierTests
 from chunkd.client import Client
 from chunkd.testing import free_port
+from chunkd.testing.tiers import TierTests
 
 from .conftest import BIN, wait_for_socket
 

@@ -9,6 +9,11 @@ of the tier whose copy the reader got, or a miss. A reader looks a chunk up by l
 (:meth:`ChunkCache.lookup`, the read path) or by id (:meth:`ChunkCache.get`);
 :meth:`ChunkCache.find` is the daemon's own lease (a chunk it has just stored, or
 fetched for a reader whose miss was counted, or checks) and counts as neither.
+
+Pinned writes (:meth:`ChunkCache.put_pinned`, :meth:`ChunkCache.pin`,
+:meth:`ChunkCache.unpin`) are for bytes that exist nowhere else yet, such as a
+checkpoint's chunks before they reach their backend: they go to the disk tier and
+eviction leaves them there until released.
 """
 
 from __future__ import annotations
@@ -122,7 +127,22 @@ class CacheStats:
 
 
 class ChunkCache:
-    """One cache directory: RAM over disk, with the index. Use :meth:`open`."""
+    """One cache directory: RAM over disk, with the index. Use :meth:`open`.
+
+    Pinned writes: a writer whose bytes exist nowhere else yet (a checkpoint save
+    before its upload) writes them with :meth:`put_pinned`, which stores the chunk on
+    the disk tier (not in RAM) and pins it there: eviction, however full the tier,
+    passes over a pinned chunk until as many :meth:`unpin` calls as pins were taken
+    (:meth:`pin` takes more, :attr:`pinned` counts the chunks held). A pin keeps bytes,
+    never wrong bytes: a pinned chunk found damaged when read is still dropped. A pin
+    lives in this process only; after a restart the writer pins again (the daemon
+    passes its journaled chunks to :meth:`open`). :meth:`on_disk` says whether the
+    disk tier holds a chunk now (a pin taken after a concurrent eviction chose the
+    chunk does not bring it back), :meth:`commit_index` commits the index's batched
+    records (before a ``syncfs`` makes the files and their records durable together),
+    and :meth:`read_disk` reads a chunk back from the disk tier, verified, without
+    promoting it into RAM or counting a lookup.
+    """
 
     def __init__(
         self, config: CacheConfig, index: Index, ram: RamTier, disk: DiskTier, lock_fd: int
@@ -144,7 +164,7 @@ class ChunkCache:
     async def open(cls, config: CacheConfig, *, pinned: Iterable[bytes] = ()) -> ChunkCache:
         """Open (creating if needed) the cache in ``config.dir``.
 
-        ``pinned``: chunk ids kept from eviction (:meth:`DiskTier.pin`) before the
+        ``pinned``: chunk ids kept from eviction (:meth:`pin`) before the
         background reconciliation starts, which evicts down to the budget, oldest first
         (the daemon's journaled saves, whose jobs pin their own chunks only once resumed);
         the caller unpins them.
@@ -332,6 +352,66 @@ class ChunkCache:
         """Remove ``cid`` from every tier."""
         self._check_open()
         return await self.tiers.discard(cid)
+
+    # -- pinned writes --------------------------------------------------------------
+
+    async def put_pinned(
+        self,
+        chunk: Chunk,
+        *,
+        pin: bool = True,
+        sync: bool = False,
+        compress: bool = False,
+        direct: bool = True,
+    ) -> bool:
+        """Pin ``chunk`` (see the class docstring) and write it to the disk tier; whether
+        the tier holds it now (``False``: declined, full of pinned chunks or degraded; the
+        pin is kept all the same and released by :meth:`unpin` as any other).
+
+        ``pin=False``: the caller holds a pin on this id already (a chunk repeated within
+        one save), so none is taken. ``sync=False`` skips the per-file fsyncs (make many
+        chunks durable at once with :meth:`commit_index` and a ``syncfs``);
+        ``compress=False`` stores it raw; ``direct=True`` writes its pages to the device
+        without a page-cache copy (:meth:`DiskTier.put`): ``chunk.data`` must not change
+        until the call returns.
+
+        Raises:
+            ChunkTooLargeError: the chunk is larger than the tier accepts.
+        """
+        self._check_open()
+        if pin:
+            self.disk.pin([chunk.id])
+        return await self.disk.put(chunk, sync=sync, compress=compress, direct=direct)
+
+    def pin(self, cids: Iterable[bytes]) -> None:
+        """Keep ``cids`` on the disk tier, out of eviction's reach, until as many
+        :meth:`unpin` calls (a chunk not on the tier is kept once it is written)."""
+        self.disk.pin(cids)
+
+    def unpin(self, cids: Iterable[bytes]) -> None:
+        """Release one pin of each of ``cids``: eviction may take them again."""
+        self.disk.unpin(cids)
+
+    @property
+    def pinned(self) -> int:
+        """How many distinct chunks are pinned."""
+        return self.disk.pinned
+
+    def on_disk(self, cid: bytes) -> bool:
+        """Whether the disk tier holds ``cid`` now (its record is in the index)."""
+        self._check_open()
+        return self.index.lookup(cid) is not None
+
+    def commit_index(self) -> None:
+        """Commit the index's batched records now (blocking: call it in a thread)."""
+        self._check_open()
+        self.index.flush()
+
+    async def read_disk(self, cid: ChunkId) -> ChunkLease | None:
+        """``cid`` from the disk tier, verified; ``None`` if it is not there (or found
+        damaged and dropped). Not promoted into RAM, not counted as a reader's lookup."""
+        self._check_open()
+        return await self.disk.get(cid, count=False)
 
     # -- chunk maps -----------------------------------------------------------------
 

@@ -13,6 +13,7 @@ import pytest
 
 from chunkd.cache import (
     CacheConfig,
+    Chunk,
     ChunkCache,
     ChunkId,
     Locator,
@@ -163,6 +164,40 @@ async def test_disk_tier_evicts_least_recently_used_first(open_cache: OpenCache)
     assert not await cache.disk.contains(first)
     assert await cache.disk.contains(rest[-1])
     assert cache.disk.stats().evictions >= 3
+
+
+@pytest.mark.timeout(20)
+async def test_a_pinned_write_survives_eviction_until_released(open_cache: OpenCache) -> None:
+    cache = await open_cache(disk_bytes=10 << 20, ram_bytes=1 << 20, compress=False)
+    data = os.urandom(1 << 20)
+    held = Chunk.trusted(ChunkId.of(data), data)
+    assert await cache.put_pinned(held)
+    assert not await cache.ram.contains(held.id)  # a pinned write goes to disk only
+    cache.pin([held.id])  # a second pin: two releases are needed
+    unpinned = await cache.insert(os.urandom(1 << 20))  # written as early, not pinned
+    assert cache.pinned == 1
+
+    async def pressure(n: int) -> None:  # 3x the budget: every unpinned chunk goes
+        for _ in range(n):
+            await cache.insert(os.urandom(1 << 20))
+
+    await pressure(30)
+    assert cache.disk.stats().evictions >= 20
+    assert not cache.on_disk(unpinned)  # what eviction does to a chunk nobody pinned
+    assert cache.on_disk(held.id)
+    lease = await cache.read_disk(held.id)
+    assert lease is not None
+    with lease:
+        assert bytes(lease.view()) == data
+
+    cache.unpin([held.id])
+    await pressure(30)
+    assert cache.on_disk(held.id), "one of two pins released: still held"
+    cache.unpin([held.id])
+    assert cache.pinned == 0
+    await pressure(30)
+    assert not cache.on_disk(held.id), "released, it is evicted as any other"
+    assert await cache.read_disk(held.id) is None
 
 
 async def test_many_concurrent_readers_of_one_chunk(open_cache: OpenCache) -> None:

@@ -127,7 +127,7 @@ class Checkpoints:
         finally:
             # Each resumed job pins its own chunks; those of a job set aside go free.
             held, self._held = self._held, frozenset()
-            self.cache.disk.unpin(held)
+            self.cache.unpin(held)
 
     async def close(self) -> None:
         """Stop every job (journaled ones resume on the next start)."""
@@ -296,5 +296,5 @@ class Checkpoints:
         """Jobs in flight, for /v1/stats."""
         return {
             "jobs": [j.describe() for j in self._jobs if j.state != "done"],
-            "pinned_chunks": self.cache.disk.pinned,
+            "pinned_chunks": self.cache.pinned,
         }

@@ -24,9 +24,10 @@ import uuid
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any, Final
 
+from chunkd.canonical import canonical
 from chunkd.errors import CheckpointError, ChunkdError
 from chunkd.gateway.checkpoints.jobs import each, polling
-from chunkd.gateway.checkpoints.model import GC_BARRIERS, INTENTS, dumps
+from chunkd.gateway.checkpoints.model import GC_BARRIERS, INTENTS
 
 if TYPE_CHECKING:
     from chunkd.gateway.backends import Backend, ObjectMeta
@@ -127,7 +128,7 @@ class Barrier:
             "expires_after": self.expiry,
         }
         with self.sending():
-            await self.backend.put(self.key, dumps(doc))
+            await self.backend.put(self.key, canonical(doc))
         if self._written is not None and _clock() > self._safe_until():
             self._gap = True
         self._written = started

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import blake3
 
+from chunkd.canonical import canonical
 from chunkd.client.protocol import MAX_LAYOUT, MAX_WORLD_SIZE, ProtocolError, loads
 from chunkd.errors import (
     AccessDeniedError,
@@ -27,7 +28,6 @@ from chunkd.gateway.checkpoints.model import (
     SaveJob,
     SaveRequest,
     check_save_id,
-    dumps,
     manifest_key,
     part_rank,
     parts_prefix,
@@ -130,7 +130,7 @@ class Committer:
             manifest["owner"] = owner
         assert not set(extra) & set(manifest)
         manifest |= extra
-        body = dumps(manifest)
+        body = canonical(manifest)
         key = manifest_key(path)
         if job is not None:
             job.state = "committing"
@@ -315,7 +315,8 @@ class Committer:
         Raises:
             AccessDeniedError: ``overwrite`` of another user's checkpoint, by a non-admin.
             InvalidRequestError: ``save_id`` or ``world_size`` is malformed or out of
-                bounds, or ``extra`` would replace a field of chunkd's.
+                bounds, or ``extra`` would replace a field of chunkd's, or holds what
+                canonical JSON cannot (``NaN``, ``Infinity``, a lone surrogate).
             CheckpointExistsError: another save committed the name meanwhile.
             CheckpointError: the parts did not all come within the part timeout.
         """
@@ -331,6 +332,12 @@ class Committer:
                 f"the extra manifest fields of a commit must not replace chunkd's own; "
                 f"{clash[:5]} are chunkd's"
             )
+        try:
+            canonical(extra)  # refused now, not after the parts' wait, and nothing is put
+        except ValueError as exc:
+            raise InvalidRequestError(
+                f"the extra manifest fields of checkpoint {name} cannot be stored: {exc}"
+            ) from None
         backend = self.backends.get(backend_name)
         backend.check_writable()
         return await self.write_manifest(

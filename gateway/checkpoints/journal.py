@@ -16,7 +16,7 @@ import chunkd.errors
 from chunkd import faults
 from chunkd.cache import ChunkId
 from chunkd.errors import CheckpointError, ChunkdError
-from chunkd.gateway.checkpoints.model import SaveJob, SaveRequest, dumps
+from chunkd.gateway.checkpoints.model import SaveJob, SaveRequest
 
 __all__ = ["Journal", "syncfs", "write_durably"]
 
@@ -100,7 +100,9 @@ class Journal:
         if error is not None:
             doc = {"error": type(error).__name__, "message": str(error), "failed": time.time()}
             with contextlib.suppress(OSError):
-                write_durably(self.failed_dir / f"{journal.stem}.error.json", dumps(doc))
+                write_durably(
+                    self.failed_dir / f"{journal.stem}.error.json", json.dumps(doc).encode()
+                )
 
     def recorded_failure(self, job_id: str) -> ChunkdError | None:
         """The failure :meth:`set_aside` recorded for ``job_id``, if any."""

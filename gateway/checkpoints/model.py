@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import json
 import mmap
 import re
 import time
@@ -48,7 +47,6 @@ __all__ = [
     "SaveJob",
     "SaveRequest",
     "check_save_id",
-    "dumps",
     "is_manifest",
     "manifest_key",
     "part_rank",
@@ -413,8 +411,3 @@ def part_rank(name: str, world_size: int) -> int | None:
         return None
     rank = int(digits)
     return rank if rank < world_size else None
-
-
-def dumps(doc: Any) -> bytes:
-    """JSON as every chunkd object is written: sorted keys, no spaces."""
-    return json.dumps(doc, separators=(",", ":"), sort_keys=True).encode()

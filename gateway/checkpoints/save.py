@@ -54,6 +54,7 @@ import blake3
 from chunkd import faults
 from chunkd.cache import BytesLease, Chunk, ChunkCache, ChunkId, ChunkLease
 from chunkd.cache.singleflight import SingleFlight
+from chunkd.canonical import canonical
 from chunkd.errors import (
     BackendUnavailableError,
     CheckpointError,
@@ -69,7 +70,6 @@ from chunkd.gateway.checkpoints.model import (
     Durability,
     SaveJob,
     SaveRequest,
-    dumps,
 )
 from chunkd.gateway.chunkstore import put_chunk
 
@@ -176,7 +176,8 @@ class Saver:
         Raises:
             UnknownBackendError, ReadOnlyBackendError, BackendForbiddenError,
             CheckpointExistsError, CheckpointError, AccessDeniedError (``overwrite`` of
-            another user's checkpoint)
+            another user's checkpoint), InvalidRequestError (segments out of bounds, or
+            a name or tree that canonical JSON cannot hold)
         """
         backend = self.backends.get(request.backend)
         backend.check_writable()
@@ -191,6 +192,14 @@ class Saver:
             raise InvalidRequestError(
                 f"the segments name more bytes than the {size} staged; they may not overlap"
             )
+        try:
+            # The part and the intent are canonical JSON: what they cannot hold is
+            # refused before anything is staged or uploaded, not when the part is put.
+            canonical({"name": request.name, "tree": request.tree})
+        except ValueError as exc:
+            raise InvalidRequestError(
+                f"checkpoint {request.name[:200]!r} cannot be saved: its state tree {exc}"
+            ) from None
         if not request.overwrite and request.rank == 0:
             if any(
                 j.request.name == request.name
@@ -377,7 +386,7 @@ class Saver:
 
         async def put_intent() -> bool:
             backend_fault("ckpt.intent")
-            return await backend.put(request.intent_key, dumps(intent))
+            return await backend.put(request.intent_key, canonical(intent))
 
         await retrying(job, put_intent)
         # No dedup decision (the HEADs of _send_chunk) before every collection that
@@ -399,7 +408,7 @@ class Saver:
         job.new = sum(size for size, sent in zip(sizes, uploaded, strict=True) if sent)
         self.metrics.ckpt_bytes.labels("logical").inc(job.logical)
         self.metrics.ckpt_bytes.labels("new").inc(job.new)
-        part = dumps(job.part_doc())
+        part = canonical(job.part_doc())
 
         # If absent: a job resumed after its part went in must not change it (the
         # manifest may already name its hash).

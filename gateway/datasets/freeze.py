@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import blake3
 
+from chunkd.canonical import canonical
 from chunkd.client.protocol import MAX_LAYOUT
 from chunkd.errors import (
     ChunkdError,
@@ -87,10 +88,6 @@ _ROOT_ENTRY_BYTES: Final = 64 + 6 * 1024 + 64
 #: the day (``chunkd gc``'s ``intent_ttl``) after which a collection deletes an intent
 #: and stops counting its chunks
 INTENT_REFRESH: Final = 3600.0
-
-
-def _dumps(doc: Any) -> bytes:
-    return json.dumps(doc, separators=(",", ":"), sort_keys=True).encode()
 
 
 def record_bound(snapshot: Snapshot) -> int:
@@ -342,7 +339,7 @@ class _Intents:
     async def put(self, key: str, doc: dict[str, Any]) -> None:
         """Write intent ``key``, and keep it fresh from now on."""
         with self.reach():
-            await self.backend.put(key, _dumps(doc))
+            await self.backend.put(key, canonical(doc))
         self._written[key] = time.monotonic()
 
     async def refresh_old(self) -> None:
@@ -361,7 +358,7 @@ class _Intents:
                 del self._written[key]
                 return
             doc = json.loads(bytes(raw)) | {"created": time.time()}
-            await self.backend.put(key, _dumps(doc))
+            await self.backend.put(key, canonical(doc))
             self._written[key] = time.monotonic()
             self._written.move_to_end(key)
 
@@ -568,7 +565,7 @@ class Freezer:
                 "chunk_bytes": chunk_bytes,
                 "created": time.time(),
             } | whole
-            root = await asyncio.to_thread(_dumps, record)
+            root = await asyncio.to_thread(canonical, record)
         else:
             root = record_root_bytes(
                 snapshot_id=snapshot.id,

@@ -70,6 +70,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
 from chunkd import memfd
+from chunkd.canonical import canonical
 from chunkd.client.protocol import MAX_LAYOUT
 from chunkd.errors import (
     BackendUnavailableError,
@@ -183,10 +184,6 @@ def _loaded_document(
     if isinstance(found, ManifestError):
         raise found
     return None if found is None else load_document(found, key, required)
-
-
-def _dumps(doc: Any) -> bytes:
-    return json.dumps(doc, separators=(",", ":"), sort_keys=True).encode()
 
 
 @dataclass(frozen=True, slots=True)
@@ -641,7 +638,7 @@ class Registry:
         """Write hint ``key`` after a commit or a tag move; a failure only leaves it
         behind (the next resolve probes past it), never fails what was committed."""
         try:
-            await self.backend.put(key, _dumps(doc))
+            await self.backend.put(key, canonical(doc))
         except ChunkdError as exc:
             log.warning("dataset registry: the hint %s was not written (%s)", key, exc)
 
@@ -744,7 +741,7 @@ class Registry:
             if uid is not None:
                 pointer["uid"] = uid
             if await backend.put(
-                self.layout.version(name, number), _dumps(pointer), if_absent=True
+                self.layout.version(name, number), canonical(pointer), if_absent=True
             ):
                 log.info("dataset %s@%d registered: snapshot %s", name, number, ident)
                 await self._write_hint(self.layout.hint(name), {"version": number})
@@ -983,7 +980,7 @@ class Registry:
             if uid is not None:
                 entry["uid"] = uid
             key = self.layout.tag_entry(name, tag, seq)
-            if await backend.put(key, _dumps(entry), if_absent=True):
+            if await backend.put(key, canonical(entry), if_absent=True):
                 log.info("dataset %s@%s -> version %s", name, tag, number)
                 await self._write_hint(self.layout.tag_hint(name, tag), {"seq": seq})
                 return entry

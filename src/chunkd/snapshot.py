@@ -111,6 +111,7 @@ from typing import Any, Final, NamedTuple, Protocol, overload
 
 import blake3
 
+from chunkd.canonical import canonical
 from chunkd.errors import DatasetNotFoundError, InvalidRequestError, ManifestError
 
 __all__ = [
@@ -523,13 +524,6 @@ def _list_by_entries(text: str, at: int) -> tuple[list[Any], int]:
         if delimiter != ",":
             raise ValueError(f"expecting ',' delimiter (char {at})")
         at = _skip_space(text, at + 1)
-
-
-def canonical(doc: Any) -> bytes:
-    """The canonical bytes of a JSON document: sorted keys, no spaces, UTF-8."""
-    return json.dumps(
-        doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-    ).encode()
 
 
 def snapshot_id(data: bytes | memoryview) -> str:

@@ -93,10 +93,6 @@ def _member(i: int) -> Any:
     return Member(f"data/part-{i:09d}.parquet", 15_108, "1733400000-15108", "parquet", 300, meta)
 
 
-def _dumps(doc: dict[str, Any]) -> bytes:
-    return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
-
-
 class _DirPages:
     """Pages read from the registry's ``pages/`` folder (what ``from_pages`` asks for)."""
 
@@ -111,6 +107,7 @@ def _write_registered(registry: Path, name: str, members: int, schema: int) -> t
     """Snapshot ``name`` of ``members`` generated members, written into the registry
     folder as a commit lays it out (pages, manifest, pointer, hint): its id and its
     manifest's (root's) size."""
+    from chunkd.canonical import canonical
     from chunkd.snapshot import PageWriter, Snapshot
 
     pages = registry / "pages"
@@ -150,8 +147,8 @@ def _write_registered(registry: Path, name: str, members: int, schema: int) -> t
         "id": snapshot.id,
         "created": time.time(),
     }
-    (versions / f"{1:012d}.json").write_bytes(_dumps(pointer))
-    (registry / "names" / name / "_latest.json").write_bytes(_dumps({"version": 1}))
+    (versions / f"{1:012d}.json").write_bytes(canonical(pointer))
+    (registry / "names" / name / "_latest.json").write_bytes(canonical({"version": 1}))
     return snapshot.id, len(snapshot.data)
 
 

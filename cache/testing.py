@@ -10,10 +10,7 @@ imports ``chunkd.testing.tiers``.
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from chunkd.testing.tiers import TierTests
+from typing import Any
 
 __all__ = ["TierTests"]
 

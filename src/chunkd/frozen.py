@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import bisect
 import itertools
-import json
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -55,6 +54,7 @@ from typing import Any, Final, NamedTuple
 
 import blake3
 
+from chunkd.canonical import canonical
 from chunkd.errors import ManifestError
 from chunkd.snapshot import CONTAINER_BYTES, PAGE_MAX_BYTES, check_json_shape, load_json
 
@@ -91,7 +91,7 @@ _CLOSE_COST: Final = 2 + 66 + 1 + 1
 
 
 def _text(value: str) -> bytes:
-    return json.dumps(value, ensure_ascii=False).encode()
+    return canonical(value)
 
 
 class RecordRef(NamedTuple):
@@ -326,9 +326,7 @@ def record_root_bytes(
         "totals": {"members": members, "chunks": chunks},
         "pages": [p.to_json() for p in pages],
     }
-    return json.dumps(
-        doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-    ).encode()
+    return canonical(doc)
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__all__ = ["TierTests"]
+__all__ = ["TierTests"]  # noqa: F822 (resolved on first use, by __getattr__ below)
 
 
 def __getattr__(name: str) -> Any:

@@ -9,7 +9,7 @@ import pytest
 
 from chunkd import snapshot
 from chunkd.errors import InvalidRequestError, ManifestError
-from chunkd.snapshot import Member, MemoryPages, Ref, Snapshot, parse_ref
+from chunkd.snapshot import Member, MemoryPages, Ref, Snapshot, parse_ref, upgrades
 
 DATA = Path(__file__).parent / "data"
 #: the id of tests/data/snapshot-schema1.json, a manifest written by the first
@@ -93,8 +93,8 @@ def test_older_schemas_are_upgraded_and_newer_ones_refused(
         new["schema_of"] = {"upgraded": True}
         return new
 
-    monkeypatch.setattr(snapshot, "SCHEMA", snapshot.SCHEMA + 1)
-    monkeypatch.setitem(snapshot._UPGRADES, snapshot.SCHEMA - 1, rename)
+    monkeypatch.setattr(upgrades, "SCHEMA", upgrades.SCHEMA + 1)
+    monkeypatch.setitem(upgrades._UPGRADES, upgrades.SCHEMA - 1, rename)
     upgraded = Snapshot.parse(good.data, expect_id=good.id)
     assert upgraded.schema_of == {"upgraded": True}
     assert upgraded.id == good.id  # the id is of the stored bytes

@@ -49,9 +49,9 @@ from chunkd.gateway.checkpoints.barrier import await_collections
 from chunkd.gateway.checkpoints.jobs import each
 from chunkd.gateway.checkpoints.model import CHUNKS, INTENTS
 from chunkd.gateway.chunkstore import put_chunk
+from chunkd.gateway.datasets.documents import load_document, read_document
 from chunkd.gateway.datasets.layout import INTENT_CHUNKS
 from chunkd.gateway.datasets.pinned import drifted, first_failure, member_leases, pinned_stat
-from chunkd.gateway.datasets.registry import load_document, read_document
 
 if TYPE_CHECKING:
     from chunkd.cache import ChunkCache, ChunkId, ChunkLease

@@ -378,9 +378,9 @@ class ChunkCache:
         Raises:
             ChunkTooLargeError: the chunk is larger than the tier accepts.
         """
-        self._check_open()
-        if pin:
+        if pin:  # first, whatever follows: the caller releases one pin per id it asked for
             self.disk.pin([chunk.id])
+        self._check_open()
         return await self.disk.put(chunk, sync=sync, compress=compress, direct=direct)
 
     def pin(self, cids: Iterable[bytes]) -> None:

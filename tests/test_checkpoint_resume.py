@@ -231,3 +231,50 @@ async def test_journaled_chunks_pinned_as_the_cache_opens_outlive_its_reconcilia
     for cid in journaled:
         assert (tmp_path / "data" / "chunks" / str(cid)).read_bytes()  # committed whole
     assert (tmp_path / "data" / "checkpoints" / "journaled" / "step-1" / "manifest.json").is_file()
+
+
+@pytest.mark.timeout(30)
+def test_a_save_an_older_daemon_journaled_with_a_key_utf8_cannot_hold_still_commits(
+    start_daemon: Callable[..., Daemon], tmp_path: Path
+) -> None:
+    # Before canonical JSON was one function, the daemon took a state-tree key with a lone
+    # surrogate (a valid escape on the wire) and journaled the save. A daemon of today
+    # refuses such a save up front, but one it resumes was acknowledged at `local`: it
+    # must still commit, its part written as the older daemon would have written it.
+    data = tmp_path / "data"
+    data.mkdir()
+    toml = node_toml(tmp_path / "n", data)
+    port = free_port()
+    daemon = start_daemon(
+        toml,
+        cwd=tmp_path / "n",
+        port=port,
+        env={"CHUNKD_FAULTS": "ckpt.part:eio"},
+        extra_args=("--enable-faults",),
+    )
+    state = {"kX": np.arange(4096, dtype=np.float32)}
+    with Client(daemon.cwd / "chunkd.sock") as client:
+        result = ckpt.save(state, "data/old/step-1", durability="local", client=client)
+        assert result.result().durability == "local"
+    deadline = time.monotonic() + 10
+    while fault_hits(daemon, "ckpt.part") < 1:
+        assert time.monotonic() < deadline, "the save never reached its part PUT"
+        time.sleep(0.02)
+    daemon.process.kill()
+    daemon.process.wait()
+    # The journal as the older daemon wrote it: the tree's key holds a lone surrogate.
+    (journal,) = (tmp_path / "n" / "cache" / "checkpoints" / "jobs").glob("*.json")
+    text = journal.read_text()
+    assert text.count('"kX"') >= 1
+    journal.write_text(text.replace('"kX"', '"k\\udc80"'))
+
+    again = start_daemon(toml, cwd=tmp_path / "n", port=port)
+    jobs = settled_jobs(again, 20)
+    assert not [j for j in jobs if j.get("state") == "failed"], jobs
+    with Client(again.cwd / "chunkd.sock") as client:
+        back = ckpt.load("data/old/step-1", client=client)
+    assert list(back) == ["k\udc80"]
+    assert back["k\udc80"].tobytes() == state["kX"].tobytes()
+    log = again.log.read_text()
+    assert "resuming checkpoint data/old/step-1" in log
+    assert "Traceback" not in log

@@ -200,6 +200,22 @@ async def test_a_pinned_write_survives_eviction_until_released(open_cache: OpenC
     assert await cache.read_disk(held.id) is None
 
 
+async def test_a_pinned_write_refused_by_a_closed_cache_still_takes_its_pin(
+    open_cache: OpenCache,
+) -> None:
+    # A save releases one pin per chunk id it asked to pin, whatever became of the write:
+    # a write refused at shutdown must not let that release take another save's pin.
+    cache = await open_cache(disk_bytes=10 << 20, ram_bytes=1 << 20, compress=False)
+    data = os.urandom(1 << 16)
+    chunk = Chunk.trusted(ChunkId.of(data), data)
+    cache.pin([chunk.id])  # another save holds it
+    await cache.close()
+    with pytest.raises(CacheClosedError):
+        await cache.put_pinned(chunk)
+    cache.unpin([chunk.id])  # this save's release
+    assert cache.pinned == 1, "the other save's pin is still held"
+
+
 async def test_many_concurrent_readers_of_one_chunk(open_cache: OpenCache) -> None:
     cache = await open_cache()
     data = os.urandom(1 << 20)

@@ -47,14 +47,14 @@ import mmap
 import time
 import uuid
 from collections.abc import Awaitable
-from typing import TYPE_CHECKING, Final, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import blake3
 
 from chunkd import faults
 from chunkd.cache import BytesLease, Chunk, ChunkCache, ChunkId, ChunkLease
 from chunkd.cache.singleflight import SingleFlight
-from chunkd.canonical import canonical
+from chunkd.canonical import canonical, escaped
 from chunkd.errors import (
     BackendUnavailableError,
     CheckpointError,
@@ -386,7 +386,7 @@ class Saver:
 
         async def put_intent() -> bool:
             backend_fault("ckpt.intent")
-            return await backend.put(request.intent_key, canonical(intent))
+            return await backend.put(request.intent_key, _document(job, intent))
 
         await retrying(job, put_intent)
         # No dedup decision (the HEADs of _send_chunk) before every collection that
@@ -408,7 +408,7 @@ class Saver:
         job.new = sum(size for size, sent in zip(sizes, uploaded, strict=True) if sent)
         self.metrics.ckpt_bytes.labels("logical").inc(job.logical)
         self.metrics.ckpt_bytes.labels("new").inc(job.new)
-        part = canonical(job.part_doc())
+        part = _document(job, job.part_doc())
 
         # If absent: a job resumed after its part went in must not change it (the
         # manifest may already name its hash).
@@ -510,3 +510,15 @@ def _close_quietly(data: mmap.mmap) -> None:
 
 async def _never() -> bool:  # pragma: no cover - only run() on a key already running
     raise AssertionError("unreachable")
+
+
+def _document(job: SaveJob, doc: dict[str, Any]) -> bytes:
+    """The bytes of ``job``'s part or intent: canonical JSON, or, for a save an older
+    daemon accepted and journaled with a string UTF-8 cannot hold (a new one is refused
+    before it is staged), the form that daemon wrote (:func:`chunkd.canonical.escaped`).
+    Readers verify the bytes they fetch, so either reads back."""
+    try:
+        return canonical(doc)
+    except ValueError as exc:
+        log.warning("checkpoint %s: written with ASCII escapes: %s", job.request.name, exc)
+        return escaped(doc)

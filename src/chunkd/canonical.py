@@ -15,6 +15,12 @@ pointers, tags and registry entries) goes through :func:`canonical`. The flags:
   holding one could not be read by any other JSON reader (jq, a browser, Go), so it
   is refused when written rather than stored unreadable.
 
+One exception, :func:`escaped`: a checkpoint save that a daemon from before the
+flags were one accepted and journaled may hold a string UTF-8 cannot (a lone
+surrogate, which its wire form allowed as an escape). The daemon acknowledged it, so
+when a daemon of today resumes it, its part and intent are written as that daemon
+would have written them (ASCII escapes), not refused. New saves are refused up front.
+
 Readers never re-serialise a stored document to check it: they hash the bytes they
 fetched and parse them. So a document written before the flags were one (a checkpoint
 manifest or a registry pointer with ``\\u00e9`` escapes) still reads and still
@@ -26,7 +32,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-__all__ = ["canonical"]
+__all__ = ["canonical", "escaped"]
 
 
 def canonical(doc: Any) -> bytes:
@@ -53,3 +59,14 @@ def canonical(doc: Any) -> bytes:
             f"the document holds a string that is not text: a lone surrogate "
             f"{text[exc.start : exc.end]!r} at character {exc.start}, which UTF-8 cannot hold"
         ) from None
+
+
+def escaped(doc: Any) -> bytes:
+    """``doc`` in the checkpoint writers' form from before the flags were one: sorted keys,
+    no spaces, ASCII escapes, no NaN. Only for a journaled save an older daemon
+    accepted whose document :func:`canonical` cannot hold (see the module docstring).
+
+    Raises:
+        ValueError: ``doc`` holds NaN or Infinity.
+    """
+    return json.dumps(doc, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()

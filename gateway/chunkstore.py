@@ -36,9 +36,10 @@ node has read yet) a read on any node finds, and the scrub finds everywhere.
 from __future__ import annotations
 
 import asyncio
+import importlib
 import logging
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from chunkd.cache import MAX_CHUNK_BYTES, ChunkId
 from chunkd.errors import IntegrityError, VersionChangedError
@@ -190,3 +191,17 @@ async def _holds(backend: Backend, key: str, cid: ChunkId, size: int) -> bool:
         if got is not None:
             return got == cid
     return False
+
+
+#: the scrub's names, which lived here before it moved beside the collection
+#: (:mod:`chunkd.gateway.checkpoints.scrub`): resolved from there on first use (PEP 562,
+#: by module name, since the checkpoints import this module)
+_SCRUB: Final = frozenset({"SCRUB_BYTES_AT_ONCE", "ScrubPage", "scrub"})
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _SCRUB:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module("chunkd.gateway.checkpoints.scrub"), name)
+    globals()[name] = value
+    return value

@@ -24,6 +24,7 @@ from enum import IntEnum
 from typing import Any, Final
 
 from chunkd.cache import ChunkId
+from chunkd.canonical import canonical
 from chunkd.client.protocol import COMMIT_MODES, DURABILITY_LEVELS, MAX_STEP, MAX_WORLD_SIZE
 from chunkd.errors import ChunkdError, InvalidRequestError
 from chunkd.gateway import arguments as arg
@@ -47,6 +48,7 @@ __all__ = [
     "SaveJob",
     "SaveRequest",
     "check_save_id",
+    "dumps",
     "is_manifest",
     "manifest_key",
     "part_rank",
@@ -411,3 +413,8 @@ def part_rank(name: str, world_size: int) -> int | None:
         return None
     rank = int(digits)
     return rank if rank < world_size else None
+
+
+#: the old name of the checkpoint documents' writer, one function now for every stored
+#: document (:func:`chunkd.canonical.canonical`)
+dumps = canonical

@@ -10,6 +10,7 @@ shown, the text of each panel, is :mod:`chunkd.gateway.cli.toppanels`'s.
 from __future__ import annotations
 
 import asyncio
+import importlib
 import json
 import ssl
 from collections.abc import AsyncIterator, Callable
@@ -300,3 +301,35 @@ class Connection:
 
     live: bool
     detail: str
+
+
+#: names that lived here before the panels had a module of their own
+#: (:mod:`chunkd.gateway.cli.toppanels`), resolved from there on first use (PEP 562, by
+#: module name: the panels name this module's ``Sample``, so an import back would be a
+#: circle)
+_PANELS: Final = frozenset(
+    {
+        "backends_text",
+        "checkpoints_text",
+        "clock",
+        "colours",
+        "errors_text",
+        "hot_text",
+        "node_text",
+        "peers_text",
+        "per_second",
+        "spark",
+        "spark_rows",
+        "throughput_text",
+        "tiers_text",
+        "trends_text",
+    }
+)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _PANELS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module("chunkd.gateway.cli.toppanels"), name)
+    globals()[name] = value
+    return value

@@ -84,8 +84,8 @@ from chunkd.errors import (
 )
 from chunkd.gateway.checkpoints.model import CHUNKS
 from chunkd.gateway.chunkstore import ByteBudget
-from chunkd.gateway.datasets.freeze import FrozenChunks
 from chunkd.gateway.datasets.pinned import drifted, first_failure, pinned_stat
+from chunkd.gateway.datasets.records import FrozenChunks
 from chunkd.gateway.names import split_prefix, validate_key
 from chunkd.gateway.reserved import ReservedPrefixes
 from chunkd.snapshot import PAGE_CACHE, PAGE_TARGET, Member, PageWriter, Snapshot

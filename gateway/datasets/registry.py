@@ -2,7 +2,7 @@
 
 The layout and the commit and tag protocols are written down in :mod:`.layout`.
 
-It is one job at ~910 lines: what a dataset's names say, kept as append-only histories
+It is one job at ~920 lines: what a dataset's names say, kept as append-only histories
 on the backend (a name's versions, a tag's moves, each with its hint) and read the same
 way for both (the hint, probes, a listing), committed, resolved and listed. The rooms
 it stands on do the rest: the manifests by id (:mod:`.manifests`), the registry's small

@@ -69,6 +69,11 @@ class Datasets:
         self._migrator = Migrator(self.registry, read_path, backends)
 
     @property
+    def registry_name(self) -> str:
+        """``[datasets] registry`` (``BACKEND[/PREFIX]``): the registry ``ds_resolve`` names."""
+        return self.registry.registry
+
+    @property
     def pages(self) -> PageStore:
         """The member pages of schema-2 snapshots, held like chunks (:mod:`.pages`):
         what the peer route of pages serves."""

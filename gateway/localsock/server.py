@@ -120,7 +120,7 @@ class LocalServer:
         datasets: the daemon's dataset registry (the ``ds_*`` ops).
         decoder: the daemon's decode service (``ds_decode``; None: answered "off").
         dataset_registry: ``[datasets] registry`` (``BACKEND/PREFIX``), which
-            ``ds_resolve`` names.
+            ``ds_resolve`` names (by default, ``datasets``' own).
         mode: the socket's permissions (0660 by default).
         group: the group that owns the socket, or None.
         send_timeout: seconds a send may make no progress, and a client may leave an
@@ -156,7 +156,11 @@ class LocalServer:
             checkpoints=checkpoints,
             datasets=datasets,
             decoder=decoder,
-            dataset_registry=dataset_registry,
+            dataset_registry=(
+                datasets.registry_name
+                if dataset_registry is None and datasets is not None
+                else dataset_registry
+            ),
         )
         self.mode = mode
         self.group = group

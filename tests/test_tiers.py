@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
 import urllib.request
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -23,9 +21,8 @@ from chunkd.cache import (
 )
 from chunkd.client import Client
 from chunkd.testing import free_port
+from chunkd.testing.daemon import DaemonProcess
 from chunkd.testing.tiers import TierTests
-
-from .conftest import BIN, wait_for_socket
 
 
 class TestRamTier(TierTests):
@@ -139,29 +136,22 @@ def test_a_daemon_serves_more_small_objects_than_its_fd_limit(tmp_path: Path) ->
     for i in range(2000):
         (data / f"{i:05d}.bin").write_bytes(i.to_bytes(4, "little") * 64)
     port = free_port()
-    config = tmp_path / "chunkd.toml"
-    config.write_text(
+    daemon = DaemonProcess(
         f'[cache]\ndir = "{tmp_path}/cache"\ndisk_min_free_bytes = 0\nfsync = "never"\n'
-        f'[[backends]]\nname = "d"\nurl = "file://{data}"\n'
+        f'[[backends]]\nname = "d"\nurl = "file://{data}"\n',
+        cwd=tmp_path,
+        prefix=("prlimit", "--nofile=512:512"),
+        log=tmp_path / "log",
+        listen=f"127.0.0.1:{port}",
+        socket=tmp_path / "s.sock",
     )
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CHUNKD_")}
-    env["CHUNKD_SERVER_LISTEN"] = f"127.0.0.1:{port}"
-    env["CHUNKD_SERVER_SOCKET"] = str(tmp_path / "s.sock")
-    with (tmp_path / "log").open("wb") as log:
-        daemon = subprocess.Popen(
-            ["prlimit", "--nofile=512:512", str(BIN / "chunkd"), "serve", "--config", str(config)],
-            env=env,
-            stdout=log,
-            stderr=log,
-        )
     try:
-        assert wait_for_socket(tmp_path / "s.sock", 30)
+        daemon.wait_socket(timeout=30)
         with Client(tmp_path / "s.sock", cache_chunks=16) as client:
             for i in range(2000):
                 assert bytes(client.read(f"d/{i:05d}.bin")) == i.to_bytes(4, "little") * 64
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=10) as answer:
             assert answer.status == 200
     finally:
-        daemon.terminate()
-        daemon.wait(timeout=30)
+        daemon.stop()
     assert "Too many open files" not in (tmp_path / "log").read_text()

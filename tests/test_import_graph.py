@@ -47,6 +47,13 @@ def _modules() -> dict[str, Path]:
     for path in sorted((ROOT / "src" / "chunkd").glob("*.py")):
         name = "chunkd" if path.stem == "__init__" else f"chunkd.{path.stem}"
         found[name] = path
+    for path in sorted((ROOT / "src" / "chunkd").glob("*/**/*.py")):
+        if path.relative_to(ROOT / "src" / "chunkd").parts[0] in FOLDERS:
+            continue  # the symlinks cache/ gateway/ client/ testing/: read from FOLDERS
+        parts = path.relative_to(ROOT / "src").with_suffix("").parts
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        found[".".join(parts)] = path
     for folder, prefix in FOLDERS.items():
         for path in sorted((ROOT / folder).rglob("*.py")):
             parts = path.relative_to(ROOT / folder).with_suffix("").parts
@@ -195,6 +202,7 @@ def test_the_graph_sees_the_house(graph: dict[str, set[str]]) -> None:
     assert len(graph) > 200
     assert "chunkd.cache.tier" in graph["chunkd.cache.ram"]
     assert "chunkd.errors" in graph["chunkd.client.core"]
+    assert "chunkd.snapshot.member" in graph["chunkd.snapshot.pages"]  # a package of src/
     assert sum(len(targets) for targets in graph.values()) > 1000
 
 

@@ -45,12 +45,22 @@ class NginxServer:
         workdir: where its config, pid file, logs and temporary files go.
         etag: whether it sends ``ETag`` (nginx's is strong: mtime and size); a string:
             that ``ETag`` for every file instead (``'W/"v1"'``: a weak one).
+        header_buffers: nginx's ``large_client_header_buffers`` (``"4 1k"``: a request
+            line over 1 KiB is answered 414), or None for nginx's default.
     """
 
-    def __init__(self, root: Path, workdir: Path, *, etag: bool | str = True) -> None:
+    def __init__(
+        self,
+        root: Path,
+        workdir: Path,
+        *,
+        etag: bool | str = True,
+        header_buffers: str | None = None,
+    ) -> None:
         self.root = root
         self.workdir = workdir
         self.etag = etag
+        self.header_buffers = header_buffers
         self.port = 0
         self._log = workdir / "error.log"
         self._server: ServerProcess | None = None
@@ -76,7 +86,7 @@ events {{ worker_connections 256; }}
 http {{
     access_log off;
 {temps}
-    default_type application/octet-stream;
+    default_type application/octet-stream;{self._buffers()}
     server {{
         listen 127.0.0.1:{self.port};
         root {self.root};
@@ -85,6 +95,11 @@ http {{
     }}
 }}
 """
+
+    def _buffers(self) -> str:
+        if self.header_buffers is None:
+            return ""
+        return f"\n    large_client_header_buffers {self.header_buffers};"
 
     def _fixed_etag(self) -> str:
         if not isinstance(self.etag, str):

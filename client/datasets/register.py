@@ -162,11 +162,18 @@ def _usage() -> str:
 
 def read_keys(path: str | os.PathLike[str]) -> list[str]:
     """The keys of a file of keys: one a line (UTF-8, ``\\n`` or ``\\r\\n``), each below
-    the registration's prefix; blank lines are skipped.
+    the registration's prefix; blank lines are skipped, and a leading byte-order mark
+    and the whitespace around each key are not part of it.
+
+    Each key must be one chunkd looks up (the gateway's key rule: at most
+    :data:`_KEY_BYTES` UTF-8 bytes, no control character, no backslash, no leading
+    ``/``, no empty, ``.`` or ``..`` segment); the first that is not is refused with
+    its line number.
 
     Raises:
         InvalidRequestError: the file is larger than :data:`MAX_KEYS_FILE_BYTES`, holds
-            more than :data:`MAX_KEYS` keys, is not UTF-8, or names a key twice.
+            more than :data:`MAX_KEYS` keys, is not UTF-8, names a key twice, or holds a
+            key chunkd would not look up.
     """
     with open(path, "rb") as held:
         data = held.read(MAX_KEYS_FILE_BYTES + 1)
@@ -176,12 +183,47 @@ def read_keys(path: str | os.PathLike[str]) -> list[str]:
             "register the dataset in parts, under prefixes of their own"
         )
     try:
-        text = data.decode("utf-8")
+        text = data.decode("utf-8").removeprefix("\ufeff")
     except UnicodeDecodeError as exc:
         raise InvalidRequestError(
             f"the file of keys {os.fspath(path)!r} is not UTF-8 (byte {exc.start})"
         ) from None
-    return _checked_keys([line.rstrip("\r") for line in text.split("\n") if line.strip()])
+    keys = []
+    for number, line in enumerate(text.split("\n"), start=1):
+        key = line.strip()
+        if not key:
+            continue
+        problem = _key_problem(key)
+        if problem is not None:
+            raise InvalidRequestError(
+                f"line {number} of the file of keys {os.fspath(path)!r}: {key!r} {problem}"
+            )
+        keys.append(key)
+    return _checked_keys(keys)
+
+
+#: the longest key chunkd looks up, in UTF-8 bytes (the gateway's MAX_KEY_BYTES, which
+#: the client does not import)
+_KEY_BYTES: Final = 1024
+
+
+def _key_problem(key: str) -> str | None:
+    """What makes ``key`` one the gateway would refuse (its key rule), or None."""
+    try:
+        size = len(key.encode("utf-8"))
+    except UnicodeEncodeError:
+        return "is not valid UTF-8"
+    if size > _KEY_BYTES:
+        return f"is {size} bytes long; keys are at most {_KEY_BYTES}"
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in key):
+        return "holds a control character (NUL, a lone carriage return, ...)"
+    if key.startswith("/"):
+        return "starts with '/'; write each key as a listing would show it below the prefix"
+    if "\\" in key:
+        return "holds a backslash"
+    if any(part in ("", ".", "..") for part in key.split("/")):
+        return "has an empty, '.' or '..' path segment"
+    return None
 
 
 def _checked_keys(keys: Sequence[str]) -> list[str]:

@@ -100,6 +100,8 @@ _PAST_THE_END: Final = (
 
 #: obstore's text for a server that answered a ranged GET with the whole object
 _RANGE_IGNORED: Final = "Range request not supported"
+#: ... and its S3 client's (its own GET, not the shared one)
+_NOT_PARTIAL: Final = "Received non-partial response when range requested"
 
 
 def past_the_end(exc: Exception) -> bool:
@@ -135,7 +137,7 @@ class StoreBackend(Backend):
     async def head(self, key: str) -> ObjectMeta | None:
         # docstring inherited
         async def call() -> ObjectMeta:
-            meta = await obstore.head_async(self._store, key)
+            meta = await self._store_head(key)
             return self._meta_of(key, meta)
 
         try:
@@ -171,7 +173,7 @@ class StoreBackend(Backend):
     async def _get_whole(self, key: str) -> memoryview | None:
         async def call() -> memoryview:
             async with asyncio.timeout(self.config.timeout):
-                result = await obstore.get_async(self._store, key)
+                result = await self._store_get(key, {})
             data = memoryview(await result.bytes_async())  # each read: read_timeout
             self._metrics.backend_read_bytes.labels(self.name).inc(data.nbytes)
             return data
@@ -191,12 +193,7 @@ class StoreBackend(Backend):
         async def call() -> memoryview:
             async with asyncio.timeout(self.config.timeout):
                 result = await self._open(meta, start, end)
-            data = memoryview(await result.bytes_async())  # each read: read_timeout
-            if data.nbytes != end - start:
-                raise BackendUnavailableError(
-                    f"backend {self.name!r} returned {data.nbytes} bytes of {meta.key} for a "
-                    f"{end - start}-byte range; the read will be retried"
-                )
+            data = await self._body(result, meta.key, end - start)  # each read: read_timeout
             self._metrics.backend_read_bytes.labels(self.name).inc(data.nbytes)
             return data
 
@@ -238,7 +235,7 @@ class StoreBackend(Backend):
             # Both refusals are answers, not failures: nothing to retry or count.
             try:
                 async with asyncio.timeout(self.config.timeout):  # the answer's head
-                    return await obstore.get_async(self._store, key, options=options)
+                    return await self._store_get(key, options)
             except NotModifiedError:
                 return known
             except GenericError as exc:
@@ -272,6 +269,8 @@ class StoreBackend(Backend):
             return FirstRead(meta, None, start, start)
         meta = self._meta_of(key, result.meta)
         first, stop = result.range
+        if first != start or not start < stop <= end:
+            raise self._off_range(key, start, end, (first, stop))
         return FirstRead(meta, self._pieces(result, key, first, stop, piece_bytes), first, stop)
 
     async def stream_range(
@@ -318,6 +317,13 @@ class StoreBackend(Backend):
                 break
             view = memoryview(piece)
             got += view.nbytes
+            if got > end - start:
+                # Not one byte past what was asked: a server that sends more (a huge
+                # body for a small range) is cut off here, its excess never held.
+                error = self._overlong(key, start, end)
+                _discard(result)
+                self.requests.settle(error)
+                raise error
             self._metrics.backend_read_bytes.labels(self.name).inc(view.nbytes)
             yield view
         if got != end - start:
@@ -326,16 +332,79 @@ class StoreBackend(Backend):
             )
 
     async def _open(self, meta: ObjectMeta, start: int, end: int) -> Any:
-        """A ranged GET pinned to ``meta``'s version (If-Match, or a version check)."""
+        """A ranged GET pinned to ``meta``'s version: ``If-Match`` where it has an ETag,
+        and the answer's own version checked in every case (a server that ignores
+        ``If-Match`` would otherwise hand over another version's bytes), as is the
+        range it answers (the body itself is read no further than asked: :meth:`_body`,
+        :meth:`_pieces`)."""
         options: GetOptions = {"range": (start, end)}
         if meta.etag is not None:
             options["if_match"] = meta.etag
-        result = await obstore.get_async(self._store, meta.key, options=options)
-        if meta.etag is None and self._meta_of(meta.key, result.meta).version != meta.version:
+        result = await self._store_get(meta.key, options)
+        try:
+            self._check_answer(meta, result, start, end)
+        except Exception:
+            _discard(result)
+            raise
+        return result
+
+    def _check_answer(self, meta: ObjectMeta, result: Any, start: int, end: int) -> None:
+        """Refuse an answer of another version than ``meta``'s, or of another range."""
+        if self._meta_of(meta.key, result.meta).version != meta.version:
             raise VersionChangedError(
                 f"{self.name}/{meta.key} changed while it was read; read it again"
             )
-        return result
+        if tuple(result.range) != (start, end):
+            raise self._off_range(meta.key, start, end, tuple(result.range))
+
+    async def _body(self, result: Any, key: str, size: int) -> memoryview:
+        """The body of an opened ranged GET of ``size`` bytes, never read past ``size``.
+
+        Read as a stream in pieces of at least ``size`` bytes: an honest answer is one
+        piece, used as it is (no copy); a body longer than asked is refused
+        (:class:`IntegrityError`) after at most one network read past ``size``, never
+        held whole; a short one may heal (:class:`BackendUnavailableError`, retried).
+        """
+        pieces = result.stream(min_chunk_size=size)
+        held: list[memoryview] = []
+        got = 0
+        async for piece in pieces:
+            view = memoryview(piece)
+            got += view.nbytes
+            if got > size:
+                _discard(result)
+                raise self._overlong(key, 0, size)
+            held.append(view)
+        if got != size:
+            raise BackendUnavailableError(
+                f"backend {self.name!r} returned {got} bytes of {key} for a "
+                f"{size}-byte range; the read will be retried"
+            )
+        return held[0] if len(held) == 1 else memoryview(b"".join(held))
+
+    def _overlong(self, key: str, start: int, end: int) -> IntegrityError:
+        return IntegrityError(
+            f"backend {self.name!r} sent more than the {end - start} bytes asked for of "
+            f"{shown(key)} (bytes {start} to {end}); chunkd stopped reading its answer"
+        )
+
+    def _off_range(
+        self, key: str, start: int, end: int, answered: tuple[int, ...]
+    ) -> IntegrityError:
+        return IntegrityError(
+            f"backend {self.name!r} answered a read of bytes {start} to {end} of "
+            f"{shown(key)} with bytes {answered[0]} to {answered[-1]}"
+        )
+
+    async def _store_head(self, key: str) -> Any:
+        """One HEAD of ``key``: obstore's metadata of it (a kind not read through
+        obstore answers the same shape)."""
+        return await obstore.head_async(self._store, key)
+
+    async def _store_get(self, key: str, options: GetOptions) -> Any:
+        """One GET of ``key``: obstore's ``GetResult`` (``meta``, ``range``,
+        ``bytes_async()``, ``stream(min_chunk_size=)``), or its errors."""
+        return await obstore.get_async(self._store, key, options=options)
 
     async def scan(
         self, prefix: str, *, start_after: str | None = None, batch: int = SCAN_BATCH
@@ -500,6 +569,15 @@ class StoreBackend(Backend):
             return VersionChangedError(
                 f"{self.name}/{key} changed while it was read; read it again"
             )
+        if isinstance(exc, NotSupportedError | GenericError) and (
+            _RANGE_IGNORED in str(exc) or _NOT_PARTIAL in str(exc)
+        ):
+            # The server's answer, which no retry changes: not counted against it.
+            return IntegrityError(
+                f"backend {self.name!r} answered a read of a byte range of {shown(key)} with "
+                "the whole object: its server does not serve byte ranges, which chunkd "
+                "needs to read it"
+            )
         if isinstance(exc, TimeoutError):
             return BackendUnavailableError(
                 f"backend {self.name!r} did not answer within {self.config.timeout:g}s ({key})"
@@ -614,6 +692,15 @@ def cloud_store(store_type: Callable[..., Any], config: BackendConfig, /, **sett
         retry_config=no_retries(config),
         **settings,
     )
+
+
+def _discard(result: Any) -> None:
+    """Let go of an answer whose body is not read to its end: its connection closed
+    now where the result can say so (one not read through obstore), else when it is
+    dropped."""
+    close = getattr(result, "close", None)
+    if close is not None:
+        close()
 
 
 def _etag(meta: Any) -> str | None:

@@ -1,7 +1,8 @@
 """``https://host/path`` (and ``http://``): files served over HTTP, read-only and unlisted
 (a dataset mirror, a static file server, a model hub's resolve URLs).
 
-Its keys, as obstore's ``HTTPStore`` client options name them: ``allow_http`` (a
+Its keys, as obstore's ``HTTPStore`` client options name them (its I/O is its own
+client's, for its redirects: ``gateway/backends/http.py``): ``allow_http`` (a
 plain ``http://`` URL needs it) and ``immutable_files`` (the server's files never change:
 a server without a strong ``ETag`` is read with size and ``Last-Modified`` as the
 version, which it otherwise refuses). The URL is the base every key is below.

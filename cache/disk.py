@@ -563,8 +563,9 @@ class DiskTier(Tier):
             if sync:
                 # Outside the lock, so that concurrent writers' directory fsyncs share
                 # the file system's journal commits instead of running one at a time
-                # (16 inserts in flight, fsync always: 1.9-2.6x the MB/s of 4 MiB and
-                # 64 KiB chunks on a 2-core VM's ext4; bench/aiofiles_bench.py).
+                # (16 inserts in flight, fsync always, 30 rounds: 4 MiB chunks 1.5-1.9x
+                # the MB/s, 64 KiB 1.7-1.8x, on a 2-core VM's ext4; at 1 in flight no
+                # change; bench/aiofiles_bench.py --only insert).
                 if new_dir:  # its own name, and its parent's, become durable too
                     _fsync_dir(final.parent.parent)
                     _fsync_dir(self._chunks_dir)

@@ -69,6 +69,7 @@ if TYPE_CHECKING:
 
     from chunkd.gateway.backends.meta import ObjectMeta
     from chunkd.gateway.config import BackendConfig
+    from chunkd.gateway.metrics import Metrics
 
 __all__ = ["MAX_REDIRECTS", "HTTPBackend"]
 
@@ -180,7 +181,7 @@ def _content_range(value: str | None) -> tuple[int, int, int] | None:
 class HTTPBackend(StoreBackend):
     """Files below one URL of an HTTP server."""
 
-    def __init__(self, config: BackendConfig, metrics: Any, store: Any = None) -> None:
+    def __init__(self, config: BackendConfig, metrics: Metrics, store: Any = None) -> None:
         super().__init__(config, metrics, store=store)
         self._base = URL(config.url.rstrip("/"))
         self._session: aiohttp.ClientSession | None = None

@@ -46,7 +46,9 @@ with the right bytes. ``_names_lock`` keeps it against the tier's other threads:
   under the lock, so no rename lands between the two, which would leave the index
   claiming a file that is gone.
 * Reconciliation adopts an unindexed file under the lock, and only the very file
-  it verified, unless a record appeared or a write is naming it.
+  it verified, unless a record appeared or a write is naming it; under policy
+  ``always`` it first fsyncs the file and its directories (a killed process may
+  have left it before its own fsyncs ran).
 * ``kill -9`` anywhere leaves a temporary file (removed at the next start), a
   named file without a record (verified and adopted, or removed, by
   reconciliation), or a named file with its record: the same states as before
@@ -748,7 +750,8 @@ class DiskTier(Tier):
                 _unlink_quietly(path)
             done["orphans_removed"] += 1
             return
-        if self.index.lookup(cid) is not None:
+        # (a chunk a live write is naming is that write's; checked again under the lock)
+        if self.index.lookup(cid) is not None or cid in self._naming:
             return
         try:
             found = self._verify_orphan(cid, path)
@@ -756,6 +759,17 @@ class DiskTier(Tier):
             return
         if found is not None:
             record, before = found
+            if self._fsync is FsyncPolicy.ALWAYS:
+                # A file a killed process left may be neither on the device nor named
+                # there yet (its write's fsyncs may not have run): make both durable
+                # before a record that claims it can be committed.
+                try:
+                    _fsync_file(path)
+                    _fsync_dir(path.parent)
+                    _fsync_dir(path.parent.parent)
+                    _fsync_dir(self._chunks_dir)
+                except OSError:
+                    return
             with self._names_lock:
                 # Adopt only the very file that was verified, and only if nothing
                 # indexed or evicted it meanwhile (an unlink happens under this lock).
@@ -873,6 +887,14 @@ def _write_direct(fd: int, view: memoryview) -> int:
     finally:
         fcntl.fcntl(fd, fcntl.F_SETFL, flags)
     return done
+
+
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _fsync_dir(path: Path) -> None:

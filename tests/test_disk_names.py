@@ -160,3 +160,20 @@ async def test_a_sync_write_into_a_directory_made_without_sync_syncs_its_parents
     assert await tier.put(_same_leaf(first.id, b"third")) is True
     assert spy.calls == [leaf]  # once synced, the parents are not synced again
     assert await _closed_and_sound(tier, tmp_path) == (3, 3)
+
+
+@pytest.mark.timeout(30)
+async def test_reconciliation_makes_an_orphan_durable_before_adopting_it(
+    tier: DiskTier, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    chunk = Chunk.of(os.urandom(64 << 10))
+    assert await tier.put(chunk) is True
+    tier.index.delete_chunks([chunk.id])  # as a process killed before its record commits
+    leaf = tier.path_of(chunk.id).parent
+    spy = _Held(tmp_path / "never")
+    monkeypatch.setattr(disk, "_fsync_dir", spy)
+    done = await asyncio.to_thread(tier.reconcile)
+    assert done["orphans_adopted"] == 1
+    # Its name (and its directories' names) durable before its record can commit.
+    assert spy.calls == [leaf, leaf.parent, tmp_path / "chunks"]
+    assert await _closed_and_sound(tier, tmp_path) == (1, 1)

@@ -13,8 +13,7 @@ up (the backend list is the allowlist).
 
 from __future__ import annotations
 
-from typing import Final
-
+from chunkd.client.protocol.keys import MAX_KEY_BYTES, key_problem
 from chunkd.errors import InvalidKeyError
 
 __all__ = [
@@ -25,33 +24,13 @@ __all__ = [
     "validate_key",
 ]
 
-#: the longest object key accepted (S3's own limit)
-MAX_KEY_BYTES: Final = 1024
-
 
 def validate_key(key: str) -> str:
-    """Return ``key`` if chunkd will look it up, else raise :class:`InvalidKeyError`."""
-    if not key:
-        raise InvalidKeyError("the object key is empty; ask for BACKEND/KEY")
-    try:
-        size = len(key.encode("utf-8"))
-    except UnicodeEncodeError:
-        raise InvalidKeyError("the object key is not valid UTF-8") from None
-    if size > MAX_KEY_BYTES:
-        raise InvalidKeyError(
-            f"the object key is {size} bytes long; keys are at most {MAX_KEY_BYTES}"
-        )
-    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in key):
-        raise InvalidKeyError("the object key holds a control character (NUL, newline, ...)")
-    if key.startswith("/"):
-        raise InvalidKeyError(f"the object key {key!r} starts with '/'; keys are relative")
-    if "\\" in key:
-        raise InvalidKeyError(f"the object key {key!r} holds a backslash")
-    if any(part in ("", ".", "..") for part in key.split("/")):
-        raise InvalidKeyError(
-            f"the object key {key!r} has an empty, '.' or '..' path segment; "
-            "chunkd never resolves paths outside a backend"
-        )
+    """Return ``key`` if chunkd will look it up, else raise :class:`InvalidKeyError`
+    (the rule: :func:`chunkd.client.protocol.keys.key_problem`)."""
+    problem = key_problem(key)
+    if problem is not None:
+        raise InvalidKeyError(problem)
     return key
 
 

@@ -57,6 +57,7 @@ from chunkd.client.datasets.scan import (
     scan_members,
 )
 from chunkd.client.datasets.source import PinnedSource
+from chunkd.client.protocol.keys import key_problem
 from chunkd.errors import (
     DatasetFormatError,
     DatasetNotFoundError,
@@ -165,10 +166,10 @@ def read_keys(path: str | os.PathLike[str]) -> list[str]:
     the registration's prefix; blank lines are skipped, and a leading byte-order mark
     and the whitespace around each key are not part of it.
 
-    Each key must be one chunkd looks up (the gateway's key rule: at most
-    :data:`_KEY_BYTES` UTF-8 bytes, no control character, no backslash, no leading
-    ``/``, no empty, ``.`` or ``..`` segment); the first that is not is refused with
-    its line number.
+    Each key must be one chunkd looks up (the key rule,
+    :func:`chunkd.client.protocol.keys.key_problem`: at most 1024 UTF-8 bytes, no
+    control character, no backslash, no leading ``/``, no empty, ``.`` or ``..``
+    segment); the first that is not is refused with its line number.
 
     Raises:
         InvalidRequestError: the file is larger than :data:`MAX_KEYS_FILE_BYTES`, holds
@@ -193,37 +194,13 @@ def read_keys(path: str | os.PathLike[str]) -> list[str]:
         key = line.strip()
         if not key:
             continue
-        problem = _key_problem(key)
+        problem = key_problem(key)
         if problem is not None:
             raise InvalidRequestError(
-                f"line {number} of the file of keys {os.fspath(path)!r}: {key!r} {problem}"
+                f"line {number} of the file of keys {os.fspath(path)!r}: {problem}"
             )
         keys.append(key)
     return _checked_keys(keys)
-
-
-#: the longest key chunkd looks up, in UTF-8 bytes (the gateway's MAX_KEY_BYTES, which
-#: the client does not import)
-_KEY_BYTES: Final = 1024
-
-
-def _key_problem(key: str) -> str | None:
-    """What makes ``key`` one the gateway would refuse (its key rule), or None."""
-    try:
-        size = len(key.encode("utf-8"))
-    except UnicodeEncodeError:
-        return "is not valid UTF-8"
-    if size > _KEY_BYTES:
-        return f"is {size} bytes long; keys are at most {_KEY_BYTES}"
-    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in key):
-        return "holds a control character (NUL, a lone carriage return, ...)"
-    if key.startswith("/"):
-        return "starts with '/'; write each key as a listing would show it below the prefix"
-    if "\\" in key:
-        return "holds a backslash"
-    if any(part in ("", ".", "..") for part in key.split("/")):
-        return "has an empty, '.' or '..' path segment"
-    return None
 
 
 def _checked_keys(keys: Sequence[str]) -> list[str]:

@@ -41,6 +41,12 @@ with the right bytes. ``_names_lock`` keeps it against the tier's other threads:
   it (its record could then be committed before the name is durable) nor removes
   it (an older file it failed to verify may have been renamed over since). Only a
   discard unlinks it: the write then finds its name gone and records nothing.
+* A write never renames over a chunk that is recorded or being named: it checks
+  both under the lock before its rename (its first lookup ran without the lock,
+  and another write of the same id, one given up on after a stall, or a
+  reconciliation may have got there since). So a recorded file is never replaced
+  by one of another size, form or durability, and a name being synced is never
+  taken from its write.
 * Whatever unlinks a recorded file (eviction, a drop of a damaged or missing
   chunk, reconciliation) deletes and commits the record and unlinks the file
   under the lock, so no rename lands between the two, which would leave the index
@@ -546,6 +552,19 @@ class DiskTier(Tier):
                 self._write_file(tmp, payload, sync)
             written = os.stat(tmp)  # the very file that will hold the name (its inode)
             with self._names_lock:
+                if self.index.lookup(chunk.id) is not None:
+                    # Recorded since this write looked (another write of the id, or
+                    # reconciliation's adoption): never rename over a recorded file,
+                    # whose record names its size, its form and its durability.
+                    _unlink_quietly(tmp)
+                    self.index.touch(chunk.id)
+                    return True
+                if self._naming.get(chunk.id):
+                    # Another write of the id holds the name and records it once its
+                    # directory is synced: this file must not replace it meanwhile.
+                    _unlink_quietly(tmp)
+                    self._bump("rejected")
+                    return False
                 faults.point("disk.rename")
                 try:
                     os.rename(tmp, final)

@@ -177,3 +177,49 @@ async def test_reconciliation_makes_an_orphan_durable_before_adopting_it(
     # Its name (and its directories' names) durable before its record can commit.
     assert spy.calls == [leaf, leaf.parent, tmp_path / "chunks"]
     assert await _closed_and_sound(tier, tmp_path) == (1, 1)
+
+
+@pytest.mark.timeout(30)
+def test_a_write_never_renames_over_a_chunk_recorded_since_it_looked(tmp_path: Path) -> None:
+    # Write A (fsync, zstd) looks the id up, then another write of it (B: raw, no fsync,
+    # as a checkpoint's) records it before A renames. A must not replace B's recorded
+    # file: the record would then describe a file of another size and form, a reader or
+    # eviction would drop the chunk, and a pinned chunk would be lost.
+    index = Index(tmp_path / "index")
+    tier = DiskTier(
+        tmp_path, index, budget_bytes=1 << 30, fsync="always", compress=True, stall_after=30
+    )
+    try:
+        chunk = Chunk.of(b"a" * (256 << 10))  # compressible: A would store zstd, B raw
+        looked, go = threading.Event(), threading.Event()
+        real_room = tier._make_room
+
+        def make_room(need: int) -> bool:
+            if threading.current_thread().name == "A":
+                looked.set()  # A has passed its lookup
+                go.wait(_HOLD_S)
+            return real_room(need)
+
+        tier._make_room = make_room  # type: ignore[method-assign]
+        results: dict[str, bool] = {}
+        a = threading.Thread(
+            name="A", target=lambda: results.__setitem__("A", tier.write_sync(chunk, True, True))
+        )
+        a.start()
+        assert looked.wait(_HOLD_S)
+        results["B"] = tier.write_sync(chunk, False, False)
+        tier.pin([chunk.id])
+        recorded = index.lookup(chunk.id)
+        assert recorded is not None
+        go.set()
+        a.join(_HOLD_S)
+        assert results == {"A": True, "B": True}  # A finds it held: nothing to write
+        assert index.lookup(chunk.id) == recorded, "the record B wrote stands"
+        final = tier.path_of(chunk.id)
+        assert final.stat().st_size == recorded.stored_size
+        got = tier.read_sync(chunk.id)
+        assert got is not None
+        assert bytes(got) == bytes(chunk.data)
+        assert not list(tier._tmp_dir.iterdir()), "A's temporary file is gone"
+    finally:
+        index.close()

@@ -28,7 +28,7 @@ from chunkd.errors import (
     UnversionedObjectError,
     VersionChangedError,
 )
-from chunkd.gateway.backends import Backend, make_backend
+from chunkd.gateway.backends import Backend, http, make_backend
 from chunkd.gateway.config import BackendConfig
 from chunkd.gateway.metrics import Metrics
 from chunkd.ranges import ByteRange
@@ -300,6 +300,26 @@ async def test_redirects_are_followed_only_within_the_rule(liar: Liar) -> None:
         await backend.head("away-https")
     assert liar.other_paths == []
     assert not backend.circuit_open
+    await backend.close()
+
+
+@pytest.mark.timeout(20)
+async def test_a_redirect_whose_host_rebinds_to_loopback_is_refused_not_retried(
+    liar: Liar, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # DNS rebinding: the redirect's host resolved to a public address when the rule
+    # checked it, and to loopback when connecting. No public name resolves here, so the
+    # first lookup's answer is what the check is told; the connection's resolver is real.
+    async def looked_public(self: object, key: str, url: object) -> None:
+        return None
+
+    monkeypatch.setattr(http.HTTPBackend, "_check_redirect", looked_public)
+    backend = _backend(liar)
+    for _ in range(6):
+        with pytest.raises(BackendForbiddenError, match="now resolves to an address that is not"):
+            await backend.head("away-https")
+    assert liar.other_paths == [], "the loopback server was never asked"
+    assert not backend.circuit_open, "the rule's refusal is not a backend that is down"
     await backend.close()
 
 

@@ -87,6 +87,10 @@ def _public(address: str) -> bool:
     return ip.is_global and not ip.is_multicast
 
 
+class _NotPublic(OSError):
+    """A host resolved, when connecting, to an address that is not public."""
+
+
 class _PublicOnly(AbstractResolver):
     """A resolver that answers only public addresses for every host but the backend's
     own: a name that resolved to a public address when a redirect was checked and to
@@ -101,7 +105,7 @@ class _PublicOnly(AbstractResolver):
     ) -> list[ResolveResult]:
         found = await self._inner.resolve(host, port, family)
         if host != self._own and not all(_public(r["host"]) for r in found):
-            raise OSError(f"{host} resolves to an address that is not public; not connecting")
+            raise _NotPublic(f"{host} resolves to an address that is not public; not connecting")
         return found
 
     async def close(self) -> None:
@@ -224,9 +228,20 @@ class HTTPBackend(StoreBackend):
         """One request of ``key``, its redirects followed by the module's rule."""
         url = self._url(key)
         for _ in range(MAX_REDIRECTS + 1):
-            response = await self._client().request(
-                method, url, headers=headers, allow_redirects=False
-            )
+            try:
+                response = await self._client().request(
+                    method, url, headers=headers, allow_redirects=False
+                )
+            except aiohttp.ClientConnectorError as exc:
+                if not isinstance(exc.os_error, _NotPublic):
+                    raise
+                # A redirect's host resolved again to a private address (DNS rebinding):
+                # the rule's refusal, not a backend that is down (not retried or counted).
+                raise BackendForbiddenError(
+                    f"backend {self.name!r} redirected {shown(key)} to {url.host}, which "
+                    f"now resolves to an address that is not public: {exc.os_error}; "
+                    "chunkd follows redirects only to public https:// hosts"
+                ) from None
             if response.status not in _REDIRECTS:
                 return response
             location = response.headers.get("Location")

@@ -92,6 +92,7 @@ def _app(liar: Liar) -> web.Application:
             response.content_length = HUGE  # said before the body
         else:
             response.enable_chunked_encoding()  # the size is never said
+        transport = request.transport  # taken now: aiohttp drops it once the peer goes
         await response.prepare(request)
         piece = b"x" * (1 << 20)
         try:
@@ -104,8 +105,8 @@ def _app(liar: Liar) -> web.Application:
         finally:
             # Hang up whatever ended the writing (the test's end included): a client
             # that stopped reading would leave this connection flushing forever.
-            if request.transport is not None:
-                request.transport.abort()
+            if transport is not None:
+                transport.abort()
         return response
 
     async def unversioned(request: web.Request) -> web.StreamResponse:

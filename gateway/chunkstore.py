@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from chunkd.cache import MAX_CHUNK_BYTES, ChunkId
 from chunkd.errors import IntegrityError, VersionChangedError
-from chunkd.gateway.backends.damaged import MAX_DAMAGED, DamagedChunks
+from chunkd.gateway.damaged import MAX_DAMAGED, DamagedChunks
 
 if TYPE_CHECKING:
     from chunkd.cache import ChunkLease

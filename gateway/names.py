@@ -13,8 +13,8 @@ up (the backend list is the allowlist).
 
 from __future__ import annotations
 
-from chunkd.client.protocol.keys import MAX_KEY_BYTES, key_problem
 from chunkd.errors import InvalidKeyError
+from chunkd.keys import MAX_KEY_BYTES, key_problem
 
 __all__ = [
     "MAX_KEY_BYTES",
@@ -27,7 +27,7 @@ __all__ = [
 
 def validate_key(key: str) -> str:
     """Return ``key`` if chunkd will look it up, else raise :class:`InvalidKeyError`
-    (the rule: :func:`chunkd.client.protocol.keys.key_problem`)."""
+    (the rule: :func:`chunkd.keys.key_problem`)."""
     problem = key_problem(key)
     if problem is not None:
         raise InvalidKeyError(problem)

@@ -107,7 +107,7 @@ MAX_IN_FLIGHT: Final = 256
 #: how often Ray runs a task again after its worker died or its daemon was unavailable
 MAX_RETRIES: Final = 3
 #: a registration task's reads at once, as a local registration reads
-#: (:func:`~chunkd.client.datasets.register.scan_members`: batches of files, each worker
+#: (:func:`~chunkd.client.datasets.scan.scan_members`: batches of files, each worker
 #: thread on its own connection)
 TASK_CONCURRENCY: Final = CONCURRENCY
 #: what a task's failure of these means is "try again": Ray retries them

@@ -19,6 +19,11 @@ scan found:
   holds a batch window and a page, not the dataset (nor a manifest of it: no bound on
   the member count but the disk's).
 
+It is one job at ~600 lines: turning a set of files into a committed snapshot (which
+files, from a listing or a file of keys; the members in key order through the spill;
+the commit). How each file is read is the scan's, and the snapshot's format is
+:mod:`chunkd.snapshot`'s.
+
 A file that cannot be read as its format stops the registration with a
 :class:`~chunkd.errors.DatasetFormatError` naming it, or with ``skip_bad`` is recorded
 in the snapshot's ``excluded`` list. Nothing is written before every member is read.
@@ -57,12 +62,12 @@ from chunkd.client.datasets.scan import (
     scan_members,
 )
 from chunkd.client.datasets.source import PinnedSource
-from chunkd.client.protocol.keys import key_problem
 from chunkd.errors import (
     DatasetFormatError,
     DatasetNotFoundError,
     InvalidRequestError,
 )
+from chunkd.keys import key_problem
 from chunkd.snapshot import (
     MAX_EXCLUDED,
     Member,
@@ -167,7 +172,7 @@ def read_keys(path: str | os.PathLike[str]) -> list[str]:
     and the whitespace around each key are not part of it.
 
     Each key must be one chunkd looks up (the key rule,
-    :func:`chunkd.client.protocol.keys.key_problem`: at most 1024 UTF-8 bytes, no
+    :func:`chunkd.keys.key_problem`: at most 1024 UTF-8 bytes, no
     control character, no backslash, no leading ``/``, no empty, ``.`` or ``..``
     segment); the first that is not is refused with its line number.
 

@@ -16,7 +16,8 @@
   here as they were; a new kind's is imported from its declaration, not here);
 - :mod:`~chunkd.gateway.backends.registry`: :class:`Backends` (the allowlist by
   name) and :func:`make_backend` (each kind's class imported from its declaration);
-- :mod:`~chunkd.gateway.backends.damaged`: :class:`DamagedChunks`;
+- :class:`DamagedChunks` (the chunks this node read damaged) lives beside the package,
+  in :mod:`chunkd.gateway.damaged`, so that the chunk store needs no backend kind;
 - :mod:`~chunkd.gateway.backends.meta`: :class:`ObjectMeta`.
 
 Every kind passes the conformance suite :class:`chunkd.testing.backends.BackendTests`.

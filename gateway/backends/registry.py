@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Final
 import obstore.exceptions
 
 from chunkd.errors import ConfigError, UnknownBackendError
-from chunkd.gateway.backends.damaged import DamagedChunks
 from chunkd.gateway.backends.resilience import Resilient
 from chunkd.gateway.config.kinds import kind_of, schemes
+from chunkd.gateway.damaged import DamagedChunks
 
 if TYPE_CHECKING:
     from chunkd.gateway.backends.base import Backend

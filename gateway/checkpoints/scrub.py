@@ -31,7 +31,7 @@ from chunkd.gateway.chunkstore import CHUNKS, ByteBudget, hash_at
 
 if TYPE_CHECKING:
     from chunkd.gateway.backends import Backend, ObjectMeta
-    from chunkd.gateway.backends.damaged import DamagedChunks
+    from chunkd.gateway.damaged import DamagedChunks
 
 __all__ = ["SCRUB_BYTES_AT_ONCE", "ScrubPage", "scrub"]
 

@@ -75,7 +75,7 @@ __all__ = [
     "Manifests",
 ]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("chunkd.gateway.datasets.registry")  # as before the split
 
 #: manifests checked at once; more commits wait their turn
 COMMIT_CHECKS: Final = 2

@@ -1,7 +1,9 @@
 """The chunks this node read damaged from the backends' chunk stores: :class:`DamagedChunks`.
 
 Below the backends' registry (which holds one for the node) and the chunk store
-(:mod:`chunkd.gateway.chunkstore`, which repairs them), so neither imports the other.
+(:mod:`chunkd.gateway.chunkstore`, which repairs them), so neither imports the other,
+and outside the backends' package, so that the chunk store (and the checkpoints and
+registry above it) can know of damaged chunks without loading every backend kind.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The rule for an object key chunkd will look up, written once for both ends.
+"""The rule for an object key chunkd will look up, written once for both ends (a leaf
+module of the shared floor, so that neither end loads the other's package for it).
 
 The daemon's doors check every key with it (:func:`chunkd.gateway.names.validate_key`,
 which raises :class:`~chunkd.errors.InvalidKeyError`), and the client checks keys it

@@ -58,6 +58,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import functools
 import importlib.util
 import json
 import mmap
@@ -249,15 +250,17 @@ class LocalDaemon:
                 "PYTHONPATH": os.pathsep.join(paths),
             },
             listen=f"127.0.0.1:{self.port}",
-            socket=work / "chunkd.sock",
+            socket=self.socket,
             log=self.log_path,
         )
         self.process = self._daemon.process
         self._daemon.wait_ready(60.0)
 
-    @property
+    @functools.cached_property
     def socket(self) -> Path:
-        return self.work / "chunkd.sock"
+        """The local socket, in a short directory of its own: a socket's path is at most
+        107 bytes, which a deep ``work`` (a test's temporary directory) can pass."""
+        return Path(tempfile.mkdtemp(prefix="chunkd-gpu-")) / "chunkd.sock"
 
     @property
     def data(self) -> Path:
@@ -266,6 +269,7 @@ class LocalDaemon:
 
     def stop(self) -> None:
         self._daemon.stop(timeout=30)
+        shutil.rmtree(self.socket.parent, ignore_errors=True)
 
 
 # -- the state ---------------------------------------------------------------------------

@@ -259,6 +259,57 @@ class Metrics:
             ["peer", "direction"],
             registry=r,
         )
+        self.peer_role_bytes = Counter(
+            "chunkd_peer_role_bytes",
+            "Chunk bytes exchanged with each member, by the role the sender played for the "
+            "chunk: owner, holder or replica; in (received from it), out (served to it)",
+            ["peer", "direction", "role"],
+            registry=r,
+        )
+        self.peer_holder_answers = Counter(
+            "chunkd_peer_holder_answers",
+            "This node's answers, as a chunk's owner, to peers asking for it: served (the "
+            "chunk), holders (a list of nodes that hold it), direct (served to an asker "
+            "whose holders failed)",
+            ["answer"],
+            registry=r,
+        )
+        self.peer_holders_tracked = Gauge(
+            "chunkd_peer_holders_tracked",
+            "Chunks whose holders this node remembers as their owner (bounded, expiring)",
+            registry=r,
+        )
+        self.replica_bytes = Gauge(
+            "chunkd_replica_bytes",
+            "Bytes of other nodes' replicas held in this node's RAM",
+            registry=r,
+        )
+        self.replica_budget = Gauge(
+            "chunkd_replica_budget_bytes",
+            "RAM this node gives to other nodes' replicas ([peers] replica_budget)",
+            registry=r,
+        )
+        self.replica_pushes = Counter(
+            "chunkd_replica_pushes",
+            "Replica chunks this node pushed to peers, by peer and outcome: ok, full (the "
+            "peer's replica budget), failed",
+            ["peer", "outcome"],
+            registry=r,
+        )
+        self.replica_received = Counter(
+            "chunkd_replica_received",
+            "Replica chunks other nodes pushed here, by outcome: stored, full (past the "
+            "replica budget), invalid (not the chunk its id names), refused",
+            ["outcome"],
+            registry=r,
+        )
+        self.replica_saves = Counter(
+            "chunkd_replica_saves",
+            "This node's saves asked to be replicated, by outcome: full (K copies), partial "
+            "(fewer), none",
+            ["outcome"],
+            registry=r,
+        )
         self.readahead_chunks = Counter(
             "chunkd_readahead_chunks", "Chunks fetched ahead of sequential readers", registry=r
         )

@@ -134,6 +134,20 @@ Every key, with its default (a key left out takes the default)::
     # down_after = 3
     # passed probes in a row before a down peer is up again
     # up_after = 2
+    # chunk requests this node has in flight to any one peer; a restore pipelines its
+    # chunks over several owners and holders at once within it
+    # per_peer_requests = 4
+    # copies of one chunk a node sends to other nodes before the chunk's owner sends
+    # further askers to nodes that hold it (holders serve)
+    # holder_fanout = 4
+    # how long a chunk's owner remembers which nodes hold it
+    # holder_ttl = "10m"
+    # peers (in other failure domains) whose RAM gets a copy of each save's chunks, unless
+    # the save names its own count (async_save replicas); 0: none
+    # replicas = 0
+    # RAM this node gives to other nodes' replicas; a push past it is refused (the saver's
+    # save completes with fewer replicas, counted)
+    # replica_budget = "1GiB"
     # TLS (all three tls_ keys, or none): this node's certificate chain, PEM, its SANs
     # naming the host of self; the HTTP port then serves HTTPS only
     # tls_cert = "/etc/chunkd/node.pem"

@@ -346,6 +346,45 @@ class PeersConfig:
     up_after: int = field(
         default=2, metadata=key(COUNT, "passed probes in a row before a down peer is up again")
     )
+    per_peer_requests: int = field(
+        default=4,
+        metadata=key(
+            POSITIVE_COUNT,
+            "chunk requests this node has in flight to any one peer; a restore pipelines its "
+            "chunks over several owners and holders at once within it",
+        ),
+    )
+    holder_fanout: int = field(
+        default=4,
+        metadata=key(
+            POSITIVE_COUNT,
+            "copies of one chunk a node sends to other nodes before the chunk's owner sends "
+            "further askers to nodes that hold it (holders serve)",
+        ),
+    )
+    holder_ttl: float = field(
+        default=600.0,
+        metadata=key(
+            POSITIVE_DURATION,
+            "how long a chunk's owner remembers which nodes hold it",
+        ),
+    )
+    replicas: int = field(
+        default=0,
+        metadata=key(
+            COUNT,
+            "peers (in other failure domains) whose RAM gets a copy of each save's chunks, "
+            "unless the save names its own count (async_save replicas); 0: none",
+        ),
+    )
+    replica_budget: int = field(
+        default=1 << 30,
+        metadata=key(
+            SIZE,
+            "RAM this node gives to other nodes' replicas; a push past it is refused (the "
+            "saver's save completes with fewer replicas, counted)",
+        ),
+    )
     tls_cert: Path | None = field(
         default=None,
         metadata=key(

@@ -85,6 +85,7 @@ from chunkd.gateway.listing import MAX_PAGE
 from chunkd.gateway.metrics import Metrics
 from chunkd.gateway.names import validate_prefix
 from chunkd.gateway.objectbody import reading_of, send_object
+from chunkd.gateway.peers.replica_routes import add_replica_routes
 from chunkd.gateway.status import http_status
 from chunkd.gateway.tls import PeerTLS
 from chunkd.ranges import RangeNotSatisfiableError
@@ -120,6 +121,7 @@ def build_app(config: Config, *, metrics: Metrics, tls: PeerTLS | None) -> web.A
     app.router.add_get("/v1/peer/chunks/{backend}/{id}", _peer_chunk)
     app.router.add_get(r"/v1/peer/objects/{backend}/{key:[\s\S]*}", _peer_object_chunk)
     app.router.add_get("/v1/peer/pages/{id}", _peer_page)
+    add_replica_routes(app)
     add_dashboard_routes(app)
     add_inspector_routes(app)
     return app

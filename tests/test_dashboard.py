@@ -269,3 +269,52 @@ def test_a_malformed_last_event_id_gets_the_stream_from_now(start_daemon) -> Non
         stream.close()
         # another boot's id (or none that parses): said once, then samples go on
         assert first["event"] in ("restarted", "sample"), bad
+
+
+@pytest.mark.timeout(10)
+def test_peer_bytes_are_split_by_role_and_direction_and_the_replica_figures_read_the_counters() -> (
+    None
+):
+    """The figures the peers panel shows come from the counters /metrics exports
+    (issue 29): per member, bytes by direction and role (a rate between two readings,
+    and the total since the start); the replica budget, use and outcomes."""
+    from chunkd.gateway.dashboard.telemetry import peer_roles, replica_figures, role_reading
+    from chunkd.gateway.metrics import Metrics
+
+    metrics = Metrics()
+    a, b = "198.18.0.2:8470", "198.18.0.3:8470"
+    roles = metrics.peer_role_bytes
+    roles.labels(peer=a, direction="in", role="owner").inc(1000)
+    before = role_reading(metrics)
+    roles.labels(peer=a, direction="in", role="owner").inc(4000)
+    roles.labels(peer=a, direction="in", role="holder").inc(6000)
+    roles.labels(peer=a, direction="out", role="replica").inc(8000)
+    roles.labels(peer=b, direction="out", role="holder").inc(2000)
+    now = role_reading(metrics)
+    figures = peer_roles(a, now, before, 2.0)
+    assert figures["roles"] == {
+        "in": {"owner": 2000.0, "holder": 3000.0, "replica": 0.0},
+        "out": {"owner": 0.0, "holder": 0.0, "replica": 4000.0},
+    }
+    assert figures["role_bytes"] == {
+        "in": {"owner": 5000.0, "holder": 6000.0, "replica": 0.0},
+        "out": {"owner": 0.0, "holder": 0.0, "replica": 8000.0},
+    }
+    # another member's bytes are its own
+    assert peer_roles(b, now, before, 2.0)["role_bytes"]["out"]["holder"] == 2000.0
+    assert peer_roles("198.18.0.9:8470", now, before, 2.0)["role_bytes"]["in"]["owner"] == 0.0
+
+    metrics.replica_budget.set(1 << 30)
+    metrics.replica_bytes.set(12 << 20)
+    metrics.replica_received.labels(outcome="stored").inc(3)
+    metrics.replica_received.labels(outcome="full").inc(2)
+    metrics.replica_pushes.labels(peer=a, outcome="ok").inc(5)
+    metrics.replica_pushes.labels(peer=b, outcome="full").inc(1)
+    metrics.replica_saves.labels(outcome="partial").inc()
+    assert replica_figures(metrics) == {
+        "budget_bytes": 1 << 30,
+        "bytes": 12 << 20,
+        "received": {"stored": 3, "full": 2, "invalid": 0, "refused": 0},
+        "pushes": {"ok": 5, "full": 1, "failed": 0},
+        "saves": {"full": 0, "partial": 1, "none": 0},
+    }

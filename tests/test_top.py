@@ -722,3 +722,55 @@ def test_screenshots(
             _png(ansi, SHOTS / f"top-{width}x{height}.png", width, height)
             pane.keys("q")
             assert pane.exit_status() == 0
+
+
+def _role_bytes(**moved: float) -> dict[str, dict[str, float]]:
+    """``role_bytes`` of a member: ``in_holder=3e6`` is 3 MB received from it as holder."""
+    out = {d: dict.fromkeys(("owner", "holder", "replica"), 0.0) for d in ("in", "out")}
+    for key, value in moved.items():
+        direction, role = key.split("_")
+        out[direction][role] = value
+    return out
+
+
+def test_peers_show_bytes_by_role_and_the_replica_line() -> None:
+    """Issue 29: under each peer that exchanged chunks, its bytes by the role the sender
+    played, each way; under the head, the replicas against their budget and this node's
+    answers as an owner. Short of rows, the per-role lines go first."""
+    members = [
+        {"address": "198.18.0.2:8470", "role_bytes": _role_bytes(in_holder=3 << 20)},
+        {
+            "address": "198.18.0.3:8470",
+            "in": 1e6,
+            "role_bytes": _role_bytes(in_owner=12 << 20, out_replica=4 << 20),
+        },
+        {"address": "198.18.0.4:8470", "role_bytes": _role_bytes()},
+    ]
+    sample = _sample([], members)
+    sample["peers"]["replicas"] = {
+        "budget_bytes": 1 << 30,
+        "bytes": 8 << 20,
+        "received": {"stored": 2, "full": 1, "invalid": 0, "refused": 0},
+        "pushes": {"ok": 5, "full": 3, "failed": 0},
+        "saves": {"full": 1, "partial": 2, "none": 0},
+    }
+    sample["peers"]["holder_answers"] = {"served": 10, "holders": 4, "direct": 1}
+    sample["peers"]["holders_tracked"] = 7
+    lines = peers_text([sample], 120, 0, sparklines=False).plain.splitlines()
+    assert lines[1] == (
+        "replicas 8.0 MiB of 1.0 GiB; in 2 stored 1 full 0 invalid; out 5 ok 3 full 0 failed;"
+        " saves 1 full 2 partial"
+    )
+    assert lines[2] == "as owner: served 10, to holders 4, direct 1; 7 chunks tracked"
+    assert lines[3].startswith("198.18.0.3:8470")  # the busiest first
+    assert lines[4] == "  from owner 12.0 MiB, to replica 4.0 MiB"
+    assert lines[5].startswith("198.18.0.2:8470")
+    assert lines[6] == "  from holder 3.0 MiB"
+    assert lines[7].startswith("198.18.0.4:8470")  # nothing by role: no line under it
+    assert len(lines) == 8
+    # five rows: the head, the replica line and the three peers; the per-role lines and
+    # then the owner's line give way
+    short = peers_text([sample], 120, 5, sparklines=False).plain.splitlines()
+    assert [line.split()[0] for line in short] == [
+        "3", "replicas", "198.18.0.3:8470", "198.18.0.2:8470", "198.18.0.4:8470"
+    ]  # fmt: skip

@@ -425,7 +425,12 @@ def peers_text(
     history: Sequence[Sample], width: int, rows: int, *, sparklines: bool = True
 ) -> Text:
     """Peers up and down, with bytes per second from and to each: those down first,
-    then the busiest over the last :data:`WINDOW` samples, then by address."""
+    then the busiest over the last :data:`WINDOW` samples, then by address. Under the
+    head, the replicas held here against their budget and the pushes in and out, and
+    this node's answers as an owner; under each peer that exchanged chunks, the bytes
+    since the start by the role the sender played (owner, holder, replica), from it and
+    to it. Where ``rows`` are too few, the per-role lines go first, then the owner's
+    line, then the replicas' line."""
     from rich.text import Text
 
     out = Text(no_wrap=True, overflow="crop")
@@ -440,13 +445,14 @@ def peers_text(
     head = f"{peers['healthy']} of {len(members)} up, self {peers['self']}"
     if not wide:
         head = f"{peers['healthy']} of {len(members)} up; in, out per s"
-    lines = [_Row(head)]
+    summary = [_Row(line) for line in (_replicas_line(peers), _owner_line(peers)) if line]
     flow = _moved(history, _peer_flow)
     series = _series(history, _peer_flow) if sparklines else {}
     colour = colours()["peer"]
     ordered = sorted(
         members, key=lambda m: (m["healthy"], -flow.get(m["address"], (0.0,))[0], m["address"])
     )
+    listed: list[tuple[_Row, _Row | None]] = []
     for member in ordered:
         state = "up" if member["healthy"] else "DOWN"
         if wide:
@@ -457,17 +463,65 @@ def peers_text(
         room = max(min(width - len(flows) - 5, 40), 13)
         text = f"{_fit(address, room):<{room}} {state:<4}{flows}"
         row = _row_spark(text, series.get(address, ()), width, colour) if sparklines else _Row(text)
-        lines.append(
-            _Row(
-                row.text,
-                "" if member["healthy"] else "bold red",
-                row.spark,
-                row.spark_style,
-                idle=member["healthy"] and not any(flow.get(address, ())),
+        roles = _roles_line(member)
+        idle = member["healthy"] and not any(flow.get(address, ()))
+        style = "" if member["healthy"] else "bold red"
+        listed.append(
+            (
+                _Row(row.text, style, row.spark, row.spark_style, idle),
+                None if roles is None else _Row(roles, "dim", idle=idle),
             )
         )
+    detailed = [line for pair in listed for line in pair if line is not None]
+    lines = [_Row(head), *summary, *detailed]
+    if rows > 0 and len(lines) > rows:  # the per-role lines go first, then the summary
+        peer_lines = [row for row, _ in listed]
+        while summary and 1 + len(summary) + len(peer_lines) > rows:
+            summary.pop()
+        lines = [_Row(head), *summary, *peer_lines]
     _emit(out, lines, width, rows)
     return out
+
+
+def _replicas_line(peers: dict[str, Any]) -> str | None:
+    """The replicas held here against the budget, the pushes received (stored, refused
+    full) and made (ok, refused full, failed), and this node's saves by how many copies
+    they got: ``None`` from a daemon that sends no replica figures."""
+    replicas = peers.get("replicas")
+    if not replicas:
+        return None
+    received, pushes, saves = replicas["received"], replicas["pushes"], replicas["saves"]
+    return (
+        f"replicas {human_size(replicas['bytes'])} of {human_size(replicas['budget_bytes'])};"
+        f" in {received['stored']} stored {received['full']} full"
+        f" {received['invalid']} invalid; out {pushes['ok']} ok {pushes['full']} full"
+        f" {pushes['failed']} failed; saves {saves['full']} full {saves['partial']} partial"
+    )
+
+
+def _owner_line(peers: dict[str, Any]) -> str | None:
+    """This node's answers as a chunk's owner since the start: ``None`` before any."""
+    answers = peers.get("holder_answers")
+    if not answers or not any(answers.values()):
+        return None
+    return (
+        f"as owner: served {answers['served']}, to holders {answers['holders']}, "
+        f"direct {answers['direct']}; {peers.get('holders_tracked', 0)} chunks tracked"
+    )
+
+
+def _roles_line(member: dict[str, Any]) -> str | None:
+    """A member's bytes since the start by role, only the roles that moved: ``from
+    owner 12.0 MiB holder 3.0 MiB, to holder 4.0 MiB``; ``None`` when none did."""
+    totals = member.get("role_bytes")
+    if not totals:
+        return None
+    parts = []
+    for direction, word in (("in", "from"), ("out", "to")):
+        moved = [f"{role} {human_size(n)}" for role, n in totals[direction].items() if n > 0]
+        if moved:
+            parts.append(f"{word} " + " ".join(moved))
+    return "  " + ", ".join(parts) if parts else None
 
 
 def checkpoints_text(sample: Sample | None, width: int, rows: int) -> Text:

@@ -45,7 +45,16 @@ if TYPE_CHECKING:
     from chunkd.gateway.metrics import Metrics
     from chunkd.gateway.peers import Peers
 
-__all__ = ["ERRORS_KEPT", "SCHEMA", "Event", "Telemetry", "TooManyStreamsError"]
+__all__ = [
+    "ERRORS_KEPT",
+    "SCHEMA",
+    "Event",
+    "Telemetry",
+    "TooManyStreamsError",
+    "peer_roles",
+    "replica_figures",
+    "role_reading",
+]
 
 SCHEMA: Final = 1
 #: warnings and errors a sample carries (the newest)
@@ -111,6 +120,8 @@ class _Reading:
     local: float = 0.0
     s3: float = 0.0
     members: dict[tuple[str, str], float] = field(default_factory=dict)
+    #: chunk bytes by (peer, direction, role): chunkd_peer_role_bytes
+    roles: dict[tuple[str, str, str], float] = field(default_factory=dict)
     #: backend latency: cumulative count per bucket bound (seconds; inf last)
     latency: list[tuple[float, float]] = field(default_factory=list)
 
@@ -327,6 +338,7 @@ class Telemetry:
         reading.s3 = sum(v for _, v in _totals(m.s3_requests))
         for labels, value in _totals(m.peer_member_bytes):
             reading.members[(labels["peer"], labels["direction"])] = value
+        reading.roles = role_reading(m)
         # Requests only: a streamed GET also observes each piece ("stream").
         reading.latency = _buckets(m.backend_seconds, skip_op="stream")
         return reading
@@ -349,6 +361,11 @@ class Telemetry:
         if self.peers is None:
             return None
         stats = self.peers.stats()
+        m = self.metrics
+        pushes: dict[str, dict[str, int]] = {}
+        for labels, value in _totals(m.replica_pushes):
+            outcomes = pushes.setdefault(labels["peer"], dict.fromkeys(PUSH_OUTCOMES, 0))
+            outcomes[labels["outcome"]] = outcomes.get(labels["outcome"], 0) + int(value)
         members = []
         for member in stats["members"]:
             address = member["address"]
@@ -357,8 +374,24 @@ class Telemetry:
                 moved = now.members.get((address, direction), 0.0)
                 moved -= before.members.get((address, direction), 0.0)
                 flows[direction] = round(max(0.0, moved) / seconds, 3)
-            members.append({"address": address, "healthy": member["healthy"], **flows})
-        return {"self": stats["self"], "healthy": stats["healthy"], "members": members}
+            members.append(
+                {
+                    "address": address,
+                    "healthy": member["healthy"],
+                    **flows,
+                    **peer_roles(address, now.roles, before.roles, seconds),
+                    "pushes": pushes.get(address, dict.fromkeys(PUSH_OUTCOMES, 0)),
+                }
+            )
+        answers = _by_label(m.peer_holder_answers, "answer")
+        return {
+            "self": stats["self"],
+            "healthy": stats["healthy"],
+            "members": members,
+            "holder_answers": {a: int(answers.get(a, 0)) for a in HOLDER_ANSWERS},
+            "holders_tracked": int(_gauge(m.peer_holders_tracked)),
+            "replicas": replica_figures(m),
+        }
 
     def _checkpoints(self) -> dict[str, Any]:
         # In flight: a failed save stays in the daemon's jobs for a while, not here.
@@ -392,6 +425,72 @@ class _Follower:
 
 
 _SOURCES: Final = ("ram", "disk", "fetched")
+#: the roles a peer's chunk bytes are counted under (chunkd_peer_role_bytes{role})
+ROLES: Final = ("owner", "holder", "replica")
+#: an owner's answers to askers (chunkd_peer_holder_answers{answer})
+HOLDER_ANSWERS: Final = ("served", "holders", "direct")
+#: replica pushes this node made, by outcome (chunkd_replica_pushes{outcome})
+PUSH_OUTCOMES: Final = ("ok", "full", "failed")
+#: replica pushes other nodes made here, by outcome (chunkd_replica_received{outcome})
+RECEIVED_OUTCOMES: Final = ("stored", "full", "invalid", "refused")
+#: this node's replicated saves, by outcome (chunkd_replica_saves{outcome})
+SAVE_OUTCOMES: Final = ("full", "partial", "none")
+
+
+def role_reading(metrics: Metrics) -> dict[tuple[str, str, str], float]:
+    """``chunkd_peer_role_bytes`` now: the bytes keyed (peer, direction, role)."""
+    return {
+        (labels["peer"], labels["direction"], labels["role"]): value
+        for labels, value in _totals(metrics.peer_role_bytes)
+    }
+
+
+def peer_roles(
+    address: str,
+    now: dict[tuple[str, str, str], float],
+    before: dict[tuple[str, str, str], float],
+    seconds: float,
+) -> dict[str, dict[str, dict[str, float]]]:
+    """One member's chunk bytes by direction and role, from two readings of
+    ``chunkd_peer_role_bytes`` keyed (peer, direction, role).
+
+    Returns:
+        ``{"roles": {"in": {"owner", "holder", "replica"}, "out": {...}}}`` in bytes per
+        second over the time between the readings, and ``"role_bytes"`` of the same
+        shape: the bytes since the daemon started. ``in`` is what the member sent this
+        node, under the role it played (the chunk's owner, a holder of it, a replica of
+        this node's save); ``out`` what this node sent it, under the role this node played.
+    """
+    rates: dict[str, dict[str, float]] = {}
+    totals: dict[str, dict[str, float]] = {}
+    for direction in ("in", "out"):
+        rates[direction] = {}
+        totals[direction] = {}
+        for role in ROLES:
+            key = (address, direction, role)
+            moved = now.get(key, 0.0) - before.get(key, 0.0)
+            rates[direction][role] = round(max(0.0, moved) / seconds, 3)
+            totals[direction][role] = now.get(key, 0.0)
+    return {"roles": rates, "role_bytes": totals}
+
+
+def replica_figures(metrics: Metrics) -> dict[str, Any]:
+    """The replica store's figures from the counters ``/metrics`` exports: the budget
+    and the bytes of other nodes' replicas held here (gauges), and since the start, the
+    pushes received (by outcome), the pushes this node made (all peers, by outcome) and
+    this node's replicated saves (by outcome)."""
+    received = _by_label(metrics.replica_received, "outcome")
+    pushed = _by_label(metrics.replica_pushes, "outcome")
+    saves = _by_label(metrics.replica_saves, "outcome")
+    return {
+        "budget_bytes": int(_gauge(metrics.replica_budget)),
+        "bytes": int(_gauge(metrics.replica_bytes)),
+        "received": {o: int(received.get(o, 0)) for o in RECEIVED_OUTCOMES},
+        "pushes": {o: int(pushed.get(o, 0)) for o in PUSH_OUTCOMES},
+        "saves": {o: int(saves.get(o, 0)) for o in SAVE_OUTCOMES},
+    }
+
+
 _BACKEND_FIELDS: Final = ("requests", "errors", "bytes")
 
 

@@ -501,6 +501,21 @@ function showSample(s) {
       members.length ? `${s.peers.healthy} of ${members.length} up · self ${s.peers.self}` : `no members · self ${s.peers.self}`,
     );
     tables.peers.update(members, "no members");
+    const replicas = s.peers.replicas;
+    text("rep-bytes", bytes(replicas.bytes));
+    text("rep-budget", bytes(replicas.budget_bytes));
+    text("rep-stored", count(replicas.received.stored));
+    text("rep-refused-full", count(replicas.received.full));
+    text("rep-invalid", count(replicas.received.invalid));
+    text("rep-pushed", count(replicas.pushes.ok));
+    text("rep-pushes-full", count(replicas.pushes.full));
+    text("rep-pushes-failed", count(replicas.pushes.failed));
+    text("rep-saves-full", count(replicas.saves.full));
+    text("rep-saves-partial", count(replicas.saves.partial));
+    text("own-served", count(s.peers.holder_answers.served));
+    text("own-holders", count(s.peers.holder_answers.holders));
+    text("own-direct", count(s.peers.holder_answers.direct));
+    text("own-tracked", count(s.peers.holders_tracked));
   }
   const saves = Math.max(s.checkpoints_total, s.checkpoints.length);
   fold("checkpoints-panel", saves === 0, "checkpoints-summary", saves ? `${count(saves)} in flight` : "none in flight");
@@ -530,8 +545,22 @@ function setupTables() {
     setCells(cells, [t.name, bytes(t.bytes), bytes(t.budget_bytes), count(t.chunks), t.degraded ? `degraded: ${t.degraded}` : "ok"]);
     row.classList.toggle("bad", Boolean(t.degraded));
   });
-  tables.peers = new Rows("peers", ["name", "", "num", "num"], 64, ({ row, cells }, p) => {
-    setCells(cells, [p.address, p.healthy ? "up" : "down", byteRate(p.in), byteRate(p.out)]);
+  const role = "num role";
+  tables.peers = new Rows("peers", ["name", "", "num", "num", role, role, role, role, role, role], 64, ({ row, cells }, p) => {
+    const got = p.role_bytes.in;
+    const gave = p.role_bytes.out;
+    setCells(cells, [
+      p.address,
+      p.healthy ? "up" : "down",
+      byteRate(p.in),
+      byteRate(p.out),
+      bytes(got.owner),
+      bytes(got.holder),
+      bytes(got.replica),
+      bytes(gave.owner),
+      bytes(gave.holder),
+      bytes(gave.replica),
+    ]);
     row.classList.toggle("bad", !p.healthy);
   });
   tables.checkpoints = new Rows("checkpoints", ["name", "minor", "text", "bar", "num", "num minor", "num"], 50, ({ cells, extra }, c) => {

@@ -30,6 +30,8 @@ from chunkd.gateway.names import checkpoint_name
 from chunkd.ranges import ByteRange
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from chunkd.gateway.backends import Backends
     from chunkd.gateway.metrics import Metrics
     from chunkd.gateway.peers import Peers
@@ -145,9 +147,20 @@ class Restorer:
             "durability": Durability(min(j.level for j in mine.values())).wire_name,
         }
 
-    async def chunk(self, backend_name: str, cid: ChunkId, *, local: bool = False) -> ChunkLease:
-        """Lease checkpoint chunk ``cid``: from the cache, else from its owner among the
-        peers (unless ``local``: a peer's own request), else from ``chunks/<id>``.
+    async def chunk(
+        self,
+        backend_name: str,
+        cid: ChunkId,
+        *,
+        local: bool = False,
+        replicas: Sequence[str] = (),
+    ) -> ChunkLease:
+        """Lease checkpoint chunk ``cid``: from the cache, else from the peers (unless
+        ``local``: a peer's own request), else from ``chunks/<id>``.
+
+        From the peers: the members named in ``replicas`` first (they may hold a
+        replica of the save: asked for what they hold, at once), then the chunk's
+        owner or the holders it names (:meth:`.peers.Peers.fetch_chunk`).
 
         Bytes from a peer or the backend are verified against the id before they are
         cached; concurrent requests for one chunk make one fetch.
@@ -165,7 +178,7 @@ class Restorer:
 
         async def fetch() -> tuple[str, memoryview]:
             if self.peers is not None and not local:
-                shared = await self.peers.fetch_chunk(backend_name, cid)  # verified
+                shared = await self.peers.fetch_chunk(backend_name, cid, replicas=replicas)
                 if shared is not None:
                     await self.cache.put(Chunk.trusted(cid, shared))
                     return "peer", shared

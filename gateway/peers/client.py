@@ -19,7 +19,25 @@ Peer protocol (on the HTTP port; every request carries ``Authorization: Bearer
                                          states the id in X-Chunkd-Chunk
     ...?held=1 (any route)              only what the node holds in its tiers, or
                                          404 NotHeld at once: never fetched for the
-                                         asker (a rejoined node's handoff)
+                                         asker (a rejoined node's handoff, a replica)
+    GET /v1/peer/chunks/{backend}/{id}?held=1&wait=1
+                                         a holder request: from the tiers, or after
+                                         this node's own fetch of the chunk in flight
+                                         (at most ``timeout``), else 404 NotHeld
+
+Holders serve (checkpoint chunks). A chunk's owner serves it itself until it has
+sent it ``holder_fanout`` times; after that it answers ``300 Multiple Choices`` with
+``X-Chunkd-Holders: a:p, b:p`` (at most 3 members that got the chunk before this
+asker). This node then asks those holders in order (holder requests: members only,
+never itself), verifying each answer, and at last the owner again with ``direct=1``
+and one ``bad=a:p`` per holder that failed (the owner serves, and drops them from the
+chunk's list). See :mod:`.holders` for the owner's side. A restore may name replica
+holders to ask first (:meth:`PeerClient.fetch_chunk` ``replicas``): ``held=1`` without
+waiting, role ``replica``.
+
+Pipelining: at most ``per_peer_requests`` requests are in flight to any one member
+(a semaphore per member, made when first needed); a restore asks for many chunks at
+once, so its requests spread over several owners and holders, each bounded.
 
 A handoff asks for what that member holds (``held=1``): it answers from its own
 tiers or 404 at once, never fetching the chunk for this node nor asking this node
@@ -41,6 +59,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Final
 from urllib.parse import quote
 
@@ -59,12 +78,22 @@ if TYPE_CHECKING:
     from chunkd.gateway.peers.membership import Membership
     from chunkd.gateway.tls import PeerTLS
 
-__all__ = ["PeerClient"]
+__all__ = ["HOLDERS_HEADER", "MAX_HOLDERS_NAMED", "PeerClient"]
 
 log = logging.getLogger("chunkd.gateway.peers")
 
 # A handoff's query: answer from what you hold, or 404 at once (see the module docstring).
 _HELD: Final = {"held": "1"}
+# A holder request: what you hold, or your own fetch of it in flight (at most timeout).
+_HOLDER: Final = {"held": "1", "wait": "1"}
+#: The header of an owner's 300 answer: the holders to ask, ``a:p, b:p``.
+HOLDERS_HEADER: Final = "X-Chunkd-Holders"
+#: The most holders an owner names in one answer, and the most an asker reads of it.
+MAX_HOLDERS_NAMED: Final = 3
+# peer_requests{outcome} of a chunk received, by the role its sender played.
+_OUTCOMES: Final = {"owner": "ok", "holder": "holder", "replica": "replica", "handoff": "handoff"}
+
+_Query = Mapping[str, str] | Sequence[tuple[str, str]]
 
 
 class PeerClient:
@@ -97,6 +126,7 @@ class PeerClient:
         self._tls = tls
         self._scheme = "http" if tls is None else "https"
         self.session: aiohttp.ClientSession | None = None
+        self._slots: dict[str, asyncio.Semaphore] = {}  # per member: see _slot
 
     def open(self) -> aiohttp.ClientSession:
         """Open the HTTP session (requests and probes share it) and return it."""
@@ -129,48 +159,164 @@ class PeerClient:
             self.owners(key), self.membership.address, handing_off=self.health.handing_off()
         )
 
-    async def fetch_chunk(self, backend: str, cid: ChunkId) -> memoryview | None:
-        """Chunk ``cid`` from its owner (or the next ones), verified; None: fetch it
-        yourself (this node owns it, or every owner before it failed)."""
-        return await self._fetch_by_id(cid, f"chunks/{backend}/{cid}", "chunk")
+    async def fetch_chunk(
+        self, backend: str, cid: ChunkId, *, replicas: Sequence[str] = ()
+    ) -> memoryview | None:
+        """Chunk ``cid``, verified, from the first source that has it: the members in
+        ``replicas`` (asked in order, ``held=1``: what they hold, at once), then its
+        owner (or the holders the owner names, then the owner with ``direct=1``), then
+        the next owners. None: fetch it yourself (this node owns it, or every source
+        failed).
+
+        Args:
+            backend: the backend the chunk belongs to.
+            cid: the chunk's id.
+            replicas: member addresses that may hold a replica of the chunk, asked
+                first (an address that is not a healthy member, or this node, is
+                skipped).
+        """
+        route = f"chunks/{backend}/{cid}"
+        for replica in self._replica_sources(replicas):
+            data = await self._held(replica, route, cid, _HELD, role="replica")
+            if data is not None:
+                return data
+        for owner, handoff in self._sources(bytes(cid)):
+            if handoff:
+                data = await self._held(owner, route, cid, _HELD, role="handoff")
+            else:
+                data = await self._from_owner(owner, route, cid)
+            if data is not None:
+                return data
+        return None
+
+    def _replica_sources(self, replicas: Sequence[str]) -> list[str]:
+        """The addresses of ``replicas`` worth asking: healthy members, not this node,
+        each once."""
+        if not replicas:
+            return []
+        healthy = set(self.membership.healthy())
+        asked = dict.fromkeys(
+            r for r in replicas if r in healthy and not self.membership.is_self(r)
+        )
+        return list(asked)
+
+    async def _from_owner(self, owner: str, route: str, cid: ChunkId) -> memoryview | None:
+        """Chunk ``cid`` from ``owner``: its answer, or the holders it names (then the
+        owner again with ``direct=1``, naming the holders that failed)."""
+        url = f"{self._scheme}://{owner}/v1/peer/{route}"
+        try:
+            answer = await self._ask(owner, url, {}, choices=True)
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            self._failed(owner, exc, "a chunk request")
+            log.info("peer %s did not give chunk %s (%s); trying the next", owner, cid, exc)
+            return None
+        if answer is None:
+            return None
+        status, headers, data = answer
+        if status == 300:
+            self._count(owner, "holders")
+            bad: list[str] = []
+            for holder in self._holders_named(owner, headers.get(HOLDERS_HEADER, "")):
+                data_ = await self._held(holder, route, cid, _HOLDER, role="holder")
+                if data_ is not None:
+                    return data_
+                bad.append(holder)
+            # The holders failed (or none was a member): the owner serves, and drops
+            # the failed ones from the chunk's list.
+            direct = [("direct", "1"), *(("bad", b) for b in bad)]
+            try:
+                answer = await self._ask(owner, url, direct)
+            except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+                self._failed(owner, exc, "a direct chunk request")
+                log.info("peer %s did not give chunk %s (%s); trying the next", owner, cid, exc)
+                return None
+            if answer is None:
+                return None
+            data = answer[2]
+        return await self._verified(owner, cid, data, role="owner", what="chunk")
+
+    def _holders_named(self, owner: str, header: str) -> list[str]:
+        """The holders a 300 names that this node asks: at most the first
+        :data:`MAX_HOLDERS_NAMED` names, each a healthy member other than this node and
+        the owner (a name that is not, a stranger's address say, is never followed)."""
+        healthy = set(self.membership.healthy())
+        named: dict[str, None] = {}
+        for name in header.split(",", MAX_HOLDERS_NAMED)[:MAX_HOLDERS_NAMED]:
+            address = name.strip()
+            if address in healthy and address != owner and not self.membership.is_self(address):
+                named[address] = None
+            elif address:
+                log.debug("peer %s named holder %r, not a healthy member: skipped", owner, address)
+        return list(named)
+
+    async def _held(
+        self, peer: str, route: str, cid: ChunkId, params: Mapping[str, str], *, role: str
+    ) -> memoryview | None:
+        """Chunk ``cid`` from what ``peer`` holds (``held=1``), verified; None: it does
+        not hold it, failed, or sent wrong bytes (counted against its health)."""
+        url = f"{self._scheme}://{peer}/v1/peer/{route}"
+        try:
+            answer = await self._ask(peer, url, params)
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            self._failed(peer, exc, f"a {role} request")
+            log.info("peer %s did not give chunk %s as %s (%s)", peer, cid, role, exc)
+            return None
+        if answer is None:
+            return None
+        data = await self._verified(peer, cid, answer[2], role=role, what="chunk")
+        if data is None:
+            self.health.note(peer, ok=False, why=f"sent wrong bytes for chunk {cid} as {role}")
+        return data
+
+    async def _verified(
+        self, peer: str, cid: ChunkId, data: memoryview, *, role: str, what: str
+    ) -> memoryview | None:
+        """``data`` if it hashes to ``cid`` (counted as received from ``peer`` in
+        ``role``), else None (counted as an integrity failure, dropped)."""
+        got = await asyncio.to_thread(ChunkId.of, data)
+        if got != cid:
+            self._count(peer, "integrity")
+            self.metrics.peer_integrity_failures.labels(peer).inc()
+            log.warning(
+                "peer %s sent %d bytes for %s %s that hash to %s; dropped them",
+                peer,
+                data.nbytes,
+                what,
+                cid,
+                got,
+            )
+            return None
+        self._count(peer, _OUTCOMES[role])
+        self.metrics.peer_bytes.labels("in").inc(data.nbytes)
+        self.metrics.peer_member_bytes.labels(peer, "in").inc(data.nbytes)
+        metric_role = "holder" if role == "handoff" else role
+        self.metrics.peer_role_bytes.labels(peer, "in", metric_role).inc(data.nbytes)
+        return data
 
     async def fetch_page(self, cid: ChunkId) -> memoryview | None:
         """Dataset registry page ``cid`` (its id is the blake3 of its bytes, as a
         chunk's) from its owner (or the next ones), verified; None: fetch it yourself.
         The owner fetches it from the registry once for the cluster: no node asks the
         registry for a page's version (a page is named by its content)."""
-        return await self._fetch_by_id(cid, f"pages/{cid}", "page")
-
-    async def _fetch_by_id(self, cid: ChunkId, route: str, what: str) -> memoryview | None:
         assert self.session is not None
         for owner, handoff in self._sources(bytes(cid)):
-            url = f"{self._scheme}://{owner}/v1/peer/{route}"
+            if handoff:
+                data = await self._held(owner, f"pages/{cid}", cid, _HELD, role="handoff")
+                if data is not None:
+                    return data
+                continue
+            url = f"{self._scheme}://{owner}/v1/peer/pages/{cid}"
             try:
-                answer = await self._ask(owner, url, _HELD if handoff else {})
-                if answer is None:
-                    continue
-                _, data = answer
+                answer = await self._ask(owner, url, {})
             except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-                self._failed(owner, exc, f"a {what} request")
-                log.info("peer %s did not give %s %s (%s); trying the next", owner, what, cid, exc)
+                self._failed(owner, exc, "a page request")
+                log.info("peer %s did not give page %s (%s); trying the next", owner, cid, exc)
                 continue
-            got = await asyncio.to_thread(ChunkId.of, data)
-            if got != cid:
-                self._count(owner, "integrity")
-                self.metrics.peer_integrity_failures.labels(owner).inc()
-                log.warning(
-                    "peer %s sent %d bytes for %s %s that hash to %s; dropped them",
-                    owner,
-                    data.nbytes,
-                    what,
-                    cid,
-                    got,
-                )
+            if answer is None:
                 continue
-            self._count(owner, "handoff" if handoff else "ok")
-            self.metrics.peer_bytes.labels("in").inc(data.nbytes)
-            self.metrics.peer_member_bytes.labels(owner, "in").inc(data.nbytes)
-            return data
+            data = await self._verified(owner, cid, answer[2], role="owner", what="page")
+            if data is not None:
+                return data
         return None
 
     async def fetch_locator(
@@ -189,7 +335,7 @@ class PeerClient:
                 answer = await self._ask(owner, url, params)
                 if answer is None:
                     continue
-                stated, data = ChunkId.parse(answer[0].get("X-Chunkd-Chunk", "")), answer[1]
+                stated, data = ChunkId.parse(answer[1].get("X-Chunkd-Chunk", "")), answer[2]
             except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
                 self._failed(owner, exc, "an object request")
                 log.info("peer %s did not give %s/%s#%d (%s)", owner, backend, key, index, exc)
@@ -197,17 +343,22 @@ class PeerClient:
             self._count(owner, "handoff" if handoff else "ok")
             self.metrics.peer_bytes.labels("in").inc(data.nbytes)
             self.metrics.peer_member_bytes.labels(owner, "in").inc(data.nbytes)
+            role = "holder" if handoff else "owner"
+            self.metrics.peer_role_bytes.labels(owner, "in", role).inc(data.nbytes)
             return owner, stated, data
         return None
 
     async def _ask(
-        self, owner: str, url: str, params: dict[str, str]
-    ) -> tuple[dict[str, str], memoryview] | None:
-        """GET ``url`` from ``owner``: (headers, body) on 200, None on another status.
+        self, owner: str, url: str, params: _Query, *, choices: bool = False
+    ) -> tuple[int, dict[str, str], memoryview] | None:
+        """GET ``url`` from ``owner``: (status, headers, body) on 200 (or on 300, an
+        owner's list of holders, when ``choices``), None on another status.
 
-        The wait adapts to the owner. It goes on while bytes arrive from it, for
-        this request or any other, and while the owner answers its health probe (it
-        may be fetching the chunk from a slow backend for everyone). After
+        At most ``per_peer_requests`` run at once to one member: a request waits for
+        its turn first (:meth:`_slot`), and is given up if the member went down
+        meanwhile. The wait adapts to the owner. It goes on while bytes arrive from
+        it, for this request or any other, and while the owner answers its health
+        probe (it may be fetching the chunk from a slow backend for everyone). After
         ``timeout`` with nothing from it the owner is probed at once; a failed probe
         ends the wait, so does the owner being marked down, and the hard cap. A
         refused or reset connection ends it at once.
@@ -221,6 +372,11 @@ class PeerClient:
         assert self.session is not None
         session = self.session
         health = self.health
+        slot = self._slot(owner)
+        await slot.acquire()
+        if owner not in self.membership.healthy():
+            slot.release()
+            raise TimeoutError(f"peer {owner} went down while this node waited to ask it")
         heard = [time.monotonic()]  # when the owner last sent anything for this request
 
         def hear() -> None:
@@ -229,7 +385,7 @@ class PeerClient:
         async def call() -> tuple[int, dict[str, str], memoryview]:
             for attempt in range(2):
                 try:
-                    async with session.get(url, params=params) as response:
+                    async with session.get(url, params=params, allow_redirects=False) as response:
                         hear()
                         if response.status != 200:
                             return response.status, dict(response.headers), memoryview(b"")
@@ -255,6 +411,9 @@ class PeerClient:
             return time.monotonic() - max(heard[0], health.last_heard(owner))
 
         task = asyncio.ensure_future(call())
+        # The turn is given back when the request ends, also when this wait is
+        # cancelled before it (a cancelled task still has to close its connection).
+        task.add_done_callback(lambda _: slot.release())
         try:
             while True:
                 done, _ = await asyncio.wait({task}, timeout=max(0.01, timeout - silent()))
@@ -281,12 +440,29 @@ class PeerClient:
             elif not task.cancelled():
                 task.exception()  # retrieved here; task.result() below re-raises it
         status, headers, body = task.result()
-        if status != 200:
-            self._count(owner, f"http_{status}")
-            if status >= 500:
-                health.note(owner, ok=False, why=f"a request answered {status}")
-            return None
-        return headers, body
+        if status == 200 or (status == 300 and choices):
+            return status, headers, body
+        self._count(owner, f"http_{status}")
+        if status >= 500:
+            health.note(owner, ok=False, why=f"a request answered {status}")
+        return None
+
+    def _slot(self, peer: str) -> asyncio.Semaphore:
+        """The turns of requests to ``peer``: ``per_peer_requests`` at once. Made
+        when first needed, one per member (those of addresses no longer members are
+        forgotten as new ones are made)."""
+        slot = self._slots.get(peer)
+        if slot is None:
+            if len(self._slots) >= len(self.membership.members):
+                for gone in [a for a in self._slots if self.membership.get(a) is None]:
+                    del self._slots[gone]
+            slot = self._slots[peer] = asyncio.Semaphore(self.config.per_peer_requests)
+        return slot
+
+    def in_flight(self, peer: str) -> int:
+        """Requests to ``peer`` running now (within ``per_peer_requests``)."""
+        slot = self._slots.get(peer)
+        return 0 if slot is None else self.config.per_peer_requests - slot._value
 
     def integrity_failure(self, owner: str, cid: ChunkId) -> None:
         """Count bytes from ``owner`` that did not hash to the ``cid`` it stated."""

@@ -19,6 +19,8 @@ from chunkd.gateway.peers.membership import Membership, Peer
 from chunkd.gateway.peers.token import authorized, read_token
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from chunkd.cache import ChunkId
     from chunkd.gateway.config import PeersConfig
     from chunkd.gateway.metrics import Metrics
@@ -115,10 +117,14 @@ class Peers:
         """The healthy members in rendezvous order for ``key``."""
         return self._client.owners(key)
 
-    async def fetch_chunk(self, backend: str, cid: ChunkId) -> memoryview | None:
-        """Chunk ``cid`` from its owner (or the next ones), verified; None: fetch it
-        yourself (this node owns it, or every owner before it failed)."""
-        return await self._client.fetch_chunk(backend, cid)
+    async def fetch_chunk(
+        self, backend: str, cid: ChunkId, *, replicas: Sequence[str] = ()
+    ) -> memoryview | None:
+        """Chunk ``cid``, verified: from the members in ``replicas`` first (what they
+        hold, ``held=1``, role replica), then from its owner or the holders the owner
+        names, then the next owners; None: fetch it yourself (this node owns it, or
+        every source failed). See :meth:`.client.PeerClient.fetch_chunk`."""
+        return await self._client.fetch_chunk(backend, cid, replicas=replicas)
 
     async def fetch_page(self, cid: ChunkId) -> memoryview | None:
         """Dataset registry page ``cid`` from its owner (or the next ones), verified;

@@ -1,11 +1,22 @@
 """A cluster in network namespaces, for tests and benchmarks (root only).
 
-Four "nodes" and an S3 server, each in a network namespace of its own with an
-address in 198.18.80.0/24, joined by a bridge in a sixth namespace; the process
-that builds it reaches them all from 198.18.80.254. Every link is shaped with
-``tc`` (tbf): the nodes' links at ``node_rate``, S3's at ``s3_rate``, so that the
-backend's egress is the bottleneck, as it is where object storage gives a cluster
-less than its nodes' NICs add up to. Everything is removed on exit.
+``nodes`` "nodes" (4 unless told; at most :data:`MAX_NODES`) and an S3 server, each
+in a network namespace of its own, node ``i`` at ``198.18.80.i`` and S3 at
+:data:`S3_IP`, joined by a bridge in a namespace of its own; the process that
+builds it reaches them all from 198.18.80.254. Every link is shaped with ``tc``
+(tbf) in both directions, on the namespace's end of its veth (what it sends) and on
+the bridge's end (what it receives): the nodes' links at ``node_rate``, S3's at
+``s3_rate``, so that the backend's egress is the bottleneck, as it is where object
+storage gives a cluster less than its nodes' NICs add up to. Everything is removed
+on exit.
+
+Members may carry failure-domain labels (``racks``: ``host:port rack=R`` in
+``[peers] members``); ``peer_settings`` adds ``[peers]`` keys (``holder_fanout``,
+``per_peer_requests``, ``replicas``) to every node's config. A node can be killed
+(:meth:`Lab.kill_node`, SIGKILL) and replaced by a fresh one with the same name,
+address and an empty cache (:meth:`Lab.replace_node`); :meth:`Lab.cpu_seconds`
+reads each daemon's and S3's CPU time from ``/proc``, to show that a figure was
+bound by the links and not by the CPU.
 
 Network chaos, on one node's link at a time (this kernel has no netem: its qdiscs
 are fifo, htb, tbf and ingress). Each is a table of nftables rules in the node's
@@ -32,9 +43,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,11 +58,27 @@ from chunkd.testing.relay import RELAY_MARK, LatencyRelay, RelayStats
 from chunkd.testing.s3rver import KEY as S3RVER_KEY
 from chunkd.testing.s3rver import S3rverServer, s3rver_binary
 
-__all__ = ["NET", "RELAY_PORT", "ROOT_IP", "S3_IP", "Chaos", "Lab", "LabUnavailable", "lab"]
+__all__ = [
+    "MAX_NODES",
+    "NET",
+    "RELAY_PORT",
+    "ROOT_IP",
+    "S3_IP",
+    "Chaos",
+    "Lab",
+    "LabUnavailable",
+    "cpu_seconds",
+    "lab",
+]
 
 NET = "198.18.80"
 ROOT_IP = f"{NET}.254"
-S3_IP = f"{NET}.5"
+#: S3's address: above every node's (node i is NET.i)
+S3_IP = f"{NET}.200"
+#: the most nodes a lab builds (a namespace, a veth pair and a daemon each)
+MAX_NODES: Final = 32
+#: a ``[peers]`` value a lab writes into the nodes' configs
+PeerValue = str | int | float | bool
 TOKEN = "a-shared-secret-for-the-namespaces"
 #: the daemons' HTTP (and peer) port
 PORT: Final = 8470
@@ -62,6 +90,35 @@ _RELAY_TABLE: Final = "chunkd_relay"
 
 class LabUnavailable(RuntimeError):
     """Namespaces cannot be built here (not root, no iproute2 or tc)."""
+
+
+def cpu_seconds(pid: int) -> float:
+    """The CPU time (user + system, seconds) of process ``pid`` and of its living
+    descendants, and of the children it has reaped, from ``/proc``; 0.0 if it is
+    gone.
+
+    A daemon's own threads are in its figure; a process killed before the reading
+    is not (read before killing).
+    """
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    pending = [pid]
+    while pending:
+        current = pending.pop()
+        try:
+            stat = Path(f"/proc/{current}/stat").read_text()
+        except OSError:
+            continue
+        # the command name may hold spaces and parentheses: the fields follow the last ")"
+        fields = stat.rpartition(")")[2].split()
+        # utime, stime, cutime, cstime are fields 14-17 of stat(5); fields[0] is field 3
+        total += sum(int(value) for value in fields[11:15]) / tick
+        for task in Path(f"/proc/{current}/task").glob("*/children"):
+            try:
+                pending += [int(child) for child in task.read_text().split()]
+            except OSError:
+                continue
+    return total
 
 
 def _ip(*args: str) -> None:
@@ -120,13 +177,25 @@ class Lab:
         s3_ns: S3's namespace.
         chunk_bytes: the nodes' ``[cache] chunk_bytes`` (None: the default, 4 MiB);
             a checkpoint is chunked at the saving daemon's size.
+        racks: node number to its failure domain; a labelled member is written
+            ``host:port rack=R`` in every node's ``[peers] members`` (an unlabelled
+            one is a domain of its own).
+        peer_settings: ``[peers]`` keys every node gets (``holder_fanout = 1000``),
+            on top of the lab's own; :meth:`start_node` can add more.
     """
 
     work: Path
     nodes: list[str]
     s3_ns: str
     chunk_bytes: int | None = None
+    racks: dict[int, str] = field(default_factory=dict)
+    peer_settings: dict[str, PeerValue] = field(default_factory=dict)
     processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    #: each running node's daemon, by node number
+    node_processes: dict[int, subprocess.Popen[bytes]] = field(default_factory=dict)
+    #: each namespace's veth ends: (its own end, the bridge's end), for shaping
+    links: dict[str, tuple[str, str]] = field(default_factory=dict)
+    switch_ns: str = ""
     _chaos: dict[int, _NodeChaos] = field(default_factory=dict, init=False, repr=False)
     #: the access key and secret of the S3 server started (moto's by default)
     s3_keys: tuple[str, str] = ("testing", "testing-secret")
@@ -168,28 +237,95 @@ class Lab:
         )
 
     def shape_s3(self, rate: str) -> None:
-        """Set S3's link (its egress) to ``rate`` (a tc rate: ``"500mbit"``)."""
-        _in(self.s3_ns, "tc", "qdisc", "change", "dev", self.s3_link, "root", "tbf", *_tbf(rate))
+        """Set S3's link, both directions, to ``rate`` (a tc rate: ``"500mbit"``)."""
+        self._shape(self.s3_ns, rate)
 
-    def start_node(self, i: int, *, peers: bool) -> subprocess.Popen[bytes]:
-        """Daemon ``i`` (1-4) in its namespace, with an empty cache."""
-        node_dir = self.work / f"n{i}"
-        shutil.rmtree(node_dir, ignore_errors=True)
-        node_dir.mkdir(parents=True)
-        daemon = DaemonProcess(
-            self._toml(i, peers),
-            cwd=node_dir,
-            prefix=("ip", "netns", "exec", self.nodes[i - 1]),
-            url=f"http://{self.address(i)}:8470",
-        )
-        self.processes.append(daemon.process)
-        daemon.wait_ready(60.0)
-        return daemon.process
+    def shape_node(self, i: int, rate: str) -> None:
+        """Set node ``i``'s link, both directions, to ``rate``."""
+        self._shape(self.nodes[self._index(i)], rate)
+
+    def _shape(self, ns: str, rate: str) -> None:
+        inner, outer = self.links[ns]
+        _in(ns, "tc", "qdisc", "change", "dev", inner, "root", "tbf", *_tbf(rate))
+        _in(self.switch_ns, "tc", "qdisc", "change", "dev", outer, "root", "tbf", *_tbf(rate))
+
+    def start_node(
+        self, i: int, *, peers: bool, settings: Mapping[str, PeerValue] | None = None
+    ) -> subprocess.Popen[bytes]:
+        """Daemon ``i`` (1 to the lab's nodes) in its namespace, with an empty cache
+        (its directory is made anew); ``settings`` are ``[peers]`` keys on top of
+        the lab's ``peer_settings``."""
+        return self.start_nodes([i], peers=peers, settings=settings)[i]
+
+    def start_nodes(
+        self,
+        numbers: Iterable[int],
+        *,
+        peers: bool,
+        settings: Mapping[str, PeerValue] | None = None,
+    ) -> dict[int, subprocess.Popen[bytes]]:
+        """Start the daemons of ``numbers`` at once (as :meth:`start_node`), then wait
+        until each is ready: a cluster of eight starts in the time of its slowest
+        daemon, not of eight in a row."""
+        daemons: dict[int, DaemonProcess] = {}
+        for i in numbers:
+            self._index(i)
+            if i in self.node_processes and self.node_processes[i].poll() is None:
+                raise RuntimeError(f"node {i} is running; kill_node or stop_nodes first")
+            node_dir = self.work / f"n{i}"
+            shutil.rmtree(node_dir, ignore_errors=True)
+            node_dir.mkdir(parents=True)
+            daemons[i] = DaemonProcess(
+                self._toml(i, peers, {**self.peer_settings, **(settings or {})}),
+                cwd=node_dir,
+                prefix=("ip", "netns", "exec", self.nodes[i - 1]),
+                url=self.url(i),
+            )
+            self.processes.append(daemons[i].process)
+            self.node_processes[i] = daemons[i].process
+        for daemon in daemons.values():
+            daemon.wait_ready(60.0)
+        return {i: daemon.process for i, daemon in daemons.items()}
+
+    def kill_node(self, i: int) -> None:
+        """SIGKILL node ``i``'s daemon (a crash: nothing is flushed nor said to the
+        peers) and reap it; its directory stays, as a dead machine's disk does."""
+        process = self.node_processes.pop(i, None)
+        if process is None:
+            raise RuntimeError(f"node {i} is not running")
+        if process.poll() is None:
+            process.send_signal(signal.SIGKILL)
+        process.wait()
+        self.processes.remove(process)
+
+    def replace_node(
+        self, i: int, *, peers: bool = True, settings: Mapping[str, PeerValue] | None = None
+    ) -> subprocess.Popen[bytes]:
+        """The machine of node ``i`` replaced: its daemon killed (SIGKILL) if it still
+        runs, then a fresh one started with the same name, address and config and
+        an empty cache (its old directory removed)."""
+        if i in self.node_processes:
+            self.kill_node(i)
+        return self.start_node(i, peers=peers, settings=settings)
+
+    def cpu_seconds(self) -> dict[str, float]:
+        """CPU seconds so far of each running daemon (``"n1"``...) and of the S3
+        server (``"s3"``), from ``/proc`` (:func:`cpu_seconds`); the difference of
+        two readings is what a run cost."""
+        figures = {f"n{i}": cpu_seconds(p.pid) for i, p in sorted(self.node_processes.items())}
+        if self.processes and self.processes[0] not in self.node_processes.values():
+            figures["s3"] = cpu_seconds(self.processes[0].pid)
+        return figures
+
+    def _index(self, i: int) -> int:
+        if not 1 <= i <= len(self.nodes):
+            raise ValueError(f"no node {i}: the lab has nodes 1-{len(self.nodes)}")
+        return i - 1
 
     def ready(self, i: int) -> bool:
         """Whether node ``i`` answers /readyz."""
         try:
-            with urllib.request.urlopen(f"http://{NET}.{i}:8470/readyz", timeout=2) as r:
+            with urllib.request.urlopen(f"http://{self.address(i)}:8470/readyz", timeout=2) as r:
                 return bool(r.status == 200)
         except OSError:
             return False
@@ -200,7 +336,7 @@ class Lab:
 
     def metric(self, i: int, sample: str) -> float:
         """The sum of node ``i``'s samples whose line starts with ``sample``."""
-        with urllib.request.urlopen(f"http://{NET}.{i}:8470/metrics", timeout=10) as response:
+        with urllib.request.urlopen(f"{self.url(i)}/metrics", timeout=10) as response:
             body = response.read().decode()
         return sum(
             float(line.rpartition(" ")[2])
@@ -219,10 +355,19 @@ class Lab:
                 process.kill()
                 process.wait()
         del self.processes[1:]
+        self.node_processes.clear()
 
     def address(self, i: int) -> str:
         """Node ``i``'s address."""
         return f"{NET}.{i}"
+
+    def member(self, i: int) -> str:
+        """Node ``i`` as the members name it: ``host:port``."""
+        return f"{self.address(i)}:{PORT}"
+
+    def url(self, i: int) -> str:
+        """Node ``i``'s HTTP address, for the observer."""
+        return f"http://{self.member(i)}"
 
     # -- chaos on one node's link ----------------------------------------------------
 
@@ -338,8 +483,7 @@ table ip {_RELAY_TABLE} {{
             self.heal(i)
 
     def _node_chaos(self, i: int) -> _NodeChaos:
-        if not 1 <= i <= len(self.nodes):
-            raise ValueError(f"no node {i}: the lab has nodes 1-{len(self.nodes)}")
+        self._index(i)
         return self._chaos.setdefault(i, _NodeChaos())
 
     def _write_chaos(self, i: int) -> None:
@@ -391,14 +535,18 @@ table ip {_RELAY_TABLE} {{
         }
         return counters.get("lost", 0), counters.get("cut", 0)
 
-    def _toml(self, i: int, peers: bool) -> str:
+    def _toml(self, i: int, peers: bool, settings: Mapping[str, PeerValue]) -> str:
         token = self.work / "token"
         token.write_text(TOKEN)
         token.chmod(0o600)
-        members = ", ".join(f'"{NET}.{n}:8470"' for n in range(1, len(self.nodes) + 1))
+        members = ", ".join(
+            json.dumps(self.member(n) + (f" rack={self.racks[n]}" if n in self.racks else ""))
+            for n in range(1, len(self.nodes) + 1)
+        )
+        more = "".join(f"{key} = {_toml_value(value)}\n" for key, value in settings.items())
         section = (
-            f'[peers]\nself = "{NET}.{i}:8470"\nmembers = [{members}]\n'
-            f'token_file = "{token}"\nhealth_interval = "300ms"\ndown_after = 4\n'
+            f'[peers]\nself = "{self.member(i)}"\nmembers = [{members}]\n'
+            f'token_file = "{token}"\nhealth_interval = "300ms"\ndown_after = 4\n{more}'
             if peers
             else ""
         )
@@ -430,6 +578,15 @@ fsync = "never"
         }"""
 
 
+def _toml_value(value: PeerValue) -> str:
+    """``value`` as TOML: a bool as true/false, a number as it is, a str quoted."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    return json.dumps(value)
+
+
 def _tbf(rate: str) -> tuple[str, ...]:
     """A tbf qdisc's settings for a link of ``rate``."""
     return ("rate", rate, "burst", "256kb", "latency", "200ms")
@@ -439,38 +596,58 @@ def _tbf(rate: str) -> tuple[str, ...]:
 def lab(
     work: Path,
     *,
+    nodes: int = 4,
     node_rate: str = "400mbit",
     s3_rate: str = "80mbit",
     chunk_bytes: int | None = None,
+    racks: Mapping[int, str] | None = None,
+    peer_settings: Mapping[str, PeerValue] | None = None,
 ) -> Iterator[Lab]:
     """Build the namespaces; remove them, and stop what runs in them (relays too),
     on exit.
 
     Args:
         work: the nodes' directories go here.
+        nodes: how many nodes (1 to :data:`MAX_NODES`).
         node_rate: each node's link, both ways (tc tbf rate).
-        s3_rate: S3's link.
+        s3_rate: S3's link, both ways.
         chunk_bytes: the nodes' chunk size (None: the daemon's default).
+        racks: node number to its failure domain label (``rack=R`` in the members).
+        peer_settings: ``[peers]`` keys every node gets.
 
     Raises:
         LabUnavailable: not root, or iproute2/tc missing, or the kernel refuses.
+        ValueError: ``nodes`` out of range, or a rack for a node the lab has not.
     """
+    if not 1 <= nodes <= MAX_NODES:
+        raise ValueError(f"a lab has 1 to {MAX_NODES} nodes, not {nodes}")
+    if racks and not set(racks) <= set(range(1, nodes + 1)):
+        raise ValueError(f"racks name nodes the lab has not: {sorted(set(racks))}")
     if os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("tc") is None:
         raise LabUnavailable("network namespaces need root, iproute2 and tc")
     tag = f"{os.getpid() % 10000}"
     switch = f"ck{tag}sw"
-    nodes = [f"ck{tag}n{i}" for i in range(1, 5)]
+    names = [f"ck{tag}n{i}" for i in range(1, nodes + 1)]
     s3_ns = f"ck{tag}s3"
     made: list[str] = []
     links: list[str] = []
-    built = Lab(work, nodes, s3_ns, chunk_bytes=chunk_bytes)
+    built = Lab(
+        work,
+        names,
+        s3_ns,
+        chunk_bytes=chunk_bytes,
+        racks=dict(racks or {}),
+        peer_settings=dict(peer_settings or {}),
+        switch_ns=switch,
+    )
+    s3_number = int(S3_IP.rpartition(".")[2])
     try:
         try:
             _ip("netns", "add", switch)
             made.append(switch)
             _in(switch, "ip", "link", "add", "br0", "type", "bridge")
             _in(switch, "ip", "link", "set", "br0", "up")
-            for i, ns in enumerate([*nodes, s3_ns], start=1):
+            for i, ns in [*enumerate(names, start=1), (s3_number, s3_ns)]:
                 _ip("netns", "add", ns)
                 made.append(ns)
                 inner, outer = f"e{tag}x{i}", f"b{tag}x{i}"
@@ -493,17 +670,10 @@ def lab(
                 _in(ns, "ip", "link", "set", inner, "up")
                 _in(ns, "ip", "link", "set", "lo", "up")
                 rate = s3_rate if ns == s3_ns else node_rate
-                _in(
-                    ns,
-                    "tc",
-                    "qdisc",
-                    "add",
-                    "dev",
-                    inner,
-                    "root",
-                    "tbf",
-                    *_tbf(rate),
-                )
+                # both ways: what the namespace sends (its end) and receives (the bridge's)
+                _in(ns, "tc", "qdisc", "add", "dev", inner, "root", "tbf", *_tbf(rate))
+                _in(switch, "tc", "qdisc", "add", "dev", outer, "root", "tbf", *_tbf(rate))
+                built.links[ns] = (inner, outer)
                 if ns == s3_ns:
                     built.s3_link = inner
             root_if, root_peer = f"r{tag}x0", f"b{tag}x0"

@@ -6,6 +6,7 @@ namespace and link is removed afterwards (see :mod:`chunkd.testing.netlab`).
 
 from __future__ import annotations
 
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -71,3 +72,55 @@ def test_four_nodes_restore_through_peers_with_the_backend_read_once(lab: netlab
     from_peers = sum(lab.metric(i, 'chunkd_peer_bytes_total{direction="in"}') for i in range(1, 5))
     assert size <= backend <= 1.05 * size + 4 * 65536  # chunks once; the JSON per node
     assert from_peers >= 2.5 * size  # three of four nodes got most chunks from peers
+
+
+@pytest.mark.timeout(90)
+def test_a_lab_of_six_shapes_both_ways_and_replaces_a_node_with_an_empty_one(
+    tmp_path: Path,
+) -> None:
+    try:
+        with netlab.lab(
+            tmp_path, nodes=6, node_rate="50mbit", peer_settings={"holder_fanout": 1000}
+        ) as built:
+            check_the_lab_of_six(built)
+    except netlab.LabUnavailable as exc:
+        pytest.skip(str(exc))
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert not any(ns in listed for ns in [*built.nodes, built.s3_ns, built.switch_ns])
+
+
+def check_the_lab_of_six(built: netlab.Lab) -> None:
+    assert len(built.nodes) == 6
+    assert netlab.S3_IP not in {built.address(i) for i in range(1, 7)}
+    for ns in built.nodes:  # what the node sends, and what the bridge sends it
+        inner, outer = built.links[ns]
+        for where, dev in ((ns, inner), (built.switch_ns, outer)):
+            shown = subprocess.run(
+                ["ip", "netns", "exec", where, "tc", "qdisc", "show", "dev", dev],
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout
+            assert "tbf" in shown, (where, dev, shown)
+            assert "50Mbit" in shown, (where, dev, shown)
+    built.start_s3()
+    first = built.start_node(6, peers=True, settings={"per_peer_requests": 2})
+    config = (built.work / "n6" / "chunkd.toml").read_text()
+    assert '"198.18.80.6:8470"' in config
+    assert "holder_fanout = 1000" in config
+    assert "per_peer_requests = 2" in config
+    (built.work / "n6" / "cache" / "left-behind").write_bytes(b"x")
+    cpu = built.cpu_seconds()
+    assert set(cpu) == {"n6", "s3"}
+    assert cpu["n6"] > 0
+    assert cpu["s3"] > 0
+    fresh = built.replace_node(6)  # SIGKILL, then a fresh daemon on an empty directory
+    assert first.returncode == -9
+    assert fresh.pid != first.pid
+    assert built.ready(6)
+    assert not (built.work / "n6" / "cache" / "left-behind").exists()
+    built.kill_node(6)
+    assert not built.ready(6)
+    assert set(built.cpu_seconds()) == {"s3"}
+    with pytest.raises(ValueError, match="nodes 1-6"):
+        built.start_node(7, peers=False)

@@ -54,7 +54,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 import chunkd
 from chunkd import faults
-from chunkd.cache import ChunkId
+from chunkd.cache import BytesLease, ChunkId, ChunkLease
 from chunkd.errors import (
     BackendUnavailableError,
     ChunkdError,
@@ -85,6 +85,7 @@ from chunkd.gateway.listing import MAX_PAGE
 from chunkd.gateway.metrics import Metrics
 from chunkd.gateway.names import validate_prefix
 from chunkd.gateway.objectbody import reading_of, send_object
+from chunkd.gateway.peers.client import HOLDERS_HEADER, MAX_HOLDERS_NAMED
 from chunkd.gateway.peers.replica_routes import add_replica_routes
 from chunkd.gateway.status import http_status
 from chunkd.gateway.tls import PeerTLS
@@ -306,19 +307,51 @@ async def _send_chunk(
 
 
 async def _peer_chunk(request: web.Request) -> web.StreamResponse:
-    """A chunk for a peer: from this node's cache, or fetched here from the backend
-    (single flight), never passed on to another peer."""
+    """A checkpoint chunk for a peer.
+
+    As its owner (no ``held``): served from this node's cache or fetched here from the
+    backend (single flight), never passed on to another peer; or, once the owner has
+    sent it ``holder_fanout`` times, ``300`` naming members that hold it
+    (``X-Chunkd-Holders``, :mod:`chunkd.gateway.peers.holders`). ``direct=1`` (the
+    asker's holders failed) is always served; its ``bad=`` holders (at most 3) are
+    dropped. ``held=1``: only what this node holds (``wait=1``, a holder request:
+    or its own fetch in flight, at most ``timeout``), else 404 NotHeld.
+    """
     cid = ChunkId.parse(request.match_info["id"])
+    backend = request.match_info["backend"]
+    peers = request.app[PEERS]
+    assert peers is not None  # _guard answers peer routes only with [peers]
+    query = request.query
     if _held_only(request):
-        held = await request.app[CACHE].find(cid)
+        held: ChunkLease | None = await request.app[CACHE].find(cid)
+        if held is None and query.get("wait") == "1":
+            # A holder request: this node was named a holder as it asked for the chunk;
+            # its own fetch may still be on its way. Never fetched for the asker.
+            fetched = await peers.fetching(cid, wait=peers.config.timeout)
+            if fetched is not None:
+                held = await request.app[CACHE].find(cid) or BytesLease(cid, fetched)
         if held is None:
             return _not_held(cid)
-        lease = held
+        lease, role = held, peers.role_of_held(cid)
     else:
-        lease = await request.app[CHECKPOINTS].chunk(request.match_info["backend"], cid, local=True)
+        bad = query.getall("bad", [])
+        if len(bad) > MAX_HOLDERS_NAMED:
+            raise InvalidRequestError(
+                f"a chunk request names at most {MAX_HOLDERS_NAMED} bad holders; got {len(bad)}"
+            )
+        named = peers.owner_answer(
+            cid,
+            request.headers.get("X-Chunkd-Peer"),
+            direct=query.get("direct") == "1",
+            bad=bad,
+        )
+        if named:
+            return web.Response(status=300, headers={HOLDERS_HEADER: ", ".join(named)})
+        lease = await request.app[CHECKPOINTS].chunk(backend, cid, local=True)
+        role = "owner"
     with lease:
         body = lease.view()  # no copy: the view maps the chunk on its own
-    _served_to_peer(request, len(body))
+    _served_to_peer(request, len(body), role)
     return await _send_chunk(request, body, {})
 
 
@@ -377,11 +410,11 @@ def _not_held(what: object) -> web.Response:
     return _error_response(404, "NotHeld", f"this node does not hold {what}; fetch it yourself")
 
 
-def _served_to_peer(request: web.Request, nbytes: int) -> None:
+def _served_to_peer(request: web.Request, nbytes: int, role: str = "owner") -> None:
     faults.point("peer.send")
     peers = request.app[PEERS]
     if peers is not None:
-        peers.served(request.headers.get("X-Chunkd-Peer"), nbytes)
+        peers.served(request.headers.get("X-Chunkd-Peer"), nbytes, role)
 
 
 async def _object(request: web.Request) -> web.StreamResponse:

@@ -127,6 +127,9 @@ class PeerClient:
         self._scheme = "http" if tls is None else "https"
         self.session: aiohttp.ClientSession | None = None
         self._slots: dict[str, asyncio.Semaphore] = {}  # per member: see _slot
+        # This node's fetches of chunks from its peers, in flight: holder requests for
+        # them wait (fetching). One per chunk: the restore's single flight.
+        self._fetching: dict[ChunkId, asyncio.Future[memoryview | None]] = {}
 
     def open(self) -> aiohttp.ClientSession:
         """Open the HTTP session (requests and probes share it) and return it."""
@@ -175,6 +178,35 @@ class PeerClient:
                 first (an address that is not a healthy member, or this node, is
                 skipped).
         """
+        running = self._fetching.get(cid)
+        if running is not None:  # another backend's chunk of the same bytes: share it
+            return await asyncio.shield(running)
+        # Holder requests wait on this (fetching): they learn the bytes, or None when
+        # the fetch found nothing or failed (the failure is this node's readers' own).
+        fetch = self._fetching[cid] = asyncio.get_running_loop().create_future()
+        data = None
+        try:
+            data = await self._fetch_chunk(backend, cid, replicas)
+        finally:
+            del self._fetching[cid]
+            fetch.set_result(data)
+        return data
+
+    async def fetching(self, cid: ChunkId, *, wait: float) -> memoryview | None:
+        """Chunk ``cid`` once this node's own fetch of it from its peers (in flight
+        now) is done, waiting ``wait`` seconds at most: a holder request's wait.
+        None: no such fetch, it failed or found nothing, or it took longer."""
+        running = self._fetching.get(cid)
+        if running is None:
+            return None
+        try:
+            return await asyncio.wait_for(asyncio.shield(running), wait)
+        except TimeoutError:
+            return None
+
+    async def _fetch_chunk(
+        self, backend: str, cid: ChunkId, replicas: Sequence[str]
+    ) -> memoryview | None:
         route = f"chunks/{backend}/{cid}"
         for replica in self._replica_sources(replicas):
             data = await self._held(replica, route, cid, _HELD, role="replica")

@@ -15,11 +15,12 @@ from typing import TYPE_CHECKING, Any
 
 from chunkd.gateway.peers.client import PeerClient
 from chunkd.gateway.peers.health import Health
+from chunkd.gateway.peers.holders import MAX_NAMED, Holders
 from chunkd.gateway.peers.membership import Membership, Peer
 from chunkd.gateway.peers.token import authorized, read_token
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
 
     from chunkd.cache import ChunkId
     from chunkd.gateway.config import PeersConfig
@@ -55,6 +56,15 @@ class Peers:
         self._client = PeerClient(
             config, self._membership, self._health, metrics, token=self.token, tls=tls
         )
+        #: As a chunk's owner: who holds it (holders serve, :mod:`.holders`).
+        self.holders = Holders(
+            fanout=config.holder_fanout,
+            ttl=config.holder_ttl,
+            on_size=metrics.peer_holders_tracked.set,
+        )
+        #: Whether a chunk this node holds is a replica of another node's save (the
+        #: replica store sets it): its answers to held requests count as role replica.
+        self.is_replica: Callable[[ChunkId], bool] = lambda cid: False
         self._task: asyncio.Task[None] | None = None
 
     # -- lifecycle ------------------------------------------------------------------
@@ -126,6 +136,12 @@ class Peers:
         every source failed). See :meth:`.client.PeerClient.fetch_chunk`."""
         return await self._client.fetch_chunk(backend, cid, replicas=replicas)
 
+    async def fetching(self, cid: ChunkId, *, wait: float) -> memoryview | None:
+        """Chunk ``cid`` once this node's own fetch of it from its peers (in flight
+        now) is done, ``wait`` seconds at most; None otherwise (a holder request's
+        wait: :meth:`.client.PeerClient.fetching`)."""
+        return await self._client.fetching(cid, wait=wait)
+
     async def fetch_page(self, cid: ChunkId) -> memoryview | None:
         """Dataset registry page ``cid`` from its owner (or the next ones), verified;
         None: fetch it yourself (:meth:`.client.PeerClient.fetch_page`)."""
@@ -151,25 +167,73 @@ class Peers:
         """Whether an ``Authorization`` header carries the peer token (constant time)."""
         return authorized(self.token, header)
 
-    def served(self, member: str | None, nbytes: int) -> None:
-        """Count ``nbytes`` served to ``member`` (its ``X-Chunkd-Peer``); only members
-        are counted, so a made-up name adds no series."""
+    def member(self, address: str | None) -> str | None:
+        """``address`` (an ``X-Chunkd-Peer``) if it is another member, else None."""
+        if address is None or address == self.address or self._membership.get(address) is None:
+            return None
+        return address
+
+    def owner_answer(
+        self, cid: ChunkId, asker: str | None, *, direct: bool, bad: Sequence[str]
+    ) -> list[str]:
+        """As ``cid``'s owner, how to answer a peer's request for it: the holders to
+        send it to (answer 300), or ``[]``: serve it (:meth:`.holders.Holders.answer`).
+
+        Args:
+            cid: the chunk asked for.
+            asker: the request's ``X-Chunkd-Peer`` (it carried the peer token); added
+                to the chunk's holders only if it is another member.
+            direct: the asker's holders failed (``direct=1``): serve it.
+            bad: the holders that failed it (``bad=``, at most
+                :data:`.holders.MAX_NAMED` read): forgotten for this chunk.
+        """
+        named = self.holders.answer(cid, self.member(asker), direct=direct, bad=bad[:MAX_NAMED])
+        answer = "holders" if named else "direct" if direct else "served"
+        self.metrics.peer_holder_answers.labels(answer).inc()
+        return named
+
+    def role_of_held(self, cid: ChunkId) -> str:
+        """The role this node plays serving a chunk it holds: replica or holder."""
+        return "replica" if self.is_replica(cid) else "holder"
+
+    def served(self, member: str | None, nbytes: int, role: str = "owner") -> None:
+        """Count ``nbytes`` served to ``member`` (its ``X-Chunkd-Peer``) in ``role``
+        (owner, holder, replica); only members are counted, so a made-up name adds no
+        series."""
         self.metrics.peer_bytes.labels("out").inc(nbytes)
-        if (
-            member is not None
-            and member != self.address
-            and self._membership.get(member) is not None
-        ):
+        if (member := self.member(member)) is not None:
             self.metrics.peer_member_bytes.labels(member, "out").inc(nbytes)
+            self.metrics.peer_role_bytes.labels(member, "out", role).inc(nbytes)
 
     def stats(self) -> dict[str, Any]:
-        """For /v1/stats and ``chunkd stats``."""
+        """For /v1/stats and ``chunkd stats``: the members, and per member the bytes
+        received from it (``received``) and served to it (``served``) by the role
+        the sender played (owner, holder, replica), from ``chunkd_peer_role_bytes``."""
+        roles: dict[tuple[str, str], dict[str, int]] = {}
+        for family in self.metrics.peer_role_bytes.collect():
+            for sample in family.samples:
+                if sample.name.endswith("_total"):
+                    labels = sample.labels
+                    by_role = roles.setdefault((labels["peer"], labels["direction"]), {})
+                    by_role[labels["role"]] = int(sample.value)
+
+        def of(address: str, direction: str) -> dict[str, int]:
+            got = roles.get((address, direction), {})
+            return {role: got.get(role, 0) for role in ("owner", "holder", "replica")}
+
         return {
             "self": self.address,
             "members": [
-                {"address": p.address, "healthy": p.healthy or p.address == self.address}
+                {
+                    "address": p.address,
+                    "healthy": p.healthy or p.address == self.address,
+                    "received": of(p.address, "in"),
+                    "served": of(p.address, "out"),
+                    "in_flight": self._client.in_flight(p.address),
+                }
                 for p in self._membership.members
             ],
             "healthy": len(self.healthy()),
+            "holders_tracked": len(self.holders),
             "tls": self.tls is not None,
         }

@@ -2,13 +2,15 @@
 
 ``nodes`` "nodes" (4 unless told; at most :data:`MAX_NODES`) and an S3 server, each
 in a network namespace of its own, node ``i`` at ``198.18.80.i`` and S3 at
-:data:`S3_IP`, joined by a bridge in a namespace of its own; the process that
-builds it reaches them all from 198.18.80.254. Every link is shaped with ``tc``
-(tbf) in both directions, on the namespace's end of its veth (what it sends) and on
-the bridge's end (what it receives): the nodes' links at ``node_rate``, S3's at
-``s3_rate``, so that the backend's egress is the bottleneck, as it is where object
-storage gives a cluster less than its nodes' NICs add up to. Everything is removed
-on exit.
+:data:`S3_IP` (``.200``), joined by a bridge in a namespace of its own; the process
+that builds it reaches them all from 198.18.80.254. A lab built while another runs on
+the machine (two test runs at once) takes the next free /24, 198.18.81.0/24 and up
+(:attr:`Lab.net`; ask the lab, not the constants, for its addresses). Every link is
+shaped with ``tc`` (tbf) in both directions, on the namespace's end of its veth
+(what it sends) and on the bridge's end (what it receives): the nodes' links at
+``node_rate``, S3's at ``s3_rate``, so that the backend's egress is the bottleneck,
+as it is where object storage gives a cluster less than its nodes' NICs add up to.
+Everything is removed on exit.
 
 Members may carry failure-domain labels (``racks``: ``host:port rack=R`` in
 ``[peers] members``); ``peer_settings`` adds ``[peers]`` keys (``holder_fanout``,
@@ -40,6 +42,7 @@ Part of :mod:`chunkd.testing`; the daemon never imports it.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
@@ -71,10 +74,18 @@ __all__ = [
     "lab",
 ]
 
+#: the first lab's /24 (a lab built while another runs takes the next free one,
+#: 198.18.81, 198.18.82...: :attr:`Lab.net`)
 NET = "198.18.80"
 ROOT_IP = f"{NET}.254"
-#: S3's address: above every node's (node i is NET.i)
+#: S3's address in the first lab: above every node's (node i is NET.i)
 S3_IP = f"{NET}.200"
+#: the /24s labs may take, 198.18.80-198.18.143 (all in 198.18.0.0/15)
+_NETS: Final = range(80, 144)
+#: labs built by this process so far (two at once need names of their own)
+_LABS: Final = itertools.count()
+#: held while a lab picks its /24 and builds its links
+_PICK_LOCK: Final = Path("/run/chunkd-netlab.lock")
 #: the most nodes a lab builds (a namespace, a veth pair and a daemon each)
 MAX_NODES: Final = 32
 #: a ``[peers]`` value a lab writes into the nodes' configs
@@ -196,6 +207,19 @@ class Lab:
     #: each namespace's veth ends: (its own end, the bridge's end), for shaping
     links: dict[str, tuple[str, str]] = field(default_factory=dict)
     switch_ns: str = ""
+    #: this lab's /24 (``198.18.80`` unless another lab held it when this one was built)
+    net: str = NET
+
+    @property
+    def s3_ip(self) -> str:
+        """S3's address in this lab."""
+        return f"{self.net}.200"
+
+    @property
+    def root_ip(self) -> str:
+        """The observer's address in this lab."""
+        return f"{self.net}.254"
+
     _chaos: dict[int, _NodeChaos] = field(default_factory=dict, init=False, repr=False)
     #: the access key and secret of the S3 server started (moto's by default)
     s3_keys: tuple[str, str] = ("testing", "testing-secret")
@@ -215,12 +239,17 @@ class Lab:
             if binary is None:
                 raise LabUnavailable("s3rver is not installed (make emulators; it needs npm)")
             s3rver = S3rverServer.start(
-                binary, self.work / "s3rver", ["fanout"], host=S3_IP, port=9000, netns=self.s3_ns
+                binary,
+                self.work / "s3rver",
+                ["fanout"],
+                host=self.s3_ip,
+                port=9000,
+                netns=self.s3_ns,
             )
             self.processes.insert(0, s3rver.process)  # stop_nodes() keeps processes[0]
             self.s3_keys = (S3RVER_KEY, S3RVER_KEY)
             return
-        moto = S3Server.start(host=S3_IP, port=9000, netns=self.s3_ns)
+        moto = S3Server.start(host=self.s3_ip, port=9000, netns=self.s3_ns)
         self.processes.insert(0, moto.process)
         moto.client().create_bucket(Bucket="fanout")
 
@@ -230,7 +259,7 @@ class Lab:
 
         return boto3.client(
             "s3",
-            endpoint_url=f"http://{S3_IP}:9000",
+            endpoint_url=f"http://{self.s3_ip}:9000",
             aws_access_key_id=self.s3_keys[0],
             aws_secret_access_key=self.s3_keys[1],
             region_name="us-east-1",
@@ -359,7 +388,7 @@ class Lab:
 
     def address(self, i: int) -> str:
         """Node ``i``'s address."""
-        return f"{NET}.{i}"
+        return f"{self.net}.{i}"
 
     def member(self, i: int) -> str:
         """Node ``i`` as the members name it: ``host:port``."""
@@ -396,7 +425,7 @@ class Lab:
         chunk from the backend itself, which is correct but not a fan-out.
         """
         others = [self.address(n) for n in range(1, len(self.nodes) + 1) if n != i]
-        self._node_chaos(i).cut_from = (*others, *([S3_IP] if backend else []))
+        self._node_chaos(i).cut_from = (*others, *([self.s3_ip] if backend else []))
         self._write_chaos(i)
 
     def delay(self, i: int, latency: float, jitter: float = 0.0, *, seed: int = 0) -> None:
@@ -430,12 +459,12 @@ class Lab:
 table ip {_RELAY_TABLE} {{
   chain prerouting {{
     type nat hook prerouting priority dstnat; policy accept;
-    iifname != "lo" ip saddr != {ROOT_IP} tcp dport {PORT} redirect to :{RELAY_PORT}
+    iifname != "lo" ip saddr != {self.root_ip} tcp dport {PORT} redirect to :{RELAY_PORT}
   }}
   chain output {{
     type nat hook output priority -100; policy accept;
     meta mark {RELAY_MARK:#x} return
-    ip daddr {NET}.0/24 ip daddr != {{ {self.address(i)}, {ROOT_IP} }} meta l4proto tcp \
+    ip daddr {self.net}.0/24 ip daddr != {{ {self.address(i)}, {self.root_ip} }} meta l4proto tcp \
       redirect to :{RELAY_PORT}
   }}
 }}
@@ -493,7 +522,7 @@ table ip {_RELAY_TABLE} {{
         rules: dict[str, list[str]] = {"input": [], "output": []}
         for chain, way in (("input", "saddr"), ("output", "daddr")):
             hook = "iifname" if chain == "input" else "oifname"
-            rules[chain] += [f'{hook} "lo" accept', f"ip {way} {ROOT_IP} accept"]
+            rules[chain] += [f'{hook} "lo" accept', f"ip {way} {self.root_ip} accept"]
             if chaos.cut_from:
                 rules[chain].append(
                     f'ip {way} {{ {", ".join(chaos.cut_from)} }} counter name "cut" drop'
@@ -554,7 +583,7 @@ table ip {_RELAY_TABLE} {{
         chunk = f"chunk_bytes = {self.chunk_bytes}\n" if self.chunk_bytes else ""
         return f"""
 [server]
-listen = "{NET}.{i}:8470"
+listen = "{self.member(i)}"
 socket = "{node / "chunkd.sock"}"
 
 [cache]
@@ -569,13 +598,43 @@ fsync = "never"
             s3_backend(
                 "ckpt",
                 "s3://fanout/pre",
-                f"http://{S3_IP}:9000",
+                f"http://{self.s3_ip}:9000",
                 writable=True,
                 retries=2,
                 access_key_id=self.s3_keys[0],
                 secret_access_key=self.s3_keys[1],
             )
         }"""
+
+
+@contextmanager
+def _picking() -> Iterator[None]:
+    """Hold the machine's lock on picking a lab's /24 (other processes' labs wait)."""
+    import fcntl
+
+    with _PICK_LOCK.open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _free_net() -> str:
+    """The first /24 of :data:`_NETS` no lab's observer has an address in now: two labs
+    on one machine (two test runs) would otherwise both put 198.18.80.254 up in the
+    root namespace, and one's requests would reach the other's nodes.
+
+    Raises:
+        LabUnavailable: every one is taken.
+    """
+    shown = subprocess.run(
+        ["ip", "-4", "-o", "addr", "show"], capture_output=True, text=True, check=True
+    ).stdout
+    for third in _NETS:
+        if f" 198.18.{third}.254/" not in shown:
+            return f"198.18.{third}"
+    raise LabUnavailable(f"{len(_NETS)} labs run on this machine already")
 
 
 def _toml_value(value: PeerValue) -> str:
@@ -625,7 +684,7 @@ def lab(
         raise ValueError(f"racks name nodes the lab has not: {sorted(set(racks))}")
     if os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("tc") is None:
         raise LabUnavailable("network namespaces need root, iproute2 and tc")
-    tag = f"{os.getpid() % 10000}"
+    tag = f"{os.getpid() % 10000}{next(_LABS) % 10}"  # names of at most 15 bytes
     switch = f"ck{tag}sw"
     names = [f"ck{tag}n{i}" for i in range(1, nodes + 1)]
     s3_ns = f"ck{tag}s3"
@@ -640,52 +699,67 @@ def lab(
         peer_settings=dict(peer_settings or {}),
         switch_ns=switch,
     )
-    s3_number = int(S3_IP.rpartition(".")[2])
+    s3_number = int(built.s3_ip.rpartition(".")[2])
     try:
-        try:
-            _ip("netns", "add", switch)
-            made.append(switch)
-            _in(switch, "ip", "link", "add", "br0", "type", "bridge")
-            _in(switch, "ip", "link", "set", "br0", "up")
-            for i, ns in [*enumerate(names, start=1), (s3_number, s3_ns)]:
-                _ip("netns", "add", ns)
-                made.append(ns)
-                inner, outer = f"e{tag}x{i}", f"b{tag}x{i}"
+        # Two labs at once (two test runs) each get a /24 of their own; the lock is
+        # held until this one's observer address is up, which is what marks it taken.
+        with _picking():
+            try:
+                built.net = _free_net()
+                _ip("netns", "add", switch)
+                made.append(switch)
+                _in(switch, "ip", "link", "add", "br0", "type", "bridge")
+                _in(switch, "ip", "link", "set", "br0", "up")
+                for i, ns in [*enumerate(names, start=1), (s3_number, s3_ns)]:
+                    _ip("netns", "add", ns)
+                    made.append(ns)
+                    inner, outer = f"e{tag}x{i}", f"b{tag}x{i}"
+                    _ip(
+                        "link",
+                        "add",
+                        inner,
+                        "netns",
+                        ns,
+                        "type",
+                        "veth",
+                        "peer",
+                        "name",
+                        outer,
+                        "netns",
+                        switch,
+                    )
+                    _in(switch, "ip", "link", "set", outer, "master", "br0", "up")
+                    _in(ns, "ip", "addr", "add", f"{built.net}.{i}/24", "dev", inner)
+                    _in(ns, "ip", "link", "set", inner, "up")
+                    _in(ns, "ip", "link", "set", "lo", "up")
+                    rate = s3_rate if ns == s3_ns else node_rate
+                    # both ways: what the namespace sends (its end) and receives (the bridge's)
+                    _in(ns, "tc", "qdisc", "add", "dev", inner, "root", "tbf", *_tbf(rate))
+                    _in(switch, "tc", "qdisc", "add", "dev", outer, "root", "tbf", *_tbf(rate))
+                    built.links[ns] = (inner, outer)
+                    if ns == s3_ns:
+                        built.s3_link = inner
+                root_if, root_peer = f"r{tag}x0", f"b{tag}x0"
                 _ip(
                     "link",
                     "add",
-                    inner,
-                    "netns",
-                    ns,
+                    root_if,
                     "type",
                     "veth",
                     "peer",
                     "name",
-                    outer,
+                    root_peer,
                     "netns",
                     switch,
                 )
-                _in(switch, "ip", "link", "set", outer, "master", "br0", "up")
-                _in(ns, "ip", "addr", "add", f"{NET}.{i}/24", "dev", inner)
-                _in(ns, "ip", "link", "set", inner, "up")
-                _in(ns, "ip", "link", "set", "lo", "up")
-                rate = s3_rate if ns == s3_ns else node_rate
-                # both ways: what the namespace sends (its end) and receives (the bridge's)
-                _in(ns, "tc", "qdisc", "add", "dev", inner, "root", "tbf", *_tbf(rate))
-                _in(switch, "tc", "qdisc", "add", "dev", outer, "root", "tbf", *_tbf(rate))
-                built.links[ns] = (inner, outer)
-                if ns == s3_ns:
-                    built.s3_link = inner
-            root_if, root_peer = f"r{tag}x0", f"b{tag}x0"
-            _ip("link", "add", root_if, "type", "veth", "peer", "name", root_peer, "netns", switch)
-            links.append(root_if)
-            _in(switch, "ip", "link", "set", root_peer, "master", "br0", "up")
-            _ip("addr", "add", f"{ROOT_IP}/24", "dev", root_if)
-            _ip("link", "set", root_if, "up")
-        except subprocess.CalledProcessError as exc:
-            raise LabUnavailable(
-                f"cannot build the namespaces here: {exc.stderr.decode().strip()}"
-            ) from exc
+                links.append(root_if)
+                _in(switch, "ip", "link", "set", root_peer, "master", "br0", "up")
+                _ip("addr", "add", f"{built.root_ip}/24", "dev", root_if)
+                _ip("link", "set", root_if, "up")
+            except subprocess.CalledProcessError as exc:
+                raise LabUnavailable(
+                    f"cannot build the namespaces here: {exc.stderr.decode().strip()}"
+                ) from exc
         yield built
     finally:
         for chaos in built._chaos.values():  # the relays; the rules go with the namespaces

@@ -82,6 +82,8 @@ def test_a_lab_of_six_shapes_both_ways_and_replaces_a_node_with_an_empty_one(
         with netlab.lab(
             tmp_path, nodes=6, node_rate="50mbit", peer_settings={"holder_fanout": 1000}
         ) as built:
+            with netlab.lab(tmp_path / "beside") as beside:  # another run's lab
+                assert beside.net != built.net
             check_the_lab_of_six(built)
     except netlab.LabUnavailable as exc:
         pytest.skip(str(exc))
@@ -91,7 +93,7 @@ def test_a_lab_of_six_shapes_both_ways_and_replaces_a_node_with_an_empty_one(
 
 def check_the_lab_of_six(built: netlab.Lab) -> None:
     assert len(built.nodes) == 6
-    assert netlab.S3_IP not in {built.address(i) for i in range(1, 7)}
+    assert built.s3_ip not in {built.address(i) for i in range(1, 7)}
     for ns in built.nodes:  # what the node sends, and what the bridge sends it
         inner, outer = built.links[ns]
         for where, dev in ((ns, inner), (built.switch_ns, outer)):
@@ -106,7 +108,7 @@ def check_the_lab_of_six(built: netlab.Lab) -> None:
     built.start_s3()
     first = built.start_node(6, peers=True, settings={"per_peer_requests": 2})
     config = (built.work / "n6" / "chunkd.toml").read_text()
-    assert '"198.18.80.6:8470"' in config
+    assert f'"{built.member(6)}"' in config
     assert "holder_fanout = 1000" in config
     assert "per_peer_requests = 2" in config
     (built.work / "n6" / "cache" / "left-behind").write_bytes(b"x")

@@ -4,7 +4,9 @@ named; a holder that lies is caught and dropped; requests to one peer are bounde
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -12,14 +14,16 @@ from typing import Any
 
 import pytest
 import torch
+from aiohttp import web
 
 from chunkd.cache import ChunkId
 from chunkd.client import Client
 from chunkd.client import checkpoint as ckpt
+from chunkd.gateway.peers import rank_owners
 from chunkd.gateway.peers.holders import MAX_CHUNKS, MAX_HOLDERS_PER_CHUNK, Holders
 from chunkd.testing import CountingProxy, free_port
 from tests.conftest import Daemon
-from tests.test_peers import TOKEN, node_toml
+from tests.test_peers import TOKEN, load_everywhere, node_toml, serving
 
 KiB = 1 << 10
 CHUNK = 256 * KiB
@@ -220,3 +224,227 @@ def test_an_owner_names_only_members_and_refuses_bad_requests(
     assert mine[d]["served"]["owner"] == 2 * len(listed[2])
     assert stranger not in mine
     assert "Traceback" not in node.log.read_text()
+
+
+def cold_cluster(
+    start_daemon: Callable[..., Daemon],
+    tmp_path: Path,
+    bucket: str,
+    proxy: CountingProxy,
+    state: dict[str, torch.Tensor],
+    name: str,
+    count: int,
+    **peers: Any,
+) -> tuple[list[Daemon], dict[str, Any]]:
+    """Save ``state`` as ``name`` through a node of its own, then start ``count``
+    nodes that never saw its chunks, all up in each other's view."""
+    port = free_port()
+    saver = start(
+        start_daemon,
+        holder_toml(tmp_path, bucket, proxy, "saver", port, [port]),
+        tmp_path / "saver",
+        port,
+    )
+    with Client(saver.cwd / "chunkd.sock") as client:
+        ckpt.save(state, name, client=client)
+        manifest = ckpt.manifest(name, client=client)
+    saver.stop()
+    ports = [free_port() for _ in range(count)]
+    nodes = [
+        start(
+            start_daemon,
+            holder_toml(tmp_path, bucket, proxy, f"n{i}", p, ports, **peers),
+            tmp_path / f"n{i}",
+            p,
+        )
+        for i, p in enumerate(ports)
+    ]
+    deadline = time.monotonic() + 20
+    while any(n.metric("chunkd_peer_healthy") < count for n in nodes):
+        assert time.monotonic() < deadline, "the nodes never all saw each other up"
+        time.sleep(0.1)
+    return nodes, manifest
+
+
+@pytest.mark.timeout(90)
+def test_five_nodes_restore_through_holders_with_one_backend_read_per_chunk(
+    start_daemon: Callable[..., Daemon], tmp_path: Path, bucket: str, s3_proxy: CountingProxy
+) -> None:
+    state = state_of(11, 48)  # 12 MiB, 48 chunks
+    n = 5
+    nodes, manifest = cold_cluster(
+        start_daemon, tmp_path, bucket, s3_proxy, state, "ckpt/holders/1", n, fanout=1
+    )
+    s3_proxy.reset()
+    for result in load_everywhere(nodes, "ckpt/holders/1"):
+        assert not isinstance(result, Exception), result
+        assert all(torch.equal(result[k], state[k]) for k in state)
+    chunks = chunks_of(manifest)
+    size = sum(chunks.values())
+    # Each chunk left the backend once for the cluster (plus each node's JSON).
+    assert size <= s3_proxy.bytes_down <= 1.05 * size + n * 64 * KiB
+    members = [f"127.0.0.1:{node.port}" for node in nodes]
+    owned = dict.fromkeys(members, 0)
+    for c, length in chunks.items():
+        owned[rank_owners(members, bytes.fromhex(c))[0]] += length
+
+    def total(node: Daemon, **labels: str) -> float:
+        return node.metric("chunkd_peer_role_bytes_total", **labels)
+
+    # Owners named holders; nodes served chunks they did not own, as holders.
+    assert sum(m.metric("chunkd_peer_holder_answers_total", answer="holders") for m in nodes) > 0
+    assert sum(total(m, direction="out", role="holder") for m in nodes) > 0
+    received = sum(total(m, direction="in") for m in nodes)
+    served = sum(total(m, direction="out") for m in nodes)
+    assert received == served >= (n - 1) * size - sum(owned.values())  # all by role
+    assert received >= (n - 1) * size * 0.99
+    # The busiest owner served less than N-1 copies of its share: today's design
+    # (owners only) serves exactly that.
+    ratios = [
+        total(node, direction="out", role="owner") / ((n - 1) * owned[address])
+        for node, address in zip(nodes, members, strict=True)
+        if owned[address]
+    ]
+    assert max(ratios) < 1, ratios
+    assert sum(m.metric("chunkd_peer_integrity_failures_total") for m in nodes) == 0
+
+
+@pytest.mark.timeout(60)
+def test_an_asker_follows_only_member_holders_within_its_bound_per_peer(
+    start_daemon: Callable[..., Daemon], tmp_path: Path, bucket: str, s3_proxy: CountingProxy
+) -> None:
+    # A peer that is not chunkd owns part of the chunks: it answers every request
+    # slowly, with 300 naming a stranger (not a member) first in a long header, and
+    # 404 to direct=1. The stranger (a real server) must never be asked, the asker
+    # must fall back to the owner and then the backend, and never have more than
+    # per_peer_requests requests at the owner at once.
+    port, owner_port, stranger_port = free_port(), free_port(), free_port()
+    owner, stranger = f"127.0.0.1:{owner_port}", f"127.0.0.1:{stranger_port}"
+    seen: dict[str, Any] = {"now": 0, "most": 0, "plain": [], "direct": [], "stranger": 0}
+    header = ", ".join([stranger, *(f"198.18.{i // 250}.{i % 250}:8470" for i in range(400))])
+    assert len(header) > 6000
+
+    async def chunk(request: web.Request) -> web.Response:
+        seen["now"] += 1
+        seen["most"] = max(seen["most"], seen["now"])
+        try:
+            await asyncio.sleep(0.05)
+        finally:
+            seen["now"] -= 1
+        if request.query.get("direct") == "1":
+            seen["direct"].append(request.query.getall("bad", []))
+            return web.json_response({"error": "NotFound"}, status=404)
+        seen["plain"].append(request.match_info["id"])
+        return web.Response(status=300, headers={"X-Chunkd-Holders": header})
+
+    async def healthz(request: web.Request) -> web.Response:
+        return web.json_response({"ok": True})
+
+    async def strange(request: web.Request) -> web.Response:
+        seen["stranger"] += 1
+        return web.Response(body=b"")
+
+    fake = web.Application()
+    fake.router.add_get("/v1/peer/chunks/{backend}/{id}", chunk)
+    fake.router.add_get("/healthz", healthz)
+    lone = web.Application()
+    lone.router.add_get("/{tail:.*}", strange)
+    state = state_of(12, 40)  # 40 chunks
+    with serving(fake, owner_port), serving(lone, stranger_port):
+
+        def node(name: str) -> Daemon:
+            toml = holder_toml(
+                tmp_path, bucket, s3_proxy, name, port, [port, owner_port], per_peer_requests=2
+            )
+            return start(start_daemon, toml, tmp_path / name, port)
+
+        saver = node("first")
+        with Client(saver.cwd / "chunkd.sock") as client:
+            ckpt.save(state, "ckpt/strange/1", client=client)
+            manifest = ckpt.manifest("ckpt/strange/1", client=client)
+        saver.stop()
+        asker = node("cold")
+        deadline = time.monotonic() + 20
+        while asker.metric("chunkd_peer_healthy") < 2:
+            assert time.monotonic() < deadline, "the node never saw the owner up"
+            time.sleep(0.1)
+        with Client(asker.cwd / "chunkd.sock") as client:
+            back = ckpt.load("ckpt/strange/1", client=client)
+    assert all(torch.equal(back[k], state[k]) for k in state)
+    members = [f"127.0.0.1:{port}", owner]
+    theirs = [c for c in chunks_of(manifest) if rank_owners(members, bytes.fromhex(c))[0] == owner]
+    assert len(theirs) >= 8
+    assert sorted(seen["plain"]) == sorted(theirs)  # each asked once, then direct=1
+    assert seen["direct"] == [[]] * len(theirs)  # no holder was asked, none is bad
+    assert seen["stranger"] == 0
+    assert seen["most"] == 2  # pipelined, and bounded per peer
+    assert asker.metric("chunkd_peer_requests_total", peer=owner, outcome="holders") == len(theirs)
+    assert asker.metric("chunkd_peer_requests_total", outcome="error") == 0
+
+
+@pytest.mark.timeout(60)
+def test_a_holder_that_sends_damaged_bytes_is_counted_dropped_and_read_around(
+    start_daemon: Callable[..., Daemon], tmp_path: Path, bucket: str, s3_proxy: CountingProxy
+) -> None:
+    # L is a member that is not chunkd: it gets chunks from their owner O as any
+    # member does, and answers holder requests for them with damaged bytes. A node
+    # restoring after it is sent to L by O, catches the damage, tells O (bad=L) and
+    # gets the chunk from O; O never names L again for those chunks.
+    o_port, a_port, l_port, m_port, z_port = (free_port() for _ in range(5))
+    o, a, liar, m, z = (f"127.0.0.1:{p}" for p in (o_port, a_port, l_port, m_port, z_port))
+    ports = [o_port, a_port, l_port, m_port, z_port]
+    held_asks: list[str] = []
+
+    async def chunk(request: web.Request) -> web.Response:
+        if request.query.get("held") == "1":
+            held_asks.append(request.match_info["id"])
+            return web.Response(body=os.urandom(CHUNK))  # damaged: any other bytes
+        return web.json_response({"error": "NotFound"}, status=404)
+
+    async def healthz(request: web.Request) -> web.Response:
+        return web.json_response({"ok": True})
+
+    app = web.Application()
+    app.router.add_get("/v1/peer/chunks/{backend}/{id}", chunk)
+    app.router.add_get("/healthz", healthz)
+    state = state_of(13, 24)
+    with serving(app, l_port):
+        owner, asker = (
+            start(
+                start_daemon,
+                holder_toml(tmp_path, bucket, s3_proxy, name, p, ports, fanout=2),
+                tmp_path / name,
+                p,
+            )
+            for name, p in (("o", o_port), ("a", a_port))
+        )
+        with Client(owner.cwd / "chunkd.sock") as client:
+            ckpt.save(state, "ckpt/damaged/1", client=client)
+            manifest = ckpt.manifest("ckpt/damaged/1", client=client)
+        deadline = time.monotonic() + 20
+        while asker.metric("chunkd_peer_healthy") < 3:  # o, a and the liar; m and z never
+            assert time.monotonic() < deadline, "the asker never saw the others up"
+            time.sleep(0.1)
+        healthy = [o, a, liar]
+        owned = [c for c in chunks_of(manifest) if rank_owners(healthy, bytes.fromhex(c))[0] == o]
+        assert len(owned) >= 4
+        for c in owned:  # the liar, then m, get each of O's chunks: O's first two copies
+            for member in (liar, m):
+                status, _, body = ask(owner, f"/v1/peer/chunks/ckpt/{c}", member)
+                assert status == 200
+                assert ChunkId.of(body) == ChunkId.parse(c)
+        with Client(asker.cwd / "chunkd.sock") as client:
+            back = ckpt.load("ckpt/damaged/1", client=client)
+    assert all(torch.equal(back[k], state[k]) for k in state)
+    assert held_asks  # O named the liar (until the asker marked it down)
+    assert set(held_asks) <= set(owned)
+    failures = asker.metric("chunkd_peer_integrity_failures_total", peer=liar)
+    assert failures == len(held_asks)
+    assert asker.metric("chunkd_peer_requests_total", peer=liar, outcome="integrity") == failures
+    assert asker.metric("chunkd_peer_role_bytes_total", peer=liar) == 0  # nothing kept
+    assert owner.metric("chunkd_peer_holder_answers_total", answer="direct") >= len(held_asks)
+    for c in held_asks:  # dropped: O names the others with room, never the liar
+        status, headers, _ = ask(owner, f"/v1/peer/chunks/ckpt/{c}", z)
+        assert status == 300
+        assert liar not in headers["X-Chunkd-Holders"], headers
+        assert a in headers["X-Chunkd-Holders"]

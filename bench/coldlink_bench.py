@@ -62,7 +62,7 @@ def _direct(lab: netlab.Lab, keys: list[str], *, whole: bool) -> float:
         "bench.coldlink_bench",
         "direct",
         "--endpoint",
-        f"http://{netlab.S3_IP}:9000",
+        f"http://{lab.s3_ip}:9000",
         "--key",
         lab.s3_keys[0],
         "--secret",

@@ -455,6 +455,8 @@ def peers_text(
     listed: list[tuple[_Row, _Row | None]] = []
     for member in ordered:
         state = "up" if member["healthy"] else "DOWN"
+        if member["address"] == peers["self"]:
+            state = "self"  # a member too; it exchanges nothing with itself
         if wide:
             flows = f" in {byte_rate(member['in']):>12} out {byte_rate(member['out']):>12}"
         else:

@@ -500,7 +500,8 @@ function showSample(s) {
       "peers-summary",
       members.length ? `${s.peers.healthy} of ${members.length} up · self ${s.peers.self}` : `no members · self ${s.peers.self}`,
     );
-    tables.peers.update(members, "no members");
+    // this node is a member too: its row says so (it exchanges nothing with itself)
+    tables.peers.update(members.map((m) => ({ ...m, self: m.address === s.peers.self })), "no members");
     const replicas = s.peers.replicas;
     text("rep-bytes", bytes(replicas.bytes));
     text("rep-budget", bytes(replicas.budget_bytes));
@@ -551,7 +552,7 @@ function setupTables() {
     const gave = p.role_bytes.out;
     setCells(cells, [
       p.address,
-      p.healthy ? "up" : "down",
+      p.self ? "self" : p.healthy ? "up" : "down",
       byteRate(p.in),
       byteRate(p.out),
       bytes(got.owner),

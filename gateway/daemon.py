@@ -67,6 +67,8 @@ from chunkd.gateway.localsock import LocalServer
 from chunkd.gateway.logs import MalformedRequestLog, configure_logging
 from chunkd.gateway.metrics import Metrics
 from chunkd.gateway.peers import Peers
+from chunkd.gateway.peers.replica_routes import REPLICAS
+from chunkd.gateway.peers.replicas import Replicas
 from chunkd.gateway.prefetch import Prefetcher
 from chunkd.gateway.readpath import ReadPath
 from chunkd.gateway.s3front import S3Front, S3FrontRunner
@@ -138,6 +140,8 @@ class Node:
     inspector: InspectorPool
     decoder: DecodeService
     telemetry: Telemetry
+    #: copies of this node's saves in peers' RAM, and theirs here (docs/replicas.md)
+    replicas: Replicas | None = None
 
 
 @contextlib.asynccontextmanager
@@ -192,6 +196,12 @@ async def open_node(
         datasets = Datasets(
             config.datasets, backends, read_path, cache, metrics, authority=authority
         )
+        replicas = None
+        if peers is not None:
+            # Closed after the checkpoints (whose pushes use it), before the cache (its
+            # leases pin the replicas held in the RAM tier).
+            replicas = Replicas(peers, cache, metrics)
+            parts.push_async_callback(replicas.close)
         checkpoints = Checkpoints(
             cache,
             backends,
@@ -201,6 +211,7 @@ async def open_node(
             gc_roots=datasets.roots,  # frozen snapshots' chunks are roots of the mark
             authority=authority,
             held=journaled,  # unpinned once the jobs resumed and pinned their own
+            replicas=replicas,
         )
         parts.push_async_callback(checkpoints.close)
         resumed = await checkpoints.start()
@@ -261,6 +272,7 @@ async def open_node(
             inspector=inspector,
             decoder=decoder,
             telemetry=telemetry,
+            replicas=replicas,
         )
 
 
@@ -287,6 +299,7 @@ def build_app(
         async with open_node(config, app[appkeys.METRICS], tls=tls) as node:
             app[appkeys.BACKENDS] = node.backends
             app[appkeys.PEERS] = node.peers
+            app[REPLICAS] = None if node.replicas is None else node.replicas.store
             app[appkeys.CACHE] = node.cache
             app[appkeys.READ_PATH] = node.read_path
             app[appkeys.LISTINGS] = node.listings

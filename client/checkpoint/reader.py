@@ -21,6 +21,7 @@ from chunkd.client.checkpoint.device import (
 )
 from chunkd.client.checkpoint.process import COPY_THREADS
 from chunkd.client.core import Client
+from chunkd.client.protocol import MAX_REPLICAS
 from chunkd.errors import CheckpointError, ChunkdError, IntegrityError
 
 #: chunks asked for in one request: 256 MiB, which a cold backend must deliver
@@ -54,6 +55,19 @@ class PartReader:
             [(str(c), int(n)) for c, n in seg["chunks"]] for seg in part["segments"]
         ]
         self._owners: dict[str, list[str]] = {}
+        # The part's saver and replicas: the daemon asks its replicas first
+        # (docs/replicas.md); a part without them (older, no peers) asks nothing more.
+        self._origin: dict[str, Any] = {}
+        node, wanted, save = part.get("node"), part.get("replicas"), part.get("save_id")
+        if (  # what ckpt_chunks takes; anything else asks no replicas
+            isinstance(node, str)
+            and 0 < len(node) <= 300
+            and isinstance(save, str)
+            and 0 < len(save) <= 64
+            and type(wanted) is int
+            and 0 < wanted <= MAX_REPLICAS
+        ):
+            self._origin = {"save": save, "node": node, "replicas": wanted}
         # chunk id -> (start, stop, target) pieces to read from it
         self._planned: dict[str, list[tuple[int, int, memoryview]]] = {}
         # chunk id -> (start, stop, flat uint8 device tensor, offset in it) pieces
@@ -144,7 +158,9 @@ class PartReader:
     def _chunks(self, batch: list[str]) -> list[int]:
         try:
             answer = self.client.request(
-                "ckpt_chunks", {"backend": self.backend, "ids": batch}, what=f"loading {self.name}"
+                "ckpt_chunks",
+                {"backend": self.backend, "ids": batch} | self._origin,
+                what=f"loading {self.name}",
             )
         except ChunkdError as exc:
             raise self._named(exc) from exc

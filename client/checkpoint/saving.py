@@ -32,7 +32,7 @@ class SaveResult:
     name: str
     #: blake3 of the committed manifest (of this rank's part for commit="none" saves)
     manifest_id: str | None
-    #: the durability reached: "staged", "local" or "remote"
+    #: the durability reached: "staged", "local", "replicated" or "remote"
     durability: str | None
     #: bytes of tensors and arrays staged by this rank
     logical_bytes: int
@@ -40,6 +40,10 @@ class SaveResult:
     new_bytes: int
     #: bytes that were already in the backend (other ranks, earlier steps)
     dedup_bytes: int
+    #: what became of this part's replicas in peers' RAM (docs/replicas.md):
+    #: ``wanted``, ``chunks``, ``whole`` (chunks with ``wanted`` copies), ``fewest``,
+    #: ``outcome`` (full, partial, none), ``targets``; None: none were asked for
+    replicas: dict[str, Any] | None = None
 
 
 class SaveHandle:
@@ -64,7 +68,18 @@ class SaveHandle:
         self._done = False
 
     def __repr__(self) -> str:
-        return f"<SaveHandle {self.name} {self._last.get('state')}>"
+        replicas = self.replicas
+        shown = f" replicas {replicas.get('outcome')}" if replicas else ""
+        return f"<SaveHandle {self.name} {self._last.get('state')}{shown}>"
+
+    @property
+    def replicas(self) -> dict[str, Any] | None:
+        """What became of this part's replicas, as the daemon last said (None: not
+        pushed yet, or none asked for): ``wanted``, ``chunks``, ``whole`` (chunks with
+        ``wanted`` copies), ``fewest``, ``outcome`` (full, partial or none: fewer
+        peers would take them), ``targets``."""
+        found = self._last.get("replicas")
+        return dict(found) if isinstance(found, dict) else None
 
     def wait(self, timeout: float | None = None, *, level: str | None = None) -> bool:
         """Wait until the save reached its durability (or ``level``); False on timeout.
@@ -112,6 +127,7 @@ class SaveHandle:
             logical_bytes=int(job.get("logical_bytes", 0)),
             new_bytes=int(job.get("new_bytes", 0)),
             dedup_bytes=int(job.get("dedup_bytes", 0)),
+            replicas=self.replicas,
         )
 
 
@@ -125,6 +141,7 @@ def async_save(
     rank: int | None = None,
     world_size: int | None = None,
     save_id: str | None = None,
+    replicas: int | None = None,
     client: Client | None = None,
     _commit: str = "auto",
 ) -> SaveHandle:
@@ -139,6 +156,10 @@ def async_save(
     (one ``all_gather_object``), and rank 0 commits once every part is durable. To
     save from one rank only, pass ``world_size=1``. Without ``torch.distributed``,
     ``rank``, ``world_size`` and ``save_id`` (the same on every rank) say the same.
+
+    ``replicas``: K peers in other failure domains whose RAM gets a copy of this
+    part's chunks, in the background (``durability="replicated"`` waits for them;
+    ``docs/replicas.md``); None: the daemon's ``[peers] replicas``.
 
     Raises:
         UnsupportedStateError: something in ``state_dict`` (or, in a collective
@@ -192,6 +213,8 @@ def async_save(
                 "commit": _commit,
                 "step": step,
             }
+            if replicas is not None:  # only then: an older daemon knows no such field
+                fields["replicas"] = replicas
             with chunkd.request(
                 "ckpt_save", fields, fds=[layout_fd, data_fd], what=f"saving {name}"
             ) as answer:

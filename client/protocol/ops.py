@@ -49,6 +49,7 @@ __all__ = [
     "MAX_PREFETCH_QUEUED",
     "MAX_PREFETCH_RANGES",
     "MAX_RANGES",
+    "MAX_REPLICAS",
     "MAX_SCRUB_PAGE",
     "MAX_SECONDS",
     "MAX_STEP",
@@ -90,13 +91,18 @@ MAX_SECONDS: Final = 10 * 365 * 86400.0
 #: a checkpoint's step is a signed 64-bit integer: from ``-MAX_STEP - 1`` to this
 MAX_STEP: Final = (1 << 63) - 1
 #: the durability levels of a checkpoint save, weakest first: held in the daemon's
-#: memory, fsynced on the node's disk, committed in the backend. Each includes the
-#: ones before it.
-DURABILITY_LEVELS: Final = ("staged", "local", "remote")
+#: memory, fsynced on the node's disk, copied to K peers' RAM in other failure
+#: domains (``docs/replicas.md``), committed in the backend. Each includes the ones
+#: before it (a save already remote counts as replicated).
+DURABILITY_LEVELS: Final = ("staged", "local", "replicated", "remote")
 #: how a checkpoint save is committed: "auto", by the daemon once every rank is in;
 #: "none", by the trainer's own ``ckpt_commit``
 COMMIT_MODES: Final = ("auto", "none")
 _ID_BYTES: Final = 64
+#: a member's address (``host:port``, IPv6 in brackets)
+_NODE_BYTES: Final = 300
+#: the most replicas a save may ask for
+MAX_REPLICAS: Final = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -413,6 +419,15 @@ OPS: Final[Mapping[str, Op]] = {
                     high=MAX_STEP,
                     default=None,
                 ),
+                Field(
+                    "replicas",
+                    "whole",
+                    "peers in other failure domains whose RAM gets a copy of this part's "
+                    "chunks (docs/replicas.md); default: the daemon's [peers] replicas",
+                    low=0,
+                    high=MAX_REPLICAS,
+                    default=None,
+                ),
             ),
             _JOB + ", as soon as the bytes are staged.",
             (
@@ -516,6 +531,29 @@ OPS: Final[Mapping[str, Op]] = {
             (
                 Field("backend", "text", "the backend the checkpoints are in", high=64),
                 Field("ids", "texts", "chunk ids, 64 hex digits each", high=MAX_FDS),
+                Field(
+                    "save",
+                    "text",
+                    "the save id of the part the chunks belong to (with node: its replicas "
+                    "are asked first)",
+                    high=_ID_BYTES,
+                    default=None,
+                ),
+                Field(
+                    "node",
+                    "text",
+                    "the address of the node that saved that part (the part's node)",
+                    high=_NODE_BYTES,
+                    default=None,
+                ),
+                Field(
+                    "replicas",
+                    "whole",
+                    "the replicas that part was saved with (the part's replicas)",
+                    low=0,
+                    high=MAX_REPLICAS,
+                    default=None,
+                ),
             ),
             '``{"ok": true, "sizes": [SIZE, ...]}`` and one sealed memfd per chunk, in order.',
             ("ChunkNotFoundError", "IntegrityError", "UnknownBackendError"),

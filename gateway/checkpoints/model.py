@@ -25,7 +25,13 @@ from typing import Any, Final
 
 from chunkd.cache import ChunkId
 from chunkd.canonical import canonical
-from chunkd.client.protocol import COMMIT_MODES, DURABILITY_LEVELS, MAX_STEP, MAX_WORLD_SIZE
+from chunkd.client.protocol import (
+    COMMIT_MODES,
+    DURABILITY_LEVELS,
+    MAX_REPLICAS,
+    MAX_STEP,
+    MAX_WORLD_SIZE,
+)
 from chunkd.errors import ChunkdError, InvalidRequestError
 from chunkd.gateway import arguments as arg
 from chunkd.gateway.chunkstore import CHUNKS
@@ -118,7 +124,8 @@ class Durability(IntEnum):
 
     STAGED = 1  # in the daemon's memory
     LOCAL = 2  # fsynced on this node's disk; survives a daemon kill -9
-    REMOTE = 3  # committed in the backend
+    REPLICATED = 3  # local, and pushed to K peers' RAM (docs/replicas.md)
+    REMOTE = 4  # committed in the backend (includes replicated)
 
     @classmethod
     def parse(cls, text: object) -> Durability:
@@ -183,6 +190,11 @@ class SaveRequest:
     #: whether that process was an admin (docs/security.md): it may replace a
     #: checkpoint another user made
     admin: bool = False
+    #: peers whose RAM gets a copy of the part's chunks (docs/replicas.md); None: the
+    #: daemon's ``[peers] replicas`` (the saver sets it); a journal without it: 0
+    replicas: int | None = None
+    #: the saving node's peer address (the part's ``node``), where there are peers
+    node: str | None = None
 
     @property
     def name(self) -> str:
@@ -225,6 +237,8 @@ class SaveRequest:
             "tree": self.tree,
             "uid": self.uid,
             "admin": self.admin,
+            "replicas": self.replicas,
+            "node": self.node,
         }
 
     @classmethod
@@ -268,6 +282,10 @@ class SaveRequest:
             if doc.get("uid") is None
             else arg.whole(doc, "uid", low=0, high=(1 << 32) - 1),
             admin=arg.flag(doc, "admin"),
+            replicas=None
+            if doc.get("replicas") is None
+            else arg.whole(doc, "replicas", low=0, high=MAX_REPLICAS),
+            node=arg.optional_text(doc, "node", max_bytes=300),
         )
 
 
@@ -320,6 +338,10 @@ class SaveJob:
     where: dict[ChunkId, tuple[int, int]] = field(default_factory=dict)
     #: chunk ids this job pinned in the disk tier (unpinned when it ends)
     pinned: set[ChunkId] = field(default_factory=set)
+    #: what became of the part's replicas (docs/replicas.md), once pushed
+    replicas: dict[str, Any] | None = None
+    #: the push's own report (a PushReport), for the note that the save is remote
+    replica_report: Any = None
 
     @property
     def unique(self) -> dict[ChunkId, int]:
@@ -370,6 +392,8 @@ class SaveJob:
             "age_s": round(time.time() - self.started, 1),
             "manifest_id": self.manifest_id,
         }
+        if self.replicas is not None:
+            out["replicas"] = self.replicas
         if self.error is not None:
             out["error"] = type(self.error).__name__
             out["message"] = str(self.error)
@@ -394,7 +418,13 @@ class SaveJob:
             "logical_bytes": self.logical,
             "new_bytes": self.new,
             "tree": request.tree,
-        } | ({} if request.uid is None else {"uid": request.uid})
+        } | (
+            ({} if request.uid is None else {"uid": request.uid})
+            # Where a restore finds the part's replicas (docs/replicas.md); a part
+            # without them (older, or saved without peers) is read as before.
+            | ({} if request.node is None else {"node": request.node})
+            | ({"replicas": request.replicas} if request.node and request.replicas else {})
+        )
 
     def release_data(self) -> None:
         """Give up the staged bytes (unless a view of them is still in use)."""

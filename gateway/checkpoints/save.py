@@ -11,6 +11,11 @@ Commit protocol (one save job per rank; ``docs/checkpoints.md`` has the format):
     3. local    every chunk is written (fsynced) to the disk tier and pinned there;
                 then the job's journal is fsynced under <cache>/checkpoints/jobs/
                                                                 -> level "local"
+    3b. replicas with [peers] and K = replicas > 0, in the background beside
+                steps 4-9: each chunk pushed to K peers in other failure domains
+                (chunkd.gateway.peers.replicas, docs/replicas.md); once every chunk
+                went out (to K peers, or as many as would)     -> level "replicated"
+                (K = 0: at once with "local"; "remote" includes it)
     4. intent   intents/<save_id>.<rank>.json names every chunk id, so that a
                 concurrent `chunkd gc` keeps them (it stays a day)
     5. barrier  list gc/: wait until every collection whose barrier is there is over
@@ -41,6 +46,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import logging
 import mmap
@@ -76,6 +82,7 @@ from chunkd.gateway.chunkstore import put_chunk
 if TYPE_CHECKING:
     from chunkd.gateway.backends import Backend, Backends
     from chunkd.gateway.metrics import Metrics
+    from chunkd.gateway.peers.replicas import Replicas
 
 __all__ = ["Saver"]
 
@@ -99,6 +106,7 @@ class Saver:
         jobs: the jobs this daemon knows (shared with the waits, loads and listings).
         committer: writes the manifest (rank 0) or waits for it (the other ranks).
         poll_interval: the longest pause between two looks for the barriers.
+        replicas: replication to peers' RAM (``docs/replicas.md``); None: no peers.
     """
 
     def __init__(
@@ -111,7 +119,9 @@ class Saver:
         committer: Committer,
         *,
         poll_interval: float,
+        replicas: Replicas | None = None,
     ) -> None:
+        self.replicas = replicas
         self.cache = cache
         self.backends = backends
         self.metrics = metrics
@@ -159,6 +169,7 @@ class Saver:
             self.cache.pin(job.pinned)
             job.reach(Durability.LOCAL, "resuming")
             self.jobs.add(job)
+            self._replicate(job)
             self.jobs.spawn(self._guarded(job, self._finish(job)))
             resumed += 1
             log.info("resuming checkpoint %s (rank %d)", request.name, request.rank)
@@ -221,6 +232,7 @@ class Saver:
             # Refused before anything is staged; the commit checks again.
             with contextlib.suppress(BackendUnavailableError):
                 await self.committer.may_replace(backend, request.manifest_key, uid)
+        request = self._placed(request)
         self.jobs.prune()
         faults.point("ckpt.stage")
         job = SaveJob(id=uuid.uuid4().hex, request=request, data=data)
@@ -243,9 +255,94 @@ class Saver:
     async def _exists(self, backend: Backend, key: str) -> bool:
         return await backend.head(key) is not None
 
+    def _placed(self, request: SaveRequest) -> SaveRequest:
+        """``request`` with its replica count resolved (``[peers] replicas`` when it
+        names none; 0 without peers) and this node's address as its ``node``."""
+        if self.replicas is None:
+            return dataclasses.replace(request, replicas=0, node=None)
+        wanted = self.replicas.default if request.replicas is None else request.replicas
+        return dataclasses.replace(request, replicas=wanted, node=self.replicas.address)
+
     async def _run(self, job: SaveJob) -> None:
         await self._stage_to_disk(job)
+        self._replicate(job)
         await self._finish(job)
+
+    # -- replicas ---------------------------------------------------------------------
+
+    def _replicate(self, job: SaveJob) -> None:
+        """Push the part's chunks to their replica targets in the background (level
+        replicated once done); with no replicas asked, a local part is replicated."""
+        wanted = job.request.replicas or 0
+        if self.replicas is None or wanted <= 0 or not job.unique:
+            if job.level >= Durability.LOCAL:
+                job.reach(Durability.REPLICATED)
+            return
+        # The push holds its own pins and view of the staged bytes: the upload may
+        # finish first and give up the job's (the chunks stay readable until it ends).
+        unique = job.unique
+        where = dict(job.where)
+        view = memoryview(job.data) if job.data is not None else None
+        self.cache.pin(unique)
+        self.jobs.spawn(self._push(job, self.replicas, wanted, unique, where, view))
+
+    async def _push(
+        self,
+        job: SaveJob,
+        replicas: Replicas,
+        wanted: int,
+        unique: dict[ChunkId, int],
+        where: dict[ChunkId, tuple[int, int]],
+        view: memoryview | None,
+    ) -> None:
+        request = job.request
+
+        async def source(cid: ChunkId) -> ChunkLease:
+            if view is not None and cid in where:
+                start, size = where[cid]
+                return BytesLease(cid, view[start : start + size])
+            lease = await self.cache.read_disk(cid)
+            if lease is None:
+                raise CheckpointError(f"chunk {cid} is gone from this node's disk")
+            return lease
+
+        try:
+            report = await replicas.push(request.backend, request.save_id, unique, source, wanted)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a push must never fail the save: it is durable without it
+            log.warning("checkpoint %s: its replicas failed (%s)", request.name, exc)
+            job.replicas = {"wanted": wanted, "outcome": "none", "error": str(exc)[:200]}
+            self.metrics.replica_saves.labels("none").inc()
+        else:
+            job.replicas = report.describe()
+            job.replica_report = report
+            if report.outcome != "full":
+                log.warning(
+                    "checkpoint %s rank %d: %d of %d chunks have %d replicas (fewest %d)",
+                    request.name,
+                    request.rank,
+                    report.whole,
+                    report.chunks,
+                    wanted,
+                    report.fewest,
+                )
+            if job.level >= Durability.REMOTE:  # committed while pushing
+                await replicas.committed(request.save_id, report)
+        finally:
+            self.cache.unpin(unique)
+            if view is not None:
+                view.release()
+        if job.error is None and job.level >= Durability.LOCAL:
+            job.reach(Durability.REPLICATED)
+
+    async def _committed(self, job: SaveJob) -> None:
+        """Tell the part's replica targets that the save is remote (they may let its
+        previous save go), once its pushes are over (else the push tells them)."""
+        report = job.replica_report
+        if self.replicas is None or report is None:
+            return
+        await self.replicas.committed(job.request.save_id, report)
 
     async def _guarded(self, job: SaveJob, work: Awaitable[None]) -> None:
         """Run a job's steps; any failure fails the job (a cancel leaves it journaled)."""
@@ -440,6 +537,7 @@ class Saver:
         self._release(job)
         job.finished = time.time()
         job.reach(Durability.REMOTE, "done")
+        await self._committed(job)
         self.metrics.ckpt_saves.labels("committed").inc()
         log.info(
             "checkpoint %s rank %d committed: %d bytes, %d new",

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from chunkd.gateway.backends import Backends
     from chunkd.gateway.metrics import Metrics
     from chunkd.gateway.peers import Peers
+    from chunkd.gateway.peers.replicas import Replicas
 
 __all__ = ["Checkpoints"]
 
@@ -54,6 +55,8 @@ class Checkpoints:
         held: the chunk ids the caller pinned on the cache's disk tier for the
             journaled jobs as soon as the cache opened (:meth:`journaled_chunks`);
             :meth:`start` unpins them once every job resumed and pinned its own.
+        replicas: copies of this node's saves in peers' RAM, and theirs here
+            (``docs/replicas.md``); None: no peers.
     """
 
     def __init__(
@@ -69,7 +72,9 @@ class Checkpoints:
         gc_roots: Roots | None = None,
         authority: Authority | None = None,
         held: Iterable[ChunkId] = (),
+        replicas: Replicas | None = None,
     ) -> None:
+        self.replicas = replicas
         self._held = frozenset(held)
         self.authority = authority if authority is not None else Authority()
         self.cache = cache
@@ -89,6 +94,7 @@ class Checkpoints:
             self._jobs,
             self._committer,
             poll_interval=poll_interval,
+            replicas=replicas,
         )
         self._waiter = Waiter(
             backends,
@@ -181,9 +187,30 @@ class Checkpoints:
         """The committed manifest of ``name``, parts inlined (:meth:`.Restorer.manifest`)."""
         return await self._restorer.manifest(name)
 
-    async def chunk(self, backend_name: str, cid: ChunkId, *, local: bool = False) -> ChunkLease:
-        """Lease checkpoint chunk ``cid``, verified (:meth:`.Restorer.chunk`)."""
-        return await self._restorer.chunk(backend_name, cid, local=local)
+    async def chunk(
+        self,
+        backend_name: str,
+        cid: ChunkId,
+        *,
+        local: bool = False,
+        part: tuple[str, str, int] | None = None,
+    ) -> ChunkLease:
+        """Lease checkpoint chunk ``cid``, verified (:meth:`.Restorer.chunk`).
+
+        ``part``: (save id, saving node, replicas) of the part the chunk belongs to
+        (its document's ``save_id``, ``node`` and ``replicas``): that part's replica
+        targets are asked first (``docs/replicas.md``).
+        """
+        return await self._restorer.chunk(
+            backend_name, cid, local=local, replicas=self.replica_sources(part)
+        )
+
+    def replica_sources(self, part: tuple[str, str, int] | None) -> tuple[str, ...]:
+        """The members a restore of ``part`` (save id, node, replicas) asks first."""
+        if part is None or self.replicas is None:
+            return ()
+        save_id, node, wanted = part
+        return tuple(self.replicas.sources(save_id, node, wanted))
 
     async def entries_page(
         self,

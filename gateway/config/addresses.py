@@ -19,11 +19,13 @@ from chunkd.gateway.config.values import Kind, Origin, parse_text
 __all__ = [
     "ENDPOINT",
     "LISTEN",
+    "MAX_LABELS",
     "MEMBERS",
     "NAME",
     "URL",
     "is_loopback",
     "split_listen",
+    "split_member",
 ]
 
 _HOST_RE: Final = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9._-]*[A-Za-z0-9_])?\.?")
@@ -141,15 +143,57 @@ def _name(value: object, origin: Origin) -> str:
     return text
 
 
+#: labels one member may carry (``rack=R``, ...)
+MAX_LABELS: Final = 8
+_LABEL_KEY_RE: Final = re.compile(r"[a-z][a-z0-9_-]{0,31}")
+_LABEL_VALUE_RE: Final = re.compile(r"[A-Za-z0-9._-]{1,63}")
+_MEMBER_HINT: Final = "write host:port, then labels like 'rack=r1', e.g. '10.0.0.7:8470 rack=r1'"
+
+
+def split_member(text: str) -> tuple[str, dict[str, str]]:
+    """A member entry, ``host:port`` then labels ``key=value`` separated by spaces
+    (``"10.0.0.7:8470 rack=r1"``), as (address, labels).
+
+    The label ``rack`` names the member's failure domain (replica placement,
+    ``docs/replicas.md``); a member without it is a domain of its own. At most
+    :data:`MAX_LABELS` labels; keys ``[a-z][a-z0-9_-]{0,31}``, values
+    ``[A-Za-z0-9._-]{1,63}``.
+
+    Raises:
+        ValueError: the problem, worded for a message.
+    """
+    address, *words = text.split()
+    split_listen(address)
+    labels: dict[str, str] = {}
+    for word in words:
+        key, eq, value = word.partition("=")
+        if not eq or not _LABEL_KEY_RE.fullmatch(key) or not _LABEL_VALUE_RE.fullmatch(value):
+            raise ValueError(f"has {word[:80]!r}, not a label key=value; {_MEMBER_HINT}")
+        if key in labels:
+            raise ValueError(f"names label {key!r} twice")
+        labels[key] = value
+    if len(labels) > MAX_LABELS:
+        raise ValueError(f"has {len(labels)} labels; a member has at most {MAX_LABELS}")
+    return address, labels
+
+
+def _member(text: str, origin: Origin) -> str:
+    try:
+        address, labels = split_member(text)
+    except ValueError as exc:
+        raise origin.error(text, str(exc)) from None
+    return " ".join([address, *(f"{k}={v}" for k, v in labels.items())])
+
+
 def _members(value: object, origin: Origin) -> tuple[str, ...]:
     items = value.split(",") if isinstance(value, str) else value
     if not isinstance(items, list | tuple):
-        raise origin.error(value, "must be a list of host:port strings")
+        raise origin.error(value, "must be a list of host:port strings (each may add labels)")
     members = []
     for item in items:
         text = str(item).strip()
         if text:
-            members.append(_listen(text, origin))
+            members.append(_member(text, origin))
     return tuple(members)
 
 
@@ -161,7 +205,8 @@ URL: Final = Kind(_url)
 ENDPOINT: Final = Kind(_endpoint)
 #: a backend name: [a-z0-9][a-z0-9_-]{0,62}
 NAME: Final = Kind(_name)
-#: a list of host:port (from the environment: comma-separated)
+#: a list of host:port, each maybe with labels (``"10.0.0.7:8470 rack=r1"``; from the
+#: environment: comma-separated)
 MEMBERS: Final = Kind(_members)
 
 

@@ -198,7 +198,12 @@ async def _chunks(parts: Parts, args: Mapping[str, Any], answer: Answer) -> dict
         wanted = [ChunkId.parse(i) for i in args["ids"]]
     except InvalidChunkIdError as exc:
         raise InvalidRequestError(f"ckpt_chunks: {exc}") from None
-    got = await asyncio.gather(*(store.chunk(backend, c) for c in wanted), return_exceptions=True)
+    part = None
+    if args["save"] is not None and args["node"] is not None and args["replicas"]:
+        part = (args["save"], args["node"], args["replicas"])
+    got = await asyncio.gather(
+        *(store.chunk(backend, c, part=part) for c in wanted), return_exceptions=True
+    )
     leases = [g for g in got if isinstance(g, ChunkLease)]
     answer.leases.extend(leases)  # released once the answer is sent, whatever happens
     for outcome in got:

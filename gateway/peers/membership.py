@@ -3,7 +3,11 @@
 Members come from ``[peers]``: a static list, a file that is re-read when it
 changes, and a DNS name whose A/AAAA records are re-resolved every round (a
 Kubernetes headless service); all of them together, this node always among them.
-Each member is a :class:`Peer` record whose health :mod:`.health` keeps.
+Each member is a :class:`Peer` record whose health :mod:`.health` keeps. An entry of
+the list or the file may carry labels after its address (``10.0.0.7:8470 rack=r1``,
+:func:`~chunkd.gateway.config.addresses.split_member`): ``rack`` is the member's
+failure domain, which replica placement keeps a save's copies out of
+(``docs/replicas.md``). Labels are the entry's, never the member's own claim.
 
 A connection from a member's address (an IP literal, a ``dns`` record, or what a
 member's host name resolves to, looked up again every ``_HOST_LOOKUP_INTERVAL``)
@@ -24,7 +28,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
 
-from chunkd.gateway.config.addresses import split_listen
+from chunkd.gateway.config.addresses import split_listen, split_member
 
 if TYPE_CHECKING:
     from chunkd.gateway.config import PeersConfig
@@ -48,6 +52,14 @@ class Peer:
     misses: int = 0
     passes: int = 0
     last_change: float = field(default_factory=time.time)
+    #: the labels its entry gives (``{"rack": "r1"}``); empty: none
+    labels: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def domain(self) -> str:
+        """Its failure domain: ``rack=`` label, else a domain of its own (its address)."""
+        rack = self.labels.get("rack")
+        return f"rack={rack}" if rack is not None else f"node={self.address}"
 
 
 class Membership:
@@ -66,6 +78,7 @@ class Membership:
         self._members: dict[str, Peer] = {}
         self._file_stamp: tuple[float, int] | None = None
         self._resolved: list[str] = []
+        self._labels: dict[str, dict[str, str]] = {}
         # The IP addresses of the other members, and of each member host name when it
         # was last looked up: connections from them get the peers' budget (trusts()).
         self._member_ips: frozenset[str] = frozenset()
@@ -108,23 +121,37 @@ class Membership:
         self.metrics.peer_healthy.set(len(self.healthy()))
 
     def _listed(self) -> list[str]:
-        members = list(self.config.members)
+        entries = list(self.config.members)
         path = self.config.members_file
         if path is not None:
             try:
                 st = os.stat(path)
                 self._file_stamp = (st.st_mtime, st.st_size)
-                members += _parse_members(path.read_text())
+                entries += _parse_members(path.read_text())
             except OSError as exc:
                 log.warning("peers: cannot read members_file %s (%s)", path, exc)
+        members: list[str] = []
+        labels: dict[str, dict[str, str]] = {}
+        for entry in entries:
+            try:
+                address, tags = split_member(entry)
+            except ValueError as exc:
+                log.warning("peers: member entry %r skipped: it %s", entry[:120], exc)
+                continue
+            members.append(address)
+            if tags:
+                labels.setdefault(address, tags)  # the first entry of an address wins
         members += self._resolved
         if self.address not in members:
             members.append(self.address)
+        self._labels = labels
         return list(dict.fromkeys(members))
 
     def _set_members(self, addresses: list[str]) -> None:
         old = set(self._members)
         self._members = {a: self._members.get(a) or Peer(a) for a in addresses}
+        for address, peer in self._members.items():
+            peer.labels = dict(self._labels.get(address, {}))
         self._note_member_ips()
         if set(addresses) != old and old:
             log.info("peers: membership is now %s", ", ".join(addresses))

@@ -1,0 +1,616 @@
+"""Replicas of a save's chunks in other nodes' RAM (docs/replicas.md): placement by
+failure domain, the push and its bounds, the receiving store's budget and lifetime,
+the durability level ``replicated``, restores from replicas and their faults."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from chunkd.cache import MAX_CHUNK_BYTES, ChunkCache, ChunkId
+from chunkd.client import Client
+from chunkd.client import checkpoint as ckpt
+from chunkd.client.checkpoint.reader import PartReader
+from chunkd.client.protocol import DURABILITY_LEVELS
+from chunkd.errors import CheckpointNotFoundError, ConfigError
+from chunkd.gateway.checkpoints.model import Durability, SaveRequest
+from chunkd.gateway.config import load_config
+from chunkd.gateway.config.addresses import split_member
+from chunkd.gateway.metrics import Metrics
+from chunkd.gateway.peers.membership import Peer
+from chunkd.gateway.peers.replicas import (
+    MAX_IN_FLIGHT_PER_SENDER,
+    MAX_SAVES_PER_SAVER,
+    ReplicaRefused,
+    ReplicaStore,
+    replica_targets,
+    restore_sources,
+)
+from chunkd.testing import CountingProxy, free_port, s3_backend
+from tests.conftest import Daemon
+
+TOKEN = "a-shared-secret-for-the-replica-tests"
+MiB = 1 << 20
+
+
+# -- placement and labels --------------------------------------------------------------
+
+
+def test_member_labels_parse_and_bad_ones_are_refused(tmp_path: Path) -> None:
+    assert split_member("10.0.0.7:8470 rack=r1") == ("10.0.0.7:8470", {"rack": "r1"})
+    assert split_member("[::1]:8470") == ("[::1]:8470", {})
+    for bad in ("10.0.0.7:8470 rack", "10.0.0.7:8470 rack=a rack=b", "10.0.0.7:8470 Rack=a"):
+        with pytest.raises(ValueError, match="label"):
+            split_member(bad)
+    token = tmp_path / "token"
+    token.write_text(TOKEN)
+    path = tmp_path / "chunkd.toml"
+    path.write_text(
+        f"""
+[peers]
+self = "127.0.0.1:9001"
+members = ["127.0.0.1:9001 rack=a", "127.0.0.1:9002  rack=b"]
+token_file = "{token}"
+
+[[backends]]
+name = "local"
+url = "file://{tmp_path}/data"
+"""
+    )
+    config = load_config(path, environ={}, cwd=tmp_path)
+    assert config.peers.members == ("127.0.0.1:9001 rack=a", "127.0.0.1:9002 rack=b")
+    path.write_text(
+        f'[peers]\nself = "127.0.0.1:9001"\nmembers = ["127.0.0.1:9002 b"]\n'
+        f'token_file = "{token}"\n[[backends]]\nname = "local"\nurl = "file://{tmp_path}/data"\n'
+    )
+    with pytest.raises(ConfigError, match="not a label"):
+        load_config(path, environ={}, cwd=tmp_path)
+
+
+def _peer(address: str, rack: str | None) -> Peer:
+    return Peer(address, labels={} if rack is None else {"rack": rack})
+
+
+def test_replica_targets_leave_out_the_savers_failure_domain() -> None:
+    members = [
+        _peer("10.0.0.1:8470", "a"),
+        _peer("10.0.0.2:8470", "a"),
+        _peer("10.0.0.3:8470", "b"),
+        _peer("10.0.0.4:8470", "b"),
+        _peer("10.0.0.5:8470", None),  # a domain of its own
+    ]
+    for save in ("s1", "s2", "s3", "s4"):
+        order = replica_targets(members, save, "10.0.0.1:8470")
+        assert sorted(order) == ["10.0.0.3:8470", "10.0.0.4:8470", "10.0.0.5:8470"]
+        # The same order on every node (up or down does not enter): a restore finds them.
+        assert order == replica_targets(list(reversed(members)), save, "10.0.0.1:8470")
+        assert restore_sources(members, save, "10.0.0.1:8470", 1) == order[:3]
+    # Unlabelled members: every other member is a target.
+    bare = [_peer(f"10.0.1.{i}:8470", None) for i in range(4)]
+    assert len(replica_targets(bare, "s", "10.0.1.0:8470")) == 3
+    assert restore_sources(bare, "s", "10.0.1.0:8470", 0) == []
+    # Orders differ by save: one saver's replicas spread over the cluster.
+    firsts = {replica_targets(bare, f"s{i}", "10.0.1.0:8470")[0] for i in range(40)}
+    assert len(firsts) == 3
+
+
+# -- the receiving store ------------------------------------------------------------------
+
+
+async def test_replica_store_bounds_budget_and_lifetime(
+    open_cache: Callable[..., Any],
+) -> None:
+    cache: ChunkCache = await open_cache(ram_bytes=64 * MiB)
+    metrics = Metrics()
+    members = {"10.0.0.2:8470", "10.0.0.3:8470"}
+    store = ReplicaStore(cache, metrics, 3 * MiB, lambda a: a in members)
+    saver = "10.0.0.2:8470"
+
+    def refused(sender: str | None, who: str, length: int | None) -> int:
+        with pytest.raises(ReplicaRefused) as caught:
+            store.admit(sender, who, length)
+        return caught.value.status
+
+    assert refused(None, saver, 10) == 401
+    assert refused("10.9.9.9:8470", "10.9.9.9:8470", 10) == 401  # not a member
+    assert refused(saver, "10.0.0.3:8470", 10) == 401  # in another's name
+    assert refused(saver, saver, None) == 411
+    assert refused(saver, saver, MAX_CHUNK_BYTES + 1) == 413
+    assert refused(saver, saver, 3 * MiB + 1) == 507  # past the budget, before a byte is read
+    slots = [store.admit(saver, saver, 1) for _ in range(MAX_IN_FLIGHT_PER_SENDER)]
+    assert refused(saver, saver, 1) == 429  # per sender...
+    store.admit("10.0.0.3:8470", "10.0.0.3:8470", 1)()  # ...not for the others
+    for release in slots:
+        release()
+
+    blobs = [os.urandom(MiB) for _ in range(4)]
+    ids = [ChunkId.of(b) for b in blobs]
+
+    async def push(save: str, i: int) -> None:
+        release = store.admit(saver, saver, len(blobs[i]))
+        try:
+            await store.store(saver, save, ids[i], memoryview(blobs[i]))
+        finally:
+            release()
+
+    release = store.admit(saver, saver, MiB)
+    try:
+        with pytest.raises(ReplicaRefused) as damaged:
+            await store.store(saver, "s1", ids[0], memoryview(blobs[1]))
+    finally:
+        release()
+    assert damaged.value.status == 422
+    assert not store.holds(ids[0])
+
+    await push("s1", 0)
+    await push("s1", 1)
+    assert store.used == 2 * MiB
+    assert store.holds(ids[0])
+    assert metrics.replica_bytes._value.get() == 2 * MiB  # type: ignore[attr-defined]
+    lease = await cache.find(ids[0])  # served as any held chunk
+    assert lease is not None
+    assert bytes(lease.view()) == blobs[0]
+    lease.release()
+    with pytest.raises(ReplicaRefused) as full:
+        store.admit(saver, saver, 2 * MiB)
+    assert full.value.status == 507
+
+    # Held until s1 is remote and a later save is committed and replicated.
+    store.note(saver, "s1", replicated=True, remote=False)
+    store.note(saver, "s1", replicated=False, remote=True)
+    assert store.used == 2 * MiB
+    await push("s2", 1)  # shared with s1: held once
+    await push("s2", 2)
+    assert store.used == 3 * MiB
+    store.note(saver, "s2", replicated=True, remote=False)
+    assert store.used == 3 * MiB  # s2 is not committed: s1 is the one a restore wants
+    store.note(saver, "s2", replicated=False, remote=True)
+    assert store.used == 2 * MiB  # s1 let go; chunk 1 stays for s2
+    assert not store.holds(ids[0])
+    assert store.holds(ids[1])
+    assert store.holds(ids[2])
+
+    # A later save committed and replicated on other nodes lets the committed ones go,
+    # not one still in flight.
+    await push("s3", 3)
+    store.note(saver, "s4", replicated=False, remote=True)
+    assert store.used == MiB
+    assert store.holds(ids[3])
+    # A save never committed goes once a later one that came after it is whole.
+    await push("s5", 0)
+    store.note(saver, "s5", replicated=True, remote=False)
+    assert store.used == 2 * MiB
+    store.note(saver, "s6", replicated=True, remote=True)
+    assert store.used == 0
+
+    # At most MAX_SAVES_PER_SAVER saves of one saver.
+    for n in range(MAX_SAVES_PER_SAVER + 2):
+        store.note(saver, f"x{n}", replicated=True, remote=False)
+    assert len(store.stats()["savers"][saver]) == MAX_SAVES_PER_SAVER  # type: ignore[index]
+    store.close()
+    assert store.used == 0
+
+
+# -- old documents -------------------------------------------------------------------------
+
+
+def test_old_journals_and_parts_still_read() -> None:
+    old_journal = {
+        "backend": "ckpt",
+        "path": "run/step-1",
+        "save_id": "abc",
+        "rank": 0,
+        "world_size": 1,
+        "durability": "remote",
+        "overwrite": False,
+        "commit": "auto",
+        "step": 1,
+        "segments": [[0, 10]],
+        "tree": None,
+        "uid": 1000,
+        "admin": False,
+    }
+    request = SaveRequest.from_json(old_journal)
+    assert request.replicas is None
+    assert request.node is None
+    assert request.durability is Durability.REMOTE
+    assert SaveRequest.from_json(request.to_json()) == request
+    assert Durability.parse("local") < Durability.parse("replicated") < Durability.REMOTE
+    assert DURABILITY_LEVELS == ("staged", "local", "replicated", "remote")
+    # A part written before replicas: no node, no replicas; it loads as before.
+    part = {"rank": 0, "save_id": "abc", "segments": [{"size": 3, "chunks": [["ab" * 32, 3]]}]}
+    assert PartReader(None, "ckpt/run/step-1", part)._origin == {}  # type: ignore[arg-type]
+    part |= {"node": "10.0.0.1:8470", "replicas": 2}
+    assert PartReader(None, "ckpt/run/step-1", part)._origin == {  # type: ignore[arg-type]
+        "save": "abc",
+        "node": "10.0.0.1:8470",
+        "replicas": 2,
+    }
+
+
+# -- daemons on loopback ------------------------------------------------------------------
+
+
+def node_toml(
+    tmp_path: Path,
+    bucket: str,
+    proxy: CountingProxy,
+    name: str,
+    port: int,
+    members: list[tuple[int, str]],
+    *,
+    budget: str = "256MiB",
+    replicas: int = 0,
+) -> str:
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    token = tmp_path / "token"
+    token.write_text(TOKEN)
+    token.chmod(0o600)
+    listed = ", ".join(f'"127.0.0.1:{p} rack={rack}"' for p, rack in members)
+    return f"""
+[server]
+listen = "127.0.0.1:{port}"
+socket = "{tmp_path / name / "chunkd.sock"}"
+
+[cache]
+dir = "{tmp_path / name / "cache"}"
+ram_bytes = "256MiB"
+disk_bytes = "1GiB"
+disk_min_free_bytes = 0
+fsync = "never"
+
+[peers]
+self = "127.0.0.1:{port}"
+members = [{listed}]
+token_file = "{token}"
+timeout = "2s"
+health_interval = "300ms"
+down_after = 4
+up_after = 1
+replicas = {replicas}
+replica_budget = "{budget}"
+
+{s3_backend("ckpt", f"s3://{bucket}/pre", proxy.endpoint, writable=True, retries=1)}"""
+
+
+def state_of(seed: int, tensors: int = 8) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {f"w{i}": torch.randn(512, 512, generator=g) for i in range(tensors)}  # 1 MiB each
+
+
+class Cluster:
+    """Nodes on loopback, one rack each unless told."""
+
+    def __init__(
+        self,
+        start_daemon: Callable[..., Daemon],
+        tmp_path: Path,
+        bucket: str,
+        proxy: CountingProxy,
+        racks: list[str],
+        budgets: list[str] | None = None,
+    ) -> None:
+        self.start_daemon = start_daemon
+        self.tmp_path = tmp_path
+        self.bucket = bucket
+        self.proxy = proxy
+        self.ports = [free_port() for _ in racks]
+        self.members = list(zip(self.ports, racks, strict=True))
+        self.budgets = budgets or ["256MiB"] * len(racks)
+        self.nodes = [self.start(i) for i in range(len(racks))]
+        self.wait_all_up()
+
+    def start(self, i: int, *, fresh: str = "") -> Daemon:
+        name = f"n{i}{fresh}"
+        return self.start_daemon(
+            node_toml(
+                self.tmp_path,
+                self.bucket,
+                self.proxy,
+                name,
+                self.ports[i],
+                self.members,
+                budget=self.budgets[i],
+            ),
+            cwd=self.tmp_path / name,
+            env={"CHUNKD_SERVER_LISTEN": f"127.0.0.1:{self.ports[i]}"},
+            port=self.ports[i],
+        )
+
+    def wait_all_up(self) -> None:
+        deadline = time.monotonic() + 20
+        while any(n.metric("chunkd_peer_healthy") < len(self.nodes) for n in self.nodes):
+            assert time.monotonic() < deadline, "the nodes never all saw each other up"
+            time.sleep(0.1)
+
+    def address(self, i: int) -> str:
+        return f"127.0.0.1:{self.ports[i]}"
+
+    def peers(self) -> list[Peer]:
+        return [_peer(f"127.0.0.1:{p}", rack) for p, rack in self.members]
+
+    def client(self, i: int) -> Client:
+        return Client(self.nodes[i].cwd / "chunkd.sock")
+
+
+def held(node: Daemon, cid: str) -> bytes | None:
+    status, _, body = node.get(
+        f"/v1/peer/chunks/ckpt/{cid}?held=1", headers={"Authorization": f"Bearer {TOKEN}"}
+    )
+    return body if status == 200 else None
+
+
+def part_chunks(manifest: dict[str, Any], rank: int = 0) -> list[str]:
+    part = next(p for p in manifest["parts"] if p["rank"] == rank)
+    return list(dict.fromkeys(c for seg in part["segments"] for c, _ in seg["chunks"]))
+
+
+@pytest.mark.timeout(90)
+def test_a_save_is_replicated_across_racks_and_let_go_after_the_next(
+    start_daemon: Callable[..., Daemon], tmp_path: Path, bucket: str, s3_proxy: CountingProxy
+) -> None:
+    cluster = Cluster(start_daemon, tmp_path, bucket, s3_proxy, ["a", "a", "b", "c"])
+    saver = cluster.nodes[0]
+    state = state_of(1)
+    with cluster.client(0) as client:
+        handle = ckpt.save(
+            state, "ckpt/rep/step-1", replicas=1, durability="replicated", client=client
+        )
+        assert handle.replicas is not None
+        assert handle.replicas["outcome"] == "full"
+        handle.wait(level="remote")
+        manifest = ckpt.manifest("ckpt/rep/step-1", client=client)
+    part = manifest["parts"][0]
+    assert part["node"] == cluster.address(0)
+    assert part["replicas"] == 1
+    chunks = part_chunks(manifest)
+    order = replica_targets(cluster.peers(), part["save_id"], cluster.address(0))
+    assert cluster.address(1) not in order  # same rack as the saver
+    first = cluster.nodes[cluster.ports.index(int(order[0].rpartition(":")[2]))]
+    for cid in chunks:  # on the first target, served as a held chunk, bit-exact
+        body = held(first, cid)
+        assert body is not None
+        assert ChunkId.of(body) == ChunkId.parse(cid)
+    assert first.metric("chunkd_replica_received_total", outcome="stored") == len(chunks)
+    assert saver.metric("chunkd_replica_pushes_total", outcome="ok") == len(chunks)
+    assert saver.metric("chunkd_replica_saves_total", outcome="full") == 1
+    replica_bytes = first.metric("chunkd_replica_bytes")
+    assert replica_bytes == sum(n for seg in part["segments"] for _, n in seg["chunks"])
+    assert cluster.nodes[1].metric("chunkd_replica_received_total") == 0
+
+    # The next save, replicated and committed: the first one's replicas are let go.
+    with cluster.client(0) as client:
+        handle2 = ckpt.save(state_of(2), "ckpt/rep/step-2", replicas=1, client=client)
+        manifest2 = ckpt.manifest("ckpt/rep/step-2", client=client)
+    assert handle2.replicas is not None
+    second = sum(n for seg in manifest2["parts"][0]["segments"] for _, n in seg["chunks"])
+    deadline = time.monotonic() + 10
+    while (total := sum(n.metric("chunkd_replica_bytes") for n in cluster.nodes)) != second:
+        assert time.monotonic() < deadline, f"{total} bytes of replicas held, not {second}"
+        time.sleep(0.2)
+
+
+@pytest.mark.timeout(90)
+def test_a_full_budget_gives_fewer_replicas_counted_and_the_save_completes(
+    start_daemon: Callable[..., Daemon], tmp_path: Path, bucket: str, s3_proxy: CountingProxy
+) -> None:
+    cluster = Cluster(
+        start_daemon, tmp_path, bucket, s3_proxy, ["a", "b", "c"], ["1GiB", "3MiB", "2MiB"]
+    )
+    with cluster.client(0) as client:
+        handle = ckpt.save(state_of(3), "ckpt/full/step-1", replicas=1, client=client)
+        assert handle.result().durability == "remote"
+        loaded = ckpt.load("ckpt/full/step-1", client=client)
+    assert all(torch.equal(loaded[k], v) for k, v in state_of(3).items())
+    report = handle.replicas
+    assert report is not None
+    assert report["outcome"] == "partial"
+    assert report["whole"] == 5
+    assert report["chunks"] == 8
+    saver, small = cluster.nodes[0], cluster.nodes[1:]
+    # Each target refused its first chunk past the budget (the pushes of a save run
+    # a few at once, so more than one may have been on the way), then was skipped.
+    full = saver.metric("chunkd_replica_pushes_total", outcome="full")
+    assert 2 <= full <= 2 * 8
+    assert sum(n.metric("chunkd_replica_received_total", outcome="full") for n in small) == full
+    assert saver.metric("chunkd_replica_saves_total", outcome="partial") == 1
+    assert small[0].metric("chunkd_replica_bytes") == 3 * MiB
+    assert small[1].metric("chunkd_replica_bytes") == 2 * MiB
+
+
+def _raw_put(
+    port: int, path: str, headers: dict[str, str], body: bytes, *, closed: bool = False
+) -> tuple[int, bool]:
+    """One PUT on a socket of its own: (status, whether the daemon closed the
+    connection after its answer, when ``closed`` asks; else False)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+        sock.sendall(f"PUT {path} HTTP/1.1\r\nHost: x\r\n{head}\r\n".encode() + body)
+        answer = b""
+        while b"\r\n\r\n" not in answer:
+            got = sock.recv(65536)
+            assert got, "closed before an answer"
+            answer += got
+        status = int(answer.split(b" ", 2)[1])
+        if not closed:
+            return status, False
+        sock.settimeout(5)
+        try:
+            while sock.recv(65536):
+                pass
+        except TimeoutError:
+            return status, False
+        return status, True
+
+
+@pytest.mark.timeout(60)
+def test_refused_pushes_cost_no_body(
+    start_daemon: Callable[..., Daemon], tmp_path: Path, bucket: str, s3_proxy: CountingProxy
+) -> None:
+    cluster = Cluster(start_daemon, tmp_path, bucket, s3_proxy, ["a", "b"])
+    node, other = cluster.nodes[0], cluster.address(1)
+    blob = os.urandom(MiB)
+    cid = ChunkId.of(blob)
+    path = f"/v1/peer/replicas/ckpt/{cid}?save=s1&saver={other}"
+    auth = {"Authorization": f"Bearer {TOKEN}", "X-Chunkd-Peer": other}
+    announced = {"Content-Length": str(MiB)}
+    # Heads alone, a body announced and never sent: each is answered at once, and a
+    # refusal of the replica route closes the connection (what follows is never read).
+    assert _raw_put(node.port, path, announced, b"")[0] == 401  # no token
+    stranger = auth | {"X-Chunkd-Peer": "127.0.0.1:1"} | announced
+    assert _raw_put(node.port, path.replace(other, "127.0.0.1:1"), stranger, b"", closed=True) == (
+        401,
+        True,
+    )
+    too_big = auth | {"Content-Length": str(MAX_CHUNK_BYTES + 1)}
+    assert _raw_put(node.port, path, too_big, b"", closed=True) == (413, True)
+    chunked = auth | {"Transfer-Encoding": "chunked"}
+    assert _raw_put(node.port, path, chunked, b"", closed=True) == (411, True)
+    # A body that is not the chunk its id names.
+    assert _raw_put(node.port, path, auth | announced, os.urandom(MiB))[0] == 422
+    assert node.metric("chunkd_replica_received_total", outcome="refused") == 1
+    assert node.metric("chunkd_replica_received_total", outcome="invalid") == 3
+    assert node.metric("chunkd_replica_bytes") == 0
+    assert _raw_put(node.port, path, auth | announced, blob)[0] == 200
+    assert node.metric("chunkd_replica_bytes") == MiB
+    assert node.metric("chunkd_replica_received_total", outcome="stored") == 1
+
+
+@pytest.mark.timeout(90)
+def test_an_uncommitted_saves_replicas_never_make_it_restorable(
+    start_daemon: Callable[..., Daemon], tmp_path: Path, bucket: str, s3_proxy: CountingProxy
+) -> None:
+    cluster = Cluster(start_daemon, tmp_path, bucket, s3_proxy, ["a", "b", "c"])
+    with cluster.client(0) as client:
+        # commit "none": the part goes in, the manifest (the commit) never does.
+        handle = ckpt.async_save(
+            state_of(4), "ckpt/open/step-1", replicas=2, client=client, _commit="none"
+        )
+        assert handle.wait(60, level="replicated")
+        assert handle.replicas is not None
+        assert handle.replicas["outcome"] == "full"
+    assert sum(n.metric("chunkd_replica_bytes") for n in cluster.nodes[1:]) == 2 * 8 * MiB
+    cluster.nodes[0].stop(signal.SIGKILL)
+    cluster.nodes[0] = cluster.start(0, fresh="-fresh")
+    with cluster.client(0) as client, pytest.raises(CheckpointNotFoundError):
+        ckpt.load("ckpt/open/step-1", client=client)
+
+
+def _restore_fresh(cluster: Cluster, name: str) -> tuple[dict[str, torch.Tensor], int]:
+    """Kill node 0, start a fresh one with its name and an empty cache, load ``name``
+    there: (the state, the bytes the backend sent meanwhile)."""
+    cluster.nodes[0].stop(signal.SIGKILL)
+    cluster.nodes[0] = cluster.start(0, fresh=f"-{time.monotonic_ns()}")
+    cluster.wait_all_up()
+    before = cluster.proxy.bytes_down
+    with cluster.client(0) as client:
+        loaded = ckpt.load(name, client=client)
+    return loaded, cluster.proxy.bytes_down - before
+
+
+@pytest.mark.timeout(90)
+def test_a_replaced_node_restores_from_replicas(
+    start_daemon: Callable[..., Daemon], tmp_path: Path, bucket: str, s3_proxy: CountingProxy
+) -> None:
+    cluster = Cluster(start_daemon, tmp_path, bucket, s3_proxy, ["a", "b", "c"])
+    state = state_of(5)
+    with cluster.client(0) as client:
+        ckpt.save(state, "ckpt/back/step-1", replicas=1, client=client)
+    loaded, from_backend = _restore_fresh(cluster, "ckpt/back/step-1")
+    assert all(torch.equal(loaded[k], v) for k, v in state.items())
+    assert from_backend <= 0.01 * 8 * MiB, from_backend
+    fresh = cluster.nodes[0]
+    assert fresh.metric("chunkd_checkpoint_restored_bytes_total", source="peer") == 8 * MiB
+    served = sum(
+        n.metric("chunkd_peer_role_bytes_total", direction="out", role="replica")
+        for n in cluster.nodes[1:]
+    )
+    assert served == 8 * MiB
+
+
+@pytest.mark.timeout(90)
+def test_k1_with_the_saver_and_its_replica_lost_restores_from_the_backend(
+    start_daemon: Callable[..., Daemon], tmp_path: Path, bucket: str, s3_proxy: CountingProxy
+) -> None:
+    cluster = Cluster(start_daemon, tmp_path, bucket, s3_proxy, ["a", "b", "c"])
+    state = state_of(6)
+    with cluster.client(0) as client:
+        handle = ckpt.save(state, "ckpt/lost/step-1", replicas=1, client=client)
+    assert handle.replicas is not None
+    (target,) = handle.replicas["targets"]
+    lost = cluster.ports.index(int(str(target).rpartition(":")[2]))
+    cluster.nodes[lost].stop(signal.SIGKILL)  # the replica peer, dead during the restore
+    cluster.nodes[0].stop(signal.SIGKILL)
+    cluster.nodes[0] = cluster.start(0, fresh="-fresh")
+    before = cluster.proxy.bytes_down
+    with cluster.client(0) as client:
+        loaded = ckpt.load("ckpt/lost/step-1", client=client)
+    assert all(torch.equal(loaded[k], v) for k, v in state.items())
+    assert cluster.proxy.bytes_down - before >= 8 * MiB  # every chunk from the backend
+
+
+@pytest.mark.timeout(90)
+def test_a_damaged_replica_is_counted_and_the_next_source_serves(
+    start_daemon: Callable[..., Daemon], tmp_path: Path, bucket: str, s3_proxy: CountingProxy
+) -> None:
+    from aiohttp import web
+
+    from tests.test_peers import serving
+
+    liar_port = free_port()
+    stored: list[str] = []
+
+    async def take(request: web.Request) -> web.Response:  # a member that takes pushes
+        await request.read()
+        stored.append(request.match_info["id"])
+        return web.json_response({"ok": True})
+
+    async def lie(request: web.Request) -> web.Response:  # ...and answers with garbage
+        return web.Response(body=os.urandom(MiB))
+
+    async def ok(request: web.Request) -> web.Response:
+        return web.json_response({"ok": True})
+
+    app = web.Application(client_max_size=MAX_CHUNK_BYTES + 1)
+    app.router.add_put("/v1/peer/replicas/{backend}/{id}", take)
+    app.router.add_post("/v1/peer/replicas/saves", ok)
+    app.router.add_get("/v1/peer/chunks/{backend}/{id}", lie)
+    app.router.add_get("/healthz", ok)
+    with serving(app, liar_port):
+        cluster = Cluster.__new__(Cluster)
+        cluster.start_daemon, cluster.tmp_path = start_daemon, tmp_path
+        cluster.bucket, cluster.proxy = bucket, s3_proxy
+        cluster.ports = [free_port(), free_port(), liar_port]
+        cluster.members = list(zip(cluster.ports, ["a", "b", "c"], strict=True))
+        cluster.budgets = ["256MiB"] * 3
+        cluster.nodes = [cluster.start(0), cluster.start(1)]
+        liar = f"127.0.0.1:{liar_port}"
+        save_id = next(
+            f"s{i}"
+            for i in range(100)
+            if replica_targets(cluster.peers(), f"s{i}", cluster.address(0))[0] == liar
+        )
+        state = state_of(7)
+        with cluster.client(0) as client:
+            handle = ckpt.async_save(
+                state,
+                "ckpt/liar/step-1",
+                replicas=1,
+                save_id=save_id,
+                world_size=1,
+                client=client,
+            )
+            assert handle.result(60).replicas["targets"] == [liar]  # type: ignore[index]
+        assert len(stored) == 8
+        loaded, _ = _restore_fresh(cluster, "ckpt/liar/step-1")
+        assert all(torch.equal(loaded[k], v) for k, v in state.items())
+        fresh = cluster.nodes[0]
+        assert fresh.metric("chunkd_peer_integrity_failures_total") == 8

@@ -116,6 +116,7 @@ def run(report: Report, work: Path, out: Path, *, quick: bool) -> None:
     root."""
     run_four(report, work / "four", out, quick=quick)
     run_eight(report, work / "eight", out, quick=quick)
+    run_replacement(report, work / "replacement", quick=quick)
 
 
 def run_four(report: Report, work: Path, out: Path, *, quick: bool) -> None:
@@ -402,9 +403,17 @@ def eight_setups() -> dict[str, dict[str, Any]]:
 
 
 def measure_eight(
-    work: Path, out: Path, *, quick: bool, rounds: int
+    work: Path,
+    out: Path,
+    *,
+    quick: bool,
+    rounds: int,
+    chunk_bytes: int = EIGHT_CHUNK,
+    only: tuple[str, ...] = (),
 ) -> tuple[int, dict[str, list[EightRound]]]:
-    """The 8-node rounds: the checkpoint's size, and each setup's rounds.
+    """The 8-node rounds: the checkpoint's size, and each setup's rounds (``only``:
+    those setups of :func:`eight_setups`; ``chunk_bytes``: another chunk size, for the
+    figures beside the bench's).
 
     Raises:
         netlab.LabUnavailable: no namespaces here.
@@ -422,13 +431,13 @@ def measure_eight(
         nodes=EIGHT,
         node_rate=f"{LINK_MBIT}mbit",
         s3_rate=f"{S3_MBIT}mbit",
-        chunk_bytes=EIGHT_CHUNK,
+        chunk_bytes=chunk_bytes,
     ) as lab:
         lab.start_s3()
         lab.start_node(1, peers=False)
         with Client(lab.socket(1), timeout=600) as client:
             ckpt.save(state, name, client=client)
-        setups = eight_setups()
+        setups = {k: v for k, v in eight_setups().items() if not only or k in only}
         runs: dict[str, list[EightRound]] = {s: [] for s in setups}
         order = list(setups)
         for r in range(rounds):
@@ -548,3 +557,153 @@ def run_eight(report: Report, work: Path, out: Path, *, quick: bool) -> None:
                 "as holder": got["holder_out"] / 2**20,
             }
             report.stack(figure, f"{setup}: node {node}", parts, "MiB")
+
+
+# -- a replaced node restores from replicas --------------------------------------------
+
+#: the replacement lab: two racks, so that node 1's replica is on node 3 or 4
+REPLACEMENT_RACKS = {1: "r1", 2: "r1", 3: "r2", 4: "r2"}
+
+
+@dataclass
+class ReplacementRound:
+    """A fresh node 1 loads a save of the node it replaces: with replicas (K=1) and
+    without (K=0: the owners read the backend)."""
+
+    took: dict[str, float]
+    backend: dict[str, float]
+    replica_in: dict[str, float]
+    cpu: dict[str, float]
+    exact: bool
+
+
+def _replacement_round(lab: netlab.Lab, size_tensors: int, r: int) -> ReplacementRound:
+    import torch
+
+    lab.stop_nodes()
+    nodes = range(1, 5)
+    lab.start_nodes(nodes, peers=True)
+    _wait_up(lab, list(nodes))
+    g = torch.Generator().manual_seed(290 + r)  # new bytes each round: nothing deduplicated
+    states = {
+        k: {f"w{i}": torch.randn(1024, 1024, generator=g) for i in range(size_tensors)}
+        for k in (1, 0)
+    }
+    with Client(lab.socket(1), timeout=600) as client:
+        for k, state in states.items():
+            level = "replicated" if k else "remote"  # replicated: every push answered
+            handle = ckpt.save(
+                state, f"ckpt/replaced/r{r}-k{k}", replicas=k, durability=level, client=client
+            )
+            if not handle.wait(600, level="remote"):
+                raise RuntimeError("the save never reached the backend")
+            if k and (handle.replicas or {}).get("outcome") != "full":
+                raise RuntimeError(f"the save's replicas are not whole: {handle.replicas}")
+    took: dict[str, float] = {}
+    backend: dict[str, float] = {}
+    replica_in: dict[str, float] = {}
+    cpu_before = lab.cpu_seconds()
+    exact = True
+    for k in (1, 0):
+        lab.replace_node(1)  # SIGKILL, then a fresh daemon with an empty cache
+        _wait_up(lab, list(nodes))
+        before = sum(lab.metric(i, "chunkd_backend_read_bytes_total") for i in nodes)
+        began = time.perf_counter()
+        with Client(lab.socket(1), timeout=600) as client:
+            loaded = ckpt.load(f"ckpt/replaced/r{r}-k{k}", client=client)
+        took[f"k{k}"] = time.perf_counter() - began
+        after = sum(lab.metric(i, "chunkd_backend_read_bytes_total") for i in nodes)
+        backend[f"k{k}"] = after - before
+        replica_in[f"k{k}"] = _role(lab, 1, "chunkd_peer_role_bytes_total{", "in", "replica")
+        exact = exact and all(torch.equal(loaded[n], v) for n, v in states[k].items())
+    cpu_after = lab.cpu_seconds()
+    # node 1 is a new process: its figure is its whole life (start, then the last load)
+    cpu = {n: cpu_after[n] - (cpu_before.get(n, 0.0) if n != "n1" else 0.0) for n in cpu_after}
+    return ReplacementRound(took, backend, replica_in, cpu, exact)
+
+
+def _wait_up(lab: netlab.Lab, nodes: list[int]) -> None:
+    deadline = time.monotonic() + 60
+    while any(lab.metric(i, "chunkd_peer_healthy") < len(nodes) for i in nodes):
+        if time.monotonic() > deadline:
+            raise RuntimeError("the nodes never all saw each other up")
+        time.sleep(0.2)
+
+
+def measure_replacement(
+    work: Path, *, quick: bool, rounds: int
+) -> tuple[int, list[ReplacementRound]]:
+    """The replacement rounds: the checkpoint's size, and each round.
+
+    Raises:
+        netlab.LabUnavailable: no namespaces here.
+    """
+    tensors = 4 if quick else 16  # 16 or 64 MiB
+    work.mkdir(parents=True, exist_ok=True)
+    with netlab.lab(
+        work,
+        nodes=4,
+        node_rate=f"{LINK_MBIT}mbit",
+        s3_rate=f"{S3_MBIT}mbit",
+        chunk_bytes=EIGHT_CHUNK,
+        racks=REPLACEMENT_RACKS,
+    ) as lab:
+        lab.start_s3()
+        done = []
+        for r in range(rounds):
+            done.append(_replacement_round(lab, tensors, r))
+            print(
+                f"replacement: took {done[-1].took}, backend {done[-1].backend}, "
+                f"replica in {done[-1].replica_in}, exact {done[-1].exact}",
+                flush=True,
+            )
+    return tensors * 4 * 2**20, done
+
+
+def run_replacement(report: Report, work: Path, *, quick: bool) -> None:
+    """A replaced node's restore from replicas against one from the backend."""
+    try:
+        rounds = report.rounds_for(1 if quick else 3)
+        size, done = measure_replacement(work, quick=quick, rounds=rounds)
+    except netlab.LabUnavailable as exc:
+        print(f"replacement: skipped ({exc})", flush=True)
+        return
+    if not all(r.exact for r in done):
+        raise RuntimeError("the replaced node restored other bytes than were saved")
+    ideal = ideal_seconds(size)
+    label = f"{size / 2**20:.0f} MiB"
+    med = statistics.median
+    times = {k: [r.took[k] / ideal for r in done] for k in ("k1", "k0")}
+    bytes_ = {k: [max(r.backend[k], 1.0) / size for r in done] for k in ("k1", "k0")}
+    shaping = (
+        f"4 namespaces in 2 racks, links {LINK_MBIT} Mbit/s each way, S3 {S3_MBIT} Mbit/s, "
+        f"{EIGHT_CHUNK >> 20} MiB chunks, size/link {ideal:.1f} s"
+    )
+    report.add(
+        Result(
+            f"a replaced node loads the {label} save of the node it replaces: "
+            "restore / (size / link)",
+            med(times["k1"]),
+            med(times["k0"]),
+            "x",
+            "the same save without replicas (replicas 0: its owners read the backend)",
+            target_max=1.2,
+            samples=Rounds.of(times["k1"], times["k0"]),
+            better="lower",
+            note=f"replicas 1, in the other rack's RAM; {shaping}",
+        )
+    )
+    report.add(
+        Result(
+            f"a replaced node loads the {label} save of the node it replaces: "
+            "backend bytes / checkpoint",
+            med(bytes_["k1"]),
+            med(bytes_["k0"]),
+            "x",
+            "the same save without replicas",
+            target_max=0.01,
+            samples=Rounds.of(bytes_["k1"], bytes_["k0"]),
+            better="lower",
+            note="with replicas only the manifest and the part's document",
+        )
+    )

@@ -597,7 +597,7 @@ def _replacement_round(lab: netlab.Lab, size_tensors: int, r: int) -> Replacemen
             )
             if not handle.wait(600, level="remote"):
                 raise RuntimeError("the save never reached the backend")
-            if k and (handle.replicas or {}).get("outcome") != "full":
+            if k and (_pushes_over(handle) or {}).get("outcome") != "full":
                 raise RuntimeError(f"the save's replicas are not whole: {handle.replicas}")
     took: dict[str, float] = {}
     backend: dict[str, float] = {}
@@ -620,6 +620,17 @@ def _replacement_round(lab: netlab.Lab, size_tensors: int, r: int) -> Replacemen
     # node 1 is a new process: its figure is its whole life (start, then the last load)
     cpu = {n: cpu_after[n] - (cpu_before.get(n, 0.0) if n != "n1" else 0.0) for n in cpu_after}
     return ReplacementRound(took, backend, replica_in, cpu, exact)
+
+
+def _pushes_over(handle: ckpt.SaveHandle, timeout: float = 120.0) -> dict[str, Any] | None:
+    """The save's replica report once its pushes are over. A save that reached the
+    backend first counts as replicated before then (docs/replicas.md): here the
+    pushes cross an 80 Mbit/s link and the upload a 320 Mbit/s one."""
+    deadline = time.monotonic() + timeout
+    while handle.replicas is None and time.monotonic() < deadline:
+        handle.wait(0, level="remote")
+        time.sleep(0.2)
+    return handle.replicas
 
 
 def _wait_up(lab: netlab.Lab, nodes: list[int]) -> None:

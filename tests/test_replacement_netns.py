@@ -68,6 +68,16 @@ def role_bytes(lab: netlab.Lab, i: int, direction: str, role: str) -> float:
     )
 
 
+def pushes_over(handle: ckpt.SaveHandle) -> dict[str, Any] | None:
+    """The save's replica report once its pushes are over: a save that reached the
+    backend first counts as replicated before then (docs/replicas.md)."""
+    deadline = time.monotonic() + 30
+    while handle.replicas is None and time.monotonic() < deadline:
+        handle.wait(0, level="remote")
+        time.sleep(0.1)
+    return handle.replicas
+
+
 def wait_all_up(lab: netlab.Lab, nodes: list[int]) -> None:
     deadline = time.monotonic() + 30
     while any(lab.metric(i, "chunkd_peer_healthy") < len(nodes) for i in nodes):
@@ -120,7 +130,7 @@ def run_of_saves(lab: netlab.Lab) -> dict[str, Any]:
                     assert handle.wait(60, level="remote")
                     if i == 1:
                         last["step"] = step
-                        last["replicas"] = handle.replicas
+                        last["replicas"] = pushes_over(handle)
                         last["manifest"] = ckpt.manifest(name_of(i, step), client=client)
         except BaseException as exc:  # re-raised below
             errors.append(exc)

@@ -24,6 +24,7 @@ import pytest
 from chunkd.gateway.cli.topfeed import Sample
 from chunkd.gateway.cli.toppanels import (
     backends_text,
+    durability_bar,
     hot_text,
     peers_text,
     per_second,
@@ -774,3 +775,13 @@ def test_peers_show_bytes_by_role_and_the_replica_line() -> None:
     assert [line.split()[0] for line in short] == [
         "3", "replicas", "198.18.0.3:8470", "198.18.0.2:8470", "198.18.0.4:8470"
     ]  # fmt: skip
+
+
+def test_the_durability_bar_has_the_replicated_level() -> None:
+    """staged → local → replicated → remote (issue 29): a part each; the remote part
+    fills as the bytes upload, from local on."""
+    job = {"unique_bytes": 4 << 20, "remote_bytes": 2 << 20}
+    assert durability_bar(job | {"durability": None}) == "░" * 12
+    assert durability_bar(job | {"durability": "local"}) == "██████░░░▓░░"
+    assert durability_bar(job | {"durability": "replicated"}) == "█████████▓░░"
+    assert durability_bar(job | {"durability": "remote"}) == "█" * 12

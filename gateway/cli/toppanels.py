@@ -150,15 +150,17 @@ def spark(values: Iterable[float | None], width: int, top: float | None = None) 
 
 
 def durability_bar(job: dict[str, Any], width: int = 12) -> str:
-    """staged → local → remote as a bar of three parts; the last fills as bytes upload."""
-    levels = ("staged", "local", "remote")
+    """staged → local → replicated → remote as a bar of four parts; the last fills as
+    bytes upload."""
+    levels = ("staged", "local", "replicated", "remote")
     reached = levels.index(job["durability"]) if job.get("durability") in levels else -1
-    part = max(width // 3, 1)
+    part = max(width // len(levels), 1)
+    remote = len(levels) - 1
     cells = []
-    for i in range(3):
+    for i in range(len(levels)):
         if i <= reached:
             cells.append("█" * part)
-        elif i == 2 and reached == 1 and job.get("unique_bytes"):
+        elif i == remote and 1 <= reached < remote and job.get("unique_bytes"):
             done = int(part * min(1.0, job["remote_bytes"] / job["unique_bytes"]))
             cells.append("▓" * done + "░" * (part - done))
         else:
@@ -542,7 +544,7 @@ def checkpoints_text(sample: Sample | None, width: int, rows: int) -> Text:
         level = job["durability"] or "-"
         tail = (
             f" {job['rank']}/{job['world_size']} {job['state']:<9} {durability_bar(job)} "
-            f"{level:<6} {human_size(job['remote_bytes'])}/{human_size(job['unique_bytes'])}"
+            f"{level:<10} {human_size(job['remote_bytes'])}/{human_size(job['unique_bytes'])}"
         )
         extra = f" up, {human_size(job['logical_bytes'])} logical"
         if job["age_s"] is not None:

@@ -315,16 +315,19 @@ function setCells(cells, values) {
 }
 
 const LEVELS = new Set(["debug", "info", "warning", "error", "critical"]);
-const DURABILITY = ["staged", "local", "remote"];
+const DURABILITY = ["staged", "local", "replicated", "remote"];
+const SEGMENT = 40; // px a level takes in the bar
+const REMOTE = DURABILITY.length - 1;
 
-// A bar through staged → local → remote: a segment for each level, the ones reached
-// filled; the remote segment fills as the new bytes upload.
+// A bar through staged → local → replicated → remote: a segment for each level, the
+// ones reached filled; the remote segment fills as the new bytes upload.
 function durabilityBar(extra) {
   if (!extra.bar) {
-    const root = svg("svg", { class: "durability", width: 150, height: 14, viewBox: "0 0 150 14" });
+    const wide = SEGMENT * DURABILITY.length;
+    const root = svg("svg", { class: "durability", width: wide, height: 14, viewBox: `0 0 ${wide} 14` });
     extra.segments = DURABILITY.map((level, i) => {
-      const back = svg("rect", { class: "segment", x: i * 50 + 1, y: 1, width: 48, height: 12, rx: 2 });
-      const fill = svg("rect", { class: `reached ${level}`, x: i * 50 + 1, y: 1, width: 0, height: 12, rx: 2 });
+      const back = svg("rect", { class: "segment", x: i * SEGMENT + 1, y: 1, width: SEGMENT - 2, height: 12, rx: 2 });
+      const fill = svg("rect", { class: `reached ${level}`, x: i * SEGMENT + 1, y: 1, width: 0, height: 12, rx: 2 });
       const title = svg("title");
       title.textContent = level;
       back.append(title);
@@ -338,10 +341,11 @@ function durabilityBar(extra) {
 
 function fillDurability(extra, job) {
   const reached = DURABILITY.indexOf(job.durability);
+  const full = SEGMENT - 2;
   extra.segments.forEach((fill, i) => {
-    let width = i <= reached ? 48 : 0;
-    if (i === 2 && reached === 1 && job.unique_bytes > 0) {
-      width = 48 * Math.min(1, job.remote_bytes / job.unique_bytes);
+    let width = i <= reached ? full : 0;
+    if (i === REMOTE && reached >= 1 && reached < REMOTE && job.unique_bytes > 0) {
+      width = full * Math.min(1, job.remote_bytes / job.unique_bytes); // uploading
     }
     fill.setAttribute("width", width.toFixed(1));
   });

@@ -334,16 +334,11 @@ async def _peer_chunk(request: web.Request) -> web.StreamResponse:
             return _not_held(cid)
         lease, role = held, peers.role_of_held(cid)
     else:
-        bad = query.getall("bad", [])
-        if len(bad) > MAX_HOLDERS_NAMED:
-            raise InvalidRequestError(
-                f"a chunk request names at most {MAX_HOLDERS_NAMED} bad holders; got {len(bad)}"
-            )
         named = peers.owner_answer(
             cid,
             request.headers.get("X-Chunkd-Peer"),
             direct=query.get("direct") == "1",
-            bad=bad,
+            bad=_bad_holders(request),
         )
         if named:
             return web.Response(status=300, headers={HOLDERS_HEADER: ", ".join(named)})
@@ -376,7 +371,13 @@ async def _peer_page(request: web.Request) -> web.StreamResponse:
 async def _peer_object_chunk(request: web.Request) -> web.StreamResponse:
     """Chunk ``index`` of an object version, for the peer that asks: this node owns
     its locator. Fetched here from the backend (single flight), never passed on; the
-    id goes in ``X-Chunkd-Chunk`` and the receiver checks the bytes against it."""
+    id goes in ``X-Chunkd-Chunk`` and the receiver checks the bytes against it.
+
+    Holders serve here too, once this node knows the chunk's id (it read it before):
+    past ``holder_fanout`` copies the answer is ``300`` with ``X-Chunkd-Chunk`` and
+    ``X-Chunkd-Holders``, and the asker asks those by id on the chunks route
+    (``held=1``), then this node with ``direct=1``.
+    """
     read_path = request.app[READ_PATH]
     version = request.query.get("version", "")
     try:
@@ -388,17 +389,42 @@ async def _peer_object_chunk(request: web.Request) -> web.StreamResponse:
         return _error_response(
             409, "VersionChanged", f"this node has version {stat.meta.version!r} of the object"
         )
+    role = "owner"
     if _held_only(request):
         held = await read_path.held_chunk(stat, index)
         if held is None:
             return _not_held(f"chunk {index} of {stat.meta.key}")
-        lease = held
+        lease, role = held, "holder"
     else:
+        peers = request.app[PEERS]
+        assert peers is not None  # _guard answers peer routes only with [peers]
+        asker, bad = request.headers.get("X-Chunkd-Peer"), _bad_holders(request)
+        direct = request.query.get("direct") == "1"
+        known = read_path.known_chunk(stat, index)
+        if known is not None:
+            named = peers.owner_answer(known, asker, direct=direct, bad=bad)
+            if named:
+                return web.Response(
+                    status=300,
+                    headers={"X-Chunkd-Chunk": str(known), HOLDERS_HEADER: ", ".join(named)},
+                )
         lease = await read_path.chunk(stat, index, local=True)
+        if known is None:  # its first copy: the asker holds it next
+            peers.owner_served(lease.id, asker, direct=direct)
     with lease:
         body = lease.view()  # no copy: the view maps the chunk on its own
-    _served_to_peer(request, len(body))
+    _served_to_peer(request, len(body), role)
     return await _send_chunk(request, body, {"X-Chunkd-Chunk": str(lease.id)})
+
+
+def _bad_holders(request: web.Request) -> list[str]:
+    """The ``bad=`` holders of a peer's request (at most 3; 400 past that)."""
+    bad = request.query.getall("bad", [])
+    if len(bad) > MAX_HOLDERS_NAMED:
+        raise InvalidRequestError(
+            f"a chunk request names at most {MAX_HOLDERS_NAMED} bad holders; got {len(bad)}"
+        )
+    return bad
 
 
 def _held_only(request: web.Request) -> bool:

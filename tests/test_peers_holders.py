@@ -21,7 +21,7 @@ from chunkd.client import Client
 from chunkd.client import checkpoint as ckpt
 from chunkd.gateway.peers import rank_owners
 from chunkd.gateway.peers.holders import MAX_CHUNKS, MAX_HOLDERS_PER_CHUNK, Holders
-from chunkd.testing import CountingProxy, free_port
+from chunkd.testing import CountingProxy, S3Server, free_port
 from tests.conftest import Daemon
 from tests.test_peers import TOKEN, load_everywhere, node_toml, serving
 
@@ -448,3 +448,46 @@ def test_a_holder_that_sends_damaged_bytes_is_counted_dropped_and_read_around(
         assert status == 300
         assert liar not in headers["X-Chunkd-Holders"], headers
         assert a in headers["X-Chunkd-Holders"]
+
+
+@pytest.mark.timeout(60)
+def test_object_chunks_by_locator_come_from_holders_too(
+    start_daemon: Callable[..., Daemon],
+    tmp_path: Path,
+    bucket: str,
+    s3_proxy: CountingProxy,
+    s3_server: S3Server,
+) -> None:
+    data = os.urandom(12 * CHUNK)
+    s3_server.client().put_object(Bucket=bucket, Key="pre/shards/hot.bin", Body=data)
+    ports = [free_port() for _ in range(3)]
+    nodes = [
+        start(
+            start_daemon,
+            holder_toml(tmp_path, bucket, s3_proxy, f"n{i}", p, ports, fanout=1),
+            tmp_path / f"n{i}",
+            p,
+        )
+        for i, p in enumerate(ports)
+    ]
+    deadline = time.monotonic() + 20
+    while any(n.metric("chunkd_peer_healthy") < 3 for n in nodes):
+        assert time.monotonic() < deadline, "the nodes never all saw each other up"
+        time.sleep(0.1)
+    s3_proxy.reset()
+    for node in nodes:  # one after the other: the later ones find holders
+        with Client(node.cwd / "chunkd.sock", timeout=60) as client:
+            assert bytes(client.read("ckpt/shards/hot.bin")) == data
+    assert len(data) <= s3_proxy.bytes_down <= len(data) + 64 * KiB  # each chunk once
+    named = sum(n.metric("chunkd_peer_holder_answers_total", answer="holders") for n in nodes)
+    by_holders = [
+        n.metric("chunkd_peer_role_bytes_total", direction="in", role="holder") for n in nodes
+    ]
+    assert named > 0
+    assert by_holders[0] == 0  # the first reader had nobody to be sent to
+    assert by_holders[1] > 0
+    assert by_holders[2] > 0
+    assert sum(by_holders) == sum(
+        n.metric("chunkd_peer_role_bytes_total", direction="out", role="holder") for n in nodes
+    )
+    assert sum(n.metric("chunkd_peer_integrity_failures_total") for n in nodes) == 0

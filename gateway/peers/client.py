@@ -357,17 +357,35 @@ class PeerClient:
         """Chunk ``index`` of object ``backend/key`` at ``version``, from the owners of
         ``placement`` in order: (the owner, the id it states, the bytes), or None.
 
-        The caller checks the bytes against the stated id before it keeps them.
+        An owner may answer with holders (300, the id in ``X-Chunkd-Chunk``): they are
+        asked by id on the chunks route (``held=1``, checked against the stated id),
+        then the owner with ``direct=1``. The caller checks the bytes against the
+        stated id before it keeps them.
         """
         assert self.session is not None
         for owner, handoff in self._sources(placement):
             url = f"{self._scheme}://{owner}/v1/peer/objects/{backend}/{quote(key)}"
             params = {"version": version, "index": str(index)} | (_HELD if handoff else {})
             try:
-                answer = await self._ask(owner, url, params)
+                answer = await self._ask(owner, url, params, choices=not handoff)
                 if answer is None:
                     continue
-                stated, data = ChunkId.parse(answer[1].get("X-Chunkd-Chunk", "")), answer[2]
+                stated = ChunkId.parse(answer[1].get("X-Chunkd-Chunk", ""))
+                if answer[0] == 300:
+                    self._count(owner, "holders")
+                    route = f"chunks/{backend}/{stated}"
+                    bad: list[str] = []
+                    for holder in self._holders_named(owner, answer[1].get(HOLDERS_HEADER, "")):
+                        data = await self._held(holder, route, stated, _HELD, role="holder")
+                        if data is not None:
+                            return owner, stated, data  # the owner stated the id
+                        bad.append(holder)
+                    direct = [*params.items(), ("direct", "1"), *(("bad", b) for b in bad)]
+                    answer = await self._ask(owner, url, direct)
+                    if answer is None:
+                        continue
+                    stated = ChunkId.parse(answer[1].get("X-Chunkd-Chunk", ""))
+                data = answer[2]
             except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
                 self._failed(owner, exc, "an object request")
                 log.info("peer %s did not give %s/%s#%d (%s)", owner, backend, key, index, exc)

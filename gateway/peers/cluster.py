@@ -192,6 +192,13 @@ class Peers:
         self.metrics.peer_holder_answers.labels(answer).inc()
         return named
 
+    def owner_served(self, cid: ChunkId, asker: str | None, *, direct: bool) -> None:
+        """As its owner, note that chunk ``cid`` was served to ``asker`` before this
+        node knew its id (an object chunk's first fetch): counted as a copy sent, and
+        the asker added to its holders."""
+        self.holders.answer(cid, self.member(asker), direct=True)
+        self.metrics.peer_holder_answers.labels("direct" if direct else "served").inc()
+
     def role_of_held(self, cid: ChunkId) -> str:
         """The role this node plays serving a chunk it holds: replica or holder."""
         return "replica" if self.is_replica(cid) else "holder"

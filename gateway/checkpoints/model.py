@@ -342,6 +342,8 @@ class SaveJob:
     replicas: dict[str, Any] | None = None
     #: the push's own report (a PushReport), for the note that the save is remote
     replica_report: Any = None
+    #: the push in flight (a task), which the commit's level waits for a while
+    pushing: Any = None
 
     @property
     def unique(self) -> dict[ChunkId, int]:

@@ -92,6 +92,8 @@ T = TypeVar("T")
 
 _UPLOADS_IN_FLIGHT: Final = 8
 _STAGE_IN_FLIGHT: Final = 6  # chunks hashed or written at once per save
+#: seconds the level remote waits for a part's replica pushes (they go on after)
+_PUSH_WAIT: Final = 30.0
 
 
 class Saver:
@@ -284,7 +286,7 @@ class Saver:
         where = dict(job.where)
         view = memoryview(job.data) if job.data is not None else None
         self.cache.pin(unique)
-        self.jobs.spawn(self._push(job, self.replicas, wanted, unique, where, view))
+        job.pushing = self.jobs.spawn(self._push(job, self.replicas, wanted, unique, where, view))
 
     async def _push(
         self,
@@ -335,6 +337,18 @@ class Saver:
                 view.release()
         if job.error is None and job.level >= Durability.LOCAL:
             job.reach(Durability.REPLICATED)
+
+    async def _pushes_over(self, job: SaveJob) -> None:
+        """Wait for the part's pushes, at most :data:`_PUSH_WAIT` seconds, before the
+        level remote: a waiter then has the replicas' report with it. Past that the
+        save is remote all the same, and the pushes go on."""
+        pushing = job.pushing
+        if pushing is None or pushing.done():
+            return
+        state, job.state = job.state, "replicating"
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(pushing), _PUSH_WAIT)
+        job.state = state
 
     async def _committed(self, job: SaveJob) -> None:
         """Tell the part's replica targets that the save is remote (they may let its
@@ -535,6 +549,7 @@ class Saver:
         except OSError as exc:  # committed all the same; a restart finds it so and drops it
             log.warning("checkpoint %s: its journal could not be removed (%s)", request.name, exc)
         self._release(job)
+        await self._pushes_over(job)
         job.finished = time.time()
         job.reach(Durability.REMOTE, "done")
         await self._committed(job)

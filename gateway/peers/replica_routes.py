@@ -9,8 +9,11 @@ one of them (a request without the token is refused before it gets here).
 
 The protocol is written down in :mod:`chunkd.gateway.peers.replicas`. A push is
 checked before its body is read (member, own saver, length, per-sender bound,
-budget); a refused one is answered and its connection closed, so that what it
-sent is never read. Served as any held chunk: ``GET /v1/peer/chunks/...?held=1``.
+budget): with ``Expect: 100-continue`` (the saver's pushes) before ``100 Continue``,
+the peer token included, so a refused push never sends its body; without it, after
+the routes' guard, and a refused push's connection is not kept (what it sends is
+read and dropped for at most the port's linger, 1 s). Served as any held chunk:
+``GET /v1/peer/chunks/...?held=1``.
 
 The routes are added by :func:`add_replica_routes`, called from
 :func:`chunkd.gateway.api.build_app`; the daemon puts its
@@ -20,12 +23,14 @@ The routes are added by :func:`add_replica_routes`, called from
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Final
 
 from aiohttp import web
 
 from chunkd.cache import ChunkId
 from chunkd.errors import InvalidChunkIdError
+from chunkd.gateway.appkeys import PEERS
 from chunkd.gateway.peers.replicas import ReplicaRefused, ReplicaStore
 
 __all__ = ["REPLICAS", "add_replica_routes"]
@@ -34,6 +39,11 @@ __all__ = ["REPLICAS", "add_replica_routes"]
 REPLICAS: Final[web.AppKey[ReplicaStore | None]] = web.AppKey("replicas")
 
 
+#: a push admitted before its body: (chunk id, save, saver, release of its slot)
+_Slot = tuple[ChunkId, str, str, Callable[[], None]]
+#: where the Expect handler leaves a push's slot for the route
+_SLOT: Final = "chunkd.replica_slot"
+
 #: a save id, as :data:`chunkd.gateway.checkpoints.model.SAVE_ID_RE` spells it
 _SAVE_ID_RE: Final = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
@@ -41,7 +51,7 @@ _SAVE_ID_RE: Final = re.compile(r"[A-Za-z0-9_-]{1,64}")
 def add_replica_routes(app: web.Application) -> None:
     """Add the replica routes to ``app``."""
     app.router.add_post("/v1/peer/replicas/saves", _note)
-    app.router.add_put("/v1/peer/replicas/{backend}/{id}", _push)
+    app.router.add_put("/v1/peer/replicas/{backend}/{id}", _push, expect_handler=_expect)
 
 
 def _refusal(status: int, kind: str, message: str, *, close: bool = False) -> web.Response:
@@ -65,23 +75,57 @@ def _save_of(request: web.Request) -> tuple[str, str]:
     return save, saver
 
 
+def _admit(request: web.Request, store: ReplicaStore) -> _Slot:
+    """A push's checks before its body (see :meth:`ReplicaStore.admit`)."""
+    try:
+        cid = ChunkId.parse(request.match_info["id"])
+    except InvalidChunkIdError as exc:
+        raise ReplicaRefused(400, "invalid", str(exc)) from None
+    save, saver = _save_of(request)
+    chunked = request.headers.get("Transfer-Encoding", "").lower() not in ("", "identity")
+    length = None if chunked else request.content_length
+    release = store.admit(request.headers.get("X-Chunkd-Peer"), saver, length)
+    return cid, save, saver, release
+
+
+async def _expect(request: web.Request) -> web.StreamResponse | None:
+    """``Expect: 100-continue`` (the saver sends it): every check, the peer token's
+    included (this runs before the routes' guard), before ``100 Continue``; a push
+    refused here never sends its body."""
+    if request.headers.get("Expect", "").lower() != "100-continue":
+        return _refusal(417, "ExpectationFailed", "only 'Expect: 100-continue' is known")
+    store = _store(request)
+    peers = request.app.get(PEERS)
+    if store is None or peers is None:
+        return _refusal(404, "NotFound", "this node takes no replicas", close=True)
+    transport = request.transport
+    certified = transport is not None and bool(transport.get_extra_info("peercert"))
+    if (peers.tls is not None and not certified) or not peers.authorized(
+        request.headers.get("Authorization")
+    ):
+        return _refusal(401, "Unauthorized", "peer routes want the peer token", close=True)
+    try:
+        request[_SLOT] = _admit(request, store)
+    except ReplicaRefused as exc:
+        store.metrics.replica_received.labels(exc.outcome).inc()
+        return _refusal(exc.status, _kind(exc), str(exc), close=True)
+    await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+    request.writer.output_size = 0
+    return None
+
+
 async def _push(request: web.Request) -> web.StreamResponse:
     store = _store(request)
     if store is None:
         return _refusal(404, "NotFound", "this node takes no replicas", close=True)
-    try:
-        cid = ChunkId.parse(request.match_info["id"])
-    except InvalidChunkIdError as exc:
-        store.metrics.replica_received.labels("invalid").inc()
-        return _refusal(400, "InvalidChunkIdError", str(exc), close=True)
-    try:
-        save, saver = _save_of(request)
-        chunked = request.headers.get("Transfer-Encoding", "").lower() not in ("", "identity")
-        length = None if chunked else request.content_length
-        release = store.admit(request.headers.get("X-Chunkd-Peer"), saver, length)
-    except ReplicaRefused as exc:
-        store.metrics.replica_received.labels(exc.outcome).inc()
-        return _refusal(exc.status, _kind(exc), str(exc), close=True)
+    slot: _Slot | None = request.get(_SLOT)
+    if slot is None:  # no Expect: checked here, after the token
+        try:
+            slot = _admit(request, store)
+        except ReplicaRefused as exc:
+            store.metrics.replica_received.labels(exc.outcome).inc()
+            return _refusal(exc.status, _kind(exc), str(exc), close=True)
+    cid, save, saver, release = slot
     try:
         length = request.content_length or 0
         body = await request.content.readexactly(length) if length else b""

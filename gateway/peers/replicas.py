@@ -535,7 +535,7 @@ class Replicas:
         for attempt in range(_BUSY_TRIES):
             async with slot:
                 try:
-                    async with session.put(url, data=body) as response:
+                    async with session.put(url, data=body, expect100=True) as response:
                         await response.read()
                         status = response.status
                 except (aiohttp.ClientError, TimeoutError, OSError) as exc:

@@ -769,6 +769,17 @@ def test_peers_show_bytes_by_role_and_the_replica_line() -> None:
     assert lines[6] == "  from holder 3.0 MiB"
     assert lines[7].startswith("198.18.0.4:8470")  # nothing by role: no line under it
     assert len(lines) == 8
+    # narrow: the same figures on more lines, none cut
+    narrow = peers_text([sample], 40, 0, sparklines=False).plain.splitlines()
+    assert narrow[1:5] == [
+        "replicas 8.0 MiB of 1.0 GiB;",
+        "in 2 stored 1 full 0 invalid;",
+        "out 5 ok 3 full 0 failed;",
+        "saves 1 full 2 partial",
+    ]
+    assert "  from owner 12.0 MiB," in narrow
+    assert "  to replica 4.0 MiB" in narrow
+    assert all(len(line) <= 40 and "…" not in line for line in narrow[1:] if line[0] != "1")
     # five rows: the head, the replica line and the three peers; the per-role lines and
     # then the owner's line give way
     short = peers_text([sample], 120, 5, sparklines=False).plain.splitlines()

@@ -447,7 +447,11 @@ def peers_text(
     head = f"{peers['healthy']} of {len(members)} up, self {peers['self']}"
     if not wide:
         head = f"{peers['healthy']} of {len(members)} up; in, out per s"
-    summary = [_Row(line) for line in (_replicas_line(peers), _owner_line(peers)) if line]
+    summary = [
+        _Row(line)
+        for parts in (_replicas_parts(peers), _owner_parts(peers))
+        for line in _packed(parts, width)
+    ]
     flow = _moved(history, _peer_flow)
     series = _series(history, _peer_flow) if sparklines else {}
     colour = colours()["peer"]
@@ -467,16 +471,11 @@ def peers_text(
         room = max(min(width - len(flows) - 5, 40), 13)
         text = f"{_fit(address, room):<{room}} {state:<4}{flows}"
         row = _row_spark(text, series.get(address, ()), width, colour) if sparklines else _Row(text)
-        roles = _roles_line(member)
         idle = member["healthy"] and not any(flow.get(address, ()))
         style = "" if member["healthy"] else "bold red"
-        listed.append(
-            (
-                _Row(row.text, style, row.spark, row.spark_style, idle),
-                None if roles is None else _Row(roles, "dim", idle=idle),
-            )
-        )
-    detailed = [line for pair in listed for line in pair if line is not None]
+        roles = [_Row(line, "dim", idle=idle) for line in _packed(_roles_parts(member), width)]
+        listed.append((_Row(row.text, style, row.spark, row.spark_style, idle), roles))
+    detailed = [line for row, roles in listed for line in (row, *roles)]
     lines = [_Row(head), *summary, *detailed]
     if rows > 0 and len(lines) > rows:  # the per-role lines go first, then the summary
         peer_lines = [row for row, _ in listed]
@@ -487,45 +486,64 @@ def peers_text(
     return out
 
 
-def _replicas_line(peers: dict[str, Any]) -> str | None:
+def _packed(parts: Sequence[str], width: int) -> list[str]:
+    """``parts`` joined by spaces into as few lines as fit ``width`` (no limit from 0),
+    each part whole; a line after the first is indented as the first is."""
+    if not parts:
+        return []
+    indent = parts[0][: len(parts[0]) - len(parts[0].lstrip())]
+    lines = [parts[0]]
+    for part in parts[1:]:
+        if width <= 0 or len(lines[-1]) + 1 + len(part) <= width:
+            lines[-1] += " " + part
+        else:
+            lines.append(indent + part)
+    return lines
+
+
+def _replicas_parts(peers: dict[str, Any]) -> list[str]:
     """The replicas held here against the budget, the pushes received (stored, refused
-    full) and made (ok, refused full, failed), and this node's saves by how many copies
-    they got: ``None`` from a daemon that sends no replica figures."""
+    full, invalid) and made (ok, refused full, failed), and this node's saves by how
+    many copies they got; none from a daemon that sends no replica figures."""
     replicas = peers.get("replicas")
     if not replicas:
-        return None
+        return []
     received, pushes, saves = replicas["received"], replicas["pushes"], replicas["saves"]
-    return (
-        f"replicas {human_size(replicas['bytes'])} of {human_size(replicas['budget_bytes'])};"
-        f" in {received['stored']} stored {received['full']} full"
-        f" {received['invalid']} invalid; out {pushes['ok']} ok {pushes['full']} full"
-        f" {pushes['failed']} failed; saves {saves['full']} full {saves['partial']} partial"
-    )
+    return [
+        f"replicas {human_size(replicas['bytes'])} of {human_size(replicas['budget_bytes'])};",
+        f"in {received['stored']} stored {received['full']} full {received['invalid']} invalid;",
+        f"out {pushes['ok']} ok {pushes['full']} full {pushes['failed']} failed;",
+        f"saves {saves['full']} full {saves['partial']} partial",
+    ]
 
 
-def _owner_line(peers: dict[str, Any]) -> str | None:
-    """This node's answers as a chunk's owner since the start: ``None`` before any."""
+def _owner_parts(peers: dict[str, Any]) -> list[str]:
+    """This node's answers as a chunk's owner since the start; none before any."""
     answers = peers.get("holder_answers")
     if not answers or not any(answers.values()):
-        return None
-    return (
-        f"as owner: served {answers['served']}, to holders {answers['holders']}, "
-        f"direct {answers['direct']}; {peers.get('holders_tracked', 0)} chunks tracked"
-    )
+        return []
+    return [
+        f"as owner: served {answers['served']},",
+        f"to holders {answers['holders']},",
+        f"direct {answers['direct']};",
+        f"{peers.get('holders_tracked', 0)} chunks tracked",
+    ]
 
 
-def _roles_line(member: dict[str, Any]) -> str | None:
+def _roles_parts(member: dict[str, Any]) -> list[str]:
     """A member's bytes since the start by role, only the roles that moved: ``from
-    owner 12.0 MiB holder 3.0 MiB, to holder 4.0 MiB``; ``None`` when none did."""
+    owner 12.0 MiB holder 3.0 MiB,`` ``to holder 4.0 MiB``; none when none did."""
     totals = member.get("role_bytes")
     if not totals:
-        return None
+        return []
     parts = []
     for direction, word in (("in", "from"), ("out", "to")):
         moved = [f"{role} {human_size(n)}" for role, n in totals[direction].items() if n > 0]
         if moved:
-            parts.append(f"{word} " + " ".join(moved))
-    return "  " + ", ".join(parts) if parts else None
+            parts.append(f"  {word} " + " ".join(moved))
+    if len(parts) == 2:
+        parts = [parts[0] + ",", parts[1].lstrip()]
+    return parts
 
 
 def checkpoints_text(sample: Sample | None, width: int, rows: int) -> Text:

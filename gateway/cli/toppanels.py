@@ -458,7 +458,7 @@ def peers_text(
     ordered = sorted(
         members, key=lambda m: (m["healthy"], -flow.get(m["address"], (0.0,))[0], m["address"])
     )
-    listed: list[tuple[_Row, _Row | None]] = []
+    listed: list[tuple[_Row, list[_Row]]] = []
     for member in ordered:
         state = "up" if member["healthy"] else "DOWN"
         if member["address"] == peers["self"]:

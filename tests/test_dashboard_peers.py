@@ -235,6 +235,11 @@ def _check_the_page(nodes: list[Daemon]) -> None:
         assert holders
         for address in holders:
             assert by_address[address][5] != "0 B", by_address[address]
+        hover = page.evaluate(
+            "document.querySelector('#peers tbody tr:not([hidden])').cells[5].title"
+        )
+        assert hover.endswith(" now"), hover
+        assert " since the start, " in hover, hover
         if os.environ.get("CHUNKD_SCREENSHOTS") == "1":
             IMAGES.mkdir(parents=True, exist_ok=True)
             page.locator("#peers-panel").screenshot(path=str(IMAGES / "dashboard-peers.png"))

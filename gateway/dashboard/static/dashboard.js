@@ -566,6 +566,14 @@ function setupTables() {
       bytes(gave.holder),
       bytes(gave.replica),
     ]);
+    // the role's rate in the last second, on hover: the cell shows the bytes since the start
+    ["in", "out"].forEach((direction, d) => {
+      ["owner", "holder", "replica"].forEach((name, r) => {
+        const cell = cells[4 + d * 3 + r];
+        const hover = `${bytes(p.role_bytes[direction][name])} since the start, ${byteRate(p.roles[direction][name])} now`;
+        if (cell.title !== hover) cell.title = hover;
+      });
+    });
     row.classList.toggle("bad", !p.healthy);
   });
   tables.checkpoints = new Rows("checkpoints", ["name", "minor", "text", "bar", "num", "num minor", "num"], 50, ({ cells, extra }, c) => {

@@ -178,9 +178,15 @@ class Restorer:
 
         async def fetch() -> tuple[str, memoryview]:
             if self.peers is not None and not local:
-                shared = await self.peers.fetch_chunk(backend_name, cid, replicas=replicas)
+                # Kept (cached) before the fetch counts as over: a holder request
+                # for it finds it in flight or in the cache, never in between.
+                async def keep(data: memoryview) -> None:
+                    await self.cache.put(Chunk.trusted(cid, data))
+
+                shared = await self.peers.fetch_chunk(
+                    backend_name, cid, replicas=replicas, keep=keep
+                )
                 if shared is not None:
-                    await self.cache.put(Chunk.trusted(cid, shared))
                     return "peer", shared
             # One request, never more than a chunk can be (and a byte): an object
             # larger than any chunk is damaged, and is not read whole.

@@ -59,7 +59,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Final
 from urllib.parse import quote
 
@@ -163,7 +163,12 @@ class PeerClient:
         )
 
     async def fetch_chunk(
-        self, backend: str, cid: ChunkId, *, replicas: Sequence[str] = ()
+        self,
+        backend: str,
+        cid: ChunkId,
+        *,
+        replicas: Sequence[str] = (),
+        keep: Callable[[memoryview], Awaitable[None]] | None = None,
     ) -> memoryview | None:
         """Chunk ``cid``, verified, from the first source that has it: the members in
         ``replicas`` (asked in order, ``held=1``: what they hold, at once), then its
@@ -177,6 +182,9 @@ class PeerClient:
             replicas: member addresses that may hold a replica of the chunk, asked
                 first (an address that is not a healthy member, or this node, is
                 skipped).
+            keep: awaited with the verified bytes before the fetch is over (the
+                caller caches them there): a holder request for the chunk finds the
+                fetch in flight or the chunk in the cache, never neither.
         """
         running = self._fetching.get(cid)
         if running is not None:  # another backend's chunk of the same bytes: share it
@@ -187,6 +195,8 @@ class PeerClient:
         data = None
         try:
             data = await self._fetch_chunk(backend, cid, replicas)
+            if data is not None and keep is not None:
+                await keep(data)
         finally:
             del self._fetching[cid]
             fetch.set_result(data)

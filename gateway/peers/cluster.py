@@ -20,7 +20,7 @@ from chunkd.gateway.peers.membership import Membership, Peer
 from chunkd.gateway.peers.token import authorized, read_token
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Awaitable, Callable, Sequence
 
     from chunkd.cache import ChunkId
     from chunkd.gateway.config import PeersConfig
@@ -128,13 +128,19 @@ class Peers:
         return self._client.owners(key)
 
     async def fetch_chunk(
-        self, backend: str, cid: ChunkId, *, replicas: Sequence[str] = ()
+        self,
+        backend: str,
+        cid: ChunkId,
+        *,
+        replicas: Sequence[str] = (),
+        keep: Callable[[memoryview], Awaitable[None]] | None = None,
     ) -> memoryview | None:
         """Chunk ``cid``, verified: from the members in ``replicas`` first (what they
         hold, ``held=1``, role replica), then from its owner or the holders the owner
         names, then the next owners; None: fetch it yourself (this node owns it, or
-        every source failed). See :meth:`.client.PeerClient.fetch_chunk`."""
-        return await self._client.fetch_chunk(backend, cid, replicas=replicas)
+        every source failed). ``keep`` (caching the bytes) runs before the fetch is
+        over for holder requests. See :meth:`.client.PeerClient.fetch_chunk`."""
+        return await self._client.fetch_chunk(backend, cid, replicas=replicas, keep=keep)
 
     async def fetching(self, cid: ChunkId, *, wait: float) -> memoryview | None:
         """Chunk ``cid`` once this node's own fetch of it from its peers (in flight

@@ -261,11 +261,16 @@ class GuardedHandler(RequestHandler):
             return
         if not self._awaiting_head():  # a body's bytes (and maybe the next head's)
             count = self._request_count
+            payload = self._request_payload
+            before = payload.total_bytes if payload is not None else 0
             super().data_received(data)
             if self._request_count != count:
                 self._got_message()
             elif self._awaiting_head():
-                self._head_seen = len(data)  # at most this much of the next head
+                # Only what followed the body's last byte can be the next head's
+                # (bodies are never decoded here, so the payload counts wire bytes).
+                body = payload.total_bytes - before if payload is not None else 0
+                self._head_seen = max(len(data) - body, 0)
             return
         if not data:
             return

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import http.client
 import json
+import re
 import resource
 import select
 import socket
@@ -599,6 +600,28 @@ def test_a_head_past_its_bound_is_refused_before_it_ends(
         assert head.split(b" ")[1] == b"400", answer[:200]
         assert ET.fromstring(body).findtext("Code") == "RequestHeaderSectionTooLarge"
     assert metric(daemon, "chunkd_connections_cut_total", port=door, reason="head_too_large") == 1
+
+
+@pytest.mark.timeout(30)
+def test_a_body_ending_in_one_large_read_leaves_the_next_head_its_whole_bound(
+    node: tuple[Daemon, int],
+) -> None:
+    """A body whose last piece arrives in one read larger than the head's bound (a
+    replica push of a chunk on loopback does) is the body's: the next request on the
+    kept-alive connection is answered, where every byte of that read was counted as
+    the next head's and it was refused 431."""
+    daemon, _ = node
+    body = b"b" * 60_000
+    head = f"POST /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {len(body)}\r\n\r\n"
+    with connect(daemon.port, head.encode()) as sock:
+        time.sleep(0.3)  # the head is parsed alone; the body comes in one piece
+        sock.sendall(body)
+        time.sleep(0.3)
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+        answer = answer_of(sock)
+    statuses = re.findall(rb"HTTP/1\.1 (\d{3}) ", answer)  # a body has no CRLF at its end
+    assert statuses == [b"405", b"200"], answer[:600]
+    assert metric(daemon, "chunkd_connections_cut_total", port="http", reason="head_too_large") == 0
 
 
 @pytest.mark.timeout(30)

@@ -113,8 +113,8 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario(
         "fanout",
         "fan-out",
-        300,
-        26,
+        900,
+        150,
         note="root only: network namespaces",
         quick_note="root only: network namespaces",
         needs="root",
@@ -339,7 +339,7 @@ def _run(args: argparse.Namespace, report: Report, folder: Path, work: Path) -> 
         report.area = "checkpoints"
         print("ckpt: checkpoints", flush=True)
         asyncio.run(ckpt_bench.run(report, work / "ckpt", quick=args.quick, only=only))
-    if wanted("fanout", "fanout: 4 nodes in network namespaces"):
+    if wanted("fanout", "fanout: 4 and 8 nodes, and a replaced node, in network namespaces"):
         with report.timed("fanout", area("fanout")):
             fanout_bench.run(report, work / "fanout", folder, quick=args.quick)
     if wanted(

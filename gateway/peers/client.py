@@ -31,7 +31,9 @@ sent it ``holder_fanout`` times; after that it answers ``300 Multiple Choices`` 
 asker). This node then asks those holders in order (holder requests: members only,
 never itself), verifying each answer, and at last the owner again with ``direct=1``
 and one ``bad=a:p`` per holder that failed (the owner serves, and drops them from the
-chunk's list). See :mod:`.holders` for the owner's side. A restore may name replica
+chunk's list). See :mod:`.holders` for the owner's side. An object chunk's owner
+that knows the chunk's id answers so too (with the id in ``X-Chunkd-Chunk``): its
+holders are asked by id on the chunks route (``held=1``, no wait). A restore may name replica
 holders to ask first (:meth:`PeerClient.fetch_chunk` ``replicas``): ``held=1`` without
 waiting, role ``replica``.
 

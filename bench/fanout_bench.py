@@ -274,12 +274,13 @@ class EightRound:
         """The most peer bytes any node sent, over what the busiest owner would send in
         today's design: (N-1) times the largest share read from the backend."""
         share = max(n["backend_read"] for n in self.nodes.values())
-        return max(n["peer_out"] for n in self.nodes.values()) / ((EIGHT - 1) * share)
+        askers = len(self.nodes) - 1
+        return max(n["peer_out"] for n in self.nodes.values()) / (askers * share)
 
     def owner_part(self) -> float:
         """The most owner-role bytes any node sent over (N-1) times its own share."""
         return max(
-            n["owner_out"] / ((EIGHT - 1) * n["backend_read"])
+            n["owner_out"] / ((len(self.nodes) - 1) * n["backend_read"])
             for n in self.nodes.values()
             if n["backend_read"] > 0
         )
@@ -334,12 +335,13 @@ def _round_eight(
     import torch
 
     lab.stop_nodes()
-    nodes = range(1, EIGHT + 1)
+    count = len(lab.nodes)
+    nodes = range(1, count + 1)
     lab.start_nodes(nodes, peers=True, settings={"holder_fanout": fanout})
     deadline = time.monotonic() + 60
-    while any(lab.metric(i, "chunkd_peer_healthy") < EIGHT for i in nodes):
+    while any(lab.metric(i, "chunkd_peer_healthy") < count for i in nodes):
         if time.monotonic() > deadline:
-            raise RuntimeError("the 8 nodes never all saw each other up")
+            raise RuntimeError(f"the {count} nodes never all saw each other up")
         time.sleep(0.2)
     took: dict[int, float] = {}
     loaded: dict[int, Any] = {}
@@ -358,9 +360,9 @@ def _round_eight(
 
     def pull_the_cable() -> None:
         time.sleep(CUT_AFTER_S)
-        lab.partition(EIGHT)
+        lab.partition(count)
         time.sleep(CUT_FOR_S)
-        chaos = lab.heal(EIGHT)
+        chaos = lab.heal(count)
         cut_counts["cut_packets"] = chaos.cut_packets
 
     threads = [threading.Thread(target=load, args=(i,)) for i in nodes]
@@ -410,10 +412,11 @@ def measure_eight(
     rounds: int,
     chunk_bytes: int = EIGHT_CHUNK,
     only: tuple[str, ...] = (),
+    nodes: int = EIGHT,
 ) -> tuple[int, dict[str, list[EightRound]]]:
     """The 8-node rounds: the checkpoint's size, and each setup's rounds (``only``:
-    those setups of :func:`eight_setups`; ``chunk_bytes``: another chunk size, for the
-    figures beside the bench's).
+    those setups of :func:`eight_setups`; ``chunk_bytes``, ``nodes``: another chunk size
+    or cluster, for the figures beside the bench's; the last node is the one cut off).
 
     Raises:
         netlab.LabUnavailable: no namespaces here.
@@ -428,7 +431,7 @@ def measure_eight(
     name, logs = "ckpt/fanout8/step-1", out / "fanout-logs"
     with netlab.lab(
         work,
-        nodes=EIGHT,
+        nodes=nodes,
         node_rate=f"{LINK_MBIT}mbit",
         s3_rate=f"{S3_MBIT}mbit",
         chunk_bytes=chunk_bytes,

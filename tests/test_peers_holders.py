@@ -307,6 +307,14 @@ def test_five_nodes_restore_through_holders_with_one_backend_read_per_chunk(
     ]
     assert max(ratios) < 1, ratios
     assert sum(m.metric("chunkd_peer_integrity_failures_total") for m in nodes) == 0
+    # /v1/stats gives the same per member and role, for the dashboard.
+    for node in nodes:
+        members_stats = json.loads(node.get("/v1/stats")[2])["peers"]["members"]
+        for way, direction in (("received", "in"), ("served", "out")):
+            for role in ("owner", "holder", "replica"):
+                assert sum(m[way][role] for m in members_stats) == total(
+                    node, direction=direction, role=role
+                )
 
 
 @pytest.mark.timeout(60)

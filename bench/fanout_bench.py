@@ -413,6 +413,7 @@ def measure_eight(
     chunk_bytes: int = EIGHT_CHUNK,
     only: tuple[str, ...] = (),
     nodes: int = EIGHT,
+    queue: str = "200ms",
 ) -> tuple[int, dict[str, list[EightRound]]]:
     """The 8-node rounds: the checkpoint's size, and each setup's rounds (``only``:
     those setups of :func:`eight_setups`; ``chunk_bytes``, ``nodes``: another chunk size
@@ -432,6 +433,7 @@ def measure_eight(
     with netlab.lab(
         work,
         nodes=nodes,
+        queue=queue,
         node_rate=f"{LINK_MBIT}mbit",
         s3_rate=f"{S3_MBIT}mbit",
         chunk_bytes=chunk_bytes,

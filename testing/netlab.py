@@ -207,6 +207,8 @@ class Lab:
     #: each namespace's veth ends: (its own end, the bridge's end), for shaping
     links: dict[str, tuple[str, str]] = field(default_factory=dict)
     switch_ns: str = ""
+    #: each link's queue, as tbf's latency (what :meth:`shape_node` keeps)
+    queue: str = "200ms"
     #: this lab's /24 (``198.18.80`` unless another lab held it when this one was built)
     net: str = NET
 
@@ -275,8 +277,9 @@ class Lab:
 
     def _shape(self, ns: str, rate: str) -> None:
         inner, outer = self.links[ns]
-        _in(ns, "tc", "qdisc", "change", "dev", inner, "root", "tbf", *_tbf(rate))
-        _in(self.switch_ns, "tc", "qdisc", "change", "dev", outer, "root", "tbf", *_tbf(rate))
+        shape = _tbf(rate, self.queue)
+        _in(ns, "tc", "qdisc", "change", "dev", inner, "root", "tbf", *shape)
+        _in(self.switch_ns, "tc", "qdisc", "change", "dev", outer, "root", "tbf", *shape)
 
     def start_node(
         self, i: int, *, peers: bool, settings: Mapping[str, PeerValue] | None = None
@@ -646,9 +649,9 @@ def _toml_value(value: PeerValue) -> str:
     return json.dumps(value)
 
 
-def _tbf(rate: str) -> tuple[str, ...]:
-    """A tbf qdisc's settings for a link of ``rate``."""
-    return ("rate", rate, "burst", "256kb", "latency", "200ms")
+def _tbf(rate: str, queue: str = "200ms") -> tuple[str, ...]:
+    """A tbf qdisc's settings for a link of ``rate`` whose queue holds ``queue`` of it."""
+    return ("rate", rate, "burst", "256kb", "latency", queue)
 
 
 @contextmanager
@@ -661,6 +664,7 @@ def lab(
     chunk_bytes: int | None = None,
     racks: Mapping[int, str] | None = None,
     peer_settings: Mapping[str, PeerValue] | None = None,
+    queue: str = "200ms",
 ) -> Iterator[Lab]:
     """Build the namespaces; remove them, and stop what runs in them (relays too),
     on exit.
@@ -673,6 +677,9 @@ def lab(
         chunk_bytes: the nodes' chunk size (None: the daemon's default).
         racks: node number to its failure domain label (``rack=R`` in the members).
         peer_settings: ``[peers]`` keys every node gets.
+        queue: how much of its rate each link's queue holds (tbf ``latency``): what
+            waits there delays everything behind it, the ACKs of a node's downloads
+            included when its upload is full.
 
     Raises:
         LabUnavailable: not root, or iproute2/tc missing, or the kernel refuses.
@@ -698,6 +705,7 @@ def lab(
         racks=dict(racks or {}),
         peer_settings=dict(peer_settings or {}),
         switch_ns=switch,
+        queue=queue,
     )
     s3_number = int(built.s3_ip.rpartition(".")[2])
     try:
@@ -734,8 +742,9 @@ def lab(
                     _in(ns, "ip", "link", "set", "lo", "up")
                     rate = s3_rate if ns == s3_ns else node_rate
                     # both ways: what the namespace sends (its end) and receives (the bridge's)
-                    _in(ns, "tc", "qdisc", "add", "dev", inner, "root", "tbf", *_tbf(rate))
-                    _in(switch, "tc", "qdisc", "add", "dev", outer, "root", "tbf", *_tbf(rate))
+                    shape = _tbf(rate, queue)
+                    _in(ns, "tc", "qdisc", "add", "dev", inner, "root", "tbf", *shape)
+                    _in(switch, "tc", "qdisc", "add", "dev", outer, "root", "tbf", *shape)
                     built.links[ns] = (inner, outer)
                     if ns == s3_ns:
                         built.s3_link = inner

@@ -633,3 +633,22 @@ def test_a_damaged_replica_is_counted_and_the_next_source_serves(
         fresh = cluster.nodes[0]
         # Every replica answer was damaged (the liar may own some chunks too: more)
         assert fresh.metric("chunkd_peer_integrity_failures_total") >= 8
+
+
+@pytest.mark.timeout(60)
+def test_a_save_without_replicas_meets_replicated_at_local(
+    start_daemon: Callable[..., Daemon], tmp_path: Path, bucket: str, s3_proxy: CountingProxy
+) -> None:
+    cluster = Cluster(start_daemon, tmp_path, bucket, s3_proxy, ["a", "b"])
+    s3_proxy.delay_up = 0.05  # the upload cannot finish first
+    try:
+        with cluster.client(0) as client:
+            handle = ckpt.save(
+                state_of(8, 2), "ckpt/none/step-1", durability="replicated", client=client
+            )
+            result = handle.result()
+    finally:
+        s3_proxy.delay_up = 0
+    assert result.durability == "local"  # never said to be replicated: nothing was copied
+    assert result.replicas is None
+    assert sum(n.metric("chunkd_replica_bytes") for n in cluster.nodes) == 0

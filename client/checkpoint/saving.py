@@ -101,8 +101,13 @@ class SaveHandle:
             self._last = reply
             reached = reply.get("durability")
             level_of = DURABILITY_LEVELS.index
-            if reached is not None and level_of(reached) >= level_of(wanted):
-                self._done = level_of(reached) >= level_of(self.durability)
+            # "met": the daemon says the level is reached (a save without replicas
+            # meets "replicated" at "local"); an older daemon sends none.
+            met = reply.get("met") is True
+            if met or (reached is not None and level_of(reached) >= level_of(wanted)):
+                self._done = (met and wanted == self.durability) or (
+                    reached is not None and level_of(reached) >= level_of(self.durability)
+                )
                 return True
             if deadline is not None and time.monotonic() >= deadline:
                 return False

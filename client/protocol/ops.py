@@ -493,8 +493,10 @@ OPS: Final[Mapping[str, Op]] = {
                     default=None,
                 ),
             ),
-            _JOB + ", once it reached ``level`` or failed, or after the timeout. A job that "
-            'failed answers ``"ok": false`` with its error, and ``"job"``.',
+            _JOB + ", once it reached ``level`` or failed, or after the timeout, with "
+            '``"met": true`` when it is at ``level`` (a save without replicas meets '
+            '"replicated" at "local"). A job that failed answers ``"ok": false`` with '
+            'its error, and ``"job"``.',
             ("CheckpointError: the save failed or was lost", "BackendUnavailableError"),
             waits=True,
         ),

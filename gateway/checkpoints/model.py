@@ -350,6 +350,18 @@ class SaveJob:
         """Each distinct chunk id of the part, with its size."""
         return {cid: size for seg in self.chunks for cid, size in seg}
 
+    def meets(self, level: Durability) -> bool:
+        """Whether the job is at ``level``: reached it, or, for ``replicated``, is local
+        with no replicas asked (a save without replicas is never said to be
+        replicated, and a wait for it ends at local)."""
+        if self.level >= level:
+            return True
+        return (
+            level == Durability.REPLICATED
+            and self.level >= Durability.LOCAL
+            and not self.request.replicas
+        )
+
     def reach(self, level: Durability, state: str | None = None) -> None:
         """Record progress and wake the waiters."""
         self.level = max(self.level, int(level))

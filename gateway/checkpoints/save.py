@@ -15,7 +15,7 @@ Commit protocol (one save job per rank; ``docs/checkpoints.md`` has the format):
                 steps 4-9: each chunk pushed to K peers in other failure domains
                 (chunkd.gateway.peers.replicas, docs/replicas.md); once every chunk
                 went out (to K peers, or as many as would)     -> level "replicated"
-                (K = 0: at once with "local"; "remote" includes it)
+                (K = 0: never said; a wait for it ends at "local"; "remote" includes it)
     4. intent   intents/<save_id>.<rank>.json names every chunk id, so that a
                 concurrent `chunkd gc` keeps them (it stays a day)
     5. barrier  list gc/: wait until every collection whose barrier is there is over
@@ -277,9 +277,7 @@ class Saver:
         replicated once done); with no replicas asked, a local part is replicated."""
         wanted = job.request.replicas or 0
         if self.replicas is None or wanted <= 0 or not job.unique:
-            if job.level >= Durability.LOCAL:
-                job.reach(Durability.REPLICATED)
-            return
+            return  # a wait for replicated ends at local (SaveJob.meets)
         # The push holds its own pins and view of the staged bytes: the upload may
         # finish first and give up the job's (the chunks stay readable until it ends).
         unique = job.unique

@@ -87,7 +87,7 @@ class Waiter:
             return await self._after_restart(job_id, asked, level, seconds)
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(seconds):
-                while job.level < level and job.error is None:
+                while not job.meets(level) and job.error is None:
                     await job.changed.wait()
         return job
 
@@ -115,7 +115,7 @@ class Waiter:
                 await self._find_in_backend(job, backend)
             except BackendUnavailableError as exc:  # not known yet: the client asks again
                 job.state = f"the daemon restarted; looking for this save in the backend: {exc}"
-            if job.error is not None or job.level >= level:
+            if job.error is not None or job.meets(level):
                 return job
             pause = next(pauses, None)  # cut to the time left; None once none is left
             if pause is None:

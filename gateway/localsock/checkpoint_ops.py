@@ -64,7 +64,9 @@ async def _wait(parts: Parts, args: Mapping[str, Any], answer: Answer) -> dict[s
     )
     if job.error is not None:
         return error_answer(job.error) | {"job": job.describe()}
-    return {"ok": True} | job.describe()
+    # met: the level asked is reached (a save without replicas meets "replicated" at
+    # "local", which its durability says).
+    return {"ok": True, "met": job.meets(Durability.parse(args["level"]))} | job.describe()
 
 
 @FAMILY.op("ckpt_commit")

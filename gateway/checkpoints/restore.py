@@ -176,18 +176,16 @@ class Restorer:
             return lease
         backend = self.backends.get(backend_name)
 
-        async def fetch() -> tuple[str, memoryview]:
-            if self.peers is not None and not local:
-                # Kept (cached) before the fetch counts as over: a holder request
-                # for it finds it in flight or in the cache, never in between.
-                async def keep(data: memoryview) -> None:
-                    await self.cache.put(Chunk.trusted(cid, data))
+        source = "backend"
 
-                shared = await self.peers.fetch_chunk(
-                    backend_name, cid, replicas=replicas, keep=keep
-                )
+        async def get() -> memoryview:
+            nonlocal source
+            if self.peers is not None and not local:
+                shared = await self.peers.fetch_chunk(backend_name, cid, replicas=replicas)
                 if shared is not None:
-                    return "peer", shared
+                    await self.cache.put(Chunk.trusted(cid, shared))
+                    source = "peer"
+                    return shared
             # One request, never more than a chunk can be (and a byte): an object
             # larger than any chunk is damaged, and is not read whole.
             try:
@@ -207,7 +205,14 @@ class Restorer:
             if got != cid:
                 raise self._damaged(backend_name, cid, f"its {raw.nbytes} bytes hash to {got}")
             await self.cache.put(Chunk.trusted(cid, raw))
-            return "backend", raw
+            return raw
+
+        async def fetch() -> tuple[str, memoryview]:
+            # With peers, holder requests for the chunk wait on this fetch (whichever
+            # source it reads), which keeps the bytes before it is over: they find it
+            # in flight or in the cache, never neither.
+            data = await (get() if self.peers is None else self.peers.holding(cid, get))
+            return source, data
 
         # Every reader of one fetch counts its bytes under the fetch's source: each
         # of this node's readers got them from there. The fetch's bytes go to every

@@ -129,8 +129,8 @@ class PeerClient:
         self._scheme = "http" if tls is None else "https"
         self.session: aiohttp.ClientSession | None = None
         self._slots: dict[str, asyncio.Semaphore] = {}  # per member: see _slot
-        # This node's fetches of chunks from its peers, in flight: holder requests for
-        # them wait (fetching). One per chunk: the restore's single flight.
+        # This node's fetches of checkpoint chunks in flight (holding): holder requests
+        # for them wait (fetching). One per chunk: the restore's single flight.
         self._fetching: dict[ChunkId, asyncio.Future[memoryview | None]] = {}
 
     def open(self) -> aiohttp.ClientSession:
@@ -170,7 +170,6 @@ class PeerClient:
         cid: ChunkId,
         *,
         replicas: Sequence[str] = (),
-        keep: Callable[[memoryview], Awaitable[None]] | None = None,
     ) -> memoryview | None:
         """Chunk ``cid``, verified, from the first source that has it: the members in
         ``replicas`` (asked in order, ``held=1``: what they hold, at once), then its
@@ -184,41 +183,7 @@ class PeerClient:
             replicas: member addresses that may hold a replica of the chunk, asked
                 first (an address that is not a healthy member, or this node, is
                 skipped).
-            keep: awaited with the verified bytes before the fetch is over (the
-                caller caches them there): a holder request for the chunk finds the
-                fetch in flight or the chunk in the cache, never neither.
         """
-        running = self._fetching.get(cid)
-        if running is not None:  # another backend's chunk of the same bytes: share it
-            return await asyncio.shield(running)
-        # Holder requests wait on this (fetching): they learn the bytes, or None when
-        # the fetch found nothing or failed (the failure is this node's readers' own).
-        fetch = self._fetching[cid] = asyncio.get_running_loop().create_future()
-        data = None
-        try:
-            data = await self._fetch_chunk(backend, cid, replicas)
-            if data is not None and keep is not None:
-                await keep(data)
-        finally:
-            del self._fetching[cid]
-            fetch.set_result(data)
-        return data
-
-    async def fetching(self, cid: ChunkId, *, wait: float) -> memoryview | None:
-        """Chunk ``cid`` once this node's own fetch of it from its peers (in flight
-        now) is done, waiting ``wait`` seconds at most: a holder request's wait.
-        None: no such fetch, it failed or found nothing, or it took longer."""
-        running = self._fetching.get(cid)
-        if running is None:
-            return None
-        try:
-            return await asyncio.wait_for(asyncio.shield(running), wait)
-        except TimeoutError:
-            return None
-
-    async def _fetch_chunk(
-        self, backend: str, cid: ChunkId, replicas: Sequence[str]
-    ) -> memoryview | None:
         route = f"chunks/{backend}/{cid}"
         for replica in self._replica_sources(replicas):
             data = await self._held(replica, route, cid, _HELD, role="replica")
@@ -232,6 +197,36 @@ class PeerClient:
             if data is not None:
                 return data
         return None
+
+    async def holding(self, cid: ChunkId, fetch: Callable[[], Awaitable[memoryview]]) -> memoryview:
+        """``await fetch()``: this node's own fetch of chunk ``cid`` (from its peers or
+        the backend; it keeps the bytes before it returns them), which holder requests
+        for ``cid`` wait on meanwhile (:meth:`fetching`). A second fetch of the same
+        id at once (another backend's) runs untracked."""
+        if cid in self._fetching:
+            return await fetch()
+        tracked = self._fetching[cid] = asyncio.get_running_loop().create_future()
+        data = None
+        try:
+            data = await fetch()
+        finally:
+            del self._fetching[cid]
+            # Waiters learn the bytes, or None when the fetch failed (the failure is
+            # this node's readers' own).
+            tracked.set_result(data)
+        return data
+
+    async def fetching(self, cid: ChunkId, *, wait: float) -> memoryview | None:
+        """Chunk ``cid`` once this node's own fetch of it (in flight now,
+        :meth:`holding`) is done, waiting ``wait`` seconds at most: a holder request's wait.
+        None: no such fetch, it failed or found nothing, or it took longer."""
+        running = self._fetching.get(cid)
+        if running is None:
+            return None
+        try:
+            return await asyncio.wait_for(asyncio.shield(running), wait)
+        except TimeoutError:
+            return None
 
     def _replica_sources(self, replicas: Sequence[str]) -> list[str]:
         """The addresses of ``replicas`` worth asking: healthy members, not this node,

@@ -128,23 +128,23 @@ class Peers:
         return self._client.owners(key)
 
     async def fetch_chunk(
-        self,
-        backend: str,
-        cid: ChunkId,
-        *,
-        replicas: Sequence[str] = (),
-        keep: Callable[[memoryview], Awaitable[None]] | None = None,
+        self, backend: str, cid: ChunkId, *, replicas: Sequence[str] = ()
     ) -> memoryview | None:
         """Chunk ``cid``, verified: from the members in ``replicas`` first (what they
         hold, ``held=1``, role replica), then from its owner or the holders the owner
         names, then the next owners; None: fetch it yourself (this node owns it, or
-        every source failed). ``keep`` (caching the bytes) runs before the fetch is
-        over for holder requests. See :meth:`.client.PeerClient.fetch_chunk`."""
-        return await self._client.fetch_chunk(backend, cid, replicas=replicas, keep=keep)
+        every source failed). See :meth:`.client.PeerClient.fetch_chunk`."""
+        return await self._client.fetch_chunk(backend, cid, replicas=replicas)
+
+    async def holding(self, cid: ChunkId, fetch: Callable[[], Awaitable[memoryview]]) -> memoryview:
+        """``await fetch()`` (this node's own fetch of chunk ``cid``, which keeps the
+        bytes before it returns), while holder requests for ``cid`` wait on it
+        (:meth:`.client.PeerClient.holding`)."""
+        return await self._client.holding(cid, fetch)
 
     async def fetching(self, cid: ChunkId, *, wait: float) -> memoryview | None:
-        """Chunk ``cid`` once this node's own fetch of it from its peers (in flight
-        now) is done, ``wait`` seconds at most; None otherwise (a holder request's
+        """Chunk ``cid`` once this node's own fetch of it (in flight now) is done,
+        ``wait`` seconds at most; None otherwise (a holder request's
         wait: :meth:`.client.PeerClient.fetching`)."""
         return await self._client.fetching(cid, wait=wait)
 

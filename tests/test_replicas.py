@@ -8,6 +8,8 @@ import os
 import signal
 import socket
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -495,6 +497,16 @@ def test_refused_pushes_cost_no_body(
     assert status == 507
     assert not first.startswith(b"HTTP/1.1 100 ")
     assert node.metric("chunkd_replica_received_total", outcome="full") == 1
+    # A note in a stranger's name, or from one, is refused: it holds nothing here.
+    request = urllib.request.Request(
+        f"{node.url}/v1/peer/replicas/saves?save=s9&saver=127.0.0.1:1&state=replicated",
+        method="POST",
+        headers=auth | {"X-Chunkd-Peer": "127.0.0.1:1"},
+    )
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=10)
+    refused.value.close()
+    assert refused.value.code == 401
 
 
 @pytest.mark.timeout(90)

@@ -150,7 +150,7 @@ async def _note(request: web.Request) -> web.StreamResponse:
         return _refusal(exc.status, _kind(exc), str(exc))
     if state not in ("replicated", "remote"):
         return _refusal(400, "InvalidRequest", "state= is 'replicated' or 'remote'")
-    if saver != request.headers.get("X-Chunkd-Peer"):
+    if saver != request.headers.get("X-Chunkd-Peer") or not store.is_member(saver):
         return _refusal(401, "Unauthorized", "a member notes its own saves only")
     store.note(saver, save, replicated=state == "replicated", remote=state == "remote")
     return web.json_response({"ok": True})

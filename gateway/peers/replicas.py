@@ -169,6 +169,10 @@ class ReplicaStore:
         """Bytes of replicas held now."""
         return self._used
 
+    def is_member(self, address: str) -> bool:
+        """Whether ``address`` is another member (only members push and note)."""
+        return self._is_member(address)
+
     def holds(self, cid: ChunkId) -> bool:
         """Whether ``cid`` is held as a replica (a holder answer's role is ``replica``)."""
         return cid in self._held

@@ -115,9 +115,11 @@ Every key, with its default (a key left out takes the default)::
     [peers]
     # this node's address (host:port), as the others reach it; unset: no peers
     # self = "10.0.0.7:8470"
-    # a static list of host:port (self may be in it)
+    # a static list of host:port (self may be in it), each maybe with labels after it:
+    # rack is its failure domain for replicas
     # members = []
-    # a file of members, one host:port a line ('#' comments), re-read when it changes
+    # a file of members, one host:port and its labels (rack: the failure domain) a line
+    # ('#' comments), re-read when it changes
     # members_file = "/etc/chunkd/peers"
     # name:port whose A/AAAA records are the members, re-resolved every health_interval
     # dns = "chunkd.train.svc:8470"

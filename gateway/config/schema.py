@@ -295,14 +295,18 @@ class PeersConfig:
     members: tuple[str, ...] = field(
         default=(),
         metadata=key(
-            MEMBERS, "a static list of host:port (self may be in it)", example='["10.0.0.7:8470"]'
+            MEMBERS,
+            "a static list of host:port (self may be in it), each maybe with labels after it: "
+            "rack is its failure domain for replicas",
+            example='["10.0.0.7:8470 rack=r1"]',
         ),
     )
     members_file: Path | None = field(
         default=None,
         metadata=key(
             PATH,
-            "a file of members, one host:port a line ('#' comments), re-read when it changes",
+            "a file of members, one host:port and its labels (rack: the failure domain) a line ('#' comments), "
+            "re-read when it changes",
             example='"/etc/chunkd/peers"',
         ),
     )

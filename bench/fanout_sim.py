@@ -68,6 +68,10 @@ GiB = 2**30
 
 Done = Callable[[], None]
 
+#: The most holders an owner remembers for one chunk (gateway/peers/holders.py): one
+#: more forgets a holder with no room left, else the oldest.
+MAX_HOLDERS_PER_CHUNK = 32
+
 
 @dataclass(frozen=True)
 class Cpu:
@@ -109,6 +113,12 @@ class Setup:
         design: ``holders``, ``owner`` (today's) or ``alone`` (no peers).
         holder_fanout: copies an owner sends itself, and askers a holder is sent.
         holders_per_answer: holders named in one answer.
+        holder_order: which holders an owner names: ``fewest`` askers first (the spec;
+            among equals the earliest added), or ``oldest``: the earliest added with room
+            (the likeliest to hold the chunk already, not to be fetching it).
+        holder_count: whose asker count an answer raises: ``all`` the holders it names
+            (the spec), or ``first``: only the first, the one the asker will get it from
+            unless that one fails.
         per_peer_requests: requests one node has in flight to one member (None: no bound).
         window: chunks a node's reader has asked for and not got.
         barrier: the reader asks ``window`` chunks in one request and copies them
@@ -129,6 +139,8 @@ class Setup:
     design: str = "holders"
     holder_fanout: int = 4
     holders_per_answer: int = 3
+    holder_order: str = "fewest"
+    holder_count: str = "all"
     per_peer_requests: int | None = 4
     window: int = 64
     barrier: bool = True
@@ -162,6 +174,7 @@ class Outcome:
         received: bytes each node received (peers and backend).
         answers: the owners' answers: served, holders, direct.
         holder_bytes: bytes sent by nodes answering holder requests.
+        most_holders: the longest holder list any owner kept for a chunk.
         cpu_seconds: core-seconds spent, by the daemons, S3 and the readers.
         steps: the simulation's steps.
     """
@@ -175,6 +188,7 @@ class Outcome:
     received: list[float]
     answers: dict[str, int]
     holder_bytes: float
+    most_holders: int
     cpu_seconds: dict[str, float]
     steps: int
 
@@ -486,11 +500,18 @@ class _Sim:
             picks: list[list[int]] = []
             if self.sent[c] >= s.holder_fanout:
                 room = [h for h in listed if h[1] < s.holder_fanout and h[0] != node]
-                room.sort(key=lambda h: h[1])  # stable: the earliest added first
+                if s.holder_order == "fewest":
+                    room.sort(key=lambda h: h[1])  # stable: the earliest added first
                 picks = room[: s.holders_per_answer]
-            listed.append([node, 0])
+                # named in the order they were added (gateway/peers/holders.py)
+                picks.sort(key=listed.index)
+            if all(h[0] != node for h in listed):
+                if len(listed) >= MAX_HOLDERS_PER_CHUNK:  # forget one with no room, else the oldest
+                    full = next((i for i, h in enumerate(listed) if h[1] >= s.holder_fanout), 0)
+                    del listed[full]
+                listed.append([node, 0])
             if picks:
-                for h in picks:
+                for h in picks if s.holder_count == "all" else picks[:1]:
                     h[1] += 1
                 self.answers["holders"] += 1
                 self.release(node, owner)
@@ -595,6 +616,11 @@ def simulate(setup: Setup) -> Outcome:
         )
     if setup.link_up <= 0 or (setup.link_down or 1) <= 0 or setup.backend <= 0:
         raise ValueError(f"links and the backend must be positive rates: {setup}")
+    if setup.holder_order not in ("fewest", "oldest") or setup.holder_count not in (
+        "all",
+        "first",
+    ):
+        raise ValueError(f"holder_order fewest|oldest, holder_count all|first: {setup}")
     if setup.design not in ("holders", "owner", "alone"):
         raise ValueError(f"design {setup.design!r}: holders, owner or alone")
     sim = _Sim(setup)
@@ -614,6 +640,7 @@ def simulate(setup: Setup) -> Outcome:
         received=sim.received.tolist(),
         answers=dict(sim.answers),
         holder_bytes=sim.holder_bytes,
+        most_holders=max((len(h) for h in sim.holders.values()), default=0),
         cpu_seconds=dict(sim.cpu_seconds),
         steps=sim.steps,
     )

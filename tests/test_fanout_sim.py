@@ -106,6 +106,11 @@ def test_holders_serve_beyond_the_owners_fanout() -> None:
     assert sum(out.served) - sum(out.owner_served) == pytest.approx(out.holder_bytes)
     assert out.owner_ratio <= fanout / (n - 1) + 1e-9
     assert out.backend_bytes == pytest.approx(setup.size)
+    assert 0 < out.most_holders <= n
+    # an owner remembers at most 32 holders of a chunk, whatever the cluster's size
+    many = simulate(replace(setup, nodes=40, size=8 * MiB, window=2, quantum=10.0))
+    assert many.most_holders == 32
+    assert many.received == pytest.approx([8 * MiB] * 40)
     # with a fan-out no smaller than the askers, holders never answer
     wide = simulate(replace(setup, holder_fanout=n))
     assert wide.answers["holders"] == 0
@@ -146,10 +151,18 @@ def test_a_run_is_determined_by_its_seed() -> None:
 @pytest.mark.timeout(10)
 @pytest.mark.parametrize(
     "bad",
-    [{"nodes": 0}, {"size": 0}, {"window": 0}, {"design": "gossip"}, {"holder_fanout": 0}],
+    [
+        {"nodes": 0},
+        {"size": 0},
+        {"window": 0},
+        {"design": "gossip"},
+        {"holder_fanout": 0},
+        {"holder_order": "random"},
+        {"link_up": 0.0},
+    ],
 )
 def test_a_setup_that_cannot_run_is_refused(bad: dict[str, object]) -> None:
-    with pytest.raises(ValueError, match=r"must be|design"):
+    with pytest.raises(ValueError, match=r"must be|design|holder_order"):
         simulate(replace(SMALL, **bad))  # type: ignore[arg-type]
 
 

@@ -83,6 +83,8 @@ class Cpu:
         serve: a daemon sending a chunk to a peer.
         s3: the S3 server sending a chunk.
         copy: the reader copying a chunk out of the daemon's memfd into its tensors.
+        recv_request, serve_request, s3_request: the same, per chunk (a request's cost
+            whatever its size: HTTP, the event loop, moto's signature check), seconds.
         cores: the pool's cores (``shared``) or each node's.
         shared: one pool for every process of the cluster (the lab's VM); else each node
             has ``cores`` of its own, and the S3 server is not limited.
@@ -94,6 +96,9 @@ class Cpu:
     serve: float
     s3: float
     copy: float
+    recv_request: float = 0.0
+    serve_request: float = 0.0
+    s3_request: float = 0.0
     cores: float = 2.0
     shared: bool = True
     process_cores: float | None = 1.0
@@ -119,6 +124,9 @@ class Setup:
         holder_count: whose asker count an answer raises: ``all`` the holders it names
             (the spec), or ``first``: only the first, the one the asker will get it from
             unless that one fails.
+        holder_timeout: the longest a holder waits on its own fetch for an asker
+            (``[peers] timeout``), then answers 404 and the asker tries the next holder,
+            then the owner directly (None: no limit).
         per_peer_requests: requests one node has in flight to one member (None: no bound).
         window: chunks a node's reader has asked for and not got.
         barrier: the reader asks ``window`` chunks in one request and copies them
@@ -141,6 +149,7 @@ class Setup:
     holders_per_answer: int = 3
     holder_order: str = "fewest"
     holder_count: str = "all"
+    holder_timeout: float | None = 2.0
     per_peer_requests: int | None = 4
     window: int = 64
     barrier: bool = True
@@ -175,6 +184,7 @@ class Outcome:
         answers: the owners' answers: served, holders, direct.
         holder_bytes: bytes sent by nodes answering holder requests.
         most_holders: the longest holder list any owner kept for a chunk.
+        holder_timeouts: holder requests that waited ``holder_timeout`` and got 404.
         cpu_seconds: core-seconds spent, by the daemons, S3 and the readers.
         steps: the simulation's steps.
     """
@@ -189,6 +199,7 @@ class Outcome:
     answers: dict[str, int]
     holder_bytes: float
     most_holders: int
+    holder_timeouts: int
     cpu_seconds: dict[str, float]
     steps: int
 
@@ -262,6 +273,7 @@ class Outcome:
             "most_served_over_mean_share": round(self.served_max_over_mean, 3),
             "answers": self.answers,
             "holder_bytes": self.holder_bytes,
+            "holder_timeouts": self.holder_timeouts,
             "cpu_seconds": {k: round(v, 2) for k, v in self.cpu_seconds.items()},
             "steps": self.steps,
         }
@@ -329,6 +341,7 @@ class _Sim:
         self.received = np.zeros(n)
         self.holder_bytes = 0.0
         self.answers = {"served": 0, "holders": 0, "direct": 0}
+        self.timeouts = 0
         self.cpu_seconds = {"daemons": 0.0, "s3": 0.0, "readers": 0.0}
         self.times = [math.nan] * n
         self.steps = 0
@@ -345,16 +358,18 @@ class _Sim:
         res = [self.r_backend if src is None else self.r_up + src, self.r_down + dst, 0, 0, 0, 0]
         w = [1.0, 1.0, 0.0, 0.0, 0.0, 0.0]
         if cpu is not None:
-            send = cpu.s3 if src is None else cpu.serve
-            res[3], w[3] = self._pool(dst), cpu.recv
-            res[5], w[5] = self.r_proc + dst, cpu.recv
+            per_request = cpu.s3_request if src is None else cpu.serve_request
+            send = (cpu.s3 if src is None else cpu.serve) + per_request / nbytes
+            recv = cpu.recv + cpu.recv_request / nbytes
+            res[3], w[3] = self._pool(dst), recv
+            res[5], w[5] = self.r_proc + dst, recv
             if src is not None:
                 res[2], w[2] = self._pool(src), send
                 res[4], w[4] = self.r_proc + src, send
             elif cpu.shared:  # S3 runs on the lab's VM too
                 res[2], w[2] = self.r_pool, send
                 res[4], w[4] = self.r_s3, send
-            self.cpu_seconds["daemons"] += nbytes * cpu.recv
+            self.cpu_seconds["daemons"] += nbytes * recv
             self.cpu_seconds["s3" if src is None else "daemons"] += nbytes * send
         if src is None:
             self.backend_bytes += nbytes
@@ -487,26 +502,37 @@ class _Sim:
         else:
             self.ask_owner(node, c, owner, direct=False)
 
-    def ask_owner(self, node: int, c: int, owner: int, *, direct: bool) -> None:
+    def ask_owner(
+        self, node: int, c: int, owner: int, *, direct: bool, bad: tuple[int, ...] = ()
+    ) -> None:
         def arrive() -> None:
-            self.later(self.s.rtt, lambda: self.owner_answers(node, c, owner, direct=direct))
+            self.later(
+                self.s.rtt, lambda: self.owner_answers(node, c, owner, direct=direct, bad=bad)
+            )
 
         self.acquire(node, owner, arrive)
 
-    def owner_answers(self, node: int, c: int, owner: int, *, direct: bool) -> None:
+    def owner_answers(
+        self, node: int, c: int, owner: int, *, direct: bool, bad: tuple[int, ...] = ()
+    ) -> None:
+        """The owner's answer, as gateway/peers/holders.py's ``Holders.answer`` makes it."""
         s = self.s
-        if s.design == "holders" and not direct:
+        if s.design == "holders":
             listed = self.holders.setdefault(c, [])
+            if bad:
+                listed[:] = [h for h in listed if h[0] not in bad]
             picks: list[list[int]] = []
-            if self.sent[c] >= s.holder_fanout:
+            if not direct and self.sent[c] >= s.holder_fanout:
                 room = [h for h in listed if h[1] < s.holder_fanout and h[0] != node]
                 if s.holder_order == "fewest":
                     room.sort(key=lambda h: h[1])  # stable: the earliest added first
                 picks = room[: s.holders_per_answer]
-                # named in the order they were added (gateway/peers/holders.py)
+                # named in the order they were added
                 picks.sort(key=listed.index)
+            if not picks:
+                self.sent[c] += 1
             if all(h[0] != node for h in listed):
-                if len(listed) >= MAX_HOLDERS_PER_CHUNK:  # forget one with no room, else the oldest
+                if len(listed) >= MAX_HOLDERS_PER_CHUNK:  # one with no room, else the oldest
                     full = next((i for i, h in enumerate(listed) if h[1] >= s.holder_fanout), 0)
                     del listed[full]
                 listed.append([node, 0])
@@ -517,7 +543,6 @@ class _Sim:
                 self.release(node, owner)
                 self.ask_holders(node, c, owner, [h[0] for h in picks])
                 return
-            self.sent[c] += 1
         self.answers["direct" if direct else "served"] += 1
 
         def send() -> None:
@@ -530,9 +555,11 @@ class _Sim:
 
         self.fetch(owner, c, send)
 
-    def ask_holders(self, node: int, c: int, owner: int, holders: list[int]) -> None:
+    def ask_holders(
+        self, node: int, c: int, owner: int, holders: list[int], bad: tuple[int, ...] = ()
+    ) -> None:
         if not holders:
-            self.ask_owner(node, c, owner, direct=True)
+            self.ask_owner(node, c, owner, direct=True, bad=bad)
             return
         holder, rest = holders[0], holders[1:]
 
@@ -540,17 +567,39 @@ class _Sim:
             self.release(node, holder)
             self.got(node, c)
 
+        def send() -> None:
+            self.holder_bytes += self.sizes[c]
+            self.flow(holder, node, self.sizes[c], finish)
+
+        def not_held() -> None:  # 404 NotHeld: the next holder, then the owner
+            self.release(node, holder)
+            self.ask_holders(node, c, owner, rest, (*bad, holder))
+
         def answer() -> None:
-            if self.have[holder, c] or (holder, c) in self.inflight:
+            if self.have[holder, c]:
+                send()
+                return
+            waiters = self.inflight.get((holder, c))
+            if waiters is None:
+                not_held()
+                return
+            # the holder waits on its own fetch, at most holder_timeout
+            settled = [False]
 
-                def send() -> None:
-                    self.holder_bytes += self.sizes[c]
-                    self.flow(holder, node, self.sizes[c], finish)
+            def ready() -> None:
+                if not settled[0]:
+                    settled[0] = True
+                    send()
 
-                self.fetch(holder, c, send)  # waits on the holder's own fetch
-            else:  # 404 NotHeld
-                self.release(node, holder)
-                self.ask_holders(node, c, owner, rest)
+            def expire() -> None:
+                if not settled[0]:
+                    settled[0] = True
+                    self.timeouts += 1
+                    not_held()
+
+            waiters.append(ready)
+            if self.s.holder_timeout is not None:
+                self.later(self.s.holder_timeout, expire)
 
         self.acquire(node, holder, lambda: self.later(self.s.rtt, answer))
 
@@ -641,6 +690,7 @@ def simulate(setup: Setup) -> Outcome:
         answers=dict(sim.answers),
         holder_bytes=sim.holder_bytes,
         most_holders=max((len(h) for h in sim.holders.values()), default=0),
+        holder_timeouts=sim.timeouts,
         cpu_seconds=dict(sim.cpu_seconds),
         steps=sim.steps,
     )
@@ -657,7 +707,9 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def calibrate(work: Path, *, size: int = 256 * MiB, rounds: int = 3) -> dict[str, float]:
+def calibrate(
+    work: Path, *, size: int = 256 * MiB, chunk: int = 4 * MiB, rounds: int = 3
+) -> dict[str, float]:
     """Measure the per-byte CPU costs of :class:`Cpu` here, with real processes.
 
     A moto S3 server and a real daemon on loopback (4 MiB chunks, everything in RAM, a
@@ -707,7 +759,7 @@ dir = "{work / name / "cache"}"
 ram_bytes = "{2 * size}"
 disk_bytes = "{2 * size}"
 disk_min_free_bytes = 0
-chunk_bytes = "4MiB"
+chunk_bytes = {chunk}
 fsync = "never"
 
 [peers]
@@ -781,13 +833,38 @@ token_file = "{token}"
     return figures
 
 
+def calibrate_cpu(work: Path) -> dict[str, Any]:
+    """:func:`calibrate` at 1 MiB and at 4 MiB chunks, and the costs per byte and per
+    request that fit both (``cost(chunk) = per_byte + per_request / chunk``)."""
+    small, large = MiB, 4 * MiB
+    one = calibrate(work / "1m", chunk=small)
+    four = calibrate(work / "4m", chunk=large)
+    fitted: dict[str, float] = {"copy": four["copy"]}
+    for key in ("recv", "serve", "s3"):
+        per_request = max((one[key] - four[key]) / (1 / small - 1 / large), 0.0)
+        fitted[key] = max(four[key] - per_request / large, 0.0)
+        fitted[f"{key}_request"] = per_request
+    return {"1MiB": one, "4MiB": four, "fitted": fitted}
+
+
 # --- the setups docs/peers.md quotes, and the command line ---------------------------
 
-#: The CPU costs measured here by :func:`calibrate` (2-core VM, Python 3.11, 4 MiB
-#: chunks; ``python -m bench.fanout_sim --calibrate`` measures them again): a daemon
-#: receives and verifies 0.37 GB/s a core, serves 2.7 GB/s a core, moto sends 0.48 GB/s
-#: a core, the reader copies 2.0 GB/s a core. The lab's processes share its 2 cores.
-LAB_CPU = Cpu(recv=2.72e-9, serve=3.7e-10, s3=2.09e-9, copy=4.96e-10, cores=2.0)
+#: The CPU costs measured here by :func:`calibrate_cpu` (this 2-core VM, Python 3.11,
+#: 2026-12-06, while other work ran: each figure is one run at 1 MiB and one at 4 MiB
+#: chunks, fitted as a cost per byte plus one per request; ``python -m bench.fanout_sim
+#: --calibrate WORK`` measures them again): a daemon receiving and verifying 1.71 ns/B
+#: + 1.87 ms a chunk, serving 0.15 ns/B + 0.31 ms, moto sending 0.23 ns/B + 5.0 ms a
+#: GET, the reader copying 0.42 ns/B. The lab's processes share its 2 cores.
+LAB_CPU = Cpu(
+    recv=1.71e-9,
+    serve=0.149e-9,
+    s3=0.23e-9,
+    copy=0.42e-9,
+    recv_request=1.87e-3,
+    serve_request=0.313e-3,
+    s3_request=4.99e-3,
+    cores=2.0,
+)
 
 _MBIT = 1e6 / 8
 
@@ -887,8 +964,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     if args.calibrate is not None:
-        figures = calibrate(args.calibrate)
-        print(json.dumps(figures, indent=2))
+        print(json.dumps(calibrate_cpu(args.calibrate), indent=2))
         return 0
     base = PRESETS[args.preset] if args.preset else replace(LARGE, nodes=args.nodes or 100)
     changes: dict[str, Any] = {}

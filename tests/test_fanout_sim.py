@@ -118,6 +118,22 @@ def test_holders_serve_beyond_the_owners_fanout() -> None:
 
 
 @pytest.mark.timeout(30)
+def test_a_holder_that_waits_too_long_sends_the_asker_on() -> None:
+    """A holder waits on its own fetch at most holder_timeout, then 404: the asker tries
+    the next holder, then the owner directly, which drops the holders that failed."""
+    setup = replace(SMALL, nodes=10, design="holders", holder_fanout=2, same_offset=True, window=48)
+    patient = simulate(replace(setup, holder_timeout=None))
+    assert patient.holder_timeouts == 0
+    assert patient.answers["direct"] == 0
+    hasty = simulate(replace(setup, holder_timeout=1e-4))
+    assert hasty.holder_timeouts > 0
+    assert hasty.answers["direct"] > 0
+    # each chunk still reaches every node once, from one backend copy
+    assert hasty.received == pytest.approx([setup.size] * setup.nodes)
+    assert hasty.backend_bytes == pytest.approx(setup.size)
+
+
+@pytest.mark.timeout(30)
 def test_no_node_restores_faster_than_its_link_allows() -> None:
     for design in ("owner", "holders"):
         out = simulate(replace(SMALL, design=design, link_down=50e6))
@@ -136,6 +152,14 @@ def test_cpu_is_charged_per_byte_and_can_be_the_bound() -> None:
     assert out.cpu_seconds["readers"] == pytest.approx(n * size * slow.copy)
     # the work cannot take less than the cores can do it in
     assert out.slowest >= sum(out.cpu_seconds.values()) / slow.cores * 0.999
+    # a request's own cost, whatever its size, is charged once a chunk
+    per_request = replace(slow, recv_request=1e-3, serve_request=2e-4, s3_request=5e-3)
+    charged = simulate(replace(SMALL, design="owner", cpu=per_request)).cpu_seconds
+    k = SMALL.chunks
+    assert charged["s3"] - out.cpu_seconds["s3"] == pytest.approx(k * 5e-3)
+    assert charged["daemons"] - out.cpu_seconds["daemons"] == pytest.approx(
+        n * k * 1e-3 + (n - 1) * k * 2e-4
+    )
     free = simulate(replace(SMALL, design="owner"))
     assert free.cpu_seconds == {"daemons": 0.0, "s3": 0.0, "readers": 0.0}
     assert out.slowest > free.slowest

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import socket
 import zlib
-from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor, wait
+from collections import deque
+from collections.abc import Callable, Generator, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from contextlib import closing
 from functools import partial
 from typing import Any, Final
 
@@ -28,6 +30,13 @@ from chunkd.errors import CheckpointError, ChunkdError, IntegrityError
 #: within the client's timeout
 _CHUNKS_PER_REQUEST: Final = 64
 
+#: requests (batches) in flight at once: the batch being copied and the next one,
+#: asked for on a second connection, so that the daemon fetches the next batch while
+#: the slowest chunks of this one come and while this one is copied. The daemon
+#: answers one request at a time per connection (its bound on unread fds), hence one
+#: connection per batch in flight. At most 2 x 64 chunks' fds are open at once.
+_BATCHES_IN_FLIGHT: Final = 2
+
 
 class PartReader:
     """The bytes of one part's segments, copied out of the daemon's chunks.
@@ -36,7 +45,12 @@ class PartReader:
     then :meth:`run` asks the daemon for the chunks, 64 at a time (256 MiB),
     and reads each piece straight from the chunk's sealed memfd into its target
     with ``preadv``, on a few threads: no mapping of the chunk is set up (that
-    costs more than the copy), and at most one batch of fds is open at once.
+    costs more than the copy). The next batch is asked for (on a second connection
+    to the daemon, opened for the run) before this one is copied, so the link stays
+    busy between batches: at most two batches, 128 chunks' fds (512 MiB of 4 MiB
+    chunks, the daemon's pages), are open at once, whatever the part's size.
+    Every chunk order starts at this node's own offset (its hostname and its
+    daemon's socket), so nodes restoring one checkpoint ask different owners first.
 
     Device targets (:meth:`plan_device`) are read the same way into the host
     buffers of a :class:`~.device.StagingRing`, whose copies to the device run on a
@@ -116,38 +130,38 @@ class PartReader:
         """Do every planned copy, then every step given to :meth:`after`."""
         planned, self._planned = self._planned, {}
         to_device, self._device = self._device, {}
-        wanted = list(dict.fromkeys([*planned, *to_device]))
-        if wanted:  # each host starts at its own place: N nodes restoring one
-            # checkpoint spread their requests over the chunks' owners (docs/peers.md)
-            turn = zlib.crc32(socket.gethostname().encode()) % len(wanted)
-            wanted = wanted[turn:] + wanted[:turn]
+        wanted = _rotated(
+            list(dict.fromkeys([*planned, *to_device])), _node_seed(self.client.socket_path)
+        )
+        batches = [
+            wanted[start : start + _CHUNKS_PER_REQUEST]
+            for start in range(0, len(wanted), _CHUNKS_PER_REQUEST)
+        ]
         ring = StagingRing(self.link or CudaLink()) if to_device else None
         try:
             if ring is not None:
                 ring.link.begin({d.device for pieces in to_device.values() for *_, d, _ in pieces})
-            with ThreadPoolExecutor(COPY_THREADS, thread_name_prefix="chunkd-load") as pool:
-                for start in range(0, len(wanted), _CHUNKS_PER_REQUEST):
-                    batch = wanted[start : start + _CHUNKS_PER_REQUEST]
-                    fds = self._chunks(batch)
-                    try:
-                        jobs: list[Callable[[], None]] = [
-                            partial(_read_pieces, fd, planned[cid])
+            with (
+                ThreadPoolExecutor(COPY_THREADS, thread_name_prefix="chunkd-load") as pool,
+                closing(self._batches(batches)) as each,
+            ):
+                for batch, fds in each:
+                    jobs: list[Callable[[], None]] = [
+                        partial(_read_pieces, fd, planned[cid])
+                        for cid, fd in zip(batch, fds, strict=True)
+                        if cid in planned
+                    ]
+                    if ring is not None:
+                        reads = [
+                            DeviceRead(fd, lo, hi, dest, at)
                             for cid, fd in zip(batch, fds, strict=True)
-                            if cid in planned
+                            for lo, hi, dest, at in to_device.get(cid, ())
                         ]
-                        if ring is not None:
-                            reads = [
-                                DeviceRead(fd, lo, hi, dest, at)
-                                for cid, fd in zip(batch, fds, strict=True)
-                                for lo, hi, dest, at in to_device.get(cid, ())
-                            ]
-                            jobs += [partial(ring.stage, job) for job in pack(reads, ring.nbytes)]
-                        running = [pool.submit(job) for job in jobs]
-                        wait(running)  # every job, even after one failed: they read these fds
-                        for job in running:
-                            job.result()
-                    finally:
-                        memfd.close_all(fds)
+                        jobs += [partial(ring.stage, job) for job in pack(reads, ring.nbytes)]
+                    running = [pool.submit(job) for job in jobs]
+                    wait(running)  # every job, even after one failed: they read these fds
+                    for job in running:
+                        job.result()
         finally:
             if ring is not None:  # every copy finished, also after a failure: no buffer
                 ring.link.finish()  # goes back to the allocator under a copy in flight
@@ -155,9 +169,52 @@ class PartReader:
         for step in steps:
             step()
 
-    def _chunks(self, batch: list[str]) -> list[int]:
+    def _batches(
+        self, batches: list[list[str]]
+    ) -> Generator[tuple[list[str], list[int]], None, None]:
+        """Each batch with its chunks' fds, in order, the next one asked for before
+        this one is yielded; each batch's fds are closed once the caller is done
+        with it (or gives up), and every batch asked for is waited for and closed
+        however the run ends: nothing is left open."""
+        if not batches:
+            return
+        # The look-ahead's own connection: the client's carries one request at a time.
+        spare = (
+            Client(self.client.socket_path, timeout=self.client.timeout, cache_bytes=0)
+            if len(batches) > 1
+            else None
+        )
+        clients = [self.client] if spare is None else [self.client, spare]
+        asked: deque[tuple[list[str], Future[list[int]]]] = deque()
         try:
-            answer = self.client.request(
+            with ThreadPoolExecutor(len(clients), thread_name_prefix="chunkd-ask") as asking:
+                for turn, batch in enumerate(batches[:_BATCHES_IN_FLIGHT]):
+                    asked.append((batch, asking.submit(self._chunks, batch, clients[turn])))
+                try:
+                    for turn in range(len(batches)):
+                        batch, answer = asked.popleft()
+                        fds = answer.result()
+                        try:
+                            yield batch, fds
+                        finally:
+                            memfd.close_all(fds)
+                        after = turn + _BATCHES_IN_FLIGHT
+                        if after < len(batches):  # on the connection this batch freed
+                            chosen = clients[after % len(clients)]
+                            ask = asking.submit(self._chunks, batches[after], chosen)
+                            asked.append((batches[after], ask))
+                finally:
+                    for _, answer in asked:  # given up: the batches still coming are closed
+                        wait([answer])
+                        if answer.exception() is None:
+                            memfd.close_all(answer.result())
+        finally:
+            if spare is not None:
+                spare.close()
+
+    def _chunks(self, batch: list[str], client: Client) -> list[int]:
+        try:
+            answer = client.request(
                 "ckpt_chunks",
                 {"backend": self.backend, "ids": batch} | self._origin,
                 what=f"loading {self.name}",
@@ -191,6 +248,22 @@ class PartReader:
             pos += size
             if pos >= off + length:
                 return
+
+
+def _node_seed(socket_path: object) -> str:
+    """This node's own seed for its chunk order: its hostname, and its daemon's
+    socket, which tells apart nodes that share a hostname (network namespaces, or
+    several daemons on one test host)."""
+    return f"{socket.gethostname()}\0{socket_path}"
+
+
+def _rotated(wanted: list[str], seed: str) -> list[str]:
+    """``wanted`` starting at the seed's own place: N nodes restoring one checkpoint
+    spread their first requests over the chunks' owners (docs/peers.md)."""
+    if not wanted:
+        return wanted
+    turn = zlib.crc32(seed.encode()) % len(wanted)
+    return wanted[turn:] + wanted[:turn]
 
 
 def _read_pieces(fd: int, pieces: list[tuple[int, int, memoryview]]) -> None:

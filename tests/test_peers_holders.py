@@ -55,9 +55,9 @@ def test_an_owner_serves_fanout_copies_then_names_the_holders_with_fewest_askers
     assert holders.answer(c, "d:1") == ["a:1", "b:1", "c:1"]  # a, b full after this
     assert holders.holders(c) == [("a:1", 2), ("b:1", 2), ("c:1", 1), ("d:1", 0)]
     # Never the asker itself, at most three, each below the fan-out, fewest first.
-    assert holders.answer(c, "c:1") == ["d:1"]
+    assert holders.answer(c, "c:1") == []  # asks again: a, b full; d came after it
     assert holders.answer(c, "e:1") == ["c:1", "d:1"]
-    assert holders.answer(c, "f:1") == ["e:1"]
+    assert holders.answer(c, "f:1") == ["d:1", "e:1"]
     # The asker's holders failed: served, and the bad ones are forgotten.
     assert holders.answer(c, "g:1", direct=True, bad=["e:1", "nobody:1"]) == []
     assert [a for a, _ in holders.holders(c)] == ["a:1", "b:1", "c:1", "d:1", "f:1", "g:1"]
@@ -65,11 +65,29 @@ def test_an_owner_serves_fanout_copies_then_names_the_holders_with_fewest_askers
     full = Holders(fanout=1, ttl=600)
     assert full.answer(c, "a:1") == []
     assert full.answer(c, "b:1") == ["a:1"]
-    assert full.answer(c, "a:1") == ["b:1"]
-    assert full.answer(c, "c:1") == []  # a and b each had their asker
+    assert full.answer(c, "a:1") == []  # asks again: nobody before it, served
+    assert full.answer(c, "c:1") == ["b:1"]
+    assert full.answer(c, "d:1") == ["c:1"]
     # A caller that is not a member (None) is answered but never added.
-    assert full.answer(c, None) == ["c:1"]
-    assert [a for a, _ in full.holders(c)] == ["a:1", "b:1", "c:1"]
+    assert full.answer(c, None) == ["d:1"]
+    assert full.answer(c, "e:1") == []  # each holder had its asker
+    assert [a for a, _ in full.holders(c)] == ["a:1", "b:1", "c:1", "d:1", "e:1"]
+
+
+@pytest.mark.timeout(10)
+def test_a_node_that_asks_again_is_sent_only_to_holders_added_before_it() -> None:
+    # Two nodes that ask again must never be sent to each other: each would wait on
+    # the other's fetch (review 1, finding 1).
+    holders = Holders(fanout=4, ttl=600)
+    c = cid(2)
+    for owner_copy in ("o1:1", "o2:1", "o3:1", "o4:1"):
+        assert holders.answer(c, owner_copy) == []
+    assert holders.answer(c, "A:1") == ["o1:1", "o2:1", "o3:1"]
+    assert "A:1" in holders.answer(c, "B:1")  # B was added after A: fine
+    for _ in range(6):  # again and again: A is never sent to B, nor B to itself
+        assert "B:1" not in holders.answer(c, "A:1")
+        assert "B:1" not in holders.answer(c, "B:1")
+    assert holders.answer(c, "o1:1") == []  # the first holder has none before it
 
 
 @pytest.mark.timeout(10)

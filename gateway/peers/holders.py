@@ -11,9 +11,10 @@ the failed ones (``bad=``), which are dropped. So a hot chunk reaches N nodes
 through a tree of fan-out about ``holder_fanout`` rather than from its owner alone,
 and the owner sends about ``holder_fanout`` copies of it, not N - 1.
 
-A node is only ever sent to holders added before it, so holder requests (which wait
-on the holder's own fetch) cannot wait on each other in a circle while the owner
-stays the same; the holder's wait is capped at ``timeout`` for the rest.
+A node is only ever sent to holders added before it (one that asks again keeps its
+place and is sent only to those before it), so holder requests (which wait on the
+holder's own fetch) cannot wait on each other in a circle while the owner stays the
+same; the holder's wait is capped at ``timeout`` for the rest.
 
 Bounds (at the bounds, 65,536 chunks of 32 holders each, about 75 MB, measured with
 tracemalloc; an answer takes about 14 µs):
@@ -135,13 +136,14 @@ class Holders:
         return named
 
     def _pick(self, chunk: _Chunk, asker: str | None) -> list[str]:
-        """Up to MAX_NAMED holders with room, fewest askers first (the earlier added
-        first among equals); each one's count of askers goes up."""
-        room = [
-            i
-            for i, (address, askers) in enumerate(zip(chunk.addresses, chunk.askers, strict=True))
-            if askers < self.fanout and address != asker
-        ]
+        """Up to MAX_NAMED holders with room added before ``asker``, fewest askers
+        first (the earlier added first among equals); each one's count of askers
+        goes up."""
+        # An asker already listed (it asks again) is sent only to holders added
+        # before it: the ones after it may have been sent to it, and two holder
+        # requests would then wait on each other's fetch.
+        before = chunk.addresses.index(asker) if asker in chunk.addresses else len(chunk.addresses)
+        room = [i for i in range(before) if chunk.askers[i] < self.fanout]
         room.sort(key=lambda i: (chunk.askers[i], i))
         picked = sorted(room[:MAX_NAMED])  # named in the order they were added
         for i in picked:

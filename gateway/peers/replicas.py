@@ -421,13 +421,9 @@ class Replicas:
                 timeout=aiohttp.ClientTimeout(
                     total=self.peers.config.request_timeout, connect=self.peers.config.timeout
                 ),
-                # A connection per push: the HTTP port's head bound counts the last
-                # piece of a large body as the next head's first bytes, and refused a
-                # push or note that followed a push on a kept-alive connection (431):
-                # /work/notes/i29/R-wants.md has the fix to connections.py.
-                connector=aiohttp.TCPConnector(
-                    ssl=tls.client if tls is not None else True, force_close=True
-                ),
+                # Pushes and notes reuse kept-alive connections (a push's body no
+                # longer counts against the next request's head bound: 09a623c).
+                connector=aiohttp.TCPConnector(ssl=tls.client if tls is not None else True),
             )
         return self._session
 

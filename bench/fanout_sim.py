@@ -85,6 +85,9 @@ class Cpu:
         copy: the reader copying a chunk out of the daemon's memfd into its tensors.
         recv_request, serve_request, s3_request: the same, per chunk (a request's cost
             whatever its size: HTTP, the event loop, moto's signature check), seconds.
+        probe: one health probe, the prober's and the answerer's CPU together, seconds:
+            each daemon probes its N - 1 peers every ``health_interval`` and answers as
+            many, all through the restore (taken off its CPU before any transfer).
         cores: the pool's cores (``shared``) or each node's.
         shared: one pool for every process of the cluster (the lab's VM); else each node
             has ``cores`` of its own, and the S3 server is not limited.
@@ -99,6 +102,7 @@ class Cpu:
     recv_request: float = 0.0
     serve_request: float = 0.0
     s3_request: float = 0.0
+    probe: float = 0.0
     cores: float = 2.0
     shared: bool = True
     process_cores: float | None = 1.0
@@ -133,6 +137,7 @@ class Setup:
             before it asks for more (today's client); else a sliding window.
         same_offset: every node starts its pass at one offset (the lab: one host name).
         rtt: seconds each request costs before its bytes flow (round trip, handling).
+        health_interval: ``[peers] health_interval``: the probes' CPU (``Cpu.probe``).
         cpu: the CPU model (None: CPU is free).
         seed: the owners and offsets.
         quantum: the shortest step, as a fraction of one chunk's time at ``link_up``.
@@ -155,6 +160,7 @@ class Setup:
     barrier: bool = True
     same_offset: bool = False
     rtt: float = 0.001
+    health_interval: float = 1.0
     cpu: Cpu | None = None
     seed: int = 0
     quantum: float = 0.25
@@ -311,10 +317,20 @@ class _Sim:
         caps[self.r_down : self.r_down + n] = s.link_down or np.inf
         caps[self.r_backend] = s.backend
         cpu = s.cpu
+        # each daemon's probes: cores taken all through the restore
+        self.probing = (
+            cpu.probe * (n - 1) / s.health_interval
+            if cpu is not None and s.design != "alone"
+            else 0.0
+        )
         if cpu is not None:
-            caps[self.r_pool : self.r_pool + n] = cpu.cores
-            if cpu.process_cores is not None:
-                caps[self.r_proc : self.r_proc + n] = cpu.process_cores
+            pool = cpu.cores - (n * self.probing if cpu.shared else self.probing)
+            own = None if cpu.process_cores is None else cpu.process_cores - self.probing
+            if pool <= 0 or (own is not None and own <= 0):
+                raise ValueError(f"the health probes alone use up the CPU: {s}")
+            caps[self.r_pool : self.r_pool + n] = pool
+            if own is not None and cpu.process_cores is not None:
+                caps[self.r_proc : self.r_proc + n] = own
                 caps[self.r_s3] = cpu.process_cores
         self.caps = caps
         # flows, as arrays of the active ones
@@ -342,7 +358,7 @@ class _Sim:
         self.holder_bytes = 0.0
         self.answers = {"served": 0, "holders": 0, "direct": 0}
         self.timeouts = 0
-        self.cpu_seconds = {"daemons": 0.0, "s3": 0.0, "readers": 0.0}
+        self.cpu_seconds = {"daemons": 0.0, "s3": 0.0, "readers": 0.0, "probes": 0.0}
         self.times = [math.nan] * n
         self.steps = 0
 
@@ -678,6 +694,7 @@ def simulate(setup: Setup) -> Outcome:
     sim.run()
     if sim.inflight or any(math.isnan(t) for t in sim.times):
         raise RuntimeError("the restore stopped with chunks still wanted: a deadlock")
+    sim.cpu_seconds["probes"] = setup.nodes * sim.probing * max(sim.times)
     owned = np.bincount(sim.owner, weights=sim.sizes, minlength=setup.nodes)
     return Outcome(
         setup=setup,
@@ -854,7 +871,9 @@ def calibrate_cpu(work: Path) -> dict[str, Any]:
 #: chunks, fitted as a cost per byte plus one per request; ``python -m bench.fanout_sim
 #: --calibrate WORK`` measures them again): a daemon receiving and verifying 1.71 ns/B
 #: + 1.87 ms a chunk, serving 0.15 ns/B + 0.31 ms, moto sending 0.23 ns/B + 5.0 ms a
-#: GET, the reader copying 0.42 ns/B. The lab's processes share its 2 cores.
+#: GET, the reader copying 0.42 ns/B; a health probe 0.7 ms (four daemons probing each
+#: other every 300 ms, against one without peers, over 10 s). The lab's processes share
+#: its 2 cores.
 LAB_CPU = Cpu(
     recv=1.71e-9,
     serve=0.149e-9,
@@ -863,6 +882,7 @@ LAB_CPU = Cpu(
     recv_request=1.87e-3,
     serve_request=0.313e-3,
     s3_request=4.99e-3,
+    probe=0.7e-3,
     cores=2.0,
 )
 
@@ -880,6 +900,7 @@ LAB4 = Setup(
     backend=400 * _MBIT,
     design="owner",
     same_offset=True,
+    health_interval=0.3,
     cpu=LAB_CPU,
 )
 #: The lab at N=8 (bench/fanout_bench.py's run_eight): 64 MiB, 1 MiB chunks, nodes 80

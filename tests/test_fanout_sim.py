@@ -161,8 +161,23 @@ def test_cpu_is_charged_per_byte_and_can_be_the_bound() -> None:
         n * k * 1e-3 + (n - 1) * k * 2e-4
     )
     free = simulate(replace(SMALL, design="owner"))
-    assert free.cpu_seconds == {"daemons": 0.0, "s3": 0.0, "readers": 0.0}
+    assert free.cpu_seconds == {"daemons": 0.0, "s3": 0.0, "readers": 0.0, "probes": 0.0}
     assert out.slowest > free.slowest
+
+
+@pytest.mark.timeout(30)
+def test_health_probes_take_their_cpu_all_through_the_restore() -> None:
+    cpu = Cpu(recv=2e-8, serve=1e-8, s3=1e-8, copy=5e-9, cores=2.0, probe=1e-3)
+    setup = replace(SMALL, design="owner", health_interval=0.1)
+    probed = simulate(replace(setup, cpu=cpu))
+    quiet = simulate(replace(setup, cpu=replace(cpu, probe=0.0)))
+    n = setup.nodes
+    # each daemon probes n - 1 peers every 0.1 s (and answers as many): 1 ms each
+    per_daemon = 1e-3 * (n - 1) / 0.1
+    assert probed.cpu_seconds["probes"] == pytest.approx(n * per_daemon * probed.slowest)
+    assert probed.slowest > quiet.slowest
+    with pytest.raises(ValueError, match="probes alone"):
+        simulate(replace(setup, cpu=cpu, health_interval=0.001))
 
 
 @pytest.mark.timeout(30)

@@ -5,7 +5,9 @@ design, the slowest node's restore time against ``size / link``, the backend's b
 against the checkpoint's, and the most any node served against ``N - 1`` times its
 owner share (today's design); ``--json FILE`` writes the same figures.
 ``python -m bench.fanout_sim --preset lab4|lab8|n100|n1000`` runs the setups that
-docs/peers.md ("The model for 1,000 nodes") quotes.
+docs/peers.md ("The model for 1,000 nodes") quotes (N=100 and N=1,000 with ``--scale 8``
+or ``16`` and ``--sliding``: a full-size run is 25.6 million transfers);
+``--calibrate WORK`` measures the CPU costs.
 
 What it models, and how:
 
@@ -61,7 +63,17 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Cpu", "Outcome", "Setup", "simulate"]
+__all__ = [
+    "LAB_CPU",
+    "PRESETS",
+    "Cpu",
+    "Outcome",
+    "Setup",
+    "calibrate",
+    "calibrate_cpu",
+    "scaled",
+    "simulate",
+]
 
 MiB = 2**20
 GiB = 2**30
@@ -930,6 +942,22 @@ PRESETS: dict[str, Setup] = {
 }
 
 
+def scaled(setup: Setup, factor: float) -> Setup:
+    """``setup`` with its chunks, window, request overhead and holder timeout divided by
+    ``factor`` (the chunk size, links and N kept): every time in the run shrinks by
+    ``factor`` and the ratios stay (docs/peers.md, "Scaling the N=1,000 run")."""
+    if factor < 1:
+        raise ValueError(f"a scale factor is at least 1, not {factor}")
+    timeout = None if setup.holder_timeout is None else setup.holder_timeout / factor
+    return replace(
+        setup,
+        size=max(setup.chunk, round(setup.size / factor)),
+        window=max(1, round(setup.window / factor)),
+        rtt=setup.rtt / factor,
+        holder_timeout=timeout,
+    )
+
+
 def _table(outcomes: list[Outcome]) -> str:
     head = (
         f"{'design':8} {'N':>5} {'chunks':>7} {'slowest s':>10} {'size/link s':>11} "
@@ -976,6 +1004,12 @@ def main(argv: list[str] | None = None) -> int:
         "--cores", type=float, default=16.0, help="with --cpu node: each node's cores"
     )
     parser.add_argument("--seed", type=int)
+    parser.add_argument(
+        "--scale",
+        type=float,
+        default=1.0,
+        help="divide the chunks, window, rtt and holder timeout by this (N=1,000 runs: 16)",
+    )
     parser.add_argument("--json", type=Path, help="write the figures here")
     parser.add_argument(
         "--calibrate",
@@ -1017,7 +1051,7 @@ def main(argv: list[str] | None = None) -> int:
         changes["cpu"] = None
     elif args.cpu == "node":
         changes["cpu"] = replace(LAB_CPU, cores=args.cores, shared=False, process_cores=None)
-    setup = replace(base, **changes)
+    setup = scaled(replace(base, **changes), args.scale)
     designs = {
         "both": ["owner", "holders"],
         "all": ["owner", "holders", "alone"],

@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from bench.fanout_sim import LAB_CPU, Cpu, Setup, main, simulate  # noqa: E402
+from bench.fanout_sim import LAB_CPU, Cpu, Setup, main, scaled, simulate  # noqa: E402
 
 MiB = 1 << 20
 
@@ -218,3 +218,17 @@ def test_the_command_line_prints_both_designs_and_writes_json(
     assert [r["design"] for r in rows] == ["owner", "holders"]
     assert all(r["backend_over_size"] == pytest.approx(1.0) for r in rows)
     assert rows[0]["most_served_over_share"] == pytest.approx(1.0)
+
+
+@pytest.mark.timeout(10)
+def test_a_scaled_run_keeps_the_askers_of_a_chunk_at_once() -> None:
+    big = replace(SMALL, nodes=100, size=1600 * MiB, window=64, rtt=1e-3)
+    small = scaled(big, 16)
+    assert small.chunks == 100
+    assert small.window == 4
+    assert small.rtt == pytest.approx(1e-3 / 16)
+    assert small.holder_timeout == pytest.approx(2.0 / 16)
+    # N W / K, the askers of one chunk at once, and W / K stay
+    assert small.nodes * small.window / small.chunks == big.nodes * big.window / big.chunks
+    with pytest.raises(ValueError, match="at least 1"):
+        scaled(big, 0.5)

@@ -534,7 +534,7 @@ def run_eight(report: Report, work: Path, out: Path, *, quick: bool) -> None:
         today,
         unit="cores",
         target_max=1.0,
-        note="of the machine's 2: the links bind, not the CPU",
+        note="the lab's own processes, of the machine's 2 (other work on it is not counted)",
     )
     row(
         f"node 8 cut off {CUT_FOR_S:.0f} s and healed: slowest restore / (size / link)",

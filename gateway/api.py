@@ -312,10 +312,14 @@ async def _peer_chunk(request: web.Request) -> web.StreamResponse:
     As its owner (no ``held``): served from this node's cache or fetched here from the
     backend (single flight), never passed on to another peer; or, once the owner has
     sent it ``holder_fanout`` times, ``300`` naming members that hold it
-    (``X-Chunkd-Holders``, :mod:`chunkd.gateway.peers.holders`). ``direct=1`` (the
-    asker's holders failed) is always served; its ``bad=`` holders (at most 3) are
-    dropped. ``held=1``: only what this node holds (``wait=1``, a holder request:
-    or its own fetch in flight, at most ``timeout``), else 404 NotHeld.
+    (``X-Chunkd-Holders``, :mod:`chunkd.gateway.peers.holders`), only to an asker
+    that said it follows one (``holders=1``; an older daemon does not, and is always
+    served and never made a holder). ``direct=1`` (the asker's holders failed) is
+    always served; its ``bad=`` holders (at most 3) are dropped. ``held=1``: only what
+    this node holds (``wait=1``, a holder request: or its own fetch in flight, at most
+    ``timeout``), else 404 NotHeld; counted in the role the asker names (``role=``).
+    ``forget=1&bad=...``: drop those holders, 204 (the asker got the chunk from a later
+    holder).
     """
     cid = ChunkId.parse(request.match_info["id"])
     backend = request.match_info["backend"]
@@ -332,13 +336,18 @@ async def _peer_chunk(request: web.Request) -> web.StreamResponse:
                 held = await request.app[CACHE].find(cid) or BytesLease(cid, fetched)
         if held is None:
             return _not_held(cid)
-        lease, role = held, peers.role_of_held(cid)
+        lease, role = held, _asked_role(request) or peers.role_of_held(cid)
+    elif query.get("forget") == "1":
+        # The asker got the chunk from a later holder: the earlier ones failed it.
+        peers.forget_holders(cid, _bad_holders(request))
+        return web.Response(status=204)
     else:
         named = peers.owner_answer(
             cid,
             request.headers.get("X-Chunkd-Peer"),
             direct=query.get("direct") == "1",
             bad=_bad_holders(request),
+            follows=query.get("holders") == "1",
         )
         if named:
             return web.Response(status=300, headers={HOLDERS_HEADER: ", ".join(named)})
@@ -364,7 +373,8 @@ async def _peer_page(request: web.Request) -> web.StreamResponse:
         lease = await request.app[PAGES].lease(page, local=True)
     with lease:
         body = lease.view()  # no copy: the view maps the page on its own
-    _served_to_peer(request, len(body))
+    role = (_asked_role(request) or "holder") if _held_only(request) else "owner"
+    _served_to_peer(request, len(body), role)
     return await _send_chunk(request, body, {})
 
 
@@ -373,10 +383,10 @@ async def _peer_object_chunk(request: web.Request) -> web.StreamResponse:
     its locator. Fetched here from the backend (single flight), never passed on; the
     id goes in ``X-Chunkd-Chunk`` and the receiver checks the bytes against it.
 
-    Holders serve here too, once this node knows the chunk's id (it read it before):
-    past ``holder_fanout`` copies the answer is ``300`` with ``X-Chunkd-Chunk`` and
-    ``X-Chunkd-Holders``, and the asker asks those by id on the chunks route
-    (``held=1``), then this node with ``direct=1``.
+    No holders here: this node always serves. A dataset's readers read the same
+    shard at about the same time, and a holder named then would not have the chunk
+    yet (its read is not one that holder requests wait on): the asker would pay
+    holder round trips that fail, and drop good holders, to save this node nothing.
     """
     read_path = request.app[READ_PATH]
     version = request.query.get("version", "")
@@ -394,23 +404,9 @@ async def _peer_object_chunk(request: web.Request) -> web.StreamResponse:
         held = await read_path.held_chunk(stat, index)
         if held is None:
             return _not_held(f"chunk {index} of {stat.meta.key}")
-        lease, role = held, "holder"
+        lease, role = held, _asked_role(request) or "holder"
     else:
-        peers = request.app[PEERS]
-        assert peers is not None  # _guard answers peer routes only with [peers]
-        asker, bad = request.headers.get("X-Chunkd-Peer"), _bad_holders(request)
-        direct = request.query.get("direct") == "1"
-        known = read_path.known_chunk(stat, index)
-        if known is not None:
-            named = peers.owner_answer(known, asker, direct=direct, bad=bad)
-            if named:
-                return web.Response(
-                    status=300,
-                    headers={"X-Chunkd-Chunk": str(known), HOLDERS_HEADER: ", ".join(named)},
-                )
         lease = await read_path.chunk(stat, index, local=True)
-        if known is None:  # its first copy: the asker holds it next
-            peers.owner_served(lease.id, asker, direct=direct)
     with lease:
         body = lease.view()  # no copy: the view maps the chunk on its own
     _served_to_peer(request, len(body), role)
@@ -425,6 +421,14 @@ def _bad_holders(request: web.Request) -> list[str]:
             f"a chunk request names at most {MAX_HOLDERS_NAMED} bad holders; got {len(bad)}"
         )
     return bad
+
+
+def _asked_role(request: web.Request) -> str | None:
+    """The role a ``held=1`` asker names (``role=holder`` or ``replica``), so that both
+    ends count the bytes under it; None: it names none (or another), the server's
+    own view counts."""
+    role = request.query.get("role")
+    return role if role in ("holder", "replica") else None
 
 
 def _held_only(request: web.Request) -> bool:

@@ -597,12 +597,6 @@ class ReadPath:
         # fetched bytes, verified on the way in, serve this reader anyway.
         return lease if lease is not None else BytesLease(cid, bytes(data))
 
-    def known_chunk(self, stat: Stat, index: int) -> ChunkId | None:
-        """The id of chunk ``index`` of ``stat``'s version if the chunk map knows it
-        (this node read it before); never fetched (an owner naming holders)."""
-        ref = self.cache.resolve(stat.locator(index))
-        return None if ref is None else ref.id
-
     async def held_chunk(self, stat: Stat, index: int) -> ChunkLease | None:
         """Chunk ``index`` of ``stat``'s version if a tier holds it; never fetched (a
         peer's handoff, ``held=1``)."""

@@ -9,6 +9,7 @@ import json
 import os
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -185,8 +186,8 @@ def test_an_owner_names_only_members_and_refuses_bad_requests(
 ) -> None:
     port = free_port()
     # Members that never run: the owner's lists need no health, only membership.
-    a, b, c, d = (f"127.0.0.1:{free_port()}" for _ in range(4))
-    ports = [port, *(int(m.rsplit(":", 1)[1]) for m in (a, b, c, d))]
+    a, b, c, d, e = (f"127.0.0.1:{free_port()}" for _ in range(5))
+    ports = [port, *(int(m.rsplit(":", 1)[1]) for m in (a, b, c, d, e))]
     node = start(
         start_daemon,
         holder_toml(tmp_path, bucket, s3_proxy, "owner", port, ports, fanout=2),
@@ -198,7 +199,8 @@ def test_an_owner_names_only_members_and_refuses_bad_requests(
         ckpt.save(state, "ckpt/own/1", client=client)
         manifest = ckpt.manifest("ckpt/own/1", client=client)
     chunk = next(iter(chunks_of(manifest)))
-    path = f"/v1/peer/chunks/ckpt/{chunk}"
+    plain = f"/v1/peer/chunks/ckpt/{chunk}"
+    path = f"{plain}?holders=1"  # the asker follows a 300
     stranger = "203.0.113.9:8470"
     assert ask(node, path, a)[0] == 200  # served: 1
     assert ask(node, path, stranger)[0] == 200  # served: 2, never a holder
@@ -206,18 +208,23 @@ def test_an_owner_names_only_members_and_refuses_bad_requests(
     assert got[0] == 300
     assert got[2] == b""
     assert got[1]["X-Chunkd-Holders"] == a
+    # An asker that does not say it follows a 300 (a daemon of the previous release)
+    # is served although a has room, and never named a holder (see below).
+    got = ask(node, plain, e)
+    assert got[0] == 200
+    assert ChunkId.of(got[2]) == ChunkId.parse(chunk)
     assert ask(node, path, c)[1]["X-Chunkd-Holders"] == f"{a}, {b}"
     assert ask(node, path, stranger)[1]["X-Chunkd-Holders"] == f"{b}, {c}"
     # bad= naming strangers changes nothing; more than three is refused.
-    listed = ask(node, f"{path}?direct=1&bad={stranger}&bad=198.51.100.1:1", d)
+    listed = ask(node, f"{path}&direct=1&bad={stranger}&bad=198.51.100.1:1", d)
     assert listed[0] == 200
     assert ChunkId.of(listed[2]) == ChunkId.parse(chunk)
     bad4 = "&".join(f"bad=127.0.0.1:{p}" for p in range(1, 5))
-    status, _, body = ask(node, f"{path}?direct=1&{bad4}", d)
+    status, _, body = ask(node, f"{path}&direct=1&{bad4}", d)
     assert (status, json.loads(body)["error"]) == (400, "InvalidRequestError")
     # The owner drops bad holders that are: c is never named again.
-    assert ask(node, f"{path}?direct=1&bad={c}", d)[0] == 200
-    assert ask(node, path, a)[1]["X-Chunkd-Holders"] == f"{d}"
+    assert ask(node, f"{path}&direct=1&bad={c}", d)[0] == 200
+    assert ask(node, path, stranger)[1]["X-Chunkd-Holders"] == f"{d}"
     # A huge X-Chunkd-Peer (within the head's bound) is no member: answered, not kept.
     assert ask(node, path, "x" * 2000)[1]["X-Chunkd-Holders"] == f"{d}"
     assert "x" * 40 not in node.get("/metrics")[2].decode()
@@ -230,8 +237,14 @@ def test_an_owner_names_only_members_and_refuses_bad_requests(
     assert time.monotonic() - started < 1.5  # no fetch in flight: no wait
     assert s3_proxy.bytes_down == 0
     # Without the token: 401, whatever the query.
-    status, _, body = node.get(f"{path}?held=1&wait=1", {"X-Chunkd-Peer": a})
+    status, _, body = node.get(f"{plain}?held=1&wait=1", {"X-Chunkd-Peer": a})
     assert status == 401
+    # A held=1 answer is counted in the role the asker names, as the asker counts it.
+    got = ask(node, f"{plain}?held=1&role=replica", c)
+    assert got[0] == 200
+    assert node.metric(
+        "chunkd_peer_role_bytes_total", peer=c, direction="out", role="replica"
+    ) == len(got[2])
     assert node.metric("chunkd_peer_holder_answers_total", answer="holders") == 5
     assert node.metric("chunkd_peer_holder_answers_total", answer="direct") == 2
     assert node.metric("chunkd_peer_role_bytes_total", peer=a, direction="out", role="owner") > 0
@@ -409,6 +422,143 @@ def test_an_asker_follows_only_member_holders_within_its_bound_per_peer(
 
 
 @pytest.mark.timeout(60)
+def test_a_holder_request_never_waits_for_a_turn_and_one_not_sent_is_not_bad(
+    start_daemon: Callable[..., Daemon], tmp_path: Path, bucket: str, s3_proxy: CountingProxy
+) -> None:
+    # Two members that are not chunkd: an owner F that names holder H for every chunk
+    # (and answers direct=1 404), and H, which answers each holder request slowly
+    # (404: as a holder whose wait ran out). A holder request that waited for a turn
+    # could chain holder waits across nodes in a circle (review 1, finding 2): one
+    # finding no turn free is not sent, and H is not reported bad for it.
+    port, f_port, h_port = free_port(), free_port(), free_port()
+    holder = f"127.0.0.1:{h_port}"
+    seen: dict[str, Any] = {"now": 0, "most": 0, "held": 0, "direct": [], "opted": []}
+
+    async def owner_chunk(request: web.Request) -> web.Response:
+        if request.query.get("direct") == "1":
+            seen["direct"].append(request.query.getall("bad", []))
+            return web.json_response({"error": "NotFound"}, status=404)
+        seen["opted"].append(request.query.get("holders"))
+        return web.Response(status=300, headers={"X-Chunkd-Holders": holder})
+
+    async def holder_chunk(request: web.Request) -> web.Response:
+        if request.query.get("wait") != "1":  # asked as the owner of its own chunks
+            return web.json_response({"error": "NotFound"}, status=404)
+        seen["held"] += 1
+        seen["now"] += 1
+        seen["most"] = max(seen["most"], seen["now"])
+        try:
+            await asyncio.sleep(0.3)
+        finally:
+            seen["now"] -= 1
+        return web.json_response({"error": "NotHeld"}, status=404)
+
+    async def healthz(request: web.Request) -> web.Response:
+        return web.json_response({"ok": True})
+
+    apps = []
+    for handler in (owner_chunk, holder_chunk):
+        app = web.Application()
+        app.router.add_get("/v1/peer/chunks/{backend}/{id}", handler)
+        app.router.add_get("/healthz", healthz)
+        apps.append(app)
+    members = [port, f_port, h_port]
+    state = state_of(14, 40)
+    with serving(apps[0], f_port), serving(apps[1], h_port):
+
+        def node(name: str) -> Daemon:
+            toml = holder_toml(tmp_path, bucket, s3_proxy, name, port, members, per_peer_requests=1)
+            return start(start_daemon, toml, tmp_path / name, port)
+
+        saver = node("first")
+        with Client(saver.cwd / "chunkd.sock") as client:
+            ckpt.save(state, "ckpt/turns/1", client=client)
+        saver.stop()
+        asker = node("cold")
+        deadline = time.monotonic() + 20
+        while asker.metric("chunkd_peer_healthy") < 3:
+            assert time.monotonic() < deadline, "the node never saw F and H up"
+            time.sleep(0.1)
+        with Client(asker.cwd / "chunkd.sock") as client:
+            back = ckpt.load("ckpt/turns/1", client=client)
+    assert all(torch.equal(back[k], state[k]) for k in state)
+    assert set(seen["opted"]) == {"1"}  # the asker says it follows a 300
+    assert seen["most"] == 1  # holder requests: per_peer_requests at once
+    skipped = asker.metric("chunkd_peer_requests_total", peer=holder, outcome="skipped")
+    assert skipped > 0  # the others found no turn and were not sent
+    assert seen["held"] + skipped == len(seen["direct"])
+    assert seen["direct"].count([holder]) == seen["held"]  # only those asked are bad
+    assert seen["direct"].count([]) == skipped
+    assert asker.metric("chunkd_peer_requests_total", outcome="error") == 0
+
+
+@pytest.mark.timeout(60)
+def test_holders_that_failed_are_reported_although_a_later_one_gave_the_chunk(
+    start_daemon: Callable[..., Daemon], tmp_path: Path, bucket: str, s3_proxy: CountingProxy
+) -> None:
+    # O names H then G for its chunks; H (not chunkd) holds nothing (404: it evicted
+    # them, or restarted empty), G gives them. The asker tells O that H failed
+    # (forget=1), and O stops naming H (review 1, finding 4).
+    o_port, a_port, g_port, h_port, z_port = (free_port() for _ in range(5))
+    o, a, g, h, z = (f"127.0.0.1:{p}" for p in (o_port, a_port, g_port, h_port, z_port))
+    ports = [o_port, a_port, g_port, h_port, z_port]
+
+    async def chunk(request: web.Request) -> web.Response:
+        return web.json_response({"error": "NotHeld"}, status=404)
+
+    async def healthz(request: web.Request) -> web.Response:
+        return web.json_response({"ok": True})
+
+    app = web.Application()
+    app.router.add_get("/v1/peer/chunks/{backend}/{id}", chunk)
+    app.router.add_get("/healthz", healthz)
+    state = state_of(15, 24)
+    with serving(app, h_port):
+        owner, asker, good = (
+            start(
+                start_daemon,
+                # Turns enough that no holder request goes unsent for want of one.
+                holder_toml(
+                    tmp_path, bucket, s3_proxy, name, p, ports, fanout=2, per_peer_requests=64
+                ),
+                tmp_path / name,
+                p,
+            )
+            for name, p in (("o", o_port), ("a", a_port), ("g", g_port))
+        )
+        with Client(owner.cwd / "chunkd.sock") as client:
+            ckpt.save(state, "ckpt/forget/1", client=client)
+            manifest = ckpt.manifest("ckpt/forget/1", client=client)
+        deadline = time.monotonic() + 20
+        while any(n.metric("chunkd_peer_healthy") != 4 for n in (asker, good)):  # z down
+            assert time.monotonic() < deadline, "the nodes never saw each other up"
+            time.sleep(0.1)
+        healthy = [o, a, g, h]
+        owned = [c for c in chunks_of(manifest) if rank_owners(healthy, bytes.fromhex(c))[0] == o]
+        assert len(owned) >= 3
+        for c in owned:  # H gets O's first copy of each: listed first
+            assert ask(owner, f"/v1/peer/chunks/ckpt/{c}?holders=1", h)[0] == 200
+        with Client(good.cwd / "chunkd.sock") as client:  # G the second: listed next
+            ckpt.load("ckpt/forget/1", client=client)
+        with Client(asker.cwd / "chunkd.sock") as client:  # sent to H, then G
+            back = ckpt.load("ckpt/forget/1", client=client)
+        assert all(torch.equal(back[k], state[k]) for k in state)
+        deadline = time.monotonic() + 10  # the notes go in the background
+        while asker.metric("chunkd_peer_requests_total", peer=o, outcome="forget") < len(owned):
+            assert time.monotonic() < deadline, "the asker never told O all its notes"
+            time.sleep(0.1)
+    # H was asked as the holder of each of O's chunks (and as the owner of its own).
+    assert asker.metric("chunkd_peer_requests_total", peer=h, outcome="http_404") >= len(owned)
+    assert asker.metric("chunkd_peer_requests_total", peer=g, outcome="holder") == len(owned)
+    assert owner.metric("chunkd_peer_holder_answers_total", answer="direct") == 0
+    for c in owned:  # H forgotten; G (and the asker) still named
+        status, headers, _ = ask(owner, f"/v1/peer/chunks/ckpt/{c}?holders=1", z)
+        assert status == 300
+        assert h not in headers["X-Chunkd-Holders"], headers
+        assert g in headers["X-Chunkd-Holders"]
+
+
+@pytest.mark.timeout(60)
 def test_a_holder_that_sends_damaged_bytes_is_counted_dropped_and_read_around(
     start_daemon: Callable[..., Daemon], tmp_path: Path, bucket: str, s3_proxy: CountingProxy
 ) -> None:
@@ -456,7 +606,7 @@ def test_a_holder_that_sends_damaged_bytes_is_counted_dropped_and_read_around(
         assert len(owned) >= 4
         for c in owned:  # the liar, then m, get each of O's chunks: O's first two copies
             for member in (liar, m):
-                status, _, body = ask(owner, f"/v1/peer/chunks/ckpt/{c}", member)
+                status, _, body = ask(owner, f"/v1/peer/chunks/ckpt/{c}?holders=1", member)
                 assert status == 200
                 assert ChunkId.of(body) == ChunkId.parse(c)
         with Client(asker.cwd / "chunkd.sock") as client:
@@ -470,20 +620,23 @@ def test_a_holder_that_sends_damaged_bytes_is_counted_dropped_and_read_around(
     assert asker.metric("chunkd_peer_role_bytes_total", peer=liar) == 0  # nothing kept
     assert owner.metric("chunkd_peer_holder_answers_total", answer="direct") >= len(held_asks)
     for c in held_asks:  # dropped: O names the others with room, never the liar
-        status, headers, _ = ask(owner, f"/v1/peer/chunks/ckpt/{c}", z)
+        status, headers, _ = ask(owner, f"/v1/peer/chunks/ckpt/{c}?holders=1", z)
         assert status == 300
         assert liar not in headers["X-Chunkd-Holders"], headers
         assert a in headers["X-Chunkd-Holders"]
 
 
 @pytest.mark.timeout(60)
-def test_object_chunks_by_locator_come_from_holders_too(
+def test_object_chunks_by_locator_are_served_by_their_owner_to_concurrent_readers(
     start_daemon: Callable[..., Daemon],
     tmp_path: Path,
     bucket: str,
     s3_proxy: CountingProxy,
     s3_server: S3Server,
 ) -> None:
+    # A dataset's readers read the same shard at about the same time: an owner that
+    # named holders for objects would name nodes whose read has not finished (review
+    # 1, finding 3). The owner always serves object chunks: no 300, no holder asked.
     data = os.urandom(12 * CHUNK)
     s3_server.client().put_object(Bucket=bucket, Key="pre/shards/hot.bin", Body=data)
     ports = [free_port() for _ in range(3)]
@@ -501,19 +654,20 @@ def test_object_chunks_by_locator_come_from_holders_too(
         assert time.monotonic() < deadline, "the nodes never all saw each other up"
         time.sleep(0.1)
     s3_proxy.reset()
-    for node in nodes:  # one after the other: the later ones find holders
+
+    def read(node: Daemon) -> bytes:
         with Client(node.cwd / "chunkd.sock", timeout=60) as client:
-            assert bytes(client.read("ckpt/shards/hot.bin")) == data
+            return bytes(client.read("ckpt/shards/hot.bin"))
+
+    assert read(nodes[0]) == data  # its owners now know the ids of their chunks
+    with ThreadPoolExecutor(2) as pool:  # then two at once, each asking every owner
+        assert list(pool.map(read, nodes[1:])) == [data, data]
     assert len(data) <= s3_proxy.bytes_down <= len(data) + 64 * KiB  # each chunk once
-    named = sum(n.metric("chunkd_peer_holder_answers_total", answer="holders") for n in nodes)
-    by_holders = [
-        n.metric("chunkd_peer_role_bytes_total", direction="in", role="holder") for n in nodes
-    ]
-    assert named > 0
-    assert by_holders[0] == 0  # the first reader had nobody to be sent to
-    assert by_holders[1] > 0
-    assert by_holders[2] > 0
-    assert sum(by_holders) == sum(
-        n.metric("chunkd_peer_role_bytes_total", direction="out", role="holder") for n in nodes
-    )
-    assert sum(n.metric("chunkd_peer_integrity_failures_total") for n in nodes) == 0
+    for n in nodes:
+        assert n.metric("chunkd_peer_holder_answers_total", answer="holders") == 0
+        assert n.metric("chunkd_peer_requests_total", outcome="http_404") == 0
+        assert n.metric("chunkd_peer_role_bytes_total", role="holder") == 0
+        assert n.metric("chunkd_peer_integrity_failures_total") == 0
+    served = sum(n.metric("chunkd_peer_role_bytes_total", direction="out") for n in nodes)
+    assert served == sum(n.metric("chunkd_peer_role_bytes_total", direction="in") for n in nodes)
+    assert served > len(data)  # each of the two later readers got most of it from peers

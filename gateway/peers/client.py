@@ -16,7 +16,8 @@ Peer protocol (on the HTTP port; every request carries ``Authorization: Bearer
     GET /v1/peer/objects/{backend}/{key}?version=V&index=I
                                          chunk I of that object version (409 if the
                                          owner sees another version); the owner
-                                         states the id in X-Chunkd-Chunk
+                                         states the id in X-Chunkd-Chunk; always
+                                         served by the owner (no holders)
     ...?held=1 (any route)              only what the node holds in its tiers, or
                                          404 NotHeld at once: never fetched for the
                                          asker (a rejoined node's handoff, a replica)
@@ -24,22 +25,36 @@ Peer protocol (on the HTTP port; every request carries ``Authorization: Bearer
                                          a holder request: from the tiers, or after
                                          this node's own fetch of the chunk in flight
                                          (at most ``timeout``), else 404 NotHeld
+    ...?held=1&role=holder|replica      the role the asker asks in: both ends count
+                                         the bytes under it (without it the server
+                                         says replica for a chunk of its replica
+                                         store, else holder)
 
-Holders serve (checkpoint chunks). A chunk's owner serves it itself until it has
-sent it ``holder_fanout`` times; after that it answers ``300 Multiple Choices`` with
-``X-Chunkd-Holders: a:p, b:p`` (at most 3 members that got the chunk before this
-asker). This node then asks those holders in order (holder requests: members only,
-never itself), verifying each answer, and at last the owner again with ``direct=1``
-and one ``bad=a:p`` per holder that failed (the owner serves, and drops them from the
-chunk's list). See :mod:`.holders` for the owner's side. An object chunk's owner
-that knows the chunk's id answers so too (with the id in ``X-Chunkd-Chunk``): its
-holders are asked by id on the chunks route (``held=1``, no wait). A restore may name replica
-holders to ask first (:meth:`PeerClient.fetch_chunk` ``replicas``): ``held=1`` without
-waiting, role ``replica``.
+Holders serve (checkpoint chunks). This node asks a chunk's owner with ``holders=1``
+(it follows a 300; an asker without it, a daemon of the previous release, is always
+served and never made a holder). The owner serves it itself until it has sent it
+``holder_fanout`` times; after that it answers ``300 Multiple Choices`` with
+``X-Chunkd-Holders: a:p, b:p`` (at most 3 members added to the chunk's list before
+this asker, also when this asker asks again). This node then asks those holders in
+order (holder requests: members only, never itself), verifying each answer, and at
+last the owner again with ``holders=1&direct=1`` and one ``bad=a:p`` per holder that
+was asked and failed (the owner serves, and drops them from the chunk's list). See
+:mod:`.holders` for the owner's side. A restore may name replica holders to ask
+first (:meth:`PeerClient.fetch_chunk` ``replicas``): ``held=1`` without waiting,
+role ``replica``.
 
 Pipelining: at most ``per_peer_requests`` requests are in flight to any one member
 (a semaphore per member, made when first needed); a restore asks for many chunks at
-once, so its requests spread over several owners and holders, each bounded.
+once, so its requests spread over several owners and holders, each bounded. A
+request waits for its turn at most ``request_timeout``. Holder requests have
+``per_peer_requests`` turns of their own per member and never wait for one: with
+none free, the holder is not asked (counted ``peer_requests{outcome="skipped"}``,
+not reported ``bad=``) and the next one is, then the owner. A holder request waits
+on the holder's fetch, which may itself wait for a turn; were holder requests to
+wait for turns, or hold the turns that fetches need, their waits could chain
+across nodes in a circle. A request never sent (no turn, or the member went down
+while it waited for one) is counted ``skipped`` and never against the member's
+health.
 
 A handoff asks for what that member holds (``held=1``): it answers from its own
 tiers or 404 at once, never fetching the chunk for this node nor asking this node
@@ -88,14 +103,26 @@ log = logging.getLogger("chunkd.gateway.peers")
 _HELD: Final = {"held": "1"}
 # A holder request: what you hold, or your own fetch of it in flight (at most timeout).
 _HOLDER: Final = {"held": "1", "wait": "1"}
+# An owner request from a node that follows a 300 (an older daemon sends none, and is
+# always served).
+_HOLDERS_OK: Final = ("holders", "1")
 #: The header of an owner's 300 answer: the holders to ask, ``a:p, b:p``.
 HOLDERS_HEADER: Final = "X-Chunkd-Holders"
 #: The most holders an owner names in one answer, and the most an asker reads of it.
 MAX_HOLDERS_NAMED: Final = 3
+# The most notes of failed holders (forget=1) sent in the background at once; past it
+# a note is not sent (the holder's ttl, or the next asker's bad=, drops it later).
+_MAX_NOTES: Final = 64
 # peer_requests{outcome} of a chunk received, by the role its sender played.
 _OUTCOMES: Final = {"owner": "ok", "holder": "holder", "replica": "replica", "handoff": "handoff"}
 
 _Query = Mapping[str, str] | Sequence[tuple[str, str]]
+
+
+class _NotAsked(TimeoutError):
+    """The request never reached the member: no turn free for a holder request, the
+    member went down while the request waited for its turn, or the wait for a turn
+    passed ``request_timeout``. Never counted against the member's health."""
 
 
 class PeerClient:
@@ -128,7 +155,11 @@ class PeerClient:
         self._tls = tls
         self._scheme = "http" if tls is None else "https"
         self.session: aiohttp.ClientSession | None = None
-        self._slots: dict[str, asyncio.Semaphore] = {}  # per member: see _slot
+        # Turns per member (see _slot): those of owner, direct, replica and handoff
+        # requests, and apart those of holder requests, which never wait for one.
+        self._slots: dict[str, asyncio.Semaphore] = {}
+        self._holder_slots: dict[str, asyncio.Semaphore] = {}
+        self._notes: set[asyncio.Task[None]] = set()  # forget=1 notes in flight
         # This node's fetches of checkpoint chunks in flight (holding): holder requests
         # for them wait (fetching). One per chunk: the restore's single flight.
         self._fetching: dict[ChunkId, asyncio.Future[memoryview | None]] = {}
@@ -152,6 +183,8 @@ class PeerClient:
 
     async def close(self) -> None:
         """Close the connections."""
+        for note in list(self._notes):
+            note.cancel()
         if self.session is not None:
             await self.session.close()
 
@@ -244,7 +277,7 @@ class PeerClient:
         owner again with ``direct=1``, naming the holders that failed)."""
         url = f"{self._scheme}://{owner}/v1/peer/{route}"
         try:
-            answer = await self._ask(owner, url, {}, choices=True)
+            answer = await self._ask(owner, url, [_HOLDERS_OK], choices=True)
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             self._failed(owner, exc, "a chunk request")
             log.info("peer %s did not give chunk %s (%s); trying the next", owner, cid, exc)
@@ -256,13 +289,14 @@ class PeerClient:
             self._count(owner, "holders")
             bad: list[str] = []
             for holder in self._holders_named(owner, headers.get(HOLDERS_HEADER, "")):
-                data_ = await self._held(holder, route, cid, _HOLDER, role="holder")
+                data_ = await self._held(holder, route, cid, _HOLDER, role="holder", failed=bad)
                 if data_ is not None:
+                    if bad:
+                        self._note_failed(owner, url, bad)
                     return data_
-                bad.append(holder)
-            # The holders failed (or none was a member): the owner serves, and drops
-            # the failed ones from the chunk's list.
-            direct = [("direct", "1"), *(("bad", b) for b in bad)]
+            # The holders failed (or none was a member, or none had a turn free): the
+            # owner serves, and drops the failed ones from the chunk's list.
+            direct = [_HOLDERS_OK, ("direct", "1"), *(("bad", b) for b in bad)]
             try:
                 answer = await self._ask(owner, url, direct)
             except (aiohttp.ClientError, TimeoutError, OSError) as exc:
@@ -273,6 +307,25 @@ class PeerClient:
                 return None
             data = answer[2]
         return await self._verified(owner, cid, data, role="owner", what="chunk")
+
+    def _note_failed(self, owner: str, url: str, bad: list[str]) -> None:
+        """Tell ``owner``, in the background, that holders ``bad`` failed this node
+        although a later one gave the chunk (``forget=1``, answered 204), so that it
+        stops naming them; not sent past :data:`_MAX_NOTES` in flight."""
+        if len(self._notes) >= _MAX_NOTES:
+            return
+        query = [_HOLDERS_OK, ("forget", "1"), *(("bad", b) for b in bad)]
+
+        async def note() -> None:
+            try:
+                if await self._ask(owner, url, query) is not None:
+                    self._count(owner, "forget")
+            except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+                self._failed(owner, exc, "a note of failed holders")
+
+        task = asyncio.ensure_future(note())
+        self._notes.add(task)
+        task.add_done_callback(self._notes.discard)
 
     def _holders_named(self, owner: str, header: str) -> list[str]:
         """The holders a 300 names that this node asks: at most the first
@@ -289,22 +342,44 @@ class PeerClient:
         return list(named)
 
     async def _held(
-        self, peer: str, route: str, cid: ChunkId, params: Mapping[str, str], *, role: str
+        self,
+        peer: str,
+        route: str,
+        cid: ChunkId,
+        params: Mapping[str, str],
+        *,
+        role: str,
+        failed: list[str] | None = None,
     ) -> memoryview | None:
         """Chunk ``cid`` from what ``peer`` holds (``held=1``), verified; None: it does
-        not hold it, failed, or sent wrong bytes (counted against its health)."""
+        not hold it, failed, or sent wrong bytes (counted against its health), and then
+        ``peer`` goes into ``failed``; or it was not asked (a holder request finds no
+        turn free: never reported as failed).
+
+        The request says the role it asks ``peer`` in (``role=``), so that both ends
+        count the bytes under the same one."""
         url = f"{self._scheme}://{peer}/v1/peer/{route}"
+        query = {**params, "role": "holder" if role == "handoff" else role}
         try:
-            answer = await self._ask(peer, url, params)
+            answer = await self._ask(peer, url, query, holder="wait" in params)
+        except _NotAsked as exc:
+            self._failed(peer, exc, f"a {role} request")
+            log.debug("peer %s not asked for chunk %s as %s (%s)", peer, cid, role, exc)
+            return None
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             self._failed(peer, exc, f"a {role} request")
             log.info("peer %s did not give chunk %s as %s (%s)", peer, cid, role, exc)
-            return None
-        if answer is None:
-            return None
-        data = await self._verified(peer, cid, answer[2], role=role, what="chunk")
-        if data is None:
-            self.health.note(peer, ok=False, why=f"sent wrong bytes for chunk {cid} as {role}")
+            data = None
+        else:
+            data = (
+                None
+                if answer is None
+                else await self._verified(peer, cid, answer[2], role=role, what="chunk")
+            )
+            if answer is not None and data is None:
+                self.health.note(peer, ok=False, why=f"sent wrong bytes for chunk {cid} as {role}")
+        if data is None and failed is not None:
+            failed.append(peer)
         return data
 
     async def _verified(
@@ -364,34 +439,21 @@ class PeerClient:
         """Chunk ``index`` of object ``backend/key`` at ``version``, from the owners of
         ``placement`` in order: (the owner, the id it states, the bytes), or None.
 
-        An owner may answer with holders (300, the id in ``X-Chunkd-Chunk``): they are
-        asked by id on the chunks route (``held=1``, checked against the stated id),
-        then the owner with ``direct=1``. The caller checks the bytes against the
-        stated id before it keeps them.
+        The owner always serves it (no holders for objects: its readers read at once,
+        and a holder named then would not have the chunk yet). The caller checks the
+        bytes against the stated id before it keeps them.
         """
         assert self.session is not None
         for owner, handoff in self._sources(placement):
             url = f"{self._scheme}://{owner}/v1/peer/objects/{backend}/{quote(key)}"
             params = {"version": version, "index": str(index)} | (_HELD if handoff else {})
+            if handoff:
+                params |= {"role": "holder"}
             try:
-                answer = await self._ask(owner, url, params, choices=not handoff)
+                answer = await self._ask(owner, url, params)
                 if answer is None:
                     continue
                 stated = ChunkId.parse(answer[1].get("X-Chunkd-Chunk", ""))
-                if answer[0] == 300:
-                    self._count(owner, "holders")
-                    route = f"chunks/{backend}/{stated}"
-                    bad: list[str] = []
-                    for holder in self._holders_named(owner, answer[1].get(HOLDERS_HEADER, "")):
-                        data = await self._held(holder, route, stated, _HELD, role="holder")
-                        if data is not None:
-                            return owner, stated, data  # the owner stated the id
-                        bad.append(holder)
-                    direct = [*params.items(), ("direct", "1"), *(("bad", b) for b in bad)]
-                    answer = await self._ask(owner, url, direct)
-                    if answer is None:
-                        continue
-                    stated = ChunkId.parse(answer[1].get("X-Chunkd-Chunk", ""))
                 data = answer[2]
             except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
                 self._failed(owner, exc, "an object request")
@@ -406,14 +468,18 @@ class PeerClient:
         return None
 
     async def _ask(
-        self, owner: str, url: str, params: _Query, *, choices: bool = False
+        self, owner: str, url: str, params: _Query, *, choices: bool = False, holder: bool = False
     ) -> tuple[int, dict[str, str], memoryview] | None:
         """GET ``url`` from ``owner``: (status, headers, body) on 200 (or on 300, an
         owner's list of holders, when ``choices``), None on another status.
 
         At most ``per_peer_requests`` run at once to one member: a request waits for
-        its turn first (:meth:`_slot`), and is given up if the member went down
-        meanwhile. The wait adapts to the owner. It goes on while bytes arrive from
+        its turn first (:meth:`_slot`), at most ``request_timeout``, and is given up
+        if the member went down meanwhile. A holder request (``holder``) has turns of
+        its own and never waits for one: with none free it is not sent. (A holder
+        waits on its own fetch, which may wait for a turn here; were holder requests
+        to hold or wait for the turns that fetches need, holder waits could chain
+        across nodes in a circle.) The wait adapts to the owner. It goes on while bytes arrive from
         it, for this request or any other, and while the owner answers its health
         probe (it may be fetching the chunk from a slow backend for everyone). After
         ``timeout`` with nothing from it the owner is probed at once; a failed probe
@@ -421,6 +487,7 @@ class PeerClient:
         refused or reset connection ends it at once.
 
         Raises:
+            _NotAsked: it was not sent (no turn, or the member went down first).
             aiohttp.ClientError, OSError: the owner failed.
             OwnerSilentError: the owner went silent and failed its probe (already
                 counted as a failed probe).
@@ -429,11 +496,23 @@ class PeerClient:
         assert self.session is not None
         session = self.session
         health = self.health
-        slot = self._slot(owner)
-        await slot.acquire()
+        if holder:
+            slot = self._slot(owner, self._holder_slots)
+            if slot.locked():
+                raise _NotAsked(f"no turn free for a holder request to peer {owner}")
+            await slot.acquire()  # free: no wait
+        else:
+            slot = self._slot(owner, self._slots)
+            try:
+                async with asyncio.timeout(self.config.request_timeout):
+                    await slot.acquire()
+            except TimeoutError:
+                raise _NotAsked(
+                    f"no turn to ask peer {owner} within {self.config.request_timeout:g}s"
+                ) from None
         if owner not in self.membership.healthy():
             slot.release()
-            raise TimeoutError(f"peer {owner} went down while this node waited to ask it")
+            raise _NotAsked(f"peer {owner} went down while this node waited to ask it")
         heard = [time.monotonic()]  # when the owner last sent anything for this request
 
         def hear() -> None:
@@ -497,29 +576,34 @@ class PeerClient:
             elif not task.cancelled():
                 task.exception()  # retrieved here; task.result() below re-raises it
         status, headers, body = task.result()
-        if status == 200 or (status == 300 and choices):
+        # 204: a note's answer (forget=1), never a chunk's.
+        if status in (200, 204) or (status == 300 and choices):
             return status, headers, body
         self._count(owner, f"http_{status}")
         if status >= 500:
             health.note(owner, ok=False, why=f"a request answered {status}")
         return None
 
-    def _slot(self, peer: str) -> asyncio.Semaphore:
-        """The turns of requests to ``peer``: ``per_peer_requests`` at once. Made
-        when first needed, one per member (those of addresses no longer members are
-        forgotten as new ones are made)."""
-        slot = self._slots.get(peer)
+    def _slot(self, peer: str, slots: dict[str, asyncio.Semaphore]) -> asyncio.Semaphore:
+        """The turns of requests to ``peer`` in ``slots``: ``per_peer_requests`` at
+        once. Made when first needed, one per member (those of addresses no longer
+        members are forgotten as new ones are made)."""
+        slot = slots.get(peer)
         if slot is None:
-            if len(self._slots) >= len(self.membership.members):
-                for gone in [a for a in self._slots if self.membership.get(a) is None]:
-                    del self._slots[gone]
-            slot = self._slots[peer] = asyncio.Semaphore(self.config.per_peer_requests)
+            if len(slots) >= len(self.membership.members):
+                for gone in [a for a in slots if self.membership.get(a) is None]:
+                    del slots[gone]
+            slot = slots[peer] = asyncio.Semaphore(self.config.per_peer_requests)
         return slot
 
     def in_flight(self, peer: str) -> int:
-        """Requests to ``peer`` running now (within ``per_peer_requests``)."""
-        slot = self._slots.get(peer)
-        return 0 if slot is None else self.config.per_peer_requests - slot._value
+        """Requests to ``peer`` running now (within ``per_peer_requests``, and as
+        many again for holder requests)."""
+        return sum(
+            self.config.per_peer_requests - slots[peer]._value
+            for slots in (self._slots, self._holder_slots)
+            if peer in slots
+        )
 
     def integrity_failure(self, owner: str, cid: ChunkId) -> None:
         """Count bytes from ``owner`` that did not hash to the ``cid`` it stated."""
@@ -528,7 +612,11 @@ class PeerClient:
         log.warning("peer %s sent bytes that do not hash to chunk %s; dropped them", owner, cid)
 
     def _failed(self, owner: str, exc: BaseException, what: str) -> None:
-        """Count a request to ``owner`` that failed, towards marking it down."""
+        """Count a request to ``owner`` that failed, towards marking it down (one
+        that was never sent is counted ``skipped``, and not against it)."""
+        if isinstance(exc, _NotAsked):
+            self._count(owner, "skipped")
+            return
         self._count(owner, "error")
         if not isinstance(exc, OwnerSilentError):  # its failed probe was counted
             self.health.note(owner, ok=False, why=f"{what}: {reason(exc)}")

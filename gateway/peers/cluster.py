@@ -180,7 +180,13 @@ class Peers:
         return address
 
     def owner_answer(
-        self, cid: ChunkId, asker: str | None, *, direct: bool, bad: Sequence[str]
+        self,
+        cid: ChunkId,
+        asker: str | None,
+        *,
+        direct: bool,
+        bad: Sequence[str],
+        follows: bool = True,
     ) -> list[str]:
         """As ``cid``'s owner, how to answer a peer's request for it: the holders to
         send it to (answer 300), or ``[]``: serve it (:meth:`.holders.Holders.answer`).
@@ -192,18 +198,24 @@ class Peers:
             direct: the asker's holders failed (``direct=1``): serve it.
             bad: the holders that failed it (``bad=``, at most
                 :data:`.holders.MAX_NAMED` read): forgotten for this chunk.
+            follows: the asker follows a 300 (``holders=1``); else (an older daemon)
+                it is served and never added to the holders.
         """
-        named = self.holders.answer(cid, self.member(asker), direct=direct, bad=bad[:MAX_NAMED])
+        named = self.holders.answer(
+            cid,
+            self.member(asker) if follows else None,
+            direct=direct or not follows,
+            bad=bad[:MAX_NAMED],
+        )
         answer = "holders" if named else "direct" if direct else "served"
         self.metrics.peer_holder_answers.labels(answer).inc()
         return named
 
-    def owner_served(self, cid: ChunkId, asker: str | None, *, direct: bool) -> None:
-        """As its owner, note that chunk ``cid`` was served to ``asker`` before this
-        node knew its id (an object chunk's first fetch): counted as a copy sent, and
-        the asker added to its holders."""
-        self.holders.answer(cid, self.member(asker), direct=True)
-        self.metrics.peer_holder_answers.labels("direct" if direct else "served").inc()
+    def forget_holders(self, cid: ChunkId, bad: Sequence[str]) -> None:
+        """As ``cid``'s owner, forget its holders ``bad`` (``forget=1``: an asker got
+        the chunk from a later holder after these failed it;
+        :meth:`.holders.Holders.forget`)."""
+        self.holders.forget(cid, bad[:MAX_NAMED])
 
     def role_of_held(self, cid: ChunkId) -> str:
         """The role this node plays serving a chunk it holds: replica or holder."""

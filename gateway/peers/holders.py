@@ -135,6 +135,16 @@ class Holders:
             self._add(chunk, asker, now)
         return named
 
+    def forget(self, cid: ChunkId, bad: Iterable[str]) -> None:
+        """Forget holders ``bad`` (at most :data:`MAX_NAMED` are read) of chunk ``cid``:
+        an asker got the chunk from a later holder after these failed it."""
+        chunk = self._chunks.get(cid)
+        if chunk is None:
+            return
+        for address in list(bad)[:MAX_NAMED]:
+            if address in chunk.addresses:
+                chunk.forget(chunk.addresses.index(address))
+
     def _pick(self, chunk: _Chunk, asker: str | None) -> list[str]:
         """Up to MAX_NAMED holders with room added before ``asker``, fewest askers
         first (the earlier added first among equals); each one's count of askers

@@ -25,6 +25,10 @@ Peer protocol (on the HTTP port; every request carries ``Authorization: Bearer
                                          a holder request: from the tiers, or after
                                          this node's own fetch of the chunk in flight
                                          (at most ``timeout``), else 404 NotHeld
+    GET /v1/peer/chunks/{backend}/{id}?holders=1&forget=1&bad=a:p
+                                         a note to the owner: holders that failed
+                                         this node before a later one gave the
+                                         chunk; dropped from its list, 204
     ...?held=1&role=holder|replica      the role the asker asks in: both ends count
                                          the bytes under it (without it the server
                                          says replica for a chunk of its replica
@@ -38,7 +42,9 @@ served and never made a holder). The owner serves it itself until it has sent it
 this asker, also when this asker asks again). This node then asks those holders in
 order (holder requests: members only, never itself), verifying each answer, and at
 last the owner again with ``holders=1&direct=1`` and one ``bad=a:p`` per holder that
-was asked and failed (the owner serves, and drops them from the chunk's list). See
+was asked and failed (the owner serves, and drops them from the chunk's list); when
+a later holder gave it, the failed ones go to the owner in a background note
+(``forget=1``, at most 64 pending). See
 :mod:`.holders` for the owner's side. A restore may name replica holders to ask
 first (:meth:`PeerClient.fetch_chunk` ``replicas``): ``held=1`` without waiting,
 role ``replica``.

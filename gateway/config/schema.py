@@ -305,8 +305,8 @@ class PeersConfig:
         default=None,
         metadata=key(
             PATH,
-            "a file of members, one host:port and its labels (rack: the failure domain) a line ('#' comments), "
-            "re-read when it changes",
+            "a file of members, one host:port and its labels (rack: the failure domain) a line "
+            "('#' comments), re-read when it changes",
             example='"/etc/chunkd/peers"',
         ),
     )

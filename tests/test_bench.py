@@ -29,7 +29,9 @@ FAULT_ROW = "a disarmed fault point, per call"
 LEFT = {"runs", "latest", "history", ".latest.lock"}
 
 
-@pytest.mark.timeout(300)  # every scenario at tiny sizes: about two minutes on 2 cores
+# every scenario at tiny sizes: about two minutes on 2 cores before the fan-out ran 8 nodes
+# and a replaced node (issue 29: 130 s of its own), three and a half since
+@pytest.mark.timeout(480)
 def test_bench_quick_run_writes_a_complete_report(tmp_path: Path) -> None:
     # A previous run on this machine whose spread for one row is far above anything a
     # disarmed fault point reaches (Mcall/s against an empty call: about 1x): the new
@@ -46,7 +48,7 @@ def test_bench_quick_run_writes_a_complete_report(tmp_path: Path) -> None:
         cwd=REPO,
         capture_output=True,
         text=True,
-        timeout=280,
+        timeout=450,
         check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr

@@ -4,7 +4,8 @@ Holders serve. The owner of a checkpoint chunk (rendezvous by id) sends it itsel
 to its first ``holder_fanout`` askers; after that it answers a peer's request with
 ``300 Multiple Choices`` and ``X-Chunkd-Holders``: up to :data:`MAX_NAMED` members
 that got the chunk before (or were sent to holders before), the ones with the
-fewest askers sent to them so far, each below ``holder_fanout``. Every asker is
+fewest askers sent to them so far, each below ``holder_fanout`` (only the first
+named counts as an asker sent to it: the others are fallbacks). Every asker is
 added to the chunk's list, whatever the answer: it will hold the chunk soon. An
 asker whose holders failed comes back with ``direct=1`` (the owner serves) and names
 the failed ones (``bad=``), which are dropped. So a hot chunk reaches N nodes
@@ -147,8 +148,10 @@ class Holders:
 
     def _pick(self, chunk: _Chunk, asker: str | None) -> list[str]:
         """Up to MAX_NAMED holders with room added before ``asker``, fewest askers
-        first (the earlier added first among equals); each one's count of askers
-        goes up."""
+        first (the earlier added first among equals); only the first named one's
+        count of askers goes up: the asker gets the chunk from it unless it fails,
+        the others are fallbacks (counting them too would use up a holder's room
+        about three times as fast as it serves, and make the tree deeper)."""
         # An asker already listed (it asks again) is sent only to holders added
         # before it: the ones after it may have been sent to it, and two holder
         # requests would then wait on each other's fetch.
@@ -156,8 +159,8 @@ class Holders:
         room = [i for i in range(before) if chunk.askers[i] < self.fanout]
         room.sort(key=lambda i: (chunk.askers[i], i))
         picked = sorted(room[:MAX_NAMED])  # named in the order they were added
-        for i in picked:
-            chunk.askers[i] += 1
+        if picked:
+            chunk.askers[picked[0]] += 1
         return [chunk.addresses[i] for i in picked]
 
     def _add(self, chunk: _Chunk, address: str, now: float) -> None:

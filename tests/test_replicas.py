@@ -4,9 +4,12 @@ the durability level ``replicated``, restores from replicas and their faults."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 import signal
 import socket
+import struct
 import time
 import urllib.error
 import urllib.request
@@ -110,7 +113,7 @@ def test_replica_targets_leave_out_the_savers_failure_domain() -> None:
 async def test_replica_store_bounds_budget_and_lifetime(
     open_cache: Callable[..., Any],
 ) -> None:
-    cache: ChunkCache = await open_cache(ram_bytes=64 * MiB)
+    cache: ChunkCache = await open_cache(ram_bytes=64 * MiB, chunk_bytes=4 * MiB)
     metrics = Metrics()
     members = {"10.0.0.2:8470", "10.0.0.3:8470"}
     store = ReplicaStore(cache, metrics, 3 * MiB, lambda a: a in members)
@@ -139,14 +142,17 @@ async def test_replica_store_bounds_budget_and_lifetime(
     async def push(save: str, i: int) -> None:
         release = store.admit(saver, saver, len(blobs[i]))
         try:
-            await store.store(saver, save, ids[i], memoryview(blobs[i]))
+            await store.store(saver, save, ids[i], memoryview(blobs[i]), seq=int(save[1:]))
         finally:
             release()
+
+    def note(save: str, *, replicated: bool = False, remote: bool = False) -> None:
+        store.note(saver, save, replicated=replicated, remote=remote, seq=int(save[1:]))
 
     release = store.admit(saver, saver, MiB)
     try:
         with pytest.raises(ReplicaRefused) as damaged:
-            await store.store(saver, "s1", ids[0], memoryview(blobs[1]))
+            await store.store(saver, "s1", ids[0], memoryview(blobs[1]), seq=1)
     finally:
         release()
     assert damaged.value.status == 422
@@ -166,39 +172,167 @@ async def test_replica_store_bounds_budget_and_lifetime(
     assert full.value.status == 507
 
     # Held until s1 is remote and a later save is committed and replicated.
-    store.note(saver, "s1", replicated=True, remote=False)
-    store.note(saver, "s1", replicated=False, remote=True)
+    note("s1", replicated=True)
+    note("s1", remote=True)
     assert store.used == 2 * MiB
     await push("s2", 1)  # shared with s1: held once
     await push("s2", 2)
     assert store.used == 3 * MiB
-    store.note(saver, "s2", replicated=True, remote=False)
+    note("s2", replicated=True)
     assert store.used == 3 * MiB  # s2 is not committed: s1 is the one a restore wants
-    store.note(saver, "s2", replicated=False, remote=True)
+    note("s2", remote=True)
     assert store.used == 2 * MiB  # s1 let go; chunk 1 stays for s2
     assert not store.holds(ids[0])
     assert store.holds(ids[1])
     assert store.holds(ids[2])
 
-    # A later save committed and replicated on other nodes lets the committed ones go,
-    # not one still in flight.
+    # A later save whole on other nodes (its remote note comes once every chunk got
+    # its copies) lets every older one go, committed or not; not a later one.
     await push("s3", 3)
-    store.note(saver, "s4", replicated=False, remote=True)
-    assert store.used == MiB
-    assert store.holds(ids[3])
-    # A save never committed goes once a later one that came after it is whole.
+    note("s4", remote=True)
+    assert store.used == 0
     await push("s5", 0)
-    store.note(saver, "s5", replicated=True, remote=False)
-    assert store.used == 2 * MiB
-    store.note(saver, "s6", replicated=True, remote=True)
+    note("s4", replicated=True, remote=True)  # again, late
+    assert store.used == MiB
+    assert store.holds(ids[0])
+    note("s5", replicated=True)
+    note("s6", replicated=True, remote=True)
     assert store.used == 0
 
-    # At most MAX_SAVES_PER_SAVER saves of one saver.
-    for n in range(MAX_SAVES_PER_SAVER + 2):
-        store.note(saver, f"x{n}", replicated=True, remote=False)
-    assert len(store.stats()["savers"][saver]) == MAX_SAVES_PER_SAVER  # type: ignore[index]
+    # At most MAX_SAVES_PER_SAVER saves of one saver: the oldest by seq goes.
+    for n in range(MAX_SAVES_PER_SAVER + 2, 0, -1):
+        store.note(saver, f"x{n}", replicated=True, remote=False, seq=100 + n)
+    kept = store.stats()["savers"][saver]  # type: ignore[index]
+    assert sorted(kept) == sorted(f"x{n}" for n in range(3, MAX_SAVES_PER_SAVER + 3))
     store.close()
     assert store.used == 0
+
+
+async def _pushed(store: ReplicaStore, saver: str, save: str, blob: bytes, seq: int) -> bool:
+    release = store.admit(saver, saver, len(blob))
+    try:
+        return await store.store(saver, save, ChunkId.of(blob), memoryview(blob), seq=seq)
+    finally:
+        release()
+
+
+async def test_a_late_note_of_an_older_save_lets_no_newer_one_go(
+    open_cache: Callable[..., Any],
+) -> None:
+    cache: ChunkCache = await open_cache(ram_bytes=16 * MiB)
+    saver = "10.0.0.2:8470"
+    store = ReplicaStore(cache, Metrics(), 8 * MiB, lambda a: a == saver)
+    blob = os.urandom(MiB)
+    assert await _pushed(store, saver, "s2", blob, seq=2)
+    store.note(saver, "s2", replicated=True, remote=False, seq=2)
+    store.note(saver, "s2", replicated=False, remote=True, seq=2)
+    # s1 began before s2; its pushes were slower, so its notes come now.
+    store.note(saver, "s1", replicated=False, remote=True, seq=1)
+    store.note(saver, "s1", replicated=True, remote=True, seq=1)
+    assert store.holds(ChunkId.of(blob))
+    assert store.used == MiB
+    # A late push of s1 is not kept (it would never be let go by s2's notes).
+    assert not await _pushed(store, saver, "s1", os.urandom(MiB), seq=1)
+    assert store.used == MiB
+    assert list(store.stats()["savers"][saver]) == ["s2"]  # type: ignore[index]
+
+
+async def test_a_push_landing_while_its_save_is_let_go_is_not_kept(
+    open_cache: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cache: ChunkCache = await open_cache(ram_bytes=16 * MiB)
+    saver = "10.0.0.2:8470"
+    store = ReplicaStore(cache, Metrics(), 8 * MiB, lambda a: a == saver)
+    put_leased = cache.ram.put_leased
+    entered, go_on = asyncio.Event(), asyncio.Event()
+
+    async def slow_put(chunk: Any) -> Any:  # the real RAM tier, after the note came
+        entered.set()
+        await go_on.wait()
+        return await put_leased(chunk)
+
+    monkeypatch.setattr(cache.ram, "put_leased", slow_put)
+    landing = asyncio.ensure_future(_pushed(store, saver, "s1", os.urandom(MiB), seq=1))
+    await entered.wait()
+    store.note(saver, "s2", replicated=True, remote=True, seq=2)  # s1 let go meanwhile
+    go_on.set()
+    assert not await landing
+    for n in range(3, 3 + MAX_SAVES_PER_SAVER + 2):
+        store.note(saver, f"s{n}", replicated=True, remote=True, seq=n)
+    assert store.used == 0
+    assert cache.ram.stats().pinned == 0
+
+
+async def test_a_chunk_larger_than_the_ram_tier_takes_is_refused_before_its_body(
+    open_cache: Callable[..., Any],
+) -> None:
+    cache: ChunkCache = await open_cache(ram_bytes=16 * MiB, chunk_bytes=MiB)
+    saver = "10.0.0.2:8470"
+    store = ReplicaStore(cache, Metrics(), 8 * MiB, lambda a: a == saver)
+    with pytest.raises(ReplicaRefused) as refused:
+        store.admit(saver, saver, MiB + 1)
+    assert refused.value.status == 413
+    store.admit(saver, saver, MiB)()
+
+
+async def test_a_saver_no_longer_a_member_is_let_go_after_the_grace(
+    open_cache: Callable[..., Any],
+) -> None:
+    cache: ChunkCache = await open_cache(ram_bytes=16 * MiB)
+    members = {"10.0.0.2:8470", "10.0.0.3:8470"}
+    store = ReplicaStore(cache, Metrics(), 8 * MiB, lambda a: a in members, grace=600)
+    assert await _pushed(store, "10.0.0.2:8470", "s1", os.urandom(MiB), seq=1)
+    assert await _pushed(store, "10.0.0.3:8470", "s1", os.urandom(MiB), seq=1)
+    members.discard("10.0.0.2:8470")  # replaced under another address
+    store.sweep(now=1000.0)
+    assert store.used == 2 * MiB  # within the grace: it may come back
+    store.sweep(now=1599.0)
+    assert store.used == 2 * MiB
+    store.sweep(now=1600.0)
+    assert store.used == MiB
+    assert list(store.stats()["savers"]) == ["10.0.0.3:8470"]  # type: ignore[call-overload]
+    assert cache.ram.stats().pinned == 1
+
+
+@pytest.mark.timeout(30)
+async def test_a_failed_chunk_read_cancels_the_saves_other_pushes(
+    open_cache: Callable[..., Any], tmp_path: Path
+) -> None:
+    from chunkd.cache import BytesLease, ChunkLease
+    from chunkd.errors import CheckpointError
+    from chunkd.gateway.peers import Peers
+    from chunkd.gateway.peers.replicas import Replicas
+
+    token = tmp_path / "token"
+    token.write_text(TOKEN)
+    token.chmod(0o600)
+    path = tmp_path / "chunkd.toml"
+    path.write_text(
+        f'[peers]\nself = "127.0.0.1:{free_port()}"\nmembers = ["127.0.0.1:{free_port()}"]\n'
+        f'token_file = "{token}"\n[[backends]]\nname = "local"\nurl = "file://{tmp_path}/d"\n'
+    )
+    config = load_config(path, environ={}, cwd=tmp_path)
+    cache: ChunkCache = await open_cache(ram_bytes=16 * MiB)
+    metrics = Metrics()
+    replicas = Replicas(Peers(config.peers, metrics, tls=None), cache, metrics)
+    blobs = [os.urandom(1024) for _ in range(6)]
+    chunks = {ChunkId.of(b): len(b) for b in blobs}
+    first = next(iter(chunks))
+    never = asyncio.Event()
+
+    async def source(cid: ChunkId) -> ChunkLease:
+        if cid == first:
+            raise CheckpointError(f"chunk {cid} is gone from this node's disk")
+        await never.wait()  # the others are still being read
+        return BytesLease(cid, memoryview(blobs[0]))
+
+    try:
+        with pytest.raises(CheckpointError, match="gone"):
+            await replicas.push("local", "s1", chunks, source, 1, seq=1)
+        left = [t for t in asyncio.all_tasks() if t.get_coro().__name__ == "replicate"]  # type: ignore[union-attr]
+        assert left == []
+    finally:
+        await replicas.close()
 
 
 # -- old documents -------------------------------------------------------------------------
@@ -251,15 +385,18 @@ def node_toml(
     *,
     budget: str = "256MiB",
     replicas: int = 0,
+    hosts: list[str] | None = None,
 ) -> str:
     tmp_path.mkdir(parents=True, exist_ok=True)
     token = tmp_path / "token"
     token.write_text(TOKEN)
     token.chmod(0o600)
-    listed = ", ".join(f'"127.0.0.1:{p} rack={rack}"' for p, rack in members)
+    at = hosts or ["127.0.0.1"] * len(members)
+    host = at[[p for p, _ in members].index(port)]
+    listed = ", ".join(f'"{h}:{p} rack={rack}"' for h, (p, rack) in zip(at, members, strict=True))
     return f"""
 [server]
-listen = "127.0.0.1:{port}"
+listen = "{host}:{port}"
 socket = "{tmp_path / name / "chunkd.sock"}"
 
 [cache]
@@ -270,7 +407,7 @@ disk_min_free_bytes = 0
 fsync = "never"
 
 [peers]
-self = "127.0.0.1:{port}"
+self = "{host}:{port}"
 members = [{listed}]
 token_file = "{token}"
 timeout = "2s"
@@ -299,8 +436,13 @@ class Cluster:
         proxy: CountingProxy,
         racks: list[str],
         budgets: list[str] | None = None,
+        *,
+        hosts: list[str] | None = None,
+        replicas: int = 0,
     ) -> None:
         self.start_daemon = start_daemon
+        self.hosts = hosts or ["127.0.0.1"] * len(racks)
+        self.replicas = replicas
         self.tmp_path = tmp_path
         self.bucket = bucket
         self.proxy = proxy
@@ -321,9 +463,11 @@ class Cluster:
                 self.ports[i],
                 self.members,
                 budget=self.budgets[i],
+                replicas=self.replicas,
+                hosts=self.hosts,
             ),
             cwd=self.tmp_path / name,
-            env={"CHUNKD_SERVER_LISTEN": f"127.0.0.1:{self.ports[i]}"},
+            env={"CHUNKD_SERVER_LISTEN": self.address(i)},
             port=self.ports[i],
         )
 
@@ -334,10 +478,15 @@ class Cluster:
             time.sleep(0.1)
 
     def address(self, i: int) -> str:
-        return f"127.0.0.1:{self.ports[i]}"
+        return f"{self.hosts[i]}:{self.ports[i]}"
+
+    def node_at(self, address: str) -> Daemon:
+        return self.nodes[[self.address(i) for i in range(len(self.nodes))].index(address)]
 
     def peers(self) -> list[Peer]:
-        return [_peer(f"127.0.0.1:{p}", rack) for p, rack in self.members]
+        return [
+            _peer(f"{h}:{p}", rack) for h, (p, rack) in zip(self.hosts, self.members, strict=True)
+        ]
 
     def client(self, i: int) -> Client:
         return Client(self.nodes[i].cwd / "chunkd.sock")
@@ -461,7 +610,7 @@ def test_refused_pushes_cost_no_body(
     node, other = cluster.nodes[0], cluster.address(1)
     blob = os.urandom(MiB)
     cid = ChunkId.of(blob)
-    path = f"/v1/peer/replicas/ckpt/{cid}?save=s1&saver={other}"
+    path = f"/v1/peer/replicas/ckpt/{cid}?save=s1&saver={other}&seq=1"
     auth = {"Authorization": f"Bearer {TOKEN}", "X-Chunkd-Peer": other}
     announced = {"Content-Length": str(MiB)}
     expect = {"Expect": "100-continue"}
@@ -499,7 +648,7 @@ def test_refused_pushes_cost_no_body(
     assert node.metric("chunkd_replica_received_total", outcome="full") == 1
     # A note in a stranger's name, or from one, is refused: it holds nothing here.
     request = urllib.request.Request(
-        f"{node.url}/v1/peer/replicas/saves?save=s9&saver=127.0.0.1:1&state=replicated",
+        f"{node.url}/v1/peer/replicas/saves?save=s9&saver=127.0.0.1:1&seq=1&state=replicated",
         method="POST",
         headers=auth | {"X-Chunkd-Peer": "127.0.0.1:1"},
     )
@@ -511,11 +660,17 @@ def test_refused_pushes_cost_no_body(
 
 @pytest.mark.timeout(90)
 def test_an_uncommitted_saves_replicas_never_make_it_restorable(
-    start_daemon: Callable[..., Daemon], tmp_path: Path, bucket: str, s3_proxy: CountingProxy
+    start_daemon: Callable[..., Daemon],
+    tmp_path: Path,
+    bucket: str,
+    s3_proxy: CountingProxy,
+    s3_server: Any,
 ) -> None:
+    from chunkd.gateway.checkpoints.model import parts_prefix
+
     cluster = Cluster(start_daemon, tmp_path, bucket, s3_proxy, ["a", "b", "c"])
     with cluster.client(0) as client:
-        # commit "none": the part goes in, the manifest (the commit) never does.
+        # commit "none": the part goes in, the manifest (the commit) not yet.
         handle = ckpt.async_save(
             state_of(4), "ckpt/open/step-1", replicas=2, client=client, _commit="none"
         )
@@ -527,11 +682,33 @@ def test_an_uncommitted_saves_replicas_never_make_it_restorable(
             time.sleep(0.1)
         assert handle.replicas is not None
         assert handle.replicas["outcome"] == "full"
+        assert handle.wait(30)  # its part is in the backend
     assert sum(n.metric("chunkd_replica_bytes") for n in cluster.nodes[1:]) == 2 * 8 * MiB
+    s3 = s3_server.client()
+    prefix = parts_prefix("open/step-1", handle.save_id)
+    listed = s3.list_objects_v2(Bucket=bucket)["Contents"]
+    keys = [o["Key"] for o in listed]
+    assert len([k for k in keys if prefix in k]) == 1, (prefix, keys)
+    key = next(k for k in keys if prefix in k)
+    part = json.loads(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
+    chunks = list(dict.fromkeys(c for seg in part["segments"] for c, _ in seg["chunks"]))
     cluster.nodes[0].stop(signal.SIGKILL)
     cluster.nodes[0] = cluster.start(0, fresh="-fresh")
-    with cluster.client(0) as client, pytest.raises(CheckpointNotFoundError):
-        ckpt.load("ckpt/open/step-1", client=client)
+    cluster.wait_all_up()
+    # Its replicas are there and served by id...
+    for node in cluster.nodes[1:]:
+        assert all(held(node, cid) is not None for cid in chunks)
+    # ...yet the name is not restorable, nor listed.
+    with cluster.client(0) as client:
+        with pytest.raises(CheckpointNotFoundError):
+            ckpt.load("ckpt/open/step-1", client=client)
+        assert ckpt.list("ckpt/open/", client=client) == []
+        # Committed now: it loads, from the replicas.
+        ckpt.commit("ckpt/open/step-1", handle.save_id, 1, client=client)
+        before = cluster.proxy.bytes_down
+        loaded = ckpt.load("ckpt/open/step-1", client=client)
+    assert all(torch.equal(loaded[k], v) for k, v in state_of(4).items())
+    assert cluster.proxy.bytes_down - before <= 0.01 * 8 * MiB
 
 
 def _restore_fresh(cluster: Cluster, name: str) -> tuple[dict[str, torch.Tensor], int]:
@@ -621,6 +798,7 @@ def test_a_damaged_replica_is_counted_and_the_next_source_serves(
         cluster.ports = [free_port(), free_port(), liar_port]
         cluster.members = list(zip(cluster.ports, ["a", "b", "c"], strict=True))
         cluster.budgets = ["256MiB"] * 3
+        cluster.hosts, cluster.replicas = ["127.0.0.1"] * 3, 0
         cluster.nodes = [cluster.start(0), cluster.start(1)]
         liar = f"127.0.0.1:{liar_port}"
         save_id = next(
@@ -664,3 +842,172 @@ def test_a_save_without_replicas_meets_replicated_at_local(
     assert result.durability == "local"  # never said to be replicated: nothing was copied
     assert result.replicas is None
     assert sum(n.metric("chunkd_replica_bytes") for n in cluster.nodes) == 0
+
+
+def _peers_config(tmp_path: Path, own: str, other: str) -> Any:
+    token = tmp_path / "token"
+    token.write_text(TOKEN)
+    token.chmod(0o600)
+    path = tmp_path / "chunkd.toml"
+    path.write_text(
+        f'[peers]\nself = "{own}"\nmembers = ["{other}"]\n'
+        f'token_file = "{token}"\n[[backends]]\nname = "local"\nurl = "file://{tmp_path}/d"\n'
+    )
+    return load_config(path, environ={}, cwd=tmp_path).peers
+
+
+@pytest.mark.timeout(30)
+async def test_a_push_dropped_after_its_head_or_mid_body_lets_its_slot_go(
+    open_cache: Callable[..., Any], tmp_path: Path
+) -> None:
+    from aiohttp import web
+
+    from chunkd.gateway.appkeys import PEERS
+    from chunkd.gateway.peers import Peers
+    from chunkd.gateway.peers.replica_routes import REPLICAS, add_replica_routes
+
+    # The real routes, store and membership on a server of this process's loop
+    # (plain asyncio: the sender's reset can come before the 100 Continue is written).
+    port, other = free_port(), f"127.0.0.1:{free_port()}"
+    peers = Peers(_peers_config(tmp_path, f"127.0.0.1:{port}", other), Metrics(), tls=None)
+    cache: ChunkCache = await open_cache(ram_bytes=16 * MiB)
+    store = ReplicaStore(cache, Metrics(), 64 * MiB, lambda a: a == other)
+    app = web.Application()
+    add_replica_routes(app)
+    app[PEERS], app[REPLICAS] = peers, store
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    blob = os.urandom(MiB)
+    path = f"/v1/peer/replicas/ckpt/{ChunkId.of(blob)}?save=s1&saver={other}&seq=1"
+    head = (
+        f"PUT {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n"
+        f"X-Chunkd-Peer: {other}\r\nContent-Length: {MiB}\r\nExpect: 100-continue\r\n\r\n"
+    ).encode()
+    loop = asyncio.get_running_loop()
+    try:
+        for n in range(2 * MAX_IN_FLIGHT_PER_SENDER):
+            with socket.create_connection(("127.0.0.1", port)) as sock:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                sock.setblocking(False)
+                await loop.sock_sendall(sock, head)
+                if n % 2:  # mid-body: after 100 Continue, half the body, then a reset
+                    assert (await loop.sock_recv(sock, 65536)).startswith(b"HTTP/1.1 100 ")
+                    await loop.sock_sendall(sock, blob[: MiB // 2])
+            await asyncio.sleep(0.05)  # the server (on this loop) sees the reset
+        # A slot or a byte of the budget still taken: 429 (or 507) for ever.
+        for _ in range(100):
+            if not store.stats()["reserved"]:
+                break
+            await asyncio.sleep(0.1)
+        assert store.stats()["reserved"] == 0
+        store.admit(other, other, MiB)()
+    finally:
+        await runner.cleanup()
+        await peers.close()
+
+
+@pytest.mark.timeout(90)
+def test_a_push_or_note_in_a_members_name_comes_from_its_address(
+    start_daemon: Callable[..., Daemon], tmp_path: Path, bucket: str, s3_proxy: CountingProxy
+) -> None:
+    # Each node on an address of its own; this test connects from 127.0.0.1, no member's.
+    hosts = ["127.0.0.2", "127.0.0.3", "127.0.0.4"]
+    cluster = Cluster(start_daemon, tmp_path, bucket, s3_proxy, ["a", "b", "c"], hosts=hosts)
+    with cluster.client(0) as client:
+        handle = ckpt.save(state_of(9, 2), "ckpt/who/step-1", replicas=1, client=client)
+    assert handle.replicas is not None
+    assert handle.replicas["outcome"] == "full"  # the saver's own pushes are taken
+    (target,) = handle.replicas["targets"]
+    holder = cluster.node_at(str(target))
+    assert holder.metric("chunkd_replica_bytes") == 2 * MiB
+    victim = cluster.address(0)
+    auth = {"Authorization": f"Bearer {TOKEN}", "X-Chunkd-Peer": victim}
+    for state in ("replicated", "remote"):
+        request = urllib.request.Request(
+            f"{holder.url}/v1/peer/replicas/saves?save=zz&saver={victim}"
+            f"&seq={1 << 62}&state={state}",
+            method="POST",
+            headers=auth,
+        )
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=10)
+        refused.value.close()
+        assert refused.value.code == 401
+    blob = os.urandom(MiB)
+    pushed = f"/v1/peer/replicas/ckpt/{ChunkId.of(blob)}?save=zz&saver={victim}&seq=1"
+    with socket.create_connection((holder.host, holder.port), timeout=10) as sock:
+        sock.sendall(
+            f"PUT {pushed} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n"
+            f"X-Chunkd-Peer: {victim}\r\nContent-Length: {MiB}\r\n"
+            "Expect: 100-continue\r\n\r\n".encode()
+        )
+        assert sock.recv(65536).split(b" ", 2)[1] == b"401"
+    assert holder.metric("chunkd_replica_bytes") == 2 * MiB  # nothing let go, nothing added
+
+
+@pytest.mark.timeout(90)
+def test_a_save_not_yet_committed_never_lets_the_last_committed_go(
+    start_daemon: Callable[..., Daemon], tmp_path: Path, bucket: str, s3_proxy: CountingProxy
+) -> None:
+    cluster = Cluster(start_daemon, tmp_path, bucket, s3_proxy, ["a", "b", "c"])
+    saver = cluster.nodes[0]
+    with cluster.client(0) as client:
+        ckpt.save(state_of(10, 2), "ckpt/dcp/step-1", replicas=1, client=client)
+        first = part_chunks(ckpt.manifest("ckpt/dcp/step-1", client=client))
+        # commit "none" (every torch DCP save): the part is remote, the save is not
+        # committed until the trainer's ckpt_commit.
+        handle = ckpt.async_save(
+            state_of(11, 2), "ckpt/dcp/step-2", replicas=1, client=client, _commit="none"
+        )
+        deadline = time.monotonic() + 30
+        while saver.metric("chunkd_checkpoint_saves_total", outcome="committed") < 2:
+            assert time.monotonic() < deadline, "the second part never went in"
+            time.sleep(0.1)
+        assert handle.wait(10)
+        assert handle.replicas is not None
+        assert handle.replicas["outcome"] == "full"
+        # step-1's replicas stay beside step-2's: step-2 is not committed.
+        assert sum(n.metric("chunkd_replica_bytes") for n in cluster.nodes) == 4 * MiB
+        holders = [n for n in cluster.nodes[1:] if held(n, first[0]) is not None]
+        assert holders
+        ckpt.commit("ckpt/dcp/step-2", handle.save_id, 1, client=client)
+    deadline = time.monotonic() + 30
+    while sum(n.metric("chunkd_replica_bytes") for n in cluster.nodes) != 2 * MiB:
+        assert time.monotonic() < deadline, "step-1's replicas were never let go"
+        time.sleep(0.2)
+
+
+@pytest.mark.timeout(60)
+def test_an_old_client_is_never_told_the_level_replicated(
+    start_daemon: Callable[..., Daemon], tmp_path: Path, bucket: str, s3_proxy: CountingProxy
+) -> None:
+    cluster = Cluster(start_daemon, tmp_path, bucket, s3_proxy, ["a", "b"], replicas=1)
+    saver = cluster.nodes[0]
+    s3_proxy.down()  # the save stays short of remote, its pushes over: replicated
+    down = True
+    try:
+        with cluster.client(0) as client:
+            # What an older client sends: no replicas (the daemon's default, 1, applies).
+            handle = ckpt.async_save(state_of(12, 2), "ckpt/old/step-1", client=client)
+            deadline = time.monotonic() + 30
+            while saver.metric("chunkd_replica_saves_total", outcome="full") < 1:
+                assert time.monotonic() < deadline, "the pushes never ended"
+                time.sleep(0.1)
+            old = client.request(
+                "ckpt_wait", {"job": handle.job_id, "level": "remote", "timeout": 0.2}
+            )
+            new = client.request(
+                "ckpt_wait", {"job": handle.job_id, "level": "replicated", "timeout": 0.2}
+            )
+            old.close()
+            new.close()
+            assert old.header["durability"] in ("staged", "local", "remote")
+            assert old.header["durability"] == "local"
+            assert new.header["durability"] == "replicated"
+            s3_proxy.up()
+            down = False
+            assert handle.result(60).durability == "remote"
+    finally:
+        if down:
+            s3_proxy.up()

@@ -195,6 +195,10 @@ class SaveRequest:
     replicas: int | None = None
     #: the saving node's peer address (the part's ``node``), where there are peers
     node: str | None = None
+    #: the order of this node's saves (ns since the epoch when it was asked for; the
+    #: saver sets it, the journal keeps it): a replica holder lets a save go only
+    #: for a later one; 0: journaled before replicas (the oldest)
+    seq: int = 0
 
     @property
     def name(self) -> str:
@@ -239,6 +243,7 @@ class SaveRequest:
             "admin": self.admin,
             "replicas": self.replicas,
             "node": self.node,
+            "seq": self.seq,
         }
 
     @classmethod
@@ -286,6 +291,7 @@ class SaveRequest:
             if doc.get("replicas") is None
             else arg.whole(doc, "replicas", low=0, high=MAX_REPLICAS),
             node=arg.optional_text(doc, "node", max_bytes=300),
+            seq=arg.whole(doc, "seq", low=0, high=(1 << 63) - 1, default=0),
         )
 
 
@@ -344,6 +350,9 @@ class SaveJob:
     replica_report: Any = None
     #: the push in flight (a task), which the commit's level waits for a while
     pushing: Any = None
+    #: whether the save is committed (its manifest is in): with commit="none" the
+    #: part reaches remote before that, and its replicas' note waits for it
+    committed: bool = False
 
     @property
     def unique(self) -> dict[ChunkId, int]:

@@ -48,6 +48,7 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
+import json
 import logging
 import mmap
 import time
@@ -70,7 +71,7 @@ from chunkd.errors import (
 )
 from chunkd.gateway.checkpoints.barrier import await_collections
 from chunkd.gateway.checkpoints.commit import Committer
-from chunkd.gateway.checkpoints.jobs import Jobs, backend_fault, retrying
+from chunkd.gateway.checkpoints.jobs import Jobs, backend_fault, polling, retrying
 from chunkd.gateway.checkpoints.journal import Journal, syncfs
 from chunkd.gateway.checkpoints.model import (
     Durability,
@@ -263,7 +264,9 @@ class Saver:
         if self.replicas is None:
             return dataclasses.replace(request, replicas=0, node=None)
         wanted = self.replicas.default if request.replicas is None else request.replicas
-        return dataclasses.replace(request, replicas=wanted, node=self.replicas.address)
+        return dataclasses.replace(
+            request, replicas=wanted, node=self.replicas.address, seq=time.time_ns()
+        )
 
     async def _run(self, job: SaveJob) -> None:
         await self._stage_to_disk(job)
@@ -307,7 +310,9 @@ class Saver:
             return lease
 
         try:
-            report = await replicas.push(request.backend, request.save_id, unique, source, wanted)
+            report = await replicas.push(
+                request.backend, request.save_id, unique, source, wanted, seq=request.seq
+            )
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # a push must never fail the save: it is durable without it
@@ -327,7 +332,7 @@ class Saver:
                     wanted,
                     report.fewest,
                 )
-            if job.level >= Durability.REMOTE:  # committed while pushing
+            if job.committed:  # committed while pushing
                 await replicas.committed(request.save_id, report)
         finally:
             self.cache.unpin(unique)
@@ -349,12 +354,49 @@ class Saver:
         job.state = state
 
     async def _committed(self, job: SaveJob) -> None:
-        """Tell the part's replica targets that the save is remote (they may let its
-        previous save go), once its pushes are over (else the push tells them)."""
-        report = job.replica_report
-        if self.replicas is None or report is None:
+        """Tell the part's replica targets that the save is committed (they may let
+        its previous save go), once its pushes are over (else the push tells them).
+
+        With ``commit="none"`` the part is remote before the save is committed (the
+        trainer's ``ckpt_commit`` writes the manifest later, or never): the note then
+        waits, in the background, until the manifest names this save, at most the
+        commit's part timeout; a save never committed never lets the last one go.
+        """
+        if self.replicas is None or not job.request.replicas:
             return
-        await self.replicas.committed(job.request.save_id, report)
+        if job.request.commit == "none":
+            self.jobs.spawn(self._note_when_committed(job))
+            return
+        job.committed = True
+        report = job.replica_report
+        if report is not None:
+            await self.replicas.committed(job.request.save_id, report)
+
+    async def _note_when_committed(self, job: SaveJob) -> None:
+        request = job.request
+        backend = self.backends.get(request.backend)
+        deadline = time.monotonic() + self.committer.part_timeout
+        pauses = polling(self.committer.poll_interval).delays()
+        while time.monotonic() < deadline:
+            try:
+                raw = await backend.get(request.manifest_key)
+                doc = None if raw is None else json.loads(bytes(raw))
+            except (ChunkdError, ValueError, OSError) as exc:
+                log.debug("checkpoint %s: its manifest not read (%s)", request.name, exc)
+                doc = None
+            if isinstance(doc, dict) and doc.get("save_id") == request.save_id:
+                job.committed = True
+                report = job.replica_report
+                if report is not None and self.replicas is not None:
+                    await self.replicas.committed(request.save_id, report)
+                return
+            await asyncio.sleep(next(pauses))
+        log.info(
+            "checkpoint %s: not committed within %gs; its replicas stay as a save never "
+            "committed (the saver's last committed save keeps its own)",
+            request.name,
+            self.committer.part_timeout,
+        )
 
     async def _guarded(self, job: SaveJob, work: Awaitable[None]) -> None:
         """Run a job's steps; any failure fails the job (a cancel leaves it journaled)."""

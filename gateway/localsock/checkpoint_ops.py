@@ -62,11 +62,23 @@ async def _wait(parts: Parts, args: Mapping[str, Any], answer: Answer) -> dict[s
         min(args["timeout"], _WAIT_SLICE),
         asked=_asked_save(args),
     )
+    knows = args["level"] == "replicated"
     if job.error is not None:
-        return error_answer(job.error) | {"job": job.describe()}
+        return error_answer(job.error) | {"job": _told(job.describe(), knows=knows)}
     # met: the level asked is reached (a save without replicas meets "replicated" at
     # "local", which its durability says).
-    return {"ok": True, "met": job.meets(Durability.parse(args["level"]))} | job.describe()
+    met = job.meets(Durability.parse(args["level"]))
+    return {"ok": True, "met": met} | _told(job.describe(), knows=knows)
+
+
+def _told(described: dict[str, Any], *, knows: bool) -> dict[str, Any]:
+    """A job's description as a client is told it: the level ``replicated`` only to
+    a client that shows it knows the name (it asked for that level, or gave
+    ``replicas``); an older client knows three levels (its ``DURABILITY_LEVELS.index``
+    raised on a fourth), and is told ``local``, which a replicated save also is."""
+    if not knows and described.get("durability") == "replicated":
+        described["durability"] = "local"
+    return described
 
 
 @FAMILY.op("ckpt_commit")
@@ -189,7 +201,8 @@ async def _save(parts: Parts, args: Mapping[str, Any], answer: Answer) -> dict[s
     except BaseException:
         data.close()
         raise
-    return {"ok": True} | job.describe()
+    knows = args["durability"] == "replicated" or args["replicas"] is not None
+    return {"ok": True} | _told(job.describe(), knows=knows)
 
 
 @FAMILY.op("ckpt_chunks")

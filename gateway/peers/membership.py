@@ -54,6 +54,14 @@ class Peer:
     last_change: float = field(default_factory=time.time)
     #: the labels its entry gives (``{"rack": "r1"}``); empty: none
     labels: dict[str, str] = field(default_factory=dict)
+    #: the IP addresses it connects from: its address's IP literal, or what its host
+    #: name resolved to when last looked up (empty: not known yet, or this node)
+    ips: frozenset[str] = frozenset()
+
+    def connects_from(self, ip: str | None) -> bool:
+        """Whether a connection from ``ip`` may be this member's (the replica routes
+        take a push or note in its name only from it)."""
+        return ip is not None and _normal_ip(ip) in self.ips
 
     @property
     def domain(self) -> str:
@@ -215,12 +223,18 @@ class Membership:
         lookup of each member host name found."""
         ips: set[str] = set()
         for host in self._member_hosts():
-            literal = _normal_ip(host)
-            if literal:
-                ips.add(literal)
-            else:
-                ips |= self._looked_up.get(host, (0.0, frozenset[str]()))[1]
+            ips |= self._ips_of(host)
         self._member_ips = frozenset(ips)
+        for address, peer in self._members.items():
+            with contextlib.suppress(ValueError):
+                if address != self.address:
+                    peer.ips = self._ips_of(split_listen(address)[0])
+
+    def _ips_of(self, host: str) -> frozenset[str]:
+        literal = _normal_ip(host)
+        if literal:
+            return frozenset((literal,))
+        return self._looked_up.get(host, (0.0, frozenset[str]()))[1]
 
     async def _look_up_members(self) -> None:
         """Look up the member host names not looked up for ``_HOST_LOOKUP_INTERVAL``

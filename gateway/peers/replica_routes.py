@@ -4,8 +4,8 @@ one of them (a request without the token is refused before it gets here).
 
 ::
 
-    PUT  /v1/peer/replicas/{backend}/{id}?save=S&saver=ADDR   one chunk (the body)
-    POST /v1/peer/replicas/saves?save=S&saver=ADDR&state=replicated|remote
+    PUT  /v1/peer/replicas/{backend}/{id}?save=S&saver=ADDR&seq=N   one chunk (the body)
+    POST /v1/peer/replicas/saves?save=S&saver=ADDR&seq=N&state=replicated|remote
 
 The protocol is written down in :mod:`chunkd.gateway.peers.replicas`. A push is
 checked before its body is read (member, own saver, length, per-sender bound,
@@ -22,10 +22,12 @@ The routes are added by :func:`add_replica_routes`, called from
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import Callable
 from typing import Final
 
+import aiohttp
 from aiohttp import web
 
 from chunkd.cache import ChunkId
@@ -39,13 +41,15 @@ __all__ = ["REPLICAS", "add_replica_routes"]
 REPLICAS: Final[web.AppKey[ReplicaStore | None]] = web.AppKey("replicas")
 
 
-#: a push admitted before its body: (chunk id, save, saver, release of its slot)
-_Slot = tuple[ChunkId, str, str, Callable[[], None]]
+#: a push admitted before its body: (chunk id, save, saver, seq, release of its slot)
+_Slot = tuple[ChunkId, str, str, int, Callable[[], None]]
 #: where the Expect handler leaves a push's slot for the route
-_SLOT: Final = "chunkd.replica_slot"
+_SLOT: Final[web.RequestKey[_Slot]] = web.RequestKey("chunkd.replica_slot")
 
 #: a save id, as :data:`chunkd.gateway.checkpoints.model.SAVE_ID_RE` spells it
 _SAVE_ID_RE: Final = re.compile(r"[A-Za-z0-9_-]{1,64}")
+#: a save's seq (SaveRequest.seq): a whole number below 2**63
+_SEQ_RE: Final = re.compile(r"[0-9]{1,19}")
 
 
 def add_replica_routes(app: web.Application) -> None:
@@ -67,12 +71,20 @@ def _store(request: web.Request) -> ReplicaStore | None:
     return request.app.get(REPLICAS)
 
 
-def _save_of(request: web.Request) -> tuple[str, str]:
+def _save_of(request: web.Request) -> tuple[str, str, int]:
     save = request.query.get("save", "")
     saver = request.query.get("saver", "")
-    if not _SAVE_ID_RE.fullmatch(save) or not 0 < len(saver) <= 300:
-        raise ReplicaRefused(400, "invalid", "a replica request names save= (a save id) and saver=")
-    return save, saver
+    seq = request.query.get("seq", "")
+    if (
+        not _SAVE_ID_RE.fullmatch(save)
+        or not 0 < len(saver) <= 300
+        or not _SEQ_RE.fullmatch(seq)
+        or int(seq) >= 1 << 63
+    ):
+        raise ReplicaRefused(
+            400, "invalid", "a replica request names save= (a save id), saver= and seq="
+        )
+    return save, saver, int(seq)
 
 
 def _admit(request: web.Request, store: ReplicaStore) -> _Slot:
@@ -81,11 +93,26 @@ def _admit(request: web.Request, store: ReplicaStore) -> _Slot:
         cid = ChunkId.parse(request.match_info["id"])
     except InvalidChunkIdError as exc:
         raise ReplicaRefused(400, "invalid", str(exc)) from None
-    save, saver = _save_of(request)
+    save, saver, seq = _save_of(request)
     chunked = request.headers.get("Transfer-Encoding", "").lower() not in ("", "identity")
     length = None if chunked else request.content_length
-    release = store.admit(request.headers.get("X-Chunkd-Peer"), saver, length)
-    return cid, save, saver, release
+    sender = request.headers.get("X-Chunkd-Peer")
+    release = store.admit(sender, saver, length)
+    if not _from_member(request, sender):
+        release()
+        raise ReplicaRefused(401, "refused", "a replica push comes from its member's own address")
+    return cid, save, saver, seq, release
+
+
+def _from_member(request: web.Request, address: str | None) -> bool:
+    """Whether the connection comes from ``address``'s member: its IP is one the
+    member's address names or resolves to (:meth:`.membership.Peer.connects_from`).
+    The token alone would let any holder of it push or note in a member's name."""
+    peers = request.app.get(PEERS)
+    if peers is None or address is None:
+        return False
+    member = next((p for p in peers.members if p.address == address), None)
+    return member is not None and member.connects_from(request.remote)
 
 
 async def _expect(request: web.Request) -> web.StreamResponse | None:
@@ -105,11 +132,20 @@ async def _expect(request: web.Request) -> web.StreamResponse | None:
     ):
         return _refusal(401, "Unauthorized", "peer routes want the peer token", close=True)
     try:
-        request[_SLOT] = _admit(request, store)
+        slot = request[_SLOT] = _admit(request, store)
     except ReplicaRefused as exc:
         store.metrics.replica_received.labels(exc.outcome).inc()
         return _refusal(exc.status, _kind(exc), str(exc), close=True)
-    await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+    # The slot is let go when the request's task ends, whatever ends it: the write
+    # below or aiohttp's drain after it failing (the sender closed), a middleware's
+    # refusal, or the sender closing mid-body; _push lets it go sooner (idempotent).
+    task = asyncio.current_task()
+    assert task is not None
+    task.add_done_callback(lambda _task: slot[4]())
+    try:
+        await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+    except ConnectionError:  # the sender closed after its head: nothing to answer
+        return _refusal(400, "InvalidRequest", "the push was closed before its body", close=True)
     request.writer.output_size = 0
     return None
 
@@ -125,18 +161,24 @@ async def _push(request: web.Request) -> web.StreamResponse:
         except ReplicaRefused as exc:
             store.metrics.replica_received.labels(exc.outcome).inc()
             return _refusal(exc.status, _kind(exc), str(exc), close=True)
-    cid, save, saver, release = slot
+    cid, save, saver, seq, release = slot
     try:
         length = request.content_length or 0
-        body = await request.content.readexactly(length) if length else b""
-        await store.store(saver, save, cid, memoryview(body))
+        try:
+            body = await request.content.readexactly(length) if length else b""
+        except (asyncio.IncompleteReadError, ConnectionError, aiohttp.ClientError):
+            store.metrics.replica_received.labels("invalid").inc()
+            return _refusal(400, "InvalidRequest", "the push's body ended early", close=True)
+        kept = await store.store(saver, save, cid, memoryview(body), seq=seq)
     except ReplicaRefused as exc:
         store.metrics.replica_received.labels(exc.outcome).inc()
         return _refusal(exc.status, _kind(exc), str(exc))
     finally:
         release()
-    store.metrics.replica_received.labels("stored").inc()
-    return web.json_response({"ok": True})
+    # Not kept: a save older than one of its saver's already whole here (200: the
+    # saver has nothing to do about it).
+    store.metrics.replica_received.labels("stored" if kept else "refused").inc()
+    return web.json_response({"ok": True, "kept": kept})
 
 
 async def _note(request: web.Request) -> web.StreamResponse:
@@ -145,14 +187,21 @@ async def _note(request: web.Request) -> web.StreamResponse:
         return _refusal(404, "NotFound", "this node takes no replicas")
     state = request.query.get("state")
     try:
-        save, saver = _save_of(request)
+        save, saver, seq = _save_of(request)
     except ReplicaRefused as exc:
         return _refusal(exc.status, _kind(exc), str(exc))
     if state not in ("replicated", "remote"):
         return _refusal(400, "InvalidRequest", "state= is 'replicated' or 'remote'")
-    if saver != request.headers.get("X-Chunkd-Peer") or not store.is_member(saver):
-        return _refusal(401, "Unauthorized", "a member notes its own saves only")
-    store.note(saver, save, replicated=state == "replicated", remote=state == "remote")
+    if (
+        saver != request.headers.get("X-Chunkd-Peer")
+        or not store.is_member(saver)
+        or not _from_member(request, saver)
+    ):
+        return _refusal(
+            401, "Unauthorized", "a member notes its own saves only, from its own address"
+        )
+    store.note(saver, save, replicated=state == "replicated", remote=state == "remote", seq=seq)
+    store.sweep()
     return web.json_response({"ok": True})
 
 

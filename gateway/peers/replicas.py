@@ -39,8 +39,9 @@ restorable.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
-from collections import OrderedDict
+import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
@@ -49,6 +50,7 @@ from urllib.parse import quote
 import aiohttp
 
 from chunkd.cache import MAX_CHUNK_BYTES, Chunk, ChunkId, ChunkLease
+from chunkd.gateway.config.addresses import split_listen
 from chunkd.gateway.peers.placement import rank_owners
 
 if TYPE_CHECKING:
@@ -130,6 +132,8 @@ class _Held:
 
 @dataclass
 class _Save:
+    #: the saver's order of its saves (the save request's ``seq``): later is larger
+    seq: int
     chunks: set[ChunkId] = field(default_factory=set)
     replicated: bool = False
     remote: bool = False
@@ -143,6 +147,8 @@ class ReplicaStore:
         metrics: the daemon's metrics.
         budget: ``[peers] replica_budget``: bytes of replicas held and being received.
         is_member: whether an address is another member of the cluster.
+        grace: seconds the replicas of a saver that is no longer a member stay
+            (``[peers] holder_ttl``); then they are let go (:meth:`sweep`).
     """
 
     def __init__(
@@ -151,13 +157,23 @@ class ReplicaStore:
         metrics: Metrics,
         budget: int,
         is_member: Callable[[str], bool],
+        *,
+        grace: float = 600.0,
     ) -> None:
         self.cache = cache
         self.metrics = metrics
         self.budget = budget
+        self.grace = grace
+        # The RAM tier takes no chunk larger than the cache's chunk_bytes: such a push
+        # is refused before its body, not once it is read and hashed.
+        self.max_chunk = min(MAX_CHUNK_BYTES, cache.config.chunk_bytes)
         self._is_member = is_member
         self._held: dict[ChunkId, _Held] = {}
-        self._saves: dict[str, OrderedDict[str, _Save]] = {}
+        self._saves: dict[str, dict[str, _Save]] = {}
+        #: per saver, the seq of its newest save known whole (replicated and remote)
+        self._whole: dict[str, int] = {}
+        #: savers with replicas here that are no longer members, since when (monotonic)
+        self._gone: dict[str, float] = {}
         self._used = 0
         self._reserved = 0
         self._in_flight: dict[str, int] = {}
@@ -184,6 +200,7 @@ class ReplicaStore:
             "bytes": self._used,
             "chunks": len(self._held),
             "savers": {s: list(saves) for s, saves in self._saves.items()},
+            "reserved": self._reserved,
         }
 
     def admit(self, sender: str | None, saver: str, length: int | None) -> Callable[[], None]:
@@ -203,9 +220,9 @@ class ReplicaStore:
             )
         if length is None:
             raise ReplicaRefused(411, "invalid", "a replica push states its Content-Length")
-        if not 0 <= length <= MAX_CHUNK_BYTES:
+        if not 0 <= length <= self.max_chunk:
             raise ReplicaRefused(
-                413, "invalid", f"a replica is one chunk, at most {MAX_CHUNK_BYTES} bytes"
+                413, "invalid", f"a replica is one chunk, at most {self.max_chunk} bytes here"
             )
         if self._in_flight.get(sender, 0) >= MAX_IN_FLIGHT_PER_SENDER:
             raise ReplicaRefused(
@@ -213,6 +230,8 @@ class ReplicaStore:
                 "refused",
                 f"{MAX_IN_FLIGHT_PER_SENDER} replica pushes of {sender} are in flight here",
             )
+        if self._used + self._reserved + length > self.budget:
+            self.sweep()  # a gone saver's replicas make room first
         if self._used + self._reserved + length > self.budget:
             raise ReplicaRefused(
                 507,
@@ -237,9 +256,13 @@ class ReplicaStore:
 
         return release
 
-    async def store(self, saver: str, save: str, cid: ChunkId, body: memoryview) -> None:
-        """Verify ``body`` against ``cid`` and keep it for ``saver``'s ``save``
-        (after :meth:`admit`, whose reservation covers it).
+    async def store(
+        self, saver: str, save: str, cid: ChunkId, body: memoryview, *, seq: int
+    ) -> bool:
+        """Verify ``body`` against ``cid`` and keep it for ``saver``'s ``save`` (its
+        ``seq``), after :meth:`admit`, whose reservation covers it. False: not kept,
+        since the save is older than one of the saver's already whole here (a late
+        push), or was let go while the chunk went into the RAM tier.
 
         Raises:
             ReplicaRefused: the bytes are not the chunk (422), or the RAM tier declined
@@ -250,59 +273,89 @@ class ReplicaStore:
             raise ReplicaRefused(
                 422, "invalid", f"the {body.nbytes} bytes pushed hash to {got}, not {cid}"
             )
-        entry = self._save(saver, save)
+        if seq < self._whole.get(saver, -1):
+            return False
         held = self._held.get(cid)
+        lease = None
         if held is None:
             lease = await self.cache.ram.put_leased(Chunk.trusted(cid, body))
             if lease is None:
                 raise ReplicaRefused(
                     507, "full", "this node's RAM tier is full of pinned chunks; push to the next"
                 )
-            held = self._held.get(cid)  # another push of it may have landed meanwhile
-            if held is None:
-                held = self._held[cid] = _Held(lease, body.nbytes)
-                self._used += body.nbytes
-                self.metrics.replica_bytes.set(self._used)
-            else:
+        # Looked up after the await: a note may have let the save go meanwhile, or
+        # another push of the chunk landed.
+        if seq < self._whole.get(saver, -1):
+            if lease is not None:
                 lease.release()
+            return False
+        entry = self._save(saver, save, seq)
+        held = self._held.get(cid)
+        if held is None:
+            assert lease is not None
+            held = self._held[cid] = _Held(lease, body.nbytes)
+            self._used += body.nbytes
+            self.metrics.replica_bytes.set(self._used)
+        elif lease is not None:
+            lease.release()
         held.saves.add((saver, save))
         entry.chunks.add(cid)
+        return True
 
-    def note(self, saver: str, save: str, *, replicated: bool, remote: bool) -> None:
-        """The saver says ``save`` went out whole (``replicated``) or is committed
-        (``remote``); the saves this makes unneeded are let go.
+    def note(self, saver: str, save: str, *, replicated: bool, remote: bool, seq: int) -> None:
+        """The saver says ``save`` (its ``seq``) went out whole (``replicated``) or is
+        committed (``remote``); the saves this makes unneeded are let go.
 
         Once a save is both (here, or elsewhere: a ``remote`` note for a save this
-        node holds nothing of comes only once its pushes are over), every other save
-        of that saver held here that is remote is let go, and every one that came
-        here before it: the newer committed save is the one a restore wants.
+        node holds nothing of comes only once every chunk of it got its copies),
+        every save of that saver with a smaller ``seq`` is let go, committed or not:
+        the newer committed save is the one a restore wants. A late note of a save
+        older than one already whole here lets nothing go.
         """
+        if seq < self._whole.get(saver, -1):
+            return
         saves = self._saves.get(saver)
         entry = None if saves is None else saves.get(save)
         if entry is None and replicated:
-            entry = self._save(saver, save)
+            entry = self._save(saver, save, seq)
         if entry is not None:
             entry.replicated |= replicated
             entry.remote |= remote
             whole = entry.replicated and entry.remote
         else:
             whole = remote
-        saves = self._saves.get(saver)
-        if not whole or saves is None:
+        if not whole:
             return
-        order = list(saves)
-        before = set(order[: order.index(save)]) if save in saves else set()
-        for name in order:
-            if name != save and (saves[name].remote or name in before):
+        self._whole[saver] = seq
+        for name, older in list(self._saves.get(saver, {}).items()):
+            if older.seq < seq:
                 self._let_go(saver, name)
 
-    def _save(self, saver: str, save: str) -> _Save:
-        saves = self._saves.setdefault(saver, OrderedDict())
+    def sweep(self, now: float | None = None) -> None:
+        """Let go of the replicas of savers that have not been members for
+        :attr:`grace` seconds (a replaced node under a new address never notes its
+        saves again; its restore asks by the old address, which is gone)."""
+        now = time.monotonic() if now is None else now
+        for saver in list(self._saves):
+            if self._is_member(saver):
+                self._gone.pop(saver, None)
+            elif now - self._gone.setdefault(saver, now) >= self.grace:
+                log.info("replicas: %s is no longer a member; letting its replicas go", saver)
+                for save in list(self._saves.get(saver, ())):
+                    self._let_go(saver, save)
+                self._gone.pop(saver, None)
+                self._whole.pop(saver, None)
+        for saver in list(self._whole):
+            if saver not in self._saves and not self._is_member(saver):
+                del self._whole[saver]
+
+    def _save(self, saver: str, save: str, seq: int) -> _Save:
+        saves = self._saves.setdefault(saver, {})
         entry = saves.get(save)
         if entry is None:
-            entry = saves[save] = _Save()
+            entry = saves[save] = _Save(seq)
             while len(saves) > MAX_SAVES_PER_SAVER:
-                self._let_go(saver, next(iter(saves)))
+                self._let_go(saver, min(saves, key=lambda name: saves[name].seq))
         return entry
 
     def _let_go(self, saver: str, save: str) -> None:
@@ -342,6 +395,8 @@ class PushReport:
 
     wanted: int
     chunks: int = 0
+    #: the save's seq (its notes carry it)
+    seq: int = 0
     #: chunks with ``wanted`` copies, and the fewest copies any chunk got
     whole: int = 0
     fewest: int = 0
@@ -386,6 +441,7 @@ class Replicas:
             metrics,
             peers.config.replica_budget,
             lambda a: a != peers.address and any(p.address == a for p in peers.members),
+            grace=peers.config.holder_ttl,
         )
         # Answers to held requests for a replica count as role replica.
         peers.is_replica = self.store.holds
@@ -422,10 +478,24 @@ class Replicas:
                     total=self.peers.config.request_timeout, connect=self.peers.config.timeout
                 ),
                 # Pushes and notes reuse kept-alive connections (a push's body no
-                # longer counts against the next request's head bound: 09a623c).
-                connector=aiohttp.TCPConnector(ssl=tls.client if tls is not None else True),
+                # longer counts against the next request's head bound: 09a623c), from
+                # this node's own address: a receiver takes a push or note in a
+                # member's name only from that member's address.
+                connector=aiohttp.TCPConnector(
+                    ssl=tls.client if tls is not None else True, local_addr=self._local_addr()
+                ),
             )
         return self._session
+
+    def _local_addr(self) -> tuple[str, int] | None:
+        """Where pushes and notes leave from: this node's address's IP (None: a host
+        name, left to the kernel)."""
+        try:
+            host = split_listen(self.peers.address)[0]
+            ipaddress.ip_address(host)
+        except ValueError:
+            return None
+        return host, 0
 
     async def close(self) -> None:
         """Close the push connections and let go of every held replica."""
@@ -440,11 +510,15 @@ class Replicas:
         chunks: Mapping[ChunkId, int],
         source: Callable[[ChunkId], Awaitable[ChunkLease]],
         k: int,
+        *,
+        seq: int,
     ) -> PushReport:
         """Push every chunk of ``chunks`` to ``k`` targets that take it (the next one
         when a target is down, full or failing), then tell each target that took any
-        that the save went out whole (``state=replicated``)."""
-        report = PushReport(wanted=k, chunks=len(chunks))
+        that the save (``seq``: its order among this node's saves) went out whole
+        (``state=replicated``). A chunk ``source`` fails to read fails the push: the
+        other chunks' pushes are cancelled (their leases let go) before it raises."""
+        report = PushReport(wanted=k, chunks=len(chunks), seq=seq)
         order = self.targets(save_id)
         healthy = set(self.peers.healthy())
         # A target that is down, or refused this save (full, failed), is skipped for
@@ -465,7 +539,7 @@ class Replicas:
                             break
                         if target in skipped:
                             continue
-                        outcome = await self._put(target, backend, save_id, cid, body)
+                        outcome = await self._put(target, backend, save_id, seq, cid, body)
                         self.metrics.replica_pushes.labels(target, outcome).inc()
                         if outcome == "ok":
                             got += 1
@@ -474,12 +548,19 @@ class Replicas:
                             skipped.add(target)
                 copies.append(got)
 
-        await asyncio.gather(*(replicate(c) for c in chunks))
+        tasks = [asyncio.ensure_future(replicate(c)) for c in chunks]
+        try:
+            await asyncio.gather(*tasks)
+        except BaseException:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
         report.whole = sum(1 for n in copies if n >= k)
         report.fewest = min(copies, default=k)
         report.targets = [a for a in order if a in took]
         self.metrics.replica_saves.labels(report.outcome).inc()
-        await self.note(report.targets, save_id, "replicated")
+        await self.note(report.targets, save_id, "replicated", seq=seq)
         return report
 
     async def committed(self, save_id: str, report: PushReport) -> None:
@@ -490,18 +571,18 @@ class Replicas:
             targets = [p.address for p in self.peers.members if p.address != self.address]
         else:
             targets = report.targets
-        await self.note(targets, save_id, "remote")
+        await self.note(targets, save_id, "remote", seq=report.seq)
 
-    async def note(self, targets: Iterable[str], save_id: str, state: str) -> None:
-        """Tell ``targets`` that this node's ``save_id`` is ``state`` (best effort: a
-        target that misses it lets the save go with a later one)."""
+    async def note(self, targets: Iterable[str], save_id: str, state: str, *, seq: int) -> None:
+        """Tell ``targets`` that this node's ``save_id`` (its ``seq``) is ``state``
+        (best effort: a target that misses it lets the save go with a later one)."""
         session = self._open()
         saver = quote(self.peers.address, safe="")
 
         async def tell(target: str) -> None:
             url = (
                 f"{self._scheme}://{target}/v1/peer/replicas/saves"
-                f"?save={quote(save_id, safe='')}&saver={saver}&state={state}"
+                f"?save={quote(save_id, safe='')}&saver={saver}&state={state}&seq={seq}"
             )
             try:
                 async with session.post(url) as response:
@@ -523,13 +604,14 @@ class Replicas:
         await asyncio.gather(*(tell(t) for t in targets))
 
     async def _put(
-        self, target: str, backend: str, save_id: str, cid: ChunkId, body: memoryview
+        self, target: str, backend: str, save_id: str, seq: int, cid: ChunkId, body: memoryview
     ) -> str:
         """One push: ``ok``, ``full`` or ``failed``."""
         session = self._open()
         url = (
             f"{self._scheme}://{target}/v1/peer/replicas/{quote(backend, safe='')}/{cid}"
             f"?save={quote(save_id, safe='')}&saver={quote(self.peers.address, safe='')}"
+            f"&seq={seq}"
         )
         slot = self._per_target.setdefault(target, asyncio.Semaphore(_PUSHES_PER_TARGET))
         for attempt in range(_BUSY_TRIES):

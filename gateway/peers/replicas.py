@@ -8,24 +8,28 @@ after a crash restores its part from its peers, not from the backend.
                every member of its failure domain (its ``rack=`` label; a member
                without one is a domain of its own)
     push       for each chunk of the saver's part, in the background once the part
-               is local: PUT /v1/peer/replicas/{backend}/{id}?save=S&saver=ADDR to
+               is local: PUT /v1/peer/replicas/{backend}/{id}?save=S&saver=ADDR&seq=N to
                the first K targets of that order that accept (a down, full or
                failing one: the next); body = the chunk, at most MAX_CHUNK_BYTES
-    receive    refused before the body is read when the sender is not a member or
-               is not the saver it names (401 refused), has MAX_IN_FLIGHT_PER_SENDER
+    receive    refused before the body is read when the sender is not a member, is
+               not the saver it names or does not connect from that member's
+               address (401 refused), has MAX_IN_FLIGHT_PER_SENDER
                pushes in flight (429 refused), names no length or more than a chunk
                (411/413 invalid), or would take the store past replica_budget (507
                full); else the body is read, verified against its id (422 invalid),
                and kept in the RAM tier, pinned (200 stored)
-    note       POST /v1/peer/replicas/saves?save=S&saver=ADDR&state=replicated
+    note       POST /v1/peer/replicas/saves?save=S&saver=ADDR&seq=N&state=replicated
                once every chunk of S went out (to each target that took one), and
                &state=remote once S is committed and its pushes are over (to every
                other member when every chunk got K copies, else to S's targets)
-    lifetime   a saver's save S is held on a node until S is remote and a later save
-               of that saver is committed and replicated (on this node or others);
-               a save that came to this node before one that is both is let go too
-               (never committed, or superseded); at most MAX_SAVES_PER_SAVER saves of
-               one saver are held (the oldest goes), and replica_budget bounds them
+    lifetime   seq (SaveRequest.seq, ns at the save) orders one saver's saves; a save
+               is held on a node until a later save of that saver (larger seq) is
+               committed and replicated (on this node or others): then every save
+               of that saver with a smaller seq is let go; a late note or push of
+               an older save lets nothing go and is not kept; at most
+               MAX_SAVES_PER_SAVER saves of one saver are held (the smallest seq
+               goes), a saver no longer a member is let go after holder_ttl, and
+               replica_budget bounds them
     restore    a node loading a part whose document names its saver (``node``) and
                ``replicas`` K asks the first K + RESTORE_EXTRA targets of the same
                order, as holder requests (``held=1``: an answer from what the node

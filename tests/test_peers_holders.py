@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -429,6 +430,91 @@ def test_an_asker_follows_only_member_holders_within_its_bound_per_peer(
     assert seen["most"] == 2  # pipelined, and bounded per peer
     assert asker.metric("chunkd_peer_requests_total", peer=owner, outcome="holders") == len(theirs)
     assert asker.metric("chunkd_peer_requests_total", outcome="error") == 0
+
+
+@pytest.mark.timeout(60)
+def test_a_holder_request_waits_while_the_holders_fetch_progresses(
+    start_daemon: Callable[..., Daemon], tmp_path: Path, bucket: str, s3_proxy: CountingProxy
+) -> None:
+    # A node restoring with a window of many chunks receives each slowly: a holder
+    # request waits on its fetch as long as that fetch receives bytes (here 6 s, three
+    # times the 2 s timeout), and gives up only on a fetch silent for a timeout.
+    state = state_of(21, 16)
+    port = free_port()
+    saver = start(
+        start_daemon,
+        holder_toml(tmp_path, bucket, s3_proxy, "saver", port, [port]),
+        tmp_path / "saver",
+        port,
+    )
+    with Client(saver.cwd / "chunkd.sock") as client:
+        ckpt.save(state, "ckpt/slow/1", client=client)
+        chunks = list(chunks_of(ckpt.manifest("ckpt/slow/1", client=client)))
+    data = {c: ask(saver, f"/v1/peer/chunks/ckpt/{c}?held=1", None)[2] for c in chunks}
+    saver.stop()
+    while True:  # an owner port that owns two chunks at least
+        slow_port = free_port()
+        members = [f"127.0.0.1:{port}", f"127.0.0.1:{slow_port}"]
+        owned = [c for c in chunks if rank_owners(members, bytes.fromhex(c))[0] == members[1]]
+        if len(owned) >= 2:
+            break
+    dribbled, silent = owned[:2]
+    began = {dribbled: threading.Event(), silent: threading.Event()}
+
+    async def chunk(request: web.Request) -> web.StreamResponse:
+        c = request.match_info["id"]
+        response = web.StreamResponse()
+        response.content_length = len(data[c])
+        await response.prepare(request)
+        if c in began:
+            began[c].set()
+        if c == dribbled:  # 16 pieces, 0.4 s apart
+            piece = len(data[c]) // 16
+            for i in range(16):
+                await asyncio.sleep(0.4)
+                await response.write(data[c][i * piece : (i + 1) * piece])
+        else:
+            if c == silent:  # nothing for 6 s, then all of it
+                await asyncio.sleep(6)
+            await response.write(data[c])
+        await response.write_eof()
+        return response
+
+    async def healthz(request: web.Request) -> web.Response:
+        return web.json_response({"ok": True})
+
+    def restored(node: Daemon) -> dict[str, torch.Tensor]:
+        with Client(node.cwd / "chunkd.sock") as client:
+            return ckpt.load("ckpt/slow/1", client=client)
+
+    app = web.Application()
+    app.router.add_get("/v1/peer/chunks/{backend}/{id}", chunk)
+    app.router.add_get("/healthz", healthz)
+    with serving(app, slow_port):
+        node = start(
+            start_daemon,
+            holder_toml(tmp_path, bucket, s3_proxy, "node", port, [port, slow_port]),
+            tmp_path / "node",
+            port,
+        )
+        deadline = time.monotonic() + 20
+        while node.metric("chunkd_peer_healthy") < 2:
+            assert time.monotonic() < deadline, "the node never saw its peer up"
+            time.sleep(0.1)
+        with ThreadPoolExecutor(3) as pool:
+            restore = pool.submit(restored, node)
+            assert all(e.wait(20) for e in began.values())
+            asks = {
+                c: pool.submit(ask, node, f"/v1/peer/chunks/ckpt/{c}?held=1&wait=1", None)
+                for c in began
+            }
+            status, _, body = asks[dribbled].result()
+            assert (status, body) == (200, data[dribbled])  # 6 s, never silent for 2
+            status, _, body = asks[silent].result()
+            assert (status, json.loads(body)["error"]) == (404, "NotHeld")  # silent: given up
+            back = restore.result()
+        assert all(torch.equal(back[k], state[k]) for k in state)
+        assert "Traceback" not in node.log.read_text()
 
 
 @pytest.mark.timeout(60)

@@ -24,7 +24,9 @@ Peer protocol (on the HTTP port; every request carries ``Authorization: Bearer
     GET /v1/peer/chunks/{backend}/{id}?held=1&wait=1
                                          a holder request: from the tiers, or after
                                          this node's own fetch of the chunk in flight
-                                         (at most ``timeout``), else 404 NotHeld
+                                         (waiting while that fetch progresses: until
+                                         it is silent for ``timeout``, at most
+                                         ``request_timeout``), else 404 NotHeld
     GET /v1/peer/chunks/{backend}/{id}?holders=1&forget=1&bad=a:p
                                          a note to the owner: holders that failed
                                          this node before a later one gave the
@@ -107,7 +109,7 @@ log = logging.getLogger("chunkd.gateway.peers")
 
 # A handoff's query: answer from what you hold, or 404 at once (see the module docstring).
 _HELD: Final = {"held": "1"}
-# A holder request: what you hold, or your own fetch of it in flight (at most timeout).
+# A holder request: what you hold, or your own fetch of it in flight (while it progresses).
 _HOLDER: Final = {"held": "1", "wait": "1"}
 # An owner request from a node that follows a 300 (an older daemon sends none, and is
 # always served).
@@ -129,6 +131,18 @@ class _NotAsked(TimeoutError):
     """The request never reached the member: no turn free for a holder request, the
     member went down while the request waited for its turn, or the wait for a turn
     passed ``request_timeout``. Never counted against the member's health."""
+
+
+class _OwnFetch:
+    """This node's own fetch of one chunk in flight (:meth:`PeerClient.holding`):
+    its result for the holder requests that wait on it, and when it last made
+    progress (a request for the chunk sent, or a piece of an answer received)."""
+
+    __slots__ = ("done", "heard")
+
+    def __init__(self, done: asyncio.Future[memoryview | None]) -> None:
+        self.done = done
+        self.heard = time.monotonic()
 
 
 class PeerClient:
@@ -168,7 +182,7 @@ class PeerClient:
         self._notes: set[asyncio.Task[None]] = set()  # forget=1 notes in flight
         # This node's fetches of checkpoint chunks in flight (holding): holder requests
         # for them wait (fetching). One per chunk: the restore's single flight.
-        self._fetching: dict[ChunkId, asyncio.Future[memoryview | None]] = {}
+        self._fetching: dict[ChunkId, _OwnFetch] = {}
 
     def open(self) -> aiohttp.ClientSession:
         """Open the HTTP session (requests and probes share it) and return it."""
@@ -244,7 +258,8 @@ class PeerClient:
         id at once (another backend's) runs untracked."""
         if cid in self._fetching:
             return await fetch()
-        tracked = self._fetching[cid] = asyncio.get_running_loop().create_future()
+        tracked = asyncio.get_running_loop().create_future()
+        self._fetching[cid] = _OwnFetch(tracked)
         data = None
         try:
             data = await fetch()
@@ -257,15 +272,30 @@ class PeerClient:
 
     async def fetching(self, cid: ChunkId, *, wait: float) -> memoryview | None:
         """Chunk ``cid`` once this node's own fetch of it (in flight now,
-        :meth:`holding`) is done, waiting ``wait`` seconds at most: a holder request's wait.
-        None: no such fetch, it failed or found nothing, or it took longer."""
+        :meth:`holding`) is done: a holder request's wait. It waits while that fetch
+        makes progress: until it has been silent (no request for ``cid`` sent, no piece
+        of an answer received) for ``wait`` seconds, counted from this wait's start at
+        the earliest, and ``request_timeout`` at most in all. None: no such fetch, it
+        failed or found nothing, it went silent, or the cap passed.
+
+        A node fetching with a window of many chunks receives each at a fraction of
+        its link, so one chunk may take far longer than ``wait``; a fetch that waits on
+        a holder that waits on it (a cycle an owner change can make) progresses on
+        neither side, and the silence ends both waits."""
         running = self._fetching.get(cid)
         if running is None:
             return None
-        try:
-            return await asyncio.wait_for(asyncio.shield(running), wait)
-        except TimeoutError:
-            return None
+        start = time.monotonic()
+        cap = start + self.config.request_timeout
+        while True:
+            now = time.monotonic()
+            left = min(max(running.heard, start) + wait, cap) - now
+            if left <= 0:
+                return None
+            try:
+                return await asyncio.wait_for(asyncio.shield(running.done), left)
+            except TimeoutError:
+                continue  # progress meanwhile moved the end of the silence on, or not
 
     def _replica_sources(self, replicas: Sequence[str]) -> list[str]:
         """The addresses of ``replicas`` worth asking: healthy members, not this node,
@@ -283,7 +313,7 @@ class PeerClient:
         owner again with ``direct=1``, naming the holders that failed)."""
         url = f"{self._scheme}://{owner}/v1/peer/{route}"
         try:
-            answer = await self._ask(owner, url, [_HOLDERS_OK], choices=True)
+            answer = await self._ask(owner, url, [_HOLDERS_OK], choices=True, chunk=cid)
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             self._failed(owner, exc, "a chunk request")
             log.info("peer %s did not give chunk %s (%s); trying the next", owner, cid, exc)
@@ -304,7 +334,7 @@ class PeerClient:
             # owner serves, and drops the failed ones from the chunk's list.
             direct = [_HOLDERS_OK, ("direct", "1"), *(("bad", b) for b in bad)]
             try:
-                answer = await self._ask(owner, url, direct)
+                answer = await self._ask(owner, url, direct, chunk=cid)
             except (aiohttp.ClientError, TimeoutError, OSError) as exc:
                 self._failed(owner, exc, "a direct chunk request")
                 log.info("peer %s did not give chunk %s (%s); trying the next", owner, cid, exc)
@@ -367,7 +397,7 @@ class PeerClient:
         url = f"{self._scheme}://{peer}/v1/peer/{route}"
         query = {**params, "role": "holder" if role == "handoff" else role}
         try:
-            answer = await self._ask(peer, url, query, holder="wait" in params)
+            answer = await self._ask(peer, url, query, holder="wait" in params, chunk=cid)
         except _NotAsked as exc:
             self._failed(peer, exc, f"a {role} request")
             log.debug("peer %s not asked for chunk %s as %s (%s)", peer, cid, role, exc)
@@ -474,7 +504,14 @@ class PeerClient:
         return None
 
     async def _ask(
-        self, owner: str, url: str, params: _Query, *, choices: bool = False, holder: bool = False
+        self,
+        owner: str,
+        url: str,
+        params: _Query,
+        *,
+        choices: bool = False,
+        holder: bool = False,
+        chunk: ChunkId | None = None,
     ) -> tuple[int, dict[str, str], memoryview] | None:
         """GET ``url`` from ``owner``: (status, headers, body) on 200 (or on 300, an
         owner's list of holders, when ``choices``), None on another status.
@@ -490,7 +527,12 @@ class PeerClient:
         probe (it may be fetching the chunk from a slow backend for everyone). After
         ``timeout`` with nothing from it the owner is probed at once; a failed probe
         ends the wait, so does the owner being marked down, and the hard cap. A
-        refused or reset connection ends it at once.
+        refused or reset connection ends it at once. (A holder that waits on its own
+        fetch sends nothing meanwhile but answers its probe: the wait goes on.)
+
+        ``chunk``: the request is part of this node's own fetch of that chunk; its
+        sending and each piece of its answer mark that fetch as progressing, which
+        holder requests waiting on it go by (:meth:`fetching`).
 
         Raises:
             _NotAsked: it was not sent (no turn, or the member went down first).
@@ -520,9 +562,14 @@ class PeerClient:
             slot.release()
             raise _NotAsked(f"peer {owner} went down while this node waited to ask it")
         heard = [time.monotonic()]  # when the owner last sent anything for this request
+        own = None if chunk is None else self._fetching.get(chunk)
+        if own is not None:
+            own.heard = heard[0]  # sent: the fetch progresses (it may have waited a turn)
 
         def hear() -> None:
             heard[0] = health.hear(owner)
+            if own is not None:
+                own.heard = heard[0]
 
         async def call() -> tuple[int, dict[str, str], memoryview]:
             for attempt in range(2):

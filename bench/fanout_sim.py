@@ -470,9 +470,12 @@ class _Sim:
                 self.now = self.timers[0][0]
                 continue
             rate = self._rates()
-            dt = max(float((self.f_left / rate).min()), quantum)
-            if self.timers:
-                dt = min(dt, max(self.timers[0][0] - self.now, 0.0))
+            dt = float((self.f_left / rate).min())
+            if self.timers:  # a timer (a request's overhead, a holder's wait) ends a step
+                dt = min(dt, self.timers[0][0] - self.now)
+            # but no step is shorter than the quantum: a flow or timer ends up to a
+            # quantum late, where thousands of them would make as many steps
+            dt = max(dt, quantum)
             self.now += dt
             self.steps += 1
             if self.now > until:

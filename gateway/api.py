@@ -297,12 +297,25 @@ async def _send_chunk(
 ) -> web.StreamResponse:
     """A chunk's bytes as the answer, written from its own view: no copy. (A
     ``web.Response`` would wrap a memoryview in aiohttp's ``BytesPayload``, which
-    warns of a large body above 1 MiB: an exception where warnings are errors.)"""
+    warns of a large body above 1 MiB: an exception where warnings are errors.)
+
+    A reader that goes away mid-body (a peer that gave up on this node, or was cut
+    off) is its own affair: one line at info, no traceback, nothing counted as an
+    error of this node."""
     response = web.StreamResponse(headers={"Content-Type": "application/octet-stream", **headers})
     response.content_length = view.nbytes
-    await response.prepare(request)
-    await response.write(view)
-    await response.write_eof()
+    try:
+        await response.prepare(request)
+        await response.write(view)
+        await response.write_eof()
+    except ConnectionError as exc:  # aiohttp's ClientConnectionResetError is one too
+        log.info(
+            "%s %s: the reader went away during the %d-byte body (%s)",
+            request.method,
+            request.path,
+            view.nbytes,
+            exc,
+        )
     return response
 
 
@@ -316,8 +329,8 @@ async def _peer_chunk(request: web.Request) -> web.StreamResponse:
     that said it follows one (``holders=1``; an older daemon does not, and is always
     served and never made a holder). ``direct=1`` (the asker's holders failed) is
     always served; its ``bad=`` holders (at most 3) are dropped. ``held=1``: only what
-    this node holds (``wait=1``, a holder request: or its own fetch in flight, at most
-    ``timeout``), else 404 NotHeld; counted in the role the asker names (``role=``).
+    this node holds (``wait=1``, a holder request: or its own fetch in flight, while it
+    makes progress), else 404 NotHeld; counted in the role the asker names (``role=``).
     ``forget=1&bad=...``: drop those holders, 204 (the asker got the chunk from a later
     holder).
     """

@@ -6,6 +6,8 @@ import contextlib
 import json
 import os
 import signal
+import socket
+import struct
 import threading
 import time
 import urllib.error
@@ -521,6 +523,47 @@ def test_a_held_only_peer_request_answers_from_the_tiers_and_never_fetches(
     status, _, body = node.get(f"/v1/peer/objects/ckpt/cold.bin?{cold}&held=1", auth)
     assert (status, json.loads(body)["error"]) == (404, "NotHeld")
     assert s3_proxy.bytes_down == 0  # not fetched for the asker
+
+
+@pytest.mark.timeout(60)
+def test_a_peer_that_goes_away_mid_body_leaves_no_traceback(
+    start_daemon: Callable[..., Daemon],
+    tmp_path: Path,
+    bucket: str,
+    s3_server: S3Server,
+    s3_proxy: CountingProxy,
+) -> None:
+    # An asker that gives up (or is cut off) mid-body: one line at info, no traceback.
+    port = free_port()
+    toml = node_toml(tmp_path, bucket, s3_proxy, "solo", port, [port])
+    node = start_daemon(
+        toml.replace("[cache]\n", "[cache]\nchunk_bytes = 16777216\n"),
+        cwd=tmp_path / "solo",
+        env={"CHUNKD_SERVER_LISTEN": f"127.0.0.1:{port}"},
+        port=port,
+    )
+    data = os.urandom(16 * MiB)  # one chunk, far more than the socket buffers hold
+    etag = s3_server.client().put_object(Bucket=bucket, Key="pre/big.bin", Body=data)["ETag"]
+    path = f"/v1/peer/objects/ckpt/big.bin?version={urllib.parse.quote(etag)}&index=0"
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    assert node.get(path, auth)[:3:2] == (200, data)  # in the cache now
+    for _ in range(3):
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            sock.sendall(
+                f"GET {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n\r\n".encode()
+            )
+            assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+            # Reset rather than close: the daemon's next write fails at once.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    deadline = time.monotonic() + 10
+    while "went away" not in node.log.read_text():
+        assert time.monotonic() < deadline, node.log.read_text()[-2000:]
+        time.sleep(0.1)
+    assert node.get(path, auth)[:3:2] == (200, data)  # still serving
+    assert node.stop() == 0
+    log = node.log.read_text()
+    assert "Traceback" not in log
+    assert "Error handling request" not in log
 
 
 def test_a_rewritten_members_file_is_used_without_a_restart(

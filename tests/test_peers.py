@@ -276,6 +276,68 @@ def test_a_hung_node_costs_at_most_one_more_backend_read_of_the_chunks_it_owns(
     assert took < 60, took  # 4 s here; 10 s when it waited for the probe rounds
 
 
+@pytest.mark.timeout(90)
+def test_a_healed_node_probes_its_peers_before_it_reads_the_backend_for_their_chunks(
+    start_daemon: Callable[..., Daemon], tmp_path: Path, bucket: str, s3_proxy: CountingProxy
+) -> None:
+    # Node 0 sees its two peers down (stopped), then they come back and every node
+    # restores at once. Its probe loop (every 3 s, two passes to be up) would see them
+    # up seconds later; meanwhile it owned every chunk and read them all from the
+    # backend (the lab's healed node: 1.4-1.9x the checkpoint). It probes first.
+    state = state_of(5, tensors=16)
+    slow = 'health_interval = "3s"\ndown_after = 2\nup_after = 2\n'
+
+    def toml(tmp: Path, name: str, port: int, ports: list[int]) -> str:
+        text = node_toml(tmp, bucket, s3_proxy, name, port, ports)
+        return text.replace('health_interval = "300ms"\ndown_after = 4\nup_after = 1\n', slow)
+
+    def cluster(tmp: Path) -> list[Daemon]:
+        ports = [free_port() for _ in range(3)]
+        nodes = [
+            start_daemon(
+                toml(tmp, f"n{i}", port, ports),
+                cwd=tmp / f"n{i}",
+                env={"CHUNKD_SERVER_LISTEN": f"127.0.0.1:{port}"},
+                port=port,
+            )
+            for i, port in enumerate(ports)
+        ]
+        deadline = time.monotonic() + 30
+        while any(n.metric("chunkd_peer_healthy") < 3 for n in nodes):
+            assert time.monotonic() < deadline, "the nodes never all saw each other up"
+            time.sleep(0.1)
+        return nodes
+
+    saver = cluster(tmp_path)
+    with Client(saver[0].cwd / "chunkd.sock") as client:
+        ckpt.save(state, "ckpt/healed/1", client=client)
+        manifest = ckpt.manifest("ckpt/healed/1", client=client)
+    for node in saver:
+        node.stop()
+    size = sum(
+        int(n) for part in manifest["parts"] for seg in part["segments"] for _, n in seg["chunks"]
+    )
+    nodes = cluster(tmp_path / "again")
+    time.sleep(6.5)  # two probe rounds: node 0 has seen its peers pass a probe (up)
+    for node in nodes[1:]:
+        os.kill(node.process.pid, signal.SIGSTOP)
+    try:
+        deadline = time.monotonic() + 40
+        while nodes[0].metric("chunkd_peer_healthy") > 1:
+            assert time.monotonic() < deadline, "node 0 never saw its peers down"
+            time.sleep(0.1)
+    finally:
+        for node in nodes[1:]:
+            os.kill(node.process.pid, signal.SIGCONT)
+    s3_proxy.reset()
+    for result in load_everywhere(nodes, "ckpt/healed/1"):
+        assert not isinstance(result, Exception), result
+        assert all(torch.equal(result[k], state[k]) for k in state)
+    # Each chunk from the backend once (plus each node's manifest and parts).
+    assert size <= s3_proxy.bytes_down <= 1.05 * size + 3 * 64 * 1024, (s3_proxy.bytes_down, size)
+    assert "rejoined" in nodes[0].log.read_text()
+
+
 @contextlib.contextmanager
 def serving(app: web.Application, port: int) -> Iterator[None]:
     """Serve ``app`` on 127.0.0.1:``port`` from a thread of its own (a peer that is

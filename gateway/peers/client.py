@@ -64,6 +64,12 @@ across nodes in a circle. A request never sent (no turn, or the member went down
 while it waited for one) is counted ``skipped`` and never against the member's
 health.
 
+A node apart (:meth:`.health.Health.apart`) probes the members that are down before
+it places a chunk (:meth:`PeerClient._rejoin_probe`: up to ``up_after`` rounds, one
+in flight, the next ``health_interval`` plus four times its length later): healed,
+it sees its peers up at once rather than read the backend for every chunk it owns
+only because they looked down.
+
 A handoff asks for what that member holds (``held=1``): it answers from its own
 tiers or 404 at once, never fetching the chunk for this node nor asking this node
 for it, so a handoff costs one round trip at most and never a second backend read.
@@ -183,6 +189,10 @@ class PeerClient:
         # This node's fetches of checkpoint chunks in flight (holding): holder requests
         # for them wait (fetching). One per chunk: the restore's single flight.
         self._fetching: dict[ChunkId, _OwnFetch] = {}
+        # The probe round of a node apart before it places a chunk (_rejoin_probe):
+        # the one in flight (fetches share it), and when the next may start.
+        self._rejoin_round: asyncio.Future[None] | None = None
+        self._rejoin_next = 0.0
 
     def open(self) -> aiohttp.ClientSession:
         """Open the HTTP session (requests and probes share it) and return it."""
@@ -238,6 +248,12 @@ class PeerClient:
                 skipped).
         """
         route = f"chunks/{backend}/{cid}"
+        if self.health.apart():
+            # This node owns most chunks now only because the others look down: it
+            # may have just healed (a partition, a pulled cable), its peers up again
+            # before its probes say so. Look now, rather than read the backend for
+            # every chunk it wants meanwhile.
+            await self._rejoin_probe()
         for replica in self._replica_sources(replicas):
             data = await self._held(replica, route, cid, _HELD, role="replica")
             if data is not None:
@@ -296,6 +312,41 @@ class PeerClient:
                 return await asyncio.wait_for(asyncio.shield(running.done), left)
             except TimeoutError:
                 continue  # progress meanwhile moved the end of the silence on, or not
+
+    async def _rejoin_probe(self) -> None:
+        """Probe the members that are down, now, while this node is apart: up to
+        ``up_after`` rounds back to back, ended by a round in which none passed (then
+        it costs one probe, ``timeout`` at most) or by this node no longer apart.
+        Single flight: concurrent fetches share the round in flight. The next round
+        starts ``health_interval`` after this one ended at the earliest, and four
+        times this one's length later still, so that a node truly alone (probes that
+        time out) spends at most about a fifth of its time in these rounds."""
+        if self._rejoin_round is None:
+            if time.monotonic() < self._rejoin_next:
+                return
+            self._rejoin_round = asyncio.ensure_future(self._rejoin_rounds())
+        await asyncio.shield(self._rejoin_round)
+
+    async def _rejoin_rounds(self) -> None:
+        started = time.monotonic()
+        try:
+            for _ in range(self.config.up_after):
+                down = [p.address for p in self.membership.others() if not p.healthy]
+                passed = await asyncio.gather(*(self.health.alive(a) for a in down))
+                if not any(passed) or not self.health.apart():
+                    break
+        finally:
+            ended = time.monotonic()
+            self._rejoin_next = ended + self.config.health_interval + 4 * (ended - started)
+            self._rejoin_round = None
+            still = self.health.apart()
+            log.log(
+                logging.DEBUG if still else logging.INFO,
+                "peers: this node was apart; probed the members down before placing a "
+                "chunk (%.2f s): %s",
+                ended - started,
+                "still apart" if still else "rejoined",
+            )
 
     def _replica_sources(self, replicas: Sequence[str]) -> list[str]:
         """The addresses of ``replicas`` worth asking: healthy members, not this node,

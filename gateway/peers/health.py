@@ -158,6 +158,11 @@ class Health:
             )
         self._apart = apart
 
+    def apart(self) -> bool:
+        """Whether this node is apart from the cluster now: more than half of the
+        other members it has seen up are down in its view."""
+        return self._apart
+
     def handing_off(self) -> bool:
         """Whether this node rejoined the cluster within ``_HANDOFF_WINDOW``: the
         chunks it owns may be with the member ranked next after it."""

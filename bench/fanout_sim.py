@@ -140,6 +140,9 @@ class Setup:
         holder_count: whose asker count an answer raises: ``all`` the holders it names
             (the spec), or ``first``: only the first, the one the asker will get it from
             unless that one fails.
+        holders_named: the order the picked holders are named (and asked) in: ``added``
+            (the earliest added first, as gateway/peers/holders.py names them) or
+            ``picked`` (fewest askers first).
         holder_timeout: the longest a holder waits on its own fetch for an asker
             (``[peers] timeout``), then answers 404 and the asker tries the next holder,
             then the owner directly (None: no limit).
@@ -167,6 +170,7 @@ class Setup:
     holder_order: str = "fewest"
     holder_count: str = "all"
     holder_timeout: float | None = 2.0
+    holders_named: str = "added"
     per_peer_requests: int | None = 4
     window: int = 64
     barrier: bool = True
@@ -558,8 +562,8 @@ class _Sim:
                 if s.holder_order == "fewest":
                     room.sort(key=lambda h: h[1])  # stable: the earliest added first
                 picks = room[: s.holders_per_answer]
-                # named in the order they were added
-                picks.sort(key=listed.index)
+                if s.holders_named == "added":
+                    picks.sort(key=listed.index)
             if not picks:
                 self.sent[c] += 1
             if all(h[0] != node for h in listed):
@@ -701,6 +705,8 @@ def simulate(setup: Setup) -> Outcome:
         "first",
     ):
         raise ValueError(f"holder_order fewest|oldest, holder_count all|first: {setup}")
+    if setup.holders_named not in ("added", "picked"):
+        raise ValueError(f"holders_named added|picked: {setup}")
     if setup.design not in ("holders", "owner", "alone"):
         raise ValueError(f"design {setup.design!r}: holders, owner or alone")
     sim = _Sim(setup)

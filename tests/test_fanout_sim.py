@@ -197,11 +197,12 @@ def test_a_run_is_determined_by_its_seed() -> None:
         {"design": "gossip"},
         {"holder_fanout": 0},
         {"holder_order": "random"},
+        {"holders_named": "random"},
         {"link_up": 0.0},
     ],
 )
 def test_a_setup_that_cannot_run_is_refused(bad: dict[str, object]) -> None:
-    with pytest.raises(ValueError, match=r"must be|design|holder_order"):
+    with pytest.raises(ValueError, match=r"must be|design|holder_order|holders_named"):
         simulate(replace(SMALL, **bad))  # type: ignore[arg-type]
 
 

@@ -65,8 +65,9 @@ while it waited for one) is counted ``skipped`` and never against the member's
 health.
 
 A node apart (:meth:`.health.Health.apart`) probes the members that are down before
-it places a chunk (:meth:`PeerClient._rejoin_probe`: up to ``up_after`` rounds, one
-in flight, the next ``health_interval`` plus four times its length later): healed,
+it places a chunk (:meth:`PeerClient._rejoin_probe`: each up to ``up_after`` times
+while it passes; one round in flight, the next ``health_interval`` after it; a fetch
+waits on it at most 0.5 s): healed,
 it sees its peers up at once rather than read the backend for every chunk it owns
 only because they looked down.
 
@@ -88,6 +89,7 @@ one member is :meth:`PeerClient._ask`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -127,6 +129,9 @@ MAX_HOLDERS_NAMED: Final = 3
 # The most notes of failed holders (forget=1) sent in the background at once; past it
 # a note is not sent (the holder's ttl, or the next asker's bad=, drops it later).
 _MAX_NOTES: Final = 64
+# How long a fetch on a node apart waits for the probe round of the members down
+# (PeerClient._rejoin_probe): a healed link answers in a round trip or two.
+_REJOIN_WAIT: Final = 0.5
 # peer_requests{outcome} of a chunk received, by the role its sender played.
 _OUTCOMES: Final = {"owner": "ok", "holder": "holder", "replica": "replica", "handoff": "handoff"}
 
@@ -314,30 +319,39 @@ class PeerClient:
                 continue  # progress meanwhile moved the end of the silence on, or not
 
     async def _rejoin_probe(self) -> None:
-        """Probe the members that are down, now, while this node is apart: up to
-        ``up_after`` rounds back to back, ended by a round in which none passed (then
-        it costs one probe, ``timeout`` at most) or by this node no longer apart.
-        Single flight: concurrent fetches share the round in flight. The next round
-        starts ``health_interval`` after this one ended at the earliest, and four
-        times this one's length later still, so that a node truly alone (probes that
-        time out) spends at most about a fifth of its time in these rounds."""
+        """Probe the members that are down, now, while this node is apart: each one up
+        to ``up_after`` times back to back while it passes (a healed link answers in a
+        round trip), so that a member reachable again is up before this node places a
+        chunk. One round at a time, shared by concurrent fetches, the next one
+        ``health_interval`` after it ended at the earliest; a fetch waits on it at most
+        :data:`_REJOIN_WAIT` (a node truly alone, whose probes time out, loses that
+        much per fetch at most, and only while a round is in flight)."""
         if self._rejoin_round is None:
             if time.monotonic() < self._rejoin_next:
                 return
             self._rejoin_round = asyncio.ensure_future(self._rejoin_rounds())
-        await asyncio.shield(self._rejoin_round)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(
+                asyncio.shield(self._rejoin_round), min(_REJOIN_WAIT, self.config.timeout)
+            )
 
     async def _rejoin_rounds(self) -> None:
         started = time.monotonic()
-        try:
+
+        async def until_up(address: str) -> None:
             for _ in range(self.config.up_after):
-                down = [p.address for p in self.membership.others() if not p.healthy]
-                passed = await asyncio.gather(*(self.health.alive(a) for a in down))
-                if not any(passed) or not self.health.apart():
-                    break
+                if not await self.health.alive(address):
+                    return
+                peer = self.membership.get(address)
+                if peer is None or peer.healthy:
+                    return
+
+        try:
+            down = [p.address for p in self.membership.others() if not p.healthy]
+            await asyncio.gather(*(until_up(a) for a in down))
         finally:
             ended = time.monotonic()
-            self._rejoin_next = ended + self.config.health_interval + 4 * (ended - started)
+            self._rejoin_next = ended + self.config.health_interval
             self._rejoin_round = None
             still = self.health.apart()
             log.log(

@@ -143,6 +143,9 @@ class Setup:
         holders_named: the order the picked holders are named (and asked) in: ``added``
             (the earliest added first, as gateway/peers/holders.py names them) or
             ``picked`` (fewest askers first).
+        holders_ready: name only holders that hold the chunk already (as if each told
+            its owner once it had it), never one still fetching: what a protocol without
+            chains would give.
         holder_timeout: the longest a holder waits on its own fetch for an asker
             (``[peers] timeout``), then answers 404 and the asker tries the next holder,
             then the owner directly (None: no limit).
@@ -171,6 +174,7 @@ class Setup:
     holder_count: str = "all"
     holder_timeout: float | None = 2.0
     holders_named: str = "added"
+    holders_ready: bool = False
     per_peer_requests: int | None = 4
     window: int = 64
     barrier: bool = True
@@ -558,7 +562,13 @@ class _Sim:
                 listed[:] = [h for h in listed if h[0] not in bad]
             picks: list[list[int]] = []
             if not direct and self.sent[c] >= s.holder_fanout:
-                room = [h for h in listed if h[1] < s.holder_fanout and h[0] != node]
+                room = [
+                    h
+                    for h in listed
+                    if h[1] < s.holder_fanout
+                    and h[0] != node
+                    and (not s.holders_ready or self.have[h[0], c])
+                ]
                 if s.holder_order == "fewest":
                     room.sort(key=lambda h: h[1])  # stable: the earliest added first
                 picks = room[: s.holders_per_answer]

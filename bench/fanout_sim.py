@@ -153,6 +153,8 @@ class Setup:
         window: chunks a node's reader has asked for and not got.
         barrier: the reader asks ``window`` chunks in one request and copies them
             before it asks for more (today's client); else a sliding window.
+        batches_in_flight: with ``barrier``, batches asked for at once (the client
+            since 79ee093: 2, the next asked on a second connection; 1 before).
         same_offset: every node starts its pass at one offset (the lab: one host name).
         rtt: seconds each request costs before its bytes flow (round trip, handling).
         health_interval: ``[peers] health_interval``: the probes' CPU (``Cpu.probe``).
@@ -178,6 +180,7 @@ class Setup:
     per_peer_requests: int | None = 4
     window: int = 64
     barrier: bool = True
+    batches_in_flight: int = 1
     same_offset: bool = False
     rtt: float = 0.001
     health_interval: float = 1.0
@@ -650,49 +653,77 @@ class _Sim:
 
     def reader(self, node: int) -> None:
         """Node ``node``'s reader: every chunk, in its order, ``window`` at a time."""
+        if self.s.barrier:
+            self._batches(node)
+        else:
+            self._sliding(node)
+
+    def _batches(self, node: int) -> None:
+        """Batches of ``window`` chunks, ``batches_in_flight`` asked at once; each is
+        copied once all its chunks are here and the batch before it is copied, and the
+        next batch is asked for then (client/checkpoint/reader.py)."""
         s, order = self.s, self.order[node]
-        state = {"next": 0, "copied": 0}
-        total = len(order)
+        batches = [order[i : i + s.window].tolist() for i in range(0, len(order), s.window)]
+        arrived = [False] * len(batches)
+        state = {"asked": 0, "copied": 0}
 
-        def copied(nbytes: int) -> Callable[[], None]:
-            def then() -> None:
-                state["copied"] += nbytes
-                if state["copied"] >= total:
-                    self.times[node] = self.now
-                elif s.barrier and state["next"] < total and state["copied"] == state["next"]:
-                    batch()
+        def copy_next() -> None:
+            k = state["copied"]
+            if k < len(batches) and arrived[k]:
+                arrived[k] = False  # copied once
+                self.copy(node, float(self.sizes[batches[k]].sum()), done_copying)
 
-            return then
+        def done_copying() -> None:
+            state["copied"] += 1
+            if state["copied"] == len(batches):
+                self.times[node] = self.now
+                return
+            ask()
+            copy_next()
 
-        def batch() -> None:
-            chunks = order[state["next"] : state["next"] + s.window].tolist()
-            state["next"] += len(chunks)
-            pending = {"left": len(chunks)}
+        def ask() -> None:
+            k = state["asked"]
+            if k >= len(batches):
+                return
+            state["asked"] += 1
+            pending = [len(batches[k])]
 
             def one() -> None:
-                pending["left"] -= 1
-                if pending["left"] == 0:
-                    self.copy(node, float(self.sizes[chunks].sum()), copied(len(chunks)))
+                pending[0] -= 1
+                if pending[0] == 0:
+                    arrived[k] = True
+                    copy_next()
 
-            for c in chunks:
+            for c in batches[k]:
                 self.fetch(node, c, one)
+
+        for _ in range(min(s.batches_in_flight, len(batches))):
+            ask()
+
+    def _sliding(self, node: int) -> None:
+        """A sliding window: a chunk asked for as soon as one arrives."""
+        s, order = self.s, self.order[node]
+        total = len(order)
+        state = {"next": 0, "copied": 0}
+
+        def copied() -> None:
+            state["copied"] += 1
+            if state["copied"] >= total:
+                self.times[node] = self.now
 
         def admit() -> None:
             c = int(order[state["next"]])
             state["next"] += 1
 
             def one() -> None:
-                self.copy(node, float(self.sizes[c]), copied(1))
+                self.copy(node, float(self.sizes[c]), copied)
                 if state["next"] < total:
                     admit()
 
             self.fetch(node, c, one)
 
-        if s.barrier:
-            batch()
-        else:
-            for _ in range(min(s.window, total)):
-                admit()
+        for _ in range(min(s.window, total)):
+            admit()
 
 
 def simulate(setup: Setup) -> Outcome:
@@ -702,10 +733,17 @@ def simulate(setup: Setup) -> Outcome:
         ValueError: a setup that cannot run.
         RuntimeError: the restore never ends (a protocol deadlock: a bug).
     """
-    counts = (setup.nodes, setup.size, setup.chunk, setup.window, setup.holder_fanout)
+    counts = (
+        setup.nodes,
+        setup.size,
+        setup.chunk,
+        setup.window,
+        setup.holder_fanout,
+        setup.batches_in_flight,
+    )
     if min(counts) < 1 or setup.holders_per_answer < 1 or (setup.per_peer_requests or 1) < 1:
         raise ValueError(
-            "nodes, size, chunk, window, holder_fanout, holders_per_answer and "
+            "nodes, size, chunk, window, holder_fanout, batches_in_flight, holders_per_answer and "
             f"per_peer_requests must be positive: {setup}"
         )
     if setup.link_up <= 0 or (setup.link_down or 1) <= 0 or setup.backend <= 0:

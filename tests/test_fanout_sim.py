@@ -52,6 +52,16 @@ def test_every_node_gets_every_chunk_once_and_the_backend_sends_one_copy(
 
 
 @pytest.mark.timeout(30)
+def test_two_batches_in_flight_still_give_every_chunk_once() -> None:
+    """The client's look-ahead: the next batch asked for while this one comes."""
+    setup = replace(SMALL, design="holders", window=4, batches_in_flight=2, holder_fanout=2)
+    out = simulate(setup)
+    assert out.received == pytest.approx([setup.size] * setup.nodes)
+    assert out.backend_bytes == pytest.approx(setup.size)
+    assert out.cpu_seconds["readers"] == 0.0
+
+
+@pytest.mark.timeout(30)
 def test_without_peers_every_node_reads_the_backend() -> None:
     out = simulate(replace(SMALL, design="alone"))
     assert out.backend_bytes == pytest.approx(SMALL.nodes * SMALL.size)
@@ -196,6 +206,7 @@ def test_a_run_is_determined_by_its_seed() -> None:
         {"window": 0},
         {"design": "gossip"},
         {"holder_fanout": 0},
+        {"batches_in_flight": 0},
         {"holder_order": "random"},
         {"holders_named": "random"},
         {"link_up": 0.0},

@@ -160,6 +160,8 @@ class Setup:
         health_interval: ``[peers] health_interval``: the probes' CPU (``Cpu.probe``).
         cpu: the CPU model (None: CPU is free).
         seed: the owners and offsets.
+        shares: the chunks each node owns (a lab's own placement, to compare with it),
+            in a seeded random order; None: each chunk's owner a uniform pick.
         quantum: the shortest step, as a fraction of one chunk's time at ``link_up``.
     """
 
@@ -186,6 +188,7 @@ class Setup:
     health_interval: float = 1.0
     cpu: Cpu | None = None
     seed: int = 0
+    shares: tuple[int, ...] | None = None
     quantum: float = 0.25
 
     @property
@@ -317,7 +320,13 @@ class _Sim:
         self.s = s
         n, k = s.nodes, s.chunks
         rng = np.random.default_rng(s.seed)
-        self.owner = rng.integers(0, n, size=k) if n > 1 else np.zeros(k, dtype=np.int64)
+        if s.shares is not None:
+            if len(s.shares) != n or sum(s.shares) != k or min(s.shares) < 0:
+                raise ValueError(f"shares must give each of {n} nodes its chunks, {k} in all")
+            self.owner = np.repeat(np.arange(n), s.shares)
+            rng.shuffle(self.owner)
+        else:
+            self.owner = rng.integers(0, n, size=k) if n > 1 else np.zeros(k, dtype=np.int64)
         sizes = np.full(k, s.chunk, dtype=np.float64)
         sizes[-1] = s.size - s.chunk * (k - 1)
         self.sizes = sizes
@@ -983,6 +992,9 @@ LAB8 = replace(
     link_down=80 * _MBIT,
     backend=320 * _MBIT,
 )
+#: The lab's own placements (L's figures, 1 MiB chunks): chunks each node owned.
+LAB8_SHARES = (10, 4, 9, 10, 3, 9, 12, 7)
+LAB4_SHARES = (15, 9, 18, 22)
 #: 100 GiB, 4 MiB chunks, 100 Gb/s links each way, the backend 100 GB/s, 16 cores a node.
 LARGE = Setup(
     nodes=100,
@@ -994,6 +1006,10 @@ LARGE = Setup(
 PRESETS: dict[str, Setup] = {
     "lab4": LAB4,
     "lab8": LAB8,
+    "lab8-placed": replace(LAB8, shares=LAB8_SHARES, same_offset=False, batches_in_flight=2),
+    "lab4-placed": replace(
+        LAB8, nodes=4, shares=LAB4_SHARES, same_offset=False, batches_in_flight=2
+    ),
     "n100": LARGE,
     "n1000": replace(LARGE, nodes=1000),
 }

@@ -191,6 +191,15 @@ def test_health_probes_take_their_cpu_all_through_the_restore() -> None:
 
 
 @pytest.mark.timeout(30)
+def test_a_given_placement_is_kept() -> None:
+    shares = (20, 0, 14, 9, 5, 1)  # 49 chunks of SMALL
+    out = simulate(replace(SMALL, design="owner", shares=shares))
+    assert [math.ceil(o / MiB) for o in out.owned] == list(shares)  # one chunk is short
+    with pytest.raises(ValueError, match="shares"):
+        simulate(replace(SMALL, shares=(1, 2)))
+
+
+@pytest.mark.timeout(30)
 def test_a_run_is_determined_by_its_seed() -> None:
     one = simulate(replace(SMALL, cpu=LAB_CPU, seed=3))
     assert simulate(replace(SMALL, cpu=LAB_CPU, seed=3)).times == one.times

@@ -198,6 +198,7 @@ class PeerClient:
         # the one in flight (fetches share it), and when the next may start.
         self._rejoin_round: asyncio.Future[None] | None = None
         self._rejoin_next = 0.0
+        self._closed = False  # no probe round starts after close()
 
     def open(self) -> aiohttp.ClientSession:
         """Open the HTTP session (requests and probes share it) and return it."""
@@ -217,9 +218,17 @@ class PeerClient:
         return self.session
 
     async def close(self) -> None:
-        """Close the connections."""
+        """Close the connections, once the probe round in flight (if any) and the
+        forget notes are cancelled: none of them runs on a closed session."""
+        self._closed = True
         for note in list(self._notes):
             note.cancel()
+        probing = self._rejoin_round
+        if probing is not None:
+            probing.cancel()
+            await asyncio.wait([probing])
+            if not probing.cancelled():
+                probing.exception()  # retrieved: a round that failed as it ended
         if self.session is not None:
             await self.session.close()
 
@@ -326,6 +335,8 @@ class PeerClient:
         ``health_interval`` after it ended at the earliest; a fetch waits on it at most
         :data:`_REJOIN_WAIT` (a node truly alone, whose probes time out, loses that
         much per fetch at most, and only while a round is in flight)."""
+        if self._closed:
+            return
         if self._rejoin_round is None:
             if time.monotonic() < self._rejoin_next:
                 return

@@ -425,6 +425,35 @@ def state_of(seed: int, tensors: int = 8) -> dict[str, torch.Tensor]:
     return {f"w{i}": torch.randn(512, 512, generator=g) for i in range(tensors)}  # 1 MiB each
 
 
+async def test_parts_of_one_save_never_let_that_save_go(
+    open_cache: Callable[..., Any],
+) -> None:
+    # Two ranks on one host push their parts of one save under one saver; an older
+    # saver gave each part its own seq. The part whose notes make the save whole
+    # must not let go of the other part's chunks, nor make its later pushes late.
+    cache: ChunkCache = await open_cache(ram_bytes=16 * MiB)
+    saver = "10.0.0.2:8470"
+    store = ReplicaStore(cache, Metrics(), 8 * MiB, lambda a: a == saver)
+    old, a, b, c = (os.urandom(MiB) for _ in range(4))
+    assert await _pushed(store, saver, "s1", old, seq=1)
+    store.note(saver, "s1", replicated=True, remote=True, seq=1)
+    assert await _pushed(store, saver, "s2", a, seq=10)  # rank 0's part
+    assert await _pushed(store, saver, "s2", b, seq=11)  # rank 1's part
+    store.note(saver, "s2", replicated=True, remote=False, seq=11)
+    store.note(saver, "s2", replicated=False, remote=True, seq=11)
+    assert store.holds(ChunkId.of(a))
+    assert store.holds(ChunkId.of(b))
+    assert not store.holds(ChunkId.of(old))  # the previous committed save goes
+    # Rank 0's last push and its notes come after: kept, and they let nothing go.
+    assert await _pushed(store, saver, "s2", c, seq=10)
+    store.note(saver, "s2", replicated=True, remote=True, seq=10)
+    assert store.used == 3 * MiB
+    assert list(store.stats()["savers"][saver]) == ["s2"]  # type: ignore[index]
+    # A later save whole lets s2 go (its seq is the largest its parts gave, 11).
+    store.note(saver, "s3", replicated=True, remote=True, seq=12)
+    assert store.used == 0
+
+
 class Cluster:
     """Nodes on loopback, one rack each unless told."""
 
@@ -976,6 +1005,64 @@ def test_a_save_not_yet_committed_never_lets_the_last_committed_go(
     while sum(n.metric("chunkd_replica_bytes") for n in cluster.nodes) != 2 * MiB:
         assert time.monotonic() < deadline, "step-1's replicas were never let go"
         time.sleep(0.2)
+
+
+@pytest.mark.timeout(90)
+def test_two_ranks_parts_of_one_save_from_one_node_are_all_held(
+    start_daemon: Callable[..., Daemon], tmp_path: Path, bucket: str, s3_proxy: CountingProxy
+) -> None:
+    cluster = Cluster(start_daemon, tmp_path, bucket, s3_proxy, ["a", "b"])
+    saver, target = cluster.nodes
+
+    def save_two_parts(name: str, seed: int) -> list[str]:
+        save_id = f"{name.rpartition('/')[2]}-{seed}"
+        with cluster.client(0) as client:
+            # Rank 0's part is pushed first; rank 1's later (both on this node).
+            first = ckpt.async_save(
+                state_of(seed, 2),
+                name,
+                replicas=1,
+                rank=0,
+                world_size=2,
+                save_id=save_id,
+                client=client,
+            )
+            assert first.wait(30, level="replicated")
+            second = ckpt.async_save(
+                state_of(seed + 1, 2),
+                name,
+                replicas=1,
+                rank=1,
+                world_size=2,
+                save_id=save_id,
+                client=client,
+            )
+            assert first.wait(60)
+            assert second.wait(60)
+            assert first.replicas is not None
+            assert second.replicas is not None
+            assert first.replicas["outcome"] == second.replicas["outcome"] == "full"
+            manifest = ckpt.manifest(name, client=client)
+        return part_chunks(manifest, 0) + part_chunks(manifest, 1)
+
+    chunks = save_two_parts("ckpt/ranks/step-1", 1)
+    deadline = time.monotonic() + 10
+    while saver.metric("chunkd_replica_pushes_total", outcome="ok") < len(chunks):
+        assert time.monotonic() < deadline, "the pushes never ended"
+        time.sleep(0.1)
+    time.sleep(0.5)  # the notes of both parts are in
+    for cid in chunks:  # both ranks' parts on the target, none let go by the other's notes
+        assert held(target, cid) is not None
+    assert target.metric("chunkd_replica_bytes") == 4 * MiB
+    later = save_two_parts("ckpt/ranks/step-2", 3)
+    deadline = time.monotonic() + 10
+    while target.metric("chunkd_replica_bytes") != 4 * MiB:  # step-2's parts alone
+        assert time.monotonic() < deadline, "step-1's replicas were never let go"
+        time.sleep(0.2)
+    for cid in later:
+        assert held(target, cid) is not None
+    assert saver.metric("chunkd_replica_pushes_total", outcome="late") == 0
+    assert target.metric("chunkd_replica_received_total", outcome="refused") == 0
 
 
 @pytest.mark.timeout(60)

@@ -53,6 +53,7 @@ import logging
 import mmap
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
@@ -95,6 +96,8 @@ _UPLOADS_IN_FLIGHT: Final = 8
 _STAGE_IN_FLIGHT: Final = 6  # chunks hashed or written at once per save
 #: seconds the level remote waits for a part's replica pushes (they go on after)
 _PUSH_WAIT: Final = 30.0
+#: recent saves whose seq this node remembers (for their ranks' later parts)
+_SEQS_KEPT: Final = 256
 
 
 class Saver:
@@ -134,6 +137,10 @@ class Saver:
         self.poll_interval = poll_interval
         self._uploads: SingleFlight[tuple[str, ChunkId], bool] = SingleFlight()
         self._upload_slots = asyncio.Semaphore(_UPLOADS_IN_FLIGHT)
+        # The seq of each recent save on this node (its ranks' parts share it), and
+        # the largest given or journaled (a new save's is larger, whatever the clock).
+        self._seqs: OrderedDict[str, int] = OrderedDict()
+        self._last_seq = 0
 
     async def resume(self) -> int:
         """Resume every journaled job; returns how many."""
@@ -152,6 +159,7 @@ class Saver:
                 )
                 continue
             request = job.request
+            self._remember_seq(request.save_id, request.seq)
             missing = [cid for cid in job.unique if not self.cache.on_disk(cid)]
             if missing:  # files a crash left without their records are adopted first
                 await self.cache.wait_reconciled()
@@ -265,8 +273,28 @@ class Saver:
             return dataclasses.replace(request, replicas=0, node=None)
         wanted = self.replicas.default if request.replicas is None else request.replicas
         return dataclasses.replace(
-            request, replicas=wanted, node=self.replicas.address, seq=time.time_ns()
+            request, replicas=wanted, node=self.replicas.address, seq=self._seq(request.save_id)
         )
+
+    def _seq(self, save_id: str) -> int:
+        """The seq of save ``save_id`` on this node: the one its first part here got
+        (every rank's part of one save shares it, so that a receiver never takes one
+        part for a later save than another), else ``max(time_ns(), last seq + 1)``: a
+        clock stepped back never makes a save older than one before it."""
+        seq = self._seqs.get(save_id)
+        if seq is None:
+            seq = max(time.time_ns(), self._last_seq + 1)
+        self._remember_seq(save_id, seq)
+        return seq
+
+    def _remember_seq(self, save_id: str, seq: int) -> None:
+        if seq <= 0:  # journaled before saves had one
+            return
+        self._seqs[save_id] = seq
+        self._seqs.move_to_end(save_id)
+        while len(self._seqs) > _SEQS_KEPT:
+            self._seqs.popitem(last=False)
+        self._last_seq = max(self._last_seq, seq)
 
     async def _run(self, job: SaveJob) -> None:
         await self._stage_to_disk(job)

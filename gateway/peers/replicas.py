@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
@@ -174,8 +175,8 @@ class ReplicaStore:
         self._is_member = is_member
         self._held: dict[ChunkId, _Held] = {}
         self._saves: dict[str, dict[str, _Save]] = {}
-        #: per saver, the seq of its newest save known whole (replicated and remote)
-        self._whole: dict[str, int] = {}
+        #: per saver, its newest save known whole (replicated and remote): its seq, its id
+        self._whole: dict[str, tuple[int, str]] = {}
         #: savers with replicas here that are no longer members, since when (monotonic)
         self._gone: dict[str, float] = {}
         self._used = 0
@@ -277,7 +278,7 @@ class ReplicaStore:
             raise ReplicaRefused(
                 422, "invalid", f"the {body.nbytes} bytes pushed hash to {got}, not {cid}"
             )
-        if seq < self._whole.get(saver, -1):
+        if self._late(saver, save, seq):
             return False
         held = self._held.get(cid)
         lease = None
@@ -289,7 +290,7 @@ class ReplicaStore:
                 )
         # Looked up after the await: a note may have let the save go meanwhile, or
         # another push of the chunk landed.
-        if seq < self._whole.get(saver, -1):
+        if self._late(saver, save, seq):
             if lease is not None:
                 lease.release()
             return False
@@ -315,25 +316,38 @@ class ReplicaStore:
         every save of that saver with a smaller ``seq`` is let go, committed or not:
         the newer committed save is the one a restore wants. A late note of a save
         older than one already whole here lets nothing go.
+
+        Several ranks on one node save their parts of one save under one ``save``:
+        their pushes and notes all name it, and it is never let go by its own notes
+        (its seq is the largest any of them gave: the saver gives them one).
         """
-        if seq < self._whole.get(saver, -1):
+        if self._late(saver, save, seq):
             return
         saves = self._saves.get(saver)
         entry = None if saves is None else saves.get(save)
         if entry is None and replicated:
             entry = self._save(saver, save, seq)
         if entry is not None:
+            entry.seq = max(entry.seq, seq)
             entry.replicated |= replicated
             entry.remote |= remote
             whole = entry.replicated and entry.remote
+            seq = entry.seq
         else:
             whole = remote
         if not whole:
             return
-        self._whole[saver] = seq
+        if seq >= self._whole.get(saver, (-1, ""))[0]:
+            self._whole[saver] = (seq, save)
         for name, older in list(self._saves.get(saver, {}).items()):
-            if older.seq < seq:
+            if name != save and older.seq < seq:
                 self._let_go(saver, name)
+
+    def _late(self, saver: str, save: str, seq: int) -> bool:
+        """Whether a push or note of ``saver``'s ``save`` (``seq``) comes after a later
+        save of that saver was whole here (never: the save that is whole itself)."""
+        whole = self._whole.get(saver)
+        return whole is not None and seq < whole[0] and save != whole[1]
 
     def sweep(self, now: float | None = None) -> None:
         """Let go of the replicas of savers that have not been members for
@@ -360,6 +374,8 @@ class ReplicaStore:
             entry = saves[save] = _Save(seq)
             while len(saves) > MAX_SAVES_PER_SAVER:
                 self._let_go(saver, min(saves, key=lambda name: saves[name].seq))
+        else:
+            entry.seq = max(entry.seq, seq)  # the largest any part of it gave
         return entry
 
     def _let_go(self, saver: str, save: str) -> None:
@@ -610,7 +626,7 @@ class Replicas:
     async def _put(
         self, target: str, backend: str, save_id: str, seq: int, cid: ChunkId, body: memoryview
     ) -> str:
-        """One push: ``ok``, ``full`` or ``failed``."""
+        """One push: ``ok``, ``full``, ``late`` (answered ``kept: false``) or ``failed``."""
         session = self._open()
         url = (
             f"{self._scheme}://{target}/v1/peer/replicas/{quote(backend, safe='')}/{cid}"
@@ -622,13 +638,15 @@ class Replicas:
             async with slot:
                 try:
                     async with session.put(url, data=body, expect100=True) as response:
-                        await response.read()
+                        answer = await response.read()
                         status = response.status
                 except (aiohttp.ClientError, TimeoutError, OSError) as exc:
                     log.info("replicas: push of %s to %s failed (%s)", cid, target, exc)
                     return "failed"
             if status == 200:
-                return "ok"
+                # Taken, but not kept: a later save of this node is whole there (this
+                # one is superseded, or this node's clock went back): not a copy.
+                return "ok" if _kept(answer) else "late"
             if status == 507:
                 return "full"
             if status != 429:
@@ -636,3 +654,12 @@ class Replicas:
                 return "failed"
             await asyncio.sleep(0.05 * (attempt + 1))  # its bound for this node: wait a turn
         return "failed"
+
+
+def _kept(answer: bytes) -> bool:
+    """Whether a push's 200 answer says the chunk was kept (``"kept": true``)."""
+    try:
+        doc = json.loads(answer)
+    except ValueError:
+        return False
+    return isinstance(doc, dict) and doc.get("kept") is True

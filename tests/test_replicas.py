@@ -1065,6 +1065,58 @@ def test_two_ranks_parts_of_one_save_from_one_node_are_all_held(
     assert target.metric("chunkd_replica_received_total", outcome="refused") == 0
 
 
+@pytest.mark.timeout(90)
+def test_a_dcp_saves_look_for_its_commit_is_one_per_save_and_cheap(
+    start_daemon: Callable[..., Daemon], tmp_path: Path, bucket: str, s3_proxy: CountingProxy
+) -> None:
+    cluster = Cluster(start_daemon, tmp_path, bucket, s3_proxy, ["a", "b"])
+    saver, target = cluster.nodes
+
+    def sent(op: str) -> float:
+        return saver.metric("chunkd_backend_requests_total", op=op)
+
+    with cluster.client(0) as client:
+        ckpt.save(state_of(20, 2), "ckpt/look/step", replicas=1, client=client)
+        gets = sent("get")
+        # Two ranks' parts of a DCP save (commit "none") over the committed one.
+        handles = [
+            ckpt.async_save(
+                state_of(21 + rank, 2),
+                "ckpt/look/step",
+                overwrite=True,
+                replicas=1,
+                rank=rank,
+                world_size=2,
+                save_id="look-2",
+                client=client,
+                _commit="none",
+            )
+            for rank in range(2)
+        ]
+        for handle in handles:
+            assert handle.wait(30)
+        time.sleep(5)  # two poll intervals and more
+        # One look for the save, not one per part; the manifest (the previous save's)
+        # read once, then only HEADs while it stays the same.
+        assert sent("get") - gets == 1
+        ckpt.commit("ckpt/look/step", "look-2", 2, overwrite=True, client=client)
+        deadline = time.monotonic() + 15
+        while target.metric("chunkd_replica_bytes") != 4 * MiB:  # look-2's parts alone
+            assert time.monotonic() < deadline, "the first save's replicas were never let go"
+            time.sleep(0.2)
+
+        # A save never committed stops looking once a later save of the node is.
+        never = ckpt.async_save(
+            state_of(30, 2), "ckpt/look/never", replicas=1, client=client, _commit="none"
+        )
+        assert never.wait(30)
+        ckpt.save(state_of(31, 2), "ckpt/look/later", replicas=1, client=client)
+        time.sleep(2.5)  # the look's next turn sees it
+        heads = sent("head")
+        time.sleep(4.5)
+        assert sent("head") == heads
+
+
 @pytest.mark.timeout(60)
 def test_an_old_client_is_never_told_the_level_replicated(
     start_daemon: Callable[..., Daemon], tmp_path: Path, bucket: str, s3_proxy: CountingProxy

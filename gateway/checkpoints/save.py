@@ -141,6 +141,11 @@ class Saver:
         # the largest given or journaled (a new save's is larger, whatever the clock).
         self._seqs: OrderedDict[str, int] = OrderedDict()
         self._last_seq = 0
+        # commit="none": one look for a save's manifest per save on this node, shared
+        # by its ranks' parts; and the largest seq of a save of this node noted
+        # committed (an older save's look ends: its note would let nothing go).
+        self._commit_looks: dict[tuple[str, str, str], asyncio.Future[bool]] = {}
+        self._committed_seq = 0
 
     async def resume(self) -> int:
         """Resume every journaled job; returns how many."""
@@ -396,28 +401,52 @@ class Saver:
             self.jobs.spawn(self._note_when_committed(job))
             return
         job.committed = True
+        self._committed_seq = max(self._committed_seq, job.request.seq)
         report = job.replica_report
         if report is not None:
             await self.replicas.committed(job.request.save_id, report)
 
     async def _note_when_committed(self, job: SaveJob) -> None:
+        """Send ``job``'s note ``remote`` once its save's manifest names it (see
+        :meth:`_look_for_commit`: one look per save on this node, its parts share it)."""
         request = job.request
+        key = (request.backend, request.manifest_key, request.save_id)
+        look = self._commit_looks.get(key)
+        if look is None:
+            look = self._commit_looks[key] = self.jobs.spawn(self._look_for_commit(request))
+            look.add_done_callback(lambda _: self._commit_looks.pop(key, None))
+        if not await asyncio.shield(look):
+            return
+        job.committed = True
+        self._committed_seq = max(self._committed_seq, request.seq)
+        report = job.replica_report
+        if report is not None and self.replicas is not None:
+            await self.replicas.committed(request.save_id, report)
+
+    async def _look_for_commit(self, request: SaveRequest) -> bool:
+        """Whether the manifest of ``request``'s checkpoint comes to name its save
+        within the commit's part timeout. A HEAD every ``poll_interval`` at most; the
+        manifest is read (and parsed off the event loop) only when its version
+        changed; the look ends as soon as a later save of this node is committed
+        (this one's note would let nothing go)."""
         backend = self.backends.get(request.backend)
         deadline = time.monotonic() + self.committer.part_timeout
         pauses = polling(self.committer.poll_interval).delays()
+        seen: str | None = None
         while time.monotonic() < deadline:
+            if self._committed_seq > request.seq:
+                log.debug("checkpoint %s: a later save is committed; not looking", request.name)
+                return False
             try:
-                raw = await backend.get(request.manifest_key)
-                doc = None if raw is None else json.loads(bytes(raw))
-            except (ChunkdError, ValueError, OSError) as exc:
+                meta = await backend.head(request.manifest_key)
+                if meta is not None and meta.version != seen:
+                    raw = await backend.get(request.manifest_key)
+                    named = None if raw is None else await asyncio.to_thread(_save_of, raw)
+                    seen = meta.version
+                    if named == request.save_id:
+                        return True
+            except (ChunkdError, OSError) as exc:
                 log.debug("checkpoint %s: its manifest not read (%s)", request.name, exc)
-                doc = None
-            if isinstance(doc, dict) and doc.get("save_id") == request.save_id:
-                job.committed = True
-                report = job.replica_report
-                if report is not None and self.replicas is not None:
-                    await self.replicas.committed(request.save_id, report)
-                return
             await asyncio.sleep(next(pauses))
         log.info(
             "checkpoint %s: not committed within %gs; its replicas stay as a save never "
@@ -425,6 +454,7 @@ class Saver:
             request.name,
             self.committer.part_timeout,
         )
+        return False
 
     async def _guarded(self, job: SaveJob, work: Awaitable[None]) -> None:
         """Run a job's steps; any failure fails the job (a cancel leaves it journaled)."""
@@ -682,6 +712,15 @@ class Saver:
                 "complete: save again"
             )
         return lease
+
+
+def _save_of(raw: memoryview) -> object:
+    """The ``save_id`` a manifest's bytes name (None: unreadable, or none)."""
+    try:
+        doc = json.loads(bytes(raw))
+    except ValueError:
+        return None
+    return doc.get("save_id") if isinstance(doc, dict) else None
 
 
 def _close_quietly(data: mmap.mmap) -> None:

@@ -1118,6 +1118,34 @@ def test_a_dcp_saves_look_for_its_commit_is_one_per_save_and_cheap(
 
 
 @pytest.mark.timeout(60)
+def test_pushes_a_target_does_not_keep_are_counted_late_not_ok(
+    start_daemon: Callable[..., Daemon], tmp_path: Path, bucket: str, s3_proxy: CountingProxy
+) -> None:
+    cluster = Cluster(start_daemon, tmp_path, bucket, s3_proxy, ["a", "b"])
+    saver, target = cluster.nodes
+    # The target saw a save of this saver whole with a far larger seq (as after the
+    # saver's clock stepped back): every push of the next save is answered kept: false.
+    request = urllib.request.Request(
+        f"{target.url}/v1/peer/replicas/saves?save=ahead&saver={cluster.address(0)}"
+        f"&seq={1 << 62}&state=remote",
+        method="POST",
+        headers={"Authorization": f"Bearer {TOKEN}", "X-Chunkd-Peer": cluster.address(0)},
+    )
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        assert answer.status == 200
+    with cluster.client(0) as client:
+        handle = ckpt.save(state_of(40, 2), "ckpt/late/step-1", replicas=1, client=client)
+    assert handle.replicas is not None
+    assert handle.replicas["outcome"] == "none"  # not "full": no copy was kept
+    assert handle.replicas["whole"] == 0
+    late = saver.metric("chunkd_replica_pushes_total", outcome="late")
+    assert late >= 1  # then the target is skipped (pushes already on the way come too)
+    assert late == target.metric("chunkd_replica_received_total", outcome="refused")
+    assert saver.metric("chunkd_replica_pushes_total", outcome="ok") == 0
+    assert target.metric("chunkd_replica_bytes") == 0
+
+
+@pytest.mark.timeout(60)
 def test_an_old_client_is_never_told_the_level_replicated(
     start_daemon: Callable[..., Daemon], tmp_path: Path, bucket: str, s3_proxy: CountingProxy
 ) -> None:

@@ -657,9 +657,10 @@ class Replicas:
 
 
 def _kept(answer: bytes) -> bool:
-    """Whether a push's 200 answer says the chunk was kept (``"kept": true``)."""
+    """Whether a push's 200 answer keeps the chunk: all but an explicit
+    ``"kept": false`` (a receiver that says nothing of it kept it)."""
     try:
         doc = json.loads(answer)
     except ValueError:
-        return False
-    return isinstance(doc, dict) and doc.get("kept") is True
+        return True
+    return not (isinstance(doc, dict) and doc.get("kept") is False)

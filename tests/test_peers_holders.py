@@ -768,3 +768,45 @@ def test_object_chunks_by_locator_are_served_by_their_owner_to_concurrent_reader
     served = sum(n.metric("chunkd_peer_role_bytes_total", direction="out") for n in nodes)
     assert served == sum(n.metric("chunkd_peer_role_bytes_total", direction="in") for n in nodes)
     assert served > len(data)  # each of the two later readers got most of it from peers
+
+
+@pytest.mark.timeout(30)
+async def test_the_apart_nodes_probe_round_is_over_at_close(tmp_path: Path) -> None:
+    from chunkd.gateway.config import load_config
+    from chunkd.gateway.metrics import Metrics
+    from chunkd.gateway.peers import Peers
+
+    async def slow(request: web.Request) -> web.Response:  # a member whose probe hangs
+        await asyncio.sleep(3)
+        return web.json_response({"ok": True})
+
+    app = web.Application()
+    app.router.add_get("/healthz", slow)
+    port = free_port()
+    token = tmp_path / "token"
+    token.write_text(TOKEN)
+    token.chmod(0o600)
+    path = tmp_path / "chunkd.toml"
+    path.write_text(
+        f'[peers]\nself = "127.0.0.1:{free_port()}"\nmembers = ["127.0.0.1:{port}"]\n'
+        f'token_file = "{token}"\n[[backends]]\nname = "local"\nurl = "file://{tmp_path}/d"\n'
+    )
+    peers = Peers(load_config(path, environ={}, cwd=tmp_path).peers, Metrics())
+    with serving(app, port):
+        await peers.start()
+        try:
+            client = peers._client
+            await client.membership.refresh()
+            member = client.membership.get(f"127.0.0.1:{port}")
+            assert member is not None
+            member.healthy = False
+            await client._rejoin_probe()  # a fetch waits a little; the round goes on
+            probing = client._rejoin_round
+            assert probing is not None
+            assert not probing.done()
+            await client.close()
+            assert probing.done()  # cancelled and awaited, not left on a closed session
+            await client._rejoin_probe()  # a fetch during shutdown starts none
+            assert client._rejoin_round is None
+        finally:
+            await peers.close()

@@ -22,11 +22,14 @@ after a crash restores its part from its peers, not from the backend.
                once every chunk of S went out (to each target that took one), and
                &state=remote once S is committed and its pushes are over (to every
                other member when every chunk got K copies, else to S's targets)
-    lifetime   seq (SaveRequest.seq, ns at the save) orders one saver's saves; a save
+    lifetime   seq (SaveRequest.seq, ns at the save, one per save on the saver: its
+               ranks' parts share it; never below the saver's last + 1) orders one
+               saver's saves (a receiver keeps the largest a save's parts gave); a save
                is held on a node until a later save of that saver (larger seq) is
                committed and replicated (on this node or others): then every save
-               of that saver with a smaller seq is let go; a late note or push of
-               an older save lets nothing go and is not kept; at most
+               of that saver with a smaller seq is let go (never the save noted);
+               a late note or push of an older save lets nothing go and is not kept
+               (the saver counts such a push ``late``, not ``ok``); at most
                MAX_SAVES_PER_SAVER saves of one saver are held (the smallest seq
                goes), a saver no longer a member is let go after holder_ttl, and
                replica_budget bounds them

@@ -252,9 +252,9 @@ def test_a_save_waiting_for_its_backend_shows_in_flight_with_its_progress(
         (job,) = waiting["checkpoints"]
         assert job["name"] == "ckpt/seen/step-1"
         assert (job["rank"], job["world_size"]) == (0, 1)
-        # no replicas asked for (no [peers]): replicated comes with local
-        # (docs/replicas.md), the level below remote
-        assert job["durability"] == "replicated"
+        # no replicas asked for (no [peers]): never called replicated, it stays local
+        # until it is remote (docs/replicas.md)
+        assert job["durability"] == "local"
         assert job["logical_bytes"] >= 512 * 512 * 4
         assert job["age_s"] >= 0
         s3_proxy.up()

@@ -574,14 +574,14 @@ def test_a_save_in_flight_opens_the_checkpoints_panel(
             expect(page.locator("#checkpoints tbody")).to_contain_text("ckpt/seen/step-1")
             expect(page.locator("#checkpoints-summary")).to_have_text("1 in flight")
             expect(page.locator("#checkpoints tbody")).to_contain_text("1.0 MiB")
-            # staged, local and replicated (no replicas asked: with local) filled; remote
-            # not yet (the backend is down)
-            expect(page.locator("#checkpoints .durability-label")).to_have_text("replicated")
+            # staged and local filled; replicated not (no replicas asked: a save without
+            # replicas is never called replicated), remote not yet (the backend is down)
+            expect(page.locator("#checkpoints .durability-label")).to_have_text("local")
             widths = page.evaluate(
                 "Array.from(document.querySelectorAll('#checkpoints .durability rect.reached'))"
                 ".map((r) => Number(r.getAttribute('width')))"
             )
-            assert widths == [38, 38, 38, 0], widths
+            assert widths == [38, 38, 0, 0], widths
             found: list[list[str]] = page.evaluate(_CUT_OR_WRAPPED)
             assert found == [], found
             if os.environ.get("CHUNKD_SCREENSHOTS") == "1":

@@ -49,9 +49,15 @@ class ServerProcess:
         return cls(port, process, host)
 
     def stop(self) -> None:
-        """Stop the server."""
+        """Stop the server: SIGTERM, and SIGKILL if it has not exited 10 s later (a
+        server slow to stop on a loaded machine is not left running, nor its Popen
+        unreaped)."""
         self.process.terminate()
-        self.process.wait(timeout=10)
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
 
     def __enter__(self) -> Self:
         return self

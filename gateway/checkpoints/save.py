@@ -183,7 +183,10 @@ class Saver:
                 )
             job.pinned = set(job.unique)
             self.cache.pin(job.pinned)
-            job.reach(Durability.LOCAL, "resuming")
+            # A part whose chunks are gone from the disk tier is not local any more:
+            # a waiter for local waits for the backend's copies (remote) or the job's
+            # failure, never a level the node no longer holds.
+            job.reach(Durability.STAGED if missing else Durability.LOCAL, "resuming")
             self.jobs.add(job)
             self._replicate(job)
             self.jobs.spawn(self._guarded(job, self._finish(job)))
@@ -473,10 +476,14 @@ class Saver:
     async def _failed(self, job: SaveJob, exc: ChunkdError) -> None:
         log.warning("checkpoint %s (rank %d) failed: %s", job.request.name, job.request.rank, exc)
         self.metrics.ckpt_saves.labels("failed").inc()
-        job.fail(exc)
         self._release(job)
         self._unpin(job)
-        await asyncio.to_thread(self.journal.set_aside, self.journal.path(job), exc)
+        try:
+            # Recorded before any waiter is told: a client told of the failure that
+            # asks again after a restart finds the same failure, not an unknown save.
+            await asyncio.to_thread(self.journal.set_aside, self.journal.path(job), exc)
+        finally:
+            job.fail(exc)
 
     async def _stage_to_disk(self, job: SaveJob) -> None:
         """Hash every chunk and write it to the disk tier; journal the job (level local).

@@ -78,9 +78,11 @@ from chunkd.gateway.appkeys import (
 )
 from chunkd.gateway.config import Config
 from chunkd.gateway.config.addresses import is_loopback
+from chunkd.gateway.costs.routes import add_routes as add_cost_routes
 from chunkd.gateway.dashboard import add_routes as add_dashboard_routes
 from chunkd.gateway.dashboard.session import browser_refusal, valid_session
 from chunkd.gateway.inspector import add_routes as add_inspector_routes
+from chunkd.gateway.jobs.routes import add_routes as add_job_routes
 from chunkd.gateway.listing import MAX_PAGE
 from chunkd.gateway.metrics import Metrics
 from chunkd.gateway.names import validate_prefix
@@ -125,6 +127,8 @@ def build_app(config: Config, *, metrics: Metrics, tls: PeerTLS | None) -> web.A
     add_replica_routes(app)
     add_dashboard_routes(app)
     add_inspector_routes(app)
+    add_job_routes(app)
+    add_cost_routes(app)
     return app
 
 

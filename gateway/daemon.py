@@ -58,10 +58,14 @@ from chunkd.gateway.backends import Backends
 from chunkd.gateway.checkpoints import Checkpoints
 from chunkd.gateway.config import Config, load_config
 from chunkd.gateway.connections import ACCEPT_BACKLOG, GuardedRunner
+from chunkd.gateway.costs import ATTRIBUTION, Attribution, Ledger
+from chunkd.gateway.costs.routes import LEDGER
 from chunkd.gateway.dashboard import TELEMETRY, Telemetry
 from chunkd.gateway.datasets import Datasets
 from chunkd.gateway.decoding import DecodeService
 from chunkd.gateway.inspector import INSPECTOR, InspectorPool
+from chunkd.gateway.jobs import JobTable
+from chunkd.gateway.jobs.routes import JOBS
 from chunkd.gateway.listing import Listings
 from chunkd.gateway.localsock import LocalServer
 from chunkd.gateway.logs import MalformedRequestLog, configure_logging
@@ -140,6 +144,10 @@ class Node:
     inspector: InspectorPool
     decoder: DecodeService
     telemetry: Telemetry
+    #: the jobs this node serves and their trainers' waits (docs/jobs.md)
+    jobs: JobTable
+    #: what data movement cost, by job and name (docs/jobs.md)
+    ledger: Ledger
     #: copies of this node's saves in peers' RAM, and theirs here (docs/replicas.md)
     replicas: Replicas | None = None
 
@@ -154,6 +162,11 @@ async def open_node(
         ConfigError: a backend, the peers or the cache cannot be set up as configured.
     """
     async with contextlib.AsyncExitStack() as parts:
+        jobs = JobTable()
+        ledger = Ledger(jobs)
+        # Work the daemon starts for nobody (a scrub, GC, a replica push) is accounted
+        # to no job: the tasks started from here copy this context.
+        ATTRIBUTION.set(Attribution(ledger=ledger))
         backends = Backends.from_config(config.backends, metrics)
         parts.push_async_callback(backends.close)
         peers = Peers(config.peers, metrics, tls=tls) if config.peers.enabled else None
@@ -234,6 +247,8 @@ async def open_node(
             group=config.server.socket_group,
             send_timeout=config.server.socket_send_timeout,
             max_clients=config.server.socket_max_clients,
+            jobs=jobs,
+            ledger=ledger,
         )
         parts.push_async_callback(local.close)
         await local.start()
@@ -254,6 +269,8 @@ async def open_node(
             read_path.hot,
             peers=peers,
             listen=config.server.listen,
+            jobs=jobs,
+            ledger=ledger,
         )
         parts.push_async_callback(telemetry.close)
         await telemetry.start()
@@ -272,6 +289,8 @@ async def open_node(
             inspector=inspector,
             decoder=decoder,
             telemetry=telemetry,
+            jobs=jobs,
+            ledger=ledger,
             replicas=replicas,
         )
 
@@ -308,6 +327,8 @@ def build_app(
             app[appkeys.PAGES] = node.datasets.pages
             app[INSPECTOR] = node.inspector
             app[TELEMETRY] = node.telemetry
+            app[JOBS] = node.jobs
+            app[LEDGER] = node.ledger
             yield
 
     app.cleanup_ctx.append(node_context)

@@ -15,12 +15,18 @@ from typing import Any
 import pytest
 
 from chunkd.client.protocol import OPS, VERSION, recv_frame, send_frame
-from chunkd.gateway.localsock import checkpoint_ops, dataset_ops, prefetch_ops, read_ops
+from chunkd.gateway.localsock import checkpoint_ops, dataset_ops, job_ops, prefetch_ops, read_ops
 from chunkd.gateway.localsock.answer import Answer
 from chunkd.gateway.localsock.family import Family, Parts, handler_table
 from chunkd.gateway.localsock.server import HANDLERS
 
-FAMILIES = (prefetch_ops.FAMILY, read_ops.FAMILY, checkpoint_ops.FAMILY, dataset_ops.FAMILY)
+FAMILIES = (
+    prefetch_ops.FAMILY,
+    read_ops.FAMILY,
+    checkpoint_ops.FAMILY,
+    dataset_ops.FAMILY,
+    job_ops.FAMILY,
+)
 
 
 async def _nothing(parts: Parts, args: Mapping[str, Any], answer: Answer) -> dict[str, Any]:

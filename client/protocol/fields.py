@@ -20,7 +20,7 @@ __all__ = ["MAX_OFFSET", "Field", "FieldType"]
 #: the largest offset or length a request may name: a signed 64-bit file offset
 MAX_OFFSET: Final = (1 << 63) - 1
 
-FieldType = Literal["text", "whole", "number", "flag", "choice", "texts", "ranges"]
+FieldType = Literal["text", "whole", "number", "flag", "choice", "texts", "ranges", "counts"]
 _NO_DEFAULT: Final[Any] = object()
 
 
@@ -29,7 +29,8 @@ class Field:
     """One field of a request: its name, type, bounds and whether it is required.
 
     ``high`` bounds a ``whole`` or ``number`` (with ``low``), the UTF-8 bytes of a
-    ``text``, and the items of a ``texts`` or ``ranges`` list. A ``choice`` is one
+    ``text``, and the items of a ``texts`` or ``ranges`` list; a ``counts`` list holds
+    exactly ``high`` whole numbers, each at most :data:`MAX_OFFSET`. A ``choice`` is one
     of ``choices``. A field is required when it has no ``default``; a null counts as
     absent. A wrong value raises ``error`` (:class:`~chunkd.errors.InvalidRequestError`
     unless the field names another).
@@ -73,6 +74,8 @@ class Field:
             what = "|".join(f'"{c}"' for c in self.choices)
         elif self.kind == "texts":
             what = f"list of at most {int(self.high)} strings"
+        elif self.kind == "counts":
+            what = f"list of {int(self.high)} whole numbers"
         else:
             what = f"list of 1..{int(self.high)} [name, offset, length]"
         need = "required" if self.required else f"default {json.dumps(self.default)}"
@@ -151,6 +154,16 @@ def _check_texts(field: Field, value: object) -> list[str]:
     return value
 
 
+def _check_counts(field: Field, value: object) -> list[int]:
+    if (
+        not isinstance(value, list)
+        or len(value) != field.high
+        or not all(_is_whole(n) and 0 <= n <= MAX_OFFSET for n in value)
+    ):
+        raise field._fail(f"a list of {int(field.high)} whole numbers >= 0", value)
+    return [int(n) for n in value]
+
+
 def _check_ranges(field: Field, value: object) -> list[tuple[str, int, int]]:
     if not isinstance(value, list) or not 0 < len(value) <= field.high:
         raise field.error(
@@ -181,6 +194,7 @@ _CHECKS: Final[Mapping[str, Any]] = {
     "choice": _check_choice,
     "texts": _check_texts,
     "ranges": _check_ranges,
+    "counts": _check_counts,
 }
 
 

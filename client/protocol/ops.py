@@ -16,6 +16,7 @@ the client and the docs read would be several. An op's handler lives in the daem
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
@@ -35,7 +36,9 @@ __all__ = [
     "DURABILITY_LEVELS",
     "FIRST_BATCH_PHASES",
     "INLINE_MAX",
+    "JOB_NAME",
     "LIST_PAGE",
+    "LOADER_BUCKETS",
     "MAX_DECODED_BYTES",
     "MAX_DECODE_CHUNKS",
     "MAX_DECODE_COLUMNS",
@@ -43,6 +46,7 @@ __all__ = [
     "MAX_DECODE_INDEX",
     "MAX_DECODE_META",
     "MAX_ID_BYTES",
+    "MAX_JOB_BYTES",
     "MAX_LAYOUT",
     "MAX_LIST_PAGE",
     "MAX_NAME_BYTES",
@@ -50,13 +54,16 @@ __all__ = [
     "MAX_PREFETCH_RANGES",
     "MAX_RANGES",
     "MAX_REPLICAS",
+    "MAX_REPORT_STEPS",
     "MAX_SCRUB_PAGE",
     "MAX_SECONDS",
     "MAX_STEP",
     "MAX_WORLD_SIZE",
     "OPS",
+    "RESERVED_JOB_NAMES",
     "VERSION",
     "Op",
+    "check_job_name",
     "describe_ops",
     "request_header",
 ]
@@ -78,6 +85,34 @@ MAX_PREFETCH_RANGES: Final = 4096
 FIRST_BATCH_PHASES: Final = ("metadata", "worker_start", "first_chunk", "decode", "total")
 #: ranks of one checkpoint save
 MAX_WORLD_SIZE: Final = 1 << 16
+#: the longest job name (``train_job``): accounting labels, not identities
+MAX_JOB_BYTES: Final = 128
+#: what a job name is made of: a letter or digit, then letters, digits and ``._:@/+-``
+JOB_NAME: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@/+-]{0,127}")
+#: label values the daemon gives jobs itself: ``other`` (jobs past the top K, folded)
+#: and ``none`` (work no job claimed)
+RESERVED_JOB_NAMES: Final = ("other", "none")
+#: the upper bounds (seconds) of the buckets of ``chunkd_loader_wait_seconds`` and
+#: ``chunkd_loader_step_seconds``; a ``loader_report`` counts its steps into these
+#: and one more, +Inf
+LOADER_BUCKETS: Final = (
+    0.001,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+)
+#: the most steps one ``loader_report`` may count (a window is seconds, not hours)
+MAX_REPORT_STEPS: Final = 1 << 20
 #: chunks one ``ckpt_scrub`` request reads (up to a GiB at 4 MiB chunks)
 MAX_SCRUB_PAGE: Final = 256
 #: the request's ``id``, as JSON: the answer echoes it, so it must leave the answer room
@@ -103,6 +138,25 @@ _ID_BYTES: Final = 64
 _NODE_BYTES: Final = 300
 #: the most replicas a save may ask for
 MAX_REPLICAS: Final = 16
+
+
+def check_job_name(name: str) -> str:
+    """``name`` if it is a job name (:data:`JOB_NAME`, not one of
+    :data:`RESERVED_JOB_NAMES`).
+
+    Raises:
+        InvalidRequestError: it is not, saying why.
+    """
+    if not JOB_NAME.fullmatch(name):
+        raise InvalidRequestError(
+            f"train_job {name[:140]!r} is no job name: 1 to {MAX_JOB_BYTES} characters, a "
+            "letter or digit first, then letters, digits and ._:@/+-"
+        )
+    if name in RESERVED_JOB_NAMES:
+        raise InvalidRequestError(
+            f"train_job {name!r} is a name the daemon gives jobs itself; choose another"
+        )
+    return name
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,6 +223,23 @@ _OVERWRITE = Field(
 )
 _CKPT_NAME = _name("the checkpoint, ``BACKEND/PATH``")
 _OBJECT_NAME = _name("the object, ``BACKEND/KEY``", error=InvalidKeyError)
+_TRAIN_JOB = Field(
+    "train_job",
+    "text",
+    "the job this connection's work is accounted to (:data:`JOB_NAME`; a claim for "
+    "accounting, not an identity: the daemon records the caller's uid beside it); null: "
+    "none",
+    high=MAX_JOB_BYTES,
+    default=None,
+)
+_FOR_DATASET = Field(
+    "dataset",
+    "text",
+    "the dataset (its name, no version) this read is made for: the daemon accounts its "
+    "cost to that name (a hint)",
+    high=MAX_NAME_BYTES,
+    default=None,
+)
 _LIMIT = Field("limit", "whole", "entries in the page", low=1, high=MAX_LIST_PAGE, default=None)
 _JOB = (
     '``{"ok": true, "job": JOB, "state": STATE, "durability": LEVEL_REACHED, ...}``: the '
@@ -220,11 +291,13 @@ OPS: Final[Mapping[str, Op]] = {
                     # another protocol: the same answer as a version other than ours.
                     error=ProtocolVersionError,
                 ),
+                _TRAIN_JOB,
             ),
             '``{"ok": true, "version": 2, "chunk_bytes": N, "daemon": "chunkd X"}``',
             (
                 "ProtocolVersionError: no version, or one other than :data:`VERSION` (or "
                 "not a whole number)",
+                "InvalidRequestError: a ``train_job`` that is no job name",
             ),
         ),
         Op(
@@ -282,6 +355,7 @@ OPS: Final[Mapping[str, Op]] = {
                     "in the RAM and disk tiers",
                     default=True,
                 ),
+                _FOR_DATASET,
             ),
             'the stat fields and ``"offset": O, "length": L, "spans": [{"chunk": ID, '
             '"index": I, "size": CHUNK_SIZE, "start": A, "stop": B}], "fds": K`` where span '
@@ -313,6 +387,7 @@ OPS: Final[Mapping[str, Op]] = {
                     "in the RAM and disk tiers",
                     default=True,
                 ),
+                _FOR_DATASET,
             ),
             '``{"ok": true, "answered": K, "ranges": [{"size": S, "version": V, "offset": O, '
             '"length": L} | {"error": KIND, "message": TEXT}]}`` and the payload holds the '
@@ -378,6 +453,7 @@ OPS: Final[Mapping[str, Op]] = {
                     high=MAX_PREFETCH_RANGES,
                     default=(),
                 ),
+                _FOR_DATASET,
             ),
             '``{"ok": true, "started": N}``: the daemon loads the objects (and the chunks of '
             "each range) a few at a time (``[server] prefetch_per_client`` for the user the "
@@ -934,6 +1010,7 @@ OPS: Final[Mapping[str, Op]] = {
                     high=MAX_DECODE_CHUNKS,
                     default=None,
                 ),
+                _FOR_DATASET,
             ),
             '``{"ok": true, "decoded": true, "key": HEX, "rows": N, "bytes": N, "columns": '
             '[NAME, ...], "from": "decoded"|"held"|"waited", "fds": 1}``: fd 1 is a sealed '
@@ -965,12 +1042,80 @@ OPS: Final[Mapping[str, Op]] = {
             "Report how long a data loader took to its first batch, by phase, for the "
             "daemon's metrics (``chunkd_dataset_first_batch_seconds``). A hint: it changes "
             "nothing else.",
-            tuple(
-                Field(phase, "number", f"seconds of {phase}", high=MAX_SECONDS, default=None)
-                for phase in FIRST_BATCH_PHASES
+            (
+                *(
+                    Field(phase, "number", f"seconds of {phase}", high=MAX_SECONDS, default=None)
+                    for phase in FIRST_BATCH_PHASES
+                ),
+                Field(
+                    "rank",
+                    "whole",
+                    "the trainer's rank whose loader this is (its job is the connection's "
+                    "``train_job``): the jobs view shows the slowest rank's phases",
+                    high=MAX_WORLD_SIZE - 1,
+                    default=None,
+                ),
             ),
             '``{"ok": true}``',
             (),
+        ),
+        Op(
+            "loader_report",
+            "Report how long one rank's trainer waited for data over a window of steps, for "
+            "the job of the connection's ``train_job`` (``none`` without one): "
+            "``chunkd_loader_wait_seconds`` and ``chunkd_loader_step_seconds``, the worst "
+            "ranks, the jobs view (docs/jobs.md). A step's wait runs from the trainer "
+            "asking for the next batch to getting it; a step is the time from one batch to "
+            "the next. Sent by the loaders' stall meter once a window (seconds), never per "
+            "sample. A hint: it changes nothing else.",
+            (
+                Field("rank", "whole", "the trainer's rank", high=MAX_WORLD_SIZE - 1),
+                Field(
+                    "world_size",
+                    "whole",
+                    "the job's ranks",
+                    low=1,
+                    high=MAX_WORLD_SIZE,
+                    default=None,
+                ),
+                Field("steps", "whole", "steps in the window", high=MAX_REPORT_STEPS),
+                Field("wait", "number", "seconds waited for data, all steps", high=MAX_SECONDS),
+                Field("step", "number", "seconds of all steps", high=MAX_SECONDS),
+                Field(
+                    "wait_max",
+                    "number",
+                    "the longest wait of one step",
+                    high=MAX_SECONDS,
+                    default=0.0,
+                ),
+                Field(
+                    "wait_buckets",
+                    "counts",
+                    "the steps whose wait was at most each of :data:`LOADER_BUCKETS`, "
+                    "not cumulative, and the rest last",
+                    high=len(LOADER_BUCKETS) + 1,
+                ),
+                Field(
+                    "step_buckets",
+                    "counts",
+                    "the same, of the steps' own times",
+                    high=len(LOADER_BUCKETS) + 1,
+                ),
+                Field(
+                    "end",
+                    "flag",
+                    "this rank's iteration ended (the job ends when all its ranks on the "
+                    "node have, or after ``[jobs] idle``)",
+                    default=False,
+                ),
+            ),
+            '``{"ok": true, "train_job": LABEL}``: ``LABEL`` is the job\'s label in '
+            "``/metrics``: its name, or ``other`` when the top ``[jobs] top`` were "
+            "taken at its start",
+            (
+                "InvalidRequestError: a field out of its bounds, bucket counts that do not "
+                "add up to ``steps``",
+            ),
         ),
     )
 }

@@ -41,7 +41,9 @@ if TYPE_CHECKING:
     from chunkd.cache import ChunkCache
     from chunkd.gateway.backends import Backends
     from chunkd.gateway.checkpoints import Checkpoints
+    from chunkd.gateway.costs import Ledger
     from chunkd.gateway.hot import HotSet
+    from chunkd.gateway.jobs import JobTable
     from chunkd.gateway.metrics import Metrics
     from chunkd.gateway.peers import Peers
 
@@ -146,6 +148,8 @@ class Telemetry:
         *,
         peers: Peers | None,
         listen: str,
+        jobs: JobTable | None = None,
+        ledger: Ledger | None = None,
         interval: float = 1.0,
         history: int = 300,
         max_streams: int = 64,
@@ -156,6 +160,8 @@ class Telemetry:
         self.checkpoints = checkpoints
         self.hot = hot
         self.peers = peers
+        self.jobs = jobs
+        self.ledger = ledger
         self.interval = interval
         self.max_streams = max_streams
         self.boot = secrets.token_hex(8)

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Final
 from chunkd import memfd
 from chunkd.client.protocol import FIRST_BATCH_PHASES, MAX_LAYOUT
 from chunkd.errors import ChunkdError, InvalidRequestError
+from chunkd.gateway.costs.attribution import ATTRIBUTION
 from chunkd.gateway.localsock.answer import LIST_BYTES, sealed_size
 from chunkd.gateway.localsock.family import Family, Parts
 from chunkd.snapshot import PAGE_MAX_BYTES
@@ -133,6 +134,10 @@ async def _first_batch(parts: Parts, args: Mapping[str, Any], answer: Answer) ->
     for phase in FIRST_BATCH_PHASES:
         if args[phase] is not None:
             parts.metrics.dataset_first_batch.labels(phase).observe(args[phase])
+    if parts.jobs is not None:
+        who = ATTRIBUTION.get()
+        phases = {p: args[p] for p in FIRST_BATCH_PHASES if args[p] is not None}
+        parts.jobs.first_batch(who.job, who.uid, args["rank"], phases)
     return {"ok": True}
 
 

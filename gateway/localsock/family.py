@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from chunkd.gateway.checkpoints import Checkpoints
     from chunkd.gateway.datasets import Datasets
     from chunkd.gateway.decoding import DecodeService
+    from chunkd.gateway.jobs.table import JobTable
     from chunkd.gateway.listing import Listings
     from chunkd.gateway.localsock.answer import Answer
     from chunkd.gateway.metrics import Metrics
@@ -37,7 +38,8 @@ class Parts:
 
     ``checkpoints``, ``datasets`` and ``decoder`` are None where the daemon serves none
     (their ops then answer so); ``dataset_registry`` is ``[datasets] registry``
-    (``BACKEND/PREFIX``), which ``ds_resolve`` names.
+    (``BACKEND/PREFIX``), which ``ds_resolve`` names; ``jobs`` is the node's job table
+    (None: reports are taken and dropped).
     """
 
     read_path: ReadPath
@@ -48,6 +50,7 @@ class Parts:
     datasets: Datasets | None = None
     decoder: DecodeService | None = None
     dataset_registry: str | None = None
+    jobs: JobTable | None = None
 
 
 #: one op's handler: the daemon's parts, the request's fields (checked against the

@@ -57,6 +57,7 @@ from chunkd.client.protocol import (
     OPS,
     VERSION,
     RawFrame,
+    check_job_name,
     decode_header,
     encode_frame,
     error_answer,
@@ -65,7 +66,8 @@ from chunkd.client.protocol import (
 )
 from chunkd.errors import ChunkdError, InvalidRequestError, ProtocolError
 from chunkd.gateway.authority import Caller, group_id, peer_groups
-from chunkd.gateway.localsock import checkpoint_ops, dataset_ops, prefetch_ops, read_ops
+from chunkd.gateway.costs.attribution import ATTRIBUTION, Attribution, account_name
+from chunkd.gateway.localsock import checkpoint_ops, dataset_ops, job_ops, prefetch_ops, read_ops
 from chunkd.gateway.localsock.answer import Answer
 from chunkd.gateway.localsock.family import Handler, Parts, handler_table
 from chunkd.memfd import close_all
@@ -74,8 +76,10 @@ if TYPE_CHECKING:
     from prometheus_client import Counter, Gauge
 
     from chunkd.gateway.checkpoints import Checkpoints
+    from chunkd.gateway.costs.ledger import Ledger
     from chunkd.gateway.datasets import Datasets
     from chunkd.gateway.decoding import DecodeService
+    from chunkd.gateway.jobs.table import JobTable
     from chunkd.gateway.listing import Listings
     from chunkd.gateway.metrics import Metrics
     from chunkd.gateway.prefetch import Prefetcher
@@ -89,7 +93,7 @@ T = TypeVar("T")
 
 #: the handler of each op, by name: built (and checked) when this module is imported
 HANDLERS: Final[Mapping[str, Handler]] = handler_table(
-    prefetch_ops.FAMILY, read_ops.FAMILY, checkpoint_ops.FAMILY, dataset_ops.FAMILY
+    prefetch_ops.FAMILY, read_ops.FAMILY, checkpoint_ops.FAMILY, dataset_ops.FAMILY, job_ops.FAMILY
 )
 
 _CREDS: Final = struct.Struct("3i")  # pid, uid, gid
@@ -103,6 +107,8 @@ class _Connection:
         self.peer = peer
         self.caller = caller
         self.greeted = False
+        #: the job its ``hello`` named (``train_job``), None: no job
+        self.job: str | None = None
         #: an answer that carried fds went out, and the client may not have read it
         self.fds_unread = False
 
@@ -128,6 +134,10 @@ class LocalServer:
             dropped.
         max_clients: connections served at once; more wait in the listen backlog. A
             dropped connection whose answer with fds is unread still counts.
+        jobs: the jobs this node serves (``loader_report``; None: none are kept).
+        ledger: where the cost of each request's work goes (its
+            :class:`~chunkd.gateway.costs.Attribution`: the connection's ``train_job``,
+            the caller's uid and the request's dataset or checkpoint name).
     """
 
     def __init__(
@@ -146,8 +156,11 @@ class LocalServer:
         group: str | None = None,
         send_timeout: float = 30.0,
         max_clients: int = 1024,
+        jobs: JobTable | None = None,
+        ledger: Ledger | None = None,
     ) -> None:
         self.path = Path(path)
+        self.ledger = ledger
         self._parts = Parts(
             read_path=read_path,
             listings=listings,
@@ -161,6 +174,7 @@ class LocalServer:
                 if dataset_registry is None and datasets is not None
                 else dataset_registry
             ),
+            jobs=jobs,
         )
         self.mode = mode
         self.group = group
@@ -478,9 +492,24 @@ class LocalServer:
                 f'a connection starts with {{"op": "hello", "version": {VERSION}}}; '
                 f"this one sent {_op_of(header)!r} first"
             )
-        response = await HANDLERS[op](self._parts, OPS[op].check(header), answer)
+        args = OPS[op].check(header)
+        if op == "hello" and args["train_job"] is not None:
+            check_job_name(args["train_job"])
+        token = ATTRIBUTION.set(
+            Attribution(
+                job=args["train_job"] if op == "hello" else client.job,
+                uid=client.caller.uid,
+                name=account_name(op, args),
+                ledger=self.ledger,
+            )
+        )
+        try:
+            response = await HANDLERS[op](self._parts, args, answer)
+        finally:
+            ATTRIBUTION.reset(token)
         if op == "hello":
             client.greeted = True
+            client.job = args["train_job"]
         return response
 
 

@@ -1,0 +1,23 @@
+"""``GET /v1/jobs``: the jobs this node serves, as :meth:`JobTable.view` gives them."""
+
+from __future__ import annotations
+
+from typing import Final
+
+from aiohttp import web
+
+from chunkd.gateway.jobs.table import JobTable
+
+__all__ = ["JOBS", "add_routes"]
+
+#: the node's job table
+JOBS: Final = web.AppKey("jobs", JobTable)
+
+
+def add_routes(app: web.Application) -> None:
+    """Add the jobs route to the daemon's app."""
+    app.router.add_get("/v1/jobs", _jobs)
+
+
+async def _jobs(request: web.Request) -> web.Response:
+    return web.json_response(request.app[JOBS].view())

@@ -1,0 +1,39 @@
+"""The ops of the local socket that report on a job's trainers: ``loader_report``.
+
+The job is the connection's (its ``hello``'s ``train_job``, a claim for accounting),
+the uid the kernel's; both reach the handler as the request's
+:class:`~chunkd.gateway.costs.Attribution`. A report is a hint: a bounded handful of
+numbers per step window, taken by :class:`~chunkd.gateway.jobs.JobTable`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Final
+
+from chunkd.errors import InvalidRequestError
+from chunkd.gateway.costs.attribution import ATTRIBUTION
+from chunkd.gateway.localsock.family import Family, Parts
+
+if TYPE_CHECKING:
+    from chunkd.gateway.localsock.answer import Answer
+
+__all__ = ["FAMILY"]
+
+#: the handlers of this module's ops
+FAMILY: Final = Family("jobs")
+
+
+@FAMILY.op("loader_report")
+async def _loader_report(parts: Parts, args: Mapping[str, Any], answer: Answer) -> dict[str, Any]:
+    steps = args["steps"]
+    for buckets in ("wait_buckets", "step_buckets"):
+        if sum(args[buckets]) != steps:
+            raise InvalidRequestError(
+                f"loader_report: {buckets} add up to {sum(args[buckets])}, not the "
+                f"{steps} steps reported"
+            )
+    who = ATTRIBUTION.get()
+    if parts.jobs is None:
+        return {"ok": True, "train_job": "none"}
+    return {"ok": True, "train_job": parts.jobs.report(who.job, who.uid, args)}

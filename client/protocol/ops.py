@@ -232,6 +232,13 @@ _TRAIN_JOB = Field(
     high=MAX_JOB_BYTES,
     default=None,
 )
+_REPORT_JOB = Field(
+    "train_job",
+    "text",
+    "the job reported on (:data:`JOB_NAME`); null: the connection's ``train_job``",
+    high=MAX_JOB_BYTES,
+    default=None,
+)
 _FOR_DATASET = Field(
     "dataset",
     "text",
@@ -1050,11 +1057,12 @@ OPS: Final[Mapping[str, Op]] = {
                 Field(
                     "rank",
                     "whole",
-                    "the trainer's rank whose loader this is (its job is the connection's "
-                    "``train_job``): the jobs view shows the slowest rank's phases",
+                    "the trainer's rank whose loader this is: the jobs view shows the "
+                    "slowest rank's phases",
                     high=MAX_WORLD_SIZE - 1,
                     default=None,
                 ),
+                _REPORT_JOB,
             ),
             '``{"ok": true}``',
             (),
@@ -1062,7 +1070,7 @@ OPS: Final[Mapping[str, Op]] = {
         Op(
             "loader_report",
             "Report how long one rank's trainer waited for data over a window of steps, for "
-            "the job of the connection's ``train_job`` (``none`` without one): "
+            "the job it names, else the connection's ``train_job`` (``none`` without one): "
             "``chunkd_loader_wait_seconds`` and ``chunkd_loader_step_seconds``, the worst "
             "ranks, the jobs view (docs/jobs.md). A step's wait runs from the trainer "
             "asking for the next batch to getting it; a step is the time from one batch to "
@@ -1101,6 +1109,7 @@ OPS: Final[Mapping[str, Op]] = {
                     "the same, of the steps' own times",
                     high=len(LOADER_BUCKETS) + 1,
                 ),
+                _REPORT_JOB,
                 Field(
                     "end",
                     "flag",

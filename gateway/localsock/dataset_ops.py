@@ -24,7 +24,7 @@ from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
 from chunkd import memfd
-from chunkd.client.protocol import FIRST_BATCH_PHASES, MAX_LAYOUT
+from chunkd.client.protocol import FIRST_BATCH_PHASES, MAX_LAYOUT, check_job_name
 from chunkd.errors import ChunkdError, InvalidRequestError
 from chunkd.gateway.costs.attribution import ATTRIBUTION
 from chunkd.gateway.localsock.answer import LIST_BYTES, sealed_size
@@ -136,8 +136,9 @@ async def _first_batch(parts: Parts, args: Mapping[str, Any], answer: Answer) ->
             parts.metrics.dataset_first_batch.labels(phase).observe(args[phase])
     if parts.jobs is not None:
         who = ATTRIBUTION.get()
+        job = who.job if args["train_job"] is None else check_job_name(args["train_job"])
         phases = {p: args[p] for p in FIRST_BATCH_PHASES if args[p] is not None}
-        parts.jobs.first_batch(who.job, who.uid, args["rank"], phases)
+        parts.jobs.first_batch(job, who.uid, args["rank"], phases)
     return {"ok": True}
 
 

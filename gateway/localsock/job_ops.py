@@ -1,8 +1,8 @@
 """The ops of the local socket that report on a job's trainers: ``loader_report``.
 
-The job is the connection's (its ``hello``'s ``train_job``, a claim for accounting),
-the uid the kernel's; both reach the handler as the request's
-:class:`~chunkd.gateway.costs.Attribution`. A report is a hint: a bounded handful of
+The job is the report's ``train_job``, else the connection's (its ``hello``'s), a
+claim for accounting; the uid is the kernel's (the request's
+:class:`~chunkd.gateway.costs.Attribution`). A report is a hint: a bounded handful of
 numbers per step window, taken by :class:`~chunkd.gateway.jobs.JobTable`.
 """
 
@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Final
 
+from chunkd.client.protocol import check_job_name
 from chunkd.errors import InvalidRequestError
 from chunkd.gateway.costs.attribution import ATTRIBUTION
 from chunkd.gateway.localsock.family import Family, Parts
@@ -34,6 +35,7 @@ async def _loader_report(parts: Parts, args: Mapping[str, Any], answer: Answer) 
                 f"{steps} steps reported"
             )
     who = ATTRIBUTION.get()
+    job = who.job if args["train_job"] is None else check_job_name(args["train_job"])
     if parts.jobs is None:
         return {"ok": True, "train_job": "none"}
-    return {"ok": True, "train_job": parts.jobs.report(who.job, who.uid, args)}
+    return {"ok": True, "train_job": parts.jobs.report(job, who.uid, args)}

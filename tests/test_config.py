@@ -249,7 +249,16 @@ def test_the_reference_in_the_module_docstring_is_a_config_of_the_defaults(
     assert set(uncommented["cache"]) == {f.name for f in dataclasses.fields(CacheConfig)} - {
         "reconcile"
     }
-    assert set(uncommented) == {"server", "cache", "backends", "peers", "datasets", "s3_front"}
+    assert set(uncommented) == {
+        "server",
+        "cache",
+        "backends",
+        "peers",
+        "datasets",
+        "s3_front",
+        "jobs",
+        "cost",
+    }
     assert config.datasets == DatasetsConfig()
     for name in ("CHUNKD_SERVER_<KEY>", "CHUNKD_CACHE_<KEY>", "CHUNKD_BACKENDS_<NAME>_<KEY>"):
         assert name in doc
@@ -1259,3 +1268,76 @@ def test_a_file_without_backends_says_what_to_add_and_adds_nothing(tmp_path: Pat
     assert [b.name for b in config.backends] == ["local"]
     assert config.backends[0] == embedded_default(tmp_path).backends[0]
     assert config.s3_front.listen == "127.0.0.1:8471"
+
+
+# -- [jobs], [cost] and the price tables (issue 30) -----------------------------------
+
+_PRICED = """
+[jobs]
+top = 4
+idle = "5m"
+[cost]
+default = "mine"
+names = 8
+[cost.mine]
+egress_per_gb = 0.01
+get_per_1000 = 0.001
+put_per_1000 = 0.01
+storage_per_gb_month = 0.02
+[[backends]]
+name = "data"
+url = "s3://bucket/prefix"
+price = "example-s3-internet"
+[[backends]]
+name = "other"
+url = "s3://bucket2"
+[[backends]]
+name = "files"
+url = "file:///srv/data"
+"""
+
+
+@pytest.mark.timeout(10)
+def test_jobs_cost_and_price_tables_load_and_each_backend_gets_its_table(tmp_path: Path) -> None:
+    config = load_config(
+        write(tmp_path, _PRICED), environ={"CHUNKD_JOBS_TRACKED": "99"}, cwd=tmp_path
+    )
+    assert (config.jobs.top, config.jobs.idle, config.jobs.tracked) == (4, 300.0, 99)
+    assert (config.cost.default, config.cost.names) == ("mine", 8)
+    assert [config.price_of(b) for b in config.backends] == ["example-s3-internet", "mine", "free"]
+    assert config.prices["mine"].get_per_1000 == 0.001
+    assert config.prices["mine"].currency == "USD"
+    # The shipped tables are there beside the file's.
+    assert {"free", "example-s3-in-region", "example-s3-internet", "example-gcs-internet"} <= set(
+        config.prices
+    )
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        (
+            ('price = "example-s3-internet"', 'price = "nope"'),
+            "price = 'nope' names no price table",
+        ),
+        (('default = "mine"', 'default = "gone"'), "default = 'gone' names no price table"),
+        (("get_per_1000 = 0.001\n", ""), "[cost.mine] has no get_per_1000"),
+        (("get_per_1000 = 0.001", "get_per_1000 = -1"), "is not a finite price of 0 or more"),
+        (("get_per_1000 = 0.001", 'get_per_1000 = "x"'), "is not a number"),
+        (("get_per_1000 = 0.001", "get_per_100 = 0.001"), "[cost.mine] has no key 'get_per_100'"),
+        (("top = 4", "top = -1"), "is negative"),
+    ],
+)
+def test_a_bad_price_or_a_price_naming_no_table_is_a_config_error(
+    tmp_path: Path, change: tuple[str, str], expected: str
+) -> None:
+    old, new = change
+    assert old in _PRICED
+    with pytest.raises(ConfigError) as caught:
+        load_config(write(tmp_path, _PRICED.replace(old, new, 1)), environ={}, cwd=tmp_path)
+    assert expected in str(caught.value)
+    if "names no price table" in expected:
+        # The message lists the tables there are.
+        assert "example-s3-in-region" in str(caught.value)
+        assert "mine" in str(caught.value)

@@ -201,6 +201,46 @@ Every key, with its default (a key left out takes the default)::
     # the private key of tls_cert, PEM, unencrypted
     # tls_key = "/etc/chunkd/s3-front.key"
 
+    # training jobs: how many are named in the per-job stall and cost figures
+    # (docs/jobs.md)
+    [jobs]
+    # jobs named in /metrics at once (train_job label); a job starting while this many are
+    # named is other for its whole life on this node
+    top = 16
+    # ranks per job shown as chunkd_loader_worst_rank_wait_ratio
+    worst_ranks = 3
+    # a job this node has heard nothing of this long has ended
+    idle = "10m"
+    # jobs (named or other) one node keeps; past it a new job is other and not kept by
+    # name (nor in the cost ledger)
+    tracked = 1024
+
+    # what data movement costs: the default price table and the names labelled
+    # (docs/jobs.md)
+    [cost]
+    # the price table of a backend without price (file:// and memory:// backends: free); a
+    # table of [cost] or a shipped one
+    default = "example-s3-in-region"
+    # dataset and checkpoint names labelled in /metrics at once; the rest are other
+    names = 64
+
+    # a price table [cost.NAME] (here NAME is my-prices), for [cost] default and
+    # [[backends]] price; shipped: free, example-s3-in-region, example-s3-internet,
+    # example-gcs-internet (examples, not facts about anyone's bill); a GB is 2^30 bytes
+    [cost.my-prices]
+    # required: per GB (2^30 bytes) read out of the backend
+    egress_per_gb = 0.09
+    # required: per 1000 GET or HEAD requests
+    get_per_1000 = 0.0004
+    # required: per 1000 PUT or LIST requests
+    put_per_1000 = 0.005
+    # required: per GB (2^30 bytes) kept for a month
+    storage_per_gb_month = 0.023
+    # per 1000 DELETE requests (free on S3 and GCS)
+    delete_per_1000 = 0.0
+    # what the amounts are in; shown beside them
+    currency = "USD"
+
     # one table per backend; at least one
     [[backends]]
     # required: [a-z0-9][a-z0-9_-]{0,62}; users name objects NAME/KEY
@@ -242,6 +282,9 @@ Every key, with its default (a key left out takes the default)::
     # a listing is answered from the daemon's memory this long (a folder gains shards); 0:
     # never
     list_revalidate = "30s"
+    # the [cost] price table this backend's requests and bytes are priced by; unset:
+    # [cost] default (file:// and memory:// backends: free)
+    # price = "example-s3-internet"
     # with revalidate a duration: a cached object whose version cannot be re-checked is
     # still served this long after its last check, marked stale (RFC 5861); 0: never
     stale_if_error = "1d"

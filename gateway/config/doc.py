@@ -20,7 +20,7 @@ from typing import Final
 
 from chunkd.errors import ConfigError
 from chunkd.gateway.config.keys import Key, Section
-from chunkd.gateway.config.schema import SECTIONS
+from chunkd.gateway.config.schema import DOC_SECTIONS, PRICE_TABLE
 from chunkd.gateway.config.values import Origin
 
 __all__ = [
@@ -72,7 +72,7 @@ def _key_line(section: Section, key: Key) -> str:
 def reference() -> str:
     """Every section and key with its default, as TOML; unset keys commented out."""
     blocks = []
-    for section in SECTIONS:
+    for section in DOC_SECTIONS:
         lines = [*_comment(section.doc), section.header]
         for key in section.keys.values():
             lines += [*_comment(key.doc), _key_line(section, key)]
@@ -87,7 +87,7 @@ def _cell(text: str) -> str:
 def key_tables() -> str:
     """The key list of docs/config.md: one table per section (key, default, what)."""
     parts = []
-    for section in SECTIONS:
+    for section in DOC_SECTIONS:
         rows = [
             f"**`{section.header}`**: {_cell(section.doc)}.",
             "",
@@ -127,13 +127,15 @@ def example_problems(text: str, source: str = "systemd/chunkd.toml") -> list[str
     shows any value it takes.
     """
     problems = []
-    sections = {section.header: section for section in SECTIONS}
-    seen: dict[str, set[str]] = {section.header: set() for section in SECTIONS}
+    sections = {section.header: section for section in DOC_SECTIONS}
+    seen: dict[str, set[str]] = {section.header: set() for section in DOC_SECTIONS}
     current: Section | None = None
     for number, line in enumerate(text.splitlines(), start=1):
         stripped = line.strip()
         if stripped.startswith("["):
             header = stripped.split("#")[0].strip()
+            if header.startswith("[cost.") and header.endswith("]"):
+                header = PRICE_TABLE.header  # one price table, any name, stands for them all
             current = sections.get(header)
             if current is None:
                 problems.append(f"{source}:{number}: unknown section {header}")

@@ -22,14 +22,21 @@ from chunkd.gateway.config.keys import Key
 from chunkd.gateway.config.schema import (
     BACKENDS,
     CACHE,
+    COST,
     DATASETS,
+    JOBS,
     PEERS,
+    PRICE_TABLE,
     S3_FRONT,
     SERVER,
+    SHIPPED_PRICES,
     BackendConfig,
     Config,
+    CostConfig,
     DatasetsConfig,
+    JobsConfig,
     PeersConfig,
+    PriceTable,
     S3FrontConfig,
     ServerConfig,
     backend_rules,
@@ -73,6 +80,52 @@ class _Document:
     peers: dict[str, _Setting] = field(default_factory=dict)
     datasets: dict[str, _Setting] = field(default_factory=dict)
     s3_front: dict[str, _Setting] = field(default_factory=dict)
+    jobs: dict[str, _Setting] = field(default_factory=dict)
+    cost: dict[str, _Setting] = field(default_factory=dict)
+    #: (name, table) per [cost.NAME] price table, in order
+    prices: list[tuple[str, dict[str, _Setting]]] = field(default_factory=list)
+
+
+#: a price table's NAME: as a backend's name, dots and all else refused
+_TABLE_NAME: Final = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
+
+
+def _price_tables(
+    doc: Mapping[str, Any], source: str
+) -> tuple[dict[str, Any], list[tuple[str, dict[str, _Setting]]]]:
+    """The ``[cost]`` table without its ``[cost.NAME]`` tables, and those tables."""
+    table = doc.get("cost", {})
+    if not isinstance(table, dict):
+        raise ConfigError(f"{source}: cost is not a table; write it as a [cost] section")
+    own: dict[str, Any] = {}
+    prices: list[tuple[str, dict[str, _Setting]]] = []
+    for name, value in table.items():
+        if not isinstance(value, dict):
+            own[name] = value
+            continue
+        if not _TABLE_NAME.fullmatch(name):
+            raise ConfigError(
+                f"{source}: [cost.{name}] is no price table name; name it like a backend, "
+                "[a-z0-9][a-z0-9_-]{0,62}"
+            )
+        settings = {}
+        for key, price in value.items():
+            if key not in PRICE_TABLE.keys:
+                raise ConfigError(
+                    f"{source}: [cost.{name}] has no key {key!r}"
+                    f"{_did_you_mean(key, PRICE_TABLE.keys)} (the keys of a price table: "
+                    f"{', '.join(PRICE_TABLE.keys)})"
+                )
+            settings[key] = _Setting(price, Origin(source, f"[cost.{name}] {key}"))
+        for key in PRICE_TABLE.keys.values():
+            if key.required and key.name not in settings:
+                raise ConfigError(
+                    f"{source}: [cost.{name}] has no {key.name}; a price table gives "
+                    f"{', '.join(k.name for k in PRICE_TABLE.keys.values() if k.required)} "
+                    "(0 for free)"
+                )
+        prices.append((name, settings))
+    return own, prices
 
 
 def _did_you_mean(word: str, options: Iterable[str]) -> str:
@@ -123,6 +176,8 @@ def _document_from_toml(doc: Mapping[str, Any], source: str) -> _Document:
         "peers": PEERS.keys,
         "datasets": DATASETS.keys,
         "s3_front": S3_FRONT.keys,
+        "jobs": JOBS.keys,
+        "cost": COST.keys,
     }
     for key, value in doc.items():
         if key in sections:
@@ -130,7 +185,8 @@ def _document_from_toml(doc: Mapping[str, Any], source: str) -> _Document:
         if isinstance(value, dict | list):
             raise ConfigError(
                 f"{source}: unknown section [{key}]{_did_you_mean(key, sections)} "
-                "(the sections: [server], [cache], [[backends]], [peers], [datasets], [s3_front])"
+                "(the sections: [server], [cache], [[backends]], [peers], [datasets], [s3_front], "
+                "[jobs], [cost], [cost.NAME])"
             )
         homes = [
             "[[backends]]" if name == "backends" else f"[{name}]"
@@ -141,6 +197,7 @@ def _document_from_toml(doc: Mapping[str, Any], source: str) -> _Document:
         raise ConfigError(f"{source}: unknown key {key!r} outside any section{home}")
     server = _section(doc, "server", SERVER.keys, source)
     cache = _section(doc, "cache", CACHE.keys, source)
+    cost, prices = _price_tables(doc, source)
     tables = doc.get("backends", [])
     if not isinstance(tables, list) or not all(isinstance(t, dict) for t in tables):
         raise ConfigError(
@@ -183,6 +240,9 @@ def _document_from_toml(doc: Mapping[str, Any], source: str) -> _Document:
         _section(doc, "peers", PEERS.keys, source),
         _section(doc, "datasets", DATASETS.keys, source),
         _section(doc, "s3_front", S3_FRONT.keys, source),
+        _section(doc, "jobs", JOBS.keys, source),
+        _section({"cost": cost}, "cost", COST.keys, source),
+        prices,
     )
 
 
@@ -258,6 +318,8 @@ _SECTION_PREFIXES: Final = {
     "CHUNKD_PEERS_": ("peers", PEERS.keys),
     "CHUNKD_DATASETS_": ("datasets", DATASETS.keys),
     "CHUNKD_S3_FRONT_": ("s3_front", S3_FRONT.keys),
+    "CHUNKD_JOBS_": ("jobs", JOBS.keys),
+    "CHUNKD_COST_": ("cost", COST.keys),
 }
 _BACKENDS_PREFIX: Final = "CHUNKD_BACKENDS_"
 
@@ -410,6 +472,15 @@ def _build(doc: _Document, cwd: Path) -> Config:
         peers=PeersConfig(**peers),
         datasets=DatasetsConfig(**_convert(doc.datasets, DATASETS.keys, cwd)),
         s3_front=S3FrontConfig(**_convert(doc.s3_front, S3_FRONT.keys, cwd)),
+        jobs=JobsConfig(**_convert(doc.jobs, JOBS.keys, cwd)),
+        cost=CostConfig(**_convert(doc.cost, COST.keys, cwd)),
+        prices={
+            **SHIPPED_PRICES,
+            **{
+                name: PriceTable(**_convert(table, PRICE_TABLE.keys, cwd))
+                for name, table in doc.prices
+            },
+        },
     )
 
 
@@ -560,6 +631,8 @@ def explain_config(
     add("peers", PEERS.keys, doc.peers, shown["peers"])
     add("datasets", DATASETS.keys, doc.datasets, shown["datasets"])
     add("s3_front", S3_FRONT.keys, doc.s3_front, shown["s3_front"])
+    add("jobs", JOBS.keys, doc.jobs, shown["jobs"])
+    add("cost", COST.keys, doc.cost, shown["cost"])
     for (_, table), values in zip(doc.backends, shown["backends"], strict=True):
         add("backends", BACKENDS.keys, table, values)
     return config, rows

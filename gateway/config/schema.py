@@ -47,6 +47,7 @@ from chunkd.gateway.config.values import (
     PATH,
     POSITIVE_COUNT,
     POSITIVE_DURATION,
+    PRICE,
     REVALIDATE,
     SECRET,
     SIZE,
@@ -65,16 +66,24 @@ from chunkd.gateway.names import validate_key
 __all__ = [
     "BACKENDS",
     "CACHE",
+    "COST",
     "DATASETS",
+    "DOC_SECTIONS",
+    "JOBS",
     "NOT_CACHE_KEYS",
     "PEERS",
+    "PRICE_TABLE",
     "S3_FRONT",
     "SECTIONS",
     "SERVER",
+    "SHIPPED_PRICES",
     "BackendConfig",
     "Config",
+    "CostConfig",
     "DatasetsConfig",
+    "JobsConfig",
     "PeersConfig",
+    "PriceTable",
     "S3FrontConfig",
     "ServerConfig",
 ]
@@ -617,6 +626,101 @@ class S3FrontConfig:
 
 
 @dataclass(frozen=True)
+class JobsConfig:
+    """The ``[jobs]`` section: the bounds of the per-job stall figures. Every field has
+    the default shown."""
+
+    top: int = field(
+        default=16,
+        metadata=key(
+            COUNT,
+            "jobs named in /metrics at once (train_job label); a job starting while this many "
+            "are named is other for its whole life on this node",
+        ),
+    )
+    worst_ranks: int = field(
+        default=3,
+        metadata=key(COUNT, "ranks per job shown as chunkd_loader_worst_rank_wait_ratio"),
+    )
+    idle: float = field(
+        default=600.0,
+        metadata=key(POSITIVE_DURATION, "a job this node has heard nothing of this long has ended"),
+    )
+    tracked: int = field(
+        default=1024,
+        metadata=key(
+            POSITIVE_COUNT,
+            "jobs (named or other) one node keeps; past it a new job is other and not kept "
+            "by name (nor in the cost ledger)",
+        ),
+    )
+
+    def __post_init__(self) -> None:
+        normalize(self, JOBS.keys, "JobsConfig")
+
+
+@dataclass(frozen=True)
+class CostConfig:
+    """The ``[cost]`` section's own keys (its price tables are ``[cost.NAME]``:
+    :class:`PriceTable`). Every field has the default shown."""
+
+    default: str = field(
+        default="example-s3-in-region",
+        metadata=key(
+            TEXT,
+            "the price table of a backend without price (file:// and memory:// backends: "
+            "free); a table of [cost] or a shipped one",
+        ),
+    )
+    names: int = field(
+        default=64,
+        metadata=key(
+            POSITIVE_COUNT,
+            "dataset and checkpoint names labelled in /metrics at once; the rest are other",
+        ),
+    )
+
+    def __post_init__(self) -> None:
+        normalize(self, COST.keys, "CostConfig")
+
+
+@dataclass(frozen=True)
+class PriceTable:
+    """One ``[cost.NAME]`` price table, in the units of the big clouds' price sheets.
+
+    A GB is 2^30 bytes. The amounts are in ``currency`` (every shipped table: USD).
+    The shipped tables (:data:`SHIPPED_PRICES`) are examples, not facts about anyone's
+    bill: write your own from your provider's sheet.
+    """
+
+    egress_per_gb: float = field(
+        metadata=key(PRICE, "required: per GB (2^30 bytes) read out of the backend", example="0.09")
+    )
+    get_per_1000: float = field(
+        metadata=key(PRICE, "required: per 1000 GET or HEAD requests", example="0.0004")
+    )
+    put_per_1000: float = field(
+        metadata=key(PRICE, "required: per 1000 PUT or LIST requests", example="0.005")
+    )
+    storage_per_gb_month: float = field(
+        metadata=key(PRICE, "required: per GB (2^30 bytes) kept for a month", example="0.023")
+    )
+    delete_per_1000: float = field(
+        default=0.0, metadata=key(PRICE, "per 1000 DELETE requests (free on S3 and GCS)")
+    )
+    currency: str = field(
+        default="USD", metadata=key(TEXT, "what the amounts are in; shown beside them")
+    )
+
+    def __post_init__(self) -> None:
+        normalize(self, PRICE_TABLE.keys, "PriceTable")
+
+
+#: schemes whose backends default to the "free" table (local files, memory)
+_FREE_SCHEMES: Final = ("file", "memory")
+
+
+@dataclass(frozen=True)
 class BackendConfig:
     """One ``[[backends]]`` table. Every field but ``name`` and ``url`` has the default shown.
 
@@ -727,6 +831,15 @@ class BackendConfig:
             DURATION,
             "a listing is answered from the daemon's memory this long (a folder gains shards); "
             "0: never",
+        ),
+    )
+    price: str | None = field(
+        default=None,
+        metadata=key(
+            TEXT,
+            "the [cost] price table this backend's requests and bytes are priced by; unset: "
+            "[cost] default (file:// and memory:// backends: free)",
+            example='"example-s3-internet"',
         ),
     )
     stale_if_error: float = field(
@@ -867,11 +980,45 @@ S3_FRONT: Final = Section(
     keys_of(S3FrontConfig),
     commented=True,
 )
+JOBS: Final = Section(
+    "jobs",
+    "[jobs]",
+    "training jobs: how many are named in the per-job stall and cost figures (docs/jobs.md)",
+    keys_of(JobsConfig),
+)
+COST: Final = Section(
+    "cost",
+    "[cost]",
+    "what data movement costs: the default price table and the names labelled (docs/jobs.md)",
+    keys_of(CostConfig),
+)
+#: a ``[cost.NAME]`` table (any number of them; not in :data:`SECTIONS`, which are the
+#: sections of one name each)
+PRICE_TABLE: Final = Section(
+    "cost.NAME",
+    "[cost.my-prices]",
+    "a price table [cost.NAME] (here NAME is my-prices), for [cost] default and "
+    "[[backends]] price; shipped: free, example-s3-in-region, example-s3-internet, "
+    "example-gcs-internet (examples, not facts about anyone's bill); a GB is 2^30 bytes",
+    keys_of(PriceTable),
+)
+#: the price tables every daemon knows; examples, not facts about anyone's bill (the
+#: list prices of AWS S3 Standard and GCS Standard in us-east-1 / us multi-region as
+#: published in 2024); a [cost.NAME] of the same name replaces one
+SHIPPED_PRICES: Final[Mapping[str, PriceTable]] = {
+    "free": PriceTable(0.0, 0.0, 0.0, 0.0),
+    "example-s3-in-region": PriceTable(0.0, 0.0004, 0.005, 0.023),
+    "example-s3-internet": PriceTable(0.09, 0.0004, 0.005, 0.023),
+    "example-gcs-internet": PriceTable(0.12, 0.0004, 0.005, 0.026),
+}
+
 BACKENDS: Final = Section(
     "backends", "[[backends]]", "one table per backend; at least one", keys_of(BackendConfig)
 )
 #: every section, in the order the docs list them
-SECTIONS: Final = (SERVER, CACHE, PEERS, DATASETS, S3_FRONT, BACKENDS)
+SECTIONS: Final = (SERVER, CACHE, PEERS, DATASETS, S3_FRONT, JOBS, COST, BACKENDS)
+#: the sections the docs list, with the price tables after [cost]
+DOC_SECTIONS: Final = (SERVER, CACHE, PEERS, DATASETS, S3_FRONT, JOBS, COST, PRICE_TABLE, BACKENDS)
 
 
 # -- the whole config ---------------------------------------------------------------
@@ -895,6 +1042,12 @@ class Config:
     datasets: DatasetsConfig = DatasetsConfig()
     #: the [s3_front] section (disabled when absent)
     s3_front: S3FrontConfig = S3FrontConfig()
+    #: the [jobs] section
+    jobs: JobsConfig = JobsConfig()
+    #: the [cost] section's own keys
+    cost: CostConfig = CostConfig()
+    #: the price tables by name: the shipped ones, and the [cost.NAME] tables over them
+    prices: Mapping[str, PriceTable] = field(default_factory=lambda: dict(SHIPPED_PRICES))
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "backends", tuple(self.backends))
@@ -906,6 +1059,26 @@ class Config:
                     "give each backend its own name"
                 )
             seen.add(backend.name)
+        tables = ", ".join(sorted(self.prices))
+        if self.cost.default not in self.prices:
+            raise ConfigError(
+                f"{self.source}: [cost] default = {self.cost.default!r} names no price table "
+                f"(the tables: {tables}); add a [cost.{self.cost.default}] table or name one "
+                "of those"
+            )
+        for backend in self.backends:
+            if backend.price is not None and backend.price not in self.prices:
+                raise ConfigError(
+                    f"{self.source}: [[backends]] {backend.name!r} price = {backend.price!r} "
+                    f"names no price table (the tables: {tables}); add a "
+                    f"[cost.{backend.price}] table or name one of those"
+                )
+
+    def price_of(self, backend: BackendConfig) -> str:
+        """The name of the price table ``backend`` is priced by."""
+        if backend.price is not None:
+            return backend.price
+        return "free" if backend.scheme in _FREE_SCHEMES else self.cost.default
 
     def backend(self, name: str) -> BackendConfig | None:
         """The backend called ``name``, or None if there is none."""
@@ -947,6 +1120,11 @@ class Config:
             "peers": _plain(self.peers),
             "datasets": _plain(self.datasets),
             "s3_front": front,
+            "jobs": _plain(self.jobs),
+            "cost": {
+                **_plain(self.cost),
+                "tables": {name: _plain(table) for name, table in sorted(self.prices.items())},
+            },
         }
 
 

@@ -445,6 +445,19 @@ def _socket_mode(value: object, origin: Origin) -> int:
     return mode
 
 
+def _price(value: object, origin: Origin) -> float:
+    if origin.from_env and isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            raise origin.error(value, "is not a number; write it like 0.0004") from None
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
+        raise origin.error(value, "is not a number; write it like 0.0004, without quotes")
+    if value < 0 or value == float("inf"):
+        raise origin.error(value, "is not a finite price of 0 or more; write it like 0.0004")
+    return float(value)
+
+
 def choice(*options: str) -> Kind:
     """One of ``options``, a string."""
     return Kind(_choice(*options))
@@ -473,6 +486,8 @@ BOOL: Final = Kind(_bool)
 COUNT: Final = Kind(_count)
 #: a whole number, 1 or more
 POSITIVE_COUNT: Final = Kind(_positive_count)
+#: a price: a finite number, 0 or more (an integer is taken as a float)
+PRICE: Final = Kind(_price)
 #: a size in bytes: 123, "8GiB", "10GB"
 SIZE: Final = Kind(_size, _write_size)
 #: a size that is a positive multiple of the page size

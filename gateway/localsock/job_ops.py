@@ -34,6 +34,11 @@ async def _loader_report(parts: Parts, args: Mapping[str, Any], answer: Answer) 
                 f"loader_report: {buckets} add up to {sum(args[buckets])}, not the "
                 f"{steps} steps reported"
             )
+    if args["world_size"] is not None and args["rank"] >= args["world_size"]:
+        raise InvalidRequestError(
+            f"loader_report: rank {args['rank']} of a job of {args['world_size']} ranks "
+            "(ranks count from 0)"
+        )
     who = ATTRIBUTION.get()
     job = who.job if args["train_job"] is None else check_job_name(args["train_job"])
     if parts.jobs is None:

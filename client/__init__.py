@@ -11,7 +11,9 @@ from __future__ import annotations
 from chunkd.client.aio import AsyncClient
 from chunkd.client.core import Client
 from chunkd.client.files import ChunkdFile
+from chunkd.client.jobs import job_name
 from chunkd.client.results import CacheInfo, ObjectStat, Reply
+from chunkd.client.stalls import StallMeter
 from chunkd.client.views import as_numpy
 from chunkd.errors import DaemonUnavailableError
 
@@ -23,5 +25,7 @@ __all__ = [
     "DaemonUnavailableError",
     "ObjectStat",
     "Reply",
+    "StallMeter",
     "as_numpy",
+    "job_name",
 ]

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from chunkd.client.core import DEFAULT_CACHE_BYTES, DEFAULT_TIMEOUT, Client
 from chunkd.client.files import ChunkdFile
+from chunkd.client.jobs import job_name
 from chunkd.client.reader import check_range
 from chunkd.client.results import CacheInfo, ObjectStat
 from chunkd.client.views import byte_target
@@ -44,6 +45,10 @@ class AsyncClient:
         socket_path: as for :class:`Client`.
         timeout: as for :class:`Client`.
         cache_bytes: as for :class:`Client`.
+        train_job: as for :class:`Client` (checked, and the environment read, here).
+
+    Raises:
+        ValueError: ``train_job`` is no job name.
     """
 
     def __init__(
@@ -52,8 +57,9 @@ class AsyncClient:
         *,
         timeout: float = DEFAULT_TIMEOUT,
         cache_bytes: int = DEFAULT_CACHE_BYTES,
+        train_job: str | None = None,
     ) -> None:
-        self._args = (socket_path, timeout, cache_bytes)
+        self._args = (socket_path, timeout, cache_bytes, job_name(train_job))
         self._client: Client | None = None
         self._connecting: asyncio.Lock | None = None
 
@@ -86,9 +92,9 @@ class AsyncClient:
                 self._connecting = asyncio.Lock()
             async with self._connecting:
                 if self._client is None:
-                    path, timeout, cache_bytes = self._args
+                    path, timeout, cache_bytes, train_job = self._args
                     self._client = await asyncio.to_thread(
-                        Client, path, timeout=timeout, cache_bytes=cache_bytes
+                        Client, path, timeout=timeout, cache_bytes=cache_bytes, train_job=train_job
                     )
         return self
 

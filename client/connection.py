@@ -50,9 +50,12 @@ class Connection:
         socket_path: the daemon's socket; None: the first of
             :func:`~chunkd.client.protocol.default_socket_paths` that answers.
         timeout: seconds to wait for an answer, and for the daemon to come back.
+        train_job: the job (a checked name) its hello claims, and every reconnection's
+            (:mod:`chunkd.client.jobs`); None: none.
 
     Attributes:
         timeout: as given.
+        train_job: as given.
         path: the socket of the daemon last connected to.
         hello: that daemon's answer to ``hello``.
         closed: whether :meth:`close` was called.
@@ -61,8 +64,11 @@ class Connection:
         DaemonUnavailableError: no daemon answers on any of the sockets tried.
     """
 
-    def __init__(self, socket_path: Path | None, timeout: float) -> None:
+    def __init__(
+        self, socket_path: Path | None, timeout: float, train_job: str | None = None
+    ) -> None:
         self.timeout = timeout
+        self.train_job = train_job
         self._socket_arg = socket_path
         self._io_lock = threading.Lock()
         self._sock: socket.socket | None = None
@@ -107,7 +113,9 @@ class Connection:
             try:
                 sock.connect(os.fspath(path))
                 self._next_id += 1
-                hello_request = protocol.request_header("hello", {"version": protocol.VERSION})
+                hello_request = protocol.request_header(
+                    "hello", {"version": protocol.VERSION, "train_job": self.train_job}
+                )
                 protocol.send_frame(sock, hello_request | {"id": self._next_id})
                 hello, _, fds = protocol.recv_frame(sock)
                 close_all(fds)

@@ -67,6 +67,7 @@ from typing import TYPE_CHECKING, Any, Final
 from chunkd.client import protocol
 from chunkd.client.connection import Connection
 from chunkd.client.files import ChunkdFile
+from chunkd.client.jobs import FOR_DATASET, job_name
 from chunkd.client.reader import Reader, check_range
 from chunkd.client.results import CacheInfo, ObjectStat, Reply
 from chunkd.client.views import Located, byte_target
@@ -169,8 +170,15 @@ class Client:
         cache_chunks: the most chunks that cache holds (each holds an fd); None: a
             quarter of the process's fd limit. Give it where a process makes many
             clients (each would else count on that quarter alone).
+        train_job: the job this client's work is accounted to (sent in its hello,
+            and again on each reconnection); None: the first of ``$CHUNKD_JOB``,
+            ``$SLURM_JOB_ID``, ``$TORCHELASTIC_RUN_ID`` and the Kubernetes pod's job
+            label that is set (:func:`chunkd.client.job_name`), else no job. A claim
+            for accounting, not an identity: the daemon records the uid beside it.
 
     Raises:
+        ValueError: ``train_job`` is no job name (1 to 128 characters of
+            ``A-Za-z0-9._:@/+-``, a letter or digit first; not ``other`` or ``none``).
         DaemonUnavailableError: no daemon answers on any of the sockets tried.
     """
 
@@ -181,13 +189,14 @@ class Client:
         timeout: float = DEFAULT_TIMEOUT,
         cache_bytes: int = DEFAULT_CACHE_BYTES,
         cache_chunks: int | None = None,
+        train_job: str | None = None,
     ) -> None:
         if timeout <= 0:
             raise ValueError(f"timeout must be > 0 seconds; got {timeout!r}")
         if cache_bytes < 0:
             raise ValueError(f"cache_bytes must be >= 0; got {cache_bytes!r}")
         path = None if socket_path is None else Path(os.fspath(socket_path))
-        self._connection = Connection(path, float(timeout))
+        self._connection = Connection(path, float(timeout), job_name(train_job))
         self._reader = Reader(self._connection, cache_bytes, cache_chunks)
         _CLIENTS.add(self)
 
@@ -203,6 +212,11 @@ class Client:
     @timeout.setter
     def timeout(self, seconds: float) -> None:
         self._connection.timeout = seconds
+
+    @property
+    def train_job(self) -> str | None:
+        """The job this client's work is accounted to (its hello's ``train_job``)."""
+        return self._connection.train_job
 
     @property
     def socket_path(self) -> Path | None:
@@ -526,7 +540,11 @@ class Client:
                     break
                 count += 1
             batch, todo = todo[:count], todo[count:]
-            request = {"op": "readv", "ranges": [[n, o, ln] for _, n, o, ln in batch]}
+            request = {
+                "op": "readv",
+                "ranges": [[n, o, ln] for _, n, o, ln in batch],
+                "dataset": FOR_DATASET.get(),
+            }
             reply, payload, fds = self._request(request, f"{len(batch)} ranges")
             close_all(fds)
             answered = int(reply.get("answered", 0))
@@ -585,7 +603,8 @@ class Client:
         return self._prefetch_request({"names": names})
 
     def _prefetch_request(self, fields: dict[str, Any]) -> int:
-        reply, _, fds = self._request({"op": "prefetch", **fields}, "a prefetch")
+        request = {"op": "prefetch", **fields, "dataset": FOR_DATASET.get()}
+        reply, _, fds = self._request(request, "a prefetch")
         close_all(fds)
         return int(reply.get("started", 0))
 

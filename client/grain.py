@@ -73,6 +73,9 @@ from chunkd.client.datasets.workers import (
     global_state,
     reader_state,
 )
+from chunkd.client.jobs import job_name
+from chunkd.client.protocol import MAX_SECONDS
+from chunkd.client.stalls import MIN_WINDOW, REPORT_WINDOW, StallMeter, in_loader_worker
 from chunkd.errors import ResumeStateError
 from chunkd.snapshot import Snapshot
 
@@ -245,9 +248,18 @@ class ChunkdIterDataset(grain.IterDataset):  # type: ignore[misc]
             when first asked for; the batch's ``columns`` are there either way).
         batch_transform: makes the batch's ``columns`` of its columns.
         client_factory: as :class:`GrainSource`'s.
+        measure: time the trainer's waits for each batch and report them to the
+            daemon (:class:`~chunkd.client.StallMeter`), where the iterator runs in
+            the trainer's process (not in an ``mp_prefetch`` worker: there, wrap the
+            pipeline's iterator in ``StallMeter(...).wrap(...)``).
+        train_job: the job the waits, the first batch's timings and the reads are
+            accounted to (:func:`~chunkd.client.job_name`; None: the environment's,
+            else the client's).
+        stall_window: seconds between two of the meter's reports.
 
     Raises:
-        ValueError: an argument out of its range.
+        ValueError: an argument out of its range, or a ``train_job`` that is no job
+            name.
         ResumeStateError: ``state`` is malformed or of another order.
     """
 
@@ -261,9 +273,19 @@ class ChunkdIterDataset(grain.IterDataset):  # type: ignore[misc]
         collate_fn: Callable[[list[Any]], Any] | None = None,
         batch_transform: Callable[[dict[str, Any]], Any] | None = None,
         client_factory: ClientFactory | None = None,
+        measure: bool = True,
+        train_job: str | None = None,
+        stall_window: float = REPORT_WINDOW,
         **options: Unpack[ReadOptions],
     ) -> None:
         super().__init__()
+        self.train_job = job_name(train_job)
+        self.measure = bool(measure)
+        if not MIN_WINDOW <= stall_window <= MAX_SECONDS:
+            raise ValueError(
+                f"stall_window is {MIN_WINDOW} to {MAX_SECONDS:g} seconds; got {stall_window!r}"
+            )
+        self.stall_window = float(stall_window)
         chosen = ReadSettings.merged(settings, options)
         self.settings = chosen
         self.source = GrainSource(dataset, client_factory)
@@ -321,6 +343,9 @@ class ChunkdIterator(grain.DatasetIterator):  # type: ignore[misc]
         super().__init__()
         self._owner = owner
         self._units: Units | None = None  # made on the first batch, in the reading process
+        #: the stall meter (made on the first batch, where the iterator is measured)
+        self.meter: StallMeter | None = None
+        self._last: float | None = None
         self._begin(owner.start, 0)
 
     def _begin(self, start: LoaderState, yielded: int) -> None:
@@ -333,6 +358,37 @@ class ChunkdIterator(grain.DatasetIterator):  # type: ignore[misc]
         self._steps = Steps(total, start.cursor, owner.batch_size, owner.world_size, owner.tail)
 
     def __next__(self) -> Batch:
+        owner = self._owner
+        if (
+            self.meter is None
+            and owner.measure
+            and owner.workers == 1
+            and not self._finished
+            and not in_loader_worker()
+        ):
+            self.meter = StallMeter(
+                client_of(owner.source.dataset),
+                train_job=owner.train_job,
+                rank=owner.rank,
+                world_size=owner.world_size,
+                window=owner.stall_window,
+            )
+        meter = self.meter
+        if meter is None:
+            return self._next()
+        asked = meter.clock()
+        try:
+            batch = self._next()
+        except StopIteration:
+            self.meter, self._last = None, None
+            meter.close()
+            raise
+        got = meter.clock()
+        meter.add(got - asked, got - (asked if self._last is None else self._last), now=got)
+        self._last = got
+        return batch
+
+    def _next(self) -> Batch:
         owner = self._owner
         if self._batches is None:
             dataset = owner.source.dataset
@@ -350,6 +406,7 @@ class ChunkdIterator(grain.DatasetIterator):  # type: ignore[misc]
                 convert=as_array,
                 units=self._units,
                 batch_transform=owner.batch_transform,
+                train_job=owner.train_job,
             )
         try:
             batch = next(self._batches)

@@ -33,6 +33,7 @@ from typing import Any, Final
 
 from chunkd.client import protocol
 from chunkd.client.connection import Connection
+from chunkd.client.jobs import FOR_DATASET
 from chunkd.client.results import CacheInfo, ObjectStat
 from chunkd.client.views import Chunk, ChunkLRU, Located, Span, check_chunk_fd, chunk_budget
 from chunkd.errors import RangeNotSatisfiableError, VersionChangedError
@@ -250,6 +251,9 @@ class Reader:
             }
             if wanted is not None:
                 request["version"] = wanted
+            dataset = FOR_DATASET.get()
+            if dataset is not None:
+                request["dataset"] = dataset
             reply, payload, fds = self._connection.request(request, f"a read of {name}")
             try:
                 known = self._learn(name, reply, asked)

@@ -180,7 +180,12 @@ class PartReader:
             return
         # The look-ahead's own connection: the client's carries one request at a time.
         spare = (
-            Client(self.client.socket_path, timeout=self.client.timeout, cache_bytes=0)
+            Client(
+                self.client.socket_path,
+                timeout=self.client.timeout,
+                cache_bytes=0,
+                train_job=self.client.train_job,
+            )
             if len(batches) > 1
             else None
         )

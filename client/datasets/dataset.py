@@ -73,6 +73,9 @@ class Dataset:
         self.snapshot = snapshot
         self.source = source
         self.registry = registry or {}
+        name = self.registry.get("name")
+        if isinstance(name, str) and getattr(source, "dataset", False) is None:
+            source.dataset = name  # type: ignore[attr-defined]  # its reads say whose they are
         #: seconds it took to get the snapshot (resolving it, or scanning its members)
         self.metadata_seconds = 0.0
         self._formats: dict[str, Format] = {}

@@ -110,6 +110,9 @@ from chunkd.client.datasets.order import (
 )
 from chunkd.client.datasets.shared import SharedDecoder
 from chunkd.client.datasets.state import DEFAULT_ORDER, LoaderState
+from chunkd.client.jobs import FOR_DATASET, job_name
+from chunkd.client.protocol import MAX_SECONDS
+from chunkd.client.stalls import MIN_WINDOW, REPORT_WINDOW, StallMeter, in_loader_worker
 from chunkd.errors import ChunkdError
 
 if TYPE_CHECKING:
@@ -450,10 +453,13 @@ def _rebuilt(
     )
 
 
-def warm(client: Client | None, ranges: Sequence[tuple[str, int, int]]) -> int:
+def warm(
+    client: Client | None, ranges: Sequence[tuple[str, int, int]], dataset: str | None = None
+) -> int:
     """Ask ``client``'s daemon to load byte ranges into its cache, in the background
-    (``Client.prefetch_ranges``: only the chunks the ranges lie in). A hint: a daemon
-    that refuses it costs the reader nothing but the cache hit (logged at debug level).
+    (``Client.prefetch_ranges``: only the chunks the ranges lie in), for ``dataset``
+    (its name: the daemon accounts the cost to it). A hint: a daemon that refuses it
+    costs the reader nothing but the cache hit (logged at debug level).
 
     Returns:
         How many loads the daemon started (0 without a client).
@@ -462,11 +468,14 @@ def warm(client: Client | None, ranges: Sequence[tuple[str, int, int]]) -> int:
         return 0
     # rows of one Parquet row group, lines of one zstd frame: one range, asked once
     ranges = list(dict.fromkeys(ranges))
+    token = FOR_DATASET.set(dataset)
     try:
         return int(client.prefetch_ranges(ranges))
     except ChunkdError as exc:
         log.debug("prefetch of %d ranges refused: %s", len(ranges), exc)
         return 0
+    finally:
+        FOR_DATASET.reset(token)
 
 
 def read_steps(
@@ -483,6 +492,8 @@ def read_steps(
     timings: dict[str, float] | None = None,
     units: Units | None = None,
     batch_transform: Callable[[dict[str, Any]], Any] | None = None,
+    train_job: str | None = None,
+    started: float | None = None,
 ) -> Iterator[Batch]:
     """Rank ``rank``'s batches of steps ``first, first + every, ...`` of ``steps``.
 
@@ -499,15 +510,20 @@ def read_steps(
     ``convert`` is applied to each sample (lazily, with ``units``).
 
     The time to its first batch is measured by phase (:class:`FirstBatch`), reported to
-    the daemon's metrics through ``client``, and written into ``timings`` if given.
+    the daemon's metrics through ``client`` with ``rank`` and ``train_job`` (None: the
+    client's), and written into ``timings`` if given; ``started``: when the trainer
+    began the iteration (``time.monotonic()``), which a worker's ``worker_start`` runs
+    from.
     """
     count = len(steps)
     own = range(first, count, max(1, every))
     warmed = 0
     warmed_units: set[tuple[int, int]] = set()  # a unit serves many steps: warmed once
-    timer: FirstBatch | None = FirstBatch(dataset)
+    timer: FirstBatch | None = FirstBatch(dataset, rank=rank, train_job=train_job, started=started)
     plans: dict[int, _Plan] = {}  # the located positions of the steps asked for ahead
     laid = None if units is None else Windows(units, order)
+    name = getattr(getattr(dataset, "source", None), "dataset", None)
+    name = name if isinstance(name, str) else None  # the dataset the warming is for
     for i, step in enumerate(own):
         if units is not None and laid is not None:
             for ahead in own[i : i + prefetch + 1]:
@@ -521,13 +537,13 @@ def read_steps(
                         k for s in own[warmed:upto] for k in plans[s].needs if k not in warmed_units
                     ]
                     if keys:  # a request only for units not warmed before: most steps none
-                        warm(client, units.ranges(keys))
+                        warm(client, units.ranges(keys), name)
                         warmed_units.update(keys)
                         if len(warmed_units) > 1 << 16:  # long past: forgotten
                             warmed_units = set(keys)
                 else:
                     pairs = [p for s in own[warmed:upto] for p in _pairs(order, steps, s, rank)]
-                    warm(client, dataset.ranges(pairs))
+                    warm(client, dataset.ranges(pairs), name)
                 warmed = upto
         positions, padding = steps.positions(step, rank)
         if not len(positions):
@@ -686,13 +702,30 @@ class FirstBatch:
     sample's bytes in hand; ``decode``: the rest of the first batch, read and decoded;
     ``total``: all of them. The daemon keeps them as the histogram
     ``chunkd_dataset_first_batch_seconds{phase}`` (``ds_first_batch``), so a real job's
-    breakdown is seen as the bench's is.
+    breakdown is seen as the bench's is, and per job (the slowest ``rank``'s, in the
+    jobs view) for ``train_job`` (None: the client's). ``started``: when the trainer
+    began the iteration (``time.monotonic()``, one clock for every process of the
+    host; :func:`chunkd.client.torch.measured` passes it): a worker's ``worker_start``
+    then runs from it, else from the worker process's start.
     """
 
-    def __init__(self, dataset: Readable) -> None:
+    def __init__(
+        self,
+        dataset: Readable,
+        *,
+        rank: int | None = None,
+        train_job: str | None = None,
+        started: float | None = None,
+    ) -> None:
         self.dataset = dataset
+        self.rank = rank
+        self.train_job = train_job
         self.started = time.perf_counter()
-        self.worker_start = _process_age() if multiprocessing.parent_process() else None
+        self.worker_start: float | None = None
+        if multiprocessing.parent_process():
+            self.worker_start = (
+                _process_age() if started is None else max(0.0, time.monotonic() - started)
+            )
         self.first_chunk = 0.0
 
     def first_unit(self, units: Units, key: tuple[int, int]) -> None:
@@ -720,8 +753,9 @@ class FirstBatch:
             timings.update(phases)
         if client is None:
             return
+        fields: dict[str, Any] = {**phases, "rank": self.rank, "train_job": self.train_job}
         try:
-            client.request("ds_first_batch", phases).close()
+            client.request("ds_first_batch", fields).close()
         except ChunkdError as exc:  # a hint: an older daemon, or one going away
             log.debug("the first batch's timings were not taken: %s", exc)
 
@@ -971,9 +1005,18 @@ class Loader:
             ``batch_size``, ``seed``, ``rank``, ``world_size``, ``shuffle``,
             ``window``, ``window_bytes``, ``tail``, ``prefetch``, ``columns``,
             ``decode_ahead``, ``shared_decode``), over ``settings``.
+        measure: time the trainer's waits for each batch and report them to the
+            daemon (:class:`~chunkd.client.StallMeter`, one ``loader_report`` per
+            window of ``window`` seconds and one at the iteration's end; never in a
+            torch DataLoader's worker, where the trainer is not).
+        train_job: the job the waits, the first batch's timings and the reads are
+            accounted to (:func:`~chunkd.client.job_name`); None: the environment's,
+            else the client's.
+        stall_window: seconds between two of the meter's reports.
 
     Raises:
-        ValueError: an argument out of its range.
+        ValueError: an argument out of its range, or a ``train_job`` that is no job
+            name.
     """
 
     def __init__(
@@ -985,8 +1028,20 @@ class Loader:
         client: Client | None = None,
         transform: Callable[[Any], Any] | None = None,
         batch_transform: Callable[[dict[str, Any]], Any] | None = None,
+        measure: bool = True,
+        train_job: str | None = None,
+        stall_window: float = REPORT_WINDOW,
         **options: Unpack[ReadOptions],
     ) -> None:
+        self.train_job = job_name(train_job)
+        self.measure = bool(measure)
+        if not MIN_WINDOW <= stall_window <= MAX_SECONDS:
+            raise ValueError(
+                f"stall_window is {MIN_WINDOW} to {MAX_SECONDS:g} seconds; got {stall_window!r}"
+            )
+        self.stall_window = float(stall_window)
+        #: the stall meter of the latest iteration (None: not measured)
+        self.meter: StallMeter | None = None
         self.settings = ReadSettings.merged(settings, options)
         chosen = self.settings
         self.dataset = dataset
@@ -1097,8 +1152,20 @@ class Loader:
             timings=self.first_batch,
             units=self.units(),
             batch_transform=self.batch_transform,
+            train_job=self.train_job,
         )
-        return self._consumed(steps, batches)
+        consumed = self._consumed(steps, batches)
+        if not self.measure or in_loader_worker():
+            self.meter = None
+            return consumed
+        self.meter = StallMeter(
+            self.client,
+            train_job=self.train_job,
+            rank=self.rank,
+            world_size=self.world_size,
+            window=self.stall_window,
+        )
+        return self.meter.wrap(consumed)
 
     def _consumed(self, steps: Steps, batches: Iterator[Batch]) -> Iterator[Batch]:
         for batch in batches:

@@ -153,7 +153,9 @@ class SharedDecoder:
             with self._lock:
                 connection = self._idle.pop() if self._idle else None
             if connection is None:
-                connection = Connection(self.client.socket_path, self.client.timeout)
+                connection = Connection(
+                    self.client.socket_path, self.client.timeout, self.client.train_job
+                )
             try:
                 reply, _, fds = connection.request({"op": op, **fields}, what)
             except BaseException:
@@ -221,6 +223,7 @@ def _request(
         "meta": meta,
         "unit": unit,
         "columns": None if columns is None else list(columns),
+        "dataset": getattr(source, "dataset", None),  # whose cost the decode's reads are
     }
     try:
         OPS["ds_decode"].check(fields | {"op": "ds_decode"})

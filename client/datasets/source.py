@@ -12,6 +12,7 @@ import io
 from typing import TYPE_CHECKING, BinaryIO, Protocol
 
 from chunkd.client.files import ChunkdFile
+from chunkd.client.jobs import FOR_DATASET
 from chunkd.client.results import ObjectStat
 from chunkd.errors import (
     ObjectNotFoundError,
@@ -66,11 +67,16 @@ class PinnedSource:
     Args:
         client: the node's daemon.
         backend: the backend the snapshot's members are in.
+
+    Attributes:
+        dataset: the dataset's name (a registered snapshot's), sent with its reads so
+            the daemon accounts their cost to it; None: not known.
     """
 
     def __init__(self, client: Client, backend: str) -> None:
         self.client = client
         self.backend = backend
+        self.dataset: str | None = None
 
     def name(self, member: Member) -> str:
         return f"{self.backend}/{member.key}"
@@ -79,31 +85,38 @@ class PinnedSource:
         name = self.name(member)
         if length <= 0 or offset >= member.size:
             return memoryview(b"")
+        token = FOR_DATASET.set(self.dataset)
         try:
             return self.client.read(name, offset, length, version=member.version)
         except (VersionChangedError, ObjectNotFoundError, RangeNotSatisfiableError) as exc:
             # The range is inside the member as recorded: past the object's end, it shrank.
             raise drift(name, member.version, exc) from None
+        finally:
+            FOR_DATASET.reset(token)
 
     def file(self, member: Member) -> BinaryIO:
         name = self.name(member)
         stat = ObjectStat(name, member.size, member.version, self.client.chunk_bytes, 0)
-        raw = ChunkdFile(_Pinned(self.client, member.version), stat)
+        raw = ChunkdFile(_Pinned(self.client, member.version, self.dataset), stat)
         return io.BufferedReader(raw, buffer_size=1 << 20)
 
 
 class _Pinned:
     """A range source (for :class:`ChunkdFile`) that maps a changed object to drift."""
 
-    def __init__(self, client: Client, version: str) -> None:
+    def __init__(self, client: Client, version: str, dataset: str | None = None) -> None:
         self._client = client
         self._version = version
+        self._dataset = dataset
 
     def locate(self, name: str, offset: int, length: int | None) -> Located:
+        token = FOR_DATASET.set(self._dataset)
         try:
             located = self._client.locate(name, offset, length, self._version)
         except (ObjectNotFoundError, RangeNotSatisfiableError) as exc:
             raise drift(name, self._version, exc) from None
+        finally:
+            FOR_DATASET.reset(token)
         if located.version != self._version:
             raise drift(name, self._version, VersionChangedError(name))
         return located

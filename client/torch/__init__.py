@@ -23,6 +23,13 @@
     :class:`~chunkd.client.datasets.loader.Loader` and the Grain adapter
     (:mod:`chunkd.client.grain`) share.
 
+:func:`measured`
+    The DataLoader's batches, each ``next()`` timed in the trainer's process and
+    reported to the daemon (a :class:`~chunkd.client.StallMeter`): **the way to
+    iterate** a DataLoader over chunkd data, ``for batch in measured(loader):``. It
+    tells a :class:`SnapshotDataset` the job, the rank and when the iteration began,
+    so its workers' first-batch timings carry them.
+
 :class:`ShardDataset`
     A :class:`SnapshotDataset` of a list of shards (JSON lines, fixed-size records or
     Parquet) never registered: they are scanned into a snapshot in memory.
@@ -46,7 +53,8 @@ The rooms, each one job, none importing a room above it:
 - :mod:`.records`: :class:`Record` and :class:`RecordDataset`;
 - :mod:`.sample_ids`: ``"KEY#INDEX"``;
 - :mod:`.snapshots`: :class:`SnapshotDataset`;
-- :mod:`.shards`: :class:`ShardDataset`.
+- :mod:`.shards`: :class:`ShardDataset`;
+- :mod:`.stalls`: :func:`measured`.
 
 This package imports torch and numpy when it is imported; ``import chunkd.client``
 imports neither. Install torch first (``pip install torch==2.13.0``, the ``torch``
@@ -61,6 +69,7 @@ from chunkd.client.torch.records import Record, RecordDataset
 from chunkd.client.torch.sample_ids import SampleId, split_sample_id
 from chunkd.client.torch.shards import ShardDataset, ShardKind
 from chunkd.client.torch.snapshots import SnapshotDataset
+from chunkd.client.torch.stalls import measured
 from chunkd.client.torch.tensors import as_tensor
 
 __all__ = [
@@ -73,5 +82,6 @@ __all__ = [
     "SnapshotDataset",
     "as_tensor",
     "global_state",
+    "measured",
     "split_sample_id",
 ]

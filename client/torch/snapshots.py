@@ -34,6 +34,7 @@ from chunkd.client.datasets.workers import (
     global_state,
     reader_state,
 )
+from chunkd.client.jobs import job_name
 from chunkd.client.torch.pinned import collate_columns
 from chunkd.client.torch.tensors import as_tensor
 from chunkd.errors import ResumeStateError
@@ -114,9 +115,13 @@ class SnapshotDataset(IterableDataset[Batch]):
         collate_fn: makes a batch's ``samples``: the default takes the columns
             (:func:`~chunkd.client.torch.pinned.collate_columns`); any other callable
             gets the list of samples (None: the list as it is).
+        train_job: the job its first batch's timings and reads are accounted to
+            (:func:`~chunkd.client.job_name`; None: the client's);
+            :func:`~chunkd.client.torch.measured` sets it.
 
     Raises:
-        ValueError: an argument out of its range.
+        ValueError: an argument out of its range, or a ``train_job`` that is no job
+            name.
     """
 
     def __init__(
@@ -127,9 +132,15 @@ class SnapshotDataset(IterableDataset[Batch]):
         transform: Callable[[Any], Any] | None = None,
         batch_transform: Callable[[dict[str, Any]], Any] | None = None,
         collate_fn: Callable[[Any], Any] | None = _COLLATE,
+        train_job: str | None = None,
         **options: Unpack[ReadOptions],
     ) -> None:
         super().__init__()
+        self.train_job = None if train_job is None else job_name(train_job)
+        #: when the trainer began the current iteration (``time.monotonic()``), as
+        #: :func:`~chunkd.client.torch.measured` tells it: the workers' ``worker_start``
+        #: runs from it
+        self.iteration_started: float | None = None
         chosen = ReadSettings.merged(settings, options)
         self.settings = chosen
         self._dataset = dataset
@@ -307,6 +318,8 @@ class SnapshotDataset(IterableDataset[Batch]):
             convert=self._convert,
             units=units,
             batch_transform=self.batch_transform,
+            train_job=self.train_job,
+            started=self.iteration_started,
         )
         try:
             for batch in batches:

@@ -1,0 +1,89 @@
+"""The trainer's side of a torch DataLoader, measured: :func:`measured`.
+
+A :class:`~chunkd.client.torch.SnapshotDataset` runs in the DataLoader's workers,
+which never see the trainer: how long the trainer waited for a batch is seen only in
+the main process, around the DataLoader's iterator. :func:`measured` is that
+iterator, timed by a :class:`~chunkd.client.StallMeter`: the documented way to
+iterate a DataLoader over chunkd data::
+
+    for batch in measured(loader, train_job="run-7"):
+        step(batch)
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from chunkd.client.datasets.loader import client_of
+from chunkd.client.jobs import job_name
+from chunkd.client.stalls import REPORT_WINDOW, StallMeter
+from chunkd.client.torch.snapshots import SnapshotDataset
+
+if TYPE_CHECKING:
+    from chunkd.client.core import Client
+
+__all__ = ["measured"]
+
+T = TypeVar("T")
+
+
+def measured(
+    dataloader: Iterable[T],
+    *,
+    train_job: str | None = None,
+    rank: int | None = None,
+    world_size: int | None = None,
+    client: Client | None = None,
+    window: float = REPORT_WINDOW,
+) -> Iterator[T]:
+    """The batches of ``dataloader`` (one epoch: one ``iter(dataloader)``), each
+    ``next()`` timed and reported to the node's daemon by a
+    :class:`~chunkd.client.StallMeter` (a ``loader_report`` a window of ``window``
+    seconds, and one with ``end=true`` when the loop ends or leaves).
+
+    Where the DataLoader's dataset is a :class:`SnapshotDataset`, it is told the job
+    and the moment the iteration starts, before ``iter(dataloader)`` starts the
+    workers: their ``ds_first_batch`` then carries the ``train_job``, the ``rank`` and
+    ``worker_start`` counted from that moment.
+
+    Args:
+        dataloader: a ``torch.utils.data.DataLoader`` (any iterable).
+        train_job: the job (:func:`~chunkd.client.job_name`); None: the
+            environment's, else the client's.
+        rank: this trainer's rank; None: the SnapshotDataset's, else ``$RANK``, else 0.
+        world_size: the job's ranks; None: the SnapshotDataset's, else
+            ``$WORLD_SIZE``, else 1.
+        client: the daemon reported to (its socket); None: the SnapshotDataset's
+            client, else the default socket.
+        window: seconds between two reports.
+
+    Raises:
+        ValueError: a bad ``train_job``, ``rank``, ``world_size`` or ``window``.
+    """
+    dataset: Any = getattr(dataloader, "dataset", None)
+    snapshots = dataset if isinstance(dataset, SnapshotDataset) else None
+    job = job_name(train_job)
+    if snapshots is not None:
+        if rank is None and world_size is None:
+            rank, world_size = snapshots.rank, snapshots.world_size
+        if client is None:
+            try:
+                client = client_of(snapshots.dataset)
+            except ValueError:  # a SnapshotDataset without a dataset
+                client = None
+        if job is None:
+            job = snapshots.train_job
+    meter = StallMeter(client, train_job=job, rank=rank, world_size=world_size, window=window)
+    return meter.wrap(_started(dataloader, snapshots, meter.train_job))
+
+
+def _started(
+    dataloader: Iterable[T], snapshots: SnapshotDataset | None, job: str | None
+) -> Iterator[T]:
+    if snapshots is not None:
+        # Before iter(): the workers take the dataset (forked or pickled) as it is then.
+        snapshots.train_job = job
+        snapshots.iteration_started = time.monotonic()
+    yield from dataloader

@@ -286,6 +286,25 @@ def test_ranks_past_the_bound_are_counted_not_kept(clock: Clock) -> None:
     assert len(table._jobs["big"].ranks) == MAX_RANKS
 
 
+@pytest.mark.timeout(10)
+def test_ranks_past_the_tables_budget_are_counted_not_kept(
+    clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("chunkd.gateway.jobs.table.MAX_KEPT", 10)
+    table = JobTable(clock=clock)
+    for job in ("a", "b"):
+        for rank in range(8):
+            table.report(job, None, window(rank, 1))
+    assert [(j["name"], j["ranks"], j["steps"]) for j in table.view()["jobs"]] == [
+        ("a", 8, 8),
+        ("b", 2, 8),
+    ]
+    clock.now += 601  # both idle: their records are freed
+    for rank in range(8):
+        table.report("c", None, window(rank, 1))
+    assert [(j["name"], j["ranks"]) for j in table.view()["jobs"]] == [("c", 8)]
+
+
 # --- a real daemon -------------------------------------------------------------------
 
 

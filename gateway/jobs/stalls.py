@@ -17,12 +17,23 @@ from typing import Any, Final
 
 from chunkd.client.protocol import LOADER_BUCKETS
 
-__all__ = ["MAX_RANKS", "RECENT", "LabelFigures", "LoaderHistogram", "Ranks", "WorstRank"]
+__all__ = [
+    "MAX_KEPT",
+    "MAX_RANKS",
+    "RECENT",
+    "LabelFigures",
+    "LoaderHistogram",
+    "Ranks",
+    "WorstRank",
+]
 
 #: ranks one job keeps one by one; a report of a rank past them is counted in the job's
 #: histograms and sums, not kept (it is in no worst rank, no ``ranks`` figure, and its
 #: ``end`` is not waited for)
 MAX_RANKS: Final = 4096
+#: records (a rank's window, a loader's first batch: a few hundred bytes each) one
+#: table keeps over all its jobs; past it a new rank is counted, not kept
+MAX_KEPT: Final = 1 << 16
 #: a rank counts as live (``chunkd_loader_ranks``, the worst ranks, ``recent_stall``)
 #: this many seconds after its latest report
 RECENT: Final = 120.0
@@ -119,14 +130,20 @@ class Ranks:
     def __len__(self) -> int:
         return len(self._ranks)
 
+    @property
+    def kept(self) -> int:
+        """Records kept: ranks' windows and loaders' first batches (the table bounds
+        their sum over all its jobs)."""
+        return len(self._ranks) + len(self._first)
+
     def report(self, now: float, rank: int, steps: int, wait: float, step: float,
-               wait_max: float, end: bool) -> None:  # fmt: skip
+               wait_max: float, end: bool, *, room: bool = True) -> None:  # fmt: skip
         """Take one rank's window; a window without steps only notes the rank's
-        report (and its ``end``)."""
+        report (and its ``end``). ``room``: a rank not kept yet may be."""
         self.expire(now)
         kept = self._ranks.get(rank)
         if kept is None:
-            if len(self._ranks) >= MAX_RANKS:
+            if len(self._ranks) >= MAX_RANKS or not room:
                 self.unkept += 1
                 return
             kept = self._ranks[rank] = _Rank(rank)
@@ -198,9 +215,12 @@ class Ranks:
         ]
         heapq.heapify(self._heap)
 
-    def first_batch(self, rank: int | None, phases: Mapping[str, float]) -> None:
-        """Take one loader's time to its first batch, by phase (the latest per rank)."""
-        if rank not in self._first and len(self._first) >= MAX_RANKS:
+    def first_batch(
+        self, rank: int | None, phases: Mapping[str, float], *, room: bool = True
+    ) -> None:
+        """Take one loader's time to its first batch, by phase (the latest per rank);
+        ``room``: a rank not kept yet may be."""
+        if rank not in self._first and (len(self._first) >= MAX_RANKS or not room):
             return
         total = phases.get("total")
         if total is None:

@@ -11,8 +11,10 @@ then leave ``/metrics`` and its slot is free. Work that names no job is ``none``
 
 Everything is bounded: ``tracked`` jobs are kept (past them a new job is ``other``
 and kept by no name: its reports count in ``other``'s histograms only), at most
-:data:`~chunkd.gateway.jobs.stalls.MAX_RANKS` ranks a job, :data:`MAX_UIDS` uids a
-job. Expiry is lazy (each call looks at the oldest jobs only), so a call costs O(1)
+:data:`~chunkd.gateway.jobs.stalls.MAX_RANKS` ranks a job and
+:data:`~chunkd.gateway.jobs.stalls.MAX_KEPT` ranks over all jobs (past them a rank's
+reports count in its job's histograms, and it is kept by no number), :data:`MAX_UIDS`
+uids a job. Expiry is lazy (each call looks at the oldest jobs only), so a call costs O(1)
 amortized and a scrape O(live jobs x worst_ranks).
 
 All calls come from the event loop (the local socket's handlers, the HTTP routes,
@@ -29,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from chunkd.client.protocol import FIRST_BATCH_PHASES, check_job_name
 from chunkd.gateway.jobs.collector import JobCollector
-from chunkd.gateway.jobs.stalls import LabelFigures, LoaderHistogram, Ranks, WorstRank
+from chunkd.gateway.jobs.stalls import MAX_KEPT, LabelFigures, LoaderHistogram, Ranks, WorstRank
 
 if TYPE_CHECKING:
     from prometheus_client.registry import Collector
@@ -124,6 +126,7 @@ class JobTable:
         # the jobs all of whose ranks ended, by their latest sight (END_QUIET expiry)
         self._ending: OrderedDict[str, _Job] = OrderedDict()
         self._named = 0
+        self._kept = 0  # records kept by all jobs' Ranks (MAX_KEPT)
         #: job starts by admission (``chunkd_job_starts_total``)
         self.starts = {"true": 0, "false": 0}
         # every report of an ``other`` job, and of work with no job: these series live
@@ -173,9 +176,18 @@ class JobTable:
             target.world_size = args["world_size"]
         now = self.clock()
         was_ending = target.ranks.all_ended
+        kept = target.ranks.kept
         target.ranks.report(
-            now, args["rank"], steps, wait, step, args.get("wait_max") or 0.0, args["end"]
+            now,
+            args["rank"],
+            steps,
+            wait,
+            step,
+            args.get("wait_max") or 0.0,
+            args["end"],
+            room=self._kept < MAX_KEPT,
         )
+        self._kept += target.ranks.kept - kept
         if target is not self._none and target.ranks.all_ended != was_ending:
             if was_ending:
                 self._ending.pop(target.name, None)
@@ -197,7 +209,10 @@ class JobTable:
             return  # past ``tracked``: kept by no name
         if found is None:
             self._none_reported = True
-        (self._none if found is None else found).ranks.first_batch(rank, phases)
+        ranks = (self._none if found is None else found).ranks
+        kept = ranks.kept
+        ranks.first_batch(rank, phases, room=self._kept < MAX_KEPT)
+        self._kept += ranks.kept - kept
 
     def view(self) -> dict[str, Any]:
         """The jobs as ``GET /v1/jobs`` answers them (docs/jobs.md)."""
@@ -320,6 +335,7 @@ class JobTable:
     def _drop(self, job: _Job) -> None:
         del self._jobs[job.name]
         self._ending.pop(job.name, None)
+        self._kept -= job.ranks.kept
         if job.label != OTHER:
             self._named -= 1
 

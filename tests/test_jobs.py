@@ -18,7 +18,7 @@ from chunkd.gateway.jobs import JobTable
 from chunkd.gateway.jobs.stalls import MAX_RANKS
 from chunkd.gateway.jobs.table import END_QUIET
 
-from .conftest import Daemon
+from .conftest import Daemon, wait_for_socket
 
 NB = len(LOADER_BUCKETS) + 1
 
@@ -381,6 +381,44 @@ def test_a_daemon_exports_the_reported_jobs(node: Daemon) -> None:
     assert sample(text, ratio, train_job="run-7", rank="3") == pytest.approx(0.08)
     assert sample(text, "chunkd_jobs", state="named") == 1
     assert sample(text, "chunkd_job_starts_total", admitted="true") == 1
+
+
+REGISTRY_CONFIG = """
+[cache]
+dir = "{dir}/cache"
+ram_bytes = "64MiB"
+disk_bytes = "256MiB"
+disk_min_free_bytes = 0
+fsync = "never"
+
+[[backends]]
+name = "local"
+url = "file://{dir}/data"
+writable = true
+
+[datasets]
+registry = "local/registry"
+"""
+
+
+@pytest.mark.timeout(60)
+def test_a_daemon_shows_the_slowest_ranks_first_batch(start_daemon, tmp_path: Path) -> None:
+    (tmp_path / "data").mkdir()
+    node = start_daemon(REGISTRY_CONFIG.format(dir=tmp_path))
+    assert wait_for_socket(tmp_path / "chunkd.sock", 10)
+    with connect(node, "run-7") as sock:
+        for rank, total in ((0, 1.0), (3, 3.0), (1, 2.0)):
+            phases = {"metadata": total / 4, "first_chunk": total / 2, "total": total}
+            assert ask(sock, op="ds_first_batch", rank=rank, **phases)["ok"]
+        header = ask(sock, op="ds_first_batch", rank=0, train_job="bad name", total=1.0)
+        assert header["error"] == "InvalidRequestError"
+    (job,) = jobs_of(node)["jobs"]
+    assert job["first_batch"] == {"rank": 3, "metadata": 0.75, "first_chunk": 1.5, "total": 3.0}
+    _, _, body = node.get("/metrics")
+    text = body.decode()
+    phase = "chunkd_job_first_batch_seconds"
+    assert sample(text, phase, train_job="run-7", phase="first_chunk") == 1.5
+    assert sample(text, phase, train_job="run-7", phase="total") == 3.0
 
 
 def _bad_buckets() -> dict[str, object]:

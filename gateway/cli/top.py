@@ -38,8 +38,10 @@ from chunkd.gateway.cli.toppanels import (
     backends_text,
     checkpoints_text,
     clock,
+    cost_text,
     errors_text,
     hot_text,
+    jobs_text,
     node_text,
     peers_text,
     throughput_text,
@@ -112,6 +114,8 @@ def once(endpoint: Endpoint, *, as_json: bool, out: TextIO = sys.stdout) -> int:
             ("backends", backends_text([sample], width, 0, sparklines=False)),
             ("peers", peers_text([sample], width, 0, sparklines=False)),
             ("checkpoints", checkpoints_text(sample, width, 0)),
+            ("jobs", jobs_text(sample, width, 0)),
+            ("cost", cost_text(sample, width, 0)),
             ("hottest", hot_text(sample, width, 0)),
             ("warnings and errors", errors_text(sample, width, 0)),
         ):
@@ -147,7 +151,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     """Declare ``chunkd top``."""
     top = sub.add_parser(
         "top",
-        help="watch the node live: throughput, hits, backends, peers, saves",
+        help="watch the node live: throughput, hits, backends, peers, saves, jobs, cost",
         description=(
             "A live view of the node's daemon (the dashboard at / in a terminal). q or "
             "Ctrl-C quits. --once prints the latest sample as text, --json as JSON."

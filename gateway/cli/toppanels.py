@@ -15,6 +15,7 @@ would only spread those pieces over modules.
 from __future__ import annotations
 
 import functools
+import math
 import re
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -37,14 +38,18 @@ __all__ = [
     "checkpoints_text",
     "clock",
     "colours",
+    "cost_text",
     "durability_bar",
     "errors_text",
     "hot_text",
+    "jobs_text",
     "millis",
+    "money",
     "node_text",
     "peers_text",
     "per_second",
     "percent",
+    "seconds",
     "spark",
     "spark_rows",
     "throughput_text",
@@ -103,6 +108,26 @@ def millis(value: float | None) -> str:
     if value is None:
         return "-"
     return f"{value / 1000:.2f}s" if value >= 1000 else f"{value:.1f}ms"
+
+
+def seconds(value: float | None) -> str:
+    """Seconds of a phase as the page writes them: ``350ms`` under a second, ``1.25s``
+    from one; ``-`` for none."""
+    if value is None:
+        return "-"
+    return f"{value * 1000:.0f}ms" if value < 1 else f"{value:.2f}s"
+
+
+def money(value: float | None, currency: str | None = None) -> str:
+    """An amount in the price table's currency as the page writes it: two decimals, more
+    where it needs them never to read as zero when it is not (``0.00040 USD``)."""
+    if value is None:
+        return "-"
+    figure = "0.00"
+    if value != 0:
+        decimals = min(10, max(2, 1 - math.floor(math.log10(abs(value)))))
+        figure = f"{value:.{decimals}f}"
+    return f"{figure} {currency}" if currency else figure
 
 
 def clock(unix: float) -> str:
@@ -630,6 +655,150 @@ def hot_text(sample: Sample | None, width: int, rows: int) -> Text:
         if i < len(groups) - 1:
             out.append("\n")
     return out
+
+
+#: a job's time to first batch by phase, in the order they happen
+FIRST_BATCH_PHASES: Final = (
+    ("metadata", "metadata"),
+    ("worker_start", "worker start"),
+    ("first_chunk", "first chunk"),
+    ("decode", "decode"),
+)
+#: a job with at least this data stall is shown in trouble (the alert's line)
+STALL_BAD: Final = 0.1
+
+
+def jobs_text(sample: Sample | None, width: int, rows: int) -> Text:
+    """Each job, the highest data stall first, as the sample lists them: its stall (and
+    over the ranks' latest windows), ranks, worst ranks; under it, its bytes per second
+    by source and its time to first batch by phase. Short of rows, the second lines go
+    first."""
+    from rich.text import Text
+
+    out = Text(no_wrap=True, overflow="crop")
+    if sample is None:
+        return out
+    jobs = sample.get("jobs") or []
+    total = max(sample.get("jobs_total") or 0, len(jobs))
+    if not jobs:
+        out.append("no jobs seen", style="dim")
+        return out
+    heads: list[_Row] = []
+    details: list[list[_Row]] = []
+    for job in jobs:
+        ranks = job.get("ranks")
+        world = job.get("world_size")
+        tail = f" stall {percent(job.get('stall')):>6} recent {percent(job.get('recent_stall')):>6}"
+        if ranks is not None:
+            tail += f" {ranks}/{world} ranks" if world else f" {ranks} ranks"
+        worst = job.get("worst_ranks") or []
+        if worst:
+            tail += " worst " + ", ".join(f"{r['rank']} {percent(r.get('stall'))}" for r in worst)
+        name = str(job.get("name")) + (" (ended)" if job.get("ended") else "")
+        room = max(min(width - len(tail), 32), 12) if width > 0 else len(name)
+        stall = job.get("stall")
+        style = "bold red" if isinstance(stall, int | float) and stall >= STALL_BAD else ""
+        heads.append(_Row(_fit(name, room).ljust(room) + tail, style))
+        details.append([_Row(line, "dim") for line in _packed(_job_parts(job), width)])
+    lines = [line for head, more in zip(heads, details, strict=True) for line in (head, *more)]
+    if rows > 0 and len(lines) > rows:
+        lines = heads
+    if total > len(jobs):
+        lines.append(_Row(f"… and {total - len(jobs)} more jobs", "dim"))
+    _emit(out, lines, width, rows)
+    return out
+
+
+def _job_parts(job: dict[str, Any]) -> list[str]:
+    """A job's second line in parts: bytes per second by source, then its time to first
+    batch and each phase of it."""
+    throughput = job.get("throughput") or {}
+    parts = ["  " + "from"]
+    for key, label in (("ram", "RAM"), ("disk", "disk"), ("peer", "peer"), ("backend", "backend")):
+        parts.append(f"{label} {byte_rate(throughput.get(key))}")
+    first = job.get("first_batch")
+    if first:
+        total = first.get("total")
+        if total is None:
+            total = sum(float(first.get(k) or 0) for k, _ in FIRST_BATCH_PHASES)
+        parts[-1] += ";"
+        parts.append(f"first batch {seconds(total)}:")
+        parts += [f"{label} {seconds(first.get(key))}" for key, label in FIRST_BATCH_PHASES]
+        if first.get("rank") is not None:
+            parts.append(f"(rank {first['rank']})")
+    return parts
+
+
+def cost_text(sample: Sample | None, width: int, rows: int) -> Text:
+    """What the node's data movement spent, what it would have without chunkd, what the
+    cache and the peers saved, the backend's requests and bytes; then the jobs that
+    spent most, each with the same figures."""
+    from rich.text import Text
+
+    out = Text(no_wrap=True, overflow="crop")
+    if sample is None:
+        return out
+    cost = sample.get("cost")
+    if cost is None:
+        out.append("no cost ledger", style="dim")
+        return out
+    currency = cost.get("currency")
+    totals = cost.get("totals") or {}
+    saved = totals.get("saved") or {}
+    requests = totals.get("backend_requests") or {}
+    read = (totals.get("backend_bytes") or {}).get("read")
+    written = sum((totals.get("written_bytes") or {}).values())
+    parts = [
+        f"spent {money(totals.get('spent'), currency)},",
+        f"without chunkd {money(totals.get('direct'), currency)};",
+        f"saved by cache {money(saved.get('cache'), currency)},",
+        f"by peers {money(saved.get('peer'), currency)}",
+    ]
+    lines = [_Row(line) for line in _packed(parts, width)]
+    backend = [f"backend {sum(requests.values()):.0f} requests"]
+    if "get" in requests:
+        backend[-1] += f" ({requests['get']:.0f} GET)"
+    backend[-1] += ","
+    backend.append(f"{'-' if read is None else human_size(read)} read,")
+    backend.append(f"{human_size(written)} written")
+    if cost.get("since"):
+        backend.append(f"since {clock(cost['since'])}")
+    lines += [_Row(line, "dim") for line in _packed(backend, width)]
+    for job in cost.get("jobs") or []:
+        name = job.get("job") if job.get("job") is not None else job.get("label", "none")
+        j_saved = job.get("saved") or {}
+        tail = (
+            f" spent {money(job.get('spent'), currency)}"
+            f" direct {money(job.get('direct'), currency)}"
+            f" saved: cache {money(j_saved.get('cache'), None)}"
+            f" peers {money(j_saved.get('peer'), None)}"
+        )
+        room = max(min(width - len(tail), 32), 8) if width > 0 else len(str(name))
+        lines.append(_Row(_fit(str(name), room).ljust(room) + tail))
+    more = (cost.get("jobs_total") or 0) - len(cost.get("jobs") or [])
+    if more > 0:
+        lines.append(_Row(f"… and {more} more jobs", "dim"))
+    storage = cost.get("storage")
+    if isinstance(storage, dict):
+        figures = [
+            f"{k.replace('_', ' ')} {_storage_figure(k, v, currency)}"
+            for k, v in storage.items()
+            if isinstance(v, int | float | str) and not isinstance(v, bool)
+        ]
+        lines += [_Row(line, "dim") for line in _packed(["storage:", *figures], width)]
+    _emit(out, lines, width, rows)
+    return out
+
+
+def _storage_figure(key: str, value: float | str, currency: str | None) -> str:
+    """One storage figure as the page writes it: bytes, an amount, or as sent."""
+    if isinstance(value, str):
+        return value
+    if "bytes" in key:
+        return human_size(value)
+    if any(word in key for word in ("month", "cost", "dollars", "price")):
+        return money(value, currency)
+    return f"{value:,}"
 
 
 def errors_text(sample: Sample | None, width: int, rows: int) -> Text:

@@ -48,8 +48,10 @@ from chunkd.gateway.cli.toppanels import (
     backends_text,
     checkpoints_text,
     clock,
+    cost_text,
     errors_text,
     hot_text,
+    jobs_text,
     node_text,
     peers_text,
     throughput_text,
@@ -70,6 +72,12 @@ TRENDS_ROWS: Final = 6
 CHECKPOINTS_ROWS: Final = 12
 #: the warnings panel at most (its title and 7 entries), and at most a quarter of the rows
 ERRORS_ROWS: Final = 8
+#: the jobs and cost row at most (its title and 9 lines), and at most a third of the rows
+#: left; hidden while there is no job and nothing spent
+JOBS_ROWS: Final = 10
+#: the cost panel's columns at most (it takes a third of the screen up to this); the
+#: jobs the rest
+COST_COLUMNS: Final = 60
 #: the backends and peers row at least, and the hottest panel at least
 LINKS_MIN: Final = 3
 RECENT_MIN: Final = 5
@@ -184,6 +192,24 @@ class HotPanel(Panel):
         return hot_text(self.sample, width, rows)
 
 
+class JobsPanel(Panel):
+    """Each job's data stall, worst ranks, bytes by source and time to first batch."""
+
+    TITLE = "jobs"
+
+    def section(self, width: int, rows: int) -> Text:
+        return jobs_text(self.sample, width, rows)
+
+
+class CostPanel(Panel):
+    """What data movement spent, without chunkd, and what the cache and peers saved."""
+
+    TITLE = "cost"
+
+    def section(self, width: int, rows: int) -> Text:
+        return cost_text(self.sample, width, rows)
+
+
 class ErrorsPanel(Panel):
     """The latest warnings and errors."""
 
@@ -233,6 +259,7 @@ class TopApp(App[None]):
     #row-rates { height: 5; }
     TrendsPanel { height: 6; }
     #row-links { height: 1fr; }
+    #row-jobs { height: 1; }
     CheckpointsPanel { height: 1; }
     HotPanel { height: 2fr; }
     ErrorsPanel { height: 1; }
@@ -260,6 +287,9 @@ class TopApp(App[None]):
         with Horizontal(id="row-links"):
             yield BackendsPanel().data_bind(TopApp.history)
             yield PeersPanel().data_bind(TopApp.history)
+        with Horizontal(id="row-jobs"):
+            yield JobsPanel().data_bind(TopApp.history)
+            yield CostPanel().data_bind(TopApp.history)
         yield CheckpointsPanel().data_bind(TopApp.history)
         yield HotPanel().data_bind(TopApp.history)
         yield ErrorsPanel().data_bind(TopApp.history)
@@ -302,7 +332,8 @@ class TopApp(App[None]):
             total = 0 if sample is None else sample["errors_total"]
             errors.border_title += f": none ({total} since the start)"
         warnings = min(1 + logged, max(1, left // 4), ERRORS_ROWS)
-        left -= saves + warnings
+        jobs_row = self._arrange_jobs(sample, width, left)
+        left -= saves + warnings + jobs_row
         # the backends (and peers) as many rows as their lists, up to half of what is left
         inner = (width if not peers.display else width // 2) - 2
         wanted = 1 + len(backends_text(self.history, inner, 0, sparklines=False).split())
@@ -318,6 +349,35 @@ class TopApp(App[None]):
         self.query_one("#row-rates").styles.height = RATES_ROWS + 4 * taller
         self.query_one("#row-links").styles.height = links
         self.query_one(HotPanel).styles.height = max(RECENT_MIN, left - links - 4 * taller)
+
+    def _arrange_jobs(self, sample: Sample | None, width: int, left: int) -> int:
+        """Size the jobs and cost row; its rows. None (hidden) while there is no job
+        and nothing spent; else as many as its longer panel's lines, up to
+        :data:`JOBS_ROWS` and a third of ``left``."""
+        jobs_panel = self.query_one(JobsPanel)
+        cost_panel = self.query_one(CostPanel)
+        cost_columns = min(width // 3, COST_COLUMNS)
+        cost_panel.styles.width = cost_columns
+        listed = [] if sample is None else sample.get("jobs") or []
+        cost = None if sample is None else sample.get("cost")
+        spent = bool(cost and (cost.get("totals") or {}).get("spent"))
+        jobs_panel.border_title = JobsPanel.TITLE + ("" if listed else ": none seen")
+        cost_panel.border_title = CostPanel.TITLE
+        if cost is None:
+            cost_panel.border_title += ": no ledger"
+        elif not spent:
+            cost_panel.border_title += ": nothing spent"
+        row = self.query_one("#row-jobs")
+        row.display = bool(listed or spent)
+        if not row.display:
+            return 0  # nothing to show: the rows go to the lists
+        wanted = max(
+            len(jobs_text(sample, width - cost_columns - 2, 0).split()),
+            len(cost_text(sample, cost_columns - 2, 0).split()),
+        )
+        rows = max(2, min(1 + wanted, JOBS_ROWS, left // 3))
+        row.styles.height = rows
+        return rows
 
     @work(exclusive=True, group="feed")
     async def follow(self) -> None:

@@ -28,7 +28,7 @@ import logging
 import math
 import secrets
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
@@ -48,8 +48,11 @@ if TYPE_CHECKING:
     from chunkd.gateway.peers import Peers
 
 __all__ = [
+    "COST_JOBS_SHOWN",
     "ERRORS_KEPT",
+    "JOBS_SHOWN",
     "SCHEMA",
+    "SERVED_SOURCES",
     "Event",
     "Telemetry",
     "TooManyStreamsError",
@@ -66,6 +69,15 @@ MESSAGE_CHARS: Final = 500
 LATENCY_WINDOW: Final = 10
 #: saves in flight a sample lists (the oldest first)
 CHECKPOINTS_SHOWN: Final = 50
+#: jobs a sample lists (the highest stall first), and jobs its cost figures list (the
+#: highest spent first)
+JOBS_SHOWN: Final = 20
+COST_JOBS_SHOWN: Final = 10
+#: a job's worst ranks and uids a sample lists at most
+JOB_RANKS_SHOWN: Final = 8
+JOB_UIDS_SHOWN: Final = 8
+#: where a reader's bytes came from (a job's throughput, the ledger's served bytes)
+SERVED_SOURCES: Final = ("ram", "disk", "peer", "backend")
 _QUEUE: Final = 60
 
 
@@ -180,6 +192,10 @@ class Telemetry:
         self._readings: collections.deque[_Reading] = collections.deque(maxlen=LATENCY_WINDOW + 1)
         self._seq = 0
         self._task: asyncio.Task[None] | None = None
+        #: each job's bytes served by source at the last sample (the ledger's, cumulative)
+        self._served: dict[str, dict[str, float]] = {}
+        #: the parts of a sample that failed once already (logged once, then quiet)
+        self._failed: set[str] = set()
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -322,6 +338,7 @@ class Telemetry:
             "errors_total": self._errors.total,
         }
         sample |= self._checkpoints()
+        sample |= self._jobs_and_cost(seconds)
         self._seq += 1
         self.history.append(sample)
         return sample
@@ -417,6 +434,96 @@ class Telemetry:
             for job in jobs[:CHECKPOINTS_SHOWN]
         ]
         return {"checkpoints": shown, "checkpoints_total": len(jobs)}
+
+    def _jobs_and_cost(self, seconds: float) -> dict[str, Any]:
+        """``jobs``, ``jobs_total`` and ``cost``: the job table's live jobs (the highest
+        stall first), then the jobs that ended lately (the last seen first), with their
+        throughput by source over the last interval, from the ledger's bytes served to
+        each; the ledger's totals and its top jobs."""
+        ledger = self._part("cost", self.ledger.view) if self.ledger is not None else None
+        table = self._part("jobs", self.jobs.view) if self.jobs is not None else None
+        served_now: dict[str, dict[str, float]] = {}
+        for entry in (ledger or {}).get("jobs") or ():
+            if isinstance(entry, dict) and isinstance(entry.get("job"), str):
+                served_now[entry["job"]] = _served(entry)
+        live = [j for j in (table or {}).get("jobs") or () if isinstance(j, dict)]
+        ended = [j for j in (table or {}).get("ended") or () if isinstance(j, dict)]
+        # live jobs first, then those ended lately (the newest first), each by stall
+        ended.sort(key=lambda j: -float(j.get("last_seen") or 0))
+        live.sort(key=_by_stall)
+        listed = live + ended
+        shown = []
+        for job in listed[:JOBS_SHOWN]:
+            name = job.get("name")
+            now = served_now.get(name, {}) if isinstance(name, str) else {}
+            before = self._served.get(name, now) if isinstance(name, str) else now
+            entry = dict(job)
+            entry["uids"] = list(job.get("uids") or ())[:JOB_UIDS_SHOWN]
+            entry["worst_ranks"] = list(job.get("worst_ranks") or ())[:JOB_RANKS_SHOWN]
+            entry["served_bytes"] = {s: int(now.get(s, 0)) for s in SERVED_SOURCES}
+            entry["throughput"] = {
+                s: round(max(0.0, now.get(s, 0.0) - before.get(s, 0.0)) / seconds, 3)
+                for s in SERVED_SOURCES
+            }
+            shown.append(entry)
+        self._served = served_now
+        return {"jobs": shown, "jobs_total": len(listed), "cost": _cost(ledger)}
+
+    def _part(self, name: str, view: Callable[[], dict[str, Any]]) -> dict[str, Any] | None:
+        """``view()``, or None when it fails: the rest of the sample is still worth
+        sending; the first failure of each part is logged."""
+        try:
+            return view()
+        except Exception:
+            if name not in self._failed:
+                self._failed.add(name)
+                logging.getLogger("chunkd.gateway.dashboard").exception(
+                    "the dashboard's %s figures failed (logged once; the samples go on "
+                    "without them)",
+                    name,
+                )
+            return None
+
+
+def _by_stall(job: dict[str, Any]) -> tuple[float, str]:
+    """The highest stall first (a job with none yet last), then by name."""
+    stall = job.get("stall")
+    key = -float(stall) if isinstance(stall, int | float) else 1.0
+    return key, str(job.get("name"))
+
+
+def _served(entry: dict[str, Any]) -> dict[str, float]:
+    """A ledger job's bytes served by source: its own ``served_bytes``, else the sum of
+    its names'."""
+    own = entry.get("served_bytes")
+    if isinstance(own, dict):
+        return {s: float(own.get(s) or 0) for s in SERVED_SOURCES}
+    total = dict.fromkeys(SERVED_SOURCES, 0.0)
+    for name in entry.get("names") or ():
+        if isinstance(name, dict) and isinstance(name.get("served_bytes"), dict):
+            for s in SERVED_SOURCES:
+                total[s] += float(name["served_bytes"].get(s) or 0)
+    return total
+
+
+def _cost(view: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A sample's ``cost``: the ledger's totals, its top jobs by what they spent (names
+    left out), and the storage figures when the ledger has them; None without a ledger."""
+    if view is None:
+        return None
+    jobs = [j for j in view.get("jobs") or () if isinstance(j, dict)]
+    jobs.sort(key=lambda j: (-float(j.get("spent") or 0), str(j.get("job"))))
+    return {
+        "since": view.get("since"),
+        "currency": view.get("currency"),
+        "totals": view.get("totals"),
+        "jobs": [
+            {k: j.get(k) for k in ("job", "label", "spent", "direct", "saved")}
+            for j in jobs[:COST_JOBS_SHOWN]
+        ],
+        "jobs_total": len(jobs),
+        "storage": view.get("storage"),
+    }
 
 
 class _Follower:

@@ -314,6 +314,9 @@ function setCells(cells, values) {
   });
 }
 
+// A job whose data stall is this share or more is shown in trouble (the alert's line:
+// deploy/prometheus's ChunkdDataStall fires past 0.1 for 10 minutes).
+const STALL_BAD = 0.1;
 const LEVELS = new Set(["debug", "info", "warning", "error", "critical"]);
 const DURABILITY = ["staged", "local", "replicated", "remote"];
 const SEGMENT = 40; // px a level takes in the bar
@@ -364,6 +367,8 @@ const state = {
   intervalS: 1,
   lastArrival: 0, // performance.now() when the last fresh figures came
   stale: false,
+  job: null, // the job /#jobs=NAME selects, or null
+  scrollToJobs: false, // /#jobs asked for the jobs panel before the page had figures
 };
 
 const charts = {};
@@ -531,8 +536,265 @@ function showSample(s) {
   const datasets = s.hot.datasets;
   fold("hot-datasets-panel", datasets.length === 0, "hot-datasets-summary", datasets.length ? "last minute" : "no dataset reads in the last minute");
   tables.hotDatasets.update(datasets, "no dataset reads in the last minute");
+  showJobs(s);
+  showCost(s.cost);
   fold("errors-panel", s.errors.length === 0, "errors-total", s.errors_total ? `${count(s.errors_total)} since the start` : "none since the start");
   tables.errors.update(s.errors.slice().reverse(), "none");
+}
+
+// -- jobs and cost --------------------------------------------------------------------
+
+const PHASES = ["metadata", "worker_start", "first_chunk", "decode"];
+const PHASE_NAMES = { metadata: "metadata", worker_start: "worker start", first_chunk: "first chunk", decode: "decode" };
+const SOURCES = ["ram", "disk", "peer", "backend"];
+const SOURCE_NAMES = { ram: "RAM", disk: "disk", peer: "peer", backend: "backend" };
+const BAR_WIDTH = 160; // px of a time-to-first-batch bar in the table
+const DETAIL_BAR_WIDTH = 480;
+
+// Seconds of a phase: "350 ms" under a second, "1.25 s" from one.
+function duration(value) {
+  if (value === null || value === undefined) return "–";
+  const n = Number(value);
+  return n < 1 ? `${(n * 1000).toFixed(0)} ms` : `${n.toFixed(2)} s`;
+}
+
+// An amount in the price table's currency, with as many decimals as it needs to never
+// read as zero when it is not: "0.00040 USD" (one GET), "12.35 USD".
+function money(value, currency) {
+  if (value === null || value === undefined) return "–";
+  const n = Number(value);
+  let figure = "0.00";
+  if (n !== 0) {
+    const decimals = Math.min(10, Math.max(2, 1 - Math.floor(Math.log10(Math.abs(n)))));
+    figure = n.toFixed(decimals);
+  }
+  return currency ? `${figure} ${currency}` : figure;
+}
+
+// A figure whose exact value the daemon sent rides along in data-value (a test, or a
+// person's devtools, reads the number itself, not its rounding).
+function figure(id, shown, value) {
+  text(id, shown);
+  const node = document.getElementById(id);
+  const exact = value === null || value === undefined ? "" : String(value);
+  if (node.dataset.value !== exact) node.dataset.value = exact;
+}
+
+// The part of the hash that names a view: "#jobs" is the jobs panel, "#jobs=NAME" the
+// jobs panel with NAME selected.
+function jobFromHash() {
+  const hash = window.location.hash;
+  if (hash === "#jobs") return { jobs: true, job: null };
+  if (!hash.startsWith("#jobs=")) return { jobs: false, job: null };
+  const raw = hash.slice("#jobs=".length);
+  let name = raw;
+  try {
+    name = decodeURIComponent(raw);
+  } catch {
+    // not percent-encoded UTF-8: the name as it is written
+  }
+  return { jobs: true, job: name || null };
+}
+
+function followHash() {
+  const { jobs, job } = jobFromHash();
+  state.job = job;
+  if (jobs) state.scrollToJobs = true;
+  const history = state.history;
+  if (history.length) showJobs(history[history.length - 1]);
+}
+
+// A bar of the time to first batch: one segment per phase, its width the phase's share
+// of the whole, in the phases' order; each says its phase and seconds on hover.
+function firstBatchBar(extra, width) {
+  if (!extra.firstBatch) {
+    const root = svg("svg", { class: "first-batch-bar", width, height: 12, viewBox: `0 0 ${width} 12` });
+    extra.phases = PHASES.map((phase) => {
+      const rect = svg("rect", { class: `phase phase-${phase}`, x: 0, y: 0, width: 0, height: 12 });
+      const title = svg("title");
+      rect.append(title);
+      root.append(rect);
+      return { rect, title };
+    });
+    extra.firstBatch = root;
+    extra.barWidth = width;
+  }
+  return extra.firstBatch;
+}
+
+function fillFirstBatch(extra, fb) {
+  const values = PHASES.map((p) => (fb && fb[p] !== null && fb[p] !== undefined ? Math.max(0, Number(fb[p])) : 0));
+  const whole = values.reduce((a, b) => a + b, 0);
+  let x = 0;
+  extra.phases.forEach(({ rect, title }, i) => {
+    const w = whole > 0 ? (values[i] / whole) * extra.barWidth : 0;
+    rect.setAttribute("x", x.toFixed(1));
+    rect.setAttribute("width", w.toFixed(1));
+    rect.dataset.seconds = String(values[i]);
+    const hover = `${PHASE_NAMES[PHASES[i]]} ${duration(values[i])}`;
+    if (title.textContent !== hover) title.textContent = hover;
+    x += w;
+  });
+}
+
+function firstBatchTotal(fb) {
+  if (!fb) return null;
+  if (fb.total !== null && fb.total !== undefined) return Number(fb.total);
+  return PHASES.reduce((a, p) => a + (Number(fb[p]) || 0), 0);
+}
+
+function worstRanks(job) {
+  const worst = job.worst_ranks || [];
+  return worst.length ? worst.map((r) => `${r.rank}: ${ratio(r.stall)}`).join(", ") : "–";
+}
+
+function ranksOf(job) {
+  if (job.ranks === null || job.ranks === undefined) return "–";
+  return job.world_size ? `${count(job.ranks)} of ${count(job.world_size)}` : count(job.ranks);
+}
+
+// The selected job's figures, a fixed set of nodes made once: [id, label, value(job)].
+const JOB_FIGURES = [
+  ["stall", "data stall", (j) => ratio(j.stall)],
+  ["recent", "recent stall", (j) => ratio(j.recent_stall)],
+  ["ranks", "ranks reporting", ranksOf],
+  ["steps", "steps", (j) => count(j.steps)],
+  ["wait", "waited for data", (j) => duration(j.wait_seconds)],
+  ["step", "step time", (j) => duration(j.step_seconds)],
+  ...SOURCES.map((src) => [`tp-${src}`, `${SOURCE_NAMES[src]} now`, (j) => byteRate(j.throughput ? j.throughput[src] : null)]),
+  ...SOURCES.map((src) => [`served-${src}`, `${SOURCE_NAMES[src]} since the start`, (j) => bytes(j.served_bytes ? j.served_bytes[src] : null)]),
+  ["first", "time to first batch", (j) => duration(firstBatchTotal(j.first_batch))],
+  ["first-rank", "slowest first batch", (j) => (j.first_batch && j.first_batch.rank !== undefined && j.first_batch.rank !== null ? `rank ${j.first_batch.rank}` : "–")],
+  ["uids", "uids", (j) => ((j.uids || []).length ? j.uids.join(", ") : "–")],
+  ["started", "seen since", (j) => (j.started ? clock(j.started) : "–")],
+  ["label", "label in /metrics", (j) => (j.label === null || j.label === undefined ? "–" : String(j.label))],
+];
+
+const jobDetail = { extra: {}, phaseFigures: [] };
+
+function setupJobDetail() {
+  const dl = document.getElementById("job-figures");
+  for (const [id, label] of JOB_FIGURES) {
+    const div = document.createElement("div");
+    const dt = document.createElement("dt");
+    dt.textContent = label;
+    const dd = document.createElement("dd");
+    dd.id = `job-${id}`;
+    dd.textContent = "–";
+    div.append(dt, dd);
+    dl.append(div);
+  }
+  const box = document.getElementById("job-first-batch");
+  box.append(firstBatchBar(jobDetail.extra, DETAIL_BAR_WIDTH));
+  const legend = document.createElement("ul");
+  legend.className = "legend phases";
+  for (const phase of PHASES) {
+    const li = document.createElement("li");
+    li.className = `phase-${phase}`;
+    const swatch = document.createElement("span");
+    swatch.className = "swatch";
+    const name = document.createTextNode(`${PHASE_NAMES[phase]} `);
+    const value = document.createElement("b");
+    value.className = "figure";
+    value.id = `job-phase-${phase}`;
+    value.textContent = "–";
+    li.append(swatch, name, value);
+    legend.append(li);
+  }
+  box.append(legend);
+}
+
+function showJobs(s) {
+  const jobs = Array.isArray(s.jobs) ? s.jobs : [];
+  const total = Math.max(Number(s.jobs_total) || 0, jobs.length);
+  fold("jobs", total === 0, "jobs-summary", total ? `${count(total)} ${total === 1 ? "job" : "jobs"} · the highest data stall first` : "no jobs seen");
+  tables.jobs.update(jobs, "no jobs seen", total);
+  const detail = document.getElementById("job-detail");
+  if (state.job === null) {
+    detail.hidden = true;
+  } else {
+    detail.hidden = false;
+    const job = jobs.find((j) => j.name === state.job);
+    text("job-detail-title", job ? `Job ${job.name}${job.ended ? " (ended)" : ""}` : `Job ${state.job}: not among the jobs this node lists now`);
+    document.getElementById("job-figures").hidden = !job;
+    document.getElementById("job-first-batch").hidden = !job || !job.first_batch;
+    if (job) {
+      for (const [id, , value] of JOB_FIGURES) text(`job-${id}`, value(job));
+      fillFirstBatch(jobDetail.extra, job.first_batch);
+      for (const phase of PHASES) {
+        text(`job-phase-${phase}`, duration(job.first_batch ? job.first_batch[phase] : null));
+      }
+    }
+    tables.jobRanks.update(job ? job.worst_ranks || [] : [], "no rank has reported");
+  }
+  if (state.scrollToJobs && s === state.history[state.history.length - 1]) {
+    state.scrollToJobs = false;
+    document.getElementById("jobs").scrollIntoView({ block: "start" });
+  }
+}
+
+function showCost(cost) {
+  const panel = document.getElementById("cost");
+  if (cost === null || cost === undefined) {
+    panel.classList.add("folded");
+    text("cost-summary", "no cost ledger");
+    return;
+  }
+  panel.classList.remove("folded");
+  const currency = cost.currency || "";
+  text("cost-summary", cost.since ? `since ${clock(cost.since)}${currency ? ` · ${currency}` : ""}` : currency);
+  const totals = cost.totals || {};
+  const saved = totals.saved || {};
+  figure("cost-spent", money(totals.spent, currency), totals.spent);
+  figure("cost-direct", money(totals.direct, currency), totals.direct);
+  figure("cost-saved-cache", money(saved.cache, currency), saved.cache);
+  figure("cost-saved-peer", money(saved.peer, currency), saved.peer);
+  const requests = totals.backend_requests || {};
+  const gets = requests.get === undefined ? null : requests.get;
+  figure("cost-gets", count(gets), gets);
+  const read = totals.backend_bytes ? totals.backend_bytes.read : null;
+  figure("cost-read", bytes(read), read);
+  const written = totals.written_bytes ? Object.values(totals.written_bytes).reduce((a, b) => a + Number(b || 0), 0) : null;
+  figure("cost-written", bytes(written), written);
+  tables.costJobs.update(
+    (cost.jobs || []).map((j) => ({ ...j, currency })),
+    "nothing spent yet",
+    Math.max(Number(cost.jobs_total) || 0, (cost.jobs || []).length),
+  );
+  showStorage(cost.storage, currency);
+}
+
+// Storage when the ledger knows it: its figures as it sends them (bytes by their name,
+// amounts in the currency), at most STORAGE_FIGURES of them.
+const STORAGE_FIGURES = 12;
+
+function showStorage(storage, currency) {
+  const box = document.getElementById("cost-storage-box");
+  const known = storage && typeof storage === "object" && !Array.isArray(storage);
+  box.hidden = !known;
+  if (!known) return;
+  const entries = Object.entries(storage)
+    .filter(([, v]) => typeof v === "number" || typeof v === "string" || typeof v === "boolean")
+    .slice(0, STORAGE_FIGURES);
+  const dl = document.getElementById("cost-storage");
+  while (dl.children.length < entries.length) {
+    const div = document.createElement("div");
+    div.append(document.createElement("dt"), document.createElement("dd"));
+    dl.append(div);
+  }
+  Array.from(dl.children).forEach((div, i) => {
+    div.hidden = i >= entries.length;
+    if (i >= entries.length) return;
+    const [key, value] = entries[i];
+    let shown = String(value);
+    if (typeof value === "number" && /bytes/.test(key)) shown = bytes(value);
+    else if (typeof value === "number" && /(month|cost|dollars|price)/.test(key)) shown = money(value, currency);
+    else if (typeof value === "number") shown = count(value);
+    const label = key.replaceAll("_", " ");
+    if (div.children[0].textContent !== label) div.children[0].textContent = label;
+    if (div.children[1].textContent !== shown) div.children[1].textContent = shown;
+    div.children[1].dataset.value = String(value);
+  });
 }
 
 // The reads beside bytes that moved: the daemon rounds a rate to three decimals, so an
@@ -600,6 +862,62 @@ function setupTables() {
   });
   tables.hotDatasets = new Rows("hot-datasets", ["name", "num", "num"], 10, ({ cells }, o) => {
     setCells(cells, [o.name, byteRate(o.bytes), reads(o)]);
+  });
+  tables.jobs = new Rows(
+    "jobs-table",
+    ["name", "num", "num minor", "num", "text", "num source", "num source", "num source", "num source", "bar"],
+    64,
+    ({ row, cells, extra }, j) => {
+      const tp = j.throughput || {};
+      setCells(cells.slice(1, 9), [
+        ratio(j.stall),
+        ratio(j.recent_stall),
+        ranksOf(j),
+        worstRanks(j),
+        byteRate(tp.ram),
+        byteRate(tp.disk),
+        byteRate(tp.peer),
+        byteRate(tp.backend),
+      ]);
+      if (!extra.link) {
+        extra.link = document.createElement("a");
+        extra.ended = document.createElement("span");
+        extra.ended.className = "muted";
+        cells[0].replaceChildren(extra.link, extra.ended);
+      }
+      const name = String(j.name);
+      if (extra.link.textContent !== name) {
+        extra.link.textContent = name;
+        extra.link.href = `#jobs=${encodeURIComponent(name)}`;
+      }
+      extra.ended.textContent = j.ended ? " ended" : "";
+      row.dataset.job = name;
+      row.classList.toggle("selected", name === state.job);
+      row.classList.toggle("bad", j.stall !== null && j.stall !== undefined && Number(j.stall) >= STALL_BAD);
+      const bar = firstBatchBar(extra, BAR_WIDTH);
+      if (!extra.firstLabel) {
+        extra.firstLabel = document.createElement("span");
+        extra.firstLabel.className = "first-batch-label";
+      }
+      if (bar.parentNode !== cells[9]) cells[9].replaceChildren(bar, extra.firstLabel);
+      bar.style.visibility = j.first_batch ? "" : "hidden";
+      fillFirstBatch(extra, j.first_batch);
+      extra.firstLabel.textContent = duration(firstBatchTotal(j.first_batch));
+    },
+  );
+  tables.jobRanks = new Rows("job-ranks", ["name", "num", "num"], 64, ({ cells }, r) => {
+    setCells(cells, [`rank ${r.rank}`, ratio(r.stall), duration(r.wait_max)]);
+  });
+  tables.costJobs = new Rows("cost-jobs", ["name", "num", "num", "num", "num"], 64, ({ cells }, j) => {
+    const saved = j.saved || {};
+    setCells(cells, [
+      j.job === null || j.job === undefined ? String(j.label ?? "none") : String(j.job),
+      money(j.spent, j.currency),
+      money(j.direct, j.currency),
+      money(saved.cache, j.currency),
+      money(saved.peer, j.currency),
+    ]);
+    cells[1].dataset.value = String(j.spent);
   });
   tables.errors = new Rows("errors", ["time", "level", "logger text", "message text"], 20, ({ row, cells }, e) => {
     setCells(cells, [clock(e.t), e.level, e.logger, e.message]);
@@ -727,6 +1045,9 @@ async function start() {
 }
 
 setupTables();
+setupJobDetail();
 setupCharts();
 watchFreshness();
+window.addEventListener("hashchange", followHash);
+followHash();
 start();

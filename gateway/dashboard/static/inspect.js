@@ -1419,9 +1419,20 @@ function sampleCard(s, full) {
 
 const STEP_ARGS = ["ref", "step", "batch_size", "world_size", "seed", "epoch", "rank", "shuffle", "window", "window_bytes", "tail", "state"];
 
+// The dashboard's jobs view, where a step's wait for data shows: the job the inspector
+// was opened for (?job=NAME, as the jobs view names it) selected, else the whole list.
+// A plain link: the dashboard is another page.
+function jobsLink(job) {
+  const a = el("a", "jobs-link", job ? `job ${job}'s data stall on the dashboard` : "jobs' data stall on the dashboard");
+  a.href = job ? `/#jobs=${encodeURIComponent(job)}` : "/#jobs";
+  return a;
+}
+
 function stepForm(q) {
   const form = el("form", "step-form panel");
   add(form, el("h2", "", "What did a training step see?"));
+  const job = q.get("job") || null;
+  add(form, add(el("p", "muted jobs-line"), "How long the trainers waited for it: ", jobsLink(job)));
   const inputs = {};
   for (const k of STEP_ARGS) {
     const label = el("label", "", k);
@@ -1443,6 +1454,7 @@ function stepForm(q) {
     ev.preventDefault();
     const params = {};
     for (const k of STEP_ARGS) params[k] = inputs[k].value.trim() || undefined;
+    params.job = job ?? undefined; // the job the page was opened for stays
     navigate(pageUrl(params));
   });
   return form;

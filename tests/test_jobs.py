@@ -331,8 +331,8 @@ def ask(sock: socket.socket, **request: object) -> dict:
     return header
 
 
-def jobs_of(daemon: Daemon) -> dict:
-    status, _, body = daemon.get("/v1/jobs")
+def jobs_of(daemon: Daemon, query: str = "") -> dict:
+    status, _, body = daemon.get("/v1/jobs" + query)
     assert status == 200
     return json.loads(body)
 
@@ -365,6 +365,11 @@ def test_a_daemon_takes_reports_and_views_the_job(node: Daemon) -> None:
     assert job["ended"] is False
     assert by_name["eval-1"]["steps"] == 2
     assert view["none"]["steps"] == 3
+    assert [j["name"] for j in jobs_of(node, "?job=eval-1")["jobs"]] == ["eval-1"]
+    assert jobs_of(node, "?job=never-seen")["jobs"] == []
+    status, _, body = node.get("/v1/jobs?job=other")
+    assert status == 400
+    assert json.loads(body)["error"] == "InvalidRequestError"
 
 
 @pytest.mark.timeout(60)

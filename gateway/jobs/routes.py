@@ -1,4 +1,5 @@
-"""``GET /v1/jobs``: the jobs this node serves, as :meth:`JobTable.view` gives them."""
+"""``GET /v1/jobs[?job=NAME]``: the jobs this node serves (or the one named), as
+:meth:`JobTable.view` gives them."""
 
 from __future__ import annotations
 
@@ -20,4 +21,5 @@ def add_routes(app: web.Application) -> None:
 
 
 async def _jobs(request: web.Request) -> web.Response:
-    return web.json_response(request.app[JOBS].view())
+    # ?job=NAME: that job only (a bad name is 400, as InvalidRequestError maps)
+    return web.json_response(request.app[JOBS].view(job=request.query.get("job") or None))

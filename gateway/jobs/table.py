@@ -214,14 +214,25 @@ class JobTable:
         ranks.first_batch(rank, phases, room=self._kept < MAX_KEPT)
         self._kept += ranks.kept - kept
 
-    def view(self) -> dict[str, Any]:
-        """The jobs as ``GET /v1/jobs`` answers them (docs/jobs.md)."""
+    def view(self, *, job: str | None = None) -> dict[str, Any]:
+        """The jobs as ``GET /v1/jobs`` answers them (docs/jobs.md); ``job``: only the
+        job of that name (in ``jobs`` and ``ended``).
+
+        Raises:
+            InvalidRequestError: ``job`` is no job name.
+        """
+        if job is not None:
+            check_job_name(job)
         now = self.clock()
         self._expire(now)
         wall = self.wall()
         while self._ended and self._ended[0][0] < wall - self.idle:
             self._ended.popleft()
-        jobs = [j.view(now, self.worst_ranks) for j in self._jobs.values()]
+        if job is None:
+            jobs = [j.view(now, self.worst_ranks) for j in self._jobs.values()]
+        else:
+            found = self._jobs.get(job)
+            jobs = [] if found is None else [found.view(now, self.worst_ranks)]
         jobs.sort(key=lambda j: j["started"])
         return {
             "top": self.top,
@@ -230,7 +241,7 @@ class JobTable:
             "idle": self.idle,
             "live": {"named": self._named, "other": len(self._jobs) - self._named},
             "jobs": jobs,
-            "ended": [v for _, v in self._ended],
+            "ended": [v for _, v in self._ended if job is None or v["name"] == job],
             "none": (self._none.view(now, self.worst_ranks) if self._none_reported else None),
         }
 

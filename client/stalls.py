@@ -105,6 +105,7 @@ class StallMeter:
             opens a connection of its own), and its job where ``train_job`` is None and
             the environment names none. None: the default socket
             (``$CHUNKD_SOCKET``, ...).
+        socket_path: the daemon's socket, where no ``client`` is given.
         train_job: the job (:func:`~chunkd.client.jobs.job_name`).
         rank: this trainer's rank; None: ``$RANK``, else 0.
         world_size: the job's ranks; None: ``$WORLD_SIZE``, else 1.
@@ -124,6 +125,7 @@ class StallMeter:
         self,
         client: Client | None = None,
         *,
+        socket_path: str | os.PathLike[str] | None = None,
         train_job: str | None = None,
         rank: int | None = None,
         world_size: int | None = None,
@@ -149,7 +151,13 @@ class StallMeter:
         self.world_size = world_size
         self.window = float(window)
         self.clock = clock
-        self._socket: Path | None = None if client is None else client.socket_path
+        self._socket: Path | None = (
+            client.socket_path
+            if client is not None
+            else None
+            if socket_path is None
+            else Path(os.fspath(socket_path))
+        )
         self._client: Client | None = None
         self._quiet_until = 0.0
         self._warned = False
@@ -178,15 +186,16 @@ class StallMeter:
         """Seconds of this window's steps, so far."""
         return self.step_seconds
 
-    def wrap(self, iterable: Iterable[T]) -> Iterator[T]:
+    def wrap(self, iterable: Iterable[T], *, asked: float | None = None) -> Iterator[T]:
         """``iterable``'s items, each ``next()`` timed; the end of the iteration (its
         end, an exception, or the loop leaving it) sends the last report, ``end=true``.
         ``iter(iterable)`` is called on the first ``next()`` and counts in the first
-        wait."""
+        wait, which runs from ``asked`` (the clock's time the trainer began the
+        iteration; None: that first ``next()``)."""
         clock = self.clock
         last: float | None = None
         try:
-            asked = clock()
+            asked = clock() if asked is None else asked
             items = iter(iterable)
             while True:
                 try:

@@ -1140,6 +1140,7 @@ class Loader:
             units.close()
 
     def __iter__(self) -> Iterator[Batch]:
+        asked = time.perf_counter()  # the first wait runs from here: the order included
         steps = self.steps()
         batches = read_steps(
             self.dataset,
@@ -1165,7 +1166,7 @@ class Loader:
             world_size=self.world_size,
             window=self.stall_window,
         )
-        return self.meter.wrap(consumed)
+        return self.meter.wrap(consumed, asked=asked)
 
     def _consumed(self, steps: Steps, batches: Iterator[Batch]) -> Iterator[Batch]:
         for batch in batches:

@@ -52,7 +52,7 @@ class ShardDataset(SnapshotDataset):
         client_factory: makes the process's :class:`~chunkd.client.Client` (default:
             ``Client()``); must pickle under the ``spawn`` start method.
         batch_size, seed, rank, world_size, shuffle, window, window_bytes, tail, prefetch,
-            transform, collate_fn: as :class:`SnapshotDataset`'s.
+            transform, collate_fn, train_job: as :class:`SnapshotDataset`'s.
 
     Raises:
         ValueError: a bad argument (an unknown kind, ``record_bytes`` missing or where
@@ -77,6 +77,7 @@ class ShardDataset(SnapshotDataset):
         prefetch: int = DEFAULT_PREFETCH,
         transform: Callable[[Any], Any] | None = None,
         collate_fn: Callable[[Any], Any] | None = _COLLATE,
+        train_job: str | None = None,
     ) -> None:
         super().__init__(
             None,
@@ -91,6 +92,7 @@ class ShardDataset(SnapshotDataset):
             prefetch=prefetch,
             transform=transform,
             collate_fn=collate_fn,
+            train_job=train_job,
         )
         self.shards = [str(name) for name in shards]
         if len(set(self.shards)) != len(self.shards):

@@ -46,7 +46,9 @@ def measured(
     Where the DataLoader's dataset is a :class:`SnapshotDataset`, it is told the job
     and the moment the iteration starts, before ``iter(dataloader)`` starts the
     workers: their ``ds_first_batch`` then carries the ``train_job``, the ``rank`` and
-    ``worker_start`` counted from that moment.
+    ``worker_start`` counted from that moment. The first step's wait runs from the
+    call of ``measured`` (a dataset opened on first use, such as a
+    :class:`~chunkd.client.torch.ShardDataset`'s scan, is opened here and counts).
 
     Args:
         dataloader: a ``torch.utils.data.DataLoader`` (any iterable).
@@ -62,6 +64,7 @@ def measured(
     Raises:
         ValueError: a bad ``train_job``, ``rank``, ``world_size`` or ``window``.
     """
+    asked = time.perf_counter()  # the first wait runs from here: the loop began
     dataset: Any = getattr(dataloader, "dataset", None)
     snapshots = dataset if isinstance(dataset, SnapshotDataset) else None
     job = job_name(train_job)
@@ -76,7 +79,7 @@ def measured(
         if job is None:
             job = snapshots.train_job
     meter = StallMeter(client, train_job=job, rank=rank, world_size=world_size, window=window)
-    return meter.wrap(_started(dataloader, snapshots, meter.train_job))
+    return meter.wrap(_started(dataloader, snapshots, meter.train_job), asked=asked)
 
 
 def _started(

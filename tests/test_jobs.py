@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -386,6 +387,42 @@ def test_a_daemon_exports_the_reported_jobs(node: Daemon) -> None:
     assert sample(text, ratio, train_job="run-7", rank="3") == pytest.approx(0.08)
     assert sample(text, "chunkd_jobs", state="named") == 1
     assert sample(text, "chunkd_job_starts_total", admitted="true") == 1
+
+
+@pytest.mark.timeout(60)
+def test_a_daemon_ends_an_idle_job_and_frees_its_label(start_daemon, tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    (work / "chunkd-data").mkdir(parents=True)
+    limits = {"CHUNKD_JOBS_TOP": "1", "CHUNKD_JOBS_TRACKED": "3", "CHUNKD_JOBS_IDLE": "1s"}
+    node = start_daemon(cwd=work, env=limits)
+    with connect(node) as sock:
+        labels = [
+            ask(sock, op="loader_report", train_job=f"run-{i}", **window(0, 1))["train_job"]
+            for i in range(5)
+        ]
+        assert labels == ["run-0", "other", "other", "other", "other"]
+        assert [j["name"] for j in jobs_of(node)["jobs"]] == ["run-0", "run-1", "run-2"]
+        _, _, body = node.get("/metrics")
+        assert sample(body.decode(), "chunkd_loader_wait_seconds_count", train_job="other") == 4
+        for _ in range(100):  # [jobs] idle: nothing came for 1 s
+            _, _, body = node.get("/metrics")
+            if 'train_job="run-0"' not in body.decode():
+                break
+            time.sleep(0.1)
+        assert 'train_job="run-0"' not in body.decode()
+        assert sample(body.decode(), "chunkd_jobs", state="named") == 0
+        # the other label's counters never go down
+        assert sample(body.decode(), "chunkd_loader_wait_seconds_count", train_job="other") == 4
+        view = jobs_of(node)
+        assert view["jobs"] == []
+        ended = [(j["name"], j["label"], j["ended"]) for j in view["ended"]]
+        assert ended == [
+            ("run-0", "run-0", True),
+            ("run-1", "other", True),
+            ("run-2", "other", True),
+        ]
+        answer = ask(sock, op="loader_report", train_job="run-9", **window(0, 1))
+        assert answer["train_job"] == "run-9"  # the slot is free
 
 
 REGISTRY_CONFIG = """

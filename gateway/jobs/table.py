@@ -36,12 +36,14 @@ from chunkd.gateway.jobs.stalls import MAX_KEPT, LabelFigures, LoaderHistogram, 
 if TYPE_CHECKING:
     from prometheus_client.registry import Collector
 
-__all__ = ["END_QUIET", "MAX_UIDS", "JobTable"]
+__all__ = ["ENDED_SHOWN", "END_QUIET", "MAX_UIDS", "JobTable"]
 
 #: seconds of quiet after every rank's ``end`` before the job ends
 END_QUIET: Final = 60.0
 #: uids recorded beside one job (the first seen; the rest are not recorded)
 MAX_UIDS: Final = 16
+#: jobs that ended the view still shows (the latest, each for ``idle`` seconds)
+ENDED_SHOWN: Final = 16
 #: the label of jobs past the top K, and of jobs past ``tracked``
 OTHER: Final = "other"
 #: the label of work that names no job
@@ -135,8 +137,8 @@ class JobTable:
         self._other_step = LoaderHistogram()
         self._none = _Job(NONE, NONE, self.wall(), self.wall(), self.clock())
         self._none_reported = False
-        # the last jobs that ended, for the view (at most ``top``, for ``idle`` seconds)
-        self._ended: deque[tuple[float, dict[str, Any]]] = deque(maxlen=max(top, 1))
+        # the last jobs that ended, for the view (for ``idle`` seconds)
+        self._ended: deque[tuple[float, dict[str, Any]]] = deque(maxlen=ENDED_SHOWN)
 
     # --- what the doors call ---------------------------------------------------------
 

@@ -78,6 +78,9 @@ from chunkd.gateway.appkeys import (
 )
 from chunkd.gateway.config import Config
 from chunkd.gateway.config.addresses import is_loopback
+from chunkd.gateway.costs.attribution import ATTRIBUTION
+from chunkd.gateway.costs.headers import attribution_of
+from chunkd.gateway.costs.routes import LEDGER
 from chunkd.gateway.costs.routes import add_routes as add_cost_routes
 from chunkd.gateway.dashboard import add_routes as add_dashboard_routes
 from chunkd.gateway.dashboard.session import browser_refusal, valid_session
@@ -106,7 +109,7 @@ def build_app(config: Config, *, metrics: Metrics, tls: PeerTLS | None) -> web.A
     site that serves the app takes ``app[PEER_TLS].server`` as its SSL context.
     """
     # _count outermost, so that error responses are counted too.
-    app = web.Application(middlewares=[_count, _errors, _guard])
+    app = web.Application(middlewares=[_count, _errors, _guard, _attribute])
     app[CONFIG] = config
     app[PEER_TLS] = tls
     app[METRICS] = metrics
@@ -229,6 +232,20 @@ async def _guard(request: web.Request, handler: Handler) -> web.StreamResponse:
         "send 'Authorization: Bearer <server.token>' to use data routes (a browser: sign "
         "in at /login)",
     )
+
+
+@web.middleware
+async def _attribute(request: web.Request, handler: Handler) -> web.StreamResponse:
+    # The job (X-Chunkd-Job; a peer's request also its X-Chunkd-Name) the request's
+    # work is charged to in the cost ledger; a bad header is a 400 (InvalidRequestError).
+    attribution = attribution_of(
+        request.headers, request.app.get(LEDGER), peer=request.path.startswith("/v1/peer/")
+    )
+    token = ATTRIBUTION.set(attribution)
+    try:
+        return await handler(request)
+    finally:
+        ATTRIBUTION.reset(token)
 
 
 def _has_client_certificate(request: web.Request) -> bool:

@@ -59,6 +59,7 @@ from chunkd.gateway.checkpoints import Checkpoints
 from chunkd.gateway.config import Config, load_config
 from chunkd.gateway.connections import ACCEPT_BACKLOG, GuardedRunner
 from chunkd.gateway.costs import ATTRIBUTION, Attribution, Ledger
+from chunkd.gateway.costs.prices import Prices
 from chunkd.gateway.costs.routes import LEDGER
 from chunkd.gateway.dashboard import TELEMETRY, Telemetry
 from chunkd.gateway.datasets import Datasets
@@ -162,8 +163,27 @@ async def open_node(
         ConfigError: a backend, the peers or the cache cannot be set up as configured.
     """
     async with contextlib.AsyncExitStack() as parts:
-        jobs = JobTable()
-        ledger = Ledger(jobs)
+        jobs = JobTable(
+            top=config.jobs.top,
+            worst_ranks=config.jobs.worst_ranks,
+            idle=config.jobs.idle,
+            tracked=config.jobs.tracked,
+        )
+        ledger = Ledger(
+            jobs,
+            prices=Prices(
+                config.prices,
+                {backend.name: config.price_of(backend) for backend in config.backends},
+                default=config.cost.default,
+            ),
+            names=config.cost.names,
+            tracked=config.jobs.tracked,
+            idle=config.jobs.idle,
+            state_path=config.cache.dir / "cost.json",
+        )
+        for collector in (jobs.collector(), ledger.collector()):
+            metrics.registry.register(collector)
+            parts.callback(metrics.registry.unregister, collector)
         # Work the daemon starts for nobody (a scrub, GC, a replica push) is accounted
         # to no job: the tasks started from here copy this context.
         ATTRIBUTION.set(Attribution(ledger=ledger))
@@ -176,6 +196,9 @@ async def open_node(
         journaled = await Checkpoints.journaled_chunks(config.cache.dir / "checkpoints")
         cache = await ChunkCache.open(config.cache, pinned=journaled)
         parts.push_async_callback(_closed_cache, cache, config)  # finishes disk writes
+        # The ledger's totals go to <cache.dir>/cost.json every minute and at close
+        # (after everything that charges it has closed: pushed last-but-cache).
+        parts.push_async_callback(_closed_ledger, ledger, asyncio.create_task(ledger.run()))
         log.info(
             "cache open",
             extra={"dir": str(config.cache.dir), "backends": [b.name for b in config.backends]},
@@ -293,6 +316,16 @@ async def open_node(
             ledger=ledger,
             replicas=replicas,
         )
+
+
+async def _closed_ledger(ledger: Ledger, saver: asyncio.Task[None]) -> None:
+    saver.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await saver
+    try:
+        await ledger.save()
+    except OSError as exc:
+        log.warning("cannot write the cost ledger to %s: %s", ledger.state_path, exc)
 
 
 async def _closed_cache(cache: ChunkCache, config: Config) -> None:

@@ -82,6 +82,7 @@ from chunkd.errors import (
 )
 from chunkd.gateway.backends import Backend, Backends, ObjectMeta
 from chunkd.gateway.backends.base import BatchReads
+from chunkd.gateway.costs import charge
 from chunkd.gateway.hot import HotSet
 from chunkd.gateway.names import validate_key
 from chunkd.ranges import ByteRange, RequestRange, from_offset, reading, resolve
@@ -248,6 +249,10 @@ def _known_from(record: ValidatedVersion) -> _Known:
     return _Known(meta, time.monotonic() - age)
 
 
+#: chunks remembered as just fetched (for the cost ledger's served bytes by source)
+_FRESH_KEPT: Final = 4096
+
+
 class ReadPath:
     """Reads object ranges through the cache. See the module docstring.
 
@@ -305,6 +310,10 @@ class ReadPath:
         #: the hottest objects (and datasets, as the registry names their prefixes)
         self.hot = HotSet()
         self._read_counters: dict[str, tuple[Counter, Counter]] = {}
+        # chunks just fetched, by where from ("backend", "peer"), until a reader is
+        # handed one: that reader's bytes are counted as from there in the cost
+        # ledger, the next readers' as from the tier that holds it
+        self._fresh: OrderedDict[ChunkId, str] = OrderedDict()
 
     def _waited(self) -> None:
         self.metrics.singleflight_waiters.inc()
@@ -638,9 +647,12 @@ class ReadPath:
                     self.peers.integrity_failure(owner, known)
                 else:
                     try:
-                        return await self._store(stat, index, data, stated)  # checks the bytes
+                        stored = await self._store(stat, index, data, stated)  # checks the bytes
                     except IntegrityError:
                         self.peers.integrity_failure(owner, stated)  # the backend's, then
+                    else:
+                        self._fresh[stored[0]] = "peer"
+                        return stored
         start = index * self.chunk_bytes
         end = min(stat.size, start + self.chunk_bytes)
         got = await backend.get(stat.meta.key, ByteRange(start, end), version=stat.meta)
@@ -653,6 +665,9 @@ class ReadPath:
     ) -> tuple[ChunkId, memoryview]:
         # Known id (the chunk map outlived the chunk): the new bytes must match it.
         cid = await self.cache.insert(data, expected=known)
+        self._fresh[cid] = "backend"
+        while len(self._fresh) > _FRESH_KEPT:
+            self._fresh.popitem(last=False)
         view = memoryview(data)
         self.cache.record(stat.locator(index), cid, view.nbytes)
         return cid, view
@@ -838,7 +853,7 @@ class ReadPath:
         if start >= end:
             return
         first = start // self.chunk_bytes
-        leases = self.leases(stat, first, (end - 1) // self.chunk_bytes)
+        leases = self.leases(stat, first, (end - 1) // self.chunk_bytes, reading=(start, end))
         index = first
         try:
             async for lease in leases:
@@ -851,8 +866,14 @@ class ReadPath:
         finally:
             await leases.aclose()
 
-    async def leases(self, stat: Stat, first: int, last: int) -> AsyncGenerator[ChunkLease, None]:
+    async def leases(
+        self, stat: Stat, first: int, last: int, *, reading: tuple[int, int] | None = None
+    ) -> AsyncGenerator[ChunkLease, None]:
         """Yield leases on chunks ``first`` to ``last`` of ``stat``, in order.
+
+        Each call is one read request in the cost ledger (one GET of a direct reader,
+        of the bytes ``reading`` names, else of the chunks); each lease's bytes in it
+        are counted as served by where they came from.
 
         The chunks after the current one are fetched concurrently (up to
         ``readahead_chunks`` ahead); a run of cold chunks is fetched with one streamed
@@ -862,6 +883,11 @@ class ReadPath:
         """
         if first > last:
             return
+        lo, hi = reading or (
+            first * self.chunk_bytes,
+            min(stat.size, (last + 1) * self.chunk_bytes),
+        )
+        charge.direct(stat.backend, "get", hi - lo)
         self._note_sequential(stat, first, last)
         pending: dict[int, asyncio.Task[ChunkLease]] = {}
         scheduled = first
@@ -880,6 +906,10 @@ class ReadPath:
                     await self._claim_span(stat, index + self.span_chunks, last)
                 lease = await pending.pop(index)
                 self.hot.add(stat.backend, stat.meta.key, lease.size)
+                base = index * self.chunk_bytes
+                served = min(hi, base + lease.size) - max(lo, base)
+                source = self._fresh.pop(lease.id, None) or lease.origin or "ram"
+                charge.served(source, served, stat.backend, hi - lo)
                 yield lease
         finally:
             for task in pending.values():

@@ -48,6 +48,7 @@ from chunkd.gateway.backends.base import SCAN_BATCH, stream_size_error
 from chunkd.gateway.backends.filelist import FileLister
 from chunkd.gateway.backends.meta import ObjectMeta
 from chunkd.gateway.backends.store import StoreBackend, shown
+from chunkd.gateway.costs import charge
 
 if TYPE_CHECKING:
     from chunkd.gateway.config import BackendConfig
@@ -117,9 +118,10 @@ class FileBackend(StoreBackend):
         read = sum(1 for one in got if one is not None)
         if read:
             metrics.backend_requests.labels(self.name, "get").inc(read)
-            metrics.backend_read_bytes.labels(self.name).inc(
-                sum(len(one[1]) for one in got if one is not None and one[1] is not None)
-            )
+            charge.backend_request(self.name, "get", read)
+            nbytes = sum(len(one[1]) for one in got if one is not None and one[1] is not None)
+            metrics.backend_read_bytes.labels(self.name).inc(nbytes)
+            charge.backend_bytes(self.name, "read", nbytes)
             seconds = metrics.backend_seconds.labels(self.name, "get")
             each = (time.perf_counter() - started) / len(asked)
             for _ in range(read):
@@ -161,6 +163,7 @@ class FileBackend(StoreBackend):
         path = os.path.join(self.config.prefix, key)
         staging = ""
         self._metrics.backend_requests.labels(self.name, "put").inc()
+        charge.backend_request(self.name, "put")
         fd = -1
         try:
             fd, staging = await asyncio.to_thread(_open_staging, self.config.prefix, path)
@@ -188,6 +191,7 @@ class FileBackend(StoreBackend):
             if staging:
                 await asyncio.shield(asyncio.to_thread(_remove, staging))
         self._metrics.backend_write_bytes.labels(self.name).inc(size)
+        charge.backend_bytes(self.name, "write", size)
         return True
 
     def _os_refusal(self, exc: OSError, key: str) -> Exception:

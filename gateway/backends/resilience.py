@@ -55,6 +55,7 @@ from typing import TYPE_CHECKING, Final, TypeVar
 from chunkd.backoff import Backoff
 from chunkd.errors import BackendUnavailableError, InvalidKeyError, ObjectNotFoundError
 from chunkd.gateway.backends.base import SCAN_BATCH, Backend, BatchReads
+from chunkd.gateway.costs import charge
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -115,6 +116,7 @@ class Resilient(Backend):
             self._check_circuit(key)
             started = time.perf_counter()
             self._metrics.backend_requests.labels(self.name, op).inc()
+            charge.backend_request(self.name, op)
             try:
                 result = await attempt()
             except asyncio.CancelledError:

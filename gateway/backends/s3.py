@@ -45,6 +45,7 @@ from chunkd.errors import (
 )
 from chunkd.gateway.backends.base import gather_stream, stream_size_error
 from chunkd.gateway.backends.store import StoreBackend, cloud_store, shown
+from chunkd.gateway.costs import charge
 
 if TYPE_CHECKING:
     from chunkd.gateway.config import BackendConfig
@@ -274,6 +275,7 @@ class S3Backend(StoreBackend):
                 await asyncio.shield(self._abort(key, upload))
         if finished:
             self._metrics.backend_write_bytes.labels(self.name).inc(size)
+            charge.backend_bytes(self.name, "write", size)
         return finished
 
     def _full_key(self, key: str) -> str:

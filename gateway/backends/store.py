@@ -60,6 +60,7 @@ from chunkd.errors import (
 )
 from chunkd.gateway.backends.base import SCAN_BATCH, Backend, FirstRead
 from chunkd.gateway.backends.meta import ObjectMeta
+from chunkd.gateway.costs import charge
 from chunkd.ranges import resolve
 
 if TYPE_CHECKING:
@@ -176,6 +177,7 @@ class StoreBackend(Backend):
                 result = await self._store_get(key, {})
             data = memoryview(await result.bytes_async())  # each read: read_timeout
             self._metrics.backend_read_bytes.labels(self.name).inc(data.nbytes)
+            charge.backend_bytes(self.name, "read", data.nbytes)
             return data
 
         try:
@@ -195,6 +197,7 @@ class StoreBackend(Backend):
                 result = await self._open(meta, start, end)
             data = await self._body(result, meta.key, end - start)  # each read: read_timeout
             self._metrics.backend_read_bytes.labels(self.name).inc(data.nbytes)
+            charge.backend_bytes(self.name, "read", data.nbytes)
             return data
 
         try:
@@ -325,6 +328,7 @@ class StoreBackend(Backend):
                 self.requests.settle(error)
                 raise error
             self._metrics.backend_read_bytes.labels(self.name).inc(view.nbytes)
+            charge.backend_bytes(self.name, "read", view.nbytes)
             yield view
         if got != end - start:
             raise BackendUnavailableError(
@@ -494,6 +498,7 @@ class StoreBackend(Backend):
                     return False
                 raise
             self._metrics.backend_write_bytes.labels(self.name).inc(memoryview(data).nbytes)
+            charge.backend_bytes(self.name, "write", memoryview(data).nbytes)
             return True
 
         return await self._call("put", key, call)

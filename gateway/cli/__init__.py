@@ -16,6 +16,7 @@ import chunkd
 from chunkd.gateway.cli import (
     ckpt,
     config,
+    cost,
     dataset,
     doctor,
     gc,
@@ -41,6 +42,7 @@ COMMANDS: dict[str, ModuleType] = {
     "dataset": dataset,
     "inspect": inspect,
     "top": top,
+    "cost": cost,
 }
 
 

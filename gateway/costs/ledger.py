@@ -1,21 +1,560 @@
-"""What data movement cost, by job and by dataset or checkpoint name."""
+"""What data movement cost, by job and by dataset or checkpoint name.
+
+The hooks (:mod:`chunkd.gateway.costs.charge`) call :meth:`Ledger.charge` with the
+job, uid and name of the work at hand. The ledger keeps, per (job, name), counters
+of backend requests and bytes, bytes served by source, bytes written, and what the
+same reads would have sent to the backend without chunkd ("direct"), each priced by
+the backend's price table (:class:`~chunkd.gateway.costs.prices.Prices`).
+
+Bounds: at most ``tracked`` jobs are kept by name (the rest are kept as one job,
+``other``); at most ``names`` dataset or checkpoint names are labelled at once (the
+rest: ``other``; a name is admitted at its first charge while fewer are live, and
+stays named until nothing has been charged to it for ``idle`` seconds); so at most
+``tracked`` x (``names`` + 2) accounts. Per job, a ring of per-minute snapshots of
+its totals for 24 hours (only minutes with activity) answers ``since``.
+
+The cumulative totals and rings are written to ``state_path`` (``<cache.dir>/cost.json``)
+atomically every minute (:meth:`Ledger.run`) and at close, and read back at start:
+``chunkd cost`` survives a restart, and a kill -9 loses at most the last minute.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import time
+from collections import defaultdict, deque
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Final
+
+from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from chunkd.gateway.costs.prices import Prices
 
 if TYPE_CHECKING:
     from chunkd.gateway.jobs.table import JobTable
 
-__all__ = ["Ledger"]
+__all__ = ["NO_NAME", "SOURCES", "Ledger"]
+
+log = logging.getLogger(__name__)
+
+#: the ``name`` label of work for no dataset or checkpoint (plain object reads)
+NO_NAME: Final = "-"
+#: the ``train_job`` label of work for no job, and of jobs and names folded together
+_NONE: Final = "none"
+_OTHER: Final = "other"
+#: where a reader's bytes came from (``chunkd_cost_served_bytes_total{source}``)
+SOURCES: Final = ("ram", "disk", "peer", "backend")
+#: the ``kind`` of bytes written (``chunkd_cost_written_bytes_total{kind}``)
+WRITTEN_KINDS: Final = ("checkpoint", "freeze", "migrate", "object")
+#: seconds between snapshots of the totals (the ring's step and the file's)
+MINUTE: Final = 60.0
+#: snapshots kept per job: 24 hours of minutes
+RING_MINUTES: Final = 1440
+_STATE_VERSION: Final = 1
+
+
+@dataclass
+class _Account:
+    """The counters of one (job, name)."""
+
+    requests: defaultdict[tuple[str, str], float] = field(
+        default_factory=lambda: defaultdict(float)
+    )  # (backend, op)
+    bytes: defaultdict[tuple[str, str], float] = field(
+        default_factory=lambda: defaultdict(float)
+    )  # (backend, direction)
+    served: defaultdict[str, float] = field(default_factory=lambda: defaultdict(float))  # source
+    written: defaultdict[str, float] = field(default_factory=lambda: defaultdict(float))  # kind
+    direct_requests: defaultdict[tuple[str, str], float] = field(
+        default_factory=lambda: defaultdict(float)
+    )  # (backend, op)
+    direct_bytes: defaultdict[str, float] = field(
+        default_factory=lambda: defaultdict(float)
+    )  # backend
+    spent: defaultdict[tuple[str, str], float] = field(
+        default_factory=lambda: defaultdict(float)
+    )  # (backend, item)
+    direct: defaultdict[str, float] = field(default_factory=lambda: defaultdict(float))  # backend
+    saved: defaultdict[tuple[str, str], float] = field(
+        default_factory=lambda: defaultdict(float)
+    )  # (backend, source)
+
+    _FIELDS: ClassVar[tuple[str, ...]] = (
+        "requests",
+        "bytes",
+        "served",
+        "written",
+        "direct_requests",
+        "direct_bytes",
+        "spent",
+        "direct",
+        "saved",
+    )
+
+    def add(self, other: _Account) -> None:
+        for name in self._FIELDS:
+            mine = getattr(self, name)
+            for key, value in getattr(other, name).items():
+                mine[key] += value
+
+    def summary(self) -> dict[str, Any]:
+        """The figures of ``GET /v1/cost`` (money in the tables' currency)."""
+        return {
+            "spent": sum(self.spent.values()),
+            "direct": sum(self.direct.values()),
+            "saved": {
+                source: sum(v for (_, s), v in self.saved.items() if s == source)
+                for source in ("cache", "peer")
+            },
+            "backend_requests": _by(self.requests, 1),
+            "backend_bytes": _by(self.bytes, 1),
+            "served_bytes": {source: self.served.get(source, 0) for source in SOURCES},
+            "written_bytes": dict(sorted(self.written.items())),
+            "direct_requests": _by(self.direct_requests, 1),
+            "direct_bytes": sum(self.direct_bytes.values()),
+        }
+
+    def dump(self) -> dict[str, Any]:
+        return {
+            name: [[*_key(k), v] for k, v in getattr(self, name).items()] for name in self._FIELDS
+        }
+
+    @classmethod
+    def load(cls, data: Mapping[str, Any]) -> _Account:
+        account = cls()
+        for name in cls._FIELDS:
+            counter = getattr(account, name)
+            for *key, value in data.get(name, ()):
+                counter[key[0] if len(key) == 1 else tuple(key)] += value
+        return account
+
+
+def _add(into: defaultdict[str, float], flat: Mapping[str, float]) -> None:
+    for key, value in flat.items():
+        into[key] += value
+
+
+def _key(key: str | tuple[str, ...]) -> list[str]:
+    return [key] if isinstance(key, str) else list(key)
+
+
+def _by(counter: Mapping[tuple[str, str], float], part: int) -> dict[str, float]:
+    """``counter`` summed by one part of its keys."""
+    out: defaultdict[str, float] = defaultdict(float)
+    for key, value in counter.items():
+        out[key[part]] += value
+    return dict(sorted(out.items()))
+
+
+#: the totals a ring snapshot keeps (a few numbers per minute)
+def _flat(summary: Mapping[str, Any]) -> dict[str, float]:
+    flat: dict[str, float] = {"spent": summary["spent"], "direct": summary["direct"]}
+    for group in (
+        "saved",
+        "backend_requests",
+        "backend_bytes",
+        "served_bytes",
+        "written_bytes",
+        "direct_requests",
+    ):
+        for key, value in summary[group].items():
+            flat[f"{group}.{key}"] = value
+    flat["direct_bytes"] = summary["direct_bytes"]
+    return flat
+
+
+def _unflat(flat: Mapping[str, float]) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "spent": flat.get("spent", 0.0),
+        "direct": flat.get("direct", 0.0),
+        "saved": {"cache": 0.0, "peer": 0.0},
+        "backend_requests": {},
+        "backend_bytes": {},
+        "served_bytes": dict.fromkeys(SOURCES, 0),
+        "written_bytes": {},
+        "direct_requests": {},
+        "direct_bytes": flat.get("direct_bytes", 0),
+    }
+    for key, value in flat.items():
+        group, dot, name = key.partition(".")
+        if dot:
+            out[group][name] = value
+    return out
+
+
+@dataclass
+class _Job:
+    """One job's accounts by name label, and its ring of snapshots."""
+
+    label: str
+    accounts: dict[str, _Account] = field(default_factory=dict)
+    #: (wall time of the snapshot, flat totals then), oldest first
+    ring: deque[tuple[float, dict[str, float]]] = field(
+        default_factory=lambda: deque(maxlen=RING_MINUTES)
+    )
+    dirty: bool = False
+    #: when it was first charged, and last (seconds since the epoch)
+    created: float = 0.0
+    touched: float = 0.0
+
+    def total(self) -> _Account:
+        total = _Account()
+        for account in self.accounts.values():
+            total.add(account)
+        return total
 
 
 class Ledger:
-    """The node's cost ledger (a skeleton: filled in by issue 30's work)."""
+    """The node's cost ledger (docs/jobs.md).
 
-    def __init__(self, jobs: JobTable) -> None:
+    Args:
+        jobs: the node's job table, which gives each job's ``train_job`` label.
+        prices: the price tables and which backend is priced by which.
+        names: dataset and checkpoint names labelled at once; the rest ``other``.
+        tracked: jobs kept by name; past it a new job is kept as ``other``.
+        idle: seconds after which a name nothing was charged to is let go.
+        state_path: where the totals are kept across restarts (``<cache.dir>/cost.json``);
+            None: nowhere.
+        clock: seconds since the epoch (tests pass their own).
+    """
+
+    def __init__(
+        self,
+        jobs: JobTable,
+        *,
+        prices: Prices | None = None,
+        names: int = 64,
+        tracked: int = 1024,
+        idle: float = 600.0,
+        state_path: Path | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.jobs = jobs
+        self.prices = prices or Prices()
+        self.names = names
+        self.tracked = tracked
+        self.idle = idle
+        self.state_path = state_path
+        self.clock = clock
+        #: when these totals began (the first start whose file was kept)
+        self.started = clock()
+        # accounts by job name (None: no job; "other": past tracked)
+        self._jobs: dict[str | None, _Job] = {}
+        # the named names and when each was last charged
+        self._names: dict[str, float] = {}
+        self._write_lock = asyncio.Lock()
+        if state_path is not None:
+            self._load(state_path)
 
-    def view(self) -> dict[str, Any]:
-        """The ledger as ``GET /v1/cost`` answers it."""
-        return {"jobs": []}
+    # --- what the hooks call ---------------------------------------------------------
+
+    def charge(
+        self, job: str | None, uid: int | None, name: str | None, what: str, *args: Any
+    ) -> None:
+        """Count one event for ``job``'s ``name`` (see :mod:`.charge` for ``what``)."""
+        account = self._account(job, uid, name)
+        prices = self.prices
+        if what == "request":
+            backend, op, count = args
+            account.requests[backend, op] += count
+            account.spent[backend, "requests"] += prices.request(backend, op) * count
+        elif what == "bytes":
+            backend, direction, n = args
+            account.bytes[backend, direction] += n
+            if direction == "read":
+                account.spent[backend, "egress"] += prices.egress(backend, n)
+        elif what == "served":
+            source, n, backend, total = args
+            account.served[source] += n
+            if source != "backend" and backend is not None:
+                # what a direct reader would have paid for these bytes: their egress and
+                # their share (by bytes) of the request's GET fee
+                share = n / total if total else 1.0
+                credit = prices.egress(backend, n) + prices.request(backend, "get") * share
+                account.saved[backend, "peer" if source == "peer" else "cache"] += credit
+        elif what == "direct":
+            backend, op, n = args
+            account.direct_requests[backend, op] += 1
+            account.direct_bytes[backend] += n
+            fee = prices.request(backend, op)
+            account.direct[backend] += fee + (prices.egress(backend, n) if op == "get" else 0)
+        elif what == "written":
+            kind, n, _backend = args
+            account.written[kind] += n
+
+    def _account(self, job: str | None, uid: int | None, name: str | None) -> _Account:
+        label = self.jobs.label(job, uid)
+        key = job
+        if job is not None and job not in self._jobs and len(self._jobs) >= self.tracked:
+            key = _OTHER
+        entry = self._jobs.get(key)
+        if entry is None:
+            now = self.clock()
+            entry = self._jobs[key] = _Job(_OTHER if key == _OTHER else label, created=now)
+        elif entry.label != label and key != _OTHER:
+            entry.label = label  # the job ended and started again
+        entry.dirty = True
+        entry.touched = self.clock()
+        name_label = self._name_label(name)
+        account = entry.accounts.get(name_label)
+        if account is None:
+            account = entry.accounts[name_label] = _Account()
+        return account
+
+    def _name_label(self, name: str | None) -> str:
+        if name is None:
+            return NO_NAME
+        now = self.clock()
+        if name in self._names:
+            self._names[name] = now
+            return name
+        # let go of the names nothing was charged to for idle seconds
+        for stale in [n for n, seen in self._names.items() if seen < now - self.idle]:
+            del self._names[stale]
+        if len(self._names) >= self.names:
+            return _OTHER
+        self._names[name] = now
+        return name
+
+    # --- views -----------------------------------------------------------------------
+
+    def view(self, *, job: str | None = None, since: float | None = None) -> dict[str, Any]:
+        """The ledger as ``GET /v1/cost`` answers it (docs/jobs.md has the shape).
+
+        Args:
+            job: only this job (its name; ``none`` for work with no job).
+            since: only what happened after this time (seconds since the epoch), as
+                well as the per-minute snapshots allow: the answer's ``since`` is the
+                time it really counts from (never before the totals began).
+        """
+        now = self.clock()
+        answered_since = self.started if since is None else max(self.started, since)
+        rows = []
+        totals = _Account().summary()
+        total_flat: defaultdict[str, float] = defaultdict(float)
+        for key, entry in sorted(self._jobs.items(), key=lambda kv: kv[0] or ""):
+            name = _NONE if key is None else key
+            if job is not None and job != name:
+                continue
+            row: dict[str, Any] = {"job": name, "label": entry.label}
+            if since is None:
+                total = entry.total()
+                row.update(total.summary())
+                row["names"] = [
+                    {"name": n, **a.summary()} for n, a in sorted(entry.accounts.items())
+                ]
+                _add(total_flat, _flat(row))
+            else:
+                flat, counted_from = self._since(entry, since)
+                answered_since = min(answered_since, counted_from)
+                row.update(_unflat(flat))
+                _add(total_flat, flat)
+            rows.append(row)
+        totals = _unflat(total_flat)
+        rows.sort(key=lambda r: -r["spent"] - r["direct"])
+        return {
+            "since": answered_since,
+            "now": now,
+            "currency": self.prices.currency,
+            "totals": totals,
+            "jobs": rows,
+            "storage": None,
+        }
+
+    def _since(self, entry: _Job, since: float) -> tuple[dict[str, float], float]:
+        """The job's totals now less its totals at ``since``, and the time they count
+        from: ``since`` when exact (nothing charged after it; or the job began after
+        it; or a snapshot taken then), else the snapshot's or the job's start before it
+        (the figures then include some of what came before ``since``)."""
+        current = _flat(entry.total().summary())
+        if entry.touched <= since:
+            return dict.fromkeys(current, 0.0), since
+        if entry.created > since:
+            return current, since
+        base: dict[str, float] | None = None
+        base_time = max(entry.created, self.started)
+        for taken, flat in entry.ring:
+            if taken > since:
+                break
+            base, base_time = flat, taken
+        if base is None and len(entry.ring) == RING_MINUTES:
+            # the ring no longer reaches back that far: from its oldest snapshot
+            base, base_time = entry.ring[0][1], entry.ring[0][0]
+        base = base or {}
+        return {k: v - base.get(k, 0) for k, v in current.items()}, base_time
+
+    def collector(self) -> Collector:
+        """The ``chunkd_cost_*`` metrics, read from the ledger at each scrape."""
+        return _CostCollector(self)
+
+    def series(self) -> Iterator[tuple[str, str, _Account]]:
+        """(train_job label, name label, account) of the live labels, summed."""
+        live: dict[tuple[str, str], _Account] = {}
+        for entry in self._jobs.values():
+            for name, account in entry.accounts.items():
+                live.setdefault((entry.label, name), _Account()).add(account)
+        for (label, name), account in sorted(live.items()):
+            yield label, name, account
+
+    # --- persistence -----------------------------------------------------------------
+
+    def tick(self) -> None:
+        """Snapshot the totals of each job charged since the last tick into its ring."""
+        now = self.clock()
+        for entry in self._jobs.values():
+            if entry.dirty:
+                entry.ring.append((now, _flat(entry.total().summary())))
+                entry.dirty = False
+
+    def state(self) -> dict[str, Any]:
+        """The ledger as ``cost.json`` keeps it."""
+        return {
+            "version": _STATE_VERSION,
+            "started": self.started,
+            "written": self.clock(),
+            "jobs": [
+                {
+                    "job": key,
+                    "label": entry.label,
+                    "accounts": {n: a.dump() for n, a in entry.accounts.items()},
+                    "ring": [[t, flat] for t, flat in entry.ring],
+                    "created": entry.created,
+                    "touched": entry.touched,
+                }
+                for key, entry in self._jobs.items()
+            ],
+        }
+
+    async def save(self) -> None:
+        """Tick, and write the totals to ``state_path`` atomically (off the loop)."""
+        self.tick()
+        if self.state_path is None:
+            return
+        text = json.dumps(self.state(), separators=(",", ":"))
+        async with self._write_lock:
+            await asyncio.to_thread(_write_atomically, self.state_path, text)
+
+    async def run(self) -> None:
+        """Save every minute until cancelled (the daemon runs it as a task)."""
+        while True:
+            await asyncio.sleep(MINUTE)
+            try:
+                await self.save()
+            except OSError as exc:
+                log.warning("cannot write the cost ledger to %s: %s", self.state_path, exc)
+
+    def _load(self, path: Path) -> None:
+        try:
+            data = json.loads(path.read_text())
+            _check_version(data)
+            self.started = float(data["started"])
+            for item in data["jobs"][: self.tracked + 2]:
+                entry = _Job(
+                    str(item["label"]),
+                    created=float(item["created"]),
+                    touched=float(item["touched"]),
+                )
+                for name, account in item["accounts"].items():
+                    entry.accounts[name] = _Account.load(account)
+                entry.ring.extend((float(t), flat) for t, flat in item["ring"])
+                self._jobs[item["job"]] = entry
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            # A damaged file is set aside, not fatal: the totals start again.
+            log.warning("cost ledger %s unreadable (%s); starting from zero", path, exc)
+            self._jobs.clear()
+            with contextlib.suppress(OSError):
+                path.rename(path.with_suffix(".json.damaged"))
+
+
+def _check_version(data: Any) -> None:
+    if data.get("version") != _STATE_VERSION:
+        raise ValueError(f"version {data.get('version')!r}, not {_STATE_VERSION}")
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w") as out:
+        out.write(text)
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(tmp, path)
+
+
+class _CostCollector(Collector):
+    """Reads the ledger when Prometheus scrapes."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        self.ledger = ledger
+
+    def collect(self) -> Iterator[Metric]:
+        # docstring inherited
+        job_name = ["train_job", "name"]
+        families = {
+            "requests": CounterMetricFamily(
+                "chunkd_cost_backend_requests",
+                "Backend requests by the job and name whose work made them, each attempt "
+                "(as chunkd_backend_requests_total counts them)",
+                labels=[*job_name, "backend", "op"],
+            ),
+            "bytes": CounterMetricFamily(
+                "chunkd_cost_backend_bytes",
+                "Bytes read from and written to backends, by job and name",
+                labels=[*job_name, "backend", "direction"],
+            ),
+            "served": CounterMetricFamily(
+                "chunkd_cost_served_bytes",
+                "Bytes handed to readers, by job, name and where they came from",
+                labels=[*job_name, "source"],
+            ),
+            "written": CounterMetricFamily(
+                "chunkd_cost_written_bytes",
+                "Bytes written for a job: checkpoints, freezes, migrations, objects",
+                labels=[*job_name, "kind"],
+            ),
+            "direct_requests": CounterMetricFamily(
+                "chunkd_cost_direct_requests",
+                "Backend requests the same reads would have made without chunkd (one per "
+                "read request of every rank)",
+                labels=[*job_name, "backend", "op"],
+            ),
+            "direct_bytes": CounterMetricFamily(
+                "chunkd_cost_direct_bytes",
+                "Bytes the same reads would have read from the backend without chunkd",
+                labels=[*job_name, "backend"],
+            ),
+            "spent": CounterMetricFamily(
+                "chunkd_cost_dollars",
+                "What backend requests and egress cost, in the price table's currency",
+                labels=[*job_name, "backend", "item"],
+            ),
+            "direct": CounterMetricFamily(
+                "chunkd_cost_direct_dollars",
+                "What the same reads would have cost without chunkd, in the table's currency",
+                labels=[*job_name, "backend"],
+            ),
+            "saved": CounterMetricFamily(
+                "chunkd_cost_saved_dollars",
+                "Credit for bytes served from the cache or by a peer: their direct price",
+                labels=[*job_name, "source"],
+            ),
+        }
+        for label, name, account in self.ledger.series():
+            for what, family in families.items():
+                counter: Mapping[Any, float] = getattr(account, what)
+                if what == "saved":
+                    by_source: defaultdict[str, float] = defaultdict(float)
+                    for (_, source), value in counter.items():
+                        by_source[source] += value
+                    counter = by_source
+                for key, value in sorted(counter.items()):
+                    family.add_metric([label, name, *_key(key)], value)
+        yield from families.values()

@@ -1,12 +1,15 @@
-"""``GET /v1/cost``: this node's cost ledger, as :meth:`Ledger.view` gives it."""
+"""``GET /v1/cost``: this node's cost ledger, as :meth:`Ledger.view` gives it, and
+``GET /v1/cost/storage``: what the checkpoints and frozen snapshots keep costs."""
 
 from __future__ import annotations
 
+import time
 from typing import Final
 
 from aiohttp import web
 
 from chunkd.gateway.costs.ledger import Ledger
+from chunkd.gateway.costs.since import parse_since
 
 __all__ = ["LEDGER", "add_routes"]
 
@@ -15,9 +18,12 @@ LEDGER: Final = web.AppKey("ledger", Ledger)
 
 
 def add_routes(app: web.Application) -> None:
-    """Add the cost route to the daemon's app."""
+    """Add the cost routes to the daemon's app."""
     app.router.add_get("/v1/cost", _cost)
 
 
 async def _cost(request: web.Request) -> web.Response:
-    return web.json_response(request.app[LEDGER].view())
+    job = request.query.get("job") or None
+    since_text = request.query.get("since")
+    since = None if not since_text else parse_since(since_text, time.time())
+    return web.json_response(request.app[LEDGER].view(job=job, since=since))

@@ -101,6 +101,7 @@ import aiohttp
 from chunkd import faults
 from chunkd.cache import ChunkId
 from chunkd.errors import OwnerSilentError
+from chunkd.gateway.costs.headers import headers_of
 from chunkd.gateway.peers.health import reason
 from chunkd.gateway.peers.placement import Source, rank_owners, sources
 
@@ -650,7 +651,10 @@ class PeerClient:
         async def call() -> tuple[int, dict[str, str], memoryview]:
             for attempt in range(2):
                 try:
-                    async with session.get(url, params=params, allow_redirects=False) as response:
+                    # the job the fetch is for pays on the owner (X-Chunkd-Job, -Name)
+                    async with session.get(
+                        url, params=params, allow_redirects=False, headers=headers_of()
+                    ) as response:
                         hear()
                         if response.status != 200:
                             return response.status, dict(response.headers), memoryview(b"")

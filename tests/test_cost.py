@@ -1,0 +1,281 @@
+"""The cost ledger (issue 30): who pays for backend requests and bytes, the credit for
+cache hits, "without chunkd", GET /v1/cost, chunkd cost, cost.json across restarts.
+
+Real parts: a moto S3 behind the counting proxy, real daemons, real clients.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from chunkd.client import Client
+from chunkd.testing import CountingProxy, S3Server, s3_backend
+from tests.conftest import Daemon
+
+MiB = 1 << 20
+#: the most a response's head and a request's framing add to the body bytes the
+#: proxy counts (moto's headers are ~500 bytes)
+HEAD_ALLOWANCE = 2048
+
+
+def _toml(tmp_path: Path, bucket: str, proxy: CountingProxy, *, price: str = "") -> str:
+    keys: dict[str, str | int | bool] = {"revalidate": "immutable", "retries": 0}
+    if price:
+        keys["price"] = price
+    backend = s3_backend("data", f"s3://{bucket}/pre", proxy.endpoint, **keys)
+    return f"""
+[server]
+readahead_chunks = 0
+
+[cache]
+dir = "{tmp_path / "cache"}"
+ram_bytes = "64MiB"
+disk_bytes = "256MiB"
+disk_min_free_bytes = 0
+chunk_bytes = "1MiB"
+fsync = "never"
+
+{backend}"""
+
+
+def _put(s3_server: S3Server, bucket: str, key: str, size: int) -> bytes:
+    body = os.urandom(size)
+    s3_server.client().put_object(Bucket=bucket, Key=f"pre/{key}", Body=body)
+    return body
+
+
+def _cost(daemon: Daemon, query: str = "") -> dict[str, Any]:
+    status, _, body = daemon.get("/v1/cost" + query)
+    assert status == 200, body
+    answer: dict[str, Any] = json.loads(body)
+    return answer
+
+
+def _job(view: dict[str, Any], job: str) -> dict[str, Any]:
+    found = [row for row in view["jobs"] if row["job"] == job]
+    assert len(found) == 1, view["jobs"]
+    return found[0]
+
+
+def _read(daemon: Daemon, key: str, job: str | None) -> bytes:
+    headers = {} if job is None else {"X-Chunkd-Job": job}
+    status, _, body = daemon.get(f"/v1/objects/data/{key}", headers)
+    assert status == 200, body
+    return body
+
+
+@pytest.mark.timeout(60)
+def test_a_jobs_backend_requests_and_bytes_are_the_proxys_and_a_second_read_is_credited(
+    start_daemon: Callable[..., Daemon],
+    tmp_path: Path,
+    s3_server: S3Server,
+    bucket: str,
+    s3_proxy: CountingProxy,
+) -> None:
+    size = 3 * MiB + 12345
+    body = _put(s3_server, bucket, "a.bin", size)
+    daemon = start_daemon(_toml(tmp_path, bucket, s3_proxy, price="example-s3-internet"))
+    s3_proxy.reset()
+    requests_before = daemon.metric("chunkd_backend_requests_total", backend="data")
+    assert _read(daemon, "a.bin", "run-a") == body
+    row = _job(_cost(daemon), "run-a")
+    requests = daemon.metric("chunkd_backend_requests_total", backend="data") - requests_before
+    # Every backend request the node made for this read is the job's, and its bytes are
+    # the object's: what the proxy passed, less the responses' heads.
+    assert sum(row["backend_requests"].values()) == requests > 0
+    assert row["backend_bytes"]["read"] == size
+    assert 0 <= s3_proxy.bytes_down - size <= requests * HEAD_ALLOWANCE
+    assert row["served_bytes"]["backend"] == size, row
+    # Without chunkd: one GET of the whole object.
+    assert row["direct_requests"] == {"get": 1}
+    assert row["direct_bytes"] == size
+    # Priced by example-s3-internet: 0.09 per GB out, 0.0004 per 1000 GET and HEAD.
+    gb = size / (1 << 30)
+    assert row["spent"] == pytest.approx(gb * 0.09 + requests * 0.0004 / 1000)
+    assert row["saved"] == {"cache": 0.0, "peer": 0.0}
+    # A second job reading the same object: served from the cache, no backend bytes,
+    # credited with what a direct read would have cost it.
+    s3_proxy.reset()
+    assert _read(daemon, "a.bin", "run-b") == body
+    assert s3_proxy.bytes_down == 0
+    other = _job(_cost(daemon), "run-b")
+    assert other["backend_requests"] == {}
+    assert other["backend_bytes"] == {}
+    assert other["spent"] == 0.0
+    assert other["served_bytes"]["ram"] + other["served_bytes"]["disk"] == size
+    assert other["saved"]["cache"] == pytest.approx(gb * 0.09 + 0.0004 / 1000)
+    assert other["direct"] == pytest.approx(other["saved"]["cache"])
+    # The first job's figures did not move.
+    assert _job(_cost(daemon), "run-a")["backend_bytes"]["read"] == size
+    # /metrics: the same figures, by train_job.
+    assert daemon.metric("chunkd_cost_backend_bytes_total", train_job="run-a") == size
+    assert (
+        daemon.metric("chunkd_cost_served_bytes_total", train_job="run-b", source="ram")
+        == (other["served_bytes"]["ram"])
+    )
+    assert daemon.metric("chunkd_cost_saved_dollars_total", train_job="run-b") == pytest.approx(
+        other["saved"]["cache"]
+    )
+
+
+@pytest.mark.timeout(60)
+def test_two_jobs_reading_at_once_over_the_local_socket_are_charged_each_for_its_own(
+    start_daemon: Callable[..., Daemon],
+    tmp_path: Path,
+    s3_server: S3Server,
+    bucket: str,
+    s3_proxy: CountingProxy,
+) -> None:
+    sizes = {"x.bin": 2 * MiB + 1, "y.bin": 5 * MiB + 7}
+    bodies = {key: _put(s3_server, bucket, key, size) for key, size in sizes.items()}
+    daemon = start_daemon(_toml(tmp_path, bucket, s3_proxy))
+    s3_proxy.delay = 0.002  # both reads' fetches are in flight together
+    got: dict[str, bytes] = {}
+
+    def read(job: str, key: str) -> None:
+        with Client(daemon.cwd / "chunkd.sock", train_job=job) as client:
+            got[key] = client.read(f"data/{key}")
+
+    threads = [
+        threading.Thread(target=read, args=("job-x", "x.bin")),
+        threading.Thread(target=read, args=("job-y", "y.bin")),
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert got == bodies
+    view = _cost(daemon)
+    # Each job pays for the object it read: the single flight's fetches and spans run
+    # under the reader's attribution, not the daemon's.
+    for job, key in (("job-x", "x.bin"), ("job-y", "y.bin")):
+        row = _job(view, job)
+        assert row["backend_bytes"]["read"] == sizes[key], job
+        assert row["served_bytes"]["backend"] == sizes[key], job
+    assert all(row["job"] != "none" or not row["backend_bytes"] for row in view["jobs"])
+    assert view["totals"]["backend_bytes"]["read"] == sum(sizes.values())
+
+
+@pytest.mark.timeout(30)
+def test_a_bad_job_header_is_a_400_saying_why(
+    start_daemon: Callable[..., Daemon],
+    tmp_path: Path,
+    s3_server: S3Server,
+    bucket: str,
+    s3_proxy: CountingProxy,
+) -> None:
+    _put(s3_server, bucket, "a.bin", 10)
+    daemon = start_daemon(_toml(tmp_path, bucket, s3_proxy))
+    for bad in ("other", "none", "-lead", "x" * 129, "a b"):
+        status, _, body = daemon.get("/v1/objects/data/a.bin", {"X-Chunkd-Job": bad})
+        assert status == 400, (bad, body)
+        assert b"X-Chunkd-Job" in body
+    assert not (daemon.log.read_text().count("Traceback"))
+    status, _, _ = daemon.get("/v1/objects/data/a.bin", {"X-Chunkd-Job": "ok-job"})
+    assert status == 200
+
+
+def _chunkd(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "chunkd", "cost", *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+
+
+@pytest.mark.timeout(90)
+def test_chunkd_cost_json_job_since_and_the_totals_survive_a_restart_and_a_kill(
+    start_daemon: Callable[..., Daemon],
+    tmp_path: Path,
+    s3_server: S3Server,
+    bucket: str,
+    s3_proxy: CountingProxy,
+) -> None:
+    size = MiB + 5
+    _put(s3_server, bucket, "a.bin", size)
+    _put(s3_server, bucket, "b.bin", size)
+    toml = _toml(tmp_path, bucket, s3_proxy)
+    daemon = start_daemon(toml)
+    _read(daemon, "a.bin", "run-1")
+    _read(daemon, "b.bin", "run-2")
+    done = _chunkd("--url", daemon.url, "--json")
+    assert done.returncode == 0, done.stderr
+    view = json.loads(done.stdout)
+    assert {row["job"] for row in view["jobs"]} >= {"run-1", "run-2"}
+    only = json.loads(_chunkd("--url", daemon.url, "--json", "--job", "run-1").stdout)
+    assert [row["job"] for row in only["jobs"]] == ["run-1"]
+    assert only["jobs"][0]["backend_bytes"]["read"] == size
+    # --since: nothing happened in the future; everything happened in the last hour.
+    later = json.loads(_chunkd("--url", daemon.url, "--json", "--since", "0s").stdout)
+    assert later["totals"]["backend_bytes"].get("read", 0) == 0
+    hour = json.loads(_chunkd("--url", daemon.url, "--json", "--since", "1h").stdout)
+    assert hour["totals"]["backend_bytes"]["read"] == 2 * size
+    # The table: a line per job with its money.
+    table = _chunkd("--url", daemon.url, "--job", "run-1")
+    assert table.returncode == 0, table.stderr
+    assert "run-1" in table.stdout
+    assert "USD" in table.stdout
+    bad = _chunkd("--url", daemon.url, "--since", "yesterday-ish")
+    assert bad.returncode != 0
+    assert "since" in bad.stderr
+    # A clean stop writes cost.json; the next start carries on from it.
+    assert daemon.stop() == 0
+    assert (tmp_path / "cache" / "cost.json").exists()
+    daemon = start_daemon(toml)
+    assert _job(_cost(daemon), "run-1")["backend_bytes"]["read"] == size
+    # A kill -9 loses at most what came after the last minute's write: the figures
+    # from before the restart were written at the last stop, so they are all there.
+    _read(daemon, "a.bin", "run-3")  # a cache hit, credited, maybe lost
+    daemon.stop(signal.SIGKILL)
+    daemon = start_daemon(toml)
+    view = _cost(daemon)
+    assert _job(view, "run-1")["backend_bytes"]["read"] == size
+    assert _job(view, "run-2")["backend_bytes"]["read"] == size
+
+
+@pytest.mark.timeout(30)
+def test_the_ledger_writes_its_totals_every_minute_so_a_kill_loses_at_most_the_last(
+    tmp_path: Path,
+) -> None:
+    import asyncio
+
+    from chunkd.gateway.costs.ledger import Ledger
+    from chunkd.gateway.costs.prices import Prices
+    from chunkd.gateway.jobs.table import JobTable
+
+    now = [1000.0]
+    path = tmp_path / "cost.json"
+
+    def make() -> Ledger:
+        return Ledger(
+            JobTable(),
+            prices=Prices(default="example-s3-internet"),
+            state_path=path,
+            clock=lambda: now[0],
+        )
+
+    ledger = make()
+    ledger.charge("run-1", 1000, "text/web", "bytes", "data", "read", 100)
+    asyncio.run(ledger.save())  # the minute's write
+    now[0] += 30
+    ledger.charge("run-1", 1000, "text/web", "bytes", "data", "read", 7)  # lost: no write
+    # Killed now: what the next start reads is the last minute's.
+    again = make()
+    row = _job(again.view(), "run-1")
+    assert row["backend_bytes"]["read"] == 100
+    assert row["names"][0]["name"] == "text/web"
+    # since: from the snapshot the minute's write took.
+    ledger.tick()
+    assert _job(ledger.view(since=1000.0), "run-1")["backend_bytes"]["read"] == 7

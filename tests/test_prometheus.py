@@ -1,0 +1,377 @@
+"""chunkd's Prometheus rules and Grafana dashboard against a real Prometheus.
+
+- ``promtool`` checks the rules and the example config, and runs the rules' unit tests
+  (``deploy/prometheus/chunkd.rules.test.yml``), which must test every recording rule
+  and every alert of ``chunkd.rules.yml``.
+- A real Prometheus (Debian's 2.42, on loopback, 1 s scrapes and rule evaluations)
+  scrapes two real daemons, peers of each other, while trainers run named jobs on them
+  (a hello naming the job, ``loader_report`` windows, reads). The recording rules'
+  cluster figures must equal what the two daemons report themselves, added up: the
+  cumulative rules (``...:ratio_total``, ``...:total``) to 1e-9 relative once the last
+  scrape is in; the windowed stall (``...:ratio_rate5m``) within 0.02 absolute
+  (``rate()`` extrapolates each node's series a little past its samples, by up to one
+  scrape interval, so the nodes are weighted a few percent apart).
+- Every query of every panel of the Grafana dashboard answers a non-empty result.
+
+Skipped, saying why, where Prometheus is absent (``make test`` installs it as root).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from chunkd.client import Client, protocol
+from chunkd.client import checkpoint as ckpt
+from chunkd.client.protocol import LOADER_BUCKETS
+from chunkd.memfd import close_all
+from chunkd.testing.ports import free_port
+from chunkd.testing.prometheus import (
+    RULES,
+    PrometheusServer,
+    prometheus_or_skip,
+    promtool_or_skip,
+)
+
+from .conftest import Daemon
+
+DEPLOY = RULES.parent.parent
+RULES_TEST = DEPLOY / "prometheus" / "chunkd.rules.test.yml"
+EXAMPLE_CONFIG = DEPLOY / "prometheus" / "prometheus.yml"
+DASHBOARD = DEPLOY / "grafana" / "chunkd.json"
+
+TOKEN = "a-shared-secret-for-the-prometheus-test"
+MiB = 1 << 20
+#: the cumulative rules add the very numbers the daemons print: equal but for rounding
+EXACT = 1e-9
+#: the windowed stall ratio against the daemons' own sums (see the module's docstring)
+STALL_TOLERANCE = 0.02
+
+
+def promtool(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [promtool_or_skip(), *args],
+        cwd=RULES.parent,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+@pytest.mark.timeout(60)
+def test_promtool_checks_the_rules_and_runs_their_unit_tests() -> None:
+    checked = promtool("check", "rules", str(RULES))
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    tested = promtool("test", "rules", str(RULES_TEST))
+    assert tested.returncode == 0, tested.stdout + tested.stderr
+    assert "SUCCESS" in tested.stdout
+    # the example scrape config is valid, rules and all
+    config = promtool("check", "config", str(EXAMPLE_CONFIG))
+    assert config.returncode == 0, config.stdout + config.stderr
+
+
+@pytest.mark.timeout(10)
+def test_every_rule_and_alert_has_a_unit_test() -> None:
+    rules = RULES.read_text()
+    records = re.findall(r"^\s*- record: (\S+)$", rules, re.MULTILINE)
+    alerts = re.findall(r"^\s*- alert: (\S+)$", rules, re.MULTILINE)
+    assert len(records) > 20, records
+    assert len(alerts) == 5, alerts
+    tests = RULES_TEST.read_text()
+    tested = set(re.findall(r"^\s*- expr: (\S+)$", tests, re.MULTILINE))
+    assert set(records) <= tested, f"recording rules without a test: {set(records) - tested}"
+    alerted = re.findall(r"^\s*alertname: (\S+)$", tests, re.MULTILINE)
+    for alert in alerts:
+        # an alert's test checks it both silent and firing
+        blocks = re.findall(
+            rf"alertname: {alert}\n\s*exp_alerts:(.*?)(?=\n\s*- eval_time|\n\s*- interval|\Z)",
+            tests,
+            re.DOTALL,
+        )
+        assert any(b.strip() == "[]" for b in blocks), f"{alert}: no test where it is silent"
+        assert any("exp_labels" in b for b in blocks), f"{alert}: no test where it fires"
+    assert set(alerts) <= set(alerted)
+
+
+class Trainer:
+    """One trainer's connection to its node's daemon, on the local protocol as the
+    client speaks it: its hello names the job, then reports and reads."""
+
+    def __init__(self, node: Daemon, train_job: str) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(30)
+        self.sock.connect(str(node.cwd / "chunkd.sock"))
+        self._id = 0
+        self.call("hello", version=protocol.VERSION, train_job=train_job)
+
+    def call(self, op: str, **fields: Any) -> dict[str, Any]:
+        self._id += 1
+        header = protocol.request_header(op, fields) | {"id": self._id}
+        protocol.send_frame(self.sock, header)
+        answer, _, fds = protocol.recv_frame(self.sock)
+        close_all(fds)
+        assert answer.get("ok"), answer
+        return answer
+
+    def report(self, rank: int, steps: int, wait: float, step: float) -> None:
+        """One window of ``steps`` equal steps of ``step`` seconds, ``wait`` of which
+        waited for data."""
+        self.call(
+            "loader_report",
+            rank=rank,
+            world_size=8,
+            steps=steps,
+            wait=wait * steps,
+            step=step * steps,
+            wait_max=wait,
+            wait_buckets=_buckets(wait, steps),
+            step_buckets=_buckets(step, steps),
+        )
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def _buckets(each: float, steps: int) -> list[int]:
+    counts = [0] * (len(LOADER_BUCKETS) + 1)
+    counts[next((i for i, b in enumerate(LOADER_BUCKETS) if each <= b), len(LOADER_BUCKETS))] = (
+        steps
+    )
+    return counts
+
+
+def node_toml(tmp: Path, port: int, ports: list[int], data: Path) -> str:
+    tmp.mkdir(parents=True, exist_ok=True)
+    token = tmp / "token"
+    token.write_text(TOKEN)
+    token.chmod(0o600)
+    members = ", ".join(f'"127.0.0.1:{p}"' for p in ports)
+    return f"""
+[cache]
+dir = "{tmp / "cache"}"
+ram_bytes = "64MiB"
+disk_bytes = "256MiB"
+disk_min_free_bytes = 0
+chunk_bytes = "1MiB"
+fsync = "never"
+
+[peers]
+self = "127.0.0.1:{port}"
+members = [{members}]
+token_file = "{token}"
+timeout = "2s"
+health_interval = "300ms"
+down_after = 4
+up_after = 1
+
+[[backends]]
+name = "data"
+url = "file://{data}"
+writable = true
+price = "example-s3-internet"
+"""
+
+
+@pytest.fixture
+def cluster(start_daemon: Callable[..., Daemon], tmp_path: Path) -> list[Daemon]:
+    """Two daemons, peers of each other, over one ``file://`` backend priced as S3
+    read over the internet (so that every byte fetched costs something)."""
+    data = tmp_path / "data"
+    data.mkdir()
+    for i in range(8):
+        (data / f"obj-{i}").write_bytes(os.urandom(MiB))
+    ports = [free_port() for _ in range(2)]
+    nodes = [
+        start_daemon(
+            node_toml(tmp_path / f"n{i}", port, ports, data),
+            cwd=tmp_path / f"n{i}",
+            env={"CHUNKD_SERVER_LISTEN": f"127.0.0.1:{port}"},
+            port=port,
+        )
+        for i, port in enumerate(ports)
+    ]
+    deadline = time.monotonic() + 30
+    while any(n.metric("chunkd_peer_healthy") < 2 for n in nodes):
+        assert time.monotonic() < deadline, "the nodes never saw each other up"
+        time.sleep(0.1)
+    return nodes
+
+
+def _job_sums(node: Daemon, metric: str, label: str = "train_job") -> dict[str, float]:
+    """A node's own ``/metrics``: ``metric``'s samples added up by ``label``."""
+    status, _, body = node.get("/metrics")
+    assert status == 200
+    sums: dict[str, float] = {}
+    for line in body.decode().splitlines():
+        if line.startswith("#"):
+            continue
+        head, _, value = line.rpartition(" ")
+        name, _, labels = head.partition("{")
+        if name != metric:
+            continue
+        found = re.search(rf'{label}="([^"]*)"', labels)
+        key = found.group(1) if found else ""
+        sums[key] = sums.get(key, 0.0) + float(value)
+    return sums
+
+
+def _added(*maps: dict[str, float]) -> dict[str, float]:
+    total: dict[str, float] = {}
+    for each in maps:
+        for key, value in each.items():
+            total[key] = total.get(key, 0.0) + value
+    return total
+
+
+def _close(got: dict[str, float], want: dict[str, float], rel: float) -> bool:
+    return got.keys() == want.keys() and all(
+        math.isclose(got[k], want[k], rel_tol=rel, abs_tol=1e-12) for k in want
+    )
+
+
+def _json(node: Daemon, path: str) -> Any:
+    status, _, body = node.get(path)
+    assert status == 200, body
+    return json.loads(body)
+
+
+def _panel_queries(dashboard: dict[str, Any]) -> Iterator[tuple[str, str]]:
+    def panels(items: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+        for item in items:
+            yield item
+            yield from panels(item.get("panels", []))
+
+    for panel in panels(dashboard["panels"]):
+        for target in panel.get("targets", []):
+            yield panel["title"], target["expr"]
+
+
+#: what the test puts for the dashboard's variables (every job, every node; a window
+#: that covers the test's life)
+_VARIABLES = {"train_job": ".+", "instance": ".+", "__range": "5m", "__rate_interval": "1m"}
+
+
+def _substitute(expr: str) -> str:
+    def value(match: re.Match[str]) -> str:
+        name = match.group(1) or match.group(2)
+        assert name in _VARIABLES, f"the dashboard uses ${name}, which this test does not know"
+        return _VARIABLES[name]
+
+    return re.sub(r"\$\{(\w+)(?::\w+)?\}|\$(\w+)", value, expr)
+
+
+@pytest.mark.timeout(120)
+def test_prometheus_adds_up_two_daemons(cluster: list[Daemon], tmp_path: Path) -> None:
+    prometheus_or_skip()
+    nodes = cluster
+    server = PrometheusServer([f"127.0.0.1:{n.port}" for n in nodes], tmp_path / "prometheus")
+    with server:
+        server.wait_for("sum(up) == 2", timeout=20)
+        # train-a runs on both nodes (ranks 0-1 on n0 waiting 30% of each step, ranks 2-3
+        # on n1 waiting 10%); train-b on n0 only (5%)
+        a0, a1 = Trainer(nodes[0], "train-a"), Trainer(nodes[1], "train-a")
+        b0 = Trainer(nodes[0], "train-b")
+        runs = [(a0, (0, 1), 0.15, 0.5), (a1, (2, 3), 0.05, 0.5), (b0, (0,), 0.02, 0.4)]
+        try:
+            for round_ in range(4):
+                for trainer, ranks, wait, step in runs:
+                    for rank in ranks:
+                        trainer.report(rank, 10, wait, step)
+                # each round reads two new objects and two of the last round's again
+                # (cache hits, and peers' chunks)
+                for trainer in (a0, a1, b0):
+                    for i in {2 * round_, 2 * round_ + 1, max(0, 2 * round_ - 1)}:
+                        trainer.call("read", name=f"data/obj-{i}", inline=False)
+                if round_ == 0:
+                    # train-a saves a checkpoint through n0 (backend writes, their cost)
+                    with Client(nodes[0].cwd / "chunkd.sock", train_job="train-a") as client:
+                        state = {"w": np.arange(MiB // 4, dtype=np.float32)}
+                        ckpt.save(state, "data/ckpt/train-a/1", client=client)
+                    b0.call("ds_first_batch", rank=0, metadata=0.25, total=1.0)
+                    a0.call("ds_first_batch", rank=1, metadata=0.5, first_chunk=0.25, total=2.0)
+                    # the first scrape after the first round: the windowed rules count
+                    # from there
+                    server.wait_for(
+                        'count(chunkd_loader_step_seconds_count{train_job!="none"}) >= 3'
+                    )
+                time.sleep(1.0)
+        finally:
+            for trainer in (a0, a1, b0):
+                trainer.close()
+
+        # What the daemons say, added up: the truth the cluster's figures must equal.
+        waits = _added(*(_job_sums(n, "chunkd_loader_wait_seconds_sum") for n in nodes))
+        steps = _added(*(_job_sums(n, "chunkd_loader_step_seconds_sum") for n in nodes))
+        assert set(waits) == {"train-a", "train-b"}, waits
+        assert waits["train-a"] == pytest.approx(4 * 10 * (2 * 0.15 + 2 * 0.05))
+        stall = {job: waits[job] / steps[job] for job in waits}
+        server.wait_for(
+            "train_job:chunkd_loader_stall:ratio_total",
+            lambda r: _close(
+                {s["metric"]["train_job"]: float(s["value"][1]) for s in r}, stall, EXACT
+            ),
+            timeout=15,
+        )
+        # /v1/jobs says the same, node by node
+        views = [_json(n, "/v1/jobs") for n in nodes]
+        by_job: dict[str, list[float]] = {}
+        for view in views:
+            for job in view["jobs"]:
+                sums = by_job.setdefault(job["name"], [0.0, 0.0])
+                sums[0] += job["wait_seconds"]
+                sums[1] += job["step_seconds"]
+        assert {j: w / s for j, (w, s) in by_job.items()} == pytest.approx(stall, rel=EXACT)
+
+        # The windowed stall: train-a's two nodes at 30% and 10% of equal steps, 20%.
+        windowed = server.values("train_job:chunkd_loader_stall:ratio_rate5m", by="train_job")
+        assert windowed.keys() == stall.keys()
+        for job, ratio in stall.items():
+            assert abs(windowed[job] - ratio) <= STALL_TOLERANCE, (job, windowed, stall)
+        assert stall["train-a"] == pytest.approx(0.2)
+
+        # Cost: spent, without chunkd, saved, by job, as the nodes' counters add up.
+        for rule, metric in (
+            ("spent", "chunkd_cost_dollars_total"),
+            ("direct", "chunkd_cost_direct_dollars_total"),
+            ("saved", "chunkd_cost_saved_dollars_total"),
+        ):
+            want = _added(*(_job_sums(n, metric) for n in nodes))
+            assert want.get("train-a", 0) > 0, (metric, want)
+            server.wait_for(
+                f"train_job:chunkd_cost_{rule}_dollars:total",
+                lambda r, want=want: _close(
+                    {s["metric"]["train_job"]: float(s["value"][1]) for s in r}, want, EXACT
+                ),
+                timeout=10,
+            )
+            # the nodes' /v1/cost, added up, says the same
+            ledger: dict[str, float] = {}
+            for node in nodes:
+                for job in _json(node, "/v1/cost")["jobs"]:
+                    figure = job[rule]
+                    figure = sum(figure.values()) if isinstance(figure, dict) else figure
+                    ledger[job["job"] or "none"] = ledger.get(job["job"] or "none", 0) + figure
+            for job, value in want.items():
+                assert ledger.get(job, 0.0) == pytest.approx(value, rel=1e-6), (rule, ledger, want)
+            rates = server.values(f"train_job:chunkd_cost_{rule}_dollars:rate5m", by="train_job")
+            assert rates.get("train-a", 0) > 0, rates
+
+        # Every panel of the Grafana dashboard answers.
+        dashboard = json.loads(DASHBOARD.read_text())
+        empty = []
+        for title, expr in _panel_queries(dashboard):
+            if not server.query(_substitute(expr)):
+                empty.append(f"{title}: {expr}")
+        assert not empty, "panels without data:\n" + "\n".join(empty)

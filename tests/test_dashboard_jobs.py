@@ -320,3 +320,23 @@ def _money(value: float, currency: str) -> str:
         return f"0.00 {currency}"
     decimals = min(10, max(2, 1 - math.floor(math.log10(abs(value)))))
     return f"{value:.{decimals}f} {currency}"
+
+
+@pytest.mark.timeout(60)
+def test_the_inspectors_step_view_links_to_the_jobs_view(
+    start_daemon: Callable[..., Daemon], browser: Browser, tmp_path: Path
+) -> None:
+    daemon = start_daemon(node_toml(tmp_path))
+    run_jobs(daemon)
+    expect = _expect()
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    page = context.new_page()
+    # opened for a job: the link selects it on the dashboard
+    page.goto(f"{daemon.url}/inspect/?view=step&job=" + urllib.parse.quote(JOB, safe=""))
+    link = page.locator("a.jobs-link")
+    expect(link).to_have_attribute("href", "/#jobs=" + urllib.parse.quote(JOB, safe="~()*!.'"))
+    link.click()
+    expect(page.locator("#job-detail-title")).to_have_text(f"Job {JOB}", timeout=WAIT_MS)
+    # opened for no job: a plain link to the jobs view
+    page.goto(f"{daemon.url}/inspect/?view=step")
+    expect(page.locator("a.jobs-link")).to_have_attribute("href", "/#jobs")

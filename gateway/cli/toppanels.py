@@ -670,9 +670,9 @@ STALL_BAD: Final = 0.1
 
 def jobs_text(sample: Sample | None, width: int, rows: int) -> Text:
     """Each job, the highest data stall first, as the sample lists them: its stall (and
-    over the ranks' latest windows), ranks, worst ranks; under it, its bytes per second
-    by source and its time to first batch by phase. Short of rows, the second lines go
-    first."""
+    over the ranks' latest windows) and ranks; under it, its worst ranks, its bytes per
+    second by source and its time to first batch by phase. Short of rows, the lines
+    under the jobs go first."""
     from rich.text import Text
 
     out = Text(no_wrap=True, overflow="crop")
@@ -691,9 +691,6 @@ def jobs_text(sample: Sample | None, width: int, rows: int) -> Text:
         tail = f" stall {percent(job.get('stall')):>6} recent {percent(job.get('recent_stall')):>6}"
         if ranks is not None:
             tail += f" {ranks}/{world} ranks" if world else f" {ranks} ranks"
-        worst = job.get("worst_ranks") or []
-        if worst:
-            tail += " worst " + ", ".join(f"{r['rank']} {percent(r.get('stall'))}" for r in worst)
         name = str(job.get("name")) + (" (ended)" if job.get("ended") else "")
         room = max(min(width - len(tail), 32), 12) if width > 0 else len(name)
         stall = job.get("stall")
@@ -710,10 +707,16 @@ def jobs_text(sample: Sample | None, width: int, rows: int) -> Text:
 
 
 def _job_parts(job: dict[str, Any]) -> list[str]:
-    """A job's second line in parts: bytes per second by source, then its time to first
-    batch and each phase of it."""
+    """A job's second line in parts: its worst ranks, bytes per second by source, then
+    its time to first batch and each phase of it."""
     throughput = job.get("throughput") or {}
-    parts = ["  " + "from"]
+    parts = []
+    worst = job.get("worst_ranks") or []
+    if worst:
+        parts.append("  worst")
+        parts += [f"{r['rank']} {percent(r.get('stall'))}," for r in worst]
+        parts[-1] = parts[-1].rstrip(",") + ";"
+    parts.append("from" if parts else "  from")
     for key, label in (("ram", "RAM"), ("disk", "disk"), ("peer", "peer"), ("backend", "backend")):
         parts.append(f"{label} {byte_rate(throughput.get(key))}")
     first = job.get("first_batch")
@@ -767,14 +770,15 @@ def cost_text(sample: Sample | None, width: int, rows: int) -> Text:
     for job in cost.get("jobs") or []:
         name = job.get("job") if job.get("job") is not None else job.get("label", "none")
         j_saved = job.get("saved") or {}
-        tail = (
-            f" spent {money(job.get('spent'), currency)}"
-            f" direct {money(job.get('direct'), currency)}"
-            f" saved: cache {money(j_saved.get('cache'), None)}"
-            f" peers {money(j_saved.get('peer'), None)}"
-        )
-        room = max(min(width - len(tail), 32), 8) if width > 0 else len(str(name))
-        lines.append(_Row(_fit(str(name), room).ljust(room) + tail))
+        parts = [
+            _fit(str(name), width) if width > 0 else str(name),
+            f"spent {money(job.get('spent'), currency)},",
+            f"without {money(job.get('direct'), currency)};",
+            f"saved by cache {money(j_saved.get('cache'), currency)},",
+            f"by peers {money(j_saved.get('peer'), currency)}",
+        ]
+        packed = _packed(parts, width)
+        lines += [_Row(packed[0]), *(_Row("  " + line) for line in packed[1:])]
     more = (cost.get("jobs_total") or 0) - len(cost.get("jobs") or [])
     if more > 0:
         lines.append(_Row(f"… and {more} more jobs", "dim"))

@@ -374,6 +374,14 @@ def test_a_daemon_takes_reports_and_views_the_job(node: Daemon) -> None:
 
 
 @pytest.mark.timeout(60)
+def test_a_hello_alone_starts_its_job(node: Daemon) -> None:
+    with connect(node, "just-hello"):
+        pass
+    (job,) = jobs_of(node, "?job=just-hello")["jobs"]
+    assert (job["label"], job["uids"], job["steps"]) == ("just-hello", [os.getuid()], 0)
+
+
+@pytest.mark.timeout(60)
 def test_a_daemon_exports_the_reported_jobs(node: Daemon) -> None:
     with connect(node, "run-7") as sock:
         for report in reports(4):

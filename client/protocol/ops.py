@@ -1123,7 +1123,8 @@ OPS: Final[Mapping[str, Op]] = {
             "taken at its start",
             (
                 "InvalidRequestError: a field out of its bounds, bucket counts that do not "
-                "add up to ``steps``",
+                "add up to ``steps``, a ``rank`` not below ``world_size``, a ``train_job`` "
+                "that is no job name",
             ),
         ),
     )

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Final
 import chunkd
 from chunkd.client.protocol import VERSION
 from chunkd.errors import ProtocolVersionError
+from chunkd.gateway.costs.attribution import ATTRIBUTION
 from chunkd.gateway.localsock.family import Family, Parts
 from chunkd.gateway.names import split_name
 
@@ -38,6 +39,9 @@ async def _hello(parts: Parts, args: Mapping[str, Any], answer: Answer) -> dict[
             f"version {VERSION}; the client speaks {version!r}; install the same "
             "chunkd version for the trainers and the daemon"
         )
+    if parts.jobs is not None and args["train_job"] is not None:
+        who = ATTRIBUTION.get()  # the server set it from this hello's train_job
+        parts.jobs.label(who.job, who.uid)  # a hello is enough to start its job
     return {
         "ok": True,
         "version": VERSION,

@@ -36,7 +36,7 @@ from chunkd.client import Client, protocol
 from chunkd.client import checkpoint as ckpt
 from chunkd.client.protocol import LOADER_BUCKETS
 from chunkd.memfd import close_all
-from chunkd.testing.ports import free_port
+from chunkd.testing.ports import BIN, free_port
 from chunkd.testing.prometheus import (
     RULES,
     PrometheusServer,
@@ -241,6 +241,21 @@ def _close(got: dict[str, float], want: dict[str, float], rel: float) -> bool:
     )
 
 
+def chunkd_cost(*args: str) -> str:
+    """``chunkd cost ARGS`` as a user runs it; its output (it must exit 0)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CHUNKD_")}
+    done = subprocess.run(
+        [str(BIN / "chunkd"), "cost", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
 def _json(node: Daemon, path: str) -> Any:
     status, _, body = node.get(path)
     assert status == 200, body
@@ -335,6 +350,10 @@ def test_prometheus_adds_up_two_daemons(cluster: list[Daemon], tmp_path: Path) -
         assert {j: w / s for j, (w, s) in by_job.items()} == pytest.approx(stall, rel=EXACT)
 
         # The windowed stall: train-a's two nodes at 30% and 10% of equal steps, 20%.
+        # Three more scrapes of both nodes first: rate() extrapolates each series by up
+        # to a scrape interval, a share of its sampled span that these make smaller.
+        settled = max(server.scrapes().values()) + 3 * server.interval
+        server.wait_for("min(timestamp(up))", lambda r: float(r[0]["value"][1]) >= settled)
         windowed = server.values("train_job:chunkd_loader_stall:ratio_rate5m", by="train_job")
         assert windowed.keys() == stall.keys()
         for job, ratio in stall.items():
@@ -367,6 +386,30 @@ def test_prometheus_adds_up_two_daemons(cluster: list[Daemon], tmp_path: Path) -
                 assert ledger.get(job, 0.0) == pytest.approx(value, rel=1e-6), (rule, ledger, want)
             rates = server.values(f"train_job:chunkd_cost_{rule}_dollars:rate5m", by="train_job")
             assert rates.get("train-a", 0) > 0, rates
+
+        # chunkd cost --prometheus: the same cluster figures, as a user asks for them.
+        truth = {
+            rule: _added(*(_job_sums(n, metric) for n in nodes))
+            for rule, metric in (
+                ("spent", "chunkd_cost_dollars_total"),
+                ("direct", "chunkd_cost_direct_dollars_total"),
+                ("saved", "chunkd_cost_saved_dollars_total"),
+            )
+        }
+        asked = json.loads(chunkd_cost("--prometheus", server.url, "--json"))
+        rows = {row["job"]: row for row in asked["jobs"]}
+        for rule, want in truth.items():
+            for job, value in want.items():
+                got = rows[job][rule]
+                got = sum(got.values()) if isinstance(got, dict) else got
+                assert got == pytest.approx(value, rel=EXACT), (rule, job, rows)
+        table = chunkd_cost("--prometheus", server.url, "--job", "train-a")
+        line = next(row for row in table.splitlines() if row.startswith("train-a "))
+        assert f"{truth['spent']['train-a']:.4f} USD" in line, table
+        # over a window: what rate() counts since the first scrape, never more than all
+        windowed = json.loads(chunkd_cost("--prometheus", server.url, "--since", "10m", "--json"))
+        spent = {row["job"]: row["spent"] for row in windowed["jobs"]}
+        assert 0 < spent["train-a"] <= truth["spent"]["train-a"] * 1.2, (spent, truth)
 
         # Every panel of the Grafana dashboard answers.
         dashboard = json.loads(DASHBOARD.read_text())

@@ -12,9 +12,11 @@ exactly. ``CHUNKD_SCREENSHOTS=1`` also takes docs/images/jobs.png and cost.png.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import threading
 import urllib.parse
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -110,6 +112,33 @@ def run_jobs(daemon: Daemon) -> None:
         assert len(bytes(again.read("data/" + OBJECT))) == OBJECT_BYTES
     with Client(daemon.cwd / "chunkd.sock", train_job=CALM) as calm:
         report(calm, 0, 1, (10, 0.01, 10.0, 0.002))
+
+
+@contextlib.contextmanager
+def _reading(daemon: Daemon, job: str) -> Iterator[None]:
+    """``job`` reads the object over and over, each time as a new client (a client
+    keeps what it mapped), in a thread, until the block ends."""
+    stop = threading.Event()
+    failures: list[BaseException] = []
+
+    def read() -> None:
+        while not stop.is_set():
+            try:
+                with Client(daemon.cwd / "chunkd.sock", train_job=job) as client:
+                    assert len(bytes(client.read("data/" + OBJECT))) == OBJECT_BYTES
+            except BaseException as exc:
+                failures.append(exc)
+                return
+            stop.wait(0.05)
+
+    thread = threading.Thread(target=read, name="job-reader", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+    assert not failures, failures
 
 
 def v1(daemon: Daemon, path: str) -> dict[str, Any]:
@@ -228,7 +257,13 @@ def test_the_jobs_view_shows_each_jobs_stall_worst_ranks_and_first_batch(
     assert cost["served_bytes"]["ram"] + cost["served_bytes"]["disk"] == OBJECT_BYTES
     expect(page.locator("#job-served-backend")).to_have_text("3.0 MiB")
 
-    # the panel the jobs link scrolls to, and a click on another job selects it
+    # while the job reads, its row says how fast, by source (the cache's, here)
+    with _reading(daemon, JOB):
+        source = row.locator("td").nth(5)  # RAM
+        expect(source).not_to_have_text("0 B/s", timeout=WAIT_MS)
+        expect(source).to_have_text(re.compile(r"^[\d.]+ (B|KiB|MiB|GiB)/s$"))
+
+    # a click on another job selects it
     page.locator("#jobs-table tbody tr[data-job]").nth(1).locator("a").click()
     expect(page.locator("#job-detail-title")).to_have_text(f"Job {CALM}")
     assert page.evaluate("location.hash") == f"#jobs={CALM}"

@@ -76,6 +76,10 @@ COST_JOBS_SHOWN: Final = 10
 #: a job's worst ranks and uids a sample lists at most
 JOB_RANKS_SHOWN: Final = 8
 JOB_UIDS_SHOWN: Final = 8
+#: the share of the sampling interval reading the ledger may take on average (a ledger
+#: that takes longer is read every few samples, at most every LEDGER_EVERY_MAX)
+LEDGER_SHARE: Final = 0.02
+LEDGER_EVERY_MAX: Final = 30
 #: where a reader's bytes came from (a job's throughput, the ledger's served bytes)
 SERVED_SOURCES: Final = ("ram", "disk", "peer", "backend")
 _QUEUE: Final = 60
@@ -192,8 +196,15 @@ class Telemetry:
         self._readings: collections.deque[_Reading] = collections.deque(maxlen=LATENCY_WINDOW + 1)
         self._seq = 0
         self._task: asyncio.Task[None] | None = None
-        #: each job's bytes served by source at the last sample (the ledger's, cumulative)
+        #: the ledger's view at its last reading, and when that was (monotonic); the
+        #: sample at which it is read again
+        self._ledger_view: dict[str, Any] | None = None
+        self._ledger_at = time.monotonic()
+        self._ledger_next = 0
+        #: each job's bytes served by source at that reading (cumulative), and per
+        #: second since the reading before
         self._served: dict[str, dict[str, float]] = {}
+        self._served_rates: dict[str, dict[str, float]] = {}
         #: the parts of a sample that failed once already (logged once, then quiet)
         self._failed: set[str] = set()
 
@@ -338,7 +349,7 @@ class Telemetry:
             "errors_total": self._errors.total,
         }
         sample |= self._checkpoints()
-        sample |= self._jobs_and_cost(seconds)
+        sample |= self._jobs_and_cost()
         self._seq += 1
         self.history.append(sample)
         return sample
@@ -435,17 +446,14 @@ class Telemetry:
         ]
         return {"checkpoints": shown, "checkpoints_total": len(jobs)}
 
-    def _jobs_and_cost(self, seconds: float) -> dict[str, Any]:
+    def _jobs_and_cost(self) -> dict[str, Any]:
         """``jobs``, ``jobs_total`` and ``cost``: the job table's live jobs (the highest
         stall first), then the jobs that ended lately (the last seen first), with their
-        throughput by source over the last interval, from the ledger's bytes served to
-        each; the ledger's totals and its top jobs."""
-        ledger = self._part("cost", self.ledger.view) if self.ledger is not None else None
+        bytes by source from the ledger, as totals and per second between its last two
+        readings; the ledger's totals and its top jobs."""
+        self._read_ledger()
+        ledger = self._ledger_view
         table = self._part("jobs", self.jobs.view) if self.jobs is not None else None
-        served_now: dict[str, dict[str, float]] = {}
-        for entry in (ledger or {}).get("jobs") or ():
-            if isinstance(entry, dict) and isinstance(entry.get("job"), str):
-                served_now[entry["job"]] = _served(entry)
         live = [j for j in (table or {}).get("jobs") or () if isinstance(j, dict)]
         ended = [j for j in (table or {}).get("ended") or () if isinstance(j, dict)]
         # live jobs first, then those ended lately (the newest first), each by stall
@@ -455,19 +463,45 @@ class Telemetry:
         shown = []
         for job in listed[:JOBS_SHOWN]:
             name = job.get("name")
-            now = served_now.get(name, {}) if isinstance(name, str) else {}
-            before = self._served.get(name, now) if isinstance(name, str) else now
+            served = self._served.get(name, {}) if isinstance(name, str) else {}
+            rates = self._served_rates.get(name, {}) if isinstance(name, str) else {}
             entry = dict(job)
             entry["uids"] = list(job.get("uids") or ())[:JOB_UIDS_SHOWN]
             entry["worst_ranks"] = list(job.get("worst_ranks") or ())[:JOB_RANKS_SHOWN]
-            entry["served_bytes"] = {s: int(now.get(s, 0)) for s in SERVED_SOURCES}
-            entry["throughput"] = {
-                s: round(max(0.0, now.get(s, 0.0) - before.get(s, 0.0)) / seconds, 3)
+            entry["served_bytes"] = {s: int(served.get(s, 0)) for s in SERVED_SOURCES}
+            entry["throughput"] = {s: rates.get(s, 0.0) for s in SERVED_SOURCES}
+            shown.append(entry)
+        return {"jobs": shown, "jobs_total": len(listed), "cost": _cost(ledger)}
+
+    def _read_ledger(self) -> None:
+        """Read the ledger's view when it is due: every sample, or every few when the
+        view takes longer than :data:`LEDGER_SHARE` of the interval (a ledger of
+        thousands of jobs and names), so that it takes that share of the loop at most
+        on average; then each job's bytes by source and their rates since the reading
+        before."""
+        if self.ledger is None or self._seq < self._ledger_next:
+            return
+        started = time.perf_counter()
+        view = self._part("cost", self.ledger.view)
+        took = time.perf_counter() - started
+        every = math.ceil(took / (LEDGER_SHARE * self.interval))
+        self._ledger_next = self._seq + min(LEDGER_EVERY_MAX, max(1, every))
+        at = time.monotonic()
+        served: dict[str, dict[str, float]] = {}
+        for entry in (view or {}).get("jobs") or ():
+            if isinstance(entry, dict) and isinstance(entry.get("job"), str):
+                served[entry["job"]] = _served(entry)
+        span = max(at - self._ledger_at, 1e-3)
+        self._served_rates = {
+            name: {
+                s: round(max(0.0, now[s] - self._served.get(name, now).get(s, 0.0)) / span, 3)
                 for s in SERVED_SOURCES
             }
-            shown.append(entry)
-        self._served = served_now
-        return {"jobs": shown, "jobs_total": len(listed), "cost": _cost(ledger)}
+            for name, now in served.items()
+        }
+        self._served = served
+        self._ledger_at = at
+        self._ledger_view = view
 
     def _part(self, name: str, view: Callable[[], dict[str, Any]]) -> dict[str, Any] | None:
         """``view()``, or None when it fails: the rest of the sample is still worth

@@ -382,6 +382,7 @@ async def _start_s3_front(
         listings=app[appkeys.LISTINGS],
         backends=app[appkeys.BACKENDS],
         metrics=app[appkeys.METRICS],
+        ledger=app[LEDGER],
     )
     runner = S3FrontRunner(
         front.build_app(),

@@ -26,6 +26,7 @@ from chunkd.gateway.checkpoints.model import (
     Durability,
     manifest_key,
 )
+from chunkd.gateway.costs import charge
 from chunkd.gateway.names import checkpoint_name
 from chunkd.ranges import ByteRange
 
@@ -173,6 +174,8 @@ class Restorer:
         if lease is not None:
             if not local:
                 self.metrics.ckpt_restored_bytes.labels("cache").inc(lease.size)
+                charge.direct(backend_name, "get", lease.size)  # one GET per chunk read
+                charge.served(lease.origin or "ram", lease.size, backend_name, lease.size)
             return lease
         backend = self.backends.get(backend_name)
 
@@ -224,6 +227,8 @@ class Restorer:
             lease = BytesLease(cid, fetched)
         if not local:
             self.metrics.ckpt_restored_bytes.labels(source).inc(lease.size)
+            charge.direct(backend_name, "get", lease.size)  # one GET per chunk read
+            charge.served(source, lease.size, backend_name, lease.size)
         return lease
 
     def _damaged(self, backend_name: str, cid: ChunkId, why: str) -> ChunkdError:

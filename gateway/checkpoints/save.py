@@ -80,6 +80,7 @@ from chunkd.gateway.checkpoints.model import (
     SaveRequest,
 )
 from chunkd.gateway.chunkstore import put_chunk
+from chunkd.gateway.costs import charge
 
 if TYPE_CHECKING:
     from chunkd.gateway.backends import Backend, Backends
@@ -696,7 +697,7 @@ class Saver:
 
     async def _send_chunk(self, job: SaveJob, backend: Backend, cid: ChunkId, size: int) -> bool:
         async with self._upload_slots:
-            return await put_chunk(
+            sent = await put_chunk(
                 backend,
                 cid,
                 size,
@@ -704,6 +705,9 @@ class Saver:
                 self.backends.damaged,
                 before_put=lambda: backend_fault("ckpt.upload"),
             )
+        if sent:
+            charge.written("checkpoint", size, backend.name)  # the save's job (its context)
+        return sent
 
     async def _source(self, job: SaveJob, cid: ChunkId) -> ChunkLease:
         """The bytes of ``cid``: from the staged memfd while the job holds it, else

@@ -45,6 +45,7 @@ from chunkd.gateway.checkpoints.barrier import await_collections
 from chunkd.gateway.checkpoints.jobs import each
 from chunkd.gateway.checkpoints.model import CHUNKS, INTENTS
 from chunkd.gateway.chunkstore import put_chunk
+from chunkd.gateway.costs import charge
 from chunkd.gateway.datasets.documents import read_document
 from chunkd.gateway.datasets.layout import INTENT_CHUNKS
 from chunkd.gateway.datasets.pinned import drifted, first_failure, member_leases, pinned_stat
@@ -519,6 +520,7 @@ class Freezer:
             if sent:
                 report.uploaded += 1
                 report.uploaded_bytes += size
+                charge.written("freeze", size, backend.name)
 
         await each(list(batch.where.items()), upload)
 

@@ -84,6 +84,7 @@ from chunkd.errors import (
 )
 from chunkd.gateway.checkpoints.model import CHUNKS
 from chunkd.gateway.chunkstore import ByteBudget
+from chunkd.gateway.costs import charge
 from chunkd.gateway.datasets.pinned import drifted, first_failure, pinned_stat
 from chunkd.gateway.datasets.records import FrozenChunks
 from chunkd.gateway.names import split_prefix, validate_key
@@ -369,6 +370,7 @@ class Migrator:
                 raise IntegrityError(f"{name} is gone right after it was written; migrate again")
             await self._matches(dest, there, read.ids, chunk_bytes, name, strict=True)
             counts["copied"] += 1
+            charge.written("migrate", member.size, dest.name)
         else:
             if read.content is None:  # not read through (an object was there first)
                 read = _Read()

@@ -72,6 +72,9 @@ from chunkd.errors import (
 from chunkd.gateway.appkeys import READ_PATH, STREAMING
 from chunkd.gateway.config.addresses import is_loopback
 from chunkd.gateway.connections import GuardedHandler, GuardedRunner, HeadLimits, head_too_large
+from chunkd.gateway.costs.attribution import ATTRIBUTION
+from chunkd.gateway.costs.headers import attribution_of
+from chunkd.gateway.costs.ledger import Ledger
 from chunkd.gateway.dashboard.session import browser_refusal
 from chunkd.gateway.names import validate_key
 from chunkd.gateway.objectbody import etag_of, quoted_etag, reading_of, send_object
@@ -141,6 +144,8 @@ class S3Front:
         backends: the configured backends: the buckets.
         metrics: ``chunkd_s3_requests_total`` and the read counters.
         keys: the front's access keys (made from ``config`` when not given).
+        ledger: the node's cost ledger, which a request's reads are charged to (the
+            job in its ``X-Chunkd-Job`` header; a bad one is refused); None: none.
 
     Raises:
         ConfigError: the access keys cannot be read (see :class:`AccessKeys`).
@@ -155,8 +160,10 @@ class S3Front:
         backends: Backends,
         metrics: Metrics,
         keys: AccessKeys | None = None,
+        ledger: Ledger | None = None,
     ) -> None:
         self.config = config.s3_front
+        self.ledger = ledger
         self.read_path = read_path
         self.listings = listings
         self.backends = backends
@@ -170,12 +177,22 @@ class S3Front:
 
     def build_app(self) -> web.Application:
         """The front's aiohttp application: one route, every method, every path."""
-        app = web.Application(middlewares=[self._answer_errors])
+        app = web.Application(middlewares=[self._answer_errors, self._attribute])
         app[READ_PATH] = self.read_path  # what send_object streams from
         app.router.add_route("*", r"/{path:[\s\S]*}", self._dispatch)
         return app
 
     # -- the edge --------------------------------------------------------------------
+
+    @web.middleware
+    async def _attribute(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        # The job the request's reads are charged to (X-Chunkd-Job; a bad one is refused
+        # as InvalidArgument, 400).
+        token = ATTRIBUTION.set(attribution_of(request.headers, self.ledger))
+        try:
+            return await handler(request)
+        finally:
+            ATTRIBUTION.reset(token)
 
     @web.middleware
     async def _answer_errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:

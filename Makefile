@@ -20,7 +20,7 @@ EMULATORS := .emulators
 AZURITE := $(EMULATORS)/node_modules/.bin/azurite-blob
 S3RVER := $(EMULATORS)/node_modules/.bin/s3rver
 
-.PHONY: run test lint typecheck pytest bench clean emulators tools build-deps
+.PHONY: run test lint typecheck pytest bench clean emulators tools build-deps prometheus
 
 $(RUN_STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -68,7 +68,7 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-pytest: $(STAMP) $(RAY_STAMP) emulators tools
+pytest: $(STAMP) $(RAY_STAMP) emulators tools prometheus
 	$(BIN)/pytest
 
 # The bulk jobs' tests run a two-node Ray cluster (tests/test_ray_bulk.py).
@@ -90,6 +90,30 @@ tools:
 			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq$$missing >/dev/null; \
 		else echo "not installed:$$missing (the tests that need them will skip)"; fi; \
 	fi
+
+# Debian's Prometheus (2.42, with promtool) for tests/test_prometheus.py, installed like
+# TOOLS when missing and we are root. The package ships a service that would listen on
+# :9090 on every interface: a policy-rc.d that answers 101 ("not allowed") keeps the
+# install from starting any service (it is removed after; one already there is put
+# back), no recommended packages (prometheus-node-exporter would bring a service of its
+# own), and where systemd runs, the unit is disabled and stopped at once. The tests run
+# their own prometheus on 127.0.0.1, at a free port. Without it they skip, saying why.
+PROMETHEUS_BIN ?= prometheus
+POLICY_RC := /usr/sbin/policy-rc.d
+prometheus:
+	@if command -v $(PROMETHEUS_BIN) >/dev/null && command -v promtool >/dev/null; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "make test: installing with apt-get: prometheus (its service kept stopped)"; \
+		if [ -e $(POLICY_RC) ]; then mv $(POLICY_RC) $(POLICY_RC).chunkd-saved; fi; \
+		printf '#!/bin/sh\nexit 101\n' > $(POLICY_RC) && chmod 755 $(POLICY_RC); \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+			apt-get install -y -qq --no-install-recommends prometheus >/dev/null; \
+		status=$$?; rm -f $(POLICY_RC); \
+		if [ -e $(POLICY_RC).chunkd-saved ]; then mv $(POLICY_RC).chunkd-saved $(POLICY_RC); fi; \
+		if [ -d /run/systemd/system ] && command -v systemctl >/dev/null; then \
+			systemctl disable --now prometheus >/dev/null 2>&1 || true; fi; \
+		[ $$status = 0 ] || echo "apt-get could not install prometheus: tests/test_prometheus.py will skip"; \
+	else echo "not installed: prometheus (tests/test_prometheus.py will skip)"; fi
 
 # What pip builds a test dependency against, as FILE:PACKAGE (pyfuse3: libfuse 3's
 # headers, found with pkg-config); installed like TOOLS, before the venv.

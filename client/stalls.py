@@ -145,19 +145,19 @@ class StallMeter:
                 f"world_size {world_size}"
             )
         self.train_job = job_name(train_job)
-        if self.train_job is None and client is not None:
-            self.train_job = client.train_job
+        # a loader may hold a stand-in of a client (a test's): only a Client's are taken
+        known = getattr(client, "train_job", None), getattr(client, "socket_path", None)
+        if self.train_job is None and isinstance(known[0], str):
+            self.train_job = known[0]
         self.rank = rank
         self.world_size = world_size
         self.window = float(window)
         self.clock = clock
         self._socket: Path | None = (
-            client.socket_path
-            if client is not None
-            else None
-            if socket_path is None
-            else Path(os.fspath(socket_path))
+            Path(os.fspath(socket_path)) if socket_path is not None else None
         )
+        if self._socket is None and isinstance(known[1], Path):
+            self._socket = known[1]
         self._client: Client | None = None
         self._quiet_until = 0.0
         self._warned = False

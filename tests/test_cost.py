@@ -279,3 +279,48 @@ def test_the_ledger_writes_its_totals_every_minute_so_a_kill_loses_at_most_the_l
     # since: from the snapshot the minute's write took.
     ledger.tick()
     assert _job(ledger.view(since=1000.0), "run-1")["backend_bytes"]["read"] == 7
+
+
+@pytest.mark.timeout(60)
+def test_a_checkpoint_save_and_restore_are_charged_to_the_saving_job_and_its_run(
+    start_daemon: Callable[..., Daemon], tmp_path: Path
+) -> None:
+    import numpy as np
+
+    from chunkd.client import checkpoint as ckpt
+
+    daemon = start_daemon()  # the embedded default: a writable file backend, local
+    state = {"w": np.arange(3 * MiB // 8, dtype=np.int64)}
+    with Client(daemon.cwd / "chunkd.sock", train_job="trainer") as client:
+        ckpt.save(state, "local/run-9/100", client=client)
+    with Client(daemon.cwd / "chunkd.sock", train_job="restorer") as client:
+        back = ckpt.load("local/run-9/100", client=client)
+    assert (back["w"] == state["w"]).all()
+    view = _cost(daemon)
+    saver = _job(view, "trainer")
+    names = {row["name"]: row for row in saver["names"]}
+    # The upload is the saver's, under its run's name (no step).
+    assert names["local/run-9"]["written_bytes"]["checkpoint"] >= state["w"].nbytes
+    assert saver["backend_bytes"]["write"] >= state["w"].nbytes
+    # The restore's chunk reads: one direct GET each, served from this node's cache.
+    restorer = _job(view, "restorer")
+    assert restorer["direct_requests"]["get"] >= 1
+    assert restorer["direct_bytes"] >= state["w"].nbytes
+    assert restorer["served_bytes"]["ram"] + restorer["served_bytes"]["disk"] >= (state["w"].nbytes)
+    # Storage: the run's history, from the catalog.
+    status, _, body = daemon.get("/v1/cost/storage")
+    assert status == 200, body
+    storage = json.loads(body)["storage"]
+    runs = {row["name"]: row for row in storage["checkpoints"]}
+    assert runs["local/run-9"]["checkpoints"] == 1
+    assert runs["local/run-9"]["stored_bytes"] >= state["w"].nbytes
+    assert storage["truncated"] is False
+    shown = subprocess.run(
+        [sys.executable, "-m", "chunkd", "cost", "--url", daemon.url, "--storage"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert shown.returncode == 0, shown.stderr
+    assert "local/run-9" in shown.stdout

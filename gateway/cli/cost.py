@@ -136,7 +136,15 @@ def print_table(view: dict[str, Any], out: TextIO) -> None:
         )
     storage = view.get("storage")
     if storage:
-        print(json.dumps(storage, indent=2), file=out)
+        print(f"storage ({currency} a month; GB = 2^30 bytes):", file=out)
+        for row in storage.get("checkpoints", []):
+            print(
+                f"  {row['name'][:40]:<40} {row['checkpoints']:>5} checkpoints "
+                f"{human_size(row['stored_bytes']):>10} {_money(row['per_month'], currency):>14}",
+                file=out,
+            )
+        if storage.get("truncated"):
+            print(f"  (truncated: read {storage['read_at_most']} checkpoints at most)", file=out)
 
 
 def cost(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:

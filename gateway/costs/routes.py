@@ -8,8 +8,10 @@ from typing import Final
 
 from aiohttp import web
 
+from chunkd.gateway.appkeys import CHECKPOINTS, CONFIG
 from chunkd.gateway.costs.ledger import Ledger
 from chunkd.gateway.costs.since import parse_since
+from chunkd.gateway.costs.storage import storage_view
 
 __all__ = ["LEDGER", "add_routes"]
 
@@ -20,6 +22,7 @@ LEDGER: Final = web.AppKey("ledger", Ledger)
 def add_routes(app: web.Application) -> None:
     """Add the cost routes to the daemon's app."""
     app.router.add_get("/v1/cost", _cost)
+    app.router.add_get("/v1/cost/storage", _storage)
 
 
 async def _cost(request: web.Request) -> web.Response:
@@ -27,3 +30,10 @@ async def _cost(request: web.Request) -> web.Response:
     since_text = request.query.get("since")
     since = None if not since_text else parse_since(since_text, time.time())
     return web.json_response(request.app[LEDGER].view(job=job, since=since))
+
+
+async def _storage(request: web.Request) -> web.Response:
+    ledger = request.app[LEDGER]
+    writable = [b.name for b in request.app[CONFIG].backends if b.writable]
+    storage = await storage_view(request.app[CHECKPOINTS], writable, ledger.prices)
+    return web.json_response(ledger.view() | {"storage": storage})

@@ -176,3 +176,40 @@ def test_the_hello_claims_the_job_and_a_reconnection_claims_it_again(
         assert _report_on_the_connection(client) == "none"
     with pytest.raises(ValueError, match="train_job"):
         Client(cwd / "chunkd.sock", train_job="other")
+
+
+@pytest.mark.timeout(60)
+def test_reads_for_a_named_dataset_are_accounted_to_the_job_and_the_dataset(
+    start_daemon: Callable[..., Daemon], tmp_path: Path, env: pytest.MonkeyPatch
+) -> None:
+    from chunkd.client.datasets import Dataset, Loader
+    from chunkd.client.datasets.pages import commit_snapshot
+    from chunkd.snapshot import Member, Snapshot
+
+    record = 4096
+    cwd = tmp_path / "node"
+    data = cwd / "chunkd-data" / "data"
+    data.mkdir(parents=True)
+    for i in range(3):
+        (data / f"part-{i}.bin").write_bytes(os.urandom(record * 4))
+    daemon = start_daemon(cwd=cwd)
+    with Client(cwd / "chunkd.sock") as client:
+        members = []
+        for i in range(3):
+            stat = client.stat(f"local/data/part-{i}.bin")
+            key = f"data/part-{i}.bin"
+            meta = {"record_bytes": record}
+            members.append(Member(key, stat.size, stat.version, "fixed", 4, meta))
+        snapshot = Snapshot.build(backend="local", prefix="data/", format="fixed", members=members)
+        commit_snapshot(client, "text/acct", snapshot)
+    with Client(cwd / "chunkd.sock", train_job="acct-job") as client:
+        dataset = Dataset.open("text/acct@1", client)
+        loader = Loader(dataset, batch_size=4, seed=1, prefetch=1, shared_decode=False)
+        assert sum(len(batch) for batch in loader) == 12
+    status, _, body = daemon.get("/v1/cost?job=acct-job")
+    assert status == 200
+    (row,) = json.loads(body)["jobs"]
+    names = {entry["name"]: entry for entry in row["names"]}
+    assert "text/acct" in names, names  # the reads said whose they were
+    served = names["text/acct"]["served_bytes"]
+    assert sum(served.values()) >= 3 * 4 * record

@@ -324,3 +324,41 @@ def test_a_checkpoint_save_and_restore_are_charged_to_the_saving_job_and_its_run
     )
     assert shown.returncode == 0, shown.stderr
     assert "local/run-9" in shown.stdout
+
+
+def _samples(ledger: Any, metric: str) -> dict[tuple[str, ...], float]:
+    out = {}
+    for family in ledger.collector().collect():
+        for sample in family.samples:
+            if sample.name == metric:
+                out[tuple(sorted(sample.labels.items()))] = sample.value
+    return out
+
+
+@pytest.mark.timeout(10)
+def test_labels_are_bounded_names_past_the_bound_are_other_and_an_ended_jobs_series_go() -> None:
+    from chunkd.gateway.costs.ledger import Ledger
+    from chunkd.gateway.jobs.table import JobTable
+
+    now = [1000.0]
+    jobs = JobTable(top=1, idle=60.0, tracked=2, clock=lambda: now[0], wall=lambda: now[0])
+    ledger = Ledger(jobs, names=2, tracked=2, idle=60.0, clock=lambda: now[0])
+    for name in ("d1", "d2", "d3"):
+        ledger.charge("first", None, name, "bytes", "data", "read", 10)
+    ledger.charge("second", None, "d1", "bytes", "data", "read", 5)  # past top: other
+    ledger.charge(None, None, None, "bytes", "data", "read", 1)  # no job: none
+    series = _samples(ledger, "chunkd_cost_backend_bytes_total")
+    labels = {(dict(k)["train_job"], dict(k)["name"]) for k in series}
+    # Two names are named; the third is other. The second job is other (top = 1).
+    assert labels == {("first", "d1"), ("first", "d2"), ("first", "other"), ("other", "d1"),
+                      ("none", "-")}  # fmt: skip
+    # The first job ends (idle): its series go; other's and none's stay.
+    now[0] += 120
+    ledger.charge("third", None, "d9", "bytes", "data", "read", 3)
+    series = _samples(ledger, "chunkd_cost_backend_bytes_total")
+    assert {dict(k)["train_job"] for k in series} == {"third", "other", "none"}
+    # tracked = 2 jobs kept by name: the idle ones were let go to make room, and the
+    # node's totals still count them.
+    view = ledger.view()
+    assert view["totals"]["backend_bytes"]["read"] == 30 + 5 + 1 + 3
+    assert len([row for row in view["jobs"] if row["job"] not in ("none",)]) <= 2

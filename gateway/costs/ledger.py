@@ -249,6 +249,9 @@ class Ledger:
         self._jobs: dict[str | None, _Job] = {}
         # the named names and when each was last charged
         self._names: dict[str, float] = {}
+        # the accounts of jobs let go of to make room, by label and name: in the view's
+        # totals; in /metrics under other and none only (a named job's series end with it)
+        self._retired: dict[str, dict[str, _Account]] = {}
         self._write_lock = asyncio.Lock()
         if state_path is not None:
             self._load(state_path)
@@ -293,7 +296,7 @@ class Ledger:
         label = self.jobs.label(job, uid)
         key = job
         if job is not None and job not in self._jobs and len(self._jobs) >= self.tracked:
-            key = _OTHER
+            key = job if self._retire_one() else _OTHER
         entry = self._jobs.get(key)
         if entry is None:
             now = self.clock()
@@ -307,6 +310,23 @@ class Ledger:
         if account is None:
             account = entry.accounts[name_label] = _Account()
         return account
+
+    def _retire_one(self) -> bool:
+        """Make room for a job: fold the job charged least recently, if nothing was
+        charged to it for ``idle`` seconds, into the retired totals. Whether one was."""
+        now = self.clock()
+        oldest = min(
+            (k for k in self._jobs if k is not None and k != _OTHER),
+            key=lambda k: self._jobs[k].touched,
+            default=None,
+        )
+        if oldest is None or self._jobs[oldest].touched >= now - self.idle:
+            return False
+        entry = self._jobs.pop(oldest)
+        retired = self._retired.setdefault(entry.label, {})
+        for name, account in entry.accounts.items():
+            retired.setdefault(name, _Account()).add(account)
+        return True
 
     def _name_label(self, name: str | None) -> str:
         if name is None:
@@ -357,6 +377,10 @@ class Ledger:
                 row.update(_unflat(flat))
                 _add(total_flat, flat)
             rows.append(row)
+        if job is None and since is None:
+            for accounts in self._retired.values():
+                for account in accounts.values():
+                    _add(total_flat, _flat(account.summary()))
         totals = _unflat(total_flat)
         rows.sort(key=lambda r: -r["spent"] - r["direct"])
         return {
@@ -397,7 +421,17 @@ class Ledger:
     def series(self) -> Iterator[tuple[str, str, _Account]]:
         """(train_job label, name label, account) of the live labels, summed."""
         live: dict[tuple[str, str], _Account] = {}
+        # a named job's series go when it ends (as the job table's do)
+        named = {
+            str(job["label"]) for job in self.jobs.view().get("jobs", []) if not job.get("ended")
+        }
+        for label, accounts in self._retired.items():
+            if label in (_OTHER, _NONE):
+                for name, account in accounts.items():
+                    live.setdefault((label, name), _Account()).add(account)
         for entry in self._jobs.values():
+            if entry.label not in (_OTHER, _NONE) and entry.label not in named:
+                continue
             for name, account in entry.accounts.items():
                 live.setdefault((entry.label, name), _Account()).add(account)
         for (label, name), account in sorted(live.items()):
@@ -430,6 +464,10 @@ class Ledger:
                 }
                 for key, entry in self._jobs.items()
             ],
+            "retired": {
+                label: {n: a.dump() for n, a in accounts.items()}
+                for label, accounts in self._retired.items()
+            },
         }
 
     async def save(self) -> None:
@@ -465,12 +503,15 @@ class Ledger:
                     entry.accounts[name] = _Account.load(account)
                 entry.ring.extend((float(t), flat) for t, flat in item["ring"])
                 self._jobs[item["job"]] = entry
+            for label, accounts in data.get("retired", {}).items():
+                self._retired[str(label)] = {n: _Account.load(a) for n, a in accounts.items()}
         except FileNotFoundError:
             return
         except (OSError, ValueError, KeyError, TypeError) as exc:
             # A damaged file is set aside, not fatal: the totals start again.
             log.warning("cost ledger %s unreadable (%s); starting from zero", path, exc)
             self._jobs.clear()
+            self._retired.clear()
             with contextlib.suppress(OSError):
                 path.rename(path.with_suffix(".json.damaged"))
 

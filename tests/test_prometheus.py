@@ -188,6 +188,7 @@ price = "example-s3-internet"
 def cluster(start_daemon: Callable[..., Daemon], tmp_path: Path) -> list[Daemon]:
     """Two daemons, peers of each other, over one ``file://`` backend priced as S3
     read over the internet (so that every byte fetched costs something)."""
+    prometheus_or_skip()  # before starting anything
     data = tmp_path / "data"
     data.mkdir()
     for i in range(8):
@@ -289,7 +290,6 @@ def _substitute(expr: str) -> str:
 
 @pytest.mark.timeout(120)
 def test_prometheus_adds_up_two_daemons(cluster: list[Daemon], tmp_path: Path) -> None:
-    prometheus_or_skip()
     nodes = cluster
     server = PrometheusServer([f"127.0.0.1:{n.port}" for n in nodes], tmp_path / "prometheus")
     with server:

@@ -375,3 +375,28 @@ def test_the_inspectors_step_view_links_to_the_jobs_view(
     # opened for no job: a plain link to the jobs view
     page.goto(f"{daemon.url}/inspect/?view=step")
     expect(page.locator("a.jobs-link")).to_have_attribute("href", "/#jobs")
+
+
+@pytest.mark.timeout(90)
+def test_no_figure_of_the_jobs_and_cost_panels_wraps_or_is_cut(
+    start_daemon: Callable[..., Daemon], browser: Browser, tmp_path: Path
+) -> None:
+    """At 1280, 820 and 420 px, with a job selected: as for the rest of the page
+    (tests/test_dashboard_page.py), no number or unit is cut or broken across lines and
+    no table is wider than its panel."""
+    from tests.test_dashboard_page import _CUT_OR_WRAPPED
+
+    daemon = start_daemon(node_toml(tmp_path))
+    run_jobs(daemon)
+    expect = _expect()
+    for width in (1280, 820, 420):
+        page, problems = _open(
+            browser, daemon, "#jobs=" + urllib.parse.quote(JOB, safe=""), width=width
+        )
+        expect(page.locator("#job-detail-title")).to_have_text(f"Job {JOB}", timeout=WAIT_MS)
+        expect(page.locator("#cost-jobs tbody")).to_contain_text(JOB)
+        found: list[list[str]] = page.evaluate(_CUT_OR_WRAPPED)
+        assert found == [], (width, found)
+        assert page.evaluate("document.documentElement.scrollWidth") <= width
+        assert problems == []
+        page.context.close()

@@ -665,10 +665,16 @@ const JOB_FIGURES = [
   ...SOURCES.map((src) => [`served-${src}`, `${SOURCE_NAMES[src]} since the start`, (j) => bytes(j.served_bytes ? j.served_bytes[src] : null)]),
   ["first", "time to first batch", (j) => duration(firstBatchTotal(j.first_batch))],
   ["first-rank", "slowest first batch", (j) => (j.first_batch && j.first_batch.rank !== undefined && j.first_batch.rank !== null ? `rank ${j.first_batch.rank}` : "–")],
-  ["uids", "uids", (j) => ((j.uids || []).length ? j.uids.join(", ") : "–")],
   ["started", "seen since", (j) => (j.started ? clock(j.started) : "–")],
-  ["label", "label in /metrics", (j) => (j.label === null || j.label === undefined ? "–" : String(j.label))],
 ];
+
+// The selected job's words, which may be long (a label is a job name, up to 128
+// characters): a line of text under its title, not figures.
+function jobMeta(j) {
+  const label = j.label === null || j.label === undefined ? "–" : String(j.label);
+  const uids = (j.uids || []).length ? j.uids.join(", ") : "–";
+  return `label in /metrics ${label} · uids ${uids}`;
+}
 
 const jobDetail = { extra: {}, phaseFigures: [] };
 
@@ -718,6 +724,7 @@ function showJobs(s) {
     text("job-detail-title", job ? `Job ${job.name}${job.ended ? " (ended)" : ""}` : `Job ${state.job}: not among the jobs this node lists now`);
     document.getElementById("job-figures").hidden = !job;
     document.getElementById("job-first-batch").hidden = !job || !job.first_batch;
+    text("job-meta", job ? jobMeta(job) : "");
     if (job) {
       for (const [id, , value] of JOB_FIGURES) text(`job-${id}`, value(job));
       fillFirstBatch(jobDetail.extra, job.first_batch);
@@ -865,7 +872,7 @@ function setupTables() {
   });
   tables.jobs = new Rows(
     "jobs-table",
-    ["name", "num", "num minor", "num", "text", "num source", "num source", "num source", "num source", "bar"],
+    ["name", "num", "num minor", "num", "text", "num source", "num source", "num source", "num source", "bar minor"],
     64,
     ({ row, cells, extra }, j) => {
       const tp = j.throughput || {};
@@ -908,7 +915,7 @@ function setupTables() {
   tables.jobRanks = new Rows("job-ranks", ["name", "num", "num"], 64, ({ cells }, r) => {
     setCells(cells, [`rank ${r.rank}`, ratio(r.stall), duration(r.wait_max)]);
   });
-  tables.costJobs = new Rows("cost-jobs", ["name", "num", "num", "num", "num"], 64, ({ cells }, j) => {
+  tables.costJobs = new Rows("cost-jobs", ["name", "num", "num minor", "num", "num minor"], 64, ({ cells }, j) => {
     const saved = j.saved || {};
     setCells(cells, [
       j.job === null || j.job === undefined ? String(j.label ?? "none") : String(j.job),

@@ -78,6 +78,7 @@ from chunkd.gateway.appkeys import (
 )
 from chunkd.gateway.config import Config
 from chunkd.gateway.config.addresses import is_loopback
+from chunkd.gateway.costs import charge
 from chunkd.gateway.costs.attribution import ATTRIBUTION
 from chunkd.gateway.costs.headers import attribution_of
 from chunkd.gateway.costs.routes import LEDGER
@@ -488,7 +489,9 @@ async def _object(request: web.Request) -> web.StreamResponse:
         request.match_info["backend"], request.match_info["key"], reading=reading_of(request)
     )
     response, served = await send_object(request, stat)
-    if request.method != "HEAD":
+    if request.method == "HEAD":
+        charge.direct(stat.backend, "head")  # without chunkd: one HEAD
+    else:
         app[METRICS].read_seconds.observe(time.perf_counter() - started)
         app[METRICS].read_bytes.labels("chunkd").inc(served)
     return response
@@ -562,6 +565,7 @@ async def _list(request: web.Request) -> web.Response:
     start_after = query.get("start_after") or None
     if start_after is not None and len(start_after.encode("utf-8", "surrogatepass")) > 1200:
         raise InvalidRequestError("start_after is longer than a key can be")
+    charge.direct(backend, "list")  # without chunkd: one LIST a page
     page = await request.app[LISTINGS].page(
         backend,
         prefix,

@@ -1004,10 +1004,14 @@ class ReadPath:
             )
             stat = Stat(backend.name, meta, self.chunk_bytes)
             if first is not None:
-                return stat, self._verified(stat, resolve(asked, meta.size)[0], first)
+                data = self._verified(stat, resolve(asked, meta.size)[0], first)
+                charge.direct(backend.name, "get", len(data))  # one read request
+                charge.served("backend", len(data), backend.name, len(data))
+                return stat, data
         else:
             stat = await self.stat(backend_name, key, expect=expect)
         start, end = resolve(asked, stat.size)
+        charge.direct(backend.name, "get", end - start)  # one read request
         return stat, await self._peek_known(backend, stat, start, end)
 
     async def peek_many(
@@ -1214,6 +1218,7 @@ class ReadPath:
                     self._count_read(lease.origin, lease.size)
                     base = index * size
                     parts.append(bytes(lease.view()[at - base : stop - base]))
+                charge.served(lease.origin or "ram", stop - at, stat.backend, end - start)
                 at = stop
                 continue
             self._count_read("fetched", 0)
@@ -1228,6 +1233,7 @@ class ReadPath:
                 self._peeks_known, ident, functools.partial(self._peek_get, backend, stat, at, stop)
             )
             parts.append(self._verified(stat, at, data))
+            charge.served("backend", stop - at, stat.backend, end - start)
             at = stop
         return b"".join(parts)
 

@@ -362,3 +362,28 @@ def test_labels_are_bounded_names_past_the_bound_are_other_and_an_ended_jobs_ser
     view = ledger.view()
     assert view["totals"]["backend_bytes"]["read"] == 30 + 5 + 1 + 3
     assert len([row for row in view["jobs"] if row["job"] not in ("none",)]) <= 2
+
+
+@pytest.mark.timeout(30)
+def test_without_chunkd_a_head_is_one_head_a_list_page_one_list_and_a_read_one_get(
+    start_daemon: Callable[..., Daemon],
+    tmp_path: Path,
+    s3_server: S3Server,
+    bucket: str,
+    s3_proxy: CountingProxy,
+) -> None:
+    import urllib.request
+
+    _put(s3_server, bucket, "a.bin", 1000)
+    daemon = start_daemon(_toml(tmp_path, bucket, s3_proxy))
+    job = {"X-Chunkd-Job": "lister"}
+    head = urllib.request.Request(f"{daemon.url}/v1/objects/data/a.bin", headers=job, method="HEAD")
+    with urllib.request.urlopen(head, timeout=10) as response:
+        assert response.status == 200
+    status, _, _ = daemon.get("/v1/list/data", job)
+    assert status == 200
+    status, _, _ = daemon.get("/v1/objects/data/a.bin", {**job, "Range": "bytes=10-109"})
+    assert status == 206
+    row = _job(_cost(daemon), "lister")
+    assert row["direct_requests"] == {"get": 1, "head": 1, "list": 1}
+    assert row["direct_bytes"] == 100

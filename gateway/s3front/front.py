@@ -72,6 +72,7 @@ from chunkd.errors import (
 from chunkd.gateway.appkeys import READ_PATH, STREAMING
 from chunkd.gateway.config.addresses import is_loopback
 from chunkd.gateway.connections import GuardedHandler, GuardedRunner, HeadLimits, head_too_large
+from chunkd.gateway.costs import charge
 from chunkd.gateway.costs.attribution import ATTRIBUTION
 from chunkd.gateway.costs.headers import attribution_of
 from chunkd.gateway.costs.ledger import Ledger
@@ -384,6 +385,7 @@ class S3Front:
         prefixes: list[str] = []
         if max_keys == 0:
             return xml.Listing(bucket, prefix, delimiter, 0, contents, prefixes, None, url)
+        charge.direct(bucket, "list")  # without chunkd: one LIST a page
         try:
             page = await self.listings.page_of(
                 bucket, prefix, delimiter=delimiter, start_after=after, limit=max_keys
@@ -460,6 +462,8 @@ class S3Front:
             raise s3_error("NoSuchKey", "The specified key does not exist.")
         started = time.perf_counter()
         stat = await self.read_path.stat(bucket, key, reading=reading_of(request))
+        if request.method == "HEAD":
+            charge.direct(bucket, "head")  # without chunkd: one HEAD
         part = query.get("partNumber")
         if part is not None and part != "1":
             raise s3_error(

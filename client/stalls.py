@@ -37,14 +37,12 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Final, TypeVar
+from typing import Final, TypeVar
 
+from chunkd.client.core import Client
 from chunkd.client.jobs import job_name
 from chunkd.client.protocol import LOADER_BUCKETS, MAX_REPORT_STEPS, MAX_SECONDS, MAX_WORLD_SIZE
 from chunkd.errors import ChunkdError
-
-if TYPE_CHECKING:
-    from chunkd.client.core import Client
 
 __all__ = ["REPORT_TIMEOUT", "REPORT_WINDOW", "RETRY_AFTER", "StallMeter", "in_loader_worker"]
 
@@ -281,8 +279,6 @@ class StallMeter:
 
     def _connected(self) -> Client:
         if self._client is None:
-            from chunkd.client.core import Client
-
             self._client = Client(
                 self._socket, timeout=REPORT_TIMEOUT, cache_bytes=0, train_job=self.train_job
             )

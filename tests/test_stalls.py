@@ -99,7 +99,9 @@ chunk_bytes = "64KiB"
 fsync = "never"
 
 {s3_backend("s3", f"s3://{bucket}/pre", s3_proxy.endpoint)}"""
-    return SlowNode(start_daemon(toml), s3_proxy, shards)
+    node = SlowNode(start_daemon(toml), s3_proxy, shards)
+    monkeypatch.setenv("CHUNKD_SOCKET", str(node.socket))  # the node's daemon, as deployed
+    return node
 
 
 @dataclass
@@ -333,3 +335,37 @@ def test_a_daemon_that_does_not_answer_costs_one_timeout_then_is_left_alone(
         server.close()
         for conn in held:
             conn.close()
+
+
+class _LoaderInWorkers:
+    """A torch IterableDataset over a plain Loader (what a user may write): in a
+    DataLoader's worker its Loader must not measure, the trainer is not there."""
+
+    def __init__(self, node: SlowNode) -> None:
+        self.node = node
+
+    def __iter__(self) -> Iterator[Any]:
+        dataset = _dataset(self.node).dataset
+        loader = Loader(dataset, batch_size=1, seed=0, shuffle=False, prefetch=0, train_job=JOB)
+        for batch in loader:
+            yield batch.ids
+
+
+@pytest.mark.timeout(60)
+def test_a_loader_in_a_dataloader_worker_leaves_the_measuring_to_the_trainer(
+    slow_node: SlowNode,
+) -> None:
+    pytest.importorskip("torch")
+    from torch.utils.data import DataLoader, IterableDataset
+
+    from chunkd.client.torch import measured
+
+    class Wrapped(_LoaderInWorkers, IterableDataset[Any]):
+        pass
+
+    loader = DataLoader(Wrapped(slow_node), batch_size=None, num_workers=1)
+    measured_steps = train(lambda: measured(loader, train_job=JOB))
+    assert len(measured_steps.waits) == STEPS
+    # the trainer's steps, once: the worker's Loader sent no report of its own
+    assert slow_node.figures()["wait_seconds_count"] == STEPS
+    assert slow_node.job()["steps"] == STEPS

@@ -34,6 +34,14 @@ operator reads first, and what they do not count:
     Requests answered "no such object": a HEAD or GET of a key that is not there,
     as asked (opening a dataset asks whether its frozen record exists; a checkpoint
     save asks whether each chunk is already uploaded).
+``chunkd_cost_*{train_job,name,...}``
+    The cost ledger's counters (:mod:`chunkd.gateway.costs.ledger`, read at scrape
+    time by its collector): the same backend requests and bytes as above, by the job
+    and dataset or checkpoint name whose work made them, the bytes served to readers
+    by source, the bytes written, what the same reads would have asked of the
+    backend without chunkd, and each priced by the backend's ``[cost]`` table.
+    ``train_job`` is a job's name, ``other`` or ``none`` (:class:`JobTable` admits
+    names); no other metric has a ``train_job`` label. docs/jobs.md.
 """
 
 from __future__ import annotations

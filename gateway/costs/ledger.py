@@ -217,6 +217,7 @@ class Ledger:
     Args:
         jobs: the node's job table, which gives each job's ``train_job`` label.
         prices: the price tables and which backend is priced by which.
+        backend_prices: more backends' table names, over those of ``prices``.
         names: dataset and checkpoint names labelled at once; the rest ``other``.
         tracked: jobs kept by name; past it a new job is kept as ``other``.
         idle: seconds after which a name nothing was charged to is let go.
@@ -230,6 +231,7 @@ class Ledger:
         jobs: JobTable,
         *,
         prices: Prices | None = None,
+        backend_prices: Mapping[str, str] | None = None,
         names: int = 64,
         tracked: int = 1024,
         idle: float = 600.0,
@@ -238,6 +240,8 @@ class Ledger:
     ) -> None:
         self.jobs = jobs
         self.prices = prices or Prices()
+        if backend_prices is not None:
+            self.prices.backend_prices.update(backend_prices)
         self.names = names
         self.tracked = tracked
         self.idle = idle

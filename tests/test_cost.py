@@ -387,3 +387,34 @@ def test_without_chunkd_a_head_is_one_head_a_list_page_one_list_and_a_read_one_g
     row = _job(_cost(daemon), "lister")
     assert row["direct_requests"] == {"get": 1, "head": 1, "list": 1}
     assert row["direct_bytes"] == 100
+
+
+@pytest.mark.timeout(90)
+def test_a_peers_backend_fetch_for_a_remote_reader_is_charged_to_that_readers_job(
+    start_daemon: Callable[..., Daemon],
+    tmp_path: Path,
+    s3_server: S3Server,
+    bucket: str,
+    s3_proxy: CountingProxy,
+) -> None:
+    from tests.test_peers import start_cluster
+
+    size = 12 * MiB
+    body = os.urandom(size)
+    s3_server.client().put_object(Bucket=bucket, Key="pre/shared.bin", Body=body)
+    nodes = start_cluster(start_daemon, tmp_path, bucket, s3_proxy, 2)
+    with Client(nodes[0].cwd / "chunkd.sock", timeout=60, train_job="far-job") as client:
+        assert bytes(client.read("ckpt/shared.bin")) == body
+    reader, owner = (_cost(node) for node in nodes)
+    near = _job(reader, "far-job")
+    far = _job(owner, "far-job")
+    # The owner fetched its chunks for the reader's job (X-Chunkd-Job between peers);
+    # each chunk came from the backend once, on one node or the other, for this job.
+    assert far["backend_bytes"]["read"] > 0
+    assert near["backend_bytes"]["read"] + far["backend_bytes"]["read"] == size
+    assert all(
+        row["backend_bytes"].get("read", 0) == 0 for row in owner["jobs"] if row["job"] == "none"
+    )
+    # The reader got those bytes from a peer, and is credited for them.
+    assert near["served_bytes"]["peer"] == far["backend_bytes"]["read"]
+    assert near["saved"]["peer"] > 0

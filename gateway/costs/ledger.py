@@ -479,9 +479,9 @@ class Ledger:
         self.tick()
         if self.state_path is None:
             return
-        text = json.dumps(self.state(), separators=(",", ":"))
+        state = self.state()  # copied on the loop; encoded and written off it
         async with self._write_lock:
-            await asyncio.to_thread(_write_atomically, self.state_path, text)
+            await asyncio.to_thread(_write_atomically, self.state_path, state)
 
     async def run(self) -> None:
         """Save every minute until cancelled (the daemon runs it as a task)."""
@@ -525,7 +525,8 @@ def _check_version(data: Any) -> None:
         raise ValueError(f"version {data.get('version')!r}, not {_STATE_VERSION}")
 
 
-def _write_atomically(path: Path, text: str) -> None:
+def _write_atomically(path: Path, state: Mapping[str, Any]) -> None:
+    text = json.dumps(state, separators=(",", ":"))
     tmp = path.with_name(f".{path.name}.tmp")
     with open(tmp, "w") as out:
         out.write(text)

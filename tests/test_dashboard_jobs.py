@@ -17,6 +17,7 @@ import json
 import os
 import re
 import threading
+import time
 import urllib.parse
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -400,3 +401,47 @@ def test_no_figure_of_the_jobs_and_cost_panels_wraps_or_is_cut(
         assert page.evaluate("document.documentElement.scrollWidth") <= width
         assert problems == []
         page.context.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_sample_lists_20_jobs_and_the_10_that_spent_most(
+    start_daemon: Callable[..., Daemon], browser: Browser, tmp_path: Path
+) -> None:
+    """The bounds of a sample (docs/dashboard.md): 20 jobs, the highest stall first,
+    and how many there are; the cost's 10 jobs that spent most, and how many."""
+    from chunkd.gateway.dashboard.telemetry import COST_JOBS_SHOWN, JOBS_SHOWN
+
+    daemon = start_daemon(node_toml(tmp_path))
+    data = daemon.cwd / "data"
+    data.mkdir(parents=True, exist_ok=True)
+    names = [f"bound-{i:02d}" for i in range(JOBS_SHOWN + 5)]
+    for i, name in enumerate(names):
+        (data / f"{name}.bin").write_bytes(os.urandom(1024 * (i + 1)))
+        with Client(daemon.cwd / "chunkd.sock", train_job=name) as client:
+            # job i waits i/100 of its steps: the last one stalls most
+            report(client, 0, 1, (10, 0.1 * i, 10.0, 0.01 * i))
+            if i < COST_JOBS_SHOWN + 2:  # these read, and pay for it
+                assert len(bytes(client.read(f"data/{name}.bin"))) == 1024 * (i + 1)
+    deadline = time.monotonic() + 30
+    sample: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        history = v1(daemon, "/v1/dashboard")["history"]
+        sample = history[-1] if history else {"jobs_total": 0, "cost": None}
+        if sample["jobs_total"] == len(names) and (sample["cost"] or {}).get("jobs_total", 0) >= 12:
+            break
+        time.sleep(0.3)
+    assert [j["name"] for j in sample["jobs"]] == names[::-1][:JOBS_SHOWN]
+    assert sample["jobs_total"] == len(names)
+    cost = sample["cost"]
+    assert len(cost["jobs"]) == COST_JOBS_SHOWN
+    spent = [j["spent"] for j in cost["jobs"]]
+    assert spent == sorted(spent, reverse=True)
+    assert cost["jobs_total"] >= COST_JOBS_SHOWN + 2
+    # the page says how many more there are
+    page, problems = _open(browser, daemon, "#jobs")
+    expect = _expect()
+    rows = page.locator("#jobs-table tbody tr[data-job]")
+    expect(rows).to_have_count(JOBS_SHOWN, timeout=WAIT_MS)
+    expect(page.locator("#jobs-table td.empty")).to_have_text("and 5 more")
+    expect(page.locator("#jobs-summary")).to_contain_text(f"{len(names)} jobs")
+    assert problems == []

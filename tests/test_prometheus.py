@@ -5,7 +5,8 @@
   and every alert of ``chunkd.rules.yml``.
 - A real Prometheus (Debian's 2.42, on loopback, 1 s scrapes and rule evaluations)
   scrapes two real daemons, peers of each other, while trainers run named jobs on them
-  (a hello naming the job, ``loader_report`` windows, reads). The recording rules'
+  (a Client naming the job, a StallMeter per rank reporting windows of steps whose
+  waits the test chose, reads, a checkpoint save). The recording rules'
   cluster figures must equal what the two daemons report themselves, added up: the
   cumulative rules (``...:ratio_total``, ``...:total``) to 1e-9 relative once the last
   scrape is in; the windowed stall (``...:ratio_rate5m``) within 0.02 absolute
@@ -22,7 +23,6 @@ import json
 import math
 import os
 import re
-import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -32,10 +32,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from chunkd.client import Client, protocol
+from chunkd.client import Client, StallMeter
 from chunkd.client import checkpoint as ckpt
-from chunkd.client.protocol import LOADER_BUCKETS
-from chunkd.memfd import close_all
 from chunkd.testing.ports import BIN, free_port
 from chunkd.testing.prometheus import (
     RULES,
@@ -106,50 +104,33 @@ def test_every_rule_and_alert_has_a_unit_test() -> None:
 
 
 class Trainer:
-    """One trainer's connection to its node's daemon, on the local protocol as the
-    client speaks it: its hello names the job, then reports and reads."""
+    """One node's ranks of a job, through what a training loop uses: a :class:`Client`
+    naming the job (its hello says ``train_job``) for reads, and a :class:`StallMeter`
+    per rank, fed each step's wait and time (figures the test chose, not the clock's),
+    that sends one ``loader_report`` a round."""
 
-    def __init__(self, node: Daemon, train_job: str) -> None:
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.settimeout(30)
-        self.sock.connect(str(node.cwd / "chunkd.sock"))
-        self._id = 0
-        self.call("hello", version=protocol.VERSION, train_job=train_job)
+    def __init__(self, node: Daemon, train_job: str, ranks: tuple[int, ...]) -> None:
+        self.client = Client(node.cwd / "chunkd.sock", train_job=train_job, cache_bytes=0)
+        self.meters = [
+            StallMeter(self.client, rank=rank, world_size=8, window=3600.0) for rank in ranks
+        ]
 
-    def call(self, op: str, **fields: Any) -> dict[str, Any]:
-        self._id += 1
-        header = protocol.request_header(op, fields) | {"id": self._id}
-        protocol.send_frame(self.sock, header)
-        answer, _, fds = protocol.recv_frame(self.sock)
-        close_all(fds)
-        assert answer.get("ok"), answer
-        return answer
-
-    def report(self, rank: int, steps: int, wait: float, step: float) -> None:
-        """One window of ``steps`` equal steps of ``step`` seconds, ``wait`` of which
-        waited for data."""
-        self.call(
-            "loader_report",
-            rank=rank,
-            world_size=8,
-            steps=steps,
-            wait=wait * steps,
-            step=step * steps,
-            wait_max=wait,
-            wait_buckets=_buckets(wait, steps),
-            step_buckets=_buckets(step, steps),
-        )
+    def round(self, steps: int, wait: float, step: float, reads: list[str]) -> None:
+        """``steps`` steps of ``step`` seconds each rank, ``wait`` of which waited for
+        data, reported; then ``reads`` read whole."""
+        for meter in self.meters:
+            for _ in range(steps):
+                meter.add(wait, step)
+            meter.flush()
+        for name in reads:
+            view = self.client.read(name)
+            assert len(view) == MiB
+            view.release()
 
     def close(self) -> None:
-        self.sock.close()
-
-
-def _buckets(each: float, steps: int) -> list[int]:
-    counts = [0] * (len(LOADER_BUCKETS) + 1)
-    counts[next((i for i, b in enumerate(LOADER_BUCKETS) if each <= b), len(LOADER_BUCKETS))] = (
-        steps
-    )
-    return counts
+        for meter in self.meters:
+            meter.close()  # the last report: end=true, no steps
+        self.client.close()
 
 
 def node_toml(tmp: Path, port: int, ports: list[int], data: Path) -> str:
@@ -296,34 +277,38 @@ def test_prometheus_adds_up_two_daemons(cluster: list[Daemon], tmp_path: Path) -
         server.wait_for("sum(up) == 2", timeout=20)
         # train-a runs on both nodes (ranks 0-1 on n0 waiting 30% of each step, ranks 2-3
         # on n1 waiting 10%); train-b on n0 only (5%)
-        a0, a1 = Trainer(nodes[0], "train-a"), Trainer(nodes[1], "train-a")
-        b0 = Trainer(nodes[0], "train-b")
-        runs = [(a0, (0, 1), 0.15, 0.5), (a1, (2, 3), 0.05, 0.5), (b0, (0,), 0.02, 0.4)]
+        a0 = Trainer(nodes[0], "train-a", (0, 1))
+        a1 = Trainer(nodes[1], "train-a", (2, 3))
+        b0 = Trainer(nodes[0], "train-b", (0,))
+        runs = [(a0, 0.15, 0.5), (a1, 0.05, 0.5), (b0, 0.02, 0.4)]
         try:
             for round_ in range(4):
-                for trainer, ranks, wait, step in runs:
-                    for rank in ranks:
-                        trainer.report(rank, 10, wait, step)
-                # each round reads two new objects and two of the last round's again
-                # (cache hits, and peers' chunks)
-                for trainer in (a0, a1, b0):
-                    for i in {2 * round_, 2 * round_ + 1, max(0, 2 * round_ - 1)}:
-                        trainer.call("read", name=f"data/obj-{i}", inline=False)
+                # two new objects a round, and one of the last round's again (cache
+                # hits, and peers' chunks)
+                reads = sorted({2 * round_, 2 * round_ + 1, max(0, 2 * round_ - 1)})
+                for trainer, wait, step in runs:
+                    trainer.round(10, wait, step, [f"data/obj-{i}" for i in reads])
                 if round_ == 0:
                     # train-a saves a checkpoint through n0 (backend writes, their cost)
-                    with Client(nodes[0].cwd / "chunkd.sock", train_job="train-a") as client:
-                        state = {"w": np.arange(MiB // 4, dtype=np.float32)}
-                        ckpt.save(state, "data/ckpt/train-a/1", client=client)
-                    b0.call("ds_first_batch", rank=0, metadata=0.25, total=1.0)
-                    a0.call("ds_first_batch", rank=1, metadata=0.5, first_chunk=0.25, total=2.0)
+                    state = {"w": np.arange(MiB // 4, dtype=np.float32)}
+                    ckpt.save(state, "data/ckpt/train-a/1", client=a0.client)
+                    for trainer, phases in (
+                        (b0, {"rank": 0, "metadata": 0.25, "total": 1.0}),
+                        (a0, {"rank": 1, "metadata": 0.5, "first_chunk": 0.25, "total": 2.0}),
+                    ):
+                        with trainer.client.request("ds_first_batch", phases):
+                            pass
                     # the first scrape after the first round: the windowed rules count
                     # from there
                     server.wait_for(
                         'count(chunkd_loader_step_seconds_count{train_job!="none"}) >= 3'
                     )
                 time.sleep(1.0)
+            for trainer, _, _ in runs:
+                for meter in trainer.meters:
+                    assert (meter.reports, meter.failed) == (4, 0), meter
         finally:
-            for trainer in (a0, a1, b0):
+            for trainer, _, _ in runs:
                 trainer.close()
 
         # What the daemons say, added up: the truth the cluster's figures must equal.

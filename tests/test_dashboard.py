@@ -92,6 +92,7 @@ def test_a_sample_shows_backend_reads_then_ram_hits_and_the_hot_object(start_dae
         "seq", "t", "throughput", "hits", "hit_ratio", "backend", "backends",
         "singleflight_waits", "requests", "local_clients", "tiers", "peers",
         "checkpoints", "checkpoints_total", "hot", "errors", "errors_total",
+        "jobs", "jobs_total", "cost",
     }  # fmt: skip
     sample = wait_sample(daemon, lambda s: True)
     assert set(sample) == fields

@@ -399,12 +399,16 @@ def test_a_peers_backend_fetch_for_a_remote_reader_is_charged_to_that_readers_jo
 ) -> None:
     from tests.test_peers import start_cluster
 
-    size = 12 * MiB
-    body = os.urandom(size)
-    s3_server.client().put_object(Bucket=bucket, Key="pre/shared.bin", Body=body)
+    # 16 objects of one chunk each: the chance that node 0 owns all 16 is 1 in 65536
+    # (placement is by rendezvous hashing of each chunk's locator)
+    bodies = {f"shared-{i}.bin": os.urandom(MiB) for i in range(16)}
+    size = sum(len(b) for b in bodies.values())
+    for key, data in bodies.items():
+        s3_server.client().put_object(Bucket=bucket, Key=f"pre/{key}", Body=data)
     nodes = start_cluster(start_daemon, tmp_path, bucket, s3_proxy, 2)
     with Client(nodes[0].cwd / "chunkd.sock", timeout=60, train_job="far-job") as client:
-        assert bytes(client.read("ckpt/shared.bin")) == body
+        for key, data in bodies.items():
+            assert bytes(client.read(f"ckpt/{key}")) == data
     reader, owner = (_cost(node) for node in nodes)
     near = _job(reader, "far-job")
     far = _job(owner, "far-job")

@@ -115,10 +115,10 @@ class _Account:
             },
             "backend_requests": _by(self.requests, 1),
             "backend_bytes": _by(self.bytes, 1),
-            "served_bytes": {source: self.served.get(source, 0) for source in SOURCES},
-            "written_bytes": dict(sorted(self.written.items())),
+            "served_bytes": {source: round(self.served.get(source, 0)) for source in SOURCES},
+            "written_bytes": {k: round(v) for k, v in sorted(self.written.items())},
             "direct_requests": _by(self.direct_requests, 1),
-            "direct_bytes": sum(self.direct_bytes.values()),
+            "direct_bytes": round(sum(self.direct_bytes.values())),
         }
 
     def dump(self) -> dict[str, Any]:
@@ -145,12 +145,12 @@ def _key(key: str | tuple[str, ...]) -> list[str]:
     return [key] if isinstance(key, str) else list(key)
 
 
-def _by(counter: Mapping[tuple[str, str], float], part: int) -> dict[str, float]:
-    """``counter`` summed by one part of its keys."""
+def _by(counter: Mapping[tuple[str, str], float], part: int) -> dict[str, int]:
+    """``counter`` (of counts) summed by one part of its keys."""
     out: defaultdict[str, float] = defaultdict(float)
     for key, value in counter.items():
         out[key[part]] += value
-    return dict(sorted(out.items()))
+    return {k: round(v) for k, v in sorted(out.items())}
 
 
 #: the totals a ring snapshot keeps (a few numbers per minute)
@@ -180,12 +180,13 @@ def _unflat(flat: Mapping[str, float]) -> dict[str, Any]:
         "served_bytes": dict.fromkeys(SOURCES, 0),
         "written_bytes": {},
         "direct_requests": {},
-        "direct_bytes": flat.get("direct_bytes", 0),
+        "direct_bytes": round(flat.get("direct_bytes", 0)),
     }
     for key, value in flat.items():
         group, dot, name = key.partition(".")
         if dot:
-            out[group][name] = value
+            # counts and bytes are whole numbers; money (saved) is not
+            out[group][name] = value if group == "saved" else round(value)
     return out
 
 

@@ -3,6 +3,7 @@ client's hello that claims it, against a real daemon (reconnections included).""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -12,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from chunkd.client import Client, StallMeter, job_name, jobs
+from chunkd.client import AsyncClient, Client, StallMeter, job_name, jobs
 from chunkd.client.jobs import JOB_ENV, MAX_LABELS_BYTES, POD_LABELS_ENV
 
 from .conftest import Daemon
@@ -176,6 +177,15 @@ def test_the_hello_claims_the_job_and_a_reconnection_claims_it_again(
         assert _report_on_the_connection(client) == "none"
     with pytest.raises(ValueError, match="train_job"):
         Client(cwd / "chunkd.sock", train_job="other")
+    with pytest.raises(ValueError, match="train_job"):
+        AsyncClient(cwd / "chunkd.sock", train_job="none")
+
+    async def claim() -> str:
+        async with AsyncClient(cwd / "chunkd.sock", train_job="async-job") as aio:
+            assert aio.client.train_job == "async-job"
+            return await asyncio.to_thread(_report_on_the_connection, aio.client)
+
+    assert asyncio.run(claim()) == "async-job"
 
 
 @pytest.mark.timeout(60)

@@ -251,7 +251,10 @@ def _panel_queries(dashboard: dict[str, Any]) -> Iterator[tuple[str, str]]:
             yield from panels(item.get("panels", []))
 
     for panel in panels(dashboard["panels"]):
-        for target in panel.get("targets", []):
+        if panel["type"] == "row":
+            continue
+        assert panel["datasource"]["uid"] == "${datasource}", panel["title"]
+        for target in panel["targets"]:
             yield panel["title"], target["expr"]
 
 
@@ -396,10 +399,21 @@ def test_prometheus_adds_up_two_daemons(cluster: list[Daemon], tmp_path: Path) -
         spent = {row["job"]: row["spent"] for row in windowed["jobs"]}
         assert 0 < spent["train-a"] <= truth["spent"]["train-a"] * 1.2, (spent, truth)
 
-        # Every panel of the Grafana dashboard answers.
+        # Every panel of the Grafana dashboard answers, from the templated datasource,
+        # and each of its variables' label_values() lists what the test ran.
         dashboard = json.loads(DASHBOARD.read_text())
         empty = []
         for title, expr in _panel_queries(dashboard):
             if not server.query(_substitute(expr)):
                 empty.append(f"{title}: {expr}")
         assert not empty, "panels without data:\n" + "\n".join(empty)
+        variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+        assert variables["datasource"]["query"] == "prometheus"
+        listed = {}
+        for name in ("train_job", "instance"):
+            found = re.fullmatch(r"label_values\((\w+), (\w+)\)", variables[name]["definition"])
+            assert found, variables[name]
+            metric, label = found.groups()
+            listed[name] = set(server.api(f"label/{label}/values", **{"match[]": metric}))
+        assert listed["train_job"] >= {"train-a", "train-b"}, listed
+        assert listed["instance"] == {f"127.0.0.1:{n.port}" for n in nodes}, listed

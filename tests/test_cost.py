@@ -183,6 +183,11 @@ def test_a_bad_job_header_is_a_400_saying_why(
     assert not (daemon.log.read_text().count("Traceback"))
     status, _, _ = daemon.get("/v1/objects/data/a.bin", {"X-Chunkd-Job": "ok-job"})
     assert status == 200
+    # A since that is no time is a 400 too.
+    for bad in ("nan", "inf", "yesterday"):
+        status, _, body = daemon.get(f"/v1/cost?since={bad}")
+        assert status == 400, (bad, body)
+        assert b"is no time" in body
 
 
 def _chunkd(*args: str) -> subprocess.CompletedProcess[str]:

@@ -3,6 +3,7 @@ the epoch (``chunkd cost --since``, ``GET /v1/cost?since=``)."""
 
 from __future__ import annotations
 
+import math
 import re
 from datetime import UTC, datetime
 from typing import Final
@@ -26,9 +27,12 @@ def parse_since(text: str, now: float) -> float:
     if ago is not None:
         return now - float(ago[1]) * _UNITS[ago[2]]
     try:
-        return float(text)
+        seconds = float(text)
     except ValueError:
         pass
+    else:
+        if math.isfinite(seconds):
+            return seconds
     try:
         when = datetime.fromisoformat(text)
     except ValueError:

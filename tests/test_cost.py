@@ -427,3 +427,21 @@ def test_a_peers_backend_fetch_for_a_remote_reader_is_charged_to_that_readers_jo
     # The reader got those bytes from a peer, and is credited for them.
     assert near["served_bytes"]["peer"] == far["backend_bytes"]["read"]
     assert near["saved"]["peer"] > 0
+
+
+@pytest.mark.timeout(60)
+def test_a_freeze_counts_the_bytes_it_uploads_as_written_for_the_job_that_asked(
+    start_daemon: Callable[..., Daemon], tmp_path: Path
+) -> None:
+    from tests.test_dataset_registry import FILES, commit, data_dir, snapshot_of, write_objects
+
+    daemon = start_daemon(cwd=tmp_path / "node")
+    with Client(daemon.cwd / "chunkd.sock", train_job="freezer") as client:
+        write_objects(data_dir(daemon), FILES)
+        snap = snapshot_of(client, sorted(FILES))
+        commit(client, snap, "frz")
+        report = client.request("ds_freeze", {"ref": "frz@1"}, timeout=120).header
+    assert report["uploaded_bytes"] > 0
+    row = _job(_cost(daemon), "freezer")
+    assert row["written_bytes"]["freeze"] == report["uploaded_bytes"]
+    assert row["backend_bytes"]["write"] >= report["uploaded_bytes"]

@@ -445,3 +445,30 @@ def test_a_freeze_counts_the_bytes_it_uploads_as_written_for_the_job_that_asked(
     row = _job(_cost(daemon), "freezer")
     assert row["written_bytes"]["freeze"] == report["uploaded_bytes"]
     assert row["backend_bytes"]["write"] >= report["uploaded_bytes"]
+
+
+@pytest.mark.timeout(10)
+def test_a_job_that_starts_again_as_other_moves_no_count_between_series() -> None:
+    from chunkd.gateway.costs.ledger import Ledger
+    from chunkd.gateway.jobs.table import JobTable
+
+    now = [1000.0]
+    jobs = JobTable(top=1, idle=60.0, clock=lambda: now[0], wall=lambda: now[0])
+    ledger = Ledger(jobs, idle=60.0, clock=lambda: now[0])
+
+    def by_job() -> dict[str, float]:
+        out: dict[str, float] = {}
+        for key, value in _samples(ledger, "chunkd_cost_backend_bytes_total").items():
+            job = dict(key)["train_job"]
+            out[job] = out.get(job, 0) + value
+        return out
+
+    ledger.charge("a", None, None, "bytes", "data", "read", 30)
+    assert by_job() == {"a": 30}
+    now[0] += 120  # a has ended
+    ledger.charge("b", None, None, "bytes", "data", "read", 5)  # b takes the named slot
+    ledger.charge("a", None, None, "bytes", "data", "read", 7)  # a again: other now
+    # other grew by a's new bytes only; a's old series is gone with its end.
+    assert by_job() == {"b": 5, "other": 7}
+    assert ledger.view()["totals"]["backend_bytes"]["read"] == 42
+    assert _job(ledger.view(), "a")["backend_bytes"]["read"] == 7

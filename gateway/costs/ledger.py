@@ -303,11 +303,15 @@ class Ledger:
         if job is not None and job not in self._jobs and len(self._jobs) >= self.tracked:
             key = job if self._retire_one() else _OTHER
         entry = self._jobs.get(key)
+        if entry is not None and entry.label != label and key != _OTHER:
+            # The job ended and started again under another label: what it had goes to
+            # the retired totals under its old label (a counter never moves between
+            # series), and it starts again at zero.
+            self._retire(key)
+            entry = None
         if entry is None:
             now = self.clock()
             entry = self._jobs[key] = _Job(_OTHER if key == _OTHER else label, created=now)
-        elif entry.label != label and key != _OTHER:
-            entry.label = label  # the job ended and started again
         entry.dirty = True
         entry.touched = self.clock()
         name_label = self._name_label(name)
@@ -327,11 +331,14 @@ class Ledger:
         )
         if oldest is None or self._jobs[oldest].touched >= now - self.idle:
             return False
-        entry = self._jobs.pop(oldest)
+        self._retire(oldest)
+        return True
+
+    def _retire(self, key: str | None) -> None:
+        entry = self._jobs.pop(key)
         retired = self._retired.setdefault(entry.label, {})
         for name, account in entry.accounts.items():
             retired.setdefault(name, _Account()).add(account)
-        return True
 
     def _name_label(self, name: str | None) -> str:
         if name is None:

@@ -14,6 +14,9 @@ the cache or the client imports it.
 - :mod:`chunkd.testing.proxy`: a counting TCP proxy that can go down and up;
 - :mod:`chunkd.testing.nginx`: Debian's nginx serving a directory on loopback (Range,
   ETag or none), for the ``https://`` backend kind;
+- :mod:`chunkd.testing.prometheus`: Debian's Prometheus on loopback (a free port,
+  temporary storage, 1 s scrapes and rule evaluations, chunkd's rules) and its HTTP
+  API's queries, for the rules' and dashboard's tests;
 - :mod:`chunkd.testing.relay`: a TCP relay that delays every piece by latency ± jitter;
 - :mod:`chunkd.testing.netlab`: nodes in network namespaces behind shaped links, and
   chaos on one node's link: loss, partitions, latency (root).
@@ -40,6 +43,7 @@ if TYPE_CHECKING:
     from chunkd.testing.daemon import DaemonProcess
     from chunkd.testing.nginx import NginxServer
     from chunkd.testing.ports import BIN, free_port, wait_for_port
+    from chunkd.testing.prometheus import PrometheusServer
     from chunkd.testing.proxy import CountingProxy
     from chunkd.testing.relay import LatencyRelay
     from chunkd.testing.s3 import S3Server, refused_backend, s3_backend
@@ -51,6 +55,7 @@ __all__ = [
     "DaemonProcess",
     "LatencyRelay",
     "NginxServer",
+    "PrometheusServer",
     "S3Server",
     "TierTests",
     "free_port",
@@ -68,6 +73,7 @@ _LAZY = {
     "DaemonProcess": "daemon",
     "LatencyRelay": "relay",
     "NginxServer": "nginx",
+    "PrometheusServer": "prometheus",
     "S3Server": "s3",
     "refused_backend": "s3",
     "s3_backend": "s3",

@@ -472,3 +472,42 @@ def test_a_job_that_starts_again_as_other_moves_no_count_between_series() -> Non
     assert by_job() == {"b": 5, "other": 7}
     assert ledger.view()["totals"]["backend_bytes"]["read"] == 42
     assert _job(ledger.view(), "a")["backend_bytes"]["read"] == 7
+
+
+@pytest.mark.timeout(30)
+def test_the_s3_front_charges_a_get_to_its_x_chunkd_job_and_refuses_a_bad_one(
+    start_daemon: Callable[..., Daemon],
+    tmp_path: Path,
+    s3_server: S3Server,
+    bucket: str,
+    s3_proxy: CountingProxy,
+) -> None:
+    import urllib.error
+    import urllib.request
+
+    from chunkd.testing.ports import free_port
+
+    body = _put(s3_server, bucket, "a.bin", 5000)
+    front = free_port()
+    toml = _toml(tmp_path, bucket, s3_proxy)
+    section = f'[s3_front]\nlisten = "127.0.0.1:{front}"\nunsigned_from_loopback = true\n'
+    toml = toml.replace("[cache]", section + "\n[cache]")
+    daemon = start_daemon(toml)
+
+    def get(job: str) -> tuple[int, bytes]:
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{front}/data/a.bin", headers={"X-Chunkd-Job": job}
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                return response.status, response.read()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read()
+
+    assert get("s3-job") == (200, body)
+    row = _job(_cost(daemon), "s3-job")
+    assert row["backend_bytes"]["read"] == 5000
+    assert row["direct_requests"] == {"get": 1}
+    status, answer = get("none")
+    assert status == 400
+    assert b"X-Chunkd-Job" in answer

@@ -66,6 +66,7 @@ from chunkd.errors import (
     ChunkdError,
     InvalidKeyError,
     InvalidRangeError,
+    InvalidRequestError,
     ObjectNotFoundError,
     ReservedKeyError,
 )
@@ -189,7 +190,11 @@ class S3Front:
     async def _attribute(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         # The job the request's reads are charged to (X-Chunkd-Job; a bad one is refused
         # as InvalidArgument, 400).
-        token = ATTRIBUTION.set(attribution_of(request.headers, self.ledger))
+        try:
+            attribution = attribution_of(request.headers, self.ledger)
+        except InvalidRequestError as exc:
+            raise s3_error("InvalidArgument", str(exc)) from None
+        token = ATTRIBUTION.set(attribution)
         try:
             return await handler(request)
         finally:

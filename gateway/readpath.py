@@ -185,6 +185,15 @@ def _answered(
     return outcome
 
 
+def _charge_peeked(backend: str, outcome: object) -> None:
+    """A batched peek's range in the cost ledger: one read request (one direct GET) whose
+    bytes the batch's backend call brought."""
+    if isinstance(outcome, tuple):
+        n = len(outcome[1])
+        charge.direct(backend, "get", n)
+        charge.served("backend", n, backend, n)
+
+
 def _locator_key(stat: Stat, index: int) -> bytes:
     """What rendezvous hashing places a chunk by before its id is known."""
     return f"{stat.backend}\0{stat.meta.key}\0{stat.meta.version}\0{index}".encode()
@@ -1065,6 +1074,8 @@ class ReadPath:
         try:
             for claims in batches.values():
                 await self._peek_batch(claims, out)
+                for i, claim in claims:
+                    _charge_peeked(claim.backend.name, out[i])
             if others is not None:
                 for i, outcome in zip(usual, await others, strict=True):
                     out[i] = _answered(outcome)

@@ -511,3 +511,21 @@ def test_the_s3_front_charges_a_get_to_its_x_chunkd_job_and_refuses_a_bad_one(
     status, answer = get("none")
     assert status == 400
     assert b"X-Chunkd-Job" in answer
+
+
+@pytest.mark.timeout(30)
+def test_a_readv_of_unkept_ranges_is_one_direct_get_a_range(
+    start_daemon: Callable[..., Daemon], tmp_path: Path
+) -> None:
+    daemon = start_daemon(cwd=tmp_path / "node")
+    data = daemon.cwd / "chunkd-data"
+    (data / "x.bin").write_bytes(os.urandom(100))
+    (data / "y.bin").write_bytes(os.urandom(100))
+    ranges = [["local/x.bin", 0, 10], ["local/y.bin", 5, 20]]
+    with Client(daemon.cwd / "chunkd.sock", train_job="footers") as client:
+        reply = client.request("readv", {"ranges": ranges, "keep": False})
+        assert reply.header["answered"] == 2
+    row = _job(_cost(daemon), "footers")
+    assert row["direct_requests"] == {"get": 2}
+    assert row["direct_bytes"] == 30
+    assert row["served_bytes"]["backend"] == 30

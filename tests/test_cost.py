@@ -357,11 +357,15 @@ def test_labels_are_bounded_names_past_the_bound_are_other_and_an_ended_jobs_ser
     # Two names are named; the third is other. The second job is other (top = 1).
     assert labels == {("first", "d1"), ("first", "d2"), ("first", "other"), ("other", "d1"),
                       ("none", "-")}  # fmt: skip
-    # The first job ends (idle): its series go; other's and none's stay.
+    # The first job ends (idle): its series go. Its names, idle too, are let go: their
+    # series under other go with them; none's plain reads ("-") stay.
     now[0] += 120
     ledger.charge("third", None, "d9", "bytes", "data", "read", 3)
     series = _samples(ledger, "chunkd_cost_backend_bytes_total")
-    assert {dict(k)["train_job"] for k in series} == {"third", "other", "none"}
+    assert {(dict(k)["train_job"], dict(k)["name"]) for k in series} == {
+        ("third", "d9"),
+        ("none", "-"),
+    }
     # tracked = 2 jobs kept by name: the idle ones were let go to make room, and the
     # node's totals still count them.
     view = ledger.view()
@@ -529,3 +533,25 @@ def test_a_readv_of_unkept_ranges_is_one_direct_get_a_range(
     assert row["direct_requests"] == {"get": 2}
     assert row["direct_bytes"] == 30
     assert row["served_bytes"]["backend"] == 30
+
+
+@pytest.mark.timeout(10)
+def test_the_ledger_stays_bounded_however_many_jobs_come_and_go() -> None:
+    from chunkd.gateway.costs.ledger import Ledger
+    from chunkd.gateway.jobs.table import JobTable
+
+    now = [1000.0]
+    jobs = JobTable(top=2, idle=60.0, tracked=4, clock=lambda: now[0], wall=lambda: now[0])
+    ledger = Ledger(jobs, names=2, tracked=4, idle=60.0, clock=lambda: now[0])
+
+    def run(count: int) -> int:
+        for i in range(count):
+            ledger.charge(f"job-{i}", None, f"data-{i}", "bytes", "data", "read", 1)
+            now[0] += 61  # each job ends before the next starts
+        ledger.tick()
+        return len(json.dumps(ledger.state()))
+
+    small = run(10)
+    large = run(200)
+    assert large <= small * 1.5
+    assert ledger.view()["totals"]["backend_bytes"]["read"] == 210

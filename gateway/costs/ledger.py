@@ -257,6 +257,9 @@ class Ledger:
         # the accounts of jobs let go of to make room, by label and name: in the view's
         # totals; in /metrics under other and none only (a named job's series end with it)
         self._retired: dict[str, dict[str, _Account]] = {}
+        # the figures of named jobs let go of and of names let go of, all in one: in the
+        # node's totals only (bounded however many jobs and names come and go)
+        self._ended = _Account()
         self._write_lock = asyncio.Lock()
         if state_path is not None:
             self._load(state_path)
@@ -334,8 +337,21 @@ class Ledger:
         self._retire(oldest)
         return True
 
+    def _let_go(self, name: str) -> None:
+        """A name nothing was charged to for ``idle`` seconds: its figures leave the
+        jobs' rows and /metrics for the node's totals (its series end, as a job's do)."""
+        buckets = [entry.accounts for entry in self._jobs.values()]
+        for accounts in [*buckets, *self._retired.values()]:
+            account = accounts.pop(name, None)
+            if account is not None:
+                self._ended.add(account)
+
     def _retire(self, key: str | None) -> None:
         entry = self._jobs.pop(key)
+        if entry.label not in (_OTHER, _NONE):
+            for account in entry.accounts.values():
+                self._ended.add(account)
+            return
         retired = self._retired.setdefault(entry.label, {})
         for name, account in entry.accounts.items():
             retired.setdefault(name, _Account()).add(account)
@@ -350,6 +366,7 @@ class Ledger:
         # let go of the names nothing was charged to for idle seconds
         for stale in [n for n, seen in self._names.items() if seen < now - self.idle]:
             del self._names[stale]
+            self._let_go(stale)
         if len(self._names) >= self.names:
             return _OTHER
         self._names[name] = now
@@ -393,6 +410,7 @@ class Ledger:
             for accounts in self._retired.values():
                 for account in accounts.values():
                     _add(total_flat, _flat(account.summary()))
+            _add(total_flat, _flat(self._ended.summary()))
         totals = _unflat(total_flat)
         rows.sort(key=lambda r: -r["spent"] - r["direct"])
         return {
@@ -424,7 +442,8 @@ class Ledger:
             # the ring no longer reaches back that far: from its oldest snapshot
             base, base_time = entry.ring[0][1], entry.ring[0][0]
         base = base or {}
-        return {k: v - base.get(k, 0) for k, v in current.items()}, base_time
+        # a name let go since leaves the job's figures: never below zero
+        return {k: max(0.0, v - base.get(k, 0)) for k, v in current.items()}, base_time
 
     def collector(self) -> Collector:
         """The ``chunkd_cost_*`` metrics, read from the ledger at each scrape."""
@@ -480,6 +499,7 @@ class Ledger:
                 label: {n: a.dump() for n, a in accounts.items()}
                 for label, accounts in self._retired.items()
             },
+            "ended": self._ended.dump(),
         }
 
     async def save(self) -> None:
@@ -517,6 +537,7 @@ class Ledger:
                 self._jobs[item["job"]] = entry
             for label, accounts in data.get("retired", {}).items():
                 self._retired[str(label)] = {n: _Account.load(a) for n, a in accounts.items()}
+            self._ended = _Account.load(data.get("ended", {}))
         except FileNotFoundError:
             return
         except (OSError, ValueError, KeyError, TypeError) as exc:
@@ -524,6 +545,7 @@ class Ledger:
             log.warning("cost ledger %s unreadable (%s); starting from zero", path, exc)
             self._jobs.clear()
             self._retired.clear()
+            self._ended = _Account()
             with contextlib.suppress(OSError):
                 path.rename(path.with_suffix(".json.damaged"))
 

@@ -1341,3 +1341,26 @@ def test_a_bad_price_or_a_price_naming_no_table_is_a_config_error(
         # The message lists the tables there are.
         assert "example-s3-in-region" in str(caught.value)
         assert "mine" in str(caught.value)
+
+
+@pytest.mark.timeout(10)
+def test_docs_config_shows_the_shipped_price_tables_and_an_example_that_loads(
+    tmp_path: Path,
+) -> None:
+    from chunkd.gateway.config.schema import SHIPPED_PRICES
+
+    section = (ROOT / "docs" / "config.md").read_text().split("## Prices", 1)[1]
+    section = section.split("\n## ", 1)[0]
+    rows = {}
+    for line in section.splitlines():
+        cells = [cell.strip().strip("`") for cell in line.strip("|").split("|")]
+        if len(cells) == 6 and cells[0] in SHIPPED_PRICES:
+            rows[cells[0]] = tuple(float(cell) for cell in cells[1:])
+    assert rows == {
+        name: (t.egress_per_gb, t.get_per_1000, t.put_per_1000, t.storage_per_gb_month,
+               t.delete_per_1000)
+        for name, t in SHIPPED_PRICES.items()
+    }  # fmt: skip
+    block = section.split("```toml\n", 1)[1].split("```", 1)[0]
+    config = load_config(write(tmp_path, block), environ={}, cwd=tmp_path)
+    assert config.price_of(config.backends[0]) == "our-contract"

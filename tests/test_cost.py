@@ -555,3 +555,30 @@ def test_the_ledger_stays_bounded_however_many_jobs_come_and_go() -> None:
     large = run(200)
     assert large <= small * 1.5
     assert ledger.view()["totals"]["backend_bytes"]["read"] == 210
+
+
+@pytest.mark.timeout(30)
+def test_the_daemon_takes_jobs_top_and_the_cost_default_table_from_its_config(
+    start_daemon: Callable[..., Daemon],
+    tmp_path: Path,
+    s3_server: S3Server,
+    bucket: str,
+    s3_proxy: CountingProxy,
+) -> None:
+    size = MiB
+    _put(s3_server, bucket, "a.bin", size)
+    _put(s3_server, bucket, "b.bin", size)
+    toml = _toml(tmp_path, bucket, s3_proxy).replace(
+        "[cache]", '[jobs]\ntop = 1\n\n[cost]\ndefault = "example-gcs-internet"\n\n[cache]'
+    )
+    daemon = start_daemon(toml)
+    _read(daemon, "a.bin", "job-1")
+    _read(daemon, "b.bin", "job-2")  # past top = 1: other
+    view = _cost(daemon)
+    assert _job(view, "job-1")["label"] == "job-1"
+    assert _job(view, "job-2")["label"] == "other"
+    assert daemon.metric("chunkd_cost_backend_bytes_total", train_job="job-2") == 0
+    assert daemon.metric("chunkd_cost_backend_bytes_total", train_job="other") == size
+    # Priced by [cost] default: example-gcs-internet's 0.12 per GB out.
+    egress = daemon.metric("chunkd_cost_dollars_total", train_job="job-1", item="egress")
+    assert egress == pytest.approx(size / (1 << 30) * 0.12)

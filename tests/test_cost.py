@@ -535,6 +535,19 @@ def test_a_readv_of_unkept_ranges_is_one_direct_get_a_range(
     assert row["served_bytes"]["backend"] == 30
 
 
+@pytest.mark.timeout(30)
+def test_a_local_stat_is_one_direct_head_and_a_list_page_one_direct_list(
+    start_daemon: Callable[..., Daemon], tmp_path: Path
+) -> None:
+    daemon = start_daemon(cwd=tmp_path / "node")
+    (daemon.cwd / "chunkd-data" / "x.bin").write_bytes(os.urandom(100))
+    with Client(daemon.cwd / "chunkd.sock", train_job="stat-list") as client:
+        assert client.stat("local/x.bin").size == 100
+        assert len(client.ls("local/")) == 1
+    row = _job(_cost(daemon), "stat-list")
+    assert row["direct_requests"] == {"head": 1, "list": 1}
+
+
 @pytest.mark.timeout(10)
 def test_the_ledger_stays_bounded_however_many_jobs_come_and_go() -> None:
     from chunkd.gateway.costs.ledger import Ledger

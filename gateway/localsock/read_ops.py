@@ -24,6 +24,7 @@ from chunkd.client.protocol import (
     error_answer,
 )
 from chunkd.errors import ChunkdError, InvalidRangeError, RangeNotSatisfiableError
+from chunkd.gateway.costs import charge
 from chunkd.gateway.localsock.answer import LIST_BYTES
 from chunkd.gateway.localsock.family import Family, Parts
 from chunkd.gateway.names import split_name, split_prefix
@@ -47,7 +48,10 @@ _RANGE_MESSAGE: Final = 300
 @FAMILY.op("stat")
 async def _stat(parts: Parts, args: Mapping[str, Any], answer: Answer) -> dict[str, Any]:
     read_path = parts.read_path
-    return _describe(read_path, await read_path.stat(*split_name(args["name"])))
+    backend, key = split_name(args["name"])
+    stat = await read_path.stat(backend, key)
+    charge.direct(backend, "head")  # without chunkd: one HEAD
+    return _describe(read_path, stat)
 
 
 def _describe(read_path: ReadPath, stat: Stat) -> dict[str, Any]:
@@ -267,6 +271,7 @@ async def _bytes_of(read_path: ReadPath, planned: tuple[Stat, int, int]) -> byte
 @FAMILY.op("list")
 async def _list(parts: Parts, args: Mapping[str, Any], answer: Answer) -> dict[str, Any]:
     backend, prefix = split_prefix(args["name"])
+    charge.direct(backend, "list")  # without chunkd: one LIST a page
     page = await parts.listings.page(
         backend,
         prefix,

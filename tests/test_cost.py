@@ -595,3 +595,30 @@ def test_the_daemon_takes_jobs_top_and_the_cost_default_table_from_its_config(
     # Priced by [cost] default: example-gcs-internet's 0.12 per GB out.
     egress = daemon.metric("chunkd_cost_dollars_total", train_job="job-1", item="egress")
     assert egress == pytest.approx(size / (1 << 30) * 0.12)
+
+
+@pytest.mark.timeout(10)
+def test_a_view_without_names_has_the_same_figures_and_follows_each_charge_and_let_go() -> None:
+    from chunkd.gateway.costs.ledger import Ledger
+    from chunkd.gateway.jobs.table import JobTable
+
+    now = [1000.0]
+    jobs = JobTable(top=4, idle=600.0, clock=lambda: now[0], wall=lambda: now[0])
+    ledger = Ledger(jobs, names=8, idle=60.0, clock=lambda: now[0])
+    ledger.charge("a", None, "d1", "bytes", "data", "read", 10)
+    ledger.charge("b", None, "d2", "served", "ram", 4, "data", 4)
+    full, light = ledger.view(), ledger.view(names=False)
+    assert all("names" not in row for row in light["jobs"])
+    assert [{k: v for k, v in row.items() if k != "names"} for row in full["jobs"]] == light["jobs"]
+    assert full["totals"] == light["totals"]
+    # A charge after a view is in the next one (the rows' sums are kept between views).
+    ledger.charge("a", None, "d1", "bytes", "data", "read", 5)
+    assert _job(ledger.view(names=False), "a")["backend_bytes"]["read"] == 15
+    # d2, idle, is let go when a new name comes: b's row no longer counts it, though
+    # nothing was charged to b since the view before.
+    assert _job(ledger.view(names=False), "b")["served_bytes"]["ram"] == 4
+    now[0] += 70
+    ledger.charge("a", None, "d3", "bytes", "data", "read", 1)
+    assert _job(ledger.view(names=False), "b")["served_bytes"]["ram"] == 0
+    assert _job(ledger.view(), "b")["names"] == []
+    assert ledger.view(names=False)["totals"]["served_bytes"]["ram"] == 4

@@ -205,11 +205,22 @@ class _Job:
     created: float = 0.0
     touched: float = 0.0
 
+    #: the summary of its total and its flat form, kept until it is charged again (a
+    #: view of many jobs sums only those charged since the view before)
+    summed: tuple[dict[str, Any], dict[str, float]] | None = None
+
     def total(self) -> _Account:
         total = _Account()
         for account in self.accounts.values():
             total.add(account)
         return total
+
+    def summary(self) -> tuple[dict[str, Any], dict[str, float]]:
+        """Its total's summary (``GET /v1/cost``'s figures) and its flat form."""
+        if self.summed is None:
+            summary = self.total().summary()
+            self.summed = (summary, _flat(summary))
+        return self.summed
 
 
 class Ledger:
@@ -316,6 +327,7 @@ class Ledger:
             now = self.clock()
             entry = self._jobs[key] = _Job(_OTHER if key == _OTHER else label, created=now)
         entry.dirty = True
+        entry.summed = None  # the account is charged once this returns
         entry.touched = self.clock()
         name_label = self._name_label(name)
         account = entry.accounts.get(name_label)
@@ -340,6 +352,9 @@ class Ledger:
     def _let_go(self, name: str) -> None:
         """A name nothing was charged to for ``idle`` seconds: its figures leave the
         jobs' rows and /metrics for the node's totals (its series end, as a job's do)."""
+        for entry in self._jobs.values():
+            if name in entry.accounts:
+                entry.summed = None
         buckets = [entry.accounts for entry in self._jobs.values()]
         for accounts in [*buckets, *self._retired.values()]:
             account = accounts.pop(name, None)
@@ -374,7 +389,9 @@ class Ledger:
 
     # --- views -----------------------------------------------------------------------
 
-    def view(self, *, job: str | None = None, since: float | None = None) -> dict[str, Any]:
+    def view(
+        self, *, job: str | None = None, since: float | None = None, names: bool = True
+    ) -> dict[str, Any]:
         """The ledger as ``GET /v1/cost`` answers it (docs/jobs.md has the shape).
 
         Args:
@@ -382,6 +399,9 @@ class Ledger:
             since: only what happened after this time (seconds since the epoch), as
                 well as the per-minute snapshots allow: the answer's ``since`` is the
                 time it really counts from (never before the totals began).
+            names: each job's row lists its names (``names``); False: the rows
+                without them, the same totals (the dashboard reads that every second:
+                the names' summaries are most of a view's work).
         """
         now = self.clock()
         answered_since = self.started if since is None else max(self.started, since)
@@ -394,12 +414,14 @@ class Ledger:
                 continue
             row: dict[str, Any] = {"job": name, "label": entry.label}
             if since is None:
-                total = entry.total()
-                row.update(total.summary())
-                row["names"] = [
-                    {"name": n, **a.summary()} for n, a in sorted(entry.accounts.items())
-                ]
-                _add(total_flat, _flat(row))
+                summary, flat = entry.summary()
+                # copies: the summary is kept for the next view
+                row.update({k: dict(v) if isinstance(v, dict) else v for k, v in summary.items()})
+                if names:
+                    row["names"] = [
+                        {"name": n, **a.summary()} for n, a in sorted(entry.accounts.items())
+                    ]
+                _add(total_flat, flat)
             else:
                 flat, counted_from = self._since(entry, since)
                 answered_since = min(answered_since, counted_from)
@@ -427,7 +449,7 @@ class Ledger:
         from: ``since`` when exact (nothing charged after it; or the job began after
         it; or a snapshot taken then), else the snapshot's or the job's start before it
         (the figures then include some of what came before ``since``)."""
-        current = _flat(entry.total().summary())
+        current = dict(entry.summary()[1])
         if entry.touched <= since:
             return dict.fromkeys(current, 0.0), since
         if entry.created > since:
@@ -475,7 +497,7 @@ class Ledger:
         now = self.clock()
         for entry in self._jobs.values():
             if entry.dirty:
-                entry.ring.append((now, _flat(entry.total().summary())))
+                entry.ring.append((now, dict(entry.summary()[1])))
                 entry.dirty = False
 
     def state(self) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import logging
 import math
 import secrets
@@ -478,11 +479,14 @@ class Telemetry:
         view takes longer than :data:`LEDGER_SHARE` of the interval (a ledger of
         thousands of jobs and names), so that it takes that share of the loop at most
         on average; then each job's bytes by source and their rates since the reading
-        before."""
+        before. The view is read without the jobs' names (``names=False``): 1024 jobs x 8
+        names, 3 ms when few jobs were charged since the reading before, 31 ms when every
+        one was (the whole view: 60-90 ms)."""
         if self.ledger is None or self._seq < self._ledger_next:
             return
         started = time.perf_counter()
-        view = self._part("cost", self.ledger.view)
+        # without the names: the totals and the jobs' rows are what a sample shows
+        view = self._part("cost", functools.partial(self.ledger.view, names=False))
         took = time.perf_counter() - started
         every = math.ceil(took / (LEDGER_SHARE * self.interval))
         self._ledger_next = self._seq + min(LEDGER_EVERY_MAX, max(1, every))

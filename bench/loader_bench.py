@@ -267,6 +267,11 @@ def _one_process(report: Report, work: Path, *, quick: bool) -> dict[str, Any]:
 
         contenders = {
             "shared": loader(True),
+            "unmeasured": lambda: _epoch(
+                Loader(
+                    dataset, batch_size=BATCH, seed=next(seeds), shared_decode=True, measure=False
+                )
+            ),
             "local": loader(False),
             "samples": lambda: _samples_epoch(
                 Loader(dataset, batch_size=BATCH, seed=next(seeds), shared_decode=True)
@@ -343,6 +348,17 @@ def _one_process(report: Report, work: Path, *, quick: bool) -> dict[str, Any]:
                 ),
             )
         )
+    _add(
+        report,
+        "one process, warm: Loader epoch, its trainer's wait measured (stall meter on)",
+        rates["shared"],
+        rates["unmeasured"],
+        "rows/s",
+        "the same Loader with measure=False",
+        "what measuring each step's wait costs a loop (two clock reads and a bucket a "
+        "step, one loader_report a 5 s window; docs/jobs.md); shared_decode=True; " + common,
+        target=0.95,
+    )
     _add(
         report,
         "one process, warm: Loader epoch, batch.samples (per sample)",

@@ -622,3 +622,54 @@ def test_a_view_without_names_has_the_same_figures_and_follows_each_charge_and_l
     assert _job(ledger.view(names=False), "b")["served_bytes"]["ram"] == 0
     assert _job(ledger.view(), "b")["names"] == []
     assert ledger.view(names=False)["totals"]["served_bytes"]["ram"] == 4
+
+
+def _storage(daemon: Daemon) -> dict[str, Any]:
+    status, _, body = daemon.get("/v1/cost/storage")
+    assert status == 200, body
+    storage: dict[str, Any] = json.loads(body)["storage"]
+    return storage
+
+
+@pytest.mark.timeout(60)
+def test_storage_counts_each_frozen_snapshots_chunks_once_and_its_own_apart_from_shared(
+    start_daemon: Callable[..., Daemon], tmp_path: Path
+) -> None:
+    from tests.test_dataset_registry import commit, data_dir, snapshot_of, write_objects
+
+    # the registry's backend (local) priced like S3, so that a month costs something
+    daemon = start_daemon(
+        cwd=tmp_path / "node", env={"CHUNKD_BACKENDS_LOCAL_PRICE": "example-s3-in-region"}
+    )
+    shared, first, second = os.urandom(2 * MiB + 48), os.urandom(160), os.urandom(MiB)
+    files = {"data/shared.bin": shared, "data/again.bin": shared,  # same bytes: same chunks
+             "data/first.bin": first, "data/second.bin": second}  # fmt: skip
+    with Client(daemon.cwd / "chunkd.sock") as client:
+        write_objects(data_dir(daemon), files)
+        one = snapshot_of(client, ["data/again.bin", "data/first.bin", "data/shared.bin"])
+        two = snapshot_of(client, ["data/second.bin", "data/shared.bin"])
+        commit(client, one, "kept")
+        commit(client, two, "kept")
+        for ref in ("kept@1", "kept@2"):
+            client.request("ds_freeze", {"ref": ref}, timeout=120)
+    snapshots = _storage(daemon)["snapshots"]
+    assert snapshots["backend"] == "local"
+    assert snapshots["truncated"] is False
+    rows = {row["id"]: row for row in snapshots["snapshots"]}
+    assert set(rows) == {one.id, two.id}
+    # each snapshot: each chunk once (again.bin's chunks are shared.bin's)
+    assert rows[one.id]["stored_bytes"] == len(shared) + len(first)
+    assert rows[two.id]["stored_bytes"] == len(shared) + len(second)
+    # its own: the chunks no other snapshot names
+    assert rows[one.id]["own_bytes"] == len(first)
+    assert rows[two.id]["own_bytes"] == len(second)
+    assert all(row["complete"] for row in rows.values())
+    # overall: each chunk once over every snapshot
+    assert snapshots["stored_bytes"] == len(shared) + len(first) + len(second)
+    month = 0.023 / (1 << 30)  # example-s3-in-region's storage_per_gb_month, GB = 2^30
+    assert snapshots["per_month"] == pytest.approx(snapshots["stored_bytes"] * month)
+    assert rows[one.id]["own_per_month"] == pytest.approx(len(first) * month)
+    storage = _storage(daemon)
+    assert storage["stored_bytes"] == snapshots["stored_bytes"] + sum(
+        row["stored_bytes"] for row in storage["checkpoints"]
+    )

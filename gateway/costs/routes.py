@@ -8,10 +8,11 @@ from typing import Final
 
 from aiohttp import web
 
-from chunkd.gateway.appkeys import CHECKPOINTS, CONFIG
+from chunkd.gateway.appkeys import BACKENDS, CACHE, CHECKPOINTS, CONFIG, READ_PATH
 from chunkd.gateway.costs.ledger import Ledger
 from chunkd.gateway.costs.since import parse_since
 from chunkd.gateway.costs.storage import storage_view
+from chunkd.gateway.datasets.registry import Registry
 
 __all__ = ["LEDGER", "add_routes"]
 
@@ -35,5 +36,10 @@ async def _cost(request: web.Request) -> web.Response:
 async def _storage(request: web.Request) -> web.Response:
     ledger = request.app[LEDGER]
     writable = [b.name for b in request.app[CONFIG].backends if b.writable]
-    storage = await storage_view(request.app[CHECKPOINTS], writable, ledger.prices)
+    app = request.app
+    # the registry's own reader (its pages come through the node's cache and read path)
+    registry = Registry(
+        app[BACKENDS], app[CONFIG].datasets.registry, cache=app[CACHE], read_path=app[READ_PATH]
+    )
+    storage = await storage_view(app[CHECKPOINTS], writable, ledger.prices, registry)
     return web.json_response(ledger.view() | {"storage": storage})

@@ -673,3 +673,75 @@ def test_storage_counts_each_frozen_snapshots_chunks_once_and_its_own_apart_from
     assert storage["stored_bytes"] == snapshots["stored_bytes"] + sum(
         row["stored_bytes"] for row in storage["checkpoints"]
     )
+
+
+@pytest.mark.timeout(10)
+def test_the_ledger_keeps_the_latest_gc_of_each_backend_across_a_restart(tmp_path: Path) -> None:
+    import asyncio
+
+    from chunkd.gateway.costs.ledger import Ledger
+    from chunkd.gateway.jobs.table import JobTable
+
+    now = [1000.0]
+    path = tmp_path / "cost.json"
+    ledger = Ledger(JobTable(), state_path=path, clock=lambda: now[0])
+    ledger.note_gc("local", {"target": "local/runs", "dry_run": True, "freed_bytes": 7, "swept": 1})
+    now[0] += 5
+    ledger.note_gc("s3", {"target": "s3", "dry_run": True, "freed_bytes": 3, "swept": 1})
+    now[0] += 5  # a later run of local replaces its report
+    ledger.note_gc("local", {"target": "local", "dry_run": False, "freed_bytes": 9, "swept": 2,
+                             "retired_count": 1})  # fmt: skip
+    asyncio.run(ledger.save())
+    again = Ledger(JobTable(), state_path=path, clock=lambda: now[0])
+    reports = again.gc_reports()
+    assert reports == ledger.gc_reports()
+    assert [(r["backend"], r["at"], r["dry_run"], r["bytes"], r["chunks"], r["retired"])
+            for r in reports] == [("local", 1010.0, False, 9, 2, 1),
+                                  ("s3", 1005.0, True, 3, 1, 0)]  # fmt: skip
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="until gateway/checkpoints/gc.py calls charge.gc_report (/work/notes/i30/S-wants.md); "
+    "then remove this mark",
+)
+@pytest.mark.timeout(60)
+def test_storage_says_what_the_latest_gc_dry_run_would_reclaim_and_when_it_ran(
+    start_daemon: Callable[..., Daemon], tmp_path: Path
+) -> None:
+    import time
+
+    import blake3
+
+    from chunkd.client import checkpoint as ckpt
+
+    daemon = start_daemon(cwd=tmp_path / "node")  # the embedded default: local, a file backend
+    assert _storage(daemon)["gc_reclaimable"] is None  # no gc ran on this node
+    # garbage: chunks no checkpoint, snapshot or intent names, written an hour ago
+    chunks = daemon.cwd / "chunkd-data" / "chunks"
+    chunks.mkdir(parents=True, exist_ok=True)
+    garbage = [os.urandom(size) for size in (1000, 2000, 3000)]
+    for data in garbage:
+        path = chunks / blake3.blake3(data).hexdigest()
+        path.write_bytes(data)
+        os.utime(path, (time.time() - 3600,) * 2)
+    before = time.time()
+    with Client(daemon.cwd / "chunkd.sock") as client:
+        report = ckpt.gc("local", grace=60, dry_run=True, client=client)
+    assert report["freed_bytes"] == 6000
+    reclaimable = _storage(daemon)["gc_reclaimable"]
+    (row,) = reclaimable["backends"]
+    assert row["backend"] == "local"
+    assert row["dry_run"] is True
+    assert row["bytes"] == 6000
+    assert row["chunks"] == 3
+    assert before <= row["at"] <= time.time()
+    assert reclaimable["reclaimable_bytes"] == 6000
+    # a real run afterwards: it deleted them; nothing is left to reclaim as of then
+    with Client(daemon.cwd / "chunkd.sock") as client:
+        done = ckpt.gc("local", grace=60, client=client)
+    assert done["freed_bytes"] == 6000
+    reclaimable = _storage(daemon)["gc_reclaimable"]
+    assert reclaimable["backends"][0]["dry_run"] is False
+    assert reclaimable["backends"][0]["bytes"] == 6000
+    assert reclaimable["reclaimable_bytes"] == 0

@@ -8,14 +8,18 @@ sites, one line each:
 - ``backends/store.py``, ``file.py``, ``s3.py``: :func:`backend_bytes` per body;
 - ``readpath.py``: :func:`served` per source of a read, :func:`direct` per read;
 - ``checkpoints/restore.py``: :func:`served` and :func:`direct` per chunk read;
-- checkpoint uploads, freezes, migrations and the S3 front's PUTs: :func:`written`.
+- checkpoint uploads, freezes, migrations and the S3 front's PUTs: :func:`written`;
+- ``checkpoints/gc.py``: :func:`gc_report` at the end of each collection (or dry run).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from chunkd.gateway.costs.attribution import ATTRIBUTION
 
-__all__ = ["backend_bytes", "backend_request", "direct", "served", "written"]
+__all__ = ["backend_bytes", "backend_request", "direct", "gc_report", "served", "written"]
 
 
 def backend_request(backend: str, op: str, count: int = 1) -> None:
@@ -55,3 +59,11 @@ def written(kind: str, n: int, backend: str | None = None) -> None:
     at = ATTRIBUTION.get()
     if at.ledger is not None and n:
         at.ledger.charge(at.job, at.uid, at.name, "written", kind, n, backend)
+
+
+def gc_report(backend: str, report: Mapping[str, Any]) -> None:
+    """A garbage collection (or dry run) of ``backend`` ended with ``report``: the
+    ledger keeps what it found to delete (``GET /v1/cost/storage``)."""
+    at = ATTRIBUTION.get()
+    if at.ledger is not None:
+        at.ledger.note_gc(backend, report)

@@ -58,6 +58,9 @@ MINUTE: Final = 60.0
 #: snapshots kept per job: 24 hours of minutes
 RING_MINUTES: Final = 1440
 _STATE_VERSION: Final = 1
+#: garbage collection reports kept: the latest of each backend, at most this many
+#: backends (the oldest report goes first)
+GC_REPORTS_KEPT: Final = 64
 
 
 @dataclass
@@ -271,6 +274,8 @@ class Ledger:
         # the figures of named jobs let go of and of names let go of, all in one: in the
         # node's totals only (bounded however many jobs and names come and go)
         self._ended = _Account()
+        # the latest garbage collection (or dry run) of each backend, by backend
+        self._gc: dict[str, dict[str, Any]] = {}
         self._write_lock = asyncio.Lock()
         if state_path is not None:
             self._load(state_path)
@@ -386,6 +391,28 @@ class Ledger:
             return _OTHER
         self._names[name] = now
         return name
+
+    def note_gc(self, backend: str, report: Mapping[str, Any]) -> None:
+        """Keep what a ``chunkd gc`` (or ``--dry-run``) of ``backend`` found to delete,
+        the latest of each backend (:data:`GC_REPORTS_KEPT` backends at most), with its
+        time: ``GET /v1/cost/storage``'s ``gc_reclaimable``."""
+        self._gc.pop(backend, None)
+        self._gc[backend] = {
+            "backend": backend,
+            "target": str(report.get("target", backend))[:1024],
+            "at": self.clock(),
+            "dry_run": bool(report.get("dry_run")),
+            "bytes": int(report.get("freed_bytes") or 0),
+            "chunks": int(report.get("swept") or 0),
+            "retired": int(report.get("retired_count") or 0),
+            "kept_young": int(report.get("kept_young") or 0),
+        }
+        while len(self._gc) > GC_REPORTS_KEPT:
+            del self._gc[next(iter(self._gc))]
+
+    def gc_reports(self) -> list[dict[str, Any]]:
+        """The garbage collections :meth:`note_gc` kept, by backend name."""
+        return [dict(self._gc[b]) for b in sorted(self._gc)]
 
     # --- views -----------------------------------------------------------------------
 
@@ -522,6 +549,7 @@ class Ledger:
                 for label, accounts in self._retired.items()
             },
             "ended": self._ended.dump(),
+            "gc": list(self._gc.values()),
         }
 
     async def save(self) -> None:
@@ -560,6 +588,14 @@ class Ledger:
             for label, accounts in data.get("retired", {}).items():
                 self._retired[str(label)] = {n: _Account.load(a) for n, a in accounts.items()}
             self._ended = _Account.load(data.get("ended", {}))
+            for item in data.get("gc", [])[-GC_REPORTS_KEPT:]:
+                self._gc[str(item["backend"])] = {
+                    "backend": str(item["backend"]),
+                    "target": str(item["target"])[:1024],
+                    "at": float(item["at"]),
+                    "dry_run": bool(item["dry_run"]),
+                    **{k: int(item[k]) for k in ("bytes", "chunks", "retired", "kept_young")},
+                }
         except FileNotFoundError:
             return
         except (OSError, ValueError, KeyError, TypeError) as exc:
@@ -568,6 +604,7 @@ class Ledger:
             self._jobs.clear()
             self._retired.clear()
             self._ended = _Account()
+            self._gc.clear()
             with contextlib.suppress(OSError):
                 path.rename(path.with_suffix(".json.damaged"))
 

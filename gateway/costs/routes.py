@@ -41,5 +41,7 @@ async def _storage(request: web.Request) -> web.Response:
     registry = Registry(
         app[BACKENDS], app[CONFIG].datasets.registry, cache=app[CACHE], read_path=app[READ_PATH]
     )
-    storage = await storage_view(app[CHECKPOINTS], writable, ledger.prices, registry)
+    storage = await storage_view(
+        app[CHECKPOINTS], writable, ledger.prices, registry, ledger.gc_reports()
+    )
     return web.json_response(ledger.view() | {"storage": storage})

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
 from chunkd.errors import DatasetError, DatasetNotFoundError, ManifestError, UnknownBackendError
@@ -31,6 +31,7 @@ __all__ = [
     "MAX_CHECKPOINTS",
     "MAX_SNAPSHOTS",
     "MAX_SNAPSHOT_CHUNKS",
+    "gc_view",
     "snapshots_view",
     "storage_view",
 ]
@@ -49,6 +50,7 @@ async def storage_view(
     backends: Iterable[str],
     prices: Prices,
     registry: Registry | None = None,
+    gc_reports: Iterable[Mapping[str, Any]] = (),
 ) -> dict[str, Any]:
     """What each checkpoint history (per run: a name less its step) keeps in the
     backends named, and each frozen snapshot of ``registry`` (:func:`snapshots_view`),
@@ -57,7 +59,8 @@ async def storage_view(
     A history's stored bytes are the sum of its committed checkpoints' ``new_bytes``
     (the bytes each save uploaded that the backend did not hold: each chunk counted
     once, by the save that first sent it). The answer's ``stored_bytes`` and
-    ``per_month`` are the histories' and the snapshots' together.
+    ``per_month`` are the histories' and the snapshots' together. ``gc_reports``: the
+    latest garbage collection of each backend (:func:`gc_view`).
     """
     runs: dict[str, dict[str, Any]] = {}
     left = MAX_CHECKPOINTS
@@ -93,8 +96,34 @@ async def storage_view(
         "read_at_most": MAX_CHECKPOINTS,
         "truncated": truncated,
         "snapshots": snapshots,
-        # what GC would reclaim is not in the catalog: it needs the mark
-        "gc_reclaimable": None,
+        "gc_reclaimable": gc_view(gc_reports, prices),
+    }
+
+
+def gc_view(reports: Iterable[Mapping[str, Any]], prices: Prices) -> dict[str, Any] | None:
+    """What ``chunkd gc`` would reclaim, as the latest collection of each backend this
+    node ran found it (no mark is made here: it reads every manifest and lists every
+    chunk); None when this node ran none.
+
+    Each backend's row is its latest run's report, with its time (``at``): a dry run's
+    ``bytes`` are what it would have deleted then, a real run's what it deleted (gone:
+    not reclaimable). ``reclaimable_bytes`` sums the rows that are dry runs, and
+    ``per_month`` is what keeping those bytes costs a month.
+    """
+    rows = []
+    for report in reports:
+        row = dict(report)
+        price = prices.table(str(row["backend"])).storage_per_gb_month
+        row["per_month"] = row["bytes"] / GB * price
+        rows.append(row)
+    if not rows:
+        return None
+    pending = [row for row in rows if row["dry_run"]]
+    return {
+        "from": "the latest chunkd gc or gc --dry-run of each backend on this node",
+        "backends": rows,
+        "reclaimable_bytes": sum(row["bytes"] for row in pending),
+        "per_month": sum(row["per_month"] for row in pending),
     }
 
 

@@ -673,6 +673,18 @@ def test_storage_counts_each_frozen_snapshots_chunks_once_and_its_own_apart_from
     assert storage["stored_bytes"] == snapshots["stored_bytes"] + sum(
         row["stored_bytes"] for row in storage["checkpoints"]
     )
+    shown = subprocess.run(
+        [sys.executable, "-m", "chunkd", "cost", "--url", daemon.url, "--storage"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert shown.returncode == 0, shown.stderr
+    assert f"frozen {one.id[:12]}" in shown.stdout
+    assert f"frozen {two.id[:12]}" in shown.stdout
+    assert "frozen snapshots, each chunk once" in shown.stdout
+    assert "gc would reclaim: unknown (no chunkd gc ran on this node)" in shown.stdout
 
 
 @pytest.mark.timeout(10)
@@ -737,6 +749,14 @@ def test_storage_says_what_the_latest_gc_dry_run_would_reclaim_and_when_it_ran(
     assert row["chunks"] == 3
     assert before <= row["at"] <= time.time()
     assert reclaimable["reclaimable_bytes"] == 6000
+    shown = subprocess.run(
+        [sys.executable, "-m", "chunkd", "cost", "--url", daemon.url, "--storage"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert "gc local would reclaim 5.9 KiB (3 chunks; dry run at " in shown.stdout, shown.stdout
     # a real run afterwards: it deleted them; nothing is left to reclaim as of then
     with Client(daemon.cwd / "chunkd.sock") as client:
         done = ckpt.gc("local", grace=60, client=client)

@@ -145,6 +145,57 @@ def print_table(view: dict[str, Any], out: TextIO) -> None:
             )
         if storage.get("truncated"):
             print(f"  (truncated: read {storage['read_at_most']} checkpoints at most)", file=out)
+        _print_snapshots(storage.get("snapshots"), currency, out)
+        _print_gc(storage.get("gc_reclaimable"), currency, out)
+        print(
+            f"  {'kept in all':<40} {'':>17} {human_size(storage.get('stored_bytes', 0)):>10} "
+            f"{_money(storage.get('per_month', 0.0), currency):>14}",
+            file=out,
+        )
+
+
+def _print_snapshots(snapshots: dict[str, Any] | None, currency: str, out: TextIO) -> None:
+    """One line per frozen snapshot (its chunks once; its own apart), then them all."""
+    if not snapshots:
+        return
+    for row in snapshots.get("snapshots", []):
+        line = (
+            f"  frozen {row['id'][:12]:<33} {human_size(row['own_bytes']):>13} own "
+            f"{human_size(row['stored_bytes']):>10} {_money(row['per_month'], currency):>14}"
+        )
+        if row.get("error"):
+            line += f"  ({row['error'][:200]})"
+        elif not row.get("complete"):
+            line += "  (read in part)"
+        print(line, file=out)
+    print(
+        f"  {'frozen snapshots, each chunk once':<40} {'':>17} "
+        f"{human_size(snapshots['stored_bytes']):>10} "
+        f"{_money(snapshots['per_month'], currency):>14}",
+        file=out,
+    )
+    if snapshots.get("truncated"):
+        most = snapshots["read_at_most"]
+        print(
+            f"  (truncated: read {most['snapshots']} snapshots and {most['chunks']} chunks "
+            "at most)",
+            file=out,
+        )
+
+
+def _print_gc(gc: dict[str, Any] | None, currency: str, out: TextIO) -> None:
+    """What the latest gc of each backend found to delete, and when."""
+    if not gc:
+        print("  gc would reclaim: unknown (no chunkd gc ran on this node)", file=out)
+        return
+    for row in gc.get("backends", []):
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(row["at"]))
+        what = "would reclaim" if row["dry_run"] else "reclaimed"
+        print(
+            f"  gc {row['backend'][:20]} {what} {human_size(row['bytes'])} "
+            f"({row['chunks']} chunks; {'dry run' if row['dry_run'] else 'run'} at {when})",
+            file=out,
+        )
 
 
 def cost(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:

@@ -685,6 +685,14 @@ def test_storage_counts_each_frozen_snapshots_chunks_once_and_its_own_apart_from
     assert f"frozen {two.id[:12]}" in shown.stdout
     assert "frozen snapshots, each chunk once" in shown.stdout
     assert "gc would reclaim: unknown (no chunkd gc ran on this node)" in shown.stdout
+    # a record whose snapshot is not registered: its row says why, the rest are counted
+    planted = "0" * 64
+    (data_dir(daemon) / "datasets" / "frozen" / f"{planted}.json").write_text("{}")
+    rows = {row["id"]: row for row in _storage(daemon)["snapshots"]["snapshots"]}
+    assert rows[planted]["stored_bytes"] == 0
+    assert planted in rows[planted]["error"]
+    assert rows[planted]["complete"] is False
+    assert rows[one.id]["stored_bytes"] == len(shared) + len(first)
 
 
 @pytest.mark.timeout(10)

@@ -720,11 +720,6 @@ def test_the_ledger_keeps_the_latest_gc_of_each_backend_across_a_restart(tmp_pat
                                   ("s3", 1005.0, True, 3, 1, 0)]  # fmt: skip
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="until gateway/checkpoints/gc.py calls charge.gc_report (/work/notes/i30/S-wants.md); "
-    "then remove this mark",
-)
 @pytest.mark.timeout(60)
 def test_storage_says_what_the_latest_gc_dry_run_would_reclaim_and_when_it_ran(
     start_daemon: Callable[..., Daemon], tmp_path: Path

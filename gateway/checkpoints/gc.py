@@ -26,6 +26,7 @@ from chunkd.gateway.checkpoints.model import (
     is_manifest,
     manifest_key,
 )
+from chunkd.gateway.costs import charge
 from chunkd.gateway.names import split_name
 
 if TYPE_CHECKING:
@@ -180,6 +181,7 @@ class Collector:
             target,
             {k: v for k, v in report.items() if k != "retired"},
         )
+        charge.gc_report(backend.name, report)  # GET /v1/cost/storage's gc_reclaimable
         return report
 
     async def _mark(

@@ -103,6 +103,53 @@ def test_every_rule_and_alert_has_a_unit_test() -> None:
     assert set(alerts) <= set(alerted)
 
 
+#: panels that reduce each frame's fields to one value a bar (options.reduceOptions)
+_REDUCING = frozenset({"bargauge", "gauge", "stat", "piechart"})
+#: transformations that join several queries' frames into one table
+_JOINS = frozenset({"merge", "joinByField", "seriesToColumns"})
+
+
+@pytest.mark.timeout(10)
+def test_grafana_panels_draw_each_series() -> None:
+    """What Grafana makes of each panel's frames, checked in the JSON (no Grafana here).
+
+    A table-format answer is one frame, one row per series, one numeric field
+    ``Value``: a reducing panel (bar gauge, stat) with ``reduceOptions.values: false``
+    reduces that field to one bar named "Value", so it needs ``values: true`` or
+    time-series frames (``format: time_series``, one frame a series, named by its
+    ``legendFormat``). A table of several queries shows one frame at a time, behind a
+    picker, unless a transformation merges them; its ``Value #A``... columns are then
+    renamed to say what they are."""
+    dashboard = json.loads(DASHBOARD.read_text())
+    wrong = []
+    for panel in _panels(dashboard["panels"]):
+        title, targets = panel["title"], panel.get("targets", [])
+        tables = [t for t in targets if t.get("format") == "table"]
+        if panel["type"] in _REDUCING:
+            values = panel["options"]["reduceOptions"].get("values", False)
+            if tables and not values:
+                wrong.append(f"{title}: table-format queries reduced to one 'Value' bar")
+        if panel["type"] == "table":
+            if len(tables) != len(targets) or not all(t.get("instant") for t in targets):
+                wrong.append(f"{title}: a table of queries that are not instant tables")
+            ids = [t["id"] for t in panel.get("transformations", [])]
+            if len(targets) > 1:
+                if not _JOINS & set(ids):
+                    wrong.append(f"{title}: {len(targets)} queries and no merge: one shown")
+                renamed = {
+                    name
+                    for t in panel.get("transformations", [])
+                    if t["id"] == "organize"
+                    for name in t["options"].get("renameByName", {})
+                }
+                unnamed = {f"Value #{t['refId']}" for t in targets} - renamed
+                if unnamed:
+                    wrong.append(f"{title}: columns not renamed: {sorted(unnamed)}")
+        if tables and panel["type"] not in _REDUCING | {"table"}:
+            wrong.append(f"{title}: a {panel['type']} over table-format queries")
+    assert not wrong, "\n".join(wrong)
+
+
 class Trainer:
     """One node's ranks of a job, through what a training loop uses: a :class:`Client`
     naming the job (its hello says ``train_job``) for reads, and a :class:`StallMeter`
@@ -244,13 +291,15 @@ def _json(node: Daemon, path: str) -> Any:
     return json.loads(body)
 
 
-def _panel_queries(dashboard: dict[str, Any]) -> Iterator[tuple[str, str]]:
-    def panels(items: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
-        for item in items:
-            yield item
-            yield from panels(item.get("panels", []))
+def _panels(items: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    """Every panel of a dashboard, rows and the panels in them included."""
+    for item in items:
+        yield item
+        yield from _panels(item.get("panels", []))
 
-    for panel in panels(dashboard["panels"]):
+
+def _panel_queries(dashboard: dict[str, Any]) -> Iterator[tuple[str, str]]:
+    for panel in _panels(dashboard["panels"]):
         if panel["type"] == "row":
             continue
         assert panel["datasource"]["uid"] == "${datasource}", panel["title"]
@@ -285,135 +334,156 @@ def test_prometheus_adds_up_two_daemons(cluster: list[Daemon], tmp_path: Path) -
         b0 = Trainer(nodes[0], "train-b", (0,))
         runs = [(a0, 0.15, 0.5), (a1, 0.05, 0.5), (b0, 0.02, 0.4)]
         try:
-            for round_ in range(4):
-                # two new objects a round, and one of the last round's again (cache
-                # hits, and peers' chunks)
-                reads = sorted({2 * round_, 2 * round_ + 1, max(0, 2 * round_ - 1)})
-                for trainer, wait, step in runs:
-                    trainer.round(10, wait, step, [f"data/obj-{i}" for i in reads])
-                if round_ == 0:
-                    # train-a saves a checkpoint through n0 (backend writes, their cost)
-                    state = {"w": np.arange(MiB // 4, dtype=np.float32)}
-                    ckpt.save(state, "data/ckpt/train-a/1", client=a0.client)
-                    for trainer, phases in (
-                        (b0, {"rank": 0, "metadata": 0.25, "total": 1.0}),
-                        (a0, {"rank": 1, "metadata": 0.5, "first_chunk": 0.25, "total": 2.0}),
-                    ):
-                        with trainer.client.request("ds_first_batch", phases):
-                            pass
-                    # the first scrape after the first round: the windowed rules count
-                    # from there
-                    server.wait_for(
-                        'count(chunkd_loader_step_seconds_count{train_job!="none"}) >= 3'
-                    )
-                time.sleep(1.0)
-            for trainer, _, _ in runs:
-                for meter in trainer.meters:
-                    assert (meter.reports, meter.failed) == (4, 0), meter
+            _check_the_cluster(server, nodes, runs)
         finally:
+            # after every check: each job's end (every rank's end=true, then a quiet
+            # minute) takes its series out of /metrics
             for trainer, _, _ in runs:
                 trainer.close()
 
-        # What the daemons say, added up: the truth the cluster's figures must equal.
-        waits = _added(*(_job_sums(n, "chunkd_loader_wait_seconds_sum") for n in nodes))
-        steps = _added(*(_job_sums(n, "chunkd_loader_step_seconds_sum") for n in nodes))
-        assert set(waits) == {"train-a", "train-b"}, waits
-        assert waits["train-a"] == pytest.approx(4 * 10 * (2 * 0.15 + 2 * 0.05))
-        stall = {job: waits[job] / steps[job] for job in waits}
+
+def _check_the_cluster(
+    server: PrometheusServer, nodes: list[Daemon], runs: list[tuple[Trainer, float, float]]
+) -> None:
+    a0, b0 = runs[0][0], runs[2][0]
+    # a job's loader histograms are exported at 0 from its start (the trainers'
+    # hellos), so Prometheus has a 0 before the first report and rate() counts the
+    # first window too
+    server.wait_for(
+        'count(chunkd_loader_step_seconds_count{train_job=~"train-a|train-b"} == 0) == 3'
+    )
+    for round_ in range(4):
+        # two new objects a round, and one of the last round's again (cache
+        # hits, and peers' chunks)
+        reads = sorted({2 * round_, 2 * round_ + 1, max(0, 2 * round_ - 1)})
+        for trainer, wait, step in runs:
+            trainer.round(10, wait, step, [f"data/obj-{i}" for i in reads])
+        if round_ == 0:
+            # train-a saves a checkpoint through n0 (backend writes, their cost)
+            state = {"w": np.arange(MiB // 4, dtype=np.float32)}
+            ckpt.save(state, "data/ckpt/train-a/1", client=a0.client)
+            for trainer, phases in (
+                (b0, {"rank": 0, "metadata": 0.25, "total": 1.0}),
+                (a0, {"rank": 1, "metadata": 0.5, "first_chunk": 0.25, "total": 2.0}),
+            ):
+                with trainer.client.request("ds_first_batch", phases):
+                    pass
+            # fetch-c only costs: an object read over HTTP naming it, no stall meter
+            status, _, body = nodes[1].get(
+                "/v1/objects/data/obj-7", headers={"X-Chunkd-Job": "fetch-c"}
+            )
+            assert (status, len(body)) == (200, MiB)
+            # the first scrape after the first round (3 meters' 10 steps a rank)
+            server.wait_for(
+                'sum(chunkd_loader_step_seconds_count{train_job=~"train-a|train-b"}) >= 50'
+            )
+        time.sleep(1.0)
+    for trainer, _, _ in runs:
+        for meter in trainer.meters:
+            assert (meter.reports, meter.failed) == (4, 0), meter
+
+    # What the daemons say, added up: the truth the cluster's figures must equal.
+    waits = _added(*(_job_sums(n, "chunkd_loader_wait_seconds_sum") for n in nodes))
+    steps = _added(*(_job_sums(n, "chunkd_loader_step_seconds_sum") for n in nodes))
+    assert {job for job, s in steps.items() if s > 0} == {"train-a", "train-b"}, steps
+    assert waits["train-a"] == pytest.approx(4 * 10 * (2 * 0.15 + 2 * 0.05))
+    assert waits.get("fetch-c") == 0  # a live job with no steps: its series at 0
+    stall = {job: waits[job] / steps[job] for job in waits if steps[job] > 0}
+    server.wait_for(
+        "train_job:chunkd_loader_stall:ratio_total",
+        lambda r: _close({s["metric"]["train_job"]: float(s["value"][1]) for s in r}, stall, EXACT),
+        timeout=15,
+    )
+    # /v1/jobs says the same, node by node
+    views = [_json(n, "/v1/jobs") for n in nodes]
+    by_job: dict[str, list[float]] = {}
+    for view in views:
+        for job in view["jobs"]:
+            if not job["steps"]:
+                continue
+            sums = by_job.setdefault(job["name"], [0.0, 0.0])
+            sums[0] += job["wait_seconds"]
+            sums[1] += job["step_seconds"]
+    assert {j: w / s for j, (w, s) in by_job.items()} == pytest.approx(stall, rel=EXACT)
+
+    # The windowed stall: train-a's two nodes at 30% and 10% of equal steps, 20%.
+    # Three more scrapes of both nodes first: rate() extrapolates each series by up
+    # to a scrape interval, a share of its sampled span that these make smaller.
+    settled = max(server.scrapes().values()) + 3 * server.interval
+    server.wait_for("min(timestamp(up))", lambda r: float(r[0]["value"][1]) >= settled)
+    windowed = server.values("train_job:chunkd_loader_stall:ratio_rate5m", by="train_job")
+    assert windowed.keys() == stall.keys()
+    for job, ratio in stall.items():
+        assert abs(windowed[job] - ratio) <= STALL_TOLERANCE, (job, windowed, stall)
+    assert stall["train-a"] == pytest.approx(0.2)
+
+    # Cost: spent, without chunkd, saved, by job, as the nodes' counters add up.
+    for rule, metric in (
+        ("spent", "chunkd_cost_dollars_total"),
+        ("direct", "chunkd_cost_direct_dollars_total"),
+        ("saved", "chunkd_cost_saved_dollars_total"),
+    ):
+        want = _added(*(_job_sums(n, metric) for n in nodes))
+        assert want.get("train-a", 0) > 0, (metric, want)
         server.wait_for(
-            "train_job:chunkd_loader_stall:ratio_total",
-            lambda r: _close(
-                {s["metric"]["train_job"]: float(s["value"][1]) for s in r}, stall, EXACT
+            f"train_job:chunkd_cost_{rule}_dollars:total",
+            lambda r, want=want: _close(
+                {s["metric"]["train_job"]: float(s["value"][1]) for s in r}, want, EXACT
             ),
-            timeout=15,
+            timeout=10,
         )
-        # /v1/jobs says the same, node by node
-        views = [_json(n, "/v1/jobs") for n in nodes]
-        by_job: dict[str, list[float]] = {}
-        for view in views:
-            for job in view["jobs"]:
-                sums = by_job.setdefault(job["name"], [0.0, 0.0])
-                sums[0] += job["wait_seconds"]
-                sums[1] += job["step_seconds"]
-        assert {j: w / s for j, (w, s) in by_job.items()} == pytest.approx(stall, rel=EXACT)
+        # the nodes' /v1/cost, added up, says the same
+        ledger: dict[str, float] = {}
+        for node in nodes:
+            for job in _json(node, "/v1/cost")["jobs"]:
+                figure = job[rule]
+                figure = sum(figure.values()) if isinstance(figure, dict) else figure
+                ledger[job["job"] or "none"] = ledger.get(job["job"] or "none", 0) + figure
+        for job, value in want.items():
+            assert ledger.get(job, 0.0) == pytest.approx(value, rel=1e-6), (rule, ledger, want)
+        rates = server.values(f"train_job:chunkd_cost_{rule}_dollars:rate5m", by="train_job")
+        assert rates.get("train-a", 0) > 0, rates
 
-        # The windowed stall: train-a's two nodes at 30% and 10% of equal steps, 20%.
-        # Three more scrapes of both nodes first: rate() extrapolates each series by up
-        # to a scrape interval, a share of its sampled span that these make smaller.
-        settled = max(server.scrapes().values()) + 3 * server.interval
-        server.wait_for("min(timestamp(up))", lambda r: float(r[0]["value"][1]) >= settled)
-        windowed = server.values("train_job:chunkd_loader_stall:ratio_rate5m", by="train_job")
-        assert windowed.keys() == stall.keys()
-        for job, ratio in stall.items():
-            assert abs(windowed[job] - ratio) <= STALL_TOLERANCE, (job, windowed, stall)
-        assert stall["train-a"] == pytest.approx(0.2)
-
-        # Cost: spent, without chunkd, saved, by job, as the nodes' counters add up.
+    # chunkd cost --prometheus: the same cluster figures, as a user asks for them.
+    truth = {
+        rule: _added(*(_job_sums(n, metric) for n in nodes))
         for rule, metric in (
             ("spent", "chunkd_cost_dollars_total"),
             ("direct", "chunkd_cost_direct_dollars_total"),
             ("saved", "chunkd_cost_saved_dollars_total"),
-        ):
-            want = _added(*(_job_sums(n, metric) for n in nodes))
-            assert want.get("train-a", 0) > 0, (metric, want)
-            server.wait_for(
-                f"train_job:chunkd_cost_{rule}_dollars:total",
-                lambda r, want=want: _close(
-                    {s["metric"]["train_job"]: float(s["value"][1]) for s in r}, want, EXACT
-                ),
-                timeout=10,
-            )
-            # the nodes' /v1/cost, added up, says the same
-            ledger: dict[str, float] = {}
-            for node in nodes:
-                for job in _json(node, "/v1/cost")["jobs"]:
-                    figure = job[rule]
-                    figure = sum(figure.values()) if isinstance(figure, dict) else figure
-                    ledger[job["job"] or "none"] = ledger.get(job["job"] or "none", 0) + figure
-            for job, value in want.items():
-                assert ledger.get(job, 0.0) == pytest.approx(value, rel=1e-6), (rule, ledger, want)
-            rates = server.values(f"train_job:chunkd_cost_{rule}_dollars:rate5m", by="train_job")
-            assert rates.get("train-a", 0) > 0, rates
+        )
+    }
+    asked = json.loads(chunkd_cost("--prometheus", server.url, "--json"))
+    rows = {row["job"]: row for row in asked["jobs"]}
+    for rule, want in truth.items():
+        for job, value in want.items():
+            got = rows[job][rule]
+            got = sum(got.values()) if isinstance(got, dict) else got
+            assert got == pytest.approx(value, rel=EXACT), (rule, job, rows)
+    table = chunkd_cost("--prometheus", server.url, "--job", "train-a")
+    line = next(row for row in table.splitlines() if row.startswith("train-a "))
+    assert f"{truth['spent']['train-a']:.4f} USD" in line, table
+    # over a window: what rate() counts since the first scrape, never more than all
+    windowed = json.loads(chunkd_cost("--prometheus", server.url, "--since", "10m", "--json"))
+    spent = {row["job"]: row["spent"] for row in windowed["jobs"]}
+    assert 0 < spent["train-a"] <= truth["spent"]["train-a"] * 1.2, (spent, truth)
 
-        # chunkd cost --prometheus: the same cluster figures, as a user asks for them.
-        truth = {
-            rule: _added(*(_job_sums(n, metric) for n in nodes))
-            for rule, metric in (
-                ("spent", "chunkd_cost_dollars_total"),
-                ("direct", "chunkd_cost_direct_dollars_total"),
-                ("saved", "chunkd_cost_saved_dollars_total"),
-            )
-        }
-        asked = json.loads(chunkd_cost("--prometheus", server.url, "--json"))
-        rows = {row["job"]: row for row in asked["jobs"]}
-        for rule, want in truth.items():
-            for job, value in want.items():
-                got = rows[job][rule]
-                got = sum(got.values()) if isinstance(got, dict) else got
-                assert got == pytest.approx(value, rel=EXACT), (rule, job, rows)
-        table = chunkd_cost("--prometheus", server.url, "--job", "train-a")
-        line = next(row for row in table.splitlines() if row.startswith("train-a "))
-        assert f"{truth['spent']['train-a']:.4f} USD" in line, table
-        # over a window: what rate() counts since the first scrape, never more than all
-        windowed = json.loads(chunkd_cost("--prometheus", server.url, "--since", "10m", "--json"))
-        spent = {row["job"]: row["spent"] for row in windowed["jobs"]}
-        assert 0 < spent["train-a"] <= truth["spent"]["train-a"] * 1.2, (spent, truth)
-
-        # Every panel of the Grafana dashboard answers, from the templated datasource,
-        # and each of its variables' label_values() lists what the test ran.
-        dashboard = json.loads(DASHBOARD.read_text())
-        empty = []
-        for title, expr in _panel_queries(dashboard):
-            if not server.query(_substitute(expr)):
-                empty.append(f"{title}: {expr}")
-        assert not empty, "panels without data:\n" + "\n".join(empty)
-        variables = {v["name"]: v for v in dashboard["templating"]["list"]}
-        assert variables["datasource"]["query"] == "prometheus"
-        listed = {}
-        for name in ("train_job", "instance"):
-            found = re.fullmatch(r"label_values\((\w+), (\w+)\)", variables[name]["definition"])
-            assert found, variables[name]
-            metric, label = found.groups()
-            listed[name] = set(server.api(f"label/{label}/values", **{"match[]": metric}))
-        assert listed["train_job"] >= {"train-a", "train-b"}, listed
-        assert listed["instance"] == {f"127.0.0.1:{n.port}" for n in nodes}, listed
+    # Every panel of the Grafana dashboard answers, from the templated datasource,
+    # and each of its variables' label_values() lists what the test ran.
+    dashboard = json.loads(DASHBOARD.read_text())
+    empty = []
+    for title, expr in _panel_queries(dashboard):
+        if not server.query(_substitute(expr)):
+            empty.append(f"{title}: {expr}")
+    assert not empty, "panels without data:\n" + "\n".join(empty)
+    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+    assert variables["datasource"]["query"] == "prometheus"
+    listed = {}
+    for name in ("train_job", "instance"):
+        found = re.fullmatch(r"label_values\((.+), (\w+)\)", variables[name]["definition"])
+        assert found, variables[name]
+        selector, label = found.groups()
+        listed[name] = set(server.api(f"label/{label}/values", **{"match[]": selector}))
+    # the jobs with a stall meter, and the job that only cost
+    assert listed["train_job"] >= {"train-a", "train-b", "fetch-c"}, listed
+    assert listed["instance"] == {f"127.0.0.1:{n.port}" for n in nodes}, listed

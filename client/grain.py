@@ -38,6 +38,10 @@ Importing this module imports grain (``pip install grain``); grain needs no jax.
 from __future__ import annotations
 
 import functools
+import os
+import sys
+import threading
+import weakref
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Unpack
 
@@ -73,9 +77,15 @@ from chunkd.client.datasets.workers import (
     global_state,
     reader_state,
 )
-from chunkd.client.jobs import job_name
 from chunkd.client.protocol import MAX_SECONDS
-from chunkd.client.stalls import MIN_WINDOW, REPORT_WINDOW, StallMeter, in_loader_worker
+from chunkd.client.stalls import (
+    MIN_WINDOW,
+    REPORT_WINDOW,
+    StallMeter,
+    in_loader_worker,
+    job_of,
+    measured_outside,
+)
 from chunkd.errors import ResumeStateError
 from chunkd.snapshot import Snapshot
 
@@ -250,11 +260,15 @@ class ChunkdIterDataset(grain.IterDataset):  # type: ignore[misc]
         client_factory: as :class:`GrainSource`'s.
         measure: time the trainer's waits for each batch and report them to the
             daemon (:class:`~chunkd.client.StallMeter`), where the iterator runs in
-            the trainer's process (not in an ``mp_prefetch`` worker: there, wrap the
-            pipeline's iterator in ``StallMeter(...).wrap(...)``).
-        train_job: the job the waits, the first batch's timings and the reads are
-            accounted to (:func:`~chunkd.client.job_name`; None: the environment's,
-            else the client's).
+            the process and thread that made the dataset (:meth:`measured_here`; not
+            in an ``mp_prefetch`` worker, even with one, nor a ``prefetch`` thread:
+            there, wrap the pipeline's iterator in ``StallMeter(...).wrap(...)``), and
+            not inside another meter's ``wrap``. An iteration's end, or the loop
+            leaving it, sends its window; the rank's end is sent at the process's exit
+            (or ``iterator.meter.close()``).
+        train_job: the job the waits and the first batch's timings are accounted to;
+            None: the dataset's client's (``Client(train_job=)``), else
+            :func:`~chunkd.client.job_name`'s (the environment's).
         stall_window: seconds between two of the meter's reports.
 
     Raises:
@@ -279,8 +293,11 @@ class ChunkdIterDataset(grain.IterDataset):  # type: ignore[misc]
         **options: Unpack[ReadOptions],
     ) -> None:
         super().__init__()
-        self.train_job = job_name(train_job)
+        self.train_job = job_of(train_job, client_of(dataset))
         self.measure = bool(measure)
+        # the trainer's process and thread: the iterator measures only there (Grain's
+        # mp_prefetch runs a copy in a child, even with one worker; prefetch a thread)
+        self._trainer = os.getpid(), threading.get_ident()
         if not MIN_WINDOW <= stall_window <= MAX_SECONDS:
             raise ValueError(
                 f"stall_window is {MIN_WINDOW} to {MAX_SECONDS:g} seconds; got {stall_window!r}"
@@ -329,6 +346,23 @@ class ChunkdIterDataset(grain.IterDataset):  # type: ignore[misc]
     def __iter__(self) -> ChunkdIterator:
         return ChunkdIterator(self)
 
+    def measured_here(self) -> bool:
+        """Whether an iterator of this dataset times the trainer's waits where it runs
+        now: ``measure``, in the process and thread that made the dataset (not Grain's
+        ``mp_prefetch`` child, even with one worker, nor a ``prefetch`` thread), not in
+        a torch DataLoader's worker, and the dataset not split by workers."""
+        grain_workers = sys.modules.get(
+            "grain._src.python.dataset.transformations.process_prefetch"
+        )
+        in_grain_worker = getattr(grain_workers, "is_in_worker_process", None)
+        return (
+            self.measure
+            and self.workers == 1
+            and (os.getpid(), threading.get_ident()) == self._trainer
+            and not (in_grain_worker is not None and in_grain_worker())
+            and not in_loader_worker()
+        )
+
     def __str__(self) -> str:
         return (
             f"ChunkdIterDataset(snapshot={self.start.snapshot[:12]}, rank={self.rank}/"
@@ -359,29 +393,27 @@ class ChunkdIterator(grain.DatasetIterator):  # type: ignore[misc]
 
     def __next__(self) -> Batch:
         owner = self._owner
-        if (
-            self.meter is None
-            and owner.measure
-            and owner.workers == 1
-            and not self._finished
-            and not in_loader_worker()
-        ):
-            self.meter = StallMeter(
+        if self.meter is None and not self._finished and owner.measured_here():
+            self.meter = made = StallMeter(
                 client_of(owner.source.dataset),
                 train_job=owner.train_job,
                 rank=owner.rank,
                 world_size=owner.world_size,
                 window=owner.stall_window,
             )
+            # the loop leaving early (a break, an exception) sends the window too; the
+            # rank's end is sent at the process's exit (or ``meter.close()``)
+            finalizer = weakref.finalize(self, made.finish)
+            finalizer.atexit = False  # at exit the meter's own hook ends the rank
         meter = self.meter
-        if meter is None:
+        if meter is None or measured_outside():
             return self._next()
         asked = meter.clock()
         try:
             batch = self._next()
         except StopIteration:
-            self.meter, self._last = None, None
-            meter.close()
+            self._last = None  # the iteration's end: its window, not the job's end
+            meter.finish()
             raise
         got = meter.clock()
         meter.add(got - asked, got - (asked if self._last is None else self._last), now=got)

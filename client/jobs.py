@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import logging
 import os
+import re
+import stat
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Final
@@ -70,6 +72,8 @@ FOR_DATASET: ContextVar[str | None] = ContextVar("chunkd_for_dataset", default=N
 
 #: values already warned of (once each), bounded
 _WARNED: set[str] = set()
+#: a backslash escape in a quoted label value (a label's value has none; Go quotes it)
+_ESCAPE: Final = re.compile(r"\\(.)", re.DOTALL)
 
 
 def job_name(train_job: str | None = None) -> str | None:
@@ -121,10 +125,19 @@ def _pod_labels(path: Path) -> list[tuple[str, str]]:
     """The job labels of a downward API labels file (lines ``key="value"``), in the
     order of :data:`POD_JOB_LABELS`; none where the file cannot be read."""
     try:
-        with path.open("rb") as labels:
+        # O_NONBLOCK: a FIFO or a device named there must not hang the client
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return []
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return []
+        with os.fdopen(fd, "rb", closefd=False) as labels:
             data = labels.read(MAX_LABELS_BYTES)
     except OSError:
         return []
+    finally:
+        os.close(fd)
     if len(data) == MAX_LABELS_BYTES:  # cut: the last line may be half of one
         data = data[: data.rfind(b"\n") + 1]
     found: dict[str, str] = {}
@@ -135,6 +148,7 @@ def _pod_labels(path: Path) -> list[tuple[str, str]]:
             continue
         value = value.strip()
         if len(value) >= 2 and value[0] == value[-1] == '"':
-            value = value[1:-1].replace('\\"', '"').replace("\\\\", "\\")
+            # one pass, so that an escaped backslash before a quote stays a backslash
+            value = _ESCAPE.sub(lambda m: m.group(1), value[1:-1])
         found[key] = value
     return [(label, found[label]) for label in POD_JOB_LABELS if label in found]

@@ -195,7 +195,8 @@ def test_the_plain_loader_reports_what_the_trainer_waited(slow_node: SlowNode) -
     assert job["steps"] == 2 * STEPS
     assert job["uids"] == [os.getuid()]
     assert loader.meter is not None
-    assert loader.meter.reports == 1  # a window of 5 s: one report, at the end
+    # one meter for both epochs; a window of 5 s: one report at each epoch's end
+    assert loader.meter.reports == 2
     assert job["first_batch"]["rank"] == 0  # ds_first_batch, for the job
 
 

@@ -110,9 +110,16 @@ from chunkd.client.datasets.order import (
 )
 from chunkd.client.datasets.shared import SharedDecoder
 from chunkd.client.datasets.state import DEFAULT_ORDER, LoaderState
-from chunkd.client.jobs import FOR_DATASET, job_name
+from chunkd.client.jobs import FOR_DATASET
 from chunkd.client.protocol import MAX_SECONDS
-from chunkd.client.stalls import MIN_WINDOW, REPORT_WINDOW, StallMeter, in_loader_worker
+from chunkd.client.stalls import (
+    MIN_WINDOW,
+    REPORT_WINDOW,
+    StallMeter,
+    in_loader_worker,
+    job_of,
+    measured_outside,
+)
 from chunkd.errors import ChunkdError
 
 if TYPE_CHECKING:
@@ -691,14 +698,19 @@ def _plan_ids(dataset: Readable, plan: _Plan) -> list[str]:
     return _ids(dataset, members, samples)
 
 
+#: the worker process whose start was reported (its first iteration's ``worker_start``)
+_WORKER_STARTED: int | None = None
+
+
 class FirstBatch:
     """How long a reader took to its first batch, by phase.
 
     ``metadata``: resolving the snapshot (:attr:`Dataset.metadata_seconds
     <chunkd.client.datasets.Dataset.metadata_seconds>`: the ``ds_resolve``, or the scan
     of a snapshot built in memory); ``worker_start``: in a worker process (a
-    DataLoader's or Grain's), from the process's start to its first read; ``first_chunk``:
-    from the reader's start (the prefetch of its first steps included) to the first
+    DataLoader's or Grain's), from the process's start to its first read, on the
+    process's first iteration only (a persistent worker's later epochs leave it out);
+    ``first_chunk``: from the reader's start (the prefetch of its first steps included) to the first
     sample's bytes in hand; ``decode``: the rest of the first batch, read and decoded;
     ``total``: all of them. The daemon keeps them as the histogram
     ``chunkd_dataset_first_batch_seconds{phase}`` (``ds_first_batch``), so a real job's
@@ -722,7 +734,11 @@ class FirstBatch:
         self.train_job = train_job
         self.started = time.perf_counter()
         self.worker_start: float | None = None
-        if multiprocessing.parent_process():
+        global _WORKER_STARTED
+        if multiprocessing.parent_process() and os.getpid() != _WORKER_STARTED:
+            # a worker's start is its first iteration's: a persistent worker's later
+            # epochs leave the phase out (it would count every epoch before them)
+            _WORKER_STARTED = os.getpid()
             self.worker_start = (
                 _process_age() if started is None else max(0.0, time.monotonic() - started)
             )
@@ -1006,12 +1022,15 @@ class Loader:
             ``window``, ``window_bytes``, ``tail``, ``prefetch``, ``columns``,
             ``decode_ahead``, ``shared_decode``), over ``settings``.
         measure: time the trainer's waits for each batch and report them to the
-            daemon (:class:`~chunkd.client.StallMeter`, one ``loader_report`` per
-            window of ``window`` seconds and one at the iteration's end; never in a
-            torch DataLoader's worker, where the trainer is not).
-        train_job: the job the waits, the first batch's timings and the reads are
-            accounted to (:func:`~chunkd.client.job_name`); None: the environment's,
-            else the client's.
+            daemon (:attr:`meter`, a :class:`~chunkd.client.StallMeter` kept for all
+            epochs: one ``loader_report`` per window of ``stall_window`` seconds and one
+            at each iteration's end; the rank's end at the process's exit or
+            ``loader.meter.close()``). Never in a torch DataLoader's worker, where the
+            trainer is not, nor inside another meter's iteration (torch's
+            ``measured``, ``StallMeter.wrap``), which measures the same steps.
+        train_job: the job the waits and the first batch's timings are accounted to;
+            None: the client's (``Client(train_job=)``), else
+            :func:`~chunkd.client.job_name`'s (the environment's).
         stall_window: seconds between two of the meter's reports.
 
     Raises:
@@ -1033,14 +1052,13 @@ class Loader:
         stall_window: float = REPORT_WINDOW,
         **options: Unpack[ReadOptions],
     ) -> None:
-        self.train_job = job_name(train_job)
         self.measure = bool(measure)
         if not MIN_WINDOW <= stall_window <= MAX_SECONDS:
             raise ValueError(
                 f"stall_window is {MIN_WINDOW} to {MAX_SECONDS:g} seconds; got {stall_window!r}"
             )
         self.stall_window = float(stall_window)
-        #: the stall meter of the latest iteration (None: not measured)
+        #: the stall meter of its iterations, all epochs (None: none was measured yet)
         self.meter: StallMeter | None = None
         self.settings = ReadSettings.merged(settings, options)
         chosen = self.settings
@@ -1053,6 +1071,7 @@ class Loader:
         self.transform = transform
         self.batch_transform = batch_transform
         self.client = client if client is not None else client_of(dataset)
+        self.train_job = job_of(train_job, self.client)
         self._state = chosen.state(
             dataset.snapshot.id, epoch, order=order_version(dataset.snapshot)
         )
@@ -1156,16 +1175,18 @@ class Loader:
             train_job=self.train_job,
         )
         consumed = self._consumed(steps, batches)
-        if not self.measure or in_loader_worker():
-            self.meter = None
+        if not self.measure or in_loader_worker() or measured_outside():
+            # in a DataLoader's worker the trainer is not here; inside another meter's
+            # wrap (torch's measured, a StallMeter) the trainer's wait is measured there
             return consumed
-        self.meter = StallMeter(
-            self.client,
-            train_job=self.train_job,
-            rank=self.rank,
-            world_size=self.world_size,
-            window=self.stall_window,
-        )
+        if self.meter is None:  # one meter for all epochs: an epoch's end is no job's end
+            self.meter = StallMeter(
+                self.client,
+                train_job=self.train_job,
+                rank=self.rank,
+                world_size=self.world_size,
+                window=self.stall_window,
+            )
         return self.meter.wrap(consumed, asked=asked)
 
     def _consumed(self, steps: Steps, batches: Iterator[Batch]) -> Iterator[Batch]:

@@ -17,8 +17,7 @@ from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from chunkd.client.datasets.loader import client_of
-from chunkd.client.jobs import job_name
-from chunkd.client.stalls import REPORT_WINDOW, StallMeter
+from chunkd.client.stalls import REPORT_WINDOW, StallMeter, job_of
 from chunkd.client.torch.snapshots import SnapshotDataset
 
 if TYPE_CHECKING:
@@ -41,7 +40,10 @@ def measured(
     """The batches of ``dataloader`` (one epoch: one ``iter(dataloader)``), each
     ``next()`` timed and reported to the node's daemon by a
     :class:`~chunkd.client.StallMeter` (a ``loader_report`` a window of ``window``
-    seconds, and one with ``end=true`` when the loop ends or leaves).
+    seconds, and one when the loop ends or leaves). An epoch's end is not the job's:
+    the rank's end (``end=true``) is sent once, when the process exits. A chunkd
+    ``Loader`` or Grain iterator inside ``dataloader`` (``num_workers=0``, or
+    ``measured(loader)`` itself) does not measure the same steps again.
 
     Where the DataLoader's dataset is a :class:`SnapshotDataset`, it is told the job
     and the moment the iteration starts, before ``iter(dataloader)`` starts the
@@ -52,11 +54,13 @@ def measured(
 
     Args:
         dataloader: a ``torch.utils.data.DataLoader`` (any iterable).
-        train_job: the job (:func:`~chunkd.client.job_name`); None: the
-            environment's, else the client's.
-        rank: this trainer's rank; None: the SnapshotDataset's, else ``$RANK``, else 0.
+        train_job: the job; None: the SnapshotDataset's ``train_job``, else the
+            client's (``Client(train_job=)``), else :func:`~chunkd.client.job_name`'s
+            (the environment's).
+        rank: this trainer's rank; None: the SnapshotDataset's, else ``$RANK``, else
+            ``$SLURM_PROCID``, else 0.
         world_size: the job's ranks; None: the SnapshotDataset's, else
-            ``$WORLD_SIZE``, else 1.
+            ``$WORLD_SIZE``, else ``$SLURM_NTASKS``, else 1; at least ``rank + 1``.
         client: the daemon reported to (its socket); None: the SnapshotDataset's
             client, else the default socket.
         window: seconds between two reports.
@@ -67,7 +71,6 @@ def measured(
     asked = time.perf_counter()  # the first wait runs from here: the loop began
     dataset: Any = getattr(dataloader, "dataset", None)
     snapshots = dataset if isinstance(dataset, SnapshotDataset) else None
-    job = job_name(train_job)
     if snapshots is not None:
         if rank is None and world_size is None:
             rank, world_size = snapshots.rank, snapshots.world_size
@@ -76,8 +79,10 @@ def measured(
                 client = client_of(snapshots.dataset)
             except ValueError:  # a SnapshotDataset without a dataset
                 client = None
-        if job is None:
-            job = snapshots.train_job
+        if train_job is None:
+            train_job = snapshots.train_job  # the dataset's own argument
+    # the argument, else the client's (its reads' job), else the environment's
+    job = job_of(train_job, client)
     meter = StallMeter(client, train_job=job, rank=rank, world_size=world_size, window=window)
     return meter.wrap(_started(dataloader, snapshots, meter.train_job), asked=asked)
 

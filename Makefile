@@ -87,29 +87,46 @@ tools:
 	if [ -n "$$missing" ]; then \
 		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 			echo "make test: installing with apt-get:$$missing"; \
-			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq$$missing >/dev/null; \
+			apt-get $(APT_WAIT) update -qq && DEBIAN_FRONTEND=noninteractive apt-get $(APT_WAIT) install -y -qq$$missing >/dev/null; \
 		else echo "not installed:$$missing (the tests that need them will skip)"; fi; \
 	fi
 
 # Debian's Prometheus (2.42, with promtool) for tests/test_prometheus.py, installed like
 # TOOLS when missing and we are root. The package ships a service that would listen on
 # :9090 on every interface: a policy-rc.d that answers 101 ("not allowed") keeps the
-# install from starting any service (it is removed after; one already there is put
-# back), no recommended packages (prometheus-node-exporter would bring a service of its
-# own), and where systemd runs, the unit is disabled and stopped at once. The tests run
-# their own prometheus on 127.0.0.1, at a free port. Without it they skip, saying why.
+# install from starting any service, no recommended packages (prometheus-node-exporter
+# would bring a service of its own), and where systemd runs, the unit is disabled and
+# stopped at once. The tests run their own prometheus on 127.0.0.1, at a free port.
+# Without it they skip, saying why.
+# Our policy-rc.d carries POLICY_RC_MARK: only a file without it (an admin's) is saved,
+# as POLICY_RC.chunkd-saved, and a trap puts it back (and removes ours) however the
+# shell ends: apt-get done or failed, Ctrl-C, a cancelled CI job (INT, TERM, HUP). A run
+# killed with -9 leaves ours behind: the next run knows it by the mark, so it never
+# saves ours over the admin's, and puts theirs back. An admin's policy-rc.d beside a
+# saved one is left alone (nothing installed: which to keep is the admin's call).
+# tests/test_prometheus.py runs this recipe with apt-get shimmed (POLICY_RC elsewhere).
 PROMETHEUS_BIN ?= prometheus
-POLICY_RC := /usr/sbin/policy-rc.d
+POLICY_RC ?= /usr/sbin/policy-rc.d
+POLICY_RC_MARK := chunkd make prometheus: temporary, removed after the install
+# make -j test runs the tools and prometheus installs at once: wait for dpkg's lock
+APT_WAIT := -o DPkg::Lock::Timeout=60
 prometheus:
 	@if command -v $(PROMETHEUS_BIN) >/dev/null && command -v promtool >/dev/null; then :; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		rc='$(POLICY_RC)'; saved="$$rc.chunkd-saved"; \
+		ours() { grep -qsF '$(POLICY_RC_MARK)' "$$rc"; }; \
+		if [ -e "$$rc" ] && [ -e "$$saved" ] && ! ours; then \
+			echo "not installing prometheus: both $$rc and $$saved exist, keep the one you want (tests/test_prometheus.py will skip)"; \
+			exit 0; fi; \
+		restore() { if ours; then rm -f "$$rc"; fi; \
+			if [ -e "$$saved" ] && [ ! -e "$$rc" ]; then mv "$$saved" "$$rc"; fi; }; \
+		trap restore EXIT; trap 'exit 130' INT TERM HUP; \
+		if [ -e "$$rc" ] && ! ours; then mv "$$rc" "$$saved"; fi; \
+		printf '#!/bin/sh\n# %s\nexit 101\n' '$(POLICY_RC_MARK)' > "$$rc" && chmod 755 "$$rc"; \
 		echo "make test: installing with apt-get: prometheus (its service kept stopped)"; \
-		if [ -e $(POLICY_RC) ]; then mv $(POLICY_RC) $(POLICY_RC).chunkd-saved; fi; \
-		printf '#!/bin/sh\nexit 101\n' > $(POLICY_RC) && chmod 755 $(POLICY_RC); \
-		apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
-			apt-get install -y -qq --no-install-recommends prometheus >/dev/null; \
-		status=$$?; rm -f $(POLICY_RC); \
-		if [ -e $(POLICY_RC).chunkd-saved ]; then mv $(POLICY_RC).chunkd-saved $(POLICY_RC); fi; \
+		apt-get $(APT_WAIT) update -qq && DEBIAN_FRONTEND=noninteractive \
+			apt-get $(APT_WAIT) install -y -qq --no-install-recommends prometheus >/dev/null; \
+		status=$$?; \
 		if [ -d /run/systemd/system ] && command -v systemctl >/dev/null; then \
 			systemctl disable --now prometheus >/dev/null 2>&1 || true; fi; \
 		[ $$status = 0 ] || echo "apt-get could not install prometheus: tests/test_prometheus.py will skip"; \
@@ -123,7 +140,7 @@ build-deps:
 	if [ -n "$$missing" ]; then \
 		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 			echo "make test: installing with apt-get:$$missing (to build pyfuse3)"; \
-			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq$$missing >/dev/null; \
+			apt-get $(APT_WAIT) update -qq && DEBIAN_FRONTEND=noninteractive apt-get $(APT_WAIT) install -y -qq$$missing >/dev/null; \
 		else echo "not installed:$$missing (pyfuse3 will not build; the failing-disk tests will skip)"; fi; \
 	fi
 

@@ -23,6 +23,7 @@ import json
 import math
 import os
 import re
+import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -148,6 +149,129 @@ def test_grafana_panels_draw_each_series() -> None:
         if tables and panel["type"] not in _REDUCING | {"table"}:
             wrong.append(f"{title}: a {panel['type']} over table-format queries")
     assert not wrong, "\n".join(wrong)
+
+
+MAKEFILE = Path(__file__).resolve().parent.parent / "Makefile"
+#: what an admin's own policy-rc.d says (make prometheus must never lose it)
+ADMINS_POLICY = "#!/bin/sh\n# the admin's own\nexit 0\n"
+#: the commands make prometheus runs, shimmed: root, an apt-get that does what
+#: $SHIM_APT says (and notes what policy-rc.d said while it ran), and a systemctl
+#: that does nothing (this machine's apt and services are never touched)
+_SHIMS = {
+    "id": "#!/bin/sh\necho 0\n",
+    "systemctl": "#!/bin/sh\nexit 0\n",
+    "apt-get": """#!/bin/sh
+case "$*" in *install*) ;; *) exit 0 ;; esac
+out="$SHIM_DIR/during-install"
+cat "$POLICY_RC" > "$out.new" 2>/dev/null || echo absent > "$out.new"
+mv "$out.new" "$out"
+case "$SHIM_APT" in
+ok) exit 0 ;;
+fail) exit 100 ;;
+hang) exec sleep 60 ;;
+esac
+""",
+}
+
+
+def make_prometheus(tmp: Path, apt: str) -> subprocess.Popen[str]:
+    """``make prometheus`` as root on a machine without prometheus, its apt-get shimmed
+    (``apt``: ok, fail, hang) and its policy-rc.d at ``tmp/policy-rc.d``."""
+    shims = tmp / "shims"
+    shims.mkdir(exist_ok=True)
+    for name, text in _SHIMS.items():
+        (shims / name).write_text(text)
+        (shims / name).chmod(0o755)
+    policy = tmp / "policy-rc.d"
+    return subprocess.Popen(
+        [
+            "/usr/bin/make",
+            "-s",
+            "-f",
+            str(MAKEFILE),
+            "prometheus",
+            "PROMETHEUS_BIN=chunkd-test-no-such-prometheus",
+            f"POLICY_RC={policy}",
+        ],
+        cwd=tmp,
+        env={
+            "PATH": f"{shims}:/usr/bin:/bin",
+            "SHIM_APT": apt,
+            "SHIM_DIR": str(shims),
+            "POLICY_RC": str(policy),
+        },
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def _policy_files(tmp: Path) -> dict[str, str]:
+    return {p.name: p.read_text() for p in tmp.glob("policy-rc.d*")}
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("apt", ["ok", "fail", "SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("admins", [False, True], ids=["no-policy", "admins-policy"])
+def test_make_prometheus_puts_policy_rc_back_however_apt_ends(
+    tmp_path: Path, apt: str, admins: bool
+) -> None:
+    """The install runs under a policy-rc.d saying 101 (no service started), and
+    whatever becomes of apt-get (done, failed, interrupted), the admin's own
+    policy-rc.d is back as it was, or none is left where there was none."""
+    if admins:
+        (tmp_path / "policy-rc.d").write_text(ADMINS_POLICY)
+    make = make_prometheus(tmp_path, apt if apt in ("ok", "fail") else "hang")
+    if apt.startswith("SIG"):
+        started = tmp_path / "shims" / "during-install"
+        deadline = time.monotonic() + 15
+        while not started.exists():
+            assert time.monotonic() < deadline, make.communicate()
+            time.sleep(0.05)
+        os.killpg(make.pid, getattr(signal, apt))  # Ctrl-C, or a CI job cancelled
+    output, _ = make.communicate(timeout=20)
+    during = (tmp_path / "shims" / "during-install").read_text()
+    assert during.rstrip().endswith("exit 101"), (during, output)
+    want = {"policy-rc.d": ADMINS_POLICY} if admins else {}
+    deadline = time.monotonic() + 10  # the recipe's shell may end just after make
+    while _policy_files(tmp_path) != want and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _policy_files(tmp_path) == want, output
+
+
+@pytest.mark.timeout(30)
+def test_make_prometheus_recovers_from_a_run_killed_mid_install(tmp_path: Path) -> None:
+    """A run killed with -9 mid-install leaves its own policy-rc.d, and the admin's
+    saved beside it: the next run must not save ours over theirs, and puts theirs back."""
+    (tmp_path / "policy-rc.d").write_text(ADMINS_POLICY)
+    started = tmp_path / "shims" / "during-install"
+    make = make_prometheus(tmp_path, "hang")
+    deadline = time.monotonic() + 15
+    while not started.exists():
+        assert time.monotonic() < deadline, make.communicate()
+        time.sleep(0.05)
+    os.killpg(make.pid, signal.SIGKILL)  # nothing runs after this: no trap
+    make.communicate()
+    left = _policy_files(tmp_path)
+    assert left.get("policy-rc.d.chunkd-saved") == ADMINS_POLICY, left
+    started.unlink()
+    output, _ = make_prometheus(tmp_path, "ok").communicate(timeout=20)
+    assert started.read_text().rstrip().endswith("exit 101"), output
+    assert _policy_files(tmp_path) == {"policy-rc.d": ADMINS_POLICY}, output
+
+
+@pytest.mark.timeout(30)
+def test_make_prometheus_leaves_two_policy_files_alone(tmp_path: Path) -> None:
+    """An admin's policy-rc.d beside a saved one (ours not among them): which to keep
+    is not for make to guess; it installs nothing and touches neither."""
+    (tmp_path / "policy-rc.d").write_text(ADMINS_POLICY)
+    (tmp_path / "policy-rc.d.chunkd-saved").write_text("#!/bin/sh\nexit 104\n")
+    before = _policy_files(tmp_path)
+    output, _ = make_prometheus(tmp_path, "ok").communicate(timeout=20)
+    assert not (tmp_path / "shims" / "during-install").exists(), output
+    assert "policy-rc.d" in output, output
+    assert _policy_files(tmp_path) == before
 
 
 class Trainer:

@@ -514,7 +514,8 @@ async def _warm(request: web.Request) -> web.StreamResponse:
     async def load() -> None:
         nonlocal loaded
         async with request.app[PREFETCHER].slot():
-            async for piece in read_path.read(stat, 0, stat.size):
+            # Not a reader's request: no direct GET, no bytes served (nor credited).
+            async for piece in read_path.read(stat, 0, stat.size, reader=False):
                 loaded += piece.nbytes
                 changed.set()
 
@@ -565,7 +566,6 @@ async def _list(request: web.Request) -> web.Response:
     start_after = query.get("start_after") or None
     if start_after is not None and len(start_after.encode("utf-8", "surrogatepass")) > 1200:
         raise InvalidRequestError("start_after is longer than a key can be")
-    charge.direct(backend, "list")  # without chunkd: one LIST a page
     page = await request.app[LISTINGS].page(
         backend,
         prefix,
@@ -573,5 +573,8 @@ async def _list(request: web.Request) -> web.Response:
         start_after=start_after,
         limit=int(limit_text),
     )
+    # Without chunkd: one LIST a page; charged once the backend is known to be one
+    # (an unknown name must not become a label value).
+    charge.direct(page.backend, "list")
     body = {"backend": page.backend, "prefix": prefix, "entries": page.to_json(), "next": page.next}
     return web.json_response(body, dumps=lambda obj: json.dumps(obj, ensure_ascii=False))

@@ -83,6 +83,7 @@ from chunkd.errors import (
 from chunkd.gateway.backends import Backend, Backends, ObjectMeta
 from chunkd.gateway.backends.base import BatchReads
 from chunkd.gateway.costs import charge
+from chunkd.gateway.costs.attribution import ATTRIBUTION, Attribution
 from chunkd.gateway.hot import HotSet
 from chunkd.gateway.names import validate_key
 from chunkd.ranges import ByteRange, RequestRange, from_offset, reading, resolve
@@ -319,10 +320,13 @@ class ReadPath:
         #: the hottest objects (and datasets, as the registry names their prefixes)
         self.hot = HotSet()
         self._read_counters: dict[str, tuple[Counter, Counter]] = {}
-        # chunks just fetched, by where from ("backend", "peer"), until a reader is
-        # handed one: that reader's bytes are counted as from there in the cost
-        # ledger, the next readers' as from the tier that holds it
-        self._fresh: OrderedDict[ChunkId, str] = OrderedDict()
+        # chunks just fetched, by where from ("backend", "peer") and for whom (the
+        # attribution of the work that fetched them: the reader whose read, span or
+        # readahead it was), until that reader is handed one: its bytes are counted
+        # as from there in the cost ledger once; anyone else's (another job, or the
+        # same job's next read of it) as from the tier that holds it. Not marked:
+        # chunks fetched for a peer's request (this node's readers did not cause it).
+        self._fresh: OrderedDict[ChunkId, tuple[str, Attribution]] = OrderedDict()
 
     def _waited(self) -> None:
         self.metrics.singleflight_waiters.inc()
@@ -627,8 +631,10 @@ class ReadPath:
         """Fetch one chunk, once for all its readers (keyed by id when it is known)."""
         backend = self.backends.get(stat.backend)
         key: Locator | ChunkId = locator if known is None or locator in self._fetches else known
+        # A peer's own request (local) fetches for no reader of this node: its chunk
+        # is not marked fresh (the next reader here is served from the cache).
         return await self._fetches.run(
-            key, lambda: self._fetch(backend, stat, index, known, local=local)
+            key, lambda: self._fetch(backend, stat, index, known, local=local, mark=not local)
         )
 
     def _owned_elsewhere(self, stat: Stat, index: int) -> bool:
@@ -641,7 +647,14 @@ class ReadPath:
         return not self.peers.is_self(owners[0]) or (self.peers.handing_off() and len(owners) > 1)
 
     async def _fetch(
-        self, backend: Backend, stat: Stat, index: int, known: ChunkId | None, *, local: bool
+        self,
+        backend: Backend,
+        stat: Stat,
+        index: int,
+        known: ChunkId | None,
+        *,
+        local: bool,
+        mark: bool = True,
     ) -> tuple[ChunkId, memoryview]:
         if self.peers is not None and not local:
             shared = await self.peers.fetch_locator(
@@ -656,27 +669,51 @@ class ReadPath:
                     self.peers.integrity_failure(owner, known)
                 else:
                     try:
-                        stored = await self._store(stat, index, data, stated)  # checks the bytes
+                        # checks the bytes
+                        stored = await self._store(stat, index, data, stated, mark=None)
                     except IntegrityError:
                         self.peers.integrity_failure(owner, stated)  # the backend's, then
                     else:
-                        self._fresh[stored[0]] = "peer"
+                        if mark:
+                            self._mark_fresh(stored[0], "peer")
                         return stored
         start = index * self.chunk_bytes
         end = min(stat.size, start + self.chunk_bytes)
         got = await backend.get(stat.meta.key, ByteRange(start, end), version=stat.meta)
         if got is None:
             raise backend.not_found(stat.meta.key)
-        return await self._store(stat, index, got, known)
+        return await self._store(stat, index, got, known, mark="backend" if mark else None)
+
+    def _mark_fresh(self, cid: ChunkId, source: str) -> None:
+        """Mark ``cid`` as just fetched from ``source`` for the work at hand (see
+        ``_fresh``)."""
+        self._fresh[cid] = (source, ATTRIBUTION.get())
+        self._fresh.move_to_end(cid)
+        while len(self._fresh) > _FRESH_KEPT:
+            self._fresh.popitem(last=False)
+
+    def _served_from(self, lease: ChunkLease) -> str:
+        """Where a reader's chunk came from, for the cost ledger: the source of the
+        fetch made for this reader's work (once), else the tier that holds it."""
+        fresh = self._fresh.get(lease.id)
+        if fresh is not None and fresh[1] == ATTRIBUTION.get():
+            del self._fresh[lease.id]
+            return fresh[0]
+        return lease.origin or "ram"
 
     async def _store(
-        self, stat: Stat, index: int, data: memoryview | bytes, known: ChunkId | None
+        self,
+        stat: Stat,
+        index: int,
+        data: memoryview | bytes,
+        known: ChunkId | None,
+        *,
+        mark: str | None = "backend",
     ) -> tuple[ChunkId, memoryview]:
         # Known id (the chunk map outlived the chunk): the new bytes must match it.
         cid = await self.cache.insert(data, expected=known)
-        self._fresh[cid] = "backend"
-        while len(self._fresh) > _FRESH_KEPT:
-            self._fresh.popitem(last=False)
+        if mark is not None:
+            self._mark_fresh(cid, mark)
         view = memoryview(data)
         self.cache.record(stat.locator(index), cid, view.nbytes)
         return cid, view
@@ -854,15 +891,20 @@ class ReadPath:
 
     # -- ranges -----------------------------------------------------------------------
 
-    async def read(self, stat: Stat, start: int, end: int) -> AsyncGenerator[memoryview, None]:
+    async def read(
+        self, stat: Stat, start: int, end: int, *, reader: bool = True
+    ) -> AsyncGenerator[memoryview, None]:
         """Yield the bytes ``start`` to ``end`` (exclusive) of ``stat``, chunk by chunk.
 
-        Each yielded view is valid until the next iteration. See :meth:`leases`.
+        Each yielded view is valid until the next iteration. See :meth:`leases`
+        (``reader``).
         """
         if start >= end:
             return
         first = start // self.chunk_bytes
-        leases = self.leases(stat, first, (end - 1) // self.chunk_bytes, reading=(start, end))
+        leases = self.leases(
+            stat, first, (end - 1) // self.chunk_bytes, reading=(start, end), reader=reader
+        )
         index = first
         try:
             async for lease in leases:
@@ -876,13 +918,22 @@ class ReadPath:
             await leases.aclose()
 
     async def leases(
-        self, stat: Stat, first: int, last: int, *, reading: tuple[int, int] | None = None
+        self,
+        stat: Stat,
+        first: int,
+        last: int,
+        *,
+        reading: tuple[int, int] | None = None,
+        reader: bool = True,
     ) -> AsyncGenerator[ChunkLease, None]:
         """Yield leases on chunks ``first`` to ``last`` of ``stat``, in order.
 
         Each call is one read request in the cost ledger (one GET of a direct reader,
         of the bytes ``reading`` names, else of the chunks); each lease's bytes in it
-        are counted as served by where they came from.
+        are counted as served by where they came from. ``reader=False``: the daemon's
+        own load (a prefetch, ``chunkd warm``, the inspector, a freeze), not a reader's
+        request: neither counted as a direct GET nor as bytes served (its backend
+        requests and bytes are counted where they are made, as always).
 
         The chunks after the current one are fetched concurrently (up to
         ``readahead_chunks`` ahead); a run of cold chunks is fetched with one streamed
@@ -896,7 +947,8 @@ class ReadPath:
             first * self.chunk_bytes,
             min(stat.size, (last + 1) * self.chunk_bytes),
         )
-        charge.direct(stat.backend, "get", hi - lo)
+        if reader:
+            charge.direct(stat.backend, "get", hi - lo)
         self._note_sequential(stat, first, last)
         pending: dict[int, asyncio.Task[ChunkLease]] = {}
         scheduled = first
@@ -915,10 +967,10 @@ class ReadPath:
                     await self._claim_span(stat, index + self.span_chunks, last)
                 lease = await pending.pop(index)
                 self.hot.add(stat.backend, stat.meta.key, lease.size)
-                base = index * self.chunk_bytes
-                served = min(hi, base + lease.size) - max(lo, base)
-                source = self._fresh.pop(lease.id, None) or lease.origin or "ram"
-                charge.served(source, served, stat.backend, hi - lo)
+                if reader:
+                    base = index * self.chunk_bytes
+                    served = min(hi, base + lease.size) - max(lo, base)
+                    charge.served(self._served_from(lease), served, stat.backend, hi - lo)
                 yield lease
         finally:
             for task in pending.values():
@@ -1290,7 +1342,8 @@ class ReadPath:
         end = stat.size if length is None else min(stat.size, start + length)
         loaded = 0
         if start < end or stat.size == 0:
-            async for piece in self.read(stat, start, end):
+            # Not a reader's request: no direct GET, no bytes served (nor credited).
+            async for piece in self.read(stat, start, end, reader=False):
                 loaded += piece.nbytes
         return stat, loaded
 

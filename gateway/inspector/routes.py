@@ -173,9 +173,12 @@ def _whole(request: web.Request, name: str, default: int) -> int:
 
 
 async def _head(read_path: ReadPath, stat: Stat, offset: int, count: int) -> bytes:
-    """The first ``count`` bytes at ``offset``, through the cache."""
+    """The first ``count`` bytes at ``offset``, through the cache (the inspector's
+    look, not a reader's request: neither a direct GET nor bytes served in the cost
+    ledger)."""
     head = bytearray()
-    async with contextlib.aclosing(read_path.read(stat, offset, offset + count)) as pieces:
+    pieces = read_path.read(stat, offset, offset + count, reader=False)
+    async with contextlib.aclosing(pieces):
         async for piece in pieces:
             head += piece  # a copy: the view is valid only until the next piece
     return bytes(head)

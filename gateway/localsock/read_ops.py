@@ -90,7 +90,7 @@ async def _read(parts: Parts, args: Mapping[str, Any], answer: Answer) -> dict[s
             f"a read covers at most {MAX_FDS} chunks ({MAX_FDS * size >> 20} MiB); split it"
         )
     index = first
-    async for lease in read_path.leases(stat, first, last):
+    async for lease in read_path.leases(stat, first, last, reading=(offset, end)):
         answer.leases.append(lease)
         await answer.send_chunk(lease)
         base = index * size
@@ -271,7 +271,6 @@ async def _bytes_of(read_path: ReadPath, planned: tuple[Stat, int, int]) -> byte
 @FAMILY.op("list")
 async def _list(parts: Parts, args: Mapping[str, Any], answer: Answer) -> dict[str, Any]:
     backend, prefix = split_prefix(args["name"])
-    charge.direct(backend, "list")  # without chunkd: one LIST a page
     page = await parts.listings.page(
         backend,
         prefix,
@@ -281,6 +280,9 @@ async def _list(parts: Parts, args: Mapping[str, Any], answer: Answer) -> dict[s
         max_bytes=LIST_BYTES,
         fresh=args["fresh"],
     )
+    # Without chunkd: one LIST a page; charged once the backend is known to be one
+    # (an unknown name must not become a label value).
+    charge.direct(page.backend, "list")
     answer.payload = json.dumps(page.columns(), ensure_ascii=False, separators=(",", ":")).encode()
     return {"ok": True, "count": len(page.entries), "next": page.next}
 

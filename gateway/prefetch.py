@@ -13,6 +13,11 @@ A client is a user of the node (the uid its connection comes from), not a
 connection: a queue outlives the connection that filled it (the loads it asked for
 were accepted), so bounds per connection would grow without end as connections
 come and go.
+
+Each name is loaded for the request that queued it: its
+:class:`~chunkd.gateway.costs.attribution.Attribution` is queued with it and set around
+its load, so its backend requests are charged to that request's job and name, whichever
+request's worker loads it.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from typing import TYPE_CHECKING, Final
 
 from chunkd.client.protocol import MAX_PREFETCH_QUEUED
 from chunkd.errors import ChunkdError, InvalidRequestError
+from chunkd.gateway.costs.attribution import ATTRIBUTION, Attribution
 from chunkd.gateway.names import split_name
 
 if TYPE_CHECKING:
@@ -48,7 +54,8 @@ Wanted = str | tuple[str, int, int]
 
 class _Queue:
     def __init__(self) -> None:
-        self.names: deque[Wanted] = deque()
+        # each name with the attribution of the request that queued it
+        self.names: deque[tuple[Wanted, Attribution]] = deque()
         self.workers: set[asyncio.Task[None]] = set()
 
 
@@ -111,7 +118,8 @@ class Prefetcher:
             )
         if queue is None:
             queue = self._queues[client] = _Queue()
-        queue.names.extend(names)
+        at = ATTRIBUTION.get()
+        queue.names.extend((name, at) for name in names)
         self._waiting += len(names)
         self.metrics.prefetch_queued.set(self._waiting)
         while queue.names and len(queue.workers) < self.per_client:
@@ -123,9 +131,12 @@ class Prefetcher:
     async def _work(self, client: Hashable, queue: _Queue) -> None:
         try:
             while queue.names:
-                name = queue.names.popleft()
+                name, at = queue.names.popleft()
                 self._waiting -= 1
                 self.metrics.prefetch_queued.set(self._waiting)
+                # Charged to the request that queued it, not to the one whose request
+                # started this worker (another connection's, maybe another job's).
+                token = ATTRIBUTION.set(at)
                 try:
                     if isinstance(name, str):
                         async with self.slot():
@@ -141,6 +152,8 @@ class Prefetcher:
                     log.exception("prefetch of %s failed", name)
                 else:
                     self.metrics.prefetch_objects.labels("loaded").inc()
+                finally:
+                    ATTRIBUTION.reset(token)
         finally:
             queue.workers.discard(asyncio.current_task())
             if not queue.names and not queue.workers and self._queues.get(client) is queue:

@@ -180,6 +180,7 @@ class Restorer:
         backend = self.backends.get(backend_name)
 
         source = "backend"
+        started = False  # whether this call started the fetch (not a waiter of it)
 
         async def get() -> memoryview:
             nonlocal source
@@ -211,16 +212,17 @@ class Restorer:
             return raw
 
         async def fetch() -> tuple[str, memoryview]:
+            nonlocal started
+            started = True  # only the starter's closure runs
             # With peers, holder requests for the chunk wait on this fetch (whichever
             # source it reads), which keeps the bytes before it is over: they find it
             # in flight or in the cache, never neither.
             data = await (get() if self.peers is None else self.peers.holding(cid, get))
             return source, data
 
-        # Every reader of one fetch counts its bytes under the fetch's source: each
-        # of this node's readers got them from there. The fetch's bytes go to every
-        # one of them, so a chunk no tier kept (RAM full of pinned chunks, a disk that
-        # declines) is still served once fetched, and never fetched again for them.
+        # The fetch's bytes go to every reader of it, so a chunk no tier kept (RAM
+        # full of pinned chunks, a disk that declines) is still served once fetched,
+        # and never fetched again for them.
         source, fetched = await self._fetches.run((backend_name, cid), fetch)
         lease = await self.cache.find(cid)
         if lease is None:
@@ -228,7 +230,11 @@ class Restorer:
         if not local:
             self.metrics.ckpt_restored_bytes.labels(source).inc(lease.size)
             charge.direct(backend_name, "get", lease.size)  # one GET per chunk read
-            charge.served(source, lease.size, backend_name, lease.size)
+            # In the cost ledger, only the reader whose call fetched the chunk got it
+            # from the fetch's source (and paid for it); the others that waited on it
+            # were served the node's copy, as from the cache, and are credited so.
+            served = source if started else lease.origin or "ram"
+            charge.served(served, lease.size, backend_name, lease.size)
         return lease
 
     def _damaged(self, backend_name: str, cid: ChunkId, why: str) -> ChunkdError:

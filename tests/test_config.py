@@ -1364,3 +1364,22 @@ def test_docs_config_shows_the_shipped_price_tables_and_an_example_that_loads(
     block = section.split("```toml\n", 1)[1].split("```", 1)[0]
     config = load_config(write(tmp_path, block), environ={}, cwd=tmp_path)
     assert config.price_of(config.backends[0]) == "our-contract"
+
+
+@pytest.mark.timeout(10)
+def test_price_tables_in_use_in_different_currencies_are_a_config_error(tmp_path: Path) -> None:
+    euro = _PRICED.replace(
+        "storage_per_gb_month = 0.02\n", 'storage_per_gb_month = 0.02\ncurrency = "EUR"\n'
+    )
+    with pytest.raises(ConfigError) as caught:
+        load_config(write(tmp_path, euro), environ={}, cwd=tmp_path)
+    message = str(caught.value)
+    assert "different currencies" in message
+    assert "EUR: mine" in message
+    assert "USD: example-s3-internet" in message
+    # A table nobody uses, and the free table (it charges nothing), are no conflict.
+    unused = _PRICED.replace('default = "mine"', 'default = "example-s3-in-region"').replace(
+        "storage_per_gb_month = 0.02\n", 'storage_per_gb_month = 0.02\ncurrency = "EUR"\n'
+    )
+    config = load_config(write(tmp_path, unused), environ={}, cwd=tmp_path)
+    assert config.prices["mine"].currency == "EUR"

@@ -715,6 +715,20 @@ class PriceTable:
     def __post_init__(self) -> None:
         normalize(self, PRICE_TABLE.keys, "PriceTable")
 
+    def charges(self) -> bool:
+        """Whether any of its prices is above zero (a free table has no currency to
+        disagree with another's)."""
+        return any(
+            price > 0
+            for price in (
+                self.egress_per_gb,
+                self.get_per_1000,
+                self.put_per_1000,
+                self.storage_per_gb_month,
+                self.delete_per_1000,
+            )
+        )
+
 
 #: schemes whose backends default to the "free" table (local files, memory)
 _FREE_SCHEMES: Final = ("file", "memory")
@@ -1073,6 +1087,23 @@ class Config:
                     f"names no price table (the tables: {tables}); add a "
                     f"[cost.{backend.price}] table or name one of those"
                 )
+        # Every amount the ledger adds up must be in one currency: a sum of USD and EUR
+        # is no figure. A table that charges nothing has no currency to disagree with.
+        used: dict[str, set[str]] = {}
+        for table_name in {self.cost.default, *(self.price_of(b) for b in self.backends)}:
+            table = self.prices[table_name]
+            if table.charges():
+                used.setdefault(table.currency, set()).add(table_name)
+        if len(used) > 1:
+            mixed = "; ".join(
+                f"{currency}: {', '.join(sorted(names))}"
+                for currency, names in sorted(used.items())
+            )
+            raise ConfigError(
+                f"{self.source}: the price tables in use are in different currencies ({mixed}); "
+                "the cost ledger adds their amounts up, so give every table [cost] default "
+                "and the backends use one currency"
+            )
 
     def price_of(self, backend: BackendConfig) -> str:
         """The name of the price table ``backend`` is priced by."""

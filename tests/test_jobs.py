@@ -93,6 +93,7 @@ def test_the_first_top_jobs_are_named_and_the_rest_are_other_for_life(clock: Clo
     table = JobTable(top=2, idle=600, clock=clock)
     assert [table.label(j, 1000) for j in ("a", "b", "c")] == ["a", "b", "other"]
     assert table.label(None) == "none"
+    assert table.live_labels() == {"a", "b"}  # what the cost ledger's scrape asks
     clock.now += 300
     table.label("b")
     table.label("c")
@@ -100,6 +101,7 @@ def test_the_first_top_jobs_are_named_and_the_rest_are_other_for_life(clock: Clo
     assert table.label("c") == "other"  # c keeps the label it started with
     assert table.label("d") == "d"  # a new start takes the free slot
     assert table.label("e") == "other"
+    assert table.live_labels() == {"b", "d"}
     text = exposition(table)
     assert sample(text, "chunkd_jobs", state="named") == 2
     assert sample(text, "chunkd_jobs", state="other") == 2
@@ -174,6 +176,7 @@ def test_a_job_ends_after_every_ranks_end_and_a_quiet_minute(clock: Clock) -> No
     text = exposition(table)
     assert 'train_job="run-7"' not in text  # every series of the job is gone
     assert sample(text, "chunkd_jobs", state="named") == 0
+    assert table.live_labels() == frozenset()
     assert table.label("next") == "next"  # and its slot is free
 
 
@@ -379,6 +382,27 @@ def test_a_hello_alone_starts_its_job(node: Daemon) -> None:
         pass
     (job,) = jobs_of(node, "?job=just-hello")["jobs"]
     assert (job["label"], job["uids"], job["steps"]) == ("just-hello", [os.getuid()], 0)
+    # its loader series are in /metrics at 0 from its start: Prometheus has a 0 before
+    # the first report, so rate() and increase() count the first report's steps
+    _, _, body = node.get("/metrics")
+    text = body.decode()
+    for histogram in ("chunkd_loader_wait_seconds", "chunkd_loader_step_seconds"):
+        assert sample(text, f"{histogram}_count", train_job="just-hello") == 0
+        assert sample(text, f"{histogram}_sum", train_job="just-hello") == 0
+        assert sample(text, f"{histogram}_bucket", train_job="just-hello", le="+Inf") == 0
+    assert sample(text, "chunkd_loader_ranks", train_job="just-hello") == 0
+
+
+@pytest.mark.timeout(10)
+def test_a_job_is_exported_at_zero_from_its_start(clock: Clock) -> None:
+    table = JobTable(top=1, clock=clock)
+    table.label("run-7")
+    table.label("late")  # other: other's series appear at 0 with the first other job
+    text = exposition(table)
+    for label in ("run-7", "other"):
+        for histogram in ("chunkd_loader_wait_seconds", "chunkd_loader_step_seconds"):
+            assert sample(text, f"{histogram}_count", train_job=label) == 0
+            assert sample(text, f"{histogram}_bucket", train_job=label, le="0.1") == 0
 
 
 @pytest.mark.timeout(60)

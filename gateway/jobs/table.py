@@ -128,6 +128,9 @@ class JobTable:
         # the jobs all of whose ranks ended, by their latest sight (END_QUIET expiry)
         self._ending: OrderedDict[str, _Job] = OrderedDict()
         self._named = 0
+        # the labels of the live named jobs (at most ``top``): what the cost ledger's
+        # scrape asks, kept on admission and end so that it needs no walk over the jobs
+        self._labels: set[str] = set()
         self._kept = 0  # records kept by all jobs' Ranks (MAX_KEPT)
         #: job starts by admission (``chunkd_job_starts_total``)
         self.starts = {"true": 0, "false": 0}
@@ -284,6 +287,13 @@ class JobTable:
         if self._none_reported:
             yield self._figures(NONE, self._none, now, [self._none])
 
+    def live_labels(self) -> frozenset[str]:
+        """The labels of the named jobs live now (at most ``top``; never ``other`` or
+        ``none``): a label not among them has no series of this table in ``/metrics``.
+        What the cost ledger's collector asks at each scrape; costs O(top)."""
+        self._expire(self.clock())
+        return frozenset(self._labels)
+
     def live_jobs(self) -> dict[str, int]:
         """Live jobs by state, ``named`` and ``other`` (``chunkd_jobs``)."""
         self._expire(self.clock())
@@ -320,6 +330,8 @@ class JobTable:
             found = _Job(job, job if named else OTHER, wall, wall, now)
             self._jobs[job] = found
             self._named += named
+            if named:
+                self._labels.add(job)
             # a job started again is no longer an ended one
             self._ended = deque((e for e in self._ended if e[1]["name"] != job), self._ended.maxlen)
         else:
@@ -351,6 +363,7 @@ class JobTable:
         self._kept -= job.ranks.kept
         if job.label != OTHER:
             self._named -= 1
+            self._labels.discard(job.label)
 
 
 def _slowest(jobs: list[_Job]) -> Mapping[str, float] | None:

@@ -10,7 +10,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from typing import Any, TextIO
+from typing import Any, Final, TextIO
 
 from chunkd.errors import InvalidRequestError
 from chunkd.gateway.cli.options import http_options, human_size
@@ -37,62 +37,97 @@ def _window(since: str | None) -> str | None:
     return f"{seconds}s"
 
 
-def _queries(window: str | None) -> dict[str, str]:
-    """The PromQL of each figure: raw metric expressions, no recording rule needed."""
+#: what the figures cover without ``--since``: said in the table's header and the JSON
+LIVE_SERIES: Final = (
+    "the live series as they stand: each daemon's counters since it started; jobs "
+    "that ended and what came before a daemon's restart are not in them"
+)
+#: the money figures a row is ranked by (spent + without chunkd)
+_DOLLARS: Final = '{__name__=~"chunkd_cost_(direct_)?dollars_total"%s}'
+#: each figure: its metric and the label its parts are by ("" for one number)
+_FIGURES: Final = {
+    "spent": ("chunkd_cost_dollars_total", ""),
+    "direct": ("chunkd_cost_direct_dollars_total", ""),
+    "saved": ("chunkd_cost_saved_dollars_total", "source"),
+    "served_bytes": ("chunkd_cost_served_bytes_total", "source"),
+    "backend_requests": ("chunkd_cost_backend_requests_total", "op"),
+    "backend_bytes": ("chunkd_cost_backend_bytes_total", "direction"),
+}
 
-    def total(metric: str, by: str) -> str:
-        series = f"increase({metric}[{window}])" if window else metric
-        return f"sum by ({by}) ({series})"
 
-    return {
-        "spent": total("chunkd_cost_dollars_total", "train_job"),
-        "direct": total("chunkd_cost_direct_dollars_total", "train_job"),
-        "saved": total("chunkd_cost_saved_dollars_total", "train_job, source"),
-        "served_bytes": total("chunkd_cost_served_bytes_total", "train_job, source"),
-        "backend_requests": total("chunkd_cost_backend_requests_total", "train_job, op"),
-        "backend_bytes": total("chunkd_cost_backend_bytes_total", "train_job, direction"),
-    }
+def promql_string(text: str) -> str:
+    """``text`` as a PromQL double-quoted string (backslashes and quotes escaped)."""
+    escaped = text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    return f'"{escaped}"'
+
+
+def _queries(window: str | None, job: str | None) -> dict[str, tuple[str, str]]:
+    """The PromQL of each figure, raw metric expressions (no recording rule needed):
+    (the totals', the rows'). The totals are ``sum`` over every series; the rows are
+    those of the :data:`MAX_JOBS_SHOWN` jobs that spent most (spent + without chunkd,
+    ``topk``), so that Prometheus cuts, not the CLI. ``job``: only that job's series."""
+    only = "" if job is None else f",train_job={promql_string(job)}"
+    matcher = "{" + only.lstrip(",") + "}" if only else ""
+
+    def series(selector: str) -> str:
+        return f"increase({selector}[{window}])" if window else selector
+
+    top = f"topk({MAX_JOBS_SHOWN}, sum by (train_job) ({series(_DOLLARS % only)}))"
+    queries = {}
+    for figure, (metric, part) in _FIGURES.items():
+        selected = series(metric + matcher)
+        by = f"sum by ({part}) " if part else "sum "
+        rows = f"sum by (train_job{', ' + part if part else ''}) ({selected})"
+        queries[figure] = (f"{by}({selected})", f"{rows} and on (train_job) {top}")
+    return queries
+
+
+def _ask(base: str, query: str, context: Any) -> list[dict[str, Any]]:
+    url = f"{base.rstrip('/')}/api/v1/query?" + urllib.parse.urlencode({"query": query})
+    answer = _get_json(url, context)
+    if answer.get("status") != "success":
+        raise ValueError(f"Prometheus answered {answer.get('error', answer)!r} to {query}")
+    return list(answer["data"]["result"])
 
 
 def prometheus_view(base: str, since: str | None, job: str | None, context: Any) -> dict[str, Any]:
     """The cluster's figures from the Prometheus at ``base``, shaped as ``GET /v1/cost``
-    answers (jobs by ``train_job`` label; money in the tables' currency)."""
+    answers (jobs by ``train_job`` label; money in the tables' currency): the totals
+    over every series (of ``job`` only, when given), the rows of the
+    :data:`MAX_JOBS_SHOWN` jobs that spent most. Without ``since``, what the counters
+    say now (:data:`LIVE_SERIES`); with it, their increase since then."""
     jobs: dict[str, dict[str, Any]] = {}
-    for figure, query in _queries(_window(since)).items():
-        url = f"{base.rstrip('/')}/api/v1/query?" + urllib.parse.urlencode({"query": query})
-        answer = _get_json(url, context)
-        if answer.get("status") != "success":
-            raise ValueError(f"Prometheus answered {answer.get('error', answer)!r} to {query}")
-        for sample in answer["data"]["result"][: MAX_JOBS_SHOWN * 8]:
+    totals = _empty("")
+    window = _window(since)
+    for figure, (total_query, rows_query) in _queries(window, job).items():
+        part = _FIGURES[figure][1]
+        for sample in _ask(base, total_query, context):
+            _count(totals, figure, sample["metric"].get(part), float(sample["value"][1]))
+        for sample in _ask(base, rows_query, context):
             labels = sample["metric"]
             name = labels.get("train_job", "none")
-            value = float(sample["value"][1])
             row = jobs.setdefault(name, _empty(name))
-            if figure in ("spent", "direct"):
-                row[figure] += value
-            else:
-                part = labels.get("source") or labels.get("op") or labels.get("direction")
-                row[figure][part] = row[figure].get(part, 0.0) + value
-    rows = [row for name, row in jobs.items() if job is None or name == job]
-    rows.sort(key=lambda r: -r["spent"] - r["direct"])
-    totals = _empty("")
-    for row in rows:
-        for key in ("spent", "direct"):
-            totals[key] += row[key]
-        for key in ("saved", "served_bytes", "backend_requests", "backend_bytes"):
-            for part, value in row[key].items():
-                totals[key][part] = totals[key].get(part, 0.0) + value
+            _count(row, figure, labels.get(part), float(sample["value"][1]))
+    rows = sorted(jobs.values(), key=lambda r: (-r["spent"] - r["direct"], r["job"]))
     del totals["job"], totals["label"]
     now = time.time()
     return {
         "since": None if since is None else parse_since(since, now),
         "now": now,
+        "covers": LIVE_SERIES if window is None else f"their increase over the last {window}",
         "currency": "USD",
         "source": "prometheus",
         "totals": totals,
         "jobs": rows[:MAX_JOBS_SHOWN],
         "storage": None,
     }
+
+
+def _count(row: dict[str, Any], figure: str, part: str | None, value: float) -> None:
+    if figure in ("spent", "direct"):
+        row[figure] += value
+    elif part is not None:
+        row[figure][part] = row[figure].get(part, 0.0) + value
 
 
 def _empty(name: str) -> dict[str, Any]:
@@ -117,7 +152,12 @@ def print_table(view: dict[str, Any], out: TextIO) -> None:
     currency = view.get("currency", "USD")
     since = view.get("since")
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(since)) if since else "the start"
-    print(f"cost since {when} ({currency}; saved = without chunkd - spent, roughly)", file=out)
+    if view.get("source") == "prometheus" and since is None:
+        # Prometheus's counters: what they cover says it, not a time
+        print(f"cost of the cluster: {view.get('covers', LIVE_SERIES)}", file=out)
+        print(f"({currency}; saved = without chunkd - spent, roughly)", file=out)
+    else:
+        print(f"cost since {when} ({currency}; saved = without chunkd - spent, roughly)", file=out)
     header = f"{'job':<28} {'spent':>14} {'without':>14} {'saved cache':>14} {'saved peer':>14}"
     print(header + f" {'backend':>10} {'cache':>10} {'peer':>10}", file=out)
     rows = [*view.get("jobs", []), {"job": "total", **view.get("totals", {})}]

@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from chunkd.client import Client
+from chunkd.testing import CountingProxy, S3Server
 from tests.conftest import Daemon
 
 MiB = 1 << 20
@@ -325,3 +326,37 @@ def test_a_freezes_chunk_reads_are_not_reader_requests(
     assert row["direct_requests"] == before["direct_requests"]
     assert row["direct_bytes"] == before["direct_bytes"]
     assert _served(row) == _served(before)
+
+
+@pytest.mark.timeout(90)
+def test_chunks_an_owner_fetched_for_a_peer_are_from_the_cache_for_its_own_readers(
+    start_daemon: Callable[..., Daemon],
+    tmp_path: Path,
+    s3_server: S3Server,
+    bucket: str,
+    s3_proxy: CountingProxy,
+) -> None:
+    from tests.test_peers import start_cluster
+
+    # 16 objects of one chunk each: node 1 owns some of them but 1 time in 65536
+    bodies = {f"shared-{i}.bin": os.urandom(MiB // 4) for i in range(16)}
+    for key, data in bodies.items():
+        s3_server.client().put_object(Bucket=bucket, Key=f"pre/{key}", Body=data)
+    nodes = start_cluster(start_daemon, tmp_path, bucket, s3_proxy, 2)
+    with Client(nodes[0].cwd / "chunkd.sock", timeout=60, train_job="far-job") as client:
+        for key, data in bodies.items():
+            assert bytes(client.read(f"ckpt/{key}")) == data
+    fetched_for_peer = _job(_cost(nodes[1]), "far-job")["backend_bytes"]["read"]
+    assert fetched_for_peer > 0
+    # The same job reads them on node 1 (the HTTP door: the same attribution as the
+    # peer's requests had there). What node 1 fetched for node 0 is in its cache now:
+    # served from there, with credit; the rest comes from node 0, a peer.
+    for key, data in bodies.items():
+        status, _, body = nodes[1].get(f"/v1/objects/ckpt/{key}", {"X-Chunkd-Job": "far-job"})
+        assert status == 200
+        assert body == data
+    row = _job(_cost(nodes[1]), "far-job")
+    assert row["backend_bytes"]["read"] == fetched_for_peer  # nothing fetched again
+    assert row["served_bytes"]["backend"] == 0
+    assert row["served_bytes"]["ram"] + row["served_bytes"]["disk"] == fetched_for_peer
+    assert row["served_bytes"]["peer"] == sum(map(len, bodies.values())) - fetched_for_peer

@@ -1,5 +1,6 @@
-"""``chunkd cost --prometheus``: the cluster's figures from a real Prometheus scraping a
-real daemon with more jobs than the table shows.
+"""``chunkd cost``'s sources: ``--prometheus`` (the cluster's figures from a real
+Prometheus scraping a real daemon with more jobs than the table shows) and ``GET
+/v1/cost/storage`` (``--storage``), which callers at once share.
 
 The totals are Prometheus's ``sum`` over every series (not the rows added up, nor a
 cut of the series), the rows the 200 jobs that spent most (``topk``), ``--job J``
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from chunkd.testing import CountingProxy, S3Server, s3_backend
 from chunkd.testing.ports import BIN
 from chunkd.testing.prometheus import PrometheusServer, prometheus_or_skip
 from tests.conftest import Daemon
@@ -129,3 +131,44 @@ def test_prometheus_totals_are_sums_rows_are_the_top_and_job_is_asked_for(
         assert "live series as they stand" in head, table
         assert "since it started" in head, table
         assert sum(1 for line in table.splitlines() if line.startswith("job-")) == min(200, JOBS)
+
+
+@pytest.mark.timeout(60)
+def test_storage_callers_at_once_share_one_computation(
+    start_daemon: Callable[..., Daemon],
+    tmp_path: Path,
+    s3_server: S3Server,
+    bucket: str,
+    s3_proxy: CountingProxy,
+) -> None:
+    backend = s3_backend("data", f"s3://{bucket}/pre", s3_proxy.endpoint, writable=True)
+    daemon = start_daemon(f"""
+[cache]
+dir = "{tmp_path / "cache"}"
+ram_bytes = "64MiB"
+disk_bytes = "256MiB"
+disk_min_free_bytes = 0
+fsync = "never"
+
+{backend}""")
+
+    def requests() -> float:
+        return daemon.metric("chunkd_backend_requests_total", backend="data")
+
+    def storage() -> dict[str, object]:
+        status, _, body = daemon.get("/v1/cost/storage")
+        assert status == 200, body
+        answer: dict[str, object] = json.loads(body)
+        return answer
+
+    before = requests()
+    alone = storage()
+    one = requests() - before
+    assert one > 0  # one computation lists the checkpoints' catalog in the backend
+    # a slow backend: each computation takes a while, and 8 callers come meanwhile
+    s3_proxy.delay = 1.0
+    before = requests()
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda _: storage(), range(8)))
+    assert requests() - before == one  # one computation for the 8 (8 x one without)
+    assert all(answer["storage"] == alone["storage"] for answer in answers)

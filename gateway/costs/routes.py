@@ -1,10 +1,17 @@
 """``GET /v1/cost``: this node's cost ledger, as :meth:`Ledger.view` gives it, and
-``GET /v1/cost/storage``: what the checkpoints and frozen snapshots keep costs."""
+``GET /v1/cost/storage``: what the checkpoints and frozen snapshots keep costs.
+
+``GET /v1/cost/storage`` computes one answer at a time: a caller that comes while one
+is being computed waits for it and gets the same answer (its backend requests are
+charged to the job of the caller that started it), so however many callers come at
+once, the node reads at most one computation's bounded pages and chunk ids
+(:mod:`.storage`) at a time."""
 
 from __future__ import annotations
 
+import asyncio
 import time
-from typing import Final
+from typing import Any, Final
 
 from aiohttp import web
 
@@ -20,10 +27,24 @@ __all__ = ["LEDGER", "add_routes"]
 LEDGER: Final = web.AppKey("ledger", Ledger)
 
 
+class _StorageFlight:
+    """The ``GET /v1/cost/storage`` computation in progress, if any: one at a time,
+    shared by every caller that comes while it runs."""
+
+    def __init__(self) -> None:
+        self.task: asyncio.Task[dict[str, Any]] | None = None
+        #: computations started (tests read it: callers at once share one)
+        self.started = 0
+
+
+_STORAGE: Final = web.AppKey("cost_storage_flight", _StorageFlight)
+
+
 def add_routes(app: web.Application) -> None:
     """Add the cost routes to the daemon's app."""
     app.router.add_get("/v1/cost", _cost)
     app.router.add_get("/v1/cost/storage", _storage)
+    app[_STORAGE] = _StorageFlight()
 
 
 async def _cost(request: web.Request) -> web.Response:
@@ -34,9 +55,20 @@ async def _cost(request: web.Request) -> web.Response:
 
 
 async def _storage(request: web.Request) -> web.Response:
-    ledger = request.app[LEDGER]
-    writable = [b.name for b in request.app[CONFIG].backends if b.writable]
     app = request.app
+    flight = app[_STORAGE]
+    if flight.task is None or flight.task.done():
+        flight.task = asyncio.create_task(_storage_answer(app))
+        # its error is each waiting caller's; retrieved here when every caller went away
+        flight.task.add_done_callback(lambda t: t.cancelled() or t.exception())
+        flight.started += 1
+    # shielded: a caller that goes away does not cancel the others' answer
+    return web.json_response(await asyncio.shield(flight.task))
+
+
+async def _storage_answer(app: web.Application) -> dict[str, Any]:
+    ledger = app[LEDGER]
+    writable = [b.name for b in app[CONFIG].backends if b.writable]
     # the registry's own reader (its pages come through the node's cache and read path)
     registry = Registry(
         app[BACKENDS], app[CONFIG].datasets.registry, cache=app[CACHE], read_path=app[READ_PATH]
@@ -44,4 +76,4 @@ async def _storage(request: web.Request) -> web.Response:
     storage = await storage_view(
         app[CHECKPOINTS], writable, ledger.prices, registry, ledger.gc_reports()
     )
-    return web.json_response(ledger.view() | {"storage": storage})
+    return ledger.view() | {"storage": storage}

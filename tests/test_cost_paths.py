@@ -142,6 +142,14 @@ def test_prefetch_warm_and_the_inspectors_look_are_not_reader_requests(
     reader = _job(_cost(daemon), "reader")
     assert reader["direct_requests"] == {"get": 1}
     assert reader["served_bytes"]["ram"] + reader["served_bytes"]["disk"] == size
+    # The job that prefetched it reads it: it paid for the fetch, so its read is
+    # served from the backend (once), not credited as from the cache.
+    with Client(daemon.cwd / "chunkd.sock", train_job="prefetcher") as client:
+        assert bytes(client.read("local/big.bin")) == body
+    row = _job(_cost(daemon), "prefetcher")
+    assert row["direct_requests"] == {"get": 1}
+    assert row["served_bytes"]["backend"] == size
+    assert row["served_bytes"]["ram"] + row["served_bytes"]["disk"] == 0
     # The inspector's media route: its sniff of the head is not a read; the bytes it
     # serves are (one GET of the window).
     status, _, media = daemon.get(

@@ -497,6 +497,9 @@ def _check_the_cluster(
                 "/v1/objects/data/obj-7", headers={"X-Chunkd-Job": "fetch-c"}
             )
             assert (status, len(body)) == (200, MiB)
+            # and a read that names no job: none, which only costs (no report came)
+            status, _, body = nodes[0].get("/v1/objects/data/obj-6")
+            assert (status, len(body)) == (200, MiB)
             # the first scrape after the first round (3 meters' 10 steps a rank)
             server.wait_for(
                 'sum(chunkd_loader_step_seconds_count{train_job=~"train-a|train-b"}) >= 50'
@@ -608,6 +611,7 @@ def _check_the_cluster(
         assert found, variables[name]
         selector, label = found.groups()
         listed[name] = set(server.api(f"label/{label}/values", **{"match[]": selector}))
-    # the jobs with a stall meter, and the job that only cost
-    assert listed["train_job"] >= {"train-a", "train-b", "fetch-c"}, listed
+    # the jobs with a stall meter, and those that only cost (fetch-c's loader series
+    # are at 0, but none has none)
+    assert listed["train_job"] >= {"train-a", "train-b", "fetch-c", "none"}, listed
     assert listed["instance"] == {f"127.0.0.1:{n.port}" for n in nodes}, listed

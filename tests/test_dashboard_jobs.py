@@ -321,8 +321,10 @@ def test_the_cost_panel_shows_the_ledgers_figures(
         "cost-direct": totals["direct"],
         "cost-saved-cache": totals["saved"]["cache"],
         "cost-saved-peer": totals["saved"]["peer"],
-        "cost-gets": totals["backend_requests"].get("get", 0),
+        # the sums the telemetry makes: every op's requests, every kind's bytes written
+        "cost-requests": sum(totals["backend_requests"].values()),
         "cost-read": totals["backend_bytes"]["read"],
+        "cost-written": sum(totals["written_bytes"].values()),
     }
     for ident, value in figures.items():
         # each figure the page shows carries the daemon's own value

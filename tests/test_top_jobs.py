@@ -15,6 +15,8 @@ from typing import Any
 
 import pytest
 
+from chunkd.client import Client
+from chunkd.gateway.cli.options import human_size
 from chunkd.gateway.cli.toppanels import money
 
 from .conftest import BIN, Daemon
@@ -34,10 +36,19 @@ def _settled(daemon: Daemon) -> dict[str, Any]:
             sample = history[-1]
             cost = v1(daemon, "/v1/cost")
             names = [j["name"] for j in sample["jobs"]]
-            if names == [JOB, CALM] and sample["cost"]["totals"] == cost["totals"]:
+            if names == [JOB, CALM] and sample["cost"]["totals"] == with_sums(cost["totals"]):
                 return sample
         time.sleep(0.3)
     raise AssertionError("no sample showed the jobs and the ledger as they are")
+
+
+def with_sums(totals: dict[str, Any]) -> dict[str, Any]:
+    """The ledger's totals as a sample carries them: with the sums the views show (the
+    telemetry makes them; a view adds nothing up)."""
+    return totals | {
+        "written_total": sum(totals["written_bytes"].values()),
+        "backend_requests_total": sum(totals["backend_requests"].values()),
+    }
 
 
 def _top(daemon: Daemon, *args: str) -> subprocess.CompletedProcess[str]:
@@ -58,6 +69,9 @@ def test_once_and_json_show_the_jobs_and_the_cost(
 ) -> None:
     daemon = start_daemon(node_toml(tmp_path))
     run_jobs(daemon)
+    # a first batch without its total: the sample's total is its phases added up
+    with Client(daemon.cwd / "chunkd.sock", train_job=CALM) as calm:
+        calm.request("ds_first_batch", {"metadata": 0.25, "decode": 0.5, "rank": 0})
     _settled(daemon)
     job = next(j for j in v1(daemon, "/v1/jobs")["jobs"] if j["name"] == JOB)
     ledger = v1(daemon, "/v1/cost")
@@ -74,7 +88,9 @@ def test_once_and_json_show_the_jobs_and_the_cost(
     assert shown["first_batch"] == job["first_batch"]
     assert shown["served_bytes"]["backend"] == 3 << 20
     assert sample["jobs_total"] == 2
-    assert sample["cost"]["totals"] == totals
+    assert sample["cost"]["totals"] == with_sums(totals)
+    calm = next(j for j in sample["jobs"] if j["name"] == CALM)
+    assert calm["first_batch"]["total"] == 0.75
     assert sample["cost"]["currency"] == "USD"
     assert [j["job"] for j in sample["cost"]["jobs"]][:1] == [JOB]
 
@@ -96,6 +112,13 @@ def test_once_and_json_show_the_jobs_and_the_cost(
     assert f"spent {money(totals['spent'], 'USD')}," in out
     assert f"without chunkd {money(totals['direct'], 'USD')};" in out
     assert f"saved by cache {money(totals['saved']['cache'], 'USD')}," in out
+    # the page's words for the backend's figures, with the sample's sums
+    requests = sum(totals["backend_requests"].values())
+    assert requests > 0
+    assert f"backend requests {requests}," in out
+    assert f"backend bytes read {human_size(totals['backend_bytes']['read'])}," in out
+    assert f"bytes written {human_size(0)}" in out
+    assert "first batch 750ms:" in out  # CALM's: the sample's total, as it is
     spent = next(j for j in ledger["jobs"] if j["job"] == JOB)["spent"]
     assert re.search(rf"^{re.escape(JOB)}\s+spent {re.escape(money(spent, 'USD'))}", out, re.M)
 

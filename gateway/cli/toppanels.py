@@ -721,11 +721,8 @@ def _job_parts(job: dict[str, Any]) -> list[str]:
         parts.append(f"{label} {byte_rate(throughput.get(key))}")
     first = job.get("first_batch")
     if first:
-        total = first.get("total")
-        if total is None:
-            total = sum(float(first.get(k) or 0) for k, _ in FIRST_BATCH_PHASES)
         parts[-1] += ";"
-        parts.append(f"first batch {seconds(total)}:")
+        parts.append(f"first batch {seconds(first.get('total'))}:")
         parts += [f"{label} {seconds(first.get(key))}" for key, label in FIRST_BATCH_PHASES]
         if first.get("rank") is not None:
             parts.append(f"(rank {first['rank']})")
@@ -748,9 +745,9 @@ def cost_text(sample: Sample | None, width: int, rows: int) -> Text:
     currency = cost.get("currency")
     totals = cost.get("totals") or {}
     saved = totals.get("saved") or {}
-    requests = totals.get("backend_requests") or {}
+    requests = totals.get("backend_requests_total")
     read = (totals.get("backend_bytes") or {}).get("read")
-    written = sum((totals.get("written_bytes") or {}).values())
+    written = totals.get("written_total")
     parts = [
         f"spent {money(totals.get('spent'), currency)},",
         f"without chunkd {money(totals.get('direct'), currency)};",
@@ -758,12 +755,10 @@ def cost_text(sample: Sample | None, width: int, rows: int) -> Text:
         f"by peers {money(saved.get('peer'), currency)}",
     ]
     lines = [_Row(line) for line in _packed(parts, width)]
-    backend = [f"backend {sum(requests.values()):.0f} requests"]
-    if "get" in requests:
-        backend[-1] += f" ({requests['get']:.0f} GET)"
-    backend[-1] += ","
-    backend.append(f"{'-' if read is None else human_size(read)} read,")
-    backend.append(f"{human_size(written)} written")
+    # the page's words and figures: backend requests, backend bytes read, bytes written
+    backend = [f"backend requests {'-' if requests is None else f'{requests:.0f}'},"]
+    backend.append(f"backend bytes read {'-' if read is None else human_size(read)},")
+    backend.append(f"bytes written {'-' if written is None else human_size(written)}")
     if cost.get("since"):
         backend.append(f"since {clock(cost['since'])}")
     lines += [_Row(line, "dim") for line in _packed(backend, width)]

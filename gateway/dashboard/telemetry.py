@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
 import chunkd
+from chunkd.client.protocol import FIRST_BATCH_PHASES
 from chunkd.errors import BackendUnavailableError
 
 if TYPE_CHECKING:
@@ -469,6 +470,7 @@ class Telemetry:
             entry = dict(job)
             entry["uids"] = list(job.get("uids") or ())[:JOB_UIDS_SHOWN]
             entry["worst_ranks"] = list(job.get("worst_ranks") or ())[:JOB_RANKS_SHOWN]
+            entry["first_batch"] = _first_batch(job.get("first_batch"))
             entry["served_bytes"] = {s: int(served.get(s, 0)) for s in SERVED_SOURCES}
             entry["throughput"] = {s: rates.get(s, 0.0) for s in SERVED_SOURCES}
             shown.append(entry)
@@ -544,9 +546,35 @@ def _served(entry: dict[str, Any]) -> dict[str, float]:
     return total
 
 
+def _first_batch(first: Any) -> dict[str, Any] | None:
+    """A job's slowest first batch with its ``total`` always there: the table's, else
+    its phases added up (the views show it, they do not add it up)."""
+    if not isinstance(first, dict):
+        return None
+    total = first.get("total")
+    if not isinstance(total, int | float):
+        total = sum(float(first.get(p) or 0) for p in FIRST_BATCH_PHASES if p != "total")
+    return {**first, "total": total}
+
+
+def _cost_totals(totals: Any) -> dict[str, Any] | None:
+    """The ledger's totals, with the figures the views show made here: ``written_total``
+    (bytes written, every kind) and ``backend_requests_total`` (every op)."""
+    if not isinstance(totals, dict):
+        return None
+    written = totals.get("written_bytes")
+    requests = totals.get("backend_requests")
+    return {
+        **totals,
+        "written_total": sum(written.values()) if isinstance(written, dict) else 0,
+        "backend_requests_total": sum(requests.values()) if isinstance(requests, dict) else 0,
+    }
+
+
 def _cost(view: dict[str, Any] | None) -> dict[str, Any] | None:
-    """A sample's ``cost``: the ledger's totals, its top jobs by what they spent (names
-    left out), and the storage figures when the ledger has them; None without a ledger."""
+    """A sample's ``cost``: the ledger's totals (with :func:`_cost_totals`' sums), its top
+    jobs by what they spent (names left out), and the storage figures when the ledger
+    has them; None without a ledger."""
     if view is None:
         return None
     jobs = [j for j in view.get("jobs") or () if isinstance(j, dict)]
@@ -554,7 +582,7 @@ def _cost(view: dict[str, Any] | None) -> dict[str, Any] | None:
     return {
         "since": view.get("since"),
         "currency": view.get("currency"),
-        "totals": view.get("totals"),
+        "totals": _cost_totals(view.get("totals")),
         "jobs": [
             {k: j.get(k) for k in ("job", "label", "spent", "direct", "saved")}
             for j in jobs[:COST_JOBS_SHOWN]

@@ -637,10 +637,9 @@ function fillFirstBatch(extra, fb) {
   });
 }
 
+// The sample always carries first_batch.total (the telemetry makes it): shown as it is.
 function firstBatchTotal(fb) {
-  if (!fb) return null;
-  if (fb.total !== null && fb.total !== undefined) return Number(fb.total);
-  return PHASES.reduce((a, p) => a + (Number(fb[p]) || 0), 0);
+  return fb && fb.total !== null && fb.total !== undefined ? Number(fb.total) : null;
 }
 
 function worstRanks(job) {
@@ -756,12 +755,11 @@ function showCost(cost) {
   figure("cost-direct", money(totals.direct, currency), totals.direct);
   figure("cost-saved-cache", money(saved.cache, currency), saved.cache);
   figure("cost-saved-peer", money(saved.peer, currency), saved.peer);
-  const requests = totals.backend_requests || {};
-  const gets = requests.get === undefined ? null : requests.get;
-  figure("cost-gets", count(gets), gets);
+  const requests = totals.backend_requests_total === undefined ? null : totals.backend_requests_total;
+  figure("cost-requests", count(requests), requests);
   const read = totals.backend_bytes ? totals.backend_bytes.read : null;
   figure("cost-read", bytes(read), read);
-  const written = totals.written_bytes ? Object.values(totals.written_bytes).reduce((a, b) => a + Number(b || 0), 0) : null;
+  const written = totals.written_total === undefined ? null : totals.written_total;
   figure("cost-written", bytes(written), written);
   tables.costJobs.update(
     (cost.jobs || []).map((j) => ({ ...j, currency })),

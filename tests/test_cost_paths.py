@@ -308,11 +308,6 @@ writable = true
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a freeze's member reads go through datasets/pinned.py member_leases, which "
-    "needs a reader=False argument (/work/notes/i30/F2-wants.md)",
-)
 @pytest.mark.timeout(60)
 def test_a_freezes_chunk_reads_are_not_reader_requests(
     start_daemon: Callable[..., Daemon], tmp_path: Path

@@ -423,7 +423,9 @@ class Freezer:
                 if whole is not None:
                     whole["members"].append([])
                 hasher = blake3.blake3()  # the member's whole bytes: its "content"
-                async for chunk, stat, lease in member_leases(self.read_path, snapshot, index):
+                # The freeze's own copy, not a reader's request (no direct GET).
+                members = member_leases(self.read_path, snapshot, index, reader=False)
+                async for chunk, stat, lease in members:
                     with lease:
                         await asyncio.to_thread(hasher.update, lease.view())
                         writer.add(str(lease.id))

@@ -55,10 +55,12 @@ async def pinned_stat(read_path: ReadPath, snapshot: Snapshot, index: int) -> St
 
 
 async def member_leases(
-    read_path: ReadPath, snapshot: Snapshot, index: int
+    read_path: ReadPath, snapshot: Snapshot, index: int, *, reader: bool = True
 ) -> AsyncGenerator[tuple[int, Stat, ChunkLease], None]:
     """``(chunk index, stat, lease)`` for each chunk of member ``index``, in order, at
-    its recorded version. The caller releases each lease.
+    its recorded version. The caller releases each lease. ``reader=False``: the
+    daemon's own copy (a freeze), not a reader's request in the cost ledger
+    (:meth:`ReadPath.leases`).
 
     Raises:
         SnapshotDriftError: the member changed or vanished (before or during the read).
@@ -66,7 +68,7 @@ async def member_leases(
     stat = await pinned_stat(read_path, snapshot, index)
     if not stat.size:
         return
-    leases = read_path.leases(stat, 0, stat.chunks - 1)
+    leases = read_path.leases(stat, 0, stat.chunks - 1, reader=reader)
     chunk = 0
     try:
         while True:

@@ -4,18 +4,31 @@ The hooks (:mod:`chunkd.gateway.costs.charge`) call :meth:`Ledger.charge` with t
 job, uid and name of the work at hand. The ledger keeps, per (job, name), counters
 of backend requests and bytes, bytes served by source, bytes written, and what the
 same reads would have sent to the backend without chunkd ("direct"), each priced by
-the backend's price table (:class:`~chunkd.gateway.costs.prices.Prices`).
+the backend's price table (:class:`~chunkd.gateway.costs.prices.Prices`). A charge
+naming a backend the daemon does not have, or an op, direction, source or kind the
+ledger does not count, is dropped: no door can add a label value.
 
-Bounds: at most ``tracked`` jobs are kept by name (the rest are kept as one job,
-``other``); at most ``names`` dataset or checkpoint names are labelled at once (the
-rest: ``other``; a name is admitted at its first charge while fewer are live, and
-stays named until nothing has been charged to it for ``idle`` seconds); so at most
-``tracked`` x (``names`` + 2) accounts. Per job, a ring of per-minute snapshots of
-its totals for 24 hours (only minutes with activity) answers ``since``.
+Two stores per job: what this process counted in the job's current life (its
+``accounts``: the ``chunkd_cost_*`` counters, which start at 0 with the daemon and
+with each start of the job) and what it ``carried`` (read from ``cost.json`` at
+start, earlier lives of the job under the same label, names let go of): the JSON view
+(``GET /v1/cost``, ``chunkd cost``) adds both, ``/metrics`` shows the first only, so
+Prometheus's ``increase()`` never counts history twice.
 
-The cumulative totals and rings are written to ``state_path`` (``<cache.dir>/cost.json``)
-atomically every minute (:meth:`Ledger.run`) and at close, and read back at start:
-``chunkd cost`` survives a restart, and a kill -9 loses at most the last minute.
+Bounds (docs/jobs.md): at most ``tracked`` jobs kept by name; a job first charged
+while they are all charged within ``idle`` is ``other`` until it goes quiet for
+``idle`` (decided once, no scan per charge). At most ``names`` dataset or checkpoint
+names are labelled at once: a name's label (itself, or ``other``) is decided at its
+first charge and kept until nothing was charged to it for ``idle`` seconds; at most
+:data:`NAMES_PER_JOB` names per job life (past it: ``other``) and
+:data:`NAMES_KEPT` names remembered at once. Per job, snapshots of its totals answer
+``since``: one per minute with activity for the last hour, then one per hour for a
+day (:data:`RING_MINUTES`, :data:`RING_HOURS`).
+
+The totals and snapshots are written to ``state_path`` (``<cache.dir>/cost.json``)
+atomically every minute (:meth:`Ledger.run`) and at close, encoded a job at a time
+with the loop let run between slices; read back at start (a file of the wrong shape
+is renamed ``cost.json.damaged``).
 """
 
 from __future__ import annotations
@@ -24,18 +37,20 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import os
 import time
-from collections import defaultdict, deque
+from collections import OrderedDict, defaultdict, deque
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from itertools import chain
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Final
 
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from chunkd.gateway.costs.prices import Prices
+from chunkd.gateway.costs.prices import OPS, Prices
 
 if TYPE_CHECKING:
     from chunkd.gateway.jobs.table import JobTable
@@ -53,14 +68,39 @@ _OTHER: Final = "other"
 SOURCES: Final = ("ram", "disk", "peer", "backend")
 #: the ``kind`` of bytes written (``chunkd_cost_written_bytes_total{kind}``)
 WRITTEN_KINDS: Final = ("checkpoint", "freeze", "migrate", "object")
+_DIRECTIONS: Final = ("read", "write")
 #: seconds between snapshots of the totals (the ring's step and the file's)
 MINUTE: Final = 60.0
-#: snapshots kept per job: 24 hours of minutes
-RING_MINUTES: Final = 1440
-_STATE_VERSION: Final = 1
+HOUR: Final = 3600.0
+#: per-minute snapshots kept per job (the last hour), then hourly ones (a day)
+RING_MINUTES: Final = 60
+RING_HOURS: Final = 25
+#: names one job life may charge under their own label; past it: ``other`` (a client
+#: names datasets as it likes: this bounds what one job can make the ledger hold)
+NAMES_PER_JOB: Final = 256
+#: names remembered at once (labelled or refused); past it a new name is ``other``
+NAMES_KEPT: Final = 4096
+#: jobs remembered as folded into ``other`` (past ``tracked``), as a multiple of tracked
+_FOLDED_PER_TRACKED: Final = 4
+#: seconds of the loop one slice of the file's encoding may take before it yields
+_SLICE: Final = 0.005
+_STATE_VERSION: Final = 2
 #: garbage collection reports kept: the latest of each backend, at most this many
 #: backends (the oldest report goes first)
 GC_REPORTS_KEPT: Final = 64
+#: the totals a snapshot keeps, in this order (a few numbers per snapshot)
+RING_KEYS: Final = (
+    "spent",
+    "direct",
+    "saved.cache",
+    "saved.peer",
+    *(f"backend_requests.{op}" for op in OPS),
+    *(f"backend_bytes.{d}" for d in _DIRECTIONS),
+    *(f"served_bytes.{s}" for s in SOURCES),
+    *(f"written_bytes.{k}" for k in WRITTEN_KINDS),
+    *(f"direct_requests.{op}" for op in OPS),
+    "direct_bytes",
+)
 
 
 @dataclass
@@ -89,17 +129,18 @@ class _Account:
         default_factory=lambda: defaultdict(float)
     )  # (backend, source)
 
-    _FIELDS: ClassVar[tuple[str, ...]] = (
-        "requests",
-        "bytes",
-        "served",
-        "written",
-        "direct_requests",
-        "direct_bytes",
-        "spent",
-        "direct",
-        "saved",
-    )
+    #: each counter's key parts
+    _FIELDS: ClassVar[dict[str, int]] = {
+        "requests": 2,
+        "bytes": 2,
+        "served": 1,
+        "written": 1,
+        "direct_requests": 2,
+        "direct_bytes": 1,
+        "spent": 2,
+        "direct": 1,
+        "saved": 2,
+    }
 
     def add(self, other: _Account) -> None:
         for name in self._FIELDS:
@@ -130,13 +171,46 @@ class _Account:
         }
 
     @classmethod
-    def load(cls, data: Mapping[str, Any]) -> _Account:
+    def load(cls, data: Any) -> _Account:
+        """An account from :meth:`dump`'s form.
+
+        Raises:
+            ValueError: ``data`` is not of that shape (a type is wrong anywhere).
+        """
         account = cls()
-        for name in cls._FIELDS:
+        for name, parts in cls._FIELDS.items():
             counter = getattr(account, name)
-            for *key, value in data.get(name, ()):
-                counter[key[0] if len(key) == 1 else tuple(key)] += value
+            for item in _list(_dict(data).get(name, [])):
+                row = _list(item)
+                if len(row) != parts + 1:
+                    raise ValueError(f"{name}: {len(row)} items, not {parts + 1}")
+                key = tuple(_text(part) for part in row[:parts])
+                counter[key[0] if parts == 1 else key] += _number(row[parts])
         return account
+
+
+def _number(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ValueError(f"{str(value)[:32]!r} is no finite number")
+    return float(value)
+
+
+def _text(value: Any) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"{str(value)[:32]!r} is no string")
+    return value
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise TypeError(f"{type(value).__name__} where an object belongs")
+    return value
+
+
+def _list(value: Any) -> list[Any]:
+    if not isinstance(value, list):
+        raise TypeError(f"{type(value).__name__} where a list belongs")
+    return value
 
 
 def _add(into: defaultdict[str, float], flat: Mapping[str, float]) -> None:
@@ -156,8 +230,8 @@ def _by(counter: Mapping[tuple[str, str], float], part: int) -> dict[str, int]:
     return {k: round(v) for k, v in sorted(out.items())}
 
 
-#: the totals a ring snapshot keeps (a few numbers per minute)
 def _flat(summary: Mapping[str, Any]) -> dict[str, float]:
+    """A summary's figures by dotted name (:data:`RING_KEYS`' names)."""
     flat: dict[str, float] = {"spent": summary["spent"], "direct": summary["direct"]}
     for group in (
         "saved",
@@ -193,16 +267,34 @@ def _unflat(flat: Mapping[str, float]) -> dict[str, Any]:
     return out
 
 
+def _vector(flat: Mapping[str, float]) -> tuple[float, ...]:
+    """A snapshot: the flat totals as numbers in :data:`RING_KEYS`' order."""
+    return tuple(flat.get(key, 0.0) for key in RING_KEYS)
+
+
 @dataclass
 class _Job:
-    """One job's accounts by name label, and its ring of snapshots."""
+    """One job's accounts by name label, and its snapshots."""
 
     label: str
+    #: this process's counts of the job's current life, by name label (in /metrics)
     accounts: dict[str, _Account] = field(default_factory=dict)
-    #: (wall time of the snapshot, flat totals then), oldest first
-    ring: deque[tuple[float, dict[str, float]]] = field(
+    #: what the view adds: read from cost.json, earlier lives, names let go of
+    carried: dict[str, _Account] = field(default_factory=dict)
+    #: which start of the job (in the job table) the accounts are of
+    life: tuple[float, int] | None = None
+    #: the names its current life charged (at most NAMES_PER_JOB)
+    seen: set[str] = field(default_factory=set)
+    #: (wall time, totals then as RING_KEYS numbers), oldest first: the last hour's
+    #: minutes, and a snapshot an hour before them
+    minutes: deque[tuple[float, tuple[float, ...]]] = field(
         default_factory=lambda: deque(maxlen=RING_MINUTES)
     )
+    hours: deque[tuple[float, tuple[float, ...]]] = field(
+        default_factory=lambda: deque(maxlen=RING_HOURS)
+    )
+    #: snapshots older than the hours' were dropped (``since`` cannot reach before them)
+    trimmed: bool = False
     dirty: bool = False
     #: when it was first charged, and last (seconds since the epoch)
     created: float = 0.0
@@ -214,7 +306,7 @@ class _Job:
 
     def total(self) -> _Account:
         total = _Account()
-        for account in self.accounts.values():
+        for account in chain(self.accounts.values(), self.carried.values()):
             total.add(account)
         return total
 
@@ -225,13 +317,60 @@ class _Job:
             self.summed = (summary, _flat(summary))
         return self.summed
 
+    def named(self) -> dict[str, _Account]:
+        """Its accounts and carried figures together, by name."""
+        out: dict[str, _Account] = {}
+        for name, account in chain(self.carried.items(), self.accounts.items()):
+            out.setdefault(name, _Account()).add(account)
+        return out
+
+    def carry(self, name: str, account: _Account, kept: int) -> None:
+        """Keep ``account`` among the carried figures (at most ``kept`` names; the rest
+        under ``other``)."""
+        if name not in self.carried and len(self.carried) >= kept:
+            name = _OTHER
+        self.carried.setdefault(name, _Account()).add(account)
+
+    def snapshot(self, now: float) -> None:
+        if len(self.minutes) == self.minutes.maxlen:
+            # the hour's oldest minute leaves: kept if an hour after the last kept one
+            taken, numbers = self.minutes[0]
+            if not self.hours or taken >= self.hours[-1][0] + HOUR - MINUTE:
+                if len(self.hours) == self.hours.maxlen:
+                    self.trimmed = True
+                self.hours.append((taken, numbers))
+        self.minutes.append((now, _vector(self.summary()[1])))
+
+    def state(self, key: str | None) -> dict[str, Any]:
+        return {
+            "job": key,
+            "label": self.label,
+            "accounts": {n: a.dump() for n, a in self.named().items()},
+            "minutes": [[t, list(v)] for t, v in self.minutes],
+            "hours": [[t, list(v)] for t, v in self.hours],
+            "trimmed": self.trimmed,
+            "created": self.created,
+            "touched": self.touched,
+        }
+
+
+@dataclass(slots=True)
+class _Name:
+    """A name live in the ledger: its label, decided at its first charge."""
+
+    label: str  # the name itself, or other
+    last: float  # when it was last charged
+    #: the jobs whose accounts hold it under its own label (to let go of it there)
+    holders: set[str | None] = field(default_factory=set)
+
 
 class Ledger:
     """The node's cost ledger (docs/jobs.md).
 
     Args:
         jobs: the node's job table, which gives each job's ``train_job`` label.
-        prices: the price tables and which backend is priced by which.
+        prices: the price tables and which backend is priced by which; its backends
+            (``backend_prices``) are the only backends charged (when it names any).
         backend_prices: more backends' table names, over those of ``prices``.
         names: dataset and checkpoint names labelled at once; the rest ``other``.
         tracked: jobs kept by name; past it a new job is kept as ``other``.
@@ -262,45 +401,65 @@ class Ledger:
         self.idle = idle
         self.state_path = state_path
         self.clock = clock
-        #: when these totals began (the first start whose file was kept)
-        self.started = clock()
-        # accounts by job name (None: no job; "other": past tracked)
-        self._jobs: dict[str | None, _Job] = {}
-        # the named names and when each was last charged
-        self._names: dict[str, float] = {}
-        # the accounts of jobs let go of to make room, by label and name: in the view's
-        # totals; in /metrics under other and none only (a named job's series end with it)
-        self._retired: dict[str, dict[str, _Account]] = {}
-        # the figures of named jobs let go of and of names let go of, all in one: in the
-        # node's totals only (bounded however many jobs and names come and go)
-        self._ended = _Account()
-        # the latest garbage collection (or dry run) of each backend, by backend
-        self._gc: dict[str, dict[str, Any]] = {}
+        self._reset()
         self._write_lock = asyncio.Lock()
         if state_path is not None:
             self._load(state_path)
+
+    def _reset(self) -> None:
+        #: when these totals began (the first start whose file was kept)
+        self.started = self.clock()
+        # accounts by job name (None: no job; "other": past tracked), least recently
+        # charged first (the one let go of to make room is at the front)
+        self._jobs: OrderedDict[str | None, _Job] = OrderedDict()
+        # the jobs charged as other because tracked were busy, and when last charged
+        self._folded: OrderedDict[str, float] = OrderedDict()
+        # the live names (labelled or refused), least recently charged first
+        self._names: OrderedDict[str, _Name] = OrderedDict()
+        self._labelled = 0
+        # the accounts of other and none jobs let go of to make room, by label and name:
+        # in /metrics under other and none (their series live as long as the daemon)
+        self._retired: dict[str, dict[str, _Account]] = {}
+        # the figures of jobs let go of, and what was read from the file that no job
+        # row carries: in the node's totals only (one bucket however many come and go)
+        self._ended = _Account()
+        # the latest garbage collection (or dry run) of each backend, by backend
+        self._gc: dict[str, dict[str, Any]] = {}
 
     # --- what the hooks call ---------------------------------------------------------
 
     def charge(
         self, job: str | None, uid: int | None, name: str | None, what: str, *args: Any
     ) -> None:
-        """Count one event for ``job``'s ``name`` (see :mod:`.charge` for ``what``)."""
-        account = self._account(job, uid, name)
+        """Count one event for ``job``'s ``name`` (see :mod:`.charge` for ``what``).
+
+        A charge naming a backend the ledger's prices do not list, or an op, direction,
+        source or kind it does not count, is dropped (no label value comes from a door).
+        """
         prices = self.prices
+        known = prices.backend_prices
         if what == "request":
             backend, op, count = args
+            if op not in OPS or (known and backend not in known):
+                return
+            account = self._account(job, uid, name)
             account.requests[backend, op] += count
             account.spent[backend, "requests"] += prices.request(backend, op) * count
         elif what == "bytes":
             backend, direction, n = args
+            if direction not in _DIRECTIONS or (known and backend not in known):
+                return
+            account = self._account(job, uid, name)
             account.bytes[backend, direction] += n
             if direction == "read":
                 account.spent[backend, "egress"] += prices.egress(backend, n)
         elif what == "served":
             source, n, backend, total = args
+            if source not in SOURCES:
+                return
+            account = self._account(job, uid, name)
             account.served[source] += n
-            if source != "backend" and backend is not None:
+            if source != "backend" and backend is not None and (not known or backend in known):
                 # what a direct reader would have paid for these bytes: their egress and
                 # their share (by bytes) of the request's GET fee
                 share = n / total if total else 1.0
@@ -308,66 +467,97 @@ class Ledger:
                 account.saved[backend, "peer" if source == "peer" else "cache"] += credit
         elif what == "direct":
             backend, op, n = args
+            if op not in OPS or (known and backend not in known):
+                return
+            account = self._account(job, uid, name)
             account.direct_requests[backend, op] += 1
             account.direct_bytes[backend] += n
             fee = prices.request(backend, op)
             account.direct[backend] += fee + (prices.egress(backend, n) if op == "get" else 0)
         elif what == "written":
             kind, n, _backend = args
-            account.written[kind] += n
+            if kind not in WRITTEN_KINDS:
+                return
+            self._account(job, uid, name).written[kind] += n
 
     def _account(self, job: str | None, uid: int | None, name: str | None) -> _Account:
+        now = self.clock()
         label = self.jobs.label(job, uid)
         key = job
-        if job is not None and job not in self._jobs and len(self._jobs) >= self.tracked:
-            key = job if self._retire_one() else _OTHER
+        if job is not None and job not in self._jobs:
+            self._forget_folded(now)
+            if job in self._folded or (self._kept() >= self.tracked and not self._retire_one(now)):
+                # past tracked: other until it goes quiet for idle (decided once)
+                key = _OTHER
+                self._folded[job] = now
+                self._folded.move_to_end(job)
+                while len(self._folded) > _FOLDED_PER_TRACKED * self.tracked:
+                    self._folded.popitem(last=False)
         entry = self._jobs.get(key)
-        if entry is not None and entry.label != label and key != _OTHER:
-            # The job ended and started again under another label: what it had goes to
-            # the retired totals under its old label (a counter never moves between
-            # series), and it starts again at zero.
-            self._retire(key)
-            entry = None
+        if entry is not None and key not in (None, _OTHER):
+            life = self._life(key)
+            if entry.label != label:
+                # The job ended and started again under another label: what it had goes
+                # to the node's totals (a counter never moves between series), and it
+                # starts again at zero.
+                self._retire(key)
+                entry = None
+            elif entry.life != life:
+                # Started again under the same label: its counters start at 0 (as its
+                # loader series do); its row carries on.
+                for held, before in entry.accounts.items():
+                    entry.carry(held, before, self.names + 2)
+                entry.accounts.clear()
+                entry.seen.clear()
+                entry.life = life
         if entry is None:
-            now = self.clock()
-            entry = self._jobs[key] = _Job(_OTHER if key == _OTHER else label, created=now)
+            entry = self._jobs[key] = _Job(
+                _OTHER if key == _OTHER else label,
+                created=now,
+                life=None if key in (None, _OTHER) else self._life(key),
+            )
+        else:
+            self._jobs.move_to_end(key)
         entry.dirty = True
         entry.summed = None  # the account is charged once this returns
-        entry.touched = self.clock()
-        name_label = self._name_label(name)
+        entry.touched = now
+        name_label = self._name_label(entry, key, name, now)
         account = entry.accounts.get(name_label)
         if account is None:
             account = entry.accounts[name_label] = _Account()
         return account
 
-    def _retire_one(self) -> bool:
-        """Make room for a job: fold the job charged least recently, if nothing was
-        charged to it for ``idle`` seconds, into the retired totals. Whether one was."""
-        now = self.clock()
-        oldest = min(
-            (k for k in self._jobs if k is not None and k != _OTHER),
-            key=lambda k: self._jobs[k].touched,
-            default=None,
-        )
-        if oldest is None or self._jobs[oldest].touched >= now - self.idle:
-            return False
-        self._retire(oldest)
-        return True
+    def _life(self, job: str) -> tuple[float, int] | None:
+        """Which start of ``job`` the job table has live (None: it keeps it by no name)."""
+        found = self.jobs._jobs.get(job)  # read only (F1-wants.md)
+        return None if found is None else (found.started, id(found))
 
-    def _let_go(self, name: str) -> None:
-        """A name nothing was charged to for ``idle`` seconds: its figures leave the
-        jobs' rows and /metrics for the node's totals (its series end, as a job's do)."""
-        for entry in self._jobs.values():
-            if name in entry.accounts:
-                entry.summed = None
-        buckets = [entry.accounts for entry in self._jobs.values()]
-        for accounts in [*buckets, *self._retired.values()]:
-            account = accounts.pop(name, None)
-            if account is not None:
-                self._ended.add(account)
+    def _kept(self) -> int:
+        return len(self._jobs) - (None in self._jobs) - (_OTHER in self._jobs)
+
+    def _forget_folded(self, now: float) -> None:
+        while self._folded:
+            job, seen = next(iter(self._folded.items()))
+            if seen >= now - self.idle:
+                break
+            del self._folded[job]
+
+    def _retire_one(self, now: float) -> bool:
+        """Make room for a job: let go of the job charged least recently, if nothing was
+        charged to it for ``idle`` seconds. Whether one was (O(1): the front)."""
+        for key, entry in self._jobs.items():
+            if key is None or key == _OTHER:
+                continue
+            if entry.touched >= now - self.idle:
+                return False
+            self._retire(key)
+            return True
+        return False
 
     def _retire(self, key: str | None) -> None:
         entry = self._jobs.pop(key)
+        for account in entry.carried.values():
+            self._ended.add(account)
         if entry.label not in (_OTHER, _NONE):
             for account in entry.accounts.values():
                 self._ended.add(account)
@@ -376,21 +566,52 @@ class Ledger:
         for name, account in entry.accounts.items():
             retired.setdefault(name, _Account()).add(account)
 
-    def _name_label(self, name: str | None) -> str:
+    def _name_label(self, entry: _Job, key: str | None, name: str | None, now: float) -> str:
         if name is None:
             return NO_NAME
-        now = self.clock()
-        if name in self._names:
-            self._names[name] = now
-            return name
-        # let go of the names nothing was charged to for idle seconds
-        for stale in [n for n, seen in self._names.items() if seen < now - self.idle]:
-            del self._names[stale]
-            self._let_go(stale)
-        if len(self._names) >= self.names:
-            return _OTHER
-        self._names[name] = now
-        return name
+        self._let_go_idle(now)
+        if name not in entry.seen:
+            if len(entry.seen) >= NAMES_PER_JOB:
+                return _OTHER
+            entry.seen.add(name)
+        known = self._names.get(name)
+        if known is None:
+            if len(self._names) >= NAMES_KEPT:
+                return _OTHER
+            labelled = self._labelled < self.names
+            known = self._names[name] = _Name(name if labelled else _OTHER, now)
+            self._labelled += labelled
+        else:
+            known.last = now
+            self._names.move_to_end(name)
+        if known.label != _OTHER:
+            known.holders.add(key)
+        return known.label
+
+    def _let_go_idle(self, now: float) -> None:
+        """Let go of the names nothing was charged to for ``idle`` seconds (from the
+        front: each name once)."""
+        while self._names:
+            name, known = next(iter(self._names.items()))
+            if known.last >= now - self.idle:
+                break
+            del self._names[name]
+            if known.label != _OTHER:
+                self._labelled -= 1
+                self._let_go(name, known.holders)
+
+    def _let_go(self, name: str, holders: set[str | None]) -> None:
+        """A labelled name let go of: its series end (under every job); its figures
+        stay in the jobs' rows (carried)."""
+        for key in holders:
+            entry = self._jobs.get(key)
+            account = None if entry is None else entry.accounts.pop(name, None)
+            if entry is not None and account is not None:
+                entry.carry(name, account, self.names + 2)
+        for accounts in self._retired.values():
+            account = accounts.pop(name, None)
+            if account is not None:
+                self._ended.add(account)
 
     def note_gc(self, backend: str, report: Mapping[str, Any]) -> None:
         """Keep what a ``chunkd gc`` (or ``--dry-run``) of ``backend`` found to delete,
@@ -424,16 +645,17 @@ class Ledger:
         Args:
             job: only this job (its name; ``none`` for work with no job).
             since: only what happened after this time (seconds since the epoch), as
-                well as the per-minute snapshots allow: the answer's ``since`` is the
-                time it really counts from (never before the totals began).
+                well as the snapshots allow: the answer's ``since`` is the time it
+                really counts from (never before the totals began).
             names: each job's row lists its names (``names``); False: the rows
                 without them, the same totals (the dashboard reads that every second:
                 the names' summaries are most of a view's work).
         """
         now = self.clock()
+        if since is not None:
+            since = min(max(since, 0.0), now + 86400.0) if math.isfinite(since) else now
         answered_since = self.started if since is None else max(self.started, since)
         rows = []
-        totals = _Account().summary()
         total_flat: defaultdict[str, float] = defaultdict(float)
         for key, entry in sorted(self._jobs.items(), key=lambda kv: kv[0] or ""):
             name = _NONE if key is None else key
@@ -446,7 +668,7 @@ class Ledger:
                 row.update({k: dict(v) if isinstance(v, dict) else v for k, v in summary.items()})
                 if names:
                     row["names"] = [
-                        {"name": n, **a.summary()} for n, a in sorted(entry.accounts.items())
+                        {"name": n, **a.summary()} for n, a in sorted(entry.named().items())
                     ]
                 _add(total_flat, flat)
             else:
@@ -460,13 +682,12 @@ class Ledger:
                 for account in accounts.values():
                     _add(total_flat, _flat(account.summary()))
             _add(total_flat, _flat(self._ended.summary()))
-        totals = _unflat(total_flat)
         rows.sort(key=lambda r: -r["spent"] - r["direct"])
         return {
             "since": answered_since,
             "now": now,
             "currency": self.prices.currency,
-            "totals": totals,
+            "totals": _unflat(total_flat),
             "jobs": rows,
             "storage": None,
         }
@@ -481,25 +702,27 @@ class Ledger:
             return dict.fromkeys(current, 0.0), since
         if entry.created > since:
             return current, since
-        base: dict[str, float] | None = None
+        base: tuple[float, ...] | None = None
         base_time = max(entry.created, self.started)
-        for taken, flat in entry.ring:
+        for taken, numbers in chain(entry.hours, entry.minutes):
             if taken > since:
                 break
-            base, base_time = flat, taken
-        if base is None and len(entry.ring) == RING_MINUTES:
-            # the ring no longer reaches back that far: from its oldest snapshot
-            base, base_time = entry.ring[0][1], entry.ring[0][0]
-        base = base or {}
-        # a name let go since leaves the job's figures: never below zero
-        return {k: max(0.0, v - base.get(k, 0)) for k, v in current.items()}, base_time
+            base, base_time = numbers, taken
+        if base is None and entry.trimmed:
+            # the snapshots no longer reach back that far: from the oldest kept
+            oldest = (entry.hours or entry.minutes)[0]
+            base, base_time = oldest[1], oldest[0]
+        was = dict(zip(RING_KEYS, base or (), strict=False))
+        # (a job's total never goes down; max() guards a float's rounding)
+        return {k: max(0.0, v - was.get(k, 0.0)) for k, v in current.items()}, base_time
 
     def collector(self) -> Collector:
         """The ``chunkd_cost_*`` metrics, read from the ledger at each scrape."""
         return _CostCollector(self)
 
     def series(self) -> Iterator[tuple[str, str, _Account]]:
-        """(train_job label, name label, account) of the live labels, summed."""
+        """(train_job label, name label, account) of the live labels, summed: what this
+        process counted only (never what it read from cost.json)."""
         live: dict[tuple[str, str], _Account] = {}
         # a named job's series go when it ends (as the job table's do)
         named = {
@@ -520,46 +743,60 @@ class Ledger:
     # --- persistence -----------------------------------------------------------------
 
     def tick(self) -> None:
-        """Snapshot the totals of each job charged since the last tick into its ring."""
+        """Snapshot the totals of each job charged since the last tick."""
         now = self.clock()
         for entry in self._jobs.values():
             if entry.dirty:
-                entry.ring.append((now, dict(entry.summary()[1])))
+                entry.snapshot(now)
                 entry.dirty = False
 
-    def state(self) -> dict[str, Any]:
-        """The ledger as ``cost.json`` keeps it."""
+    def _head(self) -> dict[str, Any]:
+        retired = _Account()
+        for accounts in self._retired.values():
+            for account in accounts.values():
+                retired.add(account)
+        # what no job row carries goes back as one bucket (the node's totals only)
+        retired.add(self._ended)
         return {
             "version": _STATE_VERSION,
             "started": self.started,
             "written": self.clock(),
-            "jobs": [
-                {
-                    "job": key,
-                    "label": entry.label,
-                    "accounts": {n: a.dump() for n, a in entry.accounts.items()},
-                    "ring": [[t, flat] for t, flat in entry.ring],
-                    "created": entry.created,
-                    "touched": entry.touched,
-                }
-                for key, entry in self._jobs.items()
-            ],
-            "retired": {
-                label: {n: a.dump() for n, a in accounts.items()}
-                for label, accounts in self._retired.items()
-            },
-            "ended": self._ended.dump(),
+            "ended": retired.dump(),
             "gc": list(self._gc.values()),
         }
 
+    def state(self) -> dict[str, Any]:
+        """The ledger as ``cost.json`` keeps it."""
+        return self._head() | {"jobs": [e.state(k) for k, e in self._jobs.items()]}
+
     async def save(self) -> None:
-        """Tick, and write the totals to ``state_path`` atomically (off the loop)."""
+        """Tick, and write the totals to ``state_path`` atomically.
+
+        The file is encoded a job at a time on the loop, which runs other work between
+        slices of :data:`_SLICE` seconds; the write and fsync run in a thread.
+        """
         self.tick()
         if self.state_path is None:
             return
-        state = self.state()  # copied on the loop; encoded and written off it
         async with self._write_lock:
-            await asyncio.to_thread(_write_atomically, self.state_path, state)
+            loop = asyncio.get_running_loop()
+            head = json.dumps(self._head(), separators=(",", ":"))
+            pieces = [head[:-1], ',"jobs":[']
+            jobs = list(self._jobs.items())
+            deadline = loop.time() + _SLICE
+            first = True
+            for key, entry in jobs:
+                if self._jobs.get(key) is not entry:
+                    continue  # let go of since: in the totals written above
+                if not first:
+                    pieces.append(",")
+                first = False
+                pieces.append(json.dumps(entry.state(key), separators=(",", ":")))
+                if loop.time() > deadline:
+                    await asyncio.sleep(0)
+                    deadline = loop.time() + _SLICE
+            pieces.append("]}")
+            await asyncio.to_thread(_write_atomically, self.state_path, pieces)
 
     async def run(self) -> None:
         """Save every minute until cancelled (the daemon runs it as a task)."""
@@ -572,53 +809,65 @@ class Ledger:
 
     def _load(self, path: Path) -> None:
         try:
-            data = json.loads(path.read_text())
-            _check_version(data)
-            self.started = float(data["started"])
-            for item in data["jobs"][: self.tracked + 2]:
-                entry = _Job(
-                    str(item["label"]),
-                    created=float(item["created"]),
-                    touched=float(item["touched"]),
-                )
-                for name, account in item["accounts"].items():
-                    entry.accounts[name] = _Account.load(account)
-                entry.ring.extend((float(t), flat) for t, flat in item["ring"])
-                self._jobs[item["job"]] = entry
-            for label, accounts in data.get("retired", {}).items():
-                self._retired[str(label)] = {n: _Account.load(a) for n, a in accounts.items()}
-            self._ended = _Account.load(data.get("ended", {}))
-            for item in data.get("gc", [])[-GC_REPORTS_KEPT:]:
-                self._gc[str(item["backend"])] = {
-                    "backend": str(item["backend"]),
-                    "target": str(item["target"])[:1024],
-                    "at": float(item["at"]),
-                    "dry_run": bool(item["dry_run"]),
-                    **{k: int(item[k]) for k in ("bytes", "chunks", "retired", "kept_young")},
-                }
+            self._read_state(_dict(json.loads(path.read_text())))
         except FileNotFoundError:
             return
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+        except Exception as exc:  # any shape: set aside, never fatal
             # A damaged file is set aside, not fatal: the totals start again.
             log.warning("cost ledger %s unreadable (%s); starting from zero", path, exc)
-            self._jobs.clear()
-            self._retired.clear()
-            self._ended = _Account()
-            self._gc.clear()
+            self._reset()
             with contextlib.suppress(OSError):
                 path.rename(path.with_suffix(".json.damaged"))
+        else:
+            # what was read is carried (the view's), never counted in /metrics again
+            self._jobs = OrderedDict(sorted(self._jobs.items(), key=lambda kv: kv[1].touched))
+
+    def _read_state(self, data: dict[str, Any]) -> None:
+        """Take ``cost.json``'s totals (all carried: the view's only).
+
+        Raises:
+            ValueError, TypeError, KeyError: ``data`` is not of the file's shape.
+        """
+        if data.get("version") != _STATE_VERSION:
+            raise ValueError(f"version {str(data.get('version'))[:16]!r}, not {_STATE_VERSION}")
+        self.started = _number(data["started"])
+        for item in _list(data["jobs"])[: self.tracked + 2]:
+            item = _dict(item)
+            key = item["job"]
+            if key is not None:
+                _text(key)
+            entry = _Job(
+                _text(item["label"]),
+                created=_number(item["created"]),
+                touched=_number(item["touched"]),
+                trimmed=bool(item.get("trimmed")),
+            )
+            for name, account in _dict(item["accounts"]).items():
+                entry.carry(name, _Account.load(account), self.names + 2)
+            for ring, kept in (("minutes", entry.minutes), ("hours", entry.hours)):
+                for snapshot in _list(item.get(ring, [])):
+                    taken, numbers = _list(snapshot)
+                    values = tuple(_number(n) for n in _list(numbers))
+                    if len(values) != len(RING_KEYS):
+                        raise ValueError(f"a snapshot of {len(values)} numbers")
+                    kept.append((_number(taken), values))
+            self._jobs[key] = entry
+        self._ended = _Account.load(data.get("ended", {}))
+        for item in _list(data.get("gc", []))[-GC_REPORTS_KEPT:]:
+            item = _dict(item)
+            self._gc[_text(item["backend"])] = {
+                "backend": item["backend"],
+                "target": _text(item["target"])[:1024],
+                "at": _number(item["at"]),
+                "dry_run": bool(item["dry_run"]),
+                **{k: int(_number(item[k])) for k in ("bytes", "chunks", "retired", "kept_young")},
+            }
 
 
-def _check_version(data: Any) -> None:
-    if data.get("version") != _STATE_VERSION:
-        raise ValueError(f"version {data.get('version')!r}, not {_STATE_VERSION}")
-
-
-def _write_atomically(path: Path, state: Mapping[str, Any]) -> None:
-    text = json.dumps(state, separators=(",", ":"))
+def _write_atomically(path: Path, pieces: list[str]) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     with open(tmp, "w") as out:
-        out.write(text)
+        out.writelines(pieces)
         out.flush()
         os.fsync(out.fileno())
     os.replace(tmp, path)

@@ -48,7 +48,13 @@ class Prices:
 
     @property
     def currency(self) -> str:
-        """The currency of the default table (every shipped table's: USD)."""
+        """The currency of the amounts: that of the tables in use that charge anything
+        (the config refuses tables in use in different currencies), else the default
+        table's (every shipped table's: USD)."""
+        for name in (self.default, *sorted(set(self.backend_prices.values()))):
+            table = self.tables.get(name)
+            if table is not None and table.charges():
+                return table.currency
         return self.table("").currency
 
     def request(self, backend: str, op: str) -> float:

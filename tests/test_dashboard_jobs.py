@@ -447,3 +447,52 @@ def test_a_sample_lists_20_jobs_and_the_10_that_spent_most(
     expect(page.locator("#jobs-table td.empty")).to_have_text("and 5 more")
     expect(page.locator("#jobs-summary")).to_contain_text(f"{len(names)} jobs")
     assert problems == []
+
+
+@pytest.mark.timeout(30)
+def test_the_ledger_is_summed_a_few_jobs_a_turn_with_the_loop_free_between() -> None:
+    import asyncio
+    import concurrent.futures
+
+    from chunkd.gateway.costs.ledger import Ledger
+    from chunkd.gateway.dashboard.telemetry import warm_ledger
+    from chunkd.gateway.jobs import JobTable
+
+    ledger = Ledger(JobTable(tracked=256), tracked=256)
+
+    def charge(job: int) -> None:
+        for name in ("text/web", "images"):
+            ledger.charge(f"job-{job}", 1000, name, "request", "data", "get", 1)
+            ledger.charge(f"job-{job}", 1000, name, "bytes", "data", "read", 4096)
+
+    async def main() -> tuple[int, int]:
+        for job in range(256):
+            charge(job)
+        turns = 0
+
+        async def other_work() -> None:
+            nonlocal turns
+            while True:
+                await asyncio.sleep(0)
+                turns += 1
+                if turns == 1:
+                    charge(0)  # a job charged between two turns of the warming
+
+        task = asyncio.create_task(other_work())
+        await asyncio.sleep(0)
+        made = await warm_ledger(ledger, jobs_at_once=64)
+        task.cancel()
+        return made, turns
+
+    # a loop of its own, in a thread (the browser's sync API may hold this thread's)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        made, turns = pool.submit(asyncio.run, main()).result()
+    assert made == 256  # every job charged since the last view, one summary each
+    assert turns >= 4  # the other work ran between the 4 slices of 64 jobs
+    view = ledger.view(names=False)
+    rows = {row["job"]: row for row in view["jobs"]}
+    # job-0's charge between two turns is in its figures (its summary made again)
+    assert rows["job-0"]["backend_requests"] == {"get": 4}
+    assert rows["job-1"]["backend_requests"] == {"get": 2}
+    assert view["totals"]["backend_requests"] == {"get": 2 * 256 + 2}
+    assert view["totals"]["backend_bytes"] == {"read": 4096 * (2 * 256 + 2)}

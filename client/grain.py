@@ -393,7 +393,8 @@ class ChunkdIterator(grain.DatasetIterator):  # type: ignore[misc]
 
     def __next__(self) -> Batch:
         owner = self._owner
-        if self.meter is None and not self._finished and owner.measured_here():
+        outside = measured_outside()  # a meter around this next() counts the step
+        if self.meter is None and not self._finished and not outside and owner.measured_here():
             self.meter = made = StallMeter(
                 client_of(owner.source.dataset),
                 train_job=owner.train_job,
@@ -406,7 +407,7 @@ class ChunkdIterator(grain.DatasetIterator):  # type: ignore[misc]
             finalizer = weakref.finalize(self, made.finish)
             finalizer.atexit = False  # at exit the meter's own hook ends the rank
         meter = self.meter
-        if meter is None or measured_outside():
+        if meter is None or outside:
             return self._next()
         asked = meter.clock()
         try:

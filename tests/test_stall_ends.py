@@ -288,22 +288,35 @@ def test_measured_over_a_loader_in_the_trainers_process_counts_each_step_once(
 # -- M1, L6: Grain ---------------------------------------------------------------------
 
 
-@pytest.mark.timeout(60)
-def test_grain_with_one_prefetch_worker_is_measured_by_the_trainer_only(
-    quick_node: QuickNode,
-) -> None:
+def _grain(node: QuickNode, **options: Any) -> Any:
     grain_adapter = pytest.importorskip("chunkd.client.grain")
-    import grain
-
-    pipeline = grain_adapter.ChunkdIterDataset(
-        _dataset(quick_node).dataset,
+    return grain_adapter.ChunkdIterDataset(
+        _dataset(node).dataset,
         batch_size=1,
         seed=0,
         shuffle=False,
         prefetch=0,
         shared_decode=False,
         train_job=JOB,
-    ).mp_prefetch(grain.MultiprocessingOptions(num_workers=1))
+        **options,
+    )
+
+
+@pytest.mark.timeout(60)
+def test_a_grain_iterator_inside_a_meter_leaves_the_steps_to_it(quick_node: QuickNode) -> None:
+    meter = StallMeter(socket_path=quick_node.socket, train_job=JOB)
+    assert len(list(meter.wrap(_grain(quick_node)))) == STEPS
+    assert quick_node.daemon.metric("chunkd_loader_wait_seconds_count", train_job=JOB) == STEPS
+
+
+@pytest.mark.timeout(60)
+def test_grain_with_one_prefetch_worker_is_measured_by_the_trainer_only(
+    quick_node: QuickNode,
+) -> None:
+    pipeline = _grain(quick_node)
+    import grain
+
+    pipeline = pipeline.mp_prefetch(grain.MultiprocessingOptions(num_workers=1))
     # the documented way under mp_prefetch: the trainer wraps the pipeline's iterator
     meter = StallMeter(socket_path=quick_node.socket, train_job=JOB)
     assert len(list(meter.wrap(pipeline))) == STEPS
@@ -316,18 +329,9 @@ def test_grain_with_one_prefetch_worker_is_measured_by_the_trainer_only(
 def test_grain_under_thread_prefetch_is_not_measured_in_the_thread(
     quick_node: QuickNode,
 ) -> None:
-    grain_adapter = pytest.importorskip("chunkd.client.grain")
+    dataset = _grain(quick_node)
     import grain.experimental
 
-    dataset = grain_adapter.ChunkdIterDataset(
-        _dataset(quick_node).dataset,
-        batch_size=1,
-        seed=0,
-        shuffle=False,
-        prefetch=0,
-        shared_decode=False,
-        train_job=JOB,
-    )
     pipeline = grain.experimental.ThreadPrefetchIterDataset(dataset, prefetch_buffer_size=2)
     assert len(list(pipeline)) == STEPS
     assert quick_node.daemon.metric("chunkd_loader_wait_seconds_count", train_job=JOB) == 0
@@ -335,18 +339,7 @@ def test_grain_under_thread_prefetch_is_not_measured_in_the_thread(
 
 @pytest.mark.timeout(60)
 def test_a_grain_loop_that_leaves_early_sends_its_window(quick_node: QuickNode) -> None:
-    grain_adapter = pytest.importorskip("chunkd.client.grain")
-    dataset = grain_adapter.ChunkdIterDataset(
-        _dataset(quick_node).dataset,
-        batch_size=1,
-        seed=0,
-        shuffle=False,
-        prefetch=0,
-        shared_decode=False,
-        train_job=JOB,
-        stall_window=3600,
-    )
-    iterator = iter(dataset)
+    iterator = iter(_grain(quick_node, stall_window=3600))
     for _ in range(3):
         next(iterator)
     assert iterator.meter is not None

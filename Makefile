@@ -100,7 +100,8 @@ tools:
 # Without it they skip, saying why.
 # Our policy-rc.d carries POLICY_RC_MARK: only a file without it (an admin's) is saved,
 # as POLICY_RC.chunkd-saved, and a trap puts it back (and removes ours) however the
-# shell ends: apt-get done or failed, Ctrl-C, a cancelled CI job (INT, TERM, HUP). A run
+# shell ends: apt-get done or failed, Ctrl-C, a cancelled CI job (INT, TERM, HUP; a
+# second signal, as make sends its children on TERM, is ignored while it restores). A run
 # killed with -9 leaves ours behind: the next run knows it by the mark, so it never
 # saves ours over the admin's, and puts theirs back. An admin's policy-rc.d beside a
 # saved one is left alone (nothing installed: which to keep is the admin's call).
@@ -118,9 +119,9 @@ prometheus:
 		if [ -e "$$rc" ] && [ -e "$$saved" ] && ! ours; then \
 			echo "not installing prometheus: both $$rc and $$saved exist, keep the one you want (tests/test_prometheus.py will skip)"; \
 			exit 0; fi; \
-		restore() { if ours; then rm -f "$$rc"; fi; \
+		restore() { trap '' INT TERM HUP; if ours; then rm -f "$$rc"; fi; \
 			if [ -e "$$saved" ] && [ ! -e "$$rc" ]; then mv "$$saved" "$$rc"; fi; }; \
-		trap restore EXIT; trap 'exit 130' INT TERM HUP; \
+		trap restore EXIT; trap "trap '' INT TERM HUP; exit 130" INT TERM HUP; \
 		if [ -e "$$rc" ] && ! ours; then mv "$$rc" "$$saved"; fi; \
 		printf '#!/bin/sh\n# %s\nexit 101\n' '$(POLICY_RC_MARK)' > "$$rc" && chmod 755 "$$rc"; \
 		echo "make test: installing with apt-get: prometheus (its service kept stopped)"; \

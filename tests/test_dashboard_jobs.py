@@ -455,7 +455,7 @@ def test_the_ledger_is_summed_a_few_jobs_a_turn_with_the_loop_free_between() -> 
     import concurrent.futures
 
     from chunkd.gateway.costs.ledger import Ledger
-    from chunkd.gateway.dashboard.telemetry import warm_ledger
+    from chunkd.gateway.costs.summaries import warm_ledger
     from chunkd.gateway.jobs import JobTable
 
     ledger = Ledger(JobTable(tracked=256), tracked=256)

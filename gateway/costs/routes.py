@@ -19,6 +19,7 @@ from chunkd.gateway.appkeys import BACKENDS, CACHE, CHECKPOINTS, CONFIG, READ_PA
 from chunkd.gateway.costs.ledger import Ledger
 from chunkd.gateway.costs.since import parse_since
 from chunkd.gateway.costs.storage import storage_view
+from chunkd.gateway.costs.summaries import warm_ledger
 from chunkd.gateway.datasets.registry import Registry
 
 __all__ = ["LEDGER", "add_routes"]
@@ -51,7 +52,9 @@ async def _cost(request: web.Request) -> web.Response:
     job = request.query.get("job") or None
     since_text = request.query.get("since")
     since = None if not since_text else parse_since(since_text, time.time())
-    return web.json_response(request.app[LEDGER].view(job=job, since=since))
+    ledger = request.app[LEDGER]
+    await warm_ledger(ledger)  # the jobs' totals, a few a turn: the view sums fewer
+    return web.json_response(ledger.view(job=job, since=since))
 
 
 async def _storage(request: web.Request) -> web.Response:

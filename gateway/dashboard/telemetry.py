@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any, Final
 import chunkd
 from chunkd.client.protocol import FIRST_BATCH_PHASES
 from chunkd.errors import BackendUnavailableError
+from chunkd.gateway.costs.summaries import warm_ledger
 
 if TYPE_CHECKING:
     from prometheus_client.metrics import MetricWrapperBase
@@ -61,7 +62,6 @@ __all__ = [
     "peer_roles",
     "replica_figures",
     "role_reading",
-    "warm_ledger",
 ]
 
 SCHEMA: Final = 1
@@ -83,9 +83,6 @@ JOB_UIDS_SHOWN: Final = 8
 #: that takes longer is read every few samples, at most every LEDGER_EVERY_MAX)
 LEDGER_SHARE: Final = 0.02
 LEDGER_EVERY_MAX: Final = 30
-#: jobs whose ledger summary is made per turn of the loop before a sample reads the
-#: ledger (:func:`warm_ledger`): 64 x 8 names, about 1.5 ms
-LEDGER_WARM_JOBS: Final = 64
 #: where a reader's bytes came from (a job's throughput, the ledger's served bytes)
 SERVED_SOURCES: Final = ("ram", "disk", "peer", "backend")
 _QUEUE: Final = 60
@@ -535,30 +532,6 @@ class Telemetry:
                     name,
                 )
             return None
-
-
-async def warm_ledger(ledger: Ledger, jobs_at_once: int = LEDGER_WARM_JOBS) -> int:
-    """Make the summary each job of ``ledger`` keeps until it is charged again, for the
-    jobs charged since their last one, ``jobs_at_once`` jobs per turn of the loop (the
-    loop runs other work between turns): a view made right after sums only the jobs
-    charged meanwhile, instead of every job charged since the view before (1024 jobs
-    x 8 names: 23 ms in one piece on the loop, measured). It runs on the loop, as every
-    charge does, so each summary is of one moment. How many summaries it made.
-
-    A ledger without per-job summaries (``_jobs`` of entries with ``summed`` and
-    ``summary()``) is left as it is: the view then makes them, in one piece."""
-    entries = getattr(ledger, "_jobs", None)
-    if not isinstance(entries, dict):
-        return 0
-    made = 0
-    pending = [e for e in list(entries.values()) if getattr(e, "summed", False) is None]
-    for start in range(0, len(pending), jobs_at_once):
-        for entry in pending[start : start + jobs_at_once]:
-            if entry.summed is None:  # not summed meanwhile (by a view)
-                entry.summary()
-                made += 1
-        await asyncio.sleep(0)
-    return made
 
 
 def _by_stall(job: dict[str, Any]) -> tuple[float, str]:

@@ -202,9 +202,16 @@ def test_a_silent_job_ends_after_idle_and_its_series_go(clock: Clock) -> None:
     text = exposition(table)
     assert 'train_job="run-7"' not in text
     assert sample(text, "chunkd_jobs", state="named") == 1
+    assert table.life("run-7") is None  # ended: no life
+    life = table.life("run-8")
+    assert life is not None
+    assert life == table.life("run-8")  # the same start
     # a job of that name seen again is a new start, counted from zero
     table.report("run-7", None, window(0, 2))
     assert sample(exposition(table), "chunkd_loader_wait_seconds_count", train_job="run-7") == 2
+    clock.now += 601
+    table.label("run-8")  # run-8 ended (idle) and starts again: another life
+    assert table.life("run-8") not in (None, life)
 
 
 @pytest.mark.timeout(10)

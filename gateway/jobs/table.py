@@ -64,6 +64,7 @@ class _Job:
     wait: LoaderHistogram = field(default_factory=LoaderHistogram)
     step: LoaderHistogram = field(default_factory=LoaderHistogram)
     ranks: Ranks = field(default_factory=Ranks)
+    serial: int = 0  # which start on this node (the table's count of starts)
 
     def see(self, uid: int | None, now: float, wall: float) -> None:
         self.touched, self.last_seen = now, wall
@@ -131,6 +132,7 @@ class JobTable:
         # the labels of the live named jobs (at most ``top``): what the cost ledger's
         # scrape asks, kept on admission and end so that it needs no walk over the jobs
         self._labels: set[str] = set()
+        self._serial = 0  # starts of kept jobs so far (each start's serial)
         self._kept = 0  # records kept by all jobs' Ranks (MAX_KEPT)
         #: job starts by admission (``chunkd_job_starts_total``)
         self.starts = {"true": 0, "false": 0}
@@ -287,6 +289,14 @@ class JobTable:
         if self._none_reported:
             yield self._figures(NONE, self._none, now, [self._none])
 
+    def life(self, job: str) -> tuple[float, int] | None:
+        """Which start of ``job`` is live: (its start, wall clock; a serial number of
+        that start, new at each start). None when the table keeps no job of that name. The cost
+        ledger asks it at each charge to start a job's counters again at a new start;
+        a dict lookup (no expiry: the caller's ``label()`` just ran it)."""
+        found = self._jobs.get(job)
+        return None if found is None else (found.started, found.serial)
+
     def live_labels(self) -> frozenset[str]:
         """The labels of the named jobs live now (at most ``top``; never ``other`` or
         ``none``): a label not among them has no series of this table in ``/metrics``.
@@ -327,7 +337,8 @@ class JobTable:
             named = self._named < self.top
             self.starts["true" if named else "false"] += 1
             wall = self.wall()
-            found = _Job(job, job if named else OTHER, wall, wall, now)
+            self._serial += 1
+            found = _Job(job, job if named else OTHER, wall, wall, now, serial=self._serial)
             self._jobs[job] = found
             self._named += named
             if named:

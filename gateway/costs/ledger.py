@@ -529,8 +529,7 @@ class Ledger:
 
     def _life(self, job: str) -> tuple[float, int] | None:
         """Which start of ``job`` the job table has live (None: it keeps it by no name)."""
-        found = self.jobs._jobs.get(job)  # read only (F1-wants.md)
-        return None if found is None else (found.started, id(found))
+        return self.jobs.life(job)
 
     def _kept(self) -> int:
         return len(self._jobs) - (None in self._jobs) - (_OTHER in self._jobs)
@@ -726,9 +725,7 @@ class Ledger:
         live: dict[tuple[str, str], _Account] = {}
         self._let_go_idle(self.clock())  # a name quiet for idle ends its series
         # a named job's series go when it ends (as the job table's do)
-        named = {
-            str(job["label"]) for job in self.jobs.view().get("jobs", []) if not job.get("ended")
-        }
+        named = self.jobs.live_labels()
         for label, accounts in self._retired.items():
             if label in (_OTHER, _NONE):
                 for name, account in accounts.items():

@@ -225,13 +225,25 @@ def test_a_job_past_tracked_stays_other_until_it_goes_quiet() -> None:
     ledger = _ledger(now, tracked=3)
     for job in ("j1", "j2", "j3"):
         _read(ledger, job, None)
+    tries: list[float] = []
+    retire_one = ledger._retire_one
+
+    def counted(*now: float) -> bool:
+        tries.append(1.0)
+        return retire_one(*now)
+
+    ledger._retire_one = counted  # type: ignore[method-assign,assignment]
     _read(ledger, "j4", None)  # tracked busy: other
+    for _ in range(100):
+        _read(ledger, "j4", None)
+    # decided once: its later charges look for no room (no pass over the jobs)
+    assert len(tries) == 1
     for _ in range(4):  # j1..j3 go quiet; j4 reads on
         now[0] += 30
         _read(ledger, "j4", None)
     # a slot could be had now, but j4 lives: other to its end, never moved to j4
     assert _by(ledger, "chunkd_cost_backend_bytes_total", "train_job").get(("j4",)) is None
-    assert _by(ledger, "chunkd_cost_backend_bytes_total", "train_job")[("other",)] == 5
+    assert _by(ledger, "chunkd_cost_backend_bytes_total", "train_job")[("other",)] == 105
     now[0] += 61  # j4 quiet: a new start may be kept by name
     _read(ledger, "j4", None)
     assert _by(ledger, "chunkd_cost_backend_bytes_total", "train_job")[("j4",)] == 1

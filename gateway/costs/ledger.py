@@ -636,6 +636,12 @@ class Ledger:
 
     # --- views -----------------------------------------------------------------------
 
+    def unsummed(self) -> list[_Job]:
+        """The jobs charged since their summary was last made (what a view would sum);
+        :func:`~chunkd.gateway.costs.summaries.warm_ledger` makes theirs a few at a
+        time before a view, so that no view sums them all in one piece."""
+        return [entry for entry in self._jobs.values() if entry.summed is None]
+
     def view(
         self, *, job: str | None = None, since: float | None = None, names: bool = True
     ) -> dict[str, Any]:

@@ -23,14 +23,9 @@ async def warm_ledger(ledger: Ledger, jobs_at_once: int = LEDGER_WARM_JOBS) -> i
     charged meanwhile, instead of every job charged since the view before (1024 jobs
     x 8 names: 23 ms in one piece on the loop, measured). It runs on the loop, as every
     charge does, so each summary is of one moment. How many summaries it made.
-
-    A ledger without per-job summaries (``_jobs`` of entries with ``summed`` and
-    ``summary()``) is left as it is: the view then makes them, in one piece."""
-    entries = getattr(ledger, "_jobs", None)
-    if not isinstance(entries, dict):
-        return 0
+    """
     made = 0
-    pending = [e for e in list(entries.values()) if getattr(e, "summed", False) is None]
+    pending = ledger.unsummed()
     for start in range(0, len(pending), jobs_at_once):
         for entry in pending[start : start + jobs_at_once]:
             if entry.summed is None:  # not summed meanwhile (by a view)

@@ -431,6 +431,11 @@ def test_a_peers_backend_fetch_for_a_remote_reader_is_charged_to_that_readers_jo
     # The reader got those bytes from a peer, and is credited for them.
     assert near["served_bytes"]["peer"] == far["backend_bytes"]["read"]
     assert near["saved"]["peer"] > 0
+    # A peer's request never starts its job on the owner: the owner's own trainers keep
+    # their slots of the top K, and it charges the far job under `other`.
+    assert far["label"] == "other"
+    status, _, body = nodes[1].get("/v1/jobs?job=far-job")
+    assert (status, json.loads(body)["jobs"]) == (200, [])
 
 
 @pytest.mark.timeout(60)

@@ -348,3 +348,23 @@ url = "file://{data}"
     daemon = start_daemon(toml)
     assert _cost(daemon)["jobs"] == []
     assert (tmp_path / "cache" / "cost.json.damaged").read_text() == "[]"
+
+
+@pytest.mark.timeout(10)
+def test_a_peers_request_for_a_remote_job_never_takes_a_slot_of_this_nodes_top() -> None:
+    # top = 1: a peer asking for its own node's job first must not leave this node's
+    # trainer `other` for its whole life.
+    now = [1000.0]
+    ledger = _ledger(now, top=1)
+    ledger.charge("remote-job", None, "d", "bytes", "data", "read", 10, remote=True)
+    assert ledger.jobs.live_labels() == frozenset()
+    assert ledger.jobs.label("local-job") == "local-job"  # the slot is still free
+    assert _by(ledger, "chunkd_cost_backend_bytes_total", "train_job") == {("other",): 10.0}
+    # A job live here is charged under its own label, even for a peer's request.
+    ledger.charge("local-job", None, "d", "bytes", "data", "read", 5, remote=True)
+    assert _by(ledger, "chunkd_cost_backend_bytes_total", "train_job") == {
+        ("other",): 10.0,
+        ("local-job",): 5.0,
+    }
+    with pytest.raises(InvalidRequestError):
+        ledger.jobs.label("other", start=False)

@@ -33,12 +33,16 @@ class Attribution:
     the HTTP doors) recorded beside it. ``name`` is the dataset or checkpoint name the
     work is for (no version, no step; None: plain object reads). ``ledger`` is where
     costs go (None: counted nowhere, as in a bare read path built by a test).
+    ``remote``: the work is a peer's request for the asking node's job, charged to that
+    job's label here if it has one, else to ``other``: it never starts the job on this
+    node (a remote job would take a slot of the top K from this node's own trainers).
     """
 
     job: str | None = None
     uid: int | None = None
     name: str | None = None
     ledger: Ledger | None = None
+    remote: bool = False
 
 
 #: the attribution of the work running now (each door sets it per request)

@@ -26,14 +26,14 @@ def backend_request(backend: str, op: str, count: int = 1) -> None:
     """``count`` requests (attempts) ``op`` (get, head, put, list, delete) to ``backend``."""
     at = ATTRIBUTION.get()
     if at.ledger is not None and count:
-        at.ledger.charge(at.job, at.uid, at.name, "request", backend, op, count)
+        at.ledger.charge(at.job, at.uid, at.name, "request", backend, op, count, remote=at.remote)
 
 
 def backend_bytes(backend: str, direction: str, n: int) -> None:
     """``n`` bytes read from (``read``) or written to (``write``) ``backend``."""
     at = ATTRIBUTION.get()
     if at.ledger is not None and n:
-        at.ledger.charge(at.job, at.uid, at.name, "bytes", backend, direction, n)
+        at.ledger.charge(at.job, at.uid, at.name, "bytes", backend, direction, n, remote=at.remote)
 
 
 def served(source: str, n: int, backend: str | None, total: int | None = None) -> None:
@@ -42,7 +42,9 @@ def served(source: str, n: int, backend: str | None, total: int | None = None) -
     direct reader pays is credited pro rata by bytes)."""
     at = ATTRIBUTION.get()
     if at.ledger is not None and n:
-        at.ledger.charge(at.job, at.uid, at.name, "served", source, n, backend, total)
+        at.ledger.charge(
+            at.job, at.uid, at.name, "served", source, n, backend, total, remote=at.remote
+        )
 
 
 def direct(backend: str, op: str, n: int = 0) -> None:
@@ -50,7 +52,7 @@ def direct(backend: str, op: str, n: int = 0) -> None:
     request ``op`` (get, head, list) of ``n`` bytes."""
     at = ATTRIBUTION.get()
     if at.ledger is not None:
-        at.ledger.charge(at.job, at.uid, at.name, "direct", backend, op, n)
+        at.ledger.charge(at.job, at.uid, at.name, "direct", backend, op, n, remote=at.remote)
 
 
 def written(kind: str, n: int, backend: str | None = None) -> None:
@@ -58,7 +60,7 @@ def written(kind: str, n: int, backend: str | None = None) -> None:
     object."""
     at = ATTRIBUTION.get()
     if at.ledger is not None and n:
-        at.ledger.charge(at.job, at.uid, at.name, "written", kind, n, backend)
+        at.ledger.charge(at.job, at.uid, at.name, "written", kind, n, backend, remote=at.remote)
 
 
 def gc_report(backend: str, report: Mapping[str, Any]) -> None:

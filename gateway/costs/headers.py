@@ -44,7 +44,7 @@ def attribution_of(
             f"header {NAME_HEADER} is no dataset or checkpoint name: 1 to {MAX_NAME_CHARS} "
             "printable characters"
         )
-    return Attribution(job, None, name, ledger)
+    return Attribution(job, None, name, ledger, remote=peer)
 
 
 def headers_of() -> dict[str, str]:

@@ -429,7 +429,13 @@ class Ledger:
     # --- what the hooks call ---------------------------------------------------------
 
     def charge(
-        self, job: str | None, uid: int | None, name: str | None, what: str, *args: Any
+        self,
+        job: str | None,
+        uid: int | None,
+        name: str | None,
+        what: str,
+        *args: Any,
+        remote: bool = False,
     ) -> None:
         """Count one event for ``job``'s ``name`` (see :mod:`.charge` for ``what``).
 
@@ -442,14 +448,14 @@ class Ledger:
             backend, op, count = args
             if op not in OPS or (known and backend not in known):
                 return
-            account = self._account(job, uid, name)
+            account = self._account(job, uid, name, remote)
             account.requests[backend, op] += count
             account.spent[backend, "requests"] += prices.request(backend, op) * count
         elif what == "bytes":
             backend, direction, n = args
             if direction not in _DIRECTIONS or (known and backend not in known):
                 return
-            account = self._account(job, uid, name)
+            account = self._account(job, uid, name, remote)
             account.bytes[backend, direction] += n
             if direction == "read":
                 account.spent[backend, "egress"] += prices.egress(backend, n)
@@ -457,7 +463,7 @@ class Ledger:
             source, n, backend, total = args
             if source not in SOURCES:
                 return
-            account = self._account(job, uid, name)
+            account = self._account(job, uid, name, remote)
             account.served[source] += n
             if source != "backend" and backend is not None and (not known or backend in known):
                 # what a direct reader would have paid for these bytes: their egress and
@@ -469,7 +475,7 @@ class Ledger:
             backend, op, n = args
             if op not in OPS or (known and backend not in known):
                 return
-            account = self._account(job, uid, name)
+            account = self._account(job, uid, name, remote)
             account.direct_requests[backend, op] += 1
             account.direct_bytes[backend] += n
             fee = prices.request(backend, op)
@@ -478,11 +484,14 @@ class Ledger:
             kind, n, _backend = args
             if kind not in WRITTEN_KINDS:
                 return
-            self._account(job, uid, name).written[kind] += n
+            self._account(job, uid, name, remote).written[kind] += n
 
-    def _account(self, job: str | None, uid: int | None, name: str | None) -> _Account:
+    def _account(
+        self, job: str | None, uid: int | None, name: str | None, remote: bool = False
+    ) -> _Account:
         now = self.clock()
-        label = self.jobs.label(job, uid)
+        # a peer's request for its node's job never starts the job here (remote)
+        label = self.jobs.label(job, uid, start=not remote)
         key = job
         if job is not None and job not in self._jobs:
             self._forget_folded(now)

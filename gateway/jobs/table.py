@@ -147,13 +147,20 @@ class JobTable:
 
     # --- what the doors call ---------------------------------------------------------
 
-    def label(self, job: str | None, uid: int | None = None) -> str:
+    def label(self, job: str | None, uid: int | None = None, *, start: bool = True) -> str:
         """The label of ``job`` in ``/metrics``: its name, ``other``, or ``none`` for no
         job. Sees the job: starts it if it is new (admission), notes its activity.
+        ``start=False`` (a peer's request for its own node's job): a job this table does
+        not have is ``other`` and is not started.
 
         Raises:
             InvalidRequestError: ``job`` is no job name (a reserved one included).
         """
+        if not start and job is not None:
+            self._expire(self.clock())
+            if job not in self._jobs:
+                check_job_name(job)
+                return OTHER
         found = self._see(job, uid)
         if found is None:
             return NONE if job is None else OTHER

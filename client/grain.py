@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import functools
 import os
-import sys
 import threading
 import weakref
 from collections.abc import Callable, Iterator, Mapping
@@ -82,6 +81,7 @@ from chunkd.client.stalls import (
     MIN_WINDOW,
     REPORT_WINDOW,
     StallMeter,
+    in_grain_worker,
     in_loader_worker,
     job_of,
     measured_outside,
@@ -351,15 +351,11 @@ class ChunkdIterDataset(grain.IterDataset):  # type: ignore[misc]
         now: ``measure``, in the process and thread that made the dataset (not Grain's
         ``mp_prefetch`` child, even with one worker, nor a ``prefetch`` thread), not in
         a torch DataLoader's worker, and the dataset not split by workers."""
-        grain_workers = sys.modules.get(
-            "grain._src.python.dataset.transformations.process_prefetch"
-        )
-        in_grain_worker = getattr(grain_workers, "is_in_worker_process", None)
         return (
             self.measure
             and self.workers == 1
             and (os.getpid(), threading.get_ident()) == self._trainer
-            and not (in_grain_worker is not None and in_grain_worker())
+            and not in_grain_worker()
             and not in_loader_worker()
         )
 

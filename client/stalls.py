@@ -70,6 +70,7 @@ __all__ = [
     "REPORT_WINDOW",
     "RETRY_AFTER",
     "StallMeter",
+    "in_grain_worker",
     "in_loader_worker",
     "job_of",
     "measured_outside",
@@ -132,6 +133,15 @@ def in_loader_worker() -> bool:
     data = sys.modules.get("torch.utils.data")
     info = getattr(data, "get_worker_info", None)
     return info is not None and info() is not None
+
+
+def in_grain_worker() -> bool:
+    """Whether this is a worker process of Grain's ``mp_prefetch`` (Grain's own test,
+    read only where Grain is imported: a process without Grain is none of its
+    workers)."""
+    workers = sys.modules.get("grain._src.python.dataset.transformations.process_prefetch")
+    test = getattr(workers, "is_in_worker_process", None)
+    return test is not None and bool(test())
 
 
 def _first_env(names: tuple[str, str], low: int, high: int) -> int | None:

@@ -401,7 +401,7 @@ def test_rank_and_world_size_from_slurm_and_a_rank_alone(
         StallMeter(socket_path=nobody, rank=3, world_size=2)
 
 
-# -- M3: a worker's start, once ----------------------------------------------------------
+# -- M3: a worker's start, once; R3 M2: a spawned trainer is no worker -----------------
 
 
 def _worker_starts(answers: Any) -> None:
@@ -409,18 +409,54 @@ def _worker_starts(answers: Any) -> None:
     answers.put([FirstBatch(None, started=started).worker_start is not None for _ in range(3)])  # type: ignore[arg-type]
 
 
+class _StartsInWorker:
+    """A torch IterableDataset whose one item is what three epochs' first batches of
+    its worker would say of ``worker_start`` (set or not)."""
+
+    def __iter__(self) -> Iterator[list[bool]]:
+        started = time.monotonic()
+        yield [FirstBatch(None, started=started).worker_start is not None for _ in range(3)]  # type: ignore[arg-type]
+
+
 @pytest.mark.timeout(30)
 def test_a_worker_reports_its_start_on_its_first_iteration_only() -> None:
-    context = multiprocessing.get_context("fork")
-    answers = context.Queue()
-    worker = context.Process(target=_worker_starts, args=(answers,))
-    worker.start()
-    try:
-        # epochs 1, 2, 3 of a persistent worker: its start belongs to the first
-        assert answers.get(timeout=20) == [True, False, False]
-    finally:
-        worker.join(timeout=10)
+    pytest.importorskip("torch")
+    from torch.utils.data import DataLoader, IterableDataset
+
+    class Starts(_StartsInWorker, IterableDataset[list[bool]]):
+        pass
+
+    # epochs 1, 2, 3 of a persistent DataLoader worker: its start belongs to the first
+    assert list(DataLoader(Starts(), batch_size=None, num_workers=1)) == [[True, False, False]]
     assert FirstBatch(None).worker_start is None  # type: ignore[arg-type]  # no worker
+
+
+def _grain_worker_starts(_: int) -> list[bool]:
+    started = time.monotonic()
+    return [FirstBatch(None, started=started).worker_start is not None for _ in range(3)]  # type: ignore[arg-type]
+
+
+@pytest.mark.timeout(30)
+def test_a_grain_worker_reports_its_start_on_its_first_iteration_only() -> None:
+    grain = pytest.importorskip("grain")
+    pipeline = grain.MapDataset.source([0]).to_iter_dataset().map(_grain_worker_starts)
+    pipeline = pipeline.mp_prefetch(grain.MultiprocessingOptions(num_workers=1))
+    assert list(pipeline) == [[True, False, False]]  # Grain's worker, by Grain's own test
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("method", ["spawn", "fork"])
+def test_a_trainer_started_by_multiprocessing_reports_no_worker_start(method: str) -> None:
+    # mp.spawn's trainers, a multiprocessing.Process, a pool's: a parent process, but
+    # no DataLoader or Grain worker; their age is the model's setup, not a worker's start
+    context = multiprocessing.get_context(method)
+    answers = context.Queue()
+    trainer = context.Process(target=_worker_starts, args=(answers,))
+    trainer.start()
+    try:
+        assert answers.get(timeout=25) == [False, False, False]
+    finally:
+        trainer.join(timeout=10)
 
 
 # -- L8: the labels file -----------------------------------------------------------------

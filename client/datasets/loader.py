@@ -75,7 +75,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import multiprocessing
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -116,6 +115,7 @@ from chunkd.client.stalls import (
     MIN_WINDOW,
     REPORT_WINDOW,
     StallMeter,
+    in_grain_worker,
     in_loader_worker,
     job_of,
     measured_outside,
@@ -707,9 +707,12 @@ class FirstBatch:
 
     ``metadata``: resolving the snapshot (:attr:`Dataset.metadata_seconds
     <chunkd.client.datasets.Dataset.metadata_seconds>`: the ``ds_resolve``, or the scan
-    of a snapshot built in memory); ``worker_start``: in a worker process (a
-    DataLoader's or Grain's), from the process's start to its first read, on the
-    process's first iteration only (a persistent worker's later epochs leave it out);
+    of a snapshot built in memory); ``worker_start``: in a worker process (a torch
+    DataLoader's, by ``torch.utils.data.get_worker_info()``, or Grain's ``mp_prefetch``
+    one, by Grain's own test; never a trainer started by ``mp.spawn``, a
+    ``multiprocessing.Process`` or a pool, which has a parent process but is no
+    worker), from the process's start to its first read, on the process's first
+    iteration only (a persistent worker's later epochs leave it out);
     ``first_chunk``: from the reader's start (the prefetch of its first steps included) to the first
     sample's bytes in hand; ``decode``: the rest of the first batch, read and decoded;
     ``total``: all of them. The daemon keeps them as the histogram
@@ -735,9 +738,11 @@ class FirstBatch:
         self.started = time.perf_counter()
         self.worker_start: float | None = None
         global _WORKER_STARTED
-        if multiprocessing.parent_process() and os.getpid() != _WORKER_STARTED:
-            # a worker's start is its first iteration's: a persistent worker's later
-            # epochs leave the phase out (it would count every epoch before them)
+        if (in_loader_worker() or in_grain_worker()) and os.getpid() != _WORKER_STARTED:
+            # A worker by the loaders' own tests, never by "has a parent process": a
+            # trainer started by mp.spawn, a Pool or Ray has one, and its age (the
+            # model's setup) is no worker's start. A worker's start is its first
+            # iteration's: a persistent worker's later epochs leave the phase out.
             _WORKER_STARTED = os.getpid()
             self.worker_start = (
                 _process_age() if started is None else max(0.0, time.monotonic() - started)

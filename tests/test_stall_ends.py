@@ -192,6 +192,22 @@ def test_close_is_the_ranks_end(quick_node: QuickNode) -> None:
     assert JOB in {job["name"] for job in answer["ended"]}
 
 
+@pytest.mark.timeout(60)
+def test_the_loaders_meter_is_there_before_its_first_iteration(quick_node: QuickNode) -> None:
+    # R3 L8: the docs' loader.meter.close() works on a Loader never iterated (a rank
+    # that stops before its first step), and the same meter then measures its epochs
+    loader = quick_node.loader(train_job=JOB)
+    meter = loader.meter
+    assert meter is not None
+    meter.close()
+    assert (meter.reports, meter.failed) == (1, 0)  # the rank's end, taken
+    assert len(list(loader)) == STEPS
+    assert loader.meter is meter
+    assert meter.reports == 2  # the epoch's window, one report
+    assert quick_node.daemon.metric("chunkd_loader_wait_seconds_count", train_job=JOB) == STEPS
+    assert quick_node.loader(train_job=JOB, measure=False).meter is None
+
+
 _EXITING = """
 import functools, gc, sys
 from chunkd.client import Client, StallMeter
@@ -281,8 +297,33 @@ def test_measured_over_a_loader_in_the_trainers_process_counts_each_step_once(
     # and measured (or a meter's wrap) straight over a Loader: its steps, once
     plain = quick_node.loader(train_job=JOB)
     assert len(list(measured(plain, train_job=JOB))) == STEPS
-    assert plain.meter is None  # the Loader left the measuring to the outer meter
+    assert plain.meter is not None
+    assert plain.meter.reports == 0  # the Loader left the measuring to the outer meter
     assert daemon.metric("chunkd_loader_wait_seconds_count", train_job=JOB) == 2 * STEPS
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
+def test_measured_takes_rank_and_world_size_each_from_the_snapshot_dataset(
+    quick_node: QuickNode, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # R3 L9: one of the two given, the other is still the dataset's, not the environment's
+    pytest.importorskip("torch")
+    from torch.utils.data import DataLoader
+
+    from chunkd.client.torch import SnapshotDataset, measured
+
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("WORLD_SIZE", "16")
+    dataset = _dataset(quick_node).dataset
+    ranked = SnapshotDataset(dataset, batch_size=1, seed=0, shuffle=False, rank=1, world_size=2)
+    loader = DataLoader(ranked, batch_size=None, num_workers=0)
+    assert len(list(measured(loader, train_job="given-rank", rank=1))) == STEPS // 2
+    assert len(list(measured(loader, train_job="given-world", world_size=2))) == STEPS // 2
+    jobs = {job["name"]: job for job in quick_node.jobs()["jobs"]}
+    for job in ("given-rank", "given-world"):
+        assert jobs[job]["world_size"] == 2  # the dataset's, not $WORLD_SIZE's 16
+        assert [rank["rank"] for rank in jobs[job]["worst_ranks"]] == [1]  # not $RANK's 3
 
 
 # -- M1, L6: Grain ---------------------------------------------------------------------

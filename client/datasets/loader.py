@@ -1027,12 +1027,14 @@ class Loader:
             ``window``, ``window_bytes``, ``tail``, ``prefetch``, ``columns``,
             ``decode_ahead``, ``shared_decode``), over ``settings``.
         measure: time the trainer's waits for each batch and report them to the
-            daemon (:attr:`meter`, a :class:`~chunkd.client.StallMeter` kept for all
-            epochs: one ``loader_report`` per window of ``stall_window`` seconds and one
-            at each iteration's end; the rank's end at the process's exit or
-            ``loader.meter.close()``). Never in a torch DataLoader's worker, where the
-            trainer is not, nor inside another meter's iteration (torch's
-            ``measured``, ``StallMeter.wrap``), which measures the same steps.
+            daemon (:attr:`meter`, a :class:`~chunkd.client.StallMeter` made here and
+            kept for all epochs: one ``loader_report`` per window of ``stall_window``
+            seconds and one at each iteration's end; the rank's end at the process's
+            exit or ``loader.meter.close()``, which may be called before any
+            iteration). Never in a torch DataLoader's worker, where the trainer is
+            not, nor inside another meter's iteration (torch's ``measured``,
+            ``StallMeter.wrap``), which measures the same steps: there the meter
+            stays unused. False: :attr:`meter` is None.
         train_job: the job the waits and the first batch's timings are accounted to;
             None: the client's (``Client(train_job=)``), else
             :func:`~chunkd.client.job_name`'s (the environment's).
@@ -1063,8 +1065,6 @@ class Loader:
                 f"stall_window is {MIN_WINDOW} to {MAX_SECONDS:g} seconds; got {stall_window!r}"
             )
         self.stall_window = float(stall_window)
-        #: the stall meter of its iterations, all epochs (None: none was measured yet)
-        self.meter: StallMeter | None = None
         self.settings = ReadSettings.merged(settings, options)
         chosen = self.settings
         self.dataset = dataset
@@ -1077,6 +1077,19 @@ class Loader:
         self.batch_transform = batch_transform
         self.client = client if client is not None else client_of(dataset)
         self.train_job = job_of(train_job, self.client)
+        #: the stall meter of its iterations, all epochs, made here (so that
+        #: ``loader.meter.close()`` works before any iteration); None: ``measure=False``
+        self.meter: StallMeter | None = (
+            StallMeter(
+                self.client,
+                train_job=self.train_job,
+                rank=self.rank,
+                world_size=self.world_size,
+                window=self.stall_window,
+            )
+            if self.measure
+            else None
+        )
         self._state = chosen.state(
             dataset.snapshot.id, epoch, order=order_version(dataset.snapshot)
         )
@@ -1180,18 +1193,14 @@ class Loader:
             train_job=self.train_job,
         )
         consumed = self._consumed(steps, batches)
-        if not self.measure or in_loader_worker() or measured_outside():
+        if self.meter is None or in_loader_worker() or measured_outside():
             # in a DataLoader's worker the trainer is not here; inside another meter's
             # wrap (torch's measured, a StallMeter) the trainer's wait is measured there
             return consumed
-        if self.meter is None:  # one meter for all epochs: an epoch's end is no job's end
-            self.meter = StallMeter(
-                self.client,
-                train_job=self.train_job,
-                rank=self.rank,
-                world_size=self.world_size,
-                window=self.stall_window,
-            )
+        # one meter for all epochs: an epoch's end is no job's end. Its window begins
+        # here, not at the Loader's making (nothing is sent: an iteration's end sent
+        # the last window's steps)
+        self.meter.flush()
         return self.meter.wrap(consumed, asked=asked)
 
     def _consumed(self, steps: Steps, batches: Iterator[Batch]) -> Iterator[Batch]:

@@ -57,10 +57,11 @@ def measured(
         train_job: the job; None: the SnapshotDataset's ``train_job``, else the
             client's (``Client(train_job=)``), else :func:`~chunkd.client.job_name`'s
             (the environment's).
-        rank: this trainer's rank; None: the SnapshotDataset's, else ``$RANK``, else
-            ``$SLURM_PROCID``, else 0.
-        world_size: the job's ranks; None: the SnapshotDataset's, else
-            ``$WORLD_SIZE``, else ``$SLURM_NTASKS``, else 1; at least ``rank + 1``.
+        rank: this trainer's rank; None: the SnapshotDataset's (whether or not
+            ``world_size`` is given), else ``$RANK``, else ``$SLURM_PROCID``, else 0.
+        world_size: the job's ranks; None: the SnapshotDataset's (whether or not
+            ``rank`` is given), else ``$WORLD_SIZE``, else ``$SLURM_NTASKS``, else 1;
+            at least ``rank + 1``.
         client: the daemon reported to (its socket); None: the SnapshotDataset's
             client, else the default socket.
         window: seconds between two reports.
@@ -72,8 +73,10 @@ def measured(
     dataset: Any = getattr(dataloader, "dataset", None)
     snapshots = dataset if isinstance(dataset, SnapshotDataset) else None
     if snapshots is not None:
-        if rank is None and world_size is None:
-            rank, world_size = snapshots.rank, snapshots.world_size
+        # each on its own: a rank given still takes the dataset's world size, and the
+        # reverse, before the environment's
+        rank = snapshots.rank if rank is None else rank
+        world_size = snapshots.world_size if world_size is None else world_size
         if client is None:
             try:
                 client = client_of(snapshots.dataset)

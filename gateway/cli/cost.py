@@ -52,7 +52,14 @@ _FIGURES: Final = {
     "served_bytes": ("chunkd_cost_served_bytes_total", "source"),
     "backend_requests": ("chunkd_cost_backend_requests_total", "op"),
     "backend_bytes": ("chunkd_cost_backend_bytes_total", "direction"),
+    "written_bytes": ("chunkd_cost_written_bytes_total", "kind"),
+    "direct_requests": ("chunkd_cost_direct_requests_total", "op"),
+    "direct_bytes": ("chunkd_cost_direct_bytes_total", ""),
 }
+#: the figures that are one number, not parts by a label
+_SCALARS: Final = ("spent", "direct", "direct_bytes")
+#: the currency said when neither --currency nor the local daemon says one
+ASSUMED_CURRENCY: Final = "USD"
 
 
 def promql_string(text: str) -> str:
@@ -90,9 +97,17 @@ def _ask(base: str, query: str, context: Any) -> list[dict[str, Any]]:
     return list(answer["data"]["result"])
 
 
-def prometheus_view(base: str, since: str | None, job: str | None, context: Any) -> dict[str, Any]:
+def prometheus_view(
+    base: str,
+    since: str | None,
+    job: str | None,
+    context: Any,
+    currency: str | None = None,
+) -> dict[str, Any]:
     """The cluster's figures from the Prometheus at ``base``, shaped as ``GET /v1/cost``
-    answers (jobs by ``train_job`` label; money in the tables' currency): the totals
+    answers (jobs by ``train_job`` label; money in the tables' currency, which
+    Prometheus does not know: ``currency``, else :data:`ASSUMED_CURRENCY` with
+    ``"currency_assumed": true``): the totals
     over every series (of ``job`` only, when given), the rows of the
     :data:`MAX_JOBS_SHOWN` jobs that spent most. Without ``since``, what the counters
     say now (:data:`LIVE_SERIES`); with it, their increase since then."""
@@ -115,7 +130,8 @@ def prometheus_view(base: str, since: str | None, job: str | None, context: Any)
         "since": None if since is None else parse_since(since, now),
         "now": now,
         "covers": LIVE_SERIES if window is None else f"their increase over the last {window}",
-        "currency": "USD",
+        "currency": currency or ASSUMED_CURRENCY,
+        "currency_assumed": currency is None,
         "source": "prometheus",
         "totals": totals,
         "jobs": rows[:MAX_JOBS_SHOWN],
@@ -124,10 +140,12 @@ def prometheus_view(base: str, since: str | None, job: str | None, context: Any)
 
 
 def _count(row: dict[str, Any], figure: str, part: str | None, value: float) -> None:
-    if figure in ("spent", "direct"):
-        row[figure] += value
+    if figure in _SCALARS:
+        row[figure] += int(value) if figure == "direct_bytes" else value
     elif part is not None:
-        row[figure][part] = row[figure].get(part, 0.0) + value
+        # counts and bytes are whole numbers, as GET /v1/cost says them
+        add: float = value if figure == "saved" else int(value)
+        row[figure][part] = row[figure].get(part, 0) + add
 
 
 def _empty(name: str) -> dict[str, Any]:
@@ -140,6 +158,9 @@ def _empty(name: str) -> dict[str, Any]:
         "served_bytes": {},
         "backend_requests": {},
         "backend_bytes": {},
+        "written_bytes": {},
+        "direct_requests": {},
+        "direct_bytes": 0,
     }
 
 
@@ -149,15 +170,17 @@ def _money(value: float, currency: str) -> str:
 
 def print_table(view: dict[str, Any], out: TextIO) -> None:
     """The ledger for a person: one line per job, then the totals."""
-    currency = view.get("currency", "USD")
+    currency = view.get("currency", ASSUMED_CURRENCY)
+    # Prometheus does not know the tables' currency: say when it is a guess
+    unit = f"{currency} assumed, give --currency" if view.get("currency_assumed") else currency
     since = view.get("since")
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(since)) if since else "the start"
     if view.get("source") == "prometheus" and since is None:
         # Prometheus's counters: what they cover says it, not a time
         print(f"cost of the cluster: {view.get('covers', LIVE_SERIES)}", file=out)
-        print(f"({currency}; saved = without chunkd - spent, roughly)", file=out)
+        print(f"({unit}; saved = without chunkd - spent, roughly)", file=out)
     else:
-        print(f"cost since {when} ({currency}; saved = without chunkd - spent, roughly)", file=out)
+        print(f"cost since {when} ({unit}; saved = without chunkd - spent, roughly)", file=out)
     header = f"{'job':<28} {'spent':>14} {'without':>14} {'saved cache':>14} {'saved peer':>14}"
     print(header + f" {'backend':>10} {'cache':>10} {'peer':>10}", file=out)
     rows = [*view.get("jobs", []), {"job": "total", **view.get("totals", {})}]
@@ -245,19 +268,32 @@ def cost(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
     except OSError as exc:
         print(f"chunkd cost: cannot use --cacert {args.cacert} ({exc})", file=sys.stderr)
         return 2
+    if args.prometheus and args.storage:
+        print(
+            "chunkd cost: --storage is one node's catalog (GET /v1/cost/storage), not the "
+            "cluster's: ask it without --prometheus",
+            file=sys.stderr,
+        )
+        return 2
+    base = args.url.rstrip("/")
     try:
         if args.since is not None:
             parse_since(args.since, time.time())  # said wrong before anything is asked
         if args.prometheus:
-            view = prometheus_view(args.prometheus, args.since, args.job, context)
+            currency = args.currency or _local_currency(base, context)
+            view = prometheus_view(args.prometheus, args.since, args.job, context, currency)
         else:
             query = {k: v for k, v in (("job", args.job), ("since", args.since)) if v}
-            path = "/v1/cost/storage" if args.storage else "/v1/cost"
-            url = f"{args.url.rstrip('/')}{path}?{urllib.parse.urlencode(query)}"
-            view = _get_json(url, context)
+            view = _get_json(f"{base}/v1/cost?{urllib.parse.urlencode(query)}", context)
+            if args.storage:
+                view["storage"] = _get_json(f"{base}/v1/cost/storage", context)
     except InvalidRequestError as exc:
         print(f"chunkd cost: --since: {exc}", file=sys.stderr)
         return 2
+    except urllib.error.HTTPError as exc:
+        print(f"chunkd cost: {_refusal(exc)}", file=sys.stderr)
+        # the daemon's 400: a bad --job (or --since) it was asked for
+        return 2 if exc.code == 400 and _from_daemon(exc) else 1
     except (urllib.error.URLError, OSError, ValueError, KeyError) as exc:
         print(f"chunkd cost: {unreachable(args.prometheus or args.url, exc)}", file=sys.stderr)
         return 1
@@ -267,6 +303,40 @@ def cost(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
         return 0
     print_table(view, out)
     return 0
+
+
+def _local_currency(base: str, context: Any) -> str | None:
+    """The price tables' currency as the local daemon says it (``GET /v1/cost`` of the
+    ``none`` row: a small answer), None where it cannot be asked."""
+    try:
+        view = _get_json(f"{base}/v1/cost?job=none", context)
+    except (urllib.error.URLError, OSError, ValueError):
+        return None
+    currency = view.get("currency") if isinstance(view, dict) else None
+    return currency if isinstance(currency, str) and currency else None
+
+
+def _refusal(exc: urllib.error.HTTPError) -> str:
+    """What an HTTP error answer of the daemon or Prometheus means: its own message (the
+    daemon's JSON ``message``), and for a 401 or 403 what to do."""
+    try:
+        body = json.loads(exc.read(64 * 1024))
+        message = body.get("message") or body.get("error") or exc.reason
+    except (ValueError, OSError, AttributeError):
+        message = exc.reason
+    text = f"{exc.url} answered HTTP {exc.code}: {' '.join(str(message).split())[:500]}"
+    if exc.code in (401, 403) and _from_daemon(exc):
+        text += (
+            " (the daemon answers its cost routes to clients on its own host, or to those "
+            "that send server.token, which chunkd cost does not: run it on the node, or "
+            "through an ssh tunnel: ssh -L 8470:127.0.0.1:8470 NODE)"
+        )
+    return text
+
+
+def _from_daemon(exc: urllib.error.HTTPError) -> bool:
+    """Whether the error answer is the daemon's (its cost routes), not Prometheus's."""
+    return "/v1/cost" in str(exc.url)
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -288,12 +358,19 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     parser.add_argument(
         "--storage",
         action="store_true",
-        help="what checkpoints and frozen snapshots keep in their backends (GET /v1/cost/storage)",
+        help="also what checkpoints and frozen snapshots keep in their backends "
+        "(GET /v1/cost/storage); not with --prometheus",
     )
     parser.add_argument(
         "--prometheus",
         metavar="URL",
         help="ask this Prometheus (its HTTP API, /api/v1/query) for the cluster's figures",
+    )
+    parser.add_argument(
+        "--currency",
+        metavar="CODE",
+        help="with --prometheus: the price tables' currency (default: the local daemon's, "
+        f"else {ASSUMED_CURRENCY} assumed)",
     )
 
 

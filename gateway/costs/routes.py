@@ -1,5 +1,6 @@
 """``GET /v1/cost``: this node's cost ledger, as :meth:`Ledger.view` gives it, and
-``GET /v1/cost/storage``: what the checkpoints and frozen snapshots keep costs.
+``GET /v1/cost/storage``: what the checkpoints and frozen snapshots keep costs (the
+storage object itself, for the node: it takes no ``job`` or ``since``).
 
 ``GET /v1/cost/storage`` computes one answer at a time: a caller that comes while one
 is being computed waits for it and gets the same answer (its backend requests are
@@ -15,6 +16,7 @@ from typing import Any, Final
 
 from aiohttp import web
 
+from chunkd.client.protocol import RESERVED_JOB_NAMES, check_job_name
 from chunkd.gateway.appkeys import BACKENDS, CACHE, CHECKPOINTS, CONFIG, READ_PATH
 from chunkd.gateway.costs.ledger import Ledger
 from chunkd.gateway.costs.since import parse_since
@@ -50,6 +52,9 @@ def add_routes(app: web.Application) -> None:
 
 async def _cost(request: web.Request) -> web.Response:
     job = request.query.get("job") or None
+    if job is not None and job not in RESERVED_JOB_NAMES:
+        # a bad name is a 400 (InvalidRequestError); none and other are the ledger's rows
+        check_job_name(job)
     since_text = request.query.get("since")
     since = None if not since_text else parse_since(since_text, time.time())
     ledger = request.app[LEDGER]
@@ -76,7 +81,6 @@ async def _storage_answer(app: web.Application) -> dict[str, Any]:
     registry = Registry(
         app[BACKENDS], app[CONFIG].datasets.registry, cache=app[CACHE], read_path=app[READ_PATH]
     )
-    storage = await storage_view(
+    return await storage_view(
         app[CHECKPOINTS], writable, ledger.prices, registry, ledger.gc_reports()
     )
-    return ledger.view() | {"storage": storage}

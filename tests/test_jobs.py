@@ -548,3 +548,23 @@ def test_a_flood_of_job_names_stays_within_tracked(node: Daemon) -> None:
     assert sample(text, "chunkd_loader_wait_seconds_count", train_job="other") == 2000 - 16
     assert text.count("chunkd_loader_ranks{") == 17  # 16 names and other
     assert len(body) < 256 * 1024
+
+
+@pytest.mark.timeout(60)
+def test_the_jobs_route_answers_the_none_entry_for_job_none(node: Daemon) -> None:
+    # before any report that names no job: none is null, ?job=none answers no row
+    with connect(node, "run-7") as sock:
+        ask(sock, op="loader_report", **window(0, 2))
+    before = jobs_of(node, "?job=none")
+    assert before["none"] is None
+    assert before["jobs"] == []
+    with connect(node) as sock:  # no job: none
+        ask(sock, op="loader_report", **window(0, 3))
+    view = jobs_of(node, "?job=none")
+    # the none entry alone, in jobs as GET /v1/cost?job=none answers its row
+    assert [j["name"] for j in view["jobs"]] == ["none"]
+    assert view["jobs"][0]["steps"] == 3
+    assert view["none"] == view["jobs"][0]
+    assert view["ended"] == []
+    status, _, _ = node.get("/v1/jobs?job=other")  # jobs past top are listed by name
+    assert status == 400

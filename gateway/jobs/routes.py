@@ -1,5 +1,6 @@
 """``GET /v1/jobs[?job=NAME]``: the jobs this node serves (or the one named), as
-:meth:`JobTable.view` gives them."""
+:meth:`JobTable.view` gives them; ``?job=none``: the ``none`` entry only (the work no
+job claimed), in ``jobs`` as ``GET /v1/cost?job=none`` answers its row."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Final
 
 from aiohttp import web
 
-from chunkd.gateway.jobs.table import JobTable
+from chunkd.gateway.jobs.table import NONE, JobTable
 
 __all__ = ["JOBS", "add_routes"]
 
@@ -22,4 +23,10 @@ def add_routes(app: web.Application) -> None:
 
 async def _jobs(request: web.Request) -> web.Response:
     # ?job=NAME: that job only (a bad name is 400, as InvalidRequestError maps)
-    return web.json_response(request.app[JOBS].view(job=request.query.get("job") or None))
+    job = request.query.get("job") or None
+    table = request.app[JOBS]
+    if job != NONE:
+        return web.json_response(table.view(job=job))
+    view = table.view()
+    none = view["none"]
+    return web.json_response(view | {"jobs": [] if none is None else [none], "ended": []})

@@ -1058,7 +1058,7 @@ class ReadPath:
             and self._first_reads()
         ):
             self._count_read("fetched", 0)
-            meta, first = await self._shared(
+            (meta, first), ran = await self._shared(
                 self._peeks,
                 (backend.name, key, None, offset, length),
                 functools.partial(self._peek_first, backend, key, asked),
@@ -1067,7 +1067,10 @@ class ReadPath:
             if first is not None:
                 data = self._verified(stat, resolve(asked, meta.size)[0], first)
                 charge.direct(backend.name, "get", len(data))  # one read request
-                charge.served("backend", len(data), backend.name, len(data))
+                # from the backend for the peek that fetched it; the peeks that waited
+                # on it got the node's copy in memory (credited), as a restore's do
+                source = "backend" if ran else "ram"
+                charge.served(source, len(data), backend.name, len(data))
                 return stat, data
         else:
             stat = await self.stat(backend_name, key, expect=expect)
@@ -1217,11 +1220,12 @@ class ReadPath:
 
     async def _shared(
         self, flights: SingleFlight[_K, _V], key: _K, fn: Callable[[], Awaitable[_V]]
-    ) -> _V:
+    ) -> tuple[_V, bool]:
         """``fn()`` once for every concurrent caller with ``key``: run by the first
         caller itself (a peek is the cheapest read there is: no task of its own), the
         others awaiting its outcome. A waiter whose runner was cancelled (its client
-        went) runs ``fn`` itself, unless it is being cancelled too."""
+        went) runs ``fn`` itself, unless it is being cancelled too. Returns the outcome
+        and whether this caller ran ``fn`` (the cost ledger's source of the bytes)."""
         while True:
             claimed = flights.claim(key)
             if claimed is not None:
@@ -1231,7 +1235,7 @@ class ReadPath:
                 continue
             self._waited()
             try:
-                return await asyncio.shield(running)
+                return await asyncio.shield(running), False
             except asyncio.CancelledError:
                 task = asyncio.current_task()
                 if running.cancelled() and (task is None or not task.cancelling()):
@@ -1243,7 +1247,7 @@ class ReadPath:
             _settle_claims([claimed], exc)
             raise
         claimed.set_result(result)
-        return result
+        return result, True
 
     async def _peek_first(
         self, backend: Backend, key: str, asked: RequestRange | None
@@ -1292,11 +1296,12 @@ class ReadPath:
                     break
                 stop = min(end, stop + size)
             ident = (stat.backend, stat.meta.key, stat.meta.version, at, stop)
-            data = await self._shared(
+            data, ran = await self._shared(
                 self._peeks_known, ident, functools.partial(self._peek_get, backend, stat, at, stop)
             )
             parts.append(self._verified(stat, at, data))
-            charge.served("backend", stop - at, stat.backend, end - start)
+            # a peek that waited on another's GET got the node's copy in memory
+            charge.served("backend" if ran else "ram", stop - at, stat.backend, end - start)
             at = stop
         return b"".join(parts)
 

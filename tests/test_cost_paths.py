@@ -363,3 +363,53 @@ def test_chunks_an_owner_fetched_for_a_peer_are_from_the_cache_for_its_own_reade
     assert row["served_bytes"]["backend"] == 0
     assert row["served_bytes"]["ram"] + row["served_bytes"]["disk"] == fetched_for_peer
     assert row["served_bytes"]["peer"] == sum(map(len, bodies.values())) - fetched_for_peer
+
+
+@pytest.mark.timeout(60)
+def test_of_peeks_waiting_on_one_fetch_only_the_one_that_fetched_is_served_by_the_backend(
+    start_daemon: Callable[..., Daemon],
+    tmp_path: Path,
+    s3_server: S3Server,
+    bucket: str,
+    s3_proxy: CountingProxy,
+) -> None:
+    from chunkd.testing import s3_backend
+
+    size = 10_000
+    body = os.urandom(size)
+    s3_server.client().put_object(Bucket=bucket, Key="pre/small.bin", Body=body)
+    backend = s3_backend("data", f"s3://{bucket}/pre", s3_proxy.endpoint, retries=0)
+    node = start_daemon(
+        CONFIG.split("[[backends]]")[0].format(dir=tmp_path, readahead=0) + backend,
+        cwd=tmp_path / "n1",
+    )
+    # a slow backend: the readers all come while the first one's GET is on its way
+    s3_proxy.delay = 0.5
+    jobs = [f"peeker-{i}" for i in range(4)]
+    barrier = threading.Barrier(len(jobs))
+    failures: list[BaseException] = []
+
+    def peek(job: str) -> None:
+        try:
+            with Client(node.cwd / "chunkd.sock", train_job=job) as client:
+                barrier.wait()
+                answer = client.request(
+                    "read", {"name": "data/small.bin", "offset": 0, "length": size, "keep": False}
+                )
+                assert answer.payload == body
+        except BaseException as exc:  # told by the test's thread
+            failures.append(exc)
+
+    threads = [threading.Thread(target=peek, args=(job,)) for job in jobs]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not failures, failures
+    rows = [_job(_cost(node), job) for job in jobs]
+    # one GET for the four; its bytes from the backend once, for the peek that fetched
+    # them; the others got the node's copy in memory, as from the cache (credited)
+    assert sum(row["backend_requests"].get("get", 0) for row in rows) == 1
+    assert sum(row["served_bytes"]["backend"] for row in rows) == size
+    assert sum(row["served_bytes"]["ram"] for row in rows) == (len(jobs) - 1) * size
+    assert all(row["direct_requests"] == {"get": 1} for row in rows)

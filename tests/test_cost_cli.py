@@ -15,6 +15,7 @@ import json
 import os
 import re
 import subprocess
+import urllib.error
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
@@ -269,6 +270,20 @@ def test_a_bad_job_is_a_400_and_the_cli_says_the_daemons_message(
     assert "HTTP 400" in done.stderr, done.stderr
     assert "daemon running" not in done.stderr, done.stderr
     assert done.stdout == ""
+    # a refusal (here the daemon's 403 to a request a page of another site sent) says
+    # what the cost routes want, not "is the daemon running?"
+    from chunkd.gateway.cli.cost import _refusal
+
+    request = urllib.request.Request(
+        f"{daemon.url}/v1/cost", headers={"Sec-Fetch-Site": "cross-site"}
+    )
+    with pytest.raises(urllib.error.HTTPError) as refused_403:
+        urllib.request.urlopen(request, timeout=30)
+    said = _refusal(refused_403.value)
+    assert "HTTP 403" in said, said
+    assert "another site" in said, said  # the daemon's own message
+    assert "server.token" in said, said
+    assert "ssh -L" in said, said
 
 
 @pytest.mark.timeout(60)

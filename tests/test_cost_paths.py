@@ -351,15 +351,20 @@ def test_chunks_an_owner_fetched_for_a_peer_are_from_the_cache_for_its_own_reade
             assert bytes(client.read(f"ckpt/{key}")) == data
     fetched_for_peer = _job(_cost(nodes[1]), "far-job")["backend_bytes"]["read"]
     assert fetched_for_peer > 0
-    # The same job reads them on node 1 (the HTTP door: the same attribution as the
-    # peer's requests had there). What node 1 fetched for node 0 is in its cache now:
-    # served from there, with credit; the rest comes from node 0, a peer.
+    assert _cost(nodes[1])["totals"]["backend_bytes"]["read"] == fetched_for_peer
+    # The same job reads them on node 1 (the HTTP door). The peer's requests were
+    # charged under other (the job was not live here); its start here, under its own
+    # label, is a new row, the earlier figures in the node's totals (docs/jobs.md).
+    # What node 1 fetched for node 0 is in its cache now: served from there, with
+    # credit; the rest comes from node 0, a peer.
     for key, data in bodies.items():
         status, _, body = nodes[1].get(f"/v1/objects/ckpt/{key}", {"X-Chunkd-Job": "far-job"})
         assert status == 200
         assert body == data
-    row = _job(_cost(nodes[1]), "far-job")
-    assert row["backend_bytes"]["read"] == fetched_for_peer  # nothing fetched again
+    view = _cost(nodes[1])
+    assert view["totals"]["backend_bytes"]["read"] == fetched_for_peer  # nothing fetched again
+    row = _job(view, "far-job")
+    assert row["backend_bytes"].get("read", 0) == 0
     assert row["served_bytes"]["backend"] == 0
     assert row["served_bytes"]["ram"] + row["served_bytes"]["disk"] == fetched_for_peer
     assert row["served_bytes"]["peer"] == sum(map(len, bodies.values())) - fetched_for_peer

@@ -315,7 +315,7 @@ def test_a_checkpoint_save_and_restore_are_charged_to_the_saving_job_and_its_run
     # Storage: the run's history, from the catalog.
     status, _, body = daemon.get("/v1/cost/storage")
     assert status == 200, body
-    storage = json.loads(body)["storage"]
+    storage = json.loads(body)
     runs = {row["name"]: row for row in storage["checkpoints"]}
     assert runs["local/run-9"]["checkpoints"] == 1
     assert runs["local/run-9"]["stored_bytes"] >= state["w"].nbytes
@@ -632,7 +632,7 @@ def test_a_view_without_names_has_the_same_figures_and_follows_each_charge_and_l
 def _storage(daemon: Daemon) -> dict[str, Any]:
     status, _, body = daemon.get("/v1/cost/storage")
     assert status == 200, body
-    storage: dict[str, Any] = json.loads(body)["storage"]
+    storage: dict[str, Any] = json.loads(body)
     return storage
 
 

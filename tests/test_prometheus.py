@@ -559,13 +559,14 @@ def _check_the_cluster(
             ),
             timeout=10,
         )
-        # the nodes' /v1/cost, added up, says the same
+        # the nodes' /v1/cost, added up by each row's label, says the same (a peer's
+        # request for a job not live on the owner is charged there under `other`)
         ledger: dict[str, float] = {}
         for node in nodes:
             for job in _json(node, "/v1/cost")["jobs"]:
                 figure = job[rule]
                 figure = sum(figure.values()) if isinstance(figure, dict) else figure
-                ledger[job["job"] or "none"] = ledger.get(job["job"] or "none", 0) + figure
+                ledger[job["label"]] = ledger.get(job["label"], 0) + figure
         for job, value in want.items():
             assert ledger.get(job, 0.0) == pytest.approx(value, rel=1e-6), (rule, ledger, want)
         rates = server.values(f"train_job:chunkd_cost_{rule}_dollars:rate5m", by="train_job")
